@@ -1,0 +1,30 @@
+# loom: `make` builds build/loom; `make run` and `make test` also install what is missing.
+BUILD ?= build
+JOBS ?= $(shell nproc)
+
+.PHONY: all build run test setup setup-test bench clean
+
+all: build
+
+build:
+	@cmake -S . -B $(BUILD) -DCMAKE_BUILD_TYPE=Release >/dev/null
+	@cmake --build $(BUILD) -j $(JOBS)
+
+setup:
+	@bash scripts/setup.sh
+
+setup-test:
+	@bash scripts/setup.sh --test
+
+# Train the default model on the default data for a few minutes, then sample from it.
+run: setup build
+	@bash scripts/run_default.sh
+
+test: setup-test build
+	@cd $(BUILD) && ctest --output-on-failure -j 2
+
+bench: setup-test build
+	@python3 bench/bench_train.py
+
+clean:
+	rm -rf $(BUILD)

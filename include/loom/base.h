@@ -1,0 +1,87 @@
+/* loom base: errors, checked allocation, logging, counter-based RNG, hashing, file I/O.
+ *
+ * Error convention: a fallible function returns 0 on success and -1 on failure, after
+ * filling the caller's loom_err with a message that names the file/key/offset involved.
+ * Broken invariants (programmer errors) abort with file:line through LOOM_CHECK.
+ * Untrusted input is never checked with assert(). */
+#ifndef LOOM_BASE_H
+#define LOOM_BASE_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+
+#define LOOM_VERSION "0.1.0"
+
+typedef struct loom_err {
+    char msg[2048];
+} loom_err;
+
+/* Formats a message into err (err may be NULL) and returns -1, so callers can write
+ * `return loom_errf(err, "%s: truncated header", path);`. */
+int loom_errf(loom_err *err, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+/* Prepends "prefix: " to an existing message; returns -1. */
+int loom_err_prefix(loom_err *err, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
+/* Aborts with file:line on a broken invariant. An expression, safe after an unbraced if. */
+#define LOOM_CHECK(cond) \
+    ((cond) ? (void)0 : loom_panic(__FILE__, __LINE__, "check failed: %s", #cond))
+void loom_panic(const char *file, int line, const char *fmt, ...)
+    __attribute__((noreturn, format(printf, 3, 4)));
+
+/* Checked allocation: aborts with file:line when memory runs out. */
+#define loom_malloc(n) loom_malloc_at((n), __FILE__, __LINE__)
+#define loom_calloc(n, s) loom_calloc_at((n), (s), __FILE__, __LINE__)
+#define loom_realloc(p, n) loom_realloc_at((p), (n), __FILE__, __LINE__)
+void *loom_malloc_at(size_t n, const char *file, int line);
+void *loom_calloc_at(size_t n, size_t size, const char *file, int line);
+void *loom_realloc_at(void *p, size_t n, const char *file, int line);
+char *loom_strdup(const char *s);
+/* 64-byte aligned, zeroed; free with free(). For arenas. */
+void *loom_alloc_aligned(size_t n);
+
+/* Logging to stderr with a level prefix. */
+void loom_log(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+void loom_warn(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+
+/* ---- counter-based RNG ----------------------------------------------------------------
+ * Pure functions of (seed, stream, counter): the same element of the same tensor gets the
+ * same value whatever the layout or the order of evaluation. */
+uint64_t loom_rng_u64(uint64_t seed, uint64_t stream, uint64_t counter);
+/* uniform in [0, 1) with 24 random bits */
+float loom_rng_uniform(uint64_t seed, uint64_t stream, uint64_t counter);
+/* standard normal (Box-Muller over two counter draws) */
+float loom_rng_normal(uint64_t seed, uint64_t stream, uint64_t counter);
+/* A stream as a tiny state: the counter advances per draw. Save/restore = copy the struct. */
+typedef struct loom_rng {
+    uint64_t seed, stream, counter;
+} loom_rng;
+uint64_t loom_rng_next_u64(loom_rng *r);
+float loom_rng_next_uniform(loom_rng *r);
+/* stable 64-bit hash of a string (FNV-1a then mixed); used to key tensors by name */
+uint64_t loom_hash_str(const char *s);
+
+/* ---- hashing -------------------------------------------------------------------------- */
+/* hex must hold 65 bytes */
+void loom_sha256_hex(const void *data, size_t len, char hex[65]);
+int loom_sha256_file(const char *path, char hex[65], loom_err *err);
+
+/* ---- files ---------------------------------------------------------------------------- */
+/* Reads a whole file (at most max_bytes; larger is an error naming the file). *out is
+ * NUL-terminated (one extra byte) and owned by the caller. */
+int loom_read_file(const char *path, size_t max_bytes, char **out, size_t *len, loom_err *err);
+/* Durable write: path.tmp.<pid>, write, fsync, rename onto path, fsync the directory. */
+int loom_write_file_atomic(const char *path, const void *data, size_t len, loom_err *err);
+/* Appends one line (adds '\n') with O_APPEND and fsyncs. */
+int loom_append_line(const char *path, const char *line, loom_err *err);
+/* mkdir -p */
+int loom_mkdirs(const char *path, loom_err *err);
+int loom_fsync_dir(const char *dir, loom_err *err);
+int loom_path_exists(const char *path);
+int loom_is_dir(const char *path);
+/* snprintf into buf, aborting (invariant) if it does not fit. Returns buf. */
+char *loom_pathf(char *buf, size_t size, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+/* seconds from a monotonic clock */
+double loom_now(void);
+
+#endif

@@ -1,0 +1,81 @@
+/* loom checkpoints and safetensors.
+ *
+ * safetensors: 8-byte little-endian header length, JSON header {name: {dtype, shape,
+ * data_offsets}, "__metadata__": {str: str}}, then the raw data. loom writes F32 tensors;
+ * reading validates the header strictly (size limits, offsets in bounds, no overlap, dtype
+ * and shape consistent with the byte length, duplicate keys rejected).
+ *
+ * Checkpoint: a directory per step, ckpt/step_NNNNNNN/, holding any number of files
+ * (safetensors and others), manifest.json with the SHA-256 of every file, and a COMPLETE
+ * marker written last (temp + fsync + rename + directory fsync). A step directory without
+ * COMPLETE is never loaded. Opening verifies every file's SHA-256. */
+#ifndef LOOM_CHECKPOINT_H
+#define LOOM_CHECKPOINT_H
+
+#include <stdint.h>
+#include <stddef.h>
+#include "loom/base.h"
+
+/* ---- safetensors --------------------------------------------------------------------- */
+typedef struct loom_st_tensor {
+    const char *name;
+    const float *data;  /* F32 */
+    int ndim;           /* 0..8 */
+    int64_t shape[8];
+} loom_st_tensor;
+
+/* metadata: NULL or NULL-terminated array of key, value, key, value, ..., NULL */
+int loom_safetensors_write(const char *path, const loom_st_tensor *tensors, int n,
+                           const char *const *metadata, loom_err *err);
+/* Same bytes into a malloc'd buffer. */
+int loom_safetensors_serialize(const loom_st_tensor *tensors, int n,
+                               const char *const *metadata, char **out, size_t *len,
+                               loom_err *err);
+
+typedef struct loom_st_file loom_st_file;
+int loom_safetensors_open(const char *path, loom_st_file **out, loom_err *err);
+/* Parses an in-memory buffer (not copied; must outlive the handle). name is for messages. */
+int loom_safetensors_parse(const char *buf, size_t len, const char *name, loom_st_file **out,
+                           loom_err *err);
+void loom_safetensors_close(loom_st_file *f);
+int loom_safetensors_count(const loom_st_file *f);
+/* Looks a tensor up; returns -1 with an error naming the file when absent or not F32. */
+int loom_safetensors_get(const loom_st_file *f, const char *name, const float **data,
+                         int *ndim, int64_t shape[8], loom_err *err);
+/* Copies a tensor into dst after checking it has exactly the expected shape. */
+int loom_safetensors_read_into(const loom_st_file *f, const char *name, float *dst, int ndim,
+                               const int64_t *shape, loom_err *err);
+/* metadata value or NULL */
+const char *loom_safetensors_metadata(const loom_st_file *f, const char *key);
+
+/* ---- checkpoint directories --------------------------------------------------------- */
+typedef struct loom_ckpt_file {
+    const char *name;  /* file name inside the step directory, no '/' */
+    const void *data;
+    size_t len;
+} loom_ckpt_file;
+
+/* Writes root/step_%07lld/ with the given files, manifest.json, then COMPLETE; then points
+ * root/latest (a symlink) at it. An existing incomplete directory of that step is replaced.
+ * out_dir (may be NULL) receives the step directory path. */
+int loom_ckpt_save(const char *root, int64_t step, const loom_ckpt_file *files, int n,
+                   char *out_dir, size_t out_size, loom_err *err);
+/* Finds the newest step directory under root that has COMPLETE. *step = -1 and returns 0
+ * when there is none (or root does not exist). */
+int loom_ckpt_find_latest(const char *root, char *out_dir, size_t out_size, int64_t *step,
+                          loom_err *err);
+/* Resolves a user path: a step directory, a `latest` link, or a ckpt root / run directory
+ * (then the newest complete step). */
+int loom_ckpt_resolve(const char *path, char *out_dir, size_t out_size, loom_err *err);
+
+typedef struct loom_ckpt loom_ckpt;
+/* Opens a step directory: requires COMPLETE, reads manifest.json, verifies every listed
+ * file's size and SHA-256 (a mismatch is an error naming the file). */
+int loom_ckpt_open(const char *step_dir, loom_ckpt **out, loom_err *err);
+void loom_ckpt_close(loom_ckpt *c);
+int64_t loom_ckpt_step(const loom_ckpt *c);
+const char *loom_ckpt_dir(const loom_ckpt *c);
+/* Contents of a verified file (owned by the handle, NUL-terminated); NULL if absent. */
+const char *loom_ckpt_file_data(const loom_ckpt *c, const char *name, size_t *len);
+
+#endif

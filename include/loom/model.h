@@ -1,0 +1,104 @@
+/* loom model: one configurable decoder covering GPT-2 and Llama.
+ *
+ * GPT-2 flavor: LayerNorm (with bias), learned positions (wpe), GELU (tanh), biases on
+ * every linear, tied embeddings (the LM head is wte).
+ * Llama flavor: RMSNorm, RoPE (rotate-half), SwiGLU, grouped-query attention, no biases,
+ * untied LM head.
+ *
+ * Parameters, gradients and activations each live in one arena; loom_model_tensor() gives
+ * the typed views. Per-layer tensors are stacked with a leading L dimension. */
+#ifndef LOOM_MODEL_H
+#define LOOM_MODEL_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include "loom/base.h"
+
+typedef enum loom_flavor { LOOM_FLAVOR_GPT2 = 0, LOOM_FLAVOR_LLAMA = 1 } loom_flavor;
+
+typedef struct loom_model_config {
+    int flavor;        /* loom_flavor */
+    int vocab_size;    /* V */
+    int max_seq_len;   /* maxT: position limit */
+    int n_layer;       /* L */
+    int n_head;        /* H */
+    int n_kv_head;     /* KVH (GPT-2: = H) */
+    int d_model;       /* C */
+    int d_ff;          /* F */
+    float norm_eps;
+    float rope_theta;
+    float init_std;
+} loom_model_config;
+
+/* Parameter tensors, in arena order. Absent ones (per flavor) have numel 0. */
+enum {
+    LOOM_P_WTE,         /* (V, C) */
+    LOOM_P_WPE,         /* (maxT, C)               gpt2 */
+    LOOM_P_LN1_W,       /* (L, C) */
+    LOOM_P_LN1_B,       /* (L, C)                  gpt2 */
+    LOOM_P_QKV_W,       /* (L, (H+2*KVH)*D, C) */
+    LOOM_P_QKV_B,       /* (L, (H+2*KVH)*D)        gpt2 */
+    LOOM_P_ATTN_PROJ_W, /* (L, C, H*D) */
+    LOOM_P_ATTN_PROJ_B, /* (L, C)                  gpt2 */
+    LOOM_P_LN2_W,       /* (L, C) */
+    LOOM_P_LN2_B,       /* (L, C)                  gpt2 */
+    LOOM_P_FC_W,        /* (L, F, C) gpt2; (L, 2F, C) llama: rows [gate | up] */
+    LOOM_P_FC_B,        /* (L, F)                  gpt2 */
+    LOOM_P_FC_PROJ_W,   /* (L, C, F) */
+    LOOM_P_FC_PROJ_B,   /* (L, C)                  gpt2 */
+    LOOM_P_LNF_W,       /* (C) */
+    LOOM_P_LNF_B,       /* (C)                     gpt2 */
+    LOOM_P_LM_HEAD,     /* (V, C)                  llama (untied) */
+    LOOM_P_COUNT
+};
+
+typedef struct loom_tensor_info {
+    const char *name;   /* "wte", "qkv_w", ... */
+    size_t offset;      /* in floats, into the parameter (and gradient) arena */
+    size_t numel;
+    int ndim;
+    int64_t shape[4];
+    int decay;          /* 1 when AdamW weight decay applies (matrices and embeddings) */
+} loom_tensor_info;
+
+typedef struct loom_model loom_model;
+
+/* Checks the config (divisibility, positive sizes) and allocates every arena for batches of
+ * up to B x T (T <= max_seq_len). */
+int loom_model_create(const loom_model_config *cfg, int B, int T, loom_model **out,
+                      loom_err *err);
+void loom_model_free(loom_model *m);
+const loom_model_config *loom_model_get_config(const loom_model *m);
+
+size_t loom_model_num_params(const loom_model *m);
+float *loom_model_params(loom_model *m);  /* the parameter arena */
+float *loom_model_grads(loom_model *m);   /* the gradient arena, same layout */
+const loom_tensor_info *loom_model_tensor(const loom_model *m, int i);  /* i < LOOM_P_COUNT */
+/* bytes held by parameter, gradient and activation arenas */
+size_t loom_model_arena_bytes(const loom_model *m);
+
+/* Deterministic init: weights ~ N(0, init_std) keyed by (seed, tensor name, element);
+ * GPT-2 residual projections scaled by 1/sqrt(2L); norm weights 1; biases 0. */
+void loom_model_init_weights(loom_model *m, uint64_t seed);
+
+/* Forward on inputs (B,T), B <= the B given at create, T <= its T. When targets is not NULL
+ * returns the mean loss over targets >= 0 (and keeps what backward needs); else returns 0.
+ * Logits (B,T,V) are kept until backward. */
+float loom_model_forward(loom_model *m, const int32_t *inputs, const int32_t *targets, int B,
+                         int T);
+/* After a forward with targets: grads += d(loss_sum * dscale)/dparams, where loss_sum is
+ * the sum of per-token losses (use dscale = 1/valid_tokens for the mean, and divide by the
+ * total over all micro-batches when accumulating). Clobbers logits. */
+void loom_model_backward(loom_model *m, float dscale);
+/* number of targets >= 0 in the last forward */
+int64_t loom_model_valid_targets(const loom_model *m);
+void loom_model_zero_grad(loom_model *m);
+/* (B,T,V) logits of the last forward (valid until backward). */
+const float *loom_model_logits(const loom_model *m);
+/* Inference: logits (V) of the last position for a single sequence of n tokens (n <= T).
+ * Recomputes the whole prefix (the KV cache comes with the inference issue). */
+const float *loom_model_next_logits(loom_model *m, const int32_t *tokens, int n);
+/* FLOPs of one training step (fwd+bwd) on B x T tokens (6N + attention), for MFU */
+double loom_model_flops_per_token(const loom_model *m, int T);
+
+#endif

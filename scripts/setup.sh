@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# Installs what loom needs on Debian 12 (as root), skipping what is already there.
+#   scripts/setup.sh          build dependencies + the default corpus
+#   scripts/setup.sh --test   + test dependencies (cmocka, Open MPI, PyTorch & co. from PyPI)
+set -euo pipefail
+want_test=0
+[ "${1:-}" = "--test" ] && want_test=1
+
+pkgs=(build-essential cmake pkg-config libopenblas-openmp-dev libyaml-dev libjansson-dev
+      libssl-dev fortunes fortunes-min)
+[ $want_test = 1 ] && pkgs+=(libcmocka-dev python3 python3-pip)
+
+missing=()
+for p in "${pkgs[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if [ ${#missing[@]} -gt 0 ]; then
+  echo "setup: installing ${missing[*]}"
+  SUDO=""
+  [ "$(id -u)" != 0 ] && SUDO=sudo
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}"
+fi
+
+if [ $want_test = 1 ]; then
+  PY=${PYTHON:-python3}
+  if ! $PY -c "import torch, numpy, safetensors" 2>/dev/null; then
+    echo "setup: installing torch numpy safetensors from PyPI"
+    $PY -m pip install -q torch numpy safetensors || \
+      $PY -m pip install -q --break-system-packages torch numpy safetensors
+  fi
+fi

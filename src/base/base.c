@@ -1,0 +1,321 @@
+/* loom base: errors, checked allocation, logging, RNG, hashing, files. */
+#define _GNU_SOURCE
+#include "loom/base.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <libgen.h>
+#include <math.h>
+#include <openssl/evp.h>
+#include <stdarg.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+int loom_errf(loom_err *err, const char *fmt, ...) {
+    if (!err) return -1;
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(err->msg, sizeof err->msg, fmt, ap);
+    va_end(ap);
+    return -1;
+}
+
+int loom_err_prefix(loom_err *err, const char *fmt, ...) {
+    if (!err) return -1;
+    char prefix[1024], old[sizeof err->msg];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(prefix, sizeof prefix, fmt, ap);
+    va_end(ap);
+    memcpy(old, err->msg, sizeof old);
+    snprintf(err->msg, sizeof err->msg, "%s: %s", prefix, old);
+    return -1;
+}
+
+void loom_panic(const char *file, int line, const char *fmt, ...) {
+    va_list ap;
+    fprintf(stderr, "loom: fatal: %s:%d: ", file, line);
+    va_start(ap, fmt);
+    vfprintf(stderr, fmt, ap);
+    va_end(ap);
+    fputc('\n', stderr);
+    fflush(stderr);
+    abort();
+}
+
+void *loom_malloc_at(size_t n, const char *file, int line) {
+    void *p = malloc(n ? n : 1);
+    if (!p) loom_panic(file, line, "out of memory allocating %zu bytes", n);
+    return p;
+}
+
+void *loom_calloc_at(size_t n, size_t size, const char *file, int line) {
+    void *p = calloc(n ? n : 1, size ? size : 1);
+    if (!p) loom_panic(file, line, "out of memory allocating %zu x %zu bytes", n, size);
+    return p;
+}
+
+void *loom_realloc_at(void *p, size_t n, const char *file, int line) {
+    void *q = realloc(p, n ? n : 1);
+    if (!q) loom_panic(file, line, "out of memory reallocating %zu bytes", n);
+    return q;
+}
+
+char *loom_strdup(const char *s) {
+    size_t n = strlen(s) + 1;
+    char *p = loom_malloc(n);
+    memcpy(p, s, n);
+    return p;
+}
+
+void *loom_alloc_aligned(size_t n) {
+    size_t size = (n + 63) & ~(size_t)63;
+    void *p = NULL;
+    if (posix_memalign(&p, 64, size ? size : 64) != 0)
+        loom_panic(__FILE__, __LINE__, "out of memory allocating %zu bytes", n);
+    memset(p, 0, size ? size : 64);
+    return p;
+}
+
+static void vlog(const char *level, const char *fmt, va_list ap) {
+    fprintf(stderr, "loom%s: ", level);
+    vfprintf(stderr, fmt, ap);
+    fputc('\n', stderr);
+}
+
+void loom_log(const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    vlog("", fmt, ap);
+    va_end(ap);
+}
+
+void loom_warn(const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    vlog(": warning", fmt, ap);
+    va_end(ap);
+}
+
+/* ---- RNG: a keyed mix of (seed, stream, counter), three rounds of splitmix64's
+ * finalizer interleaved with distinct odd constants. Statistically strong enough for
+ * initialization, sampling and permutations; not cryptographic. */
+static inline uint64_t mix64(uint64_t z) {
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
+    return z ^ (z >> 31);
+}
+
+uint64_t loom_rng_u64(uint64_t seed, uint64_t stream, uint64_t counter) {
+    uint64_t z = mix64(seed + 0x9e3779b97f4a7c15ULL);
+    z = mix64(z ^ (stream * 0xd1342543de82ef95ULL + 0x632be59bd9b4e019ULL));
+    z = mix64(z ^ (counter * 0x9e3779b97f4a7c15ULL + 0x2545f4914f6cdd1dULL));
+    return z;
+}
+
+float loom_rng_uniform(uint64_t seed, uint64_t stream, uint64_t counter) {
+    return (float)(loom_rng_u64(seed, stream, counter) >> 40) * (1.0f / 16777216.0f);
+}
+
+float loom_rng_normal(uint64_t seed, uint64_t stream, uint64_t counter) {
+    uint64_t r = loom_rng_u64(seed, stream, counter);
+    /* two 32-bit uniforms from one draw; u1 in (0,1] so log is finite */
+    double u1 = ((double)(r >> 32) + 1.0) * (1.0 / 4294967296.0);
+    double u2 = (double)(r & 0xffffffffULL) * (1.0 / 4294967296.0);
+    return (float)(sqrt(-2.0 * log(u1)) * cos(2.0 * M_PI * u2));
+}
+
+uint64_t loom_rng_next_u64(loom_rng *r) { return loom_rng_u64(r->seed, r->stream, r->counter++); }
+
+float loom_rng_next_uniform(loom_rng *r) {
+    return loom_rng_uniform(r->seed, r->stream, r->counter++);
+}
+
+uint64_t loom_hash_str(const char *s) {
+    uint64_t h = 0xcbf29ce484222325ULL;
+    for (; *s; s++) h = (h ^ (unsigned char)*s) * 0x100000001b3ULL;
+    return mix64(h);
+}
+
+/* ---- hashing ---- */
+static void hex_of(const unsigned char *d, size_t n, char *hex) {
+    static const char digits[] = "0123456789abcdef";
+    for (size_t i = 0; i < n; i++) {
+        hex[2 * i] = digits[d[i] >> 4];
+        hex[2 * i + 1] = digits[d[i] & 15];
+    }
+    hex[2 * n] = 0;
+}
+
+void loom_sha256_hex(const void *data, size_t len, char hex[65]) {
+    unsigned char md[32];
+    unsigned int mdlen = 0;
+    LOOM_CHECK(EVP_Digest(data, len, md, &mdlen, EVP_sha256(), NULL) == 1 && mdlen == 32);
+    hex_of(md, 32, hex);
+}
+
+int loom_sha256_file(const char *path, char hex[65], loom_err *err) {
+    FILE *f = fopen(path, "rb");
+    if (!f) return loom_errf(err, "%s: cannot open: %s", path, strerror(errno));
+    EVP_MD_CTX *ctx = EVP_MD_CTX_new();
+    LOOM_CHECK(ctx && EVP_DigestInit_ex(ctx, EVP_sha256(), NULL) == 1);
+    char *buf = loom_malloc(1 << 20);
+    size_t n;
+    while ((n = fread(buf, 1, 1 << 20, f)) > 0) EVP_DigestUpdate(ctx, buf, n);
+    int bad = ferror(f);
+    fclose(f);
+    free(buf);
+    unsigned char md[32];
+    unsigned int mdlen = 0;
+    EVP_DigestFinal_ex(ctx, md, &mdlen);
+    EVP_MD_CTX_free(ctx);
+    if (bad) return loom_errf(err, "%s: read error", path);
+    hex_of(md, 32, hex);
+    return 0;
+}
+
+/* ---- files ---- */
+int loom_read_file(const char *path, size_t max_bytes, char **out, size_t *len, loom_err *err) {
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return loom_errf(err, "%s: cannot open: %s", path, strerror(errno));
+    struct stat st;
+    if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+        close(fd);
+        return loom_errf(err, "%s: not a regular file", path);
+    }
+    if ((uint64_t)st.st_size > max_bytes) {
+        close(fd);
+        return loom_errf(err, "%s: file is %lld bytes, more than the limit of %zu", path,
+                         (long long)st.st_size, max_bytes);
+    }
+    size_t n = (size_t)st.st_size, got = 0;
+    char *buf = loom_malloc(n + 1);
+    while (got < n) {
+        ssize_t r = read(fd, buf + got, n - got);
+        if (r < 0 && errno == EINTR) continue;
+        if (r <= 0) {
+            free(buf);
+            close(fd);
+            return loom_errf(err, "%s: read failed at byte %zu", path, got);
+        }
+        got += (size_t)r;
+    }
+    close(fd);
+    buf[n] = 0;
+    *out = buf;
+    if (len) *len = n;
+    return 0;
+}
+
+int loom_fsync_dir(const char *dir, loom_err *err) {
+    int fd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (fd < 0) return loom_errf(err, "%s: cannot open directory: %s", dir, strerror(errno));
+    int rc = fsync(fd);
+    close(fd);
+    if (rc != 0) return loom_errf(err, "%s: fsync failed: %s", dir, strerror(errno));
+    return 0;
+}
+
+static void dir_of(const char *path, char *dir, size_t size) {
+    snprintf(dir, size, "%s", path);
+    char *slash = strrchr(dir, '/');
+    if (!slash) snprintf(dir, size, ".");
+    else if (slash == dir) dir[1] = 0;
+    else *slash = 0;
+}
+
+int loom_write_file_atomic(const char *path, const void *data, size_t len, loom_err *err) {
+    char tmp[4096], dir[4096];
+    if (snprintf(tmp, sizeof tmp, "%s.tmp.%d", path, (int)getpid()) >= (int)sizeof tmp)
+        return loom_errf(err, "%s: path too long", path);
+    int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    if (fd < 0) return loom_errf(err, "%s: cannot create: %s", tmp, strerror(errno));
+    const char *p = data;
+    size_t left = len;
+    while (left > 0) {
+        ssize_t w = write(fd, p, left);
+        if (w < 0 && errno == EINTR) continue;
+        if (w <= 0) {
+            int e = errno;
+            close(fd);
+            unlink(tmp);
+            return loom_errf(err, "%s: write failed: %s", tmp, strerror(e));
+        }
+        p += w;
+        left -= (size_t)w;
+    }
+    if (fsync(fd) != 0) {
+        int e = errno;
+        close(fd);
+        unlink(tmp);
+        return loom_errf(err, "%s: fsync failed: %s", tmp, strerror(e));
+    }
+    close(fd);
+    if (rename(tmp, path) != 0) {
+        int e = errno;
+        unlink(tmp);
+        return loom_errf(err, "%s: rename failed: %s", path, strerror(e));
+    }
+    dir_of(path, dir, sizeof dir);
+    return loom_fsync_dir(dir, err);
+}
+
+int loom_append_line(const char *path, const char *line, loom_err *err) {
+    int fd = open(path, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
+    if (fd < 0) return loom_errf(err, "%s: cannot open for append: %s", path, strerror(errno));
+    size_t n = strlen(line);
+    char *buf = loom_malloc(n + 1);
+    memcpy(buf, line, n);
+    buf[n] = '\n';
+    ssize_t w = write(fd, buf, n + 1);
+    free(buf);
+    int bad = (w != (ssize_t)(n + 1)) || fsync(fd) != 0;
+    close(fd);
+    if (bad) return loom_errf(err, "%s: append failed", path);
+    return 0;
+}
+
+int loom_mkdirs(const char *path, loom_err *err) {
+    char buf[4096];
+    if (snprintf(buf, sizeof buf, "%s", path) >= (int)sizeof buf)
+        return loom_errf(err, "%s: path too long", path);
+    for (char *p = buf + 1; *p; p++) {
+        if (*p != '/') continue;
+        *p = 0;
+        if (mkdir(buf, 0755) != 0 && errno != EEXIST)
+            return loom_errf(err, "%s: cannot create directory: %s", buf, strerror(errno));
+        *p = '/';
+    }
+    if (mkdir(buf, 0755) != 0 && errno != EEXIST)
+        return loom_errf(err, "%s: cannot create directory: %s", buf, strerror(errno));
+    if (!loom_is_dir(buf)) return loom_errf(err, "%s: exists and is not a directory", buf);
+    return 0;
+}
+
+int loom_path_exists(const char *path) {
+    struct stat st;
+    return stat(path, &st) == 0;
+}
+
+int loom_is_dir(const char *path) {
+    struct stat st;
+    return stat(path, &st) == 0 && S_ISDIR(st.st_mode);
+}
+
+char *loom_pathf(char *buf, size_t size, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    int n = vsnprintf(buf, size, fmt, ap);
+    va_end(ap);
+    LOOM_CHECK(n >= 0 && (size_t)n < size);
+    return buf;
+}
+
+double loom_now(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}

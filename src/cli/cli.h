@@ -1,0 +1,7 @@
+/* Subcommand entry points: argv[0] is the subcommand name. Each returns the exit code. */
+#ifndef LOOM_CLI_H
+#define LOOM_CLI_H
+int loom_cli_train(int argc, char **argv);
+int loom_cli_generate(int argc, char **argv);
+int loom_cli_data(int argc, char **argv);
+#endif

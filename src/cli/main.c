@@ -1,0 +1,37 @@
+/* loom: one binary, one subcommand per file in src/cli/. */
+#include <stdio.h>
+#include <string.h>
+
+#include "cli/cli.h"
+#include "loom/base.h"
+
+static void usage(FILE *f) {
+    fprintf(f,
+            "usage: loom <command> [args]\n"
+            "  train CONFIG.yaml [--set section.key=value ...]   train (resumes from run.dir)\n"
+            "  generate CKPT_DIR --prompt TEXT [--tokens N --temperature T --top-k K --seed S]\n"
+            "  data build RECIPE.yaml                              build token shards\n"
+            "  version\n");
+}
+
+int main(int argc, char **argv) {
+    if (argc < 2) {
+        usage(stderr);
+        return 2;
+    }
+    const char *cmd = argv[1];
+    if (!strcmp(cmd, "train")) return loom_cli_train(argc - 1, argv + 1);
+    if (!strcmp(cmd, "generate")) return loom_cli_generate(argc - 1, argv + 1);
+    if (!strcmp(cmd, "data")) return loom_cli_data(argc - 1, argv + 1);
+    if (!strcmp(cmd, "version") || !strcmp(cmd, "--version")) {
+        printf("loom %s\n", LOOM_VERSION);
+        return 0;
+    }
+    if (!strcmp(cmd, "help") || !strcmp(cmd, "--help") || !strcmp(cmd, "-h")) {
+        usage(stdout);
+        return 0;
+    }
+    fprintf(stderr, "loom: unknown command '%s'\n", cmd);
+    usage(stderr);
+    return 2;
+}
