@@ -1,7 +1,36 @@
+/* loom train CONFIG.yaml [--set section.key=value ...] */
 #include <stdio.h>
+#include <string.h>
+
 #include "cli/cli.h"
+#include "loom/config.h"
+#include "loom/train.h"
+
 int loom_cli_train(int argc, char **argv) {
-    (void)argc; (void)argv;
-    fprintf(stderr, "loom: train: not built yet\n");
-    return 1;
+    if (argc < 2 || argv[1][0] == '-') {
+        fprintf(stderr, "usage: loom train CONFIG.yaml [--set section.key=value ...]\n");
+        return 2;
+    }
+    loom_err err = {{0}};
+    loom_config *cfg = loom_config_new();
+    int rc = 1;
+    if (loom_config_load_yaml(cfg, argv[1], &err)) goto fail;
+    for (int i = 2; i < argc; i++) {
+        const char *arg = NULL;
+        if (!strcmp(argv[i], "--set") && i + 1 < argc) arg = argv[++i];
+        else if (!strncmp(argv[i], "--set=", 6)) arg = argv[i] + 6;
+        else {
+            loom_errf(&err, "unexpected argument '%s' (expected --set section.key=value)", argv[i]);
+            goto fail;
+        }
+        if (loom_config_set_arg(cfg, arg, &err)) goto fail;
+    }
+    if (loom_train(cfg, &err)) goto fail;
+    rc = 0;
+    goto out;
+fail:
+    fprintf(stderr, "loom: error: %s\n", err.msg);
+out:
+    loom_config_free(cfg);
+    return rc;
 }

@@ -1,0 +1,24 @@
+/* loom inference: sampling and (for now) full-prefix generation. */
+#ifndef LOOM_INFER_H
+#define LOOM_INFER_H
+
+#include <stdint.h>
+#include "loom/base.h"
+#include "loom/model.h"
+
+typedef struct loom_sampler {
+    float temperature;  /* 0 = greedy (argmax) */
+    int top_k;          /* 0 = whole vocabulary */
+    loom_rng rng;
+} loom_sampler;
+
+/* Draws a token id from logits (V). scratch must hold V floats + V ints (see below). */
+int loom_sample(loom_sampler *s, const float *logits, int V, float *scratch_p, int *scratch_i);
+
+/* Generates up to n_new tokens after prompt (n_prompt >= 1) into out (n_prompt + n_new ids,
+ * the prompt copied first); the context slides when it reaches the model's T.
+ * The model must have been created with B >= 1. Returns the number of ids in out. */
+int loom_generate(loom_model *m, int T, const int32_t *prompt, int n_prompt, int n_new,
+                  loom_sampler *s, int32_t *out);
+
+#endif

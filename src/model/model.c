@@ -1,0 +1,419 @@
+/* loom model: parameter layout, init, and the decoder's forward/backward (llm.c's pattern:
+ * one arena per tensor group, a table of sizes, typed views into it). */
+#include "loom/model.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "loom/kernels.h"
+
+/* Activations kept for backward, each sized for the maximum B x T given at create.
+ * Per-layer buffers are stacked with a leading L. */
+typedef struct acts {
+    float *encoded;   /* (B,T,C) embedding output = residual stream into layer 0 */
+    float *ln1;       /* (L,B,T,C) */
+    float *ln1_mean;  /* (L,B,T) */
+    float *ln1_rstd;  /* (L,B,T) */
+    float *qkv;       /* (L,B,T,QKV) after RoPE when llama */
+    float *att;       /* (L,B,H,T,T) softmax probabilities */
+    float *atty;      /* (L,B,T,H*D) attention output before the projection */
+    float *res2;      /* (L,B,T,C) residual after attention */
+    float *ln2;       /* (L,B,T,C) */
+    float *ln2_mean;  /* (L,B,T) */
+    float *ln2_rstd;  /* (L,B,T) */
+    float *fch;       /* (L,B,T,FFI) first MLP matmul output (gate|up for llama) */
+    float *fch_act;   /* (L,B,T,F) after GELU / SwiGLU */
+    float *res3;      /* (L,B,T,C) residual after the MLP = layer output */
+    float *lnf;       /* (B,T,C) */
+    float *lnf_mean;  /* (B,T) */
+    float *lnf_rstd;  /* (B,T) */
+    float *logits;    /* (B,T,V); dlogits after backward */
+    float *losses;    /* (B,T) */
+    /* backward scratch */
+    float *dres;      /* (B,T,C) gradient of the residual stream */
+    float *dln;       /* (B,T,C) */
+    float *dqkv;      /* (B,T,QKV) */
+    float *datty;     /* (B,T,H*D) */
+    float *dfch;      /* (B,T,FFI) */
+    float *dfch_act;  /* (B,T,F) */
+    float *datt;      /* (B,H,T,T) attention backward scratch */
+} acts;
+
+struct loom_model {
+    loom_model_config cfg;
+    int maxB, maxT;       /* arena sizes */
+    int D, QKV, FFI;      /* head dim, qkv width, first MLP matmul width */
+    loom_tensor_info info[LOOM_P_COUNT];
+    size_t n_params;
+    float *params;        /* one arena */
+    float *grads;         /* same layout */
+    float *act_mem;       /* one arena for acts */
+    size_t act_floats;
+    acts a;
+    int32_t *inputs;      /* (B,T) copy of the last forward's inputs */
+    int32_t *targets;     /* (B,T) */
+    float *rope_cos;      /* (maxT, D/2) */
+    float *rope_sin;
+    int B, T;             /* shape of the last forward */
+    int has_targets;
+    int64_t valid;
+};
+
+static const char *const param_names[LOOM_P_COUNT] = {
+    "wte", "wpe", "ln1_w", "ln1_b", "qkv_w", "qkv_b", "attn_proj_w", "attn_proj_b",
+    "ln2_w", "ln2_b", "fc_w", "fc_b", "fc_proj_w", "fc_proj_b", "lnf_w", "lnf_b", "lm_head"};
+
+static void set_info(loom_tensor_info *t, int id, int present, int decay, int ndim, int64_t d0,
+                     int64_t d1, int64_t d2) {
+    t->name = param_names[id];
+    t->ndim = ndim;
+    t->shape[0] = d0;
+    t->shape[1] = d1;
+    t->shape[2] = d2;
+    t->shape[3] = 0;
+    t->decay = decay;
+    size_t n = 1;
+    for (int i = 0; i < ndim; i++) n *= (size_t)t->shape[i];
+    t->numel = present ? n : 0;
+    if (!present) t->ndim = 0;
+}
+
+static int check_config(const loom_model_config *c, loom_err *err) {
+    if (c->flavor != LOOM_FLAVOR_GPT2 && c->flavor != LOOM_FLAVOR_LLAMA)
+        return loom_errf(err, "model: unknown flavor %d", c->flavor);
+    if (c->vocab_size <= 0 || c->max_seq_len <= 0 || c->n_layer <= 0 || c->n_head <= 0 ||
+        c->n_kv_head <= 0 || c->d_model <= 0 || c->d_ff <= 0)
+        return loom_errf(err, "model: vocab_size, max_seq_len, n_layer, n_head, n_kv_head, "
+                              "d_model and d_ff must all be positive");
+    if (c->d_model % c->n_head != 0)
+        return loom_errf(err, "model: d_model (%d) is not divisible by n_head (%d)", c->d_model,
+                         c->n_head);
+    if (c->n_head % c->n_kv_head != 0)
+        return loom_errf(err, "model: n_head (%d) is not divisible by n_kv_head (%d)",
+                         c->n_head, c->n_kv_head);
+    if (c->flavor == LOOM_FLAVOR_GPT2 && c->n_kv_head != c->n_head)
+        return loom_errf(err, "model: the gpt2 flavor has n_kv_head = n_head (got %d and %d)",
+                         c->n_kv_head, c->n_head);
+    if (c->flavor == LOOM_FLAVOR_LLAMA && (c->d_model / c->n_head) % 2 != 0)
+        return loom_errf(err, "model: RoPE needs an even head dimension (d_model/n_head = %d)",
+                         c->d_model / c->n_head);
+    if (!(c->norm_eps > 0.0f) || !(c->init_std > 0.0f))
+        return loom_errf(err, "model: norm_eps and init_std must be positive");
+    if (c->flavor == LOOM_FLAVOR_LLAMA && !(c->rope_theta > 0.0f))
+        return loom_errf(err, "model: rope_theta must be positive");
+    return 0;
+}
+
+int loom_model_create(const loom_model_config *cfg, int B, int T, loom_model **out,
+                      loom_err *err) {
+    if (check_config(cfg, err) != 0) return -1;
+    if (B <= 0 || T <= 0) return loom_errf(err, "model: batch size and sequence length must be positive");
+    if (T > cfg->max_seq_len)
+        return loom_errf(err, "model: sequence length %d exceeds model.max_seq_len %d", T,
+                         cfg->max_seq_len);
+    loom_model *m = loom_calloc(1, sizeof *m);
+    m->cfg = *cfg;
+    m->maxB = B;
+    m->maxT = T;
+    const int64_t V = cfg->vocab_size, C = cfg->d_model, L = cfg->n_layer, H = cfg->n_head,
+                  KVH = cfg->n_kv_head, F = cfg->d_ff, maxT = cfg->max_seq_len;
+    const int gpt2 = cfg->flavor == LOOM_FLAVOR_GPT2;
+    m->D = (int)(C / H);
+    m->QKV = (int)((H + 2 * KVH) * m->D);
+    m->FFI = (int)(gpt2 ? F : 2 * F);
+    const int64_t HD = H * m->D;
+
+    loom_tensor_info *t = m->info;
+    set_info(&t[LOOM_P_WTE], LOOM_P_WTE, 1, 1, 2, V, C, 0);
+    set_info(&t[LOOM_P_WPE], LOOM_P_WPE, gpt2, 1, 2, maxT, C, 0);
+    set_info(&t[LOOM_P_LN1_W], LOOM_P_LN1_W, 1, 0, 2, L, C, 0);
+    set_info(&t[LOOM_P_LN1_B], LOOM_P_LN1_B, gpt2, 0, 2, L, C, 0);
+    set_info(&t[LOOM_P_QKV_W], LOOM_P_QKV_W, 1, 1, 3, L, m->QKV, C);
+    set_info(&t[LOOM_P_QKV_B], LOOM_P_QKV_B, gpt2, 0, 2, L, m->QKV, 0);
+    set_info(&t[LOOM_P_ATTN_PROJ_W], LOOM_P_ATTN_PROJ_W, 1, 1, 3, L, C, HD);
+    set_info(&t[LOOM_P_ATTN_PROJ_B], LOOM_P_ATTN_PROJ_B, gpt2, 0, 2, L, C, 0);
+    set_info(&t[LOOM_P_LN2_W], LOOM_P_LN2_W, 1, 0, 2, L, C, 0);
+    set_info(&t[LOOM_P_LN2_B], LOOM_P_LN2_B, gpt2, 0, 2, L, C, 0);
+    set_info(&t[LOOM_P_FC_W], LOOM_P_FC_W, 1, 1, 3, L, m->FFI, C);
+    set_info(&t[LOOM_P_FC_B], LOOM_P_FC_B, gpt2, 0, 2, L, F, 0);
+    set_info(&t[LOOM_P_FC_PROJ_W], LOOM_P_FC_PROJ_W, 1, 1, 3, L, C, F);
+    set_info(&t[LOOM_P_FC_PROJ_B], LOOM_P_FC_PROJ_B, gpt2, 0, 2, L, C, 0);
+    set_info(&t[LOOM_P_LNF_W], LOOM_P_LNF_W, 1, 0, 1, C, 0, 0);
+    set_info(&t[LOOM_P_LNF_B], LOOM_P_LNF_B, gpt2, 0, 1, C, 0, 0);
+    set_info(&t[LOOM_P_LM_HEAD], LOOM_P_LM_HEAD, !gpt2, 1, 2, V, C, 0);
+    size_t off = 0;
+    for (int i = 0; i < LOOM_P_COUNT; i++) {
+        t[i].offset = off;
+        off += t[i].numel;
+    }
+    m->n_params = off;
+    m->params = loom_alloc_aligned(off * sizeof(float));
+    m->grads = loom_alloc_aligned(off * sizeof(float));
+
+    /* activations: a size table, one allocation, typed pointers into it */
+    const int64_t BT = (int64_t)B * T;
+    struct { float **p; int64_t n; } tab[] = {
+        {&m->a.encoded, BT * C},        {&m->a.ln1, L * BT * C},
+        {&m->a.ln1_mean, L * BT},       {&m->a.ln1_rstd, L * BT},
+        {&m->a.qkv, L * BT * m->QKV},   {&m->a.att, L * B * H * (int64_t)T * T},
+        {&m->a.atty, L * BT * HD},      {&m->a.res2, L * BT * C},
+        {&m->a.ln2, L * BT * C},        {&m->a.ln2_mean, L * BT},
+        {&m->a.ln2_rstd, L * BT},       {&m->a.fch, L * BT * m->FFI},
+        {&m->a.fch_act, L * BT * F},    {&m->a.res3, L * BT * C},
+        {&m->a.lnf, BT * C},            {&m->a.lnf_mean, BT},
+        {&m->a.lnf_rstd, BT},           {&m->a.logits, BT * V},
+        {&m->a.losses, BT},             {&m->a.dres, BT * C},
+        {&m->a.dln, BT * C},            {&m->a.dqkv, BT * m->QKV},
+        {&m->a.datty, BT * HD},         {&m->a.dfch, BT * m->FFI},
+        {&m->a.dfch_act, BT * F},       {&m->a.datt, B * H * (int64_t)T * T},
+    };
+    size_t total = 0;
+    for (size_t i = 0; i < sizeof tab / sizeof tab[0]; i++)
+        total += ((size_t)tab[i].n + 15) & ~(size_t)15; /* keep each buffer 64-byte aligned */
+    m->act_floats = total;
+    m->act_mem = loom_alloc_aligned(total * sizeof(float));
+    float *p = m->act_mem;
+    for (size_t i = 0; i < sizeof tab / sizeof tab[0]; i++) {
+        *tab[i].p = p;
+        p += ((size_t)tab[i].n + 15) & ~(size_t)15;
+    }
+    m->inputs = loom_calloc((size_t)BT, sizeof(int32_t));
+    m->targets = loom_calloc((size_t)BT, sizeof(int32_t));
+    if (!gpt2) {
+        m->rope_cos = loom_alloc_aligned((size_t)maxT * (size_t)(m->D / 2) * sizeof(float));
+        m->rope_sin = loom_alloc_aligned((size_t)maxT * (size_t)(m->D / 2) * sizeof(float));
+        rope_tables(m->rope_cos, m->rope_sin, (int)maxT, m->D, cfg->rope_theta);
+    }
+    *out = m;
+    return 0;
+}
+
+void loom_model_free(loom_model *m) {
+    if (!m) return;
+    free(m->params);
+    free(m->grads);
+    free(m->act_mem);
+    free(m->inputs);
+    free(m->targets);
+    free(m->rope_cos);
+    free(m->rope_sin);
+    free(m);
+}
+
+const loom_model_config *loom_model_get_config(const loom_model *m) { return &m->cfg; }
+size_t loom_model_num_params(const loom_model *m) { return m->n_params; }
+float *loom_model_params(loom_model *m) { return m->params; }
+float *loom_model_grads(loom_model *m) { return m->grads; }
+const float *loom_model_logits(const loom_model *m) { return m->a.logits; }
+int64_t loom_model_valid_targets(const loom_model *m) { return m->valid; }
+
+const loom_tensor_info *loom_model_tensor(const loom_model *m, int i) {
+    LOOM_CHECK(i >= 0 && i < LOOM_P_COUNT);
+    return &m->info[i];
+}
+
+size_t loom_model_arena_bytes(const loom_model *m) {
+    return (2 * m->n_params + m->act_floats) * sizeof(float);
+}
+
+void loom_model_zero_grad(loom_model *m) { memset(m->grads, 0, m->n_params * sizeof(float)); }
+
+void loom_model_init_weights(loom_model *m, uint64_t seed) {
+    const float std = m->cfg.init_std;
+    const float proj_std = std / sqrtf(2.0f * (float)m->cfg.n_layer);
+    for (int i = 0; i < LOOM_P_COUNT; i++) {
+        const loom_tensor_info *t = &m->info[i];
+        float *w = m->params + t->offset;
+        const uint64_t stream = loom_hash_str(t->name);
+        switch (i) {
+        case LOOM_P_LN1_W: case LOOM_P_LN2_W: case LOOM_P_LNF_W:
+            for (size_t k = 0; k < t->numel; k++) w[k] = 1.0f;
+            break;
+        case LOOM_P_LN1_B: case LOOM_P_LN2_B: case LOOM_P_LNF_B: case LOOM_P_QKV_B:
+        case LOOM_P_ATTN_PROJ_B: case LOOM_P_FC_B: case LOOM_P_FC_PROJ_B:
+            memset(w, 0, t->numel * sizeof(float));
+            break;
+        default: {
+            const float s = (i == LOOM_P_ATTN_PROJ_W || i == LOOM_P_FC_PROJ_W) ? proj_std : std;
+            #pragma omp parallel for schedule(static)
+            for (size_t k = 0; k < t->numel; k++) w[k] = s * loom_rng_normal(seed, stream, k);
+        }
+        }
+    }
+}
+
+#define PARAM(m, id) ((m)->params + (m)->info[id].offset)
+#define GRAD(m, id) ((m)->grads + (m)->info[id].offset)
+/* the per-layer slice of a stacked tensor; NULL when the tensor is absent */
+static float *layer_slice(float *base, const loom_tensor_info *t, int l) {
+    if (t->numel == 0) return NULL;
+    return base + t->offset + (size_t)l * (t->numel / (size_t)t->shape[0]);
+}
+#define LP(m, id, l) layer_slice((m)->params, &(m)->info[id], (l))
+#define LG(m, id, l) layer_slice((m)->grads, &(m)->info[id], (l))
+
+static void norm_fwd(const loom_model *m, float *out, float *mean, float *rstd, const float *in,
+                     const float *w, const float *b, int64_t N) {
+    if (m->cfg.flavor == LOOM_FLAVOR_GPT2)
+        layernorm_forward(out, mean, rstd, in, w, b, N, m->cfg.d_model, m->cfg.norm_eps);
+    else
+        rmsnorm_forward(out, rstd, in, w, N, m->cfg.d_model, m->cfg.norm_eps);
+}
+
+static void norm_bwd(const loom_model *m, float *din, float *dw, float *db, const float *dout,
+                     const float *in, const float *w, const float *mean, const float *rstd,
+                     int64_t N) {
+    if (m->cfg.flavor == LOOM_FLAVOR_GPT2)
+        layernorm_backward(din, dw, db, dout, in, w, mean, rstd, N, m->cfg.d_model);
+    else
+        rmsnorm_backward(din, dw, dout, in, w, rstd, N, m->cfg.d_model);
+}
+
+float loom_model_forward(loom_model *m, const int32_t *inputs, const int32_t *targets, int B,
+                         int T) {
+    LOOM_CHECK(B > 0 && B <= m->maxB && T > 0 && T <= m->maxT);
+    const loom_model_config *c = &m->cfg;
+    const int C = c->d_model, L = c->n_layer, H = c->n_head, KVH = c->n_kv_head, D = m->D;
+    const int V = c->vocab_size, F = c->d_ff, QKV = m->QKV, FFI = m->FFI, HD = H * D;
+    const int64_t BT = (int64_t)B * T;
+    const int gpt2 = c->flavor == LOOM_FLAVOR_GPT2;
+    acts *a = &m->a;
+    m->B = B;
+    m->T = T;
+    memcpy(m->inputs, inputs, (size_t)BT * sizeof(int32_t));
+    for (int64_t i = 0; i < BT; i++) LOOM_CHECK(inputs[i] >= 0 && inputs[i] < V);
+
+    embedding_forward(a->encoded, inputs, PARAM(m, LOOM_P_WTE), gpt2 ? PARAM(m, LOOM_P_WPE) : NULL,
+                      B, T, C, 0);
+    const float *residual = a->encoded;
+    /* per-layer strides use the arena's maximum sizes so a smaller batch still fits */
+    const int64_t mBT = (int64_t)m->maxB * m->maxT;
+    for (int l = 0; l < L; l++) {
+        float *ln1 = a->ln1 + l * mBT * C, *ln1_mean = a->ln1_mean + l * mBT;
+        float *ln1_rstd = a->ln1_rstd + l * mBT, *qkv = a->qkv + l * mBT * QKV;
+        float *att = a->att + l * (int64_t)m->maxB * H * m->maxT * m->maxT;
+        float *atty = a->atty + l * mBT * HD, *res2 = a->res2 + l * mBT * C;
+        float *ln2 = a->ln2 + l * mBT * C, *ln2_mean = a->ln2_mean + l * mBT;
+        float *ln2_rstd = a->ln2_rstd + l * mBT, *fch = a->fch + l * mBT * FFI;
+        float *fch_act = a->fch_act + l * mBT * F, *res3 = a->res3 + l * mBT * C;
+
+        norm_fwd(m, ln1, ln1_mean, ln1_rstd, residual, LP(m, LOOM_P_LN1_W, l),
+                 LP(m, LOOM_P_LN1_B, l), BT);
+        matmul_forward(qkv, ln1, LP(m, LOOM_P_QKV_W, l), LP(m, LOOM_P_QKV_B, l), BT, C, QKV);
+        if (!gpt2) {
+            rope_forward(qkv, B, T, H, D, QKV, m->rope_cos, m->rope_sin, 0);
+            rope_forward(qkv + HD, B, T, KVH, D, QKV, m->rope_cos, m->rope_sin, 0);
+        }
+        attention_forward(atty, att, qkv, B, T, H, KVH, D);
+        matmul_forward(res2, atty, LP(m, LOOM_P_ATTN_PROJ_W, l), LP(m, LOOM_P_ATTN_PROJ_B, l), BT,
+                       HD, C);
+        residual_forward(res2, res2, residual, BT * C);
+        norm_fwd(m, ln2, ln2_mean, ln2_rstd, res2, LP(m, LOOM_P_LN2_W, l), LP(m, LOOM_P_LN2_B, l),
+                 BT);
+        matmul_forward(fch, ln2, LP(m, LOOM_P_FC_W, l), LP(m, LOOM_P_FC_B, l), BT, C, FFI);
+        if (gpt2) gelu_forward(fch_act, fch, BT * F);
+        else swiglu_forward(fch_act, fch, BT, F);
+        matmul_forward(res3, fch_act, LP(m, LOOM_P_FC_PROJ_W, l), LP(m, LOOM_P_FC_PROJ_B, l), BT,
+                       F, C);
+        residual_forward(res3, res3, res2, BT * C);
+        residual = res3;
+    }
+    norm_fwd(m, a->lnf, a->lnf_mean, a->lnf_rstd, residual, PARAM(m, LOOM_P_LNF_W),
+             gpt2 ? PARAM(m, LOOM_P_LNF_B) : NULL, BT);
+    const float *head = gpt2 ? PARAM(m, LOOM_P_WTE) : PARAM(m, LOOM_P_LM_HEAD);
+    matmul_forward(a->logits, a->lnf, head, NULL, BT, C, V);
+
+    m->has_targets = targets != NULL;
+    m->valid = 0;
+    if (!targets) return 0.0f;
+    memcpy(m->targets, targets, (size_t)BT * sizeof(int32_t));
+    for (int64_t i = 0; i < BT; i++) {
+        LOOM_CHECK(targets[i] < V);
+        if (targets[i] >= 0) m->valid++;
+    }
+    crossentropy_forward(a->losses, a->logits, targets, BT, V);
+    double sum = 0.0;
+    for (int64_t i = 0; i < BT; i++) sum += a->losses[i];
+    return m->valid > 0 ? (float)(sum / (double)m->valid) : 0.0f;
+}
+
+void loom_model_backward(loom_model *m, float dscale) {
+    LOOM_CHECK(m->has_targets);
+    const loom_model_config *c = &m->cfg;
+    const int C = c->d_model, L = c->n_layer, H = c->n_head, KVH = c->n_kv_head, D = m->D;
+    const int V = c->vocab_size, F = c->d_ff, QKV = m->QKV, FFI = m->FFI, HD = H * D;
+    const int B = m->B, T = m->T;
+    const int64_t BT = (int64_t)B * T, mBT = (int64_t)m->maxB * m->maxT;
+    const int gpt2 = c->flavor == LOOM_FLAVOR_GPT2;
+    acts *a = &m->a;
+
+    /* head: logits become dlogits in place */
+    crossentropy_softmax_backward(a->logits, m->targets, BT, V, dscale);
+    const float *head = gpt2 ? PARAM(m, LOOM_P_WTE) : PARAM(m, LOOM_P_LM_HEAD);
+    float *dhead = gpt2 ? GRAD(m, LOOM_P_WTE) : GRAD(m, LOOM_P_LM_HEAD);
+    memset(a->dln, 0, (size_t)BT * C * sizeof(float));
+    matmul_backward(a->dln, dhead, NULL, a->logits, a->lnf, head, BT, C, V);
+    const float *last = L > 0 ? a->res3 + (L - 1) * mBT * C : a->encoded;
+    memset(a->dres, 0, (size_t)BT * C * sizeof(float));
+    norm_bwd(m, a->dres, GRAD(m, LOOM_P_LNF_W), gpt2 ? GRAD(m, LOOM_P_LNF_B) : NULL, a->dln, last,
+             PARAM(m, LOOM_P_LNF_W), a->lnf_mean, a->lnf_rstd, BT);
+
+    for (int l = L - 1; l >= 0; l--) {
+        const float *residual = l == 0 ? a->encoded : a->res3 + (l - 1) * mBT * C;
+        float *ln1 = a->ln1 + l * mBT * C, *ln1_mean = a->ln1_mean + l * mBT;
+        float *ln1_rstd = a->ln1_rstd + l * mBT, *qkv = a->qkv + l * mBT * QKV;
+        float *att = a->att + l * (int64_t)m->maxB * H * m->maxT * m->maxT;
+        float *atty = a->atty + l * mBT * HD, *res2 = a->res2 + l * mBT * C;
+        float *ln2 = a->ln2 + l * mBT * C, *ln2_mean = a->ln2_mean + l * mBT;
+        float *ln2_rstd = a->ln2_rstd + l * mBT, *fch = a->fch + l * mBT * FFI;
+        float *fch_act = a->fch_act + l * mBT * F;
+
+        /* MLP: res3 = res2 + fc_proj(act(fc(ln2(res2)))); a->dres holds d res3 */
+        memset(a->dfch_act, 0, (size_t)BT * F * sizeof(float));
+        matmul_backward(a->dfch_act, LG(m, LOOM_P_FC_PROJ_W, l), LG(m, LOOM_P_FC_PROJ_B, l),
+                        a->dres, fch_act, LP(m, LOOM_P_FC_PROJ_W, l), BT, F, C);
+        memset(a->dfch, 0, (size_t)BT * FFI * sizeof(float));
+        if (gpt2) gelu_backward(a->dfch, fch, a->dfch_act, BT * F);
+        else swiglu_backward(a->dfch, fch, a->dfch_act, BT, F);
+        memset(a->dln, 0, (size_t)BT * C * sizeof(float));
+        matmul_backward(a->dln, LG(m, LOOM_P_FC_W, l), LG(m, LOOM_P_FC_B, l), a->dfch, ln2,
+                        LP(m, LOOM_P_FC_W, l), BT, C, FFI);
+        norm_bwd(m, a->dres, LG(m, LOOM_P_LN2_W, l), LG(m, LOOM_P_LN2_B, l), a->dln, res2,
+                 LP(m, LOOM_P_LN2_W, l), ln2_mean, ln2_rstd, BT);
+        /* attention: res2 = residual + attn_proj(attn(qkv(ln1(residual)))); dres = d res2 */
+        memset(a->datty, 0, (size_t)BT * HD * sizeof(float));
+        matmul_backward(a->datty, LG(m, LOOM_P_ATTN_PROJ_W, l), LG(m, LOOM_P_ATTN_PROJ_B, l),
+                        a->dres, atty, LP(m, LOOM_P_ATTN_PROJ_W, l), BT, HD, C);
+        memset(a->dqkv, 0, (size_t)BT * QKV * sizeof(float));
+        attention_backward(a->dqkv, a->datt, a->datty, qkv, att, B, T, H, KVH, D);
+        if (!gpt2) {
+            rope_backward(a->dqkv, B, T, H, D, QKV, m->rope_cos, m->rope_sin, 0);
+            rope_backward(a->dqkv + HD, B, T, KVH, D, QKV, m->rope_cos, m->rope_sin, 0);
+        }
+        memset(a->dln, 0, (size_t)BT * C * sizeof(float));
+        matmul_backward(a->dln, LG(m, LOOM_P_QKV_W, l), LG(m, LOOM_P_QKV_B, l), a->dqkv, ln1,
+                        LP(m, LOOM_P_QKV_W, l), BT, C, QKV);
+        norm_bwd(m, a->dres, LG(m, LOOM_P_LN1_W, l), LG(m, LOOM_P_LN1_B, l), a->dln, residual,
+                 LP(m, LOOM_P_LN1_W, l), ln1_mean, ln1_rstd, BT);
+    }
+    embedding_backward(GRAD(m, LOOM_P_WTE), gpt2 ? GRAD(m, LOOM_P_WPE) : NULL, a->dres, m->inputs,
+                       B, T, C, 0);
+    m->has_targets = 0;
+}
+
+const float *loom_model_next_logits(loom_model *m, const int32_t *tokens, int n) {
+    LOOM_CHECK(n > 0 && n <= m->maxT);
+    loom_model_forward(m, tokens, NULL, 1, n);
+    return m->a.logits + (size_t)(n - 1) * (size_t)m->cfg.vocab_size;
+}
+
+double loom_model_flops_per_token(const loom_model *m, int T) {
+    const loom_model_config *c = &m->cfg;
+    const double C = c->d_model, L = c->n_layer, HD = (double)c->n_head * m->D;
+    const double matmul_params =
+        L * (C * m->QKV + HD * C + C * m->FFI + (double)c->d_ff * C) + (double)c->vocab_size * C;
+    /* 6 FLOPs per weight per token (fwd 2, bwd 4), plus attention scores and values:
+     * per layer 2 matmuls of T x D per head, forward 2*2*T*HD, backward twice that. */
+    return 6.0 * matmul_params + 12.0 * L * HD * T;
+}

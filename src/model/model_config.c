@@ -1,0 +1,76 @@
+/* model.* config keys -> loom_model_config. */
+#include <string.h>
+
+#include "loom/model.h"
+#include "loom/model_config.h"
+
+const loom_config_key loom_model_config_keys[] = {
+    {"model.flavor", "gpt2", "gpt2 (LayerNorm, learned positions, GELU, tied head) or llama "
+                            "(RMSNorm, RoPE, SwiGLU, GQA, untied head)"},
+    {"model.vocab_size", "256", "V: vocabulary size (>= the dataset's)"},
+    {"model.d_model", "256", "C: width of the residual stream"},
+    {"model.n_layer", "4", "L: transformer blocks"},
+    {"model.n_head", "4", "H: query heads"},
+    {"model.n_kv_head", NULL, "KVH: key/value heads (default n_head; llama may use fewer)"},
+    {"model.d_ff", NULL, "F: feed-forward width (default 4*d_model)"},
+    {"model.max_seq_len", NULL, "position limit (default training.seq_len)"},
+    {"model.norm_eps", "1e-5", "epsilon of LayerNorm / RMSNorm"},
+    {"model.rope_theta", "10000", "RoPE base (llama)"},
+    {"model.init_std", "0.02", "std of the normal init of weight matrices"},
+};
+const int loom_model_config_nkeys = sizeof loom_model_config_keys / sizeof loom_model_config_keys[0];
+
+static int get_int(const loom_config *c, const char *key, int64_t lo, int64_t hi, int *out,
+                   loom_err *err) {
+    int64_t v;
+    if (loom_config_get_int(c, key, &v, err) != 0) return -1;
+    if (v < lo || v > hi)
+        return loom_errf(err, "config key '%s' = %lld (%s) is out of range [%lld, %lld]", key,
+                         (long long)v, loom_config_origin(c, key), (long long)lo, (long long)hi);
+    *out = (int)v;
+    return 0;
+}
+
+static int get_float(const loom_config *c, const char *key, float *out, loom_err *err) {
+    double v;
+    if (loom_config_get_double(c, key, &v, err) != 0) return -1;
+    if (!(v > 0.0))
+        return loom_errf(err, "config key '%s' (%s) must be positive", key,
+                         loom_config_origin(c, key));
+    *out = (float)v;
+    return 0;
+}
+
+int loom_model_config_from(const loom_config *c, int default_seq_len, loom_model_config *out,
+                           loom_err *err) {
+    memset(out, 0, sizeof *out);
+    const char *flavor;
+    if (loom_config_get_str(c, "model.flavor", &flavor, err) != 0) return -1;
+    if (!strcmp(flavor, "gpt2")) out->flavor = LOOM_FLAVOR_GPT2;
+    else if (!strcmp(flavor, "llama")) out->flavor = LOOM_FLAVOR_LLAMA;
+    else
+        return loom_errf(err, "config key 'model.flavor' = '%s' (%s): expected gpt2 or llama",
+                         flavor, loom_config_origin(c, "model.flavor"));
+    const int64_t big = 1 << 24;
+    if (get_int(c, "model.vocab_size", 1, big, &out->vocab_size, err) ||
+        get_int(c, "model.d_model", 1, big, &out->d_model, err) ||
+        get_int(c, "model.n_layer", 1, 4096, &out->n_layer, err) ||
+        get_int(c, "model.n_head", 1, 4096, &out->n_head, err))
+        return -1;
+    out->n_kv_head = out->n_head;
+    if (loom_config_get(c, "model.n_kv_head") &&
+        get_int(c, "model.n_kv_head", 1, 4096, &out->n_kv_head, err))
+        return -1;
+    out->d_ff = 4 * out->d_model;
+    if (loom_config_get(c, "model.d_ff") && get_int(c, "model.d_ff", 1, big, &out->d_ff, err))
+        return -1;
+    out->max_seq_len = default_seq_len;
+    if (loom_config_get(c, "model.max_seq_len") &&
+        get_int(c, "model.max_seq_len", 1, big, &out->max_seq_len, err))
+        return -1;
+    if (get_float(c, "model.norm_eps", &out->norm_eps, err) ||
+        get_float(c, "model.rope_theta", &out->rope_theta, err) ||
+        get_float(c, "model.init_std", &out->init_std, err))
+        return -1;
+    return 0;
+}
