@@ -1,0 +1,16 @@
+/* loom observability: machine measurements used by the metrics (MFU). */
+#ifndef LOOM_OBS_H
+#define LOOM_OBS_H
+
+#include "loom/base.h"
+
+/* Measured fp32 GEMM FLOP/s of this machine at `threads` OpenMP threads (<= 0: the current
+ * omp_get_max_threads()): the best of a few cblas_sgemm calls of 1024^3 (smaller on slow
+ * machines; about 0.5 s in all). The result is cached in $LOOM_CACHE_DIR/peak_flops.json, or
+ * ~/.cache/loom/peak_flops.json, keyed by hostname, CPU model (/proc/cpuinfo "model name")
+ * and thread count, so each machine measures once. A corrupt cache file is ignored with a
+ * warning and rewritten. $LOOM_PEAK_FLOPS (a positive number) overrides the whole probe.
+ * Never fails: returns a positive number. */
+double loom_peak_flops(int threads);
+
+#endif

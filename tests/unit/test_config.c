@@ -1,0 +1,487 @@
+/* Config tree: YAML loading, --set, schema defaults and unknown keys, strict getters,
+ * write -> reload round trips. */
+#define _GNU_SOURCE
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include <cmocka.h>
+
+#include "loom/config.h"
+
+static char g_dir[256];
+
+/* Writes text to g_dir/name and returns the path (static buffer, one at a time). */
+static const char *write_tmp(const char *name, const char *text) {
+    static char path[512];
+    loom_pathf(path, sizeof path, "%s/%s", g_dir, name);
+    loom_err err;
+    if (loom_write_file_atomic(path, text, strlen(text), &err)) fail_msg("%s", err.msg);
+    return path;
+}
+
+static int setup_dir(void **state) {
+    (void)state;
+    snprintf(g_dir, sizeof g_dir, "/tmp/loom_test_config_XXXXXX");
+    if (!mkdtemp(g_dir)) return -1;
+    return 0;
+}
+
+static int teardown_dir(void **state) {
+    (void)state;
+    char cmd[300];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", g_dir);
+    return system(cmd) == 0 ? 0 : -1;
+}
+
+static void assert_contains(const char *hay, const char *needle) {
+    if (!strstr(hay, needle)) fail_msg("expected \"%s\" in message: %s", needle, hay);
+}
+
+static void test_nested_load(void **state) {
+    (void)state;
+    const char *path = write_tmp("nested.yaml", "# a comment\n"
+                                                "model:\n"
+                                                "  flavor: llama\n"
+                                                "  n_layer: 4\n"
+                                                "  moe:\n"
+                                                "    experts: 8\n"
+                                                "training:\n"
+                                                "  steps: 100\n"
+                                                "  lr: 3e-4\n"
+                                                "  name: \"quoted: text\"\n"
+                                                "  tags: [a, b, 'c d']\n"
+                                                "  block_list:\n"
+                                                "    - x\n"
+                                                "    - 2\n"
+                                                "flat.key: 7\n");
+    loom_config *c = loom_config_new();
+    loom_err err = {{0}};
+    int rc = loom_config_load_yaml(c, path, &err);
+    if (rc) fail_msg("%s", err.msg);
+    assert_int_equal(loom_config_count(c), 9);
+    assert_string_equal(loom_config_get(c, "model.flavor"), "llama");
+    assert_string_equal(loom_config_get(c, "model.n_layer"), "4");
+    assert_string_equal(loom_config_get(c, "model.moe.experts"), "8");
+    assert_string_equal(loom_config_get(c, "training.steps"), "100");
+    assert_string_equal(loom_config_get(c, "training.name"), "quoted: text");
+    assert_string_equal(loom_config_get(c, "training.tags"), "[a, b, \"c d\"]");
+    assert_string_equal(loom_config_get(c, "training.block_list"), "[x, 2]");
+    assert_string_equal(loom_config_get(c, "flat.key"), "7");
+    assert_null(loom_config_get(c, "model"));
+    assert_null(loom_config_get(c, "nope"));
+
+    char want[600];
+    snprintf(want, sizeof want, "%s:8", path);
+    assert_string_equal(loom_config_origin(c, "training.steps"), want);
+
+    /* sorted iteration, sections contiguous */
+    assert_string_equal(loom_config_key_at(c, 0), "flat.key");
+    assert_string_equal(loom_config_key_at(c, 1), "model.flavor");
+    assert_string_equal(loom_config_key_at(c, 2), "model.moe.experts");
+    assert_string_equal(loom_config_value_at(c, 2), "8");
+    for (int i = 1; i < loom_config_count(c); i++)
+        assert_true(strcmp(loom_config_key_at(c, i - 1), loom_config_key_at(c, i)) < 0);
+
+    double lr = 0;
+    assert_int_equal(loom_config_get_double(c, "training.lr", &lr, &err), 0);
+    assert_true(lr == 3e-4);
+    int64_t steps = 0;
+    assert_int_equal(loom_config_get_int(c, "training.steps", &steps, &err), 0);
+    assert_int_equal(steps, 100);
+    loom_config_free(c);
+}
+
+static void test_later_load_overrides(void **state) {
+    (void)state;
+    loom_config *c = loom_config_new();
+    loom_err err;
+    assert_int_equal(loom_config_load_string(c, "a:\n  x: 1\n  y: 2\n", "base", &err), 0);
+    assert_int_equal(loom_config_load_string(c, "a:\n  y: 3\n", "over", &err), 0);
+    assert_string_equal(loom_config_get(c, "a.x"), "1");
+    assert_string_equal(loom_config_get(c, "a.y"), "3");
+    assert_string_equal(loom_config_origin(c, "a.y"), "over:2");
+    /* a failed load leaves the tree untouched */
+    assert_int_equal(loom_config_load_string(c, "a:\n  y: 9\n  z: [\n", "bad", &err), -1);
+    assert_string_equal(loom_config_get(c, "a.y"), "3");
+    assert_null(loom_config_get(c, "a.z"));
+    /* empty documents are fine */
+    assert_int_equal(loom_config_load_string(c, "", "empty", &err), 0);
+    assert_int_equal(loom_config_load_string(c, "# only a comment\n", "c", &err), 0);
+    assert_int_equal(loom_config_load_string(c, "---\n", "d", &err), 0);
+    assert_int_equal(loom_config_count(c), 2);
+    loom_config_free(c);
+}
+
+static void test_set_arg(void **state) {
+    (void)state;
+    loom_config *c = loom_config_new();
+    loom_err err = {{0}};
+    assert_int_equal(loom_config_load_string(c, "training:\n  steps: 100\n", "x.yaml", &err), 0);
+    assert_int_equal(loom_config_set_arg(c, "training.steps=2000", &err), 0);
+    assert_string_equal(loom_config_get(c, "training.steps"), "2000");
+    assert_string_equal(loom_config_origin(c, "training.steps"), "--set");
+    assert_int_equal(loom_config_set_arg(c, "data.path='a b: c'", &err), 0);
+    assert_string_equal(loom_config_get(c, "data.path"), "a b: c");
+    assert_int_equal(loom_config_set_arg(c, "data.url=http://h:80/x=y", &err), 0);
+    assert_string_equal(loom_config_get(c, "data.url"), "http://h:80/x=y");
+    assert_int_equal(loom_config_set_arg(c, "model.dims=[1,2, 3]", &err), 0);
+    assert_string_equal(loom_config_get(c, "model.dims"), "[1, 2, 3]");
+    assert_int_equal(loom_config_set_arg(c, "model.empty=", &err), 0);
+    assert_string_equal(loom_config_get(c, "model.empty"), "");
+
+    memset(&err, 0, sizeof err);
+    assert_int_equal(loom_config_set_arg(c, "training.steps", &err), -1);
+    assert_contains(err.msg, "'training.steps'");
+    assert_int_equal(loom_config_set_arg(c, "=5", &err), -1);
+    assert_contains(err.msg, "'=5'");
+    assert_int_equal(loom_config_set_arg(c, "a..b=5", &err), -1);
+    assert_contains(err.msg, "'a..b=5'");
+    assert_int_equal(loom_config_set_arg(c, "a.b=[1, 2", &err), -1);
+    assert_contains(err.msg, "a.b=[1, 2");
+    assert_int_equal(loom_config_set_arg(c, "a.b=x: y", &err), -1);
+    assert_contains(err.msg, "mapping");
+    assert_null(loom_config_get(c, "a.b"));
+    loom_config_free(c);
+}
+
+static const loom_config_key schema[] = {
+    {"training.steps", "1000", "optimizer steps"},
+    {"training.lr", "3e-4", "peak learning rate"},
+    {"training.resume", NULL, "checkpoint to resume from"},
+    {"model.flavor", "gpt2", "gpt2 or llama"},
+    {"data.manifest", NULL, NULL},
+};
+
+static void test_schema_defaults(void **state) {
+    (void)state;
+    loom_config *c = loom_config_new();
+    loom_err err = {{0}};
+    assert_int_equal(loom_config_load_string(c, "training:\n  steps: 5\n", "x.yaml", &err), 0);
+    int rc = loom_config_apply_schema(c, schema, 5, &err);
+    if (rc) fail_msg("%s", err.msg);
+    assert_string_equal(loom_config_get(c, "training.steps"), "5");
+    assert_string_equal(loom_config_origin(c, "training.steps"), "x.yaml:2");
+    assert_string_equal(loom_config_get(c, "training.lr"), "3e-4");
+    assert_string_equal(loom_config_origin(c, "training.lr"), "default");
+    assert_string_equal(loom_config_get(c, "model.flavor"), "gpt2");
+    assert_null(loom_config_get(c, "training.resume"));
+    assert_int_equal(loom_config_count(c), 3);
+    const char *s = NULL;
+    assert_int_equal(loom_config_get_str(c, "training.resume", &s, &err), -1);
+    assert_contains(err.msg, "training.resume");
+    /* the schema's help is written as a comment */
+    char *yaml = loom_config_to_yaml(c);
+    assert_contains(yaml, "# peak learning rate\n");
+    free(yaml);
+    loom_config_free(c);
+}
+
+static void test_unknown_key(void **state) {
+    (void)state;
+    const char *path = write_tmp("x.yaml", "training:\n  steps: 5\nmodel:\n  flavr: llama\n");
+    loom_config *c = loom_config_new();
+    loom_err err = {{0}};
+    assert_int_equal(loom_config_load_yaml(c, path, &err), 0);
+    assert_int_equal(loom_config_apply_schema(c, schema, 5, &err), -1);
+    char want[600];
+    snprintf(want, sizeof want,
+             "unknown config key 'model.flavr' (set at %s:4); did you mean 'model.flavor'?", path);
+    assert_string_equal(err.msg, want);
+    /* nothing applied on failure */
+    assert_null(loom_config_get(c, "training.lr"));
+    loom_config_free(c);
+
+    c = loom_config_new();
+    assert_int_equal(loom_config_set_arg(c, "trainig.steps=3", &err), 0);
+    assert_int_equal(loom_config_apply_schema(c, schema, 5, &err), -1);
+    assert_contains(err.msg, "'trainig.steps'");
+    assert_contains(err.msg, "--set");
+    assert_contains(err.msg, "did you mean 'training.steps'?");
+    loom_config_free(c);
+
+    /* nothing close: no hint */
+    c = loom_config_new();
+    loom_config_set(c, "completely.different", "1", "test");
+    assert_int_equal(loom_config_apply_schema(c, schema, 5, &err), -1);
+    assert_string_equal(err.msg, "unknown config key 'completely.different' (set at test)");
+    loom_config_free(c);
+}
+
+static void test_malformed_yaml(void **state) {
+    (void)state;
+    const char *path = write_tmp("bad.yaml", "a:\n  b: 1\n  c: [1, 2\nd: 3\n");
+    loom_config *c = loom_config_new();
+    loom_err err = {{0}};
+    assert_int_equal(loom_config_load_yaml(c, path, &err), -1);
+    char want[600];
+    snprintf(want, sizeof want, "%s:4:", path);
+    assert_contains(err.msg, want);
+
+    path = write_tmp("bad2.yaml", "a: 1\n b: 2\n");
+    assert_int_equal(loom_config_load_yaml(c, path, &err), -1);
+    snprintf(want, sizeof want, "%s:2:", path);
+    assert_contains(err.msg, want);
+
+    path = write_tmp("tab.yaml", "a:\n\tb: 1\n");
+    assert_int_equal(loom_config_load_yaml(c, path, &err), -1);
+    snprintf(want, sizeof want, "%s:2:", path);
+    assert_contains(err.msg, want);
+
+    /* top level not a mapping */
+    assert_int_equal(loom_config_load_string(c, "- a\n- b\n", "list.yaml", &err), -1);
+    assert_contains(err.msg, "list.yaml:1: the top level");
+    assert_int_equal(loom_config_load_string(c, "just text\n", "s.yaml", &err), -1);
+    assert_contains(err.msg, "s.yaml:1: the top level");
+
+    /* anchors and aliases */
+    assert_int_equal(loom_config_load_string(c, "a: &x 1\nb: *x\n", "anc.yaml", &err), -1);
+    assert_contains(err.msg, "anc.yaml:1: YAML anchors and aliases");
+    assert_int_equal(loom_config_load_string(c, "a: 1\nb: *x\n", "al.yaml", &err), -1);
+    assert_contains(err.msg, "al.yaml:");
+
+    /* empty key, two documents, mapping in a list */
+    assert_int_equal(loom_config_load_string(c, "a:\n  \"\": 1\n", "e.yaml", &err), -1);
+    assert_contains(err.msg, "e.yaml:2: invalid key");
+    assert_int_equal(loom_config_load_string(c, "a: 1\n---\nb: 2\n", "m.yaml", &err), -1);
+    assert_contains(err.msg, "m.yaml:2: more than one");
+    assert_int_equal(loom_config_load_string(c, "a:\n  - x: 1\n", "l.yaml", &err), -1);
+    assert_contains(err.msg, "l.yaml:2:");
+
+    /* missing file */
+    char missing[600];
+    snprintf(missing, sizeof missing, "%s/does-not-exist.yaml", g_dir);
+    assert_int_equal(loom_config_load_yaml(c, missing, &err), -1);
+    assert_contains(err.msg, missing);
+    assert_int_equal(loom_config_count(c), 0);
+    loom_config_free(c);
+}
+
+static void test_duplicate_key(void **state) {
+    (void)state;
+    loom_config *c = loom_config_new();
+    loom_err err = {{0}};
+    assert_int_equal(loom_config_load_string(c, "training:\n  steps: 1\n  lr: 2\n  steps: 3\n",
+                                             "configs/x.yaml", &err),
+                     -1);
+    assert_string_equal(err.msg, "configs/x.yaml:4: duplicate key 'training.steps' (first at line 2)");
+    /* the same key spelled flat and nested */
+    assert_int_equal(loom_config_load_string(c, "training.steps: 1\ntraining:\n  steps: 2\n",
+                                             "y.yaml", &err),
+                     -1);
+    assert_string_equal(err.msg, "y.yaml:3: duplicate key 'training.steps' (first at line 1)");
+    /* a section given twice */
+    assert_int_equal(loom_config_load_string(c, "a:\n  x: 1\nb: 2\na:\n  y: 1\n", "z.yaml", &err),
+                     -1);
+    assert_string_equal(err.msg, "z.yaml:4: duplicate key 'a' (first at line 1)");
+    assert_int_equal(loom_config_count(c), 0);
+    loom_config_free(c);
+}
+
+static void test_strict_getters(void **state) {
+    (void)state;
+    loom_config *c = loom_config_new();
+    loom_err err = {{0}};
+    const char *yaml = "training:\n"
+                       "  steps: 12x\n"
+                       "  empty: ''\n"
+                       "  space: ' 3'\n"
+                       "  big: 99999999999999999999\n"
+                       "  neg: -42\n"
+                       "  lr: 3e-4\n"
+                       "  one: 1.0\n"
+                       "  nan: nan\n"
+                       "  inf: -inf\n"
+                       "  huge: 1e999\n"
+                       "  b1: YES\n"
+                       "  b2: off\n"
+                       "  b3: 0\n"
+                       "  b4: maybe\n"
+                       "  trail: '7 '\n";
+    assert_int_equal(loom_config_load_string(c, yaml, "configs/x.yaml", &err), 0);
+    int64_t i = 0;
+    assert_int_equal(loom_config_get_int(c, "training.steps", &i, &err), -1);
+    assert_string_equal(err.msg,
+                        "config key 'training.steps' = '12x' (configs/x.yaml:2) is not an integer");
+    assert_int_equal(loom_config_get_int(c, "training.empty", &i, &err), -1);
+    assert_contains(err.msg, "is not an integer");
+    assert_int_equal(loom_config_get_int(c, "training.space", &i, &err), -1);
+    assert_contains(err.msg, "' 3'");
+    assert_int_equal(loom_config_get_int(c, "training.trail", &i, &err), -1);
+    assert_int_equal(loom_config_get_int(c, "training.big", &i, &err), -1);
+    assert_contains(err.msg, "configs/x.yaml:5");
+    assert_int_equal(loom_config_get_int(c, "training.lr", &i, &err), -1);
+    assert_int_equal(loom_config_get_int(c, "training.neg", &i, &err), 0);
+    assert_int_equal(i, -42);
+    assert_int_equal(loom_config_get_int(c, "training.absent", &i, &err), -1);
+    assert_contains(err.msg, "'training.absent' is not set");
+
+    double d = 0;
+    assert_int_equal(loom_config_get_double(c, "training.lr", &d, &err), 0);
+    assert_true(d == 3e-4);
+    assert_int_equal(loom_config_get_double(c, "training.one", &d, &err), 0);
+    assert_true(d == 1.0);
+    assert_int_equal(loom_config_get_double(c, "training.neg", &d, &err), 0);
+    assert_true(d == -42.0);
+    assert_int_equal(loom_config_get_double(c, "training.nan", &d, &err), -1);
+    assert_contains(err.msg, "'training.nan' = 'nan'");
+    assert_int_equal(loom_config_get_double(c, "training.inf", &d, &err), -1);
+    assert_int_equal(loom_config_get_double(c, "training.huge", &d, &err), -1);
+    assert_int_equal(loom_config_get_double(c, "training.steps", &d, &err), -1);
+    assert_int_equal(loom_config_get_double(c, "training.empty", &d, &err), -1);
+    assert_int_equal(loom_config_get_double(c, "training.space", &d, &err), -1);
+
+    int b = -1;
+    assert_int_equal(loom_config_get_bool(c, "training.b1", &b, &err), 0);
+    assert_int_equal(b, 1);
+    assert_int_equal(loom_config_get_bool(c, "training.b2", &b, &err), 0);
+    assert_int_equal(b, 0);
+    b = -1;
+    assert_int_equal(loom_config_get_bool(c, "training.b3", &b, &err), 0);
+    assert_int_equal(b, 0);
+    assert_int_equal(loom_config_get_bool(c, "training.b4", &b, &err), -1);
+    assert_contains(err.msg, "'training.b4' = 'maybe' (configs/x.yaml:15) is not a boolean");
+    assert_int_equal(loom_config_get_bool(c, "training.empty", &b, &err), -1);
+    loom_config_free(c);
+}
+
+/* Loads `yaml` text written by to_yaml and checks it gives the same key -> value table. */
+static void assert_same_tree(const loom_config *a, const loom_config *b) {
+    assert_int_equal(loom_config_count(a), loom_config_count(b));
+    for (int i = 0; i < loom_config_count(a); i++) {
+        assert_string_equal(loom_config_key_at(a, i), loom_config_key_at(b, i));
+        assert_string_equal(loom_config_value_at(a, i), loom_config_value_at(b, i));
+    }
+}
+
+static void test_round_trip(void **state) {
+    (void)state;
+    static const char *const tricky[][2] = {
+        {"s.empty", ""},
+        {"s.yes", "yes"},
+        {"s.num", "1e5"},
+        {"s.colon", "a: b"},
+        {"s.hash", "x # not a comment"},
+        {"s.lead", "  leading"},
+        {"s.trail", "trailing  "},
+        {"s.quote", "say \"hi\" \\ back"},
+        {"s.newline", "line1\nline2"},
+        {"s.tab", "a\tb"},
+        {"s.star", "*alias"},
+        {"s.amp", "&anchor"},
+        {"s.dash", "-"},
+        {"s.dashspace", "- item"},
+        {"s.neg", "-3"},
+        {"s.brace", "{a: 1}"},
+        {"s.bracket_text", "[not, closed"},
+        {"s.list", "[1, 2, \"a b\"]"},
+        {"s.list_spacing", "[1,2]"},
+        {"s.tilde", "~"},
+        {"s.null", "null"},
+        {"s.pct", "%YAML"},
+        {"s.at", "@x"},
+        {"s.bang", "!tag"},
+        {"s.pipe", "| block"},
+        {"s.gt", "> folded"},
+        {"s.question", "? key"},
+        {"s.utf8", "caf\xc3\xa9 \xe2\x86\x92"},
+        {"s.ctrl", "bell\x07"},
+        {"s.docstart", "---"},
+        {"weird key.with space", "v"},
+        {"k.x:y", "colon key"},
+        {"k.---", "dashes key"},
+        {"deep.a.b.c.d", "5"},
+        {"top", "1"},
+    };
+    loom_config *c = loom_config_new();
+    for (size_t i = 0; i < sizeof tricky / sizeof tricky[0]; i++)
+        loom_config_set(c, tricky[i][0], tricky[i][1], "test");
+    loom_err err = {{0}};
+    char path[512];
+    loom_pathf(path, sizeof path, "%s/resolved.yaml", g_dir);
+    assert_int_equal(loom_config_write_yaml(c, path, &err), 0);
+
+    loom_config *back = loom_config_new();
+    int rc = loom_config_load_yaml(back, path, &err);
+    if (rc) {
+        char *y = loom_config_to_yaml(c);
+        fail_msg("%s\n%s", err.msg, y);
+    }
+    assert_same_tree(c, back);
+
+    /* the writer nests sections and writes a list bare when it reads back the same */
+    char *text = loom_config_to_yaml(c);
+    assert_contains(text, "\ndeep:\n  a:\n    b:\n      c:\n        d: 5\n");
+    assert_contains(text, "  list: [1, 2, \"a b\"]\n");
+    assert_contains(text, "  list_spacing: \"[1,2]\"\n");
+    assert_contains(text, "  yes: yes\n");
+    assert_contains(text, "  empty: \"\"\n");
+    free(text);
+
+    /* writing the reloaded tree gives the same bytes */
+    char *t1 = loom_config_to_yaml(c), *t2 = loom_config_to_yaml(back);
+    assert_string_equal(t1, t2);
+    free(t1);
+    free(t2);
+    loom_config_free(back);
+    loom_config_free(c);
+}
+
+static void test_leaf_and_section(void **state) {
+    (void)state;
+    /* "a.b" and "a.b.c" both present: a.b stays a leaf, a.b.c is written as the dotted key
+     * "b.c" inside section a, which reads back as the same flat key */
+    loom_config *c = loom_config_new();
+    loom_config_set(c, "a.b", "1", "t");
+    loom_config_set(c, "a.b.c", "2", "t");
+    loom_config_set(c, "a.b.d.e", "3", "t");
+    loom_config_set(c, "a.bz", "4", "t");
+    loom_config_set(c, "a", "0", "t");
+    loom_config_set(c, "x.y", "5", "t");
+    char *text = loom_config_to_yaml(c);
+    assert_string_equal(text, "# resolved loom config\n"
+                              "a: 0\n"
+                              "a.b: 1\n"
+                              "a.b.c: 2\n"
+                              "a.b.d.e: 3\n"
+                              "a.bz: 4\n"
+                              "x:\n"
+                              "  y: 5\n");
+    free(text);
+    loom_config_free(c);
+
+    c = loom_config_new();
+    loom_config_set(c, "a.b", "1", "t");
+    loom_config_set(c, "a.b.c", "2", "t");
+    loom_config_set(c, "a.d", "3", "t");
+    text = loom_config_to_yaml(c);
+    assert_string_equal(text, "# resolved loom config\n"
+                              "a:\n"
+                              "  b: 1\n"
+                              "  b.c: 2\n"
+                              "  d: 3\n");
+    loom_config *back = loom_config_new();
+    loom_err err = {{0}};
+    int rc = loom_config_load_string(back, text, "written", &err);
+    if (rc) fail_msg("%s", err.msg);
+    assert_same_tree(c, back);
+    free(text);
+    loom_config_free(back);
+    loom_config_free(c);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_nested_load),      cmocka_unit_test(test_later_load_overrides),
+        cmocka_unit_test(test_set_arg),          cmocka_unit_test(test_schema_defaults),
+        cmocka_unit_test(test_unknown_key),      cmocka_unit_test(test_malformed_yaml),
+        cmocka_unit_test(test_duplicate_key),    cmocka_unit_test(test_strict_getters),
+        cmocka_unit_test(test_round_trip),       cmocka_unit_test(test_leaf_and_section),
+    };
+    return cmocka_run_group_tests(tests, setup_dir, teardown_dir);
+}
