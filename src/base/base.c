@@ -31,7 +31,7 @@ int loom_err_prefix(loom_err *err, const char *fmt, ...) {
     vsnprintf(prefix, sizeof prefix, fmt, ap);
     va_end(ap);
     memcpy(old, err->msg, sizeof old);
-    snprintf(err->msg, sizeof err->msg, "%s: %s", prefix, old);
+    snprintf(err->msg, sizeof err->msg, "%.1000s: %.1040s", prefix, old);
     return -1;
 }
 
