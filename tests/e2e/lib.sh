@@ -1,0 +1,92 @@
+# Shared helpers for the e2e tests (sourced).
+set -euo pipefail
+LOOM_SRC=${LOOM_SRC:-$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)}
+LOOM_BIN=${LOOM_BIN:-$LOOM_SRC/build/loom}
+LOOM_ASAN_BIN=${LOOM_ASAN_BIN:-$LOOM_SRC/build/loom-asan}
+WORK=$(mktemp -d /tmp/loom-e2e.XXXXXX)
+trap 'rm -rf "$WORK"' EXIT
+export OMP_NUM_THREADS=${OMP_NUM_THREADS:-2}
+
+fail() { echo "FAIL: $*" >&2; exit 1; }
+pass() { echo "ok: $*"; }
+
+# expect_fail "what" "regex the message must match" cmd args...: the command must exit
+# non-zero and its stderr must match the regex.
+expect_fail() {
+  local what=$1 pattern=$2; shift 2
+  local rc=0
+  "$@" >"$WORK/out" 2>"$WORK/err" || rc=$?
+  [ $rc -ne 0 ] || fail "$what: exited 0"
+  grep -qE "$pattern" "$WORK/err" || { cat "$WORK/err" >&2; fail "$what: message does not match /$pattern/"; }
+  if grep -qE "AddressSanitizer|runtime error|Segmentation" "$WORK/err"; then
+    cat "$WORK/err" >&2; fail "$what: crashed"
+  fi
+  pass "$what (exit $rc): $(head -c 300 "$WORK/err" | tr '\n' ' ')"
+}
+
+# make_dataset DIR: a small text corpus -> DIR/data/{train,val}
+make_dataset() {
+  local d=$1
+  mkdir -p "$d/corpus"
+  python3 - "$d/corpus" <<'PY'
+import random, sys, os
+random.seed(7)
+words = "the quick brown fox jumps over a lazy dog while seven wizards quietly hex jolly".split()
+for f in range(4):
+    with open(os.path.join(sys.argv[1], f"part{f}.txt"), "w") as fh:
+        for doc in range(60):
+            fh.write(" ".join(random.choice(words) for _ in range(random.randint(20, 80))))
+            fh.write("\n%\n")
+PY
+  cat > "$d/recipe.yaml" <<YAML
+name: e2e
+sources:
+  - name: corpus
+    kind: text
+    path: $d/corpus
+    split: "\n%\n"
+tokenizer: byte
+seq_len: 32
+val_fraction: 0.1
+output: $d/data
+shard_tokens: 20000
+YAML
+  "$LOOM_BIN" data build "$d/recipe.yaml" >/dev/null 2>&1 || { "$LOOM_BIN" data build "$d/recipe.yaml"; fail "data build"; }
+}
+
+# a tiny model config writing into run dir $2 over dataset $1
+make_config() {
+  cat > "$2" <<YAML
+run:
+  dir: $3
+data:
+  train: $1/data/train
+  val: $1/data/val
+model:
+  flavor: ${FLAVOR:-gpt2}
+  vocab_size: 256
+  d_model: 32
+  n_layer: 2
+  n_head: 4
+  n_kv_head: ${KVH:-4}
+training:
+  steps: 10
+  batch_size: 2
+  seq_len: 32
+  lr: 3e-3
+  warmup: 2
+  peak_flops: 1e11
+eval:
+  every: 5
+  batches: 2
+checkpoint:
+  every: 5
+YAML
+}
+
+# losses of a run, one per line, exactly as written
+losses() { python3 -c "
+import json,sys
+for l in open(sys.argv[1]):
+    r=json.loads(l); print(r['step'], repr(r['loss']), repr(r['grad_norm']), repr(r.get('val_loss')))
+" "$1/metrics.jsonl"; }
