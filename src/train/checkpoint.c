@@ -1,0 +1,499 @@
+/* Checkpoint directories: root/step_NNNNNNN/{files..., manifest.json, COMPLETE}.
+ *
+ * Commit protocol (save): each file and then manifest.json is written atomically (temp,
+ * fsync, rename, directory fsync); COMPLETE, holding the manifest's SHA-256, is written last
+ * the same way; then the step directory and the root are fsynced and root/latest (a relative
+ * symlink) is swung atomically (temp symlink + rename) to the newest complete step.
+ * A step directory without COMPLETE is never loaded. See docs/checkpoints.md. */
+#define _GNU_SOURCE
+#include "loom/checkpoint.h"
+
+#include <dirent.h>
+#include <errno.h>
+#include <inttypes.h>
+#include <jansson.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#define CKPT_MAX_MANIFEST ((size_t)16 << 20)
+#define CKPT_MAX_FILE ((uint64_t)64 << 30) /* 64 GiB per file */
+#define CKPT_MAX_FILES 100000
+#define CKPT_PATH 4096
+
+static const char *MANIFEST = "manifest.json";
+static const char *COMPLETE = "COMPLETE";
+
+/* A name that can live inside a step directory: non-empty, no '/', not . or .., no control
+ * characters, not one of the reserved names. Returns NULL if fine, else the reason. */
+static const char *bad_file_name(const char *name) {
+    if (!name || !*name) return "is empty";
+    if (strlen(name) > 255) return "is longer than 255 bytes";
+    if (strcmp(name, ".") == 0 || strcmp(name, "..") == 0) return "is '.' or '..'";
+    if (strchr(name, '/')) return "contains '/'";
+    for (const unsigned char *p = (const unsigned char *)name; *p; p++)
+        if (*p < 0x20 || *p == 0x7f) return "contains a control character";
+    if (strcmp(name, MANIFEST) == 0 || strcmp(name, COMPLETE) == 0) return "is reserved";
+    return NULL;
+}
+
+/* "step_" followed by at least 7 digits and nothing else; *step gets the number. */
+static int parse_step_name(const char *name, int64_t *step) {
+    if (strncmp(name, "step_", 5) != 0) return 0;
+    const char *p = name + 5;
+    size_t nd = strlen(p);
+    if (nd < 7) return 0;
+    int64_t v = 0;
+    for (; *p; p++) {
+        if (*p < '0' || *p > '9') return 0;
+        int d = *p - '0';
+        if (v > (INT64_MAX - d) / 10) return 0;
+        v = v * 10 + d;
+    }
+    *step = v;
+    return 1;
+}
+
+static int is_regular(const char *path) {
+    struct stat st;
+    return stat(path, &st) == 0 && S_ISREG(st.st_mode);
+}
+
+static const char *base_name(const char *path) {
+    /* the last non-empty component (ignores trailing slashes) */
+    size_t n = strlen(path);
+    while (n > 1 && path[n - 1] == '/') n--;
+    size_t i = n;
+    while (i > 0 && path[i - 1] != '/') i--;
+    static __thread char buf[CKPT_PATH];
+    snprintf(buf, sizeof buf, "%.*s", (int)(n - i), path + i);
+    return buf;
+}
+
+static int copy_out(char *out, size_t size, const char *s, loom_err *err) {
+    if (!out) return 0;
+    if (strlen(s) >= size) return loom_errf(err, "%s: path does not fit the %zu-byte buffer", s, size);
+    memcpy(out, s, strlen(s) + 1);
+    return 0;
+}
+
+static int unlink_if_present(const char *path, loom_err *err) {
+    if (unlink(path) != 0 && errno != ENOENT)
+        return loom_errf(err, "%s: cannot remove: %s", path, strerror(errno));
+    return 0;
+}
+
+/* Clears what a previous, interrupted save of this step may have left: the names this save
+ * writes, manifest.json, and their temp files (name.tmp.<pid>). Nothing else is touched. */
+static int clear_incomplete(const char *dir, const loom_ckpt_file *files, int n, loom_err *err) {
+    char path[CKPT_PATH];
+    if (unlink_if_present(loom_pathf(path, sizeof path, "%s/%s", dir, MANIFEST), err) != 0)
+        return -1;
+    for (int i = 0; i < n; i++)
+        if (unlink_if_present(loom_pathf(path, sizeof path, "%s/%s", dir, files[i].name), err))
+            return -1;
+    DIR *d = opendir(dir);
+    if (!d) return loom_errf(err, "%s: cannot open directory: %s", dir, strerror(errno));
+    struct dirent *de;
+    int rc = 0;
+    while (rc == 0 && (de = readdir(d)) != NULL) {
+        const char *tmp = strstr(de->d_name, ".tmp.");
+        if (!tmp) continue;
+        size_t stem = (size_t)(tmp - de->d_name);
+        int ours = (strlen(MANIFEST) == stem && strncmp(de->d_name, MANIFEST, stem) == 0) ||
+                   (strlen(COMPLETE) == stem && strncmp(de->d_name, COMPLETE, stem) == 0);
+        for (int i = 0; i < n && !ours; i++)
+            ours = strlen(files[i].name) == stem && strncmp(de->d_name, files[i].name, stem) == 0;
+        if (ours) rc = unlink_if_present(loom_pathf(path, sizeof path, "%s/%s", dir, de->d_name), err);
+    }
+    closedir(d);
+    return rc;
+}
+
+/* Points root/latest at target (a name inside root): temp symlink, rename, fsync root. */
+static int swing_latest(const char *root, const char *target, loom_err *err) {
+    char tmp[CKPT_PATH], link[CKPT_PATH];
+    loom_pathf(tmp, sizeof tmp, "%s/.latest.tmp.%d", root, (int)getpid());
+    loom_pathf(link, sizeof link, "%s/latest", root);
+    unlink(tmp);
+    if (symlink(target, tmp) != 0)
+        return loom_errf(err, "%s: cannot create symlink: %s", tmp, strerror(errno));
+    if (rename(tmp, link) != 0) {
+        int e = errno;
+        unlink(tmp);
+        return loom_errf(err, "%s: cannot replace with a symlink to %s: %s", link, target,
+                         strerror(e));
+    }
+    return loom_fsync_dir(root, err);
+}
+
+int loom_ckpt_save(const char *root, int64_t step, const loom_ckpt_file *files, int n,
+                   char *out_dir, size_t out_size, loom_err *err) {
+    if (!root || !*root) return loom_errf(err, "checkpoint: empty root path");
+    if (step < 0) return loom_errf(err, "%s: checkpoint step %" PRId64 " is negative", root, step);
+    if (n < 0 || n > CKPT_MAX_FILES || (n > 0 && !files))
+        return loom_errf(err, "%s: bad checkpoint file list (n=%d)", root, n);
+    for (int i = 0; i < n; i++) {
+        const char *why = bad_file_name(files[i].name);
+        if (why)
+            return loom_errf(err, "%s: checkpoint file name '%.200s' %s", root,
+                             files[i].name ? files[i].name : "(null)", why);
+        if (files[i].len > 0 && !files[i].data)
+            return loom_errf(err, "%s: checkpoint file '%s' has no data", root, files[i].name);
+        for (int j = 0; j < i; j++)
+            if (strcmp(files[i].name, files[j].name) == 0)
+                return loom_errf(err, "%s: checkpoint file '%s' listed twice", root, files[i].name);
+    }
+    char dir[CKPT_PATH], path[CKPT_PATH];
+    if (snprintf(dir, sizeof dir, "%s/step_%07" PRId64, root, step) >= (int)sizeof dir - 300)
+        return loom_errf(err, "%s: path too long", root);
+    if (out_dir && strlen(dir) >= out_size)
+        return loom_errf(err, "%s: path does not fit the %zu-byte buffer", dir, out_size);
+
+    if (loom_mkdirs(root, err) != 0) return -1;
+    if (loom_path_exists(dir)) {
+        if (!loom_is_dir(dir)) return loom_errf(err, "%s: exists and is not a directory", dir);
+        if (loom_path_exists(loom_pathf(path, sizeof path, "%s/%s", dir, COMPLETE)))
+            return loom_errf(err,
+                             "%s: a complete checkpoint of step %" PRId64
+                             " already exists; remove %s to overwrite it",
+                             dir, step, path);
+        if (clear_incomplete(dir, files, n, err) != 0) return -1;
+    }
+    if (loom_mkdirs(dir, err) != 0) return -1;
+
+    int rc = -1;
+    char *manifest_text = NULL;
+    json_t *manifest = json_object(), *list = json_object();
+    LOOM_CHECK(manifest && list);
+    json_object_set_new(manifest, "step", json_integer(step));
+    json_object_set_new(manifest, "files", list);
+    json_object_set_new(manifest, "loom_version", json_string(LOOM_VERSION));
+    for (int i = 0; i < n; i++) {
+        char hex[65];
+        loom_pathf(path, sizeof path, "%s/%s", dir, files[i].name);
+        if (loom_write_file_atomic(path, files[i].data ? files[i].data : "", files[i].len, err))
+            goto done;
+        loom_sha256_hex(files[i].data ? files[i].data : "", files[i].len, hex);
+        json_t *ent = json_object();
+        LOOM_CHECK(ent != NULL);
+        json_object_set_new(ent, "bytes", json_integer((json_int_t)files[i].len));
+        json_object_set_new(ent, "sha256", json_string(hex));
+        if (json_object_set_new(list, files[i].name, ent) != 0) {
+            loom_errf(err, "%s: checkpoint file name '%.200s' is not valid UTF-8", dir,
+                      files[i].name);
+            goto done;
+        }
+    }
+    char *body = json_dumps(manifest, JSON_INDENT(2));
+    LOOM_CHECK(body != NULL);
+    size_t blen = strlen(body);
+    manifest_text = loom_malloc(blen + 2);
+    memcpy(manifest_text, body, blen);
+    manifest_text[blen] = '\n';
+    manifest_text[blen + 1] = 0;
+    free(body);
+    if (loom_write_file_atomic(loom_pathf(path, sizeof path, "%s/%s", dir, MANIFEST),
+                               manifest_text, blen + 1, err) != 0)
+        goto done;
+
+    /* the commit point */
+    char marker[66];
+    loom_sha256_hex(manifest_text, blen + 1, marker);
+    marker[64] = '\n';
+    marker[65] = 0;
+    if (loom_write_file_atomic(loom_pathf(path, sizeof path, "%s/%s", dir, COMPLETE), marker,
+                               65, err) != 0)
+        goto done;
+    if (loom_fsync_dir(dir, err) != 0 || loom_fsync_dir(root, err) != 0) goto done;
+
+    /* latest follows the newest complete step (the one just saved unless a newer exists) */
+    char newest[CKPT_PATH];
+    int64_t newest_step;
+    if (loom_ckpt_find_latest(root, newest, sizeof newest, &newest_step, err) != 0) goto done;
+    LOOM_CHECK(newest_step >= step);
+    if (swing_latest(root, base_name(newest), err) != 0) {
+        loom_err_prefix(err, "%s is complete, but updating 'latest' failed", dir);
+        goto done;
+    }
+    copy_out(out_dir, out_size, dir, err);
+    rc = 0;
+done:
+    free(manifest_text);
+    json_decref(manifest);
+    return rc;
+}
+
+int loom_ckpt_find_latest(const char *root, char *out_dir, size_t out_size, int64_t *step,
+                          loom_err *err) {
+    *step = -1;
+    if (out_dir && out_size) out_dir[0] = 0;
+    DIR *d = opendir(root);
+    if (!d) {
+        if (errno == ENOENT) return 0;
+        return loom_errf(err, "%s: cannot open directory: %s", root, strerror(errno));
+    }
+    char best[CKPT_PATH] = "", path[CKPT_PATH];
+    int64_t best_step = -1;
+    struct dirent *de;
+    while ((de = readdir(d)) != NULL) {
+        int64_t s;
+        if (!parse_step_name(de->d_name, &s)) continue;
+        if (s < best_step || (s == best_step && strcmp(de->d_name, best) >= 0)) continue;
+        if (snprintf(path, sizeof path, "%s/%s/%s", root, de->d_name, COMPLETE) >=
+            (int)sizeof path)
+            continue;
+        if (!is_regular(path)) continue;
+        best_step = s;
+        snprintf(best, sizeof best, "%s", de->d_name);
+    }
+    closedir(d);
+    if (best_step < 0) return 0;
+    if (snprintf(path, sizeof path, "%s/%s", root, best) >= (int)sizeof path)
+        return loom_errf(err, "%s: path too long", root);
+    if (copy_out(out_dir, out_size, path, err) != 0) return -1;
+    *step = best_step;
+    return 0;
+}
+
+/* Joins a symlink's target with the link's directory when the target is relative. */
+static int follow_link(const char *link, char *out, size_t size, loom_err *err) {
+    char target[CKPT_PATH];
+    ssize_t n = readlink(link, target, sizeof target - 1);
+    if (n < 0) return loom_errf(err, "%s: cannot read link: %s", link, strerror(errno));
+    target[n] = 0;
+    if (target[0] == '/') return copy_out(out, size, target, err);
+    char dir[CKPT_PATH];
+    snprintf(dir, sizeof dir, "%s", link);
+    size_t len = strlen(dir);
+    while (len > 1 && dir[len - 1] == '/') dir[--len] = 0;
+    char *slash = strrchr(dir, '/');
+    char joined[2 * CKPT_PATH];
+    if (!slash) snprintf(joined, sizeof joined, "%s", target);
+    else {
+        slash[1] = 0;
+        snprintf(joined, sizeof joined, "%s%s", dir, target);
+    }
+    return copy_out(out, size, joined, err);
+}
+
+static int looks_like_step_dir(const char *dir) {
+    char p[CKPT_PATH];
+    int64_t s;
+    if (snprintf(p, sizeof p, "%s/%s", dir, COMPLETE) < (int)sizeof p && loom_path_exists(p))
+        return 1;
+    if (snprintf(p, sizeof p, "%s/%s", dir, MANIFEST) < (int)sizeof p && loom_path_exists(p))
+        return 1;
+    return parse_step_name(base_name(dir), &s);
+}
+
+int loom_ckpt_resolve(const char *path, char *out_dir, size_t out_size, loom_err *err) {
+    if (!path || !*path) return loom_errf(err, "checkpoint: empty path");
+    struct stat st;
+    if (lstat(path, &st) != 0)
+        return loom_errf(err, "%s: no such checkpoint: %s", path, strerror(errno));
+    char real[CKPT_PATH];
+    if (S_ISLNK(st.st_mode)) {
+        /* a `latest` link (or any link to a step directory): report the step directory */
+        if (!loom_is_dir(path))
+            return loom_errf(err, "%s: symlink does not point to a directory", path);
+        if (follow_link(path, real, sizeof real, err) != 0) return -1;
+        if (looks_like_step_dir(real)) return copy_out(out_dir, out_size, real, err);
+    } else {
+        if (!S_ISDIR(st.st_mode)) return loom_errf(err, "%s: not a checkpoint directory", path);
+        if (snprintf(real, sizeof real, "%s", path) >= (int)sizeof real)
+            return loom_errf(err, "%s: path too long", path);
+        if (looks_like_step_dir(real)) return copy_out(out_dir, out_size, real, err);
+    }
+    /* a ckpt root, or a run directory holding ckpt/ */
+    int64_t step;
+    char sub[CKPT_PATH];
+    if (loom_ckpt_find_latest(real, out_dir, out_size, &step, err) != 0) return -1;
+    if (step >= 0) return 0;
+    if (snprintf(sub, sizeof sub, "%s/ckpt", real) < (int)sizeof sub && loom_is_dir(sub)) {
+        if (loom_ckpt_find_latest(sub, out_dir, out_size, &step, err) != 0) return -1;
+        if (step >= 0) return 0;
+    }
+    return loom_errf(err,
+                     "%s: no complete checkpoint found (no step_NNNNNNN directory with a "
+                     "COMPLETE marker here or in its ckpt/)",
+                     path);
+}
+
+/* ---- opening ------------------------------------------------------------------------ */
+typedef struct {
+    char *name;
+    char *data;
+    size_t len;
+} ckpt_file;
+
+struct loom_ckpt {
+    char *dir;
+    int64_t step;
+    ckpt_file *files;
+    int n;
+};
+
+void loom_ckpt_close(loom_ckpt *c) {
+    if (!c) return;
+    for (int i = 0; i < c->n; i++) {
+        free(c->files[i].name);
+        free(c->files[i].data);
+    }
+    free(c->files);
+    free(c->dir);
+    free(c);
+}
+
+int64_t loom_ckpt_step(const loom_ckpt *c) { return c->step; }
+const char *loom_ckpt_dir(const loom_ckpt *c) { return c->dir; }
+
+const char *loom_ckpt_file_data(const loom_ckpt *c, const char *name, size_t *len) {
+    for (int i = 0; i < c->n; i++)
+        if (strcmp(c->files[i].name, name) == 0) {
+            if (len) *len = c->files[i].len;
+            return c->files[i].data;
+        }
+    return NULL;
+}
+
+static int is_hex64(const char *s) {
+    if (strlen(s) != 64) return 0;
+    for (; *s; s++)
+        if (!((*s >= '0' && *s <= '9') || (*s >= 'a' && *s <= 'f'))) return 0;
+    return 1;
+}
+
+/* Reads and verifies one listed file into c->files[c->n]. */
+static int load_file(loom_ckpt *c, const char *name, json_t *ent, loom_err *err) {
+    const char *dir = c->dir;
+    char path[CKPT_PATH];
+    const char *why = bad_file_name(name);
+    if (why) return loom_errf(err, "%s/%s: file name '%.200s' %s", dir, MANIFEST, name, why);
+    if (!json_is_object(ent))
+        return loom_errf(err, "%s/%s: entry '%s' is not an object", dir, MANIFEST, name);
+    json_t *jb = json_object_get(ent, "bytes"), *jh = json_object_get(ent, "sha256");
+    if (!json_is_integer(jb) || json_integer_value(jb) < 0 ||
+        (uint64_t)json_integer_value(jb) > CKPT_MAX_FILE)
+        return loom_errf(err, "%s/%s: entry '%s': 'bytes' must be an integer in [0, %" PRIu64 "]",
+                         dir, MANIFEST, name, CKPT_MAX_FILE);
+    if (!json_is_string(jh) || !is_hex64(json_string_value(jh)))
+        return loom_errf(err, "%s/%s: entry '%s': 'sha256' must be 64 lowercase hex digits",
+                         dir, MANIFEST, name);
+    uint64_t want_bytes = (uint64_t)json_integer_value(jb);
+    const char *want_sha = json_string_value(jh);
+    if (snprintf(path, sizeof path, "%s/%s", dir, name) >= (int)sizeof path)
+        return loom_errf(err, "%s/%s: path too long", dir, name);
+
+    struct stat st;
+    if (lstat(path, &st) != 0)
+        return loom_errf(err, "%s: listed in the manifest but cannot be read: %s — the "
+                              "checkpoint is incomplete or corrupt",
+                         path, strerror(errno));
+    if (!S_ISREG(st.st_mode))
+        return loom_errf(err, "%s: not a regular file (checkpoint files may not be links)", path);
+    if ((uint64_t)st.st_size != want_bytes)
+        return loom_errf(err,
+                         "%s: size mismatch (manifest says %" PRIu64
+                         " bytes, file has %lld) — the checkpoint is corrupt",
+                         path, want_bytes, (long long)st.st_size);
+    if (want_bytes > (uint64_t)SIZE_MAX - 1) return loom_errf(err, "%s: too large", path);
+    char *data = NULL;
+    size_t len = 0;
+    if (loom_read_file(path, (size_t)want_bytes, &data, &len, err) != 0) return -1;
+    char hex[65];
+    loom_sha256_hex(data, len, hex);
+    if (len != want_bytes || strcmp(hex, want_sha) != 0) {
+        free(data);
+        return loom_errf(err,
+                         "%s: SHA-256 mismatch (manifest says %s, file has %s) — the "
+                         "checkpoint is corrupt",
+                         path, want_sha, hex);
+    }
+    ckpt_file *f = &c->files[c->n++];
+    f->name = loom_strdup(name);
+    f->data = data;
+    f->len = len;
+    return 0;
+}
+
+int loom_ckpt_open(const char *step_dir, loom_ckpt **out, loom_err *err) {
+    *out = NULL;
+    if (!step_dir || !*step_dir) return loom_errf(err, "checkpoint: empty path");
+    if (!loom_is_dir(step_dir))
+        return loom_errf(err, "%s: not a checkpoint directory (missing or not a directory)",
+                         step_dir);
+    char path[CKPT_PATH];
+    if (snprintf(path, sizeof path, "%s/%s", step_dir, COMPLETE) >= (int)sizeof path - 300)
+        return loom_errf(err, "%s: path too long", step_dir);
+    if (!is_regular(path))
+        return loom_errf(err, "%s: incomplete checkpoint (no COMPLETE marker)", step_dir);
+
+    int rc = -1;
+    char *marker = NULL, *text = NULL;
+    size_t marker_len = 0, text_len = 0;
+    json_t *root = NULL;
+    loom_ckpt *c = loom_calloc(1, sizeof *c);
+    c->dir = loom_strdup(step_dir);
+
+    if (loom_read_file(path, 4096, &marker, &marker_len, err) != 0) goto done;
+    loom_pathf(path, sizeof path, "%s/%s", step_dir, MANIFEST);
+    if (loom_read_file(path, CKPT_MAX_MANIFEST, &text, &text_len, err) != 0) goto done;
+
+    /* COMPLETE holds the manifest's SHA-256: a manifest swapped after the commit shows */
+    char hex[65];
+    loom_sha256_hex(text, text_len, hex);
+    while (marker_len > 0 && (marker[marker_len - 1] == '\n' || marker[marker_len - 1] == ' '))
+        marker[--marker_len] = 0;
+    if (strcmp(marker, hex) != 0) {
+        loom_errf(err,
+                  "%s: COMPLETE says the manifest's SHA-256 is %.64s, manifest.json has %s — "
+                  "the checkpoint is corrupt",
+                  step_dir, marker, hex);
+        goto done;
+    }
+
+    json_error_t je;
+    root = json_loadb(text, text_len, JSON_REJECT_DUPLICATES, &je);
+    if (!root) {
+        loom_errf(err, "%s: byte %d: %s", path, je.position, je.text);
+        goto done;
+    }
+    if (!json_is_object(root)) {
+        loom_errf(err, "%s: not a JSON object", path);
+        goto done;
+    }
+    json_t *js = json_object_get(root, "step"), *jf = json_object_get(root, "files");
+    if (!json_is_integer(js) || json_integer_value(js) < 0) {
+        loom_errf(err, "%s: 'step' must be a non-negative integer", path);
+        goto done;
+    }
+    c->step = (int64_t)json_integer_value(js);
+    int64_t named;
+    if (parse_step_name(base_name(step_dir), &named) && named != c->step) {
+        loom_errf(err, "%s: manifest says step %" PRId64 " but the directory is step %" PRId64,
+                  path, c->step, named);
+        goto done;
+    }
+    if (!json_is_object(jf) || json_object_size(jf) > CKPT_MAX_FILES) {
+        loom_errf(err, "%s: 'files' must be an object of at most %d entries", path,
+                  CKPT_MAX_FILES);
+        goto done;
+    }
+    c->files = loom_calloc(json_object_size(jf) + 1, sizeof *c->files);
+    const char *name;
+    json_t *ent;
+    json_object_foreach(jf, name, ent) {
+        if (load_file(c, name, ent, err) != 0) goto done;
+    }
+    *out = c;
+    c = NULL;
+    rc = 0;
+done:
+    json_decref(root);
+    free(text);
+    free(marker);
+    loom_ckpt_close(c);
+    return rc;
+}

@@ -1,0 +1,409 @@
+/* Checkpoint directories: save, COMPLETE rule, latest, resolve, SHA-256 verification and
+ * strict manifests. Runs under ASan/UBSan. */
+#define _GNU_SOURCE
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include <ftw.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "loom/checkpoint.h"
+
+static char g_dir[256];
+
+static int rm_entry(const char *path, const struct stat *sb, int flag, struct FTW *ftw) {
+    (void)sb, (void)flag, (void)ftw;
+    return remove(path);
+}
+
+static int setup(void **state) {
+    (void)state;
+    const char *tmp = getenv("TMPDIR");
+    loom_pathf(g_dir, sizeof g_dir, "%s/loom_ckpt_XXXXXX", tmp && *tmp ? tmp : "/tmp");
+    return mkdtemp(g_dir) ? 0 : -1;
+}
+
+static int teardown(void **state) {
+    (void)state;
+    return nftw(g_dir, rm_entry, 16, FTW_DEPTH | FTW_PHYS);
+}
+
+static void write_text(const char *path, const char *text) {
+    FILE *f = fopen(path, "wb");
+    assert_non_null(f);
+    fputs(text, f);
+    assert_int_equal(fclose(f), 0);
+}
+
+#define ASSERT_ERR(call, ...)                                                       \
+    do {                                                                            \
+        loom_err e_ = {{0}};                                                        \
+        int rc_ = (call);                                                           \
+        (void)rc_;                                                                  \
+        const char *want_[] = {__VA_ARGS__, NULL};                                  \
+        if (rc_ != -1) fail_msg("%s succeeded, expected an error", #call);          \
+        for (int i_ = 0; want_[i_]; i_++)                                           \
+            if (!strstr(e_.msg, want_[i_]))                                         \
+                fail_msg("%s: error '%s' lacks '%s'", #call, e_.msg, want_[i_]);    \
+    } while (0)
+/* the macro above needs `&e_` as the err argument */
+#define ERR (&e_)
+
+/* A model file and a trainer-state file whose contents depend on the step. */
+static float g_w[2][6];
+static char g_state[2][64];
+
+static void save_step(const char *root, int64_t step, int slot, char *out, size_t out_size) {
+    for (int i = 0; i < 6; i++) g_w[slot][i] = (float)step + 0.25f * (float)i;
+    snprintf(g_state[slot], sizeof g_state[slot], "{\"step\": %lld}", (long long)step);
+    loom_st_tensor t = {.name = "wte", .data = g_w[slot], .ndim = 2, .shape = {2, 3}};
+    char *st;
+    size_t st_len;
+    loom_err err = {{0}};
+    assert_int_equal(loom_safetensors_serialize(&t, 1, NULL, &st, &st_len, &err), 0);
+    loom_ckpt_file files[] = {{"model.safetensors", st, st_len},
+                              {"trainer_state.json", g_state[slot], strlen(g_state[slot])}};
+    if (loom_ckpt_save(root, step, files, 2, out, out_size, &err) != 0)
+        fail_msg("save step %lld: %s", (long long)step, err.msg);
+    free(st);
+}
+
+static void test_save_open_latest(void **state) {
+    (void)state;
+    char root[512], dir[512], path[1024], want[1024];
+    loom_pathf(root, sizeof root, "%s/run/ckpt", g_dir); /* created by save (mkdir -p) */
+    save_step(root, 10, 0, dir, sizeof dir);
+    loom_pathf(want, sizeof want, "%s/step_0000010", root);
+    assert_string_equal(dir, want);
+    save_step(root, 20, 1, dir, sizeof dir);
+
+    /* the layout */
+    const char *names[] = {"model.safetensors", "trainer_state.json", "manifest.json",
+                           "COMPLETE"};
+    for (int i = 0; i < 4; i++) {
+        loom_pathf(path, sizeof path, "%s/step_0000020/%s", root, names[i]);
+        assert_true(loom_path_exists(path));
+    }
+    char target[256] = {0};
+    loom_pathf(path, sizeof path, "%s/latest", root);
+    assert_true(readlink(path, target, sizeof target - 1) > 0);
+    assert_string_equal(target, "step_0000020");
+
+    char found[1024];
+    int64_t step = -2;
+    loom_err err = {{0}};
+    assert_int_equal(loom_ckpt_find_latest(root, found, sizeof found, &step, &err), 0);
+    assert_int_equal(step, 20);
+    loom_pathf(want, sizeof want, "%s/step_0000020", root);
+    assert_string_equal(found, want);
+
+    /* a newer step directory without COMPLETE is ignored by find_latest, refused by open */
+    loom_pathf(path, sizeof path, "%s/step_0000030", root);
+    assert_int_equal(mkdir(path, 0755), 0);
+    loom_pathf(path, sizeof path, "%s/step_0000030/manifest.json", root);
+    write_text(path, "{\"step\": 30, \"files\": {}}\n");
+    loom_pathf(path, sizeof path, "%s/step_0000030/model.safetensors", root);
+    write_text(path, "half-written");
+    assert_int_equal(loom_ckpt_find_latest(root, found, sizeof found, &step, &err), 0);
+    assert_int_equal(step, 20);
+    /* so are names that are not step_ + 7 digits, even with COMPLETE */
+    loom_pathf(path, sizeof path, "%s/step_99", root);
+    assert_int_equal(mkdir(path, 0755), 0);
+    loom_pathf(path, sizeof path, "%s/step_99/COMPLETE", root);
+    write_text(path, "x");
+    assert_int_equal(loom_ckpt_find_latest(root, found, sizeof found, &step, &err), 0);
+    assert_int_equal(step, 20);
+
+    loom_ckpt *c = NULL;
+    loom_pathf(path, sizeof path, "%s/step_0000030", root);
+    char incomplete_msg[1100];
+    loom_pathf(incomplete_msg, sizeof incomplete_msg, "%s: incomplete checkpoint (no COMPLETE marker)",
+             path);
+    ASSERT_ERR(loom_ckpt_open(path, &c, ERR), incomplete_msg);
+    assert_null(c);
+
+    /* open the newest complete one: step, dir, verified bytes */
+    assert_int_equal(loom_ckpt_open(found, &c, &err), 0);
+    assert_int_equal(loom_ckpt_step(c), 20);
+    assert_string_equal(loom_ckpt_dir(c), found);
+    size_t len = 0;
+    const char *ts = loom_ckpt_file_data(c, "trainer_state.json", &len);
+    assert_non_null(ts);
+    assert_int_equal(len, strlen(g_state[1]));
+    assert_string_equal(ts, g_state[1]); /* NUL-terminated */
+    assert_null(loom_ckpt_file_data(c, "optimizer.safetensors", &len));
+    const char *model = loom_ckpt_file_data(c, "model.safetensors", &len);
+    assert_non_null(model);
+    loom_st_file *st = NULL;
+    assert_int_equal(loom_safetensors_parse(model, len, "model.safetensors", &st, &err), 0);
+    float w[6];
+    assert_int_equal(loom_safetensors_read_into(st, "wte", w, 2, (int64_t[]){2, 3}, &err), 0);
+    assert_memory_equal(w, g_w[1], sizeof w);
+    loom_safetensors_close(st);
+    loom_ckpt_close(c);
+
+    /* the manifest lists sizes and hashes */
+    char *text;
+    loom_pathf(path, sizeof path, "%s/step_0000010/manifest.json", root);
+    assert_int_equal(loom_read_file(path, 1 << 20, &text, &len, &err), 0);
+    char hex[65];
+    loom_sha256_hex(g_state[0], strlen(g_state[0]), hex);
+    assert_non_null(strstr(text, "\"step\": 10"));
+    assert_non_null(strstr(text, hex));
+    assert_non_null(strstr(text, "\"loom_version\""));
+    free(text);
+}
+
+static void test_resolve(void **state) {
+    (void)state;
+    char run[512], root[512], out[1024], want[1024], path[1024];
+    loom_pathf(run, sizeof run, "%s/resolve_run", g_dir);
+    loom_pathf(root, sizeof root, "%s/ckpt", run);
+    save_step(root, 1, 0, NULL, 0);
+    save_step(root, 2, 1, NULL, 0);
+    loom_pathf(want, sizeof want, "%s/step_0000002", root);
+    loom_err err = {{0}};
+
+    /* run dir, ckpt root, latest link, step dir */
+    assert_int_equal(loom_ckpt_resolve(run, out, sizeof out, &err), 0);
+    assert_string_equal(out, want);
+    assert_int_equal(loom_ckpt_resolve(root, out, sizeof out, &err), 0);
+    assert_string_equal(out, want);
+    loom_pathf(path, sizeof path, "%s/latest", root);
+    assert_int_equal(loom_ckpt_resolve(path, out, sizeof out, &err), 0);
+    assert_string_equal(out, want);
+    loom_pathf(path, sizeof path, "%s/step_0000001", root);
+    assert_int_equal(loom_ckpt_resolve(path, out, sizeof out, &err), 0);
+    assert_string_equal(out, path);
+    loom_ckpt *c = NULL;
+    assert_int_equal(loom_ckpt_open(out, &c, &err), 0);
+    assert_int_equal(loom_ckpt_step(c), 1);
+    loom_ckpt_close(c);
+
+    /* a buffer too small is an error, not a truncated path */
+    char tiny[8];
+    ASSERT_ERR(loom_ckpt_resolve(root, tiny, sizeof tiny, ERR), "does not fit");
+
+    /* nothing there */
+    loom_pathf(path, sizeof path, "%s/nothing", g_dir);
+    ASSERT_ERR(loom_ckpt_resolve(path, out, sizeof out, ERR), path);
+    assert_int_equal(mkdir(path, 0755), 0);
+    ASSERT_ERR(loom_ckpt_resolve(path, out, sizeof out, ERR), path, "no complete checkpoint");
+    int64_t step = 5;
+    assert_int_equal(loom_ckpt_find_latest(path, out, sizeof out, &step, &err), 0);
+    assert_int_equal(step, -1);
+    loom_pathf(path, sizeof path, "%s/does/not/exist", g_dir);
+    assert_int_equal(loom_ckpt_find_latest(path, out, sizeof out, &step, &err), 0);
+    assert_int_equal(step, -1);
+}
+
+static void test_corruption(void **state) {
+    (void)state;
+    char root[512], path[1024], dir[1024];
+    loom_pathf(root, sizeof root, "%s/corrupt", g_dir);
+    save_step(root, 7, 0, dir, sizeof dir);
+    loom_ckpt *c = NULL;
+    loom_err err = {{0}};
+
+    /* flip one byte of the model: open names the file and says SHA-256 */
+    loom_pathf(path, sizeof path, "%s/model.safetensors", dir);
+    FILE *f = fopen(path, "r+b");
+    assert_non_null(f);
+    fseek(f, -3, SEEK_END);
+    int ch = fgetc(f);
+    fseek(f, -3, SEEK_END);
+    fputc(ch ^ 0x10, f);
+    fclose(f);
+    ASSERT_ERR(loom_ckpt_open(dir, &c, ERR), path, "SHA-256 mismatch", "corrupt");
+    assert_null(c);
+    f = fopen(path, "r+b");
+    assert_non_null(f);
+    fseek(f, -3, SEEK_END);
+    fputc(ch, f);
+    fclose(f);
+    assert_int_equal(loom_ckpt_open(dir, &c, &err), 0);
+    loom_ckpt_close(c);
+
+    /* a file one byte longer than the manifest says */
+    loom_pathf(path, sizeof path, "%s/trainer_state.json", dir);
+    f = fopen(path, "ab");
+    fputc(' ', f);
+    fclose(f);
+    ASSERT_ERR(loom_ckpt_open(dir, &c, ERR), path, "size mismatch");
+
+    /* a listed file that is missing */
+    assert_int_equal(unlink(path), 0);
+    ASSERT_ERR(loom_ckpt_open(dir, &c, ERR), path, "listed in the manifest");
+
+    /* an edited manifest no longer matches COMPLETE */
+    save_step(root, 8, 1, dir, sizeof dir);
+    loom_pathf(path, sizeof path, "%s/manifest.json", dir);
+    char *text;
+    size_t len;
+    assert_int_equal(loom_read_file(path, 1 << 20, &text, &len, &err), 0);
+    text[len - 1] = ' ';
+    write_text(path, text);
+    free(text);
+    ASSERT_ERR(loom_ckpt_open(dir, &c, ERR), dir, "COMPLETE", "corrupt");
+
+    /* not a directory at all */
+    loom_pathf(path, sizeof path, "%s/nope", root);
+    ASSERT_ERR(loom_ckpt_open(path, &c, ERR), path);
+}
+
+/* Hand-made manifests (with a matching COMPLETE) that a strict reader must refuse. */
+static void put_manifest(const char *dir, const char *manifest) {
+    char path[1024], hex[65], marker[80];
+    mkdir(dir, 0755);
+    loom_pathf(path, sizeof path, "%s/manifest.json", dir);
+    write_text(path, manifest);
+    loom_sha256_hex(manifest, strlen(manifest), hex);
+    loom_pathf(marker, sizeof marker, "%s\n", hex);
+    loom_pathf(path, sizeof path, "%s/COMPLETE", dir);
+    write_text(path, marker);
+}
+
+static void test_hostile_manifest(void **state) {
+    (void)state;
+    char dir[512], path[1024];
+    loom_ckpt *c = NULL;
+    loom_pathf(dir, sizeof dir, "%s/hostile", g_dir);
+    loom_pathf(path, sizeof path, "%s/secret", g_dir);
+    write_text(path, "x");
+    char hex[65];
+    loom_sha256_hex("x", 1, hex);
+    char m[512];
+    loom_pathf(m, sizeof m, "{\"step\": 1, \"files\": {\"../secret\": {\"bytes\": 1, \"sha256\": \"%s\"}}}",
+             hex);
+    put_manifest(dir, m);
+    ASSERT_ERR(loom_ckpt_open(dir, &c, ERR), "'../secret'", "contains '/'");
+    loom_pathf(m, sizeof m, "{\"step\": 1, \"files\": {\"..\": {\"bytes\": 1, \"sha256\": \"%s\"}}}", hex);
+    put_manifest(dir, m);
+    ASSERT_ERR(loom_ckpt_open(dir, &c, ERR), "'..'");
+    put_manifest(dir, "{\"step\": 1, \"step\": 2, \"files\": {}}");
+    ASSERT_ERR(loom_ckpt_open(dir, &c, ERR), "manifest.json", "duplicate");
+    put_manifest(dir, "{\"step\": 1, \"files\": {\"a\": {\"bytes\": -1, \"sha256\": \"00\"}}}");
+    ASSERT_ERR(loom_ckpt_open(dir, &c, ERR), "'bytes'");
+    put_manifest(dir, "{\"step\": 1, \"files\": {\"a\": {\"bytes\": 999999999999999, \"sha256\": \"00\"}}}");
+    ASSERT_ERR(loom_ckpt_open(dir, &c, ERR), "'bytes'");
+    loom_pathf(m, sizeof m, "{\"step\": 1, \"files\": {\"a\": {\"bytes\": 1, \"sha256\": \"%.63sG\"}}}", hex);
+    put_manifest(dir, m);
+    ASSERT_ERR(loom_ckpt_open(dir, &c, ERR), "'sha256'");
+    put_manifest(dir, "[1]");
+    ASSERT_ERR(loom_ckpt_open(dir, &c, ERR), "not a JSON object");
+    put_manifest(dir, "{\"step\": 1, \"files\": {");
+    ASSERT_ERR(loom_ckpt_open(dir, &c, ERR), "manifest.json");
+    put_manifest(dir, "{\"step\": \"1\", \"files\": {}}");
+    ASSERT_ERR(loom_ckpt_open(dir, &c, ERR), "'step'");
+    /* a link inside the step directory is refused even when the hash matches */
+    loom_pathf(m, sizeof m, "{\"step\": 1, \"files\": {\"link\": {\"bytes\": 1, \"sha256\": \"%s\"}}}", hex);
+    put_manifest(dir, m);
+    char link[1024];
+    loom_pathf(link, sizeof link, "%s/link", dir);
+    assert_int_equal(symlink(path, link), 0);
+    ASSERT_ERR(loom_ckpt_open(dir, &c, ERR), "not a regular file");
+    /* a manifest whose step disagrees with the directory name */
+    loom_pathf(dir, sizeof dir, "%s/hostile/step_0000005", g_dir);
+    put_manifest(dir, "{\"step\": 6, \"files\": {}}");
+    ASSERT_ERR(loom_ckpt_open(dir, &c, ERR), "step 6", "step 5");
+    /* and an empty, well-formed one opens */
+    put_manifest(dir, "{\"step\": 5, \"files\": {}}");
+    loom_err err = {{0}};
+    assert_int_equal(loom_ckpt_open(dir, &c, &err), 0);
+    assert_int_equal(loom_ckpt_step(c), 5);
+    loom_ckpt_close(c);
+}
+
+static void test_overwrite_rules(void **state) {
+    (void)state;
+    char root[512], path[1024], dir[1024], target[256];
+    loom_pathf(root, sizeof root, "%s/overwrite", g_dir);
+    save_step(root, 3, 0, dir, sizeof dir);
+    loom_err err = {{0}};
+    char data[] = "abc";
+    loom_ckpt_file one = {"x.bin", data, 3};
+
+    /* a complete step is not overwritten ... */
+    ASSERT_ERR(loom_ckpt_save(root, 3, &one, 1, NULL, 0, ERR), "already exists", "COMPLETE");
+    /* ... until its COMPLETE is removed */
+    loom_pathf(path, sizeof path, "%s/COMPLETE", dir);
+    assert_int_equal(unlink(path), 0);
+    assert_int_equal(loom_ckpt_save(root, 3, &one, 1, NULL, 0, &err), 0);
+    loom_ckpt *c = NULL;
+    assert_int_equal(loom_ckpt_open(dir, &c, &err), 0);
+    size_t len;
+    assert_string_equal(loom_ckpt_file_data(c, "x.bin", &len), "abc");
+    assert_null(loom_ckpt_file_data(c, "model.safetensors", &len)); /* not in the new manifest */
+    loom_ckpt_close(c);
+
+    /* an interrupted save (no COMPLETE, stale manifest and temp file) is replaced; files
+     * this save does not write are left alone */
+    loom_pathf(dir, sizeof dir, "%s/step_0000009", root);
+    assert_int_equal(mkdir(dir, 0755), 0);
+    loom_pathf(path, sizeof path, "%s/manifest.json", dir);
+    write_text(path, "stale");
+    loom_pathf(path, sizeof path, "%s/x.bin.tmp.12345", dir);
+    write_text(path, "partial");
+    loom_pathf(path, sizeof path, "%s/notes.txt", dir);
+    write_text(path, "user file");
+    assert_int_equal(loom_ckpt_save(root, 9, &one, 1, NULL, 0, &err), 0);
+    assert_true(loom_path_exists(path));
+    loom_pathf(path, sizeof path, "%s/x.bin.tmp.12345", dir);
+    assert_false(loom_path_exists(path));
+    assert_int_equal(loom_ckpt_open(dir, &c, &err), 0);
+    assert_int_equal(loom_ckpt_step(c), 9);
+    loom_ckpt_close(c);
+    loom_pathf(path, sizeof path, "%s/latest", root);
+    memset(target, 0, sizeof target);
+    assert_true(readlink(path, target, sizeof target - 1) > 0);
+    assert_string_equal(target, "step_0000009");
+
+    /* saving an older step keeps latest on the newest complete step */
+    assert_int_equal(loom_ckpt_save(root, 4, &one, 1, NULL, 0, &err), 0);
+    memset(target, 0, sizeof target);
+    assert_true(readlink(path, target, sizeof target - 1) > 0);
+    assert_string_equal(target, "step_0000009");
+
+    /* bad file lists */
+    loom_ckpt_file bad[] = {{"a/b", data, 3}};
+    ASSERT_ERR(loom_ckpt_save(root, 11, bad, 1, NULL, 0, ERR), "'a/b'");
+    bad[0].name = "..";
+    ASSERT_ERR(loom_ckpt_save(root, 11, bad, 1, NULL, 0, ERR), "'..'");
+    bad[0].name = "manifest.json";
+    ASSERT_ERR(loom_ckpt_save(root, 11, bad, 1, NULL, 0, ERR), "reserved");
+    loom_ckpt_file twice[] = {{"a", data, 3}, {"a", data, 1}};
+    ASSERT_ERR(loom_ckpt_save(root, 11, twice, 2, NULL, 0, ERR), "twice");
+    ASSERT_ERR(loom_ckpt_save(root, -1, &one, 1, NULL, 0, ERR), "negative");
+    char tiny[4];
+    ASSERT_ERR(loom_ckpt_save(root, 11, &one, 1, tiny, sizeof tiny, ERR), "does not fit");
+    loom_pathf(path, sizeof path, "%s/step_0000011", root);
+    assert_false(loom_path_exists(path)); /* rejected before writing anything */
+
+    /* a large step number keeps its digits */
+    assert_int_equal(loom_ckpt_save(root, 123456789, &one, 1, dir, sizeof dir, &err), 0);
+    char want[1024];
+    loom_pathf(want, sizeof want, "%s/step_123456789", root);
+    assert_string_equal(dir, want);
+    int64_t step;
+    assert_int_equal(loom_ckpt_find_latest(root, path, sizeof path, &step, &err), 0);
+    assert_int_equal(step, 123456789);
+    assert_string_equal(path, want);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_save_open_latest),
+        cmocka_unit_test(test_resolve),
+        cmocka_unit_test(test_corruption),
+        cmocka_unit_test(test_hostile_manifest),
+        cmocka_unit_test(test_overwrite_rules),
+    };
+    return cmocka_run_group_tests(tests, setup, teardown);
+}
