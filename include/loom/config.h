@@ -48,6 +48,11 @@ int loom_config_get_int(const loom_config *c, const char *key, int64_t *out, loo
 int loom_config_get_double(const loom_config *c, const char *key, double *out, loom_err *err);
 int loom_config_get_bool(const loom_config *c, const char *key, int *out, loom_err *err);
 int loom_config_get_str(const loom_config *c, const char *key, const char **out, loom_err *err);
+/* A list value ("[a, b, [c, d]]") as *n malloc'd item texts (a nested list comes back as its
+ * flow text); an error when the value is not a list. Free with loom_config_free_list. */
+int loom_config_get_list(const loom_config *c, const char *key, char ***items, int *n,
+                         loom_err *err);
+void loom_config_free_list(char **items, int n);
 
 /* Iteration in sorted key order. */
 int loom_config_count(const loom_config *c);

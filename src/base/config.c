@@ -243,7 +243,7 @@ static int read_sequence(reader *r, sbuf *b, int depth) {
         if (!first) sb_puts(b, ", ");
         int rc = 0;
         if (ev.type == YAML_SCALAR_EVENT) {
-            const char *text;
+            const char *text = NULL;
             rc = scalar_text(r, &ev, &text);
             if (!rc) put_scalar(b, text);
         } else if (ev.type == YAML_SEQUENCE_START_EVENT) {
@@ -284,7 +284,7 @@ static int read_mapping(reader *r, const char *prefix, int depth) {
             yaml_event_delete(&kev);
             return loom_errf(r->err, "%s:%ld: a mapping key must be a plain name", r->name, line);
         }
-        const char *name;
+        const char *name = NULL;
         if (scalar_text(r, &kev, &name)) {
             yaml_event_delete(&kev);
             return -1;
@@ -307,7 +307,7 @@ static int read_mapping(reader *r, const char *prefix, int depth) {
             char *origin = loom_malloc(olen);
             snprintf(origin, olen, "%s:%ld", r->name, line);
             if (vev.type == YAML_SCALAR_EVENT) {
-                const char *text;
+                const char *text = NULL;
                 rc = scalar_text(r, &vev, &text);
                 if (!rc) put(r->out, key, text, origin, line);
             } else if (vev.type == YAML_MAPPING_START_EVENT) {
@@ -406,7 +406,7 @@ static int parse_value(const char *text, const char *name, char **out, loom_err 
         }
         yaml_event_type_t t = ev.type;
         if (t == YAML_SCALAR_EVENT) {
-            const char *s;
+            const char *s = NULL;
             rc = scalar_text(&r, &ev, &s);
             if (!rc) sb_puts(&b, s);
             nodes++;
@@ -549,7 +549,7 @@ static int type_error(const entry *x, const char *what, loom_err *err) {
 }
 
 int loom_config_get_int(const loom_config *c, const char *key, int64_t *out, loom_err *err) {
-    const entry *x;
+    const entry *x = NULL;
     if (lookup(c, key, &x, err)) return -1;
     const char *s = x->value;
     if (!s[0] || isspace((unsigned char)s[0])) return type_error(x, "an integer", err);
@@ -562,7 +562,7 @@ int loom_config_get_int(const loom_config *c, const char *key, int64_t *out, loo
 }
 
 int loom_config_get_double(const loom_config *c, const char *key, double *out, loom_err *err) {
-    const entry *x;
+    const entry *x = NULL;
     if (lookup(c, key, &x, err)) return -1;
     const char *s = x->value;
     if (!s[0] || isspace((unsigned char)s[0])) return type_error(x, "a number", err);
@@ -578,7 +578,7 @@ int loom_config_get_double(const loom_config *c, const char *key, double *out, l
 int loom_config_get_bool(const loom_config *c, const char *key, int *out, loom_err *err) {
     static const char *const yes[] = {"true", "yes", "on", "1"};
     static const char *const no[] = {"false", "no", "off", "0"};
-    const entry *x;
+    const entry *x = NULL;
     if (lookup(c, key, &x, err)) return -1;
     for (int i = 0; i < 4; i++) {
         if (strcasecmp(x->value, yes[i]) == 0) {
@@ -594,9 +594,82 @@ int loom_config_get_bool(const loom_config *c, const char *key, int *out, loom_e
 }
 
 int loom_config_get_str(const loom_config *c, const char *key, const char **out, loom_err *err) {
-    const entry *x;
+    const entry *x = NULL;
     if (lookup(c, key, &x, err)) return -1;
     *out = x->value;
+    return 0;
+}
+
+void loom_config_free_list(char **items, int n) {
+    for (int i = 0; i < n; i++) free(items[i]);
+    free(items);
+}
+
+int loom_config_get_list(const loom_config *c, const char *key, char ***items, int *n,
+                         loom_err *err) {
+    const entry *x = NULL;
+    if (lookup(c, key, &x, err)) return -1;
+    if (x->value[0] != '[') return type_error(x, "a list ([a, b, ...])", err);
+    reader r = {.name = "list", .err = NULL};
+    if (!yaml_parser_initialize(&r.parser))
+        loom_panic(__FILE__, __LINE__, "yaml_parser_initialize failed");
+    yaml_parser_set_input_string(&r.parser, (const unsigned char *)x->value, strlen(x->value));
+    char **out = NULL;
+    int count = 0, cap = 0, depth = 0, rc = 0, done = 0;
+    while (!rc && !done) {
+        yaml_event_t ev;
+        if (next_event(&r, &ev)) {
+            rc = -1;
+            break;
+        }
+        char *item = NULL;
+        if (ev.type == YAML_SEQUENCE_START_EVENT && depth == 0) {
+            depth = 1;
+        } else if (ev.type == YAML_SEQUENCE_START_EVENT) {
+            sbuf b = {0};
+            rc = read_sequence(&r, &b, 2);
+            item = sb_take(&b);
+        } else if (ev.type == YAML_SEQUENCE_END_EVENT) {
+            done = 1;
+        } else if (ev.type == YAML_SCALAR_EVENT && depth == 1) {
+            const char *text = NULL;
+            rc = scalar_text(&r, &ev, &text);
+            if (!rc) item = loom_strdup(text);
+        } else if (ev.type == YAML_MAPPING_START_EVENT || ev.type == YAML_SCALAR_EVENT ||
+                   ev.type == YAML_STREAM_END_EVENT) {
+            rc = -1;
+        }
+        yaml_event_delete(&ev);
+        if (item && !rc) {
+            if (count == cap) {
+                cap = cap ? 2 * cap : 8;
+                out = loom_realloc(out, (size_t)cap * sizeof *out);
+            }
+            out[count++] = item;
+        } else {
+            free(item);
+        }
+    }
+    /* the list must be the whole value */
+    if (!rc) {
+        yaml_event_t ev;
+        while (!rc) {
+            if (next_event(&r, &ev)) rc = -1;
+            else {
+                yaml_event_type_t t = ev.type;
+                yaml_event_delete(&ev);
+                if (t == YAML_STREAM_END_EVENT) break;
+                if (t != YAML_DOCUMENT_END_EVENT) rc = -1;
+            }
+        }
+    }
+    yaml_parser_delete(&r.parser);
+    if (rc) {
+        loom_config_free_list(out, count);
+        return type_error(x, "a list ([a, b, ...])", err);
+    }
+    *items = out;
+    *n = count;
     return 0;
 }
 

@@ -475,6 +475,44 @@ static void test_leaf_and_section(void **state) {
     loom_config_free(c);
 }
 
+static void test_get_list(void **state) {
+    (void)state;
+    loom_config *c = loom_config_new();
+    loom_err err = {{0}};
+    const char *yaml = "m:\n"
+                       "  dims: [1, 'a b', [2, 3], \"x,y\"]\n"
+                       "  block:\n"
+                       "    - p\n"
+                       "    - q\n"
+                       "  none: []\n"
+                       "  scalar: 5\n";
+    assert_int_equal(loom_config_load_string(c, yaml, "l.yaml", &err), 0);
+    char **items = NULL;
+    int n = -1;
+    assert_int_equal(loom_config_get_list(c, "m.dims", &items, &n, &err), 0);
+    assert_int_equal(n, 4);
+    assert_string_equal(items[0], "1");
+    assert_string_equal(items[1], "a b");
+    assert_string_equal(items[2], "[2, 3]");
+    assert_string_equal(items[3], "x,y");
+    loom_config_free_list(items, n);
+    assert_int_equal(loom_config_get_list(c, "m.block", &items, &n, &err), 0);
+    assert_int_equal(n, 2);
+    assert_string_equal(items[1], "q");
+    loom_config_free_list(items, n);
+    assert_int_equal(loom_config_get_list(c, "m.none", &items, &n, &err), 0);
+    assert_int_equal(n, 0);
+    loom_config_free_list(items, n);
+    assert_int_equal(loom_config_get_list(c, "m.scalar", &items, &n, &err), -1);
+    assert_string_equal(err.msg, "config key 'm.scalar' = '5' (l.yaml:7) is not a list ([a, b, ...])");
+    loom_config_set(c, "m.broken", "[1, 2", "t");
+    assert_int_equal(loom_config_get_list(c, "m.broken", &items, &n, &err), -1);
+    assert_contains(err.msg, "'m.broken'");
+    loom_config_set(c, "m.trailing", "[1] x", "t");
+    assert_int_equal(loom_config_get_list(c, "m.trailing", &items, &n, &err), -1);
+    loom_config_free(c);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_nested_load),      cmocka_unit_test(test_later_load_overrides),
@@ -482,6 +520,7 @@ int main(void) {
         cmocka_unit_test(test_unknown_key),      cmocka_unit_test(test_malformed_yaml),
         cmocka_unit_test(test_duplicate_key),    cmocka_unit_test(test_strict_getters),
         cmocka_unit_test(test_round_trip),       cmocka_unit_test(test_leaf_and_section),
+        cmocka_unit_test(test_get_list),
     };
     return cmocka_run_group_tests(tests, setup_dir, teardown_dir);
 }
