@@ -6,7 +6,7 @@
  * untied LM head.
  *
  * Parameters, gradients and activations each live in one arena; loom_model_tensor() gives
- * the typed views. Per-layer tensors are stacked with a leading L dimension. */
+ * the typed views. */
 #ifndef LOOM_MODEL_H
 #define LOOM_MODEL_H
 
@@ -30,30 +30,39 @@ typedef struct loom_model_config {
     float init_std;
 } loom_model_config;
 
-/* Parameter tensors, in arena order. Absent ones (per flavor) have numel 0. */
-enum {
+/* Parameter tensors. The arena is layer-major: the embedding block (wte, wpe), then one
+ * contiguous block per layer (layers.<l>.<name>), then the final block (lnf_w, lnf_b,
+ * lm_head). A layer's parameters (and gradients) are one contiguous range, which is what
+ * per-layer sharding, gathering and pipeline stages need. Absent tensors (per flavor) are
+ * not in the table. */
+enum {  /* global tensors */
     LOOM_P_WTE,         /* (V, C) */
     LOOM_P_WPE,         /* (maxT, C)               gpt2 */
-    LOOM_P_LN1_W,       /* (L, C) */
-    LOOM_P_LN1_B,       /* (L, C)                  gpt2 */
-    LOOM_P_QKV_W,       /* (L, (H+2*KVH)*D, C) */
-    LOOM_P_QKV_B,       /* (L, (H+2*KVH)*D)        gpt2 */
-    LOOM_P_ATTN_PROJ_W, /* (L, C, H*D) */
-    LOOM_P_ATTN_PROJ_B, /* (L, C)                  gpt2 */
-    LOOM_P_LN2_W,       /* (L, C) */
-    LOOM_P_LN2_B,       /* (L, C)                  gpt2 */
-    LOOM_P_FC_W,        /* (L, F, C) gpt2; (L, 2F, C) llama: rows [gate | up] */
-    LOOM_P_FC_B,        /* (L, F)                  gpt2 */
-    LOOM_P_FC_PROJ_W,   /* (L, C, F) */
-    LOOM_P_FC_PROJ_B,   /* (L, C)                  gpt2 */
     LOOM_P_LNF_W,       /* (C) */
     LOOM_P_LNF_B,       /* (C)                     gpt2 */
     LOOM_P_LM_HEAD,     /* (V, C)                  llama (untied) */
     LOOM_P_COUNT
 };
+enum {  /* per-layer tensors, named layers.<l>.<name> */
+    LOOM_L_LN1_W,       /* (C) */
+    LOOM_L_LN1_B,       /* (C)                     gpt2 */
+    LOOM_L_QKV_W,       /* ((H+2*KVH)*D, C): H query heads, KVH key heads, KVH value heads */
+    LOOM_L_QKV_B,       /* ((H+2*KVH)*D)           gpt2 */
+    LOOM_L_ATTN_PROJ_W, /* (C, H*D) */
+    LOOM_L_ATTN_PROJ_B, /* (C)                     gpt2 */
+    LOOM_L_LN2_W,       /* (C) */
+    LOOM_L_LN2_B,       /* (C)                     gpt2 */
+    LOOM_L_FC_W,        /* (F, C) gpt2; (2F, C) llama: rows [gate | up] */
+    LOOM_L_FC_B,        /* (F)                     gpt2 */
+    LOOM_L_FC_PROJ_W,   /* (C, F) */
+    LOOM_L_FC_PROJ_B,   /* (C)                     gpt2 */
+    LOOM_L_COUNT
+};
 
 typedef struct loom_tensor_info {
-    const char *name;   /* "wte", "qkv_w", ... */
+    char name[48];      /* "wte", "layers.3.qkv_w", ... */
+    int layer;          /* -1 for global tensors */
+    int kind;           /* LOOM_P_* for global tensors, LOOM_L_* for per-layer ones */
     size_t offset;      /* in floats, into the parameter (and gradient) arena */
     size_t numel;
     int ndim;
@@ -73,7 +82,14 @@ const loom_model_config *loom_model_get_config(const loom_model *m);
 size_t loom_model_num_params(const loom_model *m);
 float *loom_model_params(loom_model *m);  /* the parameter arena */
 float *loom_model_grads(loom_model *m);   /* the gradient arena, same layout */
-const loom_tensor_info *loom_model_tensor(const loom_model *m, int i);  /* i < LOOM_P_COUNT */
+/* the tensors present, in arena order */
+int loom_model_num_tensors(const loom_model *m);
+const loom_tensor_info *loom_model_tensor(const loom_model *m, int i);
+/* a global tensor (LOOM_P_*) or a layer's tensor (LOOM_L_*); NULL when absent */
+const loom_tensor_info *loom_model_global(const loom_model *m, int kind);
+const loom_tensor_info *loom_model_layer_tensor(const loom_model *m, int layer, int kind);
+/* the contiguous arena range [*offset, *offset + *count) of layer l's parameters */
+void loom_model_layer_range(const loom_model *m, int l, size_t *offset, size_t *count);
 /* bytes held by parameter, gradient and activation arenas */
 size_t loom_model_arena_bytes(const loom_model *m);
 

@@ -44,7 +44,10 @@ struct loom_model {
     loom_model_config cfg;
     int maxB, maxT;       /* arena sizes */
     int D, QKV, FFI;      /* head dim, qkv width, first MLP matmul width */
-    loom_tensor_info info[LOOM_P_COUNT];
+    loom_tensor_info *info;  /* the tensors present, arena order */
+    int n_info;
+    int gidx[LOOM_P_COUNT];  /* index into info, -1 when absent */
+    int *lidx;               /* (L, LOOM_L_COUNT) index into info, -1 when absent */
     size_t n_params;
     float *params;        /* one arena */
     float *grads;         /* same layout */
@@ -60,23 +63,30 @@ struct loom_model {
     int64_t valid;
 };
 
-static const char *const param_names[LOOM_P_COUNT] = {
-    "wte", "wpe", "ln1_w", "ln1_b", "qkv_w", "qkv_b", "attn_proj_w", "attn_proj_b",
-    "ln2_w", "ln2_b", "fc_w", "fc_b", "fc_proj_w", "fc_proj_b", "lnf_w", "lnf_b", "lm_head"};
+static const char *const global_names[LOOM_P_COUNT] = {"wte", "wpe", "lnf_w", "lnf_b",
+                                                        "lm_head"};
+static const char *const layer_names[LOOM_L_COUNT] = {
+    "ln1_w", "ln1_b", "qkv_w", "qkv_b", "attn_proj_w", "attn_proj_b",
+    "ln2_w", "ln2_b", "fc_w", "fc_b", "fc_proj_w", "fc_proj_b"};
 
-static void set_info(loom_tensor_info *t, int id, int present, int decay, int ndim, int64_t d0,
-                     int64_t d1, int64_t d2) {
-    t->name = param_names[id];
+/* Appends a tensor to the table (when present) and returns its index, or -1. */
+static int add_tensor(loom_model *m, size_t *off, int layer, int kind, int present, int decay,
+                      int ndim, int64_t d0, int64_t d1) {
+    if (!present) return -1;
+    loom_tensor_info *t = &m->info[m->n_info];
+    memset(t, 0, sizeof *t);
+    if (layer < 0) snprintf(t->name, sizeof t->name, "%s", global_names[kind]);
+    else snprintf(t->name, sizeof t->name, "layers.%d.%s", layer, layer_names[kind]);
+    t->layer = layer;
+    t->kind = kind;
     t->ndim = ndim;
     t->shape[0] = d0;
     t->shape[1] = d1;
-    t->shape[2] = d2;
-    t->shape[3] = 0;
     t->decay = decay;
-    size_t n = 1;
-    for (int i = 0; i < ndim; i++) n *= (size_t)t->shape[i];
-    t->numel = present ? n : 0;
-    if (!present) t->ndim = 0;
+    t->numel = (size_t)d0 * (size_t)(ndim > 1 ? d1 : 1);
+    t->offset = *off;
+    *off += t->numel;
+    return m->n_info++;
 }
 
 static int check_config(const loom_model_config *c, loom_err *err) {
@@ -124,29 +134,29 @@ int loom_model_create(const loom_model_config *cfg, int B, int T, loom_model **o
     m->FFI = (int)(gpt2 ? F : 2 * F);
     const int64_t HD = H * m->D;
 
-    loom_tensor_info *t = m->info;
-    set_info(&t[LOOM_P_WTE], LOOM_P_WTE, 1, 1, 2, V, C, 0);
-    set_info(&t[LOOM_P_WPE], LOOM_P_WPE, gpt2, 1, 2, maxT, C, 0);
-    set_info(&t[LOOM_P_LN1_W], LOOM_P_LN1_W, 1, 0, 2, L, C, 0);
-    set_info(&t[LOOM_P_LN1_B], LOOM_P_LN1_B, gpt2, 0, 2, L, C, 0);
-    set_info(&t[LOOM_P_QKV_W], LOOM_P_QKV_W, 1, 1, 3, L, m->QKV, C);
-    set_info(&t[LOOM_P_QKV_B], LOOM_P_QKV_B, gpt2, 0, 2, L, m->QKV, 0);
-    set_info(&t[LOOM_P_ATTN_PROJ_W], LOOM_P_ATTN_PROJ_W, 1, 1, 3, L, C, HD);
-    set_info(&t[LOOM_P_ATTN_PROJ_B], LOOM_P_ATTN_PROJ_B, gpt2, 0, 2, L, C, 0);
-    set_info(&t[LOOM_P_LN2_W], LOOM_P_LN2_W, 1, 0, 2, L, C, 0);
-    set_info(&t[LOOM_P_LN2_B], LOOM_P_LN2_B, gpt2, 0, 2, L, C, 0);
-    set_info(&t[LOOM_P_FC_W], LOOM_P_FC_W, 1, 1, 3, L, m->FFI, C);
-    set_info(&t[LOOM_P_FC_B], LOOM_P_FC_B, gpt2, 0, 2, L, F, 0);
-    set_info(&t[LOOM_P_FC_PROJ_W], LOOM_P_FC_PROJ_W, 1, 1, 3, L, C, F);
-    set_info(&t[LOOM_P_FC_PROJ_B], LOOM_P_FC_PROJ_B, gpt2, 0, 2, L, C, 0);
-    set_info(&t[LOOM_P_LNF_W], LOOM_P_LNF_W, 1, 0, 1, C, 0, 0);
-    set_info(&t[LOOM_P_LNF_B], LOOM_P_LNF_B, gpt2, 0, 1, C, 0, 0);
-    set_info(&t[LOOM_P_LM_HEAD], LOOM_P_LM_HEAD, !gpt2, 1, 2, V, C, 0);
+    m->info = loom_calloc(LOOM_P_COUNT + (size_t)L * LOOM_L_COUNT, sizeof(loom_tensor_info));
+    m->lidx = loom_malloc((size_t)L * LOOM_L_COUNT * sizeof(int));
     size_t off = 0;
-    for (int i = 0; i < LOOM_P_COUNT; i++) {
-        t[i].offset = off;
-        off += t[i].numel;
+    m->gidx[LOOM_P_WTE] = add_tensor(m, &off, -1, LOOM_P_WTE, 1, 1, 2, V, C);
+    m->gidx[LOOM_P_WPE] = add_tensor(m, &off, -1, LOOM_P_WPE, gpt2, 1, 2, maxT, C);
+    for (int l = 0; l < L; l++) {
+        int *li = m->lidx + (size_t)l * LOOM_L_COUNT;
+        li[LOOM_L_LN1_W] = add_tensor(m, &off, l, LOOM_L_LN1_W, 1, 0, 1, C, 0);
+        li[LOOM_L_LN1_B] = add_tensor(m, &off, l, LOOM_L_LN1_B, gpt2, 0, 1, C, 0);
+        li[LOOM_L_QKV_W] = add_tensor(m, &off, l, LOOM_L_QKV_W, 1, 1, 2, m->QKV, C);
+        li[LOOM_L_QKV_B] = add_tensor(m, &off, l, LOOM_L_QKV_B, gpt2, 0, 1, m->QKV, 0);
+        li[LOOM_L_ATTN_PROJ_W] = add_tensor(m, &off, l, LOOM_L_ATTN_PROJ_W, 1, 1, 2, C, HD);
+        li[LOOM_L_ATTN_PROJ_B] = add_tensor(m, &off, l, LOOM_L_ATTN_PROJ_B, gpt2, 0, 1, C, 0);
+        li[LOOM_L_LN2_W] = add_tensor(m, &off, l, LOOM_L_LN2_W, 1, 0, 1, C, 0);
+        li[LOOM_L_LN2_B] = add_tensor(m, &off, l, LOOM_L_LN2_B, gpt2, 0, 1, C, 0);
+        li[LOOM_L_FC_W] = add_tensor(m, &off, l, LOOM_L_FC_W, 1, 1, 2, m->FFI, C);
+        li[LOOM_L_FC_B] = add_tensor(m, &off, l, LOOM_L_FC_B, gpt2, 0, 1, F, 0);
+        li[LOOM_L_FC_PROJ_W] = add_tensor(m, &off, l, LOOM_L_FC_PROJ_W, 1, 1, 2, C, F);
+        li[LOOM_L_FC_PROJ_B] = add_tensor(m, &off, l, LOOM_L_FC_PROJ_B, gpt2, 0, 1, C, 0);
     }
+    m->gidx[LOOM_P_LNF_W] = add_tensor(m, &off, -1, LOOM_P_LNF_W, 1, 0, 1, C, 0);
+    m->gidx[LOOM_P_LNF_B] = add_tensor(m, &off, -1, LOOM_P_LNF_B, gpt2, 0, 1, C, 0);
+    m->gidx[LOOM_P_LM_HEAD] = add_tensor(m, &off, -1, LOOM_P_LM_HEAD, !gpt2, 1, 2, V, C);
     m->n_params = off;
     m->params = loom_alloc_aligned(off * sizeof(float));
     m->grads = loom_alloc_aligned(off * sizeof(float));
@@ -198,6 +208,8 @@ void loom_model_free(loom_model *m) {
     free(m->targets);
     free(m->rope_cos);
     free(m->rope_sin);
+    free(m->info);
+    free(m->lidx);
     free(m);
 }
 
@@ -208,9 +220,31 @@ float *loom_model_grads(loom_model *m) { return m->grads; }
 const float *loom_model_logits(const loom_model *m) { return m->a.logits; }
 int64_t loom_model_valid_targets(const loom_model *m) { return m->valid; }
 
+int loom_model_num_tensors(const loom_model *m) { return m->n_info; }
+
 const loom_tensor_info *loom_model_tensor(const loom_model *m, int i) {
-    LOOM_CHECK(i >= 0 && i < LOOM_P_COUNT);
+    LOOM_CHECK(i >= 0 && i < m->n_info);
     return &m->info[i];
+}
+
+const loom_tensor_info *loom_model_global(const loom_model *m, int kind) {
+    LOOM_CHECK(kind >= 0 && kind < LOOM_P_COUNT);
+    return m->gidx[kind] < 0 ? NULL : &m->info[m->gidx[kind]];
+}
+
+const loom_tensor_info *loom_model_layer_tensor(const loom_model *m, int layer, int kind) {
+    LOOM_CHECK(layer >= 0 && layer < m->cfg.n_layer && kind >= 0 && kind < LOOM_L_COUNT);
+    const int i = m->lidx[(size_t)layer * LOOM_L_COUNT + kind];
+    return i < 0 ? NULL : &m->info[i];
+}
+
+void loom_model_layer_range(const loom_model *m, int l, size_t *offset, size_t *count) {
+    const loom_tensor_info *first = loom_model_layer_tensor(m, l, LOOM_L_LN1_W);
+    const loom_tensor_info *last = loom_model_layer_tensor(m, l, m->cfg.flavor == LOOM_FLAVOR_GPT2
+                                                                     ? LOOM_L_FC_PROJ_B
+                                                                     : LOOM_L_FC_PROJ_W);
+    *offset = first->offset;
+    *count = last->offset + last->numel - first->offset;
 }
 
 size_t loom_model_arena_bytes(const loom_model *m) {
@@ -222,36 +256,32 @@ void loom_model_zero_grad(loom_model *m) { memset(m->grads, 0, m->n_params * siz
 void loom_model_init_weights(loom_model *m, uint64_t seed) {
     const float std = m->cfg.init_std;
     const float proj_std = std / sqrtf(2.0f * (float)m->cfg.n_layer);
-    for (int i = 0; i < LOOM_P_COUNT; i++) {
+    for (int i = 0; i < m->n_info; i++) {
         const loom_tensor_info *t = &m->info[i];
         float *w = m->params + t->offset;
         const uint64_t stream = loom_hash_str(t->name);
-        switch (i) {
-        case LOOM_P_LN1_W: case LOOM_P_LN2_W: case LOOM_P_LNF_W:
+        const int g = t->layer < 0;
+        const int is_norm = g ? (t->kind == LOOM_P_LNF_W)
+                              : (t->kind == LOOM_L_LN1_W || t->kind == LOOM_L_LN2_W);
+        if (is_norm) {
             for (size_t k = 0; k < t->numel; k++) w[k] = 1.0f;
-            break;
-        case LOOM_P_LN1_B: case LOOM_P_LN2_B: case LOOM_P_LNF_B: case LOOM_P_QKV_B:
-        case LOOM_P_ATTN_PROJ_B: case LOOM_P_FC_B: case LOOM_P_FC_PROJ_B:
+        } else if (!t->decay) { /* biases */
             memset(w, 0, t->numel * sizeof(float));
-            break;
-        default: {
-            const float s = (i == LOOM_P_ATTN_PROJ_W || i == LOOM_P_FC_PROJ_W) ? proj_std : std;
+        } else {
+            const float s = (!g && (t->kind == LOOM_L_ATTN_PROJ_W || t->kind == LOOM_L_FC_PROJ_W))
+                                ? proj_std : std;
             #pragma omp parallel for schedule(static)
             for (size_t k = 0; k < t->numel; k++) w[k] = s * loom_rng_normal(seed, stream, k);
-        }
         }
     }
 }
 
-#define PARAM(m, id) ((m)->params + (m)->info[id].offset)
-#define GRAD(m, id) ((m)->grads + (m)->info[id].offset)
-/* the per-layer slice of a stacked tensor; NULL when the tensor is absent */
-static float *layer_slice(float *base, const loom_tensor_info *t, int l) {
-    if (t->numel == 0) return NULL;
-    return base + t->offset + (size_t)l * (t->numel / (size_t)t->shape[0]);
-}
-#define LP(m, id, l) layer_slice((m)->params, &(m)->info[id], (l))
-#define LG(m, id, l) layer_slice((m)->grads, &(m)->info[id], (l))
+/* typed views: global tensors by LOOM_P_*, layer tensors by LOOM_L_*; NULL when absent */
+static float *view(float *base, const loom_tensor_info *t) { return t ? base + t->offset : NULL; }
+#define PARAM(m, id) view((m)->params, loom_model_global((m), (id)))
+#define GRAD(m, id) view((m)->grads, loom_model_global((m), (id)))
+#define LP(m, id, l) view((m)->params, loom_model_layer_tensor((m), (l), (id)))
+#define LG(m, id, l) view((m)->grads, loom_model_layer_tensor((m), (l), (id)))
 
 static void norm_fwd(const loom_model *m, float *out, float *mean, float *rstd, const float *in,
                      const float *w, const float *b, int64_t N) {
@@ -284,7 +314,7 @@ float loom_model_forward(loom_model *m, const int32_t *inputs, const int32_t *ta
     memcpy(m->inputs, inputs, (size_t)BT * sizeof(int32_t));
     for (int64_t i = 0; i < BT; i++) LOOM_CHECK(inputs[i] >= 0 && inputs[i] < V);
 
-    embedding_forward(a->encoded, inputs, PARAM(m, LOOM_P_WTE), gpt2 ? PARAM(m, LOOM_P_WPE) : NULL,
+    embedding_forward(a->encoded, inputs, PARAM(m, LOOM_P_WTE), PARAM(m, LOOM_P_WPE),
                       B, T, C, 0);
     const float *residual = a->encoded;
     /* per-layer strides use the arena's maximum sizes so a smaller batch still fits */
@@ -298,29 +328,29 @@ float loom_model_forward(loom_model *m, const int32_t *inputs, const int32_t *ta
         float *ln2_rstd = a->ln2_rstd + l * mBT, *fch = a->fch + l * mBT * FFI;
         float *fch_act = a->fch_act + l * mBT * F, *res3 = a->res3 + l * mBT * C;
 
-        norm_fwd(m, ln1, ln1_mean, ln1_rstd, residual, LP(m, LOOM_P_LN1_W, l),
-                 LP(m, LOOM_P_LN1_B, l), BT);
-        matmul_forward(qkv, ln1, LP(m, LOOM_P_QKV_W, l), LP(m, LOOM_P_QKV_B, l), BT, C, QKV);
+        norm_fwd(m, ln1, ln1_mean, ln1_rstd, residual, LP(m, LOOM_L_LN1_W, l),
+                 LP(m, LOOM_L_LN1_B, l), BT);
+        matmul_forward(qkv, ln1, LP(m, LOOM_L_QKV_W, l), LP(m, LOOM_L_QKV_B, l), BT, C, QKV);
         if (!gpt2) {
             rope_forward(qkv, B, T, H, D, QKV, m->rope_cos, m->rope_sin, 0);
             rope_forward(qkv + HD, B, T, KVH, D, QKV, m->rope_cos, m->rope_sin, 0);
         }
         attention_forward(atty, att, qkv, B, T, H, KVH, D);
-        matmul_forward(res2, atty, LP(m, LOOM_P_ATTN_PROJ_W, l), LP(m, LOOM_P_ATTN_PROJ_B, l), BT,
+        matmul_forward(res2, atty, LP(m, LOOM_L_ATTN_PROJ_W, l), LP(m, LOOM_L_ATTN_PROJ_B, l), BT,
                        HD, C);
         residual_forward(res2, res2, residual, BT * C);
-        norm_fwd(m, ln2, ln2_mean, ln2_rstd, res2, LP(m, LOOM_P_LN2_W, l), LP(m, LOOM_P_LN2_B, l),
+        norm_fwd(m, ln2, ln2_mean, ln2_rstd, res2, LP(m, LOOM_L_LN2_W, l), LP(m, LOOM_L_LN2_B, l),
                  BT);
-        matmul_forward(fch, ln2, LP(m, LOOM_P_FC_W, l), LP(m, LOOM_P_FC_B, l), BT, C, FFI);
+        matmul_forward(fch, ln2, LP(m, LOOM_L_FC_W, l), LP(m, LOOM_L_FC_B, l), BT, C, FFI);
         if (gpt2) gelu_forward(fch_act, fch, BT * F);
         else swiglu_forward(fch_act, fch, BT, F);
-        matmul_forward(res3, fch_act, LP(m, LOOM_P_FC_PROJ_W, l), LP(m, LOOM_P_FC_PROJ_B, l), BT,
+        matmul_forward(res3, fch_act, LP(m, LOOM_L_FC_PROJ_W, l), LP(m, LOOM_L_FC_PROJ_B, l), BT,
                        F, C);
         residual_forward(res3, res3, res2, BT * C);
         residual = res3;
     }
     norm_fwd(m, a->lnf, a->lnf_mean, a->lnf_rstd, residual, PARAM(m, LOOM_P_LNF_W),
-             gpt2 ? PARAM(m, LOOM_P_LNF_B) : NULL, BT);
+             PARAM(m, LOOM_P_LNF_B), BT);
     const float *head = gpt2 ? PARAM(m, LOOM_P_WTE) : PARAM(m, LOOM_P_LM_HEAD);
     matmul_forward(a->logits, a->lnf, head, NULL, BT, C, V);
 
@@ -356,7 +386,7 @@ void loom_model_backward(loom_model *m, float dscale) {
     matmul_backward(a->dln, dhead, NULL, a->logits, a->lnf, head, BT, C, V);
     const float *last = L > 0 ? a->res3 + (L - 1) * mBT * C : a->encoded;
     memset(a->dres, 0, (size_t)BT * C * sizeof(float));
-    norm_bwd(m, a->dres, GRAD(m, LOOM_P_LNF_W), gpt2 ? GRAD(m, LOOM_P_LNF_B) : NULL, a->dln, last,
+    norm_bwd(m, a->dres, GRAD(m, LOOM_P_LNF_W), GRAD(m, LOOM_P_LNF_B), a->dln, last,
              PARAM(m, LOOM_P_LNF_W), a->lnf_mean, a->lnf_rstd, BT);
 
     for (int l = L - 1; l >= 0; l--) {
@@ -371,20 +401,20 @@ void loom_model_backward(loom_model *m, float dscale) {
 
         /* MLP: res3 = res2 + fc_proj(act(fc(ln2(res2)))); a->dres holds d res3 */
         memset(a->dfch_act, 0, (size_t)BT * F * sizeof(float));
-        matmul_backward(a->dfch_act, LG(m, LOOM_P_FC_PROJ_W, l), LG(m, LOOM_P_FC_PROJ_B, l),
-                        a->dres, fch_act, LP(m, LOOM_P_FC_PROJ_W, l), BT, F, C);
+        matmul_backward(a->dfch_act, LG(m, LOOM_L_FC_PROJ_W, l), LG(m, LOOM_L_FC_PROJ_B, l),
+                        a->dres, fch_act, LP(m, LOOM_L_FC_PROJ_W, l), BT, F, C);
         memset(a->dfch, 0, (size_t)BT * FFI * sizeof(float));
         if (gpt2) gelu_backward(a->dfch, fch, a->dfch_act, BT * F);
         else swiglu_backward(a->dfch, fch, a->dfch_act, BT, F);
         memset(a->dln, 0, (size_t)BT * C * sizeof(float));
-        matmul_backward(a->dln, LG(m, LOOM_P_FC_W, l), LG(m, LOOM_P_FC_B, l), a->dfch, ln2,
-                        LP(m, LOOM_P_FC_W, l), BT, C, FFI);
-        norm_bwd(m, a->dres, LG(m, LOOM_P_LN2_W, l), LG(m, LOOM_P_LN2_B, l), a->dln, res2,
-                 LP(m, LOOM_P_LN2_W, l), ln2_mean, ln2_rstd, BT);
+        matmul_backward(a->dln, LG(m, LOOM_L_FC_W, l), LG(m, LOOM_L_FC_B, l), a->dfch, ln2,
+                        LP(m, LOOM_L_FC_W, l), BT, C, FFI);
+        norm_bwd(m, a->dres, LG(m, LOOM_L_LN2_W, l), LG(m, LOOM_L_LN2_B, l), a->dln, res2,
+                 LP(m, LOOM_L_LN2_W, l), ln2_mean, ln2_rstd, BT);
         /* attention: res2 = residual + attn_proj(attn(qkv(ln1(residual)))); dres = d res2 */
         memset(a->datty, 0, (size_t)BT * HD * sizeof(float));
-        matmul_backward(a->datty, LG(m, LOOM_P_ATTN_PROJ_W, l), LG(m, LOOM_P_ATTN_PROJ_B, l),
-                        a->dres, atty, LP(m, LOOM_P_ATTN_PROJ_W, l), BT, HD, C);
+        matmul_backward(a->datty, LG(m, LOOM_L_ATTN_PROJ_W, l), LG(m, LOOM_L_ATTN_PROJ_B, l),
+                        a->dres, atty, LP(m, LOOM_L_ATTN_PROJ_W, l), BT, HD, C);
         memset(a->dqkv, 0, (size_t)BT * QKV * sizeof(float));
         attention_backward(a->dqkv, a->datt, a->datty, qkv, att, B, T, H, KVH, D);
         if (!gpt2) {
@@ -392,12 +422,12 @@ void loom_model_backward(loom_model *m, float dscale) {
             rope_backward(a->dqkv + HD, B, T, KVH, D, QKV, m->rope_cos, m->rope_sin, 0);
         }
         memset(a->dln, 0, (size_t)BT * C * sizeof(float));
-        matmul_backward(a->dln, LG(m, LOOM_P_QKV_W, l), LG(m, LOOM_P_QKV_B, l), a->dqkv, ln1,
-                        LP(m, LOOM_P_QKV_W, l), BT, C, QKV);
-        norm_bwd(m, a->dres, LG(m, LOOM_P_LN1_W, l), LG(m, LOOM_P_LN1_B, l), a->dln, residual,
-                 LP(m, LOOM_P_LN1_W, l), ln1_mean, ln1_rstd, BT);
+        matmul_backward(a->dln, LG(m, LOOM_L_QKV_W, l), LG(m, LOOM_L_QKV_B, l), a->dqkv, ln1,
+                        LP(m, LOOM_L_QKV_W, l), BT, C, QKV);
+        norm_bwd(m, a->dres, LG(m, LOOM_L_LN1_W, l), LG(m, LOOM_L_LN1_B, l), a->dln, residual,
+                 LP(m, LOOM_L_LN1_W, l), ln1_mean, ln1_rstd, BT);
     }
-    embedding_backward(GRAD(m, LOOM_P_WTE), gpt2 ? GRAD(m, LOOM_P_WPE) : NULL, a->dres, m->inputs,
+    embedding_backward(GRAD(m, LOOM_P_WTE), GRAD(m, LOOM_P_WPE), a->dres, m->inputs,
                        B, T, C, 0);
     m->has_targets = 0;
 }

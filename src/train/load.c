@@ -35,7 +35,7 @@ int loom_load_model(const char *path, int B, loom_model **out, loom_err *err) {
     if (loom_model_create(&mc, B, mc.max_seq_len, &m, err)) goto done;
     loom_pathf(where, sizeof where, "%s/model.safetensors", dir);
     if (loom_safetensors_parse(mbuf, mlen, where, &mf, err)) goto done;
-    for (int i = 0; i < LOOM_P_COUNT; i++) {
+    for (int i = 0; i < loom_model_num_tensors(m); i++) {
         const loom_tensor_info *ti = loom_model_tensor(m, i);
         if (ti->numel == 0) continue;
         if (loom_safetensors_read_into(mf, ti->name, loom_model_params(m) + ti->offset, ti->ndim,

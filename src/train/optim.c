@@ -28,7 +28,7 @@ void loom_adamw_step(loom_adamw *o, loom_model *m, float lr) {
     LOOM_CHECK(o->n == loom_model_num_params(m));
     o->step++;
     float *p = loom_model_params(m), *g = loom_model_grads(m);
-    for (int i = 0; i < LOOM_P_COUNT; i++) {
+    for (int i = 0; i < loom_model_num_tensors(m); i++) {
         const loom_tensor_info *t = loom_model_tensor(m, i);
         if (t->numel == 0) continue;
         adamw_update(p + t->offset, g + t->offset, o->m + t->offset, o->v + t->offset,

@@ -156,10 +156,12 @@ typedef struct trainer {
 
 static int save_checkpoint(trainer *t, loom_err *err) {
     loom_model *m = t->model;
-    loom_st_tensor pt[LOOM_P_COUNT], ot[2 * LOOM_P_COUNT];
-    char onames[2 * LOOM_P_COUNT][64];
+    const int nt = loom_model_num_tensors(m);
+    loom_st_tensor *pt = loom_calloc((size_t)nt, sizeof *pt);
+    loom_st_tensor *ot = loom_calloc(2 * (size_t)nt, sizeof *ot);
+    char (*onames)[64] = loom_calloc(2 * (size_t)nt, 64);
     int np = 0, no = 0;
-    for (int i = 0; i < LOOM_P_COUNT; i++) {
+    for (int i = 0; i < loom_model_num_tensors(m); i++) {
         const loom_tensor_info *ti = loom_model_tensor(m, i);
         if (ti->numel == 0) continue;
         loom_st_tensor x = {.name = ti->name, .data = loom_model_params(m) + ti->offset,
@@ -202,6 +204,9 @@ done:
     free(opt_buf);
     free(state_buf);
     free(cfg_buf);
+    free(pt);
+    free(ot);
+    free(onames);
     return rc;
 }
 
@@ -234,7 +239,7 @@ static int load_checkpoint(trainer *t, const char *dir, loom_err *err) {
     if (loom_safetensors_parse(mb, ml, where, &mf, err)) goto done;
     loom_pathf(where, sizeof where, "%s/optimizer.safetensors", dir);
     if (loom_safetensors_parse(ob, ol, where, &of, err)) goto done;
-    for (int i = 0; i < LOOM_P_COUNT; i++) {
+    for (int i = 0; i < loom_model_num_tensors(t->model); i++) {
         const loom_tensor_info *ti = loom_model_tensor(t->model, i);
         if (ti->numel == 0) continue;
         char name[80];
@@ -255,7 +260,7 @@ static int load_checkpoint(trainer *t, const char *dir, loom_err *err) {
         loom_errf(err, "%s:%d: %s", where, je.line, st ? "not a JSON object" : je.text);
         goto done;
     }
-    int64_t step, ostep, epoch, pos;
+    int64_t step = 0, ostep = 0, epoch = 0, pos = 0;
     json_t *ld = json_object_get(st, "loader");
     if (json_get_int(st, "step", &step, where, err) ||
         json_get_int(st, "optimizer_step", &ostep, where, err) ||
@@ -417,7 +422,7 @@ int loom_train(loom_config *cfg, loom_err *err) {
         }
         const int last = t.step == t.s.steps;
         if (t.val_ds && ((t.s.eval_every > 0 && t.step % t.s.eval_every == 0) || last)) {
-            double vloss;
+            double vloss = 0;
             if (eval_loss(&t, inp, tgt, &vloss, err)) {
                 json_decref(row);
                 goto done;
