@@ -346,7 +346,8 @@ static int parse_into(loom_st_file *f, const char *buf, size_t len, const char *
     uint64_t hl;
     memcpy(&hl, buf, 8);
     if (hl > (uint64_t)(len - 8))
-        return loom_errf(err, "%s: header length %" PRIu64 " exceeds the %zu bytes after it",
+        return loom_errf(err, "%s: header length %" PRIu64 " exceeds the %zu bytes after it (truncated, or "
+                         "not a safetensors file)",
                          name, hl, len - 8);
     if (hl > ST_MAX_HEADER)
         return loom_errf(err, "%s: header length %" PRIu64 " exceeds the limit of %" PRIu64,
