@@ -1,0 +1,54 @@
+/* AdamW step, gradient-norm helpers. Flat loops over contiguous buffers. */
+#include "kernels/kmath.h"
+
+#include "loom/kernels.h"
+
+/* Mirrors torch.optim.AdamW's single-tensor step: scalars computed in double and rounded to
+ * float as torch's Python scalars are, the same operation order:
+ *   p *= 1 - lr*wd;  m = lerp(m, g, 1-b1);  v = b2 v + (1-b2) g^2;
+ *   p -= (lr / (1-b1^t)) * m / (sqrt(v) / sqrt(1-b2^t) + eps) */
+void adamw_update(float *p, const float *g, float *m, float *v, int64_t n, float lr,
+                  float beta1, float beta2, float eps, float weight_decay, int64_t step) {
+    const float decay = (float)(1.0 - (double)lr * (double)weight_decay);
+    const float w1 = (float)(1.0 - (double)beta1), w2 = (float)(1.0 - (double)beta2);
+    const double bc1 = 1.0 - pow((double)beta1, (double)step);
+    const double bc2 = 1.0 - pow((double)beta2, (double)step);
+    const float step_size = (float)((double)lr / bc1);
+    const float bc2_sqrt = (float)sqrt(bc2);
+#pragma omp parallel for simd schedule(static) if (n >= LOOM_PAR_MIN)
+    for (int64_t i = 0; i < n; i++) {
+        float gi = g[i];
+        float pi = p[i] * decay;
+        float mi = m[i] + w1 * (gi - m[i]);
+        float vi = v[i] * beta2 + w2 * gi * gi;
+        float denom = sqrtf(vi) / bc2_sqrt + eps;
+        p[i] = pi - step_size * (mi / denom);
+        m[i] = mi;
+        v[i] = vi;
+    }
+}
+
+/* Fixed-size blocks whatever the thread count; block sums combined in block order. */
+double sum_squares(const float *x, int64_t n) {
+    enum { MAX_BLOCKS = 1024 };
+    int64_t bsize = 65536;
+    if (n > bsize * MAX_BLOCKS) bsize = (n + MAX_BLOCKS - 1) / MAX_BLOCKS;
+    int64_t nb = (n + bsize - 1) / bsize;
+    double part[MAX_BLOCKS];
+#pragma omp parallel for schedule(static) if (nb > 1)
+    for (int64_t b = 0; b < nb; b++) {
+        int64_t i0 = b * bsize, i1 = i0 + bsize < n ? i0 + bsize : n;
+        double s = 0.0;
+#pragma omp simd reduction(+ : s)
+        for (int64_t i = i0; i < i1; i++) s += (double)x[i] * x[i];
+        part[b] = s;
+    }
+    double total = 0.0;
+    for (int64_t b = 0; b < nb; b++) total += part[b];
+    return total;
+}
+
+void scale_inplace(float *x, int64_t n, float s) {
+#pragma omp parallel for simd schedule(static) if (n >= LOOM_PAR_MIN)
+    for (int64_t i = 0; i < n; i++) x[i] *= s;
+}

@@ -1,0 +1,59 @@
+/* Softmax cross-entropy over V logits per row; logits (N,V), targets (N), losses (N).
+ * Numerically stable (max subtracted), sums in double, one row per task. */
+#include "kernels/kmath.h"
+
+#include "loom/kernels.h"
+
+static float row_max(const float *x, int V) {
+    float mx = x[0];
+#pragma omp simd reduction(max : mx)
+    for (int i = 0; i < V; i++) mx = x[i] > mx ? x[i] : mx;
+    return mx;
+}
+
+static double row_sumexp(const float *x, int V, float mx) {
+    double s = 0.0;
+#pragma omp simd reduction(+ : s)
+    for (int i = 0; i < V; i++) s += (double)loom_expf(x[i] - mx);
+    return s;
+}
+
+void crossentropy_forward(float *losses, const float *logits, const int32_t *targets,
+                          int64_t N, int V) {
+#pragma omp parallel for schedule(static) if (N * V >= LOOM_PAR_MIN)
+    for (int64_t n = 0; n < N; n++) {
+        int32_t t = targets[n];
+        if (t < 0) {
+            losses[n] = 0.0f;
+            continue;
+        }
+        const float *x = logits + n * V;
+        float mx = row_max(x, V);
+        double s = row_sumexp(x, V, mx);
+        losses[n] = (float)(log(s) + (double)mx - (double)x[t]);
+    }
+}
+
+void crossentropy_softmax_backward(float *logits, const int32_t *targets, int64_t N, int V,
+                                   float dscale) {
+#pragma omp parallel for schedule(static) if (N * V >= LOOM_PAR_MIN)
+    for (int64_t n = 0; n < N; n++) {
+        int32_t t = targets[n];
+        float *x = logits + n * V;
+        if (t < 0) {
+            memset(x, 0, (size_t)V * sizeof(float));
+            continue;
+        }
+        float mx = row_max(x, V);
+        double s = 0.0;
+#pragma omp simd reduction(+ : s)
+        for (int i = 0; i < V; i++) {
+            float e = loom_expf(x[i] - mx);
+            x[i] = e;
+            s += (double)e;
+        }
+        float k = (float)(1.0 / s) * dscale;
+        for (int i = 0; i < V; i++) x[i] *= k;
+        x[t] -= dscale;
+    }
+}

@@ -1,0 +1,129 @@
+/* LayerNorm and RMSNorm over the last dim C of (N,C) rows. Row statistics in double;
+ * weight/bias gradients are column sums computed per fixed column slice (rows summed in
+ * order), so every result is independent of the thread count. */
+#include "kernels/kmath.h"
+
+#include "loom/kernels.h"
+
+enum { NORM_COLS = 64 }; /* column slice for the weight-gradient sums */
+
+void layernorm_forward(float *out, float *mean, float *rstd, const float *inp,
+                       const float *weight, const float *bias, int64_t N, int C, float eps) {
+#pragma omp parallel for schedule(static) if (N * C >= LOOM_PAR_MIN)
+    for (int64_t n = 0; n < N; n++) {
+        const float *x = inp + n * C;
+        float *y = out + n * C;
+        double s = 0.0;
+#pragma omp simd reduction(+ : s)
+        for (int i = 0; i < C; i++) s += x[i];
+        double m = s / C;
+        double v = 0.0;
+#pragma omp simd reduction(+ : v)
+        for (int i = 0; i < C; i++) {
+            double d = x[i] - m;
+            v += d * d;
+        }
+        float fm = (float)m;
+        float rs = (float)(1.0 / sqrt(v / C + eps));
+        for (int i = 0; i < C; i++) y[i] = (x[i] - fm) * rs * weight[i] + bias[i];
+        if (mean) mean[n] = fm;
+        if (rstd) rstd[n] = rs;
+    }
+}
+
+void layernorm_backward(float *dinp, float *dweight, float *dbias, const float *dout,
+                        const float *inp, const float *weight, const float *mean,
+                        const float *rstd, int64_t N, int C) {
+    if (dinp) {
+#pragma omp parallel for schedule(static) if (N * C >= LOOM_PAR_MIN)
+        for (int64_t n = 0; n < N; n++) {
+            const float *x = inp + n * C, *dy = dout + n * C;
+            float *dx = dinp + n * C;
+            float m = mean[n], rs = rstd[n];
+            /* dxhat = dy * w; dx = rs * (dxhat - mean(dxhat) - xhat * mean(dxhat * xhat)) */
+            double a = 0.0, b = 0.0;
+#pragma omp simd reduction(+ : a, b)
+            for (int i = 0; i < C; i++) {
+                float dxh = dy[i] * weight[i];
+                float xh = (x[i] - m) * rs;
+                a += dxh;
+                b += dxh * xh;
+            }
+            float ma = (float)(a / C), mb = (float)(b / C);
+            for (int i = 0; i < C; i++) {
+                float dxh = dy[i] * weight[i];
+                float xh = (x[i] - m) * rs;
+                dx[i] += rs * (dxh - ma - xh * mb);
+            }
+        }
+    }
+    if (dweight || dbias) {
+        int nchunks = (C + NORM_COLS - 1) / NORM_COLS;
+#pragma omp parallel for schedule(static) if (N * C >= LOOM_PAR_MIN)
+        for (int c = 0; c < nchunks; c++) {
+            int i0 = c * NORM_COLS, i1 = i0 + NORM_COLS < C ? i0 + NORM_COLS : C;
+            float aw[NORM_COLS], ab[NORM_COLS];
+            for (int i = 0; i < i1 - i0; i++) aw[i] = ab[i] = 0.0f;
+            for (int64_t n = 0; n < N; n++) {
+                const float *x = inp + n * C + i0, *dy = dout + n * C + i0;
+                float m = mean[n], rs = rstd[n];
+                for (int i = 0; i < i1 - i0; i++) {
+                    aw[i] += dy[i] * ((x[i] - m) * rs);
+                    ab[i] += dy[i];
+                }
+            }
+            for (int i = i0; i < i1; i++) {
+                if (dweight) dweight[i] += aw[i - i0];
+                if (dbias) dbias[i] += ab[i - i0];
+            }
+        }
+    }
+}
+
+void rmsnorm_forward(float *out, float *rstd, const float *inp, const float *weight,
+                     int64_t N, int C, float eps) {
+#pragma omp parallel for schedule(static) if (N * C >= LOOM_PAR_MIN)
+    for (int64_t n = 0; n < N; n++) {
+        const float *x = inp + n * C;
+        float *y = out + n * C;
+        double s = 0.0;
+#pragma omp simd reduction(+ : s)
+        for (int i = 0; i < C; i++) s += (double)x[i] * x[i];
+        float rs = (float)(1.0 / sqrt(s / C + eps));
+        for (int i = 0; i < C; i++) y[i] = x[i] * rs * weight[i];
+        if (rstd) rstd[n] = rs;
+    }
+}
+
+void rmsnorm_backward(float *dinp, float *dweight, const float *dout, const float *inp,
+                      const float *weight, const float *rstd, int64_t N, int C) {
+    if (dinp) {
+#pragma omp parallel for schedule(static) if (N * C >= LOOM_PAR_MIN)
+        for (int64_t n = 0; n < N; n++) {
+            const float *x = inp + n * C, *dy = dout + n * C;
+            float *dx = dinp + n * C;
+            float rs = rstd[n];
+            /* y = x * rs * w: dx = rs * (dy*w - xhat * mean(dy*w*xhat)), xhat = x * rs */
+            double b = 0.0;
+#pragma omp simd reduction(+ : b)
+            for (int i = 0; i < C; i++) b += dy[i] * weight[i] * (x[i] * rs);
+            float mb = (float)(b / C);
+            for (int i = 0; i < C; i++) dx[i] += rs * (dy[i] * weight[i] - x[i] * rs * mb);
+        }
+    }
+    if (dweight) {
+        int nchunks = (C + NORM_COLS - 1) / NORM_COLS;
+#pragma omp parallel for schedule(static) if (N * C >= LOOM_PAR_MIN)
+        for (int c = 0; c < nchunks; c++) {
+            int i0 = c * NORM_COLS, i1 = i0 + NORM_COLS < C ? i0 + NORM_COLS : C;
+            float aw[NORM_COLS];
+            for (int i = 0; i < i1 - i0; i++) aw[i] = 0.0f;
+            for (int64_t n = 0; n < N; n++) {
+                const float *x = inp + n * C + i0, *dy = dout + n * C + i0;
+                float rs = rstd[n];
+                for (int i = 0; i < i1 - i0; i++) aw[i] += dy[i] * (x[i] * rs);
+            }
+            for (int i = i0; i < i1; i++) dweight[i] += aw[i - i0];
+        }
+    }
+}

@@ -1,0 +1,113 @@
+"""ctypes access to libloom for the Python reference tests.
+
+    from loomlib import lib, fptr, iptr, f32
+    L = lib()                       # LOOM_LIB, else <repo>/build/libloom.so
+    x = f32(np.random.randn(4, 8))  # C-contiguous float32 copy
+    L.gelu_forward(fptr(y), fptr(x), x.size)
+
+Every kernel of include/loom/kernels.h has its argtypes declared here, so a wrong count or a
+Python float where an int is expected fails loudly instead of corrupting memory. fptr/iptr
+accept None (-> NULL) and refuse arrays of the wrong dtype or layout.
+"""
+import ctypes
+import os
+import sys
+
+import numpy as np
+
+_HERE = os.path.dirname(os.path.abspath(__file__))
+_REPO = os.path.dirname(os.path.dirname(_HERE))
+
+_P = ctypes.c_void_p
+_I = ctypes.c_int
+_L = ctypes.c_int64
+_F = ctypes.c_float
+
+# name -> (restype, argtypes); mirrors include/loom/kernels.h
+KERNELS = {
+    "matmul_forward": (None, [_P, _P, _P, _P, _L, _I, _I]),
+    "matmul_backward": (None, [_P, _P, _P, _P, _P, _P, _L, _I, _I]),
+    "layernorm_forward": (None, [_P, _P, _P, _P, _P, _P, _L, _I, _F]),
+    "layernorm_backward": (None, [_P, _P, _P, _P, _P, _P, _P, _P, _L, _I]),
+    "rmsnorm_forward": (None, [_P, _P, _P, _P, _L, _I, _F]),
+    "rmsnorm_backward": (None, [_P, _P, _P, _P, _P, _P, _L, _I]),
+    "gelu_forward": (None, [_P, _P, _L]),
+    "gelu_backward": (None, [_P, _P, _P, _L]),
+    "swiglu_forward": (None, [_P, _P, _L, _I]),
+    "swiglu_backward": (None, [_P, _P, _P, _L, _I]),
+    "rope_tables": (None, [_P, _P, _I, _I, _F]),
+    "rope_forward": (None, [_P, _L, _I, _I, _I, _L, _P, _P, _I]),
+    "rope_backward": (None, [_P, _L, _I, _I, _I, _L, _P, _P, _I]),
+    "attention_forward": (None, [_P, _P, _P, _I, _I, _I, _I, _I]),
+    "attention_backward": (None, [_P, _P, _P, _P, _P, _I, _I, _I, _I, _I]),
+    "embedding_forward": (None, [_P, _P, _P, _P, _I, _I, _I, _I]),
+    "embedding_backward": (None, [_P, _P, _P, _P, _I, _I, _I, _I]),
+    "residual_forward": (None, [_P, _P, _P, _L]),
+    "crossentropy_forward": (None, [_P, _P, _P, _L, _I]),
+    "crossentropy_softmax_backward": (None, [_P, _P, _L, _I, _F]),
+    "adamw_update": (None, [_P, _P, _P, _P, _L, _F, _F, _F, _F, _F, _L]),
+    "sum_squares": (ctypes.c_double, [_P, _L]),
+    "scale_inplace": (None, [_P, _L, _F]),
+}
+
+_lib = None
+
+
+def lib_path():
+    return os.environ.get("LOOM_LIB") or os.path.join(_REPO, "build", "libloom.so")
+
+
+def lib():
+    """The loaded libloom (cached), with the kernel signatures declared."""
+    global _lib
+    if _lib is None:
+        path = lib_path()
+        if not os.path.exists(path):
+            sys.exit(f"loomlib: {path} not found (build first, or set LOOM_LIB)")
+        _lib = ctypes.CDLL(path)
+        for name, (res, args) in KERNELS.items():
+            fn = getattr(_lib, name, None)
+            if fn is None:
+                continue  # a partial library still serves the tests that need other symbols
+            fn.restype = res
+            fn.argtypes = args
+    return _lib
+
+
+def f32(a):
+    """A C-contiguous float32 copy of a (numpy array, torch tensor or list)."""
+    if hasattr(a, "detach"):
+        a = a.detach().cpu().numpy()
+    return np.ascontiguousarray(np.array(a, dtype=np.float32))
+
+
+def i32(a):
+    if hasattr(a, "detach"):
+        a = a.detach().cpu().numpy()
+    return np.ascontiguousarray(np.array(a, dtype=np.int32))
+
+
+def _ptr(a, dtype):
+    if a is None:
+        return None
+    if not isinstance(a, np.ndarray) or a.dtype != dtype or not a.flags["C_CONTIGUOUS"]:
+        raise TypeError(f"expected a C-contiguous {np.dtype(dtype).name} numpy array")
+    return a.ctypes.data
+
+
+def fptr(a):
+    """float* for a C-contiguous float32 array (None -> NULL)."""
+    return _ptr(a, np.float32)
+
+
+def iptr(a):
+    """int32_t* for a C-contiguous int32 array (None -> NULL)."""
+    return _ptr(a, np.int32)
+
+
+def rel_err(got, ref):
+    """max |got - ref| / max |ref| (both converted to float64)."""
+    got = np.asarray(got, dtype=np.float64)
+    ref = np.asarray(ref, dtype=np.float64)
+    scale = max(float(np.max(np.abs(ref))) if ref.size else 0.0, 1e-30)
+    return float(np.max(np.abs(got - ref))) / scale if ref.size else 0.0
