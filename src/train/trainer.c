@@ -24,6 +24,8 @@ static const loom_config_key train_only_keys[] = {
     {"data.val", "", "validation dataset directory; empty = no validation"},
     {"data.shuffle", "true", "visit training samples in a seeded permutation per epoch"},
     {"training.steps", "1000", "optimizer steps to reach (raising it continues a run)"},
+    {"training.schedule_steps", NULL, "horizon of the lr schedule (default training.steps); "
+                                      "fix it to stop and continue a run along one schedule"},
     {"training.seed", "1337", "seeds init and data order"},
     {"training.batch_size", "8", "B: sequences per micro-batch"},
     {"training.seq_len", "256", "T: tokens per sequence"},
@@ -115,12 +117,16 @@ static int read_settings(const loom_config *c, settings *s, loom_err *err) {
         return loom_errf(err, "config key 'training.schedule' = '%s' (%s): expected cosine, wsd "
                               "or constant", sched, loom_config_origin(c, "training.schedule"));
     s->sched.total = s->steps;
+    if (loom_config_get(c, "training.schedule_steps") &&
+        loom_config_get_int(c, "training.schedule_steps", &s->sched.total, err))
+        return -1;
     struct { const char *key; int64_t v, lo, hi; } ranges[] = {
         {"training.steps", s->steps, 0, INT64_C(1) << 40},
         {"training.batch_size", s->B, 1, 1 << 20},
         {"training.seq_len", s->T, 1, 1 << 24},
         {"training.grad_accum", s->accum, 1, 1 << 20},
         {"training.warmup", s->sched.warmup, 0, INT64_C(1) << 40},
+        {"training.schedule_steps", s->sched.total, 0, INT64_C(1) << 40},
         {"training.threads", s->threads, 0, 4096},
         {"training.log_every", s->log_every, 1, INT64_C(1) << 40},
         {"eval.every", s->eval_every, 0, INT64_C(1) << 40},

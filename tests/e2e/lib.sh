@@ -71,13 +71,14 @@ model:
   n_kv_head: ${KVH:-4}
 training:
   steps: 10
+  schedule_steps: 12
   batch_size: 2
   seq_len: 32
   lr: 3e-3
   warmup: 2
   peak_flops: 1e11
 eval:
-  every: 5
+  every: 3
   batches: 2
 checkpoint:
   every: 5
