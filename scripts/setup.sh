@@ -7,7 +7,7 @@ want_test=0
 [ "${1:-}" = "--test" ] && want_test=1
 
 pkgs=(build-essential cmake pkg-config libopenblas-openmp-dev libyaml-dev libjansson-dev
-      libssl-dev fortunes fortunes-min)
+      libssl-dev libpcre2-dev libzstd-dev libopenmpi-dev openmpi-bin fortunes fortunes-min)
 [ $want_test = 1 ] && pkgs+=(libcmocka-dev python3 python3-pip)
 
 missing=()
