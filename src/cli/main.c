@@ -10,7 +10,8 @@ static void usage(FILE *f) {
             "usage: loom <command> [args]\n"
             "  train CONFIG.yaml [--set section.key=value ...]   train (resumes from run.dir)\n"
             "  generate CKPT_DIR --prompt TEXT [--tokens N --temperature T --top-k K --seed S]\n"
-            "  data build RECIPE.yaml                              build token shards\n"
+            "  data build|inspect|verify ...                       datasets: build shards, show, check\n"
+            "  tokenizer train|encode|decode ...                   byte-level BPE (HF compatible)\n"
             "  version\n");
 }
 
@@ -23,6 +24,7 @@ int main(int argc, char **argv) {
     if (!strcmp(cmd, "train")) return loom_cli_train(argc - 1, argv + 1);
     if (!strcmp(cmd, "generate")) return loom_cli_generate(argc - 1, argv + 1);
     if (!strcmp(cmd, "data")) return loom_cli_data(argc - 1, argv + 1);
+    if (!strcmp(cmd, "tokenizer")) return loom_cli_tokenizer(argc - 1, argv + 1);
     if (!strcmp(cmd, "version") || !strcmp(cmd, "--version")) {
         printf("loom %s\n", LOOM_VERSION);
         return 0;
