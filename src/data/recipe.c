@@ -160,15 +160,15 @@ static int parse_root(ctx *c, yaml_node_t *root, loom_recipe *r) {
     if (root->type != YAML_MAPPING_NODE)
         return fail(c, root, "a recipe must be a mapping of keys (name, sources, ...)%s%s", "", "");
     if (check_keys(c, root, top_keys, "the recipe") != 0) return -1;
-    yaml_node_t *sources = NULL;
+    yaml_node_t *sources = NULL, *name_node = root, *tok_node = root;
     char *description = NULL;
     for (yaml_node_pair_t *p = root->data.mapping.pairs.start; p < root->data.mapping.pairs.top; p++) {
         const char *k = (const char *)yaml_document_get_node(c->doc, p->key)->data.scalar.value;
         yaml_node_t *v = yaml_document_get_node(c->doc, p->value);
         int rc = 0;
-        if (!strcmp(k, "name")) rc = get_str(c, v, k, &r->name, NULL);
+        if (!strcmp(k, "name")) rc = get_str(c, v, k, &r->name, NULL), name_node = v;
         else if (!strcmp(k, "description")) rc = get_str(c, v, k, &description, NULL);
-        else if (!strcmp(k, "tokenizer")) rc = get_str(c, v, k, &r->tokenizer, NULL);
+        else if (!strcmp(k, "tokenizer")) rc = get_str(c, v, k, &r->tokenizer, NULL), tok_node = v;
         else if (!strcmp(k, "output")) rc = get_str(c, v, k, &r->output, NULL);
         else if (!strcmp(k, "seq_len")) rc = get_int(c, v, k, 1, INT32_MAX, &r->seq_len);
         else if (!strcmp(k, "shard_tokens")) rc = get_int(c, v, k, 1, (int64_t)1 << 28, &r->shard_tokens);
@@ -186,11 +186,11 @@ static int parse_root(ctx *c, yaml_node_t *root, loom_recipe *r) {
     free(description);
     if (!r->name) return fail(c, root, "the recipe is missing 'name'%s%s", "", "");
     if (!valid_name(r->name))
-        return fail(c, root, "recipe name '%s' must be 1-64 characters of [A-Za-z0-9_.-]%s", r->name, "");
+        return fail(c, name_node, "recipe name '%s' must be 1-64 characters of [A-Za-z0-9_.-]%s", r->name, "");
     if (!r->output || !*r->output) return fail(c, root, "the recipe is missing 'output'%s%s", "", "");
     if (!r->tokenizer) return fail(c, root, "the recipe is missing 'tokenizer' (byte)%s%s", "", "");
     if (strcmp(r->tokenizer, "byte") != 0)
-        return fail(c, root, "unsupported tokenizer '%s' (supported: byte)%s", r->tokenizer, "");
+        return fail(c, tok_node, "unsupported tokenizer '%s' (supported: byte)%s", r->tokenizer, "");
     if (!sources) return fail(c, root, "the recipe is missing 'sources'%s%s", "", "");
     if (sources->type != YAML_SEQUENCE_NODE)
         return fail(c, sources, "'sources' must be a list of sources%s%s", "", "");
