@@ -386,11 +386,10 @@ int loom_data_build(const char *recipe_path, loom_err *err) {
     }
     loom_pathf(tmp, sizeof tmp, "%s.tmp.%d", out, (int)getpid());
     loom_pathf(old, sizeof old, "%s.old.%d", out, (int)getpid());
+    if (collect_inputs(&r, &files, err) != 0) goto done;
     remove_tree(tmp);
     if (loom_mkdirs(tmp, err) != 0) goto done;
     made_tmp = 1;
-
-    if (collect_inputs(&r, &files, err) != 0) goto done;
     const char *splits[2] = {"train", "val"};
     for (int i = 0; i < 2; i++) {
         writer *w = &ws[i];

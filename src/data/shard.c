@@ -326,7 +326,7 @@ static int validate_body(loom_shard *s, const layout *L, uint64_t block, loom_er
 
 int loom_shard_open(const char *path, loom_shard **out, loom_err *err) {
     *out = NULL;
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK); /* a FIFO must not block us */
     if (fd < 0) return loom_errf(err, "%s: cannot open: %s", path, strerror(errno));
     struct stat st;
     if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
