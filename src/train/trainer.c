@@ -6,6 +6,7 @@
 #include <jansson.h>
 #include <math.h>
 #include <omp.h>
+#include <signal.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -285,6 +286,20 @@ done:
     return rc;
 }
 
+/* ---- interruption: SIGINT/SIGTERM finish the current step, checkpoint, and stop ---- */
+static volatile sig_atomic_t g_stop_signal;
+static void on_stop_signal(int sig) { g_stop_signal = sig; }
+
+static void install_stop_handlers(struct sigaction *old_int, struct sigaction *old_term) {
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = on_stop_signal;
+    sigemptyset(&sa.sa_mask);
+    g_stop_signal = 0;
+    sigaction(SIGINT, &sa, old_int);
+    sigaction(SIGTERM, &sa, old_term);
+}
+
 /* ---- evaluation ------------------------------------------------------------------------ */
 
 static int eval_loss(trainer *t, int32_t *inp, int32_t *tgt, double *out, loom_err *err) {
@@ -394,6 +409,8 @@ int loom_train(loom_config *cfg, loom_err *err) {
     const size_t mem_bytes = loom_model_arena_bytes(t.model) + 2 * t.opt.n * sizeof(float);
     const int64_t first_step = t.step;
     const double t_start = loom_now();
+    struct sigaction old_int, old_term;
+    install_stop_handlers(&old_int, &old_term);
 
     while (t.step < t.s.steps) {
         const double t0 = loom_now();
@@ -441,13 +458,24 @@ int loom_train(loom_config *cfg, loom_err *err) {
         if (wr) goto done;
         if (t.step % t.s.log_every == 0 || last)
             progress(&t, loss, lr, tps, mfu, loom_now() - t_start, first_step);
-        if (t.s.ckpt_every > 0 && (t.step % t.s.ckpt_every == 0 || last)) {
+        const int stop = g_stop_signal != 0;
+        if ((t.s.ckpt_every > 0 && (t.step % t.s.ckpt_every == 0 || last)) || stop) {
             if (save_checkpoint(&t, err)) goto done;
+        }
+        if (stop) {
+            loom_errf(err, "interrupted by signal %d at step %lld; checkpoint saved in %s "
+                           "(run the same command to continue)",
+                      (int)g_stop_signal, (long long)t.step, t.ckpt_root);
+            goto done;
         }
     }
     if (isatty(STDERR_FILENO)) fputc('\n', stderr);
     rc = 0;
 done:
+    if (inp) { /* handlers were installed */
+        sigaction(SIGINT, &old_int, NULL);
+        sigaction(SIGTERM, &old_term, NULL);
+    }
     free(inp);
     free(tgt);
     loom_metrics_close(mx);
