@@ -1,0 +1,504 @@
+"""Whole-model reference test: loom's decoder (libloom.so through ctypes, fp32) against the
+PyTorch reference in tests/reference/torch_ref.py (float64), on the same weights and inputs.
+
+For both flavors (gpt2, llama with GQA), small shapes:
+  * parameter layout: every loom_tensor_info (name, shape, decay, offsets) matches model.h;
+  * init: same seed -> identical bytes, other seed -> different; statistics as documented;
+  * forward: logits and loss (targets with -1 entries; T < max and T = max; B < created B);
+  * loom_model_next_logits against the reference's last-position logits;
+  * backward: EVERY parameter gradient against torch autograd;
+  * 10 AdamW steps (clip 1.0, wd 0.1 on decay tensors only, betas (0.9, 0.95), eps 1e-8,
+    lr from a fixed list): loom_adamw_* against torch.optim.AdamW + clip_grad_norm_ in
+    float64, losses and grad norms compared step by step.
+
+Tolerances (loom computes in fp32, the reference in fp64; errors are normalized by the
+reference's max magnitude of the same tensor):
+  logits   max|d| / max|ref|        <= 1e-5
+  loss     |d| / |ref|              <= 1e-6
+  grads    max|d| / max|ref|        <= 2e-5   per tensor
+  training |d| / |ref| per step     <= 1e-5   losses and pre-clip grad norms
+(observed at the first commit: logits <= 3.2e-7, loss <= 4.3e-8, grads <= 6.1e-7, training
+losses <= 4.5e-8, grad norms <= 2.1e-7: the tolerances leave >= 20x headroom for fp32
+reordering in faster kernels, and are far below what a wrong op produces.)
+Observed values are printed. Exits non-zero on any mismatch.
+"""
+import ctypes
+import math
+import os
+import sys
+
+import numpy as np
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import torch_ref  # noqa: E402
+
+TOL_LOGITS = 1e-5
+TOL_LOSS = 1e-6
+TOL_GRAD = 2e-5
+TOL_TRAIN = 1e-5
+
+
+
+# ---- ctypes mirror of include/loom/{base,model,optim}.h --------------------------------------
+class ModelConfig(ctypes.Structure):
+    _fields_ = [("flavor", ctypes.c_int), ("vocab_size", ctypes.c_int),
+                ("max_seq_len", ctypes.c_int), ("n_layer", ctypes.c_int),
+                ("n_head", ctypes.c_int), ("n_kv_head", ctypes.c_int),
+                ("d_model", ctypes.c_int), ("d_ff", ctypes.c_int),
+                ("norm_eps", ctypes.c_float), ("rope_theta", ctypes.c_float),
+                ("init_std", ctypes.c_float)]
+
+
+class TensorInfo(ctypes.Structure):
+    _fields_ = [("name", ctypes.c_char * 48), ("layer", ctypes.c_int), ("kind", ctypes.c_int),
+                ("offset", ctypes.c_size_t),
+                ("numel", ctypes.c_size_t), ("ndim", ctypes.c_int),
+                ("shape", ctypes.c_int64 * 4), ("decay", ctypes.c_int)]
+
+
+class Err(ctypes.Structure):
+    _fields_ = [("msg", ctypes.c_char * 2048)]
+
+
+class AdamW(ctypes.Structure):
+    _fields_ = [("beta1", ctypes.c_float), ("beta2", ctypes.c_float), ("eps", ctypes.c_float),
+                ("weight_decay", ctypes.c_float), ("m", ctypes.POINTER(ctypes.c_float)),
+                ("v", ctypes.POINTER(ctypes.c_float)), ("n", ctypes.c_size_t),
+                ("step", ctypes.c_int64)]
+
+
+def load_lib():
+    path = os.environ.get("LOOM_LIB")
+    if not path:
+        path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "build",
+                            "libloom.so")
+    lib = ctypes.CDLL(path)
+    P, I, F, Z = ctypes.c_void_p, ctypes.c_int, ctypes.c_float, ctypes.c_size_t
+    fp = ctypes.POINTER(ctypes.c_float)
+    ip = ctypes.POINTER(ctypes.c_int32)
+    sigs = {
+        "loom_model_create": (I, [ctypes.POINTER(ModelConfig), I, I, ctypes.POINTER(P),
+                                  ctypes.POINTER(Err)]),
+        "loom_model_free": (None, [P]),
+        "loom_model_num_params": (Z, [P]),
+        "loom_model_params": (fp, [P]),
+        "loom_model_grads": (fp, [P]),
+        "loom_model_num_tensors": (I, [P]),
+        "loom_model_tensor": (ctypes.POINTER(TensorInfo), [P, I]),
+        "loom_model_global": (ctypes.POINTER(TensorInfo), [P, I]),
+        "loom_model_layer_tensor": (ctypes.POINTER(TensorInfo), [P, I, I]),
+        "loom_model_layer_range": (None, [P, I, ctypes.POINTER(Z), ctypes.POINTER(Z)]),
+        "loom_model_init_weights": (None, [P, ctypes.c_uint64]),
+        "loom_model_forward": (F, [P, ip, ip, I, I]),
+        "loom_model_backward": (None, [P, F]),
+        "loom_model_valid_targets": (ctypes.c_int64, [P]),
+        "loom_model_zero_grad": (None, [P]),
+        "loom_model_logits": (fp, [P]),
+        "loom_model_next_logits": (fp, [P, ip, I]),
+        "loom_model_flops_per_token": (ctypes.c_double, [P, I]),
+        "loom_adamw_init": (None, [ctypes.POINTER(AdamW), Z, F, F, F, F]),
+        "loom_adamw_free": (None, [ctypes.POINTER(AdamW)]),
+        "loom_adamw_step": (None, [ctypes.POINTER(AdamW), P, F]),
+        "loom_clip_grad_norm": (F, [fp, Z, F]),
+    }
+    for name, (res, args) in sigs.items():
+        fn = getattr(lib, name)
+        fn.restype = res
+        fn.argtypes = args
+    return lib
+
+
+LIB = load_lib()
+FAILURES = []
+
+
+def check(what, value, tol):
+    ok = bool(value <= tol)  # NaN fails
+    print(f"  {'ok  ' if ok else 'FAIL'} {what}: {value:.3e} (tol {tol:.0e})")
+    if not ok:
+        FAILURES.append(f"{what}: {value:.3e} > {tol:.0e}")
+    return ok
+
+
+def expect(what, cond, detail=""):
+    print(f"  {'ok  ' if cond else 'FAIL'} {what}{(': ' + detail) if detail else ''}")
+    if not cond:
+        FAILURES.append(f"{what} {detail}")
+    return cond
+
+
+def rel_max(a, ref):
+    a = np.asarray(a, dtype=np.float64)
+    ref = np.asarray(ref, dtype=np.float64)
+    scale = np.abs(ref).max()
+    return float(np.abs(a - ref).max() / (scale if scale > 0 else 1.0))
+
+
+class LoomModel:
+    def __init__(self, cfg, B, T):
+        c = torch_ref.normalize_config(cfg)
+        self.cfg = c
+        mc = ModelConfig(c["flavor"], c["vocab_size"], c["max_seq_len"], c["n_layer"],
+                         c["n_head"], c["n_kv_head"], c["d_model"], c["d_ff"], c["norm_eps"],
+                         c["rope_theta"], c["init_std"])
+        self.ptr = ctypes.c_void_p()
+        err = Err()
+        if LIB.loom_model_create(ctypes.byref(mc), B, T, ctypes.byref(self.ptr),
+                                 ctypes.byref(err)) != 0:
+            raise RuntimeError("loom_model_create: " + err.msg.decode(errors="replace"))
+        self.n = LIB.loom_model_num_params(self.ptr)
+        self.params = np.ctypeslib.as_array(LIB.loom_model_params(self.ptr), shape=(self.n,))
+        self.grads = np.ctypeslib.as_array(LIB.loom_model_grads(self.ptr), shape=(self.n,))
+        self.V = c["vocab_size"]
+
+    def free(self):
+        if self.ptr:
+            LIB.loom_model_free(self.ptr)
+            self.ptr = None
+
+    @staticmethod
+    def as_dict(p):
+        if not p:
+            return None
+        t = p.contents
+        return {"name": t.name.decode(), "layer": t.layer, "kind": t.kind, "offset": t.offset,
+                "numel": t.numel, "shape": tuple(t.shape[k] for k in range(t.ndim)),
+                "decay": t.decay}
+
+    def info(self, i):
+        return self.as_dict(LIB.loom_model_tensor(self.ptr, i))
+
+    def infos(self):
+        """The tensor table, in arena order."""
+        return [self.info(i) for i in range(LIB.loom_model_num_tensors(self.ptr))]
+
+    def tensors(self):
+        """{name: info} of the present tensors."""
+        return {inf["name"]: inf for inf in self.infos()}
+
+    def view(self, arena, inf):
+        return arena[inf["offset"]:inf["offset"] + inf["numel"]].reshape(inf["shape"])
+
+    def forward(self, x, y):
+        x = np.ascontiguousarray(x, dtype=np.int32)
+        B, T = x.shape
+        yp = None
+        if y is not None:
+            y = np.ascontiguousarray(y, dtype=np.int32)
+            yp = y.ctypes.data_as(ctypes.POINTER(ctypes.c_int32))
+        loss = LIB.loom_model_forward(self.ptr, x.ctypes.data_as(ctypes.POINTER(ctypes.c_int32)),
+                                      yp, B, T)
+        logits = np.ctypeslib.as_array(LIB.loom_model_logits(self.ptr),
+                                       shape=(B, T, self.V)).copy()
+        return loss, logits
+
+
+def to_torch(lm, ref):
+    """Copies every loom parameter into the float64 reference."""
+    tens = lm.tensors()
+    with torch.no_grad():
+        for name in ref.names:
+            ref.get_parameter(name).copy_(
+                torch.from_numpy(lm.view(lm.params, tens[name]).copy()))
+
+
+def make_tokens(rng, B, T, V):
+    return rng.integers(0, V, size=(B, T), dtype=np.int64)
+
+
+def pattern_batch(rng, B, T, V):
+    """Learnable sequences: x[t+1] = (a * x[t] + b) mod V with a per-row start; inputs and
+    next-token targets, a few targets masked with -1."""
+    a, b = 5, 3
+    seq = np.zeros((B, T + 1), dtype=np.int64)
+    seq[:, 0] = rng.integers(0, V, size=B)
+    for t in range(T):
+        seq[:, t + 1] = (a * seq[:, t] + b) % V
+    x, y = seq[:, :-1].copy(), seq[:, 1:].copy()
+    y[0, :2] = -1
+    return x, y
+
+
+# ---- the checks ---------------------------------------------------------------------------------
+def check_layout(lm, cfg):
+    print(" layout")
+    want = torch_ref.param_shapes(cfg)
+    infos = lm.infos()
+    got = [(inf["name"], inf["shape"]) for inf in infos]
+    expect(f"{len(want)} tensors, names and shapes in arena order match model.h",
+           got == [(n, tuple(s)) for n, s in want],
+           "" if got == want else f"got {got}\n       want {want}")
+    fl = cfg["flavor"]
+    genum = [n for n, _ in torch_ref.GLOBAL_ENUM]
+    lenum = [n for n, _ in torch_ref.LAYER_ENUM]
+    bad = []
+    for inf in infos:
+        b = torch_ref.base_name(inf["name"])
+        layered = inf["name"].startswith("layers.")
+        want_layer = int(inf["name"].split(".")[1]) if layered else -1
+        want_kind = lenum.index(b) if layered else genum.index(b) if b in genum else -99
+        if (inf["layer"], inf["kind"]) != (want_layer, want_kind) or \
+                inf["numel"] != math.prod(inf["shape"]) or \
+                inf["decay"] != (1 if b in torch_ref.DECAY else 0):
+            bad.append(inf)
+    expect("layer, kind, numel and decay fields", not bad, str(bad[:3]))
+    spans = sorted((inf["offset"], inf["offset"] + inf["numel"]) for inf in infos)
+    ordered = [inf["offset"] for inf in infos] == [s0 for s0, _ in spans]
+    overlap = any(spans[k][1] > spans[k + 1][0] for k in range(len(spans) - 1))
+    expect("offsets increase in table order, tensors disjoint, inside the arena",
+           ordered and not overlap and spans[-1][1] <= lm.n,
+           f"num_params {lm.n}, last end {spans[-1][1]}")
+    total = sum(e - s0 for s0, e in spans)
+    expect("num_params = sum of tensor sizes", total == lm.n, f"{total} vs {lm.n}")
+    # lookups by enum
+    ok = True
+    for k, (n, fls) in enumerate(torch_ref.GLOBAL_ENUM):
+        g = lm.as_dict(LIB.loom_model_global(lm.ptr, k))
+        ok &= (g is None) if fl not in fls else (g is not None and g["name"] == n)
+    for l in range(cfg["n_layer"]):
+        off, cnt = ctypes.c_size_t(), ctypes.c_size_t()
+        LIB.loom_model_layer_range(lm.ptr, l, ctypes.byref(off), ctypes.byref(cnt))
+        mine = [inf for inf in infos if inf["layer"] == l]
+        ok &= off.value == mine[0]["offset"] and \
+            off.value + cnt.value == mine[-1]["offset"] + mine[-1]["numel"] and \
+            cnt.value == sum(inf["numel"] for inf in mine)
+        for k, (n, fls) in enumerate(torch_ref.LAYER_ENUM):
+            t = lm.as_dict(LIB.loom_model_layer_tensor(lm.ptr, l, k))
+            ok &= (t is None) if fl not in fls else (
+                t is not None and t["name"] == f"layers.{l}.{n}")
+    expect("loom_model_global / layer_tensor / layer_range agree with the table", ok)
+
+
+def check_init(cfg):
+    print(" init")
+    a = LoomModel(cfg, 1, 8)
+    b = LoomModel(cfg, 1, 8)
+    try:
+        LIB.loom_model_init_weights(a.ptr, 7)
+        LIB.loom_model_init_weights(b.ptr, 7)
+        expect("same seed -> identical bytes", a.params.tobytes() == b.params.tobytes())
+        LIB.loom_model_init_weights(b.ptr, 8)
+        tens = a.tensors()
+        qa = a.view(a.params, tens["layers.0.qkv_w"])
+        qb = b.view(b.params, tens["layers.0.qkv_w"])
+        expect("other seed -> different weights", float(np.abs(qa - qb).mean()) > 1e-3)
+        std = cfg["init_std"]
+        L = cfg["n_layer"]
+        llama = cfg["flavor"] == torch_ref.FLAVOR_LLAMA
+        by_base = {}  # statistics over all layers of a kind
+        for name, inf in tens.items():
+            by_base.setdefault(torch_ref.base_name(name), []).append(
+                a.view(a.params, inf).astype(np.float64).ravel())
+        for b_name, parts in by_base.items():
+            w = np.concatenate(parts)
+            if b_name.endswith("_b"):
+                expect(f"{b_name} = 0", bool(np.all(w == 0)))
+            elif b_name in torch_ref.NORM_WEIGHTS:
+                expect(f"{b_name} = 1", bool(np.all(w == 1)))
+            else:
+                want = [std]
+                if b_name in ("attn_proj_w", "fc_proj_w"):
+                    # gpt2: scaled by 1/sqrt(2L) (model.h); llama: either scheme is accepted
+                    want = [std / math.sqrt(2 * L)] + ([std] if llama else [])
+                sd, mu = float(w.std()), float(w.mean())
+                ok = any(abs(sd / t - 1) < 0.05 for t in want) and \
+                    abs(mu) < 4 * sd / math.sqrt(w.size)
+                expect(f"{b_name} ~ N(0, {' or '.join(f'{t:.4f}' for t in want)})", ok,
+                       f"std {sd:.5f} mean {mu:+.2e} over {w.size}")
+        # tensors are keyed by name: different tensors must not repeat the same stream
+        wte = a.view(a.params, tens["wte"]).ravel()
+        fc = a.view(a.params, tens["layers.0.fc_w"]).ravel()
+        k = min(wte.size, fc.size)
+        corr = float(np.corrcoef(wte[:k], fc[:k])[0, 1])
+        expect("wte and layers.0.fc_w drawn from different streams", abs(corr) < 0.1,
+               f"corr {corr:+.3f}")
+        q1 = a.view(a.params, tens["layers.1.qkv_w"]).ravel()
+        corr = float(np.corrcoef(qa.ravel(), q1)[0, 1])
+        expect("layers drawn independently", abs(corr) < 0.1, f"corr {corr:+.3f}")
+    finally:
+        a.free()
+        b.free()
+
+
+def check_forward_backward(cfg, seed):
+    B, T = 3, 17
+    Tmax = cfg["max_seq_len"]
+    lm = LoomModel(cfg, B, Tmax)
+    try:
+        check_layout(lm, cfg)
+        LIB.loom_model_init_weights(lm.ptr, seed)
+        ref = torch_ref.Ref(cfg, dtype=torch.float64)
+        to_torch(lm, ref)
+        rng = np.random.default_rng(seed)
+        V = cfg["vocab_size"]
+
+        print(" forward")
+        # (B, T) < (B, Tmax) created, then the full length with a smaller batch
+        for b, t in ((B, T), (2, Tmax)):
+            x, y = make_tokens(rng, b, t, V), make_tokens(rng, b, t, V)
+            y[0, :3] = -1
+            y[b - 1, t - 1] = -1
+            loss, logits = lm.forward(x, y)
+            with torch.no_grad():
+                rlogits, rloss = ref(torch.from_numpy(x), torch.from_numpy(y))
+            check(f"logits B={b} T={t}", rel_max(logits, rlogits.numpy()), TOL_LOGITS)
+            check(f"loss   B={b} T={t} ({loss:.6f} vs {rloss.item():.6f})",
+                  abs(loss - rloss.item()) / abs(rloss.item()), TOL_LOSS)
+            valid = int((y >= 0).sum())
+            expect(f"valid_targets = {valid}", LIB.loom_model_valid_targets(lm.ptr) == valid,
+                   str(LIB.loom_model_valid_targets(lm.ptr)))
+
+        # next_logits: last position of a single sequence of n tokens
+        n = 11
+        toks = np.ascontiguousarray(make_tokens(rng, 1, n, V)[0], dtype=np.int32)
+        p = LIB.loom_model_next_logits(lm.ptr, toks.ctypes.data_as(ctypes.POINTER(ctypes.c_int32)),
+                                       n)
+        nl = np.ctypeslib.as_array(p, shape=(V,)).copy()
+        with torch.no_grad():
+            rl, _ = ref(torch.from_numpy(toks.astype(np.int64))[None])
+        check(f"next_logits n={n}", rel_max(nl, rl[0, -1].numpy()), TOL_LOGITS)
+
+        print(" backward")
+        x, y = make_tokens(rng, B, T, V), make_tokens(rng, B, T, V)
+        y[1, 5:9] = -1
+        LIB.loom_model_zero_grad(lm.ptr)
+        expect("zero_grad zeroes the gradient arena", not np.any(lm.grads))
+        loss, _ = lm.forward(x, y)
+        valid = LIB.loom_model_valid_targets(lm.ptr)
+        LIB.loom_model_backward(lm.ptr, 1.0 / valid)
+        ref.zero_grad(set_to_none=True)
+        _, rloss = ref(torch.from_numpy(x), torch.from_numpy(y))
+        rloss.backward()
+        check(f"loss before backward ({loss:.6f})", abs(loss - rloss.item()) / rloss.item(),
+              TOL_LOSS)
+        tens = lm.tensors()
+        for name in ref.names:
+            g = lm.view(lm.grads, tens[name])
+            rg = ref.get_parameter(name).grad.numpy()
+            check(f"grad {name:20s} max|ref| {np.abs(rg).max():.2e}", rel_max(g, rg), TOL_GRAD)
+        # backward accumulates: a second forward/backward doubles the gradients
+        g1 = lm.grads.copy()
+        lm.forward(x, y)
+        LIB.loom_model_backward(lm.ptr, 1.0 / valid)
+        check("backward accumulates (grads after 2 passes = 2x)", rel_max(lm.grads, 2 * g1),
+              1e-6)
+
+        flops = LIB.loom_model_flops_per_token(lm.ptr, T)
+        expect("flops_per_token >= 6 * N_nonembedding", flops >= 6 * (
+            lm.n - tens["wte"]["numel"] - tens.get("wpe", {"numel": 0})["numel"]),
+            f"{flops:.4g}")
+    finally:
+        lm.free()
+
+
+def check_training(cfg, seed):
+    print(" training (10 AdamW steps)")
+    B, T = 3, cfg["max_seq_len"] - 8
+    lrs = [3e-4, 6e-4, 1e-3, 2e-3, 3e-3, 3e-3, 2e-3, 1.5e-3, 1e-3, 5e-4]
+    wd, betas, eps, clip = 0.1, (0.9, 0.95), 1e-8, 1.0
+    lm = LoomModel(cfg, B, T)
+    opt = AdamW()
+    try:
+        LIB.loom_model_init_weights(lm.ptr, seed)
+        ref = torch_ref.Ref(cfg, dtype=torch.float64)
+        to_torch(lm, ref)
+        topt = torch.optim.AdamW(ref.param_groups(wd), lr=lrs[0], betas=betas, eps=eps)
+        LIB.loom_adamw_init(ctypes.byref(opt), lm.n, betas[0], betas[1], eps, wd)
+        rng = np.random.default_rng(seed + 1)
+        V = cfg["vocab_size"]
+        worst_loss = worst_norm = 0.0
+        losses, rlosses = [], []
+        for step, lr in enumerate(lrs):
+            x, y = pattern_batch(rng, B, T, V)
+            LIB.loom_model_zero_grad(lm.ptr)
+            loss, _ = lm.forward(x, y)
+            LIB.loom_model_backward(lm.ptr, 1.0 / LIB.loom_model_valid_targets(lm.ptr))
+            norm = LIB.loom_clip_grad_norm(LIB.loom_model_grads(lm.ptr), lm.n, clip)
+            LIB.loom_adamw_step(ctypes.byref(opt), lm.ptr, lr)
+
+            topt.zero_grad(set_to_none=True)
+            _, rloss = ref(torch.from_numpy(x), torch.from_numpy(y))
+            rloss.backward()
+            rnorm = torch.nn.utils.clip_grad_norm_(ref.parameters(), clip).item()
+            for g in topt.param_groups:
+                g["lr"] = lr
+            topt.step()
+
+            dl = abs(loss - rloss.item()) / abs(rloss.item())
+            dn = abs(norm - rnorm) / rnorm
+            worst_loss, worst_norm = max(worst_loss, dl), max(worst_norm, dn)
+            losses.append(loss)
+            rlosses.append(rloss.item())
+            print(f"    step {step} lr {lr:.1e}  loss loom {loss:.6f} torch {rloss.item():.6f}"
+                  f" (rel {dl:.1e})  |g| loom {norm:.5f} torch {rnorm:.5f} (rel {dn:.1e})")
+        check("10-step losses, max rel diff", worst_loss, TOL_TRAIN)
+        check("10-step grad norms, max rel diff", worst_norm, TOL_TRAIN)
+        expect("optimizer step count = 10", opt.step == 10, str(opt.step))
+        expect("loss decreased over 10 steps", losses[-1] < losses[0],
+               f"{losses[0]:.4f} -> {losses[-1]:.4f}")
+        tens = lm.tensors()
+        drift = max(rel_max(lm.view(lm.params, tens[n]), ref.get_parameter(n).detach().numpy())
+                    for n in ref.names)
+        print(f"    (info) max rel param difference after 10 steps: {drift:.2e}")
+    finally:
+        if opt.m:
+            LIB.loom_adamw_free(ctypes.byref(opt))
+        lm.free()
+
+
+def check_bad_configs():
+    print("config validation")
+    base = dict(flavor="llama", vocab_size=97, max_seq_len=32, n_layer=2, n_head=4, n_kv_head=2,
+                d_model=64, d_ff=96)
+    bad = [("d_model % n_head != 0", dict(d_model=66)),
+           ("n_head % n_kv_head != 0", dict(n_kv_head=3)),
+           ("vocab_size = 0", dict(vocab_size=0)),
+           ("n_layer = 0", dict(n_layer=0)),
+           ("T > max_seq_len", None)]
+    for what, change in bad:
+        c = torch_ref.normalize_config(base)
+        T = 16
+        if change is None:
+            T = 33
+        else:
+            c.update(change)
+        mc = ModelConfig(c["flavor"], c["vocab_size"], c["max_seq_len"], c["n_layer"],
+                         c["n_head"], c["n_kv_head"], c["d_model"], c["d_ff"], c["norm_eps"],
+                         c["rope_theta"], c["init_std"])
+        ptr, err = ctypes.c_void_p(), Err()
+        rc = LIB.loom_model_create(ctypes.byref(mc), 2, T, ctypes.byref(ptr), ctypes.byref(err))
+        expect(f"rejects {what}", rc == -1 and len(err.msg) > 0, err.msg.decode(errors="replace"))
+        if rc == 0:
+            LIB.loom_model_free(ptr)
+
+
+CONFIGS = {
+    "gpt2": dict(flavor="gpt2", vocab_size=97, max_seq_len=32, n_layer=2, n_head=4, d_model=64,
+                 d_ff=256, norm_eps=1e-5, init_std=0.02),
+    "llama": dict(flavor="llama", vocab_size=256, max_seq_len=32, n_layer=2, n_head=4,
+                  n_kv_head=2, d_model=64, d_ff=96, norm_eps=1e-5, rope_theta=10000.0,
+                  init_std=0.02),
+}
+
+
+def main():
+    torch.set_num_threads(2)
+    for name, cfg in CONFIGS.items():
+        cfg = torch_ref.normalize_config(cfg)
+        print(f"== {name}: {cfg}")
+        check_init(cfg)
+        check_forward_backward(cfg, seed=1234)
+        check_training(cfg, seed=42)
+    check_bad_configs()
+    if FAILURES:
+        print(f"\n{len(FAILURES)} FAILURE(S):")
+        for f in FAILURES:
+            print("  " + f)
+        return 1
+    print("\nall model reference checks passed")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
