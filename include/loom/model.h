@@ -68,6 +68,7 @@ typedef struct loom_tensor_info {
     int ndim;
     int64_t shape[4];
     int decay;          /* 1 when AdamW weight decay applies (matrices and embeddings) */
+    int unit;           /* the unit holding it (see loom_model_num_units) */
 } loom_tensor_info;
 
 typedef struct loom_model loom_model;
@@ -92,6 +93,40 @@ const loom_tensor_info *loom_model_layer_tensor(const loom_model *m, int layer, 
 void loom_model_layer_range(const loom_model *m, int l, size_t *offset, size_t *count);
 /* bytes held by parameter, gradient and activation arenas */
 size_t loom_model_arena_bytes(const loom_model *m);
+
+/* ---- units ----------------------------------------------------------------------------
+ * The arena in contiguous pieces that data parallelism shards, gathers and reduces one at a
+ * time: unit 0 = embeddings (wte, wpe), unit 1+l = layer l, unit L+1 = final (lnf_w, lnf_b,
+ * lm_head). */
+int loom_model_num_units(const loom_model *m);
+void loom_model_unit_range(const loom_model *m, int u, size_t *offset, size_t *count);
+
+/* Where the model finds parameters and puts gradients, one unit at a time. With hooks set,
+ * forward and backward call acquire_params before reading a unit's parameters and
+ * release_params after (phase 0 = forward, 1 = backward; the tied GPT-2 head acquires unit 0
+ * a second time); grads(u) gives the buffer (unit count floats, zeroed by the caller) that
+ * backward accumulates unit u's gradients into, asked once per backward before the first
+ * write; grads_ready(u) says unit u's gradients of this backward are complete (units come
+ * ready in the order L+1 (untied head), L, ..., 1, then 0). */
+typedef struct loom_model_hooks {
+    void *ctx;
+    const float *(*acquire_params)(void *ctx, int unit, int phase);
+    void (*release_params)(void *ctx, int unit, int phase);
+    float *(*grads)(void *ctx, int unit);
+    void (*grads_ready)(void *ctx, int unit);
+} loom_model_hooks;
+/* NULL restores the model's own arenas (which must exist). The hooks struct is copied. */
+void loom_model_set_hooks(loom_model *m, const loom_model_hooks *h);
+
+/* Like loom_model_create; with own_arenas = 0 no parameter or gradient arena is allocated
+ * (loom_model_params/grads return NULL) and hooks must be set before forward. */
+int loom_model_create_ex(const loom_model_config *cfg, int B, int T, int own_arenas,
+                         loom_model **out, loom_err *err);
+
+/* The deterministic init of arena positions [offset, offset + count), written to dst: a shard
+ * of any layout initializes exactly like the same slice of the whole model. */
+void loom_model_init_range(const loom_model *m, uint64_t seed, size_t offset, size_t count,
+                           float *dst);
 
 /* Deterministic init: weights ~ N(0, init_std) keyed by (seed, tensor name, element);
  * GPT-2 residual projections scaled by 1/sqrt(2L); norm weights 1; biases 0. */

@@ -49,8 +49,15 @@ struct loom_model {
     int gidx[LOOM_P_COUNT];  /* index into info, -1 when absent */
     int *lidx;               /* (L, LOOM_L_COUNT) index into info, -1 when absent */
     size_t n_params;
-    float *params;        /* one arena */
+    float *params;        /* one arena (NULL when created without own arenas) */
     float *grads;         /* same layout */
+    int n_units;          /* L + 2 */
+    size_t *unit_off;     /* (U) arena offset of each unit */
+    size_t *unit_cnt;     /* (U) floats in each unit */
+    const float **pbase;  /* (U) where each unit's parameters are now */
+    float **gbase;        /* (U) where each unit's gradients go now */
+    int has_hooks;
+    loom_model_hooks hooks;
     float *act_mem;       /* one arena for acts */
     size_t act_floats;
     acts a;
@@ -85,6 +92,8 @@ static int add_tensor(loom_model *m, size_t *off, int layer, int kind, int prese
     t->decay = decay;
     t->numel = (size_t)d0 * (size_t)(ndim > 1 ? d1 : 1);
     t->offset = *off;
+    t->unit = layer >= 0 ? layer + 1
+                         : (kind == LOOM_P_WTE || kind == LOOM_P_WPE ? 0 : m->cfg.n_layer + 1);
     *off += t->numel;
     return m->n_info++;
 }
@@ -117,6 +126,18 @@ static int check_config(const loom_model_config *c, loom_err *err) {
 
 int loom_model_create(const loom_model_config *cfg, int B, int T, loom_model **out,
                       loom_err *err) {
+    return loom_model_create_ex(cfg, B, T, 1, out, err);
+}
+
+static void point_units_at_arenas(loom_model *m) {
+    for (int u = 0; u < m->n_units; u++) {
+        m->pbase[u] = m->params ? m->params + m->unit_off[u] : NULL;
+        m->gbase[u] = m->grads ? m->grads + m->unit_off[u] : NULL;
+    }
+}
+
+int loom_model_create_ex(const loom_model_config *cfg, int B, int T, int own_arenas,
+                         loom_model **out, loom_err *err) {
     if (check_config(cfg, err) != 0) return -1;
     if (B <= 0 || T <= 0) return loom_errf(err, "model: batch size and sequence length must be positive");
     if (T > cfg->max_seq_len)
@@ -158,8 +179,21 @@ int loom_model_create(const loom_model_config *cfg, int B, int T, loom_model **o
     m->gidx[LOOM_P_LNF_B] = add_tensor(m, &off, -1, LOOM_P_LNF_B, gpt2, 0, 1, C, 0);
     m->gidx[LOOM_P_LM_HEAD] = add_tensor(m, &off, -1, LOOM_P_LM_HEAD, !gpt2, 1, 2, V, C);
     m->n_params = off;
-    m->params = loom_alloc_aligned(off * sizeof(float));
-    m->grads = loom_alloc_aligned(off * sizeof(float));
+    m->n_units = (int)L + 2;
+    m->unit_off = loom_calloc((size_t)m->n_units, sizeof(size_t));
+    m->unit_cnt = loom_calloc((size_t)m->n_units, sizeof(size_t));
+    for (int i = 0; i < m->n_info; i++) { /* tensors are in unit order */
+        const loom_tensor_info *ti = &m->info[i];
+        if (m->unit_cnt[ti->unit] == 0) m->unit_off[ti->unit] = ti->offset;
+        m->unit_cnt[ti->unit] += ti->numel;
+    }
+    m->pbase = loom_calloc((size_t)m->n_units, sizeof(float *));
+    m->gbase = loom_calloc((size_t)m->n_units, sizeof(float *));
+    if (own_arenas) {
+        m->params = loom_alloc_aligned(off * sizeof(float));
+        m->grads = loom_alloc_aligned(off * sizeof(float));
+    }
+    point_units_at_arenas(m);
 
     /* activations: a size table, one allocation, typed pointers into it */
     const int64_t BT = (int64_t)B * T;
@@ -210,6 +244,10 @@ void loom_model_free(loom_model *m) {
     free(m->rope_sin);
     free(m->info);
     free(m->lidx);
+    free(m->unit_off);
+    free(m->unit_cnt);
+    free(m->pbase);
+    free(m->gbase);
     free(m);
 }
 
@@ -251,37 +289,87 @@ size_t loom_model_arena_bytes(const loom_model *m) {
     return (2 * m->n_params + m->act_floats) * sizeof(float);
 }
 
-void loom_model_zero_grad(loom_model *m) { memset(m->grads, 0, m->n_params * sizeof(float)); }
+void loom_model_zero_grad(loom_model *m) {
+    if (m->grads) memset(m->grads, 0, m->n_params * sizeof(float));
+}
 
-void loom_model_init_weights(loom_model *m, uint64_t seed) {
-    const float std = m->cfg.init_std;
-    const float proj_std = std / sqrtf(2.0f * (float)m->cfg.n_layer);
-    for (int i = 0; i < m->n_info; i++) {
-        const loom_tensor_info *t = &m->info[i];
-        float *w = m->params + t->offset;
-        const uint64_t stream = loom_hash_str(t->name);
-        const int g = t->layer < 0;
-        const int is_norm = g ? (t->kind == LOOM_P_LNF_W)
-                              : (t->kind == LOOM_L_LN1_W || t->kind == LOOM_L_LN2_W);
-        if (is_norm) {
-            for (size_t k = 0; k < t->numel; k++) w[k] = 1.0f;
-        } else if (!t->decay) { /* biases */
-            memset(w, 0, t->numel * sizeof(float));
-        } else {
-            const float s = (!g && (t->kind == LOOM_L_ATTN_PROJ_W || t->kind == LOOM_L_FC_PROJ_W))
-                                ? proj_std : std;
-            #pragma omp parallel for schedule(static)
-            for (size_t k = 0; k < t->numel; k++) w[k] = s * loom_rng_normal(seed, stream, k);
-        }
+int loom_model_num_units(const loom_model *m) { return m->n_units; }
+
+void loom_model_unit_range(const loom_model *m, int u, size_t *offset, size_t *count) {
+    LOOM_CHECK(u >= 0 && u < m->n_units);
+    *offset = m->unit_off[u];
+    *count = m->unit_cnt[u];
+}
+
+void loom_model_set_hooks(loom_model *m, const loom_model_hooks *h) {
+    if (h) {
+        m->hooks = *h;
+        m->has_hooks = 1;
+    } else {
+        LOOM_CHECK(m->params && m->grads);
+        m->has_hooks = 0;
+        point_units_at_arenas(m);
     }
 }
 
+/* hooks around each use of a unit's parameters; a no-op without hooks */
+static void acquire(loom_model *m, int u, int phase) {
+    if (m->has_hooks && m->hooks.acquire_params) m->pbase[u] = m->hooks.acquire_params(m->hooks.ctx, u, phase);
+    LOOM_CHECK(m->pbase[u] != NULL);
+}
+static void release(loom_model *m, int u, int phase) {
+    if (m->has_hooks && m->hooks.release_params) m->hooks.release_params(m->hooks.ctx, u, phase);
+}
+static void grads_ready(loom_model *m, int u) {
+    if (m->has_hooks && m->hooks.grads_ready) m->hooks.grads_ready(m->hooks.ctx, u);
+}
+
+/* init value of element k of tensor t */
+static float init_value(const loom_model *m, const loom_tensor_info *t, uint64_t seed,
+                        uint64_t stream, size_t k) {
+    const int g = t->layer < 0;
+    const int is_norm = g ? (t->kind == LOOM_P_LNF_W)
+                          : (t->kind == LOOM_L_LN1_W || t->kind == LOOM_L_LN2_W);
+    if (is_norm) return 1.0f;
+    if (!t->decay) return 0.0f; /* biases */
+    const float std = m->cfg.init_std;
+    const float s = (!g && (t->kind == LOOM_L_ATTN_PROJ_W || t->kind == LOOM_L_FC_PROJ_W))
+                        ? std / sqrtf(2.0f * (float)m->cfg.n_layer)
+                        : std;
+    return s * loom_rng_normal(seed, stream, k);
+}
+
+void loom_model_init_range(const loom_model *m, uint64_t seed, size_t offset, size_t count,
+                           float *dst) {
+    for (int i = 0; i < m->n_info; i++) {
+        const loom_tensor_info *t = &m->info[i];
+        const size_t lo = t->offset > offset ? t->offset : offset;
+        const size_t hi = t->offset + t->numel < offset + count ? t->offset + t->numel
+                                                                : offset + count;
+        if (lo >= hi) continue;
+        const uint64_t stream = loom_hash_str(t->name);
+        #pragma omp parallel for schedule(static)
+        for (size_t k = lo; k < hi; k++)
+            dst[k - offset] = init_value(m, t, seed, stream, k - t->offset);
+    }
+}
+
+void loom_model_init_weights(loom_model *m, uint64_t seed) {
+    LOOM_CHECK(m->params != NULL);
+    loom_model_init_range(m, seed, 0, m->n_params, m->params);
+}
+
 /* typed views: global tensors by LOOM_P_*, layer tensors by LOOM_L_*; NULL when absent */
-static float *view(float *base, const loom_tensor_info *t) { return t ? base + t->offset : NULL; }
-#define PARAM(m, id) view((m)->params, loom_model_global((m), (id)))
-#define GRAD(m, id) view((m)->grads, loom_model_global((m), (id)))
-#define LP(m, id, l) view((m)->params, loom_model_layer_tensor((m), (l), (id)))
-#define LG(m, id, l) view((m)->grads, loom_model_layer_tensor((m), (l), (id)))
+static const float *pview(const loom_model *m, const loom_tensor_info *t) {
+    return t ? m->pbase[t->unit] + (t->offset - m->unit_off[t->unit]) : NULL;
+}
+static float *gview(const loom_model *m, const loom_tensor_info *t) {
+    return t ? m->gbase[t->unit] + (t->offset - m->unit_off[t->unit]) : NULL;
+}
+#define PARAM(m, id) pview((m), loom_model_global((m), (id)))
+#define GRAD(m, id) gview((m), loom_model_global((m), (id)))
+#define LP(m, id, l) pview((m), loom_model_layer_tensor((m), (l), (id)))
+#define LG(m, id, l) gview((m), loom_model_layer_tensor((m), (l), (id)))
 
 static void norm_fwd(const loom_model *m, float *out, float *mean, float *rstd, const float *in,
                      const float *w, const float *b, int64_t N) {
@@ -314,8 +402,11 @@ float loom_model_forward(loom_model *m, const int32_t *inputs, const int32_t *ta
     memcpy(m->inputs, inputs, (size_t)BT * sizeof(int32_t));
     for (int64_t i = 0; i < BT; i++) LOOM_CHECK(inputs[i] >= 0 && inputs[i] < V);
 
+    const int U_FINAL = L + 1;
+    acquire(m, 0, 0);
     embedding_forward(a->encoded, inputs, PARAM(m, LOOM_P_WTE), PARAM(m, LOOM_P_WPE),
                       B, T, C, 0);
+    release(m, 0, 0);
     const float *residual = a->encoded;
     /* per-layer strides use the arena's maximum sizes so a smaller batch still fits */
     const int64_t mBT = (int64_t)m->maxB * m->maxT;
@@ -328,6 +419,7 @@ float loom_model_forward(loom_model *m, const int32_t *inputs, const int32_t *ta
         float *ln2_rstd = a->ln2_rstd + l * mBT, *fch = a->fch + l * mBT * FFI;
         float *fch_act = a->fch_act + l * mBT * F, *res3 = a->res3 + l * mBT * C;
 
+        acquire(m, l + 1, 0);
         norm_fwd(m, ln1, ln1_mean, ln1_rstd, residual, LP(m, LOOM_L_LN1_W, l),
                  LP(m, LOOM_L_LN1_B, l), BT);
         matmul_forward(qkv, ln1, LP(m, LOOM_L_QKV_W, l), LP(m, LOOM_L_QKV_B, l), BT, C, QKV);
@@ -347,12 +439,17 @@ float loom_model_forward(loom_model *m, const int32_t *inputs, const int32_t *ta
         matmul_forward(res3, fch_act, LP(m, LOOM_L_FC_PROJ_W, l), LP(m, LOOM_L_FC_PROJ_B, l), BT,
                        F, C);
         residual_forward(res3, res3, res2, BT * C);
+        release(m, l + 1, 0);
         residual = res3;
     }
+    acquire(m, U_FINAL, 0);
+    if (gpt2) acquire(m, 0, 0); /* the tied head reads wte */
     norm_fwd(m, a->lnf, a->lnf_mean, a->lnf_rstd, residual, PARAM(m, LOOM_P_LNF_W),
              PARAM(m, LOOM_P_LNF_B), BT);
     const float *head = gpt2 ? PARAM(m, LOOM_P_WTE) : PARAM(m, LOOM_P_LM_HEAD);
     matmul_forward(a->logits, a->lnf, head, NULL, BT, C, V);
+    if (gpt2) release(m, 0, 0);
+    release(m, U_FINAL, 0);
 
     m->has_targets = targets != NULL;
     m->valid = 0;
@@ -378,8 +475,14 @@ void loom_model_backward(loom_model *m, float dscale) {
     const int gpt2 = c->flavor == LOOM_FLAVOR_GPT2;
     acts *a = &m->a;
 
+    const int U_FINAL = L + 1;
+    if (m->has_hooks && m->hooks.grads)
+        for (int u = 0; u < m->n_units; u++) m->gbase[u] = m->hooks.grads(m->hooks.ctx, u);
+    for (int u = 0; u < m->n_units; u++) LOOM_CHECK(m->gbase[u] != NULL);
     /* head: logits become dlogits in place */
     crossentropy_softmax_backward(a->logits, m->targets, BT, V, dscale);
+    acquire(m, U_FINAL, 1);
+    if (gpt2) acquire(m, 0, 1);
     const float *head = gpt2 ? PARAM(m, LOOM_P_WTE) : PARAM(m, LOOM_P_LM_HEAD);
     float *dhead = gpt2 ? GRAD(m, LOOM_P_WTE) : GRAD(m, LOOM_P_LM_HEAD);
     memset(a->dln, 0, (size_t)BT * C * sizeof(float));
@@ -388,6 +491,9 @@ void loom_model_backward(loom_model *m, float dscale) {
     memset(a->dres, 0, (size_t)BT * C * sizeof(float));
     norm_bwd(m, a->dres, GRAD(m, LOOM_P_LNF_W), GRAD(m, LOOM_P_LNF_B), a->dln, last,
              PARAM(m, LOOM_P_LNF_W), a->lnf_mean, a->lnf_rstd, BT);
+    if (gpt2) release(m, 0, 1);
+    release(m, U_FINAL, 1);
+    grads_ready(m, U_FINAL);
 
     for (int l = L - 1; l >= 0; l--) {
         const float *residual = l == 0 ? a->encoded : a->res3 + (l - 1) * mBT * C;
@@ -399,6 +505,7 @@ void loom_model_backward(loom_model *m, float dscale) {
         float *ln2_rstd = a->ln2_rstd + l * mBT, *fch = a->fch + l * mBT * FFI;
         float *fch_act = a->fch_act + l * mBT * F;
 
+        acquire(m, l + 1, 1);
         /* MLP: res3 = res2 + fc_proj(act(fc(ln2(res2)))); a->dres holds d res3 */
         memset(a->dfch_act, 0, (size_t)BT * F * sizeof(float));
         matmul_backward(a->dfch_act, LG(m, LOOM_L_FC_PROJ_W, l), LG(m, LOOM_L_FC_PROJ_B, l),
@@ -426,9 +533,12 @@ void loom_model_backward(loom_model *m, float dscale) {
                         LP(m, LOOM_L_QKV_W, l), BT, C, QKV);
         norm_bwd(m, a->dres, LG(m, LOOM_L_LN1_W, l), LG(m, LOOM_L_LN1_B, l), a->dln, residual,
                  LP(m, LOOM_L_LN1_W, l), ln1_mean, ln1_rstd, BT);
+        release(m, l + 1, 1);
+        grads_ready(m, l + 1);
     }
     embedding_backward(GRAD(m, LOOM_P_WTE), GRAD(m, LOOM_P_WPE), a->dres, m->inputs,
                        B, T, C, 0);
+    grads_ready(m, 0);
     m->has_targets = 0;
 }
 
