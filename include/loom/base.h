@@ -28,6 +28,9 @@ int loom_err_prefix(loom_err *err, const char *fmt, ...) __attribute__((format(p
     ((cond) ? (void)0 : loom_panic(__FILE__, __LINE__, "check failed: %s", #cond))
 void loom_panic(const char *file, int line, const char *fmt, ...)
     __attribute__((noreturn, format(printf, 3, 4)));
+/* A hook loom_panic calls (with the formatted "file:line: message") after printing and before
+ * abort(); NULL removes it. comm sets one that ends the whole distributed job (MPI_Abort). */
+void loom_set_fatal_hook(void (*hook)(const char *msg));
 
 /* Checked allocation: aborts with file:line when memory runs out. */
 #define loom_malloc(n) loom_malloc_at((n), __FILE__, __LINE__)

@@ -35,14 +35,22 @@ int loom_err_prefix(loom_err *err, const char *fmt, ...) {
     return -1;
 }
 
+static void (*fatal_hook)(const char *msg);
+
+void loom_set_fatal_hook(void (*hook)(const char *msg)) { fatal_hook = hook; }
+
 void loom_panic(const char *file, int line, const char *fmt, ...) {
+    char msg[1024];
+    int n = snprintf(msg, sizeof msg, "%s:%d: ", file, line);
     va_list ap;
-    fprintf(stderr, "loom: fatal: %s:%d: ", file, line);
     va_start(ap, fmt);
-    vfprintf(stderr, fmt, ap);
+    if (n >= 0 && (size_t)n < sizeof msg) vsnprintf(msg + n, sizeof msg - (size_t)n, fmt, ap);
     va_end(ap);
-    fputc('\n', stderr);
+    fprintf(stderr, "loom: fatal: %s\n", msg);
     fflush(stderr);
+    void (*hook)(const char *) = fatal_hook;
+    fatal_hook = NULL; /* a panic inside the hook must not recurse */
+    if (hook) hook(msg);
     abort();
 }
 

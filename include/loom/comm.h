@@ -1,0 +1,209 @@
+/* loom comm: the process mesh (dp x pp x cp x tp, ep carved from dp x cp), checked
+ * collectives with a timeout, and the failure behaviour of a distributed run.
+ *
+ * One process is a world of one: when no launcher started us (no mpirun, no srun --mpi=...)
+ * loom_comm_init makes no MPI call at all, every group has one rank and every collective is
+ * a local copy. Under a launcher MPI is initialised (MPI_THREAD_FUNNELED: only the main
+ * thread calls MPI; OpenMP threads inside kernels never do).
+ *
+ * Mesh order (TP innermost, DP outermost), for world rank r:
+ *     r = ((dp_idx * pp + pp_idx) * cp + cp_idx) * tp + tp_idx
+ * EP is carved from dp x cp: with dc = dp_idx * cp + cp_idx, ep_idx = dc % ep and
+ * edp_idx = dc / ep. The EP group holds the ranks with the same (pp, tp, edp) indices; the
+ * EDP group (expert data parallel: where expert gradients are reduced) the ranks with the same
+ * (pp, tp, ep) indices.
+ *
+ * Failure behaviour: a fatal error on any rank (loom_panic, loom_comm_fail, loom_comm_abort,
+ * SIGSEGV/SIGBUS/SIGFPE/SIGABRT/SIGTERM) ends the whole job through MPI_Abort. A collective that
+ * does not complete within the mesh's timeout ends the job with a message naming the collective,
+ * its group and the ranks of that group that have not entered it yet (see docs/distributed.md). */
+#ifndef LOOM_COMM_H
+#define LOOM_COMM_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <mpi.h>
+#include "loom/base.h"
+#include "loom/config.h"
+
+/* ---- process ------------------------------------------------------------------------- */
+
+/* Initialises MPI when a launcher started this process (OMPI_COMM_WORLD_SIZE, PMIX_RANK,
+ * PMI_RANK/PMI_SIZE, or srun with SLURM_STEP_NUM_TASKS > 1; LOOM_MPI=1 forces it, LOOM_MPI=0
+ * forbids it); otherwise a world of one with no MPI call at all. Under MPI it also installs the
+ * fatal hook (loom_panic -> MPI_Abort) and the signal handlers. Idempotent. An error (srun
+ * started N tasks but MPI sees a world of one: wrong --mpi plugin) fills err. */
+int loom_comm_init(int *argc, char ***argv, loom_err *err);
+/* MPI_Finalize when MPI was initialised by loom_comm_init; a no-op otherwise. */
+void loom_comm_finalize(void);
+int loom_comm_world_rank(void);
+int loom_comm_world_size(void);
+/* 1 when MPI is up (a launcher started us), 0 for a world of one without MPI. */
+int loom_comm_mpi_active(void);
+
+/* Threads per rank: max(1, min(CPUs in this process's affinity mask, CPUs of the node / ranks
+ * on the node, SLURM_CPUS_PER_TASK when set)); ranks on the node come from
+ * MPI_Comm_split_type(MPI_COMM_TYPE_SHARED). Collective over the world when MPI is up (call it
+ * on every rank, e.g. right after loom_comm_init). */
+int loom_comm_default_threads(void);
+
+/* Ends the whole job: prints "loom: rank R: <message>" to stderr, then MPI_Abort(world, code)
+ * when MPI is up, exit(code) otherwise. */
+void loom_comm_abort(int code, const char *fmt, ...) __attribute__((noreturn, format(printf, 2, 3)));
+/* "Bad input seen by one rank": prints "loom: rank R: error: <err->msg>" and ends the whole
+ * job with exit code 1 (MPI_Abort under MPI, exit(1) otherwise). */
+void loom_comm_fail(const loom_err *err) __attribute__((noreturn));
+/* An error every rank sees identically (a config or layout error): rank 0 prints it once and
+ * ends the job; the other ranks wait up to 5 s for that, then end it themselves. */
+void loom_comm_fail_all(const loom_err *err) __attribute__((noreturn));
+
+/* ---- mesh ---------------------------------------------------------------------------- */
+
+typedef enum loom_group {
+    LOOM_GROUP_WORLD = 0,
+    LOOM_GROUP_DP,   /* data parallel: same (pp, cp, tp) */
+    LOOM_GROUP_TP,   /* tensor parallel: consecutive world ranks */
+    LOOM_GROUP_PP,   /* pipeline stages: same (dp, cp, tp) */
+    LOOM_GROUP_CP,   /* context parallel: same (dp, pp, tp) */
+    LOOM_GROUP_EP,   /* expert parallel: same (pp, tp, edp), ep ranks of dp x cp */
+    LOOM_GROUP_DPCP, /* dp x cp: same (pp, tp); where dense gradients are reduced with cp > 1 */
+    LOOM_GROUP_EDP,  /* expert data parallel: same (pp, tp, ep); where expert gradients go */
+    LOOM_GROUP_COUNT
+} loom_group;
+
+/* Degrees of parallelism (each >= 1). dp_auto: dp = world / (tp * pp * cp). timeout_s: how long
+ * a collective may take before the job is ended (> 0). */
+typedef struct loom_mesh_spec {
+    int dp, tp, pp, cp, ep;
+    int dp_auto;
+    double timeout_s;
+} loom_mesh_spec;
+
+/* What the model needs divisible. A field <= 0 is not checked. */
+typedef struct loom_mesh_dims {
+    int n_head;    /* H:   % tp */
+    int n_kv_head; /* KVH: % tp */
+    int n_layer;   /* L:   % pp */
+    int seq_len;   /* T:   % cp */
+    int n_expert;  /* E:   % ep (ep > 1 needs E > 0) */
+} loom_mesh_dims;
+
+/* The parallel.* keys (dp, tp, pp, cp, ep, timeout_s) for a config schema. */
+extern const loom_config_key loom_comm_config_keys[];
+extern const int loom_comm_config_nkeys;
+
+/* defaults: all degrees 1, dp_auto = 1, timeout 600 s */
+void loom_mesh_spec_default(loom_mesh_spec *s);
+/* Reads parallel.dp (an integer or "auto"), .tp, .pp, .cp, .ep, .timeout_s; an absent key keeps
+ * its default. Errors name the key, its value and where it was set. */
+int loom_mesh_spec_from_config(const loom_config *c, loom_mesh_spec *s, loom_err *err);
+/* Checks a layout against a world size and model dims without building anything (no MPI). The
+ * error names the parallel.* key and the model.* key involved. *out gets dp resolved. */
+int loom_mesh_validate(const loom_mesh_spec *s, int world_size, const loom_mesh_dims *dims,
+                       loom_mesh_spec *out, loom_err *err);
+
+typedef struct loom_mesh loom_mesh;
+
+/* Validates the spec against the world size and dims (dims may be NULL), then builds every
+ * group's communicator with MPI_Comm_split (collective over the world: every rank calls it with
+ * the same spec) and the progress window used to name missing ranks on a timeout. A world of
+ * one without MPI gets MPI_COMM_NULL communicators. */
+int loom_mesh_create(const loom_mesh_spec *s, const loom_mesh_dims *dims, loom_mesh **out,
+                     loom_err *err);
+/* Collective over the world. NULL is a no-op. */
+void loom_mesh_free(loom_mesh *m);
+
+int loom_mesh_rank(const loom_mesh *m, loom_group g);
+int loom_mesh_size(const loom_mesh *m, loom_group g);
+/* MPI_COMM_NULL in a world of one without MPI. Owned by the mesh. */
+MPI_Comm loom_mesh_comm(const loom_mesh *m, loom_group g);
+/* World rank of the group's member number i (0 <= i < size). */
+int loom_mesh_group_world_rank(const loom_mesh *m, loom_group g, int i);
+/* The resolved spec (dp filled in). */
+const loom_mesh_spec *loom_mesh_layout(const loom_mesh *m);
+const char *loom_group_name(loom_group g);
+/* "dp=2 tp=2 pp=1 cp=1 ep=1 (world 4)" into buf; returns buf. */
+char *loom_mesh_describe(const loom_mesh *m, char *buf, size_t size);
+
+/* ---- checked collectives -------------------------------------------------------------
+ * Each waits by polling MPI_Test with backoff; when it has not completed within the mesh's
+ * timeout it prints "loom: rank R: allreduce #17 on dp (4 ranks) did not complete within 600 s;
+ * ranks still missing: 2, 3" (world ranks that have not entered collective #17 on that group)
+ * and aborts the job. Counts are element counts; buffers must not alias unless stated. On a
+ * group of one rank each is a local copy. All members of a group must call the group's
+ * collectives in the same order (as MPI requires). */
+
+typedef enum loom_dtype { LOOM_F32 = 0, LOOM_F64, LOOM_I32, LOOM_I64, LOOM_U8 } loom_dtype;
+size_t loom_dtype_size(loom_dtype t);
+
+/* In-place sum over the group. Sum is only defined for the numeric types (all of them). */
+void loom_allreduce_sum(loom_mesh *m, loom_group g, void *buf, size_t count, loom_dtype t);
+/* Max (e.g. for a global grad-norm check or "any rank saw a NaN"). */
+void loom_allreduce_max(loom_mesh *m, loom_group g, void *buf, size_t count, loom_dtype t);
+/* Sum of send (count elements on every rank), scattered: rank i of the group gets the slice
+ * loom_shard(count, size, i) into recv. count need not be divisible by the group size: the
+ * first count % size ranks get one element more. */
+void loom_reduce_scatter_sum(loom_mesh *m, loom_group g, const void *send, void *recv,
+                             size_t count, loom_dtype t);
+/* Inverse layout: rank i contributes its slice loom_shard(count, size, i) (send) and every
+ * rank gets all count elements in recv. send may point into recv at its own slice. */
+void loom_allgather(loom_mesh *m, loom_group g, const void *send, void *recv, size_t count,
+                    loom_dtype t);
+/* Equal blocks: send holds size blocks of block elements; block j goes to member j. */
+void loom_alltoall(loom_mesh *m, loom_group g, const void *send, void *recv, size_t block,
+                   loom_dtype t);
+/* root is the member number in the group (0 <= root < size). */
+void loom_broadcast(loom_mesh *m, loom_group g, void *buf, size_t count, loom_dtype t, int root);
+void loom_barrier(loom_mesh *m, loom_group g);
+
+/* The slice of n elements that member i of `size` owns: [*off, *off + *len). */
+void loom_shard(size_t n, int size, int i, size_t *off, size_t *len);
+
+/* Non-blocking variants: start now, complete in loom_comm_wait (the timeout counts the time
+ * spent in the wait, so compute overlapped with the collective never counts against it).
+ * Buffers must stay untouched until then. A request is freed by the wait. */
+typedef struct loom_comm_req loom_comm_req;
+loom_comm_req *loom_iallreduce_sum(loom_mesh *m, loom_group g, void *buf, size_t count,
+                                   loom_dtype t);
+loom_comm_req *loom_ireduce_scatter_sum(loom_mesh *m, loom_group g, const void *send, void *recv,
+                                        size_t count, loom_dtype t);
+loom_comm_req *loom_iallgather(loom_mesh *m, loom_group g, const void *send, void *recv,
+                               size_t count, loom_dtype t);
+void loom_comm_wait(loom_comm_req *r);
+/* 1 when complete (the request is then freed and must not be used again), 0 otherwise. */
+int loom_comm_test(loom_comm_req *r);
+
+/* Checked wait for MPI requests the caller started itself on a group's communicator (pipeline
+ * send/recv, ring attention): waits with the mesh's timeout and names `what` in the message. */
+void loom_comm_waitall(loom_mesh *m, loom_group g, int n, MPI_Request *reqs, const char *what);
+
+/* ---- accounting ----------------------------------------------------------------------
+ * Per kind of collective: calls, bytes sent by this rank as a ring algorithm would send them
+ * (allreduce 2(N-1)/N * bytes, reduce-scatter / allgather / alltoall (N-1)/N * bytes of the full
+ * buffer, broadcast bytes for N > 1, barrier 0), seconds from start to observed completion, and
+ * seconds spent blocked in a wait. Groups of one rank count calls only. */
+typedef enum loom_coll_kind {
+    LOOM_COLL_ALLREDUCE = 0,
+    LOOM_COLL_REDUCE_SCATTER,
+    LOOM_COLL_ALLGATHER,
+    LOOM_COLL_ALLTOALL,
+    LOOM_COLL_BROADCAST,
+    LOOM_COLL_BARRIER,
+    LOOM_COLL_P2P,
+    LOOM_COLL_KIND_COUNT
+} loom_coll_kind;
+typedef struct loom_comm_stats {
+    int64_t calls[LOOM_COLL_KIND_COUNT];
+    double bytes[LOOM_COLL_KIND_COUNT];
+    double time_s[LOOM_COLL_KIND_COUNT];
+    double wait_s[LOOM_COLL_KIND_COUNT];
+    /* sums over the kinds */
+    int64_t total_calls;
+    double total_bytes, total_time_s, total_wait_s;
+} loom_comm_stats;
+const char *loom_coll_kind_name(loom_coll_kind k);
+/* Copies the counters accumulated since the last reset (totals filled in). */
+void loom_comm_stats_get(const loom_mesh *m, loom_comm_stats *out);
+void loom_comm_stats_reset(loom_mesh *m);
+
+#endif

@@ -1,0 +1,423 @@
+/* Checked collectives: every collective is started non-blocking and completed by polling
+ * MPI_Testall with backoff, so that a wait longer than the mesh's timeout can end the job with
+ * a message naming the collective and the ranks that have not entered it (read from the
+ * progress window, see mesh.c). Per-kind accounting of calls, ring bytes and time. */
+#define _GNU_SOURCE
+#include "comm_internal.h"
+
+#include <limits.h>
+#include <stdarg.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+/* MPI counts are int: bigger buffers go in chunks of this many elements */
+#define CHUNK ((size_t)1 << 30)
+
+struct loom_comm_req {
+    loom_mesh *m;
+    loom_group g;
+    loom_coll_kind kind;
+    int64_t seq;
+    double t0, bytes;
+    int n;
+    MPI_Request *reqs; /* (n) */
+    int *counts, *displs; /* (group size) for the v-variants; live until completion */
+    int borrowed;         /* reqs belong to the caller (loom_comm_waitall) */
+};
+
+static const char *kind_names[LOOM_COLL_KIND_COUNT] = {
+    "allreduce", "reduce_scatter", "allgather", "alltoall", "broadcast", "barrier", "p2p"};
+
+const char *loom_coll_kind_name(loom_coll_kind k) {
+    return k >= 0 && k < LOOM_COLL_KIND_COUNT ? kind_names[k] : "?";
+}
+
+size_t loom_dtype_size(loom_dtype t) {
+    switch (t) {
+    case LOOM_F32: return 4;
+    case LOOM_F64: return 8;
+    case LOOM_I32: return 4;
+    case LOOM_I64: return 8;
+    case LOOM_U8: return 1;
+    }
+    LOOM_CHECK(0);
+    return 0;
+}
+
+static MPI_Datatype mpi_type(loom_dtype t) {
+    switch (t) {
+    case LOOM_F32: return MPI_FLOAT;
+    case LOOM_F64: return MPI_DOUBLE;
+    case LOOM_I32: return MPI_INT32_T;
+    case LOOM_I64: return MPI_INT64_T;
+    case LOOM_U8: return MPI_UINT8_T;
+    }
+    LOOM_CHECK(0);
+    return MPI_DATATYPE_NULL;
+}
+
+void loom_shard(size_t n, int size, int i, size_t *off, size_t *len) {
+    LOOM_CHECK(size >= 1 && i >= 0 && i < size);
+    size_t base = n / (size_t)size, extra = n % (size_t)size, ui = (size_t)i;
+    *off = ui * base + (ui < extra ? ui : extra);
+    *len = base + (ui < extra ? 1 : 0);
+}
+
+/* ---- progress + accounting ------------------------------------------------------------ */
+
+static void publish(loom_mesh *m, loom_group g, loom_coll_kind k, int64_t seq, int done) {
+    int64_t *p = m->progress;
+    if (!done) {
+        __atomic_store_n(&p[g], seq, __ATOMIC_RELEASE);
+        __atomic_store_n(&p[PROG_LAST_GROUP], (int64_t)g, __ATOMIC_RELEASE);
+        __atomic_store_n(&p[PROG_LAST_KIND], (int64_t)k, __ATOMIC_RELEASE);
+        __atomic_store_n(&p[PROG_LAST_SEQ], seq, __ATOMIC_RELEASE);
+    }
+    __atomic_store_n(&p[PROG_DONE], (int64_t)done, __ATOMIC_RELEASE);
+    if (m->win_ok) MPI_Win_sync(m->win);
+}
+
+static loom_comm_req *req_new(loom_mesh *m, loom_group g, loom_coll_kind k, double bytes,
+                              int nreq) {
+    LOOM_CHECK(m && g >= 0 && g < LOOM_GROUP_COUNT);
+    loom_comm_req *r = loom_calloc(1, sizeof *r);
+    r->m = m;
+    r->g = g;
+    r->kind = k;
+    r->seq = k == LOOM_COLL_P2P ? m->g[g].seq : ++m->g[g].seq;
+    r->t0 = loom_now();
+    r->bytes = m->g[g].size > 1 ? bytes : 0;
+    r->n = nreq;
+    r->reqs = loom_calloc(nreq > 0 ? (size_t)nreq : 1, sizeof(MPI_Request));
+    for (int i = 0; i < nreq; i++) r->reqs[i] = MPI_REQUEST_NULL;
+    m->stats.calls[k]++;
+    m->stats.bytes[k] += r->bytes;
+    if (k != LOOM_COLL_P2P) publish(m, g, k, r->seq, 0);
+    return r;
+}
+
+static void req_done(loom_comm_req *r, double waited) {
+    loom_mesh *m = r->m;
+    m->stats.time_s[r->kind] += loom_now() - r->t0;
+    m->stats.wait_s[r->kind] += waited;
+    if (r->kind != LOOM_COLL_P2P) publish(m, r->g, r->kind, r->seq, 1);
+    if (!r->borrowed) free(r->reqs);
+    free(r->counts);
+    free(r->displs);
+    free(r);
+}
+
+/* ---- the timeout report --------------------------------------------------------------- */
+
+/* Reads the progress slots of the group's members into slots (size * PROG_SLOTS); ok[i] = 1
+ * where the read completed within a few seconds (a read never blocks us for longer). */
+static void read_progress(loom_mesh *m, const comm_group *cg, int64_t *slots, int *ok) {
+    int n = cg->size;
+    MPI_Request *rq = loom_calloc((size_t)n, sizeof *rq);
+    for (int i = 0; i < n; i++) {
+        ok[i] = 0;
+        rq[i] = MPI_REQUEST_NULL;
+        MPI_Rget(slots + (size_t)i * PROG_SLOTS, PROG_SLOTS, MPI_INT64_T, cg->members[i], 0,
+                 PROG_SLOTS, MPI_INT64_T, m->win, &rq[i]);
+    }
+    double t_end = loom_now() + 5.0;
+    int left = n;
+    while (left > 0 && loom_now() < t_end) {
+        for (int i = 0; i < n; i++) {
+            if (ok[i]) continue;
+            int flag = 0;
+            MPI_Test(&rq[i], &flag, MPI_STATUS_IGNORE);
+            if (flag) { ok[i] = 1; left--; }
+        }
+        if (left > 0) {
+            struct timespec ts = {0, 1000000};
+            nanosleep(&ts, NULL);
+        }
+    }
+    free(rq); /* requests still pending are abandoned: the job is about to be aborted */
+}
+
+static void append(char *buf, size_t cap, size_t *at, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+static void append(char *buf, size_t cap, size_t *at, const char *fmt, ...) {
+    if (*at >= cap) return;
+    va_list ap;
+    va_start(ap, fmt);
+    int n = vsnprintf(buf + *at, cap - *at, fmt, ap);
+    va_end(ap);
+    if (n > 0) *at = *at + (size_t)n < cap ? *at + (size_t)n : cap;
+}
+
+static void describe_slot(char *buf, size_t cap, size_t *at, const int64_t *s) {
+    int64_t g = s[PROG_LAST_GROUP], k = s[PROG_LAST_KIND], q = s[PROG_LAST_SEQ];
+    if (q <= 0) { append(buf, cap, at, "no collective yet"); return; }
+    append(buf, cap, at, "%s %s #%lld on %s", s[PROG_DONE] ? "finished" : "inside",
+           loom_coll_kind_name((loom_coll_kind)k), (long long)q, loom_group_name((loom_group)g));
+}
+
+static void timeout_abort(loom_comm_req *r, const char *what) {
+    loom_mesh *m = r->m;
+    const comm_group *cg = &m->g[r->g];
+    char head[256];
+    if (what)
+        snprintf(head, sizeof head, "%s (%s) on %s (%d ranks)", what,
+                 loom_coll_kind_name(r->kind), loom_group_name(r->g), cg->size);
+    else
+        snprintf(head, sizeof head, "%s #%lld on %s (%d ranks)", loom_coll_kind_name(r->kind),
+                 (long long)r->seq, loom_group_name(r->g), cg->size);
+    char msg[4096];
+    size_t at = 0;
+    append(msg, sizeof msg, &at, "%s did not complete within %g s", head, m->spec.timeout_s);
+    char detail[4096];
+    size_t dat = 0;
+    if (m->win_ok) {
+        int64_t *slots = loom_calloc((size_t)cg->size * PROG_SLOTS, sizeof(int64_t));
+        int *ok = loom_calloc((size_t)cg->size, sizeof(int));
+        read_progress(m, cg, slots, ok);
+        int nmiss = 0;
+        for (int i = 0; i < cg->size; i++) {
+            const int64_t *s = slots + (size_t)i * PROG_SLOTS;
+            int w = cg->members[i];
+            if (w == m->world_rank) continue;
+            /* p2p: no sequence to compare, so every other member's activity is shown */
+            int missing = r->kind == LOOM_COLL_P2P || !ok[i] || s[r->g] < r->seq;
+            if (!missing) continue;
+            if (r->kind != LOOM_COLL_P2P) {
+                append(msg, sizeof msg, &at, "%s%d", nmiss ? ", " : "; ranks still missing: ", w);
+                nmiss++;
+            }
+            append(detail, sizeof detail, &dat, "\nloom: rank %d:   rank %d: ", m->world_rank, w);
+            if (ok[i]) describe_slot(detail, sizeof detail, &dat, s);
+            else append(detail, sizeof detail, &dat, "not responding (its progress could not be read)");
+        }
+        if (r->kind != LOOM_COLL_P2P && nmiss == 0)
+            append(msg, sizeof msg, &at, "; every rank of the group entered it (a rank may have "
+                                         "died inside it, or the network stalled)");
+        free(slots);
+        free(ok);
+    } else {
+        append(msg, sizeof msg, &at, "; ranks still missing: unknown (this MPI's windows use the "
+                                     "separate memory model)");
+    }
+    loom_comm_abort(75, "%s%s", msg, dat ? detail : "");
+}
+
+/* Polls until every request completes: busy for ~100 tests, then sleeps growing from 1 us to
+ * 1 ms between tests. Past the timeout (counted from entering the wait) the job ends. */
+static void wait_checked(loom_comm_req *r, const char *what) {
+    double t_in = loom_now();
+    if (r->n > 0) {
+        double deadline = t_in + r->m->spec.timeout_s;
+        long sleep_ns = 0;
+        int spins = 0;
+        for (;;) {
+            int flag = 0;
+            MPI_Testall(r->n, r->reqs, &flag, MPI_STATUSES_IGNORE);
+            if (flag) break;
+            if (++spins < 100) continue;
+            if (loom_now() > deadline) timeout_abort(r, what);
+            sleep_ns = sleep_ns ? sleep_ns * 2 : 1000;
+            if (sleep_ns > 1000000) sleep_ns = 1000000;
+            struct timespec ts = {0, sleep_ns};
+            nanosleep(&ts, NULL);
+        }
+    }
+    req_done(r, loom_now() - t_in);
+}
+
+void loom_comm_wait(loom_comm_req *r) {
+    if (r) wait_checked(r, NULL);
+}
+
+int loom_comm_test(loom_comm_req *r) {
+    LOOM_CHECK(r);
+    int flag = 1;
+    if (r->n > 0) MPI_Testall(r->n, r->reqs, &flag, MPI_STATUSES_IGNORE);
+    if (flag) req_done(r, 0);
+    return flag;
+}
+
+void loom_comm_waitall(loom_mesh *m, loom_group g, int n, MPI_Request *reqs, const char *what) {
+    loom_comm_req *r = req_new(m, g, LOOM_COLL_P2P, 0, 0);
+    free(r->reqs);
+    r->reqs = reqs; /* borrowed: req_done must not free it */
+    r->n = n;
+    r->borrowed = 1;
+    wait_checked(r, what ? what : "point-to-point");
+}
+
+/* ---- the collectives -------------------------------------------------------------------- */
+
+static const comm_group *group_of(loom_mesh *m, loom_group g) {
+    LOOM_CHECK(m && g >= 0 && g < LOOM_GROUP_COUNT);
+    return &m->g[g];
+}
+
+static int as_count(size_t n, const char *what) {
+    if (n > (size_t)INT_MAX)
+        loom_panic(__FILE__, __LINE__, "%s: %zu elements per rank exceed MPI's int counts; "
+                   "split the buffer", what, n);
+    return (int)n;
+}
+
+static loom_comm_req *start_allreduce(loom_mesh *m, loom_group g, void *buf, size_t count,
+                                      loom_dtype t, MPI_Op op) {
+    const comm_group *cg = group_of(m, g);
+    size_t es = loom_dtype_size(t);
+    int N = cg->size;
+    int nchunk = N > 1 ? (int)((count + CHUNK - 1) / CHUNK) : 0;
+    loom_comm_req *r = req_new(m, g, LOOM_COLL_ALLREDUCE,
+                               2.0 * (N - 1) / N * (double)count * (double)es, nchunk);
+    for (int c = 0; c < nchunk; c++) {
+        size_t off = (size_t)c * CHUNK, n = count - off < CHUNK ? count - off : CHUNK;
+        MPI_Iallreduce(MPI_IN_PLACE, (char *)buf + off * es, (int)n, mpi_type(t), op, cg->comm,
+                       &r->reqs[c]);
+    }
+    return r;
+}
+
+loom_comm_req *loom_iallreduce_sum(loom_mesh *m, loom_group g, void *buf, size_t count,
+                                   loom_dtype t) {
+    return start_allreduce(m, g, buf, count, t, MPI_SUM);
+}
+
+void loom_allreduce_sum(loom_mesh *m, loom_group g, void *buf, size_t count, loom_dtype t) {
+    wait_checked(start_allreduce(m, g, buf, count, t, MPI_SUM), NULL);
+}
+
+void loom_allreduce_max(loom_mesh *m, loom_group g, void *buf, size_t count, loom_dtype t) {
+    wait_checked(start_allreduce(m, g, buf, count, t, MPI_MAX), NULL);
+}
+
+/* counts/displs of loom_shard's layout, in elements (checked to fit int) */
+static void shard_table(loom_comm_req *r, size_t count, int N, const char *what) {
+    r->counts = loom_calloc((size_t)N, sizeof(int));
+    r->displs = loom_calloc((size_t)N, sizeof(int));
+    as_count(count, what);
+    for (int i = 0; i < N; i++) {
+        size_t off, len;
+        loom_shard(count, N, i, &off, &len);
+        r->counts[i] = (int)len;
+        r->displs[i] = (int)off;
+    }
+}
+
+loom_comm_req *loom_ireduce_scatter_sum(loom_mesh *m, loom_group g, const void *send, void *recv,
+                                        size_t count, loom_dtype t) {
+    const comm_group *cg = group_of(m, g);
+    size_t es = loom_dtype_size(t);
+    int N = cg->size;
+    loom_comm_req *r = req_new(m, g, LOOM_COLL_REDUCE_SCATTER,
+                               (double)(N - 1) / N * (double)count * (double)es, N > 1);
+    size_t off, len;
+    loom_shard(count, N, cg->rank, &off, &len);
+    if (N == 1) {
+        if (recv != send) memmove(recv, send, count * es);
+        return r;
+    }
+    LOOM_CHECK(send != recv);
+    if (count % (size_t)N == 0) {
+        MPI_Ireduce_scatter_block(send, recv, as_count(count / (size_t)N, "reduce_scatter"),
+                                  mpi_type(t), MPI_SUM, cg->comm, &r->reqs[0]);
+    } else {
+        shard_table(r, count, N, "reduce_scatter");
+        MPI_Ireduce_scatter(send, recv, r->counts, mpi_type(t), MPI_SUM, cg->comm, &r->reqs[0]);
+    }
+    return r;
+}
+
+void loom_reduce_scatter_sum(loom_mesh *m, loom_group g, const void *send, void *recv,
+                             size_t count, loom_dtype t) {
+    wait_checked(loom_ireduce_scatter_sum(m, g, send, recv, count, t), NULL);
+}
+
+loom_comm_req *loom_iallgather(loom_mesh *m, loom_group g, const void *send, void *recv,
+                               size_t count, loom_dtype t) {
+    const comm_group *cg = group_of(m, g);
+    size_t es = loom_dtype_size(t);
+    int N = cg->size;
+    loom_comm_req *r = req_new(m, g, LOOM_COLL_ALLGATHER,
+                               (double)(N - 1) / N * (double)count * (double)es, N > 1);
+    size_t off, len;
+    loom_shard(count, N, cg->rank, &off, &len);
+    char *mine = (char *)recv + off * es;
+    const void *src = send == mine ? MPI_IN_PLACE : send;
+    if (src != MPI_IN_PLACE) {
+        /* the send slice must not overlap recv unless it is exactly this rank's slice */
+        const char *s = send, *rb = recv;
+        LOOM_CHECK(s + len * es <= rb || s >= rb + count * es);
+    }
+    if (N == 1) {
+        if (src != MPI_IN_PLACE) memmove(recv, send, count * es);
+        return r;
+    }
+    if (count % (size_t)N == 0) {
+        int c = as_count(len, "allgather");
+        MPI_Iallgather(src, c, mpi_type(t), recv, c, mpi_type(t), cg->comm, &r->reqs[0]);
+    } else {
+        shard_table(r, count, N, "allgather");
+        MPI_Iallgatherv(src, (int)len, mpi_type(t), recv, r->counts, r->displs, mpi_type(t),
+                        cg->comm, &r->reqs[0]);
+    }
+    return r;
+}
+
+void loom_allgather(loom_mesh *m, loom_group g, const void *send, void *recv, size_t count,
+                    loom_dtype t) {
+    wait_checked(loom_iallgather(m, g, send, recv, count, t), NULL);
+}
+
+void loom_alltoall(loom_mesh *m, loom_group g, const void *send, void *recv, size_t block,
+                   loom_dtype t) {
+    const comm_group *cg = group_of(m, g);
+    size_t es = loom_dtype_size(t);
+    int N = cg->size;
+    double total = (double)block * N * (double)es;
+    loom_comm_req *r = req_new(m, g, LOOM_COLL_ALLTOALL, (double)(N - 1) / N * total, N > 1);
+    if (N == 1) {
+        if (recv != send) memmove(recv, send, block * es);
+    } else {
+        LOOM_CHECK(send != recv);
+        int c = as_count(block, "alltoall");
+        MPI_Ialltoall(send, c, mpi_type(t), recv, c, mpi_type(t), cg->comm, &r->reqs[0]);
+    }
+    wait_checked(r, NULL);
+}
+
+void loom_broadcast(loom_mesh *m, loom_group g, void *buf, size_t count, loom_dtype t, int root) {
+    const comm_group *cg = group_of(m, g);
+    LOOM_CHECK(root >= 0 && root < cg->size);
+    size_t es = loom_dtype_size(t);
+    int N = cg->size;
+    int nchunk = N > 1 ? (int)((count + CHUNK - 1) / CHUNK) : 0;
+    loom_comm_req *r = req_new(m, g, LOOM_COLL_BROADCAST, (double)count * (double)es, nchunk);
+    for (int c = 0; c < nchunk; c++) {
+        size_t off = (size_t)c * CHUNK, n = count - off < CHUNK ? count - off : CHUNK;
+        MPI_Ibcast((char *)buf + off * es, (int)n, mpi_type(t), root, cg->comm, &r->reqs[c]);
+    }
+    wait_checked(r, NULL);
+}
+
+void loom_barrier(loom_mesh *m, loom_group g) {
+    const comm_group *cg = group_of(m, g);
+    loom_comm_req *r = req_new(m, g, LOOM_COLL_BARRIER, 0, cg->size > 1);
+    if (cg->size > 1) MPI_Ibarrier(cg->comm, &r->reqs[0]);
+    wait_checked(r, NULL);
+}
+
+/* ---- accounting ------------------------------------------------------------------------- */
+
+void loom_comm_stats_get(const loom_mesh *m, loom_comm_stats *out) {
+    *out = m->stats;
+    out->total_calls = 0;
+    out->total_bytes = out->total_time_s = out->total_wait_s = 0;
+    for (int k = 0; k < LOOM_COLL_KIND_COUNT; k++) {
+        out->total_calls += out->calls[k];
+        out->total_bytes += out->bytes[k];
+        out->total_time_s += out->time_s[k];
+        out->total_wait_s += out->wait_s[k];
+    }
+}
+
+void loom_comm_stats_reset(loom_mesh *m) { memset(&m->stats, 0, sizeof m->stats); }

@@ -1,0 +1,40 @@
+/* comm internals shared by process.c, mesh.c and collectives.c. */
+#ifndef LOOM_COMM_INTERNAL_H
+#define LOOM_COMM_INTERNAL_H
+
+#include "loom/comm.h"
+
+/* Progress each rank publishes in the world window (int64 slots per rank):
+ *   [0, LOOM_GROUP_COUNT)  number of collectives entered on each group
+ *   PROG_LAST_GROUP, PROG_LAST_KIND, PROG_LAST_SEQ: the most recent one entered
+ *   PROG_DONE: 1 when that most recent one has completed on this rank */
+enum {
+    PROG_LAST_GROUP = LOOM_GROUP_COUNT,
+    PROG_LAST_KIND,
+    PROG_LAST_SEQ,
+    PROG_DONE,
+    PROG_SLOTS
+};
+
+typedef struct comm_group {
+    MPI_Comm comm;  /* MPI_COMM_NULL without MPI */
+    int rank, size; /* this rank's member number, member count */
+    int *members;   /* (size) world ranks, by member number */
+    int64_t seq;    /* collectives entered on this group so far */
+} comm_group;
+
+struct loom_mesh {
+    loom_mesh_spec spec; /* resolved: dp filled in */
+    int world_rank, world_size;
+    int mpi;             /* MPI is up */
+    comm_group g[LOOM_GROUP_COUNT];
+    MPI_Win win;         /* progress window over the world (when win_ok) */
+    int64_t *progress;   /* (PROG_SLOTS) this rank's slots: window memory, or local */
+    int win_ok;
+    loom_comm_stats stats;
+};
+
+/* process.c */
+int comm_mpi_up(void);
+
+#endif
