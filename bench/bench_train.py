@@ -1,0 +1,307 @@
+#!/usr/bin/env python3
+"""Training throughput, loom vs PyTorch, side by side on this machine's CPU cores.
+
+For each config (configs/<name>.yaml) it trains the same model both ways:
+  loom:    `loom train CONFIG` for warm-up + measured steps (no checkpoints, no validation),
+           median of metrics.jsonl's tokens_per_s over the measured steps;
+  PyTorch: tests/reference/torch_ref.Ref in float32 (the same decoder, loom's layout),
+           torch.optim.AdamW + clip_grad_norm_, random token batches, median step time over
+           the measured steps; eager by default, torch.compile with --compile (the faster of
+           the two is reported).
+MFU = tokens/s * FLOPs/token / peak, with the same FLOPs/token (6N + 12*L*C*T, see
+torch_ref.train_flops_per_token) and the same peak for both: the best of a few 2048^3 fp32
+GEMMs through torch.matmul and numpy on the same threads. loom's own logged MFU (its own
+FLOP count, same peak) is shown beside it.
+
+Usage:
+  python3 bench/bench_train.py                      # both configs, default steps
+  python3 bench/bench_train.py --quick              # fewer steps
+  python3 bench/bench_train.py --configs byte-tiny --steps 20
+  python3 bench/bench_train.py --no-loom            # the PyTorch side alone
+  python3 bench/bench_train.py --write              # also write bench/RESULTS.md
+"""
+import argparse
+import datetime
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+import numpy as np
+import torch
+import yaml
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(REPO, "tests", "reference"))
+import torch_ref  # noqa: E402
+
+# (warm-up, measured) steps per config; --quick uses the second pair
+STEPS = {"byte-tiny": ((3, 10), (2, 5)), "gpt2-small": ((2, 5), (1, 3))}
+DEFAULT_STEPS = ((3, 8), (2, 4))
+
+
+def log(msg):
+    print(msg, file=sys.stderr, flush=True)
+
+
+def loadavg():
+    with open("/proc/loadavg") as f:
+        return " ".join(f.read().split()[:3])
+
+
+def cpu_model():
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown"
+
+
+def read_config(name):
+    path = os.path.join(REPO, "configs", name + ".yaml")
+    with open(path) as f:
+        y = yaml.safe_load(f)
+    m, tr = y.get("model", {}), y.get("training", {})
+    T = int(tr.get("seq_len", 256))
+    B = int(tr.get("batch_size", 8))
+    cfg = {k: m.get(k) for k in ("flavor", "vocab_size", "d_model", "n_layer", "n_head",
+                                 "n_kv_head", "d_ff", "norm_eps", "rope_theta", "init_std")}
+    cfg["max_seq_len"] = m.get("max_seq_len") or T
+    return path, torch_ref.normalize_config({k: v for k, v in cfg.items() if v is not None}), B, T
+
+
+def measure_peak(threads):
+    """Best fp32 GEMM rate (FLOP/s) on `threads` threads: torch.matmul and numpy, 2048^3."""
+    torch.set_num_threads(threads)
+    n = 2048
+    best = 0.0
+    a, b = torch.randn(n, n), torch.randn(n, n)
+    an, bn = a.numpy(), b.numpy()
+    # the best of many short trials: on shared cores one clean trial is enough
+    for fn in (lambda: torch.matmul(a, b), lambda: an @ bn) * 3:
+        fn()
+        for _ in range(5):
+            t = time.perf_counter()
+            fn()
+            best = max(best, 2 * n ** 3 / (time.perf_counter() - t))
+    return best
+
+
+def find_loom(path):
+    for p in ([path] if path else []) + [os.environ.get("LOOM_BIN"),
+                                         os.path.join(REPO, "build", "loom")]:
+        if p and os.access(p, os.X_OK):
+            return os.path.abspath(p)
+    return None
+
+
+def ensure_data(loom):
+    train = os.path.join(REPO, "data", "fortunes", "train")
+    if not os.path.exists(os.path.join(train, "manifest.jsonl")):
+        log("building data/fortunes (loom data build recipes/fortunes.yaml)")
+        subprocess.run([loom, "data", "build", "recipes/fortunes.yaml"], cwd=REPO, check=True)
+    return train
+
+
+def bench_loom(loom, cfg_path, data, warmup, measured, peak, threads):
+    with tempfile.TemporaryDirectory(prefix="loom-bench-") as run_dir:
+        cmd = [loom, "train", cfg_path, "--set", f"run.dir={run_dir}",
+               "--set", f"training.steps={warmup + measured}", "--set", "checkpoint.every=0",
+               "--set", f"data.train={data}", "--set", "data.val=",
+               "--set", f"training.peak_flops={peak:.6g}", "--set", f"training.threads={threads}"]
+        log("  " + " ".join(cmd))
+        t0 = time.perf_counter()
+        r = subprocess.run(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                           text=True)
+        wall = time.perf_counter() - t0
+        if r.returncode != 0:
+            raise RuntimeError(f"loom train failed ({r.returncode}):\n{r.stderr[-2000:]}")
+        with open(os.path.join(run_dir, "metrics.jsonl")) as f:
+            rows = [json.loads(line) for line in f if line.strip()]
+    rows = [r for r in rows if "tokens_per_s" in r and r.get("step", 0) > warmup]
+    if not rows:
+        raise RuntimeError("loom wrote no measured steps to metrics.jsonl")
+    return {"tok_s": statistics.median(r["tokens_per_s"] for r in rows),
+            "best_tok_s": max(r["tokens_per_s"] for r in rows),
+            "mfu_logged": statistics.median(r["mfu"] for r in rows),
+            "losses": [r["loss"] for r in rows], "wall_s": wall, "steps": len(rows)}
+
+
+def bench_torch(cfg, B, T, warmup, measured, threads, compile_):
+    torch.set_num_threads(threads)
+    torch.manual_seed(0)
+    model = torch_ref.Ref(cfg, dtype=torch.float32)
+    fwd = torch.compile(model) if compile_ else model
+    # fused=True (one kernel over all tensors) was the fastest AdamW variant here, ahead of
+    # foreach=True and the per-tensor loop (see bench/README.md)
+    opt = torch.optim.AdamW(model.param_groups(0.1), lr=3e-4, betas=(0.9, 0.95), eps=1e-8,
+                            fused=True)
+    g = torch.Generator().manual_seed(1)
+    V = cfg["vocab_size"]
+    times, losses = [], []
+    t_first = None
+    for i in range(warmup + measured):
+        x = torch.randint(0, V, (B, T), generator=g)
+        y = torch.randint(0, V, (B, T), generator=g)
+        t0 = time.perf_counter()
+        opt.zero_grad(set_to_none=True)
+        _, loss = fwd(x, y)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        lv = loss.item()
+        dt = time.perf_counter() - t0
+        if i == 0:
+            t_first = dt
+        if i >= warmup:
+            times.append(dt)
+            losses.append(lv)
+    med = statistics.median(times)
+    return {"tok_s": B * T / med, "best_tok_s": B * T / min(times), "step_s": med, "first_step_s": t_first, "losses": losses,
+            "steps": len(times)}
+
+
+def fmt_row(cols, widths):
+    return "| " + " | ".join(str(c).rjust(w) for c, w in zip(cols, widths)) + " |"
+
+
+def table(results):
+    head = ["config", "params", "B x T", "loom tok/s", "torch tok/s", "loom/torch", "loom MFU",
+            "torch MFU", "loom MFU (logged)"]
+    rows = []
+    for r in results:
+        lt, tt = r.get("loom"), r.get("torch")
+        rows.append([
+            r["name"], f"{r['params'] / 1e6:.1f}M", f"{r['B']} x {r['T']}",
+            f"{lt['tok_s']:.0f}" if lt else "-",
+            f"{tt['tok_s']:.0f}" if tt else "-",
+            f"{lt['tok_s'] / tt['tok_s']:.2f}" if lt and tt else "-",
+            f"{100 * lt['tok_s'] * r['flops_tok'] / r['peak']:.1f}%" if lt else "-",
+            f"{100 * tt['tok_s'] * r['flops_tok'] / r['peak']:.1f}%" if tt else "-",
+            f"{100 * lt['mfu_logged']:.1f}%" if lt else "-"])
+    widths = [max(len(str(x[i])) for x in rows + [head]) for i in range(len(head))]
+    lines = [fmt_row(head, widths), "|" + "|".join("-" * (w + 2) for w in widths) + "|"]
+    lines += [fmt_row(x, widths) for x in rows]
+    return "\n".join(lines)
+
+
+def versions(loom):
+    v = {"torch": torch.__version__, "numpy": np.__version__,
+         "python": platform.python_version()}
+    if loom:
+        try:
+            v["loom"] = subprocess.run([loom, "--version"], capture_output=True, text=True,
+                                       timeout=10).stdout.strip()
+        except (OSError, subprocess.SubprocessError):
+            pass
+    try:
+        v["commit"] = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO,
+                                     capture_output=True, text=True,
+                                     timeout=10).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        pass
+    return v
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--configs", default="byte-tiny,gpt2-small",
+                    help="comma-separated names under configs/")
+    ap.add_argument("--quick", action="store_true", help="fewer steps")
+    ap.add_argument("--steps", type=int, help="measured steps (after warm-up) per side")
+    ap.add_argument("--warmup", type=int, help="warm-up steps per side")
+    ap.add_argument("--threads", type=int, default=os.cpu_count(), help="threads per side")
+    ap.add_argument("--loom-bin", help="loom binary (default $LOOM_BIN, then build/loom)")
+    ap.add_argument("--no-loom", action="store_true")
+    ap.add_argument("--no-torch", action="store_true")
+    ap.add_argument("--compile", action="store_true",
+                    help="also time torch.compile (slow to compile) and keep the faster")
+    ap.add_argument("--peak", type=float,
+                    help="peak fp32 GFLOP/s for MFU (default: measured now, best of 30 GEMMs)")
+    ap.add_argument("--write", action="store_true", help="write bench/RESULTS.md")
+    args = ap.parse_args()
+
+    loom = None if args.no_loom else find_loom(args.loom_bin)
+    if not args.no_loom and not loom:
+        sys.exit("bench: no loom binary (build it with `make`, or pass --loom-bin / --no-loom)")
+    data = ensure_data(loom) if loom else None
+
+    load_before = loadavg()
+    if float(load_before.split()[0]) > 0.5:
+        log(f"warning: load average {load_before}: other work shares the cores, timings will "
+            "be low and noisy")
+    log(f"measuring peak fp32 GEMM on {args.threads} threads")
+    peak = args.peak * 1e9 if args.peak else measure_peak(args.threads)
+    log(f"peak {peak / 1e9:.1f} GFLOP/s")
+
+    results = []
+    for name in [c.strip() for c in args.configs.split(",") if c.strip()]:
+        cfg_path, cfg, B, T = read_config(name)
+        (w, n) = STEPS.get(name, DEFAULT_STEPS)[1 if args.quick else 0]
+        w = args.warmup if args.warmup is not None else w
+        n = args.steps if args.steps is not None else n
+        r = {"name": name, "B": B, "T": T, "peak": peak,
+             "params": torch_ref.Ref(cfg, dtype=torch.float32).num_params(),
+             "flops_tok": torch_ref.train_flops_per_token(cfg, T)}
+        if loom:
+            log(f"[{name}] loom: {w} warm-up + {n} measured steps")
+            r["loom"] = bench_loom(loom, cfg_path, data, w, n, peak, args.threads)
+            log(f"  loom {r['loom']['tok_s']:.0f} tok/s")
+        if not args.no_torch:
+            modes = [False, True] if args.compile else [False]
+            best = None
+            for comp in modes:
+                log(f"[{name}] torch ({'compiled' if comp else 'eager'}): {w} warm-up + "
+                    f"{n} measured steps")
+                t = bench_torch(cfg, B, T, max(w, 2) if comp else w, n, args.threads, comp)
+                t["mode"] = "compiled" if comp else "eager"
+                log(f"  torch {t['mode']} {t['tok_s']:.0f} tok/s ({t['step_s']:.3f} s/step, "
+                    f"first step {t['first_step_s']:.1f} s)")
+                if best is None or t["tok_s"] > best["tok_s"]:
+                    best = t
+            r["torch"] = best
+        results.append(r)
+
+    load_after = loadavg()
+    out = table(results)
+    notes = [f"peak fp32 GEMM {peak / 1e9:.1f} GFLOP/s on {args.threads} threads; "
+             f"load average before {load_before}, after {load_after}",
+             "MFU = tok/s * (6N + 12*L*C*T) / peak for both sides; 'logged' is loom's own."]
+    for r in results:
+        parts = []
+        if "loom" in r:
+            parts.append(f"loom best step {r['loom']['best_tok_s']:.0f} tok/s "
+                         f"({r['loom']['steps']} steps)")
+        if "torch" in r:
+            parts.append(f"torch ({r['torch']['mode']}) best step "
+                         f"{r['torch']['best_tok_s']:.0f} tok/s, median "
+                         f"{r['torch']['step_s']:.3f} s/step ({r['torch']['steps']} steps)")
+        notes.append(f"{r['name']}: " + "; ".join(parts))
+    print(out)
+    for line in notes:
+        print(line)
+
+    if args.write:
+        v = versions(loom)
+        md = [f"# Training throughput: loom vs PyTorch", "",
+              f"Generated by `python3 bench/bench_train.py{' --quick' if args.quick else ''}` "
+              f"on {datetime.date.today().isoformat()}.", "",
+              f"- machine: {cpu_model()}, {os.cpu_count()} cores, {args.threads} threads per "
+              f"side",
+              "- versions: " + ", ".join(f"{k} {val}" for k, val in v.items()), "",
+              out, ""] + [f"- {line}" for line in notes] + [""]
+        path = os.path.join(REPO, "bench", "RESULTS.md")
+        with open(path, "w") as f:
+            f.write("\n".join(md))
+        log(f"wrote {path}")
+
+
+if __name__ == "__main__":
+    main()
