@@ -39,6 +39,8 @@ int loom_safetensors_parse(const char *buf, size_t len, const char *name, loom_s
                            loom_err *err);
 void loom_safetensors_close(loom_st_file *f);
 int loom_safetensors_count(const loom_st_file *f);
+/* the i-th tensor's name, in sorted name order */
+const char *loom_safetensors_name(const loom_st_file *f, int i);
 /* Looks a tensor up; returns -1 with an error naming the file when absent or not F32. */
 int loom_safetensors_get(const loom_st_file *f, const char *name, const float **data,
                          int *ndim, int64_t shape[8], loom_err *err);
@@ -60,6 +62,18 @@ typedef struct loom_ckpt_file {
  * out_dir (may be NULL) receives the step directory path. */
 int loom_ckpt_save(const char *root, int64_t step, const loom_ckpt_file *files, int n,
                    char *out_dir, size_t out_size, loom_err *err);
+/* The same protocol for several writers (one file per rank): one process prepares the step
+ * directory (refusing a complete one, clearing what an interrupted save of these names left),
+ * every writer writes its files with loom_ckpt_write_file (atomic), and after all of them
+ * one process commits: hashes the files from disk into manifest.json, writes COMPLETE and
+ * swings latest. loom_ckpt_save is prepare + write + commit in one process. */
+int loom_ckpt_prepare(const char *root, int64_t step, const char *const *names, int n,
+                      char *out_dir, size_t out_size, loom_err *err);
+int loom_ckpt_write_file(const char *dir, const char *name, const void *data, size_t len,
+                         loom_err *err);
+int loom_ckpt_commit(const char *root, int64_t step, const char *const *names, int n,
+                     char *out_dir, size_t out_size, loom_err *err);
+
 /* Finds the newest step directory under root that has COMPLETE. *step = -1 and returns 0
  * when there is none (or root does not exist). */
 int loom_ckpt_find_latest(const char *root, char *out_dir, size_t out_size, int64_t *step,
@@ -75,6 +89,9 @@ int loom_ckpt_open(const char *step_dir, loom_ckpt **out, loom_err *err);
 void loom_ckpt_close(loom_ckpt *c);
 int64_t loom_ckpt_step(const loom_ckpt *c);
 const char *loom_ckpt_dir(const loom_ckpt *c);
+/* The files listed in the manifest, in manifest order. */
+int loom_ckpt_num_files(const loom_ckpt *c);
+const char *loom_ckpt_file_name(const loom_ckpt *c, int i);
 /* Contents of a verified file (owned by the handle, NUL-terminated); NULL if absent. */
 const char *loom_ckpt_file_data(const loom_ckpt *c, const char *name, size_t *len);
 

@@ -91,7 +91,8 @@ const loom_tensor_info *loom_model_global(const loom_model *m, int kind);
 const loom_tensor_info *loom_model_layer_tensor(const loom_model *m, int layer, int kind);
 /* the contiguous arena range [*offset, *offset + *count) of layer l's parameters */
 void loom_model_layer_range(const loom_model *m, int l, size_t *offset, size_t *count);
-/* bytes held by parameter, gradient and activation arenas */
+/* bytes held by the model's own parameter and gradient arenas (when it has them) and its
+ * activation arena */
 size_t loom_model_arena_bytes(const loom_model *m);
 
 /* ---- units ----------------------------------------------------------------------------

@@ -101,6 +101,11 @@ void loom_safetensors_close(loom_st_file *f) { st_free(f); }
 
 int loom_safetensors_count(const loom_st_file *f) { return f ? f->n : 0; }
 
+const char *loom_safetensors_name(const loom_st_file *f, int i) {
+    LOOM_CHECK(f && i >= 0 && i < f->n);
+    return f->by_name[i]->name;
+}
+
 /* ---- writing ------------------------------------------------------------------------ */
 static int numel_of(int ndim, const int64_t *shape, uint64_t *numel) {
     uint64_t n = 1;

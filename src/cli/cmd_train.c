@@ -3,6 +3,7 @@
 #include <string.h>
 
 #include "cli/cli.h"
+#include "loom/comm.h"
 #include "loom/config.h"
 #include "loom/train.h"
 
@@ -12,6 +13,10 @@ int loom_cli_train(int argc, char **argv) {
         return 2;
     }
     loom_err err = {{0}};
+    if (loom_comm_init(&argc, &argv, &err)) {
+        fprintf(stderr, "loom: error: %s\n", err.msg);
+        return 1;
+    }
     loom_config *cfg = loom_config_new();
     int rc = 1;
     if (loom_config_load_yaml(cfg, argv[1], &err)) goto fail;
@@ -29,8 +34,11 @@ int loom_cli_train(int argc, char **argv) {
     rc = 0;
     goto out;
 fail:
+    /* under MPI one rank's error ends the whole job (never a hang in the next collective) */
+    if (loom_comm_mpi_active() && loom_comm_world_size() > 1) loom_comm_fail(&err);
     fprintf(stderr, "loom: error: %s\n", err.msg);
 out:
     loom_config_free(cfg);
+    loom_comm_finalize();
     return rc;
 }

@@ -58,6 +58,7 @@ struct loom_model {
     float **gbase;        /* (U) where each unit's gradients go now */
     int has_hooks;
     loom_model_hooks hooks;
+    unsigned char *have_grads; /* (U) grads(u) already asked in this backward */
     float *act_mem;       /* one arena for acts */
     size_t act_floats;
     acts a;
@@ -189,6 +190,7 @@ int loom_model_create_ex(const loom_model_config *cfg, int B, int T, int own_are
     }
     m->pbase = loom_calloc((size_t)m->n_units, sizeof(float *));
     m->gbase = loom_calloc((size_t)m->n_units, sizeof(float *));
+    m->have_grads = loom_calloc((size_t)m->n_units, 1);
     if (own_arenas) {
         m->params = loom_alloc_aligned(off * sizeof(float));
         m->grads = loom_alloc_aligned(off * sizeof(float));
@@ -248,6 +250,7 @@ void loom_model_free(loom_model *m) {
     free(m->unit_cnt);
     free(m->pbase);
     free(m->gbase);
+    free(m->have_grads);
     free(m);
 }
 
@@ -286,7 +289,8 @@ void loom_model_layer_range(const loom_model *m, int l, size_t *offset, size_t *
 }
 
 size_t loom_model_arena_bytes(const loom_model *m) {
-    return (2 * m->n_params + m->act_floats) * sizeof(float);
+    return ((m->params ? m->n_params : 0) + (m->grads ? m->n_params : 0) + m->act_floats) *
+           sizeof(float);
 }
 
 void loom_model_zero_grad(loom_model *m) {
@@ -313,9 +317,18 @@ void loom_model_set_hooks(loom_model *m, const loom_model_hooks *h) {
 }
 
 /* hooks around each use of a unit's parameters; a no-op without hooks */
+/* the gradient buffer of unit u, asked of the hooks once per backward before the first write */
+static void ensure_grads(loom_model *m, int u) {
+    if (m->has_hooks && m->hooks.grads && !m->have_grads[u]) {
+        m->gbase[u] = m->hooks.grads(m->hooks.ctx, u);
+        m->have_grads[u] = 1;
+    }
+    LOOM_CHECK(m->gbase[u] != NULL);
+}
 static void acquire(loom_model *m, int u, int phase) {
     if (m->has_hooks && m->hooks.acquire_params) m->pbase[u] = m->hooks.acquire_params(m->hooks.ctx, u, phase);
     LOOM_CHECK(m->pbase[u] != NULL);
+    if (phase == 1) ensure_grads(m, u);
 }
 static void release(loom_model *m, int u, int phase) {
     if (m->has_hooks && m->hooks.release_params) m->hooks.release_params(m->hooks.ctx, u, phase);
@@ -476,9 +489,7 @@ void loom_model_backward(loom_model *m, float dscale) {
     acts *a = &m->a;
 
     const int U_FINAL = L + 1;
-    if (m->has_hooks && m->hooks.grads)
-        for (int u = 0; u < m->n_units; u++) m->gbase[u] = m->hooks.grads(m->hooks.ctx, u);
-    for (int u = 0; u < m->n_units; u++) LOOM_CHECK(m->gbase[u] != NULL);
+    memset(m->have_grads, 0, (size_t)m->n_units);
     /* head: logits become dlogits in place */
     crossentropy_softmax_backward(a->logits, m->targets, BT, V, dscale);
     acquire(m, U_FINAL, 1);
@@ -536,6 +547,7 @@ void loom_model_backward(loom_model *m, float dscale) {
         release(m, l + 1, 1);
         grads_ready(m, l + 1);
     }
+    ensure_grads(m, 0);
     embedding_backward(GRAD(m, LOOM_P_WTE), GRAD(m, LOOM_P_WPE), a->dres, m->inputs,
                        B, T, C, 0);
     grads_ready(m, 0);

@@ -128,29 +128,33 @@ static int swing_latest(const char *root, const char *target, loom_err *err) {
     return loom_fsync_dir(root, err);
 }
 
-int loom_ckpt_save(const char *root, int64_t step, const loom_ckpt_file *files, int n,
-                   char *out_dir, size_t out_size, loom_err *err) {
+static int step_dir(const char *root, int64_t step, char *dir, size_t size, loom_err *err) {
     if (!root || !*root) return loom_errf(err, "checkpoint: empty root path");
     if (step < 0) return loom_errf(err, "%s: checkpoint step %" PRId64 " is negative", root, step);
-    if (n < 0 || n > CKPT_MAX_FILES || (n > 0 && !files))
+    if (snprintf(dir, size, "%s/step_%07" PRId64, root, step) >= (int)size - 300)
+        return loom_errf(err, "%s: path too long", root);
+    return 0;
+}
+
+static int check_names(const char *root, const char *const *names, int n, loom_err *err) {
+    if (n < 0 || n > CKPT_MAX_FILES || (n > 0 && !names))
         return loom_errf(err, "%s: bad checkpoint file list (n=%d)", root, n);
     for (int i = 0; i < n; i++) {
-        const char *why = bad_file_name(files[i].name);
+        const char *why = bad_file_name(names[i]);
         if (why)
             return loom_errf(err, "%s: checkpoint file name '%.200s' %s", root,
-                             files[i].name ? files[i].name : "(null)", why);
-        if (files[i].len > 0 && !files[i].data)
-            return loom_errf(err, "%s: checkpoint file '%s' has no data", root, files[i].name);
+                             names[i] ? names[i] : "(null)", why);
         for (int j = 0; j < i; j++)
-            if (strcmp(files[i].name, files[j].name) == 0)
-                return loom_errf(err, "%s: checkpoint file '%s' listed twice", root, files[i].name);
+            if (strcmp(names[i], names[j]) == 0)
+                return loom_errf(err, "%s: checkpoint file '%s' listed twice", root, names[i]);
     }
-    char dir[CKPT_PATH], path[CKPT_PATH];
-    if (snprintf(dir, sizeof dir, "%s/step_%07" PRId64, root, step) >= (int)sizeof dir - 300)
-        return loom_errf(err, "%s: path too long", root);
-    if (out_dir && strlen(dir) >= out_size)
-        return loom_errf(err, "%s: path does not fit the %zu-byte buffer", dir, out_size);
+    return 0;
+}
 
+int loom_ckpt_prepare(const char *root, int64_t step, const char *const *names, int n,
+                      char *out_dir, size_t out_size, loom_err *err) {
+    char dir[CKPT_PATH], path[CKPT_PATH];
+    if (step_dir(root, step, dir, sizeof dir, err) || check_names(root, names, n, err)) return -1;
     if (loom_mkdirs(root, err) != 0) return -1;
     if (loom_path_exists(dir)) {
         if (!loom_is_dir(dir)) return loom_errf(err, "%s: exists and is not a directory", dir);
@@ -159,10 +163,30 @@ int loom_ckpt_save(const char *root, int64_t step, const loom_ckpt_file *files, 
                              "%s: a complete checkpoint of step %" PRId64
                              " already exists; remove %s to overwrite it",
                              dir, step, path);
-        if (clear_incomplete(dir, files, n, err) != 0) return -1;
+        loom_ckpt_file *files = loom_calloc((size_t)n + 1, sizeof *files);
+        for (int i = 0; i < n; i++) files[i].name = names[i];
+        int rc = clear_incomplete(dir, files, n, err);
+        free(files);
+        if (rc != 0) return -1;
     }
     if (loom_mkdirs(dir, err) != 0) return -1;
+    return copy_out(out_dir, out_size, dir, err);
+}
 
+int loom_ckpt_write_file(const char *dir, const char *name, const void *data, size_t len,
+                         loom_err *err) {
+    char path[CKPT_PATH];
+    const char *why = bad_file_name(name);
+    if (why) return loom_errf(err, "%s: checkpoint file name '%.200s' %s", dir, name ? name : "(null)", why);
+    if (len > 0 && !data) return loom_errf(err, "%s: checkpoint file '%s' has no data", dir, name);
+    return loom_write_file_atomic(loom_pathf(path, sizeof path, "%s/%s", dir, name),
+                                  data ? data : "", len, err);
+}
+
+int loom_ckpt_commit(const char *root, int64_t step, const char *const *names, int n,
+                     char *out_dir, size_t out_size, loom_err *err) {
+    char dir[CKPT_PATH], path[CKPT_PATH];
+    if (step_dir(root, step, dir, sizeof dir, err) || check_names(root, names, n, err)) return -1;
     int rc = -1;
     char *manifest_text = NULL;
     json_t *manifest = json_object(), *list = json_object();
@@ -172,17 +196,19 @@ int loom_ckpt_save(const char *root, int64_t step, const loom_ckpt_file *files, 
     json_object_set_new(manifest, "loom_version", json_string(LOOM_VERSION));
     for (int i = 0; i < n; i++) {
         char hex[65];
-        loom_pathf(path, sizeof path, "%s/%s", dir, files[i].name);
-        if (loom_write_file_atomic(path, files[i].data ? files[i].data : "", files[i].len, err))
+        struct stat st;
+        loom_pathf(path, sizeof path, "%s/%s", dir, names[i]);
+        if (lstat(path, &st) != 0 || !S_ISREG(st.st_mode)) {
+            loom_errf(err, "%s: checkpoint file was not written", path);
             goto done;
-        loom_sha256_hex(files[i].data ? files[i].data : "", files[i].len, hex);
+        }
+        if (loom_sha256_file(path, hex, err) != 0) goto done;
         json_t *ent = json_object();
         LOOM_CHECK(ent != NULL);
-        json_object_set_new(ent, "bytes", json_integer((json_int_t)files[i].len));
+        json_object_set_new(ent, "bytes", json_integer((json_int_t)st.st_size));
         json_object_set_new(ent, "sha256", json_string(hex));
-        if (json_object_set_new(list, files[i].name, ent) != 0) {
-            loom_errf(err, "%s: checkpoint file name '%.200s' is not valid UTF-8", dir,
-                      files[i].name);
+        if (json_object_set_new(list, names[i], ent) != 0) {
+            loom_errf(err, "%s: checkpoint file name '%.200s' is not valid UTF-8", dir, names[i]);
             goto done;
         }
     }
@@ -217,11 +243,28 @@ int loom_ckpt_save(const char *root, int64_t step, const loom_ckpt_file *files, 
         loom_err_prefix(err, "%s is complete, but updating 'latest' failed", dir);
         goto done;
     }
-    copy_out(out_dir, out_size, dir, err);
+    if (copy_out(out_dir, out_size, dir, err) != 0) goto done;
     rc = 0;
 done:
     free(manifest_text);
     json_decref(manifest);
+    return rc;
+}
+
+int loom_ckpt_save(const char *root, int64_t step, const loom_ckpt_file *files, int n,
+                   char *out_dir, size_t out_size, loom_err *err) {
+    if (n < 0 || n > CKPT_MAX_FILES || (n > 0 && !files))
+        return loom_errf(err, "%s: bad checkpoint file list (n=%d)", root ? root : "", n);
+    const char **names = loom_calloc((size_t)n + 1, sizeof *names);
+    for (int i = 0; i < n; i++) names[i] = files[i].name;
+    char dir[CKPT_PATH];
+    int rc = -1;
+    if (loom_ckpt_prepare(root, step, names, n, dir, sizeof dir, err) != 0) goto done;
+    for (int i = 0; i < n; i++)
+        if (loom_ckpt_write_file(dir, files[i].name, files[i].data, files[i].len, err)) goto done;
+    rc = loom_ckpt_commit(root, step, names, n, out_dir, out_size, err);
+done:
+    free(names);
     return rc;
 }
 
@@ -348,6 +391,13 @@ void loom_ckpt_close(loom_ckpt *c) {
 
 int64_t loom_ckpt_step(const loom_ckpt *c) { return c->step; }
 const char *loom_ckpt_dir(const loom_ckpt *c) { return c->dir; }
+
+int loom_ckpt_num_files(const loom_ckpt *c) { return c->n; }
+
+const char *loom_ckpt_file_name(const loom_ckpt *c, int i) {
+    LOOM_CHECK(i >= 0 && i < c->n);
+    return c->files[i].name;
+}
 
 const char *loom_ckpt_file_data(const loom_ckpt *c, const char *name, size_t *len) {
     for (int i = 0; i < c->n; i++)

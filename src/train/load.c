@@ -2,6 +2,7 @@
 #include <stdlib.h>
 
 #include "loom/checkpoint.h"
+#include "loom/ckpt_pieces.h"
 #include "loom/config.h"
 #include "loom/model_config.h"
 #include "loom/train.h"
@@ -10,15 +11,13 @@ int loom_load_model(const char *path, int B, loom_model **out, loom_err *err) {
     char dir[4096], where[4200];
     loom_ckpt *ck = NULL;
     loom_config *cfg = NULL;
-    loom_st_file *mf = NULL;
     loom_model *m = NULL;
     int rc = -1;
     if (loom_ckpt_resolve(path, dir, sizeof dir, err) || loom_ckpt_open(dir, &ck, err)) return -1;
-    size_t clen, mlen;
+    size_t clen;
     const char *ctext = loom_ckpt_file_data(ck, "config.yaml", &clen);
-    const char *mbuf = loom_ckpt_file_data(ck, "model.safetensors", &mlen);
-    if (!ctext || !mbuf) {
-        loom_errf(err, "%s: checkpoint lacks config.yaml or model.safetensors", dir);
+    if (!ctext) {
+        loom_errf(err, "%s: checkpoint lacks config.yaml", dir);
         goto done;
     }
     cfg = loom_config_new();
@@ -33,21 +32,12 @@ int loom_load_model(const char *path, int B, loom_model **out, loom_err *err) {
     loom_model_config mc;
     if (loom_model_config_from(cfg, (int)T, &mc, err)) goto done;
     if (loom_model_create(&mc, B, mc.max_seq_len, &m, err)) goto done;
-    loom_pathf(where, sizeof where, "%s/model.safetensors", dir);
-    if (loom_safetensors_parse(mbuf, mlen, where, &mf, err)) goto done;
-    for (int i = 0; i < loom_model_num_tensors(m); i++) {
-        const loom_tensor_info *ti = loom_model_tensor(m, i);
-        if (ti->numel == 0) continue;
-        if (loom_safetensors_read_into(mf, ti->name, loom_model_params(m) + ti->offset, ti->ndim,
-                                       ti->shape, err))
-            goto done;
-    }
+    if (loom_pieces_load_params(ck, m, err)) goto done;
     *out = m;
     m = NULL;
     rc = 0;
 done:
     loom_model_free(m);
-    loom_safetensors_close(mf);
     loom_config_free(cfg);
     loom_ckpt_close(ck);
     return rc;

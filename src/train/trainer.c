@@ -12,18 +12,23 @@
 #include <unistd.h>
 
 #include "loom/checkpoint.h"
+#include "loom/ckpt_pieces.h"
+#include "loom/comm.h"
 #include "loom/data.h"
 #include "loom/metrics.h"
 #include "loom/model.h"
 #include "loom/model_config.h"
 #include "loom/obs.h"
 #include "loom/optim.h"
+#include "loom/parallel.h"
 
 static const loom_config_key train_only_keys[] = {
     {"run.dir", "runs/default", "run directory: config.yaml, metrics.jsonl, ckpt/"},
     {"data.train", NULL, "training dataset directory (with manifest.jsonl)"},
     {"data.val", "", "validation dataset directory; empty = no validation"},
     {"data.shuffle", "true", "visit training samples in a seeded permutation per epoch"},
+    {"data.follow", "false", "pick up shards appended to the training manifest while training"},
+    {"data.follow", "false", "use shards appended to data.train's manifest while training"},
     {"training.steps", "1000", "optimizer steps to reach (raising it continues a run)"},
     {"training.schedule_steps", NULL, "horizon of the lr schedule (default training.steps); "
                                       "fix it to stop and continue a run along one schedule"},
@@ -47,6 +52,7 @@ static const loom_config_key train_only_keys[] = {
     {"eval.every", "100", "validation loss every N steps (0 = only at the end)"},
     {"eval.batches", "8", "validation batches per evaluation"},
     {"checkpoint.every", "0", "checkpoint every N steps (0 = no checkpoints)"},
+    {"parallel.zero", "0", "ZeRO stage over the dp ranks: 0, 1, 2 or 3"},
 };
 #define N_TRAIN_ONLY ((int)(sizeof train_only_keys / sizeof train_only_keys[0]))
 
@@ -58,6 +64,7 @@ static void build_schema(void) {
     if (n_all_keys) return;
     for (int i = 0; i < N_TRAIN_ONLY; i++) all_keys[n_all_keys++] = train_only_keys[i];
     for (int i = 0; i < loom_model_config_nkeys; i++) all_keys[n_all_keys++] = loom_model_config_keys[i];
+    for (int i = 0; i < loom_comm_config_nkeys; i++) all_keys[n_all_keys++] = loom_comm_config_keys[i];
     LOOM_CHECK(n_all_keys <= (int)(sizeof all_keys / sizeof all_keys[0]));
 }
 
@@ -69,9 +76,9 @@ const loom_config_key *loom_train_schema(int *n) {
 
 typedef struct settings {
     const char *run_dir, *train_dir, *val_dir;
-    int shuffle;
+    int shuffle, follow;
     int64_t steps, seed, B, T, accum, threads, log_every, eval_every, eval_batches;
-    int64_t ckpt_every;
+    int64_t ckpt_every, zero;
     double weight_decay, beta1, beta2, eps, grad_clip, peak_flops;
     loom_schedule sched;
 } settings;
@@ -82,6 +89,8 @@ static int read_settings(const loom_config *c, settings *s, loom_err *err) {
     if (loom_config_get_str(c, "run.dir", &s->run_dir, err) ||
         loom_config_get_str(c, "data.val", &s->val_dir, err) ||
         loom_config_get_bool(c, "data.shuffle", &s->shuffle, err) ||
+        loom_config_get_bool(c, "data.follow", &s->follow, err) ||
+        loom_config_get_bool(c, "data.follow", &s->follow, err) ||
         loom_config_get_int(c, "training.steps", &s->steps, err) ||
         loom_config_get_int(c, "training.seed", &s->seed, err) ||
         loom_config_get_int(c, "training.batch_size", &s->B, err) ||
@@ -101,7 +110,8 @@ static int read_settings(const loom_config *c, settings *s, loom_err *err) {
         loom_config_get_int(c, "training.log_every", &s->log_every, err) ||
         loom_config_get_int(c, "eval.every", &s->eval_every, err) ||
         loom_config_get_int(c, "eval.batches", &s->eval_batches, err) ||
-        loom_config_get_int(c, "checkpoint.every", &s->ckpt_every, err))
+        loom_config_get_int(c, "checkpoint.every", &s->ckpt_every, err) ||
+        loom_config_get_int(c, "parallel.zero", &s->zero, err))
         return -1;
     if (!loom_config_get(c, "data.train"))
         return loom_errf(err, "config: data.train is required (a dataset directory built by "
@@ -133,6 +143,7 @@ static int read_settings(const loom_config *c, settings *s, loom_err *err) {
         {"eval.every", s->eval_every, 0, INT64_C(1) << 40},
         {"eval.batches", s->eval_batches, 1, 1 << 20},
         {"checkpoint.every", s->ckpt_every, 0, INT64_C(1) << 40},
+        {"parallel.zero", s->zero, 0, 3},
     };
     for (size_t i = 0; i < sizeof ranges / sizeof ranges[0]; i++)
         if (ranges[i].v < ranges[i].lo || ranges[i].v > ranges[i].hi)
@@ -147,73 +158,85 @@ static int read_settings(const loom_config *c, settings *s, loom_err *err) {
     return 0;
 }
 
-/* ---- checkpoint payloads -------------------------------------------------------------- */
+/* ---- the trainer ---------------------------------------------------------------------- */
 
 typedef struct trainer {
     settings s;
     loom_config *cfg;
     loom_model_config mc;
+    loom_mesh *mesh;
+    int dp_rank, dp_size, world_rank, world_size;
+    int64_t local_B;          /* B / dp: this rank's rows of each global batch */
     loom_model *model;
-    loom_adamw opt;
+    loom_dp *dp;
     loom_dataset *train_ds, *val_ds;
     loom_loader *train_ld;
-    int64_t step;  /* optimizer steps completed */
+    int32_t *g_inp, *g_tgt;   /* (B,T) the global batch */
+    int64_t step;             /* optimizer steps completed */
     char ckpt_root[4096];
 } trainer;
 
+/* Each rank writes rank_RRRRR.safetensors with what it owns; rank 0 also writes the trainer
+ * state and the config, and commits (manifest + COMPLETE) after everyone has written. */
 static int save_checkpoint(trainer *t, loom_err *err) {
-    loom_model *m = t->model;
-    const int nt = loom_model_num_tensors(m);
-    loom_st_tensor *pt = loom_calloc((size_t)nt, sizeof *pt);
-    loom_st_tensor *ot = loom_calloc(2 * (size_t)nt, sizeof *ot);
-    char (*onames)[64] = loom_calloc(2 * (size_t)nt, 64);
-    int np = 0, no = 0;
-    for (int i = 0; i < loom_model_num_tensors(m); i++) {
-        const loom_tensor_info *ti = loom_model_tensor(m, i);
-        if (ti->numel == 0) continue;
-        loom_st_tensor x = {.name = ti->name, .data = loom_model_params(m) + ti->offset,
-                            .ndim = ti->ndim};
-        for (int d = 0; d < ti->ndim; d++) x.shape[d] = ti->shape[d];
-        pt[np++] = x;
-        for (int k = 0; k < 2; k++) {
-            snprintf(onames[no], sizeof onames[no], "%s.%s", k == 0 ? "adam_m" : "adam_v", ti->name);
-            loom_st_tensor y = x;
-            y.name = onames[no];
-            y.data = (k == 0 ? t->opt.m : t->opt.v) + ti->offset;
-            ot[no++] = y;
-        }
+    const int W = t->world_size;
+    char **names = loom_calloc((size_t)W + 2, sizeof *names);
+    char dir[4200];
+    char *buf = NULL, *state_buf = NULL, *cfg_buf = NULL;
+    loom_dp_piece *pieces = NULL;
+    int rc = -1, n = 0;
+    for (int r = 0; r < W; r++) {
+        names[r] = loom_malloc(64);
+        loom_pieces_file_name(r, names[r], 64);
     }
-    char *model_buf = NULL, *opt_buf = NULL, *state_buf = NULL, *cfg_buf = NULL;
-    size_t model_len = 0, opt_len = 0;
-    int rc = -1;
-    if (loom_safetensors_serialize(pt, np, NULL, &model_buf, &model_len, err) ||
-        loom_safetensors_serialize(ot, no, NULL, &opt_buf, &opt_len, err))
+    names[W] = loom_strdup("trainer_state.json");
+    names[W + 1] = loom_strdup("config.yaml");
+    loom_pathf(dir, sizeof dir, "%s/step_%07lld", t->ckpt_root, (long long)t->step);
+    int ok = 1;
+    if (t->world_rank == 0)
+        ok = loom_ckpt_prepare(t->ckpt_root, t->step, (const char *const *)names, W + 2, NULL, 0,
+                               err) == 0;
+    loom_barrier(t->mesh, LOOM_GROUP_WORLD);
+    if (!ok) goto done;
+    size_t len = 0;
+    pieces = loom_dp_pieces(t->dp, &n);
+    if (loom_pieces_serialize(pieces, n, &buf, &len, err) ||
+        loom_ckpt_write_file(dir, names[t->world_rank], buf, len, err))
         goto done;
-    loom_loader_state ls = loom_loader_get_state(t->train_ld);
-    json_t *st = json_pack("{s:I, s:I, s:{s:I, s:I}, s:{s:I, s:s}, s:s}", "step", (json_int_t)t->step,
-                           "optimizer_step", (json_int_t)t->opt.step, "loader", "epoch",
-                           (json_int_t)ls.epoch, "position", (json_int_t)ls.position, "rng",
-                           "seed", (json_int_t)t->s.seed, "kind", "counter-based (stateless)",
-                           "loom_version", LOOM_VERSION);
-    LOOM_CHECK(st != NULL);
-    state_buf = json_dumps(st, JSON_INDENT(2) | JSON_SORT_KEYS);
-    json_decref(st);
-    cfg_buf = loom_config_to_yaml(t->cfg);
-    loom_ckpt_file files[] = {
-        {"model.safetensors", model_buf, model_len},
-        {"optimizer.safetensors", opt_buf, opt_len},
-        {"trainer_state.json", state_buf, strlen(state_buf)},
-        {"config.yaml", cfg_buf, strlen(cfg_buf)},
-    };
-    rc = loom_ckpt_save(t->ckpt_root, t->step, files, 4, NULL, 0, err);
+    if (t->world_rank == 0) {
+        char layout[256];
+        char *ls = loom_loader_state_json(t->train_ld);
+        json_t *loader = json_loads(ls, JSON_REJECT_DUPLICATES, NULL);
+        free(ls);
+        LOOM_CHECK(loader != NULL);
+        json_t *st = json_pack("{s:I, s:I, s:o, s:{s:I, s:s}, s:s, s:s, s:I}", "step",
+                               (json_int_t)t->step, "optimizer_step",
+                               (json_int_t)loom_dp_optimizer_step(t->dp), "loader", loader,
+                               "rng", "seed", (json_int_t)t->s.seed, "kind",
+                               "counter-based (stateless)", "loom_version", LOOM_VERSION,
+                               "layout", loom_mesh_describe(t->mesh, layout, sizeof layout),
+                               "zero", (json_int_t)t->s.zero);
+        LOOM_CHECK(st != NULL);
+        state_buf = json_dumps(st, JSON_INDENT(2) | JSON_SORT_KEYS);
+        json_decref(st);
+        cfg_buf = loom_config_to_yaml(t->cfg);
+        if (loom_ckpt_write_file(dir, names[W], state_buf, strlen(state_buf), err) ||
+            loom_ckpt_write_file(dir, names[W + 1], cfg_buf, strlen(cfg_buf), err))
+            goto done;
+    }
+    loom_barrier(t->mesh, LOOM_GROUP_WORLD);
+    if (t->world_rank == 0 &&
+        loom_ckpt_commit(t->ckpt_root, t->step, (const char *const *)names, W + 2, NULL, 0, err))
+        goto done;
+    loom_barrier(t->mesh, LOOM_GROUP_WORLD);
+    rc = 0;
 done:
-    free(model_buf);
-    free(opt_buf);
+    for (int r = 0; r < W + 2; r++) free(names[r]);
+    free(names);
+    free(pieces);
+    free(buf);
     free(state_buf);
     free(cfg_buf);
-    free(pt);
-    free(ot);
-    free(onames);
     return rc;
 }
 
@@ -228,38 +251,19 @@ static int json_get_int(json_t *obj, const char *key, int64_t *out, const char *
 
 static int load_checkpoint(trainer *t, const char *dir, loom_err *err) {
     loom_ckpt *ck = NULL;
-    loom_st_file *mf = NULL, *of = NULL;
     json_t *st = NULL;
-    int rc = -1;
+    loom_dp_piece *need = NULL;
+    int rc = -1, n = 0;
     char where[4200];
     if (loom_ckpt_open(dir, &ck, err)) return -1;
-    size_t ml, ol, sl;
-    const char *mb = loom_ckpt_file_data(ck, "model.safetensors", &ml);
-    const char *ob = loom_ckpt_file_data(ck, "optimizer.safetensors", &ol);
+    size_t sl;
     const char *sb = loom_ckpt_file_data(ck, "trainer_state.json", &sl);
-    if (!mb || !ob || !sb) {
-        loom_errf(err, "%s: checkpoint lacks model.safetensors, optimizer.safetensors or "
-                       "trainer_state.json", dir);
+    if (!sb) {
+        loom_errf(err, "%s: checkpoint lacks trainer_state.json", dir);
         goto done;
     }
-    loom_pathf(where, sizeof where, "%s/model.safetensors", dir);
-    if (loom_safetensors_parse(mb, ml, where, &mf, err)) goto done;
-    loom_pathf(where, sizeof where, "%s/optimizer.safetensors", dir);
-    if (loom_safetensors_parse(ob, ol, where, &of, err)) goto done;
-    for (int i = 0; i < loom_model_num_tensors(t->model); i++) {
-        const loom_tensor_info *ti = loom_model_tensor(t->model, i);
-        if (ti->numel == 0) continue;
-        char name[80];
-        if (loom_safetensors_read_into(mf, ti->name, loom_model_params(t->model) + ti->offset,
-                                       ti->ndim, ti->shape, err))
-            goto done;
-        snprintf(name, sizeof name, "adam_m.%s", ti->name);
-        if (loom_safetensors_read_into(of, name, t->opt.m + ti->offset, ti->ndim, ti->shape, err))
-            goto done;
-        snprintf(name, sizeof name, "adam_v.%s", ti->name);
-        if (loom_safetensors_read_into(of, name, t->opt.v + ti->offset, ti->ndim, ti->shape, err))
-            goto done;
-    }
+    need = loom_dp_needed(t->dp, &n);
+    if (loom_pieces_fill(ck, need, n, err)) goto done;
     json_error_t je;
     loom_pathf(where, sizeof where, "%s/trainer_state.json", dir);
     st = json_loadb(sb, sl, JSON_REJECT_DUPLICATES, &je);
@@ -267,21 +271,28 @@ static int load_checkpoint(trainer *t, const char *dir, loom_err *err) {
         loom_errf(err, "%s:%d: %s", where, je.line, st ? "not a JSON object" : je.text);
         goto done;
     }
-    int64_t step = 0, ostep = 0, epoch = 0, pos = 0;
+    int64_t step = 0, ostep = 0;
     json_t *ld = json_object_get(st, "loader");
     if (json_get_int(st, "step", &step, where, err) ||
-        json_get_int(st, "optimizer_step", &ostep, where, err) ||
-        json_get_int(ld, "epoch", &epoch, where, err) ||
-        json_get_int(ld, "position", &pos, where, err))
+        json_get_int(st, "optimizer_step", &ostep, where, err))
         goto done;
+    if (!json_is_object(ld)) {
+        loom_errf(err, "%s: 'loader' missing or not an object", where);
+        goto done;
+    }
+    char *ldtext = json_dumps(ld, JSON_COMPACT);
+    int lrc = loom_loader_restore_json(t->train_ld, ldtext, err);
+    free(ldtext);
+    if (lrc) {
+        loom_err_prefix(err, "%s: loader state", where);
+        goto done;
+    }
     t->step = step;
-    t->opt.step = ostep;
-    loom_loader_set_state(t->train_ld, (loom_loader_state){(uint64_t)epoch, (uint64_t)pos});
+    loom_dp_set_optimizer_step(t->dp, ostep);
     rc = 0;
 done:
     json_decref(st);
-    loom_safetensors_close(mf);
-    loom_safetensors_close(of);
+    free(need);
     loom_ckpt_close(ck);
     return rc;
 }
@@ -300,16 +311,38 @@ static void install_stop_handlers(struct sigaction *old_int, struct sigaction *o
     sigaction(SIGTERM, &sa, old_term);
 }
 
-/* ---- evaluation ------------------------------------------------------------------------ */
+/* ---- one batch ------------------------------------------------------------------------- */
 
-static int eval_loss(trainer *t, int32_t *inp, int32_t *tgt, double *out, loom_err *err) {
+/* This rank's rows of the global batch in t->g_inp/g_tgt. */
+static const int32_t *local_rows(const trainer *t, const int32_t *global) {
+    return global + (size_t)t->dp_rank * (size_t)t->local_B * (size_t)t->s.T;
+}
+
+/* Forward on this rank's slice; returns the global mean loss and (optionally) the global
+ * number of valid targets. */
+static double forward_global(trainer *t, int64_t *global_valid) {
+    const float loss = loom_model_forward(t->model, local_rows(t, t->g_inp),
+                                          local_rows(t, t->g_tgt), (int)t->local_B, (int)t->s.T);
+    const int64_t valid = loom_model_valid_targets(t->model);
+    double v[2] = {(double)loss * (double)valid, (double)valid};
+    loom_allreduce_sum(t->mesh, LOOM_GROUP_DP, v, 2, LOOM_F64);
+    if (global_valid) *global_valid = (int64_t)v[1];
+    return v[1] > 0 ? v[0] / v[1] : 0.0;
+}
+
+static int eval_loss(trainer *t, double *out, loom_err *err) {
     loom_loader *vl = NULL;
-    if (loom_loader_create(t->val_ds, (int)t->s.T, (uint64_t)t->s.seed, 0, &vl, err))
+    const loom_loader_opts o = {.T = (int)t->s.T, .seed = (uint64_t)t->s.seed, .shuffle = 0,
+                                .ignore_caps = 1};
+    if (loom_loader_open(t->val_ds, &o, &vl, err))
         return loom_err_prefix(err, "validation data %s", t->s.val_dir);
     double sum = 0;
     for (int64_t b = 0; b < t->s.eval_batches; b++) {
-        loom_loader_next(vl, (int)t->s.B, inp, tgt);
-        sum += loom_model_forward(t->model, inp, tgt, (int)t->s.B, (int)t->s.T);
+        if (loom_loader_next(vl, (int)t->s.B, t->g_inp, t->g_tgt, err)) {
+            loom_loader_free(vl);
+            return loom_err_prefix(err, "validation data %s", t->s.val_dir);
+        }
+        sum += forward_global(t, NULL);
     }
     loom_loader_free(vl);
     *out = sum / (double)t->s.eval_batches;
@@ -357,132 +390,201 @@ static void progress(const trainer *t, double loss, double lr, double tps, doubl
     fflush(stderr);
 }
 
+/* the mesh from parallel.*; only data parallelism is implemented in the trainer so far */
+static int build_mesh(trainer *t, loom_err *err) {
+    loom_mesh_spec spec;
+    if (loom_mesh_spec_from_config(t->cfg, &spec, err)) return -1;
+    const loom_mesh_dims dims = {t->mc.n_head, t->mc.n_kv_head, t->mc.n_layer, (int)t->s.T, 0};
+    if (loom_mesh_create(&spec, &dims, &t->mesh, err)) return -1;
+    const loom_mesh_spec *l = loom_mesh_layout(t->mesh);
+    if (l->tp > 1 || l->pp > 1 || l->cp > 1 || l->ep > 1)
+        return loom_errf(err, "parallel: tp=%d pp=%d cp=%d ep=%d: the trainer implements data "
+                              "parallelism only so far (tensor, pipeline, context and expert "
+                              "parallelism are not built yet); use parallel.dp",
+                         l->tp, l->pp, l->cp, l->ep);
+    t->dp_rank = loom_mesh_rank(t->mesh, LOOM_GROUP_DP);
+    t->dp_size = loom_mesh_size(t->mesh, LOOM_GROUP_DP);
+    t->world_rank = loom_mesh_rank(t->mesh, LOOM_GROUP_WORLD);
+    t->world_size = loom_mesh_size(t->mesh, LOOM_GROUP_WORLD);
+    if (t->s.B % t->dp_size != 0)
+        return loom_errf(err, "training.batch_size = %lld (the global batch) is not divisible by "
+                              "the %d data-parallel ranks", (long long)t->s.B, t->dp_size);
+    t->local_B = t->s.B / t->dp_size;
+    return 0;
+}
+
 int loom_train(loom_config *cfg, loom_err *err) {
     build_schema();
     if (loom_config_apply_schema(cfg, all_keys, n_all_keys, err)) return -1;
     trainer t;
     memset(&t, 0, sizeof t);
     t.cfg = cfg;
-    int rc = -1;
-    int32_t *inp = NULL, *tgt = NULL;
+    int rc = -1, handlers = 0;
     loom_metrics *mx = NULL;
+    double *per_rank = NULL;
+    struct sigaction old_int, old_term;
     if (read_settings(cfg, &t.s, err)) return -1;
     if (loom_model_config_from(cfg, (int)t.s.T, &t.mc, err)) return -1;
     if (t.s.T > t.mc.max_seq_len)
         return loom_errf(err, "config: training.seq_len %lld exceeds model.max_seq_len %d",
                          (long long)t.s.T, t.mc.max_seq_len);
+    if (build_mesh(&t, err)) goto done;
+    const int rank0 = t.world_rank == 0;
     if (t.s.threads > 0) omp_set_num_threads((int)t.s.threads);
+    else if (loom_comm_mpi_active()) omp_set_num_threads(loom_comm_default_threads());
     const int threads = omp_get_max_threads();
 
     char path[4200];
-    if (loom_mkdirs(t.s.run_dir, err)) return -1;
     loom_pathf(t.ckpt_root, sizeof t.ckpt_root, "%s/ckpt", t.s.run_dir);
-    if (loom_config_write_yaml(cfg, loom_pathf(path, sizeof path, "%s/config.yaml", t.s.run_dir),
-                               err))
-        return -1;
+    if (rank0) {
+        if (loom_mkdirs(t.s.run_dir, err)) goto done;
+        if (loom_config_write_yaml(cfg, loom_pathf(path, sizeof path, "%s/config.yaml", t.s.run_dir),
+                                   err))
+            goto done;
+    }
     if (open_data(&t, err)) goto done;
-    if (loom_model_create(&t.mc, (int)t.s.B, (int)t.s.T, &t.model, err)) goto done;
-    loom_model_init_weights(t.model, (uint64_t)t.s.seed);
-    loom_adamw_init(&t.opt, loom_model_num_params(t.model), (float)t.s.beta1, (float)t.s.beta2,
-                    (float)t.s.eps, (float)t.s.weight_decay);
+    if (loom_model_create_ex(&t.mc, (int)t.local_B, (int)t.s.T, 0, &t.model, err)) goto done;
+    if (loom_dp_create(t.model, t.mesh, (int)t.s.zero, (uint64_t)t.s.seed, (float)t.s.beta1,
+                       (float)t.s.beta2, (float)t.s.eps, (float)t.s.weight_decay, &t.dp, err))
+        goto done;
 
     char latest[4200];
     int64_t latest_step = -1;
+    loom_barrier(t.mesh, LOOM_GROUP_WORLD); /* run dir exists before anyone looks */
     if (loom_ckpt_find_latest(t.ckpt_root, latest, sizeof latest, &latest_step, err)) goto done;
     if (latest_step >= 0) {
         if (load_checkpoint(&t, latest, err)) goto done;
-        loom_log("resumed from %s (step %lld)", latest, (long long)t.step);
+        if (rank0) loom_log("resumed from %s (step %lld)", latest, (long long)t.step);
     }
-    loom_pathf(path, sizeof path, "%s/metrics.jsonl", t.s.run_dir);
-    if (loom_metrics_open(path, t.step, &mx, err)) goto done;
+    if (rank0) {
+        loom_pathf(path, sizeof path, "%s/metrics.jsonl", t.s.run_dir);
+        if (loom_metrics_open(path, t.step, &mx, err)) goto done;
+    }
 
     const double peak = t.s.peak_flops > 0 ? t.s.peak_flops : loom_peak_flops(threads);
     const double flops_tok = loom_model_flops_per_token(t.model, (int)t.s.T);
     const int64_t BT = t.s.B * t.s.T;
-    loom_log("model: %s, %zu parameters, %d threads, peak %.1f GFLOP/s; data: %llu training "
-             "samples of %lld tokens",
-             t.mc.flavor == LOOM_FLAVOR_GPT2 ? "gpt2" : "llama", loom_model_num_params(t.model),
-             threads, peak / 1e9, (unsigned long long)loom_loader_num_samples(t.train_ld),
-             (long long)t.s.T);
-    inp = loom_malloc((size_t)BT * sizeof(int32_t));
-    tgt = loom_malloc((size_t)BT * sizeof(int32_t));
-    const size_t mem_bytes = loom_model_arena_bytes(t.model) + 2 * t.opt.n * sizeof(float);
+    loom_dp_memory mem;
+    loom_dp_memory_usage(t.dp, &mem);
+    const size_t mem_bytes = mem.param_bytes + mem.grad_bytes + mem.optim_bytes +
+                             loom_model_arena_bytes(t.model);
+    if (rank0) {
+        char layout[256];
+        loom_log("model: %s, %zu parameters; %s, zero %lld, %d threads per rank, peak %.1f "
+                 "GFLOP/s; data: %llu training samples of %lld tokens",
+                 t.mc.flavor == LOOM_FLAVOR_GPT2 ? "gpt2" : "llama",
+                 loom_model_num_params(t.model), loom_mesh_describe(t.mesh, layout, sizeof layout),
+                 (long long)t.s.zero, threads, peak / 1e9,
+                 (unsigned long long)loom_loader_num_samples(t.train_ld), (long long)t.s.T);
+    }
+    t.g_inp = loom_malloc((size_t)BT * sizeof(int32_t));
+    t.g_tgt = loom_malloc((size_t)BT * sizeof(int32_t));
     const int64_t first_step = t.step;
     const double t_start = loom_now();
-    struct sigaction old_int, old_term;
     install_stop_handlers(&old_int, &old_term);
+    handlers = 1;
+    per_rank = loom_calloc(3 * (size_t)t.world_size, sizeof(double));
 
     while (t.step < t.s.steps) {
         const double t0 = loom_now();
-        loom_model_zero_grad(t.model);
+        loom_comm_stats_reset(t.mesh);
+        if (t.s.follow) { /* rank 0 decides how many manifest lines everyone uses */
+            int lines = 0;
+            if (rank0 && loom_loader_refresh(t.train_ld, 0, &lines, err)) goto done;
+            int64_t nl = lines;
+            loom_broadcast(t.mesh, LOOM_GROUP_WORLD, &nl, 1, LOOM_I64, 0);
+            if (!rank0 && loom_loader_refresh(t.train_ld, (int)nl, NULL, err)) goto done;
+        }
         double loss = 0;
         for (int64_t micro = 0; micro < t.s.accum; micro++) {
-            loom_loader_next(t.train_ld, (int)t.s.B, inp, tgt);
-            loss += loom_model_forward(t.model, inp, tgt, (int)t.s.B, (int)t.s.T);
-            const int64_t valid = loom_model_valid_targets(t.model);
+            /* every rank reads the whole global batch (token ids: cheap) and uses its rows */
+            if (loom_loader_next(t.train_ld, (int)t.s.B, t.g_inp, t.g_tgt, err)) {
+                loom_err_prefix(err, "data.train %s", t.s.train_dir);
+                goto done;
+            }
+            int64_t valid = 0;
+            loss += forward_global(&t, &valid);
+            loom_dp_begin_micro(t.dp, micro == 0, micro == t.s.accum - 1);
             loom_model_backward(t.model, valid > 0 ? 1.0f / (float)(valid * t.s.accum) : 0.0f);
         }
         loss /= (double)t.s.accum;
-        const float gnorm = loom_clip_grad_norm(loom_model_grads(t.model), t.opt.n,
-                                                (float)t.s.grad_clip);
+        const float gnorm = loom_dp_finish_grads(t.dp, (float)t.s.grad_clip);
         const double lr = loom_schedule_lr(&t.s.sched, t.step);
-        loom_adamw_step(&t.opt, t.model, (float)lr);
+        loom_dp_step(t.dp, (float)lr);
         t.step++;
         const double dt = loom_now() - t0;
         const double tps = (double)(BT * t.s.accum) / dt;
-        const double mfu = flops_tok * tps / peak;
-
-        json_t *row = json_pack("{s:I, s:f, s:f, s:f, s:f, s:f, s:I, s:I, s:f}", "step",
-                                (json_int_t)t.step, "loss", loss, "lr", lr, "grad_norm",
-                                (double)gnorm, "tokens_per_s", tps, "mfu", mfu, "mem_bytes",
-                                (json_int_t)mem_bytes, "rss_bytes", (json_int_t)rss_bytes(),
-                                "step_ms", dt * 1e3);
-        LOOM_CHECK(row != NULL);
+        const double mfu = flops_tok * tps / (peak * t.world_size);
+        loom_comm_stats cs;
+        loom_comm_stats_get(t.mesh, &cs);
+        double mine[3] = {cs.total_time_s, cs.total_bytes, cs.total_wait_s};
+        loom_allgather(t.mesh, LOOM_GROUP_WORLD, mine, per_rank, 3 * (size_t)t.world_size, LOOM_F64);
         if (!isfinite(loss)) {
-            json_decref(row);
             loom_errf(err, "step %lld: loss is not finite (%f); stopping", (long long)t.step, loss);
             goto done;
         }
         const int last = t.step == t.s.steps;
+        double vloss = -1;
         if (t.val_ds && ((t.s.eval_every > 0 && t.step % t.s.eval_every == 0) || last)) {
-            double vloss = 0;
-            if (eval_loss(&t, inp, tgt, &vloss, err)) {
-                json_decref(row);
-                goto done;
-            }
-            json_object_set_new(row, "val_loss", json_real(vloss));
-            if (!isatty(STDERR_FILENO) || last) loom_log("step %lld: val loss %.4f", (long long)t.step, vloss);
+            if (eval_loss(&t, &vloss, err)) goto done;
+            if (rank0 && (!isatty(STDERR_FILENO) || last))
+                loom_log("step %lld: val loss %.4f", (long long)t.step, vloss);
         }
-        int wr = loom_metrics_write(mx, row, err);
-        json_decref(row);
-        if (wr) goto done;
-        if (t.step % t.s.log_every == 0 || last)
-            progress(&t, loss, lr, tps, mfu, loom_now() - t_start, first_step);
-        const int stop = g_stop_signal != 0;
-        if ((t.s.ckpt_every > 0 && (t.step % t.s.ckpt_every == 0 || last)) || stop) {
+        if (rank0) {
+            json_t *row = json_pack("{s:I, s:f, s:f, s:f, s:f, s:f, s:I, s:I, s:f}", "step",
+                                    (json_int_t)t.step, "loss", loss, "lr", lr, "grad_norm",
+                                    (double)gnorm, "tokens_per_s", tps, "mfu", mfu, "mem_bytes",
+                                    (json_int_t)mem_bytes, "rss_bytes", (json_int_t)rss_bytes(),
+                                    "step_ms", dt * 1e3);
+            LOOM_CHECK(row != NULL);
+            if (vloss >= 0) json_object_set_new(row, "val_loss", json_real(vloss));
+            if (t.world_size > 1) {
+                json_t *ct = json_array(), *cb = json_array(), *cw = json_array();
+                for (int r = 0; r < t.world_size; r++) {
+                    json_array_append_new(ct, json_real(per_rank[3 * r]));
+                    json_array_append_new(cb, json_real(per_rank[3 * r + 1]));
+                    json_array_append_new(cw, json_real(per_rank[3 * r + 2]));
+                }
+                json_object_set_new(row, "comm_s", ct);
+                json_object_set_new(row, "comm_bytes", cb);
+                json_object_set_new(row, "comm_wait_s", cw);
+            }
+            int wr = loom_metrics_write(mx, row, err);
+            json_decref(row);
+            if (wr) goto done;
+            if (t.step % t.s.log_every == 0 || last)
+                progress(&t, loss, lr, tps, mfu, loom_now() - t_start, first_step);
+        }
+        /* the stop decision must be the same on every rank */
+        double stop = g_stop_signal;
+        loom_allreduce_max(t.mesh, LOOM_GROUP_WORLD, &stop, 1, LOOM_F64);
+        if ((t.s.ckpt_every > 0 && (t.step % t.s.ckpt_every == 0 || last)) || stop > 0) {
             if (save_checkpoint(&t, err)) goto done;
         }
-        if (stop) {
+        if (stop > 0) {
             loom_errf(err, "interrupted by signal %d at step %lld; checkpoint saved in %s "
                            "(run the same command to continue)",
-                      (int)g_stop_signal, (long long)t.step, t.ckpt_root);
+                      (int)stop, (long long)t.step, t.ckpt_root);
             goto done;
         }
     }
-    if (isatty(STDERR_FILENO)) fputc('\n', stderr);
+    if (rank0 && isatty(STDERR_FILENO)) fputc('\n', stderr);
     rc = 0;
 done:
-    if (inp) { /* handlers were installed */
+    if (handlers) {
         sigaction(SIGINT, &old_int, NULL);
         sigaction(SIGTERM, &old_term, NULL);
     }
-    free(inp);
-    free(tgt);
+    free(per_rank);
+    free(t.g_inp);
+    free(t.g_tgt);
     loom_metrics_close(mx);
     loom_loader_free(t.train_ld);
     loom_dataset_close(t.train_ds);
     loom_dataset_close(t.val_ds);
-    if (t.model) loom_adamw_free(&t.opt);
+    loom_dp_free(t.dp);
     loom_model_free(t.model);
+    /* collective under MPI: on an error the job is ended by the caller instead */
+    if (rc == 0 || !loom_comm_mpi_active()) loom_mesh_free(t.mesh);
     return rc;
 }

@@ -31,12 +31,12 @@ expect_fail "shard with a flipped byte" "$name" "$L" train "$WORK/ok.yaml" --set
 # a checkpoint with a flipped byte: resume refuses it, naming the file; metrics survive
 "$LOOM_BIN" train "$WORK/ok.yaml" --set training.steps=5 2>/dev/null
 cp "$WORK/run/metrics.jsonl" "$WORK/metrics.before"
-python3 - "$WORK/run/ckpt/step_0000005/model.safetensors" <<'PY'
+python3 - "$WORK/run/ckpt/step_0000005/rank_00000.safetensors" <<'PY'
 import sys
 p = sys.argv[1]; b = bytearray(open(p, 'rb').read()); b[len(b) // 2] ^= 0x01; open(p, 'wb').write(b)
 PY
-expect_fail "checkpoint with a flipped byte (train)" "model\.safetensors.*SHA-256" "$L" train "$WORK/ok.yaml"
-expect_fail "checkpoint with a flipped byte (generate)" "model\.safetensors.*SHA-256" "$L" generate "$WORK/run" --prompt x
+expect_fail "checkpoint with a flipped byte (train)" "rank_00000\.safetensors.*SHA-256" "$L" train "$WORK/ok.yaml"
+expect_fail "checkpoint with a flipped byte (generate)" "rank_00000\.safetensors.*SHA-256" "$L" generate "$WORK/run" --prompt x
 cmp -s "$WORK/run/metrics.jsonl" "$WORK/metrics.before" || fail "a failed resume changed metrics.jsonl"
 pass "metrics.jsonl untouched by the failed resume"
 expect_fail "generate: bad --tokens" "tokens" "$L" generate "$WORK/run" --tokens 12x

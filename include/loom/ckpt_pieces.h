@@ -1,0 +1,24 @@
+/* Training checkpoints as pieces: every rank writes the parameters and AdamW moments it owns
+ * into its own safetensors file (rank_RRRRR.safetensors in the step directory), each piece a
+ * flat range of one tensor, with the tensor's global shape in the metadata. Loading fills
+ * whatever a rank of any layout needs from the pieces of all files, so a checkpoint saved at
+ * one DP degree / ZeRO stage resumes at another. See docs/checkpoints.md. */
+#ifndef LOOM_CKPT_PIECES_H
+#define LOOM_CKPT_PIECES_H
+
+#include "loom/checkpoint.h"
+#include "loom/parallel.h"
+
+/* "rank_00003.safetensors" */
+void loom_pieces_file_name(int rank, char *buf, size_t size);
+/* One safetensors buffer holding the pieces: tensor "<kind>/<tensor>/<begin>" (F32, 1-D),
+ * metadata "format" = "loom-pieces-1" and "shape/<tensor>" = "[d0, d1]". */
+int loom_pieces_serialize(const loom_dp_piece *p, int n, char **buf, size_t *len, loom_err *err);
+/* Fills every needed piece from the piece files of an opened checkpoint. Every needed element
+ * must be covered exactly once and every tensor's recorded shape must match; errors name the
+ * file and the tensor. */
+int loom_pieces_fill(const loom_ckpt *ck, loom_dp_piece *needed, int n, loom_err *err);
+/* Loads the parameters of a checkpoint into a model that has its own arenas. */
+int loom_pieces_load_params(const loom_ckpt *ck, loom_model *m, loom_err *err);
+
+#endif

@@ -1,0 +1,70 @@
+/* loom data parallelism with ZeRO sharding.
+ *
+ * The engine owns the parameter, gradient and AdamW-moment storage of a model (created with
+ * own_arenas = 0) and serves it to forward/backward through the model's unit hooks.
+ * Every unit (embeddings, each layer, final block) is split over the dp ranks with
+ * loom_split(unit_count, dp, rank): a rank owns one contiguous slice of every unit.
+ *
+ *   zero 0: full parameters, full gradients (all-reduced per unit as backward makes them
+ *           ready), full moments; every rank applies the same update.
+ *   zero 1: full parameters and gradients; moments only for the owned slices. Gradients are
+ *           reduce-scattered per unit, the owned slices updated, parameters all-gathered.
+ *   zero 2: as 1, but gradients are not kept whole: each unit's gradients accumulate in a
+ *           bucket (embeddings and final block have their own, layers share two), which is
+ *           reduce-scattered into the owned slices as soon as the unit is ready.
+ *   zero 3: as 2, and parameters are kept only as owned slices: each unit is all-gathered
+ *           into a buffer just before forward or backward reads it and dropped after.
+ *
+ * Gradients are plain sums over ranks: the caller scales each rank's loss by
+ * 1 / (global valid tokens * micro-batches), so the sum is the global mean. */
+#ifndef LOOM_PARALLEL_H
+#define LOOM_PARALLEL_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include "loom/comm.h"
+#include "loom/model.h"
+
+typedef struct loom_dp loom_dp;
+
+typedef struct loom_dp_memory {
+    size_t param_bytes;   /* parameter storage: full, or owned slices + gather buffers */
+    size_t grad_bytes;    /* gradient storage: full, or owned slices + buckets */
+    size_t optim_bytes;   /* AdamW moments */
+} loom_dp_memory;
+
+/* Sets the model's hooks and allocates storage for the given stage. Parameters are
+ * initialized from the counter-based init (seed), so every layout starts identically. */
+int loom_dp_create(loom_model *m, loom_mesh *mesh, int zero, uint64_t seed, float beta1,
+                   float beta2, float eps, float weight_decay, loom_dp **out, loom_err *err);
+void loom_dp_free(loom_dp *dp);
+
+/* Before each micro-batch's backward: last = 1 on the final micro-batch of a step (zero 0/1
+ * reduce only then; zero 2/3 reduce every micro-batch). Zeroes gradients when first = 1. */
+void loom_dp_begin_micro(loom_dp *dp, int first, int last);
+/* After the last backward: completes the reductions, computes the global gradient norm,
+ * clips to max_norm (> 0), returns the norm before clipping. */
+float loom_dp_finish_grads(loom_dp *dp, float max_norm);
+/* AdamW on the owned part, then (zero 1/2) all-gather the updated parameters. */
+void loom_dp_step(loom_dp *dp, float lr);
+int64_t loom_dp_optimizer_step(const loom_dp *dp);
+void loom_dp_set_optimizer_step(loom_dp *dp, int64_t step);
+void loom_dp_memory_usage(const loom_dp *dp, loom_dp_memory *out);
+
+/* ---- checkpoint pieces -----------------------------------------------------------------
+ * What this rank holds, tensor by tensor, as flat ranges [begin, begin + count) of the
+ * tensor's elements: kind 0 = parameters, 1 = adam_m, 2 = adam_v. Replicated data (zero 0
+ * parameters and moments, zero 1/2 parameters) is reported by dp rank 0 only. */
+typedef struct loom_dp_piece {
+    int kind;
+    const loom_tensor_info *tensor;
+    size_t begin, count;
+    float *data;          /* count floats */
+} loom_dp_piece;
+/* Returns a malloc'd array of pieces (*n entries). */
+loom_dp_piece *loom_dp_pieces(loom_dp *dp, int *n);
+/* Everything this rank needs (its parameters, full or owned, and its moments), as pieces to
+ * fill: same as loom_dp_pieces but for the data a rank must load, replicated data included. */
+loom_dp_piece *loom_dp_needed(loom_dp *dp, int *n);
+
+#endif

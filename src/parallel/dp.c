@@ -1,0 +1,348 @@
+/* Data parallelism with ZeRO-0/1/2/3 over the model's units. See include/loom/parallel.h.
+ * Communication goes through the checked collectives of src/comm; the math (AdamW, norms)
+ * through src/kernels. */
+#include "loom/parallel.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "loom/kernels.h"
+
+enum { B_EMB = 0, B_FIN = 1, B_L0 = 2, B_L1 = 3, N_BUCKETS = 4 };
+
+struct loom_dp {
+    loom_model *m;
+    loom_mesh *mesh;
+    int zero, rank, size;
+    int U;
+    size_t n;              /* parameters in the model */
+    size_t *uoff, *ucnt;   /* (U) unit ranges in the arena */
+    size_t *soff, *slen;   /* (U) this rank's slice of each unit, relative to the unit */
+    size_t *sbase;         /* (U) where unit u's slice sits in the shard buffers */
+    size_t nshard;         /* floats in the shard buffers */
+    size_t max_layer;      /* largest layer unit */
+    size_t max_layer_slice;
+
+    float *params;         /* (n) zero 0-2 */
+    float *pshard;         /* (nshard) zero 3 */
+    float *grads;          /* (n) zero 0-1 */
+    float *gshard;         /* (nshard) reduced, owned gradients */
+    float *adam_m, *adam_v;/* (n) zero 0, (nshard) zero 1-3 */
+    size_t n_moments;
+
+    /* zero 2/3: gradient buckets and the recv buffers of their reduce-scatters */
+    float *gbucket[N_BUCKETS];
+    float *gtmp[N_BUCKETS];
+    loom_comm_req *greq[N_BUCKETS];
+    int gunit[N_BUCKETS];  /* unit whose reduction is in flight, -1 none */
+    /* zero 0/1: per-unit reductions of the full gradient buffer */
+    loom_comm_req **ureq;
+    /* zero 3: gather buffers and the unit each holds (-1 none) */
+    float *pbuf[N_BUCKETS];
+    int punit[N_BUCKETS];
+
+    int first, last;
+    int64_t step;
+    float beta1, beta2, eps, wd;
+};
+
+static int bucket_of(const loom_dp *dp, int u) {
+    if (u == 0) return B_EMB;
+    if (u == dp->U - 1) return B_FIN;
+    return B_L0 + (u % 2);
+}
+
+/* ---- hooks ---------------------------------------------------------------------------- */
+
+static const float *hook_acquire(void *ctx, int u, int phase) {
+    loom_dp *dp = ctx;
+    (void)phase;
+    if (dp->zero < 3) return dp->params + dp->uoff[u];
+    const int b = bucket_of(dp, u);
+    if (dp->punit[b] != u) {
+        loom_allgather(dp->mesh, LOOM_GROUP_DP, dp->pshard + dp->sbase[u], dp->pbuf[b],
+                       dp->ucnt[u], LOOM_F32);
+        dp->punit[b] = u;
+    }
+    return dp->pbuf[b];
+}
+
+/* completes bucket b's reduce-scatter and adds it into the owned gradients */
+static void drain_bucket(loom_dp *dp, int b) {
+    if (dp->gunit[b] < 0) return;
+    loom_comm_wait(dp->greq[b]);
+    const int u = dp->gunit[b];
+    float *dst = dp->gshard + dp->sbase[u];
+    const float *src = dp->gtmp[b];
+    for (size_t i = 0; i < dp->slen[u]; i++) dst[i] += src[i];
+    dp->greq[b] = NULL;
+    dp->gunit[b] = -1;
+}
+
+static float *hook_grads(void *ctx, int u) {
+    loom_dp *dp = ctx;
+    if (dp->zero < 2) return dp->grads + dp->uoff[u];
+    const int b = bucket_of(dp, u);
+    drain_bucket(dp, b);
+    memset(dp->gbucket[b], 0, dp->ucnt[u] * sizeof(float));
+    return dp->gbucket[b];
+}
+
+static void hook_grads_ready(void *ctx, int u) {
+    loom_dp *dp = ctx;
+    if (dp->zero < 2) {
+        if (!dp->last) return;
+        /* zero 0 and 1 both reduce-scatter; zero 0 all-gathers the result back later */
+        dp->ureq[u] = loom_ireduce_scatter_sum(dp->mesh, LOOM_GROUP_DP, dp->grads + dp->uoff[u],
+                                               dp->gshard + dp->sbase[u], dp->ucnt[u], LOOM_F32);
+        return;
+    }
+    const int b = bucket_of(dp, u);
+    LOOM_CHECK(dp->gunit[b] < 0);
+    dp->greq[b] = loom_ireduce_scatter_sum(dp->mesh, LOOM_GROUP_DP, dp->gbucket[b], dp->gtmp[b],
+                                           dp->ucnt[u], LOOM_F32);
+    dp->gunit[b] = u;
+}
+
+/* ---- create --------------------------------------------------------------------------- */
+
+int loom_dp_create(loom_model *m, loom_mesh *mesh, int zero, uint64_t seed, float beta1,
+                   float beta2, float eps, float weight_decay, loom_dp **out, loom_err *err) {
+    if (zero < 0 || zero > 3) return loom_errf(err, "parallel.zero = %d: expected 0, 1, 2 or 3", zero);
+    loom_dp *dp = loom_calloc(1, sizeof *dp);
+    dp->m = m;
+    dp->mesh = mesh;
+    dp->zero = zero;
+    dp->rank = loom_mesh_rank(mesh, LOOM_GROUP_DP);
+    dp->size = loom_mesh_size(mesh, LOOM_GROUP_DP);
+    dp->U = loom_model_num_units(m);
+    dp->n = loom_model_num_params(m);
+    dp->beta1 = beta1;
+    dp->beta2 = beta2;
+    dp->eps = eps;
+    dp->wd = weight_decay;
+    const int U = dp->U;
+    dp->uoff = loom_calloc((size_t)U, sizeof(size_t));
+    dp->ucnt = loom_calloc((size_t)U, sizeof(size_t));
+    dp->soff = loom_calloc((size_t)U, sizeof(size_t));
+    dp->slen = loom_calloc((size_t)U, sizeof(size_t));
+    dp->sbase = loom_calloc((size_t)U, sizeof(size_t));
+    dp->ureq = loom_calloc((size_t)U, sizeof(loom_comm_req *));
+    for (int u = 0; u < U; u++) {
+        loom_model_unit_range(m, u, &dp->uoff[u], &dp->ucnt[u]);
+        loom_split(dp->ucnt[u], dp->size, dp->rank, &dp->soff[u], &dp->slen[u]);
+        dp->sbase[u] = dp->nshard;
+        dp->nshard += dp->slen[u];
+        if (u > 0 && u < U - 1) {
+            if (dp->ucnt[u] > dp->max_layer) dp->max_layer = dp->ucnt[u];
+            if (dp->slen[u] > dp->max_layer_slice) dp->max_layer_slice = dp->slen[u];
+        }
+    }
+    if (zero < 3) {
+        dp->params = loom_alloc_aligned(dp->n * sizeof(float));
+        loom_model_init_range(m, seed, 0, dp->n, dp->params);
+    } else {
+        dp->pshard = loom_alloc_aligned(dp->nshard * sizeof(float));
+        for (int u = 0; u < U; u++)
+            loom_model_init_range(m, seed, dp->uoff[u] + dp->soff[u], dp->slen[u],
+                                  dp->pshard + dp->sbase[u]);
+        const size_t sizes[N_BUCKETS] = {dp->ucnt[0], dp->ucnt[U - 1], dp->max_layer,
+                                         dp->max_layer};
+        for (int b = 0; b < N_BUCKETS; b++) {
+            dp->pbuf[b] = loom_alloc_aligned(sizes[b] * sizeof(float));
+            dp->punit[b] = -1;
+        }
+    }
+    if (zero < 2) dp->grads = loom_alloc_aligned(dp->n * sizeof(float));
+    dp->gshard = loom_alloc_aligned(dp->nshard * sizeof(float));
+    if (zero >= 2) {
+        const size_t sizes[N_BUCKETS] = {dp->ucnt[0], dp->ucnt[U - 1], dp->max_layer,
+                                         dp->max_layer};
+        const size_t tsizes[N_BUCKETS] = {dp->slen[0], dp->slen[U - 1], dp->max_layer_slice,
+                                          dp->max_layer_slice};
+        for (int b = 0; b < N_BUCKETS; b++) {
+            dp->gbucket[b] = loom_alloc_aligned(sizes[b] * sizeof(float));
+            dp->gtmp[b] = loom_alloc_aligned(tsizes[b] * sizeof(float));
+        }
+    }
+    for (int b = 0; b < N_BUCKETS; b++) dp->gunit[b] = -1;
+    dp->n_moments = zero == 0 ? dp->n : dp->nshard;
+    dp->adam_m = loom_alloc_aligned(dp->n_moments * sizeof(float));
+    dp->adam_v = loom_alloc_aligned(dp->n_moments * sizeof(float));
+    loom_model_hooks h = {.ctx = dp, .acquire_params = hook_acquire, .grads = hook_grads,
+                          .grads_ready = hook_grads_ready};
+    loom_model_set_hooks(m, &h);
+    *out = dp;
+    return 0;
+}
+
+void loom_dp_free(loom_dp *dp) {
+    if (!dp) return;
+    for (int b = 0; b < N_BUCKETS; b++) {
+        drain_bucket(dp, b);
+        free(dp->gbucket[b]);
+        free(dp->gtmp[b]);
+        free(dp->pbuf[b]);
+    }
+    free(dp->params);
+    free(dp->pshard);
+    free(dp->grads);
+    free(dp->gshard);
+    free(dp->adam_m);
+    free(dp->adam_v);
+    free(dp->uoff);
+    free(dp->ucnt);
+    free(dp->soff);
+    free(dp->slen);
+    free(dp->sbase);
+    free(dp->ureq);
+    free(dp);
+}
+
+/* ---- step ----------------------------------------------------------------------------- */
+
+void loom_dp_begin_micro(loom_dp *dp, int first, int last) {
+    dp->first = first;
+    dp->last = last;
+    if (!first) return;
+    if (dp->grads) memset(dp->grads, 0, dp->n * sizeof(float));
+    memset(dp->gshard, 0, dp->nshard * sizeof(float));
+}
+
+float loom_dp_finish_grads(loom_dp *dp, float max_norm) {
+    if (dp->zero < 2) {
+        for (int u = 0; u < dp->U; u++) {
+            LOOM_CHECK(dp->ureq[u] != NULL);
+            loom_comm_wait(dp->ureq[u]);
+            dp->ureq[u] = NULL;
+        }
+    } else {
+        for (int b = 0; b < N_BUCKETS; b++) drain_bucket(dp, b);
+    }
+    /* every reduced element lives on exactly one rank: the norm is a sum over ranks */
+    double ss = sum_squares(dp->gshard, (int64_t)dp->nshard);
+    loom_allreduce_sum(dp->mesh, LOOM_GROUP_DP, &ss, 1, LOOM_F64);
+    const double norm = sqrt(ss);
+    if (max_norm > 0.0f && norm > (double)max_norm)
+        scale_inplace(dp->gshard, (int64_t)dp->nshard, (float)((double)max_norm / (norm + 1e-6)));
+    if (dp->zero == 0) /* every rank gets the whole reduced gradient, bit-identical */
+        for (int u = 0; u < dp->U; u++)
+            loom_allgather(dp->mesh, LOOM_GROUP_DP, dp->gshard + dp->sbase[u],
+                           dp->grads + dp->uoff[u], dp->ucnt[u], LOOM_F32);
+    return (float)norm;
+}
+
+/* AdamW over arena range [lo, hi) of unit u, split at tensor boundaries for weight decay.
+ * p, g, mom_m, mom_v point at element lo. */
+static void update_range(loom_dp *dp, int u, size_t lo, size_t hi, float *p, const float *g,
+                         float *mm, float *vv, float lr) {
+    const int nt = loom_model_num_tensors(dp->m);
+    for (int i = 0; i < nt; i++) {
+        const loom_tensor_info *t = loom_model_tensor(dp->m, i);
+        if (t->unit != u) continue;
+        const size_t a = t->offset > lo ? t->offset : lo;
+        const size_t b = t->offset + t->numel < hi ? t->offset + t->numel : hi;
+        if (a >= b) continue;
+        adamw_update(p + (a - lo), g + (a - lo), mm + (a - lo), vv + (a - lo), (int64_t)(b - a),
+                     lr, dp->beta1, dp->beta2, dp->eps, t->decay ? dp->wd : 0.0f, dp->step);
+    }
+}
+
+void loom_dp_step(loom_dp *dp, float lr) {
+    dp->step++;
+    for (int u = 0; u < dp->U; u++) {
+        if (dp->zero == 0) {
+            const size_t lo = dp->uoff[u], hi = lo + dp->ucnt[u];
+            update_range(dp, u, lo, hi, dp->params + lo, dp->grads + lo, dp->adam_m + lo,
+                         dp->adam_v + lo, lr);
+            continue;
+        }
+        const size_t lo = dp->uoff[u] + dp->soff[u], hi = lo + dp->slen[u], sb = dp->sbase[u];
+        float *p = dp->zero == 3 ? dp->pshard + sb : dp->params + lo;
+        update_range(dp, u, lo, hi, p, dp->gshard + sb, dp->adam_m + sb, dp->adam_v + sb, lr);
+        if (dp->zero < 3)
+            loom_allgather(dp->mesh, LOOM_GROUP_DP, dp->params + lo, dp->params + dp->uoff[u],
+                           dp->ucnt[u], LOOM_F32);
+    }
+    for (int b = 0; b < N_BUCKETS; b++) dp->punit[b] = -1; /* gathered copies are stale */
+}
+
+int64_t loom_dp_optimizer_step(const loom_dp *dp) { return dp->step; }
+void loom_dp_set_optimizer_step(loom_dp *dp, int64_t step) { dp->step = step; }
+
+void loom_dp_memory_usage(const loom_dp *dp, loom_dp_memory *out) {
+    const size_t f = sizeof(float);
+    memset(out, 0, sizeof *out);
+    if (dp->zero < 3) out->param_bytes = dp->n * f;
+    else {
+        out->param_bytes = dp->nshard * f;
+        out->param_bytes += (dp->ucnt[0] + dp->ucnt[dp->U - 1] + 2 * dp->max_layer) * f;
+    }
+    out->grad_bytes = dp->nshard * f;
+    if (dp->zero < 2) out->grad_bytes += dp->n * f;
+    else
+        out->grad_bytes += (dp->ucnt[0] + dp->ucnt[dp->U - 1] + 2 * dp->max_layer +
+                            dp->slen[0] + dp->slen[dp->U - 1] + 2 * dp->max_layer_slice) * f;
+    out->optim_bytes = 2 * dp->n_moments * f;
+}
+
+/* ---- checkpoint pieces ------------------------------------------------------------------ */
+
+static void push_piece(loom_dp_piece **arr, int *n, int *cap, loom_dp_piece p) {
+    if (*n == *cap) {
+        *cap = *cap ? 2 * *cap : 64;
+        *arr = loom_realloc(*arr, (size_t)*cap * sizeof **arr);
+    }
+    (*arr)[(*n)++] = p;
+}
+
+/* pieces of `kind` for arena data laid out as the full arena (base indexed by arena offset) */
+static void full_pieces(loom_dp *dp, int kind, float *base, loom_dp_piece **arr, int *n, int *cap) {
+    const int nt = loom_model_num_tensors(dp->m);
+    for (int i = 0; i < nt; i++) {
+        const loom_tensor_info *t = loom_model_tensor(dp->m, i);
+        push_piece(arr, n, cap, (loom_dp_piece){kind, t, 0, t->numel, base + t->offset});
+    }
+}
+
+/* pieces of `kind` for data laid out as this rank's shard buffers */
+static void shard_pieces(loom_dp *dp, int kind, float *shard, loom_dp_piece **arr, int *n,
+                         int *cap) {
+    const int nt = loom_model_num_tensors(dp->m);
+    for (int i = 0; i < nt; i++) {
+        const loom_tensor_info *t = loom_model_tensor(dp->m, i);
+        const int u = t->unit;
+        const size_t lo = dp->uoff[u] + dp->soff[u], hi = lo + dp->slen[u];
+        const size_t a = t->offset > lo ? t->offset : lo;
+        const size_t b = t->offset + t->numel < hi ? t->offset + t->numel : hi;
+        if (a >= b) continue;
+        push_piece(arr, n, cap, (loom_dp_piece){kind, t, a - t->offset, b - a,
+                                                shard + dp->sbase[u] + (a - lo)});
+    }
+}
+
+static loom_dp_piece *collect(loom_dp *dp, int *n, int for_load) {
+    loom_dp_piece *arr = NULL;
+    int cap = 0;
+    *n = 0;
+    const int writer = dp->rank == 0 || for_load;
+    if (dp->zero < 3) {
+        if (writer) full_pieces(dp, 0, dp->params, &arr, n, &cap);
+    } else {
+        shard_pieces(dp, 0, dp->pshard, &arr, n, &cap);
+    }
+    if (dp->zero == 0) {
+        if (writer) {
+            full_pieces(dp, 1, dp->adam_m, &arr, n, &cap);
+            full_pieces(dp, 2, dp->adam_v, &arr, n, &cap);
+        }
+    } else {
+        shard_pieces(dp, 1, dp->adam_m, &arr, n, &cap);
+        shard_pieces(dp, 2, dp->adam_v, &arr, n, &cap);
+    }
+    return arr;
+}
+
+loom_dp_piece *loom_dp_pieces(loom_dp *dp, int *n) { return collect(dp, n, 0); }
+loom_dp_piece *loom_dp_needed(loom_dp *dp, int *n) { return collect(dp, n, 1); }
