@@ -349,6 +349,11 @@ def check_forward_backward(cfg, seed):
             expect(f"valid_targets = {valid}", LIB.loom_model_valid_targets(lm.ptr) == valid,
                    str(LIB.loom_model_valid_targets(lm.ptr)))
 
+        # without targets: returns 0, same logits
+        loss0, logits0 = lm.forward(x, None)
+        expect("forward without targets returns 0 and the same logits",
+               loss0 == 0.0 and rel_max(logits0, logits) <= 1e-6, f"loss {loss0}")
+
         # next_logits: last position of a single sequence of n tokens
         n = 11
         toks = np.ascontiguousarray(make_tokens(rng, 1, n, V)[0], dtype=np.int32)
@@ -362,6 +367,7 @@ def check_forward_backward(cfg, seed):
         print(" backward")
         x, y = make_tokens(rng, B, T, V), make_tokens(rng, B, T, V)
         y[1, 5:9] = -1
+        lm.grads[:] = 1.0  # garbage that zero_grad must clear
         LIB.loom_model_zero_grad(lm.ptr)
         expect("zero_grad zeroes the gradient arena", not np.any(lm.grads))
         loss, _ = lm.forward(x, y)
