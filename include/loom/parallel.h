@@ -50,6 +50,9 @@ void loom_dp_step(loom_dp *dp, float lr);
 int64_t loom_dp_optimizer_step(const loom_dp *dp);
 void loom_dp_set_optimizer_step(loom_dp *dp, int64_t step);
 void loom_dp_memory_usage(const loom_dp *dp, loom_dp_memory *out);
+/* 64-bit hash of the parameters this rank holds (all of them for zero 0-2, its slices for
+ * zero 3): equal on every dp rank for zero 0-2 when the replicas are bit-identical. */
+uint64_t loom_dp_param_hash(const loom_dp *dp);
 
 /* ---- checkpoint pieces -----------------------------------------------------------------
  * What this rank holds, tensor by tensor, as flat ranges [begin, begin + count) of the

@@ -287,6 +287,15 @@ void loom_dp_memory_usage(const loom_dp *dp, loom_dp_memory *out) {
     out->optim_bytes = 2 * dp->n_moments * f;
 }
 
+uint64_t loom_dp_param_hash(const loom_dp *dp) {
+    const float *p = dp->zero < 3 ? dp->params : dp->pshard;
+    const size_t n = dp->zero < 3 ? dp->n : dp->nshard;
+    uint64_t h = 0xcbf29ce484222325ULL;
+    const unsigned char *b = (const unsigned char *)p;
+    for (size_t i = 0; i < n * sizeof(float); i++) h = (h ^ b[i]) * 0x100000001b3ULL;
+    return h;
+}
+
 /* ---- checkpoint pieces ------------------------------------------------------------------ */
 
 static void push_piece(loom_dp_piece **arr, int *n, int *cap, loom_dp_piece p) {

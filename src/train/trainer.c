@@ -53,6 +53,8 @@ static const loom_config_key train_only_keys[] = {
     {"eval.batches", "8", "validation batches per evaluation"},
     {"checkpoint.every", "0", "checkpoint every N steps (0 = no checkpoints)"},
     {"parallel.zero", "0", "ZeRO stage over the dp ranks: 0, 1, 2 or 3"},
+    {"parallel.check_replicas", "false", "after every step, check that the dp replicas' "
+                                         "parameters are bit-identical (zero 0-2)"},
 };
 #define N_TRAIN_ONLY ((int)(sizeof train_only_keys / sizeof train_only_keys[0]))
 
@@ -76,7 +78,7 @@ const loom_config_key *loom_train_schema(int *n) {
 
 typedef struct settings {
     const char *run_dir, *train_dir, *val_dir;
-    int shuffle, follow;
+    int shuffle, follow, check_replicas;
     int64_t steps, seed, B, T, accum, threads, log_every, eval_every, eval_batches;
     int64_t ckpt_every, zero;
     double weight_decay, beta1, beta2, eps, grad_clip, peak_flops;
@@ -111,7 +113,8 @@ static int read_settings(const loom_config *c, settings *s, loom_err *err) {
         loom_config_get_int(c, "eval.every", &s->eval_every, err) ||
         loom_config_get_int(c, "eval.batches", &s->eval_batches, err) ||
         loom_config_get_int(c, "checkpoint.every", &s->ckpt_every, err) ||
-        loom_config_get_int(c, "parallel.zero", &s->zero, err))
+        loom_config_get_int(c, "parallel.zero", &s->zero, err) ||
+        loom_config_get_bool(c, "parallel.check_replicas", &s->check_replicas, err))
         return -1;
     if (!loom_config_get(c, "data.train"))
         return loom_errf(err, "config: data.train is required (a dataset directory built by "
@@ -309,6 +312,20 @@ static void install_stop_handlers(struct sigaction *old_int, struct sigaction *o
     g_stop_signal = 0;
     sigaction(SIGINT, &sa, old_int);
     sigaction(SIGTERM, &sa, old_term);
+}
+
+/* ---- test-only fault injection -----------------------------------------------------------
+ * LOOM_TEST_FAIL="RANK:STEP:error" makes world rank RANK return an error at step STEP;
+ * "RANK:STEP:kill" makes it SIGKILL itself. Used by tests/mpi to check that one rank's failure
+ * ends the whole job. */
+static int fault_check(int rank, int64_t step, loom_err *err) {
+    const char *f = getenv("LOOM_TEST_FAIL");
+    long r, st;
+    char mode[16];
+    if (!f || sscanf(f, "%ld:%ld:%15s", &r, &st, mode) != 3 || r != rank || st != step) return 0;
+    if (!strcmp(mode, "kill")) raise(SIGKILL);
+    return loom_errf(err, "LOOM_TEST_FAIL: injected error on rank %d at step %lld", rank,
+                     (long long)step);
 }
 
 /* ---- one batch ------------------------------------------------------------------------- */
@@ -512,6 +529,20 @@ int loom_train(loom_config *cfg, loom_err *err) {
         const double lr = loom_schedule_lr(&t.s.sched, t.step);
         loom_dp_step(t.dp, (float)lr);
         t.step++;
+        if (fault_check(t.world_rank, t.step, err)) goto done;
+        if (t.s.check_replicas && t.s.zero < 3 && t.dp_size > 1) {
+            uint64_t h = loom_dp_param_hash(t.dp), lo = h, hi = h;
+            int64_t v[2] = {(int64_t)(h >> 1), -(int64_t)(h >> 1)};
+            loom_allreduce_max(t.mesh, LOOM_GROUP_DP, v, 2, LOOM_I64);
+            lo = (uint64_t)(-v[1]);
+            hi = (uint64_t)v[0];
+            if (lo != hi) {
+                loom_errf(err, "step %lld: data-parallel replicas' parameters differ (hash range "
+                               "%016llx..%016llx)", (long long)t.step, (unsigned long long)lo << 1,
+                          (unsigned long long)hi << 1);
+                goto done;
+            }
+        }
         const double dt = loom_now() - t0;
         const double tps = (double)(BT * t.s.accum) / dt;
         const double mfu = flops_tok * tps / (peak * t.world_size);
@@ -538,6 +569,9 @@ int loom_train(loom_config *cfg, loom_err *err) {
                                     "step_ms", dt * 1e3);
             LOOM_CHECK(row != NULL);
             if (vloss >= 0) json_object_set_new(row, "val_loss", json_real(vloss));
+            json_object_set_new(row, "param_bytes", json_integer((json_int_t)mem.param_bytes));
+            json_object_set_new(row, "grad_bytes", json_integer((json_int_t)mem.grad_bytes));
+            json_object_set_new(row, "optim_bytes", json_integer((json_int_t)mem.optim_bytes));
             if (t.world_size > 1) {
                 json_t *ct = json_array(), *cb = json_array(), *cw = json_array();
                 for (int r = 0; r < t.world_size; r++) {
