@@ -1,20 +1,33 @@
-/* `loom data build RECIPE.yaml`: sources -> documents -> byte tokens -> shards + manifest.
+/* `loom data build RECIPE.yaml`: sources -> documents -> steps -> tokens -> shards + manifest.
  *
- * Deterministic: files are read in sorted (strcmp) order of their paths, documents are routed
- * to train/val by a hash of their bytes, shards carry no timestamps, so the same recipe and
- * inputs give identical shard bytes. The output directory is built beside the target as
- * OUTPUT.tmp.<pid> and renamed into place at the end; an existing OUTPUT is replaced only
- * when it looks like a previous build (it has train/ or val/ with a manifest.jsonl) or is
- * empty; anything else is refused. */
+ * Per source, in recipe order: its input files are collected (source_files.c) and hashed,
+ * and a cache key is made from the source's recipe section, the tokenizer, the shard settings
+ * and the (path, size, SHA-256) of every input. A source whose key matches the previous build
+ * (OUTPUT/train/dataset.json) and whose shards still match their manifest SHA-256 is reused:
+ * its shards are hard-linked into the new output, nothing is read or tokenized. Otherwise its
+ * files are read into documents, every step runs with counts before and after, documents
+ * are routed to train/val by a hash of their bytes, and its shards are written in parallel
+ * (OpenMP, one shard per task: each a temp file, fsynced, renamed) and appended to the
+ * manifest in order. A shard holds documents of one source; its manifest line carries the
+ * source's weight and repeat_cap for the loader. When every source is reused and the recipe
+ * is unchanged, the build does nothing at all.
+ *
+ * Deterministic: inputs are read in sorted path order, shard k of a source is tokens
+ * [k*shard_tokens, (k+1)*shard_tokens) of its documents' concatenation, and no step or
+ * shard depends on the number of threads; shards carry no timestamps.
+ *
+ * The new output is built as OUTPUT.tmp.<pid> and renamed into place; an existing OUTPUT is
+ * replaced only when it looks like a previous build or is empty. MPI ranks: not used yet (the
+ * build runs in one process; src/comm is not wired in). */
 #define _GNU_SOURCE
+#include "data/build_source.h"
 #include "data/data_internal.h"
 #include "data/recipe.h"
 
 #include <dirent.h>
 #include <errno.h>
-#include <fnmatch.h>
+#include <fcntl.h>
 #include <ftw.h>
-#include <glob.h>
 #include <jansson.h>
 #include <stdlib.h>
 #include <string.h>
@@ -22,155 +35,51 @@
 #include <time.h>
 #include <unistd.h>
 
-#define INPUT_MAX_BYTES ((size_t)1 << 31)
 #define BYTE_VOCAB 256u
+#define BUILD_KEY_VERSION "loom.data.build/2"
+#define DATASET_JSON_MAX ((size_t)256 << 20)
 
-/* ---- input files ---- */
-typedef struct input_file {
-    char *path;
-    int source;       /* index into recipe sources */
-    uint64_t bytes;
-    char sha256[65];
-    dev_t dev;
-    ino_t ino;
-} input_file;
+static const char *const SPLITS[2] = {"train", "val"};
 
-typedef struct file_list {
-    input_file *v;
-    int n, cap;
-} file_list;
+typedef struct split_stats {
+    uint64_t shards, tokens, docs, pieces;
+} split_stats;
 
-static void list_push(file_list *l, const char *path, int source, const struct stat *st) {
-    if (l->n == l->cap) {
-        l->cap = l->cap ? 2 * l->cap : 64;
-        l->v = loom_realloc(l->v, (size_t)l->cap * sizeof *l->v);
-    }
-    input_file *f = &l->v[l->n++];
-    memset(f, 0, sizeof *f);
-    f->path = loom_strdup(path);
-    f->source = source;
-    f->dev = st->st_dev;
-    f->ino = st->st_ino;
-}
+typedef struct src_state {
+    int *files;           /* indices into the build's inputs */
+    int n_files;
+    char key[65];
+    int reuse, need_docs, has_exact;
+    json_t *old_obj;      /* the previous build's source object (borrowed) */
+    json_t *old_lines[2]; /* its previous manifest lines, per split (owned arrays) */
+    loom_skips skipped, bad_lines, unlabeled;
+    uint64_t empty_docs;
+    loom_step_count *counts;  /* read + one per step */
+    int n_counts;
+    split_stats split[2];
+    loom_labels *labels;
+    char labels_sha[65];
+} src_state;
 
-static int excluded(const loom_recipe_source *s, const char *path) {
-    const char *base = strrchr(path, '/');
-    base = base ? base + 1 : path;
-    for (int i = 0; i < s->n_exclude; i++)
-        if (fnmatch(s->exclude[i], base, 0) == 0) return 1;
-    return 0;
-}
+typedef struct build {
+    loom_recipe r;
+    loom_inputs in;
+    src_state *src;
+    const char **classes;   /* sorted distinct class names over all labelled sources */
+    int n_classes;
+    const char *tok_id;
+    uint32_t vocab;
+    json_t *old_ds;         /* previous train/dataset.json, or NULL */
+    char out[4096], tmp[4200], old[4200];
+    uint64_t next_shard[2]; /* next shard number per split */
+    loom_hashset *global;   /* dedup_across_sources */
+    double t0;
+} build;
 
-static int cmp_path(const void *a, const void *b) {
-    return strcmp(((const input_file *)a)->path, ((const input_file *)b)->path);
-}
-
-/* Adds path (a file, or a directory walked recursively; hidden entries are skipped). */
-static int collect(const loom_recipe *r, int si, const char *path, int depth, file_list *out,
-                   loom_err *err) {
-    const loom_recipe_source *s = &r->sources[si];
-    struct stat st;
-    if (stat(path, &st) != 0)
-        return loom_errf(err, "%s:%d: source '%s': cannot read '%s': %s", r->file, s->line,
-                         s->name, path, strerror(errno));
-    if (S_ISREG(st.st_mode)) {
-        if (!excluded(s, path)) list_push(out, path, si, &st);
-        return 0;
-    }
-    if (!S_ISDIR(st.st_mode)) return 0;
-    if (depth > 32)
-        return loom_errf(err, "%s:%d: source '%s': directories nested too deep at '%s'", r->file,
-                         s->line, s->name, path);
-    DIR *d = opendir(path);
-    if (!d)
-        return loom_errf(err, "%s:%d: source '%s': cannot open directory '%s': %s", r->file,
-                         s->line, s->name, path, strerror(errno));
-    struct dirent *e;
-    int rc = 0;
-    while (rc == 0 && (e = readdir(d)) != NULL) {
-        if (e->d_name[0] == '.') continue;
-        size_t n = strlen(path) + strlen(e->d_name) + 2;
-        char *child = loom_malloc(n);
-        snprintf(child, n, "%s%s%s", path, path[strlen(path) - 1] == '/' ? "" : "/", e->d_name);
-        rc = collect(r, si, child, depth + 1, out, err);
-        free(child);
-    }
-    closedir(d);
-    return rc;
-}
-
-/* All input files of the recipe, sorted per source, each file once (symlinks and repeated
- * matches resolve to one (device, inode)). */
-static int collect_inputs(const loom_recipe *r, file_list *all, loom_err *err) {
-    for (int si = 0; si < r->n_sources; si++) {
-        const loom_recipe_source *s = &r->sources[si];
-        file_list l = {0};
-        int rc = 0;
-        if (strpbrk(s->path, "*?[")) {
-            glob_t g;
-            int gr = glob(s->path, 0, NULL, &g);
-            if (gr == GLOB_NOMATCH)
-                rc = loom_errf(err, "%s:%d: source '%s': path '%s' matches no files", r->file,
-                               s->line, s->name, s->path);
-            else if (gr != 0)
-                rc = loom_errf(err, "%s:%d: source '%s': cannot expand '%s'", r->file, s->line,
-                               s->name, s->path);
-            for (size_t i = 0; rc == 0 && i < g.gl_pathc; i++)
-                rc = collect(r, si, g.gl_pathv[i], 0, &l, err);
-            if (gr == 0) globfree(&g);
-        } else if (!loom_path_exists(s->path)) {
-            rc = loom_errf(err, "%s:%d: source '%s': path '%s' does not exist", r->file, s->line,
-                           s->name, s->path);
-        } else {
-            rc = collect(r, si, s->path, 0, &l, err);
-        }
-        if (rc == 0 && l.n == 0)
-            rc = loom_errf(err, "%s:%d: source '%s': no input files under '%s' (after exclude)",
-                           r->file, s->line, s->name, s->path);
-        if (l.n) qsort(l.v, (size_t)l.n, sizeof *l.v, cmp_path);
-        for (int i = 0; i < l.n; i++) {
-            int dup = -1;
-            for (int j = 0; j < all->n && dup < 0; j++)
-                if (all->v[j].dev == l.v[i].dev && all->v[j].ino == l.v[i].ino) dup = j;
-            if (dup >= 0 || rc != 0) {
-                if (dup >= 0 && all->v[dup].source != si)
-                    loom_warn("source '%s': %s was already read by another source; skipped",
-                              s->name, l.v[i].path);
-                free(l.v[i].path);
-                continue;
-            }
-            if (all->n == all->cap) {
-                all->cap = all->cap ? 2 * all->cap : 64;
-                all->v = loom_realloc(all->v, (size_t)all->cap * sizeof *all->v);
-            }
-            all->v[all->n++] = l.v[i];
-        }
-        free(l.v);
-        if (rc) return -1;
-    }
-    return 0;
-}
-
-/* ---- shard writer (one per split) ---- */
-typedef struct writer {
-    const char *split;   /* "train" / "val" */
-    char *dir;
-    const loom_recipe *r;
-    uint32_t *tokens;    /* (cap) */
-    uint64_t *starts;    /* (cap) doc starts of the shard being filled */
-    uint64_t cap, fill, n_starts;
-    int n_shards;
-    uint64_t total_tokens, total_docs, total_pieces;
-    char sources[512];   /* comma-separated names of the sources in the current shard */
-} writer;
-
-static void note_source(writer *w, const char *name) {
-    size_t n = strlen(name), have = strlen(w->sources);
-    for (const char *p = w->sources; (p = strstr(p, name)) != NULL; p += n)
-        if ((p == w->sources || p[-1] == ',') && (p[n] == ',' || p[n] == 0)) return;
-    if (have + n + 2 > sizeof w->sources) return; /* very many sources: the list is cut */
-    if (have) strcat(w->sources, ",");
-    strcat(w->sources, name);
+/* ---- small helpers ---- */
+static json_t *jstr(const char *s) {
+    json_t *j = json_string(s);
+    return j ? j : json_string("<not valid UTF-8>");
 }
 
 static void iso_now(char *buf, size_t n) {
@@ -180,60 +89,8 @@ static void iso_now(char *buf, size_t n) {
     strftime(buf, n, "%Y-%m-%dT%H:%M:%SZ", &tm);
 }
 
-static int flush_shard(writer *w, loom_err *err) {
-    if (w->fill == 0) return 0;
-    char name[64], path[4200], sha[65], created[32];
-    snprintf(name, sizeof name, "shard_%05d.bin", w->n_shards);
-    if (snprintf(path, sizeof path, "%s/%s", w->dir, name) >= (int)sizeof path)
-        return loom_errf(err, "%s: path too long", w->dir);
-    loom_shard_spec spec = {BYTE_VOCAB, 1, "byte", w->r->sha256};
-    if (loom_shard_write_sha(path, &spec, w->tokens, w->fill, w->starts, w->n_starts, sha, err))
-        return -1;
-    /* the manifest line is appended only once the shard is durably in place */
-    iso_now(created, sizeof created);
-    json_t *o = json_object();
-    json_object_set_new(o, "shard", json_string(name));
-    json_object_set_new(o, "sha256", json_string(sha));
-    json_object_set_new(o, "tokens", json_integer((json_int_t)w->fill));
-    json_object_set_new(o, "docs", json_integer((json_int_t)w->n_starts));
-    json_object_set_new(o, "source", json_string(w->sources));
-    json_object_set_new(o, "recipe", json_string(w->r->sha256));
-    json_object_set_new(o, "created", json_string(created));
-    char *line = json_dumps(o, JSON_COMPACT);
-    json_decref(o);
-    LOOM_CHECK(line != NULL);
-    char mpath[4200];
-    loom_pathf(mpath, sizeof mpath, "%s/manifest.jsonl", w->dir);
-    int rc = loom_append_line(mpath, line, err);
-    free(line);
-    if (rc) return -1;
-    w->n_shards++;
-    w->total_tokens += w->fill;
-    w->total_pieces += w->n_starts;
-    w->fill = w->n_starts = 0;
-    w->sources[0] = 0;
-    return 0;
-}
-
-/* Appends bytes to the current document (begin = 1 starts a new one). A document that does
- * not fit continues at the start of the next shard (a new doc-index entry there). */
-static int writer_add(writer *w, const char *source, const uint8_t *p, size_t len, int begin,
-                      loom_err *err) {
-    if (begin && len) w->total_docs++;
-    while (len > 0) {
-        if (w->fill == w->cap && flush_shard(w, err) != 0) return -1;
-        if (begin || w->fill == 0) {
-            w->starts[w->n_starts++] = w->fill;
-            note_source(w, source);
-        }
-        begin = 0;
-        uint64_t room = w->cap - w->fill, n = len < room ? len : room;
-        for (uint64_t i = 0; i < n; i++) w->tokens[w->fill + i] = p[i];
-        w->fill += n;
-        p += n;
-        len -= (size_t)n;
-    }
-    return 0;
+static int cmp_cstr(const void *a, const void *b) {
+    return strcmp(*(const char *const *)a, *(const char *const *)b);
 }
 
 /* the train/val routing: a hash of the document's bytes, so duplicates land together */
@@ -245,97 +102,6 @@ static int is_val(const uint8_t *p, size_t n, double frac) {
     return (double)(u >> 11) * (1.0 / 9007199254740992.0) < frac;
 }
 
-static int add_document(writer *ws, const loom_recipe_source *s, const loom_recipe *r,
-                        const uint8_t *p, size_t n, loom_err *err) {
-    if (n == 0) return 0;
-    writer *w = &ws[is_val(p, n, r->val_fraction)];
-    if (writer_add(w, s->name, p, n, 1, err) != 0) return -1;
-    if (s->doc_suffix_len &&
-        writer_add(w, s->name, (const uint8_t *)s->doc_suffix, s->doc_suffix_len, 0, err) != 0)
-        return -1;
-    return 0;
-}
-
-static int process_file(writer *ws, const loom_recipe *r, input_file *f, loom_err *err) {
-    const loom_recipe_source *s = &r->sources[f->source];
-    char *text;
-    size_t len;
-    if (loom_read_file(f->path, INPUT_MAX_BYTES, &text, &len, err) != 0) return -1;
-    f->bytes = len;
-    loom_sha256_hex(text, len, f->sha256);
-    const uint8_t *p = (const uint8_t *)text, *end = p + len;
-    int rc = 0;
-    if (!s->split) {
-        rc = add_document(ws, s, r, p, len, err);
-    } else {
-        while (rc == 0 && p < end) {
-            const uint8_t *q = memmem(p, (size_t)(end - p), s->split, s->split_len);
-            size_t n = q ? (size_t)(q - p) : (size_t)(end - p);
-            rc = add_document(ws, s, r, p, n, err);
-            p += n + (q ? s->split_len : 0);
-        }
-    }
-    free(text);
-    return rc;
-}
-
-/* ---- dataset.json ---- */
-static json_t *jstr(const char *s) {
-    json_t *j = json_string(s);
-    return j ? j : json_string("<not valid UTF-8>");
-}
-
-static int write_dataset_json(const writer *w, const loom_recipe *r, const file_list *files,
-                              loom_err *err) {
-    json_t *o = json_object();
-    json_object_set_new(o, "format", json_string("loom-dataset"));
-    json_object_set_new(o, "format_version", json_integer(1));
-    json_object_set_new(o, "name", jstr(r->name));
-    json_object_set_new(o, "split", json_string(w->split));
-    json_t *rec = json_object();
-    json_object_set_new(rec, "path", jstr(r->file));
-    json_object_set_new(rec, "sha256", json_string(r->sha256));
-    json_t *text = json_stringn(r->text, r->text_len);
-    json_object_set_new(rec, "text", text ? text : json_null());
-    json_object_set_new(o, "recipe", rec);
-    json_t *inputs = json_array();
-    for (int i = 0; i < files->n; i++) {
-        json_t *f = json_object();
-        json_object_set_new(f, "source", jstr(r->sources[files->v[i].source].name));
-        json_object_set_new(f, "path", jstr(files->v[i].path));
-        json_object_set_new(f, "bytes", json_integer((json_int_t)files->v[i].bytes));
-        json_object_set_new(f, "sha256", json_string(files->v[i].sha256));
-        json_array_append_new(inputs, f);
-    }
-    json_object_set_new(o, "inputs", inputs);
-    json_t *counts = json_object();
-    json_object_set_new(counts, "shards", json_integer(w->n_shards));
-    json_object_set_new(counts, "tokens", json_integer((json_int_t)w->total_tokens));
-    json_object_set_new(counts, "documents", json_integer((json_int_t)w->total_docs));
-    json_object_set_new(counts, "doc_index_entries", json_integer((json_int_t)w->total_pieces));
-    json_object_set_new(o, "counts", counts);
-    json_t *tok = json_object();
-    json_object_set_new(tok, "id", json_string("byte"));
-    json_object_set_new(tok, "vocab_size", json_integer(BYTE_VOCAB));
-    json_object_set_new(o, "tokenizer", tok);
-    json_object_set_new(o, "seq_len", json_integer((json_int_t)r->seq_len));
-    json_object_set_new(o, "val_fraction", json_real(r->val_fraction));
-    json_object_set_new(o, "shard_tokens", json_integer((json_int_t)r->shard_tokens));
-    json_object_set_new(o, "loom_version", json_string(LOOM_VERSION));
-    char *s = json_dumps(o, JSON_INDENT(2));
-    json_decref(o);
-    LOOM_CHECK(s != NULL);
-    char path[4200];
-    loom_pathf(path, sizeof path, "%s/dataset.json", w->dir);
-    size_t n = strlen(s);
-    s = loom_realloc(s, n + 2);
-    s[n] = '\n';
-    s[n + 1] = 0;
-    int rc = loom_write_file_atomic(path, s, n + 1, err);
-    free(s);
-    return rc;
-}
-
 /* ---- output directory ---- */
 static int rm_entry(const char *path, const struct stat *st, int flag, struct FTW *ftw) {
     (void)st; (void)flag; (void)ftw;
@@ -343,7 +109,8 @@ static int rm_entry(const char *path, const struct stat *st, int flag, struct FT
 }
 
 static void remove_tree(const char *path) {
-    if (loom_path_exists(path)) nftw(path, rm_entry, 16, FTW_DEPTH | FTW_PHYS);
+    struct stat st;
+    if (lstat(path, &st) == 0) nftw(path, rm_entry, 16, FTW_DEPTH | FTW_PHYS);
 }
 
 static int dir_is_empty(const char *path) {
@@ -365,87 +132,785 @@ static int looks_like_build(const char *out) {
     return loom_path_exists(p);
 }
 
-int loom_data_build(const char *recipe_path, loom_err *err) {
-    loom_recipe r;
-    file_list files = {0};
-    writer ws[2];
-    memset(ws, 0, sizeof ws);
-    char out[4096], tmp[4200], old[4200];
-    int rc = -1, made_tmp = 0;
-    if (loom_recipe_load(recipe_path, &r, err) != 0) goto done;
+/* ---- the previous build ---- */
+static json_t *old_source(const build *b, const char *name) {
+    json_t *arr = b->old_ds ? json_object_get(b->old_ds, "sources") : NULL;
+    size_t i;
+    json_t *o;
+    json_array_foreach(arr, i, o) {
+        const char *n = json_string_value(json_object_get(o, "name"));
+        if (n && !strcmp(n, name)) return o;
+    }
+    return NULL;
+}
 
-    if (snprintf(out, sizeof out, "%s", r.output) >= (int)sizeof out) {
+/* Reads the previous dataset.json and manifests (if any); problems only disable reuse. */
+static void load_previous(build *b) {
+    char p[4300];
+    if (!loom_is_dir(b->out)) return;
+    loom_pathf(p, sizeof p, "%s/train/dataset.json", b->out);
+    if (!loom_path_exists(p)) return;
+    char *text;
+    size_t len;
+    loom_err e;
+    if (loom_read_file(p, DATASET_JSON_MAX, &text, &len, &e) != 0) return;
+    json_error_t je;
+    b->old_ds = json_loadb(text, len, 0, &je);
+    free(text);
+    if (b->old_ds && !json_is_object(b->old_ds)) {
+        json_decref(b->old_ds);
+        b->old_ds = NULL;
+    }
+    if (!b->old_ds) return;
+    for (int s = 0; s < 2; s++) {
+        loom_pathf(p, sizeof p, "%s/%s/manifest.jsonl", b->out, SPLITS[s]);
+        if (loom_read_file(p, DATASET_JSON_MAX, &text, &len, &e) != 0) continue;
+        size_t pos = 0;
+        while (pos < len) {
+            char *nl = memchr(text + pos, '\n', len - pos);
+            if (!nl) break;
+            json_t *o = json_loadb(text + pos, (size_t)(nl - text - pos), JSON_REJECT_DUPLICATES, &je);
+            pos = (size_t)(nl - text) + 1;
+            const char *src = o ? json_string_value(json_object_get(o, "source")) : NULL;
+            for (int i = 0; src && i < b->r.n_sources; i++) {
+                if (strcmp(src, b->r.sources[i].name) != 0) continue;
+                if (!b->src[i].old_lines[s]) b->src[i].old_lines[s] = json_array();
+                json_array_append(b->src[i].old_lines[s], o);
+            }
+            json_decref(o);
+        }
+        free(text);
+    }
+}
+
+/* ---- inputs: hashes (fast path: an unchanged size and mtime keep the recorded SHA-256) ---- */
+static int hash_inputs(build *b, loom_err *err) {
+    json_t *old_inputs = b->old_ds ? json_object_get(b->old_ds, "inputs") : NULL;
+    for (int i = 0; i < b->in.n; i++) {
+        loom_input *f = &b->in.v[i];
+        size_t k;
+        json_t *o;
+        json_array_foreach(old_inputs, k, o) {
+            const char *p = json_string_value(json_object_get(o, "path"));
+            const char *sha = json_string_value(json_object_get(o, "sha256"));
+            json_t *mt = json_object_get(o, "mtime_ns"), *by = json_object_get(o, "bytes");
+            if (p && sha && strlen(sha) == 64 && json_is_integer(mt) && json_is_integer(by) &&
+                !strcmp(p, f->path) && (uint64_t)json_integer_value(by) == f->bytes &&
+                json_integer_value(mt) == f->mtime_ns) {
+                memcpy(f->sha256, sha, 65);
+                break;
+            }
+        }
+    }
+    int failed = 0;
+    loom_err first = {{0}};
+    #pragma omp parallel for schedule(dynamic, 1)
+    for (int i = 0; i < b->in.n; i++) {
+        if (b->in.v[i].sha256[0]) continue;
+        loom_err e;
+        if (loom_input_sha256(&b->in.v[i], b->in.v[i].sha256, &e) != 0) {
+            #pragma omp critical(loom_build_err)
+            if (!failed) failed = 1, first = e;
+        }
+    }
+    if (failed) {
+        *err = first;
+        return -1;
+    }
+    return 0;
+}
+
+/* ---- labels: one sorted class list over every labelled source ---- */
+static int load_labels(build *b, loom_err *err) {
+    int cap = 0;
+    for (int i = 0; i < b->r.n_sources; i++) {
+        const loom_recipe_source *s = &b->r.sources[i];
+        if (s->kind != LOOM_SRC_BINARY || !s->labels) continue;
+        if (loom_labels_load(s->labels, s->label_key, s->label_field, &b->src[i].labels, err) != 0)
+            return loom_err_prefix(err, "%s:%d: source '%s'", b->r.file, s->line, s->name);
+        char *text;
+        size_t len;
+        LOOM_CHECK(loom_read_file(s->labels, (size_t)1 << 30, &text, &len, err) == 0);
+        loom_sha256_hex(text, len, b->src[i].labels_sha);
+        free(text);
+        const char **names;
+        int n = loom_labels_names(b->src[i].labels, &names);
+        for (int j = 0; j <= n; j++) {
+            const char *nm = j < n ? names[j] : s->default_label;
+            if (!nm) continue;
+            if (b->n_classes == cap) {
+                cap = cap ? 2 * cap : 64;
+                b->classes = loom_realloc(b->classes, (size_t)cap * sizeof *b->classes);
+            }
+            b->classes[b->n_classes++] = nm;
+        }
+    }
+    if (b->n_classes) qsort(b->classes, (size_t)b->n_classes, sizeof *b->classes, cmp_cstr);
+    int w = 0;
+    for (int i = 0; i < b->n_classes; i++)
+        if (w == 0 || strcmp(b->classes[w - 1], b->classes[i])) b->classes[w++] = b->classes[i];
+    b->n_classes = w;
+    return 0;
+}
+
+/* ---- cache keys ---- */
+typedef struct kbuf {
+    char *p;
+    size_t n, cap;
+} kbuf;
+
+static void kput(kbuf *k, const char *s) {
+    size_t n = strlen(s);
+    if (k->n + n + 2 > k->cap) {
+        k->cap = (k->n + n + 2) * 2;
+        k->p = loom_realloc(k->p, k->cap);
+    }
+    memcpy(k->p + k->n, s, n);
+    k->n += n;
+    k->p[k->n++] = '\n';
+    k->p[k->n] = 0;
+}
+
+static void compute_keys(build *b) {
+    char num[128];
+    for (int i = 0; i < b->r.n_sources; i++) {
+        const loom_recipe_source *s = &b->r.sources[i];
+        src_state *st = &b->src[i];
+        kbuf k = {0};
+        kput(&k, BUILD_KEY_VERSION);
+        kput(&k, b->tok_id);
+        snprintf(num, sizeof num, "shard_tokens=%lld val_fraction=%.17g", (long long)b->r.shard_tokens,
+                 b->r.val_fraction);
+        kput(&k, num);
+        kput(&k, s->canon);
+        if (st->labels) {
+            kput(&k, st->labels_sha);
+            for (int c = 0; c < b->n_classes; c++) kput(&k, b->classes[c]);
+        }
+        for (int j = 0; j < st->n_files; j++) {
+            const loom_input *f = &b->in.v[st->files[j]];
+            snprintf(num, sizeof num, "%llu %s", (unsigned long long)f->bytes, f->sha256);
+            kput(&k, f->rel);
+            kput(&k, num);
+        }
+        if (b->r.dedup_across_sources && st->has_exact)
+            for (int j = 0; j < i; j++)
+                if (b->src[j].has_exact) kput(&k, b->src[j].key);
+        loom_sha256_hex(k.p, k.n, st->key);
+        free(k.p);
+    }
+}
+
+/* A source is reused when its key is unchanged and its old shards are intact. */
+static void decide_reuse(build *b) {
+    for (int i = 0; i < b->r.n_sources; i++) {
+        src_state *st = &b->src[i];
+        json_t *o = old_source(b, b->r.sources[i].name);
+        const char *k = o ? json_string_value(json_object_get(o, "key")) : NULL;
+        st->old_obj = o;
+        if (!k || strcmp(k, st->key) != 0) continue;
+        int ok = 1;
+        for (int s = 0; s < 2 && ok; s++) {
+            json_t *sp = json_object_get(json_object_get(o, "splits"), SPLITS[s]);
+            json_int_t want = json_integer_value(json_object_get(sp, "shards"));
+            size_t have = st->old_lines[s] ? json_array_size(st->old_lines[s]) : 0;
+            if (!json_is_object(sp) || (json_int_t)have != want) ok = 0;
+            size_t j;
+            json_t *line;
+            json_array_foreach(st->old_lines[s], j, line) {
+                const char *shard = json_string_value(json_object_get(line, "shard"));
+                const char *sha = json_string_value(json_object_get(line, "sha256"));
+                char p[4400], got[65];
+                loom_err e;
+                if (!shard || !sha || strchr(shard, '/') ||
+                    snprintf(p, sizeof p, "%s/%s/%s", b->out, SPLITS[s], shard) >= (int)sizeof p ||
+                    loom_sha256_file(p, got, &e) != 0 || strcmp(got, sha) != 0) {
+                    ok = 0;
+                    if (shard) loom_warn("source '%s': previous shard %s/%s is missing or changed; rebuilding",
+                                         b->r.sources[i].name, SPLITS[s], shard);
+                    break;
+                }
+            }
+        }
+        st->reuse = ok;
+    }
+    /* cross-source exact dedup needs the documents of every earlier deduplicated source */
+    int later = 0;
+    for (int i = b->r.n_sources - 1; i >= 0; i--) {
+        src_state *st = &b->src[i];
+        st->need_docs = !st->reuse || (b->r.dedup_across_sources && st->has_exact && later);
+        if (!st->reuse && st->has_exact) later = 1;
+    }
+}
+
+/* ---- manifest ---- */
+static int append_line(build *b, int split, json_t *line, loom_err *err) {
+    char *s = json_dumps(line, JSON_COMPACT);
+    LOOM_CHECK(s != NULL);
+    char mpath[4300];
+    loom_pathf(mpath, sizeof mpath, "%s/%s/manifest.jsonl", b->tmp, SPLITS[split]);
+    int rc = loom_append_line(mpath, s, err);
+    free(s);
+    return rc;
+}
+
+static json_t *manifest_line(const build *b, const loom_recipe_source *s, const char *name,
+                             const char *sha, uint64_t tokens, uint64_t docs, const char *created) {
+    json_t *o = json_object();
+    json_object_set_new(o, "shard", json_string(name));
+    json_object_set_new(o, "sha256", json_string(sha));
+    json_object_set_new(o, "tokens", json_integer((json_int_t)tokens));
+    json_object_set_new(o, "docs", json_integer((json_int_t)docs));
+    json_object_set_new(o, "source", json_string(s->name));
+    json_object_set_new(o, "recipe", json_string(b->r.sha256));
+    json_object_set_new(o, "created", json_string(created));
+    json_object_set_new(o, "weight", json_real(s->weight));
+    json_object_set_new(o, "repeat_cap", json_real(s->repeat_cap));
+    return o;
+}
+
+static int link_or_copy(const char *from, const char *to, loom_err *err) {
+    if (link(from, to) == 0) return 0;
+    char *buf;
+    size_t len;
+    if (loom_read_file(from, (size_t)1 << 40, &buf, &len, err) != 0) return -1;
+    int rc = loom_write_file_atomic(to, buf, len, err);
+    free(buf);
+    return rc;
+}
+
+static int reuse_source(build *b, int si, loom_err *err) {
+    src_state *st = &b->src[si];
+    const loom_recipe_source *s = &b->r.sources[si];
+    for (int sp = 0; sp < 2; sp++) {
+        size_t j;
+        json_t *line;
+        json_array_foreach(st->old_lines[sp], j, line) {
+            char from[4400], to[4400], name[64];
+            snprintf(name, sizeof name, "shard_%05llu.bin", (unsigned long long)b->next_shard[sp]++);
+            loom_pathf(from, sizeof from, "%s/%s/%s", b->out, SPLITS[sp],
+                       json_string_value(json_object_get(line, "shard")));
+            loom_pathf(to, sizeof to, "%s/%s/%s", b->tmp, SPLITS[sp], name);
+            if (link_or_copy(from, to, err) != 0) return -1;
+            json_t *nl = json_deep_copy(line);
+            json_object_set_new(nl, "shard", json_string(name));
+            json_object_set_new(nl, "recipe", json_string(b->r.sha256));
+            json_object_set_new(nl, "weight", json_real(s->weight));
+            json_object_set_new(nl, "repeat_cap", json_real(s->repeat_cap));
+            int rc = append_line(b, sp, nl, err);
+            json_decref(nl);
+            if (rc) return -1;
+        }
+        json_t *o = json_object_get(json_object_get(st->old_obj, "splits"), SPLITS[sp]);
+        st->split[sp].shards = (uint64_t)json_integer_value(json_object_get(o, "shards"));
+        st->split[sp].tokens = (uint64_t)json_integer_value(json_object_get(o, "tokens"));
+        st->split[sp].docs = (uint64_t)json_integer_value(json_object_get(o, "documents"));
+        st->split[sp].pieces = (uint64_t)json_integer_value(json_object_get(o, "doc_index_entries"));
+    }
+    loom_log("data build: source '%s': reused %llu + %llu shard(s) (inputs and recipe section "
+             "unchanged)", s->name, (unsigned long long)st->split[0].shards,
+             (unsigned long long)st->split[1].shards);
+    return 0;
+}
+
+/* ---- reading + steps ---- */
+static int read_source(build *b, int si, loom_docs *docs, loom_err *err) {
+    src_state *st = &b->src[si];
+    const loom_recipe_source *s = &b->r.sources[si];
+    loom_read_ctx c = {&b->r, s, &b->in, docs, &st->bad_lines, &st->unlabeled, 0, st->labels,
+                       b->classes, b->n_classes};
+    for (int j = 0; j < st->n_files; j++) {
+        int fi = st->files[j], rc;
+        if (s->kind == LOOM_SRC_TEXT) rc = loom_read_text(&c, fi, err);
+        else if (s->kind == LOOM_SRC_JSONL) rc = loom_read_jsonl(&c, fi, err);
+        else rc = loom_read_binary(&c, fi, err);
+        if (rc) return -1;
+    }
+    st->empty_docs = c.empty_docs;
+    st->n_counts = 1 + s->n_steps;
+    st->counts = loom_calloc((size_t)st->n_counts, sizeof *st->counts);
+    uint64_t bytes = 0;
+    for (size_t i = 0; i < docs->n; i++) bytes += docs->v[i].len;
+    st->counts[0] = (loom_step_count){"read", 0, docs->n, 0, bytes, 0};
+    for (int k = 0; k < s->n_steps; k++) {
+        const loom_recipe_step *step = &s->steps[k];
+        loom_hashset *g = step->kind == LOOM_STEP_DEDUP_EXACT && b->r.dedup_across_sources ? b->global : NULL;
+        if (loom_step_run(step, s->kind != LOOM_SRC_BINARY, docs, g, &st->counts[k + 1], err) != 0)
+            return loom_err_prefix(err, "%s:%d: source '%s': step %s", b->r.file, step->line, s->name,
+                                   loom_step_name(step->kind));
+    }
+    return 0;
+}
+
+/* ---- tokenization + shards ---- */
+typedef struct doc_set {
+    const loom_docs *docs;
+    size_t *idx;          /* (n) documents of this split, in order */
+    uint64_t *cum;        /* (n+1) token offsets of each document in the concatenation */
+    size_t n;
+    const uint8_t *suffix;
+    size_t suffix_len;
+} doc_set;
+
+/* tokens [from, from+n) of document k of the set (byte tokenizer: bytes ++ suffix) */
+static void doc_tokens(const doc_set *ds, size_t k, uint64_t from, uint64_t n, uint32_t *out) {
+    const loom_doc *d = &ds->docs->v[ds->idx[k]];
+    const uint8_t *p = ds->docs->arena + d->off;
+    for (uint64_t i = 0; i < n; i++) {
+        uint64_t t = from + i;
+        out[i] = t < d->len ? p[t] : ds->suffix[t - d->len];
+    }
+}
+
+static int write_split(build *b, int si, int sp, const doc_set *ds, int labelled, loom_err *err) {
+    src_state *st = &b->src[si];
+    const loom_recipe_source *s = &b->r.sources[si];
+    uint64_t total = ds->cum[ds->n], cap = (uint64_t)b->r.shard_tokens;
+    uint64_t n_shards = (total + cap - 1) / cap, first = b->next_shard[sp];
+    b->next_shard[sp] += n_shards;
+    st->split[sp].shards = n_shards;
+    st->split[sp].tokens = total;
+    st->split[sp].docs = ds->n;
+    int failed = 0;
+    loom_err first_err = {{0}};
+    uint64_t pieces = 0;
+    loom_shard_spec spec = {b->vocab, 0, b->tok_id, st->key};
+    #pragma omp parallel for schedule(dynamic, 1) ordered reduction(+ : pieces)
+    for (uint64_t k = 0; k < n_shards; k++) {
+        loom_err e = {{0}};
+        char name[64], path[4400], sha[65] = "";
+        uint64_t lo = k * cap, hi = lo + cap < total ? lo + cap : total, n_docs = 0;
+        int ok = !failed;
+        uint32_t *tok = NULL, *lab = NULL;
+        uint64_t *starts = NULL;
+        snprintf(name, sizeof name, "shard_%05llu.bin", (unsigned long long)(first + k));
+        if (ok) {
+            tok = loom_malloc((size_t)(hi - lo) * sizeof *tok);
+            /* the first document overlapping [lo, hi): cum[d] <= lo < cum[d+1] */
+            size_t a = 0, z = ds->n;
+            while (z - a > 1) {
+                size_t m = (a + z) / 2;
+                if (ds->cum[m] <= lo) a = m;
+                else z = m;
+            }
+            size_t cap_docs = 16;
+            starts = loom_malloc(cap_docs * sizeof *starts);
+            lab = labelled ? loom_malloc(cap_docs * sizeof *lab) : NULL;
+            for (size_t d = a; d < ds->n && ds->cum[d] < hi; d++) {
+                uint64_t from = ds->cum[d] > lo ? ds->cum[d] : lo;
+                uint64_t to = ds->cum[d + 1] < hi ? ds->cum[d + 1] : hi;
+                if (to <= from) continue;
+                if (n_docs == cap_docs) {
+                    cap_docs *= 2;
+                    starts = loom_realloc(starts, cap_docs * sizeof *starts);
+                    if (lab) lab = loom_realloc(lab, cap_docs * sizeof *lab);
+                }
+                starts[n_docs] = from - lo;
+                if (lab) lab[n_docs] = (uint32_t)ds->docs->v[ds->idx[d]].label;
+                n_docs++;
+                doc_tokens(ds, d, from - ds->cum[d], to - from, tok + (from - lo));
+            }
+            loom_pathf(path, sizeof path, "%s/%s/%s", b->tmp, SPLITS[sp], name);
+            ok = loom_shard_write_ex(path, &spec, tok, hi - lo, starts, n_docs, lab, sha, &e) == 0;
+            pieces += n_docs;
+        }
+        free(tok);
+        free(starts);
+        free(lab);
+        #pragma omp ordered
+        {
+            /* in shard order: the manifest line goes in once the shard is durably in place */
+            if (ok && !failed) {
+                char created[32];
+                iso_now(created, sizeof created);
+                json_t *line = manifest_line(b, s, name, sha, hi - lo, n_docs, created);
+                ok = append_line(b, sp, line, &e) == 0;
+                json_decref(line);
+            }
+            if (!ok && !failed) {
+                failed = 1;
+                first_err = e;
+            }
+        }
+    }
+    st->split[sp].pieces = pieces;
+    if (failed) {
+        *err = first_err;
+        return -1;
+    }
+    return 0;
+}
+
+static int build_source(build *b, int si, loom_err *err) {
+    src_state *st = &b->src[si];
+    const loom_recipe_source *s = &b->r.sources[si];
+    double t0 = loom_now();
+    loom_docs docs = {0};
+    int rc = -1;
+    doc_set ds[2];
+    memset(ds, 0, sizeof ds);
+    if (read_source(b, si, &docs, err) != 0) goto done;
+    if (st->reuse) { /* read only for the cross-source dedup set */
+        rc = reuse_source(b, si, err);
+        goto done;
+    }
+    uint8_t *val = loom_malloc(docs.n ? docs.n : 1);
+    uint64_t in_bytes = 0;
+    for (size_t i = 0; i < docs.n; i++) {
+        val[i] = (uint8_t)is_val(loom_doc_bytes(&docs, i), docs.v[i].len, b->r.val_fraction);
+        in_bytes += docs.v[i].len;
+    }
+    for (int sp = 0; sp < 2; sp++) {
+        ds[sp].docs = &docs;
+        ds[sp].idx = loom_malloc((docs.n + 1) * sizeof *ds[sp].idx);
+        ds[sp].cum = loom_malloc((docs.n + 1) * sizeof *ds[sp].cum);
+        ds[sp].suffix = (const uint8_t *)s->doc_suffix;
+        ds[sp].suffix_len = s->doc_suffix_len;
+        ds[sp].cum[0] = 0;
+    }
+    for (size_t i = 0; i < docs.n; i++) {
+        doc_set *d = &ds[val[i]];
+        d->idx[d->n] = i;
+        d->cum[d->n + 1] = d->cum[d->n] + docs.v[i].len + s->doc_suffix_len;
+        d->n++;
+    }
+    free(val);
+    int labelled = st->labels != NULL;
+    for (int sp = 0; sp < 2; sp++)
+        if (write_split(b, si, sp, &ds[sp], labelled, err) != 0) goto done;
+    double dt = loom_now() - t0;
+    loom_log("data build: source '%s': built %zu document(s), %llu tokens -> train %llu + val %llu "
+             "shard(s) (%.1f MB/s)", s->name, docs.n,
+             (unsigned long long)(st->split[0].tokens + st->split[1].tokens),
+             (unsigned long long)st->split[0].shards, (unsigned long long)st->split[1].shards,
+             dt > 0 ? (double)in_bytes / 1e6 / dt : 0.0);
+    rc = 0;
+done:
+    for (int sp = 0; sp < 2; sp++) {
+        free(ds[sp].idx);
+        free(ds[sp].cum);
+    }
+    loom_docs_free(&docs);
+    return rc;
+}
+
+/* ---- dataset.json ---- */
+static json_t *skips_json(const loom_skips *k) {
+    json_t *o = json_object(), *a = json_array();
+    json_object_set_new(o, "count", json_integer((json_int_t)k->count));
+    for (int i = 0; i < k->n_kept; i++) {
+        json_t *e = json_object();
+        json_object_set_new(e, "what", jstr(k->v[i].what));
+        json_object_set_new(e, "why", jstr(k->v[i].why));
+        json_array_append_new(a, e);
+    }
+    json_object_set_new(o, "first", a);
+    return o;
+}
+
+static json_t *source_json(const build *b, int si) {
+    const src_state *st = &b->src[si];
+    const loom_recipe_source *s = &b->r.sources[si];
+    json_t *o;
+    if (st->reuse && st->old_obj) {
+        o = json_deep_copy(st->old_obj);
+        json_object_set_new(o, "built", json_string("reused"));
+        return o;
+    }
+    o = json_object();
+    json_object_set_new(o, "name", json_string(s->name));
+    json_object_set_new(o, "kind", json_string(s->kind_name));
+    json_object_set_new(o, "key", json_string(st->key));
+    json_object_set_new(o, "built", json_string("rebuilt"));
+    json_object_set_new(o, "weight", json_real(s->weight));
+    json_object_set_new(o, "repeat_cap", json_real(s->repeat_cap));
+    json_object_set_new(o, "files", json_integer(st->n_files));
+    json_object_set_new(o, "skipped_files", skips_json(&st->skipped));
+    if (s->kind == LOOM_SRC_JSONL) json_object_set_new(o, "bad_lines", skips_json(&st->bad_lines));
+    if (s->kind == LOOM_SRC_BINARY && st->labels) {
+        json_object_set_new(o, "unlabeled", skips_json(&st->unlabeled));
+        json_t *l = json_object();
+        json_object_set_new(l, "file", jstr(s->labels));
+        json_object_set_new(l, "sha256", json_string(st->labels_sha));
+        json_object_set_new(l, "key", json_string(s->label_key));
+        json_object_set_new(l, "field", jstr(s->label_field));
+        json_object_set_new(o, "labels", l);
+    }
+    json_object_set_new(o, "empty_documents", json_integer((json_int_t)st->empty_docs));
+    json_t *steps = json_array();
+    for (int k = 0; k < st->n_counts; k++) {
+        const loom_step_count *c = &st->counts[k];
+        json_t *e = json_object();
+        json_object_set_new(e, "step", json_string(c->step));
+        if (k > 0) {
+            json_object_set_new(e, "docs_in", json_integer((json_int_t)c->docs_in));
+            json_object_set_new(e, "bytes_in", json_integer((json_int_t)c->bytes_in));
+        }
+        json_object_set_new(e, "docs_out", json_integer((json_int_t)c->docs_out));
+        json_object_set_new(e, "bytes_out", json_integer((json_int_t)c->bytes_out));
+        if (!strcmp(c->step, "utf8_repair")) json_object_set_new(e, "changed", json_integer((json_int_t)c->changed));
+        json_array_append_new(steps, e);
+    }
+    json_object_set_new(o, "steps", steps);
+    json_t *splits = json_object();
+    for (int sp = 0; sp < 2; sp++) {
+        json_t *x = json_object();
+        json_object_set_new(x, "shards", json_integer((json_int_t)st->split[sp].shards));
+        json_object_set_new(x, "tokens", json_integer((json_int_t)st->split[sp].tokens));
+        json_object_set_new(x, "documents", json_integer((json_int_t)st->split[sp].docs));
+        json_object_set_new(x, "doc_index_entries", json_integer((json_int_t)st->split[sp].pieces));
+        json_object_set_new(splits, SPLITS[sp], x);
+    }
+    json_object_set_new(o, "splits", splits);
+    return o;
+}
+
+static int write_dataset_json(const build *b, int sp, loom_err *err) {
+    const loom_recipe *r = &b->r;
+    json_t *o = json_object();
+    json_object_set_new(o, "format", json_string("loom-dataset"));
+    json_object_set_new(o, "format_version", json_integer(1));
+    json_object_set_new(o, "name", jstr(r->name));
+    json_object_set_new(o, "split", json_string(SPLITS[sp]));
+    json_t *rec = json_object();
+    json_object_set_new(rec, "path", jstr(r->file));
+    json_object_set_new(rec, "sha256", json_string(r->sha256));
+    json_t *text = json_stringn(r->text, r->text_len);
+    json_object_set_new(rec, "text", text ? text : json_null());
+    json_object_set_new(o, "recipe", rec);
+    json_t *inputs = json_array();
+    for (int i = 0; i < b->in.n; i++) {
+        const loom_input *f = &b->in.v[i];
+        json_t *x = json_object();
+        json_object_set_new(x, "source", jstr(r->sources[f->source].name));
+        json_object_set_new(x, "path", jstr(f->path));
+        json_object_set_new(x, "bytes", json_integer((json_int_t)f->bytes));
+        json_object_set_new(x, "sha256", json_string(f->sha256));
+        json_object_set_new(x, "mtime_ns", json_integer((json_int_t)f->mtime_ns));
+        json_array_append_new(inputs, x);
+    }
+    json_object_set_new(o, "inputs", inputs);
+    split_stats tot = {0};
+    for (int i = 0; i < r->n_sources; i++) {
+        tot.shards += b->src[i].split[sp].shards;
+        tot.tokens += b->src[i].split[sp].tokens;
+        tot.docs += b->src[i].split[sp].docs;
+        tot.pieces += b->src[i].split[sp].pieces;
+    }
+    json_t *counts = json_object();
+    json_object_set_new(counts, "shards", json_integer((json_int_t)tot.shards));
+    json_object_set_new(counts, "tokens", json_integer((json_int_t)tot.tokens));
+    json_object_set_new(counts, "documents", json_integer((json_int_t)tot.docs));
+    json_object_set_new(counts, "doc_index_entries", json_integer((json_int_t)tot.pieces));
+    json_object_set_new(o, "counts", counts);
+    json_t *tok = json_object();
+    json_object_set_new(tok, "id", json_string(b->tok_id));
+    json_object_set_new(tok, "vocab_size", json_integer(b->vocab));
+    json_object_set_new(o, "tokenizer", tok);
+    json_object_set_new(o, "seq_len", json_integer((json_int_t)r->seq_len));
+    json_object_set_new(o, "val_fraction", json_real(r->val_fraction));
+    json_object_set_new(o, "shard_tokens", json_integer((json_int_t)r->shard_tokens));
+    json_object_set_new(o, "dedup_across_sources", json_boolean(r->dedup_across_sources));
+    if (b->n_classes) {
+        json_t *cl = json_array();
+        for (int i = 0; i < b->n_classes; i++) json_array_append_new(cl, jstr(b->classes[i]));
+        json_object_set_new(o, "classes", cl);
+    }
+    json_t *srcs = json_array();
+    for (int i = 0; i < r->n_sources; i++) json_array_append_new(srcs, source_json(b, i));
+    json_object_set_new(o, "sources", srcs);
+    json_object_set_new(o, "loom_version", json_string(LOOM_VERSION));
+    char *s = json_dumps(o, JSON_INDENT(2));
+    json_decref(o);
+    LOOM_CHECK(s != NULL);
+    char path[4300];
+    loom_pathf(path, sizeof path, "%s/%s/dataset.json", b->tmp, SPLITS[sp]);
+    size_t n = strlen(s);
+    s = loom_realloc(s, n + 2);
+    s[n] = '\n';
+    s[n + 1] = 0;
+    int rc = loom_write_file_atomic(path, s, n + 1, err);
+    free(s);
+    return rc;
+}
+
+/* Nothing to do: every source reused, the same recipe file, the same source list. */
+static int up_to_date(const build *b) {
+    if (!b->old_ds) return 0;
+    const char *sha = json_string_value(json_object_get(json_object_get(b->old_ds, "recipe"), "sha256"));
+    if (!sha || strcmp(sha, b->r.sha256) != 0) return 0;
+    json_t *srcs = json_object_get(b->old_ds, "sources");
+    if ((int)json_array_size(srcs) != b->r.n_sources) return 0;
+    for (int i = 0; i < b->r.n_sources; i++) {
+        const char *n = json_string_value(json_object_get(json_array_get(srcs, (size_t)i), "name"));
+        if (!b->src[i].reuse || !n || strcmp(n, b->r.sources[i].name) != 0) return 0;
+    }
+    /* the inputs list must be the same too (a new empty file changes no key but the list) */
+    json_t *ins = json_object_get(b->old_ds, "inputs");
+    if ((int)json_array_size(ins) != b->in.n) return 0;
+    for (int i = 0; i < b->in.n; i++) {
+        json_t *x = json_array_get(ins, (size_t)i);
+        const char *p = json_string_value(json_object_get(x, "path"));
+        json_t *mt = json_object_get(x, "mtime_ns");
+        if (!p || strcmp(p, b->in.v[i].path) || !json_is_integer(mt) ||
+            json_integer_value(mt) != b->in.v[i].mtime_ns)
+            return 0;
+    }
+    /* and the output holds exactly what a build writes (a stray file gets a clean rebuild) */
+    for (int sp = 0; sp < 2; sp++) {
+        char dir[4300];
+        loom_pathf(dir, sizeof dir, "%s/%s", b->out, SPLITS[sp]);
+        DIR *d = opendir(dir);
+        if (!d) return 0;
+        size_t listed = 0, seen = 0;
+        for (int i = 0; i < b->r.n_sources; i++)
+            listed += b->src[i].old_lines[sp] ? json_array_size(b->src[i].old_lines[sp]) : 0;
+        struct dirent *e;
+        int clean = 1;
+        while ((e = readdir(d)) != NULL) {
+            if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, "..") ||
+                !strcmp(e->d_name, "manifest.jsonl") || !strcmp(e->d_name, "dataset.json"))
+                continue;
+            seen++;
+            int found = 0;
+            for (int i = 0; i < b->r.n_sources && !found; i++) {
+                size_t j;
+                json_t *line;
+                json_array_foreach(b->src[i].old_lines[sp], j, line) {
+                    const char *n = json_string_value(json_object_get(line, "shard"));
+                    if (n && !strcmp(n, e->d_name)) found = 1;
+                }
+            }
+            clean &= found;
+        }
+        closedir(d);
+        if (!clean || seen != listed) return 0;
+    }
+    return 1;
+}
+
+static int resolve_tokenizer(build *b, loom_err *err) {
+    if (!strcmp(b->r.tokenizer, "byte")) {
+        b->tok_id = "byte";
+        b->vocab = BYTE_VOCAB;
+        return 0;
+    }
+    return loom_errf(err, "%s:%d: tokenizer 'bpe' is not available in this build yet (the BPE "
+                     "tokenizer is being added); use 'tokenizer: byte'", b->r.file, b->r.tokenizer_line);
+}
+
+int loom_data_build(const char *recipe_path, loom_err *err) {
+    build B;
+    memset(&B, 0, sizeof B);
+    build *b = &B;
+    int rc = -1, made_tmp = 0;
+    b->t0 = loom_now();
+    if (loom_recipe_load(recipe_path, &b->r, err) != 0) goto done;
+    loom_recipe *r = &b->r;
+    if (snprintf(b->out, sizeof b->out, "%s", r->output) >= (int)sizeof b->out) {
         loom_errf(err, "%s: output path too long", recipe_path);
         goto done;
     }
-    for (size_t n = strlen(out); n > 1 && out[n - 1] == '/'; n--) out[n - 1] = 0;
-    if (loom_path_exists(out) && !(loom_is_dir(out) && (looks_like_build(out) || dir_is_empty(out)))) {
+    for (size_t n = strlen(b->out); n > 1 && b->out[n - 1] == '/'; n--) b->out[n - 1] = 0;
+    if (loom_path_exists(b->out) &&
+        !(loom_is_dir(b->out) && (looks_like_build(b->out) || dir_is_empty(b->out)))) {
         loom_errf(err, "%s: output '%s' exists and is not a loom data build; refusing to replace it",
-                  recipe_path, out);
+                  recipe_path, b->out);
         goto done;
     }
-    loom_pathf(tmp, sizeof tmp, "%s.tmp.%d", out, (int)getpid());
-    loom_pathf(old, sizeof old, "%s.old.%d", out, (int)getpid());
-    if (collect_inputs(&r, &files, err) != 0) goto done;
-    remove_tree(tmp);
-    if (loom_mkdirs(tmp, err) != 0) goto done;
+    loom_pathf(b->tmp, sizeof b->tmp, "%s.tmp.%d", b->out, (int)getpid());
+    loom_pathf(b->old, sizeof b->old, "%s.old.%d", b->out, (int)getpid());
+    if (resolve_tokenizer(b, err) != 0) goto done;
+    b->src = loom_calloc((size_t)r->n_sources, sizeof *b->src);
+    for (int i = 0; i < r->n_sources; i++) {
+        int before = b->in.n;
+        if (loom_inputs_collect(r, i, &b->in, &b->src[i].skipped, err) != 0) goto done;
+        b->src[i].n_files = b->in.n - before;
+        b->src[i].files = loom_malloc((size_t)(b->src[i].n_files + 1) * sizeof(int));
+        for (int j = 0; j < b->src[i].n_files; j++) b->src[i].files[j] = before + j;
+        for (int k = 0; k < r->sources[i].n_steps; k++)
+            b->src[i].has_exact |= r->sources[i].steps[k].kind == LOOM_STEP_DEDUP_EXACT;
+    }
+    if (load_labels(b, err) != 0) goto done;
+    load_previous(b);
+    if (hash_inputs(b, err) != 0) goto done;
+    compute_keys(b);
+    decide_reuse(b);
+    if (up_to_date(b)) {
+        loom_log("data build: %s: up to date (%d source(s) unchanged: nothing read, nothing written) -> %s",
+                 r->name, r->n_sources, b->out);
+        rc = 0;
+        goto done;
+    }
+    remove_tree(b->tmp);
+    if (loom_mkdirs(b->tmp, err) != 0) goto done;
     made_tmp = 1;
-    const char *splits[2] = {"train", "val"};
-    for (int i = 0; i < 2; i++) {
-        writer *w = &ws[i];
-        w->split = splits[i];
-        w->r = &r;
-        size_t n = strlen(tmp) + 8;
-        w->dir = loom_malloc(n);
-        snprintf(w->dir, n, "%s/%s", tmp, splits[i]);
-        if (loom_mkdirs(w->dir, err) != 0) goto done;
-        char mpath[4200];
-        loom_pathf(mpath, sizeof mpath, "%s/manifest.jsonl", w->dir);
-        if (loom_write_file_atomic(mpath, "", 0, err) != 0) goto done;
-        w->cap = (uint64_t)r.shard_tokens;
-        w->tokens = loom_malloc((size_t)w->cap * sizeof *w->tokens);
-        w->starts = loom_malloc((size_t)w->cap * sizeof *w->starts);
+    for (int sp = 0; sp < 2; sp++) {
+        char p[4400];
+        loom_pathf(p, sizeof p, "%s/%s", b->tmp, SPLITS[sp]);
+        if (loom_mkdirs(p, err) != 0) goto done;
+        loom_pathf(p, sizeof p, "%s/%s/manifest.jsonl", b->tmp, SPLITS[sp]);
+        if (loom_write_file_atomic(p, "", 0, err) != 0) goto done;
     }
-    for (int i = 0; i < files.n; i++)
-        if (process_file(ws, &r, &files.v[i], err) != 0) goto done;
-    for (int i = 0; i < 2; i++) {
-        if (flush_shard(&ws[i], err) != 0) goto done;
-        /* the directory fsync after the shard renames made them durable; now the summary */
-        if (write_dataset_json(&ws[i], &r, &files, err) != 0) goto done;
+    if (r->dedup_across_sources) b->global = loom_hashset_new();
+    for (int i = 0; i < r->n_sources; i++) {
+        int res = b->src[i].need_docs ? build_source(b, i, err) : reuse_source(b, i, err);
+        if (res != 0) goto done;
     }
-    if (ws[0].total_tokens == 0) {
-        loom_errf(err, "%s: the sources hold no training documents", recipe_path);
+    for (int sp = 0; sp < 2; sp++)
+        if (write_dataset_json(b, sp, err) != 0) goto done;
+    uint64_t train_tokens = 0;
+    for (int i = 0; i < r->n_sources; i++) train_tokens += b->src[i].split[0].tokens;
+    if (train_tokens == 0) {
+        loom_errf(err, "%s: the sources hold no training documents (after the steps)", recipe_path);
         goto done;
     }
     /* swap into place */
-    if (loom_path_exists(out)) {
-        if (rename(out, old) != 0) {
-            loom_errf(err, "%s: cannot move the previous build aside: %s", out, strerror(errno));
-            goto done;
-        }
+    if (loom_path_exists(b->out) && rename(b->out, b->old) != 0) {
+        loom_errf(err, "%s: cannot move the previous build aside: %s", b->out, strerror(errno));
+        goto done;
     }
-    if (rename(tmp, out) != 0) {
-        loom_errf(err, "%s: cannot rename the new build into place: %s", out, strerror(errno));
-        if (loom_path_exists(old)) rename(old, out);
+    if (rename(b->tmp, b->out) != 0) {
+        loom_errf(err, "%s: cannot rename the new build into place: %s", b->out, strerror(errno));
+        if (loom_path_exists(b->old)) rename(b->old, b->out);
         goto done;
     }
     made_tmp = 0;
-    remove_tree(old);
-    loom_log("data build: %s: %d files -> %s: train %d shard(s), %llu tokens, %llu docs; "
-             "val %d shard(s), %llu tokens, %llu docs",
-             r.name, files.n, out, ws[0].n_shards, (unsigned long long)ws[0].total_tokens,
-             (unsigned long long)ws[0].total_docs, ws[1].n_shards,
-             (unsigned long long)ws[1].total_tokens, (unsigned long long)ws[1].total_docs);
+    remove_tree(b->old);
+    int reused = 0;
+    uint64_t tok[2] = {0, 0}, docs[2] = {0, 0}, shards[2] = {0, 0};
+    for (int i = 0; i < r->n_sources; i++) {
+        reused += b->src[i].reuse;
+        for (int sp = 0; sp < 2; sp++) {
+            tok[sp] += b->src[i].split[sp].tokens;
+            docs[sp] += b->src[i].split[sp].docs;
+            shards[sp] += b->src[i].split[sp].shards;
+        }
+    }
+    loom_log("data build: %s: %d files, %d source(s) rebuilt, %d reused -> %s: train %llu shard(s), "
+             "%llu tokens, %llu docs; val %llu shard(s), %llu tokens, %llu docs (%.2f s)",
+             r->name, b->in.n, r->n_sources - reused, reused, b->out, (unsigned long long)shards[0],
+             (unsigned long long)tok[0], (unsigned long long)docs[0], (unsigned long long)shards[1],
+             (unsigned long long)tok[1], (unsigned long long)docs[1], loom_now() - b->t0);
     rc = 0;
 done:
-    if (made_tmp) remove_tree(tmp);
-    for (int i = 0; i < 2; i++) {
-        free(ws[i].dir);
-        free(ws[i].tokens);
-        free(ws[i].starts);
+    if (made_tmp) remove_tree(b->tmp);
+    for (int i = 0; b->src && i < b->r.n_sources; i++) {
+        src_state *st = &b->src[i];
+        free(st->files);
+        json_decref(st->old_lines[0]);
+        json_decref(st->old_lines[1]);
+        loom_skips_free(&st->skipped);
+        loom_skips_free(&st->bad_lines);
+        loom_skips_free(&st->unlabeled);
+        free(st->counts);
+        loom_labels_free(st->labels);
     }
-    for (int i = 0; i < files.n; i++) free(files.v[i].path);
-    free(files.v);
-    loom_recipe_free(&r);
+    free(b->src);
+    free(b->classes);
+    loom_hashset_free(b->global);
+    json_decref(b->old_ds);
+    loom_inputs_free(&b->in);
+    loom_recipe_free(&b->r);
     return rc;
 }

@@ -33,13 +33,22 @@ enum {
     SH_TOKENIZER_ID = 112,   /* u8[64], NUL-padded */
     SH_RECIPE_ID = 176,      /* u8[64], NUL-padded */
     SH_HEADER_SUM = 240,     /* u8[32]: SHA-256 of the header with this field zeroed */
-    SH_RESERVED = 272        /* .. 4095: zero */
+    SH_LABELS_OFF = 272,     /* u64: the optional labels section (u32 per doc-index entry);
+                              * 0 = no labels (shards written before labels existed) */
+    SH_LABELS_BYTES = 280,   /* u64: 4 * n_docs, or 0 without labels */
+    SH_RESERVED = 288        /* .. 4095: zero */
 };
 
 /* loom_shard_write that also returns the SHA-256 (hex) of the file it wrote. */
 int loom_shard_write_sha(const char *path, const loom_shard_spec *spec, const uint32_t *tokens,
                          uint64_t n_tokens, const uint64_t *doc_starts, uint64_t n_docs,
                          char sha_hex[65], loom_err *err);
+
+/* The same with an optional label per doc-index entry (labels: n_docs values, or NULL for a
+ * version-1 shard without labels). */
+int loom_shard_write_ex(const char *path, const loom_shard_spec *spec, const uint32_t *tokens,
+                        uint64_t n_tokens, const uint64_t *doc_starts, uint64_t n_docs,
+                        const uint32_t *labels, char sha_hex[65], loom_err *err);
 
 const char *loom_shard_path(const loom_shard *s);
 uint32_t loom_shard_token_width(const loom_shard *s);
@@ -57,8 +66,15 @@ typedef struct loom_manifest_entry {
     const char *created; /* may be "" */
     uint64_t tokens, docs;
     int line;            /* 1-based line in manifest.jsonl */
+    double weight;       /* "weight": the source's mixing weight (> 0, default 1) */
+    double repeat_cap;   /* "repeat_cap": passes allowed over the source (0 = no cap) */
 } loom_manifest_entry;
 loom_manifest_entry loom_dataset_entry(const loom_dataset *d, int i);
 const char *loom_dataset_dir(const loom_dataset *d);
+/* Reads the lines appended to manifest.jsonl since the last read (a stat first: nothing is
+ * read when the file is unchanged), opening and verifying their shards; *n_added counts
+ * them. The bytes already read must be unchanged. On error the lines before the bad one stay
+ * added. */
+int loom_dataset_refresh(loom_dataset *d, int *n_added, loom_err *err);
 
 #endif

@@ -1,8 +1,11 @@
 /* Shard format v1: writer and validating mmap reader. Byte layout in docs/data-format.md.
  *
  * File = header (4096 bytes) | tokens (token_width bytes each, at a 4096-aligned offset) |
- * pad to 8 | doc start index (u64 each) | pad to 8 | block checksums (SHA-256 of each
- * block_size-byte block of the range [tokens_offset, docs_end)). Everything is little-endian.
+ * pad to 8 | doc start index (u64 each) | [doc labels (u32 each)] | pad to 8 | block
+ * checksums (SHA-256 of each block_size-byte block of the range [tokens_offset, end of the
+ * doc index or of the labels)). Everything is little-endian. The optional labels section is
+ * an additive change: its two header fields (labels_offset, labels_bytes) were reserved
+ * zero bytes, and labels_offset == 0 means "no labels", so every older shard reads as before.
  * A shard is untrusted input: every field is checked with overflow-safe arithmetic before a
  * byte it describes is touched, and every error names the path. */
 #define _GNU_SOURCE
@@ -25,6 +28,7 @@ struct loom_shard {
     uint64_t n_tokens, n_docs;
     const uint8_t *tokens;  /* (n_tokens * width) */
     const uint8_t *docs;    /* (n_docs * 8), 8-byte aligned */
+    const uint8_t *labels;  /* (n_docs * 4) or NULL (v1) */
     char tokenizer_id[LOOM_SHARD_ID_LEN + 1];
     char recipe_id[LOOM_SHARD_ID_LEN + 1];
 };
@@ -63,15 +67,15 @@ static uint64_t align_up(uint64_t x, uint64_t a) { return (x + a - 1) / a * a; }
 
 /* The layout implied by the counts. Returns 0, or -1 when a size overflows 64 bits. */
 typedef struct layout {
-    uint64_t tokens_off, tokens_bytes, docs_off, docs_bytes, sums_off, sums_bytes;
-    uint64_t n_blocks, file_size;
+    uint64_t tokens_off, tokens_bytes, docs_off, docs_bytes, labels_off, labels_bytes;
+    uint64_t sums_off, sums_bytes, n_blocks, file_size;
 } layout;
 
 static int add_ok(uint64_t a, uint64_t b, uint64_t *out) { return !__builtin_add_overflow(a, b, out); }
 static int mul_ok(uint64_t a, uint64_t b, uint64_t *out) { return !__builtin_mul_overflow(a, b, out); }
 
 static int compute_layout(uint64_t n_tokens, uint64_t n_docs, uint32_t width, uint64_t block,
-                          layout *L) {
+                          int labels, layout *L) {
     uint64_t end, covered;
     L->tokens_off = LOOM_SHARD_HEADER_SIZE;
     if (!mul_ok(n_tokens, width, &L->tokens_bytes)) return -1;
@@ -79,6 +83,12 @@ static int compute_layout(uint64_t n_tokens, uint64_t n_docs, uint32_t width, ui
     L->docs_off = align_up(end, 8);
     if (!mul_ok(n_docs, 8, &L->docs_bytes)) return -1;
     if (!add_ok(L->docs_off, L->docs_bytes, &end) || end > UINT64_MAX - 8) return -1;
+    L->labels_off = L->labels_bytes = 0;
+    if (labels) {
+        L->labels_off = end;
+        if (!mul_ok(n_docs, 4, &L->labels_bytes)) return -1;
+        if (!add_ok(L->labels_off, L->labels_bytes, &end) || end > UINT64_MAX - 8) return -1;
+    }
     covered = end - L->tokens_off;
     L->n_blocks = covered / block + (covered % block != 0);
     L->sums_off = align_up(end, 8);
@@ -97,9 +107,9 @@ static int check_id(const char *path, const char *what, const char *id, loom_err
     return 0;
 }
 
-int loom_shard_write_sha(const char *path, const loom_shard_spec *spec, const uint32_t *tokens,
-                         uint64_t n_tokens, const uint64_t *doc_starts, uint64_t n_docs,
-                         char sha_hex[65], loom_err *err) {
+int loom_shard_write_ex(const char *path, const loom_shard_spec *spec, const uint32_t *tokens,
+                        uint64_t n_tokens, const uint64_t *doc_starts, uint64_t n_docs,
+                        const uint32_t *labels, char sha_hex[65], loom_err *err) {
     uint32_t vocab = spec->vocab_size, width = spec->token_width;
     if (vocab == 0) return loom_errf(err, "%s: vocab_size must be positive", path);
     if (width == 0) width = vocab <= 256 ? 1 : vocab <= 65536 ? 2 : 4;
@@ -129,7 +139,7 @@ int loom_shard_write_sha(const char *path, const loom_shard_spec *spec, const ui
             return loom_errf(err, "%s: token %llu has id %u >= vocab_size %u", path,
                              (unsigned long long)i, tokens[i], vocab);
     layout L;
-    if (compute_layout(n_tokens, n_docs, width, LOOM_SHARD_BLOCK_SIZE, &L) != 0)
+    if (compute_layout(n_tokens, n_docs, width, LOOM_SHARD_BLOCK_SIZE, labels != NULL, &L) != 0)
         return loom_errf(err, "%s: %llu tokens / %llu docs is too large for one shard", path,
                          (unsigned long long)n_tokens, (unsigned long long)n_docs);
 
@@ -144,7 +154,9 @@ int loom_shard_write_sha(const char *path, const loom_shard_spec *spec, const ui
         else put_u32(tok + 4 * i, tokens[i]);
     }
     for (uint64_t i = 0; i < n_docs; i++) put_u64(buf + L.docs_off + 8 * i, doc_starts[i]);
-    uint64_t covered_end = L.docs_off + L.docs_bytes;
+    if (labels)
+        for (uint64_t i = 0; i < n_docs; i++) put_u32(buf + L.labels_off + 4 * i, labels[i]);
+    uint64_t covered_end = labels ? L.labels_off + L.labels_bytes : L.docs_off + L.docs_bytes;
     for (uint64_t b = 0; b < L.n_blocks; b++) {
         uint64_t lo = L.tokens_off + b * LOOM_SHARD_BLOCK_SIZE;
         uint64_t hi = lo + LOOM_SHARD_BLOCK_SIZE < covered_end ? lo + LOOM_SHARD_BLOCK_SIZE : covered_end;
@@ -167,6 +179,10 @@ int loom_shard_write_sha(const char *path, const loom_shard_spec *spec, const ui
     put_u64(h + SH_SUMS_OFF, L.sums_off);
     put_u64(h + SH_SUMS_BYTES, L.sums_bytes);
     put_u64(h + SH_FILE_SIZE, L.file_size);
+    if (labels) {
+        put_u64(h + SH_LABELS_OFF, L.labels_off);
+        put_u64(h + SH_LABELS_BYTES, L.labels_bytes);
+    }
     if (spec->tokenizer_id) memcpy(h + SH_TOKENIZER_ID, spec->tokenizer_id, strlen(spec->tokenizer_id));
     if (spec->recipe_id) memcpy(h + SH_RECIPE_ID, spec->recipe_id, strlen(spec->recipe_id));
     header_digest(h, h + SH_HEADER_SUM);
@@ -175,6 +191,13 @@ int loom_shard_write_sha(const char *path, const loom_shard_spec *spec, const ui
     int rc = loom_write_file_atomic(path, buf, (size_t)L.file_size, err);
     free(buf);
     return rc;
+}
+
+int loom_shard_write_sha(const char *path, const loom_shard_spec *spec, const uint32_t *tokens,
+                         uint64_t n_tokens, const uint64_t *doc_starts, uint64_t n_docs,
+                         char sha_hex[65], loom_err *err) {
+    return loom_shard_write_ex(path, spec, tokens, n_tokens, doc_starts, n_docs, NULL, sha_hex,
+                               err);
 }
 
 int loom_shard_write(const char *path, const loom_shard_spec *spec, const uint32_t *tokens,
@@ -216,6 +239,7 @@ static int validate_header(loom_shard *s, const uint8_t *h, uint64_t actual, lay
     if (memcmp(digest, h + SH_HEADER_SUM, 32) != 0)
         return loom_errf(err, "%s: header checksum mismatch (bytes 0..%u are corrupt)", path,
                          LOOM_SHARD_HEADER_SIZE);
+    int has_labels = get_u64(h + SH_LABELS_OFF) != 0;
     for (size_t i = SH_RESERVED; i < LOOM_SHARD_HEADER_SIZE; i++)
         if (h[i]) return loom_errf(err, "%s: reserved header byte %zu is not zero", path, i);
     uint32_t hsize = get_u32(h + SH_HEADER_SIZE);
@@ -235,7 +259,7 @@ static int validate_header(loom_shard *s, const uint8_t *h, uint64_t actual, lay
     if (block < 4096 || block > (1ull << 30) || block % 4096 != 0)
         return loom_errf(err, "%s: block_size %llu is not a multiple of 4096 in [4 KiB, 1 GiB]",
                          path, (unsigned long long)block);
-    if (compute_layout(s->n_tokens, s->n_docs, s->width, block, L) != 0)
+    if (compute_layout(s->n_tokens, s->n_docs, s->width, block, has_labels, L) != 0)
         return loom_errf(err, "%s: header claims %llu tokens and %llu docs: sizes overflow",
                          path, (unsigned long long)s->n_tokens, (unsigned long long)s->n_docs);
     if (s->n_tokens > 0 && s->n_docs == 0)
@@ -253,6 +277,8 @@ static int validate_header(loom_shard *s, const uint8_t *h, uint64_t actual, lay
         {SH_SUMS_OFF, "checksums_offset", L->sums_off},
         {SH_SUMS_BYTES, "checksums_bytes", L->sums_bytes},
         {SH_FILE_SIZE, "file_size", L->file_size},
+        {SH_LABELS_OFF, "labels_offset", L->labels_off},
+        {SH_LABELS_BYTES, "labels_bytes", L->labels_bytes},
     };
     for (size_t i = 0; i < sizeof fields / sizeof fields[0]; i++) {
         uint64_t got = get_u64(h + fields[i].off);
@@ -280,7 +306,7 @@ static int validate_header(loom_shard *s, const uint8_t *h, uint64_t actual, lay
 static int validate_body(loom_shard *s, const layout *L, uint64_t block, loom_err *err) {
     const char *path = s->path;
     const uint8_t *m = s->map;
-    uint64_t covered_end = L->docs_off + L->docs_bytes;
+    uint64_t covered_end = s->labels ? L->labels_off + L->labels_bytes : L->docs_off + L->docs_bytes;
     for (uint64_t b = 0; b < L->n_blocks; b++) {
         uint64_t lo = L->tokens_off + b * block;
         uint64_t hi = covered_end - lo > block ? lo + block : covered_end;
@@ -356,6 +382,7 @@ int loom_shard_open(const char *path, loom_shard **out, loom_err *err) {
     if (validate_header(s, s->map, actual, &L, err) != 0) goto fail;
     s->tokens = s->map + L.tokens_off;
     s->docs = s->map + L.docs_off;
+    s->labels = L.labels_off ? s->map + L.labels_off : NULL;
     if (validate_body(s, &L, get_u64(s->map + SH_BLOCK_SIZE), err) != 0) goto fail;
     *out = s;
     return 0;
@@ -379,6 +406,13 @@ uint32_t loom_shard_token_width(const loom_shard *s) { return s->width; }
 const char *loom_shard_tokenizer_id(const loom_shard *s) { return s->tokenizer_id; }
 const char *loom_shard_recipe_id(const loom_shard *s) { return s->recipe_id; }
 uint64_t loom_shard_file_size(const loom_shard *s) { return s->file_size; }
+
+int loom_shard_has_labels(const loom_shard *s) { return s->labels != NULL; }
+
+uint32_t loom_shard_doc_label(const loom_shard *s, uint64_t i) {
+    LOOM_CHECK(s->labels != NULL && i < s->n_docs);
+    return get_u32(s->labels + 4 * i);
+}
 
 uint64_t loom_shard_doc_start(const loom_shard *s, uint64_t i) {
     LOOM_CHECK(i < s->n_docs);
