@@ -67,6 +67,11 @@ void embedding_forward(float *out, const int32_t *tokens, const float *wte, cons
 void embedding_backward(float *dwte, float *dwpe, const float *dout, const int32_t *tokens,
                         int B, int T, int C, int pos0);
 
+/* out (B,C) = mean over t of inp (B,T,C) */
+void mean_pool_forward(float *out, const float *inp, int B, int T, int C);
+/* dinp (B,T,C) += dout (B,C) / T */
+void mean_pool_backward(float *dinp, const float *dout, int B, int T, int C);
+
 /* out = a + b, n floats (out may alias a). */
 void residual_forward(float *out, const float *a, const float *b, int64_t n);
 

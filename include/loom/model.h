@@ -28,7 +28,14 @@ typedef struct loom_model_config {
     float norm_eps;
     float rope_theta;
     float init_std;
+    int head;          /* loom_head: LOOM_HEAD_LM or LOOM_HEAD_CLASSIFY */
+    int num_classes;   /* K, for the classification head */
 } loom_model_config;
+
+/* LM: next-token logits (B,T,V), targets (B,T). CLASSIFY: the final hidden states are
+ * mean-pooled over the T positions and a linear layer gives class logits (B,K); the
+ * "targets" of forward are then one label per sequence (B), < 0 = ignored. */
+typedef enum loom_head { LOOM_HEAD_LM = 0, LOOM_HEAD_CLASSIFY = 1 } loom_head;
 
 /* Parameter tensors. The arena is layer-major: the embedding block (wte, wpe), then one
  * contiguous block per layer (layers.<l>.<name>), then the final block (lnf_w, lnf_b,
@@ -40,7 +47,9 @@ enum {  /* global tensors */
     LOOM_P_WPE,         /* (maxT, C)               gpt2 */
     LOOM_P_LNF_W,       /* (C) */
     LOOM_P_LNF_B,       /* (C)                     gpt2 */
-    LOOM_P_LM_HEAD,     /* (V, C)                  llama (untied) */
+    LOOM_P_LM_HEAD,     /* (V, C)                  llama (untied), lm head */
+    LOOM_P_CLS_W,       /* (K, C)                  classify head */
+    LOOM_P_CLS_B,       /* (K)                     classify head */
     LOOM_P_COUNT
 };
 enum {  /* per-layer tensors, named layers.<l>.<name> */
@@ -134,8 +143,9 @@ void loom_model_init_range(const loom_model *m, uint64_t seed, size_t offset, si
 void loom_model_init_weights(loom_model *m, uint64_t seed);
 
 /* Forward on inputs (B,T), B <= the B given at create, T <= its T. When targets is not NULL
- * returns the mean loss over targets >= 0 (and keeps what backward needs); else returns 0.
- * Logits (B,T,V) are kept until backward. */
+ * ((B,T) for the LM head, (B) labels for the classify head) returns the mean loss over
+ * targets >= 0 (and keeps what backward needs); else returns 0. Logits ((B,T,V), or (B,K)
+ * for classify) are kept until backward. */
 float loom_model_forward(loom_model *m, const int32_t *inputs, const int32_t *targets, int B,
                          int T);
 /* After a forward with targets: grads += d(loss_sum * dscale)/dparams, where loss_sum is
@@ -145,7 +155,7 @@ void loom_model_backward(loom_model *m, float dscale);
 /* number of targets >= 0 in the last forward */
 int64_t loom_model_valid_targets(const loom_model *m);
 void loom_model_zero_grad(loom_model *m);
-/* (B,T,V) logits of the last forward (valid until backward). */
+/* logits of the last forward (valid until backward): (B,T,V), or (B,K) for classify */
 const float *loom_model_logits(const loom_model *m);
 /* Inference: logits (V) of the last position for a single sequence of n tokens (n <= T).
  * Recomputes the whole prefix (the KV cache comes with the inference issue). */

@@ -30,6 +30,8 @@ typedef struct acts {
     float *lnf_rstd;  /* (B,T) */
     float *logits;    /* (B,T,V); dlogits after backward */
     float *losses;    /* (B,T) */
+    float *pooled;    /* (B,C) classify: mean of lnf over T */
+    float *dpooled;   /* (B,C) */
     /* backward scratch */
     float *dres;      /* (B,T,C) gradient of the residual stream */
     float *dln;       /* (B,T,C) */
@@ -72,7 +74,7 @@ struct loom_model {
 };
 
 static const char *const global_names[LOOM_P_COUNT] = {"wte", "wpe", "lnf_w", "lnf_b",
-                                                        "lm_head"};
+                                                        "lm_head", "cls_w", "cls_b"};
 static const char *const layer_names[LOOM_L_COUNT] = {
     "ln1_w", "ln1_b", "qkv_w", "qkv_b", "attn_proj_w", "attn_proj_b",
     "ln2_w", "ln2_b", "fc_w", "fc_b", "fc_proj_w", "fc_proj_b"};
@@ -122,6 +124,11 @@ static int check_config(const loom_model_config *c, loom_err *err) {
         return loom_errf(err, "model: norm_eps and init_std must be positive");
     if (c->flavor == LOOM_FLAVOR_LLAMA && !(c->rope_theta > 0.0f))
         return loom_errf(err, "model: rope_theta must be positive");
+    if (c->head != LOOM_HEAD_LM && c->head != LOOM_HEAD_CLASSIFY)
+        return loom_errf(err, "model: unknown head %d", c->head);
+    if (c->head == LOOM_HEAD_CLASSIFY && c->num_classes < 2)
+        return loom_errf(err, "model: the classify head needs model.num_classes >= 2 (got %d)",
+                         c->num_classes);
     return 0;
 }
 
@@ -178,7 +185,11 @@ int loom_model_create_ex(const loom_model_config *cfg, int B, int T, int own_are
     }
     m->gidx[LOOM_P_LNF_W] = add_tensor(m, &off, -1, LOOM_P_LNF_W, 1, 0, 1, C, 0);
     m->gidx[LOOM_P_LNF_B] = add_tensor(m, &off, -1, LOOM_P_LNF_B, gpt2, 0, 1, C, 0);
-    m->gidx[LOOM_P_LM_HEAD] = add_tensor(m, &off, -1, LOOM_P_LM_HEAD, !gpt2, 1, 2, V, C);
+    const int cls = cfg->head == LOOM_HEAD_CLASSIFY;
+    const int64_t K = cfg->num_classes;
+    m->gidx[LOOM_P_LM_HEAD] = add_tensor(m, &off, -1, LOOM_P_LM_HEAD, !gpt2 && !cls, 1, 2, V, C);
+    m->gidx[LOOM_P_CLS_W] = add_tensor(m, &off, -1, LOOM_P_CLS_W, cls, 1, 2, K, C);
+    m->gidx[LOOM_P_CLS_B] = add_tensor(m, &off, -1, LOOM_P_CLS_B, cls, 0, 1, K, 0);
     m->n_params = off;
     m->n_units = (int)L + 2;
     m->unit_off = loom_calloc((size_t)m->n_units, sizeof(size_t));
@@ -208,7 +219,8 @@ int loom_model_create_ex(const loom_model_config *cfg, int B, int T, int own_are
         {&m->a.ln2_rstd, L * BT},       {&m->a.fch, L * BT * m->FFI},
         {&m->a.fch_act, L * BT * F},    {&m->a.res3, L * BT * C},
         {&m->a.lnf, BT * C},            {&m->a.lnf_mean, BT},
-        {&m->a.lnf_rstd, BT},           {&m->a.logits, BT * V},
+        {&m->a.lnf_rstd, BT},           {&m->a.logits, cls ? B * K : BT * V},
+        {&m->a.pooled, cls ? B * C : 0}, {&m->a.dpooled, cls ? B * C : 0},
         {&m->a.losses, BT},             {&m->a.dres, BT * C},
         {&m->a.dln, BT * C},            {&m->a.dqkv, BT * m->QKV},
         {&m->a.datty, BT * HD},         {&m->a.dfch, BT * m->FFI},
@@ -455,18 +467,37 @@ float loom_model_forward(loom_model *m, const int32_t *inputs, const int32_t *ta
         release(m, l + 1, 0);
         residual = res3;
     }
+    const int cls = c->head == LOOM_HEAD_CLASSIFY, tied = gpt2 && !cls;
     acquire(m, U_FINAL, 0);
-    if (gpt2) acquire(m, 0, 0); /* the tied head reads wte */
+    if (tied) acquire(m, 0, 0); /* the tied head reads wte */
     norm_fwd(m, a->lnf, a->lnf_mean, a->lnf_rstd, residual, PARAM(m, LOOM_P_LNF_W),
              PARAM(m, LOOM_P_LNF_B), BT);
-    const float *head = gpt2 ? PARAM(m, LOOM_P_WTE) : PARAM(m, LOOM_P_LM_HEAD);
-    matmul_forward(a->logits, a->lnf, head, NULL, BT, C, V);
-    if (gpt2) release(m, 0, 0);
+    if (cls) {
+        mean_pool_forward(a->pooled, a->lnf, B, T, C);
+        matmul_forward(a->logits, a->pooled, PARAM(m, LOOM_P_CLS_W), PARAM(m, LOOM_P_CLS_B), B, C,
+                       c->num_classes);
+    } else {
+        const float *head = gpt2 ? PARAM(m, LOOM_P_WTE) : PARAM(m, LOOM_P_LM_HEAD);
+        matmul_forward(a->logits, a->lnf, head, NULL, BT, C, V);
+    }
+    if (tied) release(m, 0, 0);
     release(m, U_FINAL, 0);
 
     m->has_targets = targets != NULL;
     m->valid = 0;
     if (!targets) return 0.0f;
+    if (cls) {
+        const int K = c->num_classes;
+        memcpy(m->targets, targets, (size_t)B * sizeof(int32_t));
+        for (int b = 0; b < B; b++) {
+            LOOM_CHECK(targets[b] < K);
+            if (targets[b] >= 0) m->valid++;
+        }
+        crossentropy_forward(a->losses, a->logits, targets, B, K);
+        double sum = 0.0;
+        for (int b = 0; b < B; b++) sum += a->losses[b];
+        return m->valid > 0 ? (float)(sum / (double)m->valid) : 0.0f;
+    }
     memcpy(m->targets, targets, (size_t)BT * sizeof(int32_t));
     for (int64_t i = 0; i < BT; i++) {
         LOOM_CHECK(targets[i] < V);
@@ -490,19 +521,28 @@ void loom_model_backward(loom_model *m, float dscale) {
 
     const int U_FINAL = L + 1;
     memset(m->have_grads, 0, (size_t)m->n_units);
-    /* head: logits become dlogits in place */
-    crossentropy_softmax_backward(a->logits, m->targets, BT, V, dscale);
+    const int cls = c->head == LOOM_HEAD_CLASSIFY, tied = gpt2 && !cls;
     acquire(m, U_FINAL, 1);
-    if (gpt2) acquire(m, 0, 1);
-    const float *head = gpt2 ? PARAM(m, LOOM_P_WTE) : PARAM(m, LOOM_P_LM_HEAD);
-    float *dhead = gpt2 ? GRAD(m, LOOM_P_WTE) : GRAD(m, LOOM_P_LM_HEAD);
+    if (tied) acquire(m, 0, 1);
     memset(a->dln, 0, (size_t)BT * C * sizeof(float));
-    matmul_backward(a->dln, dhead, NULL, a->logits, a->lnf, head, BT, C, V);
+    if (cls) { /* logits (B,K) become dlogits; pooled <- mean over T */
+        const int K = c->num_classes;
+        crossentropy_softmax_backward(a->logits, m->targets, B, K, dscale);
+        memset(a->dpooled, 0, (size_t)B * C * sizeof(float));
+        matmul_backward(a->dpooled, GRAD(m, LOOM_P_CLS_W), GRAD(m, LOOM_P_CLS_B), a->logits,
+                        a->pooled, PARAM(m, LOOM_P_CLS_W), B, C, K);
+        mean_pool_backward(a->dln, a->dpooled, B, T, C);
+    } else { /* logits (B,T,V) become dlogits in place */
+        crossentropy_softmax_backward(a->logits, m->targets, BT, V, dscale);
+        const float *head = gpt2 ? PARAM(m, LOOM_P_WTE) : PARAM(m, LOOM_P_LM_HEAD);
+        float *dhead = gpt2 ? GRAD(m, LOOM_P_WTE) : GRAD(m, LOOM_P_LM_HEAD);
+        matmul_backward(a->dln, dhead, NULL, a->logits, a->lnf, head, BT, C, V);
+    }
     const float *last = L > 0 ? a->res3 + (L - 1) * mBT * C : a->encoded;
     memset(a->dres, 0, (size_t)BT * C * sizeof(float));
     norm_bwd(m, a->dres, GRAD(m, LOOM_P_LNF_W), GRAD(m, LOOM_P_LNF_B), a->dln, last,
              PARAM(m, LOOM_P_LNF_W), a->lnf_mean, a->lnf_rstd, BT);
-    if (gpt2) release(m, 0, 1);
+    if (tied) release(m, 0, 1);
     release(m, U_FINAL, 1);
     grads_ready(m, U_FINAL);
 
@@ -555,7 +595,7 @@ void loom_model_backward(loom_model *m, float dscale) {
 }
 
 const float *loom_model_next_logits(loom_model *m, const int32_t *tokens, int n) {
-    LOOM_CHECK(n > 0 && n <= m->maxT);
+    LOOM_CHECK(n > 0 && n <= m->maxT && m->cfg.head == LOOM_HEAD_LM);
     loom_model_forward(m, tokens, NULL, 1, n);
     return m->a.logits + (size_t)(n - 1) * (size_t)m->cfg.vocab_size;
 }
@@ -563,8 +603,8 @@ const float *loom_model_next_logits(loom_model *m, const int32_t *tokens, int n)
 double loom_model_flops_per_token(const loom_model *m, int T) {
     const loom_model_config *c = &m->cfg;
     const double C = c->d_model, L = c->n_layer, HD = (double)c->n_head * m->D;
-    const double matmul_params =
-        L * (C * m->QKV + HD * C + C * m->FFI + (double)c->d_ff * C) + (double)c->vocab_size * C;
+    const double head = c->head == LOOM_HEAD_CLASSIFY ? 0.0 : (double)c->vocab_size * C;
+    const double matmul_params = L * (C * m->QKV + HD * C + C * m->FFI + (double)c->d_ff * C) + head;
     /* 6 FLOPs per weight per token (fwd 2, bwd 4), plus attention scores and values:
      * per layer 2 matmuls of T x D per head, forward 2*2*T*HD, backward twice that. */
     return 6.0 * matmul_params + 12.0 * L * HD * T;

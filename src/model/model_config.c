@@ -17,6 +17,9 @@ const loom_config_key loom_model_config_keys[] = {
     {"model.norm_eps", "1e-5", "epsilon of LayerNorm / RMSNorm"},
     {"model.rope_theta", "10000", "RoPE base (llama)"},
     {"model.init_std", "0.02", "std of the normal init of weight matrices"},
+    {"model.head", "lm", "lm (next-token prediction) or classify (mean-pooled sequence "
+                         "classification, one label per sequence)"},
+    {"model.num_classes", "0", "K: classes of the classify head"},
 };
 const int loom_model_config_nkeys = sizeof loom_model_config_keys / sizeof loom_model_config_keys[0];
 
@@ -68,6 +71,14 @@ int loom_model_config_from(const loom_config *c, int default_seq_len, loom_model
     if (loom_config_get(c, "model.max_seq_len") &&
         get_int(c, "model.max_seq_len", 1, big, &out->max_seq_len, err))
         return -1;
+    const char *head;
+    if (loom_config_get_str(c, "model.head", &head, err)) return -1;
+    if (!strcmp(head, "lm")) out->head = LOOM_HEAD_LM;
+    else if (!strcmp(head, "classify")) out->head = LOOM_HEAD_CLASSIFY;
+    else
+        return loom_errf(err, "config key 'model.head' = '%s' (%s): expected lm or classify", head,
+                         loom_config_origin(c, "model.head"));
+    if (get_int(c, "model.num_classes", 0, 1 << 20, &out->num_classes, err)) return -1;
     if (get_float(c, "model.norm_eps", &out->norm_eps, err) ||
         get_float(c, "model.rope_theta", &out->rope_theta, err) ||
         get_float(c, "model.init_std", &out->init_std, err))

@@ -47,14 +47,15 @@ class ModelConfig(ctypes.Structure):
                 ("n_head", ctypes.c_int), ("n_kv_head", ctypes.c_int),
                 ("d_model", ctypes.c_int), ("d_ff", ctypes.c_int),
                 ("norm_eps", ctypes.c_float), ("rope_theta", ctypes.c_float),
-                ("init_std", ctypes.c_float)]
+                ("init_std", ctypes.c_float), ("head", ctypes.c_int),
+                ("num_classes", ctypes.c_int)]
 
 
 class TensorInfo(ctypes.Structure):
     _fields_ = [("name", ctypes.c_char * 48), ("layer", ctypes.c_int), ("kind", ctypes.c_int),
                 ("offset", ctypes.c_size_t),
                 ("numel", ctypes.c_size_t), ("ndim", ctypes.c_int),
-                ("shape", ctypes.c_int64 * 4), ("decay", ctypes.c_int)]
+                ("shape", ctypes.c_int64 * 4), ("decay", ctypes.c_int), ("unit", ctypes.c_int)]
 
 
 class Err(ctypes.Structure):
