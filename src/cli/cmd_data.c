@@ -1,9 +1,13 @@
-/* `loom data build RECIPE.yaml | inspect DIR | verify DIR`.
+/* `loom data build RECIPE.yaml | inspect DIR | verify [--inputs] DIR`.
  * DIR is a dataset (a directory with manifest.jsonl) or a build output holding train/ and
- * val/ datasets. */
+ * val/ datasets. inspect prints the manifest, the shards and dataset.json (sources, steps,
+ * skipped inputs); verify re-checks every shard checksum, the manifest, dataset.json's
+ * consistency with them, and with --inputs the SHA-256 of every input file. */
 #define _GNU_SOURCE
 #include <dirent.h>
+#include <jansson.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "cli/cli.h"
@@ -14,7 +18,8 @@ static void usage(FILE *f) {
     fprintf(f,
             "usage: loom data build RECIPE.yaml   build shards + manifest from a recipe\n"
             "       loom data inspect DIR         summarize a dataset (manifest and shards)\n"
-            "       loom data verify DIR          re-check every shard and checksum\n"
+            "       loom data verify [--inputs] DIR  re-check every shard and checksum (and the\n"
+            "                                     input files' SHA-256 with --inputs)\n"
             "DIR is a dataset directory (with manifest.jsonl) or a build output with train/ and val/.\n");
 }
 
@@ -75,6 +80,149 @@ static void print_preview(const loom_shard *s) {
     }
 }
 
+/* dir/dataset.json, or NULL (with a message when it exists but does not parse) */
+static json_t *load_dataset_json(const char *dir, int *bad) {
+    char p[4300];
+    snprintf(p, sizeof p, "%s/dataset.json", dir);
+    *bad = 0;
+    if (!loom_path_exists(p)) return NULL;
+    json_error_t je;
+    json_t *o = json_load_file(p, JSON_REJECT_DUPLICATES, &je);
+    if (!o || !json_is_object(o)) {
+        fprintf(stderr, "loom: data: %s:%d: invalid dataset.json: %s\n", p, je.line,
+                o ? "not an object" : je.text);
+        json_decref(o);
+        *bad = 1;
+        return NULL;
+    }
+    return o;
+}
+
+static long long jint(json_t *o, const char *k) { return (long long)json_integer_value(json_object_get(o, k)); }
+static const char *jstr_or(json_t *o, const char *k, const char *dflt) {
+    const char *s = json_string_value(json_object_get(o, k));
+    return s ? s : dflt;
+}
+
+static void print_skips(json_t *o, const char *what) {
+    if (!json_is_object(o) || jint(o, "count") == 0) return;
+    printf("      %s: %lld\n", what, jint(o, "count"));
+    size_t i;
+    json_t *e;
+    json_array_foreach(json_object_get(o, "first"), i, e) {
+        if (i >= 10) {
+            printf("        ...\n");
+            break;
+        }
+        printf("        %s: %s\n", jstr_or(e, "what", "?"), jstr_or(e, "why", "?"));
+    }
+}
+
+static void print_dataset_json(json_t *ds, const char *split) {
+    json_t *rec = json_object_get(ds, "recipe"), *tok = json_object_get(ds, "tokenizer");
+    printf("  dataset.json: recipe %s (sha256 %.16s), tokenizer %s (vocab %lld), loom %s\n",
+           jstr_or(rec, "path", "?"), jstr_or(rec, "sha256", "?"), jstr_or(tok, "id", "?"),
+           jint(tok, "vocab_size"), jstr_or(ds, "loom_version", "?"));
+    printf("    inputs: %zu file(s)\n", json_array_size(json_object_get(ds, "inputs")));
+    json_t *classes = json_object_get(ds, "classes");
+    if (json_array_size(classes)) {
+        printf("    classes:");
+        size_t i;
+        json_t *c;
+        json_array_foreach(classes, i, c) printf(" %zu=%s", i, json_string_value(c));
+        printf("\n");
+    }
+    size_t i;
+    json_t *s;
+    json_array_foreach(json_object_get(ds, "sources"), i, s) {
+        json_t *sp = json_object_get(json_object_get(s, "splits"), split);
+        printf("    source %s (%s, %s): weight %g, repeat_cap %g, %lld file(s); %s: %lld shard(s), "
+               "%lld tokens, %lld docs\n",
+               jstr_or(s, "name", "?"), jstr_or(s, "kind", "?"), jstr_or(s, "built", "?"),
+               json_number_value(json_object_get(s, "weight")),
+               json_number_value(json_object_get(s, "repeat_cap")), jint(s, "files"), split,
+               jint(sp, "shards"), jint(sp, "tokens"), jint(sp, "documents"));
+        size_t k;
+        json_t *st;
+        json_array_foreach(json_object_get(s, "steps"), k, st) {
+            if (k == 0) {
+                printf("      read: %lld docs, %lld bytes\n", jint(st, "docs_out"), jint(st, "bytes_out"));
+                continue;
+            }
+            printf("      %s: %lld -> %lld docs, %lld -> %lld bytes", jstr_or(st, "step", "?"),
+                   jint(st, "docs_in"), jint(st, "docs_out"), jint(st, "bytes_in"), jint(st, "bytes_out"));
+            if (json_object_get(st, "changed")) printf(", %lld repaired", jint(st, "changed"));
+            printf("\n");
+        }
+        print_skips(json_object_get(s, "skipped_files"), "skipped files");
+        print_skips(json_object_get(s, "bad_lines"), "skipped bad lines");
+        print_skips(json_object_get(s, "unlabeled"), "skipped unlabelled files");
+    }
+}
+
+/* dataset.json against the opened dataset: per-source tokens and shard counts */
+static int check_dataset_json(json_t *ds, const loom_dataset *d, const char *dir) {
+    const char *split = jstr_or(ds, "split", "");
+    json_t *rec = json_object_get(ds, "recipe");
+    const char *text = jstr_or(rec, "text", NULL), *sha = jstr_or(rec, "sha256", "");
+    if (text) {
+        char got[65];
+        loom_sha256_hex(text, json_string_length(json_object_get(rec, "text")), got);
+        if (strcmp(got, sha) != 0) {
+            fprintf(stderr, "loom: data verify: FAILED: %s/dataset.json: recipe.sha256 %s does not match "
+                    "the recorded recipe text (%s)\n", dir, sha, got);
+            return 1;
+        }
+    }
+    json_t *counts = json_object_get(ds, "counts");
+    if (jint(counts, "tokens") != (long long)loom_dataset_num_tokens(d) ||
+        jint(counts, "shards") != loom_dataset_num_shards(d)) {
+        fprintf(stderr, "loom: data verify: FAILED: %s/dataset.json: counts say %lld shard(s) / %lld "
+                "tokens, the manifest lists %d / %llu\n", dir, jint(counts, "shards"),
+                jint(counts, "tokens"), loom_dataset_num_shards(d),
+                (unsigned long long)loom_dataset_num_tokens(d));
+        return 1;
+    }
+    size_t i;
+    json_t *s;
+    json_array_foreach(json_object_get(ds, "sources"), i, s) {
+        const char *name = jstr_or(s, "name", "");
+        unsigned long long tokens = 0;
+        for (int k = 0; k < loom_dataset_num_shards(d); k++)
+            if (!strcmp(loom_dataset_entry(d, k).source, name)) tokens += loom_dataset_entry(d, k).tokens;
+        long long want = jint(json_object_get(json_object_get(s, "splits"), split), "tokens");
+        if ((long long)tokens != want) {
+            fprintf(stderr, "loom: data verify: FAILED: %s/dataset.json: source '%s' has %lld tokens, "
+                    "its manifest lines %llu\n", dir, name, want, tokens);
+            return 1;
+        }
+    }
+    return 0;
+}
+
+/* every input's SHA-256 against dataset.json */
+static int check_inputs(json_t *ds, const char *dir) {
+    size_t i;
+    json_t *in;
+    int bad = 0;
+    json_array_foreach(json_object_get(ds, "inputs"), i, in) {
+        const char *p = jstr_or(in, "path", ""), *want = jstr_or(in, "sha256", "");
+        char got[65];
+        loom_err err = {{0}};
+        if (loom_sha256_file(p, got, &err) != 0) {
+            fprintf(stderr, "loom: data verify: FAILED: input %s: %s\n", p, err.msg);
+            bad = 1;
+        } else if (strcmp(got, want) != 0) {
+            fprintf(stderr, "loom: data verify: FAILED: input %s changed since the build: sha256 %s, "
+                    "%s/dataset.json says %s\n", p, got, dir, want);
+            bad = 1;
+        }
+    }
+    if (!bad) printf("ok: %s: %zu input file(s) match their recorded sha256\n", dir,
+                     json_array_size(json_object_get(ds, "inputs")));
+    return bad;
+}
+
 static int inspect_one(const char *dir) {
     loom_err err = {{0}};
     loom_dataset *d;
@@ -91,10 +239,11 @@ static int inspect_one(const char *dir) {
         loom_manifest_entry e = loom_dataset_entry(d, i);
         docs += loom_shard_num_docs(s);
         bytes += loom_shard_file_size(s);
-        printf("  %s: %llu tokens x %u B, %llu docs, %llu bytes, tokenizer %s, source %s, "
+        printf("  %s: %llu tokens x %u B, %llu docs%s, %llu bytes, tokenizer %s, source %s, "
                "created %s\n    sha256 %s  recipe %.16s\n",
                e.shard, (unsigned long long)loom_shard_num_tokens(s), loom_shard_token_width(s),
                (unsigned long long)loom_shard_num_docs(s),
+               loom_shard_has_labels(s) ? " (labelled)" : "",
                (unsigned long long)loom_shard_file_size(s), loom_shard_tokenizer_id(s),
                *e.source ? e.source : "-", *e.created ? e.created : "-", e.sha256,
                *loom_shard_recipe_id(s) ? loom_shard_recipe_id(s) : "-");
@@ -103,11 +252,15 @@ static int inspect_one(const char *dir) {
     printf("  total: %llu docs, %llu bytes on disk\n", (unsigned long long)docs,
            (unsigned long long)bytes);
     report_unlisted(d);
+    int bad;
+    json_t *ds = load_dataset_json(dir, &bad);
+    if (ds) print_dataset_json(ds, jstr_or(ds, "split", "train"));
+    json_decref(ds);
     loom_dataset_close(d);
-    return 0;
+    return bad;
 }
 
-static int verify_one(const char *dir) {
+static int verify_one(const char *dir, int inputs) {
     loom_err err = {{0}};
     loom_dataset *d;
     double t0 = loom_now();
@@ -120,8 +273,19 @@ static int verify_one(const char *dir) {
            dir, loom_dataset_num_shards(d), (unsigned long long)loom_dataset_num_tokens(d),
            loom_now() - t0);
     report_unlisted(d);
+    int bad;
+    json_t *ds = load_dataset_json(dir, &bad);
+    if (ds) {
+        bad |= check_dataset_json(ds, d, dir);
+        if (!bad) printf("ok: %s/dataset.json agrees with the manifest (per-source tokens, recipe hash)\n", dir);
+        if (inputs) bad |= check_inputs(ds, dir);
+    } else if (inputs && !bad) {
+        fprintf(stderr, "loom: data verify: FAILED: %s has no dataset.json to check inputs against\n", dir);
+        bad = 1;
+    }
+    json_decref(ds);
     loom_dataset_close(d);
-    return 0;
+    return bad;
 }
 
 int loom_cli_data(int argc, char **argv) {
@@ -130,6 +294,12 @@ int loom_cli_data(int argc, char **argv) {
         return argc < 2 ? 2 : 0;
     }
     const char *sub = argv[1];
+    int inputs = 0;
+    if (!strcmp(sub, "verify") && argc == 4 && !strcmp(argv[2], "--inputs")) {
+        inputs = 1;
+        argv++;
+        argc--;
+    }
     if (argc != 3) {
         fprintf(stderr, "loom: data %s: expected exactly one argument\n", sub);
         usage(stderr);
@@ -147,7 +317,7 @@ int loom_cli_data(int argc, char **argv) {
         char dirs[2][4200];
         int n = dataset_dirs(argv[2], dirs), rc = 0;
         for (int i = 0; i < n; i++)
-            rc |= !strcmp(sub, "inspect") ? inspect_one(dirs[i]) : verify_one(dirs[i]);
+            rc |= !strcmp(sub, "inspect") ? inspect_one(dirs[i]) : verify_one(dirs[i], inputs);
         return rc;
     }
     fprintf(stderr, "loom: data: unknown subcommand '%s'\n", sub);
