@@ -35,6 +35,13 @@
 #include <time.h>
 #include <unistd.h>
 
+#if defined(__has_include)
+#if __has_include("loom/tokenizer.h")
+#include "loom/tokenizer.h"
+#define LOOM_HAVE_BPE 1
+#endif
+#endif
+
 #define BYTE_VOCAB 256u
 #define BUILD_KEY_VERSION "loom.data.build/2"
 #define DATASET_JSON_MAX ((size_t)256 << 20)
@@ -74,6 +81,9 @@ typedef struct build {
     uint64_t next_shard[2]; /* next shard number per split */
     loom_hashset *global;   /* dedup_across_sources */
     double t0;
+#ifdef LOOM_HAVE_BPE
+    loom_tokenizer *tok;    /* tokenizer: bpe; NULL for byte */
+#endif
 } build;
 
 /* ---- small helpers ---- */
@@ -450,10 +460,16 @@ typedef struct doc_set {
     size_t n;
     const uint8_t *suffix;
     size_t suffix_len;
+    const int32_t *const *ids;  /* bpe: ids[doc] of every document of the source, else NULL */
 } doc_set;
 
 /* tokens [from, from+n) of document k of the set (byte tokenizer: bytes ++ suffix) */
 static void doc_tokens(const doc_set *ds, size_t k, uint64_t from, uint64_t n, uint32_t *out) {
+    if (ds->ids) {
+        const int32_t *t = ds->ids[ds->idx[k]] + from;
+        for (uint64_t i = 0; i < n; i++) out[i] = (uint32_t)t[i];
+        return;
+    }
     const loom_doc *d = &ds->docs->v[ds->idx[k]];
     const uint8_t *p = ds->docs->arena + d->off;
     for (uint64_t i = 0; i < n; i++) {
@@ -549,11 +565,42 @@ static int build_source(build *b, int si, loom_err *err) {
     int rc = -1;
     doc_set ds[2];
     memset(ds, 0, sizeof ds);
+    uint64_t *ntok = NULL;   /* (docs.n) tokens per document */
+    int32_t **ids = NULL;    /* bpe: (docs.n) token arrays */
     if (read_source(b, si, &docs, err) != 0) goto done;
     if (st->reuse) { /* read only for the cross-source dedup set */
         rc = reuse_source(b, si, err);
         goto done;
     }
+    ntok = loom_malloc((docs.n + 1) * sizeof *ntok);
+    for (size_t i = 0; i < docs.n; i++) ntok[i] = docs.v[i].len + s->doc_suffix_len;
+#ifdef LOOM_HAVE_BPE
+    if (b->tok) { /* tokenize every document (thread-safe encode), in parallel */
+        ids = loom_calloc(docs.n + 1, sizeof *ids);
+        int failed = 0;
+        loom_err first = {{0}};
+        #pragma omp parallel for schedule(dynamic, 16)
+        for (size_t i = 0; i < docs.n; i++) {
+            loom_ids v = {0};
+            loom_err e;
+            size_t n = docs.v[i].len + s->doc_suffix_len;
+            uint8_t *text = loom_malloc(n + 1);
+            memcpy(text, loom_doc_bytes(&docs, i), docs.v[i].len);
+            if (s->doc_suffix_len) memcpy(text + docs.v[i].len, s->doc_suffix, s->doc_suffix_len);
+            if (loom_tokenizer_encode(b->tok, text, n, &v, &e) != 0) {
+                #pragma omp critical(loom_build_err)
+                if (!failed) failed = 1, first = e;
+            }
+            free(text);
+            ids[i] = v.ids;
+            ntok[i] = v.n;
+        }
+        if (failed) {
+            *err = first;
+            goto done;
+        }
+    }
+#endif
     uint8_t *val = loom_malloc(docs.n ? docs.n : 1);
     uint64_t in_bytes = 0;
     for (size_t i = 0; i < docs.n; i++) {
@@ -566,12 +613,14 @@ static int build_source(build *b, int si, loom_err *err) {
         ds[sp].cum = loom_malloc((docs.n + 1) * sizeof *ds[sp].cum);
         ds[sp].suffix = (const uint8_t *)s->doc_suffix;
         ds[sp].suffix_len = s->doc_suffix_len;
+        ds[sp].ids = (const int32_t *const *)ids;
         ds[sp].cum[0] = 0;
     }
     for (size_t i = 0; i < docs.n; i++) {
+        if (ntok[i] == 0) continue; /* a document that tokenizes to nothing */
         doc_set *d = &ds[val[i]];
         d->idx[d->n] = i;
-        d->cum[d->n + 1] = d->cum[d->n] + docs.v[i].len + s->doc_suffix_len;
+        d->cum[d->n + 1] = d->cum[d->n] + ntok[i];
         d->n++;
     }
     free(val);
@@ -590,6 +639,9 @@ done:
         free(ds[sp].idx);
         free(ds[sp].cum);
     }
+    for (size_t i = 0; ids && i < docs.n; i++) free(ids[i]);
+    free(ids);
+    free(ntok);
     loom_docs_free(&docs);
     return rc;
 }
@@ -795,8 +847,16 @@ static int resolve_tokenizer(build *b, loom_err *err) {
         b->vocab = BYTE_VOCAB;
         return 0;
     }
-    return loom_errf(err, "%s:%d: tokenizer 'bpe' is not available in this build yet (the BPE "
-                     "tokenizer is being added); use 'tokenizer: byte'", b->r.file, b->r.tokenizer_line);
+#ifdef LOOM_HAVE_BPE
+    if (loom_tokenizer_load_json(b->r.tokenizer_path, &b->tok, err) != 0)
+        return loom_err_prefix(err, "%s:%d: tokenizer", b->r.file, b->r.tokenizer_line);
+    b->tok_id = loom_tokenizer_id(b->tok);
+    b->vocab = loom_tokenizer_vocab_size(b->tok);
+    return 0;
+#else
+    return loom_errf(err, "%s:%d: tokenizer 'bpe' is not available in this build (no "
+                     "include/loom/tokenizer.h); use 'tokenizer: byte'", b->r.file, b->r.tokenizer_line);
+#endif
 }
 
 int loom_data_build(const char *recipe_path, loom_err *err) {
@@ -911,6 +971,9 @@ done:
     loom_hashset_free(b->global);
     json_decref(b->old_ds);
     loom_inputs_free(&b->in);
+#ifdef LOOM_HAVE_BPE
+    loom_tokenizer_free(b->tok);
+#endif
     loom_recipe_free(&b->r);
     return rc;
 }
