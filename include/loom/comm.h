@@ -41,10 +41,11 @@ int loom_comm_world_size(void);
 /* 1 when MPI is up (a launcher started us), 0 for a world of one without MPI. */
 int loom_comm_mpi_active(void);
 
-/* Threads per rank: max(1, min(CPUs in this process's affinity mask, CPUs of the node / ranks
- * on the node, SLURM_CPUS_PER_TASK when set)); ranks on the node come from
- * MPI_Comm_split_type(MPI_COMM_TYPE_SHARED). Collective over the world when MPI is up (call it
- * on every rank, e.g. right after loom_comm_init). */
+/* Threads per rank: OMP_NUM_THREADS when set to a positive integer (the user's explicit choice,
+ * e.g. mpirun -x OMP_NUM_THREADS=4); otherwise max(1, min(CPUs in this process's affinity mask,
+ * CPUs of the node / ranks on the node, SLURM_CPUS_PER_TASK when set)); ranks on the node come
+ * from MPI_Comm_split_type(MPI_COMM_TYPE_SHARED). Collective over the world when MPI is up (call
+ * it on every rank, e.g. right after loom_comm_init). */
 int loom_comm_default_threads(void);
 
 /* Ends the whole job: prints "loom: rank R: <message>" to stderr, then MPI_Abort(world, code)
@@ -141,11 +142,11 @@ void loom_allreduce_sum(loom_mesh *m, loom_group g, void *buf, size_t count, loo
 /* Max (e.g. for a global grad-norm check or "any rank saw a NaN"). */
 void loom_allreduce_max(loom_mesh *m, loom_group g, void *buf, size_t count, loom_dtype t);
 /* Sum of send (count elements on every rank), scattered: rank i of the group gets the slice
- * loom_shard(count, size, i) into recv. count need not be divisible by the group size: the
+ * loom_split(count, size, i) into recv. count need not be divisible by the group size: the
  * first count % size ranks get one element more. */
 void loom_reduce_scatter_sum(loom_mesh *m, loom_group g, const void *send, void *recv,
                              size_t count, loom_dtype t);
-/* Inverse layout: rank i contributes its slice loom_shard(count, size, i) (send) and every
+/* Inverse layout: rank i contributes its slice loom_split(count, size, i) (send) and every
  * rank gets all count elements in recv. send may point into recv at its own slice. */
 void loom_allgather(loom_mesh *m, loom_group g, const void *send, void *recv, size_t count,
                     loom_dtype t);
@@ -157,7 +158,7 @@ void loom_broadcast(loom_mesh *m, loom_group g, void *buf, size_t count, loom_dt
 void loom_barrier(loom_mesh *m, loom_group g);
 
 /* The slice of n elements that member i of `size` owns: [*off, *off + *len). */
-void loom_shard(size_t n, int size, int i, size_t *off, size_t *len);
+void loom_split(size_t n, int size, int i, size_t *off, size_t *len);
 
 /* Non-blocking variants: start now, complete in loom_comm_wait (the timeout counts the time
  * spent in the wait, so compute overlapped with the collective never counts against it).

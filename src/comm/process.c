@@ -240,6 +240,8 @@ int loom_comm_default_threads(void) {
         MPI_Comm_size(node, &local);
         MPI_Comm_free(&node);
     }
+    long omp = 0;
+    if (env_int("OMP_NUM_THREADS", &omp) && omp > 0) return omp > 4096 ? 4096 : (int)omp;
     long t = node_cpus / local;
     if (mask_cpus < t) t = mask_cpus;
     long per_task = 0;

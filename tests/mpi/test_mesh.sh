@@ -42,4 +42,12 @@ must_fail_within "ep not dividing dp*cp" 30 "parallel.ep=4 must divide parallel.
   2 "$COMM_DRIVER" mesh ep=4 experts=8
 [ "$(grep -c 'parallel.ep=4 must divide' "$WORK/out")" = 1 ] || fail "layout error printed more than once"
 pass "layout errors printed once"
+# threads per rank: CPUs of the node / ranks on the node (no binding), or OMP_NUM_THREADS
+ncpu=$(getconf _NPROCESSORS_ONLN)
+want=$(( ncpu / 2 )); [ $want -ge 1 ] || want=1
+RC=0; env -u OMP_NUM_THREADS -u SLURM_CPUS_PER_TASK timeout 90 mpirun -np 2 --bind-to none "$COMM_DRIVER" threads >"$WORK/t" 2>&1 || RC=$?
+[ $RC -eq 0 ] && [ "$(grep -c "threads $want\$" "$WORK/t")" = 2 ] || { cat "$WORK/t" >&2; fail "threads on 2 ranks: want $want each"; }
+RC=0; OMP_NUM_THREADS=3 timeout 90 mpirun -np 2 "$COMM_DRIVER" threads >"$WORK/t" 2>&1 || RC=$?
+[ $RC -eq 0 ] && [ "$(grep -c 'threads 3$' "$WORK/t")" = 2 ] || { cat "$WORK/t" >&2; fail "threads with OMP_NUM_THREADS=3"; }
+pass "threads per rank: $want with 2 ranks on $ncpu CPUs, 3 with OMP_NUM_THREADS=3"
 echo "PASS"
