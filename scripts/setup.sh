@@ -24,9 +24,9 @@ fi
 
 if [ $want_test = 1 ]; then
   PY=${PYTHON:-python3}
-  if ! $PY -c "import torch, numpy, safetensors" 2>/dev/null; then
-    echo "setup: installing torch numpy safetensors from PyPI"
-    $PY -m pip install -q torch numpy safetensors || \
-      $PY -m pip install -q --break-system-packages torch numpy safetensors
+  if ! $PY -c "import torch, numpy, safetensors, tokenizers" 2>/dev/null; then
+    echo "setup: installing torch numpy safetensors tokenizers from PyPI"
+    $PY -m pip install -q torch numpy safetensors tokenizers || \
+      $PY -m pip install -q --break-system-packages torch numpy safetensors tokenizers
   fi
 fi
