@@ -57,7 +57,7 @@ static MPI_Datatype mpi_type(loom_dtype t) {
     return MPI_DATATYPE_NULL;
 }
 
-void loom_shard(size_t n, int size, int i, size_t *off, size_t *len) {
+void loom_split(size_t n, int size, int i, size_t *off, size_t *len) {
     LOOM_CHECK(size >= 1 && i >= 0 && i < size);
     size_t base = n / (size_t)size, extra = n % (size_t)size, ui = (size_t)i;
     *off = ui * base + (ui < extra ? ui : extra);
@@ -297,7 +297,7 @@ static void shard_table(loom_comm_req *r, size_t count, int N, const char *what)
     as_count(count, what);
     for (int i = 0; i < N; i++) {
         size_t off, len;
-        loom_shard(count, N, i, &off, &len);
+        loom_split(count, N, i, &off, &len);
         r->counts[i] = (int)len;
         r->displs[i] = (int)off;
     }
@@ -311,7 +311,7 @@ loom_comm_req *loom_ireduce_scatter_sum(loom_mesh *m, loom_group g, const void *
     loom_comm_req *r = req_new(m, g, LOOM_COLL_REDUCE_SCATTER,
                                (double)(N - 1) / N * (double)count * (double)es, N > 1);
     size_t off, len;
-    loom_shard(count, N, cg->rank, &off, &len);
+    loom_split(count, N, cg->rank, &off, &len);
     if (N == 1) {
         if (recv != send) memmove(recv, send, count * es);
         return r;
@@ -340,7 +340,7 @@ loom_comm_req *loom_iallgather(loom_mesh *m, loom_group g, const void *send, voi
     loom_comm_req *r = req_new(m, g, LOOM_COLL_ALLGATHER,
                                (double)(N - 1) / N * (double)count * (double)es, N > 1);
     size_t off, len;
-    loom_shard(count, N, cg->rank, &off, &len);
+    loom_split(count, N, cg->rank, &off, &len);
     char *mine = (char *)recv + off * es;
     const void *src = send == mine ? MPI_IN_PLACE : send;
     if (src != MPI_IN_PLACE) {

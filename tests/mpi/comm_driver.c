@@ -178,7 +178,7 @@ static void check_group(loom_mesh *m, loom_group g) {
         }
         /* reduce-scatter (divisible or not) */
         size_t off, len;
-        loom_shard(n, N, r, &off, &len);
+        loom_split(n, N, r, &off, &len);
         for (size_t i = 0; i < n; i++) f[i] = (float)val(r, i);
         float *rs = loom_malloc((len ? len : 1) * sizeof(float));
         loom_reduce_scatter_sum(m, g, f, rs, n, LOOM_F32);
