@@ -2,7 +2,8 @@
 # A real Slurm on localhost (scripts/slurm/local_slurm.sh): the comm driver launched through
 # the sbatch templates (sbatch + srun --mpi=pmix) runs its collectives and mesh checks on 2 and
 # 4 tasks; a rank that exits with an error and a collective timeout each end their job (FAILED)
-# promptly. Exit 77 (skipped) only when Slurm's packages are missing and cannot be installed.
+# promptly, and so does a SIGKILLed task. Exit 77 (skipped) only when Slurm's packages are
+# missing and cannot be installed.
 set -euo pipefail
 LOOM_SRC=${LOOM_SRC:-$(cd "$(dirname "$0")/../.." && pwd)}
 COMM_DRIVER=${COMM_DRIVER:-$LOOM_SRC/build/tests/comm_driver}
@@ -56,6 +57,7 @@ wait_job() {
 submit coll -n 2 "$S/batch.sbatch" "$COMM_DRIVER" coll
 submit mesh -n 4 "$S/interactive.sbatch" "$COMM_DRIVER" mesh tp=2 heads=4
 submit exit -n 2 "$S/batch.sbatch" "$COMM_DRIVER" exit rank=1
+submit kill -n 2 "$S/batch.sbatch" "$COMM_DRIVER" kill rank=1
 submit tmo -n 2 "$S/batch.sbatch" "$COMM_DRIVER" timeout timeout=2 rank=0 sleep=120
 
 wait_job coll COMPLETED 120
@@ -70,6 +72,9 @@ pass "4-task mesh dp=auto tp=2 -> dp=2 (interactive partition)"
 
 wait_job exit FAILED 60
 pass "a task exiting with status 3 fails the job (${JOB_SECS}s)"
+
+wait_job kill FAILED 60
+pass "a SIGKILLed task fails the job (${JOB_SECS}s)"
 
 wait_job tmo FAILED 60
 grep -q "allreduce #4 on world (2 ranks) did not complete within 2 s; ranks still missing: 0" "$WORK/tmo.out" || { cat "$WORK/tmo.out" >&2; fail "timeout: message"; }
