@@ -410,9 +410,11 @@ static int cache_get(const loom_tokenizer *t, uint64_t h, const uint8_t *w, size
         bpe_cache_entry *e = &s->slots[i];
         if (!e->hash) break;
         if (e->hash == h && e->key_len == n && !memcmp(s->pool + e->key_off, w, n)) {
-            ids_reserve(out, e->n_ids);
-            memcpy(out->ids + out->n, s->pool + e->ids_off, e->n_ids * sizeof(int32_t));
-            out->n += e->n_ids;
+            if (e->n_ids) {
+                ids_reserve(out, e->n_ids);
+                memcpy(out->ids + out->n, s->pool + e->ids_off, e->n_ids * sizeof(int32_t));
+                out->n += e->n_ids;
+            }
             hit = 1;
             break;
         }
@@ -448,7 +450,7 @@ static void cache_put(const loom_tokenizer *t, uint64_t h, const uint8_t *w, siz
     s->pool_len += (n + 3) & ~(size_t)3;
     e->ids_off = (uint32_t)s->pool_len;
     e->n_ids = (uint32_t)n_ids;
-    memcpy(s->pool + s->pool_len, ids, n_ids * sizeof(int32_t));
+    if (n_ids) memcpy(s->pool + s->pool_len, ids, n_ids * sizeof(int32_t));
     s->pool_len += n_ids * sizeof(int32_t);
     e->hash = h;
     s->used++;
@@ -509,9 +511,11 @@ static void encode_word(void *vctx, const uint8_t *w, size_t n) {
     }
     if (unk >= 0) sym[k++] = unk;
     k = bpe_merge_word(t, sym, k);
-    ids_reserve(out, k);
-    memcpy(out->ids + out->n, sym, k * sizeof *sym);
-    out->n += k;
+    if (k) {
+        ids_reserve(out, k);
+        memcpy(out->ids + out->n, sym, k * sizeof *sym);
+        out->n += k;
+    }
     if (cacheable) cache_put(t, h, w, n, sym, k);
     if (sym != buf) free(sym);
 }

@@ -398,8 +398,9 @@ static int train_counted(counter *c, const loom_bpe_train_opts *o, loom_tokenize
         merges[n_merges][0] = a;
         merges[n_merges][1] = b;
         n_merges++;
-        wlist *l = &tr.ls.l[top.list];
-        for (uint32_t k = 0; k < l->n; k++) merge_in_word(&tr, l->w[k], a, b, nid);
+        /* a copy: merging may grow tr.ls.l (this list stays reserved until released) */
+        wlist l = tr.ls.l[top.list];
+        for (uint32_t k = 0; k < l.n; k++) merge_in_word(&tr, l.w[k], a, b, nid);
         lists_release(&tr.ls, top.list);
         for (size_t g = 0; g < tr.n_gained; g++) {
             uint64_t p = tr.gained_pairs[g];

@@ -222,7 +222,7 @@ def generated_unicode(rng, n_lines):
     return "".join(lines)
 
 
-def build_corpus(dirpath, target=3_000_000):
+def build_corpus(dirpath, target=2_600_000):
     """Writes corpus files into dirpath; returns (paths, docs): the documents are pieces of about
     20 kB of every file, cut at line ends. Deterministic on a given machine."""
     rng = random.Random(20240611)
@@ -358,7 +358,7 @@ def main():
     text = "<|endoftext|>".join(docs)
     lines = text.splitlines(keepends=True)
     rng = random.Random(7)
-    sample = rng.sample(lines, min(3000, len(lines))) + ["", " ", "\n", "<|endoftext|>", "a<|endoftext|>b",
+    sample = rng.sample(lines, min(1500, len(lines))) + ["", " ", "\n", "<|endoftext|>", "a<|endoftext|>b",
                                                           "  <|endoftext|>  ", "it's 'S  ok'll\t\t\n"]
     print(f"corpus: {len(text.encode()) / 1e6:.2f} MB, {len(lines)} lines ({time.time() - t_start:.1f} s)")
     check(len(text.encode()) > 2_000_000, "the corpus is at least 2 MB")
