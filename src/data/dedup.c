@@ -92,14 +92,20 @@ void loom_minhash(const uint8_t *p, size_t n, int k, int chars, int num_perm, ui
         if (!chars || (p[i] & 0xC0) != 0x80) start[n_units++] = i;
     start[n_units] = n;
     size_t n_sh = n_units >= (size_t)k ? n_units - (size_t)k + 1 : 1;
-    uint64_t seeds[1024];
-    for (int j = 0; j < num_perm; j++) seeds[j] = perm_seed(j);
+    /* hash function j: h -> a_j * h + b_j (mod 2^64, a_j odd: a permutation of the 64-bit
+     * values), applied to a well-mixed 64-bit shingle hash; one multiply-add per function,
+     * which the compiler vectorizes */
+    uint64_t mul[1024], add[1024];
+    for (int j = 0; j < num_perm; j++) {
+        mul[j] = perm_seed(2 * j) | 1;
+        add[j] = perm_seed(2 * j + 1);
+    }
     for (size_t s = 0; s < n_sh; s++) {
         size_t a = start[s], b = start[s + (size_t)k < n_units ? s + (size_t)k : n_units];
         uint64_t h = XXH3_64bits(p + a, b - a);
         for (int j = 0; j < num_perm; j++) {
-            uint64_t v = fmix64(h ^ seeds[j]);
-            if (v < sig[j]) sig[j] = v;
+            uint64_t v = mul[j] * h + add[j];
+            sig[j] = v < sig[j] ? v : sig[j];
         }
     }
     free(start);
