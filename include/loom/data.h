@@ -46,26 +46,62 @@ uint32_t loom_dataset_vocab_size(const loom_dataset *d);
 uint64_t loom_dataset_num_tokens(const loom_dataset *d);
 
 /* ---- loader ---------------------------------------------------------------------------
- * A sample is T+1 consecutive tokens inside one shard: sample j of a shard starts at token
- * j*T. The samples of all shards are numbered globally; each epoch visits them in a seeded
- * permutation (keyed by seed and epoch), or in order when shuffle is 0. A global batch is
- * B consecutive samples of that order, so the order never depends on how many ranks read.
- * The state is two counters, saved in checkpoints: resume is exact. */
+ * Fixed-length samples (T+1 consecutive tokens inside one shard; sample j of a shard starts
+ * at token j*T) from the sources of a dataset (manifest lines grouped by "source"), mixed
+ * deterministically by their "weight" (no RNG: each source's share of any prefix of the order
+ * is exact to within one sample), each source visited in a seeded permutation per segment
+ * (a run of its manifest lines) and per epoch, for at most "repeat_cap" passes. A global
+ * batch is B consecutive samples of that order, so the order never depends on how many ranks
+ * read it. The state is a few counters per source (loom_loader_state_json), saved in
+ * checkpoints: resume is exact. See docs/data-format.md, "Loader". */
 typedef struct loom_loader loom_loader;
-typedef struct loom_loader_state {
-    uint64_t epoch;     /* completed epochs */
-    uint64_t position;  /* samples consumed in the current epoch */
-} loom_loader_state;
+typedef struct loom_loader_opts {
+    int T;             /* sequence length: a sample is T+1 tokens */
+    uint64_t seed;     /* keys the permutations */
+    int shuffle;       /* 0: each segment in manifest order */
+    int follow;        /* re-read manifest.jsonl in every next() (a cheap stat when unchanged)
+                        * and use the shards appended to it; single process only: with DP,
+                        * rank 0 calls loom_loader_refresh and broadcasts the line count */
+    int ignore_caps;   /* cycle sources past their repeat_cap (evaluation sets) */
+    int lines;         /* use only the first `lines` manifest lines (DP ranks agree on a
+                        * count); 0 = all */
+} loom_loader_opts;
 
-/* Fails when the dataset holds no complete sample of length T+1. */
+/* Fails when the dataset holds no complete sample of length T+1, or when the lines of one
+ * source disagree on weight or repeat_cap. The dataset must outlive the loader. */
+int loom_loader_open(loom_dataset *d, const loom_loader_opts *o, loom_loader **out,
+                     loom_err *err);
+/* loom_loader_open with only T, seed and shuffle set. */
 int loom_loader_create(loom_dataset *d, int T, uint64_t seed, int shuffle,
                        loom_loader **out, loom_err *err);
 void loom_loader_free(loom_loader *l);
+/* samples in the manifest lines the loader uses (one pass over every source) */
 uint64_t loom_loader_num_samples(const loom_loader *l);
-/* Fills inputs/targets (B,T) with the next B samples (targets = inputs shifted by one). */
-void loom_loader_next(loom_loader *l, int B, int32_t *inputs, int32_t *targets);
-loom_loader_state loom_loader_get_state(const loom_loader *l);
-void loom_loader_set_state(loom_loader *l, loom_loader_state s);
+/* samples delivered so far (all ranks' slices count) */
+uint64_t loom_loader_position(const loom_loader *l);
+/* Fills inputs/targets (B,T) with the next B samples (targets = inputs shifted by one).
+ * Returns -1 when every source has reached its repeat_cap before B samples ("all sources
+ * exhausted at sample N"; the samples before it are consumed), or when follow mode finds a
+ * bad new manifest line or shard. */
+int loom_loader_next(loom_loader *l, int B, int32_t *inputs, int32_t *targets, loom_err *err);
+/* The slice of the next global batch of B samples that DP rank dp_rank of dp_size reads:
+ * samples [B*r/dp, B*(r+1)/dp) of it into inputs/targets ((that many), T). The loader
+ * advances by the whole global batch, so every rank stays on the same order. */
+int loom_loader_next_slice(loom_loader *l, int B, int dp_rank, int dp_size, int32_t *inputs,
+                           int32_t *targets, loom_err *err);
+/* Reads lines appended to the manifest (a stat first) and uses them, up to `lines` lines in
+ * all (0 = every complete line); *n_lines (may be NULL) gets the number of lines used. */
+int loom_loader_refresh(loom_loader *l, int lines, int *n_lines, loom_err *err);
+/* The state as a JSON object (malloc'd, the caller frees): seq_len, seed, shuffle, samples,
+ * and per source {name, consumed, skip, epoch, position, segments}. */
+char *loom_loader_state_json(const loom_loader *l);
+/* Continues from a saved state: the loader must have been opened over the same dataset (or
+ * a grown one: the same manifest with lines appended), T, seed and shuffle. Errors name what
+ * does not match (a source the manifest lacks, fewer lines than the state covers, ...). */
+int loom_loader_restore_json(loom_loader *l, const char *json, loom_err *err);
+/* Sources in order of first appearance in the manifest: name, samples delivered, epoch. */
+int loom_loader_num_sources(const loom_loader *l);
+const char *loom_loader_source(const loom_loader *l, int i, uint64_t *consumed, uint64_t *epoch);
 
 /* ---- byte tokenizer ------------------------------------------------------------------- */
 /* Token i < 256 is byte i. */

@@ -28,7 +28,6 @@ static const loom_config_key train_only_keys[] = {
     {"data.val", "", "validation dataset directory; empty = no validation"},
     {"data.shuffle", "true", "visit training samples in a seeded permutation per epoch"},
     {"data.follow", "false", "pick up shards appended to the training manifest while training"},
-    {"data.follow", "false", "use shards appended to data.train's manifest while training"},
     {"training.steps", "1000", "optimizer steps to reach (raising it continues a run)"},
     {"training.schedule_steps", NULL, "horizon of the lr schedule (default training.steps); "
                                       "fix it to stop and continue a run along one schedule"},
@@ -91,7 +90,6 @@ static int read_settings(const loom_config *c, settings *s, loom_err *err) {
     if (loom_config_get_str(c, "run.dir", &s->run_dir, err) ||
         loom_config_get_str(c, "data.val", &s->val_dir, err) ||
         loom_config_get_bool(c, "data.shuffle", &s->shuffle, err) ||
-        loom_config_get_bool(c, "data.follow", &s->follow, err) ||
         loom_config_get_bool(c, "data.follow", &s->follow, err) ||
         loom_config_get_int(c, "training.steps", &s->steps, err) ||
         loom_config_get_int(c, "training.seed", &s->seed, err) ||
