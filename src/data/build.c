@@ -194,24 +194,37 @@ static void load_previous(build *b) {
 }
 
 /* ---- inputs: hashes (fast path: an unchanged size and mtime keep the recorded SHA-256) ---- */
+typedef struct old_input {
+    const char *path;
+    json_t *o;
+} old_input;
+
+static int cmp_old_input(const void *a, const void *b) {
+    return strcmp(((const old_input *)a)->path, ((const old_input *)b)->path);
+}
+
 static int hash_inputs(build *b, loom_err *err) {
     json_t *old_inputs = b->old_ds ? json_object_get(b->old_ds, "inputs") : NULL;
-    for (int i = 0; i < b->in.n; i++) {
-        loom_input *f = &b->in.v[i];
-        size_t k;
-        json_t *o;
-        json_array_foreach(old_inputs, k, o) {
-            const char *p = json_string_value(json_object_get(o, "path"));
-            const char *sha = json_string_value(json_object_get(o, "sha256"));
-            json_t *mt = json_object_get(o, "mtime_ns"), *by = json_object_get(o, "bytes");
-            if (p && sha && strlen(sha) == 64 && json_is_integer(mt) && json_is_integer(by) &&
-                !strcmp(p, f->path) && (uint64_t)json_integer_value(by) == f->bytes &&
-                json_integer_value(mt) == f->mtime_ns) {
-                memcpy(f->sha256, sha, 65);
-                break;
-            }
-        }
+    size_t n_old = 0, k;
+    json_t *o;
+    old_input *idx = loom_malloc((json_array_size(old_inputs) + 1) * sizeof *idx);
+    json_array_foreach(old_inputs, k, o) {
+        const char *p = json_string_value(json_object_get(o, "path"));
+        if (p) idx[n_old++] = (old_input){p, o};
     }
+    if (n_old) qsort(idx, n_old, sizeof *idx, cmp_old_input);
+    for (int i = 0; i < b->in.n && n_old; i++) {
+        loom_input *f = &b->in.v[i];
+        old_input key = {f->path, NULL};
+        const old_input *hit = bsearch(&key, idx, n_old, sizeof *idx, cmp_old_input);
+        if (!hit) continue;
+        const char *sha = json_string_value(json_object_get(hit->o, "sha256"));
+        json_t *mt = json_object_get(hit->o, "mtime_ns"), *by = json_object_get(hit->o, "bytes");
+        if (sha && strlen(sha) == 64 && json_is_integer(mt) && json_is_integer(by) &&
+            (uint64_t)json_integer_value(by) == f->bytes && json_integer_value(mt) == f->mtime_ns)
+            memcpy(f->sha256, sha, 65);
+    }
+    free(idx);
     int failed = 0;
     loom_err first = {{0}};
     #pragma omp parallel for schedule(dynamic, 1)

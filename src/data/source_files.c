@@ -251,6 +251,25 @@ static int add_named(walk *w, const char *path, loom_err *err) {
     return 0;
 }
 
+typedef struct devino {
+    dev_t dev;
+    ino_t ino;
+    int source;
+} devino;
+
+static int cmp_devino(const void *a, const void *b) {
+    const devino *x = a, *y = b;
+    if (x->dev != y->dev) return x->dev < y->dev ? -1 : 1;
+    if (x->ino != y->ino) return x->ino < y->ino ? -1 : 1;
+    return 0;
+}
+
+static int cmp_devino_index(const void *a, const void *b) {
+    int c = cmp_devino(a, b);
+    if (c) return c;
+    return ((const devino *)a)->source - ((const devino *)b)->source;
+}
+
 static int cmp_input(const void *a, const void *b) {
     return strcmp(((const loom_input *)a)->path, ((const loom_input *)b)->path);
 }
@@ -306,12 +325,25 @@ int loom_inputs_collect(const loom_recipe *r, int si, loom_inputs *all, loom_ski
         rc = loom_errf(err, "%s:%d: source '%s': no input files under '%s' (after exclude)",
                        r->file, s->line, s->name, s->path);
     if (l.n) qsort(l.v, (size_t)l.n, sizeof *l.v, cmp_input);
+    /* (device, inode) of everything taken so far, sorted, to drop a file reached twice */
+    size_t n_ids = (size_t)all->n;
+    devino *ids = loom_malloc(((size_t)all->n + 1) * sizeof *ids);
+    for (int j = 0; j < all->n; j++) ids[j] = (devino){all->v[j].dev, all->v[j].ino, all->v[j].source};
+    if (n_ids) qsort(ids, n_ids, sizeof *ids, cmp_devino);
+    /* within this source, the first path (sorted order) of each (device, inode) is kept */
+    devino *mine = loom_malloc(((size_t)l.n + 1) * sizeof *mine);
+    uint8_t *again = loom_calloc((size_t)l.n + 1, 1);
+    for (int i = 0; i < l.n; i++) mine[i] = (devino){l.v[i].dev, l.v[i].ino, i};
+    if (l.n) qsort(mine, (size_t)l.n, sizeof *mine, cmp_devino_index);
+    for (int i = 1; i < l.n; i++)
+        if (cmp_devino(&mine[i - 1], &mine[i]) == 0) again[mine[i].source] = 1;
+    free(mine);
     for (int i = 0; i < l.n; i++) {
-        int dup = -1;
-        for (int j = 0; j < all->n && dup < 0; j++)
-            if (all->v[j].dev == l.v[i].dev && all->v[j].ino == l.v[i].ino) dup = j;
+        devino key = {l.v[i].dev, l.v[i].ino, si};
+        const devino *hit = n_ids ? bsearch(&key, ids, n_ids, sizeof *ids, cmp_devino) : NULL;
+        int dup = hit ? hit->source : again[i] ? si : -1;
         if (dup >= 0 || rc != 0) {
-            if (dup >= 0 && all->v[dup].source != si)
+            if (dup >= 0 && dup != si)
                 loom_warn("source '%s': %s was already read by another source; skipped", s->name,
                           l.v[i].path);
             input_free(&l.v[i]);
@@ -323,6 +355,8 @@ int loom_inputs_collect(const loom_recipe *r, int si, loom_inputs *all, loom_ski
         }
         all->v[all->n++] = l.v[i];
     }
+    free(ids);
+    free(again);
     free(l.v);
     return rc;
 }
