@@ -50,6 +50,11 @@ int loom_shard_write_ex(const char *path, const loom_shard_spec *spec, const uin
                         uint64_t n_tokens, const uint64_t *doc_starts, uint64_t n_docs,
                         const uint32_t *labels, char sha_hex[65], loom_err *err);
 
+/* Public (include/loom/data.h, shard section); repeated here so that this header's users
+ * compile against any data.h revision. */
+int loom_shard_has_labels(const loom_shard *s);
+uint32_t loom_shard_doc_label(const loom_shard *s, uint64_t i);
+
 const char *loom_shard_path(const loom_shard *s);
 uint32_t loom_shard_token_width(const loom_shard *s);
 const char *loom_shard_tokenizer_id(const loom_shard *s);
