@@ -21,6 +21,7 @@
 #include "loom/obs.h"
 #include "loom/optim.h"
 #include "loom/parallel.h"
+#include "loom/windows.h"
 
 static const loom_config_key train_only_keys[] = {
     {"run.dir", "runs/default", "run directory: config.yaml, metrics.jsonl, ckpt/"},
@@ -28,6 +29,8 @@ static const loom_config_key train_only_keys[] = {
     {"data.val", "", "validation dataset directory; empty = no validation"},
     {"data.shuffle", "true", "visit training samples in a seeded permutation per epoch"},
     {"data.follow", "false", "pick up shards appended to the training manifest while training"},
+    {"data.windows_per_doc", "4", "classify: windows per document and epoch (head, tail, body)"},
+    {"data.pad_id", "256", "classify: token that pads documents shorter than seq_len"},
     {"training.steps", "1000", "optimizer steps to reach (raising it continues a run)"},
     {"training.schedule_steps", NULL, "horizon of the lr schedule (default training.steps); "
                                       "fix it to stop and continue a run along one schedule"},
@@ -78,6 +81,7 @@ const loom_config_key *loom_train_schema(int *n) {
 typedef struct settings {
     const char *run_dir, *train_dir, *val_dir;
     int shuffle, follow, check_replicas;
+    int64_t windows_per_doc, pad_id;
     int64_t steps, seed, B, T, accum, threads, log_every, eval_every, eval_batches;
     int64_t ckpt_every, zero;
     double weight_decay, beta1, beta2, eps, grad_clip, peak_flops;
@@ -91,6 +95,8 @@ static int read_settings(const loom_config *c, settings *s, loom_err *err) {
         loom_config_get_str(c, "data.val", &s->val_dir, err) ||
         loom_config_get_bool(c, "data.shuffle", &s->shuffle, err) ||
         loom_config_get_bool(c, "data.follow", &s->follow, err) ||
+        loom_config_get_int(c, "data.windows_per_doc", &s->windows_per_doc, err) ||
+        loom_config_get_int(c, "data.pad_id", &s->pad_id, err) ||
         loom_config_get_int(c, "training.steps", &s->steps, err) ||
         loom_config_get_int(c, "training.seed", &s->seed, err) ||
         loom_config_get_int(c, "training.batch_size", &s->B, err) ||
@@ -145,6 +151,8 @@ static int read_settings(const loom_config *c, settings *s, loom_err *err) {
         {"eval.batches", s->eval_batches, 1, 1 << 20},
         {"checkpoint.every", s->ckpt_every, 0, INT64_C(1) << 40},
         {"parallel.zero", s->zero, 0, 3},
+        {"data.windows_per_doc", s->windows_per_doc, 1, 1 << 20},
+        {"data.pad_id", s->pad_id, 0, INT64_C(1) << 30},
     };
     for (size_t i = 0; i < sizeof ranges / sizeof ranges[0]; i++)
         if (ranges[i].v < ranges[i].lo || ranges[i].v > ranges[i].hi)
@@ -171,8 +179,11 @@ typedef struct trainer {
     loom_model *model;
     loom_dp *dp;
     loom_dataset *train_ds, *val_ds;
-    loom_loader *train_ld;
-    int32_t *g_inp, *g_tgt;   /* (B,T) the global batch */
+    loom_loader *train_ld;    /* LM head: token samples */
+    int classify;             /* classify head: labelled windows instead */
+    loom_windows *train_w;
+    int num_classes;          /* classes in the dataset (classify) */
+    int32_t *g_inp, *g_tgt;   /* (B,T) the global batch; classify: g_tgt holds (B) labels */
     int64_t step;             /* optimizer steps completed */
     char ckpt_root[4096];
 } trainer;
@@ -206,9 +217,17 @@ static int save_checkpoint(trainer *t, loom_err *err) {
         goto done;
     if (t->world_rank == 0) {
         char layout[256];
-        char *ls = loom_loader_state_json(t->train_ld);
-        json_t *loader = json_loads(ls, JSON_REJECT_DUPLICATES, NULL);
-        free(ls);
+        json_t *loader;
+        if (t->classify) {
+            uint64_t ep, pos;
+            loom_windows_get_state(t->train_w, &ep, &pos);
+            loader = json_pack("{s:s, s:I, s:I}", "kind", "windows", "epoch", (json_int_t)ep,
+                               "position", (json_int_t)pos);
+        } else {
+            char *ls = loom_loader_state_json(t->train_ld);
+            loader = json_loads(ls, JSON_REJECT_DUPLICATES, NULL);
+            free(ls);
+        }
         LOOM_CHECK(loader != NULL);
         json_t *st = json_pack("{s:I, s:I, s:o, s:{s:I, s:s}, s:s, s:s, s:I}", "step",
                                (json_int_t)t->step, "optimizer_step",
@@ -281,12 +300,19 @@ static int load_checkpoint(trainer *t, const char *dir, loom_err *err) {
         loom_errf(err, "%s: 'loader' missing or not an object", where);
         goto done;
     }
-    char *ldtext = json_dumps(ld, JSON_COMPACT);
-    int lrc = loom_loader_restore_json(t->train_ld, ldtext, err);
-    free(ldtext);
-    if (lrc) {
-        loom_err_prefix(err, "%s: loader state", where);
-        goto done;
+    if (t->classify) {
+        int64_t ep = 0, pos = 0;
+        if (json_get_int(ld, "epoch", &ep, where, err) || json_get_int(ld, "position", &pos, where, err))
+            goto done;
+        loom_windows_set_state(t->train_w, (uint64_t)ep, (uint64_t)pos);
+    } else {
+        char *ldtext = json_dumps(ld, JSON_COMPACT);
+        int lrc = loom_loader_restore_json(t->train_ld, ldtext, err);
+        free(ldtext);
+        if (lrc) {
+            loom_err_prefix(err, "%s: loader state", where);
+            goto done;
+        }
     }
     t->step = step;
     loom_dp_set_optimizer_step(t->dp, ostep);
@@ -333,35 +359,77 @@ static const int32_t *local_rows(const trainer *t, const int32_t *global) {
     return global + (size_t)t->dp_rank * (size_t)t->local_B * (size_t)t->s.T;
 }
 
+static const int32_t *local_targets(const trainer *t) {
+    return t->classify ? t->g_tgt + (size_t)t->dp_rank * (size_t)t->local_B
+                       : local_rows(t, t->g_tgt);
+}
+
+/* the next global batch from the training data */
+static int next_batch(trainer *t, loom_loader *l, loom_windows *w, loom_err *err) {
+    if (w) {
+        loom_windows_next(w, (int)t->s.B, t->g_inp, t->g_tgt);
+        return 0;
+    }
+    return loom_loader_next(l, (int)t->s.B, t->g_inp, t->g_tgt, err);
+}
+
 /* Forward on this rank's slice; returns the global mean loss and (optionally) the global
- * number of valid targets. */
-static double forward_global(trainer *t, int64_t *global_valid) {
-    const float loss = loom_model_forward(t->model, local_rows(t, t->g_inp),
-                                          local_rows(t, t->g_tgt), (int)t->local_B, (int)t->s.T);
+ * number of valid targets and, for classify, of correct predictions. */
+static double forward_global(trainer *t, int64_t *global_valid, int64_t *global_correct) {
+    const float loss = loom_model_forward(t->model, local_rows(t, t->g_inp), local_targets(t),
+                                          (int)t->local_B, (int)t->s.T);
     const int64_t valid = loom_model_valid_targets(t->model);
-    double v[2] = {(double)loss * (double)valid, (double)valid};
-    loom_allreduce_sum(t->mesh, LOOM_GROUP_DP, v, 2, LOOM_F64);
+    double v[3] = {(double)loss * (double)valid, (double)valid, 0};
+    if (t->classify) {
+        const int K = t->mc.num_classes;
+        const float *lg = loom_model_logits(t->model);
+        const int32_t *y = local_targets(t);
+        for (int64_t b = 0; b < t->local_B; b++) {
+            int best = 0;
+            for (int k = 1; k < K; k++)
+                if (lg[b * K + k] > lg[b * K + best]) best = k;
+            if (y[b] >= 0 && best == y[b]) v[2] += 1;
+        }
+    }
+    loom_allreduce_sum(t->mesh, LOOM_GROUP_DP, v, 3, LOOM_F64);
     if (global_valid) *global_valid = (int64_t)v[1];
+    if (global_correct) *global_correct = (int64_t)v[2];
     return v[1] > 0 ? v[0] / v[1] : 0.0;
 }
 
-static int eval_loss(trainer *t, double *out, loom_err *err) {
+/* Mean loss (and, for classify, accuracy) over the first eval.batches batches of the
+ * validation data, always the same ones, in order. */
+static int eval_loss(trainer *t, double *out, double *accuracy, loom_err *err) {
     loom_loader *vl = NULL;
-    const loom_loader_opts o = {.T = (int)t->s.T, .seed = (uint64_t)t->s.seed, .shuffle = 0,
-                                .ignore_caps = 1};
-    if (loom_loader_open(t->val_ds, &o, &vl, err))
-        return loom_err_prefix(err, "validation data %s", t->s.val_dir);
-    double sum = 0;
-    for (int64_t b = 0; b < t->s.eval_batches; b++) {
-        if (loom_loader_next(vl, (int)t->s.B, t->g_inp, t->g_tgt, err)) {
-            loom_loader_free(vl);
+    loom_windows *vw = NULL;
+    if (t->classify) {
+        if (loom_windows_open(t->val_ds, (int)t->s.T, (int)t->s.windows_per_doc,
+                              (uint64_t)t->s.seed, 0, (int)t->s.pad_id, &vw, err))
             return loom_err_prefix(err, "validation data %s", t->s.val_dir);
+    } else {
+        const loom_loader_opts o = {.T = (int)t->s.T, .seed = (uint64_t)t->s.seed, .shuffle = 0,
+                                    .ignore_caps = 1};
+        if (loom_loader_open(t->val_ds, &o, &vl, err))
+            return loom_err_prefix(err, "validation data %s", t->s.val_dir);
+    }
+    double sum = 0;
+    int64_t valid = 0, correct = 0;
+    int rc = 0;
+    for (int64_t b = 0; b < t->s.eval_batches; b++) {
+        if (next_batch(t, vl, vw, err)) {
+            rc = loom_err_prefix(err, "validation data %s", t->s.val_dir);
+            break;
         }
-        sum += forward_global(t, NULL);
+        int64_t v = 0, c = 0;
+        sum += forward_global(t, &v, &c);
+        valid += v;
+        correct += c;
     }
     loom_loader_free(vl);
+    loom_windows_free(vw);
     *out = sum / (double)t->s.eval_batches;
-    return 0;
+    *accuracy = valid > 0 ? (double)correct / (double)valid : 0.0;
+    return rc;
 }
 
 static int64_t rss_bytes(void) {
@@ -380,6 +448,26 @@ static int open_data(trainer *t, loom_err *err) {
         return loom_errf(err, "data.train %s has vocabulary size %u, larger than model.vocab_size "
                               "%d", t->s.train_dir, loom_dataset_vocab_size(t->train_ds),
                          t->mc.vocab_size);
+    if (t->classify) {
+        char **names = NULL;
+        if (loom_dataset_classes(t->s.train_dir, &names, &t->num_classes, err))
+            return loom_err_prefix(err, "data.train");
+        loom_free_strings(names, t->num_classes);
+        if (t->num_classes > t->mc.num_classes)
+            return loom_errf(err, "data.train %s has %d classes, more than model.num_classes %d",
+                             t->s.train_dir, t->num_classes, t->mc.num_classes);
+        if (t->s.pad_id >= t->mc.vocab_size)
+            return loom_errf(err, "data.pad_id %lld (the padding token of short documents) needs "
+                                  "model.vocab_size > %lld", (long long)t->s.pad_id,
+                             (long long)t->s.pad_id);
+        if (loom_windows_open(t->train_ds, (int)t->s.T, (int)t->s.windows_per_doc,
+                              (uint64_t)t->s.seed, t->s.shuffle, (int)t->s.pad_id, &t->train_w,
+                              err))
+            return loom_err_prefix(err, "data.train %s", t->s.train_dir);
+        return t->s.val_dir[0] && loom_dataset_open(t->s.val_dir, &t->val_ds, err)
+                   ? loom_err_prefix(err, "data.val")
+                   : 0;
+    }
     if (loom_loader_create(t->train_ds, (int)t->s.T, (uint64_t)t->s.seed, t->s.shuffle,
                            &t->train_ld, err))
         return loom_err_prefix(err, "data.train %s", t->s.train_dir);
@@ -443,6 +531,7 @@ int loom_train(loom_config *cfg, loom_err *err) {
     if (t.s.T > t.mc.max_seq_len)
         return loom_errf(err, "config: training.seq_len %lld exceeds model.max_seq_len %d",
                          (long long)t.s.T, t.mc.max_seq_len);
+    t.classify = t.mc.head == LOOM_HEAD_CLASSIFY;
     if (build_mesh(&t, err)) goto done;
     const int rank0 = t.world_rank == 0;
     if (t.s.threads > 0) omp_set_num_threads((int)t.s.threads);
@@ -490,7 +579,9 @@ int loom_train(loom_config *cfg, loom_err *err) {
                  t.mc.flavor == LOOM_FLAVOR_GPT2 ? "gpt2" : "llama",
                  loom_model_num_params(t.model), loom_mesh_describe(t.mesh, layout, sizeof layout),
                  (long long)t.s.zero, threads, peak / 1e9,
-                 (unsigned long long)loom_loader_num_samples(t.train_ld), (long long)t.s.T);
+                 (unsigned long long)(t.classify ? loom_windows_per_epoch(t.train_w)
+                                                 : loom_loader_num_samples(t.train_ld)),
+                 (long long)t.s.T);
     }
     t.g_inp = loom_malloc((size_t)BT * sizeof(int32_t));
     t.g_tgt = loom_malloc((size_t)BT * sizeof(int32_t));
@@ -503,7 +594,7 @@ int loom_train(loom_config *cfg, loom_err *err) {
     while (t.step < t.s.steps) {
         const double t0 = loom_now();
         loom_comm_stats_reset(t.mesh);
-        if (t.s.follow) { /* rank 0 decides how many manifest lines everyone uses */
+        if (t.s.follow && !t.classify) { /* rank 0 decides how many manifest lines everyone uses */
             int lines = 0;
             if (rank0 && loom_loader_refresh(t.train_ld, 0, &lines, err)) goto done;
             int64_t nl = lines;
@@ -513,12 +604,12 @@ int loom_train(loom_config *cfg, loom_err *err) {
         double loss = 0;
         for (int64_t micro = 0; micro < t.s.accum; micro++) {
             /* every rank reads the whole global batch (token ids: cheap) and uses its rows */
-            if (loom_loader_next(t.train_ld, (int)t.s.B, t.g_inp, t.g_tgt, err)) {
+            if (next_batch(&t, t.train_ld, t.train_w, err)) {
                 loom_err_prefix(err, "data.train %s", t.s.train_dir);
                 goto done;
             }
             int64_t valid = 0;
-            loss += forward_global(&t, &valid);
+            loss += forward_global(&t, &valid, NULL);
             loom_dp_begin_micro(t.dp, micro == 0, micro == t.s.accum - 1);
             loom_model_backward(t.model, valid > 0 ? 1.0f / (float)(valid * t.s.accum) : 0.0f);
         }
@@ -553,11 +644,16 @@ int loom_train(loom_config *cfg, loom_err *err) {
             goto done;
         }
         const int last = t.step == t.s.steps;
-        double vloss = -1;
+        double vloss = -1, vacc = 0;
         if (t.val_ds && ((t.s.eval_every > 0 && t.step % t.s.eval_every == 0) || last)) {
-            if (eval_loss(&t, &vloss, err)) goto done;
-            if (rank0 && (!isatty(STDERR_FILENO) || last))
-                loom_log("step %lld: val loss %.4f", (long long)t.step, vloss);
+            if (eval_loss(&t, &vloss, &vacc, err)) goto done;
+            if (rank0 && (!isatty(STDERR_FILENO) || last)) {
+                if (t.classify)
+                    loom_log("step %lld: val loss %.4f, val accuracy %.4f", (long long)t.step,
+                             vloss, vacc);
+                else
+                    loom_log("step %lld: val loss %.4f", (long long)t.step, vloss);
+            }
         }
         if (rank0) {
             json_t *row = json_pack("{s:I, s:f, s:f, s:f, s:f, s:f, s:I, s:I, s:f}", "step",
@@ -567,6 +663,7 @@ int loom_train(loom_config *cfg, loom_err *err) {
                                     "step_ms", dt * 1e3);
             LOOM_CHECK(row != NULL);
             if (vloss >= 0) json_object_set_new(row, "val_loss", json_real(vloss));
+            if (vloss >= 0 && t.classify) json_object_set_new(row, "val_accuracy", json_real(vacc));
             json_object_set_new(row, "param_bytes", json_integer((json_int_t)mem.param_bytes));
             json_object_set_new(row, "grad_bytes", json_integer((json_int_t)mem.grad_bytes));
             json_object_set_new(row, "optim_bytes", json_integer((json_int_t)mem.optim_bytes));
@@ -612,6 +709,7 @@ done:
     free(t.g_tgt);
     loom_metrics_close(mx);
     loom_loader_free(t.train_ld);
+    loom_windows_free(t.train_w);
     loom_dataset_close(t.train_ds);
     loom_dataset_close(t.val_ds);
     loom_dp_free(t.dp);
