@@ -73,6 +73,8 @@ def main():
     ap.add_argument("out", help="output directory (files/ and labels.jsonl)")
     ap.add_argument("--per-class", type=int, default=200)
     ap.add_argument("--max-bytes", type=int, default=2 << 20)
+    ap.add_argument("--max-candidates", type=int, default=40000,
+                    help="files examined with libmagic (a deterministic sample of the walk)")
     ap.add_argument("--min-per-class", type=int, default=20,
                     help="classes with fewer files on this machine are left out")
     a = ap.parse_args()
@@ -81,7 +83,7 @@ def main():
     paths = list(candidates(a.max_bytes))
     # cheap pre-selection per extension-agnostic bucket keeps `file` calls bounded
     paths.sort(key=lambda p: hashlib.sha256(p.encode("utf-8", "surrogateescape")).hexdigest())
-    paths = paths[:40000]
+    paths = paths[:a.max_candidates]
     types = mime_types(paths)
     by_class = {}
     for p in paths:

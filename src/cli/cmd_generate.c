@@ -52,11 +52,17 @@ int loom_cli_generate(int argc, char **argv) {
     if (!ckpt) goto usage;
     loom_err err = {{0}};
     loom_model *m = NULL;
-    if (loom_load_model(ckpt, 1, &m, &err)) {
+    if (loom_load_model(ckpt, 1, 0, &m, NULL, &err)) {
         fprintf(stderr, "loom: error: %s\n", err.msg);
         return 1;
     }
     const loom_model_config *mc = loom_model_get_config(m);
+    if (mc->head != LOOM_HEAD_LM) {
+        fprintf(stderr, "loom: error: %s: a classification model does not generate text (use "
+                        "loom eval)\n", ckpt);
+        loom_model_free(m);
+        return 1;
+    }
     if (mc->vocab_size < 256) {
         fprintf(stderr, "loom: error: generate needs a byte-level model (vocab >= 256)\n");
         loom_model_free(m);

@@ -7,7 +7,8 @@
 #include "loom/model_config.h"
 #include "loom/train.h"
 
-int loom_load_model(const char *path, int B, loom_model **out, loom_err *err) {
+int loom_load_model(const char *path, int B, int T_train, loom_model **out,
+                    loom_config **cfg_out, loom_err *err) {
     char dir[4096], where[4200];
     loom_ckpt *ck = NULL;
     loom_config *cfg = NULL;
@@ -31,10 +32,14 @@ int loom_load_model(const char *path, int B, loom_model **out, loom_err *err) {
     if (loom_config_get_int(cfg, "training.seq_len", &T, err)) goto done;
     loom_model_config mc;
     if (loom_model_config_from(cfg, (int)T, &mc, err)) goto done;
-    if (loom_model_create(&mc, B, mc.max_seq_len, &m, err)) goto done;
+    if (loom_model_create(&mc, B, T_train ? (int)T : mc.max_seq_len, &m, err)) goto done;
     if (loom_pieces_load_params(ck, m, err)) goto done;
     *out = m;
     m = NULL;
+    if (cfg_out) {
+        *cfg_out = cfg;
+        cfg = NULL;
+    }
     rc = 0;
 done:
     loom_model_free(m);
