@@ -33,6 +33,11 @@ uint64_t loom_shard_num_docs(const loom_shard *s);
 uint32_t loom_shard_vocab_size(const loom_shard *s);
 /* copies tokens [start, start+n) as int32 */
 void loom_shard_read_tokens(const loom_shard *s, uint64_t start, uint64_t n, int32_t *out);
+/* Per-document labels (an optional shard section, written for labelled binary sources): one u32 class id
+ * per doc-index entry (a document cut at a shard boundary has the same label in both shards;
+ * the class names are in dataset.json). has_labels is 0 for shards without a label section. */
+int loom_shard_has_labels(const loom_shard *s);
+uint32_t loom_shard_doc_label(const loom_shard *s, uint64_t i); /* i < num_docs */
 
 /* ---- dataset: a directory with manifest.jsonl ---------------------------------------- */
 typedef struct loom_dataset loom_dataset;
