@@ -259,6 +259,12 @@ int loom_ckpt_save(const char *root, int64_t step, const loom_ckpt_file *files, 
     for (int i = 0; i < n; i++) names[i] = files[i].name;
     char dir[CKPT_PATH];
     int rc = -1;
+    /* a result buffer that is too small is refused before anything is written */
+    if (step_dir(root, step, dir, sizeof dir, err) != 0) goto done;
+    if (out_dir && strlen(dir) >= out_size) {
+        loom_errf(err, "%s: path does not fit the %zu-byte buffer", dir, out_size);
+        goto done;
+    }
     if (loom_ckpt_prepare(root, step, names, n, dir, sizeof dir, err) != 0) goto done;
     for (int i = 0; i < n; i++)
         if (loom_ckpt_write_file(dir, files[i].name, files[i].data, files[i].len, err)) goto done;
