@@ -413,6 +413,20 @@ static void norm_bwd(const loom_model *m, float *din, float *dw, float *db, cons
         rmsnorm_backward(din, dw, dout, in, w, rstd, N, m->cfg.d_model);
 }
 
+/* Cross-entropy of the last logits (N rows of K) against targets (N, < 0 ignored): keeps the
+ * targets for backward and returns the mean over the valid ones. */
+static float mean_loss(loom_model *m, const int32_t *targets, int64_t N, int K) {
+    memcpy(m->targets, targets, (size_t)N * sizeof(int32_t));
+    for (int64_t i = 0; i < N; i++) {
+        LOOM_CHECK(targets[i] < K);
+        if (targets[i] >= 0) m->valid++;
+    }
+    crossentropy_forward(m->a.losses, m->a.logits, targets, N, K);
+    double sum = 0.0;
+    for (int64_t i = 0; i < N; i++) sum += m->a.losses[i];
+    return m->valid > 0 ? (float)(sum / (double)m->valid) : 0.0f;
+}
+
 float loom_model_forward(loom_model *m, const int32_t *inputs, const int32_t *targets, int B,
                          int T) {
     LOOM_CHECK(B > 0 && B <= m->maxB && T > 0 && T <= m->maxT);
@@ -486,27 +500,8 @@ float loom_model_forward(loom_model *m, const int32_t *inputs, const int32_t *ta
     m->has_targets = targets != NULL;
     m->valid = 0;
     if (!targets) return 0.0f;
-    if (cls) {
-        const int K = c->num_classes;
-        memcpy(m->targets, targets, (size_t)B * sizeof(int32_t));
-        for (int b = 0; b < B; b++) {
-            LOOM_CHECK(targets[b] < K);
-            if (targets[b] >= 0) m->valid++;
-        }
-        crossentropy_forward(a->losses, a->logits, targets, B, K);
-        double sum = 0.0;
-        for (int b = 0; b < B; b++) sum += a->losses[b];
-        return m->valid > 0 ? (float)(sum / (double)m->valid) : 0.0f;
-    }
-    memcpy(m->targets, targets, (size_t)BT * sizeof(int32_t));
-    for (int64_t i = 0; i < BT; i++) {
-        LOOM_CHECK(targets[i] < V);
-        if (targets[i] >= 0) m->valid++;
-    }
-    crossentropy_forward(a->losses, a->logits, targets, BT, V);
-    double sum = 0.0;
-    for (int64_t i = 0; i < BT; i++) sum += a->losses[i];
-    return m->valid > 0 ? (float)(sum / (double)m->valid) : 0.0f;
+    /* N rows of K-way logits: B sequences x K classes, or B*T positions x V tokens */
+    return mean_loss(m, targets, cls ? B : BT, cls ? c->num_classes : V);
 }
 
 void loom_model_backward(loom_model *m, float dscale) {
