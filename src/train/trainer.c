@@ -656,31 +656,27 @@ int loom_train(loom_config *cfg, loom_err *err) {
             }
         }
         if (rank0) {
-            json_t *row = json_pack("{s:I, s:f, s:f, s:f, s:f, s:f, s:I, s:I, s:f}", "step",
-                                    (json_int_t)t.step, "loss", loss, "lr", lr, "grad_norm",
-                                    (double)gnorm, "tokens_per_s", tps, "mfu", mfu, "mem_bytes",
-                                    (json_int_t)mem_bytes, "rss_bytes", (json_int_t)rss_bytes(),
-                                    "step_ms", dt * 1e3);
-            LOOM_CHECK(row != NULL);
-            if (vloss >= 0) json_object_set_new(row, "val_loss", json_real(vloss));
-            if (vloss >= 0 && t.classify) json_object_set_new(row, "val_accuracy", json_real(vacc));
-            json_object_set_new(row, "param_bytes", json_integer((json_int_t)mem.param_bytes));
-            json_object_set_new(row, "grad_bytes", json_integer((json_int_t)mem.grad_bytes));
-            json_object_set_new(row, "optim_bytes", json_integer((json_int_t)mem.optim_bytes));
+            loom_metrics_begin(mx);
+            loom_metrics_int(mx, "step", t.step);
+            loom_metrics_real(mx, "loss", loss);
+            loom_metrics_real(mx, "lr", lr);
+            loom_metrics_real(mx, "grad_norm", (double)gnorm);
+            loom_metrics_real(mx, "tokens_per_s", tps);
+            loom_metrics_real(mx, "mfu", mfu);
+            loom_metrics_int(mx, "mem_bytes", (int64_t)mem_bytes);
+            loom_metrics_int(mx, "rss_bytes", rss_bytes());
+            loom_metrics_real(mx, "step_ms", dt * 1e3);
+            if (vloss >= 0) loom_metrics_real(mx, "val_loss", vloss);
+            if (vloss >= 0 && t.classify) loom_metrics_real(mx, "val_accuracy", vacc);
+            loom_metrics_int(mx, "param_bytes", (int64_t)mem.param_bytes);
+            loom_metrics_int(mx, "grad_bytes", (int64_t)mem.grad_bytes);
+            loom_metrics_int(mx, "optim_bytes", (int64_t)mem.optim_bytes);
             if (t.world_size > 1) {
-                json_t *ct = json_array(), *cb = json_array(), *cw = json_array();
-                for (int r = 0; r < t.world_size; r++) {
-                    json_array_append_new(ct, json_real(per_rank[3 * r]));
-                    json_array_append_new(cb, json_real(per_rank[3 * r + 1]));
-                    json_array_append_new(cw, json_real(per_rank[3 * r + 2]));
-                }
-                json_object_set_new(row, "comm_s", ct);
-                json_object_set_new(row, "comm_bytes", cb);
-                json_object_set_new(row, "comm_wait_s", cw);
+                loom_metrics_reals(mx, "comm_s", per_rank, t.world_size, 3);
+                loom_metrics_reals(mx, "comm_bytes", per_rank + 1, t.world_size, 3);
+                loom_metrics_reals(mx, "comm_wait_s", per_rank + 2, t.world_size, 3);
             }
-            int wr = loom_metrics_write(mx, row, err);
-            json_decref(row);
-            if (wr) goto done;
+            if (loom_metrics_end(mx, err)) goto done;
             if (t.step % t.s.log_every == 0 || last)
                 progress(&t, loss, lr, tps, mfu, loom_now() - t_start, first_step);
         }
