@@ -28,7 +28,8 @@ struct loom_dp {
     float *pshard;         /* (nshard) zero 3 */
     float *grads;          /* (n) zero 0-1 */
     float *gshard;         /* (nshard) reduced, owned gradients */
-    float *adam_m, *adam_v;/* (n) zero 0, (nshard) zero 1-3 */
+    float *moments;        /* one arena: adam_m then adam_v */
+    float *adam_m, *adam_v;/* (n) zero 0, (nshard) zero 1-3 each, views into moments */
     size_t n_moments;
 
     /* zero 2/3: gradient buckets and the recv buffers of their reduce-scatters */
@@ -71,7 +72,7 @@ static const float *hook_acquire(void *ctx, int u, int phase) {
 /* completes bucket b's reduce-scatter and adds it into the owned gradients */
 static void drain_bucket(loom_dp *dp, int b) {
     if (dp->gunit[b] < 0) return;
-    loom_comm_wait(dp->greq[b]);
+    if (dp->greq[b]) loom_comm_wait(dp->greq[b]);
     const int u = dp->gunit[b];
     float *dst = dp->gshard + dp->sbase[u];
     const float *src = dp->gtmp[b];
@@ -89,8 +90,28 @@ static float *hook_grads(void *ctx, int u) {
     return dp->gbucket[b];
 }
 
+/* Lets MPI advance the reductions in flight (non-blocking collectives only progress inside
+ * MPI calls): called as backward hands over each unit, so they overlap the remaining
+ * compute instead of all running in the final wait. */
+static void progress(loom_dp *dp) {
+    if (dp->zero < 2) {
+        for (int u = 0; u < dp->U; u++)
+            if (dp->ureq[u] && loom_comm_test(dp->ureq[u])) dp->ureq[u] = NULL;
+        return;
+    }
+    for (int b = 0; b < N_BUCKETS; b++)
+        if (dp->gunit[b] >= 0 && loom_comm_test(dp->greq[b])) {
+            dp->greq[b] = NULL; /* completed and freed by the test: fold it in */
+            const int u = dp->gunit[b];
+            float *dst = dp->gshard + dp->sbase[u];
+            for (size_t i = 0; i < dp->slen[u]; i++) dst[i] += dp->gtmp[b][i];
+            dp->gunit[b] = -1;
+        }
+}
+
 static void hook_grads_ready(void *ctx, int u) {
     loom_dp *dp = ctx;
+    progress(dp);
     if (dp->zero < 2) {
         if (!dp->last) return;
         /* zero 0 and 1 both reduce-scatter; zero 0 all-gathers the result back later */
@@ -168,8 +189,9 @@ int loom_dp_create(loom_model *m, loom_mesh *mesh, int zero, uint64_t seed, floa
     }
     for (int b = 0; b < N_BUCKETS; b++) dp->gunit[b] = -1;
     dp->n_moments = zero == 0 ? dp->n : dp->nshard;
-    dp->adam_m = loom_alloc_aligned(dp->n_moments * sizeof(float));
-    dp->adam_v = loom_alloc_aligned(dp->n_moments * sizeof(float));
+    dp->moments = loom_alloc_aligned(2 * dp->n_moments * sizeof(float));
+    dp->adam_m = dp->moments;
+    dp->adam_v = dp->moments + dp->n_moments;
     loom_model_hooks h = {.ctx = dp, .acquire_params = hook_acquire, .grads = hook_grads,
                           .grads_ready = hook_grads_ready};
     loom_model_set_hooks(m, &h);
@@ -189,8 +211,7 @@ void loom_dp_free(loom_dp *dp) {
     free(dp->pshard);
     free(dp->grads);
     free(dp->gshard);
-    free(dp->adam_m);
-    free(dp->adam_v);
+    free(dp->moments);
     free(dp->uoff);
     free(dp->ucnt);
     free(dp->soff);
@@ -212,11 +233,11 @@ void loom_dp_begin_micro(loom_dp *dp, int first, int last) {
 
 float loom_dp_finish_grads(loom_dp *dp, float max_norm) {
     if (dp->zero < 2) {
-        for (int u = 0; u < dp->U; u++) {
-            LOOM_CHECK(dp->ureq[u] != NULL);
-            loom_comm_wait(dp->ureq[u]);
-            dp->ureq[u] = NULL;
-        }
+        for (int u = 0; u < dp->U; u++) /* NULL: already completed by progress() */
+            if (dp->ureq[u]) {
+                loom_comm_wait(dp->ureq[u]);
+                dp->ureq[u] = NULL;
+            }
     } else {
         for (int b = 0; b < N_BUCKETS; b++) drain_bucket(dp, b);
     }
