@@ -12,6 +12,8 @@
 
 #include "cli/cli.h"
 #include "data/data_internal.h"
+#include "data/recipe.h"
+#include "loom/comm.h"
 #include "loom/data.h"
 
 static void usage(FILE *f) {
@@ -21,6 +23,60 @@ static void usage(FILE *f) {
             "       loom data verify [--inputs] DIR  re-check every shard and checksum (and the\n"
             "                                     input files' SHA-256 with --inputs)\n"
             "DIR is a dataset directory (with manifest.jsonl) or a build output with train/ and val/.\n");
+}
+
+/* ---- `mpirun -np N loom data build`: the build's team hooks over the mesh's world group ---- */
+static void team_max_u8(void *ctx, uint8_t *buf, size_t n) {
+    loom_allreduce_max(ctx, LOOM_GROUP_WORLD, buf, n, LOOM_U8);
+}
+static void team_sum_i64(void *ctx, int64_t *buf, size_t n) {
+    loom_allreduce_sum(ctx, LOOM_GROUP_WORLD, buf, n, LOOM_I64);
+}
+static void team_bcast_i64(void *ctx, int64_t *buf, size_t n) {
+    loom_broadcast(ctx, LOOM_GROUP_WORLD, buf, n, LOOM_I64, 0);
+}
+static void team_barrier(void *ctx) { loom_barrier(ctx, LOOM_GROUP_WORLD); }
+
+/* Builds the recipe in this process, or split over the ranks when a launcher started several.
+ * Under MPI one rank's error ends the whole job (loom_comm_fail). Returns the exit code. */
+static int data_build(int *argc, char ***argv, const char *recipe) {
+    loom_err err = {{0}};
+    if (loom_comm_init(argc, argv, &err) != 0) {
+        fprintf(stderr, "loom: data build: %s\n", err.msg);
+        return 1;
+    }
+    int rc = 0;
+    if (loom_comm_mpi_active() && loom_comm_world_size() > 1) {
+        loom_mesh_spec spec;
+        loom_mesh *mesh = NULL;
+        loom_mesh_spec_default(&spec);
+        /* ranks wait for each other only for imbalance (every rank reads every source), but a
+         * big build's imbalance can be long: LOOM_DATA_TIMEOUT_S overrides an hour */
+        spec.timeout_s = 3600;
+        const char *t = getenv("LOOM_DATA_TIMEOUT_S");
+        if (t && *t) {
+            char *end;
+            double v = strtod(t, &end);
+            if (*end || !(v > 0)) {
+                loom_errf(&err, "LOOM_DATA_TIMEOUT_S='%s' is not a positive number of seconds", t);
+                loom_comm_fail_all(&err);
+            }
+            spec.timeout_s = v;
+        }
+        if (loom_mesh_create(&spec, NULL, &mesh, &err) != 0) loom_comm_fail_all(&err);
+        loom_build_team team = {loom_comm_world_rank(), loom_comm_world_size(), mesh,
+                                team_max_u8, team_sum_i64, team_bcast_i64, team_barrier};
+        if (loom_data_build_team(recipe, &team, &err) != 0) {
+            loom_err_prefix(&err, "data build");
+            loom_comm_fail(&err);
+        }
+        loom_mesh_free(mesh);
+    } else if (loom_data_build(recipe, &err) != 0) {
+        fprintf(stderr, "loom: data build: %s\n", err.msg);
+        rc = 1;
+    }
+    loom_comm_finalize();
+    return rc;
 }
 
 /* The datasets under dir: dir itself when it has a manifest, else dir/train and dir/val. */
@@ -305,14 +361,7 @@ int loom_cli_data(int argc, char **argv) {
         usage(stderr);
         return 2;
     }
-    if (!strcmp(sub, "build")) {
-        loom_err err = {{0}};
-        if (loom_data_build(argv[2], &err) != 0) {
-            fprintf(stderr, "loom: data build: %s\n", err.msg);
-            return 1;
-        }
-        return 0;
-    }
+    if (!strcmp(sub, "build")) return data_build(&argc, &argv, argv[2]);
     if (!strcmp(sub, "inspect") || !strcmp(sub, "verify")) {
         char dirs[2][4200];
         int n = dataset_dirs(argv[2], dirs), rc = 0;

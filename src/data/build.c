@@ -17,8 +17,17 @@
  * shard depends on the number of threads; shards carry no timestamps.
  *
  * The new output is built as OUTPUT.tmp.<pid> and renamed into place; an existing OUTPUT is
- * replaced only when it looks like a previous build or is empty. MPI ranks: not used yet (the
- * build runs in one process; src/comm is not wired in). */
+ * replaced only when it looks like a previous build or is empty.
+ *
+ * A team (MPI ranks, through the hooks of loom_build_team; this file makes no MPI call): every
+ * member reads the sources and runs the steps (documents, dedup and train/val routing then agree
+ * everywhere); input hashing and the check of cached shards are split by index, BPE
+ * tokenization by blocks of documents (token counts summed over the team), and each split's
+ * shards in contiguous blocks, one block per member, rotated by the split's first shard
+ * number. Member 0 names the temp directory (its pid), creates it, links reused shards, writes
+ * every manifest line in shard order once the shards' SHA-256 and counts are gathered, writes
+ * dataset.json and renames. The output is byte-identical to one process's ("created" aside,
+ * which member 0 stamps; SOURCE_DATE_EPOCH fixes it). */
 #define _GNU_SOURCE
 #include "data/build_source.h"
 #include "data/data_internal.h"
@@ -81,19 +90,40 @@ typedef struct build {
     uint64_t next_shard[2]; /* next shard number per split */
     loom_hashset *global;   /* dedup_across_sources */
     double t0;
+    const loom_build_team *team; /* NULL or a team of one: one process */
+    int rank, size;              /* in the team (0 and 1 without one) */
+    int fail_shard;              /* LOOM_TEST_FAIL_BUILD names this rank: fail at the first shard */
 #ifdef LOOM_HAVE_BPE
     loom_tokenizer *tok;    /* tokenizer: bpe; NULL for byte */
 #endif
 } build;
 
 /* ---- small helpers ---- */
+static int multi(const build *b) { return b->size > 1; }
+
+/* The block [*off, *off + *len) of n items that member i of size owns (the first n % size
+ * members get one more). */
+static void block_of(uint64_t n, int size, int i, uint64_t *off, uint64_t *len) {
+    uint64_t base = n / (uint64_t)size, rem = n % (uint64_t)size, u = (uint64_t)i;
+    *off = u * base + (u < rem ? u : rem);
+    *len = base + (u < rem);
+}
+
 static json_t *jstr(const char *s) {
     json_t *j = json_string(s);
     return j ? j : json_string("<not valid UTF-8>");
 }
 
+/* now, or SOURCE_DATE_EPOCH (reproducible builds: seconds since 1970) when set */
 static void iso_now(char *buf, size_t n) {
     time_t t = time(NULL);
+    const char *sde = getenv("SOURCE_DATE_EPOCH");
+    if (sde && *sde) {
+        char *end;
+        errno = 0;
+        long long v = strtoll(sde, &end, 10);
+        if (!*end && errno == 0 && v >= 0) t = (time_t)v;
+    }
     struct tm tm;
     gmtime_r(&t, &tm);
     strftime(buf, n, "%Y-%m-%dT%H:%M:%SZ", &tm);
@@ -227,9 +257,12 @@ static int hash_inputs(build *b, loom_err *err) {
     free(idx);
     int failed = 0;
     loom_err first = {{0}};
+    /* a team splits the files still to hash by index, then combines the hex digests */
+    uint8_t *todo = loom_calloc((size_t)b->in.n + 1, 1);
+    for (int i = 0; i < b->in.n; i++) todo[i] = !b->in.v[i].sha256[0];
     #pragma omp parallel for schedule(dynamic, 1)
     for (int i = 0; i < b->in.n; i++) {
-        if (b->in.v[i].sha256[0]) continue;
+        if (!todo[i] || i % b->size != b->rank) continue;
         loom_err e;
         if (loom_input_sha256(&b->in.v[i], b->in.v[i].sha256, &e) != 0) {
             #pragma omp critical(loom_build_err)
@@ -237,9 +270,24 @@ static int hash_inputs(build *b, loom_err *err) {
         }
     }
     if (failed) {
+        free(todo);
         *err = first;
         return -1;
     }
+    if (multi(b)) {
+        uint8_t *hex = loom_calloc((size_t)b->in.n * 64 + 1, 1);
+        for (int i = 0; i < b->in.n; i++)
+            if (todo[i] && i % b->size == b->rank) memcpy(hex + (size_t)i * 64, b->in.v[i].sha256, 64);
+        b->team->max_u8(b->team->ctx, hex, (size_t)b->in.n * 64);
+        for (int i = 0; i < b->in.n; i++) {
+            if (!todo[i]) continue;
+            memcpy(b->in.v[i].sha256, hex + (size_t)i * 64, 64);
+            b->in.v[i].sha256[64] = 0;
+            LOOM_CHECK(strlen(b->in.v[i].sha256) == 64);
+        }
+        free(hex);
+    }
+    free(todo);
     return 0;
 }
 
@@ -324,8 +372,10 @@ static void compute_keys(build *b) {
     }
 }
 
-/* A source is reused when its key is unchanged and its old shards are intact. */
+/* A source is reused when its key is unchanged and its old shards are intact. A team splits
+ * the shard checks and agrees on the result. */
 static void decide_reuse(build *b) {
+    uint8_t *bad = loom_calloc((size_t)b->r.n_sources + 1, 1);
     for (int i = 0; i < b->r.n_sources; i++) {
         src_state *st = &b->src[i];
         json_t *o = old_source(b, b->r.sources[i].name);
@@ -341,6 +391,7 @@ static void decide_reuse(build *b) {
             size_t j;
             json_t *line;
             json_array_foreach(st->old_lines[s], j, line) {
+                if ((j + (size_t)(2 * i + s)) % (size_t)b->size != (size_t)b->rank) continue;
                 const char *shard = json_string_value(json_object_get(line, "shard"));
                 const char *sha = json_string_value(json_object_get(line, "sha256"));
                 char p[4400], got[65];
@@ -356,7 +407,13 @@ static void decide_reuse(build *b) {
             }
         }
         st->reuse = ok;
+        bad[i] = k && !strcmp(k, st->key) && !ok;
     }
+    if (multi(b)) {
+        b->team->max_u8(b->team->ctx, bad, (size_t)b->r.n_sources);
+        for (int i = 0; i < b->r.n_sources; i++) b->src[i].reuse &= !bad[i];
+    }
+    free(bad);
     /* cross-source exact dedup needs the documents of every earlier deduplicated source */
     int later = 0;
     for (int i = b->r.n_sources - 1; i >= 0; i--) {
@@ -402,13 +459,16 @@ static int link_or_copy(const char *from, const char *to, loom_err *err) {
     return rc;
 }
 
+/* Links the source's previous shards into the new output (member 0 of a team; the others only
+ * take the counts). */
 static int reuse_source(build *b, int si, loom_err *err) {
     src_state *st = &b->src[si];
     const loom_recipe_source *s = &b->r.sources[si];
     for (int sp = 0; sp < 2; sp++) {
         size_t j;
         json_t *line;
-        json_array_foreach(st->old_lines[sp], j, line) {
+        if (b->rank != 0) b->next_shard[sp] += st->old_lines[sp] ? json_array_size(st->old_lines[sp]) : 0;
+        else json_array_foreach(st->old_lines[sp], j, line) {
             char from[4400], to[4400], name[64];
             snprintf(name, sizeof name, "shard_%05llu.bin", (unsigned long long)b->next_shard[sp]++);
             loom_pathf(from, sizeof from, "%s/%s/%s", b->out, SPLITS[sp],
@@ -430,7 +490,8 @@ static int reuse_source(build *b, int si, loom_err *err) {
         st->split[sp].docs = (uint64_t)json_integer_value(json_object_get(o, "documents"));
         st->split[sp].pieces = (uint64_t)json_integer_value(json_object_get(o, "doc_index_entries"));
     }
-    loom_log("data build: source '%s': reused %llu + %llu shard(s) (inputs and recipe section "
+    if (b->rank == 0)
+        loom_log("data build: source '%s': reused %llu + %llu shard(s) (inputs and recipe section "
              "unchanged)", s->name, (unsigned long long)st->split[0].shards,
              (unsigned long long)st->split[1].shards);
     return 0;
@@ -491,7 +552,147 @@ static void doc_tokens(const doc_set *ds, size_t k, uint64_t from, uint64_t n, u
     }
 }
 
-static int write_split(build *b, int si, int sp, const doc_set *ds, int labelled, loom_err *err) {
+/* Writes shard k of a split (tokens [k*cap, min((k+1)*cap, total)) of the set) as
+ * SPLIT/shard_<number>.bin in the temp directory: its SHA-256 into sha, its documents (pieces)
+ * into *n_docs_out. */
+static int write_shard(const build *b, int sp, const doc_set *ds, const loom_shard_spec *spec,
+                       int labelled, uint64_t k, uint64_t number, char sha[65],
+                       uint64_t *n_docs_out, loom_err *e) {
+    uint64_t total = ds->cum[ds->n], cap = (uint64_t)b->r.shard_tokens;
+    uint64_t lo = k * cap, hi = lo + cap < total ? lo + cap : total, n_docs = 0;
+    char path[4400];
+    if (b->fail_shard)
+        return loom_errf(e, "%s: LOOM_TEST_FAIL_BUILD=%d: injected failure before writing %s/shard_%05llu.bin",
+                         b->r.file, b->rank, SPLITS[sp], (unsigned long long)number);
+    uint32_t *tok = loom_malloc((size_t)(hi - lo) * sizeof *tok);
+    /* the first document overlapping [lo, hi): cum[d] <= lo < cum[d+1] */
+    size_t a = 0, z = ds->n;
+    while (z - a > 1) {
+        size_t m = (a + z) / 2;
+        if (ds->cum[m] <= lo) a = m;
+        else z = m;
+    }
+    size_t cap_docs = 16;
+    uint64_t *starts = loom_malloc(cap_docs * sizeof *starts);
+    uint32_t *lab = labelled ? loom_malloc(cap_docs * sizeof *lab) : NULL;
+    for (size_t d = a; d < ds->n && ds->cum[d] < hi; d++) {
+        uint64_t from = ds->cum[d] > lo ? ds->cum[d] : lo;
+        uint64_t to = ds->cum[d + 1] < hi ? ds->cum[d + 1] : hi;
+        if (to <= from) continue;
+        if (n_docs == cap_docs) {
+            cap_docs *= 2;
+            starts = loom_realloc(starts, cap_docs * sizeof *starts);
+            if (lab) lab = loom_realloc(lab, cap_docs * sizeof *lab);
+        }
+        starts[n_docs] = from - lo;
+        if (lab) lab[n_docs] = (uint32_t)ds->docs->v[ds->idx[d]].label;
+        n_docs++;
+        doc_tokens(ds, d, from - ds->cum[d], to - from, tok + (from - lo));
+    }
+    loom_pathf(path, sizeof path, "%s/%s/shard_%05llu.bin", b->tmp, SPLITS[sp], (unsigned long long)number);
+    int rc = loom_shard_write_ex(path, spec, tok, hi - lo, starts, n_docs, lab, sha, e);
+    free(tok);
+    free(starts);
+    free(lab);
+    *n_docs_out = n_docs;
+    return rc;
+}
+
+/* A team's part of a split: this member writes its block of the shards, then the SHA-256 and
+ * document counts of every shard are combined over the team and member 0 appends the lines. */
+static int write_split_team(build *b, int si, int sp, const doc_set *ds, int32_t **ids,
+                            const loom_shard_spec *spec, int labelled, uint64_t first,
+                            uint64_t n_shards, loom_err *err) {
+    src_state *st = &b->src[si];
+    const loom_recipe_source *s = &b->r.sources[si];
+    uint64_t total = ds->cum[ds->n], cap = (uint64_t)b->r.shard_tokens, off, len;
+    int blk = (int)(((uint64_t)b->rank + (uint64_t)b->size - first % (uint64_t)b->size) % (uint64_t)b->size);
+    block_of(n_shards, b->size, blk, &off, &len);
+#ifdef LOOM_HAVE_BPE
+    if (ids && len) { /* tokenize the documents of the block that another member counted */
+        uint64_t lo = off * cap, hi = (off + len) * cap < total ? (off + len) * cap : total;
+        int failed = 0;
+        loom_err first_err = {{0}};
+        #pragma omp parallel for schedule(dynamic, 16)
+        for (size_t d = 0; d < ds->n; d++) {
+            size_t i = ds->idx[d];
+            if (ds->cum[d + 1] <= lo || ds->cum[d] >= hi || ids[i]) continue;
+            loom_ids v = {0};
+            loom_err e;
+            size_t n = ds->docs->v[i].len + s->doc_suffix_len;
+            uint8_t *text = loom_malloc(n + 1);
+            memcpy(text, loom_doc_bytes(ds->docs, i), ds->docs->v[i].len);
+            if (s->doc_suffix_len) memcpy(text + ds->docs->v[i].len, s->doc_suffix, s->doc_suffix_len);
+            int bad = loom_tokenizer_encode(b->tok, text, n, &v, &e) != 0;
+            if (bad) {
+                #pragma omp critical(loom_build_err)
+                if (!failed) failed = 1, first_err = e;
+            }
+            free(text);
+            LOOM_CHECK(bad || (uint64_t)v.n == ds->cum[d + 1] - ds->cum[d]);
+            ids[i] = v.ids;
+        }
+        if (failed) {
+            *err = first_err;
+            return -1;
+        }
+    }
+#else
+    (void)ids;
+#endif
+    uint8_t *hex = loom_calloc((size_t)n_shards * 64 + 1, 1);
+    int64_t *nd = loom_calloc((size_t)n_shards + 1, sizeof *nd);
+    int failed = 0;
+    loom_err first_err = {{0}};
+    #pragma omp parallel for schedule(dynamic, 1)
+    for (uint64_t j = 0; j < len; j++) {
+        loom_err e = {{0}};
+        char sha[65] = "";
+        uint64_t n_docs = 0, k = off + j;
+        if (failed) continue;
+        if (write_shard(b, sp, ds, spec, labelled, k, first + k, sha, &n_docs, &e) != 0) {
+            #pragma omp critical(loom_build_err)
+            if (!failed) failed = 1, first_err = e;
+            continue;
+        }
+        memcpy(hex + k * 64, sha, 64);
+        nd[k] = (int64_t)n_docs;
+    }
+    if (failed) {
+        free(hex);
+        free(nd);
+        *err = first_err;
+        return -1;
+    }
+    if (n_shards) {
+        b->team->max_u8(b->team->ctx, hex, (size_t)n_shards * 64);
+        b->team->sum_i64(b->team->ctx, nd, (size_t)n_shards);
+    }
+    uint64_t pieces = 0;
+    int rc = 0;
+    for (uint64_t k = 0; k < n_shards; k++) {
+        char sha[65], name[64];
+        memcpy(sha, hex + k * 64, 64);
+        sha[64] = 0;
+        LOOM_CHECK(strlen(sha) == 64); /* every shard was written by exactly one member */
+        pieces += (uint64_t)nd[k];
+        if (b->rank != 0 || rc) continue;
+        uint64_t lo = k * cap, hi = lo + cap < total ? lo + cap : total;
+        char created[32];
+        iso_now(created, sizeof created);
+        snprintf(name, sizeof name, "shard_%05llu.bin", (unsigned long long)(first + k));
+        json_t *line = manifest_line(b, s, name, sha, hi - lo, (uint64_t)nd[k], created);
+        rc = append_line(b, sp, line, err);
+        json_decref(line);
+    }
+    st->split[sp].pieces = pieces;
+    free(hex);
+    free(nd);
+    return rc;
+}
+
+static int write_split(build *b, int si, int sp, const doc_set *ds, int32_t **ids, int labelled,
+                       loom_err *err) {
     src_state *st = &b->src[si];
     const loom_recipe_source *s = &b->r.sources[si];
     uint64_t total = ds->cum[ds->n], cap = (uint64_t)b->r.shard_tokens;
@@ -500,52 +701,22 @@ static int write_split(build *b, int si, int sp, const doc_set *ds, int labelled
     st->split[sp].shards = n_shards;
     st->split[sp].tokens = total;
     st->split[sp].docs = ds->n;
+    loom_shard_spec spec = {b->vocab, 0, b->tok_id, st->key};
+    if (multi(b)) return write_split_team(b, si, sp, ds, ids, &spec, labelled, first, n_shards, err);
     int failed = 0;
     loom_err first_err = {{0}};
     uint64_t pieces = 0;
-    loom_shard_spec spec = {b->vocab, 0, b->tok_id, st->key};
     #pragma omp parallel for schedule(dynamic, 1) ordered reduction(+ : pieces)
     for (uint64_t k = 0; k < n_shards; k++) {
         loom_err e = {{0}};
-        char name[64], path[4400], sha[65] = "";
+        char name[64], sha[65] = "";
         uint64_t lo = k * cap, hi = lo + cap < total ? lo + cap : total, n_docs = 0;
         int ok = !failed;
-        uint32_t *tok = NULL, *lab = NULL;
-        uint64_t *starts = NULL;
         snprintf(name, sizeof name, "shard_%05llu.bin", (unsigned long long)(first + k));
         if (ok) {
-            tok = loom_malloc((size_t)(hi - lo) * sizeof *tok);
-            /* the first document overlapping [lo, hi): cum[d] <= lo < cum[d+1] */
-            size_t a = 0, z = ds->n;
-            while (z - a > 1) {
-                size_t m = (a + z) / 2;
-                if (ds->cum[m] <= lo) a = m;
-                else z = m;
-            }
-            size_t cap_docs = 16;
-            starts = loom_malloc(cap_docs * sizeof *starts);
-            lab = labelled ? loom_malloc(cap_docs * sizeof *lab) : NULL;
-            for (size_t d = a; d < ds->n && ds->cum[d] < hi; d++) {
-                uint64_t from = ds->cum[d] > lo ? ds->cum[d] : lo;
-                uint64_t to = ds->cum[d + 1] < hi ? ds->cum[d + 1] : hi;
-                if (to <= from) continue;
-                if (n_docs == cap_docs) {
-                    cap_docs *= 2;
-                    starts = loom_realloc(starts, cap_docs * sizeof *starts);
-                    if (lab) lab = loom_realloc(lab, cap_docs * sizeof *lab);
-                }
-                starts[n_docs] = from - lo;
-                if (lab) lab[n_docs] = (uint32_t)ds->docs->v[ds->idx[d]].label;
-                n_docs++;
-                doc_tokens(ds, d, from - ds->cum[d], to - from, tok + (from - lo));
-            }
-            loom_pathf(path, sizeof path, "%s/%s/%s", b->tmp, SPLITS[sp], name);
-            ok = loom_shard_write_ex(path, &spec, tok, hi - lo, starts, n_docs, lab, sha, &e) == 0;
+            ok = write_shard(b, sp, ds, &spec, labelled, k, first + k, sha, &n_docs, &e) == 0;
             pieces += n_docs;
         }
-        free(tok);
-        free(starts);
-        free(lab);
         #pragma omp ordered
         {
             /* in shard order: the manifest line goes in once the shard is durably in place */
@@ -592,8 +763,25 @@ static int build_source(build *b, int si, loom_err *err) {
         ids = loom_calloc(docs.n + 1, sizeof *ids);
         int failed = 0;
         loom_err first = {{0}};
+        /* a team: each member counts the tokens of one block of the documents (blocks of about
+         * equal bytes); the documents its shards need are tokenized in write_split_team */
+        uint8_t *mine = NULL;
+        if (multi(b)) {
+            uint64_t all = 0, before = 0;
+            for (size_t i = 0; i < docs.n; i++) all += docs.v[i].len;
+            mine = loom_malloc(docs.n + 1);
+            for (size_t i = 0; i < docs.n; i++) {
+                int owner = all ? (int)((double)before * b->size / (double)all) : 0;
+                mine[i] = (owner < b->size ? owner : b->size - 1) == b->rank;
+                before += docs.v[i].len;
+            }
+        }
         #pragma omp parallel for schedule(dynamic, 16)
         for (size_t i = 0; i < docs.n; i++) {
+            if (mine && !mine[i]) {
+                ntok[i] = 0;
+                continue;
+            }
             loom_ids v = {0};
             loom_err e;
             size_t n = docs.v[i].len + s->doc_suffix_len;
@@ -608,10 +796,12 @@ static int build_source(build *b, int si, loom_err *err) {
             ids[i] = v.ids;
             ntok[i] = v.n;
         }
+        free(mine);
         if (failed) {
             *err = first;
             goto done;
         }
+        if (multi(b)) b->team->sum_i64(b->team->ctx, (int64_t *)ntok, docs.n);
     }
 #endif
     uint8_t *val = loom_malloc(docs.n ? docs.n : 1);
@@ -639,9 +829,10 @@ static int build_source(build *b, int si, loom_err *err) {
     free(val);
     int labelled = st->labels != NULL;
     for (int sp = 0; sp < 2; sp++)
-        if (write_split(b, si, sp, &ds[sp], labelled, err) != 0) goto done;
+        if (write_split(b, si, sp, &ds[sp], ids, labelled, err) != 0) goto done;
     double dt = loom_now() - t0;
-    loom_log("data build: source '%s': built %zu document(s), %llu tokens -> train %llu + val %llu "
+    if (b->rank == 0)
+        loom_log("data build: source '%s': built %zu document(s), %llu tokens -> train %llu + val %llu "
              "shard(s) (%.1f MB/s)", s->name, docs.n,
              (unsigned long long)(st->split[0].tokens + st->split[1].tokens),
              (unsigned long long)st->split[0].shards, (unsigned long long)st->split[1].shards,
@@ -873,11 +1064,30 @@ static int resolve_tokenizer(build *b, loom_err *err) {
 }
 
 int loom_data_build(const char *recipe_path, loom_err *err) {
+    return loom_data_build_team(recipe_path, NULL, err);
+}
+
+int loom_data_build_team(const char *recipe_path, const loom_build_team *team, loom_err *err) {
     build B;
     memset(&B, 0, sizeof B);
     build *b = &B;
     int rc = -1, made_tmp = 0;
     b->t0 = loom_now();
+    b->size = 1;
+    int64_t pid0 = (int64_t)getpid(); /* names the temp directory: member 0's pid */
+    if (team && team->size > 1) {
+        LOOM_CHECK(team->rank >= 0 && team->rank < team->size);
+        b->team = team;
+        b->rank = team->rank;
+        b->size = team->size;
+        team->bcast_i64(team->ctx, &pid0, 1);
+    }
+    const char *fail_env = getenv("LOOM_TEST_FAIL_BUILD");
+    if (fail_env && *fail_env) {
+        char *end;
+        long v = strtol(fail_env, &end, 10);
+        b->fail_shard = !*end && v == b->rank;
+    }
     if (loom_recipe_load(recipe_path, &b->r, err) != 0) goto done;
     loom_recipe *r = &b->r;
     if (snprintf(b->out, sizeof b->out, "%s", r->output) >= (int)sizeof b->out) {
@@ -891,8 +1101,8 @@ int loom_data_build(const char *recipe_path, loom_err *err) {
                   recipe_path, b->out);
         goto done;
     }
-    loom_pathf(b->tmp, sizeof b->tmp, "%s.tmp.%d", b->out, (int)getpid());
-    loom_pathf(b->old, sizeof b->old, "%s.old.%d", b->out, (int)getpid());
+    loom_pathf(b->tmp, sizeof b->tmp, "%s.tmp.%lld", b->out, (long long)pid0);
+    loom_pathf(b->old, sizeof b->old, "%s.old.%lld", b->out, (long long)pid0);
     if (resolve_tokenizer(b, err) != 0) goto done;
     b->src = loom_calloc((size_t)r->n_sources, sizeof *b->src);
     for (int i = 0; i < r->n_sources; i++) {
@@ -909,33 +1119,47 @@ int loom_data_build(const char *recipe_path, loom_err *err) {
     if (hash_inputs(b, err) != 0) goto done;
     compute_keys(b);
     decide_reuse(b);
-    if (up_to_date(b)) {
-        loom_log("data build: %s: up to date (%d source(s) unchanged: nothing read, nothing written) -> %s",
+    uint8_t stale = (uint8_t)!up_to_date(b);
+    if (multi(b)) b->team->max_u8(b->team->ctx, &stale, 1); /* every member must agree */
+    if (!stale) {
+        if (b->rank == 0)
+            loom_log("data build: %s: up to date (%d source(s) unchanged: nothing read, nothing written) -> %s",
                  r->name, r->n_sources, b->out);
         rc = 0;
         goto done;
     }
-    remove_tree(b->tmp);
-    if (loom_mkdirs(b->tmp, err) != 0) goto done;
-    made_tmp = 1;
-    for (int sp = 0; sp < 2; sp++) {
-        char p[4400];
-        loom_pathf(p, sizeof p, "%s/%s", b->tmp, SPLITS[sp]);
-        if (loom_mkdirs(p, err) != 0) goto done;
-        loom_pathf(p, sizeof p, "%s/%s/manifest.jsonl", b->tmp, SPLITS[sp]);
-        if (loom_write_file_atomic(p, "", 0, err) != 0) goto done;
+    if (b->rank == 0) {
+        remove_tree(b->tmp);
+        if (loom_mkdirs(b->tmp, err) != 0) goto done;
+        made_tmp = 1;
+        for (int sp = 0; sp < 2; sp++) {
+            char p[4400];
+            loom_pathf(p, sizeof p, "%s/%s", b->tmp, SPLITS[sp]);
+            if (loom_mkdirs(p, err) != 0) goto done;
+            loom_pathf(p, sizeof p, "%s/%s/manifest.jsonl", b->tmp, SPLITS[sp]);
+            if (loom_write_file_atomic(p, "", 0, err) != 0) goto done;
+        }
+    }
+    if (multi(b)) {
+        b->team->barrier(b->team->ctx); /* the temp directory exists */
+        made_tmp = 1;
     }
     if (r->dedup_across_sources) b->global = loom_hashset_new();
     for (int i = 0; i < r->n_sources; i++) {
         int res = b->src[i].need_docs ? build_source(b, i, err) : reuse_source(b, i, err);
         if (res != 0) goto done;
     }
-    for (int sp = 0; sp < 2; sp++)
+    for (int sp = 0; sp < 2 && b->rank == 0; sp++)
         if (write_dataset_json(b, sp, err) != 0) goto done;
     uint64_t train_tokens = 0;
     for (int i = 0; i < r->n_sources; i++) train_tokens += b->src[i].split[0].tokens;
     if (train_tokens == 0) {
         loom_errf(err, "%s: the sources hold no training documents (after the steps)", recipe_path);
+        goto done;
+    }
+    if (b->rank != 0) { /* every shard of this member is in place (gathered by member 0) */
+        made_tmp = 0;
+        rc = 0;
         goto done;
     }
     /* swap into place */
@@ -960,14 +1184,21 @@ int loom_data_build(const char *recipe_path, loom_err *err) {
             shards[sp] += b->src[i].split[sp].shards;
         }
     }
+    char team_note[64] = "";
+    if (multi(b)) snprintf(team_note, sizeof team_note, ", %d ranks", b->size);
     loom_log("data build: %s: %d files, %d source(s) rebuilt, %d reused -> %s: train %llu shard(s), "
-             "%llu tokens, %llu docs; val %llu shard(s), %llu tokens, %llu docs (%.2f s)",
+             "%llu tokens, %llu docs; val %llu shard(s), %llu tokens, %llu docs (%.2f s%s)",
              r->name, b->in.n, r->n_sources - reused, reused, b->out, (unsigned long long)shards[0],
              (unsigned long long)tok[0], (unsigned long long)docs[0], (unsigned long long)shards[1],
-             (unsigned long long)tok[1], (unsigned long long)docs[1], loom_now() - b->t0);
+             (unsigned long long)tok[1], (unsigned long long)docs[1], loom_now() - b->t0, team_note);
     rc = 0;
 done:
-    if (made_tmp) remove_tree(b->tmp);
+    /* on an error any member removes the temp directory (the caller then ends the team) */
+    if (made_tmp && rc != 0) {
+        if (multi(b) && !loom_is_dir(b->tmp))
+            loom_err_prefix(err, "%s is gone: another rank failed first (see its message); here", b->tmp);
+        remove_tree(b->tmp);
+    }
     for (int i = 0; b->src && i < b->r.n_sources; i++) {
         src_state *st = &b->src[i];
         free(st->files);
