@@ -2,43 +2,10 @@
  * file and the problem, nothing crashes under ASan/UBSan, fuzzed files included), a small
  * hand-checked tokenizer, the two merge algorithms against each other, training round trips
  * through both file formats, the byte tokenizer. */
-#define _GNU_SOURCE
-#include <setjmp.h>
-#include <stdarg.h>
-#include <stddef.h>
-#include <stdint.h>
-#include <stdio.h>
-#include <stdlib.h>
-#include <string.h>
-#include <unistd.h>
-#include <cmocka.h>
+#include "testutil.h"
 
 #include "data/bpe_internal.h"
 #include "loom/tokenizer.h"
-
-static char g_dir[256];
-
-static int setup(void **state) {
-    (void)state;
-    snprintf(g_dir, sizeof g_dir, "/tmp/loom_test_bpe_XXXXXX");
-    return mkdtemp(g_dir) ? 0 : -1;
-}
-
-static int teardown(void **state) {
-    (void)state;
-    char cmd[300];
-    snprintf(cmd, sizeof cmd, "rm -rf '%s'", g_dir);
-    return system(cmd) == 0 ? 0 : -1;
-}
-
-static void path_of(char *buf, size_t n, const char *name) { snprintf(buf, n, "%s/%s", g_dir, name); }
-
-static void spit(const char *path, const void *buf, size_t n) {
-    FILE *f = fopen(path, "wb");
-    assert_non_null(f);
-    assert_int_equal(fwrite(buf, 1, n, f), n);
-    assert_int_equal(fclose(f), 0);
-}
 
 /* A tiny valid tokenizer: bytes 'a' 'b' 'c' ' '(as Ġ) and merges a b -> ab, ab c -> abc,
  * Ġ a -> Ġa. Its pieces are substituted into the hostile variants below. */
@@ -61,8 +28,8 @@ static char *tok_json(const char *vocab, const char *merges, const char *added, 
 
 static void expect_json_error(const char *name, const char *text, const char *want1, const char *want2) {
     char path[512];
-    path_of(path, sizeof path, name);
-    spit(path, text, strlen(text));
+    tu_path(path, sizeof path, name);
+    tu_write_text(path, text);
     loom_tokenizer *t = NULL;
     loom_err err;
     memset(&err, 0, sizeof err);
@@ -75,8 +42,8 @@ static void expect_json_error(const char *name, const char *text, const char *wa
 
 static loom_tokenizer *load_ok(const char *name, const char *text) {
     char path[512];
-    path_of(path, sizeof path, name);
-    spit(path, text, strlen(text));
+    tu_path(path, sizeof path, name);
+    tu_write_text(path, text);
     loom_tokenizer *t = NULL;
     loom_err err;
     if (loom_tokenizer_load_json(path, &t, &err)) fail_msg("%s: %s", name, err.msg);
@@ -128,7 +95,7 @@ static void test_small_tokenizer(void **state) {
     char *out;
     size_t n;
     assert_int_equal(loom_tokenizer_decode(t, (int32_t[]){1, 99}, 2, &out, &n, &err), -1);
-    assert_non_null(strstr(err.msg, "99"));
+    TU_ASSERT_HAS(err.msg, "99");
     assert_int_equal(loom_tokenizer_decode(t, (int32_t[]){-3}, 1, &out, &n, &err), -1);
     loom_tokenizer_free(t);
 }
@@ -202,15 +169,15 @@ static void test_hostile_json(void **state) {
     loom_tokenizer *t = NULL;
     loom_err err;
     assert_int_equal(loom_tokenizer_load_json("/nonexistent/tokenizer.json", &t, &err), -1);
-    assert_non_null(strstr(err.msg, "/nonexistent/tokenizer.json"));
+    TU_ASSERT_HAS(err.msg, "/nonexistent/tokenizer.json");
 }
 
 static void expect_vm_error(const char *vocab, const char *merges, const char *which, const char *want) {
     char vp[512], mp[512];
-    path_of(vp, sizeof vp, "v.json");
-    path_of(mp, sizeof mp, "m.txt");
-    spit(vp, vocab, strlen(vocab));
-    spit(mp, merges, strlen(merges) + (strstr(merges, "NUL") ? 1 : 0));
+    tu_path(vp, sizeof vp, "v.json");
+    tu_path(mp, sizeof mp, "m.txt");
+    tu_write_text(vp, vocab);
+    tu_write_file(mp, merges, strlen(merges) + (strstr(merges, "NUL") ? 1 : 0));
     loom_tokenizer *t = NULL;
     loom_err err;
     int rc = loom_tokenizer_load_vocab_merges(vp, mp, &t, &err);
@@ -232,11 +199,11 @@ static void test_hostile_vocab_merges(void **state) {
     expect_vm_error(VOCAB, "a b\nNUL", "merges", "NUL");
     /* valid, with \r\n line ends and no final newline; <|endoftext|> becomes special */
     char vp[512], mp[512];
-    path_of(vp, sizeof vp, "v.json");
-    path_of(mp, sizeof mp, "m.txt");
-    spit(vp, VOCAB, strlen(VOCAB));
+    tu_path(vp, sizeof vp, "v.json");
+    tu_path(mp, sizeof mp, "m.txt");
+    tu_write_text(vp, VOCAB);
     const char *m = "#version: 0.2\r\na b\r\nab c\r\n\xc4\xa0 a";
-    spit(mp, m, strlen(m));
+    tu_write_text(mp, m);
     loom_tokenizer *t = NULL;
     loom_err err;
     if (loom_tokenizer_load_vocab_merges(vp, mp, &t, &err)) fail_msg("%s", err.msg);
@@ -256,7 +223,7 @@ static void test_fuzz_json(void **state) {
     char *js = tok_json(VOCAB, MERGES, ADDED, PRE, "", "");
     size_t n = strlen(js);
     char path[512];
-    path_of(path, sizeof path, "fuzz.json");
+    tu_path(path, sizeof path, "fuzz.json");
     char *buf = malloc(n + 64);
     loom_rng r = {42, 7, 0};
     int loaded = 0;
@@ -278,7 +245,7 @@ static void test_fuzz_json(void **state) {
             memcpy(buf + at, p, pl);
             len = len - cut + pl;
         }
-        spit(path, buf, len);
+        tu_write_file(path, buf, len);
         loom_tokenizer *t = NULL;
         loom_err err;
         err.msg[0] = 0;
@@ -294,7 +261,7 @@ static void test_fuzz_json(void **state) {
             loom_ids_free(&ids);
             loom_tokenizer_free(t);
         } else {
-            assert_non_null(strstr(err.msg, path));
+            TU_ASSERT_HAS(err.msg, path);
         }
     }
     assert_true(loaded > 0);
@@ -352,9 +319,9 @@ static void test_train_save_load(void **state) {
     assert_int_equal(loom_tokenizer_special_id(t, "<|endoftext|>"), 0);
     assert_int_equal(loom_tokenizer_special_id(t, "<|pad|>"), 1);
     char jp[512], vp[512], mp[512];
-    path_of(jp, sizeof jp, "trained.json");
-    path_of(vp, sizeof vp, "trained-vocab.json");
-    path_of(mp, sizeof mp, "trained-merges.txt");
+    tu_path(jp, sizeof jp, "trained.json");
+    tu_path(vp, sizeof vp, "trained-vocab.json");
+    tu_path(mp, sizeof mp, "trained-merges.txt");
     assert_int_equal(loom_tokenizer_save_json(t, jp, &err), 0);
     assert_int_equal(loom_tokenizer_save_vocab_merges(t, vp, mp, &err), 0);
     loom_tokenizer *tj = NULL, *tv = NULL;
@@ -386,13 +353,13 @@ static void test_train_save_load(void **state) {
     /* bad options */
     loom_bpe_train_opts bad = {.vocab_size = 100};
     assert_int_equal(loom_tokenizer_train_texts(texts, lens, 6, &bad, &t, &err), -1);
-    assert_non_null(strstr(err.msg, "vocab size"));
+    TU_ASSERT_HAS(err.msg, "vocab size");
     const char *dup[] = {"<x>", "<x>"};
     loom_bpe_train_opts bad2 = {.vocab_size = 300, .specials = dup, .n_specials = 2};
     assert_int_equal(loom_tokenizer_train_texts(texts, lens, 6, &bad2, &t, &err), -1);
     const char *files[] = {"/nonexistent/corpus.txt"};
     assert_int_equal(loom_tokenizer_train(files, 1, &o, &t, &err), -1);
-    assert_non_null(strstr(err.msg, "/nonexistent/corpus.txt"));
+    TU_ASSERT_HAS(err.msg, "/nonexistent/corpus.txt");
 }
 
 static void test_byte_tokenizer(void **state) {
@@ -406,10 +373,10 @@ static void test_byte_tokenizer(void **state) {
     char *out;
     size_t n;
     assert_int_equal(loom_tokenizer_decode(t, (int32_t[]){258}, 1, &out, &n, &err), -1);
-    assert_non_null(strstr(err.msg, "258"));
+    TU_ASSERT_HAS(err.msg, "258");
     assert_string_not_equal(loom_tokenizer_id(t), "byte");
     char path[512];
-    path_of(path, sizeof path, "byte.json");
+    tu_path(path, sizeof path, "byte.json");
     assert_int_equal(loom_tokenizer_save_json(t, path, &err), -1);
     loom_tokenizer_free(t);
     assert_int_equal(loom_tokenizer_load("byte", &t, &err), 0);
@@ -429,5 +396,5 @@ int main(void) {
         cmocka_unit_test(test_train_save_load),
         cmocka_unit_test(test_byte_tokenizer),
     };
-    return cmocka_run_group_tests(tests, setup, teardown);
+    return cmocka_run_group_tests(tests, tu_setup_tmpdir, tu_teardown_tmpdir);
 }

@@ -1,60 +1,8 @@
 /* Checkpoint directories: save, COMPLETE rule, latest, resolve, SHA-256 verification and
  * strict manifests. Runs under ASan/UBSan. */
-#define _GNU_SOURCE
-#include <setjmp.h>
-#include <stdarg.h>
-#include <stddef.h>
-#include <stdint.h>
-#include <cmocka.h>
-
-#include <ftw.h>
-#include <stdio.h>
-#include <stdlib.h>
-#include <string.h>
-#include <sys/stat.h>
-#include <unistd.h>
+#include "testutil.h"
 
 #include "loom/checkpoint.h"
-
-static char g_dir[256];
-
-static int rm_entry(const char *path, const struct stat *sb, int flag, struct FTW *ftw) {
-    (void)sb, (void)flag, (void)ftw;
-    return remove(path);
-}
-
-static int setup(void **state) {
-    (void)state;
-    const char *tmp = getenv("TMPDIR");
-    loom_pathf(g_dir, sizeof g_dir, "%s/loom_ckpt_XXXXXX", tmp && *tmp ? tmp : "/tmp");
-    return mkdtemp(g_dir) ? 0 : -1;
-}
-
-static int teardown(void **state) {
-    (void)state;
-    return nftw(g_dir, rm_entry, 16, FTW_DEPTH | FTW_PHYS);
-}
-
-static void write_text(const char *path, const char *text) {
-    FILE *f = fopen(path, "wb");
-    assert_non_null(f);
-    fputs(text, f);
-    assert_int_equal(fclose(f), 0);
-}
-
-#define ASSERT_ERR(call, ...)                                                       \
-    do {                                                                            \
-        loom_err e_ = {{0}};                                                        \
-        int rc_ = (call);                                                           \
-        (void)rc_;                                                                  \
-        const char *want_[] = {__VA_ARGS__, NULL};                                  \
-        if (rc_ != -1) fail_msg("%s succeeded, expected an error", #call);          \
-        for (int i_ = 0; want_[i_]; i_++)                                           \
-            if (!strstr(e_.msg, want_[i_]))                                         \
-                fail_msg("%s: error '%s' lacks '%s'", #call, e_.msg, want_[i_]);    \
-    } while (0)
-/* the macro above needs `&e_` as the err argument */
-#define ERR (&e_)
 
 /* A model file and a trainer-state file whose contents depend on the step. */
 static float g_w[2][6];
@@ -78,7 +26,7 @@ static void save_step(const char *root, int64_t step, int slot, char *out, size_
 static void test_save_open_latest(void **state) {
     (void)state;
     char root[512], dir[512], path[1024], want[1024];
-    loom_pathf(root, sizeof root, "%s/run/ckpt", g_dir); /* created by save (mkdir -p) */
+    tu_path(root, sizeof root, "run/ckpt"); /* created by save (mkdir -p) */
     save_step(root, 10, 0, dir, sizeof dir);
     loom_pathf(want, sizeof want, "%s/step_0000010", root);
     assert_string_equal(dir, want);
@@ -108,16 +56,16 @@ static void test_save_open_latest(void **state) {
     loom_pathf(path, sizeof path, "%s/step_0000030", root);
     assert_int_equal(mkdir(path, 0755), 0);
     loom_pathf(path, sizeof path, "%s/step_0000030/manifest.json", root);
-    write_text(path, "{\"step\": 30, \"files\": {}}\n");
+    tu_write_text(path, "{\"step\": 30, \"files\": {}}\n");
     loom_pathf(path, sizeof path, "%s/step_0000030/model.safetensors", root);
-    write_text(path, "half-written");
+    tu_write_text(path, "half-written");
     assert_int_equal(loom_ckpt_find_latest(root, found, sizeof found, &step, &err), 0);
     assert_int_equal(step, 20);
     /* so are names that are not step_ + 7 digits, even with COMPLETE */
     loom_pathf(path, sizeof path, "%s/step_99", root);
     assert_int_equal(mkdir(path, 0755), 0);
     loom_pathf(path, sizeof path, "%s/step_99/COMPLETE", root);
-    write_text(path, "x");
+    tu_write_text(path, "x");
     assert_int_equal(loom_ckpt_find_latest(root, found, sizeof found, &step, &err), 0);
     assert_int_equal(step, 20);
 
@@ -126,7 +74,7 @@ static void test_save_open_latest(void **state) {
     char incomplete_msg[1100];
     loom_pathf(incomplete_msg, sizeof incomplete_msg, "%s: incomplete checkpoint (no COMPLETE marker)",
              path);
-    ASSERT_ERR(loom_ckpt_open(path, &c, ERR), incomplete_msg);
+    TU_ASSERT_ERR(loom_ckpt_open(path, &c, TU_ERR), incomplete_msg);
     assert_null(c);
 
     /* open the newest complete one: step, dir, verified bytes */
@@ -152,7 +100,7 @@ static void test_save_open_latest(void **state) {
     /* the manifest lists sizes and hashes */
     char *text;
     loom_pathf(path, sizeof path, "%s/step_0000010/manifest.json", root);
-    assert_int_equal(loom_read_file(path, 1 << 20, &text, &len, &err), 0);
+    text = tu_read_file(path, &len);
     char hex[65];
     loom_sha256_hex(g_state[0], strlen(g_state[0]), hex);
     assert_non_null(strstr(text, "\"step\": 10"));
@@ -164,7 +112,7 @@ static void test_save_open_latest(void **state) {
 static void test_resolve(void **state) {
     (void)state;
     char run[512], root[512], out[1024], want[1024], path[1024];
-    loom_pathf(run, sizeof run, "%s/resolve_run", g_dir);
+    tu_path(run, sizeof run, "resolve_run");
     loom_pathf(root, sizeof root, "%s/ckpt", run);
     save_step(root, 1, 0, NULL, 0);
     save_step(root, 2, 1, NULL, 0);
@@ -189,17 +137,17 @@ static void test_resolve(void **state) {
 
     /* a buffer too small is an error, not a truncated path */
     char tiny[8];
-    ASSERT_ERR(loom_ckpt_resolve(root, tiny, sizeof tiny, ERR), "does not fit");
+    TU_ASSERT_ERR(loom_ckpt_resolve(root, tiny, sizeof tiny, TU_ERR), "does not fit");
 
     /* nothing there */
-    loom_pathf(path, sizeof path, "%s/nothing", g_dir);
-    ASSERT_ERR(loom_ckpt_resolve(path, out, sizeof out, ERR), path);
+    tu_path(path, sizeof path, "nothing");
+    TU_ASSERT_ERR(loom_ckpt_resolve(path, out, sizeof out, TU_ERR), path);
     assert_int_equal(mkdir(path, 0755), 0);
-    ASSERT_ERR(loom_ckpt_resolve(path, out, sizeof out, ERR), path, "no complete checkpoint");
+    TU_ASSERT_ERR(loom_ckpt_resolve(path, out, sizeof out, TU_ERR), path, "no complete checkpoint");
     int64_t step = 5;
     assert_int_equal(loom_ckpt_find_latest(path, out, sizeof out, &step, &err), 0);
     assert_int_equal(step, -1);
-    loom_pathf(path, sizeof path, "%s/does/not/exist", g_dir);
+    tu_path(path, sizeof path, "does/not/exist");
     assert_int_equal(loom_ckpt_find_latest(path, out, sizeof out, &step, &err), 0);
     assert_int_equal(step, -1);
 }
@@ -207,55 +155,45 @@ static void test_resolve(void **state) {
 static void test_corruption(void **state) {
     (void)state;
     char root[512], path[1024], dir[1024];
-    loom_pathf(root, sizeof root, "%s/corrupt", g_dir);
+    tu_path(root, sizeof root, "corrupt");
     save_step(root, 7, 0, dir, sizeof dir);
     loom_ckpt *c = NULL;
     loom_err err = {{0}};
 
     /* flip one byte of the model: open names the file and says SHA-256 */
     loom_pathf(path, sizeof path, "%s/model.safetensors", dir);
-    FILE *f = fopen(path, "r+b");
-    assert_non_null(f);
-    fseek(f, -3, SEEK_END);
-    int ch = fgetc(f);
-    fseek(f, -3, SEEK_END);
-    fputc(ch ^ 0x10, f);
-    fclose(f);
-    ASSERT_ERR(loom_ckpt_open(dir, &c, ERR), path, "SHA-256 mismatch", "corrupt");
+    tu_xor_byte(path, -3, 0x10);
+    TU_ASSERT_ERR(loom_ckpt_open(dir, &c, TU_ERR), path, "SHA-256 mismatch", "corrupt");
     assert_null(c);
-    f = fopen(path, "r+b");
-    assert_non_null(f);
-    fseek(f, -3, SEEK_END);
-    fputc(ch, f);
-    fclose(f);
+    tu_xor_byte(path, -3, 0x10); /* restored */
     assert_int_equal(loom_ckpt_open(dir, &c, &err), 0);
     loom_ckpt_close(c);
 
     /* a file one byte longer than the manifest says */
     loom_pathf(path, sizeof path, "%s/trainer_state.json", dir);
-    f = fopen(path, "ab");
+    FILE *f = fopen(path, "ab");
     fputc(' ', f);
     fclose(f);
-    ASSERT_ERR(loom_ckpt_open(dir, &c, ERR), path, "size mismatch");
+    TU_ASSERT_ERR(loom_ckpt_open(dir, &c, TU_ERR), path, "size mismatch");
 
     /* a listed file that is missing */
     assert_int_equal(unlink(path), 0);
-    ASSERT_ERR(loom_ckpt_open(dir, &c, ERR), path, "listed in the manifest");
+    TU_ASSERT_ERR(loom_ckpt_open(dir, &c, TU_ERR), path, "listed in the manifest");
 
     /* an edited manifest no longer matches COMPLETE */
     save_step(root, 8, 1, dir, sizeof dir);
     loom_pathf(path, sizeof path, "%s/manifest.json", dir);
     char *text;
     size_t len;
-    assert_int_equal(loom_read_file(path, 1 << 20, &text, &len, &err), 0);
+    text = tu_read_file(path, &len);
     text[len - 1] = ' ';
-    write_text(path, text);
+    tu_write_text(path, text);
     free(text);
-    ASSERT_ERR(loom_ckpt_open(dir, &c, ERR), dir, "COMPLETE", "corrupt");
+    TU_ASSERT_ERR(loom_ckpt_open(dir, &c, TU_ERR), dir, "COMPLETE", "corrupt");
 
     /* not a directory at all */
     loom_pathf(path, sizeof path, "%s/nope", root);
-    ASSERT_ERR(loom_ckpt_open(path, &c, ERR), path);
+    TU_ASSERT_ERR(loom_ckpt_open(path, &c, TU_ERR), path);
 }
 
 /* Hand-made manifests (with a matching COMPLETE) that a strict reader must refuse. */
@@ -263,56 +201,56 @@ static void put_manifest(const char *dir, const char *manifest) {
     char path[1024], hex[65], marker[80];
     mkdir(dir, 0755);
     loom_pathf(path, sizeof path, "%s/manifest.json", dir);
-    write_text(path, manifest);
+    tu_write_text(path, manifest);
     loom_sha256_hex(manifest, strlen(manifest), hex);
     loom_pathf(marker, sizeof marker, "%s\n", hex);
     loom_pathf(path, sizeof path, "%s/COMPLETE", dir);
-    write_text(path, marker);
+    tu_write_text(path, marker);
 }
 
 static void test_hostile_manifest(void **state) {
     (void)state;
     char dir[512], path[1024];
     loom_ckpt *c = NULL;
-    loom_pathf(dir, sizeof dir, "%s/hostile", g_dir);
-    loom_pathf(path, sizeof path, "%s/secret", g_dir);
-    write_text(path, "x");
+    tu_path(dir, sizeof dir, "hostile");
+    tu_path(path, sizeof path, "secret");
+    tu_write_text(path, "x");
     char hex[65];
     loom_sha256_hex("x", 1, hex);
     char m[512];
     loom_pathf(m, sizeof m, "{\"step\": 1, \"files\": {\"../secret\": {\"bytes\": 1, \"sha256\": \"%s\"}}}",
              hex);
     put_manifest(dir, m);
-    ASSERT_ERR(loom_ckpt_open(dir, &c, ERR), "'../secret'", "contains '/'");
+    TU_ASSERT_ERR(loom_ckpt_open(dir, &c, TU_ERR), "'../secret'", "contains '/'");
     loom_pathf(m, sizeof m, "{\"step\": 1, \"files\": {\"..\": {\"bytes\": 1, \"sha256\": \"%s\"}}}", hex);
     put_manifest(dir, m);
-    ASSERT_ERR(loom_ckpt_open(dir, &c, ERR), "'..'");
+    TU_ASSERT_ERR(loom_ckpt_open(dir, &c, TU_ERR), "'..'");
     put_manifest(dir, "{\"step\": 1, \"step\": 2, \"files\": {}}");
-    ASSERT_ERR(loom_ckpt_open(dir, &c, ERR), "manifest.json", "duplicate");
+    TU_ASSERT_ERR(loom_ckpt_open(dir, &c, TU_ERR), "manifest.json", "duplicate");
     put_manifest(dir, "{\"step\": 1, \"files\": {\"a\": {\"bytes\": -1, \"sha256\": \"00\"}}}");
-    ASSERT_ERR(loom_ckpt_open(dir, &c, ERR), "'bytes'");
+    TU_ASSERT_ERR(loom_ckpt_open(dir, &c, TU_ERR), "'bytes'");
     put_manifest(dir, "{\"step\": 1, \"files\": {\"a\": {\"bytes\": 999999999999999, \"sha256\": \"00\"}}}");
-    ASSERT_ERR(loom_ckpt_open(dir, &c, ERR), "'bytes'");
+    TU_ASSERT_ERR(loom_ckpt_open(dir, &c, TU_ERR), "'bytes'");
     loom_pathf(m, sizeof m, "{\"step\": 1, \"files\": {\"a\": {\"bytes\": 1, \"sha256\": \"%.63sG\"}}}", hex);
     put_manifest(dir, m);
-    ASSERT_ERR(loom_ckpt_open(dir, &c, ERR), "'sha256'");
+    TU_ASSERT_ERR(loom_ckpt_open(dir, &c, TU_ERR), "'sha256'");
     put_manifest(dir, "[1]");
-    ASSERT_ERR(loom_ckpt_open(dir, &c, ERR), "not a JSON object");
+    TU_ASSERT_ERR(loom_ckpt_open(dir, &c, TU_ERR), "not a JSON object");
     put_manifest(dir, "{\"step\": 1, \"files\": {");
-    ASSERT_ERR(loom_ckpt_open(dir, &c, ERR), "manifest.json");
+    TU_ASSERT_ERR(loom_ckpt_open(dir, &c, TU_ERR), "manifest.json");
     put_manifest(dir, "{\"step\": \"1\", \"files\": {}}");
-    ASSERT_ERR(loom_ckpt_open(dir, &c, ERR), "'step'");
+    TU_ASSERT_ERR(loom_ckpt_open(dir, &c, TU_ERR), "'step'");
     /* a link inside the step directory is refused even when the hash matches */
     loom_pathf(m, sizeof m, "{\"step\": 1, \"files\": {\"link\": {\"bytes\": 1, \"sha256\": \"%s\"}}}", hex);
     put_manifest(dir, m);
     char link[1024];
     loom_pathf(link, sizeof link, "%s/link", dir);
     assert_int_equal(symlink(path, link), 0);
-    ASSERT_ERR(loom_ckpt_open(dir, &c, ERR), "not a regular file");
+    TU_ASSERT_ERR(loom_ckpt_open(dir, &c, TU_ERR), "not a regular file");
     /* a manifest whose step disagrees with the directory name */
-    loom_pathf(dir, sizeof dir, "%s/hostile/step_0000005", g_dir);
+    tu_path(dir, sizeof dir, "hostile/step_0000005");
     put_manifest(dir, "{\"step\": 6, \"files\": {}}");
-    ASSERT_ERR(loom_ckpt_open(dir, &c, ERR), "step 6", "step 5");
+    TU_ASSERT_ERR(loom_ckpt_open(dir, &c, TU_ERR), "step 6", "step 5");
     /* and an empty, well-formed one opens */
     put_manifest(dir, "{\"step\": 5, \"files\": {}}");
     loom_err err = {{0}};
@@ -324,14 +262,14 @@ static void test_hostile_manifest(void **state) {
 static void test_overwrite_rules(void **state) {
     (void)state;
     char root[512], path[1024], dir[1024], target[256];
-    loom_pathf(root, sizeof root, "%s/overwrite", g_dir);
+    tu_path(root, sizeof root, "overwrite");
     save_step(root, 3, 0, dir, sizeof dir);
     loom_err err = {{0}};
     char data[] = "abc";
     loom_ckpt_file one = {"x.bin", data, 3};
 
     /* a complete step is not overwritten ... */
-    ASSERT_ERR(loom_ckpt_save(root, 3, &one, 1, NULL, 0, ERR), "already exists", "COMPLETE");
+    TU_ASSERT_ERR(loom_ckpt_save(root, 3, &one, 1, NULL, 0, TU_ERR), "already exists", "COMPLETE");
     /* ... until its COMPLETE is removed */
     loom_pathf(path, sizeof path, "%s/COMPLETE", dir);
     assert_int_equal(unlink(path), 0);
@@ -348,11 +286,11 @@ static void test_overwrite_rules(void **state) {
     loom_pathf(dir, sizeof dir, "%s/step_0000009", root);
     assert_int_equal(mkdir(dir, 0755), 0);
     loom_pathf(path, sizeof path, "%s/manifest.json", dir);
-    write_text(path, "stale");
+    tu_write_text(path, "stale");
     loom_pathf(path, sizeof path, "%s/x.bin.tmp.12345", dir);
-    write_text(path, "partial");
+    tu_write_text(path, "partial");
     loom_pathf(path, sizeof path, "%s/notes.txt", dir);
-    write_text(path, "user file");
+    tu_write_text(path, "user file");
     assert_int_equal(loom_ckpt_save(root, 9, &one, 1, NULL, 0, &err), 0);
     assert_true(loom_path_exists(path));
     loom_pathf(path, sizeof path, "%s/x.bin.tmp.12345", dir);
@@ -373,16 +311,16 @@ static void test_overwrite_rules(void **state) {
 
     /* bad file lists */
     loom_ckpt_file bad[] = {{"a/b", data, 3}};
-    ASSERT_ERR(loom_ckpt_save(root, 11, bad, 1, NULL, 0, ERR), "'a/b'");
+    TU_ASSERT_ERR(loom_ckpt_save(root, 11, bad, 1, NULL, 0, TU_ERR), "'a/b'");
     bad[0].name = "..";
-    ASSERT_ERR(loom_ckpt_save(root, 11, bad, 1, NULL, 0, ERR), "'..'");
+    TU_ASSERT_ERR(loom_ckpt_save(root, 11, bad, 1, NULL, 0, TU_ERR), "'..'");
     bad[0].name = "manifest.json";
-    ASSERT_ERR(loom_ckpt_save(root, 11, bad, 1, NULL, 0, ERR), "reserved");
+    TU_ASSERT_ERR(loom_ckpt_save(root, 11, bad, 1, NULL, 0, TU_ERR), "reserved");
     loom_ckpt_file twice[] = {{"a", data, 3}, {"a", data, 1}};
-    ASSERT_ERR(loom_ckpt_save(root, 11, twice, 2, NULL, 0, ERR), "twice");
-    ASSERT_ERR(loom_ckpt_save(root, -1, &one, 1, NULL, 0, ERR), "negative");
+    TU_ASSERT_ERR(loom_ckpt_save(root, 11, twice, 2, NULL, 0, TU_ERR), "twice");
+    TU_ASSERT_ERR(loom_ckpt_save(root, -1, &one, 1, NULL, 0, TU_ERR), "negative");
     char tiny[4];
-    ASSERT_ERR(loom_ckpt_save(root, 11, &one, 1, tiny, sizeof tiny, ERR), "does not fit");
+    TU_ASSERT_ERR(loom_ckpt_save(root, 11, &one, 1, tiny, sizeof tiny, TU_ERR), "does not fit");
     loom_pathf(path, sizeof path, "%s/step_0000011", root);
     assert_false(loom_path_exists(path)); /* rejected before writing anything */
 
@@ -405,5 +343,5 @@ int main(void) {
         cmocka_unit_test(test_hostile_manifest),
         cmocka_unit_test(test_overwrite_rules),
     };
-    return cmocka_run_group_tests(tests, setup, teardown);
+    return cmocka_run_group_tests(tests, tu_setup_tmpdir, tu_teardown_tmpdir);
 }

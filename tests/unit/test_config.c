@@ -1,46 +1,14 @@
 /* Config tree: YAML loading, --set, schema defaults and unknown keys, strict getters,
  * write -> reload round trips. */
-#define _GNU_SOURCE
-#include <setjmp.h>
-#include <stdarg.h>
-#include <stddef.h>
-#include <stdint.h>
-#include <stdio.h>
-#include <stdlib.h>
-#include <string.h>
-#include <unistd.h>
-
-#include <cmocka.h>
+#include "testutil.h"
 
 #include "loom/config.h"
 
-static char g_dir[256];
-
-/* Writes text to g_dir/name and returns the path (static buffer, one at a time). */
+/* Writes text to tu_dir/name and returns the path (static buffer, one at a time). */
 static const char *write_tmp(const char *name, const char *text) {
     static char path[512];
-    loom_pathf(path, sizeof path, "%s/%s", g_dir, name);
-    loom_err err;
-    if (loom_write_file_atomic(path, text, strlen(text), &err)) fail_msg("%s", err.msg);
+    tu_write_text(tu_path(path, sizeof path, name), text);
     return path;
-}
-
-static int setup_dir(void **state) {
-    (void)state;
-    snprintf(g_dir, sizeof g_dir, "/tmp/loom_test_config_XXXXXX");
-    if (!mkdtemp(g_dir)) return -1;
-    return 0;
-}
-
-static int teardown_dir(void **state) {
-    (void)state;
-    char cmd[300];
-    snprintf(cmd, sizeof cmd, "rm -rf '%s'", g_dir);
-    return system(cmd) == 0 ? 0 : -1;
-}
-
-static void assert_contains(const char *hay, const char *needle) {
-    if (!strstr(hay, needle)) fail_msg("expected \"%s\" in message: %s", needle, hay);
 }
 
 static void test_nested_load(void **state) {
@@ -137,15 +105,15 @@ static void test_set_arg(void **state) {
 
     memset(&err, 0, sizeof err);
     assert_int_equal(loom_config_set_arg(c, "training.steps", &err), -1);
-    assert_contains(err.msg, "'training.steps'");
+    TU_ASSERT_HAS(err.msg, "'training.steps'");
     assert_int_equal(loom_config_set_arg(c, "=5", &err), -1);
-    assert_contains(err.msg, "'=5'");
+    TU_ASSERT_HAS(err.msg, "'=5'");
     assert_int_equal(loom_config_set_arg(c, "a..b=5", &err), -1);
-    assert_contains(err.msg, "'a..b=5'");
+    TU_ASSERT_HAS(err.msg, "'a..b=5'");
     assert_int_equal(loom_config_set_arg(c, "a.b=[1, 2", &err), -1);
-    assert_contains(err.msg, "a.b=[1, 2");
+    TU_ASSERT_HAS(err.msg, "a.b=[1, 2");
     assert_int_equal(loom_config_set_arg(c, "a.b=x: y", &err), -1);
-    assert_contains(err.msg, "mapping");
+    TU_ASSERT_HAS(err.msg, "mapping");
     assert_null(loom_config_get(c, "a.b"));
     loom_config_free(c);
 }
@@ -174,10 +142,10 @@ static void test_schema_defaults(void **state) {
     assert_int_equal(loom_config_count(c), 3);
     const char *s = NULL;
     assert_int_equal(loom_config_get_str(c, "training.resume", &s, &err), -1);
-    assert_contains(err.msg, "training.resume");
+    TU_ASSERT_HAS(err.msg, "training.resume");
     /* the schema's help is written as a comment */
     char *yaml = loom_config_to_yaml(c);
-    assert_contains(yaml, "# peak learning rate\n");
+    TU_ASSERT_HAS(yaml, "# peak learning rate\n");
     free(yaml);
     loom_config_free(c);
 }
@@ -200,9 +168,9 @@ static void test_unknown_key(void **state) {
     c = loom_config_new();
     assert_int_equal(loom_config_set_arg(c, "trainig.steps=3", &err), 0);
     assert_int_equal(loom_config_apply_schema(c, schema, 5, &err), -1);
-    assert_contains(err.msg, "'trainig.steps'");
-    assert_contains(err.msg, "--set");
-    assert_contains(err.msg, "did you mean 'training.steps'?");
+    TU_ASSERT_HAS(err.msg, "'trainig.steps'");
+    TU_ASSERT_HAS(err.msg, "--set");
+    TU_ASSERT_HAS(err.msg, "did you mean 'training.steps'?");
     loom_config_free(c);
 
     /* nothing close: no hint */
@@ -221,43 +189,43 @@ static void test_malformed_yaml(void **state) {
     assert_int_equal(loom_config_load_yaml(c, path, &err), -1);
     char want[600];
     snprintf(want, sizeof want, "%s:4:", path);
-    assert_contains(err.msg, want);
+    TU_ASSERT_HAS(err.msg, want);
 
     path = write_tmp("bad2.yaml", "a: 1\n b: 2\n");
     assert_int_equal(loom_config_load_yaml(c, path, &err), -1);
     snprintf(want, sizeof want, "%s:2:", path);
-    assert_contains(err.msg, want);
+    TU_ASSERT_HAS(err.msg, want);
 
     path = write_tmp("tab.yaml", "a:\n\tb: 1\n");
     assert_int_equal(loom_config_load_yaml(c, path, &err), -1);
     snprintf(want, sizeof want, "%s:2:", path);
-    assert_contains(err.msg, want);
+    TU_ASSERT_HAS(err.msg, want);
 
     /* top level not a mapping */
     assert_int_equal(loom_config_load_string(c, "- a\n- b\n", "list.yaml", &err), -1);
-    assert_contains(err.msg, "list.yaml:1: the top level");
+    TU_ASSERT_HAS(err.msg, "list.yaml:1: the top level");
     assert_int_equal(loom_config_load_string(c, "just text\n", "s.yaml", &err), -1);
-    assert_contains(err.msg, "s.yaml:1: the top level");
+    TU_ASSERT_HAS(err.msg, "s.yaml:1: the top level");
 
     /* anchors and aliases */
     assert_int_equal(loom_config_load_string(c, "a: &x 1\nb: *x\n", "anc.yaml", &err), -1);
-    assert_contains(err.msg, "anc.yaml:1: YAML anchors and aliases");
+    TU_ASSERT_HAS(err.msg, "anc.yaml:1: YAML anchors and aliases");
     assert_int_equal(loom_config_load_string(c, "a: 1\nb: *x\n", "al.yaml", &err), -1);
-    assert_contains(err.msg, "al.yaml:");
+    TU_ASSERT_HAS(err.msg, "al.yaml:");
 
     /* empty key, two documents, mapping in a list */
     assert_int_equal(loom_config_load_string(c, "a:\n  \"\": 1\n", "e.yaml", &err), -1);
-    assert_contains(err.msg, "e.yaml:2: invalid key");
+    TU_ASSERT_HAS(err.msg, "e.yaml:2: invalid key");
     assert_int_equal(loom_config_load_string(c, "a: 1\n---\nb: 2\n", "m.yaml", &err), -1);
-    assert_contains(err.msg, "m.yaml:2: more than one");
+    TU_ASSERT_HAS(err.msg, "m.yaml:2: more than one");
     assert_int_equal(loom_config_load_string(c, "a:\n  - x: 1\n", "l.yaml", &err), -1);
-    assert_contains(err.msg, "l.yaml:2:");
+    TU_ASSERT_HAS(err.msg, "l.yaml:2:");
 
     /* missing file */
     char missing[600];
-    snprintf(missing, sizeof missing, "%s/does-not-exist.yaml", g_dir);
+    tu_path(missing, sizeof missing, "does-not-exist.yaml");
     assert_int_equal(loom_config_load_yaml(c, missing, &err), -1);
-    assert_contains(err.msg, missing);
+    TU_ASSERT_HAS(err.msg, missing);
     assert_int_equal(loom_config_count(c), 0);
     loom_config_free(c);
 }
@@ -309,17 +277,17 @@ static void test_strict_getters(void **state) {
     assert_string_equal(err.msg,
                         "config key 'training.steps' = '12x' (configs/x.yaml:2) is not an integer");
     assert_int_equal(loom_config_get_int(c, "training.empty", &i, &err), -1);
-    assert_contains(err.msg, "is not an integer");
+    TU_ASSERT_HAS(err.msg, "is not an integer");
     assert_int_equal(loom_config_get_int(c, "training.space", &i, &err), -1);
-    assert_contains(err.msg, "' 3'");
+    TU_ASSERT_HAS(err.msg, "' 3'");
     assert_int_equal(loom_config_get_int(c, "training.trail", &i, &err), -1);
     assert_int_equal(loom_config_get_int(c, "training.big", &i, &err), -1);
-    assert_contains(err.msg, "configs/x.yaml:5");
+    TU_ASSERT_HAS(err.msg, "configs/x.yaml:5");
     assert_int_equal(loom_config_get_int(c, "training.lr", &i, &err), -1);
     assert_int_equal(loom_config_get_int(c, "training.neg", &i, &err), 0);
     assert_int_equal(i, -42);
     assert_int_equal(loom_config_get_int(c, "training.absent", &i, &err), -1);
-    assert_contains(err.msg, "'training.absent' is not set");
+    TU_ASSERT_HAS(err.msg, "'training.absent' is not set");
 
     double d = 0;
     assert_int_equal(loom_config_get_double(c, "training.lr", &d, &err), 0);
@@ -329,7 +297,7 @@ static void test_strict_getters(void **state) {
     assert_int_equal(loom_config_get_double(c, "training.neg", &d, &err), 0);
     assert_true(d == -42.0);
     assert_int_equal(loom_config_get_double(c, "training.nan", &d, &err), -1);
-    assert_contains(err.msg, "'training.nan' = 'nan'");
+    TU_ASSERT_HAS(err.msg, "'training.nan' = 'nan'");
     assert_int_equal(loom_config_get_double(c, "training.inf", &d, &err), -1);
     assert_int_equal(loom_config_get_double(c, "training.huge", &d, &err), -1);
     assert_int_equal(loom_config_get_double(c, "training.steps", &d, &err), -1);
@@ -345,7 +313,7 @@ static void test_strict_getters(void **state) {
     assert_int_equal(loom_config_get_bool(c, "training.b3", &b, &err), 0);
     assert_int_equal(b, 0);
     assert_int_equal(loom_config_get_bool(c, "training.b4", &b, &err), -1);
-    assert_contains(err.msg, "'training.b4' = 'maybe' (configs/x.yaml:15) is not a boolean");
+    TU_ASSERT_HAS(err.msg, "'training.b4' = 'maybe' (configs/x.yaml:15) is not a boolean");
     assert_int_equal(loom_config_get_bool(c, "training.empty", &b, &err), -1);
     loom_config_free(c);
 }
@@ -403,7 +371,7 @@ static void test_round_trip(void **state) {
         loom_config_set(c, tricky[i][0], tricky[i][1], "test");
     loom_err err = {{0}};
     char path[512];
-    loom_pathf(path, sizeof path, "%s/resolved.yaml", g_dir);
+    tu_path(path, sizeof path, "resolved.yaml");
     assert_int_equal(loom_config_write_yaml(c, path, &err), 0);
 
     loom_config *back = loom_config_new();
@@ -416,11 +384,11 @@ static void test_round_trip(void **state) {
 
     /* the writer nests sections and writes a list bare when it reads back the same */
     char *text = loom_config_to_yaml(c);
-    assert_contains(text, "\ndeep:\n  a:\n    b:\n      c:\n        d: 5\n");
-    assert_contains(text, "  list: [1, 2, \"a b\"]\n");
-    assert_contains(text, "  list_spacing: \"[1,2]\"\n");
-    assert_contains(text, "  yes: yes\n");
-    assert_contains(text, "  empty: \"\"\n");
+    TU_ASSERT_HAS(text, "\ndeep:\n  a:\n    b:\n      c:\n        d: 5\n");
+    TU_ASSERT_HAS(text, "  list: [1, 2, \"a b\"]\n");
+    TU_ASSERT_HAS(text, "  list_spacing: \"[1,2]\"\n");
+    TU_ASSERT_HAS(text, "  yes: yes\n");
+    TU_ASSERT_HAS(text, "  empty: \"\"\n");
     free(text);
 
     /* writing the reloaded tree gives the same bytes */
@@ -507,7 +475,7 @@ static void test_get_list(void **state) {
     assert_string_equal(err.msg, "config key 'm.scalar' = '5' (l.yaml:7) is not a list ([a, b, ...])");
     loom_config_set(c, "m.broken", "[1, 2", "t");
     assert_int_equal(loom_config_get_list(c, "m.broken", &items, &n, &err), -1);
-    assert_contains(err.msg, "'m.broken'");
+    TU_ASSERT_HAS(err.msg, "'m.broken'");
     loom_config_set(c, "m.trailing", "[1] x", "t");
     assert_int_equal(loom_config_get_list(c, "m.trailing", &items, &n, &err), -1);
     loom_config_free(c);
@@ -522,5 +490,5 @@ int main(void) {
         cmocka_unit_test(test_round_trip),       cmocka_unit_test(test_leaf_and_section),
         cmocka_unit_test(test_get_list),
     };
-    return cmocka_run_group_tests(tests, setup_dir, teardown_dir);
+    return cmocka_run_group_tests(tests, tu_setup_tmpdir, tu_teardown_tmpdir);
 }

@@ -4,16 +4,8 @@
  *
  * Datasets are built here with loom_shard_write and hand-written manifest lines. Token value
  * = a globally unique index, so a sample is identified by its first token. */
-#define _GNU_SOURCE
-#include <setjmp.h>
-#include <stdarg.h>
-#include <stddef.h>
-#include <stdint.h>
-#include <stdio.h>
-#include <stdlib.h>
-#include <string.h>
-#include <unistd.h>
-#include <cmocka.h>
+#include "testutil.h"
+
 #include <math.h>
 
 #include "loom/data.h"
@@ -37,16 +29,11 @@ typedef struct ds {
 
 static void ds_init(ds *d) {
     memset(d, 0, sizeof *d);
-    snprintf(d->dir, sizeof d->dir, "/tmp/loom_test_loader_XXXXXX");
-    assert_non_null(mkdtemp(d->dir));
+    assert_int_equal(tu_mkdtemp(d->dir, sizeof d->dir), 0);
     d->next_base = 1000;
 }
 
-static void ds_rm(ds *d) {
-    char cmd[300];
-    snprintf(cmd, sizeof cmd, "rm -rf '%s'", d->dir);
-    assert_int_equal(system(cmd), 0);
-}
+static void ds_rm(ds *d) { assert_int_equal(tu_rmtree(d->dir), 0); }
 
 /* Writes shard `name` of n tokens; returns its sha256 in sha. */
 static void write_shard(ds *d, const char *name, uint64_t base, uint64_t n, char sha[65]) {
@@ -290,7 +277,7 @@ static void test_repeat_cap(void **state) {
     int32_t in[2 * T], tg[2 * T];
     loom_err err = {{0}};
     assert_int_equal(loom_loader_next(l, 1, in, tg, &err), -1);
-    assert_non_null(strstr(err.msg, "all sources exhausted at sample 30"));
+    TU_ASSERT_HAS(err.msg, "all sources exhausted at sample 30");
     /* the state says the same after a round trip */
     char *js = loom_loader_state_json(l);
     loom_loader *l2 = mk(x, 3, 1, 0);
@@ -572,7 +559,7 @@ static void test_follow_capped_stream(void **state) {
     draw(&d, l, 3, 1, ids);
     loom_err err = {{0}};
     assert_int_equal(loom_loader_next(l, 1, in, tg, &err), -1);
-    assert_non_null(strstr(err.msg, "exhausted at sample 3"));
+    TU_ASSERT_HAS(err.msg, "exhausted at sample 3");
     char *parked = loom_loader_state_json(l);
     add(&d, "s", 1, 1, 16 * 2 + 1);
     draw(&d, l, 2, 2, ids + 3);
@@ -599,7 +586,7 @@ static void test_follow_capped_stream(void **state) {
 static void expect_restore_error(loom_loader *l, const char *json, const char *needle) {
     loom_err err = {{0}};
     assert_int_equal(loom_loader_restore_json(l, json, &err), -1);
-    if (!strstr(err.msg, needle)) fail_msg("expected '%s' in: %s", needle, err.msg);
+    TU_ASSERT_HAS(err.msg, needle);
 }
 
 static void test_state_errors(void **state) {
@@ -647,8 +634,7 @@ static void test_state_errors(void **state) {
     x = ds_open(&d);
     loom_loader_opts o = {.T = T, .seed = 1};
     assert_int_equal(loom_loader_open(x, &o, &l, &err), -1);
-    assert_non_null(strstr(err.msg, "manifest.jsonl:3: source \"a\" has weight 2"));
-    assert_non_null(strstr(err.msg, "line 1"));
+    TU_ASSERT_HAS(err.msg, "manifest.jsonl:3: source \"a\" has weight 2", "line 1");
     loom_dataset_close(x);
     ds_rm(&d);
 
@@ -658,7 +644,7 @@ static void test_state_errors(void **state) {
     append_raw(&d, "{\"shard\":\"x.bin\",\"sha256\":\"0000000000000000000000000000000000000000000000000000000000000000\",\"tokens\":1,\"docs\":1,\"weight\":-1}\n");
     loom_dataset *bad = NULL;
     assert_int_equal(loom_dataset_open(d.dir, &bad, &err), -1);
-    assert_non_null(strstr(err.msg, "manifest.jsonl:2: \"weight\" = -1"));
+    TU_ASSERT_HAS(err.msg, "manifest.jsonl:2: \"weight\" = -1");
     ds_rm(&d);
 }
 
@@ -677,7 +663,7 @@ static void test_follow_errors(void **state) {
     append_raw(&d, "{\"shard\":\"shard_00001.bin\",\"sha256\":\"1111111111111111111111111111111111111111111111111111111111111111\",\"tokens\":40,\"docs\":1,\"source\":\"a\"}\n");
     loom_err err = {{0}};
     assert_int_equal(loom_loader_next(l, 1, in, tg, &err), -1);
-    assert_non_null(strstr(err.msg, "shard_00001.bin: sha256 mismatch"));
+    TU_ASSERT_HAS(err.msg, "shard_00001.bin: sha256 mismatch");
     loom_loader_free(l);
     loom_dataset_close(x);
     ds_rm(&d);
@@ -695,7 +681,7 @@ static void test_follow_errors(void **state) {
     fclose(f);
     append_raw(&d, "");
     assert_int_equal(loom_loader_next(l, 1, in, tg, &err), -1);
-    assert_non_null(strstr(err.msg, "append"));
+    TU_ASSERT_HAS(err.msg, "append");
     loom_loader_free(l);
     loom_dataset_close(x);
     ds_rm(&d);
@@ -709,7 +695,7 @@ static void test_short_shards(void **state) {
     loom_loader *l = NULL;
     loom_err err = {{0}};
     assert_int_equal(loom_loader_create(x, 1000, 1, 0, &l, &err), -1); /* needs 1001 tokens */
-    assert_non_null(strstr(err.msg, "no complete sample of 1001 tokens"));
+    TU_ASSERT_HAS(err.msg, "no complete sample of 1001 tokens");
     assert_null(l);
     assert_int_equal(loom_loader_create(x, 0, 1, 0, &l, &err), -1);
     assert_int_equal(loom_loader_create(x, 999, 1, 1, &l, &err), 0);

@@ -1,37 +1,20 @@
 /* Peak FLOP/s probe: plausible value, cached per (host, cpu, threads), corrupt cache
  * recovered from, $LOOM_PEAK_FLOPS override. */
-#define _GNU_SOURCE
-#include <setjmp.h>
-#include <stdarg.h>
-#include <stddef.h>
-#include <stdint.h>
-#include <stdio.h>
-#include <stdlib.h>
-#include <string.h>
+#include "testutil.h"
 
-#include <cmocka.h>
 #include <jansson.h>
 
 #include "loom/obs.h"
 
-static char g_dir[256];
 static char g_cache[512];
 
+/* tu_dir is the cache directory; no override from the environment. */
 static int setup_dir(void **state) {
-    (void)state;
-    snprintf(g_dir, sizeof g_dir, "/tmp/loom_test_peak_XXXXXX");
-    if (!mkdtemp(g_dir)) return -1;
-    loom_pathf(g_cache, sizeof g_cache, "%s/peak_flops.json", g_dir);
-    setenv("LOOM_CACHE_DIR", g_dir, 1);
+    if (tu_setup_tmpdir(state)) return -1;
+    tu_path(g_cache, sizeof g_cache, "peak_flops.json");
+    setenv("LOOM_CACHE_DIR", tu_dir, 1);
     unsetenv("LOOM_PEAK_FLOPS");
     return 0;
-}
-
-static int teardown_dir(void **state) {
-    (void)state;
-    char cmd[300];
-    snprintf(cmd, sizeof cmd, "rm -rf '%s'", g_dir);
-    return system(cmd) == 0 ? 0 : -1;
 }
 
 static json_t *load_cache(void) {
@@ -134,5 +117,5 @@ int main(void) {
         cmocka_unit_test(test_corrupt_cache),
         cmocka_unit_test(test_env_override),
     };
-    return cmocka_run_group_tests(tests, setup_dir, teardown_dir);
+    return cmocka_run_group_tests(tests, setup_dir, tu_teardown_tmpdir);
 }

@@ -1,43 +1,12 @@
 /* Recipe parsing and the data-build steps: UTF-8 repair, exact and near dedup (MinHash +
  * LSH), CSV records, labels files, the shard labels section, and recipe errors (each must name
  * file:line and never crash under ASan). */
-#define _GNU_SOURCE
-#include <setjmp.h>
-#include <stdarg.h>
-#include <stddef.h>
-#include <stdint.h>
-#include <stdio.h>
-#include <stdlib.h>
-#include <string.h>
-#include <unistd.h>
-#include <cmocka.h>
+#include "testutil.h"
 
 #include "data/build_source.h"
 #include "data/data_internal.h"
 #include "data/recipe.h"
 #include "loom/data.h"
-
-static char g_dir[256];
-
-static int setup(void **state) {
-    (void)state;
-    snprintf(g_dir, sizeof g_dir, "/tmp/loom_test_recipe_XXXXXX");
-    return mkdtemp(g_dir) ? 0 : -1;
-}
-
-static int teardown(void **state) {
-    (void)state;
-    char cmd[300];
-    snprintf(cmd, sizeof cmd, "rm -rf '%s'", g_dir);
-    return system(cmd) == 0 ? 0 : -1;
-}
-
-static void write_text(const char *path, const char *text) {
-    FILE *f = fopen(path, "wb");
-    assert_non_null(f);
-    assert_int_equal(fwrite(text, 1, strlen(text), f), strlen(text));
-    assert_int_equal(fclose(f), 0);
-}
 
 /* ---- UTF-8 repair ---- */
 static void check_repair(const char *in, size_t n, const char *want, size_t want_n) {
@@ -166,7 +135,7 @@ static void test_csv(void **state) {
     assert_int_equal(pos, len);
     pos = 0;
     assert_int_equal(loom_csv_record("\"open", 5, &pos, &f, &n, &lines, &err), -1);
-    assert_non_null(strstr(err.msg, "unterminated"));
+    TU_ASSERT_HAS(err.msg, "unterminated");
 }
 
 static void test_labels(void **state) {
@@ -174,8 +143,8 @@ static void test_labels(void **state) {
     char p[512];
     loom_err err;
     loom_labels *l;
-    snprintf(p, sizeof p, "%s/l.jsonl", g_dir);
-    write_text(p, "{\"path\": \"./cat/1.bin\", \"label\": \"cat\"}\n\n{\"path\": \"dog/2.bin\", \"label\": 7}\n");
+    tu_path(p, sizeof p, "l.jsonl");
+    tu_write_text(p, "{\"path\": \"./cat/1.bin\", \"label\": \"cat\"}\n\n{\"path\": \"dog/2.bin\", \"label\": 7}\n");
     assert_int_equal(loom_labels_load(p, "path", "label", &l, &err), 0);
     assert_string_equal(loom_labels_find(l, "cat/1.bin"), "cat");
     assert_string_equal(loom_labels_find(l, "dog/2.bin"), "7");
@@ -186,8 +155,8 @@ static void test_labels(void **state) {
     assert_string_equal(names[1], "cat");
     loom_labels_free(l);
 
-    snprintf(p, sizeof p, "%s/l.csv", g_dir);
-    write_text(p, "class,sha256\r\ncat,ABCDEF\r\ndog,012345\r\n");
+    tu_path(p, sizeof p, "l.csv");
+    tu_write_text(p, "class,sha256\r\ncat,ABCDEF\r\ndog,012345\r\n");
     assert_int_equal(loom_labels_load(p, "sha256", "class", &l, &err), 0);
     assert_string_equal(loom_labels_find(l, "abcdef"), "cat"); /* hashes compare in lowercase */
     loom_labels_free(l);
@@ -199,14 +168,14 @@ static void test_labels(void **state) {
         {"path,label\n\"a.bin,cat\n", "l.csv:2: unterminated quoted field"},
     };
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
-        write_text(p, bad[i].text);
+        tu_write_text(p, bad[i].text);
         assert_int_equal(loom_labels_load(p, "path", "label", &l, &err), -1);
         if (!strstr(err.msg, bad[i].want)) fail_msg("'%s' lacks '%s'", err.msg, bad[i].want);
     }
-    snprintf(p, sizeof p, "%s/l.jsonl", g_dir);
-    write_text(p, "{\"path\": \"a\", \"label\": \"x\"}\n{\"path\": 3, \"label\": \"y\"}\n");
+    tu_path(p, sizeof p, "l.jsonl");
+    tu_write_text(p, "{\"path\": \"a\", \"label\": \"x\"}\n{\"path\": 3, \"label\": \"y\"}\n");
     assert_int_equal(loom_labels_load(p, "path", "label", &l, &err), -1);
-    assert_non_null(strstr(err.msg, "l.jsonl:2: expected an object with a string \"path\""));
+    TU_ASSERT_HAS(err.msg, "l.jsonl:2: expected an object with a string \"path\"");
 }
 
 /* ---- shard labels section ---- */
@@ -219,38 +188,31 @@ static void test_shard_labels(void **state) {
     loom_shard_spec spec = {256, 0, "byte", "r"};
     loom_err err;
     loom_shard *s;
-    snprintf(p, sizeof p, "%s/l.bin", g_dir);
+    tu_path(p, sizeof p, "l.bin");
     assert_int_equal(loom_shard_write_ex(p, &spec, tok, 10, starts, 3, labels, NULL, &err), 0);
     assert_int_equal(loom_shard_open(p, &s, &err), 0);
     assert_true(loom_shard_has_labels(s));
     for (int i = 0; i < 3; i++) assert_int_equal(loom_shard_doc_label(s, (uint64_t)i), labels[i]);
     loom_shard_close(s);
     /* without labels: the section is absent and the file is the plain v1 layout */
-    snprintf(p, sizeof p, "%s/n.bin", g_dir);
+    tu_path(p, sizeof p, "n.bin");
     assert_int_equal(loom_shard_write(p, &spec, tok, 10, starts, 3, &err), 0);
     assert_int_equal(loom_shard_open(p, &s, &err), 0);
     assert_false(loom_shard_has_labels(s));
     assert_int_equal(loom_shard_file_size(s), 4096 + 16 + 24 + 32);
     loom_shard_close(s);
     /* a corrupted labels offset is caught (header checksum first) */
-    snprintf(p, sizeof p, "%s/l.bin", g_dir);
-    char *buf;
-    size_t n;
-    assert_int_equal(loom_read_file(p, 1 << 20, &buf, &n, &err), 0);
-    buf[SH_LABELS_OFF] ^= 8;
-    FILE *f = fopen(p, "wb");
-    assert_int_equal(fwrite(buf, 1, n, f), n);
-    fclose(f);
-    free(buf);
+    tu_path(p, sizeof p, "l.bin");
+    tu_xor_byte(p, SH_LABELS_OFF, 8);
     assert_int_equal(loom_shard_open(p, &s, &err), -1);
-    assert_non_null(strstr(err.msg, "header checksum mismatch"));
+    TU_ASSERT_HAS(err.msg, "header checksum mismatch");
 }
 
 /* ---- recipes ---- */
 static int load(const char *text, loom_recipe *r, loom_err *err) {
     char p[512];
-    snprintf(p, sizeof p, "%s/r.yaml", g_dir);
-    write_text(p, text);
+    tu_path(p, sizeof p, "r.yaml");
+    tu_write_text(p, text);
     return loom_recipe_load(p, r, err);
 }
 
@@ -346,5 +308,5 @@ int main(void) {
         cmocka_unit_test(test_labels),       cmocka_unit_test(test_shard_labels),
         cmocka_unit_test(test_recipe_parse), cmocka_unit_test(test_recipe_errors),
     };
-    return cmocka_run_group_tests(tests, setup, teardown);
+    return cmocka_run_group_tests(tests, tu_setup_tmpdir, tu_teardown_tmpdir);
 }

@@ -1,45 +1,8 @@
 /* safetensors writer/reader: round trip, and hostile headers that must fail with an error
  * naming the file and never touch memory out of bounds (this test runs under ASan/UBSan). */
-#define _GNU_SOURCE
-#include <setjmp.h>
-#include <stdarg.h>
-#include <stddef.h>
-#include <stdint.h>
-#include <cmocka.h>
-
-#include <ftw.h>
-#include <stdio.h>
-#include <stdlib.h>
-#include <string.h>
-#include <unistd.h>
+#include "testutil.h"
 
 #include "loom/checkpoint.h"
-
-static char g_dir[256];
-
-static int rm_entry(const char *path, const struct stat *sb, int flag, struct FTW *ftw) {
-    (void)sb, (void)flag, (void)ftw;
-    return remove(path);
-}
-
-static int setup(void **state) {
-    (void)state;
-    const char *tmp = getenv("TMPDIR");
-    snprintf(g_dir, sizeof g_dir, "%s/loom_st_XXXXXX", tmp && *tmp ? tmp : "/tmp");
-    return mkdtemp(g_dir) ? 0 : -1;
-}
-
-static int teardown(void **state) {
-    (void)state;
-    return nftw(g_dir, rm_entry, 16, FTW_DEPTH | FTW_PHYS);
-}
-
-static void write_bytes(const char *path, const void *data, size_t len) {
-    FILE *f = fopen(path, "wb");
-    assert_non_null(f);
-    assert_int_equal(fwrite(data, 1, len, f), len);
-    assert_int_equal(fclose(f), 0);
-}
 
 /* Builds a file: u64 N (= strlen(json) unless n_override), the JSON, data_len bytes 0..255. */
 static char *make_file(const char *json, size_t data_len, uint64_t n_override, size_t *len) {
@@ -57,10 +20,10 @@ static char *make_file(const char *json, size_t data_len, uint64_t n_override, s
 static void expect_bad(const char *tag, const char *json, size_t data_len, uint64_t n_override,
                        const char *want) {
     char path[512];
-    snprintf(path, sizeof path, "%s/%s.safetensors", g_dir, tag);
+    snprintf(path, sizeof path, "%s/%s.safetensors", tu_dir, tag);
     size_t len;
     char *buf = make_file(json, data_len, n_override, &len);
-    write_bytes(path, buf, len);
+    tu_write_file(path, buf, len);
     loom_st_file *f = (loom_st_file *)1;
     loom_err err = {{0}};
     int rc = loom_safetensors_open(path, &f, &err);
@@ -71,8 +34,7 @@ static void expect_bad(const char *tag, const char *json, size_t data_len, uint6
     memset(&err, 0, sizeof err);
     rc = loom_safetensors_parse(buf, len, "mem.safetensors", &f, &err);
     assert_int_equal(rc, -1);
-    assert_non_null(strstr(err.msg, "mem.safetensors"));
-    assert_non_null(strstr(err.msg, want));
+    TU_ASSERT_HAS(err.msg, "mem.safetensors", want);
     free(buf);
 }
 
@@ -89,7 +51,7 @@ static void test_round_trip(void **state) {
     };
     const char *meta[] = {"format", "pt", "note", "h\xc3\xa9llo \"quoted\"", NULL};
     char path[512];
-    snprintf(path, sizeof path, "%s/rt.safetensors", g_dir);
+    tu_path(path, sizeof path, "rt.safetensors");
     loom_err err = {{0}};
     assert_int_equal(loom_safetensors_write(path, ts, 4, meta, &err), 0);
 
@@ -97,7 +59,7 @@ static void test_round_trip(void **state) {
     char *ser = NULL, *disk = NULL;
     size_t ser_len = 0, disk_len = 0;
     assert_int_equal(loom_safetensors_serialize(ts, 4, meta, &ser, &ser_len, &err), 0);
-    assert_int_equal(loom_read_file(path, 1 << 20, &disk, &disk_len, &err), 0);
+    disk = tu_read_file(path, &disk_len);
     assert_int_equal(ser_len, disk_len);
     assert_memory_equal(ser, disk, ser_len);
     uint64_t hl;
@@ -139,12 +101,10 @@ static void test_round_trip(void **state) {
     assert_int_equal(loom_safetensors_read_into(f, "wte", dst, 2, want, &err), 0);
     assert_memory_equal(dst, wte, sizeof wte);
     assert_int_equal(loom_safetensors_read_into(f, "wte", dst, 2, wrong, &err), -1);
-    assert_non_null(strstr(err.msg, path));
-    assert_non_null(strstr(err.msg, "'wte' has shape [4, 3], expected [3, 4]"));
+    TU_ASSERT_HAS(err.msg, path, "'wte' has shape [4, 3], expected [3, 4]");
     assert_int_equal(loom_safetensors_read_into(f, "wte", dst, 1, want, &err), -1);
     assert_int_equal(loom_safetensors_get(f, "nope", &p, &ndim, shape, &err), -1);
-    assert_non_null(strstr(err.msg, path));
-    assert_non_null(strstr(err.msg, "'nope'"));
+    TU_ASSERT_HAS(err.msg, path, "'nope'");
     loom_safetensors_close(f);
 
     /* the in-memory parser on the serialized bytes */
@@ -157,7 +117,7 @@ static void test_round_trip(void **state) {
     free(disk);
 
     /* no tensors, no metadata: still a valid file */
-    snprintf(path, sizeof path, "%s/empty.safetensors", g_dir);
+    tu_path(path, sizeof path, "empty.safetensors");
     assert_int_equal(loom_safetensors_write(path, NULL, 0, NULL, &err), 0);
     assert_int_equal(loom_safetensors_open(path, &f, &err), 0);
     assert_int_equal(loom_safetensors_count(f), 0);
@@ -174,23 +134,23 @@ static void test_writer_rejects(void **state) {
     loom_st_tensor dup[] = {{.name = "a", .data = x, .ndim = 1, .shape = {2}},
                             {.name = "a", .data = x, .ndim = 1, .shape = {2}}};
     assert_int_equal(loom_safetensors_serialize(dup, 2, NULL, &out, &len, &err), -1);
-    assert_non_null(strstr(err.msg, "duplicate tensor name 'a'"));
+    TU_ASSERT_HAS(err.msg, "duplicate tensor name 'a'");
     loom_st_tensor neg[] = {{.name = "a", .data = x, .ndim = 1, .shape = {-2}}};
     assert_int_equal(loom_safetensors_serialize(neg, 1, NULL, &out, &len, &err), -1);
-    assert_non_null(strstr(err.msg, "invalid shape [-2]"));
+    TU_ASSERT_HAS(err.msg, "invalid shape [-2]");
     loom_st_tensor res[] = {{.name = "__metadata__", .data = x, .ndim = 1, .shape = {2}}};
     assert_int_equal(loom_safetensors_serialize(res, 1, NULL, &out, &len, &err), -1);
     loom_st_tensor nd[] = {{.name = "a", .data = x, .ndim = 9}};
     assert_int_equal(loom_safetensors_serialize(nd, 1, NULL, &out, &len, &err), -1);
     const char *odd_meta[] = {"k", NULL};
     assert_int_equal(loom_safetensors_serialize(NULL, 0, odd_meta, &out, &len, &err), -1);
-    assert_non_null(strstr(err.msg, "'k' has no value"));
+    TU_ASSERT_HAS(err.msg, "'k' has no value");
     /* write into a directory that does not exist: error names the path */
     char path[512];
-    snprintf(path, sizeof path, "%s/no/such/dir/x.safetensors", g_dir);
+    tu_path(path, sizeof path, "no/such/dir/x.safetensors");
     loom_st_tensor ok[] = {{.name = "a", .data = x, .ndim = 1, .shape = {2}}};
     assert_int_equal(loom_safetensors_write(path, ok, 1, NULL, &err), -1);
-    assert_non_null(strstr(err.msg, "x.safetensors"));
+    TU_ASSERT_HAS(err.msg, "x.safetensors");
 }
 
 static void test_hostile_headers(void **state) {
@@ -279,22 +239,21 @@ static void test_hostile_headers(void **state) {
 
     /* files shorter than the length prefix */
     char path[512];
-    snprintf(path, sizeof path, "%s/short.safetensors", g_dir);
-    write_bytes(path, "\x02\0\0", 3);
+    tu_path(path, sizeof path, "short.safetensors");
+    tu_write_file(path, "\x02\0\0", 3);
     loom_st_file *f = NULL;
     loom_err err = {{0}};
     assert_int_equal(loom_safetensors_open(path, &f, &err), -1);
-    assert_non_null(strstr(err.msg, path));
-    assert_non_null(strstr(err.msg, "too short"));
-    snprintf(path, sizeof path, "%s/zero.safetensors", g_dir);
-    write_bytes(path, "", 0);
+    TU_ASSERT_HAS(err.msg, path, "too short");
+    tu_path(path, sizeof path, "zero.safetensors");
+    tu_write_file(path, "", 0);
     assert_int_equal(loom_safetensors_open(path, &f, &err), -1);
-    assert_non_null(strstr(err.msg, path));
-    snprintf(path, sizeof path, "%s/missing.safetensors", g_dir);
+    TU_ASSERT_HAS(err.msg, path);
+    tu_path(path, sizeof path, "missing.safetensors");
     assert_int_equal(loom_safetensors_open(path, &f, &err), -1);
-    assert_non_null(strstr(err.msg, path));
-    assert_int_equal(loom_safetensors_open(g_dir, &f, &err), -1);
-    assert_non_null(strstr(err.msg, "not a regular file"));
+    TU_ASSERT_HAS(err.msg, path);
+    assert_int_equal(loom_safetensors_open(tu_dir, &f, &err), -1);
+    TU_ASSERT_HAS(err.msg, "not a regular file");
 }
 
 static void test_other_dtypes(void **state) {
@@ -306,8 +265,8 @@ static void test_other_dtypes(void **state) {
     size_t len;
     char *buf = make_file(json, 16, 0, &len);
     char path[512];
-    snprintf(path, sizeof path, "%s/bf16.safetensors", g_dir);
-    write_bytes(path, buf, len);
+    tu_path(path, sizeof path, "bf16.safetensors");
+    tu_write_file(path, buf, len);
     loom_st_file *f = NULL;
     loom_err err = {{0}};
     assert_int_equal(loom_safetensors_open(path, &f, &err), 0);
@@ -316,8 +275,7 @@ static void test_other_dtypes(void **state) {
     int ndim;
     int64_t shape[8];
     assert_int_equal(loom_safetensors_get(f, "h", &p, &ndim, shape, &err), -1);
-    assert_non_null(strstr(err.msg, path));
-    assert_non_null(strstr(err.msg, "tensor 'h' has dtype BF16"));
+    TU_ASSERT_HAS(err.msg, path, "tensor 'h' has dtype BF16");
     /* the header here is not a multiple of 8 long: open realigns so get still works */
     assert_int_equal(loom_safetensors_get(f, "f", &p, &ndim, shape, &err), 0);
     assert_int_equal((uintptr_t)p % 4, 0);
@@ -347,7 +305,7 @@ static void test_corruption_fuzz(void **state) {
         loom_st_file *f = NULL;
         int rc = loom_safetensors_parse(copy, cut, "cut", &f, &err);
         assert_int_equal(rc, -1); /* any truncation loses data */
-        assert_non_null(strstr(err.msg, "cut"));
+        TU_ASSERT_HAS(err.msg, "cut");
         free(copy);
     }
     loom_rng rng = {.seed = 7, .stream = 1, .counter = 0};
@@ -379,7 +337,7 @@ static void test_corruption_fuzz(void **state) {
             }
             loom_safetensors_close(f);
         } else {
-            assert_non_null(strstr(err.msg, "fuzz"));
+            TU_ASSERT_HAS(err.msg, "fuzz");
         }
     }
     assert_true(ok > 0); /* flips in the data section leave the header valid */
@@ -395,5 +353,5 @@ int main(void) {
         cmocka_unit_test(test_other_dtypes),
         cmocka_unit_test(test_corruption_fuzz),
     };
-    return cmocka_run_group_tests(tests, setup, teardown);
+    return cmocka_run_group_tests(tests, tu_setup_tmpdir, tu_teardown_tmpdir);
 }

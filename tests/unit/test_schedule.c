@@ -1,10 +1,7 @@
 /* Learning-rate schedules and gradient clipping against closed forms computed here in double. */
+#include "testutil.h"
+
 #include <math.h>
-#include <setjmp.h>
-#include <stdarg.h>
-#include <stddef.h>
-#include <stdint.h>
-#include <cmocka.h>
 
 #include "loom/optim.h"
 

@@ -1,61 +1,11 @@
 /* Shard format v1 and dataset manifests: round trips for every token width, and every
  * validation error (each must name the path and the problem, and never crash under ASan). */
-#define _GNU_SOURCE
-#include <setjmp.h>
-#include <stdarg.h>
-#include <stddef.h>
-#include <stdint.h>
-#include <stdio.h>
-#include <stdlib.h>
-#include <string.h>
-#include <unistd.h>
-#include <cmocka.h>
+#include "testutil.h"
 
 #include "data/data_internal.h"
 #include "loom/data.h"
 
-static char g_dir[256];
-
-static int setup(void **state) {
-    (void)state;
-    snprintf(g_dir, sizeof g_dir, "/tmp/loom_test_shard_XXXXXX");
-    return mkdtemp(g_dir) ? 0 : -1;
-}
-
-static int teardown(void **state) {
-    (void)state;
-    char cmd[300];
-    snprintf(cmd, sizeof cmd, "rm -rf '%s'", g_dir);
-    return system(cmd) == 0 ? 0 : -1;
-}
-
 /* ---- raw file helpers ---- */
-static uint8_t *slurp(const char *path, size_t *n) {
-    char *buf;
-    loom_err err;
-    assert_int_equal(loom_read_file(path, (size_t)1 << 30, &buf, n, &err), 0);
-    return (uint8_t *)buf;
-}
-
-static void spit(const char *path, const uint8_t *buf, size_t n) {
-    FILE *f = fopen(path, "wb");
-    assert_non_null(f);
-    assert_int_equal(fwrite(buf, 1, n, f), n);
-    assert_int_equal(fclose(f), 0);
-}
-
-static uint64_t rd64(const uint8_t *p) {
-    uint64_t v = 0;
-    for (int i = 7; i >= 0; i--) v = (v << 8) | p[i];
-    return v;
-}
-static void wr64(uint8_t *p, uint64_t v) {
-    for (int i = 0; i < 8; i++) p[i] = (uint8_t)(v >> (8 * i));
-}
-static void wr32(uint8_t *p, uint32_t v) {
-    for (int i = 0; i < 4; i++) p[i] = (uint8_t)(v >> (8 * i));
-}
-
 static void sha_raw(const uint8_t *p, size_t n, uint8_t out[32]) {
     char hex[65];
     loom_sha256_hex(p, n, hex);
@@ -70,9 +20,9 @@ static void sha_raw(const uint8_t *p, size_t n, uint8_t out[32]) {
  * that a test can plant a semantic error behind valid checksums. */
 static void reseal(uint8_t *buf, size_t n, int blocks_too) {
     if (blocks_too) {
-        uint64_t tok = rd64(buf + SH_TOKENS_OFF), docs = rd64(buf + SH_DOCS_OFF);
-        uint64_t end = docs + rd64(buf + SH_DOCS_BYTES), bs = rd64(buf + SH_BLOCK_SIZE);
-        uint64_t sums = rd64(buf + SH_SUMS_OFF);
+        uint64_t tok = tu_rd64(buf + SH_TOKENS_OFF), docs = tu_rd64(buf + SH_DOCS_OFF);
+        uint64_t end = docs + tu_rd64(buf + SH_DOCS_BYTES), bs = tu_rd64(buf + SH_BLOCK_SIZE);
+        uint64_t sums = tu_rd64(buf + SH_SUMS_OFF);
         for (uint64_t b = 0; tok + b * bs < end; b++) {
             uint64_t lo = tok + b * bs, hi = lo + bs < end ? lo + bs : end;
             assert_true(sums + 32 * b + 32 <= n);
@@ -84,8 +34,6 @@ static void reseal(uint8_t *buf, size_t n, int blocks_too) {
     sha_raw(buf, LOOM_SHARD_HEADER_SIZE, d);
     memcpy(buf + SH_HEADER_SUM, d, 32);
 }
-
-static void path_of(char *buf, size_t n, const char *name) { snprintf(buf, n, "%s/%s", g_dir, name); }
 
 /* A valid shard: n tokens with ids (i * 7919) % vocab, a doc every 100 tokens. */
 static void make_shard(const char *path, uint32_t vocab, uint32_t width, uint64_t n) {
@@ -102,22 +50,27 @@ static void make_shard(const char *path, uint32_t vocab, uint32_t width, uint64_
     free(docs);
 }
 
+/* make_shard at tu_dir/name (its path into path); returns the file's bytes (the caller frees
+ * them) and their count in *n. */
+static uint8_t *shard_bytes(char *path, size_t size, const char *name, uint32_t vocab, uint32_t width,
+                            uint64_t n_tokens, size_t *n) {
+    make_shard(tu_path(path, size, name), vocab, width, n_tokens);
+    return tu_read_file(path, n);
+}
+
 /* open must fail with a message containing the path and every `want` substring */
 static void expect_open_error(const char *path, const char *want1, const char *want2) {
     loom_shard *s = NULL;
     loom_err err = {{0}};
     assert_int_equal(loom_shard_open(path, &s, &err), -1);
     assert_null(s);
-    if (!strstr(err.msg, path) || (want1 && !strstr(err.msg, want1)) ||
-        (want2 && !strstr(err.msg, want2)))
-        fail_msg("error '%s' lacks '%s' / '%s' / '%s'", err.msg, path, want1 ? want1 : "",
-                 want2 ? want2 : "");
+    TU_ASSERT_HAS(err.msg, path, want1, want2);
 }
 
 /* ---- round trips ---- */
 static void round_trip(uint32_t vocab, uint32_t width, uint32_t want_width, uint64_t n) {
     char path[512];
-    path_of(path, sizeof path, "rt.bin");
+    tu_path(path, sizeof path, "rt.bin");
     make_shard(path, vocab, width, n);
     loom_shard *s;
     loom_err err = {{0}};
@@ -141,9 +94,9 @@ static void round_trip(uint32_t vocab, uint32_t width, uint32_t want_width, uint
     loom_shard_close(s);
     /* tokens are 4 KiB aligned; the file size follows the layout */
     size_t len;
-    uint8_t *buf = slurp(path, &len);
-    assert_int_equal(rd64(buf + SH_TOKENS_OFF), 4096);
-    assert_int_equal(rd64(buf + SH_FILE_SIZE), len);
+    uint8_t *buf = tu_read_file(path, &len);
+    assert_int_equal(tu_rd64(buf + SH_TOKENS_OFF), 4096);
+    assert_int_equal(tu_rd64(buf + SH_FILE_SIZE), len);
     free(buf);
 }
 
@@ -163,7 +116,7 @@ static void test_round_trip_widths(void **state) {
 static void test_empty_shard(void **state) {
     (void)state;
     char path[512];
-    path_of(path, sizeof path, "empty.bin");
+    tu_path(path, sizeof path, "empty.bin");
     loom_shard_spec spec = {256, 1, NULL, NULL};
     loom_err err = {{0}};
     assert_int_equal(loom_shard_write(path, &spec, NULL, 0, NULL, 0, &err), 0);
@@ -177,28 +130,27 @@ static void test_empty_shard(void **state) {
 static void test_write_rejects_bad_input(void **state) {
     (void)state;
     char path[512];
-    path_of(path, sizeof path, "bad_write.bin");
+    tu_path(path, sizeof path, "bad_write.bin");
     uint32_t tok[4] = {1, 2, 300, 4};
     uint64_t docs[2] = {0, 2}, bad_docs[2] = {0, 0}, late[1] = {1};
     loom_err err = {{0}};
     loom_shard_spec w1 = {256, 1, "byte", NULL}, w2 = {1000, 2, "x", NULL}, w1big = {1000, 1, "x", NULL};
     assert_int_equal(loom_shard_write(path, &w1, tok, 4, docs, 2, &err), -1);
-    assert_non_null(strstr(err.msg, "id 300 >= vocab_size 256"));
-    assert_non_null(strstr(err.msg, path));
+    TU_ASSERT_HAS(err.msg, "id 300 >= vocab_size 256", path);
     assert_int_equal(loom_shard_write(path, &w2, tok, 4, bad_docs, 2, &err), -1);
-    assert_non_null(strstr(err.msg, "doc_starts[1]"));
+    TU_ASSERT_HAS(err.msg, "doc_starts[1]");
     assert_int_equal(loom_shard_write(path, &w2, tok, 4, late, 1, &err), -1);
-    assert_non_null(strstr(err.msg, "doc_starts[0]"));
+    TU_ASSERT_HAS(err.msg, "doc_starts[0]");
     assert_int_equal(loom_shard_write(path, &w2, tok, 4, NULL, 0, &err), -1);
-    assert_non_null(strstr(err.msg, "no document starts"));
+    TU_ASSERT_HAS(err.msg, "no document starts");
     assert_int_equal(loom_shard_write(path, &w1big, tok, 4, docs, 2, &err), -1);
-    assert_non_null(strstr(err.msg, "does not fit"));
+    TU_ASSERT_HAS(err.msg, "does not fit");
     char long_id[100];
     memset(long_id, 'a', 99);
     long_id[99] = 0;
     loom_shard_spec lid = {1000, 2, long_id, NULL};
     assert_int_equal(loom_shard_write(path, &lid, tok, 4, docs, 2, &err), -1);
-    assert_non_null(strstr(err.msg, "longer than 64"));
+    TU_ASSERT_HAS(err.msg, "longer than 64");
     assert_int_equal(access(path, F_OK), -1); /* nothing written */
 }
 
@@ -206,32 +158,30 @@ static void test_write_rejects_bad_input(void **state) {
 static void test_missing_and_tiny(void **state) {
     (void)state;
     char path[512];
-    path_of(path, sizeof path, "nope.bin");
+    tu_path(path, sizeof path, "nope.bin");
     expect_open_error(path, "cannot open", NULL);
-    path_of(path, sizeof path, "tiny.bin");
-    spit(path, (const uint8_t *)"LOOMSHRD", 8);
+    tu_path(path, sizeof path, "tiny.bin");
+    tu_write_file(path, (const uint8_t *)"LOOMSHRD", 8);
     expect_open_error(path, "truncated: file has 8 bytes", NULL);
-    spit(path, (const uint8_t *)"", 0);
+    tu_write_file(path, (const uint8_t *)"", 0);
     expect_open_error(path, "truncated: file has 0 bytes", NULL);
 }
 
 static void test_truncated(void **state) {
     (void)state;
     char path[512];
-    path_of(path, sizeof path, "trunc.bin");
-    make_shard(path, 256, 1, 10000);
     size_t n;
-    uint8_t *buf = slurp(path, &n);
-    spit(path, buf, 5000);
+    uint8_t *buf = shard_bytes(path, sizeof path, "trunc.bin", 256, 1, 10000, &n);
+    tu_write_file(path, buf, 5000);
     char want[128];
     snprintf(want, sizeof want, "truncated: header says %zu bytes, file has 5000", n);
     expect_open_error(path, want, NULL);
-    spit(path, buf, n - 1); /* one byte short: the checksum table is cut */
+    tu_write_file(path, buf, n - 1); /* one byte short: the checksum table is cut */
     snprintf(want, sizeof want, "file has %zu", n - 1);
     expect_open_error(path, "truncated", want);
     uint8_t *longer = calloc(1, n + 3);
     memcpy(longer, buf, n);
-    spit(path, longer, n + 3);
+    tu_write_file(path, longer, n + 3);
     expect_open_error(path, "3 unexpected bytes after the end", NULL);
     free(longer);
     free(buf);
@@ -240,23 +190,22 @@ static void test_truncated(void **state) {
 static void test_flipped_token_byte(void **state) {
     (void)state;
     char path[512];
-    path_of(path, sizeof path, "flip.bin");
-    make_shard(path, 100000, 4, 300000); /* payload 1.2 MB + docs: blocks 0 and 1 */
     size_t n;
-    uint8_t *buf = slurp(path, &n);
+    /* payload 1.2 MB + docs: blocks 0 and 1 */
+    uint8_t *buf = shard_bytes(path, sizeof path, "flip.bin", 100000, 4, 300000, &n);
     buf[4096 + 17] ^= 0x01;
-    spit(path, buf, n);
+    tu_write_file(path, buf, n);
     expect_open_error(path, "block 0 (bytes 4096..1052672) checksum mismatch", NULL);
     buf[4096 + 17] ^= 0x01;
     buf[4096 + (1 << 20) + 5] ^= 0x80; /* in the second block */
-    spit(path, buf, n);
+    tu_write_file(path, buf, n);
     expect_open_error(path, "block 1 (bytes 1052672..", "checksum mismatch");
     buf[4096 + (1 << 20) + 5] ^= 0x80;
     buf[n - 1] ^= 0xff; /* the stored digest itself */
-    spit(path, buf, n);
+    tu_write_file(path, buf, n);
     expect_open_error(path, "block 1", "checksum mismatch");
     buf[n - 1] ^= 0xff;
-    spit(path, buf, n);
+    tu_write_file(path, buf, n);
     loom_shard *s;
     loom_err err;
     assert_int_equal(loom_shard_open(path, &s, &err), 0); /* restored: fine again */
@@ -267,62 +216,60 @@ static void test_flipped_token_byte(void **state) {
 static void test_header_corruption(void **state) {
     (void)state;
     char path[512];
-    path_of(path, sizeof path, "hdr.bin");
-    make_shard(path, 256, 1, 1000);
     size_t n;
-    uint8_t *buf = slurp(path, &n);
+    uint8_t *buf = shard_bytes(path, sizeof path, "hdr.bin", 256, 1, 1000, &n);
     uint8_t *orig = malloc(n);
     memcpy(orig, buf, n);
 
     buf[SH_N_TOKENS] ^= 0x04; /* any flipped header byte */
-    spit(path, buf, n);
+    tu_write_file(path, buf, n);
     expect_open_error(path, "header checksum mismatch", NULL);
     memcpy(buf, orig, n);
     buf[3000] = 1;
-    spit(path, buf, n);
+    tu_write_file(path, buf, n);
     expect_open_error(path, "header checksum mismatch", NULL);
 
     memcpy(buf, orig, n);
     memcpy(buf, "NOTSHARD", 8);
-    spit(path, buf, n);
+    tu_write_file(path, buf, n);
     expect_open_error(path, "bad magic", NULL);
 
     memcpy(buf, orig, n);
-    wr32(buf + SH_VERSION, 2);
-    spit(path, buf, n);
+    tu_wr32(buf + SH_VERSION, 2);
+    tu_write_file(path, buf, n);
     expect_open_error(path, "unsupported shard version 2", NULL);
     reseal(buf, n, 0);
-    spit(path, buf, n);
+    tu_write_file(path, buf, n);
     expect_open_error(path, "unsupported shard version 2", NULL);
 
     memcpy(buf, orig, n);
     buf[3000] = 1; /* reserved bytes must stay zero even behind a valid checksum */
     reseal(buf, n, 0);
-    spit(path, buf, n);
+    tu_write_file(path, buf, n);
     expect_open_error(path, "reserved header byte 3000", NULL);
 
     memcpy(buf, orig, n);
-    wr32(buf + SH_TOKEN_WIDTH, 3);
+    tu_wr32(buf + SH_TOKEN_WIDTH, 3);
     reseal(buf, n, 0);
-    spit(path, buf, n);
+    tu_write_file(path, buf, n);
     expect_open_error(path, "token_width 3", NULL);
 
     memcpy(buf, orig, n);
-    wr32(buf + SH_VOCAB_SIZE, 257); /* does not fit 1-byte tokens */
+    tu_wr32(buf + SH_VOCAB_SIZE, 257); /* does not fit 1-byte tokens */
     reseal(buf, n, 0);
-    spit(path, buf, n);
+    tu_write_file(path, buf, n);
     expect_open_error(path, "vocab_size 257", NULL);
 
     memcpy(buf, orig, n);
-    wr64(buf + SH_DOCS_OFF, rd64(buf + SH_DOCS_OFF) - 8); /* docs overlapping tokens */
+    tu_wr64(buf + SH_DOCS_OFF, tu_rd64(buf + SH_DOCS_OFF) - 8); /* docs overlapping tokens */
     reseal(buf, n, 0);
-    spit(path, buf, n);
+    tu_write_file(path, buf, n);
     expect_open_error(path, "docs_offset", "overlap");
 
     memcpy(buf, orig, n);
     buf[SH_TOKENIZER_ID + 10] = 'x'; /* after the NUL of "byte" */
     reseal(buf, n, 0);
-    spit(path, buf, n);
+    tu_write_file(path, buf, n);
     expect_open_error(path, "tokenizer_id is not NUL-padded", NULL);
     free(orig);
     free(buf);
@@ -334,56 +281,54 @@ static void claim_counts(uint8_t *buf, uint64_t n_tokens, uint64_t n_docs) {
     uint64_t width = 1, tb = n_tokens * width, doff = (4096 + tb + 7) / 8 * 8, db = n_docs * 8;
     uint64_t covered = doff + db - 4096, nb = (covered + (1 << 20) - 1) >> 20;
     uint64_t soff = (doff + db + 7) / 8 * 8;
-    wr64(buf + SH_N_TOKENS, n_tokens);
-    wr64(buf + SH_N_DOCS, n_docs);
-    wr64(buf + SH_N_BLOCKS, nb);
-    wr64(buf + SH_TOKENS_BYTES, tb);
-    wr64(buf + SH_DOCS_OFF, doff);
-    wr64(buf + SH_DOCS_BYTES, db);
-    wr64(buf + SH_SUMS_OFF, soff);
-    wr64(buf + SH_SUMS_BYTES, nb * 32);
-    wr64(buf + SH_FILE_SIZE, soff + nb * 32);
+    tu_wr64(buf + SH_N_TOKENS, n_tokens);
+    tu_wr64(buf + SH_N_DOCS, n_docs);
+    tu_wr64(buf + SH_N_BLOCKS, nb);
+    tu_wr64(buf + SH_TOKENS_BYTES, tb);
+    tu_wr64(buf + SH_DOCS_OFF, doff);
+    tu_wr64(buf + SH_DOCS_BYTES, db);
+    tu_wr64(buf + SH_SUMS_OFF, soff);
+    tu_wr64(buf + SH_SUMS_BYTES, nb * 32);
+    tu_wr64(buf + SH_FILE_SIZE, soff + nb * 32);
 }
 
 static void test_enormous_counts(void **state) {
     (void)state;
     char path[512];
-    path_of(path, sizeof path, "huge.bin");
-    make_shard(path, 256, 1, 1000);
     size_t n;
-    uint8_t *buf = slurp(path, &n);
+    uint8_t *buf = shard_bytes(path, sizeof path, "huge.bin", 256, 1, 1000, &n);
     uint8_t *orig = malloc(n);
     memcpy(orig, buf, n);
 
-    wr64(buf + SH_N_TOKENS, (uint64_t)1 << 63); /* 2^63 tokens: sizes overflow */
+    tu_wr64(buf + SH_N_TOKENS, (uint64_t)1 << 63); /* 2^63 tokens: sizes overflow */
     reseal(buf, n, 0);
-    spit(path, buf, n);
+    tu_write_file(path, buf, n);
     expect_open_error(path, "sizes overflow", NULL);
 
     memcpy(buf, orig, n);
-    wr64(buf + SH_N_DOCS, UINT64_MAX);
+    tu_wr64(buf + SH_N_DOCS, UINT64_MAX);
     reseal(buf, n, 0);
-    spit(path, buf, n);
+    tu_write_file(path, buf, n);
     expect_open_error(path, "sizes overflow", NULL);
 
     memcpy(buf, orig, n);
     claim_counts(buf, (uint64_t)1 << 40, 10); /* consistent header, far larger than the file */
     reseal(buf, n, 0);
-    spit(path, buf, n);
+    tu_write_file(path, buf, n);
     char want[128];
     snprintf(want, sizeof want, "file has %zu", n);
     expect_open_error(path, "truncated: header says", want);
 
     memcpy(buf, orig, n);
-    wr64(buf + SH_N_TOKENS, 5000); /* more tokens than written, other fields unchanged */
+    tu_wr64(buf + SH_N_TOKENS, 5000); /* more tokens than written, other fields unchanged */
     reseal(buf, n, 0);
-    spit(path, buf, n);
+    tu_write_file(path, buf, n);
     expect_open_error(path, "header field", "tokens_bytes");
 
     memcpy(buf, orig, n);
-    wr64(buf + SH_BLOCK_SIZE, 0);
+    tu_wr64(buf + SH_BLOCK_SIZE, 0);
     reseal(buf, n, 0);
-    spit(path, buf, n);
+    tu_write_file(path, buf, n);
     expect_open_error(path, "block_size 0", NULL);
     free(orig);
     free(buf);
@@ -392,45 +337,44 @@ static void test_enormous_counts(void **state) {
 static void test_doc_index_and_vocab(void **state) {
     (void)state;
     char path[512];
-    path_of(path, sizeof path, "docs.bin");
-    make_shard(path, 1000, 2, 1000); /* 10 docs at 0, 100, ..., 900 */
     size_t n;
-    uint8_t *buf = slurp(path, &n);
+    /* 10 docs at 0, 100, ..., 900 */
+    uint8_t *buf = shard_bytes(path, sizeof path, "docs.bin", 1000, 2, 1000, &n);
     uint8_t *orig = malloc(n);
     memcpy(orig, buf, n);
-    uint64_t doff = rd64(buf + SH_DOCS_OFF);
+    uint64_t doff = tu_rd64(buf + SH_DOCS_OFF);
 
-    wr64(buf + doff + 8 * 3, 150); /* [3] = 150 < [2] = 200 */
+    tu_wr64(buf + doff + 8 * 3, 150); /* [3] = 150 < [2] = 200 */
     reseal(buf, n, 1);
-    spit(path, buf, n);
+    tu_write_file(path, buf, n);
     expect_open_error(path, "doc index not ascending: [3] = 150 after 200", NULL);
 
     memcpy(buf, orig, n);
-    wr64(buf + doff, 5);
+    tu_wr64(buf + doff, 5);
     reseal(buf, n, 1);
-    spit(path, buf, n);
+    tu_write_file(path, buf, n);
     expect_open_error(path, "doc index [0] = 5", "must be 0");
 
     memcpy(buf, orig, n);
-    wr64(buf + doff + 8 * 9, 1000); /* past the last token */
+    tu_wr64(buf + doff + 8 * 9, 1000); /* past the last token */
     reseal(buf, n, 1);
-    spit(path, buf, n);
+    tu_write_file(path, buf, n);
     expect_open_error(path, "doc index [9] = 1000", "past 1000 tokens");
 
     memcpy(buf, orig, n);
     buf[4096 + 2 * 7] = 0xe8; /* token 7 = 1000 (0x03e8) */
     buf[4096 + 2 * 7 + 1] = 0x03;
     reseal(buf, n, 1);
-    spit(path, buf, n);
+    tu_write_file(path, buf, n);
     expect_open_error(path, "token 7", "id 1000 >= vocab_size 1000");
 
     free(orig);
     free(buf);
     make_shard(path, 1000, 2, 999); /* tokens end at 6094: two bytes of padding */
-    buf = slurp(path, &n);
+    buf = tu_read_file(path, &n);
     buf[6095] = 1;
     reseal(buf, n, 1);
-    spit(path, buf, n);
+    tu_write_file(path, buf, n);
     expect_open_error(path, "padding byte 6095", NULL);
     free(buf);
 }
@@ -439,22 +383,20 @@ static void test_doc_index_and_vocab(void **state) {
 static void test_fuzz_bytes(void **state) {
     (void)state;
     char path[512];
-    path_of(path, sizeof path, "fuzz.bin");
-    make_shard(path, 300, 2, 50);
     size_t n;
-    uint8_t *buf = slurp(path, &n);
+    uint8_t *buf = shard_bytes(path, sizeof path, "fuzz.bin", 300, 2, 50, &n);
     loom_rng r = {42, 7, 0};
     for (int it = 0; it < 300; it++) {
         size_t at = it < 150 ? (size_t)it : (size_t)(loom_rng_next_u64(&r) % n);
         uint8_t old = buf[at];
         buf[at] ^= (uint8_t)(1 + loom_rng_next_u64(&r) % 255);
-        spit(path, buf, n);
+        tu_write_file(path, buf, n);
         loom_shard *s = NULL;
         loom_err err = {{0}};
         int rc = loom_shard_open(path, &s, &err);
         /* every byte of a v1 shard is covered by a checksum */
         assert_int_equal(rc, -1);
-        assert_non_null(strstr(err.msg, path));
+        TU_ASSERT_HAS(err.msg, path);
         buf[at] = old;
     }
     free(buf);
@@ -485,14 +427,13 @@ static void expect_dataset_error(const char *dir, const char *want1, const char 
     loom_err err = {{0}};
     assert_int_equal(loom_dataset_open(dir, &d, &err), -1);
     assert_null(d);
-    if ((want1 && !strstr(err.msg, want1)) || (want2 && !strstr(err.msg, want2)))
-        fail_msg("error '%s' lacks '%s' / '%s'", err.msg, want1 ? want1 : "", want2 ? want2 : "");
+    TU_ASSERT_HAS(err.msg, want1, want2);
 }
 
 static void test_dataset_ok(void **state) {
     (void)state;
     char dir[512];
-    path_of(dir, sizeof dir, "ds_ok");
+    tu_path(dir, sizeof dir, "ds_ok");
     make_dataset(dir, 3);
     char extra[600]; /* a shard without a manifest line is ignored */
     snprintf(extra, sizeof extra, "%s/shard_00003.bin", dir);
@@ -512,36 +453,36 @@ static void test_dataset_errors(void **state) {
     (void)state;
     char dir[512], mpath[600], spath[600];
     loom_err err = {{0}};
-    path_of(dir, sizeof dir, "ds_missing");
+    tu_path(dir, sizeof dir, "ds_missing");
     expect_dataset_error(dir, dir, "does not exist");
     assert_int_equal(loom_mkdirs(dir, &err), 0);
     expect_dataset_error(dir, "manifest.jsonl", "no manifest");
 
     /* sha mismatch: a shard replaced by another valid shard */
-    path_of(dir, sizeof dir, "ds_sha");
+    tu_path(dir, sizeof dir, "ds_sha");
     make_dataset(dir, 2);
     snprintf(spath, sizeof spath, "%s/shard_00001.bin", dir);
     make_shard(spath, 256, 1, 600 + 0);
     size_t n;
-    uint8_t *buf = slurp(spath, &n);
+    uint8_t *buf = tu_read_file(spath, &n);
     buf[SH_RECIPE_ID] = 'z'; /* differs from the manifest's file, still a valid shard */
     reseal(buf, n, 0);
-    spit(spath, buf, n);
+    tu_write_file(spath, buf, n);
     free(buf);
     expect_dataset_error(dir, "shard_00001.bin: sha256 mismatch", "manifest.jsonl:2");
 
     /* a corrupt shard: the shard's own error, with the manifest line */
-    path_of(dir, sizeof dir, "ds_corrupt");
+    tu_path(dir, sizeof dir, "ds_corrupt");
     make_dataset(dir, 2);
     snprintf(spath, sizeof spath, "%s/shard_00000.bin", dir);
-    buf = slurp(spath, &n);
+    buf = tu_read_file(spath, &n);
     buf[4100] ^= 1;
-    spit(spath, buf, n);
+    tu_write_file(spath, buf, n);
     free(buf);
     expect_dataset_error(dir, "shard_00000.bin: block 0", "checksum mismatch");
 
     /* a listed shard that is missing */
-    path_of(dir, sizeof dir, "ds_gone");
+    tu_path(dir, sizeof dir, "ds_gone");
     make_dataset(dir, 2);
     snprintf(spath, sizeof spath, "%s/shard_00001.bin", dir);
     unlink(spath);
@@ -564,7 +505,7 @@ static void test_dataset_errors(void **state) {
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         char name[32];
         snprintf(name, sizeof name, "ds_bad%zu", i);
-        path_of(dir, sizeof dir, name);
+        tu_path(dir, sizeof dir, name);
         make_dataset(dir, 1);
         snprintf(mpath, sizeof mpath, "%s/manifest.jsonl", dir);
         FILE *f = fopen(mpath, "a");
@@ -574,11 +515,11 @@ static void test_dataset_errors(void **state) {
     }
 
     /* a duplicate line, and counts that disagree with the shard */
-    path_of(dir, sizeof dir, "ds_dup");
+    tu_path(dir, sizeof dir, "ds_dup");
     make_dataset(dir, 1);
     snprintf(mpath, sizeof mpath, "%s/manifest.jsonl", dir);
     char *text;
-    assert_int_equal(loom_read_file(mpath, 1 << 20, &text, &n, &err), 0);
+    text = tu_read_file(mpath, &n);
     FILE *f = fopen(mpath, "a");
     fputs(text, f);
     fclose(f);
@@ -594,7 +535,7 @@ static void test_dataset_errors(void **state) {
 static void test_dataset_partial_last_line(void **state) {
     (void)state;
     char dir[512], mpath[600];
-    path_of(dir, sizeof dir, "ds_partial");
+    tu_path(dir, sizeof dir, "ds_partial");
     make_dataset(dir, 2);
     snprintf(mpath, sizeof mpath, "%s/manifest.jsonl", dir);
     FILE *f = fopen(mpath, "a");
@@ -632,5 +573,5 @@ int main(void) {
         cmocka_unit_test(test_dataset_partial_last_line),
         cmocka_unit_test(test_byte_decode),
     };
-    return cmocka_run_group_tests(tests, setup, teardown);
+    return cmocka_run_group_tests(tests, tu_setup_tmpdir, tu_teardown_tmpdir);
 }
