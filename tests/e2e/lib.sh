@@ -10,18 +10,31 @@ export OMP_NUM_THREADS=${OMP_NUM_THREADS:-2}
 fail() { echo "FAIL: $*" >&2; exit 1; }
 pass() { echo "ok: $*"; }
 
+# crashed FILE: FILE holds a sanitizer report, a segfault or a LOOM_CHECK abort.
+crashed() { grep -qE "AddressSanitizer|runtime error|Segmentation|fatal:" "$1"; }
+
+# expect_ok "what" cmd args...: the command must exit 0 without a crash report. Its stdout and
+# stderr stay in $WORK/out.txt and $WORK/err.txt for further checks.
+expect_ok() {
+  local what=$1; shift
+  local rc=0
+  "$@" >"$WORK/out.txt" 2>"$WORK/err.txt" || rc=$?
+  if [ $rc -ne 0 ] || crashed "$WORK/err.txt"; then
+    cat "$WORK/out.txt" "$WORK/err.txt" >&2; fail "$what: exit $rc"
+  fi
+  pass "$what"
+}
+
 # expect_fail "what" "regex the message must match" cmd args...: the command must exit
-# non-zero and its stderr must match the regex.
+# non-zero without a crash report and its stderr must match the regex (output kept as above).
 expect_fail() {
   local what=$1 pattern=$2; shift 2
   local rc=0
-  "$@" >"$WORK/out" 2>"$WORK/err" || rc=$?
-  [ $rc -ne 0 ] || fail "$what: exited 0"
-  grep -qE "$pattern" "$WORK/err" || { cat "$WORK/err" >&2; fail "$what: message does not match /$pattern/"; }
-  if grep -qE "AddressSanitizer|runtime error|Segmentation" "$WORK/err"; then
-    cat "$WORK/err" >&2; fail "$what: crashed"
-  fi
-  pass "$what (exit $rc): $(head -c 300 "$WORK/err" | tr '\n' ' ')"
+  "$@" >"$WORK/out.txt" 2>"$WORK/err.txt" || rc=$?
+  [ $rc -ne 0 ] || { cat "$WORK/out.txt" "$WORK/err.txt" >&2; fail "$what: exited 0"; }
+  if crashed "$WORK/err.txt"; then cat "$WORK/err.txt" >&2; fail "$what: crashed"; fi
+  grep -qE -- "$pattern" "$WORK/err.txt" || { cat "$WORK/err.txt" >&2; fail "$what: message does not match /$pattern/"; }
+  pass "$what (exit $rc): $(head -c 300 "$WORK/err.txt" | tr '\n' ' ')"
 }
 
 # make_dataset DIR: a small text corpus -> DIR/data/{train,val}

@@ -2,34 +2,10 @@
 # `loom data build / verify / inspect` end to end, on the sanitizer binary: a good build, its
 # determinism and replacement, and every error path (exit code AND message checked).
 set -euo pipefail
-LOOM_SRC=${LOOM_SRC:-$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)}
-LOOM=${LOOM_ASAN_BIN:-$LOOM_SRC/build/loom-asan}
-W=$(mktemp -d /tmp/loom-e2e-data.XXXXXX)
-trap 'rm -rf "$W"' EXIT
+source "$(dirname "$0")/lib.sh"
+LOOM=$LOOM_ASAN_BIN
+W=$WORK # expect_ok / expect_fail leave out.txt and err.txt here
 cd "$W"
-
-fail() { echo "FAIL: $*" >&2; exit 1; }
-pass() { echo "ok: $*"; }
-crashed() { grep -qE "AddressSanitizer|runtime error|Segmentation|fatal:" "$1"; }
-
-# expect_ok "what" cmd...: exit 0, no sanitizer report
-expect_ok() {
-  local what=$1; shift
-  local rc=0
-  "$@" >out.txt 2>err.txt || rc=$?
-  if [ $rc -ne 0 ] || crashed err.txt; then cat out.txt err.txt >&2; fail "$what: exit $rc"; fi
-  pass "$what"
-}
-# expect_fail "what" "regex" cmd...: non-zero exit, stderr matches every regex given by -e
-expect_fail() {
-  local what=$1 pattern=$2; shift 2
-  local rc=0
-  "$@" >out.txt 2>err.txt || rc=$?
-  [ $rc -ne 0 ] || { cat out.txt err.txt >&2; fail "$what: exited 0"; }
-  crashed err.txt && { cat err.txt >&2; fail "$what: crashed"; }
-  grep -qE -- "$pattern" err.txt || { cat err.txt >&2; fail "$what: message does not match /$pattern/"; }
-  pass "$what (exit $rc): $(head -c 250 err.txt | tr '\n' ' ')"
-}
 
 # ---- a small corpus: 3 text files (one in a subdirectory), a symlink to one of them, an
 # excluded binary index, a hidden file ----

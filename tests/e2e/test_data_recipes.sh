@@ -5,31 +5,10 @@
 # skipped, counted and reported by name), caching (an unchanged build does nothing; changing
 # one source rebuilds only it) and identical shards for 1 and 2 threads.
 set -euo pipefail
-LOOM_SRC=${LOOM_SRC:-$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)}
-LOOM=${LOOM_ASAN_BIN:-$LOOM_SRC/build/loom-asan}
-W=$(mktemp -d /tmp/loom-e2e-recipes.XXXXXX)
-trap 'rm -rf "$W"' EXIT
+source "$(dirname "$0")/lib.sh"
+LOOM=$LOOM_ASAN_BIN
+W=$WORK # expect_ok / expect_fail leave out.txt and err.txt here
 cd "$W"
-
-fail() { echo "FAIL: $*" >&2; exit 1; }
-pass() { echo "ok: $*"; }
-crashed() { grep -qE "AddressSanitizer|runtime error|Segmentation|fatal:" "$1"; }
-expect_ok() {
-  local what=$1; shift
-  local rc=0
-  "$@" >out.txt 2>err.txt || rc=$?
-  if [ $rc -ne 0 ] || crashed err.txt; then cat out.txt err.txt >&2; fail "$what: exit $rc"; fi
-  pass "$what"
-}
-expect_fail() {
-  local what=$1 pattern=$2; shift 2
-  local rc=0
-  "$@" >out.txt 2>err.txt || rc=$?
-  [ $rc -ne 0 ] || { cat out.txt err.txt >&2; fail "$what: exited 0"; }
-  crashed err.txt && { cat err.txt >&2; fail "$what: crashed"; }
-  grep -qE -- "$pattern" err.txt || { cat err.txt >&2; fail "$what: message does not match /$pattern/"; }
-  pass "$what (exit $rc): $(head -c 200 err.txt | tr '\n' ' ')"
-}
 
 # ---- corpora ----
 python3 - <<'PY'
