@@ -1,17 +1,13 @@
 # Shared helpers for the MPI tests (sourced). COMM_DRIVER is tests/mpi/comm_driver's binary.
-set -euo pipefail
-LOOM_SRC=${LOOM_SRC:-$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)}
+# The e2e helpers come with them (LOOM_SRC, LOOM_BIN, $WORK, fail, pass, expect_fail,
+# make_dataset, ...).
+source "$(dirname "${BASH_SOURCE[0]}")/../e2e/lib.sh"
 COMM_DRIVER=${COMM_DRIVER:-$LOOM_SRC/build/tests/comm_driver}
 [ -x "$COMM_DRIVER" ] || { echo "FAIL: comm driver not built: $COMM_DRIVER" >&2; exit 1; }
 command -v mpirun >/dev/null || { echo "FAIL: mpirun not found (Debian package openmpi-bin)" >&2; exit 1; }
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 export OMPI_MCA_rmaps_base_oversubscribe=1 OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1
 export ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=0:abort_on_error=0}
-WORK=$(mktemp -d /tmp/loom-mpi.XXXXXX)
-trap 'rm -rf "$WORK"' EXIT
-
-fail() { echo "FAIL: $*" >&2; exit 1; }
-pass() { echo "ok: $*"; }
 
 # run_mpi NP OUTFILE args...: mpirun -np NP under `timeout 90` (a hang fails instead of hanging
 # CI); sets RC (exit status) and SECS (wall seconds).

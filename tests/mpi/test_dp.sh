@@ -2,9 +2,7 @@
 # the single-process loss curve, replicas stay bit-identical, memory per rank shrinks as the
 # stage says, checkpoints reshard across DP degrees and stages, and one rank's failure ends
 # the job. One thread per rank, --oversubscribe.
-source "$(dirname "$0")/../e2e/lib.sh"
-export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1
-export OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1
+source "$(dirname "$0")/lib.sh"
 MPIRUN="timeout 120 mpirun --oversubscribe -x OMP_NUM_THREADS -x OPENBLAS_NUM_THREADS"
 make_dataset "$WORK"
 make_config "$WORK" "$WORK/c.yaml" "$WORK/single"
