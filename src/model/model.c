@@ -413,6 +413,27 @@ static void norm_bwd(const loom_model *m, float *din, float *dw, float *db, cons
         rmsnorm_backward(din, dw, dout, in, w, rstd, N, m->cfg.d_model);
 }
 
+/* Layer l's slices of the stacked activation buffers. Strides use the arena's maximum
+ * B x T, so a smaller batch still fits. */
+typedef struct layer_acts {
+    float *ln1, *ln1_mean, *ln1_rstd, *qkv, *att, *atty, *res2;
+    float *ln2, *ln2_mean, *ln2_rstd, *fch, *fch_act, *res3;
+} layer_acts;
+
+static layer_acts layer_acts_of(const loom_model *m, int l) {
+    const acts *a = &m->a;
+    const int64_t mBT = (int64_t)m->maxB * m->maxT, C = m->cfg.d_model;
+    const int64_t HD = (int64_t)m->cfg.n_head * m->D;
+    return (layer_acts){
+        .ln1 = a->ln1 + l * mBT * C, .ln1_mean = a->ln1_mean + l * mBT,
+        .ln1_rstd = a->ln1_rstd + l * mBT, .qkv = a->qkv + l * mBT * m->QKV,
+        .att = a->att + l * (int64_t)m->maxB * m->cfg.n_head * m->maxT * m->maxT,
+        .atty = a->atty + l * mBT * HD, .res2 = a->res2 + l * mBT * C,
+        .ln2 = a->ln2 + l * mBT * C, .ln2_mean = a->ln2_mean + l * mBT,
+        .ln2_rstd = a->ln2_rstd + l * mBT, .fch = a->fch + l * mBT * m->FFI,
+        .fch_act = a->fch_act + l * mBT * m->cfg.d_ff, .res3 = a->res3 + l * mBT * C};
+}
+
 /* Cross-entropy of the last logits (N rows of K) against targets (N, < 0 ignored): keeps the
  * targets for backward and returns the mean over the valid ones. */
 static float mean_loss(loom_model *m, const int32_t *targets, int64_t N, int K) {
@@ -447,16 +468,12 @@ float loom_model_forward(loom_model *m, const int32_t *inputs, const int32_t *ta
                       B, T, C, 0);
     release(m, 0, 0);
     const float *residual = a->encoded;
-    /* per-layer strides use the arena's maximum sizes so a smaller batch still fits */
-    const int64_t mBT = (int64_t)m->maxB * m->maxT;
     for (int l = 0; l < L; l++) {
-        float *ln1 = a->ln1 + l * mBT * C, *ln1_mean = a->ln1_mean + l * mBT;
-        float *ln1_rstd = a->ln1_rstd + l * mBT, *qkv = a->qkv + l * mBT * QKV;
-        float *att = a->att + l * (int64_t)m->maxB * H * m->maxT * m->maxT;
-        float *atty = a->atty + l * mBT * HD, *res2 = a->res2 + l * mBT * C;
-        float *ln2 = a->ln2 + l * mBT * C, *ln2_mean = a->ln2_mean + l * mBT;
-        float *ln2_rstd = a->ln2_rstd + l * mBT, *fch = a->fch + l * mBT * FFI;
-        float *fch_act = a->fch_act + l * mBT * F, *res3 = a->res3 + l * mBT * C;
+        const layer_acts la = layer_acts_of(m, l);
+        float *ln1 = la.ln1, *ln1_mean = la.ln1_mean, *ln1_rstd = la.ln1_rstd, *qkv = la.qkv;
+        float *att = la.att, *atty = la.atty, *res2 = la.res2, *ln2 = la.ln2;
+        float *ln2_mean = la.ln2_mean, *ln2_rstd = la.ln2_rstd, *fch = la.fch;
+        float *fch_act = la.fch_act, *res3 = la.res3;
 
         acquire(m, l + 1, 0);
         norm_fwd(m, ln1, ln1_mean, ln1_rstd, residual, LP(m, LOOM_L_LN1_W, l),
@@ -510,7 +527,7 @@ void loom_model_backward(loom_model *m, float dscale) {
     const int C = c->d_model, L = c->n_layer, H = c->n_head, KVH = c->n_kv_head, D = m->D;
     const int V = c->vocab_size, F = c->d_ff, QKV = m->QKV, FFI = m->FFI, HD = H * D;
     const int B = m->B, T = m->T;
-    const int64_t BT = (int64_t)B * T, mBT = (int64_t)m->maxB * m->maxT;
+    const int64_t BT = (int64_t)B * T;
     const int gpt2 = c->flavor == LOOM_FLAVOR_GPT2;
     acts *a = &m->a;
 
@@ -533,7 +550,7 @@ void loom_model_backward(loom_model *m, float dscale) {
         float *dhead = gpt2 ? GRAD(m, LOOM_P_WTE) : GRAD(m, LOOM_P_LM_HEAD);
         matmul_backward(a->dln, dhead, NULL, a->logits, a->lnf, head, BT, C, V);
     }
-    const float *last = L > 0 ? a->res3 + (L - 1) * mBT * C : a->encoded;
+    const float *last = layer_acts_of(m, L - 1).res3;
     memset(a->dres, 0, (size_t)BT * C * sizeof(float));
     norm_bwd(m, a->dres, GRAD(m, LOOM_P_LNF_W), GRAD(m, LOOM_P_LNF_B), a->dln, last,
              PARAM(m, LOOM_P_LNF_W), a->lnf_mean, a->lnf_rstd, BT);
@@ -542,14 +559,12 @@ void loom_model_backward(loom_model *m, float dscale) {
     grads_ready(m, U_FINAL);
 
     for (int l = L - 1; l >= 0; l--) {
-        const float *residual = l == 0 ? a->encoded : a->res3 + (l - 1) * mBT * C;
-        float *ln1 = a->ln1 + l * mBT * C, *ln1_mean = a->ln1_mean + l * mBT;
-        float *ln1_rstd = a->ln1_rstd + l * mBT, *qkv = a->qkv + l * mBT * QKV;
-        float *att = a->att + l * (int64_t)m->maxB * H * m->maxT * m->maxT;
-        float *atty = a->atty + l * mBT * HD, *res2 = a->res2 + l * mBT * C;
-        float *ln2 = a->ln2 + l * mBT * C, *ln2_mean = a->ln2_mean + l * mBT;
-        float *ln2_rstd = a->ln2_rstd + l * mBT, *fch = a->fch + l * mBT * FFI;
-        float *fch_act = a->fch_act + l * mBT * F;
+        const float *residual = l == 0 ? a->encoded : layer_acts_of(m, l - 1).res3;
+        const layer_acts la = layer_acts_of(m, l);
+        float *ln1 = la.ln1, *ln1_mean = la.ln1_mean, *ln1_rstd = la.ln1_rstd, *qkv = la.qkv;
+        float *att = la.att, *atty = la.atty, *res2 = la.res2, *ln2 = la.ln2;
+        float *ln2_mean = la.ln2_mean, *ln2_rstd = la.ln2_rstd, *fch = la.fch;
+        float *fch_act = la.fch_act;
 
         acquire(m, l + 1, 1);
         /* MLP: res3 = res2 + fc_proj(act(fc(ln2(res2)))); a->dres holds d res3 */
