@@ -61,6 +61,15 @@ typedef struct loom_rng {
 } loom_rng;
 uint64_t loom_rng_next_u64(loom_rng *r);
 float loom_rng_next_uniform(loom_rng *r);
+/* MurmurHash3's 64-bit finalizer: a bijective mix for hash tables and seeds */
+static inline uint64_t loom_mix64(uint64_t x) {
+    x ^= x >> 33;
+    x *= 0xff51afd7ed558ccdULL;
+    x ^= x >> 33;
+    x *= 0xc4ceb9fe1a85ec53ULL;
+    x ^= x >> 33;
+    return x;
+}
 /* stable 64-bit hash of a string (FNV-1a then mixed); used to key tensors by name */
 uint64_t loom_hash_str(const char *s);
 

@@ -44,14 +44,7 @@ static inline uint64_t bpe_hash_bytes(const void *p, size_t n) {
     h ^= h >> 32;
     return h;
 }
-static inline uint64_t bpe_hash_u64(uint64_t x) {
-    x ^= x >> 33;
-    x *= 0xFF51AFD7ED558CCDull;
-    x ^= x >> 33;
-    x *= 0xC4CEB9FE1A85EC53ull;
-    x ^= x >> 33;
-    return x;
-}
+static inline uint64_t bpe_hash_u64(uint64_t x) { return loom_mix64(x); }
 
 /* string -> int32 (open addressing; keys are borrowed pointers that outlive the map) */
 typedef struct bpe_strmap {

@@ -71,16 +71,8 @@ void loom_exact_dedup(const loom_docs *docs, loom_hashset *set, uint8_t *keep) {
 }
 
 /* ---- MinHash ---- */
-static uint64_t fmix64(uint64_t k) {
-    k ^= k >> 33;
-    k *= 0xff51afd7ed558ccdULL;
-    k ^= k >> 33;
-    k *= 0xc4ceb9fe1a85ec53ULL;
-    k ^= k >> 33;
-    return k;
-}
 
-static uint64_t perm_seed(int j) { return fmix64(0x9e3779b97f4a7c15ULL * (uint64_t)(j + 1)); }
+static uint64_t perm_seed(int j) { return loom_mix64(0x9e3779b97f4a7c15ULL * (uint64_t)(j + 1)); }
 
 void loom_minhash(const uint8_t *p, size_t n, int k, int chars, int num_perm, uint64_t *sig) {
     for (int j = 0; j < num_perm; j++) sig[j] = UINT64_MAX;
@@ -133,7 +125,7 @@ static int64_t *bm_slot(bucket_map *m, uint64_t key, int create) {
         free(m->head);
         *m = big;
     }
-    size_t mask = m->cap - 1, i = (size_t)fmix64(key) & mask;
+    size_t mask = m->cap - 1, i = (size_t)loom_mix64(key) & mask;
     while (m->head[i] >= 0 || (create && m->head[i] == -2)) {
         if (m->keys[i] == key) return &m->head[i];
         i = (i + 1) & mask;
