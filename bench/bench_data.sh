@@ -3,7 +3,8 @@
 # bench/RESULTS.md under "## Data build" (only that section is replaced).
 #   bash bench/bench_data.sh            # BENCH_MB=64 MB of text per case (BENCH_MB=... to change)
 # Cases: text (byte tokens, no steps); text with utf8_repair + length + regex + dedup_exact;
-# text with dedup_near; JSONL.zst; then the cached rebuild of an unchanged recipe.
+# text with dedup_near; JSONL.zst; text split over 2 MPI ranks x 1 thread (mpirun, when
+# installed); then the cached rebuild of an unchanged recipe.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 LOOM=${LOOM:-build/loom}
@@ -51,13 +52,14 @@ recipe filters text "$W/text" '[utf8_repair, {length: {min_bytes: 100}}, {regex:
 recipe near text "$W/text" '[{dedup_near: {num_perm: 128, bands: 16, shingle: 5, threshold: 0.8}}]'
 recipe jsonl jsonl "$W/jsonl" "[]"
 
-row() { # label yaml threads
-  local t0 t1
-  rm -rf "$W/out-$(basename "$2" .yaml)"
+row() { # label yaml threads [launcher...]
+  local t0 t1 label=$1 yaml=$2 threads=$3
+  shift 3
+  rm -rf "$W/out-$(basename "$yaml" .yaml)"
   t0=$(date +%s.%N)
-  OMP_NUM_THREADS=$3 "$LOOM" data build "$2" >/dev/null 2>&1
+  OMP_NUM_THREADS=${threads%% *} "$@" "$LOOM" data build "$yaml" >/dev/null 2>&1
   t1=$(date +%s.%N)
-  python3 -c "import sys; b, t = $IN_BYTES, $t1 - $t0; print(f'| {sys.argv[1]} | {sys.argv[2]} | {b/1e6:.0f} | {t:.2f} | {b/1e6/t:.1f} |')" "$1" "$3"
+  python3 -c "import sys; b, t = $IN_BYTES, $t1 - $t0; print(f'| {sys.argv[1]} | {sys.argv[2]} | {b/1e6:.0f} | {t:.2f} | {b/1e6/t:.1f} |')" "$label" "$threads"
 }
 ROWS=$(
   row "text, no steps" "$W/plain.yaml" 1
@@ -65,6 +67,10 @@ ROWS=$(
   row "text, utf8_repair + length + regex + dedup_exact" "$W/filters.yaml" "$THREADS"
   row "text, dedup_near (128 perm, 16 bands)" "$W/near.yaml" "$THREADS"
   row "jsonl.zst, no steps" "$W/jsonl.yaml" "$THREADS"
+  if command -v mpirun >/dev/null; then
+    row "text, no steps" "$W/plain.yaml" "1 (2 ranks x 1 thread)" env OMPI_ALLOW_RUN_AS_ROOT=1 \
+      OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 mpirun --oversubscribe -np 2 -x OMP_NUM_THREADS
+  fi
 )
 t0=$(date +%s.%N); OMP_NUM_THREADS=$THREADS "$LOOM" data build "$W/plain.yaml" >/dev/null 2>&1
 "$LOOM" data build "$W/plain.yaml" 2>&1 | grep -q "up to date" || { echo "cached rebuild did work"; exit 1; }
@@ -77,7 +83,11 @@ SECTION=$(cat <<EOF
 \`bash bench/bench_data.sh\` ($(date -u +%Y-%m-%d), $(nproc) cores: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ *//'),
 BENCH_MB=$MB). MB/s = input bytes / wall time of \`loom data build\` (reading, steps,
 tokenization, shard writing with fsync, manifest, dataset.json), byte tokenizer,
-shard_tokens 2^20.
+shard_tokens 2^20. "2 ranks x 1 thread" is \`mpirun -np 2 loom data build\` (wall time
+including mpirun's start-up, about 0.5 s here); every rank reads the sources and runs the steps,
+only hashing, BPE tokenization and shard writing are divided (docs/recipes.md, "Parallel
+builds"), so on these 2 shared, busy cores it is slower than one process; ranks are meant
+for nodes with more cores than one process's threads use well, and for several nodes.
 
 | case | threads | input MB | seconds | MB/s |
 |---|---:|---:|---:|---:|

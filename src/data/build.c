@@ -23,8 +23,8 @@
  * member reads the sources and runs the steps (documents, dedup and train/val routing then agree
  * everywhere); input hashing and the check of cached shards are split by index, BPE
  * tokenization by blocks of documents (token counts summed over the team), and each split's
- * shards in contiguous blocks, one block per member, rotated by the split's first shard
- * number. Member 0 names the temp directory (its pid), creates it, links reused shards, writes
+ * shards in contiguous blocks, one block per member, rotated by the source's first train shard
+ * number (the BPE count blocks too, so a member mostly writes what it counted). Member 0 names the temp directory (its pid), creates it, links reused shards, writes
  * every manifest line in shard order once the shards' SHA-256 and counts are gathered, writes
  * dataset.json and renames. The output is byte-identical to one process's ("created" aside,
  * which member 0 stamps; SOURCE_DATE_EPOCH fixes it). */
@@ -75,6 +75,7 @@ typedef struct src_state {
     split_stats split[2];
     loom_labels *labels;
     char labels_sha[65];
+    uint64_t rot;         /* a team: shard blocks and BPE count blocks rotate by this */
 } src_state;
 
 typedef struct build {
@@ -606,7 +607,7 @@ static int write_split_team(build *b, int si, int sp, const doc_set *ds, int32_t
     src_state *st = &b->src[si];
     const loom_recipe_source *s = &b->r.sources[si];
     uint64_t total = ds->cum[ds->n], cap = (uint64_t)b->r.shard_tokens, off, len;
-    int blk = (int)(((uint64_t)b->rank + (uint64_t)b->size - first % (uint64_t)b->size) % (uint64_t)b->size);
+    int blk = (int)(((uint64_t)b->rank + (uint64_t)b->size - st->rot % (uint64_t)b->size) % (uint64_t)b->size);
     block_of(n_shards, b->size, blk, &off, &len);
 #ifdef LOOM_HAVE_BPE
     if (ids && len) { /* tokenize the documents of the block that another member counted */
@@ -751,6 +752,7 @@ static int build_source(build *b, int si, loom_err *err) {
     memset(ds, 0, sizeof ds);
     uint64_t *ntok = NULL;   /* (docs.n) tokens per document */
     int32_t **ids = NULL;    /* bpe: (docs.n) token arrays */
+    st->rot = b->next_shard[0]; /* the same rotation for both splits and the BPE counts */
     if (read_source(b, si, &docs, err) != 0) goto done;
     if (st->reuse) { /* read only for the cross-source dedup set */
         rc = reuse_source(b, si, err);
@@ -771,8 +773,9 @@ static int build_source(build *b, int si, loom_err *err) {
             for (size_t i = 0; i < docs.n; i++) all += docs.v[i].len;
             mine = loom_malloc(docs.n + 1);
             for (size_t i = 0; i < docs.n; i++) {
-                int owner = all ? (int)((double)before * b->size / (double)all) : 0;
-                mine[i] = (owner < b->size ? owner : b->size - 1) == b->rank;
+                int blk = all ? (int)((double)before * b->size / (double)all) : 0;
+                blk = blk < b->size ? blk : b->size - 1;
+                mine[i] = (int)(((uint64_t)blk + st->rot) % (uint64_t)b->size) == b->rank;
                 before += docs.v[i].len;
             }
         }
