@@ -13,4 +13,9 @@
  * Never fails: returns a positive number. */
 double loom_peak_flops(int threads);
 
+/* Raises the cached peak of this machine at `threads` to `observed` (FLOP/s a run actually
+ * achieved) when that is higher: the cache was then measured while other work shared the
+ * cores. Returns the peak now cached (LOOM_PEAK_FLOPS, when set, is not overridden). */
+double loom_peak_flops_raise(int threads, double observed);
+
 #endif

@@ -119,6 +119,26 @@ static void save_cache(const char *path, json_t *root) {
     free(text);
 }
 
+/* "host|cpu model|threads", malloc'd */
+static char *cache_key(int threads, char *host, size_t hsize, char **cpu_out) {
+    snprintf(host, hsize, "unknown");
+    if (gethostname(host, hsize - 1) != 0) snprintf(host, hsize, "unknown");
+    host[hsize - 1] = 0;
+    char *cpu = cpu_model();
+    size_t klen = strlen(host) + strlen(cpu) + 32;
+    char *key = loom_malloc(klen);
+    snprintf(key, klen, "%s|%s|%d", host, cpu, threads);
+    *cpu_out = cpu;
+    return key;
+}
+
+static void store(json_t *root, const char *key, double flops, const char *host, const char *cpu,
+                  int threads) {
+    json_t *e = json_pack("{s:f, s:s, s:s, s:i, s:I}", "flops", flops, "host", host, "cpu", cpu,
+                          "threads", threads, "measured_at", (json_int_t)time(NULL));
+    if (e) json_object_set_new(root, key, e);
+}
+
 double loom_peak_flops(int threads) {
     if (threads <= 0) threads = omp_get_max_threads();
     const char *over = getenv("LOOM_PEAK_FLOPS");
@@ -129,14 +149,8 @@ double loom_peak_flops(int threads) {
         if (!*end && errno == 0 && isfinite(v) && v > 0) return v;
         loom_warn("LOOM_PEAK_FLOPS='%s' is not a positive number; ignoring it", over);
     }
-    char host[256] = "unknown";
-    if (gethostname(host, sizeof host - 1) != 0) snprintf(host, sizeof host, "unknown");
-    host[sizeof host - 1] = 0;
-    char *cpu = cpu_model();
-    size_t klen = strlen(host) + strlen(cpu) + 32;
-    char *key = loom_malloc(klen);
-    snprintf(key, klen, "%s|%s|%d", host, cpu, threads);
-
+    char host[256], *cpu;
+    char *key = cache_key(threads, host, sizeof host, &cpu);
     char *path = cache_path();
     json_t *root = path ? load_cache(path) : NULL;
     double flops = 0;
@@ -148,10 +162,7 @@ double loom_peak_flops(int threads) {
         if (ent) loom_warn("%s: bad entry for '%s'; measuring again", path, key);
         flops = measure(threads);
         if (root) {
-            json_t *e = json_pack("{s:f, s:s, s:s, s:i, s:I}", "flops", flops, "host", host,
-                                  "cpu", cpu, "threads", threads, "measured_at",
-                                  (json_int_t)time(NULL));
-            if (e) json_object_set_new(root, key, e);
+            store(root, key, flops, host, cpu, threads);
             save_cache(path, root);
         }
     }
@@ -160,4 +171,27 @@ double loom_peak_flops(int threads) {
     free(key);
     free(cpu);
     return flops;
+}
+
+double loom_peak_flops_raise(int threads, double observed) {
+    if (threads <= 0) threads = omp_get_max_threads();
+    if (!(observed > 0) || !isfinite(observed)) return loom_peak_flops(threads);
+    const double cached = loom_peak_flops(threads);
+    if (observed <= cached) return cached;
+    char host[256], *cpu;
+    char *key = cache_key(threads, host, sizeof host, &cpu);
+    char *path = cache_path();
+    json_t *root = path ? load_cache(path) : NULL;
+    if (root) {
+        store(root, key, observed, host, cpu, threads);
+        save_cache(path, root);
+        loom_warn("%s: the peak FLOP/s cached for %d threads (%.1f GFLOP/s) was below what "
+                  "training achieved (%.1f GFLOP/s; it was measured on a busy machine): raised",
+                  path, threads, cached / 1e9, observed / 1e9);
+    }
+    json_decref(root);
+    free(path);
+    free(key);
+    free(cpu);
+    return observed;
 }

@@ -565,7 +565,7 @@ int loom_train(loom_config *cfg, loom_err *err) {
         if (loom_metrics_open(path, t.step, &mx, err)) goto done;
     }
 
-    const double peak = t.s.peak_flops > 0 ? t.s.peak_flops : loom_peak_flops(threads);
+    double peak = t.s.peak_flops > 0 ? t.s.peak_flops : loom_peak_flops(threads);
     const double flops_tok = loom_model_flops_per_token(t.model, (int)t.s.T);
     const int64_t BT = t.s.B * t.s.T;
     loom_dp_memory mem;
@@ -634,7 +634,12 @@ int loom_train(loom_config *cfg, loom_err *err) {
         }
         const double dt = loom_now() - t0;
         const double tps = (double)(BT * t.s.accum) / dt;
-        const double mfu = flops_tok * tps / (peak * t.world_size);
+        double mfu = flops_tok * tps / (peak * t.world_size);
+        if (mfu > 1.0 && t.s.peak_flops <= 0 && t.world_size == 1 && !getenv("LOOM_PEAK_FLOPS")) {
+            /* more than the cached peak: it was measured on a busy machine */
+            peak = loom_peak_flops_raise(threads, flops_tok * tps);
+            mfu = flops_tok * tps / peak;
+        }
         loom_comm_stats cs;
         loom_comm_stats_get(t.mesh, &cs);
         double mine[3] = {cs.total_time_s, cs.total_bytes, cs.total_wait_s};

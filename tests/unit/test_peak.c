@@ -110,12 +110,25 @@ static void test_env_override(void **state) {
     unsetenv("LOOM_PEAK_FLOPS");
 }
 
+/* a run that achieved more than the cached peak raises the cache; a lower one does not */
+static void test_raise(void **state) {
+    (void)state;
+    const double cached = loom_peak_flops(1);
+    assert_true(loom_peak_flops_raise(1, cached * 0.5) == cached);
+    assert_true(loom_peak_flops(1) == cached);
+    const double higher = cached * 3.0;
+    assert_true(loom_peak_flops_raise(1, higher) == higher);
+    assert_true(loom_peak_flops(1) == higher); /* persisted */
+    assert_true(loom_peak_flops_raise(1, -1.0) == higher); /* nonsense is ignored */
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_measure_and_cache),
         cmocka_unit_test(test_keyed_by_threads),
         cmocka_unit_test(test_corrupt_cache),
         cmocka_unit_test(test_env_override),
+        cmocka_unit_test(test_raise),
     };
     return cmocka_run_group_tests(tests, setup_dir, tu_teardown_tmpdir);
 }
