@@ -139,7 +139,8 @@ void loom_model_init_range(const loom_model *m, uint64_t seed, size_t offset, si
                            float *dst);
 
 /* Deterministic init: weights ~ N(0, init_std) keyed by (seed, tensor name, element);
- * GPT-2 residual projections scaled by 1/sqrt(2L); norm weights 1; biases 0. */
+ * residual projections (attn_proj_w, fc_proj_w) scaled by 1/sqrt(2L) in both flavors (GPT-2's
+ * scheme, kept for Llama too); norm weights 1; biases 0. */
 void loom_model_init_weights(loom_model *m, uint64_t seed);
 
 /* Forward on inputs (B,T), B <= the B given at create, T <= its T. When targets is not NULL
