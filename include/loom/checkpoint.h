@@ -1,9 +1,4 @@
-/* loom checkpoints and safetensors.
- *
- * safetensors: 8-byte little-endian header length, JSON header {name: {dtype, shape,
- * data_offsets}, "__metadata__": {str: str}}, then the raw data. loom writes F32 tensors;
- * reading validates the header strictly (size limits, offsets in bounds, no overlap, dtype
- * and shape consistent with the byte length, duplicate keys rejected).
+/* loom checkpoints (the safetensors format itself is in loom/safetensors.h).
  *
  * Checkpoint: a directory per step, ckpt/step_NNNNNNN/, holding any number of files
  * (safetensors and others), manifest.json with the SHA-256 of every file, and a COMPLETE
@@ -15,40 +10,7 @@
 #include <stdint.h>
 #include <stddef.h>
 #include "loom/base.h"
-
-/* ---- safetensors --------------------------------------------------------------------- */
-typedef struct loom_st_tensor {
-    const char *name;
-    const float *data;  /* F32 */
-    int ndim;           /* 0..8 */
-    int64_t shape[8];
-} loom_st_tensor;
-
-/* metadata: NULL or NULL-terminated array of key, value, key, value, ..., NULL */
-int loom_safetensors_write(const char *path, const loom_st_tensor *tensors, int n,
-                           const char *const *metadata, loom_err *err);
-/* Same bytes into a malloc'd buffer. */
-int loom_safetensors_serialize(const loom_st_tensor *tensors, int n,
-                               const char *const *metadata, char **out, size_t *len,
-                               loom_err *err);
-
-typedef struct loom_st_file loom_st_file;
-int loom_safetensors_open(const char *path, loom_st_file **out, loom_err *err);
-/* Parses an in-memory buffer (not copied; must outlive the handle). name is for messages. */
-int loom_safetensors_parse(const char *buf, size_t len, const char *name, loom_st_file **out,
-                           loom_err *err);
-void loom_safetensors_close(loom_st_file *f);
-int loom_safetensors_count(const loom_st_file *f);
-/* the i-th tensor's name, in sorted name order */
-const char *loom_safetensors_name(const loom_st_file *f, int i);
-/* Looks a tensor up; returns -1 with an error naming the file when absent or not F32. */
-int loom_safetensors_get(const loom_st_file *f, const char *name, const float **data,
-                         int *ndim, int64_t shape[8], loom_err *err);
-/* Copies a tensor into dst after checking it has exactly the expected shape. */
-int loom_safetensors_read_into(const loom_st_file *f, const char *name, float *dst, int ndim,
-                               const int64_t *shape, loom_err *err);
-/* metadata value or NULL */
-const char *loom_safetensors_metadata(const loom_st_file *f, const char *key);
+#include "loom/safetensors.h"
 
 /* ---- checkpoint directories --------------------------------------------------------- */
 typedef struct loom_ckpt_file {

@@ -9,7 +9,7 @@
  * implementation does). The reader treats the file as untrusted: every field is checked
  * before any byte of tensor data is touched, and every error names the file and tensor. */
 #define _GNU_SOURCE
-#include "loom/checkpoint.h"
+#include "loom/safetensors.h"
 
 #include <errno.h>
 #include <fcntl.h>

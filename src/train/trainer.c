@@ -18,7 +18,7 @@
 #include "loom/metrics.h"
 #include "loom/model.h"
 #include "loom/model_config.h"
-#include "loom/obs.h"
+#include "loom/peak.h"
 #include "loom/optim.h"
 #include "loom/parallel.h"
 #include "loom/windows.h"

@@ -4,7 +4,7 @@
 
 #include <jansson.h>
 
-#include "loom/obs.h"
+#include "loom/peak.h"
 
 static char g_cache[512];
 

@@ -1,6 +1,6 @@
 /* Peak fp32 FLOP/s of this machine, measured with cblas_sgemm and cached per machine. */
 #define _GNU_SOURCE
-#include "loom/obs.h"
+#include "loom/peak.h"
 
 #include <cblas.h>
 #include <errno.h>

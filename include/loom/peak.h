@@ -1,6 +1,7 @@
-/* loom observability: machine measurements used by the metrics (MFU). */
-#ifndef LOOM_OBS_H
-#define LOOM_OBS_H
+/* The machine's measured fp32 peak FLOP/s, the denominator of MFU (src/train/peak.c: it runs
+ * BLAS, so it sits in the train layer beside its only user). */
+#ifndef LOOM_PEAK_H
+#define LOOM_PEAK_H
 
 #include "loom/base.h"
 
