@@ -3,7 +3,6 @@
 #define _GNU_SOURCE
 #include "loom/train.h"
 
-#include <jansson.h>
 #include <math.h>
 #include <omp.h>
 #include <signal.h>
@@ -12,7 +11,6 @@
 #include <unistd.h>
 
 #include "loom/checkpoint.h"
-#include "loom/ckpt_pieces.h"
 #include "loom/comm.h"
 #include "loom/data.h"
 #include "loom/metrics.h"
@@ -23,306 +21,7 @@
 #include "loom/parallel.h"
 #include "loom/windows.h"
 
-static const loom_config_key train_only_keys[] = {
-    {"run.dir", "runs/default", "run directory: config.yaml, metrics.jsonl, ckpt/"},
-    {"data.train", NULL, "training dataset directory (with manifest.jsonl)"},
-    {"data.val", "", "validation dataset directory; empty = no validation"},
-    {"data.shuffle", "true", "visit training samples in a seeded permutation per epoch"},
-    {"data.follow", "false", "pick up shards appended to the training manifest while training"},
-    {"data.windows_per_doc", "4", "classify: windows per document and epoch (head, tail, body)"},
-    {"data.pad_id", "256", "classify: token that pads documents shorter than seq_len"},
-    {"training.steps", "1000", "optimizer steps to reach (raising it continues a run)"},
-    {"training.schedule_steps", NULL, "horizon of the lr schedule (default training.steps); "
-                                      "fix it to stop and continue a run along one schedule"},
-    {"training.seed", "1337", "seeds init and data order"},
-    {"training.batch_size", "8", "B: sequences per micro-batch"},
-    {"training.seq_len", "256", "T: tokens per sequence"},
-    {"training.grad_accum", "1", "micro-batches per optimizer step"},
-    {"training.lr", "3e-4", "peak learning rate"},
-    {"training.min_lr", NULL, "final learning rate (default lr/10)"},
-    {"training.warmup", "100", "linear warmup steps"},
-    {"training.schedule", "cosine", "cosine | wsd | constant"},
-    {"training.decay_frac", "0.2", "wsd: fraction of the steps after warmup spent decaying"},
-    {"training.weight_decay", "0.1", "AdamW decoupled weight decay (matrices only)"},
-    {"training.beta1", "0.9", "AdamW beta1"},
-    {"training.beta2", "0.95", "AdamW beta2"},
-    {"training.eps", "1e-8", "AdamW epsilon"},
-    {"training.grad_clip", "1.0", "global gradient-norm clip; 0 = off"},
-    {"training.threads", "0", "OpenMP/BLAS threads; 0 = all cores"},
-    {"training.peak_flops", "0", "peak FLOP/s for MFU; 0 = measure once per machine"},
-    {"training.log_every", "1", "progress line every N steps"},
-    {"eval.every", "100", "validation loss every N steps (0 = only at the end)"},
-    {"eval.batches", "8", "validation batches per evaluation"},
-    {"checkpoint.every", "0", "checkpoint every N steps (0 = no checkpoints)"},
-    {"parallel.zero", "0", "ZeRO stage over the dp ranks: 0, 1, 2 or 3"},
-    {"parallel.check_replicas", "false", "after every step, check that the dp replicas' "
-                                         "parameters are bit-identical (zero 0-2)"},
-};
-#define N_TRAIN_ONLY ((int)(sizeof train_only_keys / sizeof train_only_keys[0]))
-
-/* the full schema, assembled once */
-static loom_config_key all_keys[64];
-static int n_all_keys;
-
-static void build_schema(void) {
-    if (n_all_keys) return;
-    for (int i = 0; i < N_TRAIN_ONLY; i++) all_keys[n_all_keys++] = train_only_keys[i];
-    for (int i = 0; i < loom_model_config_nkeys; i++) all_keys[n_all_keys++] = loom_model_config_keys[i];
-    for (int i = 0; i < loom_comm_config_nkeys; i++) all_keys[n_all_keys++] = loom_comm_config_keys[i];
-    LOOM_CHECK(n_all_keys <= (int)(sizeof all_keys / sizeof all_keys[0]));
-}
-
-const loom_config_key *loom_train_schema(int *n) {
-    build_schema();
-    *n = n_all_keys;
-    return all_keys;
-}
-
-typedef struct settings {
-    const char *run_dir, *train_dir, *val_dir;
-    int shuffle, follow, check_replicas;
-    int64_t windows_per_doc, pad_id;
-    int64_t steps, seed, B, T, accum, threads, log_every, eval_every, eval_batches;
-    int64_t ckpt_every, zero;
-    double weight_decay, beta1, beta2, eps, grad_clip, peak_flops;
-    loom_schedule sched;
-} settings;
-
-static int read_settings(const loom_config *c, settings *s, loom_err *err) {
-    memset(s, 0, sizeof *s);
-    const char *sched;
-    if (loom_config_get_str(c, "run.dir", &s->run_dir, err) ||
-        loom_config_get_str(c, "data.val", &s->val_dir, err) ||
-        loom_config_get_bool(c, "data.shuffle", &s->shuffle, err) ||
-        loom_config_get_bool(c, "data.follow", &s->follow, err) ||
-        loom_config_get_int(c, "data.windows_per_doc", &s->windows_per_doc, err) ||
-        loom_config_get_int(c, "data.pad_id", &s->pad_id, err) ||
-        loom_config_get_int(c, "training.steps", &s->steps, err) ||
-        loom_config_get_int(c, "training.seed", &s->seed, err) ||
-        loom_config_get_int(c, "training.batch_size", &s->B, err) ||
-        loom_config_get_int(c, "training.seq_len", &s->T, err) ||
-        loom_config_get_int(c, "training.grad_accum", &s->accum, err) ||
-        loom_config_get_double(c, "training.lr", &s->sched.lr, err) ||
-        loom_config_get_int(c, "training.warmup", &s->sched.warmup, err) ||
-        loom_config_get_str(c, "training.schedule", &sched, err) ||
-        loom_config_get_double(c, "training.decay_frac", &s->sched.decay_frac, err) ||
-        loom_config_get_double(c, "training.weight_decay", &s->weight_decay, err) ||
-        loom_config_get_double(c, "training.beta1", &s->beta1, err) ||
-        loom_config_get_double(c, "training.beta2", &s->beta2, err) ||
-        loom_config_get_double(c, "training.eps", &s->eps, err) ||
-        loom_config_get_double(c, "training.grad_clip", &s->grad_clip, err) ||
-        loom_config_get_int(c, "training.threads", &s->threads, err) ||
-        loom_config_get_double(c, "training.peak_flops", &s->peak_flops, err) ||
-        loom_config_get_int(c, "training.log_every", &s->log_every, err) ||
-        loom_config_get_int(c, "eval.every", &s->eval_every, err) ||
-        loom_config_get_int(c, "eval.batches", &s->eval_batches, err) ||
-        loom_config_get_int(c, "checkpoint.every", &s->ckpt_every, err) ||
-        loom_config_get_int(c, "parallel.zero", &s->zero, err) ||
-        loom_config_get_bool(c, "parallel.check_replicas", &s->check_replicas, err))
-        return -1;
-    if (!loom_config_get(c, "data.train"))
-        return loom_errf(err, "config: data.train is required (a dataset directory built by "
-                              "`loom data build`)");
-    if (loom_config_get_str(c, "data.train", &s->train_dir, err)) return -1;
-    s->sched.min_lr = s->sched.lr * 0.1;
-    if (loom_config_get(c, "training.min_lr") &&
-        loom_config_get_double(c, "training.min_lr", &s->sched.min_lr, err))
-        return -1;
-    if (!strcmp(sched, "cosine")) s->sched.kind = LOOM_SCHED_COSINE;
-    else if (!strcmp(sched, "wsd")) s->sched.kind = LOOM_SCHED_WSD;
-    else if (!strcmp(sched, "constant")) s->sched.kind = LOOM_SCHED_CONSTANT;
-    else
-        return loom_errf(err, "config key 'training.schedule' = '%s' (%s): expected cosine, wsd "
-                              "or constant", sched, loom_config_origin(c, "training.schedule"));
-    s->sched.total = s->steps;
-    if (loom_config_get(c, "training.schedule_steps") &&
-        loom_config_get_int(c, "training.schedule_steps", &s->sched.total, err))
-        return -1;
-    struct { const char *key; int64_t v, lo, hi; } ranges[] = {
-        {"training.steps", s->steps, 0, INT64_C(1) << 40},
-        {"training.batch_size", s->B, 1, 1 << 20},
-        {"training.seq_len", s->T, 1, 1 << 24},
-        {"training.grad_accum", s->accum, 1, 1 << 20},
-        {"training.warmup", s->sched.warmup, 0, INT64_C(1) << 40},
-        {"training.schedule_steps", s->sched.total, 0, INT64_C(1) << 40},
-        {"training.threads", s->threads, 0, 4096},
-        {"training.log_every", s->log_every, 1, INT64_C(1) << 40},
-        {"eval.every", s->eval_every, 0, INT64_C(1) << 40},
-        {"eval.batches", s->eval_batches, 1, 1 << 20},
-        {"checkpoint.every", s->ckpt_every, 0, INT64_C(1) << 40},
-        {"parallel.zero", s->zero, 0, 3},
-        {"data.windows_per_doc", s->windows_per_doc, 1, 1 << 20},
-        {"data.pad_id", s->pad_id, 0, INT64_C(1) << 30},
-    };
-    for (size_t i = 0; i < sizeof ranges / sizeof ranges[0]; i++)
-        if (ranges[i].v < ranges[i].lo || ranges[i].v > ranges[i].hi)
-            return loom_errf(err, "config key '%s' = %lld (%s) is out of range [%lld, %lld]",
-                             ranges[i].key, (long long)ranges[i].v,
-                             loom_config_origin(c, ranges[i].key), (long long)ranges[i].lo,
-                             (long long)ranges[i].hi);
-    if (!(s->sched.lr > 0) || s->weight_decay < 0 || s->grad_clip < 0 || s->peak_flops < 0 ||
-        !(s->beta1 >= 0 && s->beta1 < 1) || !(s->beta2 >= 0 && s->beta2 < 1) || !(s->eps > 0))
-        return loom_errf(err, "config: training.lr, eps must be positive, beta1/beta2 in [0, 1), "
-                              "weight_decay, grad_clip and peak_flops non-negative");
-    return 0;
-}
-
-/* ---- the trainer ---------------------------------------------------------------------- */
-
-typedef struct trainer {
-    settings s;
-    loom_config *cfg;
-    loom_model_config mc;
-    loom_mesh *mesh;
-    int dp_rank, dp_size, world_rank, world_size;
-    int64_t local_B;          /* B / dp: this rank's rows of each global batch */
-    loom_model *model;
-    loom_dp *dp;
-    loom_dataset *train_ds, *val_ds;
-    loom_loader *train_ld;    /* LM head: token samples */
-    int classify;             /* classify head: labelled windows instead */
-    loom_windows *train_w;
-    int num_classes;          /* classes in the dataset (classify) */
-    int32_t *g_inp, *g_tgt;   /* (B,T) the global batch; classify: g_tgt holds (B) labels */
-    int64_t step;             /* optimizer steps completed */
-    char ckpt_root[4096];
-} trainer;
-
-/* Each rank writes rank_RRRRR.safetensors with what it owns; rank 0 also writes the trainer
- * state and the config, and commits (manifest + COMPLETE) after everyone has written. */
-static int save_checkpoint(trainer *t, loom_err *err) {
-    const int W = t->world_size;
-    char **names = loom_calloc((size_t)W + 2, sizeof *names);
-    char dir[4200];
-    char *buf = NULL, *state_buf = NULL, *cfg_buf = NULL;
-    loom_dp_piece *pieces = NULL;
-    int rc = -1, n = 0;
-    for (int r = 0; r < W; r++) {
-        names[r] = loom_malloc(64);
-        loom_pieces_file_name(r, names[r], 64);
-    }
-    names[W] = loom_strdup("trainer_state.json");
-    names[W + 1] = loom_strdup("config.yaml");
-    loom_pathf(dir, sizeof dir, "%s/step_%07lld", t->ckpt_root, (long long)t->step);
-    int ok = 1;
-    if (t->world_rank == 0)
-        ok = loom_ckpt_prepare(t->ckpt_root, t->step, (const char *const *)names, W + 2, NULL, 0,
-                               err) == 0;
-    loom_barrier(t->mesh, LOOM_GROUP_WORLD);
-    if (!ok) goto done;
-    size_t len = 0;
-    pieces = loom_dp_pieces(t->dp, &n);
-    if (loom_pieces_serialize(pieces, n, &buf, &len, err) ||
-        loom_ckpt_write_file(dir, names[t->world_rank], buf, len, err))
-        goto done;
-    if (t->world_rank == 0) {
-        char layout[256];
-        json_t *loader;
-        if (t->classify) {
-            uint64_t ep, pos;
-            loom_windows_get_state(t->train_w, &ep, &pos);
-            loader = json_pack("{s:s, s:I, s:I}", "kind", "windows", "epoch", (json_int_t)ep,
-                               "position", (json_int_t)pos);
-        } else {
-            char *ls = loom_loader_state_json(t->train_ld);
-            loader = json_loads(ls, JSON_REJECT_DUPLICATES, NULL);
-            free(ls);
-        }
-        LOOM_CHECK(loader != NULL);
-        json_t *st = json_pack("{s:I, s:I, s:o, s:{s:I, s:s}, s:s, s:s, s:I}", "step",
-                               (json_int_t)t->step, "optimizer_step",
-                               (json_int_t)loom_dp_optimizer_step(t->dp), "loader", loader,
-                               "rng", "seed", (json_int_t)t->s.seed, "kind",
-                               "counter-based (stateless)", "loom_version", LOOM_VERSION,
-                               "layout", loom_mesh_describe(t->mesh, layout, sizeof layout),
-                               "zero", (json_int_t)t->s.zero);
-        LOOM_CHECK(st != NULL);
-        state_buf = json_dumps(st, JSON_INDENT(2) | JSON_SORT_KEYS);
-        json_decref(st);
-        cfg_buf = loom_config_to_yaml(t->cfg);
-        if (loom_ckpt_write_file(dir, names[W], state_buf, strlen(state_buf), err) ||
-            loom_ckpt_write_file(dir, names[W + 1], cfg_buf, strlen(cfg_buf), err))
-            goto done;
-    }
-    loom_barrier(t->mesh, LOOM_GROUP_WORLD);
-    if (t->world_rank == 0 &&
-        loom_ckpt_commit(t->ckpt_root, t->step, (const char *const *)names, W + 2, NULL, 0, err))
-        goto done;
-    loom_barrier(t->mesh, LOOM_GROUP_WORLD);
-    rc = 0;
-done:
-    for (int r = 0; r < W + 2; r++) free(names[r]);
-    free(names);
-    free(pieces);
-    free(buf);
-    free(state_buf);
-    free(cfg_buf);
-    return rc;
-}
-
-static int json_get_int(json_t *obj, const char *key, int64_t *out, const char *where,
-                        loom_err *err) {
-    json_t *v = json_object_get(obj, key);
-    if (!json_is_integer(v) || json_integer_value(v) < 0)
-        return loom_errf(err, "%s: '%s' missing or not a non-negative integer", where, key);
-    *out = json_integer_value(v);
-    return 0;
-}
-
-static int load_checkpoint(trainer *t, const char *dir, loom_err *err) {
-    loom_ckpt *ck = NULL;
-    json_t *st = NULL;
-    loom_dp_piece *need = NULL;
-    int rc = -1, n = 0;
-    char where[4200];
-    if (loom_ckpt_open(dir, &ck, err)) return -1;
-    size_t sl;
-    const char *sb = loom_ckpt_file_data(ck, "trainer_state.json", &sl);
-    if (!sb) {
-        loom_errf(err, "%s: checkpoint lacks trainer_state.json", dir);
-        goto done;
-    }
-    need = loom_dp_needed(t->dp, &n);
-    if (loom_pieces_fill(ck, need, n, err)) goto done;
-    json_error_t je;
-    loom_pathf(where, sizeof where, "%s/trainer_state.json", dir);
-    st = json_loadb(sb, sl, JSON_REJECT_DUPLICATES, &je);
-    if (!json_is_object(st)) {
-        loom_errf(err, "%s:%d: %s", where, je.line, st ? "not a JSON object" : je.text);
-        goto done;
-    }
-    int64_t step = 0, ostep = 0;
-    json_t *ld = json_object_get(st, "loader");
-    if (json_get_int(st, "step", &step, where, err) ||
-        json_get_int(st, "optimizer_step", &ostep, where, err))
-        goto done;
-    if (!json_is_object(ld)) {
-        loom_errf(err, "%s: 'loader' missing or not an object", where);
-        goto done;
-    }
-    if (t->classify) {
-        int64_t ep = 0, pos = 0;
-        if (json_get_int(ld, "epoch", &ep, where, err) || json_get_int(ld, "position", &pos, where, err))
-            goto done;
-        loom_windows_set_state(t->train_w, (uint64_t)ep, (uint64_t)pos);
-    } else {
-        char *ldtext = json_dumps(ld, JSON_COMPACT);
-        int lrc = loom_loader_restore_json(t->train_ld, ldtext, err);
-        free(ldtext);
-        if (lrc) {
-            loom_err_prefix(err, "%s: loader state", where);
-            goto done;
-        }
-    }
-    t->step = step;
-    loom_dp_set_optimizer_step(t->dp, ostep);
-    rc = 0;
-done:
-    json_decref(st);
-    free(need);
-    loom_ckpt_close(ck);
-    return rc;
-}
+#include "train/trainer_internal.h"
 
 /* ---- interruption: SIGINT/SIGTERM finish the current step, checkpoint, and stop ---- */
 static volatile sig_atomic_t g_stop_signal;
@@ -517,8 +216,9 @@ static int build_mesh(trainer *t, loom_err *err) {
 }
 
 int loom_train(loom_config *cfg, loom_err *err) {
-    build_schema();
-    if (loom_config_apply_schema(cfg, all_keys, n_all_keys, err)) return -1;
+    int n_keys;
+    const loom_config_key *keys = loom_trainer_schema(&n_keys);
+    if (loom_config_apply_schema(cfg, keys, n_keys, err)) return -1;
     trainer t;
     memset(&t, 0, sizeof t);
     t.cfg = cfg;
@@ -526,7 +226,7 @@ int loom_train(loom_config *cfg, loom_err *err) {
     loom_metrics *mx = NULL;
     double *per_rank = NULL;
     struct sigaction old_int, old_term;
-    if (read_settings(cfg, &t.s, err)) return -1;
+    if (loom_trainer_read_settings(cfg, &t.s, err)) return -1;
     if (loom_model_config_from(cfg, (int)t.s.T, &t.mc, err)) return -1;
     if (t.s.T > t.mc.max_seq_len)
         return loom_errf(err, "config: training.seq_len %lld exceeds model.max_seq_len %d",
@@ -557,7 +257,7 @@ int loom_train(loom_config *cfg, loom_err *err) {
     loom_barrier(t.mesh, LOOM_GROUP_WORLD); /* run dir exists before anyone looks */
     if (loom_ckpt_find_latest(t.ckpt_root, latest, sizeof latest, &latest_step, err)) goto done;
     if (latest_step >= 0) {
-        if (load_checkpoint(&t, latest, err)) goto done;
+        if (loom_trainer_load_checkpoint(&t, latest, err)) goto done;
         if (rank0) loom_log("resumed from %s (step %lld)", latest, (long long)t.step);
     }
     if (rank0) {
@@ -689,7 +389,7 @@ int loom_train(loom_config *cfg, loom_err *err) {
         double stop = g_stop_signal;
         loom_allreduce_max(t.mesh, LOOM_GROUP_WORLD, &stop, 1, LOOM_F64);
         if ((t.s.ckpt_every > 0 && (t.step % t.s.ckpt_every == 0 || last)) || stop > 0) {
-            if (save_checkpoint(&t, err)) goto done;
+            if (loom_trainer_save_checkpoint(&t, err)) goto done;
         }
         if (stop > 0) {
             loom_errf(err, "interrupted by signal %d at step %lld; checkpoint saved in %s "

@@ -1,0 +1,145 @@
+/* The trainer's config: its keys with defaults (the schema `loom train` checks), and
+ * reading them into settings with range checks. */
+#include <string.h>
+
+#include "loom/model_config.h"
+#include "loom/train.h"
+#include "train/trainer_internal.h"
+
+static const loom_config_key train_only_keys[] = {
+    {"run.dir", "runs/default", "run directory: config.yaml, metrics.jsonl, ckpt/"},
+    {"data.train", NULL, "training dataset directory (with manifest.jsonl)"},
+    {"data.val", "", "validation dataset directory; empty = no validation"},
+    {"data.shuffle", "true", "visit training samples in a seeded permutation per epoch"},
+    {"data.follow", "false", "pick up shards appended to the training manifest while training"},
+    {"data.windows_per_doc", "4", "classify: windows per document and epoch (head, tail, body)"},
+    {"data.pad_id", "256", "classify: token that pads documents shorter than seq_len"},
+    {"training.steps", "1000", "optimizer steps to reach (raising it continues a run)"},
+    {"training.schedule_steps", NULL, "horizon of the lr schedule (default training.steps); "
+                                      "fix it to stop and continue a run along one schedule"},
+    {"training.seed", "1337", "seeds init and data order"},
+    {"training.batch_size", "8", "B: sequences per micro-batch (the global batch under dp)"},
+    {"training.seq_len", "256", "T: tokens per sequence"},
+    {"training.grad_accum", "1", "micro-batches per optimizer step"},
+    {"training.lr", "3e-4", "peak learning rate"},
+    {"training.min_lr", NULL, "final learning rate (default lr/10)"},
+    {"training.warmup", "100", "linear warmup steps"},
+    {"training.schedule", "cosine", "cosine | wsd | constant"},
+    {"training.decay_frac", "0.2", "wsd: fraction of the steps after warmup spent decaying"},
+    {"training.weight_decay", "0.1", "AdamW decoupled weight decay (matrices only)"},
+    {"training.beta1", "0.9", "AdamW beta1"},
+    {"training.beta2", "0.95", "AdamW beta2"},
+    {"training.eps", "1e-8", "AdamW epsilon"},
+    {"training.grad_clip", "1.0", "global gradient-norm clip; 0 = off"},
+    {"training.threads", "0", "OpenMP/BLAS threads; 0 = all cores"},
+    {"training.peak_flops", "0", "peak FLOP/s for MFU; 0 = measure once per machine"},
+    {"training.log_every", "1", "progress line every N steps"},
+    {"eval.every", "100", "validation loss every N steps (0 = only at the end)"},
+    {"eval.batches", "8", "validation batches per evaluation"},
+    {"checkpoint.every", "0", "checkpoint every N steps (0 = no checkpoints)"},
+    {"parallel.zero", "0", "ZeRO stage over the dp ranks: 0, 1, 2 or 3"},
+    {"parallel.check_replicas", "false", "after every step, check that the dp replicas' "
+                                         "parameters are bit-identical (zero 0-2)"},
+};
+#define N_TRAIN_ONLY ((int)(sizeof train_only_keys / sizeof train_only_keys[0]))
+
+/* the full schema, assembled once */
+static loom_config_key all_keys[64];
+static int n_all_keys;
+
+static void build_schema(void) {
+    if (n_all_keys) return;
+    for (int i = 0; i < N_TRAIN_ONLY; i++) all_keys[n_all_keys++] = train_only_keys[i];
+    for (int i = 0; i < loom_model_config_nkeys; i++) all_keys[n_all_keys++] = loom_model_config_keys[i];
+    for (int i = 0; i < loom_comm_config_nkeys; i++) all_keys[n_all_keys++] = loom_comm_config_keys[i];
+    LOOM_CHECK(n_all_keys <= (int)(sizeof all_keys / sizeof all_keys[0]));
+}
+
+const loom_config_key *loom_trainer_schema(int *n) {
+    build_schema();
+    *n = n_all_keys;
+    return all_keys;
+}
+
+const loom_config_key *loom_train_schema(int *n) { return loom_trainer_schema(n); }
+
+
+
+int loom_trainer_read_settings(const loom_config *c, settings *s, loom_err *err) {
+    memset(s, 0, sizeof *s);
+    const char *sched;
+    if (loom_config_get_str(c, "run.dir", &s->run_dir, err) ||
+        loom_config_get_str(c, "data.val", &s->val_dir, err) ||
+        loom_config_get_bool(c, "data.shuffle", &s->shuffle, err) ||
+        loom_config_get_bool(c, "data.follow", &s->follow, err) ||
+        loom_config_get_int(c, "data.windows_per_doc", &s->windows_per_doc, err) ||
+        loom_config_get_int(c, "data.pad_id", &s->pad_id, err) ||
+        loom_config_get_int(c, "training.steps", &s->steps, err) ||
+        loom_config_get_int(c, "training.seed", &s->seed, err) ||
+        loom_config_get_int(c, "training.batch_size", &s->B, err) ||
+        loom_config_get_int(c, "training.seq_len", &s->T, err) ||
+        loom_config_get_int(c, "training.grad_accum", &s->accum, err) ||
+        loom_config_get_double(c, "training.lr", &s->sched.lr, err) ||
+        loom_config_get_int(c, "training.warmup", &s->sched.warmup, err) ||
+        loom_config_get_str(c, "training.schedule", &sched, err) ||
+        loom_config_get_double(c, "training.decay_frac", &s->sched.decay_frac, err) ||
+        loom_config_get_double(c, "training.weight_decay", &s->weight_decay, err) ||
+        loom_config_get_double(c, "training.beta1", &s->beta1, err) ||
+        loom_config_get_double(c, "training.beta2", &s->beta2, err) ||
+        loom_config_get_double(c, "training.eps", &s->eps, err) ||
+        loom_config_get_double(c, "training.grad_clip", &s->grad_clip, err) ||
+        loom_config_get_int(c, "training.threads", &s->threads, err) ||
+        loom_config_get_double(c, "training.peak_flops", &s->peak_flops, err) ||
+        loom_config_get_int(c, "training.log_every", &s->log_every, err) ||
+        loom_config_get_int(c, "eval.every", &s->eval_every, err) ||
+        loom_config_get_int(c, "eval.batches", &s->eval_batches, err) ||
+        loom_config_get_int(c, "checkpoint.every", &s->ckpt_every, err) ||
+        loom_config_get_int(c, "parallel.zero", &s->zero, err) ||
+        loom_config_get_bool(c, "parallel.check_replicas", &s->check_replicas, err))
+        return -1;
+    if (!loom_config_get(c, "data.train"))
+        return loom_errf(err, "config: data.train is required (a dataset directory built by "
+                              "`loom data build`)");
+    if (loom_config_get_str(c, "data.train", &s->train_dir, err)) return -1;
+    s->sched.min_lr = s->sched.lr * 0.1;
+    if (loom_config_get(c, "training.min_lr") &&
+        loom_config_get_double(c, "training.min_lr", &s->sched.min_lr, err))
+        return -1;
+    if (!strcmp(sched, "cosine")) s->sched.kind = LOOM_SCHED_COSINE;
+    else if (!strcmp(sched, "wsd")) s->sched.kind = LOOM_SCHED_WSD;
+    else if (!strcmp(sched, "constant")) s->sched.kind = LOOM_SCHED_CONSTANT;
+    else
+        return loom_errf(err, "config key 'training.schedule' = '%s' (%s): expected cosine, wsd "
+                              "or constant", sched, loom_config_origin(c, "training.schedule"));
+    s->sched.total = s->steps;
+    if (loom_config_get(c, "training.schedule_steps") &&
+        loom_config_get_int(c, "training.schedule_steps", &s->sched.total, err))
+        return -1;
+    struct { const char *key; int64_t v, lo, hi; } ranges[] = {
+        {"training.steps", s->steps, 0, INT64_C(1) << 40},
+        {"training.batch_size", s->B, 1, 1 << 20},
+        {"training.seq_len", s->T, 1, 1 << 24},
+        {"training.grad_accum", s->accum, 1, 1 << 20},
+        {"training.warmup", s->sched.warmup, 0, INT64_C(1) << 40},
+        {"training.schedule_steps", s->sched.total, 0, INT64_C(1) << 40},
+        {"training.threads", s->threads, 0, 4096},
+        {"training.log_every", s->log_every, 1, INT64_C(1) << 40},
+        {"eval.every", s->eval_every, 0, INT64_C(1) << 40},
+        {"eval.batches", s->eval_batches, 1, 1 << 20},
+        {"checkpoint.every", s->ckpt_every, 0, INT64_C(1) << 40},
+        {"parallel.zero", s->zero, 0, 3},
+        {"data.windows_per_doc", s->windows_per_doc, 1, 1 << 20},
+        {"data.pad_id", s->pad_id, 0, INT64_C(1) << 30},
+    };
+    for (size_t i = 0; i < sizeof ranges / sizeof ranges[0]; i++)
+        if (ranges[i].v < ranges[i].lo || ranges[i].v > ranges[i].hi)
+            return loom_errf(err, "config key '%s' = %lld (%s) is out of range [%lld, %lld]",
+                             ranges[i].key, (long long)ranges[i].v,
+                             loom_config_origin(c, ranges[i].key), (long long)ranges[i].lo,
+                             (long long)ranges[i].hi);
+    if (!(s->sched.lr > 0) || s->weight_decay < 0 || s->grad_clip < 0 || s->peak_flops < 0 ||
+        !(s->beta1 >= 0 && s->beta1 < 1) || !(s->beta2 >= 0 && s->beta2 < 1) || !(s->eps > 0))
+        return loom_errf(err, "config: training.lr, eps must be positive, beta1/beta2 in [0, 1), "
+                              "weight_decay, grad_clip and peak_flops non-negative");
+    return 0;
+}

@@ -1,0 +1,57 @@
+/* Private to src/train: the trainer's state, shared by the loop (trainer.c), its config
+ * (train_config.c) and its checkpoints (train_ckpt.c). */
+#ifndef LOOM_TRAIN_INTERNAL_H
+#define LOOM_TRAIN_INTERNAL_H
+
+#include "loom/comm.h"
+#include "loom/config.h"
+#include "loom/data.h"
+#include "loom/model.h"
+#include "loom/optim.h"
+#include "loom/parallel.h"
+#include "loom/windows.h"
+
+/* the resolved training.*, data.*, eval.*, checkpoint.*, parallel.zero keys */
+typedef struct settings {
+    const char *run_dir, *train_dir, *val_dir;
+    int shuffle, follow, check_replicas;
+    int64_t windows_per_doc, pad_id;
+    int64_t steps, seed, B, T, accum, threads, log_every, eval_every, eval_batches;
+    int64_t ckpt_every, zero;
+    double weight_decay, beta1, beta2, eps, grad_clip, peak_flops;
+    loom_schedule sched;
+} settings;
+
+typedef struct trainer {
+    settings s;
+    loom_config *cfg;
+    loom_model_config mc;
+    loom_mesh *mesh;
+    int dp_rank, dp_size, world_rank, world_size;
+    int64_t local_B;          /* B / dp: this rank's rows of each global batch */
+    loom_model *model;
+    loom_dp *dp;
+    loom_dataset *train_ds, *val_ds;
+    loom_loader *train_ld;    /* LM head: token samples */
+    int classify;             /* classify head: labelled windows instead */
+    loom_windows *train_w;
+    int num_classes;          /* classes in the dataset (classify) */
+    int32_t *g_inp, *g_tgt;   /* (B,T) the global batch; classify: g_tgt holds (B) labels */
+    int64_t step;             /* optimizer steps completed */
+    char ckpt_root[4096];
+} trainer;
+
+
+/* Reads the keys of a config the schema has already checked into s; errors name
+ * the key, its value and where it was set. */
+int loom_trainer_read_settings(const loom_config *c, settings *s, loom_err *err);
+/* the whole schema (train keys + model.* + parallel.*) */
+const loom_config_key *loom_trainer_schema(int *n);
+
+/* Collective over the world: every rank writes its pieces, rank 0 the trainer state and
+ * config, then commits the step directory. */
+int loom_trainer_save_checkpoint(trainer *t, loom_err *err);
+/* Loads a complete step directory into the engine's storage and the loader. */
+int loom_trainer_load_checkpoint(trainer *t, const char *dir, loom_err *err);
+
+#endif
