@@ -24,6 +24,10 @@ struct loom_comm_req {
     MPI_Request *reqs; /* (n) */
     int *counts, *displs; /* (group size) for the v-variants; live until completion */
     int borrowed;         /* reqs belong to the caller (loom_comm_waitall) */
+    /* capacities of the arrays above, kept when the record goes back to the pool */
+    int reqs_cap, table_cap;
+    MPI_Request *own_reqs; /* the record's own reqs array (reqs may be borrowed) */
+    struct loom_comm_req *next_free;
 };
 
 static const char *kind_names[LOOM_COLL_KIND_COUNT] = {
@@ -81,7 +85,17 @@ static void publish(loom_mesh *m, loom_group g, loom_coll_kind k, int64_t seq, i
 static loom_comm_req *req_new(loom_mesh *m, loom_group g, loom_coll_kind k, double bytes,
                               int nreq) {
     LOOM_CHECK(m && g >= 0 && g < LOOM_GROUP_COUNT);
-    loom_comm_req *r = loom_calloc(1, sizeof *r);
+    loom_comm_req *r = m->free_reqs;
+    if (r) m->free_reqs = r->next_free;
+    else r = loom_calloc(1, sizeof *r);
+    if (r->reqs_cap < (nreq > 0 ? nreq : 1)) {
+        free(r->own_reqs);
+        r->reqs_cap = nreq > 0 ? nreq : 1;
+        r->own_reqs = loom_calloc((size_t)r->reqs_cap, sizeof(MPI_Request));
+    }
+    r->reqs = r->own_reqs;
+    r->borrowed = 0;
+    r->next_free = NULL;
     r->m = m;
     r->g = g;
     r->kind = k;
@@ -89,7 +103,6 @@ static loom_comm_req *req_new(loom_mesh *m, loom_group g, loom_coll_kind k, doub
     r->t0 = loom_now();
     r->bytes = m->g[g].size > 1 ? bytes : 0;
     r->n = nreq;
-    r->reqs = loom_calloc(nreq > 0 ? (size_t)nreq : 1, sizeof(MPI_Request));
     for (int i = 0; i < nreq; i++) r->reqs[i] = MPI_REQUEST_NULL;
     m->stats.calls[k]++;
     m->stats.bytes[k] += r->bytes;
@@ -102,10 +115,20 @@ static void req_done(loom_comm_req *r, double waited) {
     m->stats.time_s[r->kind] += loom_now() - r->t0;
     m->stats.wait_s[r->kind] += waited;
     if (r->kind != LOOM_COLL_P2P) publish(m, r->g, r->kind, r->seq, 1);
-    if (!r->borrowed) free(r->reqs);
-    free(r->counts);
-    free(r->displs);
-    free(r);
+    r->reqs = NULL; /* a borrowed array stays the caller's */
+    r->next_free = m->free_reqs;
+    m->free_reqs = r;
+}
+
+void comm_free_request_pool(loom_mesh *m) {
+    while (m->free_reqs) {
+        loom_comm_req *r = m->free_reqs;
+        m->free_reqs = r->next_free;
+        free(r->own_reqs);
+        free(r->counts);
+        free(r->displs);
+        free(r);
+    }
 }
 
 /* ---- the timeout report --------------------------------------------------------------- */
@@ -240,8 +263,7 @@ int loom_comm_test(loom_comm_req *r) {
 
 void loom_comm_waitall(loom_mesh *m, loom_group g, int n, MPI_Request *reqs, const char *what) {
     loom_comm_req *r = req_new(m, g, LOOM_COLL_P2P, 0, 0);
-    free(r->reqs);
-    r->reqs = reqs; /* borrowed: req_done must not free it */
+    r->reqs = reqs; /* borrowed: stays the caller's */
     r->n = n;
     r->borrowed = 1;
     wait_checked(r, what ? what : "point-to-point");
@@ -292,8 +314,13 @@ void loom_allreduce_max(loom_mesh *m, loom_group g, void *buf, size_t count, loo
 
 /* counts/displs of loom_shard's layout, in elements (checked to fit int) */
 static void shard_table(loom_comm_req *r, size_t count, int N, const char *what) {
-    r->counts = loom_calloc((size_t)N, sizeof(int));
-    r->displs = loom_calloc((size_t)N, sizeof(int));
+    if (r->table_cap < N) {
+        free(r->counts);
+        free(r->displs);
+        r->counts = loom_calloc((size_t)N, sizeof(int));
+        r->displs = loom_calloc((size_t)N, sizeof(int));
+        r->table_cap = N;
+    }
     as_count(count, what);
     for (int i = 0; i < N; i++) {
         size_t off, len;

@@ -32,7 +32,12 @@ struct loom_mesh {
     int64_t *progress;   /* (PROG_SLOTS) this rank's slots: window memory, or local */
     int win_ok;
     loom_comm_stats stats;
+    struct loom_comm_req *free_reqs; /* finished request records, reused (no allocation per
+                                      * collective once the list has grown) */
 };
+
+/* collectives.c: frees the request records kept for reuse */
+void comm_free_request_pool(loom_mesh *m);
 
 /* process.c */
 int comm_mpi_up(void);
