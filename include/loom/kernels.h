@@ -61,6 +61,12 @@ void attention_forward(float *out, float *att, const float *qkv,
 void attention_backward(float *dqkv, float *scratch, const float *dout, const float *qkv,
                         const float *att, int B, int T, int H, int KVH, int D);
 
+/* One query row against cached keys/values (incremental decoding): q (H*D) for the newest
+ * position; kcache, vcache (n, KVH*D) rows 0..n-1 (the newest included); out (H*D).
+ * scratch holds H*n floats. Same scale and head grouping as attention_forward. */
+void attention_decode(float *out, const float *q, const float *kcache, const float *vcache,
+                      int n, int H, int KVH, int D, float *scratch);
+
 /* out (B,T,C) = wte[tokens] (+ wpe[pos0 + t] when wpe is not NULL). */
 void embedding_forward(float *out, const int32_t *tokens, const float *wte, const float *wpe,
                        int B, int T, int C, int pos0);

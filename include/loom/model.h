@@ -161,6 +161,20 @@ const float *loom_model_logits(const loom_model *m);
 /* Inference: logits (V) of the last position for a single sequence of n tokens (n <= T).
  * Recomputes the whole prefix (the KV cache comes with the inference issue). */
 const float *loom_model_next_logits(loom_model *m, const int32_t *tokens, int n);
+/* ---- incremental decoding ---------------------------------------------------------------
+ * A KV cache holds, per layer, the keys and values of the positions a sequence has seen
+ * (up to max_seq_len), so each new token costs one row of compute instead of the whole
+ * prefix. For the LM head of a model with its own arenas (inference). */
+typedef struct loom_kv_cache loom_kv_cache;
+loom_kv_cache *loom_kv_cache_create(const loom_model *m);
+void loom_kv_cache_free(loom_kv_cache *c);
+void loom_kv_cache_reset(loom_kv_cache *c);
+/* positions held */
+int loom_kv_cache_len(const loom_kv_cache *c);
+/* Runs `token` at position loom_kv_cache_len(c) (which must be < max_seq_len), appends its
+ * keys and values, and returns the next-token logits (V), valid until the next call. */
+const float *loom_model_decode(loom_model *m, loom_kv_cache *c, int32_t token);
+
 /* FLOPs of one training step (fwd+bwd) on B x T tokens (6N + attention), for MFU */
 double loom_model_flops_per_token(const loom_model *m, int T);
 

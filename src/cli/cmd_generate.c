@@ -24,8 +24,11 @@ int loom_cli_generate(int argc, char **argv) {
     const char *ckpt = NULL, *prompt = "\n";
     long n_tokens = 200, top_k = 40, seed = 1;
     double temperature = 0.8;
+    int recompute = 0, stats = 0;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+        if (!strcmp(a, "--no-kv-cache")) { recompute = 1; continue; }
+        if (!strcmp(a, "--stats")) { stats = 1; continue; }
         if (a[0] != '-') {
             if (ckpt) goto usage;
             ckpt = a;
@@ -75,19 +78,25 @@ int loom_cli_generate(int argc, char **argv) {
     loom_sampler s = {.temperature = (float)temperature, .top_k = (int)top_k,
                       .rng = {.seed = (uint64_t)seed, .stream = 0x67656e, .counter = 0}};
     int32_t *out = loom_malloc((np + (size_t)n_tokens) * sizeof(int32_t));
-    int n = loom_generate(m, mc->max_seq_len, ids, (int)np, (int)n_tokens, &s, out);
+    const double t0 = loom_now();
+    int n = recompute ? loom_generate_recompute(m, mc->max_seq_len, ids, (int)np, (int)n_tokens, &s, out)
+                      : loom_generate(m, mc->max_seq_len, ids, (int)np, (int)n_tokens, &s, out);
+    const double dt = loom_now() - t0;
     for (int i = 0; i < n; i++) {
         /* ids >= 256 are not bytes (a larger vocabulary's unused rows): shown as U+FFFD */
         if (out[i] < 256) putchar(out[i]);
         else fputs("\xEF\xBF\xBD", stdout);
     }
     putchar('\n');
+    if (stats)
+        fprintf(stderr, "loom: generated %ld tokens in %.3f s (%.1f tokens/s, %s)\n", n_tokens, dt,
+                dt > 0 ? (double)n_tokens / dt : 0.0, recompute ? "no KV cache" : "KV cache");
     free(ids);
     free(out);
     loom_model_free(m);
     return 0;
 usage:
     fprintf(stderr, "usage: loom generate CKPT_DIR --prompt TEXT [--tokens N --temperature T "
-                    "--top-k K --seed S]\n");
+                    "--top-k K --seed S] [--stats] [--no-kv-cache]\n");
     return 2;
 }

@@ -42,12 +42,43 @@ int loom_generate(loom_model *m, int T, const int32_t *prompt, int n_prompt, int
     const int V = loom_model_get_config(m)->vocab_size;
     float *p = loom_malloc((size_t)V * sizeof(float));
     int *idx = loom_malloc((size_t)V * sizeof(int));
+    loom_kv_cache *kc = loom_kv_cache_create(m);
+    memcpy(out, prompt, (size_t)n_prompt * sizeof(int32_t));
+    int n = n_prompt;
+    /* the context in the cache is out[n - ctx .. n); prefill all but the newest token */
+    int start = n > T ? n - T : 0;
+    const float *logits = NULL;
+    for (int i = start; i < n; i++) logits = loom_model_decode(m, kc, out[i]);
+    for (int i = 0; i < n_new; i++) {
+        const int32_t next = loom_sample(s, logits, V, p, idx);
+        out[n++] = next;
+        if (i + 1 == n_new) break;
+        if (loom_kv_cache_len(kc) == T) {
+            /* the cache is full: restart it on the newest half of the context (positions are
+             * absolute, so the kept tokens are run again at their new positions) */
+            loom_kv_cache_reset(kc);
+            start = n - T / 2;
+            for (int j = start; j < n - 1; j++) loom_model_decode(m, kc, out[j]);
+        }
+        logits = loom_model_decode(m, kc, next);
+    }
+    loom_kv_cache_free(kc);
+    free(p);
+    free(idx);
+    return n;
+}
+
+int loom_generate_recompute(loom_model *m, int T, const int32_t *prompt, int n_prompt, int n_new,
+                            loom_sampler *s, int32_t *out) {
+    const int V = loom_model_get_config(m)->vocab_size;
+    float *p = loom_malloc((size_t)V * sizeof(float));
+    int *idx = loom_malloc((size_t)V * sizeof(int));
     memcpy(out, prompt, (size_t)n_prompt * sizeof(int32_t));
     int n = n_prompt;
     for (int i = 0; i < n_new; i++) {
         const int ctx = n < T ? n : T;
-        const float *logits = loom_model_next_logits(m, out + n - ctx, ctx);
-        out[n++] = loom_sample(s, logits, V, p, idx);
+        out[n] = loom_sample(s, loom_model_next_logits(m, out + n - ctx, ctx), V, p, idx);
+        n++;
     }
     free(p);
     free(idx);

@@ -7,71 +7,9 @@
 #include <string.h>
 
 #include "loom/kernels.h"
+#include "model/model_internal.h"
 
-/* Activations kept for backward, each sized for the maximum B x T given at create.
- * Per-layer buffers are stacked with a leading L. */
-typedef struct acts {
-    float *encoded;   /* (B,T,C) embedding output = residual stream into layer 0 */
-    float *ln1;       /* (L,B,T,C) */
-    float *ln1_mean;  /* (L,B,T) */
-    float *ln1_rstd;  /* (L,B,T) */
-    float *qkv;       /* (L,B,T,QKV) after RoPE when llama */
-    float *att;       /* (L,B,H,T,T) softmax probabilities */
-    float *atty;      /* (L,B,T,H*D) attention output before the projection */
-    float *res2;      /* (L,B,T,C) residual after attention */
-    float *ln2;       /* (L,B,T,C) */
-    float *ln2_mean;  /* (L,B,T) */
-    float *ln2_rstd;  /* (L,B,T) */
-    float *fch;       /* (L,B,T,FFI) first MLP matmul output (gate|up for llama) */
-    float *fch_act;   /* (L,B,T,F) after GELU / SwiGLU */
-    float *res3;      /* (L,B,T,C) residual after the MLP = layer output */
-    float *lnf;       /* (B,T,C) */
-    float *lnf_mean;  /* (B,T) */
-    float *lnf_rstd;  /* (B,T) */
-    float *logits;    /* (B,T,V); dlogits after backward */
-    float *losses;    /* (B,T) */
-    float *pooled;    /* (B,C) classify: mean of lnf over T */
-    float *dpooled;   /* (B,C) */
-    /* backward scratch */
-    float *dres;      /* (B,T,C) gradient of the residual stream */
-    float *dln;       /* (B,T,C) */
-    float *dqkv;      /* (B,T,QKV) */
-    float *datty;     /* (B,T,H*D) */
-    float *dfch;      /* (B,T,FFI) */
-    float *dfch_act;  /* (B,T,F) */
-    float *datt;      /* (B,H,T,T) attention backward scratch */
-} acts;
 
-struct loom_model {
-    loom_model_config cfg;
-    int maxB, maxT;       /* arena sizes */
-    int D, QKV, FFI;      /* head dim, qkv width, first MLP matmul width */
-    loom_tensor_info *info;  /* the tensors present, arena order */
-    int n_info;
-    int gidx[LOOM_P_COUNT];  /* index into info, -1 when absent */
-    int *lidx;               /* (L, LOOM_L_COUNT) index into info, -1 when absent */
-    size_t n_params;
-    float *params;        /* one arena (NULL when created without own arenas) */
-    float *grads;         /* same layout */
-    int n_units;          /* L + 2 */
-    size_t *unit_off;     /* (U) arena offset of each unit */
-    size_t *unit_cnt;     /* (U) floats in each unit */
-    const float **pbase;  /* (U) where each unit's parameters are now */
-    float **gbase;        /* (U) where each unit's gradients go now */
-    int has_hooks;
-    loom_model_hooks hooks;
-    unsigned char *have_grads; /* (U) grads(u) already asked in this backward */
-    float *act_mem;       /* one arena for acts */
-    size_t act_floats;
-    acts a;
-    int32_t *inputs;      /* (B,T) copy of the last forward's inputs */
-    int32_t *targets;     /* (B,T) */
-    float *rope_cos;      /* (maxT, D/2) */
-    float *rope_sin;
-    int B, T;             /* shape of the last forward */
-    int has_targets;
-    int64_t valid;
-};
 
 static const char *const global_names[LOOM_P_COUNT] = {"wte", "wpe", "lnf_w", "lnf_b",
                                                         "lm_head", "cls_w", "cls_b"};
@@ -384,20 +322,10 @@ void loom_model_init_weights(loom_model *m, uint64_t seed) {
     loom_model_init_range(m, seed, 0, m->n_params, m->params);
 }
 
-/* typed views: global tensors by LOOM_P_*, layer tensors by LOOM_L_*; NULL when absent */
-static const float *pview(const loom_model *m, const loom_tensor_info *t) {
-    return t ? m->pbase[t->unit] + (t->offset - m->unit_off[t->unit]) : NULL;
-}
-static float *gview(const loom_model *m, const loom_tensor_info *t) {
-    return t ? m->gbase[t->unit] + (t->offset - m->unit_off[t->unit]) : NULL;
-}
-#define PARAM(m, id) pview((m), loom_model_global((m), (id)))
-#define GRAD(m, id) gview((m), loom_model_global((m), (id)))
-#define LP(m, id, l) pview((m), loom_model_layer_tensor((m), (l), (id)))
-#define LG(m, id, l) gview((m), loom_model_layer_tensor((m), (l), (id)))
 
-static void norm_fwd(const loom_model *m, float *out, float *mean, float *rstd, const float *in,
-                     const float *w, const float *b, int64_t N) {
+
+void model_norm_fwd(const loom_model *m, float *out, float *mean, float *rstd, const float *in,
+                    const float *w, const float *b, int64_t N) {
     if (m->cfg.flavor == LOOM_FLAVOR_GPT2)
         layernorm_forward(out, mean, rstd, in, w, b, N, m->cfg.d_model, m->cfg.norm_eps);
     else
@@ -476,7 +404,7 @@ float loom_model_forward(loom_model *m, const int32_t *inputs, const int32_t *ta
         float *fch_act = la.fch_act, *res3 = la.res3;
 
         acquire(m, l + 1, 0);
-        norm_fwd(m, ln1, ln1_mean, ln1_rstd, residual, LP(m, LOOM_L_LN1_W, l),
+        model_norm_fwd(m, ln1, ln1_mean, ln1_rstd, residual, LP(m, LOOM_L_LN1_W, l),
                  LP(m, LOOM_L_LN1_B, l), BT);
         matmul_forward(qkv, ln1, LP(m, LOOM_L_QKV_W, l), LP(m, LOOM_L_QKV_B, l), BT, C, QKV);
         if (!gpt2) {
@@ -487,7 +415,7 @@ float loom_model_forward(loom_model *m, const int32_t *inputs, const int32_t *ta
         matmul_forward(res2, atty, LP(m, LOOM_L_ATTN_PROJ_W, l), LP(m, LOOM_L_ATTN_PROJ_B, l), BT,
                        HD, C);
         residual_forward(res2, res2, residual, BT * C);
-        norm_fwd(m, ln2, ln2_mean, ln2_rstd, res2, LP(m, LOOM_L_LN2_W, l), LP(m, LOOM_L_LN2_B, l),
+        model_norm_fwd(m, ln2, ln2_mean, ln2_rstd, res2, LP(m, LOOM_L_LN2_W, l), LP(m, LOOM_L_LN2_B, l),
                  BT);
         matmul_forward(fch, ln2, LP(m, LOOM_L_FC_W, l), LP(m, LOOM_L_FC_B, l), BT, C, FFI);
         if (gpt2) gelu_forward(fch_act, fch, BT * F);
@@ -501,7 +429,7 @@ float loom_model_forward(loom_model *m, const int32_t *inputs, const int32_t *ta
     const int cls = c->head == LOOM_HEAD_CLASSIFY, tied = gpt2 && !cls;
     acquire(m, U_FINAL, 0);
     if (tied) acquire(m, 0, 0); /* the tied head reads wte */
-    norm_fwd(m, a->lnf, a->lnf_mean, a->lnf_rstd, residual, PARAM(m, LOOM_P_LNF_W),
+    model_norm_fwd(m, a->lnf, a->lnf_mean, a->lnf_rstd, residual, PARAM(m, LOOM_P_LNF_W),
              PARAM(m, LOOM_P_LNF_B), BT);
     if (cls) {
         mean_pool_forward(a->pooled, a->lnf, B, T, C);
