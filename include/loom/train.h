@@ -17,8 +17,8 @@ int loom_train(loom_config *cfg, loom_err *err);
 #include "loom/model.h"
 /* Loads the model of a checkpoint (a step directory, `latest`, a ckpt root or a run
  * directory) for inference: verifies the checkpoint, rebuilds the model from its
- * config.yaml with batch B and T = model.max_seq_len (T = training.seq_len when T_train is
- * set), and loads the weights. cfg_out (may be NULL) receives the checkpoint's resolved
+ * config.yaml with batch B (B <= 0: the run's training.batch_size) and T = model.max_seq_len
+ * (T = training.seq_len when T_train is set), and loads the weights. cfg_out (may be NULL) receives the checkpoint's resolved
  * config (the caller frees it). */
 int loom_load_model(const char *path, int B, int T_train, loom_model **out,
                     loom_config **cfg_out, loom_err *err);

@@ -174,13 +174,8 @@ int loom_cli_eval(int argc, char **argv) {
     loom_config *cfg = NULL;
     loom_dataset *ds = NULL;
     int rc = 1;
-    int64_t B;
-    /* the model is built for the checkpoint's batch size and training sequence length */
-    if (loom_load_model(ckpt, 1, 1, &m, &cfg, &err)) goto out;
-    if (loom_config_get_int(cfg, "training.batch_size", &B, &err)) goto out;
-    loom_model_free(m);
-    m = NULL;
-    if (loom_load_model(ckpt, (int)B, 1, &m, NULL, &err)) goto out;
+    /* the model is built for the run's batch size and training sequence length */
+    if (loom_load_model(ckpt, 0, 1, &m, &cfg, &err)) goto out;
     if (loom_dataset_open(data, &ds, &err)) goto out;
     if (loom_dataset_vocab_size(ds) > (uint32_t)loom_model_get_config(m)->vocab_size) {
         loom_errf(&err, "%s: vocabulary size %u is larger than the model's %d", data,

@@ -28,8 +28,11 @@ int loom_load_model(const char *path, int B, int T_train, loom_model **out,
     if (loom_config_load_string(cfg, ctext, where, err) ||
         loom_config_apply_schema(cfg, keys, nkeys, err))
         goto done;
-    int64_t T;
-    if (loom_config_get_int(cfg, "training.seq_len", &T, err)) goto done;
+    int64_t T, B_cfg;
+    if (loom_config_get_int(cfg, "training.seq_len", &T, err) ||
+        loom_config_get_int(cfg, "training.batch_size", &B_cfg, err))
+        goto done;
+    if (B <= 0) B = (int)B_cfg;
     loom_model_config mc;
     if (loom_model_config_from(cfg, (int)T, &mc, err)) goto done;
     if (loom_model_create(&mc, B, T_train ? (int)T : mc.max_seq_len, &m, err)) goto done;
