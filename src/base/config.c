@@ -167,6 +167,15 @@ static void put_quoted(sbuf *b, const char *s) {
             if (*p < 0x20 || *p == 0x7f) {
                 snprintf(esc, sizeof esc, "\\x%02x", *p);
                 sb_puts(b, esc);
+            } else if (p[0] == 0xc2 && p[1] >= 0x80 && p[1] <= 0x9f) {
+                /* C1 controls (U+0080..U+009F) may not appear raw in a YAML stream */
+                snprintf(esc, sizeof esc, "\\x%02x", p[1]);
+                sb_puts(b, esc);
+                p++;
+            } else if (p[0] == 0xef && p[1] == 0xbf && (p[2] == 0xbe || p[2] == 0xbf)) {
+                /* nor may the noncharacters U+FFFE and U+FFFF */
+                sb_puts(b, p[2] == 0xbe ? "\\uFFFE" : "\\uFFFF");
+                p += 2;
             } else {
                 sb_putc(b, (char)*p); /* UTF-8 passes through untouched */
             }
@@ -697,6 +706,25 @@ static int list_reads_back(const char *value) {
     return same;
 }
 
+/* How deep the brackets of a list text nest (written in normalized form: items bare or
+ * double-quoted), so the writer keeps it within the reader's nesting limit. */
+static int list_depth(const char *v) {
+    int d = 0, max = 0, quoted = 0;
+    for (const char *p = v; *p; p++) {
+        if (quoted) {
+            if (*p == '\\' && p[1]) p++;
+            else if (*p == '"') quoted = 0;
+        } else if (*p == '"') {
+            quoted = 1;
+        } else if (*p == '[') {
+            if (++d > max) max = d;
+        } else if (*p == ']') {
+            d--;
+        }
+    }
+    return max;
+}
+
 /* Length of the first `n` components of key (up to, not including, the n-th dot). */
 static size_t prefix_len(const char *key, int n) {
     const char *p = key;
@@ -714,13 +742,26 @@ static int count_parts(const char *key) {
     return n;
 }
 
-/* Writes one key component (or a dotted run of them) bare or quoted. */
-static void put_key(sbuf *b, const char *s, size_t n) {
+/* Writes one key component (or a dotted run of them) bare or quoted, then its ':' (at
+ * `depth`). YAML allows implicit keys of at most 1024 characters: a longer key is written
+ * in the explicit form "? key" with the ':' on the next line. */
+static void put_key(sbuf *b, const char *s, size_t n, int depth) {
     char *tmp = loom_malloc(n + 1);
     memcpy(tmp, s, n);
     tmp[n] = 0;
-    put_scalar(b, tmp);
+    sbuf k = {0};
+    put_scalar(&k, tmp);
     free(tmp);
+    if (k.len > 1000) {
+        sb_puts(b, "? ");
+        sb_putn(b, k.p, k.len);
+        sb_putc(b, '\n');
+        sb_indent(b, depth);
+    } else {
+        sb_putn(b, k.p, k.len);
+    }
+    sb_putc(b, ':');
+    free(k.p);
 }
 
 char *loom_config_to_yaml(const loom_config *c) {
@@ -733,9 +774,10 @@ char *loom_config_to_yaml(const loom_config *c) {
         int parts = count_parts(x->key);
         /* Open sections for the leading components, stopping before any prefix that is a
          * key of its own ("a.b" beside "a.b.c"): the rest is then written as a dotted key,
-         * which reads back as the same flat key. */
+         * which reads back as the same flat key. So is the tail of a key with more parts
+         * than the reader's nesting limit. */
         int depth = 0;
-        while (depth < parts - 1) {
+        while (depth < parts - 1 && depth < CONFIG_MAX_DEPTH - 1) {
             size_t pl = prefix_len(x->key, depth + 1);
             char *pre = loom_malloc(pl + 1);
             memcpy(pre, x->key, pl);
@@ -757,8 +799,8 @@ char *loom_config_to_yaml(const loom_config *c) {
         for (int d = common; d < depth; d++) {
             size_t start = d ? prefix_len(x->key, d) + 1 : 0, end = prefix_len(x->key, d + 1);
             sb_indent(&b, d);
-            put_key(&b, x->key + start, end - start);
-            sb_puts(&b, ":\n");
+            put_key(&b, x->key + start, end - start, d);
+            sb_putc(&b, '\n');
         }
         if (x->help) {
             sb_indent(&b, depth);
@@ -768,9 +810,12 @@ char *loom_config_to_yaml(const loom_config *c) {
         }
         size_t start = depth ? prefix_len(x->key, depth) + 1 : 0;
         sb_indent(&b, depth);
-        put_key(&b, x->key + start, strlen(x->key) - start);
-        sb_puts(&b, ": ");
-        if (list_reads_back(x->value)) sb_puts(&b, x->value);
+        put_key(&b, x->key + start, strlen(x->key) - start, depth);
+        sb_putc(&b, ' ');
+        /* a list reads back at nesting depth + 1 + its own depth; a deeper one is written
+         * quoted, which reads back as the same text */
+        if (list_reads_back(x->value) && depth + 1 + list_depth(x->value) <= CONFIG_MAX_DEPTH)
+            sb_puts(&b, x->value);
         else put_scalar(&b, x->value);
         sb_putc(&b, '\n');
         prev = x->key;
