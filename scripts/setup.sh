@@ -9,6 +9,7 @@ want_test=0
 pkgs=(build-essential cmake pkg-config libopenblas-openmp-dev libyaml-dev libjansson-dev
       libssl-dev libpcre2-dev libzstd-dev libopenmpi-dev openmpi-bin fortunes fortunes-min)
 [ $want_test = 1 ] && pkgs+=(file zstd libcmocka-dev python3 python3-pip slurmctld slurmd slurm-client munge)
+[ $want_test = 1 ] && pkgs+=(clang libclang-rt-14-dev)   # tests/fuzz: clang with libFuzzer
 
 missing=()
 for p in "${pkgs[@]}"; do

@@ -69,6 +69,7 @@ if [ ! -f "$lib" ] || [ "$(cat "$work/lib.stamp" 2>/dev/null)" != "$stamp" ]; th
             '"$cc"' '"$cflags $warn"' -fsanitize=fuzzer-no-link -c "$2" -o "$o" 2>"$o.log" ||
             { cat "$o.log"; exit 255; }' _ "$work" {} ||
         fail "compiling the loom sources with $cc failed (see above)"
+    cat "$work"/obj/*.log
     ar rcs "$lib" "$work"/obj/*.o || fail "ar failed"
     echo "$stamp" >"$work/lib.stamp"
     echo "test_fuzz: library compiled in $((SECONDS - t0)) s"
@@ -89,6 +90,7 @@ build_one() { # name source extra-flags...
     if [ ! -x "$out" ] || [ "$csrc" -nt "$out" ] || [ "$here/fuzz_common.h" -nt "$out" ] || [ "$lib" -nt "$out" ]; then
         "$cc" $cflags $warn "$@" "$csrc" $link_libs -o "$out" >"$out.log" 2>&1 ||
             { cat "$out.log"; fail "building $(basename "$csrc") failed"; }
+        if grep -q warning "$out.log"; then cat "$out.log"; fi
     fi
 }
 for t in "${targets[@]}"; do
@@ -122,12 +124,12 @@ run_one() { # target -> 0 ok, 1 finding
         -artifact_prefix="$a/" "$c" >"$work/$t.log" 2>&1
     local rc=$?
     local stats
-    stats=$(grep -E '^stat::number_of_executed_units|^#[0-9]+.*DONE' "$work/$t.log" | tail -1)
+    stats=$(grep -a -E '^stat::number_of_executed_units|^#[0-9]+.*DONE' "$work/$t.log" | tail -1)
     if [ $rc -ne 0 ] || [ -n "$(ls -A "$a")" ]; then
         echo "test_fuzz: $t: FINDING (exit $rc)"
         for f in "$a"/*; do [ -e "$f" ] && echo "test_fuzz: $t: failing input: $f"; done
         echo "----- $t: the report (tail of $work/$t.log) -----"
-        grep -v -E '^#[0-9]+\s+(NEW|REDUCE|pulse|INITED)' "$work/$t.log" | tail -60
+        grep -a -v -E '^#[0-9]+\s+(NEW|REDUCE|pulse|INITED)' "$work/$t.log" | tail -60
         echo "-----"
         return 1
     fi
