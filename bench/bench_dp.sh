@@ -57,12 +57,8 @@ for z in range(4):
 text = "\n".join(lines) + "\n"
 print(text)
 if write:  # replace this section of the shared results file, keep the others
-    old = open("bench/RESULTS.md").read()
-    head = "## Data parallelism"
-    if head in old:
-        a = old.index(head)
-        b = old.find("\n## ", a + 1)
-        old = old[:a] + (old[b + 1:] if b >= 0 else "")
-    open("bench/RESULTS.md", "w").write(old.rstrip("\n") + "\n\n" + text)
+    sys.path.insert(0, "bench")
+    from results_md import replace_section
+    replace_section(text, "## Data parallelism")
 PY
 echo "load average after: $(cut -d' ' -f1-3 /proc/loadavg)" >&2

@@ -40,13 +40,9 @@ for c in cfgs:
     lines.append(f"| {c} | {a:.1f} | {b:.1f} | {a / b:.1f}x |")
 text = "\n".join(lines) + "\n"
 print(text)
-if write:
-    old = open("bench/RESULTS.md").read()
-    head = "## Generation"
-    if head in old:
-        a = old.index(head)
-        b = old.find("\n## ", a + 1)
-        old = old[:a] + (old[b + 1:] if b >= 0 else "")
-    open("bench/RESULTS.md", "w").write(old.rstrip("\n") + "\n\n" + text)
+if write:  # replace this section of the shared results file, keep the others
+    sys.path.insert(0, "bench")
+    from results_md import replace_section
+    replace_section(text, "## Generation")
 PY
 echo "load average after: $(cut -d' ' -f1-3 /proc/loadavg)" >&2
