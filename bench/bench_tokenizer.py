@@ -14,7 +14,6 @@ go to stdout and replace the "## Tokenizer" section of bench/RESULTS.md.
 import argparse
 import os
 import platform
-import re
 import sys
 import tempfile
 import time
@@ -47,12 +46,9 @@ def best_of(fn, n=3):
 
 def write_results(section):
     path = os.path.join(HERE, "RESULTS.md")
-    old = open(path).read() if os.path.exists(path) else "# loom benchmarks\n"
-    # replace our section (up to the next "## " heading), or append it
-    pat = re.compile(r"^## Tokenizer\n.*?(?=^## |\Z)", re.S | re.M)
-    new = pat.sub(lambda _: section, old) if pat.search(old) else old.rstrip("\n") + "\n\n" + section
-    with open(path, "w") as f:
-        f.write(new)
+    sys.path.insert(0, HERE)
+    from results_md import replace_section  # our section only (bench/results_md.py)
+    replace_section(section, "## Tokenizer", path)
     print(f"wrote the Tokenizer section of {path}")
 
 

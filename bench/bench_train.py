@@ -215,28 +215,10 @@ SECTION = "## Training throughput: loom vs PyTorch"
 
 
 def write_section(path, text):
-    """bench/RESULTS.md is shared by every benchmark: replace only our section (from its
-    heading to the next '## ' heading), or append it; the other sections stay as they are."""
-    try:
-        with open(path) as f:
-            lines = f.read().split("\n")
-    except FileNotFoundError:
-        lines = ["# Benchmark results", ""]
-    try:
-        start = lines.index(SECTION)
-        end = next((i for i in range(start + 1, len(lines)) if lines[i].startswith("## ")),
-                   len(lines))
-    except ValueError:
-        start = end = len(lines)
-        while start > 0 and lines[start - 1] == "":
-            start -= 1
-            end = start
-        text = "\n" + text
-    new = lines[:start] + text.rstrip("\n").split("\n") + [""] + lines[end:]
-    tmp = f"{path}.tmp.{os.getpid()}"
-    with open(tmp, "w") as f:
-        f.write("\n".join(new).rstrip("\n") + "\n")
-    os.replace(tmp, path)
+    """Replaces our section of the shared bench/RESULTS.md (bench/results_md.py)."""
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    from results_md import replace_section
+    replace_section(text, SECTION, path)
 
 
 def main():
