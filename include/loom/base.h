@@ -82,6 +82,10 @@ int loom_sha256_file(const char *path, char hex[65], loom_err *err);
 /* Reads a whole file (at most max_bytes; larger is an error naming the file). *out is
  * NUL-terminated (one extra byte) and owned by the caller. */
 int loom_read_file(const char *path, size_t max_bytes, char **out, size_t *len, loom_err *err);
+/* The same from an open descriptor, which it closes in every case (path is for messages):
+ * the file must be regular and at most max_bytes. */
+int loom_read_fd(int fd, const char *path, size_t max_bytes, char **out, size_t *len,
+                 loom_err *err);
 /* Durable write: path.tmp.<pid>, write, fsync, rename onto path, fsync the directory. */
 int loom_write_file_atomic(const char *path, const void *data, size_t len, loom_err *err);
 /* Appends one line (adds '\n') with O_APPEND and fsyncs. */

@@ -186,9 +186,8 @@ int loom_sha256_file(const char *path, char hex[65], loom_err *err) {
 }
 
 /* ---- files ---- */
-int loom_read_file(const char *path, size_t max_bytes, char **out, size_t *len, loom_err *err) {
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0) return loom_errf(err, "%s: cannot open: %s", path, strerror(errno));
+int loom_read_fd(int fd, const char *path, size_t max_bytes, char **out, size_t *len,
+                 loom_err *err) {
     struct stat st;
     if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
         close(fd);
@@ -205,9 +204,11 @@ int loom_read_file(const char *path, size_t max_bytes, char **out, size_t *len, 
         ssize_t r = read(fd, buf + got, n - got);
         if (r < 0 && errno == EINTR) continue;
         if (r <= 0) {
+            const int e = r < 0 ? errno : 0;
             free(buf);
             close(fd);
-            return loom_errf(err, "%s: read failed at byte %zu", path, got);
+            return loom_errf(err, "%s: read failed at byte %zu%s%s", path, got,
+                             e ? ": " : " (file shrank)", e ? strerror(e) : "");
         }
         got += (size_t)r;
     }
@@ -216,6 +217,12 @@ int loom_read_file(const char *path, size_t max_bytes, char **out, size_t *len, 
     *out = buf;
     if (len) *len = n;
     return 0;
+}
+
+int loom_read_file(const char *path, size_t max_bytes, char **out, size_t *len, loom_err *err) {
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return loom_errf(err, "%s: cannot open: %s", path, strerror(errno));
+    return loom_read_fd(fd, path, max_bytes, out, len, err);
 }
 
 int loom_fsync_dir(const char *dir, loom_err *err) {

@@ -377,32 +377,7 @@ int loom_input_open(const loom_input *f, loom_err *err) {
 int loom_input_read(const loom_input *f, size_t max, uint8_t **out, size_t *len, loom_err *err) {
     int fd = loom_input_open(f, err);
     if (fd < 0) return -1;
-    struct stat st;
-    LOOM_CHECK(fstat(fd, &st) == 0);
-    if ((uint64_t)st.st_size > max) {
-        close(fd);
-        return loom_errf(err, "%s: file is %lld bytes, more than the limit of %zu", f->path,
-                         (long long)st.st_size, max);
-    }
-    size_t n = (size_t)st.st_size, got = 0;
-    uint8_t *buf = loom_malloc(n + 1);
-    while (got < n) {
-        ssize_t r = read(fd, buf + got, n - got);
-        if (r < 0 && errno == EINTR) continue;
-        if (r <= 0) {
-            int e = r < 0 ? errno : 0;
-            free(buf);
-            close(fd);
-            return loom_errf(err, "%s: read failed at byte %zu%s%s", f->path, got, e ? ": " : " (file shrank)",
-                             e ? strerror(e) : "");
-        }
-        got += (size_t)r;
-    }
-    close(fd);
-    buf[n] = 0;
-    *out = buf;
-    *len = n;
-    return 0;
+    return loom_read_fd(fd, f->path, max, (char **)out, len, err);
 }
 
 int loom_input_sha256(const loom_input *f, char hex[65], loom_err *err) {
