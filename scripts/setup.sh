@@ -1,13 +1,14 @@
 #!/usr/bin/env bash
 # Installs what loom needs on Debian 12 (as root), skipping what is already there.
 #   scripts/setup.sh          build dependencies + the default corpus
-#   scripts/setup.sh --test   + test dependencies (cmocka, Open MPI, PyTorch & co. from PyPI)
+#   scripts/setup.sh --test   + test dependencies (cmocka, Slurm, clang, the PyPI references pinned in
+#                             tests/requirements.txt)
 set -euo pipefail
 want_test=0
 [ "${1:-}" = "--test" ] && want_test=1
 
 pkgs=(build-essential cmake pkg-config libopenblas-openmp-dev libyaml-dev libjansson-dev
-      libssl-dev libpcre2-dev libzstd-dev libopenmpi-dev openmpi-bin fortunes fortunes-min)
+      libssl-dev libpcre2-dev libzstd-dev libxxhash-dev libopenmpi-dev openmpi-bin fortunes fortunes-min)
 [ $want_test = 1 ] && pkgs+=(file zstd libcmocka-dev python3 python3-pip slurmctld slurmd slurm-client munge)
 [ $want_test = 1 ] && pkgs+=(clang libclang-rt-14-dev)   # tests/fuzz: clang with libFuzzer
 
@@ -24,10 +25,20 @@ if [ ${#missing[@]} -gt 0 ]; then
 fi
 
 if [ $want_test = 1 ]; then
+  # The PyPI references, pinned in one file (exact-equality tests must not drift with a release).
   PY=${PYTHON:-python3}
-  if ! $PY -c "import torch, numpy, safetensors, tokenizers" 2>/dev/null; then
-    echo "setup: installing torch numpy safetensors tokenizers from PyPI"
-    $PY -m pip install -q torch numpy safetensors tokenizers || \
-      $PY -m pip install -q --break-system-packages torch numpy safetensors tokenizers
+  req="$(dirname "$0")/../tests/requirements.txt"
+  if ! $PY - "$req" <<'PYCHECK' 2>/dev/null; then
+import sys
+from importlib.metadata import version
+for line in open(sys.argv[1]):
+    line = line.split("#")[0].strip()
+    if line:
+        name, want = line.split("==")
+        if version(name) != want:
+            sys.exit(1)
+PYCHECK
+    echo "setup: installing the pinned test references ($req) from PyPI"
+    $PY -m pip install -q -r "$req" || $PY -m pip install -q --break-system-packages -r "$req"
   fi
 fi
