@@ -95,8 +95,16 @@ int loom_mkdirs(const char *path, loom_err *err);
 int loom_fsync_dir(const char *dir, loom_err *err);
 int loom_path_exists(const char *path);
 int loom_is_dir(const char *path);
-/* snprintf into buf, aborting (invariant) if it does not fit. Returns buf. */
+/* snprintf into buf, aborting (invariant) if it does not fit. Returns buf. Only for paths
+ * whose length the program bounds itself; a path built from user input uses loom_path_fmt. */
 char *loom_pathf(char *buf, size_t size, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+/* snprintf into buf; a result that does not fit is an error naming the start of the path
+ * and its length (buf then holds an empty string). Returns 0 or -1. */
+int loom_path_fmt(char *buf, size_t size, loom_err *err, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+/* 1-based line and column (in characters: UTF-8 continuation bytes do not count) of byte
+ * `offset` of text[0..len). */
+void loom_text_position(const char *text, size_t len, size_t offset, size_t *line, size_t *col);
 /* seconds from a monotonic clock */
 double loom_now(void);
 

@@ -39,6 +39,11 @@ void loom_config_set(loom_config *c, const char *key, const char *value, const c
  * the key and where it was set, with a close match suggested when there is one). */
 int loom_config_apply_schema(loom_config *c, const loom_config_key *known, int n_known, loom_err *err);
 
+/* One schema from several key tables, in order, of any size: a heap array the caller owns
+ * (free()), its length in *n. A key in two tables is an invariant failure (file:line). */
+loom_config_key *loom_config_schema_join(const loom_config_key *const *tables, const int *counts,
+                                         int n_tables, int *n);
+
 /* Raw lookup: NULL when absent. */
 const char *loom_config_get(const loom_config *c, const char *key);
 const char *loom_config_origin(const loom_config *c, const char *key);

@@ -329,6 +329,41 @@ char *loom_pathf(char *buf, size_t size, const char *fmt, ...) {
     return buf;
 }
 
+int loom_path_fmt(char *buf, size_t size, loom_err *err, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    int n = vsnprintf(buf, size, fmt, ap);
+    va_end(ap);
+    if (n >= 0 && (size_t)n < size) return 0;
+    /* name the path: format it again into a buffer of the right size */
+    char *full = NULL;
+    va_start(ap, fmt);
+    int m = vasprintf(&full, fmt, ap);
+    va_end(ap);
+    if (size) buf[0] = 0;
+    if (m < 0) return loom_errf(err, "path too long (limit %zu bytes)", size ? size - 1 : 0);
+    loom_errf(err, "path too long: %d bytes, the limit is %zu: '%.200s...'", m,
+              size ? size - 1 : 0, full);
+    free(full);
+    return -1;
+}
+
+void loom_text_position(const char *text, size_t len, size_t offset, size_t *line, size_t *col) {
+    if (offset > len) offset = len;
+    size_t l = 1, c = 1;
+    for (size_t i = 0; i < offset; i++) {
+        unsigned char ch = (unsigned char)text[i];
+        if (ch == '\n' || (ch == '\r' && !(i + 1 < len && text[i + 1] == '\n'))) {
+            l++;
+            c = 1;
+        } else if ((ch & 0xc0) != 0x80) {
+            c++;
+        }
+    }
+    *line = l;
+    *col = c;
+}
+
 double loom_now(void) {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);

@@ -194,6 +194,8 @@ static void put_scalar(sbuf *b, const char *s) {
 typedef struct reader {
     yaml_parser_t parser;
     const char *name; /* file name (or --set argument) for messages */
+    const char *text; /* the input, for positions of reader errors */
+    size_t len;
     loom_config *out; /* values read, committed to the caller's tree only on success */
     loom_config *seen; /* every key and section key read, with its line (duplicates) */
     loom_err *err;
@@ -204,6 +206,16 @@ static long line_of(const yaml_event_t *ev) { return (long)ev->start_mark.line +
 static int parse_error(reader *r) {
     yaml_parser_t *p = &r->parser;
     const char *problem = p->problem ? p->problem : "invalid YAML";
+    if (p->error == YAML_READER_ERROR) {
+        /* the reader (encoding) reports a byte offset, not a mark */
+        size_t line, col;
+        loom_text_position(r->text, r->len, p->problem_offset, &line, &col);
+        if (p->problem_value >= 0)
+            return loom_errf(r->err, "%s:%zu:%zu: %s (byte 0x%02x at offset %zu)", r->name, line,
+                             col, problem, (unsigned)p->problem_value, p->problem_offset);
+        return loom_errf(r->err, "%s:%zu:%zu: %s (at offset %zu)", r->name, line, col, problem,
+                         p->problem_offset);
+    }
     if (p->context)
         return loom_errf(r->err, "%s:%zu:%zu: %s %s (which began at line %zu)", r->name,
                          p->problem_mark.line + 1, p->problem_mark.column + 1, problem,
@@ -371,7 +383,8 @@ static int read_stream(reader *r) {
 
 static int load_text(loom_config *c, const char *text, size_t len, const char *name,
                      loom_err *err) {
-    reader r = {.name = name, .out = loom_config_new(), .seen = loom_config_new(), .err = err};
+    reader r = {.name = name, .text = text, .len = len, .out = loom_config_new(),
+                .seen = loom_config_new(), .err = err};
     if (!yaml_parser_initialize(&r.parser))
         loom_panic(__FILE__, __LINE__, "yaml_parser_initialize failed");
     yaml_parser_set_input_string(&r.parser, (const unsigned char *)text, len);
@@ -401,7 +414,7 @@ int loom_config_load_yaml(loom_config *c, const char *path, loom_err *err) {
 
 /* Parses one YAML value (scalar or list) the way it would read after "key: ". */
 static int parse_value(const char *text, const char *name, char **out, loom_err *err) {
-    reader r = {.name = name, .err = err};
+    reader r = {.name = name, .text = text, .len = strlen(text), .err = err};
     if (!yaml_parser_initialize(&r.parser))
         loom_panic(__FILE__, __LINE__, "yaml_parser_initialize failed");
     yaml_parser_set_input_string(&r.parser, (const unsigned char *)text, strlen(text));
@@ -496,6 +509,35 @@ static int edit_distance(const char *a, const char *b, int cap) {
     int d = row[m];
     free(row);
     return d;
+}
+
+loom_config_key *loom_config_schema_join(const loom_config_key *const *tables, const int *counts,
+                                         int n_tables, int *n) {
+    size_t total = 0;
+    for (int t = 0; t < n_tables; t++) {
+        LOOM_CHECK(counts[t] >= 0);
+        total += (size_t)counts[t];
+    }
+    loom_config_key *all = loom_malloc((total ? total : 1) * sizeof *all);
+    size_t k = 0;
+    for (int t = 0; t < n_tables; t++)
+        for (int i = 0; i < counts[t]; i++) all[k++] = tables[t][i];
+    /* duplicates: sort a copy of the names */
+    const char **names = loom_malloc((total ? total : 1) * sizeof *names);
+    for (size_t i = 0; i < total; i++) names[i] = all[i].key;
+    for (size_t i = 1; i < total; i++) /* insertion sort: schemas have tens of keys */
+        for (size_t j = i; j > 0 && strcmp(names[j - 1], names[j]) > 0; j--) {
+            const char *tmp = names[j];
+            names[j] = names[j - 1];
+            names[j - 1] = tmp;
+        }
+    for (size_t i = 1; i < total; i++)
+        if (!strcmp(names[i - 1], names[i]))
+            loom_panic(__FILE__, __LINE__, "config schema: key '%s' is defined twice", names[i]);
+    free(names);
+    LOOM_CHECK(total <= INT32_MAX);
+    *n = (int)total;
+    return all;
 }
 
 int loom_config_apply_schema(loom_config *c, const loom_config_key *known, int n_known,
@@ -619,7 +661,7 @@ int loom_config_get_list(const loom_config *c, const char *key, char ***items, i
     const entry *x = NULL;
     if (lookup(c, key, &x, err)) return -1;
     if (x->value[0] != '[') return type_error(x, "a list ([a, b, ...])", err);
-    reader r = {.name = "list", .err = NULL};
+    reader r = {.name = "list", .text = x->value, .len = strlen(x->value), .err = NULL};
     if (!yaml_parser_initialize(&r.parser))
         loom_panic(__FILE__, __LINE__, "yaml_parser_initialize failed");
     yaml_parser_set_input_string(&r.parser, (const unsigned char *)x->value, strlen(x->value));

@@ -491,6 +491,50 @@ static int parse_root(ctx *c, yaml_node_t *root, loom_recipe *r) {
     return 0;
 }
 
+/* A libyaml parser error as file:line:column: problem. The reader (encoding) errors give a
+ * byte offset rather than a mark. */
+static int yaml_error(const yaml_parser_t *p, const loom_recipe *r, loom_err *err) {
+    size_t line = p->problem_mark.line + 1, col = p->problem_mark.column + 1;
+    if (p->error == YAML_READER_ERROR) {
+        loom_text_position(r->text, r->text_len, p->problem_offset, &line, &col);
+        if (p->problem_value >= 0)
+            return loom_errf(err, "%s:%zu:%zu: malformed YAML: %s (byte 0x%02x at offset %zu)",
+                             r->file, line, col, p->problem ? p->problem : "reader error",
+                             (unsigned)p->problem_value, p->problem_offset);
+    }
+    return loom_errf(err, "%s:%zu:%zu: malformed YAML: %s%s%s", r->file, line, col,
+                     p->problem ? p->problem : "parse error", p->context ? " " : "",
+                     p->context ? p->context : "");
+}
+
+/* Reads the event stream once: -1 with file:line at the first anchor or alias, or at a
+ * syntax error. */
+static int refuse_anchors(const loom_recipe *r, loom_err *err) {
+    yaml_parser_t parser;
+    LOOM_CHECK(yaml_parser_initialize(&parser));
+    yaml_parser_set_input_string(&parser, (const unsigned char *)r->text, r->text_len);
+    int rc = 0;
+    for (;;) {
+        yaml_event_t ev;
+        if (!yaml_parser_parse(&parser, &ev)) {
+            rc = yaml_error(&parser, r, err);
+            break;
+        }
+        const yaml_char_t *anchor = NULL;
+        if (ev.type == YAML_SCALAR_EVENT) anchor = ev.data.scalar.anchor;
+        else if (ev.type == YAML_MAPPING_START_EVENT) anchor = ev.data.mapping_start.anchor;
+        else if (ev.type == YAML_SEQUENCE_START_EVENT) anchor = ev.data.sequence_start.anchor;
+        int end = ev.type == YAML_STREAM_END_EVENT;
+        if (ev.type == YAML_ALIAS_EVENT || anchor)
+            rc = loom_errf(err, "%s:%zu:%zu: YAML anchors and aliases are not supported in recipes",
+                           r->file, ev.start_mark.line + 1, ev.start_mark.column + 1);
+        yaml_event_delete(&ev);
+        if (rc || end) break;
+    }
+    yaml_parser_delete(&parser);
+    return rc;
+}
+
 int loom_recipe_load(const char *path, loom_recipe *r, loom_err *err) {
     memset(r, 0, sizeof *r);
     r->file = loom_strdup(path);
@@ -501,13 +545,14 @@ int loom_recipe_load(const char *path, loom_recipe *r, loom_err *err) {
 
     yaml_parser_t parser;
     yaml_document_t doc;
+    /* first pass over the events: anchors and aliases are refused before the document API
+     * expands them (an alias of its own anchor makes a cycle, and a few aliases of aliases
+     * an exponentially large tree) */
+    if (refuse_anchors(r, err) != 0) return -1;
     LOOM_CHECK(yaml_parser_initialize(&parser));
     yaml_parser_set_input_string(&parser, (const unsigned char *)r->text, r->text_len);
     if (!yaml_parser_load(&parser, &doc)) {
-        loom_errf(err, "%s:%d:%d: malformed YAML: %s%s%s", path,
-                  (int)parser.problem_mark.line + 1, (int)parser.problem_mark.column + 1,
-                  parser.problem ? parser.problem : "parse error",
-                  parser.context ? " " : "", parser.context ? parser.context : "");
+        yaml_error(&parser, r, err);
         yaml_parser_delete(&parser);
         return -1;
     }

@@ -43,16 +43,16 @@ static const loom_config_key train_only_keys[] = {
 };
 #define N_TRAIN_ONLY ((int)(sizeof train_only_keys / sizeof train_only_keys[0]))
 
-/* the full schema, assembled once */
-static loom_config_key all_keys[64];
+/* the full schema, assembled once on first use (no fixed-size table: any section may grow) */
+static loom_config_key *all_keys;
 static int n_all_keys;
 
 static void build_schema(void) {
-    if (n_all_keys) return;
-    for (int i = 0; i < N_TRAIN_ONLY; i++) all_keys[n_all_keys++] = train_only_keys[i];
-    for (int i = 0; i < loom_model_config_nkeys; i++) all_keys[n_all_keys++] = loom_model_config_keys[i];
-    for (int i = 0; i < loom_comm_config_nkeys; i++) all_keys[n_all_keys++] = loom_comm_config_keys[i];
-    LOOM_CHECK(n_all_keys <= (int)(sizeof all_keys / sizeof all_keys[0]));
+    if (all_keys) return;
+    const loom_config_key *const tables[] = {train_only_keys, loom_model_config_keys,
+                                             loom_comm_config_keys};
+    const int counts[] = {N_TRAIN_ONLY, loom_model_config_nkeys, loom_comm_config_nkeys};
+    all_keys = loom_config_schema_join(tables, counts, 3, &n_all_keys);
 }
 
 const loom_config_key *loom_trainer_schema(int *n) {

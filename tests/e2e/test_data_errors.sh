@@ -126,6 +126,15 @@ sed 's#^shard_tokens: 4000#shard_tokens: lots#' good.yaml > badint.yaml
 expect_fail "non-integer shard_tokens" "badint.yaml:[0-9]+: 'shard_tokens' must be an integer, got 'lots'" \
   "$LOOM" data build badint.yaml
 expect_fail "missing recipe file" "nope.yaml: cannot open" "$LOOM" data build nope.yaml
+# a recipe whose alias refers to its own anchor (an endless tree, which hung the build):
+# refused at once (the time limit turns a hang into a failure)
+printf 'name: t\noutput: o\ntokenizer: byte\nsources: [{steps: &a [*a, *a]}]\n' > alias.yaml
+expect_fail "recipe with anchors and aliases" "alias.yaml:4:19: YAML anchors and aliases are not supported" \
+  timeout 20 "$LOOM" data build alias.yaml
+# a byte that is not UTF-8 on line 11 is reported at its line and column
+sed 's/^output: out\/small$/output: out\/sm\xffall/' good.yaml > badutf8.yaml
+expect_fail "non-UTF-8 byte in a recipe" "badutf8.yaml:11:15: malformed YAML: invalid leading UTF-8 octet" \
+  "$LOOM" data build badutf8.yaml
 ls out | grep -qE "\.(tmp|old)\." && fail "a failed build left a temporary directory: $(ls out)"
 
 # ---- corrupted datasets: verify must fail naming the shard ----

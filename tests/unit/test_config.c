@@ -3,6 +3,9 @@
 #include "testutil.h"
 
 #include "loom/config.h"
+#include "loom/comm.h"
+#include "loom/model_config.h"
+#include "loom/train.h"
 
 /* Writes text to tu_dir/name and returns the path (static buffer, one at a time). */
 static const char *write_tmp(const char *name, const char *text) {
@@ -212,6 +215,26 @@ static void test_malformed_yaml(void **state) {
     TU_ASSERT_HAS(err.msg, "anc.yaml:1: YAML anchors and aliases");
     assert_int_equal(loom_config_load_string(c, "a: 1\nb: *x\n", "al.yaml", &err), -1);
     TU_ASSERT_HAS(err.msg, "al.yaml:");
+
+    /* a reader (encoding) error names its real line and column: a byte that is not UTF-8
+     * on line 18, after "  name: ab" and before "cd" */
+    {
+        char text[512] = "";
+        for (int i = 1; i < 17; i++) {
+            char line[32];
+            snprintf(line, sizeof line, "k%d: %d\n", i, i);
+            strcat(text, line);
+        }
+        strcat(text, "s:\n  name: ab\xff" "cd\n");
+        path = write_tmp("utf8.yaml", text);
+        assert_int_equal(loom_config_load_yaml(c, path, &err), -1);
+        snprintf(want, sizeof want, "%s:18:11: invalid leading UTF-8 octet (byte 0xff", path);
+        TU_ASSERT_HAS(err.msg, want);
+        /* a multi-byte character before the bad byte counts as one column */
+        assert_int_equal(loom_config_load_string(c, "a: 1\nb: \xc3\xa9\xfe\n", "u.yaml", &err),
+                         -1);
+        TU_ASSERT_HAS(err.msg, "u.yaml:2:5: ");
+    }
 
     /* empty key, two documents, mapping in a list */
     assert_int_equal(loom_config_load_string(c, "a:\n  \"\": 1\n", "e.yaml", &err), -1);
@@ -481,6 +504,49 @@ static void test_get_list(void **state) {
     loom_config_free(c);
 }
 
+/* A schema is joined from tables of any size: 3 tables of 50 keys make one of 150 (more than
+ * the old fixed table of 64), defaults from the last table apply, and the trainer's own
+ * schema holds every model and comm key. */
+static void test_schema_join(void **state) {
+    (void)state;
+    enum { PER = 50, TABLES = 3 };
+    static char names[TABLES][PER][32];
+    static loom_config_key keys[TABLES][PER];
+    for (int t = 0; t < TABLES; t++)
+        for (int i = 0; i < PER; i++) {
+            snprintf(names[t][i], sizeof names[t][i], "s%d.k%02d", t, i);
+            keys[t][i] = (loom_config_key){names[t][i], t == 2 ? "7" : NULL, "help"};
+        }
+    const loom_config_key *const tables[] = {keys[0], keys[1], keys[2]};
+    const int counts[] = {PER, PER, PER};
+    int n = 0;
+    loom_config_key *all = loom_config_schema_join(tables, counts, TABLES, &n);
+    assert_int_equal(n, TABLES * PER);
+    assert_string_equal(all[0].key, "s0.k00");
+    assert_string_equal(all[n - 1].key, "s2.k49");
+    loom_config *c = loom_config_new();
+    loom_err err = {{0}};
+    assert_int_equal(loom_config_load_string(c, "s1:\n  k33: 5\n", "x.yaml", &err), 0);
+    if (loom_config_apply_schema(c, all, n, &err)) fail_msg("%s", err.msg);
+    assert_string_equal(loom_config_get(c, "s1.k33"), "5");
+    assert_string_equal(loom_config_get(c, "s2.k49"), "7");
+    assert_null(loom_config_get(c, "s0.k01"));
+    loom_config_free(c);
+    free(all);
+
+    int nt = 0;
+    const loom_config_key *train = loom_train_schema(&nt);
+    assert_true(nt > loom_model_config_nkeys + loom_comm_config_nkeys);
+    for (int i = 0; i < loom_model_config_nkeys + loom_comm_config_nkeys; i++) {
+        const char *key = i < loom_model_config_nkeys
+                              ? loom_model_config_keys[i].key
+                              : loom_comm_config_keys[i - loom_model_config_nkeys].key;
+        int found = 0;
+        for (int k = 0; k < nt; k++) found |= !strcmp(train[k].key, key);
+        if (!found) fail_msg("key %s missing from the trainer schema", key);
+    }
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_nested_load),      cmocka_unit_test(test_later_load_overrides),
@@ -488,7 +554,7 @@ int main(void) {
         cmocka_unit_test(test_unknown_key),      cmocka_unit_test(test_malformed_yaml),
         cmocka_unit_test(test_duplicate_key),    cmocka_unit_test(test_strict_getters),
         cmocka_unit_test(test_round_trip),       cmocka_unit_test(test_leaf_and_section),
-        cmocka_unit_test(test_get_list),
+        cmocka_unit_test(test_get_list),         cmocka_unit_test(test_schema_join),
     };
     return cmocka_run_group_tests(tests, tu_setup_tmpdir, tu_teardown_tmpdir);
 }

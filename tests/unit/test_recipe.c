@@ -290,6 +290,14 @@ static void test_recipe_errors(void **state) {
          "r.yaml:4: unknown key 'vocab' in 'tokenizer'"},
         {"name: t\nsources:\n  - {name: a, kind: text, path: x}\ntokenizer: byte\ndedup_across_sources: maybe\noutput: o\n",
          "r.yaml:5: 'dedup_across_sources' must be true or false, got 'maybe'"},
+        /* anchors and aliases are refused (a self-referencing one would never finish) */
+        {"name: t\nsources: &a [*a, *a]\ntokenizer: byte\noutput: o\n",
+         "r.yaml:2:10: YAML anchors and aliases are not supported in recipes"},
+        {"name: &n t\nsources:\n  - {name: *n, kind: text, path: x}\ntokenizer: byte\noutput: o\n",
+         "r.yaml:1:7: YAML anchors and aliases are not supported in recipes"},
+        /* a reader error names the line and column of the bad byte */
+        {"name: t\nsources:\n  - {name: a, kind: text, path: x}\ntokenizer: byte\noutput: o\xff\n",
+         "r.yaml:5:10: malformed YAML: invalid leading UTF-8 octet (byte 0xff"},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         loom_recipe r;
