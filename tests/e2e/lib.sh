@@ -6,6 +6,7 @@ LOOM_ASAN_BIN=${LOOM_ASAN_BIN:-$LOOM_SRC/build/loom-asan}
 WORK=$(mktemp -d /tmp/loom-e2e.XXXXXX)
 trap 'rm -rf "$WORK"' EXIT
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-2}
+source "$LOOM_SRC/tests/skip_lib.sh"   # skip_part: the LOOM_TEST_SKIP opt-out for part of a test
 
 fail() { echo "FAIL: $*" >&2; exit 1; }
 pass() { echo "ok: $*"; }

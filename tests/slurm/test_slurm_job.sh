@@ -2,8 +2,8 @@
 # A real Slurm on localhost (scripts/slurm/local_slurm.sh): the comm driver launched through
 # the sbatch templates (sbatch + srun --mpi=pmix) runs its collectives and mesh checks on 2 and
 # 4 tasks; a rank that exits with an error and a collective timeout each end their job (FAILED)
-# promptly, and so does a SIGKILLed task. Exit 77 (skipped) only when Slurm's packages are
-# missing and cannot be installed.
+# promptly, and so does a SIGKILLed task. Slurm's packages missing (and not installable) is a
+# failure; LOOM_TEST_SKIP=slurm is the opt-out (tests/run_test.sh).
 set -euo pipefail
 LOOM_SRC=${LOOM_SRC:-$(cd "$(dirname "$0")/../.." && pwd)}
 COMM_DRIVER=${COMM_DRIVER:-$LOOM_SRC/build/tests/comm_driver}
@@ -21,8 +21,8 @@ pass() { echo "ok: $*"; }
 rc=0
 "$S/local_slurm.sh" up >"$WORK/env" || rc=$?
 if [ $rc -eq 77 ]; then
-  echo "SKIP: Slurm's packages (slurmctld slurmd slurm-client munge) are not installed and could not be installed"
-  rm -rf "$WORK"; exit 77
+  rm -rf "$WORK"
+  fail "Slurm's packages (slurmctld slurmd slurm-client munge) are not installed and could not be installed (scripts/setup.sh --test), or opt out with LOOM_TEST_SKIP=slurm"
 fi
 cleanup() { "$S/local_slurm.sh" down || true; rm -rf "$WORK"; }
 trap cleanup EXIT
