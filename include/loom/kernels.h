@@ -57,6 +57,11 @@ void rope_backward(float *dx, int64_t B, int T, int nh, int D, int64_t row_strid
  * out (B,T,H*D); att (B,H,T,T) saved softmax probabilities (upper triangle zero). */
 void attention_forward(float *out, float *att, const float *qkv,
                        int B, int T, int H, int KVH, int D);
+/* (query, key) pairs per head and sequence whose products the causal attention kernels
+ * compute: blocks of 64 query rows, each against the keys up to the block's end, so
+ * T(T+64)/2 when 64 divides T (about half of T^2). Each of the two forward GEMMs (Q K^T, P V)
+ * and the four backward GEMMs (dO V^T, dS K, dS^T Q, P^T dO) costs 2 * D FLOPs per pair. */
+int64_t attention_causal_pairs(int T);
 /* dqkv (B,T,(H+2*KVH)*D) +=; scratch must hold B*H*T*T floats. */
 void attention_backward(float *dqkv, float *scratch, const float *dout, const float *qkv,
                         const float *att, int B, int T, int H, int KVH, int D);

@@ -175,7 +175,10 @@ int loom_kv_cache_len(const loom_kv_cache *c);
  * keys and values, and returns the next-token logits (V), valid until the next call. */
 const float *loom_model_decode(loom_model *m, loom_kv_cache *c, int32_t token);
 
-/* FLOPs of one training step (fwd+bwd) on B x T tokens (6N + attention), for MFU */
+/* Training FLOPs (fwd+bwd) per token at sequence length T, for MFU: the GEMM FLOPs the
+ * kernels execute, 6 per matmul weight (head included, embedding lookups not) plus causal
+ * attention, 12 * L * n_head * D * attention_causal_pairs(T) / T (about half of T^2 per
+ * sequence); element-wise work (norms, activations, softmax, AdamW) is not counted. */
 double loom_model_flops_per_token(const loom_model *m, int T);
 
 #endif

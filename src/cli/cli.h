@@ -6,4 +6,5 @@ int loom_cli_generate(int argc, char **argv);
 int loom_cli_data(int argc, char **argv);
 int loom_cli_tokenizer(int argc, char **argv);
 int loom_cli_eval(int argc, char **argv);
+int loom_cli_peak(int argc, char **argv);
 #endif

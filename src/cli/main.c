@@ -13,6 +13,7 @@ static void usage(FILE *f) {
             "  eval CKPT --data DIR [--batches N] [--format json]  loss / accuracy + confusion matrix\n"
             "  data build|inspect|verify ...                       datasets: build shards, show, check\n"
             "  tokenizer train|encode|decode ...                   byte-level BPE (HF compatible)\n"
+            "  peak [--threads N] [--seconds S] [--json]           measure the fp32 peak for MFU\n"
             "  version\n");
 }
 
@@ -27,6 +28,7 @@ int main(int argc, char **argv) {
     if (!strcmp(cmd, "data")) return loom_cli_data(argc - 1, argv + 1);
     if (!strcmp(cmd, "tokenizer")) return loom_cli_tokenizer(argc - 1, argv + 1);
     if (!strcmp(cmd, "eval")) return loom_cli_eval(argc - 1, argv + 1);
+    if (!strcmp(cmd, "peak")) return loom_cli_peak(argc - 1, argv + 1);
     if (!strcmp(cmd, "version") || !strcmp(cmd, "--version")) {
         printf("loom %s\n", LOOM_VERSION);
         return 0;

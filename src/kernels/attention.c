@@ -37,6 +37,16 @@ static void causal_softmax_row(float *s, int i, int T) {
     for (int j = i + 1; j < T; j++) s[j] = 0.0f;
 }
 
+int64_t attention_causal_pairs(int T) {
+    int64_t pairs = 0; /* the row blocks of attention_forward (the column blocks of the
+                        * backward's dK/dV cover the same count) */
+    for (int i0 = 0; i0 < T; i0 += ATT_BS) {
+        int i1 = i0 + ATT_BS < T ? i0 + ATT_BS : T;
+        pairs += (int64_t)(i1 - i0) * i1;
+    }
+    return pairs;
+}
+
 void attention_forward(float *out, float *att, const float *qkv,
                        int B, int T, int H, int KVH, int D) {
     const int64_t R = (int64_t)(H + 2 * KVH) * D, HD = (int64_t)H * D;

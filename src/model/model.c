@@ -543,7 +543,8 @@ double loom_model_flops_per_token(const loom_model *m, int T) {
     const double C = c->d_model, L = c->n_layer, HD = (double)c->n_head * m->D;
     const double head = c->head == LOOM_HEAD_CLASSIFY ? 0.0 : (double)c->vocab_size * C;
     const double matmul_params = L * (C * m->QKV + HD * C + C * m->FFI + (double)c->d_ff * C) + head;
-    /* 6 FLOPs per weight per token (fwd 2, bwd 4), plus attention scores and values:
-     * per layer 2 matmuls of T x D per head, forward 2*2*T*HD, backward twice that. */
-    return 6.0 * matmul_params + 12.0 * L * HD * T;
+    /* 6 FLOPs per weight per token (fwd 2, bwd 4), plus attention: per layer and query head,
+     * 2 forward and 4 backward GEMMs of 2*D FLOPs per (query, key) pair the causal kernels
+     * compute (about T^2/2 pairs per sequence, not T^2: the masked blocks are skipped). */
+    return 6.0 * matmul_params + 12.0 * L * HD * (double)attention_causal_pairs(T) / T;
 }

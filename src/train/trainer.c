@@ -186,8 +186,10 @@ static void progress(const trainer *t, double loss, double lr, double tps, doubl
     const int64_t done = t->step - first_step, left = t->s.steps - t->step;
     const double eta = done > 0 ? elapsed / (double)done * (double)left : 0;
     const int tty = isatty(STDERR_FILENO);
-    fprintf(stderr, "%sstep %lld/%lld | loss %.4f | lr %.2e | %.0f tok/s | mfu %.1f%% | eta %.0fs%s",
-            tty ? "\r" : "", (long long)t->step, (long long)t->s.steps, loss, lr, tps, 100 * mfu,
+    char mfu_s[32] = "-"; /* no peak: MFU is not reported */
+    if (mfu >= 0) snprintf(mfu_s, sizeof mfu_s, "%.1f%%", 100 * mfu);
+    fprintf(stderr, "%sstep %lld/%lld | loss %.4f | lr %.2e | %.0f tok/s | mfu %s | eta %.0fs%s",
+            tty ? "\r" : "", (long long)t->step, (long long)t->s.steps, loss, lr, tps, mfu_s,
             eta, tty ? "   " : "\n");
     fflush(stderr);
 }
@@ -265,7 +267,20 @@ int loom_train(loom_config *cfg, loom_err *err) {
         if (loom_metrics_open(path, t.step, &mx, err)) goto done;
     }
 
-    double peak = t.s.peak_flops > 0 ? t.s.peak_flops : loom_peak_flops(threads);
+    /* the per-rank peak FLOP/s for MFU (rank 0 only: it alone reports), 0 = none; never changed
+     * by what training achieves (docs/training.md, "MFU and the peak") */
+    double peak = 0;
+    char peak_from[64] = "training.peak_flops";
+    if (rank0 && t.s.peak_flops > 0) peak = t.s.peak_flops;
+    else if (rank0) {
+        loom_peak pk;
+        if (loom_peak_get(threads, t.world_size == 1, &pk, err)) goto done;
+        peak = pk.flops;
+        snprintf(peak_from, sizeof peak_from, "%s", pk.source == LOOM_PEAK_ENV ? "LOOM_PEAK_FLOPS"
+                 : pk.source == LOOM_PEAK_CACHE ? "the peak cache" : "measured now");
+        if (pk.note[0]) loom_warn("%s", pk.note);
+    }
+    int mfu_warned = 0;
     const double flops_tok = loom_model_flops_per_token(t.model, (int)t.s.T);
     const int64_t BT = t.s.B * t.s.T;
     loom_dp_memory mem;
@@ -275,10 +290,10 @@ int loom_train(loom_config *cfg, loom_err *err) {
     if (rank0) {
         char layout[256];
         loom_log("model: %s, %zu parameters; %s, zero %lld, %d threads per rank, peak %.1f "
-                 "GFLOP/s; data: %llu training samples of %lld tokens",
+                 "GFLOP/s per rank (%s); data: %llu training samples of %lld tokens",
                  t.mc.flavor == LOOM_FLAVOR_GPT2 ? "gpt2" : "llama",
                  loom_model_num_params(t.model), loom_mesh_describe(t.mesh, layout, sizeof layout),
-                 (long long)t.s.zero, threads, peak / 1e9,
+                 (long long)t.s.zero, threads, peak / 1e9, peak > 0 ? peak_from : "none",
                  (unsigned long long)(t.classify ? loom_windows_per_epoch(t.train_w)
                                                  : loom_loader_num_samples(t.train_ld)),
                  (long long)t.s.T);
@@ -334,11 +349,13 @@ int loom_train(loom_config *cfg, loom_err *err) {
         }
         const double dt = loom_now() - t0;
         const double tps = (double)(BT * t.s.accum) / dt;
-        double mfu = flops_tok * tps / (peak * t.world_size);
-        if (mfu > 1.0 && t.s.peak_flops <= 0 && t.world_size == 1 && !getenv("LOOM_PEAK_FLOPS")) {
-            /* more than the cached peak: it was measured on a busy machine */
-            peak = loom_peak_flops_raise(threads, flops_tok * tps);
-            mfu = flops_tok * tps / peak;
+        const double mfu = peak > 0 ? flops_tok * tps / (peak * t.world_size) : -1;
+        if (rank0 && mfu > 1.0 && !mfu_warned) {
+            /* reported as it is: the peak is what is wrong */
+            mfu_warned = 1;
+            loom_warn("step %lld: MFU %.1f%% is above 100%%: the peak (%.1f GFLOP/s per rank, "
+                      "from %s) is wrong, most likely measured on a busy machine; run `loom peak` "
+                      "on an idle machine", (long long)t.step, 100 * mfu, peak / 1e9, peak_from);
         }
         loom_comm_stats cs;
         loom_comm_stats_get(t.mesh, &cs);
@@ -367,7 +384,10 @@ int loom_train(loom_config *cfg, loom_err *err) {
             loom_metrics_real(mx, "lr", lr);
             loom_metrics_real(mx, "grad_norm", (double)gnorm);
             loom_metrics_real(mx, "tokens_per_s", tps);
-            loom_metrics_real(mx, "mfu", mfu);
+            if (peak > 0) { /* the peak used: MFU = tokens/s x FLOPs/token / peak_flops */
+                loom_metrics_real(mx, "mfu", mfu);
+                loom_metrics_real(mx, "peak_flops", peak * t.world_size);
+            }
             loom_metrics_int(mx, "mem_bytes", (int64_t)mem_bytes);
             loom_metrics_int(mx, "rss_bytes", rss_bytes());
             loom_metrics_real(mx, "step_ms", dt * 1e3);

@@ -395,6 +395,9 @@ def check_forward_backward(cfg, seed):
         expect("flops_per_token >= 6 * N_nonembedding", flops >= 6 * (
             lm.n - tens["wte"]["numel"] - tens.get("wpe", {"numel": 0})["numel"]),
             f"{flops:.4g}")
+        want = torch_ref.train_flops_per_token(cfg, T)
+        expect("flops_per_token == torch_ref.train_flops_per_token (the bench's count)",
+               abs(flops - want) <= 1e-9 * want, f"{flops:.6g} vs {want:.6g}")
     finally:
         lm.free()
 

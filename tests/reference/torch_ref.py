@@ -217,10 +217,11 @@ class Ref(nn.Module):
 
 
 def train_flops_per_token(cfg, T):
-    """Training FLOPs per token (fwd + bwd), PaLM / llm.c convention: 6 * N + 12 * L * C * T,
-    where N counts every parameter that takes part in a matmul, the head included (for GPT-2
-    the tied wte counted once, as the head; embedding lookups are free), and 12 * L * C * T is
-    QK^T and AV, fwd + bwd, counted without the causal halving."""
+    """Training FLOPs per token (fwd + bwd), as loom_model_flops_per_token counts them:
+    6 * N + 12 * L * C * pairs(T) / T, where N counts every parameter that takes part in a
+    matmul, the head included (for GPT-2 the tied wte counted once, as the head; embedding
+    lookups are free), and pairs(T) is the (query, key) products per head that causal attention
+    computes in blocks of 64 query rows: T(T+64)/2 when 64 divides T (about half of T^2)."""
     c = normalize_config(cfg)
     n = 0
     for name, shape in param_shapes(c):
@@ -230,4 +231,5 @@ def train_flops_per_token(cfg, T):
         if b.endswith("_b") or b in NORM_WEIGHTS:
             continue
         n += math.prod(shape)
-    return 6 * n + 12 * c["n_layer"] * c["d_model"] * T
+    pairs = sum((min(i0 + 64, T) - i0) * min(i0 + 64, T) for i0 in range(0, T, 64))
+    return 6 * n + 12 * c["n_layer"] * c["d_model"] * pairs / T

@@ -1,5 +1,8 @@
-/* Peak FLOP/s probe: plausible value, cached per (host, cpu, threads), corrupt cache
- * recovered from, $LOOM_PEAK_FLOPS override. */
+/* The peak FLOP/s for MFU: $LOOM_PEAK_FLOPS stops all measuring, a first use measures only on an
+ * idle machine, `loom peak` keeps an idle measurement over a busy one, old or corrupt cache
+ * entries are not trusted, nothing raises a cached value. The GEMM probe and the load average
+ * are replaced by fakes (no test measures this machine's peak), except one short call of the
+ * probe itself that checks it returns a plausible number. */
 #include "testutil.h"
 
 #include <jansson.h>
@@ -7,14 +10,32 @@
 #include "loom/peak.h"
 
 static char g_cache[512];
+static int g_probe_calls;
+static double g_load = 0.0;
 
-/* tu_dir is the cache directory; no override from the environment. */
-static int setup_dir(void **state) {
+static double fake_probe(int threads, double budget_s) {
+    (void)budget_s;
+    g_probe_calls++;
+    return 1e10 * threads;
+}
+
+static double fake_load1(void) { return g_load; }
+
+/* a fresh cache directory per test, fakes installed, no override from the environment */
+static int setup(void **state) {
     if (tu_setup_tmpdir(state)) return -1;
     tu_path(g_cache, sizeof g_cache, "peak_flops.json");
     setenv("LOOM_CACHE_DIR", tu_dir, 1);
     unsetenv("LOOM_PEAK_FLOPS");
+    loom_peak_set_hooks(fake_probe, fake_load1);
+    g_probe_calls = 0;
+    g_load = 0.0;
     return 0;
+}
+
+static int teardown(void **state) {
+    loom_peak_set_hooks(NULL, NULL);
+    return tu_teardown_tmpdir(state);
 }
 
 static json_t *load_cache(void) {
@@ -25,110 +46,199 @@ static json_t *load_cache(void) {
     return root;
 }
 
-static void assert_plausible(double v) {
-    if (!(v >= 1e9 && v <= 1e13)) fail_msg("implausible peak FLOP/s %g", v);
-}
-
-/* Sets every entry's "flops" in the cache file to v. */
-static void rewrite_cache_flops(double v) {
-    json_t *root = load_cache();
-    const char *k;
-    json_t *ent;
-    json_object_foreach(root, k, ent) json_object_set_new(ent, "flops", json_real(v));
-    assert_int_equal(json_dump_file(root, g_cache, 0), 0);
-    json_decref(root);
-}
-
-static void test_measure_and_cache(void **state) {
-    (void)state;
-    double v1 = loom_peak_flops(1);
-    assert_plausible(v1);
-    assert_true(loom_path_exists(g_cache));
-    json_t *root = load_cache();
+/* the only entry of the cache file */
+static json_t *only_entry(json_t *root) {
     assert_int_equal(json_object_size(root), 1);
     const char *key;
     json_t *ent;
-    json_object_foreach(root, key, ent) {
-        assert_true(json_number_value(json_object_get(ent, "flops")) == v1);
-        assert_int_equal(json_integer_value(json_object_get(ent, "threads")), 1);
-        assert_non_null(strstr(key, "|1"));
+    json_object_foreach(root, key, ent) return ent;
+    return NULL;
+}
+
+static void busy(void) { g_load = 64.0; } /* more than any test machine's CPUs */
+
+static void test_env_override_measures_nothing(void **state) {
+    (void)state;
+    busy();
+    setenv("LOOM_PEAK_FLOPS", "1.5e12", 1);
+    loom_err err = {{0}};
+    loom_peak pk;
+    assert_int_equal(loom_peak_get(2, 1, &pk, &err), 0);
+    assert_true(pk.flops == 1.5e12);
+    assert_int_equal(pk.source, LOOM_PEAK_ENV);
+    g_load = 0.0; /* idle: still nothing measured or cached */
+    assert_int_equal(loom_peak_get(2, 1, &pk, &err), 0);
+    assert_true(pk.flops == 1.5e12);
+    /* `loom peak` refuses while it is set */
+    int stored = 1;
+    assert_int_equal(loom_peak_measure(2, 0.1, &pk, &stored, &err), -1);
+    assert_non_null(strstr(err.msg, "LOOM_PEAK_FLOPS"));
+    assert_int_equal(stored, 0);
+    assert_int_equal(g_probe_calls, 0);
+    assert_false(loom_path_exists(g_cache));
+}
+
+static void test_env_bad_is_an_error(void **state) {
+    (void)state;
+    const char *bad[] = {"fast", "0", "-3e11", "1e11x", "inf", "nan"};
+    for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+        setenv("LOOM_PEAK_FLOPS", bad[i], 1);
+        loom_err err = {{0}};
+        loom_peak pk;
+        assert_int_equal(loom_peak_get(1, 1, &pk, &err), -1);
+        assert_non_null(strstr(err.msg, "LOOM_PEAK_FLOPS"));
+        assert_non_null(strstr(err.msg, bad[i]));
     }
-    json_decref(root);
-
-    double t0 = loom_now();
-    double v2 = loom_peak_flops(1);
-    double dt = loom_now() - t0;
-    if (dt >= 0.05) fail_msg("second call took %.3f s: not served from the cache", dt);
-    assert_true(v2 == v1);
-
-    /* the value really comes from the file */
-    rewrite_cache_flops(4.25e11);
-    assert_true(loom_peak_flops(1) == 4.25e11);
+    assert_int_equal(g_probe_calls, 0);
 }
 
-static void test_keyed_by_threads(void **state) {
+static void test_first_use_idle_measures_once(void **state) {
     (void)state;
-    rewrite_cache_flops(4.25e11);
-    double v = loom_peak_flops(2); /* not cached yet: measured */
-    assert_plausible(v);
-    assert_true(v != 4.25e11);
+    g_load = 0.2;
+    loom_err err = {{0}};
+    loom_peak pk;
+    assert_int_equal(loom_peak_get(1, 1, &pk, &err), 0);
+    assert_int_equal(pk.source, LOOM_PEAK_MEASURED);
+    assert_true(pk.flops == 1e10);
+    assert_int_equal(pk.idle, 1);
+    assert_string_equal(pk.note, "");
+    assert_int_equal(g_probe_calls, 1);
     json_t *root = load_cache();
-    assert_int_equal(json_object_size(root), 2);
+    json_t *ent = only_entry(root);
+    assert_true(json_number_value(json_object_get(ent, "flops")) == 1e10);
+    assert_true(json_is_true(json_object_get(ent, "idle")));
+    assert_true(json_number_value(json_object_get(ent, "load1")) == 0.2);
+    assert_int_equal(json_integer_value(json_object_get(ent, "threads")), 1);
     json_decref(root);
-    assert_true(loom_peak_flops(1) == 4.25e11);
+    /* later uses come from the cache, busy or not */
+    busy();
+    assert_int_equal(loom_peak_get(1, 1, &pk, &err), 0);
+    assert_int_equal(pk.source, LOOM_PEAK_CACHE);
+    assert_true(pk.flops == 1e10);
+    assert_int_equal(g_probe_calls, 1);
 }
 
-static void test_corrupt_cache(void **state) {
+static void test_first_use_busy_measures_nothing(void **state) {
     (void)state;
-    loom_err err;
+    busy();
+    loom_err err = {{0}};
+    loom_peak pk;
+    assert_int_equal(loom_peak_get(1, 1, &pk, &err), 0);
+    assert_int_equal(pk.source, LOOM_PEAK_NONE);
+    assert_true(pk.flops == 0);
+    assert_non_null(strstr(pk.note, "loom peak"));
+    assert_non_null(strstr(pk.note, "busy"));
+    /* a multi-rank run never measures, idle or not */
+    g_load = 0.0;
+    assert_int_equal(loom_peak_get(1, 0, &pk, &err), 0);
+    assert_int_equal(pk.source, LOOM_PEAK_NONE);
+    assert_non_null(strstr(pk.note, "other ranks"));
+    assert_int_equal(g_probe_calls, 0);
+    assert_false(loom_path_exists(g_cache));
+}
+
+static void test_loom_peak_idle_beats_busy(void **state) {
+    (void)state;
+    loom_err err = {{0}};
+    loom_peak pk;
+    int stored;
+    /* busy, nothing cached yet: stored, with a note */
+    busy();
+    assert_int_equal(loom_peak_measure(1, 0.1, &pk, &stored, &err), 0);
+    assert_int_equal(stored, 1);
+    assert_int_equal(pk.idle, 0);
+    assert_non_null(strstr(pk.note, "busy"));
+    loom_peak got;
+    assert_int_equal(loom_peak_get(1, 1, &got, &err), 0);
+    assert_int_equal(got.source, LOOM_PEAK_CACHE);
+    assert_int_equal(got.idle, 0);
+    assert_non_null(strstr(got.note, "busy machine")); /* every use says it is suspect */
+    /* idle replaces busy */
+    g_load = 0.0;
+    assert_int_equal(loom_peak_measure(2, 0.1, &pk, &stored, &err), 0);
+    assert_int_equal(stored, 1);
+    assert_int_equal(loom_peak_measure(1, 0.1, &pk, &stored, &err), 0);
+    assert_int_equal(stored, 1);
+    assert_int_equal(loom_peak_get(1, 1, &got, &err), 0);
+    assert_int_equal(got.idle, 1);
+    assert_string_equal(got.note, "");
+    /* busy does not replace idle */
+    busy();
+    json_t *before = load_cache();
+    assert_int_equal(loom_peak_measure(1, 0.1, &pk, &stored, &err), 0);
+    assert_int_equal(stored, 0);
+    assert_non_null(strstr(pk.note, "not stored"));
+    json_t *after = load_cache();
+    assert_true(json_equal(before, after));
+    assert_int_equal(json_object_size(after), 2); /* keyed by threads */
+    json_decref(before);
+    json_decref(after);
+    assert_int_equal(g_probe_calls, 4);
+}
+
+/* entries from older versions (no "idle": they could have been raised by training
+ * throughput) and corrupt files are not used */
+static void test_untrusted_cache(void **state) {
+    (void)state;
+    loom_err err = {{0}};
+    loom_peak pk;
+    assert_int_equal(loom_peak_get(1, 1, &pk, &err), 0); /* writes the entry for this machine */
+    json_t *root = load_cache();
+    json_t *ent = only_entry(root);
+    json_object_set_new(ent, "flops", json_real(4.25e11));
+    json_object_del(ent, "idle");
+    assert_int_equal(json_dump_file(root, g_cache, 0), 0);
+    json_decref(root);
+    busy();
+    assert_int_equal(loom_peak_get(1, 1, &pk, &err), 0);
+    assert_int_equal(pk.source, LOOM_PEAK_NONE);
+    g_load = 0.0;
+    assert_int_equal(loom_peak_get(1, 1, &pk, &err), 0);
+    assert_int_equal(pk.source, LOOM_PEAK_MEASURED);
+    assert_true(pk.flops == 1e10);
+
     const char *junk = "{\"not\": json at all";
     assert_int_equal(loom_write_file_atomic(g_cache, junk, strlen(junk), &err), 0);
-    double v = loom_peak_flops(1);
-    assert_plausible(v);
-    json_t *root = load_cache(); /* rewritten as valid JSON */
-    assert_int_equal(json_object_size(root), 1);
+    assert_int_equal(loom_peak_get(1, 1, &pk, &err), 0);
+    assert_int_equal(pk.source, LOOM_PEAK_MEASURED);
+    root = load_cache(); /* rewritten as valid JSON */
     json_decref(root);
-    double t0 = loom_now();
-    assert_true(loom_peak_flops(1) == v);
-    assert_true(loom_now() - t0 < 0.05);
-
-    /* a well-formed file with a bad entry is re-measured too */
-    const char *bad = "[1, 2, 3]";
-    assert_int_equal(loom_write_file_atomic(g_cache, bad, strlen(bad), &err), 0);
-    assert_plausible(loom_peak_flops(1));
-    root = load_cache();
-    assert_int_equal(json_object_size(root), 1);
-    json_decref(root);
+    assert_int_equal(g_probe_calls, 3);
 }
 
-static void test_env_override(void **state) {
+static void test_idle_rule(void **state) {
     (void)state;
-    setenv("LOOM_PEAK_FLOPS", "1.5e12", 1);
-    assert_true(loom_peak_flops(1) == 1.5e12);
-    setenv("LOOM_PEAK_FLOPS", "fast", 1); /* ignored with a warning: falls back to the cache */
-    assert_plausible(loom_peak_flops(1));
-    unsetenv("LOOM_PEAK_FLOPS");
+    double l;
+    int ncpu;
+    g_load = 0.0;
+    assert_int_equal(loom_machine_idle(1, &l, &ncpu), 1);
+    assert_true(ncpu >= 1);
+    g_load = (double)ncpu - 1 + 0.5; /* exactly one core left for one thread */
+    assert_int_equal(loom_machine_idle(1, &l, &ncpu), 1);
+    g_load = (double)ncpu - 1 + 0.6;
+    assert_int_equal(loom_machine_idle(1, &l, &ncpu), 0);
+    g_load = -1.0; /* unknown */
+    assert_int_equal(loom_machine_idle(1, &l, &ncpu), 0);
 }
 
-/* a run that achieved more than the cached peak raises the cache; a lower one does not */
-static void test_raise(void **state) {
+/* the real GEMM probe runs and gives a plausible number (not cached, not used) */
+static void test_probe_plausible(void **state) {
     (void)state;
-    const double cached = loom_peak_flops(1);
-    assert_true(loom_peak_flops_raise(1, cached * 0.5) == cached);
-    assert_true(loom_peak_flops(1) == cached);
-    const double higher = cached * 3.0;
-    assert_true(loom_peak_flops_raise(1, higher) == higher);
-    assert_true(loom_peak_flops(1) == higher); /* persisted */
-    assert_true(loom_peak_flops_raise(1, -1.0) == higher); /* nonsense is ignored */
+    double v = loom_peak_probe(1, 0.05);
+    if (!(v >= 1e8 && v <= 1e13)) fail_msg("implausible probe result %g FLOP/s", v);
+    assert_false(loom_path_exists(g_cache));
 }
 
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_measure_and_cache),
-        cmocka_unit_test(test_keyed_by_threads),
-        cmocka_unit_test(test_corrupt_cache),
-        cmocka_unit_test(test_env_override),
-        cmocka_unit_test(test_raise),
+        cmocka_unit_test_setup_teardown(test_env_override_measures_nothing, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_env_bad_is_an_error, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_first_use_idle_measures_once, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_first_use_busy_measures_nothing, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_loom_peak_idle_beats_busy, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_untrusted_cache, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_idle_rule, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_probe_plausible, setup, teardown),
     };
-    return cmocka_run_group_tests(tests, setup_dir, tu_teardown_tmpdir);
+    return cmocka_run_group_tests(tests, NULL, NULL);
 }
