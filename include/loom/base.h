@@ -102,6 +102,12 @@ char *loom_pathf(char *buf, size_t size, const char *fmt, ...) __attribute__((fo
  * and its length (buf then holds an empty string). Returns 0 or -1. */
 int loom_path_fmt(char *buf, size_t size, loom_err *err, const char *fmt, ...)
     __attribute__((format(printf, 4, 5)));
+/* The longest directory a user may name for loom to create files under (run.dir, a data
+ * build's output): what is created below it must still fit PATH_MAX (4096) bytes. */
+#define LOOM_DIR_PATH_MAX 3584
+/* 0 when strlen(path) <= max; else an error "<what>: path too long (N bytes, at most MAX):
+ * '<its first 200 bytes>...'". */
+int loom_path_check(const char *what, const char *path, size_t max, loom_err *err);
 /* 1-based line and column (in characters: UTF-8 continuation bytes do not count) of byte
  * `offset` of text[0..len). */
 void loom_text_position(const char *text, size_t len, size_t offset, size_t *line, size_t *col);

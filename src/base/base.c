@@ -348,6 +348,13 @@ int loom_path_fmt(char *buf, size_t size, loom_err *err, const char *fmt, ...) {
     return -1;
 }
 
+int loom_path_check(const char *what, const char *path, size_t max, loom_err *err) {
+    const size_t n = strlen(path);
+    if (n <= max) return 0;
+    return loom_errf(err, "%s: path too long (%zu bytes, at most %zu): '%.200s...'", what, n, max,
+                     path);
+}
+
 void loom_text_position(const char *text, size_t len, size_t offset, size_t *line, size_t *col) {
     if (offset > len) offset = len;
     size_t l = 1, c = 1;

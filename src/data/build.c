@@ -1093,10 +1093,11 @@ int loom_data_build_team(const char *recipe_path, const loom_build_team *team, l
     }
     if (loom_recipe_load(recipe_path, &b->r, err) != 0) goto done;
     loom_recipe *r = &b->r;
-    if (snprintf(b->out, sizeof b->out, "%s", r->output) >= (int)sizeof b->out) {
-        loom_errf(err, "%s: output path too long", recipe_path);
+    if (loom_path_check("output", r->output, LOOM_DIR_PATH_MAX, err)) {
+        loom_err_prefix(err, "%s", recipe_path);
         goto done;
     }
+    loom_pathf(b->out, sizeof b->out, "%s", r->output);
     for (size_t n = strlen(b->out); n > 1 && b->out[n - 1] == '/'; n--) b->out[n - 1] = 0;
     if (loom_path_exists(b->out) &&
         !(loom_is_dir(b->out) && (looks_like_build(b->out) || dir_is_empty(b->out)))) {

@@ -278,11 +278,11 @@ done:
 
 int loom_dataset_open(const char *dir, loom_dataset **out, loom_err *err) {
     *out = NULL;
+    if (loom_path_check("dataset directory", dir, LOOM_DIR_PATH_MAX, err)) return -1;
     if (!loom_is_dir(dir))
         return loom_errf(err, "%s: dataset directory does not exist", dir);
     char mpath[4200];
-    if (snprintf(mpath, sizeof mpath, "%s/manifest.jsonl", dir) >= (int)sizeof mpath)
-        return loom_errf(err, "%s: path too long", dir);
+    loom_pathf(mpath, sizeof mpath, "%s/manifest.jsonl", dir); /* fits: dir is bounded */
     if (!loom_path_exists(mpath)) return loom_errf(err, "%s: no manifest (missing file)", mpath);
     loom_dataset *d = loom_calloc(1, sizeof *d);
     d->dir = loom_strdup(dir);

@@ -339,6 +339,7 @@ static int looks_like_step_dir(const char *dir) {
 
 int loom_ckpt_resolve(const char *path, char *out_dir, size_t out_size, loom_err *err) {
     if (!path || !*path) return loom_errf(err, "checkpoint: empty path");
+    if (loom_path_check("checkpoint", path, LOOM_DIR_PATH_MAX, err)) return -1;
     struct stat st;
     if (lstat(path, &st) != 0)
         return loom_errf(err, "%s: no such checkpoint: %s", path, strerror(errno));

@@ -1,5 +1,6 @@
 /* The trainer's config: its keys with defaults (the schema `loom train` checks), and
  * reading them into settings with range checks. */
+#include <stdio.h>
 #include <string.h>
 
 #include "loom/model_config.h"
@@ -101,6 +102,16 @@ int loom_trainer_read_settings(const loom_config *c, settings *s, loom_err *err)
         return loom_errf(err, "config: data.train is required (a dataset directory built by "
                               "`loom data build`)");
     if (loom_config_get_str(c, "data.train", &s->train_dir, err)) return -1;
+    /* checked before anything is created: a run would otherwise fail at its first
+     * checkpoint (or abort on a path buffer) */
+    const char *path_keys[] = {"run.dir", "data.train", "data.val"};
+    for (int i = 0; i < 3; i++) {
+        char what[256];
+        snprintf(what, sizeof what, "config key '%s' (%s)", path_keys[i],
+                 loom_config_origin(c, path_keys[i]));
+        if (loom_path_check(what, loom_config_get(c, path_keys[i]), LOOM_DIR_PATH_MAX, err))
+            return -1;
+    }
     s->sched.min_lr = s->sched.lr * 0.1;
     if (loom_config_get(c, "training.min_lr") &&
         loom_config_get_double(c, "training.min_lr", &s->sched.min_lr, err))
