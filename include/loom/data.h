@@ -94,6 +94,18 @@ int loom_loader_next(loom_loader *l, int B, int32_t *inputs, int32_t *targets, l
  * advances by the whole global batch, so every rank stays on the same order. */
 int loom_loader_next_slice(loom_loader *l, int B, int dp_rank, int dp_size, int32_t *inputs,
                            int32_t *targets, loom_err *err);
+/* One pass, for evaluation: every sample of the manifest lines the loader uses exactly once,
+ * in a fixed order (the sources in order of first appearance, each source's samples in
+ * manifest-line order: no mixing, no shuffle, no repeat caps), cut into global batches of B
+ * samples; the last one holds the remainder. Independent of the loader's state (next() and
+ * the pass do not disturb each other). */
+uint64_t loom_loader_pass_batches(const loom_loader *l, int B); /* ceil(samples / B) */
+/* DP rank dp_rank's rows [B*r/dp, B*(r+1)/dp) of global batch `batch` (< pass_batches) into
+ * inputs/targets ((that many), T); rows past the end of the pass get inputs 0 and targets -1
+ * (ignored by the loss). Returns the number of real samples in the slice. Over every batch
+ * and rank, each sample is read once. */
+int loom_loader_pass_slice(loom_loader *l, uint64_t batch, int B, int dp_rank, int dp_size,
+                           int32_t *inputs, int32_t *targets);
 /* Reads lines appended to the manifest (a stat first) and uses them, up to `lines` lines in
  * all (0 = every complete line); *n_lines (may be NULL) gets the number of lines used. */
 int loom_loader_refresh(loom_loader *l, int lines, int *n_lines, loom_err *err);

@@ -1,6 +1,7 @@
 /* loom eval CKPT --data DIR [--batches N] [--format text|json]
  *
- * LM checkpoints: mean loss and perplexity over N batches of DIR in order (0 = one pass).
+ * LM checkpoints: mean loss and perplexity over every window of DIR once (N = 0, the default), or
+ * over the first N batches of DIR's weighted mixture.
  * Classify checkpoints: every window of DIR once (the checkpoint's windows_per_doc), loss,
  * accuracy, the majority-class baseline and the confusion matrix (rows: true class). */
 #include <jansson.h>
@@ -106,6 +107,9 @@ static int eval_classify(loom_model *m, loom_config *cfg, loom_dataset *ds, cons
     return 0;
 }
 
+/* LM: batches = 0: every window of DIR exactly once (loom_loader_pass_slice: the sources in
+ * manifest order, the last batch short); batches > 0: the first N batches of DIR's weighted
+ * mixture, unshuffled. The loss is the mean over every target evaluated. */
 static int eval_lm(loom_model *m, loom_config *cfg, loom_dataset *ds, const char *dir,
                    int64_t batches, int json_out, loom_err *err) {
     int64_t B, T, seed;
@@ -115,24 +119,42 @@ static int eval_lm(loom_model *m, loom_config *cfg, loom_dataset *ds, const char
     const loom_loader_opts o = {.T = (int)T, .seed = (uint64_t)seed, .shuffle = 0, .ignore_caps = 1};
     loom_loader *l = NULL;
     if (loom_loader_open(ds, &o, &l, err)) return -1;
-    if (batches <= 0) batches = (int64_t)(loom_loader_num_samples(l) / (uint64_t)B);
-    if (batches <= 0) batches = 1;
+    const int pass = batches == 0;
+    if (pass) batches = (int64_t)loom_loader_pass_batches(l, (int)B);
     int32_t *inp = loom_malloc((size_t)(B * T) * sizeof(int32_t));
     int32_t *tgt = loom_malloc((size_t)(B * T) * sizeof(int32_t));
     double sum = 0;
+    int64_t valid = 0, windows = 0;
     int rc = 0;
     for (int64_t b = 0; b < batches && rc == 0; b++) {
-        rc = loom_loader_next(l, (int)B, inp, tgt, err);
-        if (rc == 0) sum += loom_model_forward(m, inp, tgt, (int)B, (int)T);
+        if (pass) windows += loom_loader_pass_slice(l, (uint64_t)b, (int)B, 0, 1, inp, tgt);
+        else if ((rc = loom_loader_next(l, (int)B, inp, tgt, err)) == 0) windows += B;
+        if (rc == 0) {
+            const float loss = loom_model_forward(m, inp, tgt, (int)B, (int)T);
+            const int64_t v = loom_model_valid_targets(m);
+            sum += (double)loss * (double)v;
+            valid += v;
+        }
     }
     if (rc == 0) {
-        const double loss = sum / (double)batches;
-        if (json_out)
-            printf("{\"data\": \"%s\", \"batches\": %lld, \"loss\": %.6f, \"perplexity\": %.4f}\n",
-                   dir, (long long)batches, loss, exp(loss));
-        else
-            printf("%s: %lld batches of %lld x %lld tokens, loss %.4f, perplexity %.3f\n", dir,
-                   (long long)batches, (long long)B, (long long)T, loss, exp(loss));
+        const double loss = valid > 0 ? sum / (double)valid : 0.0;
+        if (json_out) {
+            json_t *jo = json_pack("{s:s, s:s, s:I, s:I, s:I, s:f, s:f}", "data", dir, "mode",
+                                   pass ? "pass" : "mixture", "windows", (json_int_t)windows,
+                                   "batches", (json_int_t)batches, "tokens", (json_int_t)valid,
+                                   "loss", loss, "perplexity", exp(loss));
+            char *text = jo ? json_dumps(jo, JSON_COMPACT) : NULL;
+            LOOM_CHECK(text != NULL);
+            puts(text);
+            free(text);
+            json_decref(jo);
+        } else {
+            printf("%s: %lld windows of %lld tokens (%s, %lld batches of %lld), loss %.4f, "
+                   "perplexity %.3f\n",
+                   dir, (long long)windows, (long long)T,
+                   pass ? "every window once" : "the first batches of the mixture",
+                   (long long)batches, (long long)B, loss, exp(loss));
+        }
     }
     free(inp);
     free(tgt);

@@ -315,6 +315,23 @@ static source *pick(const loom_loader *l) {
     return best;
 }
 
+/* Copies sample idx of source s (source-local numbering: its lines in manifest order) into
+ * inputs/targets (T each). */
+static void read_sample(loom_loader *l, const source *s, uint64_t idx, int32_t *inputs,
+                        int32_t *targets) {
+    int a = 0, b = s->n_lines - 1; /* the last line with first[a] <= idx */
+    while (a < b) {
+        int mid = a + (b - a + 1) / 2;
+        if (s->first[mid] <= idx) a = mid;
+        else b = mid - 1;
+    }
+    const size_t T = (size_t)l->o.T;
+    loom_shard_read_tokens(loom_dataset_shard(l->d, s->entry[a]),
+                           (idx - s->first[a]) * (uint64_t)T, (uint64_t)T + 1, l->buf);
+    memcpy(inputs, l->buf, T * sizeof *inputs);
+    memcpy(targets, l->buf + 1, T * sizeof *targets);
+}
+
 /* Delivers the source's next sample: copied into inputs/targets (T each) unless they are
  * NULL (a sample another DP rank reads). */
 static void take(loom_loader *l, source *s, int32_t *inputs, int32_t *targets) {
@@ -327,18 +344,7 @@ static void take(loom_loader *l, source *s, int32_t *inputs, int32_t *targets) {
         if (l->o.shuffle)
             q = permute(q, n, loom_rng_u64(loom_rng_u64(l->o.seed, s->stream, s->epoch),
                                            l->seg_tag, (uint64_t)j));
-        const uint64_t idx = lo + q;
-        int a = 0, b = s->n_lines - 1; /* the last line with first[a] <= idx */
-        while (a < b) {
-            int mid = a + (b - a + 1) / 2;
-            if (s->first[mid] <= idx) a = mid;
-            else b = mid - 1;
-        }
-        const size_t T = (size_t)l->o.T;
-        loom_shard_read_tokens(loom_dataset_shard(l->d, s->entry[a]),
-                               (idx - s->first[a]) * (uint64_t)T, (uint64_t)T + 1, l->buf);
-        memcpy(inputs, l->buf, T * sizeof *inputs);
-        memcpy(targets, l->buf + 1, T * sizeof *targets);
+        read_sample(l, s, lo + q, inputs, targets);
     }
     s->position++;
     s->consumed++;
@@ -385,6 +391,49 @@ int loom_loader_next_slice(loom_loader *l, int B, int dp_rank, int dp_size, int3
 
 int loom_loader_next(loom_loader *l, int B, int32_t *inputs, int32_t *targets, loom_err *err) {
     return loom_loader_next_slice(l, B, 0, 1, inputs, targets, err);
+}
+
+/* ---- one pass in a fixed order (evaluation) ---------------------------------------------- */
+
+uint64_t loom_loader_pass_batches(const loom_loader *l, int B) {
+    LOOM_CHECK(B >= 1);
+    const uint64_t n = loom_loader_num_samples(l);
+    return (n + (uint64_t)B - 1) / (uint64_t)B;
+}
+
+int loom_loader_pass_slice(loom_loader *l, uint64_t batch, int B, int dp_rank, int dp_size,
+                           int32_t *inputs, int32_t *targets) {
+    LOOM_CHECK(B >= 1 && dp_size >= 1 && dp_rank >= 0 && dp_rank < dp_size);
+    const uint64_t total = loom_loader_num_samples(l);
+    const uint64_t lo = (uint64_t)B * (uint64_t)dp_rank / (uint64_t)dp_size;
+    const uint64_t hi = (uint64_t)B * (uint64_t)(dp_rank + 1) / (uint64_t)dp_size;
+    const uint64_t start = batch * (uint64_t)B; /* the global batch's first sample */
+    LOOM_CHECK(batch < loom_loader_pass_batches(l, B));
+    const size_t T = (size_t)l->o.T;
+    /* the source and source-local index of sample start + lo */
+    uint64_t k = start + lo;
+    int i = 0;
+    while (i < l->n_src && k >= l->src[i].first[l->src[i].n_lines]) {
+        k -= l->src[i].first[l->src[i].n_lines];
+        i++;
+    }
+    int real = 0;
+    for (uint64_t r = lo; r < hi; r++) {
+        int32_t *in = inputs + (size_t)(r - lo) * T, *tg = targets + (size_t)(r - lo) * T;
+        if (start + r >= total) { /* past the end of the pass: a row the loss ignores */
+            memset(in, 0, T * sizeof *in);
+            for (size_t t = 0; t < T; t++) tg[t] = -1;
+            continue;
+        }
+        while (k >= l->src[i].first[l->src[i].n_lines]) { /* sources without samples too */
+            k -= l->src[i].first[l->src[i].n_lines];
+            i++;
+        }
+        read_sample(l, &l->src[i], k, in, tg);
+        k++;
+        real++;
+    }
+    return real;
 }
 
 /* ---- state ------------------------------------------------------------------------------- */

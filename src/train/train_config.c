@@ -36,7 +36,7 @@ static const loom_config_key train_only_keys[] = {
     {"training.peak_flops", "0", "peak FLOP/s for MFU; 0 = measure once per machine"},
     {"training.log_every", "1", "progress line every N steps"},
     {"eval.every", "100", "validation loss every N steps (0 = only at the end)"},
-    {"eval.batches", "8", "validation batches per evaluation"},
+    {"eval.batches", "8", "validation batches per evaluation (0 = every window once)"},
     {"checkpoint.every", "0", "checkpoint every N steps (0 = no checkpoints)"},
     {"parallel.zero", "0", "ZeRO stage over the dp ranks: 0, 1, 2 or 3"},
     {"parallel.check_replicas", "false", "after every step, check that the dp replicas' "
@@ -136,7 +136,7 @@ int loom_trainer_read_settings(const loom_config *c, settings *s, loom_err *err)
         {"training.threads", s->threads, 0, 4096},
         {"training.log_every", s->log_every, 1, INT64_C(1) << 40},
         {"eval.every", s->eval_every, 0, INT64_C(1) << 40},
-        {"eval.batches", s->eval_batches, 1, 1 << 20},
+        {"eval.batches", s->eval_batches, 0, 1 << 20},
         {"checkpoint.every", s->ckpt_every, 0, INT64_C(1) << 40},
         {"parallel.zero", s->zero, 0, 3},
         {"data.windows_per_doc", s->windows_per_doc, 1, 1 << 20},

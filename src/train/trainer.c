@@ -96,8 +96,11 @@ static double forward_global(trainer *t, int64_t *global_valid, int64_t *global_
     return v[1] > 0 ? v[0] / v[1] : 0.0;
 }
 
-/* Mean loss (and, for classify, accuracy) over the first eval.batches batches of the
- * validation data, always the same ones, in order. */
+/* Validation: eval.batches > 0: the first eval.batches global batches of the validation
+ * data's mixture (unshuffled), always the same ones; eval.batches = 0: one pass over every
+ * window of the split exactly once (LM: loom_loader_pass_slice; classify: epoch 0 of the
+ * unshuffled windows), the last batch short, each DP rank reading its rows. The loss is the
+ * mean over every valid target, so each window counts once; for classify also the accuracy. */
 static int eval_loss(trainer *t, double *out, double *accuracy, loom_err *err) {
     loom_loader *vl = NULL;
     loom_windows *vw = NULL;
@@ -111,22 +114,39 @@ static int eval_loss(trainer *t, double *out, double *accuracy, loom_err *err) {
         if (loom_loader_open(t->val_ds, &o, &vl, err))
             return loom_err_prefix(err, "validation data %s", t->s.val_dir);
     }
+    const int64_t B = t->s.B, T = t->s.T;
+    const int pass = t->s.eval_batches == 0;
+    const uint64_t n_windows = vw ? loom_windows_per_epoch(vw) : loom_loader_num_samples(vl);
+    const int64_t batches = pass ? (int64_t)((n_windows + (uint64_t)B - 1) / (uint64_t)B)
+                                 : t->s.eval_batches;
     double sum = 0;
     int64_t valid = 0, correct = 0;
     int rc = 0;
-    for (int64_t b = 0; b < t->s.eval_batches; b++) {
-        if (next_batch(t, vl, vw, err)) {
+    for (int64_t b = 0; b < batches; b++) {
+        if (pass && vl) { /* this rank's rows of the pass, where forward_global reads them */
+            const size_t mine = (size_t)t->dp_rank * (size_t)t->local_B * (size_t)T;
+            loom_loader_pass_slice(vl, (uint64_t)b, (int)B, t->dp_rank, t->dp_size,
+                                   t->g_inp + mine, t->g_tgt + mine);
+        } else if (pass) { /* classify: every rank reads the global batch; the last is short */
+            const uint64_t left = n_windows - (uint64_t)b * (uint64_t)B;
+            const int nb = left < (uint64_t)B ? (int)left : (int)B;
+            loom_windows_next(vw, nb, t->g_inp, t->g_tgt);
+            for (int64_t r = nb; r < B; r++) { /* rows the loss ignores */
+                memset(t->g_inp + (size_t)r * (size_t)T, 0, (size_t)T * sizeof *t->g_inp);
+                t->g_tgt[r] = -1;
+            }
+        } else if (next_batch(t, vl, vw, err)) {
             rc = loom_err_prefix(err, "validation data %s", t->s.val_dir);
             break;
         }
         int64_t v = 0, c = 0;
-        sum += forward_global(t, &v, &c);
+        sum += forward_global(t, &v, &c) * (double)v; /* back to a sum over targets */
         valid += v;
         correct += c;
     }
     loom_loader_free(vl);
     loom_windows_free(vw);
-    *out = sum / (double)t->s.eval_batches;
+    *out = valid > 0 ? sum / (double)valid : 0.0;
     *accuracy = valid > 0 ? (double)correct / (double)valid : 0.0;
     return rc;
 }

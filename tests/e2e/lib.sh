@@ -105,3 +105,39 @@ import json,sys
 for l in open(sys.argv[1]):
     r=json.loads(l); print(r['step'], repr(r['loss']), repr(r['grad_norm']), repr(r.get('val_loss')))
 " "$1/metrics.jsonl"; }
+
+# make_mixed_dataset DIR [LOOM]: two text sources, alpha (weight 3, repeat_cap 1) and beta
+# (weight 1), small shards -> DIR/data/train (82 windows of T = 16 in 5 manifest lines)
+make_mixed_dataset() {
+  local d=$1 loom=${2:-$LOOM_BIN}
+  python3 - "$d" <<'PY'
+import os, random, sys
+random.seed(3)
+words = "amber birch cedar delta ember fjord grove heron inlet juniper kestrel larch".split()
+def doc(n): return " ".join(random.choice(words) for _ in range(n))
+for name, ndocs in [("alpha", 9), ("beta", 5)]:
+    os.makedirs(os.path.join(sys.argv[1], name), exist_ok=True)
+    with open(os.path.join(sys.argv[1], name, "docs.txt"), "w") as f:
+        f.write("\n%\n".join(doc(random.randint(8, 30)) for _ in range(ndocs)))
+PY
+  cat > "$d/mixed.yaml" <<YAML
+name: mixed
+sources:
+  - name: alpha
+    kind: text
+    path: $d/alpha
+    split: "\n%\n"
+    weight: 3
+    repeat_cap: 1
+  - name: beta
+    kind: text
+    path: $d/beta
+    split: "\n%\n"
+    weight: 1
+tokenizer: byte
+seq_len: 16
+output: $d/data
+shard_tokens: 400
+YAML
+  "$loom" data build "$d/mixed.yaml" >/dev/null 2>&1 || { "$loom" data build "$d/mixed.yaml"; fail "data build (mixed)"; }
+}

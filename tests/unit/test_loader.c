@@ -449,6 +449,90 @@ static void test_dp_slices(void **state) {
     ds_rm(&d);
 }
 
+/* ---- one pass for evaluation ----------------------------------------------------------- */
+
+/* Two sources (weights 3:1, capped), lines interleaved, one line too short for a sample: 57
+ * samples, not a multiple of any batch tried. Every batch size and DP degree reads each
+ * sample exactly once, in the fixed order (source a's samples in manifest order, then b's),
+ * the rows past the end have targets -1, and the pass leaves the mixture's state alone. */
+static void test_eval_pass(void **state) {
+    (void)state;
+    ds d;
+    ds_init(&d);
+    add(&d, "a", 3, 1, 16 * 20 + 1); /* 20 samples */
+    add(&d, "b", 1, 0.5, 16 * 12 + 5); /* 12 */
+    add(&d, "a", 3, 1, 10);          /* 0 */
+    add(&d, "a", 3, 1, 16 * 17 + 1); /* 17 */
+    add(&d, "b", 1, 0.5, 16 * 8 + 1); /* 8 */
+    enum { N = 57 };
+    int32_t expect[N];
+    int k = 0;
+    const int order[] = {0, 2, 3, 1, 4}; /* a's lines, then b's */
+    for (int i = 0; i < 5; i++)
+        for (uint64_t j = 0; j < shard_samples(d.sh[order[i]].n); j++)
+            expect[k++] = (int32_t)(d.sh[order[i]].base + j * T);
+    assert_int_equal(k, N);
+    loom_dataset *x = ds_open(&d);
+    loom_loader *l = NULL;
+    loom_err err = {{0}};
+    loom_loader_opts o = {.T = T, .seed = 5, .shuffle = 0, .ignore_caps = 1};
+    if (loom_loader_open(x, &o, &l, &err)) fail_msg("%s", err.msg);
+    assert_int_equal(loom_loader_num_samples(l), N);
+    int32_t before[8], after[8];
+    draw(&d, l, 8, 3, before); /* the mixture, 8 samples in */
+    char *state0 = loom_loader_state_json(l);
+    const int Bs[] = {1, 4, 5, 8, 60}, dps[] = {1, 2, 3, 4};
+    for (size_t bi = 0; bi < sizeof Bs / sizeof Bs[0]; bi++)
+        for (size_t di = 0; di < sizeof dps / sizeof dps[0]; di++) {
+            const int B = Bs[bi], dp = dps[di];
+            if (dp > B) continue;
+            const uint64_t nb = loom_loader_pass_batches(l, B);
+            assert_int_equal(nb, (N + B - 1) / B);
+            int32_t *in = malloc((size_t)B * T * sizeof *in), *tg = malloc((size_t)B * T * sizeof *tg);
+            int32_t got[N + 64];
+            int n = 0, seen_pad = 0;
+            for (uint64_t b = 0; b < nb; b++)
+                for (int r = 0; r < dp; r++) {
+                    const int lo = B * r / dp, hi = B * (r + 1) / dp;
+                    for (int i = 0; i < (hi - lo) * T; i++) in[i] = tg[i] = 12345;
+                    const int real = loom_loader_pass_slice(l, b, B, r, dp, in, tg);
+                    for (int row = 0; row < hi - lo; row++) {
+                        const uint64_t g = b * (uint64_t)B + (uint64_t)(lo + row);
+                        if (g < N) {
+                            assert_true(row < real); /* real rows come first */
+                            got[n++] = check_sample(&d, in + row * T, tg + row * T);
+                        } else {
+                            assert_true(row >= real);
+                            for (int t = 0; t < T; t++) {
+                                assert_int_equal(tg[row * T + t], -1);
+                                assert_int_equal(in[row * T + t], 0);
+                            }
+                            seen_pad = 1;
+                        }
+                    }
+                }
+            assert_int_equal(n, N);
+            assert_memory_equal(got, expect, sizeof expect); /* each once, in order */
+            assert_int_equal(seen_pad, N % B != 0);
+            free(in);
+            free(tg);
+        }
+    char *state1 = loom_loader_state_json(l);
+    assert_string_equal(state0, state1);
+    draw(&d, l, 8, 3, after); /* the mixture goes on where it was */
+    loom_loader_free(l);
+    if (loom_loader_open(x, &o, &l, &err)) fail_msg("%s", err.msg);
+    int32_t ref[16];
+    draw(&d, l, 16, 4, ref);
+    assert_memory_equal(ref, before, sizeof before);
+    assert_memory_equal(ref + 8, after, sizeof after);
+    free(state0);
+    free(state1);
+    loom_loader_free(l);
+    loom_dataset_close(x);
+    ds_rm(&d);
+}
+
 /* ---- growing datasets ------------------------------------------------------------------ */
 
 static void append_raw(const ds *d, const char *text) {
@@ -714,6 +798,7 @@ int main(void) {
         cmocka_unit_test(test_resume_exact_one_source),
         cmocka_unit_test(test_resume_exact_mixed),
         cmocka_unit_test(test_dp_slices),
+        cmocka_unit_test(test_eval_pass),
         cmocka_unit_test(test_follow_growing),
         cmocka_unit_test(test_follow_capped_stream),
         cmocka_unit_test(test_state_errors),
