@@ -47,6 +47,9 @@ int loom_comm_mpi_active(void);
  * from MPI_Comm_split_type(MPI_COMM_TYPE_SHARED). Collective over the world when MPI is up (call
  * it on every rank, e.g. right after loom_comm_init). */
 int loom_comm_default_threads(void);
+/* Ranks on this node (MPI_COMM_TYPE_SHARED), 1 without MPI. Collective over the world when
+ * MPI is up. */
+int loom_comm_node_ranks(void);
 
 /* Ends the whole job: prints "loom: rank R: <message>" to stderr, then MPI_Abort(world, code)
  * when MPI is up, exit(code) otherwise. */

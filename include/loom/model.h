@@ -133,6 +133,15 @@ void loom_model_set_hooks(loom_model *m, const loom_model_hooks *h);
 int loom_model_create_ex(const loom_model_config *cfg, int B, int T, int own_arenas,
                          loom_model **out, loom_err *err);
 
+/* The model's layout for (cfg, B, T) without any arena: its tensor table, units
+ * (loom_model_unit_range) and sizes (loom_model_num_params, loom_model_activation_bytes), to
+ * estimate memory before allocating. Forward/backward must not be called on it. */
+int loom_model_create_layout(const loom_model_config *cfg, int B, int T, loom_model **out,
+                             loom_err *err);
+/* bytes of the activation arena, the input/target rows and the RoPE tables: what the model
+ * allocates beyond parameters and gradients */
+size_t loom_model_activation_bytes(const loom_model *m);
+
 /* The deterministic init of arena positions [offset, offset + count), written to dst: a shard
  * of any layout initializes exactly like the same slice of the whole model. */
 void loom_model_init_range(const loom_model *m, uint64_t seed, size_t offset, size_t count,

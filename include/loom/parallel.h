@@ -50,6 +50,11 @@ void loom_dp_step(loom_dp *dp, float lr);
 int64_t loom_dp_optimizer_step(const loom_dp *dp);
 void loom_dp_set_optimizer_step(loom_dp *dp, int64_t step);
 void loom_dp_memory_usage(const loom_dp *dp, loom_dp_memory *out);
+/* What loom_dp_create would allocate on dp rank dp_rank of dp_size at this ZeRO stage, for a
+ * model (a layout from loom_model_create_layout is enough); equals loom_dp_memory_usage of
+ * the created loom_dp. */
+void loom_dp_memory_estimate(const loom_model *m, int dp_size, int dp_rank, int zero,
+                             loom_dp_memory *out);
 /* 64-bit hash of the parameters this rank holds (all of them for zero 0-2, its slices for
  * zero 3): equal on every dp rank for zero 0-2 when the replicas are bit-identical. */
 uint64_t loom_dp_param_hash(const loom_dp *dp);

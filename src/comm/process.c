@@ -227,12 +227,7 @@ void loom_comm_finalize(void) {
 
 /* ---- threads per rank ------------------------------------------------------------------ */
 
-int loom_comm_default_threads(void) {
-    long node_cpus = sysconf(_SC_NPROCESSORS_ONLN);
-    if (node_cpus < 1) node_cpus = 1;
-    long mask_cpus = node_cpus;
-    cpu_set_t set;
-    if (sched_getaffinity(0, sizeof set, &set) == 0) mask_cpus = CPU_COUNT(&set);
+int loom_comm_node_ranks(void) {
     int local = 1;
     if (g_mpi) {
         MPI_Comm node;
@@ -240,6 +235,16 @@ int loom_comm_default_threads(void) {
         MPI_Comm_size(node, &local);
         MPI_Comm_free(&node);
     }
+    return local;
+}
+
+int loom_comm_default_threads(void) {
+    long node_cpus = sysconf(_SC_NPROCESSORS_ONLN);
+    if (node_cpus < 1) node_cpus = 1;
+    long mask_cpus = node_cpus;
+    cpu_set_t set;
+    if (sched_getaffinity(0, sizeof set, &set) == 0) mask_cpus = CPU_COUNT(&set);
+    const int local = loom_comm_node_ranks();
     long omp = 0;
     if (env_int("OMP_NUM_THREADS", &omp) && omp > 0) return omp > 4096 ? 4096 : (int)omp;
     long t = node_cpus / local;

@@ -82,8 +82,10 @@ static void point_units_at_arenas(loom_model *m) {
     }
 }
 
-int loom_model_create_ex(const loom_model_config *cfg, int B, int T, int own_arenas,
-                         loom_model **out, loom_err *err) {
+/* layout_only: the tensor table, the units and the activation size table, without allocating
+ * any arena (what loom_model_create_layout returns) */
+static int create(const loom_model_config *cfg, int B, int T, int own_arenas, int layout_only,
+                  loom_model **out, loom_err *err) {
     if (check_config(cfg, err) != 0) return -1;
     if (B <= 0 || T <= 0) return loom_errf(err, "model: batch size and sequence length must be positive");
     if (T > cfg->max_seq_len)
@@ -140,7 +142,7 @@ int loom_model_create_ex(const loom_model_config *cfg, int B, int T, int own_are
     m->pbase = loom_calloc((size_t)m->n_units, sizeof(float *));
     m->gbase = loom_calloc((size_t)m->n_units, sizeof(float *));
     m->have_grads = loom_calloc((size_t)m->n_units, 1);
-    if (own_arenas) {
+    if (own_arenas && !layout_only) {
         m->params = loom_alloc_aligned(off * sizeof(float));
         m->grads = loom_alloc_aligned(off * sizeof(float));
     }
@@ -168,6 +170,10 @@ int loom_model_create_ex(const loom_model_config *cfg, int B, int T, int own_are
     for (size_t i = 0; i < sizeof tab / sizeof tab[0]; i++)
         total += ((size_t)tab[i].n + 15) & ~(size_t)15; /* keep each buffer 64-byte aligned */
     m->act_floats = total;
+    if (layout_only) {
+        *out = m;
+        return 0;
+    }
     m->act_mem = loom_alloc_aligned(total * sizeof(float));
     float *p = m->act_mem;
     for (size_t i = 0; i < sizeof tab / sizeof tab[0]; i++) {
@@ -183,6 +189,24 @@ int loom_model_create_ex(const loom_model_config *cfg, int B, int T, int own_are
     }
     *out = m;
     return 0;
+}
+
+int loom_model_create_ex(const loom_model_config *cfg, int B, int T, int own_arenas,
+                         loom_model **out, loom_err *err) {
+    return create(cfg, B, T, own_arenas, 0, out, err);
+}
+
+int loom_model_create_layout(const loom_model_config *cfg, int B, int T, loom_model **out,
+                             loom_err *err) {
+    return create(cfg, B, T, 0, 1, out, err);
+}
+
+size_t loom_model_activation_bytes(const loom_model *m) {
+    const size_t BT = (size_t)m->maxB * (size_t)m->maxT;
+    const size_t rope = m->cfg.flavor == LOOM_FLAVOR_GPT2
+                            ? 0
+                            : 2 * (size_t)m->cfg.max_seq_len * (size_t)(m->D / 2) * sizeof(float);
+    return m->act_floats * sizeof(float) + 2 * BT * sizeof(int32_t) + rope;
 }
 
 void loom_model_free(loom_model *m) {

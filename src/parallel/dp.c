@@ -292,20 +292,48 @@ void loom_dp_step(loom_dp *dp, float lr) {
 int64_t loom_dp_optimizer_step(const loom_dp *dp) { return dp->step; }
 void loom_dp_set_optimizer_step(loom_dp *dp, int64_t step) { dp->step = step; }
 
-void loom_dp_memory_usage(const loom_dp *dp, loom_dp_memory *out) {
+/* The storage loom_dp_create allocates for a layout, from its unit sizes: n parameters in
+ * all, nshard owned, the first and last units' sizes and slices, the largest layer and slice. */
+typedef struct dp_sizes {
+    size_t n, nshard, first, last, max_layer, first_slice, last_slice, max_layer_slice;
+} dp_sizes;
+
+static void memory_of(int zero, const dp_sizes *z, loom_dp_memory *out) {
     const size_t f = sizeof(float);
     memset(out, 0, sizeof *out);
-    if (dp->zero < 3) out->param_bytes = dp->n * f;
-    else {
-        out->param_bytes = dp->nshard * f;
-        out->param_bytes += (dp->ucnt[0] + dp->ucnt[dp->U - 1] + 2 * dp->max_layer) * f;
-    }
-    out->grad_bytes = dp->nshard * f;
-    if (dp->zero < 2) out->grad_bytes += dp->n * f;
+    if (zero < 3) out->param_bytes = z->n * f;
+    else out->param_bytes = (z->nshard + z->first + z->last + 2 * z->max_layer) * f;
+    out->grad_bytes = z->nshard * f;
+    if (zero < 2) out->grad_bytes += z->n * f;
     else
-        out->grad_bytes += (dp->ucnt[0] + dp->ucnt[dp->U - 1] + 2 * dp->max_layer +
-                            dp->slen[0] + dp->slen[dp->U - 1] + 2 * dp->max_layer_slice) * f;
-    out->optim_bytes = 2 * dp->n_moments * f;
+        out->grad_bytes += (z->first + z->last + 2 * z->max_layer + z->first_slice +
+                            z->last_slice + 2 * z->max_layer_slice) * f;
+    out->optim_bytes = 2 * (zero == 0 ? z->n : z->nshard) * f;
+}
+
+void loom_dp_memory_usage(const loom_dp *dp, loom_dp_memory *out) {
+    const dp_sizes z = {dp->n, dp->nshard, dp->ucnt[0], dp->ucnt[dp->U - 1], dp->max_layer,
+                        dp->slen[0], dp->slen[dp->U - 1], dp->max_layer_slice};
+    memory_of(dp->zero, &z, out);
+}
+
+void loom_dp_memory_estimate(const loom_model *m, int dp_size, int dp_rank, int zero,
+                             loom_dp_memory *out) {
+    const int U = loom_model_num_units(m);
+    dp_sizes z = {.n = loom_model_num_params(m)};
+    for (int u = 0; u < U; u++) {
+        size_t off, cnt, soff, slen;
+        loom_model_unit_range(m, u, &off, &cnt);
+        loom_split(cnt, dp_size, dp_rank, &soff, &slen);
+        z.nshard += slen;
+        if (u == 0) z.first = cnt, z.first_slice = slen;
+        if (u == U - 1) z.last = cnt, z.last_slice = slen;
+        if (u > 0 && u < U - 1) {
+            if (cnt > z.max_layer) z.max_layer = cnt;
+            if (slen > z.max_layer_slice) z.max_layer_slice = slen;
+        }
+    }
+    memory_of(zero, &z, out);
 }
 
 uint64_t loom_dp_param_hash(const loom_dp *dp) {

@@ -35,6 +35,8 @@ static const loom_config_key train_only_keys[] = {
     {"training.threads", "0", "OpenMP/BLAS threads; 0 = all cores"},
     {"training.peak_flops", "0", "peak FLOP/s for MFU; 0 = measure once per machine"},
     {"training.log_every", "1", "progress line every N steps"},
+    {"training.memory_limit", "auto", "refuse a layout whose estimated memory exceeds this: auto "
+                                      "(MemAvailable, cgroup limit), off, or bytes"},
     {"eval.every", "100", "validation loss every N steps (0 = only at the end)"},
     {"eval.batches", "8", "validation batches per evaluation (0 = every window once)"},
     {"checkpoint.every", "0", "checkpoint every N steps (0 = no checkpoints)"},

@@ -259,6 +259,7 @@ int loom_train(loom_config *cfg, loom_err *err) {
     if (t.s.threads > 0) omp_set_num_threads((int)t.s.threads);
     else if (loom_comm_mpi_active()) omp_set_num_threads(loom_comm_default_threads());
     const int threads = omp_get_max_threads();
+    if (loom_trainer_check_memory(&t, err)) goto done; /* before anything is allocated */
 
     char path[4200];
     loom_pathf(t.ckpt_root, sizeof t.ckpt_root, "%s/ckpt", t.s.run_dir);

@@ -54,4 +54,14 @@ int loom_trainer_save_checkpoint(trainer *t, loom_err *err);
 /* Loads a complete step directory into the engine's storage and the loader. */
 int loom_trainer_load_checkpoint(trainer *t, const char *dir, loom_err *err);
 
+/* Refuses (an error naming the size keys) a layout whose estimated memory per node
+ * (parameters, gradients, AdamW moments, activations, batch buffers of this rank, times the
+ * ranks on the node) exceeds training.memory_limit: auto = MemAvailable and the cgroup
+ * limit, off = no check, or a byte count. Collective over the world under MPI. */
+int loom_trainer_check_memory(const trainer *t, loom_err *err);
+/* MemAvailable (/proc/meminfo) and the memory limit of this process's cgroup (v2 memory.max,
+ * or v1 memory.limit_in_bytes; 0 = none) under root ("" = the real file system). -1 when
+ * neither is known. */
+int loom_memory_limits(const char *root, uint64_t *avail, uint64_t *cgroup);
+
 #endif

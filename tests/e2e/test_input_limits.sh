@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Inputs beyond loom's limits get an error naming the key or file, never an abort: paths too
-# long for loom's path buffers. Runs the ASan/UBSan binary.
+# long for loom's path buffers, a model that cannot fit in memory. Runs the ASan/UBSan binary.
 source "$(dirname "$0")/lib.sh"
 make_dataset "$WORK"
 make_config "$WORK" "$WORK/ok.yaml" "$WORK/run"
@@ -26,5 +26,22 @@ expect_fail "eval: dataset path too long" "dataset directory: path too long \(41
 sed "s#^output: .*#output: $long#" "$WORK/recipe.yaml" > "$WORK/longout.yaml"
 expect_fail "data build: output too long" "longout\.yaml: output: path too long \(4100 bytes" \
   "$L" data build "$WORK/longout.yaml"
+
+# ---- memory: a layout that cannot fit is refused before anything is allocated or created
+# (d_model=4096 n_layer=4096 aborted with "out of memory allocating 34403819904 bytes") ----
+expect_fail "model too large for memory" \
+  "model\.d_model=4096 model\.n_layer=4096 .*needs an estimated [0-9.]+ TiB of memory, but .* is available \((MemAvailable|the cgroup).*parameters .*AdamW moments" \
+  timeout 60 "$L" train "$WORK/ok.yaml" --set run.dir="$WORK/big" --set model.d_model=4096 --set model.n_layer=4096
+[ ! -e "$WORK/big" ] || fail "a refused run created its run directory"
+# an explicit budget: the tiny model needs about 1.2 MiB
+expect_fail "training.memory_limit below the estimate" \
+  "needs an estimated 1\.[0-9] MiB of memory, but 1000\.0 KiB is available \(training\.memory_limit \(--set\)\)" \
+  "$L" train "$WORK/ok.yaml" --set run.dir="$WORK/small" --set training.memory_limit=1024000
+expect_fail "training.memory_limit not a size" "config key 'training\.memory_limit' = 'lots'" \
+  "$L" train "$WORK/ok.yaml" --set run.dir="$WORK/small" --set training.memory_limit=lots
+expect_ok "training.memory_limit=off trusts the user" \
+  "$L" train "$WORK/ok.yaml" --set run.dir="$WORK/small" --set training.memory_limit=off --set training.steps=1
+expect_ok "training.memory_limit above the estimate" \
+  "$L" train "$WORK/ok.yaml" --set run.dir="$WORK/small2" --set training.memory_limit=2e6 --set training.steps=1
 
 echo "all input-limit tests passed"
