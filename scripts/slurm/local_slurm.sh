@@ -10,8 +10,9 @@
 # system's /etc/slurm is not touched: clients find the config through SLURM_CONF, e.g.
 #   eval "$(scripts/slurm/local_slurm.sh up)"; sbatch scripts/slurm/batch.sbatch hostname
 # Two partitions: `interactive` (MaxTime 30 min) and `batch` (default, no limit). The node
-# declares at least 4 CPUs so 4-rank jobs fit on a 2-core machine. Exit 77: Slurm's packages
-# are missing and could not be installed.
+# declares at least 4 CPUs so 4-rank jobs fit on a 2-core machine. slurmctld and slurmd listen
+# on the first free pair of ports from $LOOM_SLURM_PORT (default 6817). Exit 77: Slurm's
+# packages are missing and could not be installed.
 set -euo pipefail
 W=${LOOM_SLURM_DIR:-/tmp/loom-slurm}
 CONF=$W/slurm.conf
@@ -28,6 +29,20 @@ install_packages() {
   { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
       --no-install-recommends -o DPkg::Lock::Timeout=300 "${missing[@]}"; } >"$W/apt.log" 2>&1 || {
     tail -n 5 "$W/apt.log" >&2; log "could not install ${missing[*]}"; return 77; }
+}
+
+# A port something listens on (bash's /dev/tcp: no tools needed).
+port_busy() { (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
+
+# The first pair of free ports (slurmctld, slurmd) from $LOOM_SLURM_PORT (default 6817, Slurm's
+# own) upward, so two local clusters (two test runs on one machine) do not meet.
+pick_ports() {
+  local p=${LOOM_SLURM_PORT:-6817}
+  while port_busy "$p" || port_busy $((p + 1)); do
+    p=$((p + 2))
+    (( p < 65000 )) || { log "no free port pair from ${LOOM_SLURM_PORT:-6817} up"; return 1; }
+  done
+  echo "$p"
 }
 
 stop_pidfile() {  # kill the process named by a pid file, wait for it (<= 5 s)
@@ -62,12 +77,15 @@ up() {
     cp /run/munge/munged.pid "$W/munged.pid"
     { munge -n | unmunge; } >/dev/null || { log "munge does not work"; return 1; }
   fi
-  local h ncpu
+  local h ncpu port
   h=$(hostname -s)
+  port=$(pick_ports) || return 1
   ncpu=$(nproc); (( ncpu < 4 )) && ncpu=4
   cat >"$CONF" <<CONF
 ClusterName=loomci
 SlurmctldHost=${h}(127.0.0.1)
+SlurmctldPort=${port}
+SlurmdPort=$((port + 1))
 SlurmUser=root
 SlurmdUser=root
 AuthType=auth/munge
