@@ -6,17 +6,22 @@ For each config (configs/<name>.yaml) it trains the same model both ways:
            median of metrics.jsonl's tokens_per_s over the measured steps;
   PyTorch: tests/reference/torch_ref.Ref in float32 (the same decoder, loom's layout),
            torch.optim.AdamW + clip_grad_norm_, random token batches, median step time over
-           the measured steps; eager by default, torch.compile with --compile (the faster of
-           the two is reported).
-MFU = tokens/s * FLOPs/token / peak, with the same FLOPs/token (6N + 12*L*C*T, see
-torch_ref.train_flops_per_token) and the same peak for both: the best of a few 2048^3 fp32
-GEMMs through torch.matmul and numpy on the same threads, measured at the start and after
-each config (the best kept). loom's own logged MFU (its own FLOP count, the peak as of its
-start) is shown beside it.
+           the measured steps; eager and torch.compile (each run keeps the faster of the two;
+           --no-compile skips torch.compile, which is then said in the results).
+Each side runs --repeat times (alternating which goes first); the table shows the median over
+the runs of each run's median. At least 10 measured steps per run (gpt2-small included).
+MFU = tokens/s * FLOPs/token / peak, with the same FLOPs/token (6N + 12*L*C*pairs(T)/T: causal
+attention as loom's kernels compute it, see torch_ref.train_flops_per_token) and the same peak
+for both: the best of a few 2048^3 fp32 GEMMs through torch.matmul and numpy on the same
+threads, measured at the start and after each config (the best kept; GEMMs only, never training
+throughput). An MFU above 100% is printed as it is, with a warning.
+The machine's load: /proc/loadavg before and after, and the CPU time other processes used
+while the benchmark ran (/proc/stat busy time minus this process tree's own); the results call
+the machine quiet only when that was under 5% of the available CPU time.
 
 Usage:
   python3 bench/bench_train.py                      # both configs, default steps
-  python3 bench/bench_train.py --quick              # fewer steps
+  python3 bench/bench_train.py --quick              # fewer warm-up steps, 2 runs
   python3 bench/bench_train.py --configs byte-tiny --steps 20
   python3 bench/bench_train.py --no-loom            # the PyTorch side alone
   python3 bench/bench_train.py --write              # also update its section of bench/RESULTS.md
@@ -40,9 +45,41 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(REPO, "tests", "reference"))
 import torch_ref  # noqa: E402
 
-# (warm-up, measured) steps per config; --quick uses the second pair
-STEPS = {"byte-tiny": ((3, 10), (2, 5)), "gpt2-small": ((2, 5), (1, 3))}
-DEFAULT_STEPS = ((3, 8), (2, 4))
+# (warm-up, measured) steps per config; --quick uses the second pair. Never fewer than 10
+# measured steps: fewer make the median a coin toss on a shared machine.
+STEPS = {"byte-tiny": ((3, 20), (2, 10)), "gpt2-small": ((2, 10), (1, 10))}
+DEFAULT_STEPS = ((3, 10), (2, 10))
+MIN_MEASURED = 10
+
+
+def cpu_ticks():
+    """(busy, total) CPU ticks of the whole machine from /proc/stat."""
+    with open("/proc/stat") as f:
+        v = [int(x) for x in f.readline().split()[1:]]
+    idle = v[3] + (v[4] if len(v) > 4 else 0)
+    busy = sum(v[:8]) - idle  # user nice system idle iowait irq softirq steal
+    return busy, busy + idle
+
+
+def own_cpu_s():
+    t = os.times()
+    return t.user + t.system + t.children_user + t.children_system
+
+
+class OtherWork:
+    """CPU seconds that processes other than this one and its children used meanwhile."""
+
+    def __init__(self):
+        self.busy0, self.total0 = cpu_ticks()
+        self.own0 = own_cpu_s()
+
+    def result(self):
+        busy1, total1 = cpu_ticks()
+        hz = os.sysconf("SC_CLK_TCK")
+        busy = (busy1 - self.busy0) / hz
+        avail = (total1 - self.total0) / hz
+        other = max(0.0, busy - (own_cpu_s() - self.own0))
+        return other, avail
 
 
 def log(msg):
@@ -132,6 +169,7 @@ def bench_loom(loom, cfg_path, data, warmup, measured, peak, threads):
     return {"tok_s": statistics.median(r["tokens_per_s"] for r in rows),
             "best_tok_s": max(r["tokens_per_s"] for r in rows),
             "mfu_logged": statistics.median(r["mfu"] for r in rows),
+            "peak_logged": rows[0]["peak_flops"],
             "losses": [r["loss"] for r in rows], "wall_s": wall, "steps": len(rows)}
 
 
@@ -173,20 +211,26 @@ def fmt_row(cols, widths):
     return "| " + " | ".join(str(c).rjust(w) for c, w in zip(cols, widths)) + " |"
 
 
+def side_median(runs):
+    return statistics.median(t["tok_s"] for t in runs) if runs else None
+
+
 def table(results):
-    head = ["config", "params", "B x T", "loom tok/s", "torch tok/s", "loom/torch", "loom MFU",
-            "torch MFU", "loom MFU (logged)"]
+    head = ["config", "params", "B x T", "loom tok/s", "torch tok/s", "torch mode",
+            "loom/torch", "loom MFU", "torch MFU", "loom MFU (logged)"]
     rows = []
     for r in results:
-        lt, tt = r.get("loom"), r.get("torch")
+        lt, tt = side_median(r.get("loom")), side_median(r.get("torch"))
+        modes = sorted({t["mode"] for t in r.get("torch", [])})
         rows.append([
             r["name"], f"{r['params'] / 1e6:.1f}M", f"{r['B']} x {r['T']}",
-            f"{lt['tok_s']:.0f}" if lt else "-",
-            f"{tt['tok_s']:.0f}" if tt else "-",
-            f"{lt['tok_s'] / tt['tok_s']:.2f}" if lt and tt else "-",
-            f"{100 * lt['tok_s'] * r['flops_tok'] / r['peak']:.1f}%" if lt else "-",
-            f"{100 * tt['tok_s'] * r['flops_tok'] / r['peak']:.1f}%" if tt else "-",
-            f"{100 * lt['mfu_logged']:.1f}%" if lt else "-"])
+            f"{lt:.0f}" if lt else "-",
+            f"{tt:.0f}" if tt else "-",
+            "/".join(modes) if modes else "-",
+            f"{lt / tt:.2f}" if lt and tt else "-",
+            f"{100 * lt * r['flops_tok'] / r['peak']:.1f}%" if lt else "-",
+            f"{100 * tt * r['flops_tok'] / r['peak']:.1f}%" if tt else "-",
+            f"{100 * statistics.median(t['mfu_logged'] for t in r['loom']):.1f}%" if lt else "-"])
     widths = [max(len(str(x[i])) for x in rows + [head]) for i in range(len(head))]
     lines = [fmt_row(head, widths), "|" + "|".join("-" * (w + 2) for w in widths) + "|"]
     lines += [fmt_row(x, widths) for x in rows]
@@ -232,22 +276,27 @@ def main():
     ap.add_argument("--loom-bin", help="loom binary (default $LOOM_BIN, then build/loom)")
     ap.add_argument("--no-loom", action="store_true")
     ap.add_argument("--no-torch", action="store_true")
-    ap.add_argument("--compile", action="store_true",
-                    help="also time torch.compile (slow to compile) and keep the faster")
+    ap.add_argument("--no-compile", action="store_true",
+                    help="skip torch.compile (eager only: not PyTorch's best, the results say so)")
     ap.add_argument("--peak", type=float,
                     help="peak fp32 GFLOP/s for MFU (default: measured now, best of 30 GEMMs)")
-    ap.add_argument("--repeat", type=int, default=1,
-                    help="run each side R times, alternating, and keep each side's best "
-                         "median (use 2-3 on a shared machine)")
+    ap.add_argument("--repeat", type=int, default=3,
+                    help="run each side R times, alternating; the median over the runs is "
+                         "reported (--quick: 2)")
     ap.add_argument("--write", action="store_true",
                     help="write (or replace) the training section of bench/RESULTS.md")
     args = ap.parse_args()
+    if args.steps is not None and args.steps < MIN_MEASURED:
+        sys.exit(f"bench: --steps {args.steps}: at least {MIN_MEASURED} measured steps")
+    if args.quick and "--repeat" not in " ".join(sys.argv):
+        args.repeat = 2
 
     loom = None if args.no_loom else find_loom(args.loom_bin)
     if not args.no_loom and not loom:
         sys.exit("bench: no loom binary (build it with `make`, or pass --loom-bin / --no-loom)")
     data = ensure_data(loom) if loom else None
 
+    other = OtherWork()
     load_before = loadavg()
     if float(load_before.split()[0]) > 0.5:
         log(f"warning: load average {load_before}: other work shares the cores, timings will "
@@ -266,7 +315,7 @@ def main():
              "params": torch_ref.Ref(cfg, dtype=torch.float32).num_params(),
              "flops_tok": torch_ref.train_flops_per_token(cfg, T)}
         for rep in range(args.repeat):
-            # alternate which side goes first, keep each side's best median
+            # alternate which side goes first; every run is kept (median over runs)
             sides = ["loom", "torch"] if rep % 2 == 0 else ["torch", "loom"]
             for side in sides:
                 if side == "loom" and loom:
@@ -274,8 +323,8 @@ def main():
                     t = bench_loom(loom, cfg_path, data, w, n, peak, args.threads)
                     log(f"  loom {t['tok_s']:.0f} tok/s")
                 elif side == "torch" and not args.no_torch:
-                    t = None
-                    for comp in ([False, True] if args.compile else [False]):
+                    t, tried = None, {}
+                    for comp in ([False] if args.no_compile else [False, True]):
                         log(f"[{name}] torch ({'compiled' if comp else 'eager'}): {w} warm-up"
                             f" + {n} measured steps")
                         c = bench_torch(cfg, B, T, max(w, 2) if comp else w, n, args.threads,
@@ -283,12 +332,13 @@ def main():
                         c["mode"] = "compiled" if comp else "eager"
                         log(f"  torch {c['mode']} {c['tok_s']:.0f} tok/s ({c['step_s']:.3f} "
                             f"s/step, first step {c['first_step_s']:.1f} s)")
+                        tried[c["mode"]] = c["tok_s"]
                         if t is None or c["tok_s"] > t["tok_s"]:
                             t = c
+                    t["tried"] = tried
                 else:
                     continue
-                if side not in r or t["tok_s"] > r[side]["tok_s"]:
-                    r[side] = t
+                r.setdefault(side, []).append(t)
         results.append(r)
         # re-measure after each config and keep the best: one quiet moment is enough
         peak = max(peak, measure_peak(args.threads)) if not args.peak else peak
@@ -296,26 +346,39 @@ def main():
         r["peak"] = peak
 
     load_after = loadavg()
+    other_s, avail_s = other.result()
+    quiet = avail_s > 0 and other_s / avail_s < 0.05
     out = table(results)
-    notes = [f"peak fp32 GEMM {peak / 1e9:.1f} GFLOP/s on {args.threads} threads; "
-             f"load average before {load_before}, after {load_after}",
-             "MFU = tok/s * (6N + 12*L*C*T) / peak for both sides; 'logged' is loom's own."]
-    if args.repeat > 1:
-        notes.append(f"each side run {args.repeat} times (alternating order), best median kept")
+    notes = [f"peak fp32 GEMM {peak / 1e9:.1f} GFLOP/s on {args.threads} threads (GEMMs only, "
+             "never training throughput)",
+             f"load average before {load_before}, after {load_after}; other processes used "
+             f"{other_s:.0f} of the {avail_s:.0f} CPU-seconds available while it ran "
+             f"({100 * other_s / max(avail_s, 1e-9):.0f}%): "
+             + ("a quiet machine" if quiet else "NOT a quiet machine (shared with other work): "
+                "both sides are slowed and noisy; compare them only with each other"),
+             "MFU = tok/s * (6N + 12*L*C*pairs(T)/T) / peak for both sides (causal attention as "
+             "loom's kernels compute it: pairs(T) = T(T+64)/2); 'logged' is loom's own figure "
+             "(the same count, against the peak as measured before that config, passed as "
+             "training.peak_flops)."]
+    notes.append(f"each side run {args.repeat} times (alternating which goes first); "
+                 "tok/s = median over the runs of each run's median step")
+    if args.no_compile:
+        notes.append("PyTorch eager only (--no-compile): not PyTorch's best")
     for r in results:
         parts = []
-        if "loom" in r:
-            parts.append(f"loom best step {r['loom']['best_tok_s']:.0f} tok/s "
-                         f"({r['loom']['steps']} steps)")
-        if "torch" in r:
-            parts.append(f"torch ({r['torch']['mode']}) best step "
-                         f"{r['torch']['best_tok_s']:.0f} tok/s, median "
-                         f"{r['torch']['step_s']:.3f} s/step ({r['torch']['steps']} steps)")
+        for side in ("loom", "torch"):
+            if side not in r:
+                continue
+            runs = r[side]
+            desc = ", ".join(f"{t['tok_s']:.0f}" if side == "loom" else
+                             " / ".join(f"{v:.0f} {k}" for k, v in t["tried"].items())
+                             for t in runs)
+            parts.append(f"{side} per-run medians {desc} tok/s, {runs[0]['steps']} measured steps each")
         notes.append(f"{r['name']}: " + "; ".join(parts))
-    if any(side in r and r[side]["tok_s"] * r["flops_tok"] > peak for r in results
+    if any(side in r and side_median(r[side]) * r["flops_tok"] > peak for r in results
            for side in ("loom", "torch")):
-        notes.append("WARNING: an MFU above 100% means the peak was measured while other work "
-                     "ran; rerun on an idle machine or pass --peak")
+        notes.append("WARNING: an MFU above 100% means the peak is wrong (measured while other "
+                     "work ran); it is printed as it is; rerun on an idle machine or pass --peak")
     print(out)
     for line in notes:
         print(line)
@@ -324,8 +387,10 @@ def main():
         v = versions(loom)
         md = [SECTION, "",
               f"Generated by `python3 bench/bench_train.py{' --quick' if args.quick else ''}"
-              f"{f' --repeat {args.repeat}' if args.repeat > 1 else ''}` "
-              f"on {datetime.date.today().isoformat()}.", "",
+              f"{' --no-compile' if args.no_compile else ''} --repeat {args.repeat} --write` "
+              f"on {datetime.datetime.now().strftime('%Y-%m-%d %H:%M')}"
+              + (" on a quiet machine." if quiet else ", on a machine shared with other work "
+                 "(see the load below): not quiet-machine figures."), "",
               f"- machine: {cpu_model()}, {os.cpu_count()} cores, {args.threads} threads per "
               f"side",
               "- versions: " + ", ".join(f"{k} {val}" for k, val in v.items()), "",
