@@ -48,6 +48,9 @@ void loom_dataset_close(loom_dataset *d);
 int loom_dataset_num_shards(const loom_dataset *d);
 const loom_shard *loom_dataset_shard(const loom_dataset *d, int i);
 uint32_t loom_dataset_vocab_size(const loom_dataset *d);
+/* The tokenizer_id every shard carries ("byte" or a sha256 of the canonical tokenizer.json;
+ * open refuses shards that differ); NULL for a dataset without shards. */
+const char *loom_dataset_tokenizer_id(const loom_dataset *d);
 uint64_t loom_dataset_num_tokens(const loom_dataset *d);
 
 /* ---- loader ---------------------------------------------------------------------------

@@ -35,6 +35,9 @@ int loom_tokenizer_byte(const char *const *specials, int n_specials, loom_tokeni
                         loom_err *err);
 /* A Hugging Face tokenizer.json with a BPE model and a ByteLevel pre-tokenizer. */
 int loom_tokenizer_load_json(const char *path, loom_tokenizer **out, loom_err *err);
+/* The same from the text of a tokenizer.json in memory (name is used in messages). */
+int loom_tokenizer_load_json_text(const char *text, size_t len, const char *name,
+                                  loom_tokenizer **out, loom_err *err);
 /* GPT-2 style vocab.json + merges.txt (ByteLevel, no prefix space). "<|endoftext|>", when in
  * the vocabulary, is treated as a special token (matched in the input), as GPT-2 does. */
 int loom_tokenizer_load_vocab_merges(const char *vocab_path, const char *merges_path,
@@ -90,6 +93,9 @@ int loom_tokenizer_train_texts(const char *const *texts, const size_t *lens, siz
 /* Hugging Face tokenizer.json (BPE model, ByteLevel pre-tokenizer/decoder/post-processor),
  * written atomically. Byte tokenizers cannot be saved. */
 int loom_tokenizer_save_json(const loom_tokenizer *t, const char *path, loom_err *err);
+/* The same from the text of a tokenizer.json in memory (name is used in messages). */
+int loom_tokenizer_load_json_text(const char *text, size_t len, const char *name,
+                                  loom_tokenizer **out, loom_err *err);
 /* GPT-2 style vocab.json + merges.txt ("#version: 0.2" header). Added tokens are written into
  * vocab.json when they are not already there. */
 int loom_tokenizer_save_vocab_merges(const loom_tokenizer *t, const char *vocab_path,

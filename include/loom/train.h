@@ -22,4 +22,31 @@ int loom_train(loom_config *cfg, loom_err *err);
  * config (the caller frees it). */
 int loom_load_model(const char *path, int B, int T_train, loom_model **out,
                     loom_config **cfg_out, loom_err *err);
+
+/* What a model was trained on, as its checkpoint records it (data.json, tokenizer.json; see
+ * docs/checkpoints.md). A checkpoint written before data.json falls back to its run's
+ * data.train (dataset.json), and is refused when that cannot tell. */
+typedef struct loom_run_data {
+    char *where;           /* the file it came from, for messages */
+    char *tokenizer_id;    /* "byte" or the sha256 of the canonical tokenizer.json */
+    char *tokenizer_json;  /* BPE: the tokenizer.json text (NULL when none was recorded) */
+    size_t tokenizer_json_len;
+    char **classes;        /* classify: the class names in label order; NULL otherwise */
+    int n_classes;
+} loom_run_data;
+void loom_run_data_free(loom_run_data *d);
+/* loom_load_model, and what the model was trained on (data_out may be NULL; caller frees). */
+int loom_load_model_ex(const char *path, int B, int T_train, loom_model **out,
+                       loom_config **cfg_out, loom_run_data **data_out, loom_err *err);
+
+typedef struct loom_tokenizer loom_tokenizer;
+typedef struct loom_dataset loom_dataset;
+/* The tokenizer the model was trained with (byte, or BPE from its tokenizer.json). */
+int loom_run_data_tokenizer(const loom_run_data *d, loom_tokenizer **out, loom_err *err);
+/* 0 when dataset dir (opened as ds) was tokenized with the model's tokenizer; otherwise an
+ * error naming the dataset and the checkpoint's record. */
+int loom_run_data_check_dataset(const loom_run_data *d, const loom_dataset *ds, const char *dir,
+                                loom_err *err);
+/* 0 when dir/dataset.json lists exactly the model's classes (names and order). */
+int loom_run_data_check_classes(const loom_run_data *d, const char *dir, loom_err *err);
 #endif

@@ -50,6 +50,8 @@ static int eval_classify(loom_model *m, loom_config *cfg, loom_dataset *ds, cons
     for (uint64_t done = 0; done < total; done += (uint64_t)B) {
         const int nb = total - done < (uint64_t)B ? (int)(total - done) : (int)B;
         loom_windows_next(w, nb, inp, lab);
+        for (int b = 0; b < nb; b++) /* windows_open checked them against dataset.json */
+            LOOM_CHECK(lab[b] >= 0 && lab[b] < K);
         for (int b = nb; b < B; b++) lab[b] = -1; /* a short last batch */
         const float loss = loom_model_forward(m, inp, lab, nb, (int)T);
         loss_sum += (double)loss * nb;
@@ -195,10 +197,16 @@ int loom_cli_eval(int argc, char **argv) {
     loom_model *m = NULL;
     loom_config *cfg = NULL;
     loom_dataset *ds = NULL;
+    loom_run_data *run = NULL;
     int rc = 1;
     /* the model is built for the run's batch size and training sequence length */
-    if (loom_load_model(ckpt, 0, 1, &m, &cfg, &err)) goto out;
+    if (loom_load_model_ex(ckpt, 0, 1, &m, &cfg, &run, &err)) goto out;
     if (loom_dataset_open(data, &ds, &err)) goto out;
+    /* the data must be tokenized (and, for a classifier, labelled) as the model's was */
+    if (loom_run_data_check_dataset(run, ds, data, &err)) goto out;
+    if (loom_model_get_config(m)->head == LOOM_HEAD_CLASSIFY &&
+        loom_run_data_check_classes(run, data, &err))
+        goto out;
     if (loom_dataset_vocab_size(ds) > (uint32_t)loom_model_get_config(m)->vocab_size) {
         loom_errf(&err, "%s: vocabulary size %u is larger than the model's %d", data,
                   loom_dataset_vocab_size(ds), loom_model_get_config(m)->vocab_size);
@@ -213,5 +221,6 @@ out:
     loom_dataset_close(ds);
     loom_model_free(m);
     loom_config_free(cfg);
+    loom_run_data_free(run);
     return rc;
 }

@@ -6,6 +6,7 @@
 
 #include "cli/cli.h"
 #include "loom/infer.h"
+#include "loom/tokenizer.h"
 #include "loom/train.h"
 
 static int parse_long(const char *flag, const char *s, long lo, long hi, long *out) {
@@ -55,46 +56,72 @@ int loom_cli_generate(int argc, char **argv) {
     if (!ckpt) goto usage;
     loom_err err = {{0}};
     loom_model *m = NULL;
-    if (loom_load_model(ckpt, 1, 0, &m, NULL, &err)) {
-        fprintf(stderr, "loom: error: %s\n", err.msg);
-        return 1;
-    }
+    loom_run_data *run = NULL;
+    loom_tokenizer *tok = NULL;
+    int32_t *ids = NULL, *out = NULL;
+    int rc = 1;
+    if (loom_load_model_ex(ckpt, 1, 0, &m, NULL, &run, &err)) goto fail;
     const loom_model_config *mc = loom_model_get_config(m);
     if (mc->head != LOOM_HEAD_LM) {
-        fprintf(stderr, "loom: error: %s: a classification model does not generate text (use "
-                        "loom eval)\n", ckpt);
-        loom_model_free(m);
-        return 1;
+        loom_errf(&err, "%s: a classification model does not generate text (use loom eval)", ckpt);
+        goto fail;
     }
-    if (mc->vocab_size < 256) {
-        fprintf(stderr, "loom: error: generate needs a byte-level model (vocab >= 256)\n");
-        loom_model_free(m);
-        return 1;
+    /* prompts are encoded and outputs decoded with the tokenizer the model was trained with */
+    if (loom_run_data_tokenizer(run, &tok, &err)) goto fail;
+    if (loom_tokenizer_vocab_size(tok) > (uint32_t)mc->vocab_size) {
+        loom_errf(&err, "%s: the tokenizer has %u ids, more than model.vocab_size %d", run->where,
+                  loom_tokenizer_vocab_size(tok), mc->vocab_size);
+        goto fail;
     }
     size_t np = strlen(prompt);
     if (np == 0) prompt = "\n", np = 1;
-    int32_t *ids = loom_malloc((np + (size_t)n_tokens) * sizeof(int32_t));
-    for (size_t i = 0; i < np; i++) ids[i] = (unsigned char)prompt[i];
+    loom_ids enc = {0};
+    if (loom_tokenizer_encode(tok, prompt, np, &enc, &err)) {
+        loom_ids_free(&enc);
+        goto fail;
+    }
+    if (enc.n == 0 || enc.n > (size_t)1 << 30) {
+        loom_ids_free(&enc);
+        loom_errf(&err, "--prompt: encodes to %zu tokens", enc.n);
+        goto fail;
+    }
+    const size_t n_prompt = enc.n;
+    ids = loom_malloc((n_prompt + (size_t)n_tokens) * sizeof(int32_t));
+    memcpy(ids, enc.ids, n_prompt * sizeof(int32_t));
+    loom_ids_free(&enc);
     loom_sampler s = {.temperature = (float)temperature, .top_k = (int)top_k,
                       .rng = {.seed = (uint64_t)seed, .stream = 0x67656e, .counter = 0}};
-    int32_t *out = loom_malloc((np + (size_t)n_tokens) * sizeof(int32_t));
+    out = loom_malloc((n_prompt + (size_t)n_tokens) * sizeof(int32_t));
     const double t0 = loom_now();
-    int n = recompute ? loom_generate_recompute(m, mc->max_seq_len, ids, (int)np, (int)n_tokens, &s, out)
-                      : loom_generate(m, mc->max_seq_len, ids, (int)np, (int)n_tokens, &s, out);
+    int n = recompute ? loom_generate_recompute(m, mc->max_seq_len, ids, (int)n_prompt, (int)n_tokens, &s, out)
+                      : loom_generate(m, mc->max_seq_len, ids, (int)n_prompt, (int)n_tokens, &s, out);
     const double dt = loom_now() - t0;
+    const uint32_t tv = loom_tokenizer_vocab_size(tok);
     for (int i = 0; i < n; i++) {
-        /* ids >= 256 are not bytes (a larger vocabulary's unused rows): shown as U+FFFD */
-        if (out[i] < 256) putchar(out[i]);
-        else fputs("\xEF\xBF\xBD", stdout);
+        /* ids the tokenizer does not have (a vocabulary padded beyond it) show as U+FFFD */
+        if (out[i] < 0 || (uint32_t)out[i] >= tv) {
+            fputs("\xEF\xBF\xBD", stdout);
+            continue;
+        }
+        char *text = NULL;
+        size_t len = 0;
+        if (loom_tokenizer_decode(tok, out + i, 1, &text, &len, &err)) goto fail;
+        fwrite(text, 1, len, stdout);
+        free(text);
     }
     putchar('\n');
     if (stats)
         fprintf(stderr, "loom: generated %ld tokens in %.3f s (%.1f tokens/s, %s)\n", n_tokens, dt,
                 dt > 0 ? (double)n_tokens / dt : 0.0, recompute ? "no KV cache" : "KV cache");
+    rc = 0;
+fail:
+    if (rc) fprintf(stderr, "loom: error: %s\n", err.msg);
     free(ids);
     free(out);
+    loom_tokenizer_free(tok);
+    loom_run_data_free(run);
     loom_model_free(m);
-    return 0;
+    return rc;
 usage:
     fprintf(stderr, "usage: loom generate CKPT_DIR --prompt TEXT [--tokens N --temperature T "
                     "--top-k K --seed S] [--stats] [--no-kv-cache]\n");

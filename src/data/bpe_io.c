@@ -209,10 +209,28 @@ static int read_model(loom_tokenizer *t, const char *path, json_t *root, loom_er
     return read_added(t, path, added, err);
 }
 
+static int load_json_root(json_t *root, const char *path, loom_tokenizer **out, loom_err *err);
+
 int loom_tokenizer_load_json(const char *path, loom_tokenizer **out, loom_err *err) {
     json_t *root = NULL;
-    loom_tokenizer *t = NULL;
     if (load_json_file(path, &root, err)) return -1;
+    return load_json_root(root, path, out, err);
+}
+
+int loom_tokenizer_load_json_text(const char *text, size_t len, const char *name,
+                                  loom_tokenizer **out, loom_err *err) {
+    if (len > BPE_MAX_FILE) return loom_errf(err, "%s: larger than %zu bytes", name, (size_t)BPE_MAX_FILE);
+    json_error_t je;
+    json_t *root = json_loadb(text, len, JSON_REJECT_DUPLICATES, &je);
+    if (!root)
+        return loom_errf(err, "%s: invalid JSON at line %d, column %d: %s", name, je.line,
+                         je.column, je.text);
+    return load_json_root(root, name, out, err);
+}
+
+/* Takes ownership of root. */
+static int load_json_root(json_t *root, const char *path, loom_tokenizer **out, loom_err *err) {
+    loom_tokenizer *t = NULL;
     if (!json_is_object(root)) {
         loom_errf(err, "%s: a tokenizer.json must be a JSON object", path);
         goto fail;

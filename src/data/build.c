@@ -586,7 +586,19 @@ static int write_shard(const build *b, int sp, const doc_set *ds, const loom_sha
             if (lab) lab = loom_realloc(lab, cap_docs * sizeof *lab);
         }
         starts[n_docs] = from - lo;
-        if (lab) lab[n_docs] = (uint32_t)ds->docs->v[ds->idx[d]].label;
+        if (lab) { /* every label indexes the class list written to dataset.json */
+            const int64_t label = ds->docs->v[ds->idx[d]].label;
+            if (label < 0 || label >= b->n_classes) {
+                free(tok);
+                free(starts);
+                free(lab);
+                return loom_errf(e, "%s: %s/shard_%05llu.bin: document %llu has label %lld, "
+                                    "outside the %d classes",
+                                 b->r.file, SPLITS[sp], (unsigned long long)number,
+                                 (unsigned long long)n_docs, (long long)label, b->n_classes);
+            }
+            lab[n_docs] = (uint32_t)label;
+        }
         n_docs++;
         doc_tokens(ds, d, from - ds->cum[d], to - from, tok + (from - lo));
     }
@@ -965,6 +977,9 @@ static int write_dataset_json(const build *b, int sp, loom_err *err) {
     json_t *tok = json_object();
     json_object_set_new(tok, "id", json_string(b->tok_id));
     json_object_set_new(tok, "vocab_size", json_integer(b->vocab));
+#ifdef LOOM_HAVE_BPE
+    if (b->tok) json_object_set_new(tok, "file", json_string("tokenizer.json"));
+#endif
     json_object_set_new(o, "tokenizer", tok);
     json_object_set_new(o, "seq_len", json_integer((json_int_t)r->seq_len));
     json_object_set_new(o, "val_fraction", json_real(r->val_fraction));
@@ -983,6 +998,17 @@ static int write_dataset_json(const build *b, int sp, loom_err *err) {
     json_decref(o);
     LOOM_CHECK(s != NULL);
     char path[4300];
+#ifdef LOOM_HAVE_BPE
+    /* a BPE dataset carries its tokenizer (canonical tokenizer.json, whose id the shards hold):
+     * training records it in checkpoints, generate and eval encode and decode with it */
+    if (b->tok) {
+        loom_pathf(path, sizeof path, "%s/%s/tokenizer.json", b->tmp, SPLITS[sp]);
+        if (loom_tokenizer_save_json(b->tok, path, err) != 0) {
+            free(s);
+            return -1;
+        }
+    }
+#endif
     loom_pathf(path, sizeof path, "%s/%s/dataset.json", b->tmp, SPLITS[sp]);
     size_t n = strlen(s);
     s = loom_realloc(s, n + 2);

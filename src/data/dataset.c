@@ -183,6 +183,11 @@ static int add_entry(loom_dataset *d, entry *e, loom_err *err) {
                   loom_shard_vocab_size(s), d->vocab);
         goto done;
     }
+    if (d->n > 0 && strcmp(loom_shard_tokenizer_id(s), loom_shard_tokenizer_id(d->shards[0]))) {
+        loom_errf(err, "%s: tokenizer_id %s differs from the dataset's first shard (%s)", spath,
+                  loom_shard_tokenizer_id(s), loom_shard_tokenizer_id(d->shards[0]));
+        goto done;
+    }
     if (d->n == d->cap) {
         d->cap = d->cap ? 2 * d->cap : 16;
         d->entries = loom_realloc(d->entries, (size_t)d->cap * sizeof *d->entries);
@@ -302,6 +307,9 @@ const loom_shard *loom_dataset_shard(const loom_dataset *d, int i) {
     return d->shards[i];
 }
 uint32_t loom_dataset_vocab_size(const loom_dataset *d) { return d->vocab; }
+const char *loom_dataset_tokenizer_id(const loom_dataset *d) {
+    return d->n ? loom_shard_tokenizer_id(d->shards[0]) : NULL;
+}
 uint64_t loom_dataset_num_tokens(const loom_dataset *d) { return d->n_tokens; }
 const char *loom_dataset_dir(const loom_dataset *d) { return d->dir; }
 

@@ -49,6 +49,14 @@ int loom_windows_open(loom_dataset *d, int T, int per_doc, uint64_t seed, int sh
     w->pad = pad_id;
     w->perm_epoch = UINT64_MAX;
     w->scratch = loom_malloc((size_t)(T > 65536 ? T : 65536) * sizeof(int32_t));
+    /* labels are untrusted: each must index the dataset's class list */
+    char **names = NULL;
+    int n_classes = 0;
+    if (loom_dataset_classes(loom_dataset_dir(d), &names, &n_classes, err)) {
+        loom_windows_free(w);
+        return -1;
+    }
+    loom_free_strings(names, n_classes);
     uint64_t cap = 0;
     for (int i = 0; i < loom_dataset_num_shards(d); i++) {
         const loom_shard *s = loom_dataset_shard(d, i);
@@ -66,11 +74,19 @@ int loom_windows_open(loom_dataset *d, int T, int per_doc, uint64_t seed, int sh
                 cap = cap ? 2 * cap : 1024;
                 w->docs = loom_realloc(w->docs, cap * sizeof *w->docs);
             }
+            const uint32_t label = loom_shard_doc_label(s, k);
+            if (label >= (uint32_t)n_classes) {
+                loom_windows_free(w);
+                return loom_errf(err, "%s: document %llu has label %u, but %s/dataset.json lists "
+                                      "%d classes (0..%d)",
+                                 loom_shard_path(s), (unsigned long long)k, label,
+                                 loom_dataset_dir(d), n_classes, n_classes - 1);
+            }
             doc *dc = &w->docs[w->n_docs++];
             dc->shard = s;
             dc->start = a;
             dc->len = b - a;
-            dc->label = loom_shard_doc_label(s, k);
+            dc->label = label;
             dc->hash = hash_tokens(s, a, b - a, w->scratch, 65536);
             dc->n_windows = dc->len <= (uint64_t)T ? 1 : per_doc;
             dc->first_window = w->n_windows;

@@ -6,9 +6,15 @@
 #include "loom/config.h"
 #include "loom/model_config.h"
 #include "loom/train.h"
+#include "train/trainer_internal.h"
 
 int loom_load_model(const char *path, int B, int T_train, loom_model **out,
                     loom_config **cfg_out, loom_err *err) {
+    return loom_load_model_ex(path, B, T_train, out, cfg_out, NULL, err);
+}
+
+int loom_load_model_ex(const char *path, int B, int T_train, loom_model **out,
+                       loom_config **cfg_out, loom_run_data **data_out, loom_err *err) {
     char dir[4096], where[4200];
     loom_ckpt *ck = NULL;
     loom_config *cfg = NULL;
@@ -37,6 +43,7 @@ int loom_load_model(const char *path, int B, int T_train, loom_model **out,
     if (loom_model_config_from(cfg, (int)T, &mc, err)) goto done;
     if (loom_model_create(&mc, B, T_train ? (int)T : mc.max_seq_len, &m, err)) goto done;
     if (loom_pieces_load_params(ck, m, err)) goto done;
+    if (data_out && loom_run_data_read(ck, cfg, data_out, err)) goto done;
     *out = m;
     m = NULL;
     if (cfg_out) {

@@ -12,9 +12,12 @@
  * state and the config, and commits (manifest + COMPLETE) after everyone has written. */
 int loom_trainer_save_checkpoint(trainer *t, loom_err *err) {
     const int W = t->world_size;
-    char **names = loom_calloc((size_t)W + 2, sizeof *names);
+    /* rank 0's files after the pieces: trainer_state.json, config.yaml, data.json and, for a
+     * BPE tokenizer, tokenizer.json */
+    const int NF = W + 3 + (t->run_data->tokenizer_json != NULL);
+    char **names = loom_calloc((size_t)NF, sizeof *names);
     char dir[4200];
-    char *buf = NULL, *state_buf = NULL, *cfg_buf = NULL;
+    char *buf = NULL, *state_buf = NULL, *cfg_buf = NULL, *data_buf = NULL;
     loom_dp_piece *pieces = NULL;
     int rc = -1, n = 0;
     for (int r = 0; r < W; r++) {
@@ -23,10 +26,12 @@ int loom_trainer_save_checkpoint(trainer *t, loom_err *err) {
     }
     names[W] = loom_strdup("trainer_state.json");
     names[W + 1] = loom_strdup("config.yaml");
+    names[W + 2] = loom_strdup("data.json");
+    if (NF > W + 3) names[W + 3] = loom_strdup("tokenizer.json");
     loom_pathf(dir, sizeof dir, "%s/step_%07lld", t->ckpt_root, (long long)t->step);
     int ok = 1;
     if (t->world_rank == 0)
-        ok = loom_ckpt_prepare(t->ckpt_root, t->step, (const char *const *)names, W + 2, NULL, 0,
+        ok = loom_ckpt_prepare(t->ckpt_root, t->step, (const char *const *)names, NF, NULL, 0,
                                err) == 0;
     loom_barrier(t->mesh, LOOM_GROUP_WORLD);
     if (!ok) goto done;
@@ -60,23 +65,28 @@ int loom_trainer_save_checkpoint(trainer *t, loom_err *err) {
         state_buf = json_dumps(st, JSON_INDENT(2) | JSON_SORT_KEYS);
         json_decref(st);
         cfg_buf = loom_config_to_yaml(t->cfg);
+        data_buf = loom_run_data_json(t->run_data, t->s.train_dir);
         if (loom_ckpt_write_file(dir, names[W], state_buf, strlen(state_buf), err) ||
-            loom_ckpt_write_file(dir, names[W + 1], cfg_buf, strlen(cfg_buf), err))
+            loom_ckpt_write_file(dir, names[W + 1], cfg_buf, strlen(cfg_buf), err) ||
+            loom_ckpt_write_file(dir, names[W + 2], data_buf, strlen(data_buf), err) ||
+            (NF > W + 3 && loom_ckpt_write_file(dir, names[W + 3], t->run_data->tokenizer_json,
+                                                t->run_data->tokenizer_json_len, err)))
             goto done;
     }
     loom_barrier(t->mesh, LOOM_GROUP_WORLD);
     if (t->world_rank == 0 &&
-        loom_ckpt_commit(t->ckpt_root, t->step, (const char *const *)names, W + 2, NULL, 0, err))
+        loom_ckpt_commit(t->ckpt_root, t->step, (const char *const *)names, NF, NULL, 0, err))
         goto done;
     loom_barrier(t->mesh, LOOM_GROUP_WORLD);
     rc = 0;
 done:
-    for (int r = 0; r < W + 2; r++) free(names[r]);
+    for (int r = 0; r < NF; r++) free(names[r]);
     free(names);
     free(pieces);
     free(buf);
     free(state_buf);
     free(cfg_buf);
+    free(data_buf);
     return rc;
 }
 
@@ -102,6 +112,7 @@ int loom_trainer_load_checkpoint(trainer *t, const char *dir, loom_err *err) {
         loom_errf(err, "%s: checkpoint lacks trainer_state.json", dir);
         goto done;
     }
+    if (loom_trainer_check_run_data(t, ck, err)) goto done;
     need = loom_dp_needed(t->dp, &n);
     if (loom_pieces_fill(ck, need, n, err)) goto done;
     json_error_t je;

@@ -269,7 +269,7 @@ int loom_train(loom_config *cfg, loom_err *err) {
                                    err))
             goto done;
     }
-    if (open_data(&t, err)) goto done;
+    if (open_data(&t, err) || loom_trainer_open_run_data(&t, err)) goto done;
     if (loom_model_create_ex(&t.mc, (int)t.local_B, (int)t.s.T, 0, &t.model, err)) goto done;
     if (loom_dp_create(t.model, t.mesh, (int)t.s.zero, (uint64_t)t.s.seed, (float)t.s.beta1,
                        (float)t.s.beta2, (float)t.s.eps, (float)t.s.weight_decay, &t.dp, err))
@@ -454,6 +454,7 @@ done:
     loom_windows_free(t.train_w);
     loom_dataset_close(t.train_ds);
     loom_dataset_close(t.val_ds);
+    loom_run_data_free(t.run_data);
     loom_dp_free(t.dp);
     loom_model_free(t.model);
     /* collective under MPI: on an error the job is ended by the caller instead */

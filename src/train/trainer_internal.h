@@ -3,12 +3,14 @@
 #ifndef LOOM_TRAIN_INTERNAL_H
 #define LOOM_TRAIN_INTERNAL_H
 
+#include "loom/checkpoint.h"
 #include "loom/comm.h"
 #include "loom/config.h"
 #include "loom/data.h"
 #include "loom/model.h"
 #include "loom/optim.h"
 #include "loom/parallel.h"
+#include "loom/train.h"
 #include "loom/windows.h"
 
 /* the resolved training.*, data.*, eval.*, checkpoint.*, parallel.zero keys */
@@ -39,6 +41,7 @@ typedef struct trainer {
     int32_t *g_inp, *g_tgt;   /* (B,T) the global batch; classify: g_tgt holds (B) labels */
     int64_t step;             /* optimizer steps completed */
     char ckpt_root[4096];
+    loom_run_data *run_data;  /* what data.train was tokenized with (and its classes) */
 } trainer;
 
 
@@ -53,6 +56,21 @@ const loom_config_key *loom_trainer_schema(int *n);
 int loom_trainer_save_checkpoint(trainer *t, loom_err *err);
 /* Loads a complete step directory into the engine's storage and the loader. */
 int loom_trainer_load_checkpoint(trainer *t, const char *dir, loom_err *err);
+
+/* The run's data record from its training dataset (tokenizer id and tokenizer.json; classes
+ * when classify); where = dir. */
+int loom_run_data_from_dataset(const loom_dataset *ds, const char *dir, int classify,
+                               loom_run_data **out, loom_err *err);
+/* t->run_data from data.train; data.val must share its tokenizer (and classes). */
+int loom_trainer_open_run_data(trainer *t, loom_err *err);
+/* Resume: the checkpoint's record (data.json) must match t->run_data. */
+int loom_trainer_check_run_data(const trainer *t, const loom_ckpt *ck, loom_err *err);
+/* data.json's text for a checkpoint (caller frees). */
+char *loom_run_data_json(const loom_run_data *d, const char *train_dir);
+/* From an open checkpoint (data.json + tokenizer.json), or for an older checkpoint from
+ * cfg's data.train. */
+int loom_run_data_read(const loom_ckpt *ck, const loom_config *cfg, loom_run_data **out,
+                       loom_err *err);
 
 /* Refuses (an error naming the size keys) a layout whose estimated memory per node
  * (parameters, gradients, AdamW moments, activations, batch buffers of this rank, times the

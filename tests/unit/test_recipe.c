@@ -7,6 +7,7 @@
 #include "data/data_internal.h"
 #include "data/recipe.h"
 #include "loom/data.h"
+#include "loom/windows.h"
 
 /* ---- UTF-8 repair ---- */
 static void check_repair(const char *in, size_t n, const char *want, size_t want_n) {
@@ -208,6 +209,86 @@ static void test_shard_labels(void **state) {
     TU_ASSERT_HAS(err.msg, "header checksum mismatch");
 }
 
+/* A one-shard dataset in tu_dir/name: 3 documents with the given labels, tokenizer `tok`,
+ * and dataset.json listing classes a, b. */
+static void labelled_dataset(const char *name, const uint32_t labels[3], const char *tok) {
+    char dir[512], p[600], sha[65], line[512];
+    tu_path(dir, sizeof dir, name);
+    loom_err err = {{0}};
+    assert_int_equal(loom_mkdirs(dir, &err), 0);
+    uint32_t tokens[12] = {1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12};
+    uint64_t starts[3] = {0, 4, 8};
+    loom_shard_spec spec = {256, 0, tok, "r"};
+    snprintf(p, sizeof p, "%s/shard_00000.bin", dir);
+    if (loom_shard_write_ex(p, &spec, tokens, 12, starts, 3, labels, sha, &err)) fail_msg("%s", err.msg);
+    snprintf(line, sizeof line,
+             "{\"shard\":\"shard_00000.bin\",\"sha256\":\"%s\",\"tokens\":12,\"docs\":3,"
+             "\"source\":\"s\"}", sha);
+    snprintf(p, sizeof p, "%s/manifest.jsonl", dir);
+    if (loom_append_line(p, line, &err)) fail_msg("%s", err.msg);
+    snprintf(p, sizeof p, "%s/dataset.json", dir);
+    tu_write_text(p, "{\"classes\": [\"a\", \"b\"]}\n");
+}
+
+/* Labels read from a shard are untrusted: each must index dataset.json's class list (a label
+ * >= 2^31 wrote outside `loom eval`'s confusion matrix, one >= K tripped an assertion). */
+static void test_window_labels_checked(void **state) {
+    (void)state;
+    const uint32_t good[3] = {1, 0, 1}, huge[3] = {1, 0x80000001u, 0}, three[3] = {0, 2, 1};
+    labelled_dataset("good", good, "byte");
+    labelled_dataset("huge", huge, "byte");
+    labelled_dataset("three", three, "byte");
+    const char *names[3] = {"good", "huge", "three"};
+    const char *want[3] = {NULL, "document 1 has label 2147483649, but ",
+                           "document 1 has label 2, but "};
+    for (int i = 0; i < 3; i++) {
+        char dir[512];
+        tu_path(dir, sizeof dir, names[i]);
+        loom_dataset *d = NULL;
+        loom_windows *w = NULL;
+        loom_err err = {{0}};
+        if (loom_dataset_open(dir, &d, &err)) fail_msg("%s", err.msg);
+        int rc = loom_windows_open(d, 4, 1, 1, 0, 0, &w, &err);
+        if (!want[i]) {
+            if (rc) fail_msg("%s", err.msg);
+        } else {
+            assert_int_equal(rc, -1);
+            TU_ASSERT_HAS(err.msg, want[i]);
+            TU_ASSERT_HAS(err.msg, "dataset.json lists 2 classes (0..1)");
+            TU_ASSERT_HAS(err.msg, "shard_00000.bin");
+        }
+        loom_windows_free(w);
+        loom_dataset_close(d);
+    }
+}
+
+/* Every shard of a dataset carries the same tokenizer_id; the dataset reports it. */
+static void test_dataset_tokenizer_id(void **state) {
+    (void)state;
+    const uint32_t good[3] = {1, 0, 1};
+    labelled_dataset("tok", good, "byte");
+    char dir[512], p[600], sha[65], line[512];
+    tu_path(dir, sizeof dir, "tok");
+    loom_dataset *d = NULL;
+    loom_err err = {{0}};
+    if (loom_dataset_open(dir, &d, &err)) fail_msg("%s", err.msg);
+    assert_string_equal(loom_dataset_tokenizer_id(d), "byte");
+    loom_dataset_close(d);
+    /* a second shard of another tokenizer */
+    uint32_t tokens[4] = {1, 2, 3, 4};
+    uint64_t starts[1] = {0};
+    loom_shard_spec spec = {256, 0, "0123abcd", "r"};
+    snprintf(p, sizeof p, "%s/shard_00001.bin", dir);
+    if (loom_shard_write_ex(p, &spec, tokens, 4, starts, 1, good, sha, &err)) fail_msg("%s", err.msg);
+    snprintf(line, sizeof line,
+             "{\"shard\":\"shard_00001.bin\",\"sha256\":\"%s\",\"tokens\":4,\"docs\":1,"
+             "\"source\":\"s\"}", sha);
+    snprintf(p, sizeof p, "%s/manifest.jsonl", dir);
+    if (loom_append_line(p, line, &err)) fail_msg("%s", err.msg);
+    assert_int_equal(loom_dataset_open(dir, &d, &err), -1);
+    TU_ASSERT_HAS(err.msg, "shard_00001.bin: tokenizer_id 0123abcd differs from the dataset's first shard (byte)");
+}
+
 /* ---- recipes ---- */
 static int load(const char *text, loom_recipe *r, loom_err *err) {
     char p[512];
@@ -315,6 +396,7 @@ int main(void) {
         cmocka_unit_test(test_exact_dedup),  cmocka_unit_test(test_csv),
         cmocka_unit_test(test_labels),       cmocka_unit_test(test_shard_labels),
         cmocka_unit_test(test_recipe_parse), cmocka_unit_test(test_recipe_errors),
+        cmocka_unit_test(test_window_labels_checked), cmocka_unit_test(test_dataset_tokenizer_id),
     };
     return cmocka_run_group_tests(tests, tu_setup_tmpdir, tu_teardown_tmpdir);
 }
