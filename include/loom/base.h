@@ -114,4 +114,15 @@ void loom_text_position(const char *text, size_t len, size_t offset, size_t *lin
 /* seconds from a monotonic clock */
 double loom_now(void);
 
+/* ---- locks between processes -----------------------------------------------------------
+ * An exclusive advisory lock (flock(2), never waiting) on path, created if needed. The kernel
+ * releases it when the holder exits or dies, so a crashed holder never blocks the next one; on
+ * NFS, Linux arbitrates flock through the server, so processes on different nodes see each
+ * other. The holder writes "pid P on HOST since TIME: WHAT" into the file for the message a
+ * second process gets. Returns 0 with *fd holding the lock (loom_unlock_file releases it);
+ * 1 when another process holds it (err names the file and the holder); -1 on an error. On a
+ * filesystem that has no locks it warns and returns 0 with *fd = -1 (nothing is held). */
+int loom_lock_file(const char *path, const char *what, int *fd, loom_err *err);
+void loom_unlock_file(int fd);
+
 #endif

@@ -10,6 +10,7 @@
 #include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
@@ -375,4 +376,55 @@ double loom_now(void) {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+/* ---- locks between processes ---------------------------------------------------------- */
+
+int loom_lock_file(const char *path, const char *what, int *fd, loom_err *err) {
+    *fd = -1;
+    int f = open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+    if (f < 0) return loom_errf(err, "%s: cannot open the lock file: %s", path, strerror(errno));
+    int rc;
+    while ((rc = flock(f, LOCK_EX | LOCK_NB)) != 0 && errno == EINTR) {}
+    if (rc != 0) {
+        const int e = errno;
+        if (e == EWOULDBLOCK) {
+            char holder[512];
+            ssize_t n = pread(f, holder, sizeof holder - 1, 0);
+            close(f);
+            holder[n > 0 ? n : 0] = 0;
+            size_t len = strlen(holder);
+            while (len > 0 && (holder[len - 1] == '\n' || holder[len - 1] == ' ')) holder[--len] = 0;
+            for (char *c = holder; *c; c++)
+                if ((unsigned char)*c < 0x20) *c = ' ';
+            loom_errf(err, "%s is locked by another process (%s)", path,
+                      len ? holder : "it has not said who it is yet");
+            return 1;
+        }
+        close(f);
+        if (e == ENOLCK || e == EOPNOTSUPP || e == ENOSYS) {
+            loom_warn("%s: this filesystem has no file locks (%s): %s cannot be protected "
+                      "against a second process", path, strerror(e), what);
+            return 0;
+        }
+        return loom_errf(err, "%s: cannot lock: %s", path, strerror(e));
+    }
+    /* who holds it, for the message of the next process that tries */
+    char host[256] = "?", stamp[64] = "?", line[800];
+    gethostname(host, sizeof host - 1);
+    host[sizeof host - 1] = 0;
+    time_t now = time(NULL);
+    struct tm tm;
+    if (gmtime_r(&now, &tm)) strftime(stamp, sizeof stamp, "%Y-%m-%dT%H:%M:%SZ", &tm);
+    int n = snprintf(line, sizeof line, "pid %d on %s since %s: %s\n", (int)getpid(), host, stamp,
+                     what);
+    if (n < 0 || (size_t)n >= sizeof line) n = (int)strlen(line);
+    if (ftruncate(f, 0) != 0 || pwrite(f, line, (size_t)n, 0) != (ssize_t)n)
+        loom_warn("%s: cannot record the lock holder: %s", path, strerror(errno));
+    *fd = f;
+    return 0;
+}
+
+void loom_unlock_file(int fd) {
+    if (fd >= 0) close(fd); /* closing the only descriptor releases the flock */
 }

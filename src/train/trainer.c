@@ -244,7 +244,7 @@ int loom_train(loom_config *cfg, loom_err *err) {
     trainer t;
     memset(&t, 0, sizeof t);
     t.cfg = cfg;
-    int rc = -1, handlers = 0;
+    int rc = -1, handlers = 0, run_lock = -1;
     loom_metrics *mx = NULL;
     double *per_rank = NULL;
     struct sigaction old_int, old_term;
@@ -265,6 +265,18 @@ int loom_train(loom_config *cfg, loom_err *err) {
     loom_pathf(t.ckpt_root, sizeof t.ckpt_root, "%s/ckpt", t.s.run_dir);
     if (rank0) {
         if (loom_mkdirs(t.s.run_dir, err)) goto done;
+        /* one job per run directory: only world rank 0 locks (every job has exactly one) */
+        loom_pathf(path, sizeof path, "%s/train.lock", t.s.run_dir);
+        const int lrc = loom_lock_file(path, "loom train", &run_lock, err);
+        if (lrc == 1) {
+            char why[sizeof err->msg];
+            memcpy(why, err->msg, sizeof why);
+            loom_errf(err, "run.dir %.500s is in use by another `loom train`: %.1200s. Two "
+                           "trainers on one run directory would overwrite each other's metrics "
+                           "and checkpoints: wait for the other one to end, or use another "
+                           "run.dir", t.s.run_dir, why);
+        }
+        if (lrc != 0) goto done;
         if (loom_config_write_yaml(cfg, loom_pathf(path, sizeof path, "%s/config.yaml", t.s.run_dir),
                                    err))
             goto done;
@@ -457,6 +469,7 @@ done:
     loom_run_data_free(t.run_data);
     loom_dp_free(t.dp);
     loom_model_free(t.model);
+    loom_unlock_file(run_lock);
     /* collective under MPI: on an error the job is ended by the caller instead */
     if (rc == 0 || !loom_comm_mpi_active()) loom_mesh_free(t.mesh);
     return rc;
