@@ -7,7 +7,8 @@ COMM_DRIVER=${COMM_DRIVER:-$LOOM_SRC/build/tests/comm_driver}
 command -v mpirun >/dev/null || { echo "FAIL: mpirun not found (Debian package openmpi-bin)" >&2; exit 1; }
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 export OMPI_MCA_rmaps_base_oversubscribe=1 OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1
-export ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=0:abort_on_error=0}
+export ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=1:abort_on_error=0:fast_unwind_on_malloc=0}
+export LSAN_OPTIONS=${LSAN_OPTIONS:-suppressions=$LOOM_SRC/tests/mpi/lsan.supp:print_suppressions=0}
 
 # run_mpi NP OUTFILE args...: mpirun -np NP under `timeout 90` (a hang fails instead of hanging
 # CI); sets RC (exit status) and SECS (wall seconds).
