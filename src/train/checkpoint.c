@@ -111,11 +111,75 @@ static int clear_incomplete(const char *dir, const loom_ckpt_file *files, int n,
     return rc;
 }
 
+/* 1 when files a and b both exist and hold the same bytes (small files: COMPLETE markers) */
+static int same_small_file(const char *a, const char *b) {
+    char *x = NULL, *y = NULL;
+    size_t nx = 0, ny = 0;
+    loom_err e = {{0}};
+    int same = loom_read_file(a, 4096, &x, &nx, &e) == 0 && loom_read_file(b, 4096, &y, &ny, &e) == 0 &&
+               nx == ny && memcmp(x, y, nx) == 0;
+    free(x);
+    free(y);
+    return same;
+}
+
+/* Removes dir when it holds only regular files (a step directory's shape); 0 on success. */
+static int remove_flat_dir(const char *dir) {
+    DIR *d = opendir(dir);
+    if (!d) return -1;
+    char path[CKPT_PATH];
+    struct dirent *de;
+    int rc = 0;
+    while (rc == 0 && (de = readdir(d)) != NULL) {
+        if (!strcmp(de->d_name, ".") || !strcmp(de->d_name, "..")) continue;
+        struct stat st;
+        if (snprintf(path, sizeof path, "%s/%s", dir, de->d_name) >= (int)sizeof path ||
+            lstat(path, &st) != 0 || !S_ISREG(st.st_mode) || unlink(path) != 0)
+            rc = -1;
+    }
+    closedir(d);
+    return rc == 0 ? rmdir(dir) : -1;
+}
+
+/* root/latest is a real directory, not a link: a run copied with links followed (cp -L,
+ * rsync -L, scp -r). A copy of a complete step directory of root (same COMPLETE marker, so the
+ * same manifest and files) is removed; anything else is moved aside, never deleted. Either way
+ * latest can then become a link again. */
+static int clear_latest_dir(const char *root, const char *link, loom_err *err) {
+    char marker[CKPT_PATH], other[CKPT_PATH], aside[CKPT_PATH];
+    int copy = 0;
+    loom_pathf(marker, sizeof marker, "%s/%s", link, COMPLETE);
+    DIR *d = opendir(root);
+    if (!d) return loom_errf(err, "%s: cannot open directory: %s", root, strerror(errno));
+    struct dirent *de;
+    while (!copy && (de = readdir(d)) != NULL) {
+        int64_t s;
+        if (parse_step_name(de->d_name, &s) &&
+            snprintf(other, sizeof other, "%s/%s/%s", root, de->d_name, COMPLETE) < (int)sizeof other)
+            copy = is_regular(marker) && same_small_file(marker, other);
+    }
+    closedir(d);
+    if (copy && remove_flat_dir(link) == 0) {
+        loom_warn("%s was a directory (a copy of a complete step directory, e.g. from `cp -L`); "
+                  "removed it so that it can be a link again", link);
+        return 0;
+    }
+    loom_pathf(aside, sizeof aside, "%s/latest.moved.%d", root, (int)getpid());
+    if (rename(link, aside) != 0)
+        return loom_errf(err, "%s is a directory, not a link, and cannot be moved aside: %s", link,
+                         strerror(errno));
+    loom_warn("%s was a directory, not a link to a step; moved it to %s", link, aside);
+    return 0;
+}
+
 /* Points root/latest at target (a name inside root): temp symlink, rename, fsync root. */
 static int swing_latest(const char *root, const char *target, loom_err *err) {
     char tmp[CKPT_PATH], link[CKPT_PATH];
     loom_pathf(tmp, sizeof tmp, "%s/.latest.tmp.%d", root, (int)getpid());
     loom_pathf(link, sizeof link, "%s/latest", root);
+    struct stat lst;
+    if (lstat(link, &lst) == 0 && S_ISDIR(lst.st_mode) && clear_latest_dir(root, link, err) != 0)
+        return -1;
     unlink(tmp);
     if (symlink(target, tmp) != 0)
         return loom_errf(err, "%s: cannot create symlink: %s", tmp, strerror(errno));

@@ -127,6 +127,18 @@ int loom_trainer_load_checkpoint(trainer *t, const char *dir, loom_err *err) {
     if (json_get_int(st, "step", &step, where, err) ||
         json_get_int(st, "optimizer_step", &ostep, where, err))
         goto done;
+    /* loom_ckpt_open has checked manifest.json's step against the directory's name */
+    if (step != loom_ckpt_step(ck)) {
+        loom_errf(err, "%s: 'step' is %lld, but its directory and manifest.json say step %lld; "
+                       "the checkpoint is inconsistent", where, (long long)step,
+                  (long long)loom_ckpt_step(ck));
+        goto done;
+    }
+    if (ostep > step) {
+        loom_errf(err, "%s: 'optimizer_step' %lld is larger than 'step' %lld", where,
+                  (long long)ostep, (long long)step);
+        goto done;
+    }
     if (!json_is_object(ld)) {
         loom_errf(err, "%s: 'loader' missing or not an object", where);
         goto done;

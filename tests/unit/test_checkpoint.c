@@ -2,6 +2,8 @@
  * strict manifests. Runs under ASan/UBSan. */
 #include "testutil.h"
 
+#include <dirent.h>
+
 #include "loom/checkpoint.h"
 
 /* A model file and a trainer-state file whose contents depend on the step. */
@@ -335,6 +337,63 @@ static void test_overwrite_rules(void **state) {
     assert_string_equal(path, want);
 }
 
+/* copies the regular files of directory from into a new directory to (cp -L of a step) */
+static void copy_flat_dir(const char *from, const char *to) {
+    assert_int_equal(mkdir(to, 0755), 0);
+    DIR *d = opendir(from);
+    assert_non_null(d);
+    struct dirent *de;
+    char a[1024], b[1024];
+    while ((de = readdir(d)) != NULL) {
+        if (de->d_name[0] == '.') continue;
+        loom_pathf(a, sizeof a, "%s/%s", from, de->d_name);
+        loom_pathf(b, sizeof b, "%s/%s", to, de->d_name);
+        char *buf = NULL;
+        size_t len = 0;
+        loom_err err = {{0}};
+        assert_int_equal(loom_read_file(a, 1 << 20, &buf, &len, &err), 0);
+        FILE *f = fopen(b, "wb");
+        assert_non_null(f);
+        assert_int_equal(fwrite(buf, 1, len, f), len);
+        fclose(f);
+        free(buf);
+    }
+    closedir(d);
+}
+
+/* latest that is a real directory (a run copied with links followed) does not fail saves: a
+ * copy of a complete step is removed, anything else moved aside, and latest is a link again */
+static void test_latest_is_a_directory(void **state) {
+    (void)state;
+    char root[512], path[1024], from[1024], target[256];
+    tu_path(root, sizeof root, "copied/ckpt");
+    save_step(root, 1, 0, NULL, 0);
+    loom_pathf(path, sizeof path, "%s/latest", root);
+    loom_pathf(from, sizeof from, "%s/step_0000001", root);
+    assert_int_equal(unlink(path), 0);
+    copy_flat_dir(from, path); /* latest = a copy of step 1 */
+    save_step(root, 2, 1, NULL, 0);
+    memset(target, 0, sizeof target);
+    assert_true(readlink(path, target, sizeof target - 1) > 0);
+    assert_string_equal(target, "step_0000002");
+    save_step(root, 3, 0, NULL, 0); /* and every later save */
+    memset(target, 0, sizeof target);
+    assert_true(readlink(path, target, sizeof target - 1) > 0);
+    assert_string_equal(target, "step_0000003");
+
+    /* a directory that is not a copy of a step is kept, moved aside */
+    assert_int_equal(unlink(path), 0);
+    assert_int_equal(mkdir(path, 0755), 0);
+    loom_pathf(from, sizeof from, "%s/notes.txt", path);
+    tu_write_text(from, "user file");
+    save_step(root, 4, 1, NULL, 0);
+    memset(target, 0, sizeof target);
+    assert_true(readlink(path, target, sizeof target - 1) > 0);
+    assert_string_equal(target, "step_0000004");
+    loom_pathf(from, sizeof from, "%s/latest.moved.%d/notes.txt", root, (int)getpid());
+    assert_true(loom_path_exists(from));
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_save_open_latest),
@@ -342,6 +401,7 @@ int main(void) {
         cmocka_unit_test(test_corruption),
         cmocka_unit_test(test_hostile_manifest),
         cmocka_unit_test(test_overwrite_rules),
+        cmocka_unit_test(test_latest_is_a_directory),
     };
     return cmocka_run_group_tests(tests, tu_setup_tmpdir, tu_teardown_tmpdir);
 }
