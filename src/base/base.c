@@ -426,5 +426,9 @@ int loom_lock_file(const char *path, const char *what, int *fd, loom_err *err) {
 }
 
 void loom_unlock_file(int fd) {
-    if (fd >= 0) close(fd); /* closing the only descriptor releases the flock */
+    if (fd < 0) return;
+    /* forget the holder (a process that locks without saying who it is must not be named
+     * after this one), then release: closing the only descriptor drops the flock */
+    if (ftruncate(fd, 0) != 0) {}
+    close(fd);
 }

@@ -37,6 +37,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <ftw.h>
+#include <signal.h>
 #include <jansson.h>
 #include <stdlib.h>
 #include <string.h>
@@ -93,7 +94,9 @@ typedef struct build {
     double t0;
     const loom_build_team *team; /* NULL or a team of one: one process */
     int rank, size;              /* in the team (0 and 1 without one) */
-    int fail_shard;              /* LOOM_TEST_FAIL_BUILD names this rank: fail at the first shard */
+    int fail_shard;              /* LOOM_TEST_FAIL_BUILD names this rank: fail (1) or SIGKILL
+                                  * itself (2) at the first shard */
+    int lock_fd;                 /* member 0: the lock on the output (.NAME.lock), -1 none */
 #ifdef LOOM_HAVE_BPE
     loom_tokenizer *tok;    /* tokenizer: bpe; NULL for byte */
 #endif
@@ -171,6 +174,83 @@ static int looks_like_build(const char *out) {
     if (loom_path_exists(p)) return 1;
     loom_pathf(p, sizeof p, "%s/val/manifest.jsonl", out);
     return loom_path_exists(p);
+}
+
+/* ---- one build per output, and what killed builds left ---- */
+
+/* "<base><kind><digits>" (kind ".tmp." or ".old."): a temp directory (or a moved-aside previous
+ * output) of a build of the output named base */
+static int is_leftover(const char *name, const char *base, const char *kind) {
+    const size_t nb = strlen(base), nk = strlen(kind);
+    if (strncmp(name, base, nb) != 0 || strncmp(name + nb, kind, nk) != 0) return 0;
+    const char *d = name + nb + nk;
+    if (!*d) return 0;
+    for (; *d; d++)
+        if (*d < '0' || *d > '9') return 0;
+    return 1;
+}
+
+/* The directory that holds the output (into parent); returns the output's last component. */
+static const char *output_parent(const build *b, char *parent, size_t size) {
+    const char *slash = strrchr(b->out, '/');
+    if (!slash) loom_pathf(parent, size, ".");
+    else if (slash == b->out) loom_pathf(parent, size, "/");
+    else loom_pathf(parent, size, "%.*s", (int)(slash - b->out), b->out);
+    return slash ? slash + 1 : b->out;
+}
+
+/* Member 0, holding the output's lock, so no other build of this output runs: removes the temp
+ * directories (OUTPUT.tmp.<pid>) and moved-aside outputs (OUTPUT.old.<pid>) of builds that were
+ * killed. A build killed between its two renames leaves no OUTPUT but a complete OUTPUT.old:
+ * that one is put back first (the caching then reuses it). */
+static void sweep_leftovers(const build *b) {
+    char parent[4200], path[8500];
+    const char *base = output_parent(b, parent, sizeof parent);
+    DIR *d = opendir(parent);
+    if (!d) return;
+    int removed = 0;
+    struct dirent *de;
+    while ((de = readdir(d)) != NULL) {
+        const int tmp = is_leftover(de->d_name, base, ".tmp."), old = is_leftover(de->d_name, base, ".old.");
+        if (!tmp && !old) continue;
+        loom_pathf(path, sizeof path, "%s/%s", parent, de->d_name);
+        if (old && !loom_path_exists(b->out) && looks_like_build(path) && rename(path, b->out) == 0) {
+            loom_warn("data build: %s was missing and %s (the previous output, moved aside by a "
+                      "build that was killed) was put back", b->out, path);
+            continue;
+        }
+        remove_tree(path);
+        removed++;
+    }
+    closedir(d);
+    if (removed)
+        loom_log("data build: removed %d temp director%s of %s left by builds that are no "
+                 "longer running", removed, removed == 1 ? "y" : "ies", b->out);
+}
+
+/* Member 0 locks PARENT/.NAME.lock (beside the output, which is replaced by a rename; hidden,
+ * as it stays) for the whole build, then sweeps what killed builds left; every member learns
+ * the outcome. */
+static int lock_output(build *b, const char *recipe_path, loom_err *err) {
+    uint8_t bad = 0;
+    if (b->rank == 0) {
+        char parent[4200], lock[8500];
+        const char *base = output_parent(b, parent, sizeof parent);
+        int rc = loom_mkdirs(parent, err);
+        loom_pathf(lock, sizeof lock, "%s/.%s.lock", parent, base);
+        if (rc == 0) rc = loom_lock_file(lock, "loom data build", &b->lock_fd, err);
+        if (rc == 1)
+            loom_err_prefix(err, "%s: another `loom data build` of output '%s' is running "
+                                 "(two builds of one output would replace each other's files)",
+                            recipe_path, b->out);
+        if (rc == 0) sweep_leftovers(b);
+        bad = rc != 0;
+    }
+    if (multi(b)) b->team->max_u8(b->team->ctx, &bad, 1);
+    if (bad && b->rank != 0)
+        return loom_errf(err, "%s: member 0 could not lock output '%s' (see its message)",
+                         recipe_path, b->out);
+    return bad ? -1 : 0;
 }
 
 /* ---- the previous build ---- */
@@ -562,6 +642,7 @@ static int write_shard(const build *b, int sp, const doc_set *ds, const loom_sha
     uint64_t total = ds->cum[ds->n], cap = (uint64_t)b->r.shard_tokens;
     uint64_t lo = k * cap, hi = lo + cap < total ? lo + cap : total, n_docs = 0;
     char path[4400];
+    if (b->fail_shard == 2) raise(SIGKILL);
     if (b->fail_shard)
         return loom_errf(e, "%s: LOOM_TEST_FAIL_BUILD=%d: injected failure before writing %s/shard_%05llu.bin",
                          b->r.file, b->rank, SPLITS[sp], (unsigned long long)number);
@@ -1100,6 +1181,7 @@ int loom_data_build_team(const char *recipe_path, const loom_build_team *team, l
     build B;
     memset(&B, 0, sizeof B);
     build *b = &B;
+    b->lock_fd = -1;
     int rc = -1, made_tmp = 0;
     b->t0 = loom_now();
     b->size = 1;
@@ -1112,10 +1194,10 @@ int loom_data_build_team(const char *recipe_path, const loom_build_team *team, l
         team->bcast_i64(team->ctx, &pid0, 1);
     }
     const char *fail_env = getenv("LOOM_TEST_FAIL_BUILD");
-    if (fail_env && *fail_env) {
+    if (fail_env && *fail_env) { /* test hook: "RANK" fails that rank, "RANK:kill" kills it */
         char *end;
         long v = strtol(fail_env, &end, 10);
-        b->fail_shard = !*end && v == b->rank;
+        if (v == b->rank && (!*end || !strcmp(end, ":kill"))) b->fail_shard = *end ? 2 : 1;
     }
     if (loom_recipe_load(recipe_path, &b->r, err) != 0) goto done;
     loom_recipe *r = &b->r;
@@ -1125,6 +1207,7 @@ int loom_data_build_team(const char *recipe_path, const loom_build_team *team, l
     }
     loom_pathf(b->out, sizeof b->out, "%s", r->output);
     for (size_t n = strlen(b->out); n > 1 && b->out[n - 1] == '/'; n--) b->out[n - 1] = 0;
+    if (lock_output(b, recipe_path, err) != 0) goto done;
     if (loom_path_exists(b->out) &&
         !(loom_is_dir(b->out) && (looks_like_build(b->out) || dir_is_empty(b->out)))) {
         loom_errf(err, "%s: output '%s' exists and is not a loom data build; refusing to replace it",
@@ -1249,5 +1332,6 @@ done:
     loom_tokenizer_free(b->tok);
 #endif
     loom_recipe_free(&b->r);
+    loom_unlock_file(b->lock_fd);
     return rc;
 }

@@ -143,8 +143,20 @@ grep -q "rank 1: error: data build: .*LOOM_TEST_FAIL_BUILD=1: injected failure" 
   { cat fail.log; fail "the failing rank's message is missing"; }
 same before out || fail "the failed build changed the previous output"
 pass "failure on rank 1 of 3: exit $rc after ${secs}s, previous output untouched: $(grep -m1 'rank 1: error' fail.log)"
-ls -d out.tmp.* 2>/dev/null && echo "note: a temp directory was left behind (the aborted ranks raced the cleanup)"
-rm -rf out.tmp.*
+# member 0 SIGKILLed while writing shards: the job ends, its temp directory stays behind until
+# the next build of the output, which removes it (nothing else of a dead build survives)
+rc=0
+LOOM_TEST_FAIL_BUILD=0:kill "${MPIRUN[@]}" -x LOOM_TEST_FAIL_BUILD -np 2 "$LOOM" data build mix.yaml \
+  >kill.log 2>&1 || rc=$?
+[ $rc -ne 0 ] || { cat kill.log; fail "member 0 SIGKILLed: mpirun exited 0"; }
+ls -d out.tmp.* >/dev/null 2>&1 || { cat kill.log; fail "member 0 SIGKILLed: no temp directory left (the check needs one)"; }
+same before out || fail "the killed build changed the previous output"
+build "the next 2-rank build" next.log -np 2
+grep -q "removed [0-9]* temp director.* left by builds that are no longer running" next.log ||
+  { cat next.log; fail "the next build did not report the removed temp directories"; }
+! ls -d out.tmp.* out.old.* >/dev/null 2>&1 || fail "left behind after the next build: $(ls -d out.tmp.* out.old.*)"
+"$LOOM" data verify out >/dev/null || fail "verify after the next build"
+pass "member 0 SIGKILLed (exit $rc): the next build removed its temp directory and built the output"
 rm text/part9.txt
 
 # ---- BPE: token counting and encoding split over 3 ranks ----
