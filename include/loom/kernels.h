@@ -66,6 +66,63 @@ int64_t attention_causal_pairs(int T);
 void attention_backward(float *dqkv, float *scratch, const float *dout, const float *qkv,
                         const float *att, int B, int T, int H, int KVH, int D);
 
+/* ---- Flash attention (flash_attention.c; docs/kernels.md "Flash attention") ---------------
+ * Tiled online-softmax attention (FlashAttention-2 style) with grouped-query heads: extra
+ * memory is per-thread tile scratch only (no T x T buffer). Scale 1/sqrt(D). Query head h
+ * reads kv head h / (H/KVH).
+ *
+ * Tensors are strided views: element d of head h at position t of batch row b of q lives at
+ * q[b*q_bs + t*q_ts + h*D + d] (likewise k, v with KVH heads, and out/dout with H heads), so
+ * both the fused qkv rows (B,T,(H+2*KVH)*D) and separate Q (B,T,H*D), K, V (B,T,KVH*D)
+ * buffers work, and a chunk of rows is a pointer offset. Gradients use the strides of what
+ * they are the gradient of (dq: q's, dk: k's, dv: v's). lse is (B,H,Tq) contiguous. */
+typedef struct loom_attn_dims {
+    int B, Tq, Tk;   /* batch rows, query positions, key positions */
+    int H, KVH, D;   /* query heads, key/value heads (H % KVH == 0), head dim */
+    int64_t q_bs, q_ts, k_bs, k_ts, v_bs, v_ts, o_bs, o_ts; /* batch / position strides */
+} loom_attn_dims;
+
+/* Which keys each query sees. Query row i has position q_pos0 + i, key row j position
+ * k_pos0 + j; key j is visible to query i iff (!causal || kpos <= qpos) and, with document
+ * ids, q_doc[b*q_doc_bs + i] == k_doc[b*k_doc_bs + j]. A row that sees no key gets out = 0
+ * and lse = -inf (and contributes no gradient). Zero-initialized = non-causal, no documents. */
+typedef struct loom_attn_mask {
+    int causal;
+    int64_t q_pos0, k_pos0;
+    const int32_t *q_doc, *k_doc; /* both NULL (no document mask) or both set */
+    int64_t q_doc_bs, k_doc_bs;   /* ints between batch rows of q_doc / k_doc */
+} loom_attn_mask;
+
+/* Inner-loop implementation: AUTO = AVX-512 when the CPU has it (and the LOOM_ISA
+ * environment variable is not "portable"), else portable C. */
+enum { LOOM_ATTN_ISA_AUTO = 0, LOOM_ATTN_ISA_PORTABLE = 1, LOOM_ATTN_ISA_AVX512 = 2 };
+
+/* dims for today's fused qkv rows (B,T,(H+2*KVH)*D) and out (B,T,H*D): pass q = qkv,
+ * k = qkv + H*D, v = qkv + (H+KVH)*D. */
+loom_attn_dims flash_attention_dims_qkv(int B, int T, int H, int KVH, int D);
+
+/* out (overwritten) = softmax(mask(q k^T / sqrt(D))) v; lse (B,H,Tq) (overwritten; may be
+ * NULL) = log of each row's softmax denominator, in the natural log of the scaled scores.
+ * isa: LOOM_ATTN_ISA_*. Returns 0, or -1 if the dims are invalid (sizes < 1 other than
+ * Tq/Tk = 0, H % KVH != 0), -2 if the ISA asked for is not available, -3 if the per-thread
+ * scratch could not be allocated; nothing is written then. Deterministic: bitwise the same
+ * for any thread count. */
+int flash_attention_forward(float *out, float *lse, const float *q, const float *k,
+                            const float *v, const loom_attn_dims *dims,
+                            const loom_attn_mask *mask, int isa);
+
+/* Recomputes the tiles from q, k, v, out, dout and the forward's lse; ACCUMULATES (+=) into
+ * dq, dk, dv (dk/dv summed over the query heads of each GQA group); a NULL one is skipped.
+ * out and lse must be the forward's (or, for ring
+ * attention, the merged ones). Bitwise the same for any thread count. Returns as forward. */
+int flash_attention_backward(float *dq, float *dk, float *dv, const float *dout,
+                             const float *q, const float *k, const float *v, const float *out,
+                             const float *lse, const loom_attn_dims *dims,
+                             const loom_attn_mask *mask, int isa);
+
+/* 1 if the AVX-512 path can run on this CPU. */
+int flash_attention_have_avx512(void);
+
 /* One query row against cached keys/values (incremental decoding): q (H*D) for the newest
  * position; kcache, vcache (n, KVH*D) rows 0..n-1 (the newest included); out (H*D).
  * scratch holds H*n floats. Same scale and head grouping as attention_forward. */

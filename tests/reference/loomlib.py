@@ -23,6 +23,26 @@ _I = ctypes.c_int
 _L = ctypes.c_int64
 _F = ctypes.c_float
 
+
+
+class AttnDims(ctypes.Structure):
+    """loom_attn_dims (include/loom/kernels.h)"""
+    _fields_ = [(n, ctypes.c_int) for n in ("B", "Tq", "Tk", "H", "KVH", "D")] + \
+               [(n, ctypes.c_int64) for n in ("q_bs", "q_ts", "k_bs", "k_ts", "v_bs", "v_ts",
+                                              "o_bs", "o_ts")]
+
+
+class AttnMask(ctypes.Structure):
+    """loom_attn_mask (include/loom/kernels.h)"""
+    _fields_ = [("causal", ctypes.c_int), ("q_pos0", ctypes.c_int64), ("k_pos0", ctypes.c_int64),
+                ("q_doc", ctypes.c_void_p), ("k_doc", ctypes.c_void_p),
+                ("q_doc_bs", ctypes.c_int64), ("k_doc_bs", ctypes.c_int64)]
+
+
+ATTN_ISA_AUTO, ATTN_ISA_PORTABLE, ATTN_ISA_AVX512 = 0, 1, 2
+_DP = ctypes.POINTER(AttnDims)
+_MP = ctypes.POINTER(AttnMask)
+
 # name -> (restype, argtypes); mirrors include/loom/kernels.h
 KERNELS = {
     "matmul_forward": (None, [_P, _P, _P, _P, _L, _I, _I]),
@@ -40,6 +60,10 @@ KERNELS = {
     "rope_backward": (None, [_P, _L, _I, _I, _I, _L, _P, _P, _I]),
     "attention_forward": (None, [_P, _P, _P, _I, _I, _I, _I, _I]),
     "attention_backward": (None, [_P, _P, _P, _P, _P, _I, _I, _I, _I, _I]),
+    "flash_attention_dims_qkv": (AttnDims, [_I, _I, _I, _I, _I]),
+    "flash_attention_forward": (_I, [_P, _P, _P, _P, _P, _DP, _MP, _I]),
+    "flash_attention_backward": (_I, [_P, _P, _P, _P, _P, _P, _P, _P, _P, _DP, _MP, _I]),
+    "flash_attention_have_avx512": (_I, []),
     "embedding_forward": (None, [_P, _P, _P, _P, _I, _I, _I, _I]),
     "embedding_backward": (None, [_P, _P, _P, _P, _I, _I, _I, _I]),
     "residual_forward": (None, [_P, _P, _P, _L]),

@@ -1,0 +1,607 @@
+/* Flash attention: tiled online-softmax attention (FlashAttention-2 style) with grouped-query
+ * heads, strided views, causal / position-offset / document masks, and a per-row log-sum-exp.
+ * API and contracts: include/loom/kernels.h; design notes: docs/kernels.md "Flash attention".
+ *
+ * Tiles: BQ query rows x BK keys. A (query tile, key tile) pair is classified from the mask as
+ * skipped (nothing visible: never computed), full (everything visible: no masking work) or
+ * partial (masked element by element with -inf before the softmax).
+ *
+ * Forward, one task per (b, h, query tile): Qs = scale * Q tile (copied, BQ x D); for each key
+ * tile: Kᵀ tile (D x BK, transposed copy), S = Qs Kᵀ, online softmax (running max m, sum l,
+ * the accumulator rescaled by exp(m_old - m_new)), acc += P V (V read in place). Then
+ * out = acc / l, lse = m + log(l).
+ *
+ * Backward, two passes in one parallel region, so that every output element is written by
+ * exactly one task (no atomics, no cross-thread reductions):
+ *   dK/dV pass, one task per (b, kv head, key tile): for each query head of the group and each
+ *     query tile: S, P = exp(S - lse), dP = dO Vᵀ, dS = P (dP - delta) with
+ *     delta = rowsum(dO * O); dV_acc += Pᵀ dO, dK_acc += dSᵀ Qs; then dk/dv += the accumulators.
+ *   dQ pass, one task per (b, h, query tile): for each key tile the same S, P, dP, dS;
+ *     dQ_acc += dS K; then dq += scale * dQ_acc.
+ * S and dP are recomputed in both passes (7 tile products per pair instead of 5): the price of
+ * parallelism over key tiles and query tiles with bitwise thread-count independence.
+ *
+ * Inner loops: one set of tile operations (a small GEMM, the forward softmax step, the
+ * backward P/dS step) per ISA, chosen per call: AVX-512 (compiled with a target attribute, run
+ * only when the CPU reports avx512f+avx512vl) or portable C. Each task's arithmetic depends
+ * only on the task, so results are bitwise the same for any thread count and schedule. */
+#include "kernels/kmath.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#if defined(__x86_64__) || defined(__i386__)
+#include <immintrin.h>
+#define LOOM_HAVE_X86 1
+#endif
+
+#include "loom/kernels.h"
+
+enum { BQ = 64, BK = 64 };
+
+/* C (M x N, ldc) = (acc ? C : 0) + A B, A(r,k) = a[r*as + k*ak], B(k,n) = b[k*ldb + n]. */
+typedef void (*gemm_fn)(float *c, int64_t ldc, const float *a, int64_t as, int64_t ak,
+                        const float *b, int64_t ldb, int M, int N, int K, int acc);
+/* One online-softmax step on a score tile s (m x n, ld BK; masked entries -inf): s becomes P =
+ * exp(s - m_new) per row, mrow/lrow (running max and sum) are updated, alpha[r] =
+ * exp(m_old - m_new) is what the row's accumulator must be multiplied by. */
+typedef void (*softmax_fn)(float *s, int m, int n, float *mrow, float *lrow, float *alpha);
+/* s (m x n, ld BK) scores -> P = exp(s - lse[r]); dp -> dS = P (dp - delta[r]); rows whose
+ * lse is -inf (nothing visible) become 0. */
+typedef void (*bwd_tile_fn)(float *s, float *dp, int m, int n, const float *lse,
+                            const float *delta);
+
+typedef struct {
+    gemm_fn gemm;
+    softmax_fn softmax;
+    bwd_tile_fn bwd_tile;
+} attn_ops;
+
+/* ---- portable C --------------------------------------------------------------------------- */
+
+static void gemm_c(float *c, int64_t ldc, const float *a, int64_t as, int64_t ak,
+                   const float *b, int64_t ldb, int M, int N, int K, int acc) {
+    for (int r = 0; r < M; r++) {
+        float *restrict cr = c + r * ldc;
+        if (!acc)
+            for (int n = 0; n < N; n++) cr[n] = 0.0f;
+        for (int k = 0; k < K; k++) {
+            const float av = a[r * as + k * ak];
+            const float *restrict bk = b + k * ldb;
+            for (int n = 0; n < N; n++) cr[n] += av * bk[n];
+        }
+    }
+}
+
+static void softmax_c(float *s, int m, int n, float *mrow, float *lrow, float *alpha) {
+    for (int r = 0; r < m; r++) {
+        float *sr = s + (int64_t)r * BK;
+        float mx = -INFINITY;
+        for (int j = 0; j < n; j++) mx = sr[j] > mx ? sr[j] : mx;
+        float mnew = mrow[r] > mx ? mrow[r] : mx;
+        if (mnew == -INFINITY) { /* nothing visible yet in this row */
+            alpha[r] = 1.0f;
+            for (int j = 0; j < n; j++) sr[j] = 0.0f;
+            continue;
+        }
+        float sum = 0.0f;
+        for (int j = 0; j < n; j++) {
+            float e = loom_expf(sr[j] - mnew);
+            sr[j] = e;
+            sum += e;
+        }
+        alpha[r] = loom_expf(mrow[r] - mnew);
+        lrow[r] = lrow[r] * alpha[r] + sum;
+        mrow[r] = mnew;
+    }
+}
+
+static void bwd_tile_c(float *s, float *dp, int m, int n, const float *lse,
+                       const float *delta) {
+    for (int r = 0; r < m; r++) {
+        float *sr = s + (int64_t)r * BK, *dr = dp + (int64_t)r * BK;
+        if (lse[r] == -INFINITY) {
+            for (int j = 0; j < n; j++) sr[j] = dr[j] = 0.0f;
+            continue;
+        }
+        const float l = lse[r], dl = delta[r];
+        for (int j = 0; j < n; j++) {
+            float p = loom_expf(sr[j] - l);
+            sr[j] = p;
+            dr[j] = p * (dr[j] - dl);
+        }
+    }
+}
+
+static const attn_ops ops_portable = {gemm_c, softmax_c, bwd_tile_c};
+
+/* ---- AVX-512 ------------------------------------------------------------------------------ */
+
+#ifdef LOOM_HAVE_X86
+#define T512 __attribute__((target("avx512f,avx512vl,avx512dq,avx2,fma")))
+#define INL __attribute__((always_inline)) inline
+
+/* exp with loom_expf's range reduction and polynomial (kmath.h), 16 lanes; inputs <= -87.34
+ * (and -inf) give 0. */
+T512 static INL __m512 exp512(__m512 x) {
+    const __m512 lo = _mm512_set1_ps(-87.3365447505531f);
+    __m512 xc = _mm512_min_ps(x, _mm512_set1_ps(88.0f));
+    xc = _mm512_max_ps(xc, lo);
+    const __m512 shifter = _mm512_set1_ps(12582912.0f);
+    __m512 t = _mm512_fmadd_ps(xc, _mm512_set1_ps(1.44269504088896341f), shifter);
+    __m512 nn = _mm512_sub_ps(t, shifter);
+    __m512 r = _mm512_fnmadd_ps(nn, _mm512_set1_ps(0.693359375f), xc);
+    r = _mm512_fnmadd_ps(nn, _mm512_set1_ps(-2.12194440e-4f), r);
+    __m512 p = _mm512_set1_ps(1.9875691500e-4f);
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3981999507e-3f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073e-3f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894e-2f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
+    __m512 y = _mm512_add_ps(_mm512_fmadd_ps(_mm512_mul_ps(p, r), r, r), _mm512_set1_ps(1.0f));
+    __m512i e = _mm512_add_epi32(_mm512_cvtps_epi32(nn), _mm512_set1_epi32(127));
+    __m512 scale = _mm512_castsi512_ps(_mm512_slli_epi32(e, 23));
+    __mmask16 keep = _mm512_cmp_ps_mask(xc, lo, _CMP_GT_OQ);
+    return _mm512_maskz_mul_ps(keep, y, scale);
+}
+
+/* The register-blocked core: R (<= 6) rows of C by NV (<= 4) vectors of 16 columns, the last
+ * vector masked by `last`; R and NV are compile-time constants at every call site. */
+T512 static INL void mk512(float *c, int64_t ldc, const float *a, int64_t as, int64_t ak,
+                           const float *b, int64_t ldb, const int R, const int NV,
+                           __mmask16 last, int K, int acc) {
+    __m512 cc[6][4];
+    for (int r = 0; r < R; r++)
+        for (int v = 0; v < NV; v++)
+            cc[r][v] = !acc ? _mm512_setzero_ps()
+                       : v == NV - 1 ? _mm512_maskz_loadu_ps(last, c + r * ldc + 16 * v)
+                                     : _mm512_loadu_ps(c + r * ldc + 16 * v);
+    for (int k = 0; k < K; k++) {
+        const float *bk = b + k * ldb;
+        __m512 bv[4];
+        for (int v = 0; v < NV; v++)
+            bv[v] = v == NV - 1 ? _mm512_maskz_loadu_ps(last, bk + 16 * v)
+                                : _mm512_loadu_ps(bk + 16 * v);
+        for (int r = 0; r < R; r++) {
+            __m512 av = _mm512_set1_ps(a[r * as + k * ak]);
+            for (int v = 0; v < NV; v++) cc[r][v] = _mm512_fmadd_ps(av, bv[v], cc[r][v]);
+        }
+    }
+    for (int r = 0; r < R; r++)
+        for (int v = 0; v < NV; v++) {
+            if (v == NV - 1)
+                _mm512_mask_storeu_ps(c + r * ldc + 16 * v, last, cc[r][v]);
+            else
+                _mm512_storeu_ps(c + r * ldc + 16 * v, cc[r][v]);
+        }
+}
+
+#define MK(R, NV) mk512(cp, ldc, ap, as, ak, bp, ldb, R, NV, last, K, acc)
+#define MKR(R)                                                                                 \
+    switch (nv) {                                                                              \
+    case 1: MK(R, 1); break;                                                                   \
+    case 2: MK(R, 2); break;                                                                   \
+    case 3: MK(R, 3); break;                                                                   \
+    default: MK(R, 4); break;                                                                  \
+    }
+
+T512 static void gemm512(float *c, int64_t ldc, const float *a, int64_t as, int64_t ak,
+                         const float *b, int64_t ldb, int M, int N, int K, int acc) {
+    for (int n0 = 0; n0 < N; n0 += 64) {
+        int nn = N - n0 < 64 ? N - n0 : 64;
+        int nv = (nn + 15) / 16;
+        __mmask16 last = (__mmask16)((1u << (nn - 16 * (nv - 1))) - 1u);
+        for (int r0 = 0; r0 < M; r0 += 6) {
+            int rr = M - r0 < 6 ? M - r0 : 6;
+            float *cp = c + r0 * ldc + n0;
+            const float *ap = a + r0 * as;
+            const float *bp = b + n0;
+            switch (rr) {
+            case 1: MKR(1) break;
+            case 2: MKR(2) break;
+            case 3: MKR(3) break;
+            case 4: MKR(4) break;
+            case 5: MKR(5) break;
+            default: MKR(6) break;
+            }
+        }
+    }
+}
+#undef MK
+#undef MKR
+
+T512 static inline __mmask16 tail_mask(int left) {
+    return left >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << left) - 1u);
+}
+
+T512 static void softmax512(float *s, int m, int n, float *mrow, float *lrow, float *alpha) {
+    const __m512 ninf = _mm512_set1_ps(-INFINITY);
+    for (int r = 0; r < m; r++) {
+        float *sr = s + (int64_t)r * BK;
+        __m512 vmx = ninf;
+        for (int j = 0; j < n; j += 16)
+            vmx = _mm512_max_ps(vmx, _mm512_mask_loadu_ps(ninf, tail_mask(n - j), sr + j));
+        float mx = _mm512_reduce_max_ps(vmx);
+        float mnew = mrow[r] > mx ? mrow[r] : mx;
+        if (mnew == -INFINITY) {
+            alpha[r] = 1.0f;
+            for (int j = 0; j < n; j++) sr[j] = 0.0f;
+            continue;
+        }
+        const __m512 vm = _mm512_set1_ps(mnew);
+        __m512 vsum = _mm512_setzero_ps();
+        for (int j = 0; j < n; j += 16) {
+            __mmask16 k = tail_mask(n - j);
+            __m512 e = exp512(_mm512_sub_ps(_mm512_mask_loadu_ps(ninf, k, sr + j), vm));
+            _mm512_mask_storeu_ps(sr + j, k, e);
+            vsum = _mm512_add_ps(vsum, e); /* masked-off lanes hold exp(-inf) = 0 */
+        }
+        alpha[r] = loom_expf(mrow[r] - mnew);
+        lrow[r] = lrow[r] * alpha[r] + _mm512_reduce_add_ps(vsum);
+        mrow[r] = mnew;
+    }
+}
+
+T512 static void bwd_tile512(float *s, float *dp, int m, int n, const float *lse,
+                             const float *delta) {
+    for (int r = 0; r < m; r++) {
+        float *sr = s + (int64_t)r * BK, *dr = dp + (int64_t)r * BK;
+        if (lse[r] == -INFINITY) {
+            for (int j = 0; j < n; j++) sr[j] = dr[j] = 0.0f;
+            continue;
+        }
+        const __m512 vl = _mm512_set1_ps(lse[r]), vd = _mm512_set1_ps(delta[r]);
+        for (int j = 0; j < n; j += 16) {
+            __mmask16 k = tail_mask(n - j);
+            __m512 p = exp512(_mm512_sub_ps(_mm512_maskz_loadu_ps(k, sr + j), vl));
+            __m512 d = _mm512_mul_ps(p, _mm512_sub_ps(_mm512_maskz_loadu_ps(k, dr + j), vd));
+            _mm512_mask_storeu_ps(sr + j, k, p);
+            _mm512_mask_storeu_ps(dr + j, k, d);
+        }
+    }
+}
+
+static const attn_ops ops_avx512 = {gemm512, softmax512, bwd_tile512};
+#endif /* LOOM_HAVE_X86 */
+
+int flash_attention_have_avx512(void) {
+#ifdef LOOM_HAVE_X86
+    __builtin_cpu_init();
+    return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512vl") &&
+           __builtin_cpu_supports("avx512dq");
+#else
+    return 0;
+#endif
+}
+
+/* The tile operations for `isa`, or NULL if it cannot run here. AUTO honours LOOM_ISA=portable
+ * (read per call: no hidden state). */
+static const attn_ops *pick_ops(int isa) {
+    if (isa == LOOM_ATTN_ISA_AUTO) {
+        const char *env = getenv("LOOM_ISA");
+        if (env && strcmp(env, "portable") == 0) return &ops_portable;
+        isa = flash_attention_have_avx512() ? LOOM_ATTN_ISA_AVX512 : LOOM_ATTN_ISA_PORTABLE;
+    }
+    if (isa == LOOM_ATTN_ISA_PORTABLE) return &ops_portable;
+#ifdef LOOM_HAVE_X86
+    if (isa == LOOM_ATTN_ISA_AVX512 && flash_attention_have_avx512()) return &ops_avx512;
+#endif
+    return NULL;
+}
+
+/* ---- shared driver ------------------------------------------------------------------------ */
+
+loom_attn_dims flash_attention_dims_qkv(int B, int T, int H, int KVH, int D) {
+    const int64_t R = (int64_t)(H + 2 * KVH) * D, HD = (int64_t)H * D;
+    loom_attn_dims d = {B, T, T, H, KVH, D, T * R, R, T * R, R, T * R, R, T * HD, HD};
+    return d;
+}
+
+static int check_args(const loom_attn_dims *d, const loom_attn_mask *mk) {
+    if (!d || !mk || d->B < 0 || d->Tq < 0 || d->Tk < 0 || d->H < 1 || d->KVH < 1 ||
+        d->D < 1 || d->H % d->KVH != 0)
+        return -1;
+    if ((mk->q_doc == NULL) != (mk->k_doc == NULL)) return -1;
+    return 0;
+}
+
+/* Visible (query, key) region of a tile pair. */
+enum { TILE_SKIP = 0, TILE_FULL = 1, TILE_PARTIAL = 2 };
+
+typedef struct {
+    int32_t lo, hi; /* document id range of a tile (unused without documents) */
+} doc_range;
+
+static doc_range doc_range_of(const int32_t *doc, int n) {
+    doc_range r = {doc[0], doc[0]};
+    for (int i = 1; i < n; i++) {
+        r.lo = doc[i] < r.lo ? doc[i] : r.lo;
+        r.hi = doc[i] > r.hi ? doc[i] : r.hi;
+    }
+    return r;
+}
+
+/* qd/kd: the tiles' document ids (NULL without documents). */
+static int tile_class(const loom_attn_mask *mk, int i0, int m, int j0, int n, const int32_t *qd,
+                      doc_range qr, const int32_t *kd) {
+    int full = 1;
+    if (mk->causal) {
+        int64_t qmin = mk->q_pos0 + i0, qmax = qmin + m - 1;
+        int64_t kmin = mk->k_pos0 + j0, kmax = kmin + n - 1;
+        if (kmin > qmax) return TILE_SKIP;
+        full = kmax <= qmin;
+    }
+    if (qd) {
+        doc_range kr = doc_range_of(kd, n);
+        if (kr.hi < qr.lo || qr.hi < kr.lo) return TILE_SKIP;
+        full = full && qr.lo == qr.hi && kr.lo == kr.hi && qr.lo == kr.lo;
+    }
+    return full ? TILE_FULL : TILE_PARTIAL;
+}
+
+/* Sets the invisible entries of a partial tile's scores to -inf. */
+static void mask_tile(float *s, const loom_attn_mask *mk, int i0, int m, int j0, int n,
+                      const int32_t *qd, const int32_t *kd) {
+    for (int r = 0; r < m; r++) {
+        float *sr = s + (int64_t)r * BK;
+        int64_t qpos = mk->q_pos0 + i0 + r;
+        for (int c = 0; c < n; c++) {
+            int vis = !mk->causal || mk->k_pos0 + j0 + c <= qpos;
+            if (qd) vis = vis && qd[r] == kd[c];
+            if (!vis) sr[c] = -INFINITY;
+        }
+    }
+}
+
+/* dst (rows x D, ld D) = scale * rows of src (stride ts) */
+static void copy_scaled(float *dst, const float *src, int64_t ts, int rows, int D, float scale) {
+    for (int r = 0; r < rows; r++)
+        for (int d = 0; d < D; d++) dst[(int64_t)r * D + d] = scale * src[r * ts + d];
+}
+
+/* dst (D x BK) = transpose of rows x D rows of src (stride ts) */
+static void transpose_tile(float *dst, const float *src, int64_t ts, int rows, int D) {
+    for (int r = 0; r < rows; r++) {
+        const float *sr = src + r * ts;
+        for (int d = 0; d < D; d++) dst[(int64_t)d * BK + r] = sr[d];
+    }
+}
+
+static float *scratch_alloc(size_t nfloats) {
+    size_t bytes = (nfloats * sizeof(float) + 63) / 64 * 64;
+    return aligned_alloc(64, bytes);
+}
+
+int flash_attention_forward(float *out, float *lse, const float *q, const float *k,
+                            const float *v, const loom_attn_dims *dims,
+                            const loom_attn_mask *mask, int isa) {
+    if (check_args(dims, mask)) return -1;
+    const attn_ops *ops = pick_ops(isa);
+    if (!ops) return -2;
+    const loom_attn_dims d = *dims;
+    const loom_attn_mask mk = *mask;
+    const int D = d.D, G = d.H / d.KVH;
+    const int nqt = (d.Tq + BQ - 1) / BQ, nkt = (d.Tk + BK - 1) / BK;
+    const int64_t ntask = (int64_t)d.B * d.H * nqt;
+    const float scale = 1.0f / sqrtf((float)D);
+    /* qs (BQ x D), kt (D x BK), s (BQ x BK), acc (BQ x D), m/l/alpha (BQ) */
+    const size_t nscratch = (size_t)2 * BQ * D + (size_t)D * BK + (size_t)BQ * BK + 3 * BQ;
+    int fail = 0;
+#pragma omp parallel if (ntask > 1)
+    {
+        float *buf = scratch_alloc(nscratch);
+        if (!buf) {
+#pragma omp atomic write
+            fail = 1;
+        }
+#pragma omp barrier
+        int failed;
+#pragma omp atomic read
+        failed = fail;
+        if (!failed) {
+            float *qs = buf, *kt = qs + (size_t)BQ * D, *s = kt + (size_t)D * BK;
+            float *acc = s + (size_t)BQ * BK, *mrow = acc + (size_t)BQ * D;
+            float *lrow = mrow + BQ, *alpha = lrow + BQ;
+#pragma omp for schedule(dynamic, 1)
+            for (int64_t task = 0; task < ntask; task++) {
+                /* the last query tiles (the most keys under a causal mask) go first */
+                const int it = nqt - 1 - (int)(task % nqt);
+                const int h = (int)(task / nqt % d.H), b = (int)(task / nqt / d.H);
+                const int kvh = h / G;
+                const int i0 = it * BQ, m = d.Tq - i0 < BQ ? d.Tq - i0 : BQ;
+                const float *qb = q + b * d.q_bs + i0 * d.q_ts + (int64_t)h * D;
+                const float *kb = k + b * d.k_bs + (int64_t)kvh * D;
+                const float *vb = v + b * d.v_bs + (int64_t)kvh * D;
+                const int32_t *qd = mk.q_doc ? mk.q_doc + b * mk.q_doc_bs + i0 : NULL;
+                const int32_t *kdb = mk.k_doc ? mk.k_doc + b * mk.k_doc_bs : NULL;
+                doc_range qr = {0, 0};
+                if (qd) qr = doc_range_of(qd, m);
+                copy_scaled(qs, qb, d.q_ts, m, D, scale);
+                for (int r = 0; r < m; r++) {
+                    mrow[r] = -INFINITY;
+                    lrow[r] = 0.0f;
+                }
+                memset(acc, 0, (size_t)m * D * sizeof(float));
+                for (int jt = 0; jt < nkt; jt++) {
+                    const int j0 = jt * BK, n = d.Tk - j0 < BK ? d.Tk - j0 : BK;
+                    const int32_t *kd = kdb ? kdb + j0 : NULL;
+                    int cls = tile_class(&mk, i0, m, j0, n, qd, qr, kd);
+                    if (cls == TILE_SKIP) continue;
+                    transpose_tile(kt, kb + j0 * d.k_ts, d.k_ts, n, D);
+                    ops->gemm(s, BK, qs, D, 1, kt, BK, m, n, D, 0);
+                    if (cls == TILE_PARTIAL) mask_tile(s, &mk, i0, m, j0, n, qd, kd);
+                    ops->softmax(s, m, n, mrow, lrow, alpha);
+                    for (int r = 0; r < m; r++) {
+                        if (alpha[r] == 1.0f) continue;
+                        float *ar = acc + (int64_t)r * D;
+                        for (int x = 0; x < D; x++) ar[x] *= alpha[r];
+                    }
+                    ops->gemm(acc, D, s, BK, 1, vb + j0 * d.v_ts, d.v_ts, m, D, n, 1);
+                }
+                float *ob = out + b * d.o_bs + i0 * d.o_ts + (int64_t)h * D;
+                float *lb = lse ? lse + ((int64_t)b * d.H + h) * d.Tq + i0 : NULL;
+                for (int r = 0; r < m; r++) {
+                    float inv = lrow[r] > 0.0f ? 1.0f / lrow[r] : 0.0f;
+                    float *orow = ob + r * d.o_ts;
+                    const float *ar = acc + (int64_t)r * D;
+                    for (int x = 0; x < D; x++) orow[x] = ar[x] * inv;
+                    if (lb) lb[r] = lrow[r] > 0.0f ? mrow[r] + logf(lrow[r]) : -INFINITY;
+                }
+            }
+        }
+        free(buf);
+    }
+    return fail ? -3 : 0;
+}
+
+/* delta[r] = sum_x dO[r,x] O[r,x] for m rows */
+static void row_delta(float *delta, const float *dob, int64_t dts, const float *ob, int64_t ots,
+                      int m, int D) {
+    for (int r = 0; r < m; r++) {
+        const float *a = dob + r * dts, *c = ob + r * ots;
+        float sum = 0.0f;
+        for (int x = 0; x < D; x++) sum += a[x] * c[x];
+        delta[r] = sum;
+    }
+}
+
+int flash_attention_backward(float *dq, float *dk, float *dv, const float *dout,
+                             const float *q, const float *k, const float *v, const float *out,
+                             const float *lse, const loom_attn_dims *dims,
+                             const loom_attn_mask *mask, int isa) {
+    if (check_args(dims, mask)) return -1;
+    const attn_ops *ops = pick_ops(isa);
+    if (!ops) return -2;
+    const loom_attn_dims d = *dims;
+    const loom_attn_mask mk = *mask;
+    const int D = d.D, G = d.H / d.KVH;
+    const int nqt = (d.Tq + BQ - 1) / BQ, nkt = (d.Tk + BK - 1) / BK;
+    const int64_t nkv_task = (dk || dv) ? (int64_t)d.B * d.KVH * nkt : 0;
+    const int64_t nq_task = dq ? (int64_t)d.B * d.H * nqt : 0;
+    const float scale = 1.0f / sqrtf((float)D);
+    /* qs (BQ x D), kt and vt (D x BK), s and dp (BQ x BK), acc1 and acc2 (max(BQ,BK) x D),
+     * delta (BQ) */
+    const int BM = BQ > BK ? BQ : BK;
+    const size_t nscratch = (size_t)BQ * D + (size_t)2 * D * BK + (size_t)2 * BQ * BK +
+                            (size_t)2 * BM * D + BQ;
+    int fail = 0;
+#pragma omp parallel if (nkv_task + nq_task > 1)
+    {
+        float *buf = scratch_alloc(nscratch);
+        if (!buf) {
+#pragma omp atomic write
+            fail = 1;
+        }
+#pragma omp barrier
+        int failed;
+#pragma omp atomic read
+        failed = fail;
+        if (!failed) {
+            float *qs = buf, *kt = qs + (size_t)BQ * D, *vt = kt + (size_t)D * BK;
+            float *s = vt + (size_t)D * BK, *dp = s + (size_t)BQ * BK;
+            float *acc1 = dp + (size_t)BQ * BK, *acc2 = acc1 + (size_t)BM * D;
+            float *delta = acc2 + (size_t)BM * D;
+
+            /* dK/dV: one task per (b, kv head, key tile); the earliest key tiles (the most
+             * queries under a causal mask) go first */
+#pragma omp for schedule(dynamic, 1)
+            for (int64_t task = 0; task < nkv_task; task++) {
+                const int jt = (int)(task % nkt);
+                const int kvh = (int)(task / nkt % d.KVH), b = (int)(task / nkt / d.KVH);
+                const int j0 = jt * BK, n = d.Tk - j0 < BK ? d.Tk - j0 : BK;
+                const float *kb = k + b * d.k_bs + j0 * d.k_ts + (int64_t)kvh * D;
+                const float *vb = v + b * d.v_bs + j0 * d.v_ts + (int64_t)kvh * D;
+                const int32_t *kd = mk.k_doc ? mk.k_doc + b * mk.k_doc_bs + j0 : NULL;
+                float *dkacc = acc1, *dvacc = acc2;
+                memset(dkacc, 0, (size_t)n * D * sizeof(float));
+                memset(dvacc, 0, (size_t)n * D * sizeof(float));
+                int any = 0;
+                for (int h = kvh * G; h < (kvh + 1) * G; h++) {
+                    for (int it = 0; it < nqt; it++) {
+                        const int i0 = it * BQ, m = d.Tq - i0 < BQ ? d.Tq - i0 : BQ;
+                        const int32_t *qd = mk.q_doc ? mk.q_doc + b * mk.q_doc_bs + i0 : NULL;
+                        doc_range qr = {0, 0};
+                        if (qd) qr = doc_range_of(qd, m);
+                        int cls = tile_class(&mk, i0, m, j0, n, qd, qr, kd);
+                        if (cls == TILE_SKIP) continue;
+                        if (!any) {
+                            transpose_tile(kt, kb, d.k_ts, n, D);
+                            transpose_tile(vt, vb, d.v_ts, n, D);
+                            any = 1;
+                        }
+                        const float *qb = q + b * d.q_bs + i0 * d.q_ts + (int64_t)h * D;
+                        const float *dob = dout + b * d.o_bs + i0 * d.o_ts + (int64_t)h * D;
+                        const float *ob = out + b * d.o_bs + i0 * d.o_ts + (int64_t)h * D;
+                        const float *lb = lse + ((int64_t)b * d.H + h) * d.Tq + i0;
+                        copy_scaled(qs, qb, d.q_ts, m, D, scale);
+                        row_delta(delta, dob, d.o_ts, ob, d.o_ts, m, D);
+                        ops->gemm(s, BK, qs, D, 1, kt, BK, m, n, D, 0);
+                        if (cls == TILE_PARTIAL) mask_tile(s, &mk, i0, m, j0, n, qd, kd);
+                        ops->gemm(dp, BK, dob, d.o_ts, 1, vt, BK, m, n, D, 0);
+                        ops->bwd_tile(s, dp, m, n, lb, delta);
+                        /* dV += Pᵀ dO, dK += dSᵀ (scale Q) */
+                        if (dv) ops->gemm(dvacc, D, s, 1, BK, dob, d.o_ts, n, D, m, 1);
+                        if (dk) ops->gemm(dkacc, D, dp, 1, BK, qs, D, n, D, m, 1);
+                    }
+                }
+                if (!any) continue;
+                for (int r = 0; r < n; r++) {
+                    if (dk) {
+                        float *dkr = dk + b * d.k_bs + (j0 + r) * d.k_ts + (int64_t)kvh * D;
+                        for (int x = 0; x < D; x++) dkr[x] += dkacc[(int64_t)r * D + x];
+                    }
+                    if (dv) {
+                        float *dvr = dv + b * d.v_bs + (j0 + r) * d.v_ts + (int64_t)kvh * D;
+                        for (int x = 0; x < D; x++) dvr[x] += dvacc[(int64_t)r * D + x];
+                    }
+                }
+            }
+
+            /* dQ: one task per (b, h, query tile), the last query tiles first */
+#pragma omp for schedule(dynamic, 1)
+            for (int64_t task = 0; task < nq_task; task++) {
+                const int it = nqt - 1 - (int)(task % nqt);
+                const int h = (int)(task / nqt % d.H), b = (int)(task / nqt / d.H);
+                const int kvh = h / G;
+                const int i0 = it * BQ, m = d.Tq - i0 < BQ ? d.Tq - i0 : BQ;
+                const float *qb = q + b * d.q_bs + i0 * d.q_ts + (int64_t)h * D;
+                const float *dob = dout + b * d.o_bs + i0 * d.o_ts + (int64_t)h * D;
+                const float *ob = out + b * d.o_bs + i0 * d.o_ts + (int64_t)h * D;
+                const float *lb = lse + ((int64_t)b * d.H + h) * d.Tq + i0;
+                const float *kb = k + b * d.k_bs + (int64_t)kvh * D;
+                const float *vb = v + b * d.v_bs + (int64_t)kvh * D;
+                const int32_t *qd = mk.q_doc ? mk.q_doc + b * mk.q_doc_bs + i0 : NULL;
+                const int32_t *kdb = mk.k_doc ? mk.k_doc + b * mk.k_doc_bs : NULL;
+                doc_range qr = {0, 0};
+                if (qd) qr = doc_range_of(qd, m);
+                float *dqacc = acc1;
+                memset(dqacc, 0, (size_t)m * D * sizeof(float));
+                copy_scaled(qs, qb, d.q_ts, m, D, scale);
+                row_delta(delta, dob, d.o_ts, ob, d.o_ts, m, D);
+                int any = 0;
+                for (int jt = 0; jt < nkt; jt++) {
+                    const int j0 = jt * BK, n = d.Tk - j0 < BK ? d.Tk - j0 : BK;
+                    const int32_t *kd = kdb ? kdb + j0 : NULL;
+                    int cls = tile_class(&mk, i0, m, j0, n, qd, qr, kd);
+                    if (cls == TILE_SKIP) continue;
+                    any = 1;
+                    transpose_tile(kt, kb + j0 * d.k_ts, d.k_ts, n, D);
+                    transpose_tile(vt, vb + j0 * d.v_ts, d.v_ts, n, D);
+                    ops->gemm(s, BK, qs, D, 1, kt, BK, m, n, D, 0);
+                    if (cls == TILE_PARTIAL) mask_tile(s, &mk, i0, m, j0, n, qd, kd);
+                    ops->gemm(dp, BK, dob, d.o_ts, 1, vt, BK, m, n, D, 0);
+                    ops->bwd_tile(s, dp, m, n, lb, delta);
+                    /* dQ_acc += dS K */
+                    ops->gemm(dqacc, D, dp, BK, 1, kb + j0 * d.k_ts, d.k_ts, m, D, n, 1);
+                }
+                if (!any) continue;
+                float *dqb = dq + b * d.q_bs + i0 * d.q_ts + (int64_t)h * D;
+                for (int r = 0; r < m; r++)
+                    for (int x = 0; x < D; x++)
+                        dqb[r * d.q_ts + x] += scale * dqacc[(int64_t)r * D + x];
+            }
+        }
+        free(buf);
+    }
+    return fail ? -3 : 0;
+}
