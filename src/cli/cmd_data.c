@@ -230,6 +230,16 @@ static int check_dataset_json(json_t *ds, const loom_dataset *d, const char *dir
             return 1;
         }
     }
+    /* every manifest line of a build carries the recipe hash dataset.json records */
+    for (int k = 0; *sha && k < loom_dataset_num_shards(d); k++) {
+        loom_manifest_entry e = loom_dataset_entry(d, k);
+        if (*e.recipe && strcmp(e.recipe, sha) != 0) {
+            fprintf(stderr, "loom: data verify: FAILED: %s/manifest.jsonl:%d: recipe %s, but "
+                    "%s/dataset.json says the recipe's SHA-256 is %s\n", dir, e.line, e.recipe,
+                    dir, sha);
+            return 1;
+        }
+    }
     json_t *counts = json_object_get(ds, "counts");
     if (jint(counts, "tokens") != (long long)loom_dataset_num_tokens(d) ||
         jint(counts, "shards") != loom_dataset_num_shards(d)) {

@@ -130,6 +130,11 @@ static int parse_line(const char *text, size_t len, const char *where, entry *e,
         loom_errf(err, "%s: sha256 \"%s\" is not 64 lowercase hex digits", where, e->sha256);
         goto done;
     }
+    if (*e->recipe && !is_hex64(e->recipe)) {
+        loom_errf(err, "%s: recipe \"%.100s\" is not a SHA-256 (64 lowercase hex digits)", where,
+                  e->recipe);
+        goto done;
+    }
     rc = 0;
 done:
     json_decref(obj);
@@ -153,10 +158,19 @@ void loom_dataset_close(loom_dataset *d) {
 /* Opens and verifies the shard of e (a parsed line) and appends both to d. */
 static int add_entry(loom_dataset *d, entry *e, loom_err *err) {
     const char *mpath = d->mpath;
-    for (int i = 0; i < d->n; i++)
-        if (!strcmp(d->entries[i].shard, e->shard))
+    for (int i = 0; i < d->n; i++) {
+        const entry *o = &d->entries[i];
+        if (!strcmp(o->shard, e->shard))
             return loom_errf(err, "%s:%d: shard \"%s\" is listed twice (first on line %d)", mpath,
-                             e->line, e->shard, d->entries[i].line);
+                             e->line, e->shard, o->line);
+        /* the loader mixes sources by these: one value per source */
+        if (!strcmp(o->source, e->source) && (o->weight != e->weight || o->repeat_cap != e->repeat_cap))
+            return loom_errf(err,
+                             "%s:%d: source \"%s\" has weight %g, repeat_cap %g here but weight "
+                             "%g, repeat_cap %g on line %d; every line of a source must agree",
+                             mpath, e->line, e->source, e->weight, e->repeat_cap, o->weight,
+                             o->repeat_cap, o->line);
+    }
     char spath[4500], sha[65];
     if (snprintf(spath, sizeof spath, "%s/%s", d->dir, e->shard) >= (int)sizeof spath)
         return loom_errf(err, "%s:%d: shard path too long", mpath, e->line);

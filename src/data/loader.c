@@ -153,8 +153,7 @@ static source *find_source(loom_loader *l, const char *name) {
 }
 
 /* Assigns the dataset's manifest lines [n_seen, upto) to their sources. */
-static int absorb(loom_loader *l, int upto, loom_err *err) {
-    const char *dir = loom_dataset_dir(l->d);
+static void absorb(loom_loader *l, int upto) {
     for (; l->n_seen < upto; l->n_seen++) {
         loom_manifest_entry e = loom_dataset_entry(l->d, l->n_seen);
         source *s = find_source(l, e.source);
@@ -172,13 +171,9 @@ static int absorb(loom_loader *l, int upto, loom_err *err) {
             s->stream = loom_hash_str(e.source);
             s->first = loom_malloc(sizeof *s->first);
             s->first[0] = 0;
-        } else if (e.weight != s->weight || e.repeat_cap != s->cap) {
-            return loom_errf(err,
-                             "%s/manifest.jsonl:%d: source \"%s\" has weight %g, repeat_cap %g "
-                             "here but weight %g, repeat_cap %g on line %d; every line of a "
-                             "source must agree",
-                             dir, e.line, s->name, e.weight, e.repeat_cap, s->weight, s->cap,
-                             s->line);
+        } else {
+            /* loom_dataset_refresh refuses a manifest whose lines of a source disagree */
+            LOOM_CHECK(e.weight == s->weight && e.repeat_cap == s->cap);
         }
         if (s->n_lines == s->lines_cap) {
             s->lines_cap = s->lines_cap ? 2 * s->lines_cap : 8;
@@ -189,7 +184,6 @@ static int absorb(loom_loader *l, int upto, loom_err *err) {
         s->first[s->n_lines + 1] = s->first[s->n_lines] + line_samples(e.tokens, l->o.T);
         s->n_lines++;
     }
-    return 0;
 }
 
 int loom_loader_refresh(loom_loader *l, int lines, int *n_lines, loom_err *err) {
@@ -201,7 +195,7 @@ int loom_loader_refresh(loom_loader *l, int lines, int *n_lines, loom_err *err) 
         return loom_errf(err, "%s/manifest.jsonl: %d lines asked for, it holds %d",
                          loom_dataset_dir(l->d), upto, have);
     if (upto > l->n_seen) {
-        if (absorb(l, upto, err)) return -1;
+        absorb(l, upto);
         wake(l);
     }
     if (n_lines) *n_lines = l->n_seen;
@@ -222,7 +216,7 @@ int loom_loader_open(loom_dataset *d, const loom_loader_opts *o, loom_loader **o
     l->d = d;
     l->o = *o;
     l->seg_tag = loom_hash_str("loom.loader.segment");
-    if (absorb(l, o->lines > 0 ? o->lines : have, err)) goto fail;
+    absorb(l, o->lines > 0 ? o->lines : have);
     if (loom_loader_num_samples(l) == 0) {
         loom_errf(err, "%s: no complete sample of %d tokens (T+1) in any of its %d shard(s)",
                   loom_dataset_dir(d), o->T + 1, l->n_seen);

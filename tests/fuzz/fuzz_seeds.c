@@ -71,7 +71,8 @@ static void manifests(void) {
     if (loom_sha256_file(p, sha, &err) != 0) exit(1);
     snprintf(line, sizeof line,
              "{\"shard\": \"a.bin\", \"sha256\": \"%s\", \"tokens\": 300, \"docs\": 3, "
-             "\"source\": \"main\", \"recipe\": \"r\", \"created\": \"2024-01-01T00:00:00Z\"}\n",
+             "\"source\": \"main\", \"recipe\": \"abababababababababababababababababababababababababababababababab\", "
+             "\"created\": \"2024-01-01T00:00:00Z\"}\n",
              sha);
     seed("manifest", "one", "", 0, line, strlen(line));
     snprintf(line, sizeof line,

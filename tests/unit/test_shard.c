@@ -416,7 +416,8 @@ static void make_dataset(const char *dir, int n_shards) {
         assert_int_equal(loom_sha256_file(sp, sha, &err), 0);
         snprintf(line, sizeof line,
                  "{\"shard\": \"shard_%05d.bin\", \"sha256\": \"%s\", \"tokens\": %d, \"docs\": %d, "
-                 "\"source\": \"t\", \"recipe\": \"r\", \"created\": \"2024-01-01T00:00:00Z\"}",
+                 "\"source\": \"t\", \"recipe\": \"abababababababababababababababababababababababababababababababab\", "
+                 "\"created\": \"2024-01-01T00:00:00Z\"}",
                  i, sha, 500 + 100 * i, 5 + i);
         assert_int_equal(loom_append_line(mpath, line, &err), 0);
     }
