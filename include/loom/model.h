@@ -55,21 +55,32 @@ enum {  /* global tensors */
 enum {  /* per-layer tensors, named layers.<l>.<name> */
     LOOM_L_LN1_W,       /* (C) */
     LOOM_L_LN1_B,       /* (C)                     gpt2 */
-    LOOM_L_QKV_W,       /* ((H+2*KVH)*D, C): H query heads, KVH key heads, KVH value heads */
-    LOOM_L_QKV_B,       /* ((H+2*KVH)*D)           gpt2 */
-    LOOM_L_ATTN_PROJ_W, /* (C, H*D) */
+    LOOM_L_Q_W,         /* (H*D, C)   query heads */
+    LOOM_L_K_W,         /* (KVH*D, C) key heads */
+    LOOM_L_V_W,         /* (KVH*D, C) value heads */
+    LOOM_L_Q_B,         /* (H*D)                   gpt2 */
+    LOOM_L_K_B,         /* (KVH*D)                 gpt2 */
+    LOOM_L_V_B,         /* (KVH*D)                 gpt2 */
+    LOOM_L_ATTN_PROJ_W, /* (C, H*D)   attention output projection */
     LOOM_L_ATTN_PROJ_B, /* (C)                     gpt2 */
     LOOM_L_LN2_W,       /* (C) */
     LOOM_L_LN2_B,       /* (C)                     gpt2 */
-    LOOM_L_FC_W,        /* (F, C) gpt2; (2F, C) llama: rows [gate | up] */
+    LOOM_L_FC_W,        /* (F, C)                  gpt2: MLP up projection */
+    LOOM_L_GATE_W,      /* (F, C)                  llama: SwiGLU gate */
+    LOOM_L_UP_W,        /* (F, C)                  llama: SwiGLU up */
     LOOM_L_FC_B,        /* (F)                     gpt2 */
-    LOOM_L_FC_PROJ_W,   /* (C, F) */
+    LOOM_L_FC_PROJ_W,   /* (C, F)     MLP down projection */
     LOOM_L_FC_PROJ_B,   /* (C)                     gpt2 */
     LOOM_L_COUNT
 };
+/* Q, K and V (and gate and up) are separate tensors, so a head (column) split of each is one
+ * box; the arena keeps them adjacent in that order (q_w, k_w, v_w; q_b, k_b, v_b; gate_w,
+ * up_w), so the block runs one GEMM over the three (two) and its activations hold a row as
+ * [q | k | v] ([gate | up]). Checkpoints of the fused format (qkv_w/qkv_b rows [q | k | v],
+ * llama fc_w rows [gate | up]) are split on load (docs/checkpoints.md). */
 
 typedef struct loom_tensor_info {
-    char name[48];      /* "wte", "layers.3.qkv_w", ... */
+    char name[48];      /* "wte", "layers.3.q_w", ... */
     int layer;          /* -1 for global tensors */
     int kind;           /* LOOM_P_* for global tensors, LOOM_L_* for per-layer ones */
     size_t offset;      /* in floats, into the parameter (and gradient) arena */
@@ -78,6 +89,13 @@ typedef struct loom_tensor_info {
     int64_t shape[4];
     int decay;          /* 1 when AdamW weight decay applies (matrices and embeddings) */
     int unit;           /* the unit holding it (see loom_model_num_units) */
+    /* In checkpoints written before Q/K/V and gate/up were split (q_w, k_w, v_w, q_b, k_b,
+     * v_b; llama gate_w, up_w), this tensor was elements [legacy_off, legacy_off + numel) of
+     * the fused tensor legacy_name (qkv_w, qkv_b, fc_w) of shape legacy_shape; "" otherwise. */
+    char legacy_name[48];
+    size_t legacy_off;
+    int legacy_ndim;
+    int64_t legacy_shape[2];
 } loom_tensor_info;
 
 typedef struct loom_model loom_model;

@@ -74,7 +74,7 @@ const float *loom_model_decode(loom_model *m, loom_kv_cache *kc, int32_t token) 
         float *vl = kc->v + ((size_t)l * kc->maxT + (size_t)pos) * kc->kv;
         model_norm_fwd(m, kc->h, kc->stat, kc->stat + 1, kc->x, LP(m, LOOM_L_LN1_W, l),
                        LP(m, LOOM_L_LN1_B, l), 1);
-        matmul_forward(kc->qkv, kc->h, LP(m, LOOM_L_QKV_W, l), LP(m, LOOM_L_QKV_B, l), 1, C, QKV);
+        matmul_forward(kc->qkv, kc->h, QKV_W(m, l), QKV_B(m, l), 1, C, QKV);
         if (!gpt2) {
             rope_forward(kc->qkv, 1, 1, H, D, QKV, m->rope_cos, m->rope_sin, pos);
             rope_forward(kc->qkv + HD, 1, 1, KVH, D, QKV, m->rope_cos, m->rope_sin, pos);
@@ -88,7 +88,7 @@ const float *loom_model_decode(loom_model *m, loom_kv_cache *kc, int32_t token) 
         residual_forward(kc->x, kc->x, kc->tmp, C);
         model_norm_fwd(m, kc->h, kc->stat, kc->stat + 1, kc->x, LP(m, LOOM_L_LN2_W, l),
                        LP(m, LOOM_L_LN2_B, l), 1);
-        matmul_forward(kc->fch, kc->h, LP(m, LOOM_L_FC_W, l), LP(m, LOOM_L_FC_B, l), 1, C, FFI);
+        matmul_forward(kc->fch, kc->h, FC1_W(m, l), LP(m, LOOM_L_FC_B, l), 1, C, FFI);
         if (gpt2) gelu_forward(kc->fact, kc->fch, F);
         else swiglu_forward(kc->fact, kc->fch, 1, F);
         matmul_forward(kc->tmp, kc->fact, LP(m, LOOM_L_FC_PROJ_W, l), LP(m, LOOM_L_FC_PROJ_B, l),

@@ -14,8 +14,8 @@
 static const char *const global_names[LOOM_P_COUNT] = {"wte", "wpe", "lnf_w", "lnf_b",
                                                         "lm_head", "cls_w", "cls_b"};
 static const char *const layer_names[LOOM_L_COUNT] = {
-    "ln1_w", "ln1_b", "qkv_w", "qkv_b", "attn_proj_w", "attn_proj_b",
-    "ln2_w", "ln2_b", "fc_w", "fc_b", "fc_proj_w", "fc_proj_b"};
+    "ln1_w", "ln1_b", "q_w",  "k_w",  "v_w",   "q_b",  "k_b",   "v_b",       "attn_proj_w",
+    "attn_proj_b", "ln2_w", "ln2_b", "fc_w", "gate_w", "up_w", "fc_b", "fc_proj_w", "fc_proj_b"};
 
 /* Appends a tensor to the table (when present) and returns its index, or -1. */
 static int add_tensor(loom_model *m, size_t *off, int layer, int kind, int present, int decay,
@@ -37,6 +37,34 @@ static int add_tensor(loom_model *m, size_t *off, int layer, int kind, int prese
                          : (kind == LOOM_P_WTE || kind == LOOM_P_WPE ? 0 : m->cfg.n_layer + 1);
     *off += t->numel;
     return m->n_info++;
+}
+
+/* Checks that the parts of each fused GEMM operand are adjacent (q_w k_w v_w, q_b k_b v_b,
+ * gate_w up_w), and records where each part lived in the fused checkpoint format. */
+static void set_fused_layout(loom_model *m) {
+    const int gpt2 = m->cfg.flavor == LOOM_FLAVOR_GPT2;
+    static const int groups[3][3] = {{LOOM_L_Q_W, LOOM_L_K_W, LOOM_L_V_W},
+                                     {LOOM_L_Q_B, LOOM_L_K_B, LOOM_L_V_B},
+                                     {LOOM_L_GATE_W, LOOM_L_UP_W, -1}};
+    static const char *const fused[3] = {"qkv_w", "qkv_b", "fc_w"};
+    for (int l = 0; l < m->cfg.n_layer; l++)
+        for (int g = 0; g < 3; g++) {
+            if ((g == 1 && !gpt2) || (g == 2 && gpt2)) continue;
+            const loom_tensor_info *first = loom_model_layer_tensor(m, l, groups[g][0]);
+            int64_t rows = 0;
+            for (int j = 0; j < 3 && groups[g][j] >= 0; j++) rows += loom_model_layer_tensor(m, l, groups[g][j])->shape[0];
+            size_t at = first->offset;
+            for (int j = 0; j < 3 && groups[g][j] >= 0; j++) {
+                loom_tensor_info *t = &m->info[m->lidx[(size_t)l * LOOM_L_COUNT + groups[g][j]]];
+                LOOM_CHECK(t->offset == at); /* the fused GEMMs rely on it */
+                snprintf(t->legacy_name, sizeof t->legacy_name, "layers.%d.%s", l, fused[g]);
+                t->legacy_off = at - first->offset;
+                t->legacy_ndim = t->ndim;
+                t->legacy_shape[0] = rows;
+                t->legacy_shape[1] = t->shape[1];
+                at += t->numel;
+            }
+        }
 }
 
 static int check_config(const loom_model_config *c, loom_err *err) {
@@ -112,13 +140,20 @@ static int create(const loom_model_config *cfg, int B, int T, int own_arenas, in
         int *li = m->lidx + (size_t)l * LOOM_L_COUNT;
         li[LOOM_L_LN1_W] = add_tensor(m, &off, l, LOOM_L_LN1_W, 1, 0, 1, C, 0);
         li[LOOM_L_LN1_B] = add_tensor(m, &off, l, LOOM_L_LN1_B, gpt2, 0, 1, C, 0);
-        li[LOOM_L_QKV_W] = add_tensor(m, &off, l, LOOM_L_QKV_W, 1, 1, 2, m->QKV, C);
-        li[LOOM_L_QKV_B] = add_tensor(m, &off, l, LOOM_L_QKV_B, gpt2, 0, 1, m->QKV, 0);
+        const int64_t KD = KVH * m->D;
+        li[LOOM_L_Q_W] = add_tensor(m, &off, l, LOOM_L_Q_W, 1, 1, 2, HD, C);
+        li[LOOM_L_K_W] = add_tensor(m, &off, l, LOOM_L_K_W, 1, 1, 2, KD, C);
+        li[LOOM_L_V_W] = add_tensor(m, &off, l, LOOM_L_V_W, 1, 1, 2, KD, C);
+        li[LOOM_L_Q_B] = add_tensor(m, &off, l, LOOM_L_Q_B, gpt2, 0, 1, HD, 0);
+        li[LOOM_L_K_B] = add_tensor(m, &off, l, LOOM_L_K_B, gpt2, 0, 1, KD, 0);
+        li[LOOM_L_V_B] = add_tensor(m, &off, l, LOOM_L_V_B, gpt2, 0, 1, KD, 0);
         li[LOOM_L_ATTN_PROJ_W] = add_tensor(m, &off, l, LOOM_L_ATTN_PROJ_W, 1, 1, 2, C, HD);
         li[LOOM_L_ATTN_PROJ_B] = add_tensor(m, &off, l, LOOM_L_ATTN_PROJ_B, gpt2, 0, 1, C, 0);
         li[LOOM_L_LN2_W] = add_tensor(m, &off, l, LOOM_L_LN2_W, 1, 0, 1, C, 0);
         li[LOOM_L_LN2_B] = add_tensor(m, &off, l, LOOM_L_LN2_B, gpt2, 0, 1, C, 0);
-        li[LOOM_L_FC_W] = add_tensor(m, &off, l, LOOM_L_FC_W, 1, 1, 2, m->FFI, C);
+        li[LOOM_L_FC_W] = add_tensor(m, &off, l, LOOM_L_FC_W, gpt2, 1, 2, F, C);
+        li[LOOM_L_GATE_W] = add_tensor(m, &off, l, LOOM_L_GATE_W, !gpt2, 1, 2, F, C);
+        li[LOOM_L_UP_W] = add_tensor(m, &off, l, LOOM_L_UP_W, !gpt2, 1, 2, F, C);
         li[LOOM_L_FC_B] = add_tensor(m, &off, l, LOOM_L_FC_B, gpt2, 0, 1, F, 0);
         li[LOOM_L_FC_PROJ_W] = add_tensor(m, &off, l, LOOM_L_FC_PROJ_W, 1, 1, 2, C, F);
         li[LOOM_L_FC_PROJ_B] = add_tensor(m, &off, l, LOOM_L_FC_PROJ_B, gpt2, 0, 1, C, 0);
@@ -131,6 +166,7 @@ static int create(const loom_model_config *cfg, int B, int T, int own_arenas, in
     m->gidx[LOOM_P_CLS_W] = add_tensor(m, &off, -1, LOOM_P_CLS_W, cls, 1, 2, K, C);
     m->gidx[LOOM_P_CLS_B] = add_tensor(m, &off, -1, LOOM_P_CLS_B, cls, 0, 1, K, 0);
     m->n_params = off;
+    set_fused_layout(m);
     m->n_units = (int)L + 2;
     m->unit_off = loom_calloc((size_t)m->n_units, sizeof(size_t));
     m->unit_cnt = loom_calloc((size_t)m->n_units, sizeof(size_t));
@@ -430,7 +466,7 @@ float loom_model_forward(loom_model *m, const int32_t *inputs, const int32_t *ta
         acquire(m, l + 1, 0);
         model_norm_fwd(m, ln1, ln1_mean, ln1_rstd, residual, LP(m, LOOM_L_LN1_W, l),
                  LP(m, LOOM_L_LN1_B, l), BT);
-        matmul_forward(qkv, ln1, LP(m, LOOM_L_QKV_W, l), LP(m, LOOM_L_QKV_B, l), BT, C, QKV);
+        matmul_forward(qkv, ln1, QKV_W(m, l), QKV_B(m, l), BT, C, QKV);
         if (!gpt2) {
             rope_forward(qkv, B, T, H, D, QKV, m->rope_cos, m->rope_sin, 0);
             rope_forward(qkv + HD, B, T, KVH, D, QKV, m->rope_cos, m->rope_sin, 0);
@@ -441,7 +477,7 @@ float loom_model_forward(loom_model *m, const int32_t *inputs, const int32_t *ta
         residual_forward(res2, res2, residual, BT * C);
         model_norm_fwd(m, ln2, ln2_mean, ln2_rstd, res2, LP(m, LOOM_L_LN2_W, l), LP(m, LOOM_L_LN2_B, l),
                  BT);
-        matmul_forward(fch, ln2, LP(m, LOOM_L_FC_W, l), LP(m, LOOM_L_FC_B, l), BT, C, FFI);
+        matmul_forward(fch, ln2, FC1_W(m, l), LP(m, LOOM_L_FC_B, l), BT, C, FFI);
         if (gpt2) gelu_forward(fch_act, fch, BT * F);
         else swiglu_forward(fch_act, fch, BT, F);
         matmul_forward(res3, fch_act, LP(m, LOOM_L_FC_PROJ_W, l), LP(m, LOOM_L_FC_PROJ_B, l), BT,
@@ -527,8 +563,8 @@ void loom_model_backward(loom_model *m, float dscale) {
         if (gpt2) gelu_backward(a->dfch, fch, a->dfch_act, BT * F);
         else swiglu_backward(a->dfch, fch, a->dfch_act, BT, F);
         memset(a->dln, 0, (size_t)BT * C * sizeof(float));
-        matmul_backward(a->dln, LG(m, LOOM_L_FC_W, l), LG(m, LOOM_L_FC_B, l), a->dfch, ln2,
-                        LP(m, LOOM_L_FC_W, l), BT, C, FFI);
+        matmul_backward(a->dln, FC1_GW(m, l), LG(m, LOOM_L_FC_B, l), a->dfch, ln2, FC1_W(m, l),
+                        BT, C, FFI);
         norm_bwd(m, a->dres, LG(m, LOOM_L_LN2_W, l), LG(m, LOOM_L_LN2_B, l), a->dln, res2,
                  LP(m, LOOM_L_LN2_W, l), ln2_mean, ln2_rstd, BT);
         /* attention: res2 = residual + attn_proj(attn(qkv(ln1(residual)))); dres = d res2 */
@@ -542,8 +578,8 @@ void loom_model_backward(loom_model *m, float dscale) {
             rope_backward(a->dqkv + HD, B, T, KVH, D, QKV, m->rope_cos, m->rope_sin, 0);
         }
         memset(a->dln, 0, (size_t)BT * C * sizeof(float));
-        matmul_backward(a->dln, LG(m, LOOM_L_QKV_W, l), LG(m, LOOM_L_QKV_B, l), a->dqkv, ln1,
-                        LP(m, LOOM_L_QKV_W, l), BT, C, QKV);
+        matmul_backward(a->dln, QKV_GW(m, l), QKV_GB(m, l), a->dqkv, ln1, QKV_W(m, l), BT, C,
+                        QKV);
         norm_bwd(m, a->dres, LG(m, LOOM_L_LN1_W, l), LG(m, LOOM_L_LN1_B, l), a->dln, residual,
                  LP(m, LOOM_L_LN1_W, l), ln1_mean, ln1_rstd, BT);
         release(m, l + 1, 1);

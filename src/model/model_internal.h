@@ -81,6 +81,16 @@ static inline float *gview(const loom_model *m, const loom_tensor_info *t) {
 #define GRAD(m, id) gview((m), loom_model_global((m), (id)))
 #define LP(m, id, l) pview((m), loom_model_layer_tensor((m), (l), (id)))
 #define LG(m, id, l) gview((m), loom_model_layer_tensor((m), (l), (id)))
+/* The fused operands of the block's GEMMs: q_w, k_w, v_w (q_b, k_b, v_b) are adjacent in the
+ * arena, so the view of q_w is the (QKV, C) matrix of all three; gpt2's fc_w or llama's
+ * adjacent gate_w, up_w are the (FFI, C) first MLP matrix. Checked at create. */
+#define QKV_W(m, l) LP((m), LOOM_L_Q_W, (l))
+#define QKV_B(m, l) LP((m), LOOM_L_Q_B, (l))
+#define QKV_GW(m, l) LG((m), LOOM_L_Q_W, (l))
+#define QKV_GB(m, l) LG((m), LOOM_L_Q_B, (l))
+#define FC1_KIND(m) ((m)->cfg.flavor == LOOM_FLAVOR_GPT2 ? LOOM_L_FC_W : LOOM_L_GATE_W)
+#define FC1_W(m, l) LP((m), FC1_KIND(m), (l))
+#define FC1_GW(m, l) LG((m), FC1_KIND(m), (l))
 
 /* LayerNorm (gpt2) or RMSNorm (llama) of N rows; mean is unused by RMSNorm */
 void model_norm_fwd(const loom_model *m, float *out, float *mean, float *rstd, const float *in,

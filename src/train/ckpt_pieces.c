@@ -97,11 +97,11 @@ static int parse_piece_name(const char *name, int *kind, char *tensor, size_t ts
     return 0;
 }
 
-/* "[a]" or "[a, b]" matches the tensor's shape */
-static int shape_matches(const char *s, const loom_tensor_info *t) {
+/* "[a]" or "[a, b]" matches the shape */
+static int shape_matches(const char *s, int ndim, const int64_t *shape) {
     char want[96];
-    if (t->ndim == 1) snprintf(want, sizeof want, "[%" PRId64 "]", t->shape[0]);
-    else snprintf(want, sizeof want, "[%" PRId64 ", %" PRId64 "]", t->shape[0], t->shape[1]);
+    if (ndim == 1) snprintf(want, sizeof want, "[%" PRId64 "]", shape[0]);
+    else snprintf(want, sizeof want, "[%" PRId64 ", %" PRId64 "]", shape[0], shape[1]);
     return s && strcmp(s, want) == 0;
 }
 
@@ -163,33 +163,45 @@ int loom_pieces_fill(const loom_ckpt *ck, loom_dp_piece *needed, int n, loom_err
     for (int k = 0; k < n; k++) {
         loom_dp_piece *p = &needed[k];
         const loom_tensor_info *t = p->tensor;
+        /* a tensor of its own name, else (a checkpoint of the fused format) its range of the
+         * fused tensor: q_w/k_w/v_w in qkv_w, gate_w/up_w in llama's fc_w */
+        int found_own = 0;
+        for (size_t i = 0; i < nsrc && !found_own; i++)
+            found_own = src[i].kind == p->kind && !strcmp(src[i].tensor, t->name);
+        const int legacy = !found_own && t->legacy_name[0];
+        const char *want = legacy ? t->legacy_name : t->name;
+        const int want_ndim = legacy ? t->legacy_ndim : t->ndim;
+        const int64_t *want_shape = legacy ? t->legacy_shape : t->shape;
+        const uint64_t shift = legacy ? t->legacy_off : 0;   /* want's index of t's element 0 */
+        const uint64_t want_numel = (uint64_t)want_shape[0] * (uint64_t)(want_ndim > 1 ? want_shape[1] : 1);
         for (size_t i = 0; i < nsrc; i++) {
             const src_piece *s = &src[i];
-            if (s->kind != p->kind || strcmp(s->tensor, t->name) != 0) continue;
+            if (s->kind != p->kind || strcmp(s->tensor, want) != 0) continue;
             /* the recorded shape and the piece's bounds, checked once per use */
             const loom_st_file *sf = NULL;
             for (int f = 0; f < nf && !sf; f++)
                 if (files[f] && !strcmp(loom_ckpt_file_name(ck, f), s->file)) sf = files[f];
             char key[96];
-            snprintf(key, sizeof key, "shape/%s", t->name);
-            if (!shape_matches(loom_safetensors_metadata(sf, key), t)) {
+            snprintf(key, sizeof key, "shape/%s", want);
+            if (!shape_matches(loom_safetensors_metadata(sf, key), want_ndim, want_shape)) {
                 loom_errf(err, "%s/%s: tensor '%s' has shape %s in the checkpoint, the model "
                                "wants another (is this the same model config?)",
-                          loom_ckpt_dir(ck), s->file, t->name,
+                          loom_ckpt_dir(ck), s->file, want,
                           loom_safetensors_metadata(sf, key) ? loom_safetensors_metadata(sf, key) : "(none)");
                 goto done;
             }
-            if (s->begin > t->numel || s->count > t->numel - s->begin) {
+            if (s->begin > want_numel || s->count > want_numel - s->begin) {
                 loom_errf(err, "%s/%s: piece %s/%s/%" PRIu64 " of %" PRIu64 " elements runs past "
-                               "the tensor's %zu", loom_ckpt_dir(ck), s->file, KIND_NAMES[s->kind],
-                          s->tensor, s->begin, s->count, t->numel);
+                               "the tensor's %" PRIu64, loom_ckpt_dir(ck), s->file, KIND_NAMES[s->kind],
+                          s->tensor, s->begin, s->count, want_numel);
                 goto done;
             }
-            const uint64_t lo = s->begin > p->begin ? s->begin : p->begin;
-            const uint64_t hi = s->begin + s->count < p->begin + p->count ? s->begin + s->count
-                                                                         : p->begin + p->count;
+            /* in want's element indices */
+            const uint64_t pb = shift + p->begin, pe = pb + p->count;
+            const uint64_t lo = s->begin > pb ? s->begin : pb;
+            const uint64_t hi = s->begin + s->count < pe ? s->begin + s->count : pe;
             if (lo >= hi) continue;
-            memcpy(p->data + (lo - p->begin), s->data + (lo - s->begin), (hi - lo) * sizeof(float));
+            memcpy(p->data + (lo - pb), s->data + (lo - s->begin), (hi - lo) * sizeof(float));
             covered[k] += hi - lo;
         }
         if (covered[k] != p->count) {

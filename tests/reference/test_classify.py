@@ -100,7 +100,14 @@ def run(cfg, K, B=3, T=17, seed=0):
               else ref.get_parameter(name).grad)
         if tg is None or float(tg.abs().max()) == 0.0:
             continue
-        e = rel(view(grads, inf), tg.numpy())
+        if name.endswith(".k_b"):
+            # 0 analytically (softmax ignores a per-row shift of the scores): loom's rounding
+            # noise against the scale of the layer's q_b and v_b gradients
+            pre = name[:-len("k_b")]
+            s = max(float(ref.get_parameter(pre + b).grad.abs().max()) for b in ("q_b", "v_b"))
+            e = float(np.abs(view(grads, inf) - tg.numpy()).max()) / s
+        else:
+            e = rel(view(grads, inf), tg.numpy())
         if e > worst:
             worst, where = e, name
     check(f"every parameter gradient (worst: {where})", worst)

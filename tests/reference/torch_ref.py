@@ -1,7 +1,7 @@
 """PyTorch reference of loom's decoder, in loom's exact parameter layout.
 
 Parameter names, order and shapes follow include/loom/model.h: the arena is layer-major,
-global tensors wte, wpe (gpt2), then per layer `layers.<l>.<name>` (ln1_w, ln1_b, qkv_w, ...
+global tensors wte, wpe (gpt2), then per layer `layers.<l>.<name>` (ln1_w, ln1_b, q_w, ...
 in LOOM_L_* order), then lnf_w, lnf_b (gpt2), lm_head (llama). Ref.tensor_names() lists them
 in that order and Ref.get_parameter(name) finds each, so a loom parameter arena maps onto
 this module tensor by tensor. The module is dtype-agnostic: build it in float64 for
@@ -10,9 +10,9 @@ reference checks and in float32 for the throughput benchmark.
 GPT-2 flavor: LayerNorm (with bias), learned positions (wpe), GELU (tanh), biases on every
 linear, tied head (logits = x @ wte^T).
 Llama flavor: RMSNorm (x * rsqrt(mean(x^2) + eps) * w), RoPE (rotate-half, pairs i and
-i + D/2, inv_freq = theta^(-2i/D)), SwiGLU (fc_w rows [gate (F) | up (F)]), grouped-query
+i + D/2, inv_freq = theta^(-2i/D)), SwiGLU (silu(gate_w x) * up_w x), grouped-query
 attention (query head h reads kv head h // (H / KVH)), no biases, untied lm_head.
-qkv_w rows: H*D query rows, then KVH*D key rows, then KVH*D value rows.
+Separate q_w (H*D, C), k_w (KVH*D, C), v_w (KVH*D, C) (gpt2 also q_b, k_b, v_b).
 """
 import math
 
@@ -27,12 +27,15 @@ BOTH = (FLAVOR_GPT2, FLAVOR_LLAMA)
 
 # LOOM_P_* (global) and LOOM_L_* (per layer) enums: (name, flavors it exists in), enum order.
 GLOBAL_ENUM = [("wte", BOTH), ("wpe", G), ("lnf_w", BOTH), ("lnf_b", G), ("lm_head", LL)]
-LAYER_ENUM = [("ln1_w", BOTH), ("ln1_b", G), ("qkv_w", BOTH), ("qkv_b", G),
+LAYER_ENUM = [("ln1_w", BOTH), ("ln1_b", G), ("q_w", BOTH), ("k_w", BOTH), ("v_w", BOTH),
+              ("q_b", G), ("k_b", G), ("v_b", G),
               ("attn_proj_w", BOTH), ("attn_proj_b", G), ("ln2_w", BOTH), ("ln2_b", G),
-              ("fc_w", BOTH), ("fc_b", G), ("fc_proj_w", BOTH), ("fc_proj_b", G)]
+              ("fc_w", G), ("gate_w", LL), ("up_w", LL), ("fc_b", G), ("fc_proj_w", BOTH),
+              ("fc_proj_b", G)]
 
 # Tensors AdamW decays (matrices and embeddings); norms and biases are not decayed.
-DECAY = {"wte", "wpe", "qkv_w", "attn_proj_w", "fc_w", "fc_proj_w", "lm_head"}
+DECAY = {"wte", "wpe", "q_w", "k_w", "v_w", "attn_proj_w", "fc_w", "gate_w", "up_w",
+         "fc_proj_w", "lm_head"}
 NORM_WEIGHTS = {"ln1_w", "ln2_w", "lnf_w"}
 
 DEFAULTS = {
@@ -43,7 +46,7 @@ DEFAULTS = {
 
 
 def base_name(name):
-    """'layers.3.qkv_w' -> 'qkv_w'; 'wte' -> 'wte'."""
+    """'layers.3.q_w' -> 'q_w'; 'wte' -> 'wte'."""
     return name.rsplit(".", 1)[-1]
 
 
@@ -65,12 +68,12 @@ def _shapes(c):
     V, T, H, KVH, C, Fd = (c["vocab_size"], c["max_seq_len"], c["n_head"], c["n_kv_head"],
                            c["d_model"], c["d_ff"])
     D = C // H
-    llama = c["flavor"] == FLAVOR_LLAMA
     glob = {"wte": (V, C), "wpe": (T, C), "lnf_w": (C,), "lnf_b": (C,), "lm_head": (V, C)}
-    layer = {"ln1_w": (C,), "ln1_b": (C,), "qkv_w": ((H + 2 * KVH) * D, C),
-             "qkv_b": ((H + 2 * KVH) * D,), "attn_proj_w": (C, H * D), "attn_proj_b": (C,),
-             "ln2_w": (C,), "ln2_b": (C,), "fc_w": (2 * Fd if llama else Fd, C), "fc_b": (Fd,),
-             "fc_proj_w": (C, Fd), "fc_proj_b": (C,)}
+    layer = {"ln1_w": (C,), "ln1_b": (C,), "q_w": (H * D, C), "k_w": (KVH * D, C),
+             "v_w": (KVH * D, C), "q_b": (H * D,), "k_b": (KVH * D,), "v_b": (KVH * D,),
+             "attn_proj_w": (C, H * D), "attn_proj_b": (C,),
+             "ln2_w": (C,), "ln2_b": (C,), "fc_w": (Fd, C), "gate_w": (Fd, C), "up_w": (Fd, C),
+             "fc_b": (Fd,), "fc_proj_w": (C, Fd), "fc_proj_b": (C,)}
     return glob, layer
 
 
@@ -185,8 +188,11 @@ class Ref(nn.Module):
         for blk in self.layers:
             # attention
             h = self._norm(x, blk.ln1_w, None if llama else blk.ln1_b)
-            qkv = F.linear(h, blk.qkv_w, None if llama else blk.qkv_b)  # (B, T, (H+2KVH)*D)
-            q, k, v = qkv.split([H * D, KVH * D, KVH * D], dim=-1)
+            # one GEMM over the concatenated weights (what a fused implementation runs; the
+            # weights' copy is small next to the GEMM), split into q, k, v
+            w = torch.cat((blk.q_w, blk.k_w, blk.v_w))
+            b = None if llama else torch.cat((blk.q_b, blk.k_b, blk.v_b))
+            q, k, v = F.linear(h, w, b).split([H * D, KVH * D, KVH * D], dim=-1)
             q = q.view(B, T, H, D).transpose(1, 2)
             k = k.view(B, T, KVH, D).transpose(1, 2)
             v = v.view(B, T, KVH, D).transpose(1, 2)
@@ -202,7 +208,7 @@ class Ref(nn.Module):
             # feed-forward
             h = self._norm(x, blk.ln2_w, None if llama else blk.ln2_b)
             if llama:
-                gate, up = F.linear(h, blk.fc_w).split(c["d_ff"], dim=-1)
+                gate, up = F.linear(h, torch.cat((blk.gate_w, blk.up_w))).split(c["d_ff"], dim=-1)
                 h = F.silu(gate) * up
             else:
                 h = F.gelu(F.linear(h, blk.fc_w, blk.fc_b), approximate="tanh")
