@@ -442,6 +442,8 @@ int loom_train(loom_config *cfg, loom_err *err) {
         double stop = g_stop_signal;
         loom_allreduce_max(t.mesh, LOOM_GROUP_WORLD, &stop, 1, LOOM_F64);
         if ((t.s.ckpt_every > 0 && (t.step % t.s.ckpt_every == 0 || last)) || stop > 0) {
+            /* the rows up to this step are durable before the checkpoint commits */
+            if (rank0 && loom_metrics_sync(mx, err)) goto done;
             if (loom_trainer_save_checkpoint(&t, err)) goto done;
         }
         if (stop > 0) {
