@@ -62,6 +62,7 @@ int loom_trainer_save_checkpoint(trainer *t, loom_err *err) {
                                "layout", loom_mesh_describe(t->mesh, layout, sizeof layout),
                                "zero", (json_int_t)t->s.zero);
         LOOM_CHECK(st != NULL);
+        json_object_set_new(st, "skipped_steps", json_integer((json_int_t)t->skipped_steps));
         state_buf = json_dumps(st, JSON_INDENT(2) | JSON_SORT_KEYS);
         json_decref(st);
         cfg_buf = loom_config_to_yaml(t->cfg);
@@ -157,7 +158,18 @@ int loom_trainer_load_checkpoint(trainer *t, const char *dir, loom_err *err) {
             goto done;
         }
     }
+    /* steps skipped for a non-finite loss (absent in older checkpoints: none) */
+    int64_t skipped = 0;
+    if (json_object_get(st, "skipped_steps") &&
+        json_get_int(st, "skipped_steps", &skipped, where, err))
+        goto done;
+    if (skipped > step || ostep + skipped != step) {
+        loom_errf(err, "%s: 'optimizer_step' %lld + 'skipped_steps' %lld should make 'step' %lld",
+                  where, (long long)ostep, (long long)skipped, (long long)step);
+        goto done;
+    }
     t->step = step;
+    t->skipped_steps = skipped;
     loom_dp_set_optimizer_step(t->dp, ostep);
     rc = 0;
 done:

@@ -35,6 +35,8 @@ static const loom_config_key train_only_keys[] = {
     {"training.threads", "0", "OpenMP/BLAS threads; 0 = all cores"},
     {"training.peak_flops", "0", "peak FLOP/s for MFU; 0 = measure once per machine"},
     {"training.log_every", "1", "progress line every N steps"},
+    {"training.max_skipped", "10", "stop (with a checkpoint) after this many consecutive steps "
+                                   "skipped for a non-finite loss or gradient norm"},
     {"training.memory_limit", "auto", "refuse a layout whose estimated memory exceeds this: auto "
                                       "(MemAvailable, cgroup limit), off, or bytes"},
     {"eval.every", "100", "validation loss every N steps (0 = only at the end)"},
@@ -94,6 +96,7 @@ int loom_trainer_read_settings(const loom_config *c, settings *s, loom_err *err)
         loom_config_get_int(c, "training.threads", &s->threads, err) ||
         loom_config_get_double(c, "training.peak_flops", &s->peak_flops, err) ||
         loom_config_get_int(c, "training.log_every", &s->log_every, err) ||
+        loom_config_get_int(c, "training.max_skipped", &s->max_skipped, err) ||
         loom_config_get_int(c, "eval.every", &s->eval_every, err) ||
         loom_config_get_int(c, "eval.batches", &s->eval_batches, err) ||
         loom_config_get_int(c, "checkpoint.every", &s->ckpt_every, err) ||
@@ -137,6 +140,7 @@ int loom_trainer_read_settings(const loom_config *c, settings *s, loom_err *err)
         {"training.schedule_steps", s->sched.total, 0, INT64_C(1) << 40},
         {"training.threads", s->threads, 0, 4096},
         {"training.log_every", s->log_every, 1, INT64_C(1) << 40},
+        {"training.max_skipped", s->max_skipped, 1, INT64_C(1) << 40},
         {"eval.every", s->eval_every, 0, INT64_C(1) << 40},
         {"eval.batches", s->eval_batches, 0, 1 << 20},
         {"checkpoint.every", s->ckpt_every, 0, INT64_C(1) << 40},

@@ -51,6 +51,22 @@ static int fault_check(int rank, int64_t step, loom_err *err) {
                      (long long)step);
 }
 
+/* LOOM_TEST_INJECT_NAN="RANK:STEP" or "RANK:FIRST-LAST" (a test hook, read only here; see
+ * tests/mpi/test_nan_skip.sh): on world rank RANK, the steps STEP or FIRST..LAST (1-based, the
+ * step being computed) get a NaN loss and NaN gradients, as a bad batch or an overflow on one
+ * rank would give. */
+static int nan_injected(int rank, int64_t step) {
+    const char *f = getenv("LOOM_TEST_INJECT_NAN");
+    long r;
+    long long first, last;
+    char dash;
+    if (!f) return 0;
+    const int n = sscanf(f, "%ld:%lld%c%lld", &r, &first, &dash, &last);
+    if (n == 2) last = first;
+    else if (n != 4 || dash != '-') return 0;
+    return r == rank && step >= first && step <= last;
+}
+
 /* ---- one batch ------------------------------------------------------------------------- */
 
 /* This rank's rows of the global batch in t->g_inp/g_tgt. */
@@ -78,7 +94,7 @@ static double forward_global(trainer *t, int64_t *global_valid, int64_t *global_
     const float loss = loom_model_forward(t->model, local_rows(t, t->g_inp), local_targets(t),
                                           (int)t->local_B, (int)t->s.T);
     const int64_t valid = loom_model_valid_targets(t->model);
-    double v[3] = {(double)loss * (double)valid, (double)valid, 0};
+    double v[3] = {t->inject_nan ? NAN : (double)loss * (double)valid, (double)valid, 0};
     if (t->classify) {
         const int K = t->mc.num_classes;
         const float *lg = loom_model_logits(t->model);
@@ -245,6 +261,7 @@ int loom_train(loom_config *cfg, loom_err *err) {
     memset(&t, 0, sizeof t);
     t.cfg = cfg;
     int rc = -1, handlers = 0, run_lock = -1;
+    int64_t consecutive_skips = 0; /* not saved: a resumed run starts counting again */
     loom_metrics *mx = NULL;
     double *per_rank = NULL;
     struct sigaction old_int, old_term;
@@ -350,6 +367,7 @@ int loom_train(loom_config *cfg, loom_err *err) {
             if (!rank0 && loom_loader_refresh(t.train_ld, (int)nl, NULL, err)) goto done;
         }
         double loss = 0;
+        t.inject_nan = nan_injected(t.world_rank, t.step + 1);
         for (int64_t micro = 0; micro < t.s.accum; micro++) {
             /* every rank reads the whole global batch (token ids: cheap) and uses its rows */
             if (next_batch(&t, t.train_ld, t.train_w, err)) {
@@ -359,13 +377,35 @@ int loom_train(loom_config *cfg, loom_err *err) {
             int64_t valid = 0;
             loss += forward_global(&t, &valid, NULL);
             loom_dp_begin_micro(t.dp, micro == 0, micro == t.s.accum - 1);
-            loom_model_backward(t.model, valid > 0 ? 1.0f / (float)(valid * t.s.accum) : 0.0f);
+            const float dscale = valid > 0 ? 1.0f / (float)(valid * t.s.accum) : 0.0f;
+            loom_model_backward(t.model, t.inject_nan ? NAN : dscale);
         }
+        t.inject_nan = 0;
         loss /= (double)t.s.accum;
         const float gnorm = loom_dp_finish_grads(t.dp, (float)t.s.grad_clip);
         const double lr = loom_schedule_lr(&t.s.sched, t.step);
-        loom_dp_step(t.dp, (float)lr);
+        /* A non-finite loss or gradient norm skips the update on every rank: parameters and
+         * optimizer state stay as they are (the gradients are zeroed by the next step). Both
+         * values are reduced over the ranks already; the decision is agreed over the world
+         * anyway, so the replicas cannot part. */
+        double bad = !isfinite(loss) || !isfinite((double)gnorm);
+        loom_allreduce_max(t.mesh, LOOM_GROUP_WORLD, &bad, 1, LOOM_F64);
+        const int skipped = bad > 0;
+        if (skipped) {
+            consecutive_skips++;
+            t.skipped_steps++;
+        } else {
+            consecutive_skips = 0;
+            loom_dp_step(t.dp, (float)lr);
+        }
         t.step++;
+        if (skipped && rank0)
+            loom_warn("step %lld: loss %g, gradient norm %g: not finite; the step is skipped on "
+                      "every rank (parameters and optimizer state unchanged; %lld consecutive, "
+                      "training.max_skipped = %lld)", (long long)t.step, loss, (double)gnorm,
+                      (long long)consecutive_skips, (long long)t.s.max_skipped);
+        else if (skipped)
+            loom_warn("rank %d: step %lld skipped (not finite)", t.world_rank, (long long)t.step);
         if (fault_check(t.world_rank, t.step, err)) goto done;
         if (t.s.check_replicas && t.s.zero < 3 && t.dp_size > 1) {
             uint64_t h = loom_dp_param_hash(t.dp), lo = h, hi = h;
@@ -394,10 +434,6 @@ int loom_train(loom_config *cfg, loom_err *err) {
         loom_comm_stats_get(t.mesh, &cs);
         double mine[3] = {cs.total_time_s, cs.total_bytes, cs.total_wait_s};
         loom_allgather(t.mesh, LOOM_GROUP_WORLD, mine, per_rank, 3 * (size_t)t.world_size, LOOM_F64);
-        if (!isfinite(loss)) {
-            loom_errf(err, "step %lld: loss is not finite (%f); stopping", (long long)t.step, loss);
-            goto done;
-        }
         const int last = t.step == t.s.steps;
         double vloss = -1, vacc = 0;
         if (t.val_ds && ((t.s.eval_every > 0 && t.step % t.s.eval_every == 0) || last)) {
@@ -416,6 +452,8 @@ int loom_train(loom_config *cfg, loom_err *err) {
             loom_metrics_real(mx, "loss", loss);
             loom_metrics_real(mx, "lr", lr);
             loom_metrics_real(mx, "grad_norm", (double)gnorm);
+            loom_metrics_int(mx, "skipped_steps", t.skipped_steps);
+            if (skipped) loom_metrics_int(mx, "skipped", 1);
             loom_metrics_real(mx, "tokens_per_s", tps);
             if (peak > 0) { /* the peak used: MFU = tokens/s x FLOPs/token / peak_flops */
                 loom_metrics_real(mx, "mfu", mfu);
@@ -441,10 +479,21 @@ int loom_train(loom_config *cfg, loom_err *err) {
         /* the stop decision must be the same on every rank */
         double stop = g_stop_signal;
         loom_allreduce_max(t.mesh, LOOM_GROUP_WORLD, &stop, 1, LOOM_F64);
-        if ((t.s.ckpt_every > 0 && (t.step % t.s.ckpt_every == 0 || last)) || stop > 0) {
+        const int give_up = consecutive_skips >= t.s.max_skipped;
+        if ((t.s.ckpt_every > 0 && (t.step % t.s.ckpt_every == 0 || last)) || stop > 0 ||
+            give_up) {
             /* the rows up to this step are durable before the checkpoint commits */
             if (rank0 && loom_metrics_sync(mx, err)) goto done;
             if (loom_trainer_save_checkpoint(&t, err)) goto done;
+        }
+        if (give_up) {
+            loom_errf(err, "step %lld: %lld consecutive steps had a non-finite loss or gradient "
+                           "norm (training.max_skipped = %lld); stopping. Checkpoint saved in "
+                           "%s/step_%07lld: its parameters are those of step %lld, the last good "
+                           "one (lower training.lr, check the data, or raise training.max_skipped)",
+                      (long long)t.step, (long long)consecutive_skips, (long long)t.s.max_skipped,
+                      t.ckpt_root, (long long)t.step, (long long)(t.step - consecutive_skips));
+            goto done;
         }
         if (stop > 0) {
             loom_errf(err, "interrupted by signal %d at step %lld; checkpoint saved in %s "

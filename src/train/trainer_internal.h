@@ -19,7 +19,7 @@ typedef struct settings {
     int shuffle, follow, check_replicas;
     int64_t windows_per_doc, pad_id;
     int64_t steps, seed, B, T, accum, threads, log_every, eval_every, eval_batches;
-    int64_t ckpt_every, zero;
+    int64_t ckpt_every, zero, max_skipped;
     double weight_decay, beta1, beta2, eps, grad_clip, peak_flops;
     loom_schedule sched;
 } settings;
@@ -39,7 +39,9 @@ typedef struct trainer {
     loom_windows *train_w;
     int num_classes;          /* classes in the dataset (classify) */
     int32_t *g_inp, *g_tgt;   /* (B,T) the global batch; classify: g_tgt holds (B) labels */
-    int64_t step;             /* optimizer steps completed */
+    int64_t step;             /* steps completed (optimizer steps + skipped steps) */
+    int64_t skipped_steps;    /* steps skipped for a non-finite loss or gradient norm, in all */
+    int inject_nan;           /* LOOM_TEST_INJECT_NAN names this rank and step (a test hook) */
     char ckpt_root[4096];
     loom_run_data *run_data;  /* what data.train was tokenized with (and its classes) */
 } trainer;
