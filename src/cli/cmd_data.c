@@ -15,6 +15,7 @@
 #include "data/recipe.h"
 #include "loom/comm.h"
 #include "loom/data.h"
+#include "loom/windows.h"
 
 static void usage(FILE *f) {
     fprintf(f,
@@ -326,6 +327,39 @@ static int inspect_one(const char *dir) {
     return bad;
 }
 
+/* Labelled shards: every label names a class of dataset.json, the rule classification
+ * training applies to the same dataset. */
+static int check_labels(const loom_dataset *d, const char *dir) {
+    const int n = loom_dataset_num_shards(d);
+    int labelled = 0;
+    for (int i = 0; i < n; i++) labelled |= loom_shard_has_labels(loom_dataset_shard(d, i));
+    if (!labelled) return 0;
+    loom_err err = {{0}};
+    char **names = NULL;
+    int n_classes = 0;
+    if (loom_dataset_classes(dir, &names, &n_classes, &err) != 0) {
+        fprintf(stderr, "loom: data verify: FAILED: %s\n", err.msg);
+        return 1;
+    }
+    loom_free_strings(names, n_classes);
+    uint64_t docs = 0;
+    for (int i = 0; i < n; i++) {
+        const loom_shard *s = loom_dataset_shard(d, i);
+        if (!loom_shard_has_labels(s)) continue; /* a mixed dataset: fine for an LM */
+        for (uint64_t k = 0; k < loom_shard_num_docs(s); k++, docs++)
+            if (loom_shard_doc_label(s, k) >= (uint32_t)n_classes) {
+                fprintf(stderr, "loom: data verify: FAILED: %s: document %llu has label %u, but "
+                        "%s/dataset.json lists %d classes (0..%d)\n", loom_shard_path(s),
+                        (unsigned long long)k, loom_shard_doc_label(s, k), dir, n_classes,
+                        n_classes - 1);
+                return 1;
+            }
+    }
+    printf("ok: %s: %llu labelled document(s), every label one of the %d classes of dataset.json\n",
+           dir, (unsigned long long)docs, n_classes);
+    return 0;
+}
+
 static int verify_one(const char *dir, int inputs) {
     loom_err err = {{0}};
     loom_dataset *d;
@@ -341,6 +375,7 @@ static int verify_one(const char *dir, int inputs) {
     report_unlisted(d);
     int bad;
     json_t *ds = load_dataset_json(dir, &bad);
+    bad |= check_labels(d, dir);
     if (ds) {
         bad |= check_dataset_json(ds, d, dir);
         if (!bad) printf("ok: %s/dataset.json agrees with the manifest (per-source tokens, recipe hash)\n", dir);
