@@ -94,8 +94,14 @@ typedef struct loom_attn_mask {
 } loom_attn_mask;
 
 /* Inner-loop implementation: AUTO = AVX-512 when the CPU has it (and the LOOM_ISA
- * environment variable is not "portable"), else portable C. */
-enum { LOOM_ATTN_ISA_AUTO = 0, LOOM_ATTN_ISA_PORTABLE = 1, LOOM_ATTN_ISA_AVX512 = 2 };
+ * environment variable is not "portable"), else portable C. AVX512_BLAS = AVX-512 with the
+ * tile products through OpenBLAS sgemm (kept for measuring the microkernel against). */
+enum {
+    LOOM_ATTN_ISA_AUTO = 0,
+    LOOM_ATTN_ISA_PORTABLE = 1,
+    LOOM_ATTN_ISA_AVX512 = 2,
+    LOOM_ATTN_ISA_AVX512_BLAS = 3
+};
 
 /* dims for today's fused qkv rows (B,T,(H+2*KVH)*D) and out (B,T,H*D): pass q = qkv,
  * k = qkv + H*D, v = qkv + (H+KVH)*D. */

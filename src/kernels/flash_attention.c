@@ -6,27 +6,31 @@
  * skipped (nothing visible: never computed), full (everything visible: no masking work) or
  * partial (masked element by element with -inf before the softmax).
  *
- * Forward, one task per (b, h, query tile): Qs = scale * Q tile (copied, BQ x D); for each key
- * tile: Kᵀ tile (D x BK, transposed copy), S = Qs Kᵀ, online softmax (running max m, sum l,
- * the accumulator rescaled by exp(m_old - m_new)), acc += P V (V read in place). Then
- * out = acc / l, lse = m + log(l).
+ * Forward, one task per (b, h, query tile): Qsᵀ = (scale * Q tile)ᵀ (D x BQ, transposed once
+ * per task); for each key tile: Sᵀ = K Qsᵀ (BK x BQ, K read in place), online softmax down the
+ * columns (running max m, sum l, the accumulator rescaled by exp(m_old - m_new)),
+ * acc += P V (V read in place). Then out = acc / l, lse = m + log(l). Working on Sᵀ keeps every
+ * operand either in place or transposed once per task, never once per tile pair.
  *
  * Backward, two passes in one parallel region, so that every output element is written by
  * exactly one task (no atomics, no cross-thread reductions):
- *   dK/dV pass, one task per (b, kv head, key tile): for each query head of the group and each
- *     query tile: S, P = exp(S - lse), dP = dO Vᵀ, dS = P (dP - delta) with
- *     delta = rowsum(dO * O); dV_acc += Pᵀ dO, dK_acc += dSᵀ Qs; then dk/dv += the accumulators.
- *   dQ pass, one task per (b, h, query tile): for each key tile the same S, P, dP, dS;
- *     dQ_acc += dS K; then dq += scale * dQ_acc.
+ *   dK/dV pass, one task per (b, kv head, key tile): Kᵀ and Vᵀ tiles transposed once; for each
+ *     query head of the group and each query tile: S = Qs Kᵀ, P = exp(S - lse),
+ *     dP = dO Vᵀ, dS = P (dP - delta) with delta = rowsum(dO * O); dV_acc += Pᵀ dO,
+ *     dK_acc += dSᵀ Qs; then dk/dv += the accumulators.
+ *   dQ pass, one task per (b, h, query tile): Qsᵀ and dOᵀ transposed once; for each key tile
+ *     Sᵀ = K Qsᵀ, dPᵀ = V dOᵀ, Pᵀ, dSᵀ as above; dQ_acc += dS K; then dq += scale * dQ_acc.
  * S and dP are recomputed in both passes (7 tile products per pair instead of 5): the price of
  * parallelism over key tiles and query tiles with bitwise thread-count independence.
  *
- * Inner loops: one set of tile operations (a small GEMM, the forward softmax step, the
- * backward P/dS step) per ISA, chosen per call: AVX-512 (compiled with a target attribute, run
- * only when the CPU reports avx512f+avx512vl) or portable C. Each task's arithmetic depends
- * only on the task, so results are bitwise the same for any thread count and schedule. */
+ * Inner loops: one set of tile operations (a small GEMM, the softmax steps, the backward P/dS
+ * steps, the row dot products) per ISA, chosen per call: AVX-512 (compiled with a target
+ * attribute, run only when the CPU reports avx512f+vl+dq) or portable C. Each task's arithmetic
+ * depends only on the task, so results are bitwise the same for any thread count and
+ * schedule. */
 #include "kernels/kmath.h"
 
+#include <cblas.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -42,57 +46,91 @@ enum { BQ = 64, BK = 64 };
 /* C (M x N, ldc) = (acc ? C : 0) + A B, A(r,k) = a[r*as + k*ak], B(k,n) = b[k*ldb + n]. */
 typedef void (*gemm_fn)(float *c, int64_t ldc, const float *a, int64_t as, int64_t ak,
                         const float *b, int64_t ldb, int M, int N, int K, int acc);
-/* One online-softmax step on a score tile s (m x n, ld BK; masked entries -inf): s becomes P =
- * exp(s - m_new) per row, mrow/lrow (running max and sum) are updated, alpha[r] =
- * exp(m_old - m_new) is what the row's accumulator must be multiplied by. */
-typedef void (*softmax_fn)(float *s, int m, int n, float *mrow, float *lrow, float *alpha);
-/* s (m x n, ld BK) scores -> P = exp(s - lse[r]); dp -> dS = P (dp - delta[r]); rows whose
- * lse is -inf (nothing visible) become 0. */
+/* One online-softmax step on a transposed score tile st (n keys x m queries, ld BQ; masked
+ * entries -inf): st becomes Pᵀ = exp(st - m_new) per query column, mrow/lrow (running max and
+ * sum per query) are updated, alpha[i] = exp(m_old - m_new) is what query i's accumulator row
+ * must be multiplied by. */
+typedef void (*softmax_fn)(float *st, int n, int m, float *mrow, float *lrow, float *alpha);
+/* s (m queries x n keys, ld BK) scores -> P = exp(s - lse[r]); dp -> dS = P (dp - delta[r]);
+ * rows whose lse is -inf (nothing visible) become 0. */
 typedef void (*bwd_tile_fn)(float *s, float *dp, int m, int n, const float *lse,
                             const float *delta);
+/* The same on transposed tiles (n keys x m queries, ld BQ). */
+typedef void (*bwd_tile_t_fn)(float *st, float *dpt, int n, int m, const float *lse,
+                              const float *delta);
+/* delta[r] = sum_x a[r*ats + x] * b[r*bts + x], r < m, x < D */
+typedef void (*row_dot_fn)(float *delta, const float *a, int64_t ats, const float *b,
+                           int64_t bts, int m, int D);
 
 typedef struct {
     gemm_fn gemm;
     softmax_fn softmax;
     bwd_tile_fn bwd_tile;
+    bwd_tile_t_fn bwd_tile_t;
+    row_dot_fn row_dot;
 } attn_ops;
 
 /* ---- portable C --------------------------------------------------------------------------- */
 
+/* One row of C at a time, in chunks of 64 columns accumulated in a local array (no aliasing
+ * with a or b, so the compiler keeps it in vector registers). */
 static void gemm_c(float *c, int64_t ldc, const float *a, int64_t as, int64_t ak,
                    const float *b, int64_t ldb, int M, int N, int K, int acc) {
+    enum { CB = 64 };
     for (int r = 0; r < M; r++) {
-        float *restrict cr = c + r * ldc;
-        if (!acc)
-            for (int n = 0; n < N; n++) cr[n] = 0.0f;
-        for (int k = 0; k < K; k++) {
-            const float av = a[r * as + k * ak];
-            const float *restrict bk = b + k * ldb;
-            for (int n = 0; n < N; n++) cr[n] += av * bk[n];
+        const float *ar = a + r * as;
+        for (int n0 = 0; n0 < N; n0 += CB) {
+            float *cr = c + r * ldc + n0;
+            float cl[CB];
+            if (N - n0 >= CB) {
+                for (int x = 0; x < CB; x++) cl[x] = acc ? cr[x] : 0.0f;
+                for (int k = 0; k < K; k++) {
+                    const float av = ar[k * ak], *bk = b + k * ldb + n0;
+                    for (int x = 0; x < CB; x++) cl[x] += av * bk[x];
+                }
+                for (int x = 0; x < CB; x++) cr[x] = cl[x];
+            } else {
+                const int nn = N - n0;
+                for (int x = 0; x < nn; x++) cl[x] = acc ? cr[x] : 0.0f;
+                for (int k = 0; k < K; k++) {
+                    const float av = ar[k * ak], *bk = b + k * ldb + n0;
+                    for (int x = 0; x < nn; x++) cl[x] += av * bk[x];
+                }
+                for (int x = 0; x < nn; x++) cr[x] = cl[x];
+            }
         }
     }
 }
 
-static void softmax_c(float *s, int m, int n, float *mrow, float *lrow, float *alpha) {
-    for (int r = 0; r < m; r++) {
-        float *sr = s + (int64_t)r * BK;
-        float mx = -INFINITY;
-        for (int j = 0; j < n; j++) mx = sr[j] > mx ? sr[j] : mx;
-        float mnew = mrow[r] > mx ? mrow[r] : mx;
-        if (mnew == -INFINITY) { /* nothing visible yet in this row */
-            alpha[r] = 1.0f;
-            for (int j = 0; j < n; j++) sr[j] = 0.0f;
-            continue;
+/* exp(x - lse) must be 0 on rows with nothing visible (lse = -inf): subtract +inf there */
+static inline float lse_base(float l) {
+    return l == -INFINITY ? INFINITY : l;
+}
+
+static void softmax_c(float *st, int n, int m, float *mrow, float *lrow, float *alpha) {
+    float mnew[BQ], muse[BQ], sum[BQ];
+    for (int i = 0; i < m; i++) {
+        mnew[i] = mrow[i];
+        sum[i] = 0.0f;
+    }
+    for (int j = 0; j < n; j++) {
+        const float *sj = st + (int64_t)j * BQ;
+        for (int i = 0; i < m; i++) mnew[i] = sj[i] > mnew[i] ? sj[i] : mnew[i];
+    }
+    /* a column with nothing visible yet keeps m = -inf; exp(-inf - 0) = 0 keeps P at 0 */
+    for (int i = 0; i < m; i++) muse[i] = mnew[i] == -INFINITY ? 0.0f : mnew[i];
+    for (int j = 0; j < n; j++) {
+        float *sj = st + (int64_t)j * BQ;
+        for (int i = 0; i < m; i++) {
+            float e = loom_expf(sj[i] - muse[i]);
+            sj[i] = e;
+            sum[i] += e;
         }
-        float sum = 0.0f;
-        for (int j = 0; j < n; j++) {
-            float e = loom_expf(sr[j] - mnew);
-            sr[j] = e;
-            sum += e;
-        }
-        alpha[r] = loom_expf(mrow[r] - mnew);
-        lrow[r] = lrow[r] * alpha[r] + sum;
-        mrow[r] = mnew;
+    }
+    for (int i = 0; i < m; i++) {
+        alpha[i] = loom_expf(mrow[i] - muse[i]);
+        lrow[i] = lrow[i] * alpha[i] + sum[i];
+        mrow[i] = mnew[i];
     }
 }
 
@@ -100,11 +138,7 @@ static void bwd_tile_c(float *s, float *dp, int m, int n, const float *lse,
                        const float *delta) {
     for (int r = 0; r < m; r++) {
         float *sr = s + (int64_t)r * BK, *dr = dp + (int64_t)r * BK;
-        if (lse[r] == -INFINITY) {
-            for (int j = 0; j < n; j++) sr[j] = dr[j] = 0.0f;
-            continue;
-        }
-        const float l = lse[r], dl = delta[r];
+        const float l = lse_base(lse[r]), dl = delta[r];
         for (int j = 0; j < n; j++) {
             float p = loom_expf(sr[j] - l);
             sr[j] = p;
@@ -113,7 +147,36 @@ static void bwd_tile_c(float *s, float *dp, int m, int n, const float *lse,
     }
 }
 
-static const attn_ops ops_portable = {gemm_c, softmax_c, bwd_tile_c};
+static void bwd_tile_t_c(float *st, float *dpt, int n, int m, const float *lse,
+                         const float *delta) {
+    float l[BQ];
+    for (int i = 0; i < m; i++) l[i] = lse_base(lse[i]);
+    for (int j = 0; j < n; j++) {
+        float *sj = st + (int64_t)j * BQ, *dj = dpt + (int64_t)j * BQ;
+        for (int i = 0; i < m; i++) {
+            float p = loom_expf(sj[i] - l[i]);
+            sj[i] = p;
+            dj[i] = p * (dj[i] - delta[i]);
+        }
+    }
+}
+
+static void row_dot_c(float *delta, const float *a, int64_t ats, const float *b, int64_t bts,
+                      int m, int D) {
+    for (int r = 0; r < m; r++) {
+        const float *ar = a + r * ats, *br = b + r * bts;
+        float part[8] = {0};
+        int x = 0;
+        for (; x + 8 <= D; x += 8)
+            for (int u = 0; u < 8; u++) part[u] += ar[x + u] * br[x + u];
+        for (; x < D; x++) part[0] += ar[x] * br[x];
+        delta[r] = ((part[0] + part[1]) + (part[2] + part[3])) +
+                   ((part[4] + part[5]) + (part[6] + part[7]));
+    }
+}
+
+static const attn_ops ops_portable = {gemm_c, softmax_c, bwd_tile_c, bwd_tile_t_c,
+                                       row_dot_c};
 
 /* ---- AVX-512 ------------------------------------------------------------------------------ */
 
@@ -214,43 +277,43 @@ T512 static inline __mmask16 tail_mask(int left) {
     return left >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << left) - 1u);
 }
 
-T512 static void softmax512(float *s, int m, int n, float *mrow, float *lrow, float *alpha) {
-    const __m512 ninf = _mm512_set1_ps(-INFINITY);
-    for (int r = 0; r < m; r++) {
-        float *sr = s + (int64_t)r * BK;
-        __m512 vmx = ninf;
-        for (int j = 0; j < n; j += 16)
-            vmx = _mm512_max_ps(vmx, _mm512_mask_loadu_ps(ninf, tail_mask(n - j), sr + j));
-        float mx = _mm512_reduce_max_ps(vmx);
-        float mnew = mrow[r] > mx ? mrow[r] : mx;
-        if (mnew == -INFINITY) {
-            alpha[r] = 1.0f;
-            for (int j = 0; j < n; j++) sr[j] = 0.0f;
-            continue;
+T512 static void softmax512(float *st, int n, int m, float *mrow, float *lrow, float *alpha) {
+    const __m512 ninf = _mm512_set1_ps(-INFINITY), zero = _mm512_setzero_ps();
+    for (int i0 = 0; i0 < m; i0 += 16) {
+        const __mmask16 km = tail_mask(m - i0);
+        const __m512 mold = _mm512_mask_loadu_ps(ninf, km, mrow + i0);
+        __m512 mnew = mold;
+        for (int j = 0; j < n; j++)
+            mnew = _mm512_max_ps(mnew, _mm512_mask_loadu_ps(ninf, km, st + (int64_t)j * BQ + i0));
+        /* a column with nothing visible yet keeps m = -inf; exp(-inf - 0) = 0 keeps P at 0 */
+        const __m512 muse =
+            _mm512_mask_blend_ps(_mm512_cmp_ps_mask(mnew, ninf, _CMP_EQ_OQ), mnew, zero);
+        __m512 sum = zero;
+        for (int j = 0; j < n; j++) {
+            float *sj = st + (int64_t)j * BQ + i0;
+            __m512 e = exp512(_mm512_sub_ps(_mm512_mask_loadu_ps(ninf, km, sj), muse));
+            _mm512_mask_storeu_ps(sj, km, e);
+            sum = _mm512_add_ps(sum, e);
         }
-        const __m512 vm = _mm512_set1_ps(mnew);
-        __m512 vsum = _mm512_setzero_ps();
-        for (int j = 0; j < n; j += 16) {
-            __mmask16 k = tail_mask(n - j);
-            __m512 e = exp512(_mm512_sub_ps(_mm512_mask_loadu_ps(ninf, k, sr + j), vm));
-            _mm512_mask_storeu_ps(sr + j, k, e);
-            vsum = _mm512_add_ps(vsum, e); /* masked-off lanes hold exp(-inf) = 0 */
-        }
-        alpha[r] = loom_expf(mrow[r] - mnew);
-        lrow[r] = lrow[r] * alpha[r] + _mm512_reduce_add_ps(vsum);
-        mrow[r] = mnew;
+        const __m512 a = exp512(_mm512_sub_ps(mold, muse));
+        _mm512_mask_storeu_ps(alpha + i0, km, a);
+        _mm512_mask_storeu_ps(lrow + i0, km,
+                              _mm512_fmadd_ps(_mm512_maskz_loadu_ps(km, lrow + i0), a, sum));
+        _mm512_mask_storeu_ps(mrow + i0, km, mnew);
     }
+}
+
+T512 static INL __m512 lse_base512(__m512 l) {
+    const __m512 ninf = _mm512_set1_ps(-INFINITY);
+    return _mm512_mask_blend_ps(_mm512_cmp_ps_mask(l, ninf, _CMP_EQ_OQ), l,
+                                _mm512_set1_ps(INFINITY));
 }
 
 T512 static void bwd_tile512(float *s, float *dp, int m, int n, const float *lse,
                              const float *delta) {
     for (int r = 0; r < m; r++) {
         float *sr = s + (int64_t)r * BK, *dr = dp + (int64_t)r * BK;
-        if (lse[r] == -INFINITY) {
-            for (int j = 0; j < n; j++) sr[j] = dr[j] = 0.0f;
-            continue;
-        }
-        const __m512 vl = _mm512_set1_ps(lse[r]), vd = _mm512_set1_ps(delta[r]);
+        const __m512 vl = _mm512_set1_ps(lse_base(lse[r])), vd = _mm512_set1_ps(delta[r]);
         for (int j = 0; j < n; j += 16) {
             __mmask16 k = tail_mask(n - j);
             __m512 p = exp512(_mm512_sub_ps(_mm512_maskz_loadu_ps(k, sr + j), vl));
@@ -261,7 +324,53 @@ T512 static void bwd_tile512(float *s, float *dp, int m, int n, const float *lse
     }
 }
 
-static const attn_ops ops_avx512 = {gemm512, softmax512, bwd_tile512};
+T512 static void bwd_tile_t512(float *st, float *dpt, int n, int m, const float *lse,
+                               const float *delta) {
+    for (int i0 = 0; i0 < m; i0 += 16) {
+        const __mmask16 km = tail_mask(m - i0);
+        const __m512 vl = lse_base512(_mm512_maskz_loadu_ps(km, lse + i0));
+        const __m512 vd = _mm512_maskz_loadu_ps(km, delta + i0);
+        for (int j = 0; j < n; j++) {
+            float *sj = st + (int64_t)j * BQ + i0, *dj = dpt + (int64_t)j * BQ + i0;
+            __m512 p = exp512(_mm512_sub_ps(_mm512_maskz_loadu_ps(km, sj), vl));
+            __m512 d = _mm512_mul_ps(p, _mm512_sub_ps(_mm512_maskz_loadu_ps(km, dj), vd));
+            _mm512_mask_storeu_ps(sj, km, p);
+            _mm512_mask_storeu_ps(dj, km, d);
+        }
+    }
+}
+
+T512 static void row_dot512(float *delta, const float *a, int64_t ats, const float *b,
+                            int64_t bts, int m, int D) {
+    for (int r = 0; r < m; r++) {
+        const float *ar = a + r * ats, *br = b + r * bts;
+        __m512 acc = _mm512_setzero_ps();
+        for (int x = 0; x < D; x += 16) {
+            __mmask16 k = tail_mask(D - x);
+            acc = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(k, ar + x), _mm512_maskz_loadu_ps(k, br + x),
+                                  acc);
+        }
+        delta[r] = _mm512_reduce_add_ps(acc);
+    }
+}
+
+static const attn_ops ops_avx512 = {gemm512, softmax512, bwd_tile512, bwd_tile_t512,
+                                     row_dot512};
+
+/* The tile products through OpenBLAS instead of gemm512 (LOOM_ATTN_ISA_AVX512_BLAS): kept to
+ * measure the hand-written microkernel against (bench/bench_attention.py). Called inside the
+ * parallel region, where the OpenMP build of OpenBLAS runs single-threaded. */
+static void gemm_blas(float *c, int64_t ldc, const float *a, int64_t as, int64_t ak,
+                      const float *b, int64_t ldb, int M, int N, int K, int acc) {
+    const int trans = ak != 1; /* A(r,k) = a[r*as + k*ak]: row-major with lda = as, or its
+                                * transpose with lda = ak (as == 1) */
+    cblas_sgemm(CblasRowMajor, trans ? CblasTrans : CblasNoTrans, CblasNoTrans, M, N, K, 1.0f,
+                a, (blasint)(trans ? ak : as), b, (blasint)ldb, acc ? 1.0f : 0.0f, c,
+                (blasint)ldc);
+}
+
+static const attn_ops ops_avx512_blas = {gemm_blas, softmax512, bwd_tile512, bwd_tile_t512,
+                                         row_dot512};
 #endif /* LOOM_HAVE_X86 */
 
 int flash_attention_have_avx512(void) {
@@ -285,6 +394,8 @@ static const attn_ops *pick_ops(int isa) {
     if (isa == LOOM_ATTN_ISA_PORTABLE) return &ops_portable;
 #ifdef LOOM_HAVE_X86
     if (isa == LOOM_ATTN_ISA_AVX512 && flash_attention_have_avx512()) return &ops_avx512;
+    if (isa == LOOM_ATTN_ISA_AVX512_BLAS && flash_attention_have_avx512())
+        return &ops_avx512_blas;
 #endif
     return NULL;
 }
@@ -339,18 +450,27 @@ static int tile_class(const loom_attn_mask *mk, int i0, int m, int j0, int n, co
     return full ? TILE_FULL : TILE_PARTIAL;
 }
 
-/* Sets the invisible entries of a partial tile's scores to -inf. */
+/* Visibility of key j0+c to query i0+r (partial tiles only). */
+static inline int visible(const loom_attn_mask *mk, int i0, int r, int j0, int c,
+                          const int32_t *qd, const int32_t *kd) {
+    int vis = !mk->causal || mk->k_pos0 + j0 + c <= mk->q_pos0 + i0 + r;
+    return qd ? vis && qd[r] == kd[c] : vis;
+}
+
+/* Sets the invisible entries of a partial tile s (m x n, ld BK) to -inf. */
 static void mask_tile(float *s, const loom_attn_mask *mk, int i0, int m, int j0, int n,
                       const int32_t *qd, const int32_t *kd) {
-    for (int r = 0; r < m; r++) {
-        float *sr = s + (int64_t)r * BK;
-        int64_t qpos = mk->q_pos0 + i0 + r;
-        for (int c = 0; c < n; c++) {
-            int vis = !mk->causal || mk->k_pos0 + j0 + c <= qpos;
-            if (qd) vis = vis && qd[r] == kd[c];
-            if (!vis) sr[c] = -INFINITY;
-        }
-    }
+    for (int r = 0; r < m; r++)
+        for (int c = 0; c < n; c++)
+            if (!visible(mk, i0, r, j0, c, qd, kd)) s[(int64_t)r * BK + c] = -INFINITY;
+}
+
+/* The same on a transposed tile st (n x m, ld BQ). */
+static void mask_tile_t(float *st, const loom_attn_mask *mk, int i0, int m, int j0, int n,
+                        const int32_t *qd, const int32_t *kd) {
+    for (int c = 0; c < n; c++)
+        for (int r = 0; r < m; r++)
+            if (!visible(mk, i0, r, j0, c, qd, kd)) st[(int64_t)c * BQ + r] = -INFINITY;
 }
 
 /* dst (rows x D, ld D) = scale * rows of src (stride ts) */
@@ -359,12 +479,20 @@ static void copy_scaled(float *dst, const float *src, int64_t ts, int rows, int 
         for (int d = 0; d < D; d++) dst[(int64_t)r * D + d] = scale * src[r * ts + d];
 }
 
-/* dst (D x BK) = transpose of rows x D rows of src (stride ts) */
-static void transpose_tile(float *dst, const float *src, int64_t ts, int rows, int D) {
+/* dst (D x ld) = scale * transpose of rows x D rows of src (stride ts) */
+static void transpose_scaled(float *dst, int ld, const float *src, int64_t ts, int rows, int D,
+                             float scale) {
     for (int r = 0; r < rows; r++) {
         const float *sr = src + r * ts;
-        for (int d = 0; d < D; d++) dst[(int64_t)d * BK + r] = sr[d];
+        for (int d = 0; d < D; d++) dst[(int64_t)d * ld + r] = scale * sr[d];
     }
+}
+
+/* dst (rows x D, ld D) = rows of src (stride ts). The B operand of a tile product is reused by
+ * every row block, so it is packed first: rows of a strided view are a multiple of 1 KiB
+ * apart (D floats per head, several heads per row) and would share a few L1 sets. */
+static void pack_rows(float *dst, const float *src, int64_t ts, int rows, int D) {
+    for (int r = 0; r < rows; r++) memcpy(dst + (int64_t)r * D, src + r * ts, (size_t)D * 4);
 }
 
 static float *scratch_alloc(size_t nfloats) {
@@ -384,8 +512,8 @@ int flash_attention_forward(float *out, float *lse, const float *q, const float 
     const int nqt = (d.Tq + BQ - 1) / BQ, nkt = (d.Tk + BK - 1) / BK;
     const int64_t ntask = (int64_t)d.B * d.H * nqt;
     const float scale = 1.0f / sqrtf((float)D);
-    /* qs (BQ x D), kt (D x BK), s (BQ x BK), acc (BQ x D), m/l/alpha (BQ) */
-    const size_t nscratch = (size_t)2 * BQ * D + (size_t)D * BK + (size_t)BQ * BK + 3 * BQ;
+    /* qst (D x BQ), st (BK x BQ), acc (BQ x D), vp (BK x D), m/l/alpha (BQ) */
+    const size_t nscratch = (size_t)2 * BQ * D + (size_t)BK * BQ + (size_t)BK * D + 3 * BQ;
     int fail = 0;
 #pragma omp parallel if (ntask > 1)
     {
@@ -399,8 +527,8 @@ int flash_attention_forward(float *out, float *lse, const float *q, const float 
 #pragma omp atomic read
         failed = fail;
         if (!failed) {
-            float *qs = buf, *kt = qs + (size_t)BQ * D, *s = kt + (size_t)D * BK;
-            float *acc = s + (size_t)BQ * BK, *mrow = acc + (size_t)BQ * D;
+            float *qst = buf, *st = qst + (size_t)D * BQ, *acc = st + (size_t)BK * BQ;
+            float *vp = acc + (size_t)BQ * D, *mrow = vp + (size_t)BK * D;
             float *lrow = mrow + BQ, *alpha = lrow + BQ;
 #pragma omp for schedule(dynamic, 1)
             for (int64_t task = 0; task < ntask; task++) {
@@ -416,7 +544,7 @@ int flash_attention_forward(float *out, float *lse, const float *q, const float 
                 const int32_t *kdb = mk.k_doc ? mk.k_doc + b * mk.k_doc_bs : NULL;
                 doc_range qr = {0, 0};
                 if (qd) qr = doc_range_of(qd, m);
-                copy_scaled(qs, qb, d.q_ts, m, D, scale);
+                transpose_scaled(qst, BQ, qb, d.q_ts, m, D, scale);
                 for (int r = 0; r < m; r++) {
                     mrow[r] = -INFINITY;
                     lrow[r] = 0.0f;
@@ -427,16 +555,18 @@ int flash_attention_forward(float *out, float *lse, const float *q, const float 
                     const int32_t *kd = kdb ? kdb + j0 : NULL;
                     int cls = tile_class(&mk, i0, m, j0, n, qd, qr, kd);
                     if (cls == TILE_SKIP) continue;
-                    transpose_tile(kt, kb + j0 * d.k_ts, d.k_ts, n, D);
-                    ops->gemm(s, BK, qs, D, 1, kt, BK, m, n, D, 0);
-                    if (cls == TILE_PARTIAL) mask_tile(s, &mk, i0, m, j0, n, qd, kd);
-                    ops->softmax(s, m, n, mrow, lrow, alpha);
+                    /* Sᵀ (n x m) = K_j Qsᵀ */
+                    ops->gemm(st, BQ, kb + j0 * d.k_ts, d.k_ts, 1, qst, BQ, n, m, D, 0);
+                    if (cls == TILE_PARTIAL) mask_tile_t(st, &mk, i0, m, j0, n, qd, kd);
+                    ops->softmax(st, n, m, mrow, lrow, alpha);
                     for (int r = 0; r < m; r++) {
                         if (alpha[r] == 1.0f) continue;
                         float *ar = acc + (int64_t)r * D;
                         for (int x = 0; x < D; x++) ar[x] *= alpha[r];
                     }
-                    ops->gemm(acc, D, s, BK, 1, vb + j0 * d.v_ts, d.v_ts, m, D, n, 1);
+                    /* acc (m x D) += P V_j, P(i, j) = st[j*BQ + i] */
+                    pack_rows(vp, vb + j0 * d.v_ts, d.v_ts, n, D);
+                    ops->gemm(acc, D, st, 1, BQ, vp, D, m, D, n, 1);
                 }
                 float *ob = out + b * d.o_bs + i0 * d.o_ts + (int64_t)h * D;
                 float *lb = lse ? lse + ((int64_t)b * d.H + h) * d.Tq + i0 : NULL;
@@ -454,17 +584,6 @@ int flash_attention_forward(float *out, float *lse, const float *q, const float 
     return fail ? -3 : 0;
 }
 
-/* delta[r] = sum_x dO[r,x] O[r,x] for m rows */
-static void row_delta(float *delta, const float *dob, int64_t dts, const float *ob, int64_t ots,
-                      int m, int D) {
-    for (int r = 0; r < m; r++) {
-        const float *a = dob + r * dts, *c = ob + r * ots;
-        float sum = 0.0f;
-        for (int x = 0; x < D; x++) sum += a[x] * c[x];
-        delta[r] = sum;
-    }
-}
-
 int flash_attention_backward(float *dq, float *dk, float *dv, const float *dout,
                              const float *q, const float *k, const float *v, const float *out,
                              const float *lse, const loom_attn_dims *dims,
@@ -479,11 +598,11 @@ int flash_attention_backward(float *dq, float *dk, float *dv, const float *dout,
     const int64_t nkv_task = (dk || dv) ? (int64_t)d.B * d.KVH * nkt : 0;
     const int64_t nq_task = dq ? (int64_t)d.B * d.H * nqt : 0;
     const float scale = 1.0f / sqrtf((float)D);
-    /* qs (BQ x D), kt and vt (D x BK), s and dp (BQ x BK), acc1 and acc2 (max(BQ,BK) x D),
-     * delta (BQ) */
+    /* two D-tiles (kt, vt / qst, dot: D x max(BQ,BK)), qs (BQ x D), two score tiles (s, dp:
+     * BQ x BK), two accumulators (max(BQ,BK) x D), delta (BQ) */
     const int BM = BQ > BK ? BQ : BK;
-    const size_t nscratch = (size_t)BQ * D + (size_t)2 * D * BK + (size_t)2 * BQ * BK +
-                            (size_t)2 * BM * D + BQ;
+    const size_t nscratch = (size_t)2 * D * BM + (size_t)BQ * D + (size_t)2 * BQ * BK +
+                            (size_t)3 * BM * D + BQ;
     int fail = 0;
 #pragma omp parallel if (nkv_task + nq_task > 1)
     {
@@ -497,10 +616,10 @@ int flash_attention_backward(float *dq, float *dk, float *dv, const float *dout,
 #pragma omp atomic read
         failed = fail;
         if (!failed) {
-            float *qs = buf, *kt = qs + (size_t)BQ * D, *vt = kt + (size_t)D * BK;
-            float *s = vt + (size_t)D * BK, *dp = s + (size_t)BQ * BK;
+            float *t1 = buf, *t2 = t1 + (size_t)D * BM, *qs = t2 + (size_t)D * BM;
+            float *s = qs + (size_t)BQ * D, *dp = s + (size_t)BQ * BK;
             float *acc1 = dp + (size_t)BQ * BK, *acc2 = acc1 + (size_t)BM * D;
-            float *delta = acc2 + (size_t)BM * D;
+            float *pk = acc2 + (size_t)BM * D, *delta = pk + (size_t)BM * D;
 
             /* dK/dV: one task per (b, kv head, key tile); the earliest key tiles (the most
              * queries under a causal mask) go first */
@@ -512,7 +631,7 @@ int flash_attention_backward(float *dq, float *dk, float *dv, const float *dout,
                 const float *kb = k + b * d.k_bs + j0 * d.k_ts + (int64_t)kvh * D;
                 const float *vb = v + b * d.v_bs + j0 * d.v_ts + (int64_t)kvh * D;
                 const int32_t *kd = mk.k_doc ? mk.k_doc + b * mk.k_doc_bs + j0 : NULL;
-                float *dkacc = acc1, *dvacc = acc2;
+                float *kt = t1, *vt = t2, *dkacc = acc1, *dvacc = acc2;
                 memset(dkacc, 0, (size_t)n * D * sizeof(float));
                 memset(dvacc, 0, (size_t)n * D * sizeof(float));
                 int any = 0;
@@ -525,8 +644,8 @@ int flash_attention_backward(float *dq, float *dk, float *dv, const float *dout,
                         int cls = tile_class(&mk, i0, m, j0, n, qd, qr, kd);
                         if (cls == TILE_SKIP) continue;
                         if (!any) {
-                            transpose_tile(kt, kb, d.k_ts, n, D);
-                            transpose_tile(vt, vb, d.v_ts, n, D);
+                            transpose_scaled(kt, BK, kb, d.k_ts, n, D, 1.0f);
+                            transpose_scaled(vt, BK, vb, d.v_ts, n, D, 1.0f);
                             any = 1;
                         }
                         const float *qb = q + b * d.q_bs + i0 * d.q_ts + (int64_t)h * D;
@@ -534,13 +653,16 @@ int flash_attention_backward(float *dq, float *dk, float *dv, const float *dout,
                         const float *ob = out + b * d.o_bs + i0 * d.o_ts + (int64_t)h * D;
                         const float *lb = lse + ((int64_t)b * d.H + h) * d.Tq + i0;
                         copy_scaled(qs, qb, d.q_ts, m, D, scale);
-                        row_delta(delta, dob, d.o_ts, ob, d.o_ts, m, D);
+                        ops->row_dot(delta, dob, d.o_ts, ob, d.o_ts, m, D);
                         ops->gemm(s, BK, qs, D, 1, kt, BK, m, n, D, 0);
                         if (cls == TILE_PARTIAL) mask_tile(s, &mk, i0, m, j0, n, qd, kd);
                         ops->gemm(dp, BK, dob, d.o_ts, 1, vt, BK, m, n, D, 0);
                         ops->bwd_tile(s, dp, m, n, lb, delta);
                         /* dV += Pᵀ dO, dK += dSᵀ (scale Q) */
-                        if (dv) ops->gemm(dvacc, D, s, 1, BK, dob, d.o_ts, n, D, m, 1);
+                        if (dv) {
+                            pack_rows(pk, dob, d.o_ts, m, D);
+                            ops->gemm(dvacc, D, s, 1, BK, pk, D, n, D, m, 1);
+                        }
                         if (dk) ops->gemm(dkacc, D, dp, 1, BK, qs, D, n, D, m, 1);
                     }
                 }
@@ -574,10 +696,11 @@ int flash_attention_backward(float *dq, float *dk, float *dv, const float *dout,
                 const int32_t *kdb = mk.k_doc ? mk.k_doc + b * mk.k_doc_bs : NULL;
                 doc_range qr = {0, 0};
                 if (qd) qr = doc_range_of(qd, m);
-                float *dqacc = acc1;
+                float *qst = t1, *dot = t2, *st = s, *dpt = dp, *dqacc = acc1;
                 memset(dqacc, 0, (size_t)m * D * sizeof(float));
-                copy_scaled(qs, qb, d.q_ts, m, D, scale);
-                row_delta(delta, dob, d.o_ts, ob, d.o_ts, m, D);
+                transpose_scaled(qst, BQ, qb, d.q_ts, m, D, scale);
+                transpose_scaled(dot, BQ, dob, d.o_ts, m, D, 1.0f);
+                ops->row_dot(delta, dob, d.o_ts, ob, d.o_ts, m, D);
                 int any = 0;
                 for (int jt = 0; jt < nkt; jt++) {
                     const int j0 = jt * BK, n = d.Tk - j0 < BK ? d.Tk - j0 : BK;
@@ -585,14 +708,14 @@ int flash_attention_backward(float *dq, float *dk, float *dv, const float *dout,
                     int cls = tile_class(&mk, i0, m, j0, n, qd, qr, kd);
                     if (cls == TILE_SKIP) continue;
                     any = 1;
-                    transpose_tile(kt, kb + j0 * d.k_ts, d.k_ts, n, D);
-                    transpose_tile(vt, vb + j0 * d.v_ts, d.v_ts, n, D);
-                    ops->gemm(s, BK, qs, D, 1, kt, BK, m, n, D, 0);
-                    if (cls == TILE_PARTIAL) mask_tile(s, &mk, i0, m, j0, n, qd, kd);
-                    ops->gemm(dp, BK, dob, d.o_ts, 1, vt, BK, m, n, D, 0);
-                    ops->bwd_tile(s, dp, m, n, lb, delta);
-                    /* dQ_acc += dS K */
-                    ops->gemm(dqacc, D, dp, BK, 1, kb + j0 * d.k_ts, d.k_ts, m, D, n, 1);
+                    /* Sᵀ = K_j Qsᵀ, dPᵀ = V_j dOᵀ (n x m) */
+                    ops->gemm(st, BQ, kb + j0 * d.k_ts, d.k_ts, 1, qst, BQ, n, m, D, 0);
+                    if (cls == TILE_PARTIAL) mask_tile_t(st, &mk, i0, m, j0, n, qd, kd);
+                    ops->gemm(dpt, BQ, vb + j0 * d.v_ts, d.v_ts, 1, dot, BQ, n, m, D, 0);
+                    ops->bwd_tile_t(st, dpt, n, m, lb, delta);
+                    /* dQ_acc (m x D) += dS K_j, dS(i, j) = dpt[j*BQ + i] */
+                    pack_rows(pk, kb + j0 * d.k_ts, d.k_ts, n, D);
+                    ops->gemm(dqacc, D, dpt, 1, BQ, pk, D, m, D, n, 1);
                 }
                 if (!any) continue;
                 float *dqb = dq + b * d.q_bs + i0 * d.q_ts + (int64_t)h * D;

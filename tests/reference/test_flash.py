@@ -1,8 +1,9 @@
 """flash_attention_forward/backward (src/kernels/flash_attention.c) against PyTorch in float64
 and against loom's materialized attention (attention_forward/backward, the "sdpa" path).
 
-Every check runs on both inner-loop paths (portable C and AVX-512; the AVX-512 one is reported
-as not run, and the test fails, on a CPU without it unless LOOM_FLASH_NO_AVX512_OK=1).
+Every check runs on each inner-loop path: portable C, AVX-512, and AVX-512 with the tile
+products through OpenBLAS (the AVX-512 ones are reported as not run, and the test fails, on a
+CPU without AVX-512 unless LOOM_FLASH_NO_AVX512_OK=1).
 Errors are max |loom - ref| / max |ref| (rel_err). Tolerances: 1e-5 for outputs, lse and
 gradients (fp32 kernels against a float64 reference; measured errors are ~1e-7..1e-6).
 
@@ -25,8 +26,8 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from loomlib import (ATTN_ISA_AVX512, ATTN_ISA_PORTABLE, AttnDims, AttnMask, f32,  # noqa: E402
-                     fptr, i32, lib, rel_err)
+from loomlib import (ATTN_ISA_AVX512, ATTN_ISA_AVX512_BLAS, ATTN_ISA_PORTABLE,  # noqa: E402
+                     AttnDims, AttnMask, f32, fptr, lib, rel_err)
 
 torch.set_num_threads(2)
 L = lib()
@@ -38,6 +39,7 @@ TOL = 1e-5
 ISAS = [("portable", ATTN_ISA_PORTABLE)]
 if L.flash_attention_have_avx512():
     ISAS.append(("avx512", ATTN_ISA_AVX512))
+    ISAS.append(("avx512+blas", ATTN_ISA_AVX512_BLAS))  # tile products through OpenBLAS
 
 
 def check(name, got, ref, tol=TOL, floor=None):

@@ -1,0 +1,279 @@
+#!/usr/bin/env python3
+"""Attention forward+backward, loom's flash kernel vs PyTorch's SDPA and loom's materialized
+attention, on the byte-tiny shape (configs/byte-tiny.yaml: d_model 256, 4 heads, so H = KVH = 4,
+D = 64), causal, B = 1, at T = 4096 and T = 1024 (--T to change).
+
+Variants (each timed in its own process, so peak RSS is per variant):
+  flash          loom flash_attention_forward + _backward, inner loops chosen at run time
+                 (AVX-512 here when the CPU has it), on fused qkv rows (B,T,(H+2KVH)D) as the
+                 model holds them
+  flash-blas     the same with the tile products through OpenBLAS sgemm (the measurement
+                 behind using hand-written microkernels)
+  flash-portable the same with the portable C inner loops
+  sdpa-loom      loom's materialized attention_forward/_backward (the reference path: (B,H,T,T)
+                 probabilities and scratch)
+  torch          F.scaled_dot_product_attention(is_causal=True) on (B,H,T,D) float32 tensors,
+                 forward + backward; eager and torch.compile, the faster kept (PyTorch's best)
+Threads: all cores on both sides (torch.set_num_threads; omp_set_num_threads for loom).
+Each variant runs --repeat times (in rotating order), each run W warm-up + N measured
+iterations; the table shows the median over the runs of each run's median, tokens/s = B*T /
+time, the ratio to PyTorch's best, the process's peak RSS growth during the runs (measured)
+(sampled; inputs and outputs allocated before, so it is the attention's own memory: loom's
+buffers, torch's autograd tensors) and the attention buffers loom allocates (computed: flash = lse + per-thread tile scratch,
+sdpa-loom = probabilities + scratch). The load is recorded as bench_train.py does.
+
+Usage:
+  python3 bench/bench_attention.py                 # T = 4096 and 1024
+  python3 bench/bench_attention.py --T 1024 --repeat 2
+  python3 bench/bench_attention.py --write         # also update its section of bench/RESULTS.md
+"""
+import argparse
+import ctypes
+import datetime
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(REPO, "tests", "reference"))
+sys.path.insert(0, os.path.join(REPO, "bench"))
+
+SECTION = "## Attention: flash vs PyTorch SDPA"
+B, H, KVH, D = 1, 4, 4, 64  # byte-tiny: d_model 256 / n_head 4 (read and checked in main)
+VARIANTS = ["flash", "flash-blas", "flash-portable", "sdpa-loom", "torch"]
+STEPS = {4096: (2, 5), 1024: (3, 10)}
+
+
+def current_rss():
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+class RssSampler:
+    """Peak of the process's current RSS while running (sampled every millisecond in a thread:
+    the kernels release the GIL), so library start-up peaks before the runs do not count."""
+
+    def __init__(self):
+        import threading
+        self.peak = current_rss()
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+
+    def _run(self):
+        while not self.stop.is_set():
+            self.peak = max(self.peak, current_rss())
+            time.sleep(0.001)
+
+    def result(self):
+        self.stop.set()
+        self.thread.join()
+        return max(self.peak, current_rss())
+
+
+def flash_bytes(T, threads):
+    """lse + per-thread scratch of flash_attention_* (sizes as in flash_attention.c)"""
+    fwd = 3 * 64 * D + 64 * 64 + 3 * 64
+    bwd = 6 * 64 * D + 2 * 64 * 64 + 64
+    return 4 * (B * H * T + max(fwd, bwd) * threads)
+
+
+def sdpa_loom_bytes(T):
+    return 4 * 2 * B * H * T * T  # att (B,H,T,T) + backward scratch (B,H,T,T)
+
+
+def child(variant, T, warmup, measured, threads):
+    """Times one variant in this process; prints one JSON line."""
+    import numpy as np
+    rng = np.random.default_rng(0)
+    R = (H + 2 * KVH) * D
+    x = rng.standard_normal((B, T, R)).astype(np.float32)
+    dout = rng.standard_normal((B, T, H * D)).astype(np.float32)
+    tried = {}
+    if variant == "torch":
+        import torch
+        import torch.nn.functional as F
+        torch.set_num_threads(threads)
+        xt = torch.from_numpy(x)
+        q0 = xt[..., :H * D].reshape(B, T, H, D).transpose(1, 2).contiguous()
+        k0 = xt[..., H * D:(H + KVH) * D].reshape(B, T, KVH, D).transpose(1, 2).contiguous()
+        v0 = xt[..., (H + KVH) * D:].reshape(B, T, KVH, D).transpose(1, 2).contiguous()
+        do = torch.from_numpy(dout).reshape(B, T, H, D).transpose(1, 2).contiguous()
+        q, k, v = (t.clone().requires_grad_() for t in (q0, k0, v0))
+
+        def sdpa(a, b, c):
+            return F.scaled_dot_product_attention(a, b, c, is_causal=True)
+
+        rss0 = current_rss()
+        sampler = RssSampler()
+        for mode, fn in (("eager", sdpa), ("compiled", torch.compile(sdpa))):
+            times = []
+            for i in range(warmup + measured + (2 if mode == "compiled" else 0)):
+                q.grad = k.grad = v.grad = None
+                t0 = time.perf_counter()
+                o = fn(q, k, v)
+                o.backward(do)
+                dt = time.perf_counter() - t0
+                if i >= warmup + (2 if mode == "compiled" else 0):
+                    times.append(dt)
+            tried[mode] = statistics.median(times)
+        best = min(tried, key=tried.get)
+        res = {"s": tried[best], "mode": best, "tried": tried}
+    else:
+        from loomlib import ATTN_ISA_AUTO, ATTN_ISA_AVX512_BLAS, ATTN_ISA_PORTABLE, AttnMask, lib
+        L = lib()
+        gomp = ctypes.CDLL("libgomp.so.1")
+        gomp.omp_set_num_threads(threads)
+        out = np.zeros((B, T, H * D), np.float32)
+        dx = np.zeros_like(x)
+        rss0 = current_rss()
+        sampler = RssSampler()
+        ptr = lambda a: a.ctypes.data  # noqa: E731
+        if variant == "sdpa-loom":
+            att = np.zeros((B, H, T, T), np.float32)
+            scratch = np.zeros((B, H, T, T), np.float32)
+
+            def fwd():
+                L.attention_forward(ptr(out), ptr(att), ptr(x), B, T, H, KVH, D)
+
+            def bwd():
+                L.attention_backward(ptr(dx), ptr(scratch), ptr(dout), ptr(x), ptr(att), B, T, H,
+                                     KVH, D)
+        else:
+            isa = {"flash": ATTN_ISA_AUTO, "flash-blas": ATTN_ISA_AVX512_BLAS,
+                   "flash-portable": ATTN_ISA_PORTABLE}[variant]
+            lse = np.zeros((B, H, T), np.float32)
+            dims = L.flash_attention_dims_qkv(B, T, H, KVH, D)
+            mk = AttnMask(1, 0, 0, None, None, 0, 0)
+            qp, kp, vp = ptr(x), ptr(x) + 4 * H * D, ptr(x) + 4 * (H + KVH) * D
+            dqp, dkp, dvp = ptr(dx), ptr(dx) + 4 * H * D, ptr(dx) + 4 * (H + KVH) * D
+
+            def fwd():
+                rc = L.flash_attention_forward(ptr(out), ptr(lse), qp, kp, vp, ctypes.byref(dims),
+                                               ctypes.byref(mk), isa)
+                assert rc == 0, f"flash_attention_forward: {rc}"
+
+            def bwd():
+                rc = L.flash_attention_backward(dqp, dkp, dvp, ptr(dout), qp, kp, vp, ptr(out),
+                                                ptr(lse), ctypes.byref(dims), ctypes.byref(mk), isa)
+                assert rc == 0, f"flash_attention_backward: {rc}"
+        times, ftimes = [], []
+        for i in range(warmup + measured):
+            dx.fill(0.0)  # backward accumulates
+            t0 = time.perf_counter()
+            fwd()
+            t1 = time.perf_counter()
+            bwd()
+            t2 = time.perf_counter()
+            if i >= warmup:
+                times.append(t2 - t0)
+                ftimes.append(t1 - t0)
+        res = {"s": statistics.median(times), "fwd_s": statistics.median(ftimes)}
+    res["rss_growth"] = max(0, sampler.result() - rss0)
+    print(json.dumps(res))
+
+
+def run_child(variant, T, warmup, measured, threads):
+    env = dict(os.environ, OMP_NUM_THREADS=str(threads))
+    p = subprocess.run([sys.executable, os.path.abspath(__file__), "--child", variant,
+                        "--T", str(T), "--warmup", str(warmup), "--measured", str(measured),
+                        "--threads", str(threads)], capture_output=True, text=True, env=env)
+    if p.returncode != 0:
+        sys.exit(f"bench_attention: {variant} T={T} failed:\n{p.stderr[-2000:]}")
+    return json.loads(p.stdout.strip().splitlines()[-1])
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--T", type=int, action="append", help="sequence lengths (default 4096, 1024)")
+    ap.add_argument("--repeat", type=int, default=3, help="runs per variant (default 3)")
+    ap.add_argument("--threads", type=int, default=os.cpu_count())
+    ap.add_argument("--warmup", type=int)
+    ap.add_argument("--measured", type=int)
+    ap.add_argument("--variants", default=",".join(VARIANTS))
+    ap.add_argument("--write", action="store_true", help="update bench/RESULTS.md")
+    ap.add_argument("--child", help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.child:
+        child(args.child, args.T[0], args.warmup, args.measured, args.threads)
+        return
+
+    import yaml
+    from bench_train import OtherWork, cpu_model, loadavg, log
+    with open(os.path.join(REPO, "configs", "byte-tiny.yaml")) as f:
+        m = yaml.safe_load(f)["model"]
+    assert m["d_model"] // m["n_head"] == D and m["n_head"] == H, "byte-tiny's shape changed"
+    Ts = args.T or [4096, 1024]
+    variants = args.variants.split(",")
+    load_before = loadavg()
+    other = OtherWork()
+    res = {}
+    for T in Ts:
+        w, n = STEPS.get(T, (2, 5))
+        w = args.warmup if args.warmup is not None else w
+        n = args.measured if args.measured is not None else n
+        for r in range(args.repeat):
+            order = variants[r % len(variants):] + variants[:r % len(variants)]
+            for var in order:
+                log(f"T={T} run {r + 1}/{args.repeat}: {var} ({w} warm-up, {n} measured)")
+                res.setdefault((T, var), []).append(run_child(var, T, w, n, args.threads))
+    load_after = loadavg()
+    other_s, avail_s = other.result()
+    quiet = avail_s > 0 and other_s / avail_s < 0.05
+
+    lines = ["| T | variant | fwd+bwd ms | tokens/s | vs PyTorch best | peak RSS growth | "
+             "attention buffers |", "|---|---|---|---|---|---|---|"]
+    notes = []
+    for T in Ts:
+        med = {v: statistics.median(r["s"] for r in res[(T, v)]) for v in variants}
+        ref = med.get("torch")
+        for v in variants:
+            runs = res[(T, v)]
+            rss = statistics.median(r["rss_growth"] for r in runs) / 2**20
+            bufs = (f"{flash_bytes(T, args.threads) / 2**20:.2f} MiB" if v.startswith("flash")
+                    else f"{sdpa_loom_bytes(T) / 2**20:.0f} MiB" if v == "sdpa-loom" else "n/a")
+            name = v
+            if v == "torch":
+                modes = [r["mode"] for r in runs]
+                name = f"torch SDPA ({max(set(modes), key=modes.count)})"
+            ratio = f"{ref / med[v]:.2f}x" if ref else "n/a"
+            lines.append(f"| {T} | {name} | {1e3 * med[v]:.1f} | {B * T / med[v]:.0f} | {ratio} | "
+                         f"{rss:.1f} MiB | {bufs} |")
+            desc = ", ".join(f"{1e3 * r['s']:.1f}" for r in runs)
+            if v == "torch":
+                desc = "; ".join(" / ".join(f"{k} {1e3 * s:.1f}" for k, s in r["tried"].items())
+                                 for r in runs)
+            elif "fwd_s" in runs[0]:
+                desc += f" (forward alone, median: {1e3 * statistics.median(r['fwd_s'] for r in runs):.1f})"
+            notes.append(f"T={T} {v}: per-run medians (ms) {desc}")
+    notes.append(f"load average before {load_before}, after {load_after}; other processes used "
+                 f"{other_s:.0f} of the {avail_s:.0f} CPU-seconds available while it ran "
+                 f"({100 * other_s / max(avail_s, 1e-9):.0f}%): "
+                 + ("a quiet machine" if quiet else "NOT a quiet machine (shared with other "
+                    "work): every variant is slowed and noisy; compare them only with each other"))
+    table = "\n".join(lines)
+    print(table)
+    for line in notes:
+        print(line)
+    if args.write:
+        import torch
+        from results_md import replace_section
+        md = [SECTION, "",
+              f"Generated by `python3 bench/bench_attention.py --repeat {args.repeat} --write` on "
+              f"{datetime.datetime.now().strftime('%Y-%m-%d %H:%M')}"
+              + (" on a quiet machine." if quiet else ", on a machine shared with other work "
+                 "(see the load below): not quiet-machine figures."), "",
+              f"- machine: {cpu_model()}, {os.cpu_count()} cores, {args.threads} threads per side;"
+              f" PyTorch {torch.__version__}",
+              f"- shape: byte-tiny attention, B={B}, H=KVH={H}, D={D}, causal, float32, "
+              "forward + backward; issue 8's target: flash >= 1.25x PyTorch SDPA tokens/s at "
+              "T=4096", "", table, ""] + [f"- {line}" for line in notes]
+        replace_section("\n".join(md), SECTION, os.path.join(REPO, "bench", "RESULTS.md"))
+        log("wrote bench/RESULTS.md")
+
+
+if __name__ == "__main__":
+    main()
