@@ -2,6 +2,9 @@
 #ifndef LOOM_TRAIN_H
 #define LOOM_TRAIN_H
 
+#include <stddef.h>
+#include <stdint.h>
+
 #include "loom/config.h"
 
 /* Every key `loom train` accepts, with defaults (model.* included); *n gets the count. */
@@ -11,6 +14,37 @@ const loom_config_key *loom_train_schema(int *n);
  * to <run.dir>/config.yaml, resumes from the newest complete checkpoint under
  * <run.dir>/ckpt when there is one, and trains to training.steps. */
 int loom_train(loom_config *cfg, loom_err *err);
+
+/* ---- the training engine, without a run --------------------------------------------------
+ * What one optimizer step of `loom train` runs (the mesh of parallel.*, the model, the DP/ZeRO
+ * engine with AdamW and global-norm clipping, the lr schedule), set up and stepped through the
+ * trainer's own functions, on batches the caller gives: tests/reference/test_engine.py drives
+ * it against PyTorch. No run directory, dataset, metrics or checkpoint. */
+typedef struct loom_train_engine loom_train_engine;
+/* cfg: `loom train`'s keys (the schema is applied to it: defaults, unknown keys refused;
+ * data.train must be set but is not opened). cfg must outlive the engine. Collective over the
+ * world under MPI, like loom_train. */
+int loom_train_engine_create(loom_config *cfg, loom_train_engine **out, loom_err *err);
+void loom_train_engine_free(loom_train_engine *e);
+/* One optimizer step on training.grad_accum global micro-batches: inputs (accum, B, T) token
+ * ids, targets (accum, B, T) next tokens (-1 = ignored) or, for a classify head, (accum, B)
+ * labels. Out of range ids are refused. *loss: mean of the micro-batches' mean losses; *lr:
+ * the rate of the schedule this step used; *grad_norm: the global norm before clipping. */
+int loom_train_engine_step(loom_train_engine *e, const int32_t *inputs, const int32_t *targets,
+                           double *loss, double *lr, double *grad_norm, loom_err *err);
+/* steps taken (the trainer's count), steps skipped as not finite, and the DP engine's AdamW
+ * step count */
+int64_t loom_train_engine_steps_done(const loom_train_engine *e);
+int64_t loom_train_engine_skipped_steps(const loom_train_engine *e);
+int64_t loom_train_engine_optimizer_step(const loom_train_engine *e);
+/* The model's tensors, in arena order: name (NULL when i is out of range) and element count. */
+int loom_train_engine_num_tensors(const loom_train_engine *e);
+const char *loom_train_engine_tensor_name(const loom_train_engine *e, int i);
+size_t loom_train_engine_tensor_numel(const loom_train_engine *e, int i);
+/* Copies what this rank holds of tensor i (kind 0 = parameters, 1 = AdamW m, 2 = AdamW v;
+ * all of it in a world of one, at every ZeRO stage) into out (numel floats, flat, at its
+ * element offsets). Returns the elements copied. */
+size_t loom_train_engine_read(loom_train_engine *e, int kind, int i, float *out);
 
 
 

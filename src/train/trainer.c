@@ -17,8 +17,8 @@
 #include "loom/model.h"
 #include "loom/model_config.h"
 #include "loom/peak.h"
-#include "loom/optim.h"
 #include "loom/parallel.h"
+#include "loom/schedule.h"
 #include "loom/windows.h"
 
 #include "train/trainer_internal.h"
@@ -88,6 +88,14 @@ static int next_batch(trainer *t, loom_loader *l, loom_windows *w, loom_err *err
     return loom_loader_next(l, (int)t->s.B, t->g_inp, t->g_tgt, err);
 }
 
+/* loom_trainer_batch_fn of the training loop: the next batch of data.train */
+static int next_train_batch(trainer *t, void *ctx, loom_err *err) {
+    (void)ctx;
+    if (next_batch(t, t->train_ld, t->train_w, err))
+        return loom_err_prefix(err, "data.train %s", t->s.train_dir);
+    return 0;
+}
+
 /* Forward on this rank's slice; returns the global mean loss and (optionally) the global
  * number of valid targets and, for classify, of correct predictions. */
 static double forward_global(trainer *t, int64_t *global_valid, int64_t *global_correct) {
@@ -110,6 +118,38 @@ static double forward_global(trainer *t, int64_t *global_valid, int64_t *global_
     if (global_valid) *global_valid = (int64_t)v[1];
     if (global_correct) *global_correct = (int64_t)v[2];
     return v[1] > 0 ? v[0] / v[1] : 0.0;
+}
+
+int loom_trainer_step(trainer *t, loom_trainer_batch_fn next, void *ctx, double *loss_out,
+                      double *lr_out, float *grad_norm, int *skipped, loom_err *err) {
+    double loss = 0;
+    for (int64_t micro = 0; micro < t->s.accum; micro++) {
+        /* every rank reads the whole global batch (token ids: cheap) and uses its rows */
+        if (next(t, ctx, err)) return -1;
+        int64_t valid = 0;
+        loss += forward_global(t, &valid, NULL);
+        loom_dp_begin_micro(t->dp, micro == 0, micro == t->s.accum - 1);
+        const float dscale = valid > 0 ? 1.0f / (float)(valid * t->s.accum) : 0.0f;
+        loom_model_backward(t->model, t->inject_nan ? NAN : dscale);
+    }
+    t->inject_nan = 0;
+    loss /= (double)t->s.accum;
+    const float gnorm = loom_dp_finish_grads(t->dp, (float)t->s.grad_clip);
+    const double lr = loom_schedule_lr(&t->s.sched, t->step);
+    /* A non-finite loss or gradient norm skips the update on every rank: parameters and
+     * optimizer state stay as they are (the gradients are zeroed by the next step). Both
+     * values are reduced over the ranks already; the decision is agreed over the world
+     * anyway, so the replicas cannot part. */
+    double bad = !isfinite(loss) || !isfinite((double)gnorm);
+    loom_allreduce_max(t->mesh, LOOM_GROUP_WORLD, &bad, 1, LOOM_F64);
+    *skipped = bad > 0;
+    if (*skipped) t->skipped_steps++;
+    else loom_dp_step(t->dp, (float)lr);
+    t->step++;
+    *loss_out = loss;
+    *lr_out = lr;
+    *grad_norm = gnorm;
+    return 0;
 }
 
 /* Validation: eval.batches > 0: the first eval.batches global batches of the validation
@@ -231,7 +271,7 @@ static void progress(const trainer *t, double loss, double lr, double tps, doubl
 }
 
 /* the mesh from parallel.*; only data parallelism is implemented in the trainer so far */
-static int build_mesh(trainer *t, loom_err *err) {
+int loom_trainer_build_mesh(trainer *t, loom_err *err) {
     loom_mesh_spec spec;
     if (loom_mesh_spec_from_config(t->cfg, &spec, err)) return -1;
     const loom_mesh_dims dims = {t->mc.n_head, t->mc.n_kv_head, t->mc.n_layer, (int)t->s.T, 0};
@@ -253,6 +293,13 @@ static int build_mesh(trainer *t, loom_err *err) {
     return 0;
 }
 
+int loom_trainer_create_engine(trainer *t, loom_err *err) {
+    if (loom_model_create_ex(&t->mc, (int)t->local_B, (int)t->s.T, 0, &t->model, err)) return -1;
+    return loom_dp_create(t->model, t->mesh, (int)t->s.zero, (uint64_t)t->s.seed,
+                          (float)t->s.beta1, (float)t->s.beta2, (float)t->s.eps,
+                          (float)t->s.weight_decay, &t->dp, err);
+}
+
 int loom_train(loom_config *cfg, loom_err *err) {
     int n_keys;
     const loom_config_key *keys = loom_trainer_schema(&n_keys);
@@ -271,7 +318,7 @@ int loom_train(loom_config *cfg, loom_err *err) {
         return loom_errf(err, "config: training.seq_len %lld exceeds model.max_seq_len %d",
                          (long long)t.s.T, t.mc.max_seq_len);
     t.classify = t.mc.head == LOOM_HEAD_CLASSIFY;
-    if (build_mesh(&t, err)) goto done;
+    if (loom_trainer_build_mesh(&t, err)) goto done;
     const int rank0 = t.world_rank == 0;
     if (t.s.threads > 0) omp_set_num_threads((int)t.s.threads);
     else if (loom_comm_mpi_active()) omp_set_num_threads(loom_comm_default_threads());
@@ -299,10 +346,7 @@ int loom_train(loom_config *cfg, loom_err *err) {
             goto done;
     }
     if (open_data(&t, err) || loom_trainer_open_run_data(&t, err)) goto done;
-    if (loom_model_create_ex(&t.mc, (int)t.local_B, (int)t.s.T, 0, &t.model, err)) goto done;
-    if (loom_dp_create(t.model, t.mesh, (int)t.s.zero, (uint64_t)t.s.seed, (float)t.s.beta1,
-                       (float)t.s.beta2, (float)t.s.eps, (float)t.s.weight_decay, &t.dp, err))
-        goto done;
+    if (loom_trainer_create_engine(&t, err)) goto done;
 
     char latest[4200];
     int64_t latest_step = -1;
@@ -366,39 +410,13 @@ int loom_train(loom_config *cfg, loom_err *err) {
             loom_broadcast(t.mesh, LOOM_GROUP_WORLD, &nl, 1, LOOM_I64, 0);
             if (!rank0 && loom_loader_refresh(t.train_ld, (int)nl, NULL, err)) goto done;
         }
-        double loss = 0;
+        double loss, lr;
+        float gnorm;
+        int skipped;
         t.inject_nan = nan_injected(t.world_rank, t.step + 1);
-        for (int64_t micro = 0; micro < t.s.accum; micro++) {
-            /* every rank reads the whole global batch (token ids: cheap) and uses its rows */
-            if (next_batch(&t, t.train_ld, t.train_w, err)) {
-                loom_err_prefix(err, "data.train %s", t.s.train_dir);
-                goto done;
-            }
-            int64_t valid = 0;
-            loss += forward_global(&t, &valid, NULL);
-            loom_dp_begin_micro(t.dp, micro == 0, micro == t.s.accum - 1);
-            const float dscale = valid > 0 ? 1.0f / (float)(valid * t.s.accum) : 0.0f;
-            loom_model_backward(t.model, t.inject_nan ? NAN : dscale);
-        }
-        t.inject_nan = 0;
-        loss /= (double)t.s.accum;
-        const float gnorm = loom_dp_finish_grads(t.dp, (float)t.s.grad_clip);
-        const double lr = loom_schedule_lr(&t.s.sched, t.step);
-        /* A non-finite loss or gradient norm skips the update on every rank: parameters and
-         * optimizer state stay as they are (the gradients are zeroed by the next step). Both
-         * values are reduced over the ranks already; the decision is agreed over the world
-         * anyway, so the replicas cannot part. */
-        double bad = !isfinite(loss) || !isfinite((double)gnorm);
-        loom_allreduce_max(t.mesh, LOOM_GROUP_WORLD, &bad, 1, LOOM_F64);
-        const int skipped = bad > 0;
-        if (skipped) {
-            consecutive_skips++;
-            t.skipped_steps++;
-        } else {
-            consecutive_skips = 0;
-            loom_dp_step(t.dp, (float)lr);
-        }
-        t.step++;
+        if (loom_trainer_step(&t, next_train_batch, NULL, &loss, &lr, &gnorm, &skipped, err))
+            goto done;
+        consecutive_skips = skipped ? consecutive_skips + 1 : 0;
         if (skipped && rank0)
             loom_warn("step %lld: loss %g, gradient norm %g: not finite; the step is skipped on "
                       "every rank (parameters and optimizer state unchanged; %lld consecutive, "

@@ -8,8 +8,8 @@
 #include "loom/config.h"
 #include "loom/data.h"
 #include "loom/model.h"
-#include "loom/optim.h"
 #include "loom/parallel.h"
+#include "loom/schedule.h"
 #include "loom/train.h"
 #include "loom/windows.h"
 
@@ -46,6 +46,28 @@ typedef struct trainer {
     loom_run_data *run_data;  /* what data.train was tokenized with (and its classes) */
 } trainer;
 
+
+/* ---- the training engine: what one optimizer step of `loom train` runs -----------------
+ * loom_train (trainer.c) and loom_train_engine (engine.c, what tests/reference/test_engine.py
+ * drives) both set up and step through these three functions: there is no second copy. */
+
+/* The mesh from parallel.* (data parallelism only so far); fills dp/world ranks and local_B. */
+int loom_trainer_build_mesh(trainer *t, loom_err *err);
+/* The model (this rank's local_B rows) and the DP/ZeRO engine that owns its parameters,
+ * gradients and AdamW moments (training.seed, beta1/beta2/eps, weight_decay, parallel.zero). */
+int loom_trainer_create_engine(trainer *t, loom_err *err);
+/* Fills t->g_inp / t->g_tgt with the next global micro-batch. */
+typedef int (*loom_trainer_batch_fn)(trainer *t, void *ctx, loom_err *err);
+/* One optimizer step: training.grad_accum micro-batches from next (forward on this rank's rows,
+ * backward with the loss scaled by 1 / (global valid targets * grad_accum), the DP reductions),
+ * the global gradient norm clipped to training.grad_clip, the lr of the schedule at t->step,
+ * AdamW through the DP engine, unless the loss or the norm is not finite on any rank: then
+ * *skipped = 1, t->skipped_steps++ and nothing is updated. Then t->step++. *loss: the mean of
+ * the micro-batches' global mean losses; *lr: the rate of the schedule; *grad_norm: the norm
+ * before clipping. t->inject_nan (test hook) poisons this step's backward and is cleared.
+ * Collective over the world. */
+int loom_trainer_step(trainer *t, loom_trainer_batch_fn next, void *ctx, double *loss, double *lr,
+                      float *grad_norm, int *skipped, loom_err *err);
 
 /* Reads the keys of a config the schema has already checked into s; errors name
  * the key, its value and where it was set. */
