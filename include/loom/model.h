@@ -79,31 +79,67 @@ enum {  /* per-layer tensors, named layers.<l>.<name> */
  * [q | k | v] ([gate | up]). Checkpoints of the fused format (qkv_w/qkv_b rows [q | k | v],
  * llama fc_w rows [gate | up]) are split on load (docs/checkpoints.md). */
 
+/* Mesh groups a tensor's layout names: the group its split dimension is split over, and the
+ * group that sums its gradient. */
+enum { LOOM_SPLIT_NONE = 0, LOOM_SPLIT_TP = 1, LOOM_SPLIT_EP = 2 };
+enum { LOOM_REDUCE_DP = 0, LOOM_REDUCE_EDP = 1 /* expert-data group (experts, later) */ };
+
+/* One parameter tensor: its global shape and layout, and the box of it this model (view)
+ * holds. The box is row-major in the arena: numel = product of box_len. */
 typedef struct loom_tensor_info {
     char name[48];      /* "wte", "layers.3.q_w", ... */
     int layer;          /* -1 for global tensors */
     int kind;           /* LOOM_P_* for global tensors, LOOM_L_* for per-layer ones */
     size_t offset;      /* in floats, into the parameter (and gradient) arena */
-    size_t numel;
+    size_t numel;       /* elements of the box this view holds */
     int ndim;
-    int64_t shape[4];
+    int64_t shape[4];   /* the GLOBAL shape */
     int decay;          /* 1 when AdamW weight decay applies (matrices and embeddings) */
     int unit;           /* the unit holding it (see loom_model_num_units) */
     /* In checkpoints written before Q/K/V and gate/up were split (q_w, k_w, v_w, q_b, k_b,
-     * v_b; llama gate_w, up_w), this tensor was elements [legacy_off, legacy_off + numel) of
-     * the fused tensor legacy_name (qkv_w, qkv_b, fc_w) of shape legacy_shape; "" otherwise. */
+     * v_b; llama gate_w, up_w), this tensor was rows [legacy_row0, legacy_row0 + shape[0]) of
+     * the fused tensor legacy_name (qkv_w, qkv_b, fc_w) of global shape legacy_shape; ""
+     * otherwise. */
     char legacy_name[48];
-    size_t legacy_off;
+    int64_t legacy_row0;
     int legacy_ndim;
     int64_t legacy_shape[2];
+    /* layout: dimension split_dim (-1: none, the tensor is replicated) is split evenly over
+     * split_group (LOOM_SPLIT_*); reduce_group (LOOM_REDUCE_*) sums its gradient. */
+    int split_dim;
+    int split_group;
+    int reduce_group;
+    /* this view's box: elements [box_off[d], box_off[d] + box_len[d]) of each dimension */
+    int64_t box_off[4];
+    int64_t box_len[4];
 } loom_tensor_info;
+
+/* The flat index in the global tensor of element k (row-major in the box) of t's box. */
+int64_t loom_tensor_global_index(const loom_tensor_info *t, int64_t k);
 
 typedef struct loom_model loom_model;
 
-/* Checks the config (divisibility, positive sizes) and allocates every arena for batches of
- * up to B x T (T <= max_seq_len). */
-int loom_model_create(const loom_model_config *cfg, int B, int T, loom_model **out,
-                      loom_err *err);
+/* ---- views --------------------------------------------------------------------------------
+ * A model is created as the view of one rank of a parallel layout (docs/engine.md): with
+ * tensor parallelism of degree tp it holds H/tp query heads, KVH/tp key/value heads and F/tp
+ * feed-forward columns of every layer (a box of each split tensor), and the rest whole; a
+ * pipeline stage holds layers [l0, l1) only. NULL, or every degree 1, is the whole model. */
+typedef struct loom_model_layout {
+    int tp;            /* tensor-parallel degree (0 or 1: none); must divide n_head, n_kv_head
+                        * and d_ff */
+    int tp_rank;       /* this view's rank in the tp group, [0, tp) */
+    int l0, l1;        /* this pipeline stage's layers [l0, l1); l1 = 0: all layers */
+    int e0, e1;        /* experts [e0, e1): a placeholder until mixture-of-experts (0, 0) */
+    /* set by create: the stage holds the embedding (l0 = 0) / the head (l1 = n_layer) */
+    int has_embedding, has_head;
+} loom_model_layout;
+
+/* Checks the config (divisibility, positive sizes) and the layout, and allocates every arena
+ * of the view for batches of up to B x T (T <= max_seq_len). layout NULL: the whole model. */
+int loom_model_create(const loom_model_config *cfg, const loom_model_layout *layout, int B,
+                      int T, loom_model **out, loom_err *err);
+/* The view's layout (degrees 1 and the whole layer range for the whole model). */
+const loom_model_layout *loom_model_get_layout(const loom_model *m);
 void loom_model_free(loom_model *m);
 const loom_model_config *loom_model_get_config(const loom_model *m);
 
@@ -146,6 +182,42 @@ typedef struct loom_model_hooks {
 /* NULL restores the model's own arenas (which must exist). The hooks struct is copied. */
 void loom_model_set_hooks(loom_model *m, const loom_model_hooks *h);
 
+/* ---- named communication points ------------------------------------------------------------
+ * The block calls out at fixed points so that parallel/ can plug in what a strategy needs
+ * there; model/ does no communication itself. At each point, in forward (dir 0) buf holds the
+ * activation, in backward (dir 1) its gradient, n floats, and the callback may change them in
+ * place (same size). With no comm points set (or fn NULL) nothing happens: a view of degree 1
+ * needs none. Tensor parallelism: ROW_OUT forward = all-reduce (sum) of the partial sums,
+ * COL_IN backward = all-reduce of the partial input gradient, every other point a no-op. */
+enum {
+    LOOM_CP_STAGE_IN,   /* residual stream (B,T,C) entering the stage's first layer */
+    LOOM_CP_ATTN_IN,    /* attention's input, after ln1 (B,T,C) */
+    LOOM_CP_COL_IN,     /* before a column-parallel linear (q|k|v; fc or gate|up): its input
+                         * (B,T,C); site = LOOM_SITE_ATTN or LOOM_SITE_FFN */
+    LOOM_CP_ROW_OUT,    /* after a row-parallel linear (attn_proj; fc_proj): this view's
+                         * partial sums (B,T,C) (the bias included by tp rank 0 only) */
+    LOOM_CP_ATTN_OUT,   /* attention's output after its projection (B,T,C) */
+    LOOM_CP_FFN_IN,     /* the FFN's input, after ln2 (B,T,C) */
+    LOOM_CP_FFN_OUT,    /* the FFN's output (B,T,C), before the residual add */
+    LOOM_CP_STAGE_OUT,  /* residual stream (B,T,C) leaving the stage's last layer */
+    LOOM_CP_COUNT
+};
+enum { LOOM_SITE_NONE = 0, LOOM_SITE_ATTN = 1, LOOM_SITE_FFN = 2 };
+typedef struct loom_comm_points {
+    void *ctx;
+    /* layer: the layer (-1 at stage points); site: LOOM_SITE_* */
+    void (*fn)(void *ctx, int point, int dir, int layer, int site, float *buf, int64_t n);
+} loom_comm_points;
+/* NULL: none. The struct is copied. */
+void loom_model_set_comm_points(loom_model *m, const loom_comm_points *cp);
+/* the name of a point ("row_out", ...) */
+const char *loom_comm_point_name(int point);
+
+/* A view (layout NULL: the whole model); with own_arenas = 0 no parameter or gradient arena
+ * is allocated and hooks must be set before forward (as for loom_model_create_ex). */
+int loom_model_create_view(const loom_model_config *cfg, const loom_model_layout *layout, int B,
+                           int T, int own_arenas, loom_model **out, loom_err *err);
+
 /* Like loom_model_create; with own_arenas = 0 no parameter or gradient arena is allocated
  * (loom_model_params/grads return NULL) and hooks must be set before forward. */
 int loom_model_create_ex(const loom_model_config *cfg, int B, int T, int own_arenas,
@@ -161,7 +233,8 @@ int loom_model_create_layout(const loom_model_config *cfg, int B, int T, loom_mo
 size_t loom_model_activation_bytes(const loom_model *m);
 
 /* The deterministic init of arena positions [offset, offset + count), written to dst: a shard
- * of any layout initializes exactly like the same slice of the whole model. */
+ * of any layout, and the box of any view, initializes exactly like the same elements of the
+ * whole model (init is keyed by the tensor and the element's global index). */
 void loom_model_init_range(const loom_model *m, uint64_t seed, size_t offset, size_t count,
                            float *dst);
 

@@ -22,11 +22,12 @@ loom_kv_cache *loom_kv_cache_create(const loom_model *m) {
     loom_kv_cache *kc = loom_calloc(1, sizeof *kc);
     kc->L = c->n_layer;
     kc->maxT = c->max_seq_len;
-    kc->kv = c->n_kv_head * m->D;
+    LOOM_CHECK(m->lay.tp == 1 && m->lay.has_embedding && m->lay.has_head);
+    kc->kv = m->KVH * m->D;
     const size_t cache = (size_t)kc->L * (size_t)kc->maxT * (size_t)kc->kv;
     kc->k = loom_alloc_aligned(cache * sizeof(float));
     kc->v = loom_alloc_aligned(cache * sizeof(float));
-    const int C = c->d_model, HD = c->n_head * m->D;
+    const int C = c->d_model, HD = m->H * m->D;
     kc->x = loom_alloc_aligned((size_t)C * sizeof(float));
     kc->h = loom_alloc_aligned((size_t)C * sizeof(float));
     kc->tmp = loom_alloc_aligned((size_t)C * sizeof(float));
@@ -34,9 +35,9 @@ loom_kv_cache *loom_kv_cache_create(const loom_model *m) {
     kc->qkv = loom_alloc_aligned((size_t)m->QKV * sizeof(float));
     kc->att = loom_alloc_aligned((size_t)HD * sizeof(float));
     kc->fch = loom_alloc_aligned((size_t)m->FFI * sizeof(float));
-    kc->fact = loom_alloc_aligned((size_t)c->d_ff * sizeof(float));
+    kc->fact = loom_alloc_aligned((size_t)m->F * sizeof(float));
     kc->logits = loom_alloc_aligned((size_t)c->vocab_size * sizeof(float));
-    kc->scores = loom_alloc_aligned((size_t)c->n_head * (size_t)kc->maxT * sizeof(float));
+    kc->scores = loom_alloc_aligned((size_t)m->H * (size_t)kc->maxT * sizeof(float));
     return kc;
 }
 
@@ -62,8 +63,8 @@ int loom_kv_cache_len(const loom_kv_cache *c) { return c->len; }
 
 const float *loom_model_decode(loom_model *m, loom_kv_cache *kc, int32_t token) {
     const loom_model_config *c = &m->cfg;
-    const int C = c->d_model, H = c->n_head, KVH = c->n_kv_head, D = m->D, HD = H * D;
-    const int F = c->d_ff, QKV = m->QKV, FFI = m->FFI, V = c->vocab_size;
+    const int C = c->d_model, H = m->H, KVH = m->KVH, D = m->D, HD = H * D;
+    const int F = m->F, QKV = m->QKV, FFI = m->FFI, V = c->vocab_size;
     const int gpt2 = c->flavor == LOOM_FLAVOR_GPT2, pos = kc->len;
     LOOM_CHECK(c->head == LOOM_HEAD_LM && !m->has_hooks && m->params != NULL);
     LOOM_CHECK(token >= 0 && token < V && pos < kc->maxT);

@@ -17,13 +17,15 @@ static const char *const layer_names[LOOM_L_COUNT] = {
     "ln1_w", "ln1_b", "q_w",  "k_w",  "v_w",   "q_b",  "k_b",   "v_b",       "attn_proj_w",
     "attn_proj_b", "ln2_w", "ln2_b", "fc_w", "gate_w", "up_w", "fc_b", "fc_proj_w", "fc_proj_b"};
 
-/* Appends a tensor to the table (when present) and returns its index, or -1. */
+/* Appends a tensor to the table (when present) and returns its index, or -1. split_dim >= 0:
+ * that dimension is split over the tp group (this view holds its tp_rank-th part). */
 static int add_tensor(loom_model *m, size_t *off, int layer, int kind, int present, int decay,
-                      int ndim, int64_t d0, int64_t d1) {
+                      int ndim, int64_t d0, int64_t d1, int split_dim) {
     if (!present) return -1;
     loom_tensor_info *t = &m->info[m->n_info];
     memset(t, 0, sizeof *t);
-    if (layer < 0) snprintf(t->name, sizeof t->name, "%s", global_names[kind]);
+    LOOM_CHECK(kind >= 0 && kind < (layer < 0 ? LOOM_P_COUNT : LOOM_L_COUNT));
+    if (layer < 0) snprintf(t->name, sizeof t->name, "%s", kind < LOOM_P_COUNT ? global_names[kind] : "?");
     else snprintf(t->name, sizeof t->name, "layers.%d.%s", layer, layer_names[kind]);
     t->layer = layer;
     t->kind = kind;
@@ -31,12 +33,36 @@ static int add_tensor(loom_model *m, size_t *off, int layer, int kind, int prese
     t->shape[0] = d0;
     t->shape[1] = d1;
     t->decay = decay;
-    t->numel = (size_t)d0 * (size_t)(ndim > 1 ? d1 : 1);
+    t->split_dim = split_dim;
+    t->split_group = split_dim >= 0 ? LOOM_SPLIT_TP : LOOM_SPLIT_NONE;
+    t->reduce_group = LOOM_REDUCE_DP;
+    t->numel = 1;
+    for (int d = 0; d < ndim; d++) {
+        t->box_len[d] = t->shape[d];
+        if (d == split_dim) {
+            t->box_len[d] = t->shape[d] / m->lay.tp;
+            t->box_off[d] = t->box_len[d] * m->lay.tp_rank;
+        }
+        t->numel *= (size_t)t->box_len[d];
+    }
     t->offset = *off;
-    t->unit = layer >= 0 ? layer + 1
-                         : (kind == LOOM_P_WTE || kind == LOOM_P_WPE ? 0 : m->cfg.n_layer + 1);
+    t->unit = layer >= 0 ? layer - m->lay.l0 + 1
+                         : (kind == LOOM_P_WTE || kind == LOOM_P_WPE ? 0 : m->lay.l1 - m->lay.l0 + 1);
     *off += t->numel;
     return m->n_info++;
+}
+
+int64_t loom_tensor_global_index(const loom_tensor_info *t, int64_t k) {
+    int64_t g = 0;
+    int64_t rest = k;
+    int64_t inner = 1;
+    for (int d = t->ndim - 1; d >= 0; d--) {
+        const int64_t i = rest % t->box_len[d];
+        rest /= t->box_len[d];
+        g += (t->box_off[d] + i) * inner;
+        inner *= t->shape[d];
+    }
+    return g;
 }
 
 /* Checks that the parts of each fused GEMM operand are adjacent (q_w k_w v_w, q_b k_b v_b,
@@ -54,15 +80,17 @@ static void set_fused_layout(loom_model *m) {
             int64_t rows = 0;
             for (int j = 0; j < 3 && groups[g][j] >= 0; j++) rows += loom_model_layer_tensor(m, l, groups[g][j])->shape[0];
             size_t at = first->offset;
+            int64_t row0 = 0;
             for (int j = 0; j < 3 && groups[g][j] >= 0; j++) {
                 loom_tensor_info *t = &m->info[m->lidx[(size_t)l * LOOM_L_COUNT + groups[g][j]]];
                 LOOM_CHECK(t->offset == at); /* the fused GEMMs rely on it */
                 snprintf(t->legacy_name, sizeof t->legacy_name, "layers.%d.%s", l, fused[g]);
-                t->legacy_off = at - first->offset;
+                t->legacy_row0 = row0;
                 t->legacy_ndim = t->ndim;
                 t->legacy_shape[0] = rows;
                 t->legacy_shape[1] = t->shape[1];
                 at += t->numel;
+                row0 += t->shape[0];
             }
         }
 }
@@ -98,10 +126,39 @@ static int check_config(const loom_model_config *c, loom_err *err) {
     return 0;
 }
 
-int loom_model_create(const loom_model_config *cfg, int B, int T, loom_model **out,
-                      loom_err *err) {
-    return loom_model_create_ex(cfg, B, T, 1, out, err);
+static int create(const loom_model_config *cfg, const loom_model_layout *layout, int B, int T,
+                  int own_arenas, int layout_only, loom_model **out, loom_err *err);
+
+/* Normalizes a layout (NULL: the whole model) and checks it against the config. */
+static int check_layout(const loom_model_config *c, const loom_model_layout *in,
+                        loom_model_layout *out, loom_err *err) {
+    memset(out, 0, sizeof *out);
+    if (in) *out = *in;
+    if (out->tp == 0) out->tp = 1;
+    if (out->l1 == 0 && out->l0 == 0) out->l1 = c->n_layer;
+    if (out->tp < 1 || out->tp_rank < 0 || out->tp_rank >= out->tp)
+        return loom_errf(err, "model layout: tp rank %d of degree %d", out->tp_rank, out->tp);
+    if (c->n_head % out->tp || c->n_kv_head % out->tp || c->d_ff % out->tp)
+        return loom_errf(err, "model layout: tensor-parallel degree %d must divide n_head (%d), "
+                              "n_kv_head (%d) and d_ff (%d)",
+                         out->tp, c->n_head, c->n_kv_head, c->d_ff);
+    if (out->l0 < 0 || out->l1 > c->n_layer || out->l0 >= out->l1)
+        return loom_errf(err, "model layout: layer range [%d, %d) is not a non-empty part of "
+                              "the model's %d layers", out->l0, out->l1, c->n_layer);
+    if (out->e0 != 0 || out->e1 != 0)
+        return loom_errf(err, "model layout: expert range [%d, %d) given, but the model has "
+                              "no experts", out->e0, out->e1);
+    out->has_embedding = out->l0 == 0;
+    out->has_head = out->l1 == c->n_layer;
+    return 0;
 }
+
+int loom_model_create(const loom_model_config *cfg, const loom_model_layout *layout, int B,
+                      int T, loom_model **out, loom_err *err) {
+    return create(cfg, layout, B, T, 1, 0, out, err);
+}
+
+const loom_model_layout *loom_model_get_layout(const loom_model *m) { return &m->lay; }
 
 static void point_units_at_arenas(loom_model *m) {
     for (int u = 0; u < m->n_units; u++) {
@@ -112,62 +169,77 @@ static void point_units_at_arenas(loom_model *m) {
 
 /* layout_only: the tensor table, the units and the activation size table, without allocating
  * any arena (what loom_model_create_layout returns) */
-static int create(const loom_model_config *cfg, int B, int T, int own_arenas, int layout_only,
-                  loom_model **out, loom_err *err) {
+static int create(const loom_model_config *cfg, const loom_model_layout *layout, int B, int T,
+                  int own_arenas, int layout_only, loom_model **out, loom_err *err) {
     if (check_config(cfg, err) != 0) return -1;
+    loom_model_layout lay;
+    if (check_layout(cfg, layout, &lay, err) != 0) return -1;
     if (B <= 0 || T <= 0) return loom_errf(err, "model: batch size and sequence length must be positive");
     if (T > cfg->max_seq_len)
         return loom_errf(err, "model: sequence length %d exceeds model.max_seq_len %d", T,
                          cfg->max_seq_len);
     loom_model *m = loom_calloc(1, sizeof *m);
     m->cfg = *cfg;
+    m->lay = lay;
     m->maxB = B;
     m->maxT = T;
-    const int64_t V = cfg->vocab_size, C = cfg->d_model, L = cfg->n_layer, H = cfg->n_head,
-                  KVH = cfg->n_kv_head, F = cfg->d_ff, maxT = cfg->max_seq_len;
+    const int64_t V = cfg->vocab_size, C = cfg->d_model, L = cfg->n_layer, Hg = cfg->n_head,
+                  KVHg = cfg->n_kv_head, Fg = cfg->d_ff, maxT = cfg->max_seq_len;
     const int gpt2 = cfg->flavor == LOOM_FLAVOR_GPT2;
-    m->D = (int)(C / H);
-    m->QKV = (int)((H + 2 * KVH) * m->D);
-    m->FFI = (int)(gpt2 ? F : 2 * F);
-    const int64_t HD = H * m->D;
+    const int tp = lay.tp;
+    m->D = (int)(C / Hg);
+    m->H = (int)(Hg / tp);
+    m->KVH = (int)(KVHg / tp);
+    m->F = (int)(Fg / tp);
+    m->QKV = (m->H + 2 * m->KVH) * m->D;
+    m->FFI = gpt2 ? m->F : 2 * m->F;
+    const int64_t H = m->H, F = m->F, HD = H * m->D, HDg = Hg * m->D, KDg = KVHg * m->D;
+    const int cls = cfg->head == LOOM_HEAD_CLASSIFY, tied = gpt2 && !cls;
 
     m->info = loom_calloc(LOOM_P_COUNT + (size_t)L * LOOM_L_COUNT, sizeof(loom_tensor_info));
     m->lidx = loom_malloc((size_t)L * LOOM_L_COUNT * sizeof(int));
+    for (size_t i = 0; i < (size_t)L * LOOM_L_COUNT; i++) m->lidx[i] = -1;
+    for (int k = 0; k < LOOM_P_COUNT; k++) m->gidx[k] = -1;
     size_t off = 0;
-    m->gidx[LOOM_P_WTE] = add_tensor(m, &off, -1, LOOM_P_WTE, 1, 1, 2, V, C);
-    m->gidx[LOOM_P_WPE] = add_tensor(m, &off, -1, LOOM_P_WPE, gpt2, 1, 2, maxT, C);
-    for (int l = 0; l < L; l++) {
+    /* the tied gpt2 head reads wte: a last stage without the embedding still holds it */
+    const int want_wte = lay.has_embedding || (tied && lay.has_head);
+    m->gidx[LOOM_P_WTE] = add_tensor(m, &off, -1, LOOM_P_WTE, want_wte, 1, 2, V, C, -1);
+    m->gidx[LOOM_P_WPE] = add_tensor(m, &off, -1, LOOM_P_WPE, gpt2 && lay.has_embedding, 1, 2,
+                                     maxT, C, -1);
+    for (int l = lay.l0; l < lay.l1; l++) {
         int *li = m->lidx + (size_t)l * LOOM_L_COUNT;
-        li[LOOM_L_LN1_W] = add_tensor(m, &off, l, LOOM_L_LN1_W, 1, 0, 1, C, 0);
-        li[LOOM_L_LN1_B] = add_tensor(m, &off, l, LOOM_L_LN1_B, gpt2, 0, 1, C, 0);
-        const int64_t KD = KVH * m->D;
-        li[LOOM_L_Q_W] = add_tensor(m, &off, l, LOOM_L_Q_W, 1, 1, 2, HD, C);
-        li[LOOM_L_K_W] = add_tensor(m, &off, l, LOOM_L_K_W, 1, 1, 2, KD, C);
-        li[LOOM_L_V_W] = add_tensor(m, &off, l, LOOM_L_V_W, 1, 1, 2, KD, C);
-        li[LOOM_L_Q_B] = add_tensor(m, &off, l, LOOM_L_Q_B, gpt2, 0, 1, HD, 0);
-        li[LOOM_L_K_B] = add_tensor(m, &off, l, LOOM_L_K_B, gpt2, 0, 1, KD, 0);
-        li[LOOM_L_V_B] = add_tensor(m, &off, l, LOOM_L_V_B, gpt2, 0, 1, KD, 0);
-        li[LOOM_L_ATTN_PROJ_W] = add_tensor(m, &off, l, LOOM_L_ATTN_PROJ_W, 1, 1, 2, C, HD);
-        li[LOOM_L_ATTN_PROJ_B] = add_tensor(m, &off, l, LOOM_L_ATTN_PROJ_B, gpt2, 0, 1, C, 0);
-        li[LOOM_L_LN2_W] = add_tensor(m, &off, l, LOOM_L_LN2_W, 1, 0, 1, C, 0);
-        li[LOOM_L_LN2_B] = add_tensor(m, &off, l, LOOM_L_LN2_B, gpt2, 0, 1, C, 0);
-        li[LOOM_L_FC_W] = add_tensor(m, &off, l, LOOM_L_FC_W, gpt2, 1, 2, F, C);
-        li[LOOM_L_GATE_W] = add_tensor(m, &off, l, LOOM_L_GATE_W, !gpt2, 1, 2, F, C);
-        li[LOOM_L_UP_W] = add_tensor(m, &off, l, LOOM_L_UP_W, !gpt2, 1, 2, F, C);
-        li[LOOM_L_FC_B] = add_tensor(m, &off, l, LOOM_L_FC_B, gpt2, 0, 1, F, 0);
-        li[LOOM_L_FC_PROJ_W] = add_tensor(m, &off, l, LOOM_L_FC_PROJ_W, 1, 1, 2, C, F);
-        li[LOOM_L_FC_PROJ_B] = add_tensor(m, &off, l, LOOM_L_FC_PROJ_B, gpt2, 0, 1, C, 0);
+        /* column-parallel (q, k, v by heads; fc, gate, up by columns) split dim 0,
+         * row-parallel (attn_proj, fc_proj) split dim 1, the rest replicated */
+        li[LOOM_L_LN1_W] = add_tensor(m, &off, l, LOOM_L_LN1_W, 1, 0, 1, C, 0, -1);
+        li[LOOM_L_LN1_B] = add_tensor(m, &off, l, LOOM_L_LN1_B, gpt2, 0, 1, C, 0, -1);
+        li[LOOM_L_Q_W] = add_tensor(m, &off, l, LOOM_L_Q_W, 1, 1, 2, HDg, C, 0);
+        li[LOOM_L_K_W] = add_tensor(m, &off, l, LOOM_L_K_W, 1, 1, 2, KDg, C, 0);
+        li[LOOM_L_V_W] = add_tensor(m, &off, l, LOOM_L_V_W, 1, 1, 2, KDg, C, 0);
+        li[LOOM_L_Q_B] = add_tensor(m, &off, l, LOOM_L_Q_B, gpt2, 0, 1, HDg, 0, 0);
+        li[LOOM_L_K_B] = add_tensor(m, &off, l, LOOM_L_K_B, gpt2, 0, 1, KDg, 0, 0);
+        li[LOOM_L_V_B] = add_tensor(m, &off, l, LOOM_L_V_B, gpt2, 0, 1, KDg, 0, 0);
+        li[LOOM_L_ATTN_PROJ_W] = add_tensor(m, &off, l, LOOM_L_ATTN_PROJ_W, 1, 1, 2, C, HDg, 1);
+        li[LOOM_L_ATTN_PROJ_B] = add_tensor(m, &off, l, LOOM_L_ATTN_PROJ_B, gpt2, 0, 1, C, 0, -1);
+        li[LOOM_L_LN2_W] = add_tensor(m, &off, l, LOOM_L_LN2_W, 1, 0, 1, C, 0, -1);
+        li[LOOM_L_LN2_B] = add_tensor(m, &off, l, LOOM_L_LN2_B, gpt2, 0, 1, C, 0, -1);
+        li[LOOM_L_FC_W] = add_tensor(m, &off, l, LOOM_L_FC_W, gpt2, 1, 2, Fg, C, 0);
+        li[LOOM_L_GATE_W] = add_tensor(m, &off, l, LOOM_L_GATE_W, !gpt2, 1, 2, Fg, C, 0);
+        li[LOOM_L_UP_W] = add_tensor(m, &off, l, LOOM_L_UP_W, !gpt2, 1, 2, Fg, C, 0);
+        li[LOOM_L_FC_B] = add_tensor(m, &off, l, LOOM_L_FC_B, gpt2, 0, 1, Fg, 0, 0);
+        li[LOOM_L_FC_PROJ_W] = add_tensor(m, &off, l, LOOM_L_FC_PROJ_W, 1, 1, 2, C, Fg, 1);
+        li[LOOM_L_FC_PROJ_B] = add_tensor(m, &off, l, LOOM_L_FC_PROJ_B, gpt2, 0, 1, C, 0, -1);
     }
-    m->gidx[LOOM_P_LNF_W] = add_tensor(m, &off, -1, LOOM_P_LNF_W, 1, 0, 1, C, 0);
-    m->gidx[LOOM_P_LNF_B] = add_tensor(m, &off, -1, LOOM_P_LNF_B, gpt2, 0, 1, C, 0);
-    const int cls = cfg->head == LOOM_HEAD_CLASSIFY;
+    const int head = lay.has_head;
     const int64_t K = cfg->num_classes;
-    m->gidx[LOOM_P_LM_HEAD] = add_tensor(m, &off, -1, LOOM_P_LM_HEAD, !gpt2 && !cls, 1, 2, V, C);
-    m->gidx[LOOM_P_CLS_W] = add_tensor(m, &off, -1, LOOM_P_CLS_W, cls, 1, 2, K, C);
-    m->gidx[LOOM_P_CLS_B] = add_tensor(m, &off, -1, LOOM_P_CLS_B, cls, 0, 1, K, 0);
+    m->gidx[LOOM_P_LNF_W] = add_tensor(m, &off, -1, LOOM_P_LNF_W, head, 0, 1, C, 0, -1);
+    m->gidx[LOOM_P_LNF_B] = add_tensor(m, &off, -1, LOOM_P_LNF_B, head && gpt2, 0, 1, C, 0, -1);
+    m->gidx[LOOM_P_LM_HEAD] = add_tensor(m, &off, -1, LOOM_P_LM_HEAD, head && !gpt2 && !cls, 1,
+                                         2, V, C, -1);
+    m->gidx[LOOM_P_CLS_W] = add_tensor(m, &off, -1, LOOM_P_CLS_W, head && cls, 1, 2, K, C, -1);
+    m->gidx[LOOM_P_CLS_B] = add_tensor(m, &off, -1, LOOM_P_CLS_B, head && cls, 0, 1, K, 0, -1);
     m->n_params = off;
     set_fused_layout(m);
-    m->n_units = (int)L + 2;
+    m->n_units = lay.l1 - lay.l0 + 2;
     m->unit_off = loom_calloc((size_t)m->n_units, sizeof(size_t));
     m->unit_cnt = loom_calloc((size_t)m->n_units, sizeof(size_t));
     for (int i = 0; i < m->n_info; i++) { /* tensors are in unit order */
@@ -186,14 +258,15 @@ static int create(const loom_model_config *cfg, int B, int T, int own_arenas, in
 
     /* activations: a size table, one allocation, typed pointers into it */
     const int64_t BT = (int64_t)B * T;
+    const int64_t Ls = lay.l1 - lay.l0; /* the stage's layers */
     struct { float **p; int64_t n; } tab[] = {
-        {&m->a.encoded, BT * C},        {&m->a.ln1, L * BT * C},
-        {&m->a.ln1_mean, L * BT},       {&m->a.ln1_rstd, L * BT},
-        {&m->a.qkv, L * BT * m->QKV},   {&m->a.att, L * B * H * (int64_t)T * T},
-        {&m->a.atty, L * BT * HD},      {&m->a.res2, L * BT * C},
-        {&m->a.ln2, L * BT * C},        {&m->a.ln2_mean, L * BT},
-        {&m->a.ln2_rstd, L * BT},       {&m->a.fch, L * BT * m->FFI},
-        {&m->a.fch_act, L * BT * F},    {&m->a.res3, L * BT * C},
+        {&m->a.encoded, BT * C},        {&m->a.ln1, Ls * BT * C},
+        {&m->a.ln1_mean, Ls * BT},       {&m->a.ln1_rstd, Ls * BT},
+        {&m->a.qkv, Ls * BT * m->QKV},   {&m->a.att, Ls * B * H * (int64_t)T * T},
+        {&m->a.atty, Ls * BT * HD},      {&m->a.res2, Ls * BT * C},
+        {&m->a.ln2, Ls * BT * C},        {&m->a.ln2_mean, Ls * BT},
+        {&m->a.ln2_rstd, Ls * BT},       {&m->a.fch, Ls * BT * m->FFI},
+        {&m->a.fch_act, Ls * BT * F},    {&m->a.res3, Ls * BT * C},
         {&m->a.lnf, BT * C},            {&m->a.lnf_mean, BT},
         {&m->a.lnf_rstd, BT},           {&m->a.logits, cls ? B * K : BT * V},
         {&m->a.pooled, cls ? B * C : 0}, {&m->a.dpooled, cls ? B * C : 0},
@@ -227,14 +300,19 @@ static int create(const loom_model_config *cfg, int B, int T, int own_arenas, in
     return 0;
 }
 
+int loom_model_create_view(const loom_model_config *cfg, const loom_model_layout *layout, int B,
+                           int T, int own_arenas, loom_model **out, loom_err *err) {
+    return create(cfg, layout, B, T, own_arenas, 0, out, err);
+}
+
 int loom_model_create_ex(const loom_model_config *cfg, int B, int T, int own_arenas,
                          loom_model **out, loom_err *err) {
-    return create(cfg, B, T, own_arenas, 0, out, err);
+    return create(cfg, NULL, B, T, own_arenas, 0, out, err);
 }
 
 int loom_model_create_layout(const loom_model_config *cfg, int B, int T, loom_model **out,
                              loom_err *err) {
-    return create(cfg, B, T, 0, 1, out, err);
+    return create(cfg, NULL, B, T, 0, 1, out, err);
 }
 
 size_t loom_model_activation_bytes(const loom_model *m) {
@@ -290,12 +368,8 @@ const loom_tensor_info *loom_model_layer_tensor(const loom_model *m, int layer, 
 }
 
 void loom_model_layer_range(const loom_model *m, int l, size_t *offset, size_t *count) {
-    const loom_tensor_info *first = loom_model_layer_tensor(m, l, LOOM_L_LN1_W);
-    const loom_tensor_info *last = loom_model_layer_tensor(m, l, m->cfg.flavor == LOOM_FLAVOR_GPT2
-                                                                     ? LOOM_L_FC_PROJ_B
-                                                                     : LOOM_L_FC_PROJ_W);
-    *offset = first->offset;
-    *count = last->offset + last->numel - first->offset;
+    LOOM_CHECK(l >= m->lay.l0 && l < m->lay.l1);
+    loom_model_unit_range(m, l - m->lay.l0 + 1, offset, count);
 }
 
 size_t loom_model_arena_bytes(const loom_model *m) {
@@ -372,8 +446,9 @@ void loom_model_init_range(const loom_model *m, uint64_t seed, size_t offset, si
         if (lo >= hi) continue;
         const uint64_t stream = loom_hash_str(t->name);
         #pragma omp parallel for schedule(static)
-        for (size_t k = lo; k < hi; k++)
-            dst[k - offset] = init_value(m, t, seed, stream, k - t->offset);
+        for (size_t k = lo; k < hi; k++) /* keyed by the element's index in the global tensor */
+            dst[k - offset] = init_value(m, t, seed, stream,
+                                         (size_t)loom_tensor_global_index(t, (int64_t)(k - t->offset)));
     }
 }
 
@@ -408,18 +483,19 @@ typedef struct layer_acts {
     float *ln2, *ln2_mean, *ln2_rstd, *fch, *fch_act, *res3;
 } layer_acts;
 
-static layer_acts layer_acts_of(const loom_model *m, int l) {
+static layer_acts layer_acts_of(const loom_model *m, int layer) {
     const acts *a = &m->a;
+    const int64_t l = layer - m->lay.l0; /* the stacked buffers hold the stage's layers */
     const int64_t mBT = (int64_t)m->maxB * m->maxT, C = m->cfg.d_model;
-    const int64_t HD = (int64_t)m->cfg.n_head * m->D;
+    const int64_t HD = (int64_t)m->H * m->D;
     return (layer_acts){
         .ln1 = a->ln1 + l * mBT * C, .ln1_mean = a->ln1_mean + l * mBT,
         .ln1_rstd = a->ln1_rstd + l * mBT, .qkv = a->qkv + l * mBT * m->QKV,
-        .att = a->att + l * (int64_t)m->maxB * m->cfg.n_head * m->maxT * m->maxT,
+        .att = a->att + l * (int64_t)m->maxB * m->H * m->maxT * m->maxT,
         .atty = a->atty + l * mBT * HD, .res2 = a->res2 + l * mBT * C,
         .ln2 = a->ln2 + l * mBT * C, .ln2_mean = a->ln2_mean + l * mBT,
         .ln2_rstd = a->ln2_rstd + l * mBT, .fch = a->fch + l * mBT * m->FFI,
-        .fch_act = a->fch_act + l * mBT * m->cfg.d_ff, .res3 = a->res3 + l * mBT * C};
+        .fch_act = a->fch_act + l * mBT * m->F, .res3 = a->res3 + l * mBT * C};
 }
 
 /* Cross-entropy of the last logits (N rows of K) against targets (N, < 0 ignored): keeps the
@@ -436,25 +512,46 @@ static float mean_loss(loom_model *m, const int32_t *targets, int64_t N, int K) 
     return m->valid > 0 ? (float)(sum / (double)m->valid) : 0.0f;
 }
 
+static const char *const cp_names[LOOM_CP_COUNT] = {
+    "stage_in", "attn_in", "col_in", "row_out", "attn_out", "ffn_in", "ffn_out", "stage_out"};
+
+const char *loom_comm_point_name(int point) {
+    return point >= 0 && point < LOOM_CP_COUNT ? cp_names[point] : "?";
+}
+
+void loom_model_set_comm_points(loom_model *m, const loom_comm_points *cp) {
+    m->has_cp = cp != NULL && cp->fn != NULL;
+    if (cp) m->cp = *cp;
+}
+
+/* a named communication point: nothing unless parallel/ supplied one */
+static void cpoint(loom_model *m, int point, int dir, int layer, int site, float *buf, int64_t n) {
+    if (m->has_cp) m->cp.fn(m->cp.ctx, point, dir, layer, site, buf, n);
+}
+
 float loom_model_forward(loom_model *m, const int32_t *inputs, const int32_t *targets, int B,
                          int T) {
     LOOM_CHECK(B > 0 && B <= m->maxB && T > 0 && T <= m->maxT);
+    /* a partial pipeline stage has no forward of its own yet (the pipeline issue) */
+    LOOM_CHECK(m->lay.has_embedding && m->lay.has_head && m->act_mem != NULL);
     const loom_model_config *c = &m->cfg;
-    const int C = c->d_model, L = c->n_layer, H = c->n_head, KVH = c->n_kv_head, D = m->D;
-    const int V = c->vocab_size, F = c->d_ff, QKV = m->QKV, FFI = m->FFI, HD = H * D;
+    const int C = c->d_model, L = c->n_layer, H = m->H, KVH = m->KVH, D = m->D;
+    const int V = c->vocab_size, F = m->F, QKV = m->QKV, FFI = m->FFI, HD = H * D;
     const int64_t BT = (int64_t)B * T;
     const int gpt2 = c->flavor == LOOM_FLAVOR_GPT2;
+    const int bias_here = m->lay.tp_rank == 0; /* a row-parallel bias is added once */
     acts *a = &m->a;
     m->B = B;
     m->T = T;
     memcpy(m->inputs, inputs, (size_t)BT * sizeof(int32_t));
     for (int64_t i = 0; i < BT; i++) LOOM_CHECK(inputs[i] >= 0 && inputs[i] < V);
 
-    const int U_FINAL = L + 1;
+    const int U_FINAL = m->n_units - 1;
     acquire(m, 0, 0);
     embedding_forward(a->encoded, inputs, PARAM(m, LOOM_P_WTE), PARAM(m, LOOM_P_WPE),
                       B, T, C, 0);
     release(m, 0, 0);
+    cpoint(m, LOOM_CP_STAGE_IN, 0, -1, LOOM_SITE_NONE, a->encoded, BT * C);
     const float *residual = a->encoded;
     for (int l = 0; l < L; l++) {
         const layer_acts la = layer_acts_of(m, l);
@@ -466,26 +563,35 @@ float loom_model_forward(loom_model *m, const int32_t *inputs, const int32_t *ta
         acquire(m, l + 1, 0);
         model_norm_fwd(m, ln1, ln1_mean, ln1_rstd, residual, LP(m, LOOM_L_LN1_W, l),
                  LP(m, LOOM_L_LN1_B, l), BT);
+        cpoint(m, LOOM_CP_ATTN_IN, 0, l, LOOM_SITE_ATTN, ln1, BT * C);
+        cpoint(m, LOOM_CP_COL_IN, 0, l, LOOM_SITE_ATTN, ln1, BT * C);
         matmul_forward(qkv, ln1, QKV_W(m, l), QKV_B(m, l), BT, C, QKV);
         if (!gpt2) {
             rope_forward(qkv, B, T, H, D, QKV, m->rope_cos, m->rope_sin, 0);
             rope_forward(qkv + HD, B, T, KVH, D, QKV, m->rope_cos, m->rope_sin, 0);
         }
         attention_forward(atty, att, qkv, B, T, H, KVH, D);
-        matmul_forward(res2, atty, LP(m, LOOM_L_ATTN_PROJ_W, l), LP(m, LOOM_L_ATTN_PROJ_B, l), BT,
-                       HD, C);
+        matmul_forward(res2, atty, LP(m, LOOM_L_ATTN_PROJ_W, l),
+                       bias_here ? LP(m, LOOM_L_ATTN_PROJ_B, l) : NULL, BT, HD, C);
+        cpoint(m, LOOM_CP_ROW_OUT, 0, l, LOOM_SITE_ATTN, res2, BT * C);
+        cpoint(m, LOOM_CP_ATTN_OUT, 0, l, LOOM_SITE_ATTN, res2, BT * C);
         residual_forward(res2, res2, residual, BT * C);
         model_norm_fwd(m, ln2, ln2_mean, ln2_rstd, res2, LP(m, LOOM_L_LN2_W, l), LP(m, LOOM_L_LN2_B, l),
                  BT);
+        cpoint(m, LOOM_CP_FFN_IN, 0, l, LOOM_SITE_FFN, ln2, BT * C);
+        cpoint(m, LOOM_CP_COL_IN, 0, l, LOOM_SITE_FFN, ln2, BT * C);
         matmul_forward(fch, ln2, FC1_W(m, l), LP(m, LOOM_L_FC_B, l), BT, C, FFI);
         if (gpt2) gelu_forward(fch_act, fch, BT * F);
         else swiglu_forward(fch_act, fch, BT, F);
-        matmul_forward(res3, fch_act, LP(m, LOOM_L_FC_PROJ_W, l), LP(m, LOOM_L_FC_PROJ_B, l), BT,
-                       F, C);
+        matmul_forward(res3, fch_act, LP(m, LOOM_L_FC_PROJ_W, l),
+                       bias_here ? LP(m, LOOM_L_FC_PROJ_B, l) : NULL, BT, F, C);
+        cpoint(m, LOOM_CP_ROW_OUT, 0, l, LOOM_SITE_FFN, res3, BT * C);
+        cpoint(m, LOOM_CP_FFN_OUT, 0, l, LOOM_SITE_FFN, res3, BT * C);
         residual_forward(res3, res3, res2, BT * C);
         release(m, l + 1, 0);
         residual = res3;
     }
+    cpoint(m, LOOM_CP_STAGE_OUT, 0, -1, LOOM_SITE_NONE, (float *)residual, BT * C);
     const int cls = c->head == LOOM_HEAD_CLASSIFY, tied = gpt2 && !cls;
     acquire(m, U_FINAL, 0);
     if (tied) acquire(m, 0, 0); /* the tied head reads wte */
@@ -512,14 +618,14 @@ float loom_model_forward(loom_model *m, const int32_t *inputs, const int32_t *ta
 void loom_model_backward(loom_model *m, float dscale) {
     LOOM_CHECK(m->has_targets);
     const loom_model_config *c = &m->cfg;
-    const int C = c->d_model, L = c->n_layer, H = c->n_head, KVH = c->n_kv_head, D = m->D;
-    const int V = c->vocab_size, F = c->d_ff, QKV = m->QKV, FFI = m->FFI, HD = H * D;
+    const int C = c->d_model, L = c->n_layer, H = m->H, KVH = m->KVH, D = m->D;
+    const int V = c->vocab_size, F = m->F, QKV = m->QKV, FFI = m->FFI, HD = H * D;
     const int B = m->B, T = m->T;
     const int64_t BT = (int64_t)B * T;
     const int gpt2 = c->flavor == LOOM_FLAVOR_GPT2;
     acts *a = &m->a;
 
-    const int U_FINAL = L + 1;
+    const int U_FINAL = m->n_units - 1;
     memset(m->have_grads, 0, (size_t)m->n_units);
     const int cls = c->head == LOOM_HEAD_CLASSIFY, tied = gpt2 && !cls;
     acquire(m, U_FINAL, 1);
@@ -545,6 +651,7 @@ void loom_model_backward(loom_model *m, float dscale) {
     if (tied) release(m, 0, 1);
     release(m, U_FINAL, 1);
     grads_ready(m, U_FINAL);
+    cpoint(m, LOOM_CP_STAGE_OUT, 1, -1, LOOM_SITE_NONE, a->dres, BT * C);
 
     for (int l = L - 1; l >= 0; l--) {
         const float *residual = l == 0 ? a->encoded : layer_acts_of(m, l - 1).res3;
@@ -556,6 +663,8 @@ void loom_model_backward(loom_model *m, float dscale) {
 
         acquire(m, l + 1, 1);
         /* MLP: res3 = res2 + fc_proj(act(fc(ln2(res2)))); a->dres holds d res3 */
+        cpoint(m, LOOM_CP_FFN_OUT, 1, l, LOOM_SITE_FFN, a->dres, BT * C);
+        cpoint(m, LOOM_CP_ROW_OUT, 1, l, LOOM_SITE_FFN, a->dres, BT * C);
         memset(a->dfch_act, 0, (size_t)BT * F * sizeof(float));
         matmul_backward(a->dfch_act, LG(m, LOOM_L_FC_PROJ_W, l), LG(m, LOOM_L_FC_PROJ_B, l),
                         a->dres, fch_act, LP(m, LOOM_L_FC_PROJ_W, l), BT, F, C);
@@ -565,9 +674,13 @@ void loom_model_backward(loom_model *m, float dscale) {
         memset(a->dln, 0, (size_t)BT * C * sizeof(float));
         matmul_backward(a->dln, FC1_GW(m, l), LG(m, LOOM_L_FC_B, l), a->dfch, ln2, FC1_W(m, l),
                         BT, C, FFI);
+        cpoint(m, LOOM_CP_COL_IN, 1, l, LOOM_SITE_FFN, a->dln, BT * C);
+        cpoint(m, LOOM_CP_FFN_IN, 1, l, LOOM_SITE_FFN, a->dln, BT * C);
         norm_bwd(m, a->dres, LG(m, LOOM_L_LN2_W, l), LG(m, LOOM_L_LN2_B, l), a->dln, res2,
                  LP(m, LOOM_L_LN2_W, l), ln2_mean, ln2_rstd, BT);
         /* attention: res2 = residual + attn_proj(attn(qkv(ln1(residual)))); dres = d res2 */
+        cpoint(m, LOOM_CP_ATTN_OUT, 1, l, LOOM_SITE_ATTN, a->dres, BT * C);
+        cpoint(m, LOOM_CP_ROW_OUT, 1, l, LOOM_SITE_ATTN, a->dres, BT * C);
         memset(a->datty, 0, (size_t)BT * HD * sizeof(float));
         matmul_backward(a->datty, LG(m, LOOM_L_ATTN_PROJ_W, l), LG(m, LOOM_L_ATTN_PROJ_B, l),
                         a->dres, atty, LP(m, LOOM_L_ATTN_PROJ_W, l), BT, HD, C);
@@ -580,11 +693,14 @@ void loom_model_backward(loom_model *m, float dscale) {
         memset(a->dln, 0, (size_t)BT * C * sizeof(float));
         matmul_backward(a->dln, QKV_GW(m, l), QKV_GB(m, l), a->dqkv, ln1, QKV_W(m, l), BT, C,
                         QKV);
+        cpoint(m, LOOM_CP_COL_IN, 1, l, LOOM_SITE_ATTN, a->dln, BT * C);
+        cpoint(m, LOOM_CP_ATTN_IN, 1, l, LOOM_SITE_ATTN, a->dln, BT * C);
         norm_bwd(m, a->dres, LG(m, LOOM_L_LN1_W, l), LG(m, LOOM_L_LN1_B, l), a->dln, residual,
                  LP(m, LOOM_L_LN1_W, l), ln1_mean, ln1_rstd, BT);
         release(m, l + 1, 1);
         grads_ready(m, l + 1);
     }
+    cpoint(m, LOOM_CP_STAGE_IN, 1, -1, LOOM_SITE_NONE, a->dres, BT * C);
     ensure_grads(m, 0);
     embedding_backward(GRAD(m, LOOM_P_WTE), GRAD(m, LOOM_P_WPE), a->dres, m->inputs,
                        B, T, C, 0);
@@ -599,10 +715,13 @@ const float *loom_model_next_logits(loom_model *m, const int32_t *tokens, int n)
 }
 
 double loom_model_flops_per_token(const loom_model *m, int T) {
+    /* the whole model's (a view's share is 1/tp of the layers' matmuls) */
     const loom_model_config *c = &m->cfg;
     const double C = c->d_model, L = c->n_layer, HD = (double)c->n_head * m->D;
+    const double QKV = (double)(c->n_head + 2 * c->n_kv_head) * m->D;
+    const double FFI = c->flavor == LOOM_FLAVOR_GPT2 ? c->d_ff : 2.0 * c->d_ff;
     const double head = c->head == LOOM_HEAD_CLASSIFY ? 0.0 : (double)c->vocab_size * C;
-    const double matmul_params = L * (C * m->QKV + HD * C + C * m->FFI + (double)c->d_ff * C) + head;
+    const double matmul_params = L * (C * QKV + HD * C + C * FFI + (double)c->d_ff * C) + head;
     /* 6 FLOPs per weight per token (fwd 2, bwd 4), plus attention: per layer and query head,
      * 2 forward and 4 backward GEMMs of 2*D FLOPs per (query, key) pair the causal kernels
      * compute (about T^2/2 pairs per sequence, not T^2: the masked blocks are skipped). */

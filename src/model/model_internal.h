@@ -41,8 +41,13 @@ typedef struct acts {
 
 struct loom_model {
     loom_model_config cfg;
+    loom_model_layout lay; /* this view (tp = 1 and all layers for the whole model) */
     int maxB, maxT;       /* arena sizes */
-    int D, QKV, FFI;      /* head dim, qkv width, first MLP matmul width */
+    int D;                /* head dim */
+    int H, KVH, F;        /* this view's query heads, kv heads, feed-forward width */
+    int QKV, FFI;         /* this view's q|k|v width, first MLP matmul width */
+    int has_cp;
+    loom_comm_points cp;
     loom_tensor_info *info;  /* the tensors present, arena order */
     int n_info;
     int gidx[LOOM_P_COUNT];  /* index into info, -1 when absent */

@@ -1,4 +1,7 @@
-/* Checkpoint pieces: serialize what a rank owns, fill what a rank needs. */
+/* Checkpoint pieces: serialize what a rank owns, fill what a rank needs. A piece on disk is a
+ * box of one global tensor (offset and extent per dimension); what a rank owns or needs is a
+ * flat range of its own box of each tensor (a ZeRO slice of a tensor-parallel box, say), cut
+ * into at most 2 * ndim - 1 boxes of the global tensor. */
 #include "loom/ckpt_pieces.h"
 
 #include <errno.h>
@@ -7,6 +10,9 @@
 #include <string.h>
 
 static const char *KIND_NAMES[3] = {"param", "adam_m", "adam_v"};
+#define FORMAT_V1 "loom-pieces-1" /* flat ranges of whole tensors: read only */
+#define FORMAT_V2 "loom-pieces-2" /* boxes */
+#define MAXD 4
 
 void loom_pieces_file_name(int rank, char *buf, size_t size) {
     loom_pathf(buf, size, "rank_%05d.safetensors", rank);
@@ -17,37 +23,156 @@ static int is_piece_file(const char *name) {
     return strncmp(name, "rank_", 5) == 0 && n > 17 && strcmp(name + n - 12, ".safetensors") == 0;
 }
 
+/* ---- boxes ------------------------------------------------------------------------------ */
+
+/* a box of a global tensor, with where its first element sits in some flat buffer */
+typedef struct box {
+    int64_t off[MAXD], len[MAXD];
+    int64_t start; /* flat index of the box's first element in the range being cut */
+} box;
+
+static int64_t volume(int ndim, const int64_t *len) {
+    int64_t v = 1;
+    for (int d = 0; d < ndim; d++) v *= len[d];
+    return v;
+}
+
+/* Cuts elements [b, e) (row-major over dims d..ndim-1 of the box (off, len), whose element 0
+ * is flat index base) into boxes appended to out; dims < d of tmpl are already fixed. */
+static int cut(int ndim, const int64_t *off, const int64_t *len, int d, box tmpl, int64_t b,
+               int64_t e, int64_t base, box *out, int n) {
+    if (b >= e) return n;
+    if (d == ndim - 1) {
+        tmpl.off[d] = off[d] + b;
+        tmpl.len[d] = e - b;
+        tmpl.start = base + b;
+        out[n++] = tmpl;
+        return n;
+    }
+    const int64_t inner = volume(ndim - d - 1, len + d + 1);
+    int64_t r = b / inner;
+    if (b % inner != 0) { /* a partial first row */
+        const int64_t stop = e < (r + 1) * inner ? e : (r + 1) * inner;
+        box t = tmpl;
+        t.off[d] = off[d] + r;
+        t.len[d] = 1;
+        n = cut(ndim, off, len, d + 1, t, b - r * inner, stop - r * inner, base + r * inner, out, n);
+        b = stop;
+        r++;
+    }
+    const int64_t full = (e - b) / inner;
+    if (b < e && full > 0) { /* whole rows: one box */
+        box t = tmpl;
+        t.off[d] = off[d] + r;
+        t.len[d] = full;
+        for (int k = d + 1; k < ndim; k++) {
+            t.off[k] = off[k];
+            t.len[k] = len[k];
+        }
+        t.start = base + b;
+        out[n++] = t;
+        b += full * inner;
+        r += full;
+    }
+    if (b < e) { /* a partial last row */
+        box t = tmpl;
+        t.off[d] = off[d] + r;
+        t.len[d] = 1;
+        n = cut(ndim, off, len, d + 1, t, 0, e - b, base + b, out, n);
+    }
+    return n;
+}
+
+/* the boxes of the global tensor covering elements [begin, begin + count) of t's box */
+static int range_boxes(const loom_tensor_info *t, size_t begin, size_t count, box *out) {
+    box tmpl;
+    memset(&tmpl, 0, sizeof tmpl);
+    return cut(t->ndim, t->box_off, t->box_len, 0, tmpl, (int64_t)begin,
+               (int64_t)(begin + count), 0, out, 0);
+}
+
+/* the intersection of two boxes; 0 when empty */
+static int intersect(int ndim, const box *a, const box *b, int64_t *lo, int64_t *hi) {
+    for (int d = 0; d < ndim; d++) {
+        lo[d] = a->off[d] > b->off[d] ? a->off[d] : b->off[d];
+        const int64_t ea = a->off[d] + a->len[d], eb = b->off[d] + b->len[d];
+        hi[d] = ea < eb ? ea : eb;
+        if (lo[d] >= hi[d]) return 0;
+    }
+    return 1;
+}
+
+/* copies the region [lo, hi) from box s (data sd, row-major) into box t (data td) */
+static void copy_region(int ndim, const int64_t *lo, const int64_t *hi, const box *s,
+                        const float *sd, const box *t, float *td) {
+    int64_t idx[MAXD];
+    for (int d = 0; d < ndim; d++) idx[d] = lo[d];
+    const int last = ndim - 1;
+    const size_t run = (size_t)(hi[last] - lo[last]);
+    for (;;) {
+        int64_t so = 0, to = 0;
+        for (int d = 0; d < ndim; d++) {
+            so = so * s->len[d] + (idx[d] - s->off[d]);
+            to = to * t->len[d] + (idx[d] - t->off[d]);
+        }
+        memcpy(td + to, sd + so, run * sizeof(float));
+        int d = last - 1;
+        for (; d >= 0; d--) {
+            if (++idx[d] < hi[d]) break;
+            idx[d] = lo[d];
+        }
+        if (d < 0) break;
+    }
+}
+
+static void format_dims(char *buf, size_t size, int ndim, const int64_t *v, const char *open,
+                        const char *sep, const char *close) {
+    size_t at = (size_t)snprintf(buf, size, "%s", open);
+    for (int d = 0; d < ndim && at < size; d++)
+        at += (size_t)snprintf(buf + at, size - at, "%s%" PRId64, d ? sep : "", v[d]);
+    if (at < size) snprintf(buf + at, size - at, "%s", close);
+}
+
+/* ---- writing ---------------------------------------------------------------------------- */
+
 int loom_pieces_serialize(const loom_dp_piece *p, int n, char **buf, size_t *len, loom_err *err) {
-    loom_st_tensor *t = loom_calloc((size_t)n + 1, sizeof *t);
-    char **names = loom_calloc((size_t)n + 1, sizeof *names);
-    /* metadata: format + one shape per distinct tensor */
+    /* every piece becomes up to 2 * MAXD - 1 boxes */
+    const size_t cap = (size_t)n * (2 * MAXD) + 1;
+    loom_st_tensor *t = loom_calloc(cap, sizeof *t);
+    char **names = loom_calloc(cap, sizeof *names);
+    /* metadata: format + one global shape per distinct tensor */
     const char **meta = loom_calloc(2 * (size_t)n + 4, sizeof *meta);
     char **meta_own = loom_calloc(2 * (size_t)n + 4, sizeof *meta_own);
-    int nm = 0, nown = 0;
+    int nm = 0, nown = 0, nt = 0;
     meta[nm++] = "format";
-    meta[nm++] = "loom-pieces-1";
+    meta[nm++] = FORMAT_V2;
     for (int i = 0; i < n; i++) {
-        char tmp[160];
-        snprintf(tmp, sizeof tmp, "%s/%s/%zu", KIND_NAMES[p[i].kind], p[i].tensor->name, p[i].begin);
-        names[i] = loom_strdup(tmp);
-        t[i].name = names[i];
-        t[i].data = p[i].data;
-        t[i].ndim = 1;
-        t[i].shape[0] = (int64_t)p[i].count;
-        int seen = 0;
-        for (int j = 0; j < i && !seen; j++) seen = p[j].tensor == p[i].tensor;
-        if (seen) continue;
         const loom_tensor_info *ti = p[i].tensor;
+        box bx[2 * MAXD];
+        const int nb = range_boxes(ti, p[i].begin, p[i].count, bx);
+        for (int k = 0; k < nb; k++) {
+            char offs[96], tmp[200];
+            format_dims(offs, sizeof offs, ti->ndim, bx[k].off, "", ",", "");
+            snprintf(tmp, sizeof tmp, "%s/%s/%s", KIND_NAMES[p[i].kind], ti->name, offs);
+            names[nt] = loom_strdup(tmp);
+            t[nt].name = names[nt];
+            t[nt].data = p[i].data + (bx[k].start - (int64_t)p[i].begin);
+            t[nt].ndim = ti->ndim;
+            for (int d = 0; d < ti->ndim; d++) t[nt].shape[d] = bx[k].len[d];
+            nt++;
+        }
+        int seen = 0;
+        for (int j = 0; j < i && !seen; j++) seen = !strcmp(p[j].tensor->name, ti->name);
+        if (seen) continue;
         char key[96], val[96];
         snprintf(key, sizeof key, "shape/%s", ti->name);
-        if (ti->ndim == 1) snprintf(val, sizeof val, "[%" PRId64 "]", ti->shape[0]);
-        else snprintf(val, sizeof val, "[%" PRId64 ", %" PRId64 "]", ti->shape[0], ti->shape[1]);
+        format_dims(val, sizeof val, ti->ndim, ti->shape, "[", ", ", "]");
         meta[nm++] = meta_own[nown++] = loom_strdup(key);
         meta[nm++] = meta_own[nown++] = loom_strdup(val);
     }
     meta[nm] = NULL;
-    int rc = loom_safetensors_serialize(t, n, meta, buf, len, err);
-    for (int i = 0; i < n; i++) free(names[i]);
+    int rc = loom_safetensors_serialize(t, nt, meta, buf, len, err);
+    for (int i = 0; i < nt; i++) free(names[i]);
     for (int i = 0; i < nown; i++) free(meta_own[i]);
     free(names);
     free(meta_own);
@@ -56,26 +181,49 @@ int loom_pieces_serialize(const loom_dp_piece *p, int n, char **buf, size_t *len
     return rc;
 }
 
-/* one source piece found in a file */
+/* ---- reading ---------------------------------------------------------------------------- */
+
+/* one source box found in a file */
 typedef struct src_piece {
     int kind;
     char tensor[64];
-    uint64_t begin, count;
+    int ndim;
+    box b;              /* in the global tensor (b.start unused) */
     const float *data;
     const char *file;
+    int fidx;
 } src_piece;
 
 static int cmp_src(const void *a, const void *b) {
     const src_piece *x = a, *y = b;
     if (x->kind != y->kind) return x->kind - y->kind;
-    int c = strcmp(x->tensor, y->tensor);
-    if (c) return c;
-    return x->begin < y->begin ? -1 : x->begin > y->begin;
+    return strcmp(x->tensor, y->tensor);
 }
 
-/* "<kind>/<tensor>/<begin>" */
+/* by tensor, then by the box's first dimension's offset */
+static int cmp_src_pos(const void *a, const void *b) {
+    const int c = cmp_src(a, b);
+    if (c) return c;
+    const src_piece *x = a, *y = b;
+    return x->b.off[0] < y->b.off[0] ? -1 : x->b.off[0] > y->b.off[0];
+}
+
+static int parse_u64(const char **s, uint64_t *out) {
+    const char *d = *s;
+    uint64_t v = 0;
+    if (*d < '0' || *d > '9') return -1;
+    for (; *d >= '0' && *d <= '9'; d++) {
+        if (v > (UINT64_MAX - 9) / 10) return -1;
+        v = v * 10 + (uint64_t)(*d - '0');
+    }
+    *s = d;
+    *out = v;
+    return 0;
+}
+
+/* "<kind>/<tensor>/<a>[,<b>...]": the offsets (v2) or the flat begin (v1, one number) */
 static int parse_piece_name(const char *name, int *kind, char *tensor, size_t tsize,
-                            uint64_t *begin) {
+                            int64_t *offs, int *noffs) {
     const char *a = strchr(name, '/');
     const char *b = a ? strrchr(name, '/') : NULL;
     if (!a || b == a) return -1;
@@ -87,22 +235,118 @@ static int parse_piece_name(const char *name, int *kind, char *tensor, size_t ts
     memcpy(tensor, a + 1, (size_t)(b - a - 1));
     tensor[b - a - 1] = 0;
     const char *d = b + 1;
-    if (!*d) return -1;
-    uint64_t v = 0;
-    for (; *d; d++) {
-        if (*d < '0' || *d > '9' || v > (UINT64_MAX - 9) / 10) return -1;
-        v = v * 10 + (uint64_t)(*d - '0');
+    *noffs = 0;
+    for (;;) {
+        uint64_t v;
+        if (*noffs == MAXD || parse_u64(&d, &v) || v > (uint64_t)INT64_MAX) return -1;
+        offs[(*noffs)++] = (int64_t)v;
+        if (!*d) return 0;
+        if (*d != ',') return -1;
+        d++;
     }
-    *begin = v;
+}
+
+/* "[a, b, ...]" -> dims; -1 when malformed */
+static int parse_shape(const char *s, int64_t *dims) {
+    if (!s || *s != '[') return -1;
+    s++;
+    int n = 0;
+    for (;;) {
+        uint64_t v;
+        if (n == MAXD || parse_u64(&s, &v) || v > (uint64_t)INT64_MAX) return -1;
+        dims[n++] = (int64_t)v;
+        if (*s == ']') return s[1] ? -1 : n;
+        if (s[0] != ',' || s[1] != ' ') return -1;
+        s += 2;
+    }
+}
+
+static void push_src(src_piece **src, size_t *nsrc, size_t *cap, const src_piece *sp) {
+    if (*nsrc == *cap) {
+        *cap = *cap ? 2 * *cap : 256;
+        *src = loom_realloc(*src, *cap * sizeof **src);
+    }
+    (*src)[(*nsrc)++] = *sp;
+}
+
+/* Reads the pieces of one file into src (boxes); v1 flat ranges are cut into boxes. */
+static int read_file(loom_st_file *f, const char *fname, int fidx, const char *where,
+                     src_piece **src, size_t *nsrc, size_t *cap, loom_err *err) {
+    const char *fmt = loom_safetensors_metadata(f, "format");
+    const int v1 = fmt && !strcmp(fmt, FORMAT_V1), v2 = fmt && !strcmp(fmt, FORMAT_V2);
+    if (!v1 && !v2)
+        return loom_errf(err, "%s: not a loom piece file (metadata format = %s; this loom reads "
+                              "%s and %s)", where, fmt ? fmt : "absent", FORMAT_V1, FORMAT_V2);
+    for (int i = 0; i < loom_safetensors_count(f); i++) {
+        src_piece sp = {.file = fname, .fidx = fidx};
+        const char *name = loom_safetensors_name(f, i);
+        int64_t offs[MAXD];
+        int noffs;
+        if (parse_piece_name(name, &sp.kind, sp.tensor, sizeof sp.tensor, offs, &noffs) ||
+            (v1 && noffs != 1))
+            return loom_errf(err, "%s: tensor '%.100s' is not named <kind>/<tensor>/%s", where,
+                             name, v1 ? "<begin>" : "<offset>,<offset>...");
+        char key[96];
+        snprintf(key, sizeof key, "shape/%s", sp.tensor);
+        int64_t gshape[MAXD];
+        const int gnd = parse_shape(loom_safetensors_metadata(f, key), gshape);
+        if (gnd < 1)
+            return loom_errf(err, "%s: piece '%.100s' has no valid shape/%s metadata", where,
+                             name, sp.tensor);
+        for (int d = 0, big = 0; d < gnd; d++) { /* the element count must fit comfortably */
+            big += gshape[d] > ((int64_t)1 << 40);
+            if (big || (d > 0 && volume(d + 1, gshape) / gshape[d] != volume(d, gshape)) ||
+                volume(d + 1, gshape) > ((int64_t)1 << 50))
+                return loom_errf(err, "%s: shape/%s is too large", where, sp.tensor);
+        }
+        int nd;
+        int64_t shape[8];
+        if (loom_safetensors_get(f, name, &sp.data, &nd, shape, err)) return -1;
+        sp.ndim = gnd;
+        if (v1) { /* a flat range of the whole tensor */
+            if (nd != 1) return loom_errf(err, "%s: piece '%.100s' is not 1-D", where, name);
+            const uint64_t total = (uint64_t)volume(gnd, gshape), b = (uint64_t)offs[0];
+            if (b > total || (uint64_t)shape[0] > total - b)
+                return loom_errf(err, "%s: piece '%.100s' of %" PRId64 " elements runs past the "
+                                      "tensor's %" PRIu64, where, name, shape[0], total);
+            const int64_t zero[MAXD] = {0};
+            box tmpl, bx[2 * MAXD];
+            memset(&tmpl, 0, sizeof tmpl);
+            const int nb = cut(gnd, zero, gshape, 0, tmpl, (int64_t)b, (int64_t)b + shape[0],
+                               0, bx, 0);
+            const float *base = sp.data;
+            for (int k = 0; k < nb; k++) {
+                sp.b = bx[k];
+                sp.data = base + (bx[k].start - (int64_t)b);
+                push_src(src, nsrc, cap, &sp);
+            }
+            continue;
+        }
+        if (nd != gnd || noffs != gnd)
+            return loom_errf(err, "%s: piece '%.100s' has %d dimensions and %d offsets, its "
+                                  "tensor %d", where, name, nd, noffs, gnd);
+        for (int d = 0; d < gnd; d++) {
+            if (offs[d] > gshape[d] || shape[d] > gshape[d] - offs[d])
+                return loom_errf(err, "%s: piece '%.100s' runs past the tensor's dimension %d "
+                                      "(%" PRId64 ")", where, name, d, gshape[d]);
+            sp.b.off[d] = offs[d];
+            sp.b.len[d] = shape[d];
+        }
+        push_src(src, nsrc, cap, &sp);
+    }
     return 0;
 }
 
-/* "[a]" or "[a, b]" matches the shape */
-static int shape_matches(const char *s, int ndim, const int64_t *shape) {
-    char want[96];
-    if (ndim == 1) snprintf(want, sizeof want, "[%" PRId64 "]", shape[0]);
-    else snprintf(want, sizeof want, "[%" PRId64 ", %" PRId64 "]", shape[0], shape[1]);
-    return s && strcmp(s, want) == 0;
+/* the recorded global shape of `tensor` in a file matches (ndim, shape) */
+static int shape_matches(const loom_st_file *f, const char *tensor, int ndim, const int64_t *shape) {
+    char key[96];
+    snprintf(key, sizeof key, "shape/%s", tensor);
+    int64_t got[MAXD];
+    const int n = parse_shape(loom_safetensors_metadata(f, key), got);
+    if (n != ndim) return 0;
+    for (int d = 0; d < n; d++)
+        if (got[d] != shape[d]) return 0;
+    return 1;
 }
 
 int loom_pieces_fill(const loom_ckpt *ck, loom_dp_piece *needed, int n, loom_err *err) {
@@ -110,7 +354,6 @@ int loom_pieces_fill(const loom_ckpt *ck, loom_dp_piece *needed, int n, loom_err
     loom_st_file **files = loom_calloc((size_t)nf + 1, sizeof *files);
     src_piece *src = NULL;
     size_t nsrc = 0, cap = 0;
-    uint64_t *covered = loom_calloc((size_t)n + 1, sizeof *covered);
     int rc = -1, any = 0;
     char where[4400];
     for (int f = 0; f < nf; f++) {
@@ -121,92 +364,72 @@ int loom_pieces_fill(const loom_ckpt *ck, loom_dp_piece *needed, int n, loom_err
         const char *buf = loom_ckpt_file_data(ck, fname, &len);
         loom_pathf(where, sizeof where, "%s/%s", loom_ckpt_dir(ck), fname);
         if (loom_safetensors_parse(buf, len, where, &files[f], err)) goto done;
-        const char *fmt = loom_safetensors_metadata(files[f], "format");
-        if (!fmt || strcmp(fmt, "loom-pieces-1") != 0) {
-            loom_errf(err, "%s: not a loom piece file (metadata format = %s)", where, fmt ? fmt : "absent");
-            goto done;
-        }
-        for (int i = 0; i < loom_safetensors_count(files[f]); i++) {
-            src_piece sp = {.file = fname};
-            const char *name = loom_safetensors_name(files[f], i);
-            if (parse_piece_name(name, &sp.kind, sp.tensor, sizeof sp.tensor, &sp.begin)) {
-                loom_errf(err, "%s: tensor '%.100s' is not named <kind>/<tensor>/<begin>", where, name);
-                goto done;
-            }
-            int nd;
-            int64_t shape[8];
-            if (loom_safetensors_get(files[f], name, &sp.data, &nd, shape, err)) goto done;
-            if (nd != 1) {
-                loom_errf(err, "%s: piece '%.100s' is not 1-D", where, name);
-                goto done;
-            }
-            sp.count = (uint64_t)shape[0];
-            if (nsrc == cap) {
-                cap = cap ? 2 * cap : 256;
-                src = loom_realloc(src, cap * sizeof *src);
-            }
-            src[nsrc++] = sp;
-        }
+        if (read_file(files[f], fname, f, where, &src, &nsrc, &cap, err)) goto done;
     }
     if (!any) {
         loom_errf(err, "%s: checkpoint has no rank_*.safetensors piece files", loom_ckpt_dir(ck));
         goto done;
     }
-    qsort(src, nsrc, sizeof *src, cmp_src);
-    for (size_t i = 1; i < nsrc; i++)
-        if (src[i].kind == src[i - 1].kind && !strcmp(src[i].tensor, src[i - 1].tensor) &&
-            src[i].begin < src[i - 1].begin + src[i - 1].count) {
-            loom_errf(err, "%s: pieces of %s '%s' overlap (in %s and %s)", loom_ckpt_dir(ck),
-                      KIND_NAMES[src[i].kind], src[i].tensor, src[i - 1].file, src[i].file);
-            goto done;
-        }
+    qsort(src, nsrc, sizeof *src, cmp_src_pos);
+    for (size_t g = 0; g < nsrc;) { /* no two boxes of one tensor may overlap */
+        size_t e = g + 1;
+        while (e < nsrc && !cmp_src(&src[g], &src[e])) e++;
+        for (size_t i = g; i < e; i++) /* sorted by dim-0 offset: only the ones starting inside */
+            for (size_t j = i + 1; j < e && src[j].b.off[0] < src[i].b.off[0] + src[i].b.len[0]; j++) {
+                int64_t lo[MAXD], hi[MAXD];
+                if (src[i].ndim != src[j].ndim || intersect(src[i].ndim, &src[i].b, &src[j].b, lo, hi)) {
+                    loom_errf(err, "%s: pieces of %s '%s' overlap (in %s and %s)", loom_ckpt_dir(ck),
+                              KIND_NAMES[src[i].kind], src[i].tensor, src[i].file, src[j].file);
+                    goto done;
+                }
+            }
+        g = e;
+    }
     for (int k = 0; k < n; k++) {
         loom_dp_piece *p = &needed[k];
         const loom_tensor_info *t = p->tensor;
-        /* a tensor of its own name, else (a checkpoint of the fused format) its range of the
-         * fused tensor: q_w/k_w/v_w in qkv_w, gate_w/up_w in llama's fc_w */
-        int found_own = 0;
-        for (size_t i = 0; i < nsrc && !found_own; i++)
-            found_own = src[i].kind == p->kind && !strcmp(src[i].tensor, t->name);
-        const int legacy = !found_own && t->legacy_name[0];
+        /* the tensor under its own name, else (a checkpoint of the fused format) its rows of
+         * the fused tensor: q_w/k_w/v_w in qkv_w, gate_w/up_w in llama's fc_w */
+        src_piece key = {.kind = p->kind};
+        snprintf(key.tensor, sizeof key.tensor, "%s", t->name);
+        const src_piece *own = nsrc ? bsearch(&key, src, nsrc, sizeof *src, cmp_src) : NULL;
+        const int legacy = !own && t->legacy_name[0];
         const char *want = legacy ? t->legacy_name : t->name;
         const int want_ndim = legacy ? t->legacy_ndim : t->ndim;
         const int64_t *want_shape = legacy ? t->legacy_shape : t->shape;
-        const uint64_t shift = legacy ? t->legacy_off : 0;   /* want's index of t's element 0 */
-        const uint64_t want_numel = (uint64_t)want_shape[0] * (uint64_t)(want_ndim > 1 ? want_shape[1] : 1);
+        const int64_t row0 = legacy ? t->legacy_row0 : 0; /* want's row of t's row 0 */
+        box dst[2 * MAXD];
+        const int nd = range_boxes(t, p->begin, p->count, dst);
+        uint64_t covered = 0;
         for (size_t i = 0; i < nsrc; i++) {
             const src_piece *s = &src[i];
             if (s->kind != p->kind || strcmp(s->tensor, want) != 0) continue;
-            /* the recorded shape and the piece's bounds, checked once per use */
-            const loom_st_file *sf = NULL;
-            for (int f = 0; f < nf && !sf; f++)
-                if (files[f] && !strcmp(loom_ckpt_file_name(ck, f), s->file)) sf = files[f];
-            char key[96];
-            snprintf(key, sizeof key, "shape/%s", want);
-            if (!shape_matches(loom_safetensors_metadata(sf, key), want_ndim, want_shape)) {
+            if (!shape_matches(files[s->fidx], want, want_ndim, want_shape)) {
+                char got[96], exp[96], mkey[96];
+                snprintf(mkey, sizeof mkey, "shape/%s", want);
+                const char *g = loom_safetensors_metadata(files[s->fidx], mkey);
+                snprintf(got, sizeof got, "%s", g ? g : "(none)");
+                format_dims(exp, sizeof exp, want_ndim, want_shape, "[", ", ", "]");
                 loom_errf(err, "%s/%s: tensor '%s' has shape %s in the checkpoint, the model "
-                               "wants another (is this the same model config?)",
-                          loom_ckpt_dir(ck), s->file, want,
-                          loom_safetensors_metadata(sf, key) ? loom_safetensors_metadata(sf, key) : "(none)");
+                               "wants %s (is this the same model config?)",
+                          loom_ckpt_dir(ck), s->file, want, got, exp);
                 goto done;
             }
-            if (s->begin > want_numel || s->count > want_numel - s->begin) {
-                loom_errf(err, "%s/%s: piece %s/%s/%" PRIu64 " of %" PRIu64 " elements runs past "
-                               "the tensor's %" PRIu64, loom_ckpt_dir(ck), s->file, KIND_NAMES[s->kind],
-                          s->tensor, s->begin, s->count, want_numel);
-                goto done;
+            box sb = s->b; /* in t's global coordinates */
+            sb.off[0] -= row0;
+            for (int b = 0; b < nd; b++) {
+                int64_t lo[MAXD], hi[MAXD];
+                if (!intersect(t->ndim, &sb, &dst[b], lo, hi)) continue;
+                copy_region(t->ndim, lo, hi, &sb, s->data, &dst[b],
+                            p->data + (dst[b].start - (int64_t)p->begin));
+                int64_t v = 1;
+                for (int d = 0; d < t->ndim; d++) v *= hi[d] - lo[d];
+                covered += (uint64_t)v;
             }
-            /* in want's element indices */
-            const uint64_t pb = shift + p->begin, pe = pb + p->count;
-            const uint64_t lo = s->begin > pb ? s->begin : pb;
-            const uint64_t hi = s->begin + s->count < pe ? s->begin + s->count : pe;
-            if (lo >= hi) continue;
-            memcpy(p->data + (lo - pb), s->data + (lo - s->begin), (hi - lo) * sizeof(float));
-            covered[k] += hi - lo;
         }
-        if (covered[k] != p->count) {
+        if (covered != p->count) {
             loom_errf(err, "%s: the checkpoint holds %" PRIu64 " of the %zu elements of %s '%s' "
-                           "this rank needs", loom_ckpt_dir(ck), covered[k], p->count,
+                           "this rank needs", loom_ckpt_dir(ck), covered, p->count,
                       KIND_NAMES[p->kind], t->name);
             goto done;
         }
@@ -216,7 +439,6 @@ done:
     for (int f = 0; f < nf; f++) loom_safetensors_close(files[f]);
     free(files);
     free(src);
-    free(covered);
     return rc;
 }
 

@@ -104,8 +104,10 @@ static inline loom_tokenizer *fuzz_fixture_tokenizer(void) {
  * functions ckpt_pieces.c links against), the pieces a rank needs of it, and a valid piece
  * file holding all of them. */
 static const loom_tensor_info FUZZ_TENSORS[2] = {
-    {.name = "wte", .layer = -1, .offset = 0, .numel = 128, .ndim = 2, .shape = {16, 8}},
-    {.name = "ln_f.w", .layer = -1, .offset = 128, .numel = 8, .ndim = 1, .shape = {8}},
+    {.name = "wte", .layer = -1, .offset = 0, .numel = 128, .ndim = 2, .shape = {16, 8},
+     .split_dim = -1, .box_len = {16, 8}},
+    {.name = "ln_f.w", .layer = -1, .offset = 128, .numel = 8, .ndim = 1, .shape = {8},
+     .split_dim = -1, .box_len = {8}},
 };
 enum { FUZZ_N_NEEDED = 4 };
 /* kind 0 = param, 1 = adam_m, 2 = adam_v; data points into buf (at least 300 floats) */

@@ -42,7 +42,7 @@ def run(cfg, K, B=3, T=17, seed=0):
                         c["n_kv_head"], c["d_model"], c["d_ff"], c["norm_eps"], c["rope_theta"],
                         c["init_std"], 1, K)
     ptr, err = ctypes.c_void_p(), tm.Err()
-    if LIB.loom_model_create(ctypes.byref(mc), B, T, ctypes.byref(ptr), ctypes.byref(err)) != 0:
+    if LIB.loom_model_create(ctypes.byref(mc), None, B, T, ctypes.byref(ptr), ctypes.byref(err)) != 0:
         raise RuntimeError(err.msg.decode())
     LIB.loom_model_init_weights(ptr, 7)
     n = LIB.loom_model_num_params(ptr)

@@ -69,7 +69,7 @@ def load_lib():
     fp = ctypes.POINTER(ctypes.c_float)
     ip = ctypes.POINTER(ctypes.c_int32)
     sigs = {
-        "loom_model_create": (I, [ctypes.POINTER(ModelConfig), I, I, ctypes.POINTER(P),
+        "loom_model_create": (I, [ctypes.POINTER(ModelConfig), P, I, I, ctypes.POINTER(P),
                                   ctypes.POINTER(Err)]),
         "loom_model_free": (None, [P]),
         "loom_model_num_params": (Z, [P]),
@@ -131,7 +131,7 @@ class LoomModel:
                          c["rope_theta"], c["init_std"])
         self.ptr = ctypes.c_void_p()
         err = Err()
-        if LIB.loom_model_create(ctypes.byref(mc), B, T, ctypes.byref(self.ptr),
+        if LIB.loom_model_create(ctypes.byref(mc), None, B, T, ctypes.byref(self.ptr),
                                  ctypes.byref(err)) != 0:
             raise RuntimeError("loom_model_create: " + err.msg.decode(errors="replace"))
         self.n = LIB.loom_model_num_params(self.ptr)
@@ -409,7 +409,7 @@ def check_bad_configs():
                          c["n_head"], c["n_kv_head"], c["d_model"], c["d_ff"], c["norm_eps"],
                          c["rope_theta"], c["init_std"])
         ptr, err = ctypes.c_void_p(), Err()
-        rc = LIB.loom_model_create(ctypes.byref(mc), 2, T, ctypes.byref(ptr), ctypes.byref(err))
+        rc = LIB.loom_model_create(ctypes.byref(mc), None, 2, T, ctypes.byref(ptr), ctypes.byref(err))
         expect(f"rejects {what}", rc == -1 and len(err.msg) > 0, err.msg.decode(errors="replace"))
         if rc == 0:
             LIB.loom_model_free(ptr)

@@ -12,7 +12,7 @@ static void check_flavor(const loom_model_config *cfg, uint64_t seed) {
     loom_err err = {{0}};
     loom_model *m = NULL;
     const int T = cfg->max_seq_len, V = cfg->vocab_size;
-    assert_int_equal(loom_model_create(cfg, 1, T, &m, &err), 0);
+    assert_int_equal(loom_model_create(cfg, NULL, 1, T, &m, &err), 0);
     loom_model_init_weights(m, seed);
     int32_t tokens[64];
     for (int i = 0; i < T; i++) tokens[i] = (int32_t)(loom_rng_u64(seed, 7, (uint64_t)i) % (uint64_t)V);

@@ -49,7 +49,7 @@ static double matmul_params(const loom_model_config *c) {
 static void check(const loom_model_config *cfg, int B, int T) {
     loom_err err = {{0}};
     loom_model *m;
-    if (loom_model_create(cfg, B, T, &m, &err)) fail_msg("%s", err.msg);
+    if (loom_model_create(cfg, NULL, B, T, &m, &err)) fail_msg("%s", err.msg);
     loom_model_init_weights(m, 7);
     int32_t *in = malloc(sizeof(int32_t) * (size_t)(B * T));
     int32_t *tg = malloc(sizeof(int32_t) * (size_t)(B * T));

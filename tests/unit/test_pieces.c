@@ -184,8 +184,105 @@ static void test_hostile(void **state) {
     unmake(&a);
 }
 
-/* A checkpoint of the fused format (before Q/K/V and gate/up were split: layers.<l>.qkv_w,
- * qkv_b and llama's fc_w = [gate | up]) loads into the split tensors at every ZeRO stage. */
+/* The pieces of the first checkpoint format (loom-pieces-1, before boxes): each a flat range
+ * [begin, begin + count) of a whole tensor, 1-D, named <kind>/<tensor>/<begin>. tensors names
+ * the tensor of each piece by (name, ndim, shape) since fused ones are not in the model. */
+typedef struct v1_piece {
+    int kind;
+    const char *name;
+    int ndim;
+    int64_t shape[2];
+    size_t begin, count;
+    const float *data;
+} v1_piece;
+
+static void save_v1(const char *root, int64_t step, const v1_piece *p, int n) {
+    static const char *kinds[3] = {"param", "adam_m", "adam_v"};
+    loom_st_tensor *t = calloc((size_t)n, sizeof *t);
+    char **names = calloc((size_t)n, sizeof *names);
+    const char **meta = calloc(2 * (size_t)n + 3, sizeof *meta);
+    char **own = calloc(2 * (size_t)n + 3, sizeof *own);
+    int nm = 0, no = 0;
+    meta[nm++] = "format";
+    meta[nm++] = "loom-pieces-1";
+    for (int i = 0; i < n; i++) {
+        char buf[200];
+        snprintf(buf, sizeof buf, "%s/%s/%zu", kinds[p[i].kind], p[i].name, p[i].begin);
+        names[i] = strdup(buf);
+        t[i] = (loom_st_tensor){.name = names[i], .data = p[i].data, .ndim = 1,
+                                .shape = {(int64_t)p[i].count}};
+        int seen = 0;
+        for (int j = 0; j < i && !seen; j++) seen = !strcmp(p[j].name, p[i].name);
+        if (seen) continue;
+        snprintf(buf, sizeof buf, "shape/%s", p[i].name);
+        meta[nm++] = own[no++] = strdup(buf);
+        if (p[i].ndim == 1) snprintf(buf, sizeof buf, "[%lld]", (long long)p[i].shape[0]);
+        else snprintf(buf, sizeof buf, "[%lld, %lld]", (long long)p[i].shape[0], (long long)p[i].shape[1]);
+        meta[nm++] = own[no++] = strdup(buf);
+    }
+    char *buf;
+    size_t len;
+    loom_err err = {{0}};
+    if (loom_safetensors_serialize(t, n, meta, &buf, &len, &err)) fail_msg("%s", err.msg);
+    loom_ckpt_file f = {"rank_00000.safetensors", buf, len};
+    if (loom_ckpt_save(root, step, &f, 1, NULL, 0, &err)) fail_msg("%s", err.msg);
+    free(buf);
+    for (int i = 0; i < n; i++) free(names[i]);
+    for (int i = 0; i < no; i++) free(own[i]);
+    free(names);
+    free(own);
+    free(meta);
+    free(t);
+}
+
+/* a loom_dp_piece of the whole model as a v1 piece */
+static v1_piece as_v1(const loom_dp_piece *p) {
+    const loom_tensor_info *t = p->tensor;
+    return (v1_piece){p->kind, t->name, t->ndim, {t->shape[0], t->shape[1]}, p->begin, p->count,
+                      p->data};
+}
+
+/* Checkpoints of the first format (flat ranges, loom-pieces-1) load at every ZeRO stage. */
+static void test_v1_format_loads(void **state) {
+    (void)state;
+    char root[512];
+    tu_path(root, sizeof root, "v1");
+    for (int zs = 0; zs < 4; zs += 3) {
+        fixture a;
+        make(&a, &CFG, zs, 11);
+        int n;
+        loom_dp_piece *p = loom_dp_pieces(a.dp, &n);
+        for (int i = 0; i < n; i++)
+            for (size_t k = 0; k < p[i].count && p[i].kind > 0; k++)
+                p[i].data[k] = (float)(p[i].kind * 1000 + (int)p[i].begin + (int)k) * 1e-3f;
+        v1_piece *v = calloc((size_t)(n > 0 ? n : 1), sizeof *v);
+        for (int i = 0; i < n; i++) v[i] = as_v1(&p[i]);
+        save_v1(root, zs + 1, v, n);
+        for (int zl = 0; zl < 4; zl++) {
+            fixture b;
+            make(&b, &CFG, zl, 99);
+            loom_ckpt *ck = open_step(root, zs + 1);
+            int nn;
+            loom_dp_piece *need = loom_dp_needed(b.dp, &nn);
+            loom_err err = {{0}};
+            if (loom_pieces_fill(ck, need, nn, &err)) fail_msg("%s", err.msg);
+            assert_int_equal(loom_dp_param_hash(b.dp), loom_dp_param_hash(a.dp));
+            for (int i = 0; i < nn; i++)
+                for (size_t k = 0; k < need[i].count && need[i].kind > 0; k++)
+                    assert_float_equal(need[i].data[k],
+                                       (float)(need[i].kind * 1000 + (int)need[i].begin + (int)k) * 1e-3f, 0);
+            free(need);
+            loom_ckpt_close(ck);
+            unmake(&b);
+        }
+        free(v);
+        free(p);
+        unmake(&a);
+    }
+}
+
+/* A checkpoint of the fused format (loom-pieces-1 with layers.<l>.qkv_w, qkv_b and llama's
+ * fc_w = [gate | up]) loads into the split tensors at every ZeRO stage. */
 static void test_fused_format_converts(void **state) {
     (void)state;
     char root[512];
@@ -203,36 +300,28 @@ static void test_fused_format_converts(void **state) {
         for (int i = 0; i < n; i++)
             for (size_t k = 0; k < p[i].count && p[i].kind > 0; k++)
                 p[i].data[k] = (float)(p[i].kind * 1000 + i * 7 + (int)k) * 1e-3f;
-        /* the fused tensors: a part with legacy_off 0 stands for its whole group (the parts are
-         * adjacent in the arena, so its data runs on through the others) */
-        loom_tensor_info *fused = calloc((size_t)n, sizeof *fused);
-        loom_dp_piece *old = calloc((size_t)n, sizeof *old);
+        /* a part at fused row 0 stands for its whole group (the parts are adjacent in the
+         * arena, so its data runs on through the others); each fused tensor in two pieces */
+        v1_piece *old = calloc(2 * (size_t)n, sizeof *old);
         int no = 0, nfused = 0;
         for (int i = 0; i < n; i++) {
             const loom_tensor_info *t = p[i].tensor;
             if (!t->legacy_name[0]) {
-                old[no++] = p[i];
+                old[no++] = as_v1(&p[i]);
                 continue;
             }
-            if (t->legacy_off != 0) continue;
-            loom_tensor_info *f = NULL; /* one per name: param, adam_m, adam_v share it */
-            for (int j = 0; j < nfused && !f; j++)
-                if (!strcmp(fused[j].name, t->legacy_name)) f = &fused[j];
-            if (f) {
-                old[no++] = (loom_dp_piece){p[i].kind, f, 0, f->numel, p[i].data};
-                continue;
-            }
-            f = &fused[nfused++];
-            snprintf(f->name, sizeof f->name, "%s", t->legacy_name);
-            f->ndim = t->legacy_ndim;
-            f->shape[0] = t->legacy_shape[0];
-            f->shape[1] = t->legacy_shape[1];
-            f->numel = (size_t)f->shape[0] * (size_t)(f->ndim > 1 ? f->shape[1] : 1);
-            old[no++] = (loom_dp_piece){p[i].kind, f, 0, f->numel, p[i].data};
+            if (t->legacy_row0 != 0) continue;
+            const size_t total = (size_t)t->legacy_shape[0] * (size_t)(t->legacy_ndim > 1 ? t->legacy_shape[1] : 1);
+            const size_t half = total / 2 + 3;
+            old[no++] = (v1_piece){p[i].kind, t->legacy_name, t->legacy_ndim,
+                                   {t->legacy_shape[0], t->legacy_shape[1]}, 0, half, p[i].data};
+            old[no++] = (v1_piece){p[i].kind, t->legacy_name, t->legacy_ndim,
+                                   {t->legacy_shape[0], t->legacy_shape[1]}, half, total - half,
+                                   p[i].data + half};
+            nfused++;
         }
         assert_true(nfused > 0);
-        const char *names[] = {"rank_00000.safetensors"};
-        save(root, c + 1, 1, names, &old, &no);
+        save_v1(root, c + 1, old, no);
         for (int zl = 0; zl < 4; zl++) {
             fixture b;
             make(&b, cfgs[c], zl, 99);
@@ -240,7 +329,7 @@ static void test_fused_format_converts(void **state) {
             int nn;
             loom_dp_piece *need = loom_dp_needed(b.dp, &nn);
             loom_err err = {{0}};
-            assert_int_equal(loom_pieces_fill(ck, need, nn, &err), 0);
+            if (loom_pieces_fill(ck, need, nn, &err)) fail_msg("%s", err.msg);
             assert_int_equal(loom_dp_param_hash(b.dp), loom_dp_param_hash(a.dp));
             for (int i = 0; i < nn; i++) { /* moments: compare with a's piece of that tensor */
                 if (need[i].kind == 0) continue;
@@ -256,27 +345,133 @@ static void test_fused_format_converts(void **state) {
             unmake(&b);
         }
         /* a fused tensor of another shape is refused naming it */
-        fused[0].shape[0] += 1;
-        fused[0].numel += (size_t)fused[0].shape[1];
-        save(root, c + 10, 1, names, &old, &no);
+        for (int i = 0; i < no; i++)
+            if (strstr(old[i].name, "qkv_w")) old[i].shape[0] += 1;
+        save_v1(root, c + 10, old, no);
         loom_ckpt *ck = open_step(root, c + 10);
         int nn;
         loom_dp_piece *need = loom_dp_needed(a.dp, &nn);
-        TU_ASSERT_ERR(loom_pieces_fill(ck, need, nn, TU_ERR), "shape", fused[0].name);
+        TU_ASSERT_ERR(loom_pieces_fill(ck, need, nn, TU_ERR), "shape", "qkv_w");
         free(need);
         loom_ckpt_close(ck);
-        free(fused);
         free(old);
         free(p);
         unmake(&a);
     }
 }
 
+/* a value determined by (kind, tensor, global element): what every layout must agree on */
+static float mark(int kind, const loom_tensor_info *t, int64_t g) {
+    return (float)(kind * 100000 + (int)(loom_hash_str(t->name) % 997) * 1000 + (int)(g % 1000)) * 1e-4f;
+}
+
+static void make_view(fixture *f, const loom_model_config *cfg, int tp, int rank, int zero,
+                      uint64_t seed) {
+    loom_err err = {{0}};
+    loom_mesh_spec spec;
+    loom_mesh_spec_default(&spec);
+    assert_int_equal(loom_mesh_create(&spec, NULL, &f->mesh, &err), 0);
+    const loom_model_layout lay = {.tp = tp, .tp_rank = rank};
+    if (loom_model_create_view(cfg, &lay, 1, 4, 0, &f->m, &err)) fail_msg("%s", err.msg);
+    assert_int_equal(loom_dp_create(f->m, f->mesh, zero, seed, 0.9f, 0.95f, 1e-8f, 0.1f, &f->dp, &err), 0);
+}
+
+/* Pieces are boxes: the two tp = 2 views of a llama with GQA (heads, kv heads, columns split)
+ * write boxes that the whole model loads (and the other way round), at ZeRO stages that cut
+ * the boxes at arbitrary flat positions; every element lands at its global position. */
+static void test_tp_boxes(void **state) {
+    (void)state;
+    char root[512];
+    tu_path(root, sizeof root, "boxes");
+    const loom_model_config cfgs[2] = {
+        CFG,
+        {.flavor = LOOM_FLAVOR_LLAMA, .vocab_size = 64, .max_seq_len = 8, .n_layer = 2,
+         .n_head = 4, .n_kv_head = 2, .d_model = 16, .d_ff = 24, .norm_eps = 1e-5f,
+         .rope_theta = 10000.0f, .init_std = 0.02f}};
+    int64_t step = 0;
+    for (int c = 0; c < 2; c++)
+        for (int zs = 0; zs < 4; zs += 3) {
+            /* tp views -> whole model */
+            const char *names[] = {"rank_00000.safetensors", "rank_00001.safetensors"};
+            fixture v[2];
+            loom_dp_piece *pv[2];
+            int nv[2];
+            for (int r = 0; r < 2; r++) {
+                make_view(&v[r], &cfgs[c], 2, r, zs, 11);
+                pv[r] = loom_dp_pieces(v[r].dp, &nv[r]);
+                for (int i = 0; i < nv[r]; i++)
+                    for (size_t k = 0; k < pv[r][i].count && pv[r][i].kind > 0; k++)
+                        pv[r][i].data[k] = mark(pv[r][i].kind, pv[r][i].tensor,
+                                                loom_tensor_global_index(pv[r][i].tensor, (int64_t)(pv[r][i].begin + k)));
+            }
+            /* replicated tensors are held whole by both views: only rank 0 writes those */
+            int keep = 0;
+            for (int i = 0; i < nv[1]; i++)
+                if (pv[1][i].tensor->split_dim >= 0) pv[1][keep++] = pv[1][i];
+            nv[1] = keep;
+            save(root, ++step, 2, names, pv, nv);
+            fixture whole, ref;
+            make(&ref, &cfgs[c], 0, 11); /* init keyed by global element: the same weights */
+            for (int zl = 0; zl < 4; zl++) {
+                make(&whole, &cfgs[c], zl, 99);
+                loom_ckpt *ck = open_step(root, step);
+                int nn;
+                loom_dp_piece *need = loom_dp_needed(whole.dp, &nn);
+                loom_err err = {{0}};
+                if (loom_pieces_fill(ck, need, nn, &err)) fail_msg("%s", err.msg);
+                assert_int_equal(loom_dp_param_hash(whole.dp), loom_dp_param_hash(ref.dp));
+                for (int i = 0; i < nn; i++)
+                    for (size_t k = 0; k < need[i].count && need[i].kind > 0; k++)
+                        assert_float_equal(need[i].data[k],
+                                           mark(need[i].kind, need[i].tensor, (int64_t)(need[i].begin + k)), 0);
+                free(need);
+                loom_ckpt_close(ck);
+                unmake(&whole);
+            }
+            /* whole model -> tp views */
+            int nr;
+            loom_dp_piece *pr = loom_dp_pieces(ref.dp, &nr);
+            for (int i = 0; i < nr; i++)
+                for (size_t k = 0; k < pr[i].count && pr[i].kind > 0; k++)
+                    pr[i].data[k] = mark(pr[i].kind, pr[i].tensor, (int64_t)(pr[i].begin + k));
+            save(root, ++step, 1, names, &pr, &nr);
+            for (int r = 0; r < 2; r++) {
+                fixture w;
+                make_view(&w, &cfgs[c], 2, r, 3 - zs, 99);
+                loom_ckpt *ck = open_step(root, step);
+                int nn;
+                loom_dp_piece *need = loom_dp_needed(w.dp, &nn);
+                loom_err err = {{0}};
+                if (loom_pieces_fill(ck, need, nn, &err)) fail_msg("%s", err.msg);
+                for (int i = 0; i < nn; i++)
+                    for (size_t k = 0; k < need[i].count; k++) {
+                        const int64_t g = loom_tensor_global_index(need[i].tensor, (int64_t)(need[i].begin + k));
+                        float want = need[i].kind > 0 ? mark(need[i].kind, need[i].tensor, g) : 0;
+                        if (need[i].kind == 0) { /* the parameter: same as the view's init (seed 11) */
+                            loom_model_init_range(w.m, 11, need[i].tensor->offset + need[i].begin + k, 1, &want);
+                        }
+                        assert_float_equal(need[i].data[k], want, 0);
+                    }
+                free(need);
+                loom_ckpt_close(ck);
+                unmake(&w);
+            }
+            free(pr);
+            unmake(&ref);
+            for (int r = 0; r < 2; r++) {
+                free(pv[r]);
+                unmake(&v[r]);
+            }
+        }
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_round_trip_across_stages),
         cmocka_unit_test(test_hostile),
+        cmocka_unit_test(test_v1_format_loads),
         cmocka_unit_test(test_fused_format_converts),
+        cmocka_unit_test(test_tp_boxes),
     };
     return cmocka_run_group_tests(tests, tu_setup_tmpdir, tu_teardown_tmpdir);
 }
