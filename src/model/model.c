@@ -73,7 +73,7 @@ static void set_fused_layout(loom_model *m) {
                                      {LOOM_L_Q_B, LOOM_L_K_B, LOOM_L_V_B},
                                      {LOOM_L_GATE_W, LOOM_L_UP_W, -1}};
     static const char *const fused[3] = {"qkv_w", "qkv_b", "fc_w"};
-    for (int l = 0; l < m->cfg.n_layer; l++)
+    for (int l = m->lay.l0; l < m->lay.l1; l++)
         for (int g = 0; g < 3; g++) {
             if ((g == 1 && !gpt2) || (g == 2 && gpt2)) continue;
             const loom_tensor_info *first = loom_model_layer_tensor(m, l, groups[g][0]);
