@@ -77,7 +77,7 @@ class RssSampler:
 def flash_bytes(T, threads):
     """lse + per-thread scratch of flash_attention_* (sizes as in flash_attention.c)"""
     fwd = 3 * 64 * D + 64 * 64 + 3 * 64
-    bwd = 6 * 64 * D + 2 * 64 * 64 + 64
+    bwd = 8 * 64 * D + 2 * 64 * 64 + 64 + T  # + the fused path's (H/KVH, T) row sums
     return 4 * (B * H * T + max(fwd, bwd) * threads)
 
 

@@ -12,16 +12,19 @@
  * acc += P V (V read in place). Then out = acc / l, lse = m + log(l). Working on Sᵀ keeps every
  * operand either in place or transposed once per task, never once per tile pair.
  *
- * Backward, two passes in one parallel region, so that every output element is written by
- * exactly one task (no atomics, no cross-thread reductions):
- *   dK/dV pass, one task per (b, kv head, key tile): Kᵀ and Vᵀ tiles transposed once; for each
+ * Backward: every output element is written by exactly one task (no atomics, no cross-thread
+ * reductions), in one of two schedules:
+ *   fused, one task per (b, kv head): for each key tile (Kᵀ, Vᵀ transposed once), for each
  *     query head of the group and each query tile: S = Qs Kᵀ, P = exp(S - lse),
  *     dP = dO Vᵀ, dS = P (dP - delta) with delta = rowsum(dO * O); dV_acc += Pᵀ dO,
- *     dK_acc += dSᵀ Qs; then dk/dv += the accumulators.
- *   dQ pass, one task per (b, h, query tile): Qsᵀ and dOᵀ transposed once; for each key tile
- *     Sᵀ = K Qsᵀ, dPᵀ = V dOᵀ, Pᵀ, dSᵀ as above; dQ_acc += dS K; then dq += scale * dQ_acc.
- * S and dP are recomputed in both passes (7 tile products per pair instead of 5): the price of
- * parallelism over key tiles and query tiles with bitwise thread-count independence.
+ *     dK_acc += dSᵀ Qs, dq += scale * (dS K); then dk/dv += the accumulators. 5 tile
+ *     products per pair, but only B*KVH tasks.
+ *   two passes: the same key-tile work without dq, one task per (b, kv head, key tile); then
+ *     one task per (b, h, query tile) that recomputes Sᵀ = K Qsᵀ and dPᵀ = V dOᵀ from
+ *     transposed tiles and adds dS K for each key tile. 7 products per pair, full parallelism.
+ * Both add the same products (bitwise: a tile product and its transpose are the same FMA
+ * chains) in the same order (dq: key tiles ascending; dk/dv: heads, then query tiles), so
+ * choosing by the thread count (use_fused) changes no bit of the result.
  *
  * Inner loops: one set of tile operations (a small GEMM, the softmax steps, the backward P/dS
  * steps, the row dot products) per ISA, chosen per call: AVX-512 (compiled with a target
@@ -31,6 +34,7 @@
 #include "kernels/kmath.h"
 
 #include <cblas.h>
+#include <omp.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -584,6 +588,178 @@ int flash_attention_forward(float *out, float *lse, const float *q, const float 
     return fail ? -3 : 0;
 }
 
+static int is_blas(const attn_ops *o) {
+#ifdef LOOM_HAVE_X86
+    return o == &ops_avx512_blas;
+#else
+    (void)o;
+    return 0;
+#endif
+}
+
+/* Everything a backward task reads, and its per-thread scratch. */
+typedef struct {
+    const attn_ops *ops;
+    loom_attn_dims d;
+    loom_attn_mask mk;
+    float *dq, *dk, *dv;
+    const float *dout, *q, *k, *v, *out, *lse;
+    float scale;
+    int G, nqt, nkt;
+    /* scratch: t1, t2 (D x max(BQ,BK)), qs (BQ x D), s, dp (BQ x BK), acc1, acc2, pk, pk2,
+     * c (max(BQ,BK) x D), delta (BQ) */
+    float *t1, *t2, *qs, *s, *dp, *acc1, *acc2, *pk, *pk2, *c, *delta;
+    /* fused path only: delta of every query row of the task's group, (G, Tq) */
+    float *delta_all;
+} bwd_ctx;
+
+enum { BM = BQ > BK ? BQ : BK };
+
+static size_t bwd_scratch_floats(int D) {
+    return (size_t)2 * D * BM + (size_t)BQ * D + (size_t)2 * BQ * BK + (size_t)5 * BM * D + BQ;
+}
+
+static void bwd_ctx_scratch(bwd_ctx *x, float *buf) {
+    const size_t dt = (size_t)x->d.D * BM;
+    x->t1 = buf;
+    x->t2 = x->t1 + dt;
+    x->qs = x->t2 + dt;
+    x->s = x->qs + (size_t)BQ * x->d.D;
+    x->dp = x->s + (size_t)BQ * BK;
+    x->acc1 = x->dp + (size_t)BQ * BK;
+    x->acc2 = x->acc1 + dt;
+    x->pk = x->acc2 + dt;
+    x->pk2 = x->pk + dt;
+    x->c = x->pk2 + dt;
+    x->delta = x->c + dt;
+}
+
+/* dq rows of (b, h, query tile at i0, m rows) += scale * c (m x D) */
+static void add_dq(const bwd_ctx *x, int b, int h, int i0, int m, const float *c) {
+    const int D = x->d.D;
+    float *dqb = x->dq + b * x->d.q_bs + i0 * x->d.q_ts + (int64_t)h * D;
+    for (int r = 0; r < m; r++)
+        for (int e = 0; e < D; e++) dqb[r * x->d.q_ts + e] += x->scale * c[(int64_t)r * D + e];
+}
+
+/* The key tile jt of (b, kv head): dk/dv rows += the sum over the group's query heads and the
+ * query tiles (in that order) of dSᵀ Qs and Pᵀ dO. With with_dq, each pair's dS K_j is also
+ * added to dq (the fused backward: dq rows then receive their key tiles in ascending order,
+ * exactly as kv_dq_task adds them). */
+static void kv_tile_task(bwd_ctx *x, int b, int kvh, int jt, int with_dq) {
+    const attn_ops *ops = x->ops;
+    const loom_attn_dims *d = &x->d;
+    const loom_attn_mask *mk = &x->mk;
+    const int D = d->D;
+    const int j0 = jt * BK, n = d->Tk - j0 < BK ? d->Tk - j0 : BK;
+    const float *kb = x->k + b * d->k_bs + j0 * d->k_ts + (int64_t)kvh * D;
+    const float *vb = x->v + b * d->v_bs + j0 * d->v_ts + (int64_t)kvh * D;
+    const int32_t *kd = mk->k_doc ? mk->k_doc + b * mk->k_doc_bs + j0 : NULL;
+    float *kt = x->t1, *vt = x->t2, *dkacc = x->acc1, *dvacc = x->acc2;
+    memset(dkacc, 0, (size_t)n * D * sizeof(float));
+    memset(dvacc, 0, (size_t)n * D * sizeof(float));
+    int any = 0;
+    for (int h = kvh * x->G; h < (kvh + 1) * x->G; h++) {
+        for (int it = 0; it < x->nqt; it++) {
+            const int i0 = it * BQ, m = d->Tq - i0 < BQ ? d->Tq - i0 : BQ;
+            const int32_t *qd = mk->q_doc ? mk->q_doc + b * mk->q_doc_bs + i0 : NULL;
+            doc_range qr = {0, 0};
+            if (qd) qr = doc_range_of(qd, m);
+            int cls = tile_class(mk, i0, m, j0, n, qd, qr, kd);
+            if (cls == TILE_SKIP) continue;
+            if (!any) {
+                transpose_scaled(kt, BK, kb, d->k_ts, n, D, 1.0f);
+                transpose_scaled(vt, BK, vb, d->v_ts, n, D, 1.0f);
+                if (with_dq) pack_rows(x->pk2, kb, d->k_ts, n, D);
+                any = 1;
+            }
+            const float *qb = x->q + b * d->q_bs + i0 * d->q_ts + (int64_t)h * D;
+            const float *dob = x->dout + b * d->o_bs + i0 * d->o_ts + (int64_t)h * D;
+            const float *lb = x->lse + ((int64_t)b * d->H + h) * d->Tq + i0;
+            copy_scaled(x->qs, qb, d->q_ts, m, D, x->scale);
+            const float *ob = x->out + b * d->o_bs + i0 * d->o_ts + (int64_t)h * D;
+            const float *delta = x->delta;
+            if (x->delta_all)
+                delta = x->delta_all + (int64_t)(h - kvh * x->G) * d->Tq + i0;
+            else
+                ops->row_dot(x->delta, dob, d->o_ts, ob, d->o_ts, m, D);
+            ops->gemm(x->s, BK, x->qs, D, 1, kt, BK, m, n, D, 0);
+            if (cls == TILE_PARTIAL) mask_tile(x->s, mk, i0, m, j0, n, qd, kd);
+            ops->gemm(x->dp, BK, dob, d->o_ts, 1, vt, BK, m, n, D, 0);
+            ops->bwd_tile(x->s, x->dp, m, n, lb, delta);
+            /* dV += Pᵀ dO, dK += dSᵀ (scale Q) */
+            if (x->dv) {
+                pack_rows(x->pk, dob, d->o_ts, m, D);
+                ops->gemm(dvacc, D, x->s, 1, BK, x->pk, D, n, D, m, 1);
+            }
+            if (x->dk) ops->gemm(dkacc, D, x->dp, 1, BK, x->qs, D, n, D, m, 1);
+            if (with_dq) { /* dq += scale * dS K_j */
+                ops->gemm(x->c, D, x->dp, BK, 1, x->pk2, D, m, D, n, 0);
+                add_dq(x, b, h, i0, m, x->c);
+            }
+        }
+    }
+    if (!any) return;
+    for (int r = 0; r < n; r++) {
+        if (x->dk) {
+            float *dkr = x->dk + b * d->k_bs + (j0 + r) * d->k_ts + (int64_t)kvh * D;
+            for (int e = 0; e < D; e++) dkr[e] += dkacc[(int64_t)r * D + e];
+        }
+        if (x->dv) {
+            float *dvr = x->dv + b * d->v_bs + (j0 + r) * d->v_ts + (int64_t)kvh * D;
+            for (int e = 0; e < D; e++) dvr[e] += dvacc[(int64_t)r * D + e];
+        }
+    }
+}
+
+/* dq rows of the query tile it of (b, h): for each visible key tile in ascending order,
+ * dq += scale * dS K_j, with Sᵀ and dPᵀ computed from transposed tiles. Bitwise the same
+ * additions as kv_tile_task's with_dq (the same products in the same order). */
+static void q_tile_task(bwd_ctx *x, int b, int h, int it) {
+    const attn_ops *ops = x->ops;
+    const loom_attn_dims *d = &x->d;
+    const loom_attn_mask *mk = &x->mk;
+    const int D = d->D, kvh = h / x->G;
+    const int i0 = it * BQ, m = d->Tq - i0 < BQ ? d->Tq - i0 : BQ;
+    const float *qb = x->q + b * d->q_bs + i0 * d->q_ts + (int64_t)h * D;
+    const float *dob = x->dout + b * d->o_bs + i0 * d->o_ts + (int64_t)h * D;
+    const float *ob = x->out + b * d->o_bs + i0 * d->o_ts + (int64_t)h * D;
+    const float *lb = x->lse + ((int64_t)b * d->H + h) * d->Tq + i0;
+    const float *kb = x->k + b * d->k_bs + (int64_t)kvh * D;
+    const float *vb = x->v + b * d->v_bs + (int64_t)kvh * D;
+    const int32_t *qd = mk->q_doc ? mk->q_doc + b * mk->q_doc_bs + i0 : NULL;
+    const int32_t *kdb = mk->k_doc ? mk->k_doc + b * mk->k_doc_bs : NULL;
+    doc_range qr = {0, 0};
+    if (qd) qr = doc_range_of(qd, m);
+    float *qst = x->t1, *dot = x->t2, *st = x->s, *dpt = x->dp;
+    transpose_scaled(qst, BQ, qb, d->q_ts, m, D, x->scale);
+    transpose_scaled(dot, BQ, dob, d->o_ts, m, D, 1.0f);
+    ops->row_dot(x->delta, dob, d->o_ts, ob, d->o_ts, m, D);
+    for (int jt = 0; jt < x->nkt; jt++) {
+        const int j0 = jt * BK, n = d->Tk - j0 < BK ? d->Tk - j0 : BK;
+        const int32_t *kd = kdb ? kdb + j0 : NULL;
+        int cls = tile_class(mk, i0, m, j0, n, qd, qr, kd);
+        if (cls == TILE_SKIP) continue;
+        /* Sᵀ = K_j Qsᵀ, dPᵀ = V_j dOᵀ (n x m) */
+        ops->gemm(st, BQ, kb + j0 * d->k_ts, d->k_ts, 1, qst, BQ, n, m, D, 0);
+        if (cls == TILE_PARTIAL) mask_tile_t(st, mk, i0, m, j0, n, qd, kd);
+        ops->gemm(dpt, BQ, vb + j0 * d->v_ts, d->v_ts, 1, dot, BQ, n, m, D, 0);
+        ops->bwd_tile_t(st, dpt, n, m, lb, x->delta);
+        /* c (m x D) = dS K_j, dS(i, j) = dpt[j*BQ + i]; dq += scale * c */
+        pack_rows(x->pk, kb + j0 * d->k_ts, d->k_ts, n, D);
+        ops->gemm(x->c, D, dpt, 1, BQ, x->pk, D, m, D, n, 0);
+        add_dq(x, b, h, i0, m, x->c);
+    }
+}
+
+/* The fused backward (one task per (b, kv head): 5 tile products per pair) keeps every thread
+ * busy only with enough such tasks; otherwise two passes (7 products per pair) spread the work
+ * over key tiles and query tiles. Both add the same products in the same order, so the choice,
+ * which depends on the thread count, never changes a bit of the result. */
+static int use_fused(int64_t nbk, int nthreads) {
+    return nbk >= nthreads && (nbk % nthreads == 0 || nbk >= 4 * (int64_t)nthreads);
+}
+
 int flash_attention_backward(float *dq, float *dk, float *dv, const float *dout,
                              const float *q, const float *k, const float *v, const float *out,
                              const float *lse, const loom_attn_dims *dims,
@@ -591,18 +767,19 @@ int flash_attention_backward(float *dq, float *dk, float *dv, const float *dout,
     if (check_args(dims, mask)) return -1;
     const attn_ops *ops = pick_ops(isa);
     if (!ops) return -2;
-    const loom_attn_dims d = *dims;
-    const loom_attn_mask mk = *mask;
-    const int D = d.D, G = d.H / d.KVH;
-    const int nqt = (d.Tq + BQ - 1) / BQ, nkt = (d.Tk + BK - 1) / BK;
-    const int64_t nkv_task = (dk || dv) ? (int64_t)d.B * d.KVH * nkt : 0;
-    const int64_t nq_task = dq ? (int64_t)d.B * d.H * nqt : 0;
-    const float scale = 1.0f / sqrtf((float)D);
-    /* two D-tiles (kt, vt / qst, dot: D x max(BQ,BK)), qs (BQ x D), two score tiles (s, dp:
-     * BQ x BK), two accumulators (max(BQ,BK) x D), delta (BQ) */
-    const int BM = BQ > BK ? BQ : BK;
-    const size_t nscratch = (size_t)2 * D * BM + (size_t)BQ * D + (size_t)2 * BQ * BK +
-                            (size_t)3 * BM * D + BQ;
+    bwd_ctx x0 = {ops, *dims, *mask, dq, dk, dv, dout, q, k, v, out, lse,
+                  1.0f / sqrtf((float)dims->D), dims->H / dims->KVH,
+                  (dims->Tq + BQ - 1) / BQ, (dims->Tk + BK - 1) / BK,
+                  NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL};
+    const int64_t nbk = (int64_t)dims->B * dims->KVH;
+    const int64_t nkv_task = (dk || dv) ? nbk * x0.nkt : 0;
+    const int64_t nq_task = dq ? (int64_t)dims->B * dims->H * x0.nqt : 0;
+    /* the fused path needs dk or dv (its tasks are key tiles) and dq; the BLAS variant
+     * always takes two passes (sgemm is not bitwise the same on a tile and its transpose) */
+    const int fused = nkv_task && nq_task && !is_blas(ops) &&
+                      use_fused(nbk, omp_get_max_threads());
+    const size_t nscratch =
+        bwd_scratch_floats(dims->D) + (fused ? (size_t)x0.G * dims->Tq : 0);
     int fail = 0;
 #pragma omp parallel if (nkv_task + nq_task > 1)
     {
@@ -616,112 +793,35 @@ int flash_attention_backward(float *dq, float *dk, float *dv, const float *dout,
 #pragma omp atomic read
         failed = fail;
         if (!failed) {
-            float *t1 = buf, *t2 = t1 + (size_t)D * BM, *qs = t2 + (size_t)D * BM;
-            float *s = qs + (size_t)BQ * D, *dp = s + (size_t)BQ * BK;
-            float *acc1 = dp + (size_t)BQ * BK, *acc2 = acc1 + (size_t)BM * D;
-            float *pk = acc2 + (size_t)BM * D, *delta = pk + (size_t)BM * D;
-
-            /* dK/dV: one task per (b, kv head, key tile); the earliest key tiles (the most
-             * queries under a causal mask) go first */
+            bwd_ctx x = x0;
+            bwd_ctx_scratch(&x, buf);
+            if (fused) {
+                x.delta_all = buf + bwd_scratch_floats(dims->D);
 #pragma omp for schedule(dynamic, 1)
-            for (int64_t task = 0; task < nkv_task; task++) {
-                const int jt = (int)(task % nkt);
-                const int kvh = (int)(task / nkt % d.KVH), b = (int)(task / nkt / d.KVH);
-                const int j0 = jt * BK, n = d.Tk - j0 < BK ? d.Tk - j0 : BK;
-                const float *kb = k + b * d.k_bs + j0 * d.k_ts + (int64_t)kvh * D;
-                const float *vb = v + b * d.v_bs + j0 * d.v_ts + (int64_t)kvh * D;
-                const int32_t *kd = mk.k_doc ? mk.k_doc + b * mk.k_doc_bs + j0 : NULL;
-                float *kt = t1, *vt = t2, *dkacc = acc1, *dvacc = acc2;
-                memset(dkacc, 0, (size_t)n * D * sizeof(float));
-                memset(dvacc, 0, (size_t)n * D * sizeof(float));
-                int any = 0;
-                for (int h = kvh * G; h < (kvh + 1) * G; h++) {
-                    for (int it = 0; it < nqt; it++) {
-                        const int i0 = it * BQ, m = d.Tq - i0 < BQ ? d.Tq - i0 : BQ;
-                        const int32_t *qd = mk.q_doc ? mk.q_doc + b * mk.q_doc_bs + i0 : NULL;
-                        doc_range qr = {0, 0};
-                        if (qd) qr = doc_range_of(qd, m);
-                        int cls = tile_class(&mk, i0, m, j0, n, qd, qr, kd);
-                        if (cls == TILE_SKIP) continue;
-                        if (!any) {
-                            transpose_scaled(kt, BK, kb, d.k_ts, n, D, 1.0f);
-                            transpose_scaled(vt, BK, vb, d.v_ts, n, D, 1.0f);
-                            any = 1;
-                        }
-                        const float *qb = q + b * d.q_bs + i0 * d.q_ts + (int64_t)h * D;
-                        const float *dob = dout + b * d.o_bs + i0 * d.o_ts + (int64_t)h * D;
-                        const float *ob = out + b * d.o_bs + i0 * d.o_ts + (int64_t)h * D;
-                        const float *lb = lse + ((int64_t)b * d.H + h) * d.Tq + i0;
-                        copy_scaled(qs, qb, d.q_ts, m, D, scale);
-                        ops->row_dot(delta, dob, d.o_ts, ob, d.o_ts, m, D);
-                        ops->gemm(s, BK, qs, D, 1, kt, BK, m, n, D, 0);
-                        if (cls == TILE_PARTIAL) mask_tile(s, &mk, i0, m, j0, n, qd, kd);
-                        ops->gemm(dp, BK, dob, d.o_ts, 1, vt, BK, m, n, D, 0);
-                        ops->bwd_tile(s, dp, m, n, lb, delta);
-                        /* dV += Pᵀ dO, dK += dSᵀ (scale Q) */
-                        if (dv) {
-                            pack_rows(pk, dob, d.o_ts, m, D);
-                            ops->gemm(dvacc, D, s, 1, BK, pk, D, n, D, m, 1);
-                        }
-                        if (dk) ops->gemm(dkacc, D, dp, 1, BK, qs, D, n, D, m, 1);
+                for (int64_t task = 0; task < nbk; task++) {
+                    const int b = (int)(task / dims->KVH), kvh = (int)(task % dims->KVH);
+                    const loom_attn_dims *d = &x.d;
+                    for (int g = 0; g < x.G; g++) { /* the rows' delta, once per task */
+                        const int64_t off = b * d->o_bs + (int64_t)(kvh * x.G + g) * d->D;
+                        for (int i0 = 0; i0 < d->Tq; i0 += BQ)
+                            ops->row_dot(x.delta_all + (int64_t)g * d->Tq + i0,
+                                         dout + off + i0 * d->o_ts, d->o_ts,
+                                         out + off + i0 * d->o_ts, d->o_ts,
+                                         d->Tq - i0 < BQ ? d->Tq - i0 : BQ, d->D);
                     }
+                    for (int jt = 0; jt < x.nkt; jt++) kv_tile_task(&x, b, kvh, jt, 1);
                 }
-                if (!any) continue;
-                for (int r = 0; r < n; r++) {
-                    if (dk) {
-                        float *dkr = dk + b * d.k_bs + (j0 + r) * d.k_ts + (int64_t)kvh * D;
-                        for (int x = 0; x < D; x++) dkr[x] += dkacc[(int64_t)r * D + x];
-                    }
-                    if (dv) {
-                        float *dvr = dv + b * d.v_bs + (j0 + r) * d.v_ts + (int64_t)kvh * D;
-                        for (int x = 0; x < D; x++) dvr[x] += dvacc[(int64_t)r * D + x];
-                    }
-                }
-            }
-
-            /* dQ: one task per (b, h, query tile), the last query tiles first */
+            } else {
+                /* dK/dV by key tile, the earliest first (the most queries under a causal
+                 * mask); then dQ by query tile, the last first */
 #pragma omp for schedule(dynamic, 1)
-            for (int64_t task = 0; task < nq_task; task++) {
-                const int it = nqt - 1 - (int)(task % nqt);
-                const int h = (int)(task / nqt % d.H), b = (int)(task / nqt / d.H);
-                const int kvh = h / G;
-                const int i0 = it * BQ, m = d.Tq - i0 < BQ ? d.Tq - i0 : BQ;
-                const float *qb = q + b * d.q_bs + i0 * d.q_ts + (int64_t)h * D;
-                const float *dob = dout + b * d.o_bs + i0 * d.o_ts + (int64_t)h * D;
-                const float *ob = out + b * d.o_bs + i0 * d.o_ts + (int64_t)h * D;
-                const float *lb = lse + ((int64_t)b * d.H + h) * d.Tq + i0;
-                const float *kb = k + b * d.k_bs + (int64_t)kvh * D;
-                const float *vb = v + b * d.v_bs + (int64_t)kvh * D;
-                const int32_t *qd = mk.q_doc ? mk.q_doc + b * mk.q_doc_bs + i0 : NULL;
-                const int32_t *kdb = mk.k_doc ? mk.k_doc + b * mk.k_doc_bs : NULL;
-                doc_range qr = {0, 0};
-                if (qd) qr = doc_range_of(qd, m);
-                float *qst = t1, *dot = t2, *st = s, *dpt = dp, *dqacc = acc1;
-                memset(dqacc, 0, (size_t)m * D * sizeof(float));
-                transpose_scaled(qst, BQ, qb, d.q_ts, m, D, scale);
-                transpose_scaled(dot, BQ, dob, d.o_ts, m, D, 1.0f);
-                ops->row_dot(delta, dob, d.o_ts, ob, d.o_ts, m, D);
-                int any = 0;
-                for (int jt = 0; jt < nkt; jt++) {
-                    const int j0 = jt * BK, n = d.Tk - j0 < BK ? d.Tk - j0 : BK;
-                    const int32_t *kd = kdb ? kdb + j0 : NULL;
-                    int cls = tile_class(&mk, i0, m, j0, n, qd, qr, kd);
-                    if (cls == TILE_SKIP) continue;
-                    any = 1;
-                    /* Sᵀ = K_j Qsᵀ, dPᵀ = V_j dOᵀ (n x m) */
-                    ops->gemm(st, BQ, kb + j0 * d.k_ts, d.k_ts, 1, qst, BQ, n, m, D, 0);
-                    if (cls == TILE_PARTIAL) mask_tile_t(st, &mk, i0, m, j0, n, qd, kd);
-                    ops->gemm(dpt, BQ, vb + j0 * d.v_ts, d.v_ts, 1, dot, BQ, n, m, D, 0);
-                    ops->bwd_tile_t(st, dpt, n, m, lb, delta);
-                    /* dQ_acc (m x D) += dS K_j, dS(i, j) = dpt[j*BQ + i] */
-                    pack_rows(pk, kb + j0 * d.k_ts, d.k_ts, n, D);
-                    ops->gemm(dqacc, D, dpt, 1, BQ, pk, D, m, D, n, 1);
-                }
-                if (!any) continue;
-                float *dqb = dq + b * d.q_bs + i0 * d.q_ts + (int64_t)h * D;
-                for (int r = 0; r < m; r++)
-                    for (int x = 0; x < D; x++)
-                        dqb[r * d.q_ts + x] += scale * dqacc[(int64_t)r * D + x];
+                for (int64_t task = 0; task < nkv_task; task++)
+                    kv_tile_task(&x, (int)(task / x.nkt / dims->KVH),
+                                 (int)(task / x.nkt % dims->KVH), (int)(task % x.nkt), 0);
+#pragma omp for schedule(dynamic, 1)
+                for (int64_t task = 0; task < nq_task; task++)
+                    q_tile_task(&x, (int)(task / x.nqt / dims->H), (int)(task / x.nqt % dims->H),
+                                x.nqt - 1 - (int)(task % x.nqt));
             }
         }
         free(buf);

@@ -306,6 +306,8 @@ def test_skip(iname, isa):
 
 # ---- determinism over thread counts -----------------------------------------------------------
 def test_threads(iname, isa):
+    # B*KVH = 4 tasks per kv head: 1 and 2 threads take the fused backward, 3 and 5 the two
+    # passes; every result must be the same bits
     B, T, H, KVH, D = 2, 300, 4, 2, 64
     q, k, v, do = qkv(B, T, T, H, KVH, D)
     docs = np.array([[0] * 120 + [1] * 180, [0] * 300], np.int32)
