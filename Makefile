@@ -1,4 +1,4 @@
-# loom: `make` builds build/loom; `make run` and `make test` also install what is missing.
+# loom: `make` builds build/loom (portable x86-64; `make NATIVE=1`: -march=native); `make run` and `make test` also install what is missing.
 BUILD ?= build
 JOBS ?= $(shell nproc)
 
@@ -6,8 +6,11 @@ JOBS ?= $(shell nproc)
 
 all: build
 
+# NATIVE=1: -march=native (runs only on CPUs like this one); default: portable x86-64 with
+# run-time kernel dispatch (docs/build.md).
+NATIVE ?=
 build:
-	@cmake -S . -B $(BUILD) -DCMAKE_BUILD_TYPE=Release >/dev/null
+	@cmake -S . -B $(BUILD) -DCMAKE_BUILD_TYPE=Release -DLOOM_NATIVE=$(if $(filter 1 ON on yes,$(NATIVE)),ON,OFF) >/dev/null
 	@cmake --build $(BUILD) -j $(JOBS)
 
 setup:

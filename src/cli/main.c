@@ -4,6 +4,7 @@
 
 #include "cli/cli.h"
 #include "loom/base.h"
+#include "loom/kernels.h"
 
 static void usage(FILE *f) {
     fprintf(f,
@@ -23,6 +24,11 @@ int main(int argc, char **argv) {
         return 2;
     }
     const char *cmd = argv[1];
+    loom_err err;
+    if (loom_isa_init(&err) != 0) { /* LOOM_ISA names a level this CPU or build lacks */
+        fprintf(stderr, "loom: error: %s\n", err.msg);
+        return 1;
+    }
     if (!strcmp(cmd, "train")) return loom_cli_train(argc - 1, argv + 1);
     if (!strcmp(cmd, "generate")) return loom_cli_generate(argc - 1, argv + 1);
     if (!strcmp(cmd, "data")) return loom_cli_data(argc - 1, argv + 1);
@@ -30,7 +36,12 @@ int main(int argc, char **argv) {
     if (!strcmp(cmd, "eval")) return loom_cli_eval(argc - 1, argv + 1);
     if (!strcmp(cmd, "peak")) return loom_cli_peak(argc - 1, argv + 1);
     if (!strcmp(cmd, "version") || !strcmp(cmd, "--version")) {
-        printf("loom %s\n", LOOM_VERSION);
+#ifdef LOOM_NATIVE
+        printf("loom %s (NATIVE=1 build: -march=native)\n", LOOM_VERSION);
+#else
+        printf("loom %s (portable x86-64; kernels: %s, this CPU supports up to %s)\n", LOOM_VERSION,
+               loom_isa_name(loom_isa_active()), loom_isa_name(loom_isa_detect()));
+#endif
         return 0;
     }
     if (!strcmp(cmd, "help") || !strcmp(cmd, "--help") || !strcmp(cmd, "-h")) {

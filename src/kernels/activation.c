@@ -1,12 +1,27 @@
 /* Elementwise ops: GELU (tanh approximation, GPT-2's gelu_new), SwiGLU, residual add. */
+#ifndef LOOM_KV
 #include "kernels/kmath.h"
-
 #include "loom/kernels.h"
-
 #define GELU_K 0.7978845608028654f /* sqrt(2/pi) */
 #define GELU_C 0.044715f
 
-void gelu_forward(float *out, const float *inp, int64_t n) {
+#define LOOM_KSELF "kernels/activation.c"
+#include "kernels/isa_variants.h"
+
+LOOM_DISPATCH(gelu_forward, (float *out, const float *inp, int64_t n),
+              (out, inp, n))
+LOOM_DISPATCH(gelu_backward, (float *dinp, const float *inp, const float *dout, int64_t n),
+              (dinp, inp, dout, n))
+LOOM_DISPATCH(swiglu_forward, (float *out, const float *inp, int64_t N, int F),
+              (out, inp, N, F))
+LOOM_DISPATCH(swiglu_backward, (float *dinp, const float *inp, const float *dout, int64_t N, int F),
+              (dinp, inp, dout, N, F))
+LOOM_DISPATCH(residual_forward, (float *out, const float *a, const float *b, int64_t n),
+              (out, a, b, n))
+
+#else /* one level of the kernels (isa_variants.h) */
+
+static void LOOM_KV(gelu_forward)(float *out, const float *inp, int64_t n) {
 #pragma omp parallel for simd schedule(static) if (n >= LOOM_PAR_MIN)
     for (int64_t i = 0; i < n; i++) {
         float x = inp[i];
@@ -15,7 +30,7 @@ void gelu_forward(float *out, const float *inp, int64_t n) {
     }
 }
 
-void gelu_backward(float *dinp, const float *inp, const float *dout, int64_t n) {
+static void LOOM_KV(gelu_backward)(float *dinp, const float *inp, const float *dout, int64_t n) {
 #pragma omp parallel for simd schedule(static) if (n >= LOOM_PAR_MIN)
     for (int64_t i = 0; i < n; i++) {
         float x = inp[i];
@@ -30,7 +45,7 @@ void gelu_backward(float *dinp, const float *inp, const float *dout, int64_t n) 
 }
 
 /* inp (N, 2F) rows [gate | up]; out (N, F) = silu(gate) * up */
-void swiglu_forward(float *out, const float *inp, int64_t N, int F) {
+static void LOOM_KV(swiglu_forward)(float *out, const float *inp, int64_t N, int F) {
 #pragma omp parallel for schedule(static) if (N * F >= LOOM_PAR_MIN)
     for (int64_t n = 0; n < N; n++) {
         const float *g = inp + n * 2 * F, *u = g + F;
@@ -39,7 +54,8 @@ void swiglu_forward(float *out, const float *inp, int64_t N, int F) {
     }
 }
 
-void swiglu_backward(float *dinp, const float *inp, const float *dout, int64_t N, int F) {
+static void LOOM_KV(swiglu_backward)(float *dinp, const float *inp, const float *dout, int64_t N,
+                                     int F) {
 #pragma omp parallel for schedule(static) if (N * F >= LOOM_PAR_MIN)
     for (int64_t n = 0; n < N; n++) {
         const float *g = inp + n * 2 * F, *u = g + F, *dy = dout + n * F;
@@ -54,7 +70,9 @@ void swiglu_backward(float *dinp, const float *inp, const float *dout, int64_t N
     }
 }
 
-void residual_forward(float *out, const float *a, const float *b, int64_t n) {
+static void LOOM_KV(residual_forward)(float *out, const float *a, const float *b, int64_t n) {
 #pragma omp parallel for simd schedule(static) if (n >= LOOM_PAR_MIN)
     for (int64_t i = 0; i < n; i++) out[i] = a[i] + b[i];
 }
+
+#endif

@@ -1,13 +1,26 @@
 /* AdamW step, gradient-norm helpers. Flat loops over contiguous buffers. */
+#ifndef LOOM_KV
 #include "kernels/kmath.h"
-
 #include "loom/kernels.h"
+
+#define LOOM_KSELF "kernels/adamw.c"
+#include "kernels/isa_variants.h"
+
+LOOM_DISPATCH(adamw_update, (float *p, const float *g, float *m, float *v, int64_t n, float lr,
+                             float beta1, float beta2, float eps, float weight_decay, int64_t step),
+              (p, g, m, v, n, lr, beta1, beta2, eps, weight_decay, step))
+LOOM_DISPATCH_RET(double, sum_squares, (const float *x, int64_t n),
+                  (x, n))
+LOOM_DISPATCH(scale_inplace, (float *x, int64_t n, float s),
+              (x, n, s))
+
+#else /* one level of the kernels (isa_variants.h) */
 
 /* Mirrors torch.optim.AdamW's single-tensor step: scalars computed in double and rounded to
  * float as torch's Python scalars are, the same operation order:
  *   p *= 1 - lr*wd;  m = lerp(m, g, 1-b1);  v = b2 v + (1-b2) g^2;
  *   p -= (lr / (1-b1^t)) * m / (sqrt(v) / sqrt(1-b2^t) + eps) */
-void adamw_update(float *p, const float *g, float *m, float *v, int64_t n, float lr,
+static void LOOM_KV(adamw_update)(float *p, const float *g, float *m, float *v, int64_t n, float lr,
                   float beta1, float beta2, float eps, float weight_decay, int64_t step) {
     const float decay = (float)(1.0 - (double)lr * (double)weight_decay);
     const float w1 = (float)(1.0 - (double)beta1), w2 = (float)(1.0 - (double)beta2);
@@ -29,7 +42,7 @@ void adamw_update(float *p, const float *g, float *m, float *v, int64_t n, float
 }
 
 /* Fixed-size blocks whatever the thread count; block sums combined in block order. */
-double sum_squares(const float *x, int64_t n) {
+static double LOOM_KV(sum_squares)(const float *x, int64_t n) {
     enum { MAX_BLOCKS = 1024 };
     int64_t bsize = 65536;
     if (n > bsize * MAX_BLOCKS) bsize = (n + MAX_BLOCKS - 1) / MAX_BLOCKS;
@@ -48,7 +61,9 @@ double sum_squares(const float *x, int64_t n) {
     return total;
 }
 
-void scale_inplace(float *x, int64_t n, float s) {
+static void LOOM_KV(scale_inplace)(float *x, int64_t n, float s) {
 #pragma omp parallel for simd schedule(static) if (n >= LOOM_PAR_MIN)
     for (int64_t i = 0; i < n; i++) x[i] *= s;
 }
+
+#endif

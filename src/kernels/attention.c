@@ -12,16 +12,37 @@
  * inside the parallel region, where the OpenMP build of OpenBLAS runs single-threaded.
  * Every element's arithmetic is fixed by its task alone, so results are bitwise the same for
  * any thread count. */
+#ifndef LOOM_KV
 #include "kernels/kmath.h"
-
 #include <cblas.h>
-
 #include "loom/kernels.h"
-
 enum { ATT_BS = 64 };
 
+int64_t attention_causal_pairs(int T) {
+    int64_t pairs = 0; /* the row blocks of attention_forward (the column blocks of the
+                        * backward's dK/dV cover the same count) */
+    for (int i0 = 0; i0 < T; i0 += ATT_BS) {
+        int i1 = i0 + ATT_BS < T ? i0 + ATT_BS : T;
+        pairs += (int64_t)(i1 - i0) * i1;
+    }
+    return pairs;
+}
+
+#define LOOM_KSELF "kernels/attention.c"
+#include "kernels/isa_variants.h"
+
+LOOM_DISPATCH(attention_forward, (float *out, float *att, const float *qkv, int B, int T, int H,
+                                  int KVH, int D),
+              (out, att, qkv, B, T, H, KVH, D))
+LOOM_DISPATCH(attention_backward, (float *dqkv, float *scratch, const float *dout,
+                                   const float *qkv, const float *att, int B, int T, int H,
+                                   int KVH, int D),
+              (dqkv, scratch, dout, qkv, att, B, T, H, KVH, D))
+
+#else /* one level of the kernels (isa_variants.h) */
+
 /* Row i of the probabilities: softmax over s[0..i], zero for j > i. */
-static void causal_softmax_row(float *s, int i, int T) {
+static void LOOM_KV(causal_softmax_row)(float *s, int i, int T) {
     float mx = s[0];
 #pragma omp simd reduction(max : mx)
     for (int j = 0; j <= i; j++) mx = s[j] > mx ? s[j] : mx;
@@ -37,17 +58,8 @@ static void causal_softmax_row(float *s, int i, int T) {
     for (int j = i + 1; j < T; j++) s[j] = 0.0f;
 }
 
-int64_t attention_causal_pairs(int T) {
-    int64_t pairs = 0; /* the row blocks of attention_forward (the column blocks of the
-                        * backward's dK/dV cover the same count) */
-    for (int i0 = 0; i0 < T; i0 += ATT_BS) {
-        int i1 = i0 + ATT_BS < T ? i0 + ATT_BS : T;
-        pairs += (int64_t)(i1 - i0) * i1;
-    }
-    return pairs;
-}
 
-void attention_forward(float *out, float *att, const float *qkv,
+static void LOOM_KV(attention_forward)(float *out, float *att, const float *qkv,
                        int B, int T, int H, int KVH, int D) {
     const int64_t R = (int64_t)(H + 2 * KVH) * D, HD = (int64_t)H * D;
     const int group = H / KVH;
@@ -66,7 +78,7 @@ void attention_forward(float *out, float *att, const float *qkv,
             /* S[i0:i1, 0:i1] = scale * Q[i0:i1] K[0:i1]^T */
             cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, i1 - i0, i1, D, scale,
                         q + i0 * R, (blasint)R, k, (blasint)R, 0.0f, p + (int64_t)i0 * T, T);
-            for (int i = i0; i < i1; i++) causal_softmax_row(p + (int64_t)i * T, i, T);
+            for (int i = i0; i < i1; i++) LOOM_KV(causal_softmax_row)(p + (int64_t)i * T, i, T);
             /* O[i0:i1] = P[i0:i1, 0:i1] V[0:i1] */
             cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, i1 - i0, D, i1, 1.0f,
                         p + (int64_t)i0 * T, T, v, (blasint)R, 0.0f, o + i0 * HD, (blasint)HD);
@@ -74,7 +86,8 @@ void attention_forward(float *out, float *att, const float *qkv,
     }
 }
 
-void attention_backward(float *dqkv, float *scratch, const float *dout, const float *qkv,
+static void LOOM_KV(attention_backward)(float *dqkv, float *scratch, const float *dout,
+                                        const float *qkv,
                         const float *att, int B, int T, int H, int KVH, int D) {
     const int64_t R = (int64_t)(H + 2 * KVH) * D, HD = (int64_t)H * D;
     const int group = H / KVH;
@@ -129,3 +142,5 @@ void attention_backward(float *dqkv, float *scratch, const float *dout, const fl
         }
     }
 }
+
+#endif

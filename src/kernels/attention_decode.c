@@ -1,12 +1,22 @@
 /* Attention of one new query position over a KV cache (incremental decoding). One task per
  * query head; each head's arithmetic is fixed by the head alone, so the result does not
  * depend on the thread count. */
+#ifndef LOOM_KV
 #include <math.h>
-
 #include "kernels/kmath.h"
 #include "loom/kernels.h"
 
-void attention_decode(float *out, const float *q, const float *kcache, const float *vcache,
+#define LOOM_KSELF "kernels/attention_decode.c"
+#include "kernels/isa_variants.h"
+
+LOOM_DISPATCH(attention_decode, (float *out, const float *q, const float *kcache,
+                                 const float *vcache, int n, int H, int KVH, int D, float *scratch),
+              (out, q, kcache, vcache, n, H, KVH, D, scratch))
+
+#else /* one level of the kernels (isa_variants.h) */
+
+static void LOOM_KV(attention_decode)(float *out, const float *q, const float *kcache,
+                                      const float *vcache,
                       int n, int H, int KVH, int D, float *scratch) {
     const int group = H / KVH;
     const int64_t row = (int64_t)KVH * D;
@@ -39,3 +49,5 @@ void attention_decode(float *out, const float *q, const float *kcache, const flo
         }
     }
 }
+
+#endif

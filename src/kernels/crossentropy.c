@@ -1,24 +1,37 @@
 /* Softmax cross-entropy over V logits per row; logits (N,V), targets (N), losses (N).
  * Numerically stable (max subtracted), sums in double, one row per task. */
+#ifndef LOOM_KV
 #include "kernels/kmath.h"
-
 #include "loom/kernels.h"
 
-static float row_max(const float *x, int V) {
+#define LOOM_KSELF "kernels/crossentropy.c"
+#include "kernels/isa_variants.h"
+
+LOOM_DISPATCH(crossentropy_forward, (float *losses, const float *logits, const int32_t *targets,
+                                     int64_t N, int V),
+              (losses, logits, targets, N, V))
+LOOM_DISPATCH(crossentropy_softmax_backward, (float *logits, const int32_t *targets, int64_t N,
+                                              int V, float dscale),
+              (logits, targets, N, V, dscale))
+
+#else /* one level of the kernels (isa_variants.h) */
+
+static float LOOM_KV(row_max)(const float *x, int V) {
     float mx = x[0];
 #pragma omp simd reduction(max : mx)
     for (int i = 0; i < V; i++) mx = x[i] > mx ? x[i] : mx;
     return mx;
 }
 
-static double row_sumexp(const float *x, int V, float mx) {
+static double LOOM_KV(row_sumexp)(const float *x, int V, float mx) {
     double s = 0.0;
 #pragma omp simd reduction(+ : s)
     for (int i = 0; i < V; i++) s += (double)loom_expf(x[i] - mx);
     return s;
 }
 
-void crossentropy_forward(float *losses, const float *logits, const int32_t *targets,
+static void LOOM_KV(crossentropy_forward)(float *losses, const float *logits,
+                                          const int32_t *targets,
                           int64_t N, int V) {
 #pragma omp parallel for schedule(static) if (N * V >= LOOM_PAR_MIN)
     for (int64_t n = 0; n < N; n++) {
@@ -28,13 +41,14 @@ void crossentropy_forward(float *losses, const float *logits, const int32_t *tar
             continue;
         }
         const float *x = logits + n * V;
-        float mx = row_max(x, V);
-        double s = row_sumexp(x, V, mx);
+        float mx = LOOM_KV(row_max)(x, V);
+        double s = LOOM_KV(row_sumexp)(x, V, mx);
         losses[n] = (float)(log(s) + (double)mx - (double)x[t]);
     }
 }
 
-void crossentropy_softmax_backward(float *logits, const int32_t *targets, int64_t N, int V,
+static void LOOM_KV(crossentropy_softmax_backward)(float *logits, const int32_t *targets,
+                                                   int64_t N, int V,
                                    float dscale) {
 #pragma omp parallel for schedule(static) if (N * V >= LOOM_PAR_MIN)
     for (int64_t n = 0; n < N; n++) {
@@ -44,7 +58,7 @@ void crossentropy_softmax_backward(float *logits, const int32_t *targets, int64_
             memset(x, 0, (size_t)V * sizeof(float));
             continue;
         }
-        float mx = row_max(x, V);
+        float mx = LOOM_KV(row_max)(x, V);
         double s = 0.0;
 #pragma omp simd reduction(+ : s)
         for (int i = 0; i < V; i++) {
@@ -57,3 +71,5 @@ void crossentropy_softmax_backward(float *logits, const int32_t *targets, int64_
         x[t] -= dscale;
     }
 }
+
+#endif

@@ -1,13 +1,32 @@
 /* LayerNorm and RMSNorm over the last dim C of (N,C) rows. Row statistics in double;
  * weight/bias gradients are column sums computed per fixed column slice (rows summed in
  * order), so every result is independent of the thread count. */
+#ifndef LOOM_KV
 #include "kernels/kmath.h"
-
 #include "loom/kernels.h"
-
 enum { NORM_COLS = 64 }; /* column slice for the weight-gradient sums */
 
-void layernorm_forward(float *out, float *mean, float *rstd, const float *inp,
+#define LOOM_KSELF "kernels/norm.c"
+#include "kernels/isa_variants.h"
+
+LOOM_DISPATCH(layernorm_forward, (float *out, float *mean, float *rstd, const float *inp,
+                                  const float *weight, const float *bias, int64_t N, int C,
+                                  float eps),
+              (out, mean, rstd, inp, weight, bias, N, C, eps))
+LOOM_DISPATCH(layernorm_backward, (float *dinp, float *dweight, float *dbias, const float *dout,
+                                   const float *inp, const float *weight, const float *mean,
+                                   const float *rstd, int64_t N, int C),
+              (dinp, dweight, dbias, dout, inp, weight, mean, rstd, N, C))
+LOOM_DISPATCH(rmsnorm_forward, (float *out, float *rstd, const float *inp, const float *weight,
+                                int64_t N, int C, float eps),
+              (out, rstd, inp, weight, N, C, eps))
+LOOM_DISPATCH(rmsnorm_backward, (float *dinp, float *dweight, const float *dout, const float *inp,
+                                 const float *weight, const float *rstd, int64_t N, int C),
+              (dinp, dweight, dout, inp, weight, rstd, N, C))
+
+#else /* one level of the kernels (isa_variants.h) */
+
+static void LOOM_KV(layernorm_forward)(float *out, float *mean, float *rstd, const float *inp,
                        const float *weight, const float *bias, int64_t N, int C, float eps) {
 #pragma omp parallel for schedule(static) if (N * C >= LOOM_PAR_MIN)
     for (int64_t n = 0; n < N; n++) {
@@ -31,7 +50,8 @@ void layernorm_forward(float *out, float *mean, float *rstd, const float *inp,
     }
 }
 
-void layernorm_backward(float *dinp, float *dweight, float *dbias, const float *dout,
+static void LOOM_KV(layernorm_backward)(float *dinp, float *dweight, float *dbias,
+                                        const float *dout,
                         const float *inp, const float *weight, const float *mean,
                         const float *rstd, int64_t N, int C) {
     if (dinp) {
@@ -80,7 +100,7 @@ void layernorm_backward(float *dinp, float *dweight, float *dbias, const float *
     }
 }
 
-void rmsnorm_forward(float *out, float *rstd, const float *inp, const float *weight,
+static void LOOM_KV(rmsnorm_forward)(float *out, float *rstd, const float *inp, const float *weight,
                      int64_t N, int C, float eps) {
 #pragma omp parallel for schedule(static) if (N * C >= LOOM_PAR_MIN)
     for (int64_t n = 0; n < N; n++) {
@@ -95,7 +115,8 @@ void rmsnorm_forward(float *out, float *rstd, const float *inp, const float *wei
     }
 }
 
-void rmsnorm_backward(float *dinp, float *dweight, const float *dout, const float *inp,
+static void LOOM_KV(rmsnorm_backward)(float *dinp, float *dweight, const float *dout,
+                                      const float *inp,
                       const float *weight, const float *rstd, int64_t N, int C) {
     if (dinp) {
 #pragma omp parallel for schedule(static) if (N * C >= LOOM_PAR_MIN)
@@ -127,3 +148,5 @@ void rmsnorm_backward(float *dinp, float *dweight, const float *dout, const floa
         }
     }
 }
+
+#endif

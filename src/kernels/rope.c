@@ -1,7 +1,7 @@
 /* Rotary position embeddings, "rotate half" convention (Hugging Face Llama): in each head of
  * D floats, element i < D/2 pairs with i + D/2 and turns by angle pos * theta^(-2i/D). */
+#ifndef LOOM_KV
 #include "kernels/kmath.h"
-
 #include "loom/kernels.h"
 
 /* cos_t, sin_t (max_T, D/2). The angle is formed in float32 exactly as HF does
@@ -19,8 +19,20 @@ void rope_tables(float *cos_t, float *sin_t, int max_T, int D, float theta) {
     }
 }
 
+#define LOOM_KSELF "kernels/rope.c"
+#include "kernels/isa_variants.h"
+
+LOOM_DISPATCH(rope_forward, (float *x, int64_t B, int T, int nh, int D, int64_t row_stride,
+                             const float *cos_t, const float *sin_t, int pos0),
+              (x, B, T, nh, D, row_stride, cos_t, sin_t, pos0))
+LOOM_DISPATCH(rope_backward, (float *dx, int64_t B, int T, int nh, int D, int64_t row_stride,
+                              const float *cos_t, const float *sin_t, int pos0),
+              (dx, B, T, nh, D, row_stride, cos_t, sin_t, pos0))
+
+#else /* one level of the kernels (isa_variants.h) */
+
 /* sign = +1: forward rotation; -1: its transpose (inverse). */
-static void rope_apply(float *x, int64_t B, int T, int nh, int D, int64_t row_stride,
+static void LOOM_KV(rope_apply)(float *x, int64_t B, int T, int nh, int D, int64_t row_stride,
                        const float *cos_t, const float *sin_t, int pos0, float sign) {
     int half = D / 2;
     int64_t rows = B * T;
@@ -39,12 +51,14 @@ static void rope_apply(float *x, int64_t B, int T, int nh, int D, int64_t row_st
     }
 }
 
-void rope_forward(float *x, int64_t B, int T, int nh, int D, int64_t row_stride,
+static void LOOM_KV(rope_forward)(float *x, int64_t B, int T, int nh, int D, int64_t row_stride,
                   const float *cos_t, const float *sin_t, int pos0) {
-    rope_apply(x, B, T, nh, D, row_stride, cos_t, sin_t, pos0, 1.0f);
+    LOOM_KV(rope_apply)(x, B, T, nh, D, row_stride, cos_t, sin_t, pos0, 1.0f);
 }
 
-void rope_backward(float *dx, int64_t B, int T, int nh, int D, int64_t row_stride,
+static void LOOM_KV(rope_backward)(float *dx, int64_t B, int T, int nh, int D, int64_t row_stride,
                    const float *cos_t, const float *sin_t, int pos0) {
-    rope_apply(dx, B, T, nh, D, row_stride, cos_t, sin_t, pos0, -1.0f);
+    LOOM_KV(rope_apply)(dx, B, T, nh, D, row_stride, cos_t, sin_t, pos0, -1.0f);
 }
+
+#endif

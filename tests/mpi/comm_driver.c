@@ -15,9 +15,11 @@
  *          kill     `rank` raises SIGKILL
  *          single   world of one: must run without MPI initialised
  *          threads  prints loom_comm_default_threads()
+ *          isa      prints the kernels' instruction-set level agreed at loom_comm_init
  * Every rank prints "rank R: ..." lines; exit status 0 only when every check passed. */
 #define _GNU_SOURCE
 #include "loom/comm.h"
+#include "loom/kernels.h"
 
 #include <errno.h>
 #include <math.h>
@@ -281,6 +283,13 @@ int main(int argc, char **argv) {
         return 1;
     }
     int me = loom_comm_world_rank();
+    if (!strcmp(mode, "isa")) {
+        const char *env = getenv("LOOM_ISA");
+        printf("rank %d: kernels %s (this CPU: %s, LOOM_ISA=%s)\n", me,
+               loom_isa_name(loom_isa_active()), loom_isa_name(loom_isa_detect()), env ? env : "");
+        loom_comm_finalize();
+        return 0;
+    }
     if (!strcmp(mode, "threads")) {
         printf("rank %d: threads %d\n", me, loom_comm_default_threads());
         loom_comm_finalize();

@@ -72,6 +72,10 @@ KERNELS = {
     "adamw_update": (None, [_P, _P, _P, _P, _L, _F, _F, _F, _F, _F, _L]),
     "sum_squares": (ctypes.c_double, [_P, _L]),
     "scale_inplace": (None, [_P, _L, _F]),
+    "loom_isa_detect": (_I, []),
+    "loom_isa_active": (_I, []),
+    "loom_isa_set": (_I, [_I, _P]),
+    "loom_isa_name": (ctypes.c_char_p, [_I]),
 }
 
 _lib = None

@@ -1,4 +1,6 @@
-"""Every CPU kernel of include/loom/kernels.h against PyTorch in float64.
+"""Every CPU kernel of include/loom/kernels.h against PyTorch in float64, at every
+instruction-set level this CPU supports (x86-64, avx2, avx512: the portable build's run-time
+variants, docs/build.md), and the levels against each other.
 
 Forward outputs and every gradient are compared by max |loom - ref| / max |ref|, with a
 tolerance per op (float32 kernels against a float64 reference: ~1e-6 for short elementwise
@@ -197,7 +199,10 @@ def test_rope():
     L.rope_backward(fptr(ry), B, T, H, D, H * D, fptr(cos_t), fptr(sin_t), pos0)
     lhs = float(np.dot(rx.astype(np.float64).ravel(), ys.astype(np.float64).ravel()))
     rhs = float(np.dot(xs.astype(np.float64).ravel(), ry.astype(np.float64).ravel()))
-    check("rope_backward adjoint <Rx,y> vs <x,R^T y>", np.array([lhs]), np.array([rhs]), 1e-6)
+    # relative to |Rx||y| (the dot products' scale: they may cancel to near 0 for random data)
+    scale = float(np.linalg.norm(rx.astype(np.float64)) * np.linalg.norm(ys.astype(np.float64)))
+    check("rope_backward adjoint <Rx,y> vs <x,R^T y>", np.array([lhs, scale]),
+          np.array([rhs, scale]), 1e-6)
     L.rope_backward(fptr(rx), B, T, H, D, H * D, fptr(cos_t), fptr(sin_t), pos0)
     check("rope_backward(rope_forward(x)) == x", rx, xs, 1e-6)
     # and the torch autograd gradient of the rotation
@@ -373,13 +378,100 @@ def test_determinism():
     check_true("layernorm_backward bitwise reproducible", same)
 
 
+# ---- instruction-set levels ---------------------------------------------------------------
+ISA_NATIVE, ISA_BASE, ISA_AVX2, ISA_AVX512 = 0, 1, 3, 4
+
+
+def isa_name(level):
+    return L.loom_isa_name(level).decode()
+
+
+def set_level(level):
+    rc = L.loom_isa_set(level, None)
+    check_true(f"loom_isa_set({isa_name(level)})", rc == 0 and L.loom_isa_active() == level,
+               f"active {isa_name(L.loom_isa_active())}")
+
+
+def level_outputs():
+    """A fixed set of kernel results on fixed inputs (every multi-versioned file)."""
+    g = np.random.default_rng(99)
+    r = lambda *s: f32(g.standard_normal(s))  # noqa: E731
+    out = {}
+    x = r(5000) * 4
+    y = np.empty_like(x)
+    L.gelu_forward(fptr(y), fptr(x), x.size)
+    out["gelu_forward"] = y
+    N, C = 64, 200
+    a, w, b = r(N, C), r(C), r(C)
+    o, mean, rstd = np.empty((N, C), np.float32), np.empty(N, np.float32), np.empty(N, np.float32)
+    L.layernorm_forward(fptr(o), fptr(mean), fptr(rstd), fptr(a), fptr(w), fptr(b), N, C, 1e-5)
+    out["layernorm_forward"] = o
+    sw = np.empty((N, C // 2), np.float32)
+    L.swiglu_forward(fptr(sw), fptr(a), N, C // 2)
+    out["swiglu_forward"] = sw
+    V = 3000
+    logits, tg = r(8, V) * 3, i32(g.integers(0, V, 8))
+    losses = np.empty(8, np.float32)
+    L.crossentropy_forward(fptr(losses), fptr(logits), iptr(tg), 8, V)
+    out["crossentropy_forward"] = losses
+    L.crossentropy_softmax_backward(fptr(logits), iptr(tg), 8, V, 0.125)
+    out["crossentropy_softmax_backward"] = logits
+    B, T, H, KVH, D = 1, 70, 2, 1, 16
+    qkv = r(B, T, (H + 2 * KVH) * D)
+    ao, att = np.empty((B, T, H * D), np.float32), np.empty((B, H, T, T), np.float32)
+    L.attention_forward(fptr(ao), fptr(att), fptr(qkv), B, T, H, KVH, D)
+    out["attention_forward"] = ao
+    p, gr = r(3000), r(3000) * 0.1
+    m, v = np.zeros_like(p), np.zeros_like(p)
+    for step in (1, 2):
+        L.adamw_update(fptr(p), fptr(gr), fptr(m), fptr(v), p.size, 1e-2, 0.9, 0.95, 1e-8, 0.1, step)
+    out["adamw_update"] = p
+    out["sum_squares"] = np.array([L.sum_squares(fptr(x), x.size)])
+    return out
+
+
+def test_levels(levels):
+    """Every level agrees with x86-64 within tolerance; the top level is other code (its bits
+    differ somewhere: FMA contraction, reduction widths), so the dispatch is no no-op."""
+    best = L.loom_isa_detect()
+    if best == ISA_NATIVE:
+        check_true("NATIVE=1 build: one level", L.loom_isa_set(ISA_BASE, None) != 0)
+        return
+    res = {}
+    for lv in levels:
+        set_level(lv)
+        res[lv] = level_outputs()
+    for lv in levels[1:]:
+        for k, ref in res[ISA_BASE].items():
+            check(f"{k} at {isa_name(lv)} vs x86-64", res[lv][k], ref, 1e-5)
+    if len(levels) > 1:
+        top = levels[-1]
+        differs = [k for k in res[ISA_BASE] if not np.array_equal(res[top][k], res[ISA_BASE][k])]
+        check_true(f"{isa_name(top)} kernels are other code than x86-64's", differs,
+                   f"differ in bits: {', '.join(differs)}")
+    for lv in (ISA_AVX2, ISA_AVX512):
+        if lv > best:
+            check_true(f"loom_isa_set({isa_name(lv)}) refused on this CPU",
+                       L.loom_isa_set(lv, None) != 0 and L.loom_isa_active() in levels)
+
+
 def main():
     print(f"libloom: {os.environ.get('LOOM_LIB', '(default path)')}, "
           f"OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS', '(unset)')}")
-    for t in (test_matmul, test_layernorm, test_rmsnorm, test_gelu, test_swiglu, test_residual,
-              test_rope, test_attention, test_embedding, test_crossentropy, test_adamw,
-              test_sum_squares_scale, test_determinism):
-        t()
+    best = L.loom_isa_detect()
+    levels = [ISA_NATIVE] if best == ISA_NATIVE else \
+        [lv for lv in (ISA_BASE, ISA_AVX2, ISA_AVX512) if lv <= best]
+    print(f"levels: {', '.join(isa_name(lv) for lv in levels)} (this CPU: {isa_name(best)})")
+    for lv in levels:
+        print(f"---- kernels at level {isa_name(lv)} ----")
+        if lv != ISA_NATIVE:
+            set_level(lv)
+        for t in (test_matmul, test_layernorm, test_rmsnorm, test_gelu, test_swiglu,
+                  test_residual, test_rope, test_attention, test_embedding, test_crossentropy,
+                  test_adamw, test_sum_squares_scale, test_determinism):
+            t()
+    print("---- the levels against each other ----")
+    test_levels(levels)
     failed = results.count(False)
     print(f"{len(results) - failed}/{len(results)} checks passed")
     sys.exit(1 if failed else 0)
