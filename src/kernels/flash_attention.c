@@ -387,13 +387,21 @@ int flash_attention_have_avx512(void) {
 #endif
 }
 
-/* The tile operations for `isa`, or NULL if it cannot run here. AUTO honours LOOM_ISA=portable
- * (read per call: no hidden state). */
+/* The tile operations for `isa`, or NULL if it cannot run here. AUTO follows the kernels'
+ * instruction-set level (loom_isa_active: the CPU's, or LOOM_ISA, agreed over the ranks; see
+ * docs/build.md): AVX-512 at level avx512, portable C below it. In a NATIVE=1 build (one
+ * level) AUTO is AVX-512 when the CPU has it and LOOM_ISA is not portable / x86-64. */
 static const attn_ops *pick_ops(int isa) {
     if (isa == LOOM_ATTN_ISA_AUTO) {
-        const char *env = getenv("LOOM_ISA");
-        if (env && strcmp(env, "portable") == 0) return &ops_portable;
-        isa = flash_attention_have_avx512() ? LOOM_ATTN_ISA_AVX512 : LOOM_ATTN_ISA_PORTABLE;
+        loom_isa level = loom_isa_active();
+        if (level == LOOM_ISA_NATIVE) {
+            const char *env = getenv("LOOM_ISA");
+            if (env && (strcmp(env, "portable") == 0 || strcmp(env, "x86-64") == 0))
+                return &ops_portable;
+            isa = flash_attention_have_avx512() ? LOOM_ATTN_ISA_AVX512 : LOOM_ATTN_ISA_PORTABLE;
+        } else {
+            isa = level == LOOM_ISA_AVX512 ? LOOM_ATTN_ISA_AVX512 : LOOM_ATTN_ISA_PORTABLE;
+        }
     }
     if (isa == LOOM_ATTN_ISA_PORTABLE) return &ops_portable;
 #ifdef LOOM_HAVE_X86

@@ -39,7 +39,8 @@ loom_isa loom_isa_detect(void) {
 
 static int parse_level(const char *s, loom_isa *out) {
     static const struct { const char *name; loom_isa level; } names[] = {
-        {"x86-64", LOOM_ISA_BASE}, {"base", LOOM_ISA_BASE}, {"x86-64-v3", LOOM_ISA_AVX2},
+        {"x86-64", LOOM_ISA_BASE}, {"base", LOOM_ISA_BASE}, {"portable", LOOM_ISA_BASE},
+        {"x86-64-v3", LOOM_ISA_AVX2},
         {"avx2", LOOM_ISA_AVX2},   {"x86-64-v4", LOOM_ISA_AVX512}, {"avx512", LOOM_ISA_AVX512},
         {"native", LOOM_ISA_NATIVE},
     };
@@ -71,8 +72,8 @@ int loom_isa_init(loom_err *err) {
     const char *env = getenv("LOOM_ISA");
     if (env && *env && strcmp(env, "auto") != 0) {
         if (parse_level(env, &want) != 0)
-            return loom_errf(err, "LOOM_ISA='%s': unknown level (one of x86-64, avx2, avx512, "
-                                  "auto%s)", env, best == LOOM_ISA_NATIVE ? ", native" : "");
+            return loom_errf(err, "LOOM_ISA='%s': unknown level (one of x86-64 (or portable), "
+                                  "avx2, avx512, auto%s)", env, best == LOOM_ISA_NATIVE ? ", native" : "");
         if (loom_isa_set(want, err) != 0) return loom_err_prefix(err, "LOOM_ISA='%s'", env);
         return 0;
     }

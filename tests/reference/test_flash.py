@@ -26,7 +26,8 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from loomlib import (ATTN_ISA_AVX512, ATTN_ISA_AVX512_BLAS, ATTN_ISA_PORTABLE,  # noqa: E402
+from loomlib import (ATTN_ISA_AUTO, ATTN_ISA_AVX512, ATTN_ISA_AVX512_BLAS,  # noqa: E402
+                     ATTN_ISA_PORTABLE,
                      AttnDims, AttnMask, f32, fptr, lib, rel_err)
 
 torch.set_num_threads(2)
@@ -341,6 +342,33 @@ def test_errors():
         check_true("AVX-512 asked for on a CPU without it refused (-2)", rc == -2, f"rc {rc}")
 
 
+def test_auto_follows_level():
+    """ATTN_ISA_AUTO runs the tile operations of the kernels' agreed instruction-set level
+    (loom_isa_active, docs/build.md): AVX-512 at level avx512, portable C below it."""
+    best = L.loom_isa_detect()
+    if best == 0:  # NATIVE=1 build: one level, AUTO follows the CPU
+        return
+    B, T, H, KVH, D = 1, 80, 2, 1, 32
+    q, k, v = randn(B, T, H, D), randn(B, T, KVH, D), randn(B, T, KVH, D)
+    dout = randn(B, T, H, D)
+    cases = [(1, "x86-64", ATTN_ISA_PORTABLE, "portable")]
+    if best >= 3:
+        cases.append((3, "avx2", ATTN_ISA_PORTABLE, "portable"))
+    if best >= 4:
+        cases.append((4, "avx512", ATTN_ISA_AVX512, "avx512"))
+    for level, lname, want, wname in cases:
+        assert L.loom_isa_set(level, None) == 0
+        auto = flash(q, k, v, ATTN_ISA_AUTO, True, dout=dout)
+        exp = flash(q, k, v, want, True, dout=dout)
+        same = all(np.array_equal(a, b) for a, b in zip(auto, exp))
+        check_true(f"AUTO at level {lname} runs the {wname} tile operations", same)
+    if best >= 4:  # and the two are other code (so the equality above means something)
+        p = flash(q, k, v, ATTN_ISA_PORTABLE, True)
+        a = flash(q, k, v, ATTN_ISA_AVX512, True)
+        check_true("portable and AVX-512 tiles differ in bits", not np.array_equal(p[0], a[0]))
+    L.loom_isa_set(best, None)
+
+
 if __name__ == "__main__":
     for iname, isa in ISAS:
         test_sdpa(iname, isa)
@@ -350,6 +378,7 @@ if __name__ == "__main__":
         test_skip(iname, isa)
         test_threads(iname, isa)
     test_errors()
+    test_auto_follows_level()
     if len(ISAS) < 2:
         ok = os.environ.get("LOOM_FLASH_NO_AVX512_OK") == "1"
         print(f"{'note' if ok else 'FAIL'} the AVX-512 path was not tested: this CPU lacks it")
