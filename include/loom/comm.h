@@ -16,13 +16,16 @@
  * Failure behaviour: a fatal error on any rank (loom_panic, loom_comm_fail, loom_comm_abort,
  * SIGSEGV/SIGBUS/SIGFPE/SIGABRT/SIGTERM) ends the whole job through MPI_Abort. A collective that
  * does not complete within the mesh's timeout ends the job with a message naming the collective,
- * its group and the ranks of that group that have not entered it yet (see docs/distributed.md). */
+ * its group and the ranks of that group that have not entered it yet (see docs/distributed.md).
+ *
+ * MPI stays inside src/comm/: this header names no MPI type (groups are loom_group, requests
+ * loom_comm_req, element types loom_dtype), so a later backend (NCCL) can sit behind the same
+ * calls. tests/e2e/test_mpi_confined.sh checks that no file outside src/comm/ uses MPI. */
 #ifndef LOOM_COMM_H
 #define LOOM_COMM_H
 
 #include <stddef.h>
 #include <stdint.h>
-#include <mpi.h>
 #include "loom/base.h"
 #include "loom/config.h"
 
@@ -36,6 +39,9 @@
 int loom_comm_init(int *argc, char ***argv, loom_err *err);
 /* MPI_Finalize when MPI was initialised by loom_comm_init; a no-op otherwise. */
 void loom_comm_finalize(void);
+/* Whether the MPI library has been initialised in this process (MPI_Initialized: by
+ * loom_comm_init or by anyone else) and not finalized. */
+int loom_comm_mpi_initialized(void);
 int loom_comm_world_rank(void);
 int loom_comm_world_size(void);
 /* 1 when MPI is up (a launcher started us), 0 for a world of one without MPI. */
@@ -119,8 +125,9 @@ void loom_mesh_free(loom_mesh *m);
 
 int loom_mesh_rank(const loom_mesh *m, loom_group g);
 int loom_mesh_size(const loom_mesh *m, loom_group g);
-/* MPI_COMM_NULL in a world of one without MPI. Owned by the mesh. */
-MPI_Comm loom_mesh_comm(const loom_mesh *m, loom_group g);
+/* 1 when group g has no communicator (a world of one without MPI): its collectives are local
+ * copies and its point-to-point messages are matched inside this process. */
+int loom_mesh_group_local(const loom_mesh *m, loom_group g);
 /* World rank of the group's member number i (0 <= i < size). */
 int loom_mesh_group_world_rank(const loom_mesh *m, loom_group g, int i);
 /* The resolved spec (dp filled in). */
@@ -177,9 +184,20 @@ void loom_comm_wait(loom_comm_req *r);
 /* 1 when complete (the request is then freed and must not be used again), 0 otherwise. */
 int loom_comm_test(loom_comm_req *r);
 
-/* Checked wait for MPI requests the caller started itself on a group's communicator (pipeline
- * send/recv, ring attention): waits with the mesh's timeout and names `what` in the message. */
-void loom_comm_waitall(loom_mesh *m, loom_group g, int n, MPI_Request *reqs, const char *what);
+/* Point-to-point (pipeline stages, ring attention's K/V exchange): count elements to / from
+ * member `peer` of group g (0 <= peer < size; itself included), told apart by tag
+ * (0 <= tag <= 32767); messages between two members with one tag arrive in the order sent. A
+ * receive's count and type must be the sender's. Start now, complete in
+ * loom_comm_wait / loom_comm_waitall; buffers stay untouched until then. Accounted as p2p
+ * (bytes: what this rank sends). On a local group a send and a receive of the same tag are
+ * matched in the order posted and copied at once. */
+loom_comm_req *loom_isend(loom_mesh *m, loom_group g, const void *buf, size_t count,
+                          loom_dtype t, int peer, int tag);
+loom_comm_req *loom_irecv(loom_mesh *m, loom_group g, void *buf, size_t count, loom_dtype t,
+                          int peer, int tag);
+/* Checked wait for n requests (NULL entries skipped; each freed): the mesh's timeout applies
+ * and `what` (e.g. "pipeline recv of stage 2") names them in the message. */
+void loom_comm_waitall(int n, loom_comm_req **reqs, const char *what);
 
 /* ---- accounting ----------------------------------------------------------------------
  * Per kind of collective: calls, bytes sent by this rank as a ring algorithm would send them

@@ -7,6 +7,7 @@
 
 #include <limits.h>
 #include <stdarg.h>
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -23,11 +24,15 @@ struct loom_comm_req {
     int n;
     MPI_Request *reqs; /* (n) */
     int *counts, *displs; /* (group size) for the v-variants; live until completion */
-    int borrowed;         /* reqs belong to the caller (loom_comm_waitall) */
     /* capacities of the arrays above, kept when the record goes back to the pool */
     int reqs_cap, table_cap;
-    MPI_Request *own_reqs; /* the record's own reqs array (reqs may be borrowed) */
+    MPI_Request *own_reqs; /* the record's reqs array */
     struct loom_comm_req *next_free;
+    /* point-to-point on a local group: waiting for its match (in m->local_sends/recvs) */
+    int local_pending, local_tag;
+    void *local_buf;      /* send: the data (const), recv: where it goes */
+    size_t local_bytes;
+    struct loom_comm_req *local_next;
 };
 
 static const char *kind_names[LOOM_COLL_KIND_COUNT] = {
@@ -94,8 +99,9 @@ static loom_comm_req *req_new(loom_mesh *m, loom_group g, loom_coll_kind k, doub
         r->own_reqs = loom_calloc((size_t)r->reqs_cap, sizeof(MPI_Request));
     }
     r->reqs = r->own_reqs;
-    r->borrowed = 0;
     r->next_free = NULL;
+    r->local_pending = 0;
+    r->local_next = NULL;
     r->m = m;
     r->g = g;
     r->kind = k;
@@ -115,12 +121,20 @@ static void req_done(loom_comm_req *r, double waited) {
     m->stats.time_s[r->kind] += loom_now() - r->t0;
     m->stats.wait_s[r->kind] += waited;
     if (r->kind != LOOM_COLL_P2P) publish(m, r->g, r->kind, r->seq, 1);
-    r->reqs = NULL; /* a borrowed array stays the caller's */
     r->next_free = m->free_reqs;
     m->free_reqs = r;
 }
 
 void comm_free_request_pool(loom_mesh *m) {
+    /* local point-to-point requests never matched (a program error, as in MPI): dropped */
+    loom_comm_req **lists[2] = {&m->local_sends, &m->local_recvs};
+    for (int k = 0; k < 2; k++)
+        while (*lists[k]) {
+            loom_comm_req *r = *lists[k];
+            *lists[k] = r->local_next;
+            r->next_free = m->free_reqs;
+            m->free_reqs = r;
+        }
     while (m->free_reqs) {
         loom_comm_req *r = m->free_reqs;
         m->free_reqs = r->next_free;
@@ -194,7 +208,10 @@ static void timeout_abort(loom_comm_req *r, const char *what) {
     append(msg, sizeof msg, &at, "%s did not complete within %g s", head, m->spec.timeout_s);
     char detail[4096];
     size_t dat = 0;
-    if (m->win_ok) {
+    if (cg->comm == MPI_COMM_NULL) {
+        append(msg, sizeof msg, &at, "; its matching send or receive was never posted (a "
+                                     "local group: both ends are this process)");
+    } else if (m->win_ok) {
         int64_t *slots = loom_calloc((size_t)cg->size * PROG_SLOTS, sizeof(int64_t));
         int *ok = loom_calloc((size_t)cg->size, sizeof(int));
         read_progress(m, cg, slots, ok);
@@ -228,16 +245,21 @@ static void timeout_abort(loom_comm_req *r, const char *what) {
 
 /* Polls until every request completes: busy for ~100 tests, then sleeps growing from 1 us to
  * 1 ms between tests. Past the timeout (counted from entering the wait) the job ends. */
+static int req_ready(loom_comm_req *r) {
+    if (r->local_pending) return 0;
+    int flag = 1;
+    if (r->n > 0) MPI_Testall(r->n, r->reqs, &flag, MPI_STATUSES_IGNORE);
+    return flag;
+}
+
 static void wait_checked(loom_comm_req *r, const char *what) {
     double t_in = loom_now();
-    if (r->n > 0) {
+    if (r->n > 0 || r->local_pending) {
         double deadline = t_in + r->m->spec.timeout_s;
         long sleep_ns = 0;
         int spins = 0;
         for (;;) {
-            int flag = 0;
-            MPI_Testall(r->n, r->reqs, &flag, MPI_STATUSES_IGNORE);
-            if (flag) break;
+            if (req_ready(r)) break;
             if (++spins < 100) continue;
             if (loom_now() > deadline) timeout_abort(r, what);
             sleep_ns = sleep_ns ? sleep_ns * 2 : 1000;
@@ -255,18 +277,14 @@ void loom_comm_wait(loom_comm_req *r) {
 
 int loom_comm_test(loom_comm_req *r) {
     LOOM_CHECK(r);
-    int flag = 1;
-    if (r->n > 0) MPI_Testall(r->n, r->reqs, &flag, MPI_STATUSES_IGNORE);
+    const int flag = req_ready(r);
     if (flag) req_done(r, 0);
     return flag;
 }
 
-void loom_comm_waitall(loom_mesh *m, loom_group g, int n, MPI_Request *reqs, const char *what) {
-    loom_comm_req *r = req_new(m, g, LOOM_COLL_P2P, 0, 0);
-    r->reqs = reqs; /* borrowed: stays the caller's */
-    r->n = n;
-    r->borrowed = 1;
-    wait_checked(r, what ? what : "point-to-point");
+void loom_comm_waitall(int n, loom_comm_req **reqs, const char *what) {
+    for (int i = 0; i < n; i++)
+        if (reqs[i]) wait_checked(reqs[i], what ? what : "point-to-point");
 }
 
 /* ---- the collectives -------------------------------------------------------------------- */
@@ -424,6 +442,67 @@ void loom_broadcast(loom_mesh *m, loom_group g, void *buf, size_t count, loom_dt
         MPI_Ibcast((char *)buf + off * es, (int)n, mpi_type(t), root, cg->comm, &r->reqs[c]);
     }
     wait_checked(r, NULL);
+}
+
+/* ---- point-to-point ------------------------------------------------------------------- */
+
+/* A local group (no communicator): r (a send when is_send) meets the oldest unmatched request
+ * of the other direction with its group and tag, or waits in its own list. */
+static void local_post(loom_mesh *m, loom_comm_req *r, int is_send) {
+    loom_comm_req **other = is_send ? &m->local_recvs : &m->local_sends;
+    for (loom_comm_req **p = other; *p; p = &(*p)->local_next) {
+        loom_comm_req *o = *p;
+        if (o->g != r->g || o->local_tag != r->local_tag) continue;
+        loom_comm_req *snd = is_send ? r : o, *rcv = is_send ? o : r;
+        if (snd->local_bytes != rcv->local_bytes)
+            loom_comm_abort(1, "p2p on %s, tag %d: a message of %zu bytes met a receive of %zu "
+                            "bytes (counts and types must agree)", loom_group_name(r->g),
+                            r->local_tag, snd->local_bytes, rcv->local_bytes);
+        if (snd->local_bytes) memcpy(rcv->local_buf, snd->local_buf, snd->local_bytes);
+        *p = o->local_next;
+        o->local_pending = 0;
+        return;
+    }
+    r->local_pending = 1;
+    loom_comm_req **mine = is_send ? &m->local_sends : &m->local_recvs;
+    while (*mine) mine = &(*mine)->local_next;
+    *mine = r;
+}
+
+static loom_comm_req *start_p2p(loom_mesh *m, loom_group g, void *buf, size_t count,
+                                loom_dtype t, int peer, int tag, int is_send) {
+    const comm_group *cg = group_of(m, g);
+    LOOM_CHECK(peer >= 0 && peer < cg->size && tag >= 0 && tag <= 32767);
+    const size_t es = loom_dtype_size(t);
+    if (cg->comm == MPI_COMM_NULL) {
+        loom_comm_req *r = req_new(m, g, LOOM_COLL_P2P, 0, 0);
+        r->local_tag = tag;
+        r->local_buf = buf;
+        r->local_bytes = count * es;
+        local_post(m, r, is_send);
+        return r;
+    }
+    /* one message per chunk (at least one: an empty message still matches its receive) */
+    const int nchunk = count ? (int)((count + CHUNK - 1) / CHUNK) : 1;
+    loom_comm_req *r = req_new(m, g, LOOM_COLL_P2P, is_send ? (double)count * (double)es : 0,
+                               nchunk);
+    for (int c = 0; c < nchunk; c++) {
+        const size_t off = (size_t)c * CHUNK, n = count - off < CHUNK ? count - off : CHUNK;
+        char *p = (char *)buf + off * es;
+        if (is_send) MPI_Isend(p, (int)n, mpi_type(t), peer, tag, cg->comm, &r->reqs[c]);
+        else MPI_Irecv(p, (int)n, mpi_type(t), peer, tag, cg->comm, &r->reqs[c]);
+    }
+    return r;
+}
+
+loom_comm_req *loom_isend(loom_mesh *m, loom_group g, const void *buf, size_t count,
+                          loom_dtype t, int peer, int tag) {
+    return start_p2p(m, g, (void *)(uintptr_t)buf, count, t, peer, tag, 1);
+}
+
+loom_comm_req *loom_irecv(loom_mesh *m, loom_group g, void *buf, size_t count, loom_dtype t,
+                          int peer, int tag) {
+    return start_p2p(m, g, buf, count, t, peer, tag, 0);
 }
 
 void loom_barrier(loom_mesh *m, loom_group g) {

@@ -1,6 +1,9 @@
-/* comm internals shared by process.c, mesh.c and collectives.c. */
+/* comm internals shared by process.c, mesh.c and collectives.c: the only place (with those
+ * files) where MPI appears. */
 #ifndef LOOM_COMM_INTERNAL_H
 #define LOOM_COMM_INTERNAL_H
+
+#include <mpi.h>
 
 #include "loom/comm.h"
 
@@ -34,6 +37,9 @@ struct loom_mesh {
     loom_comm_stats stats;
     struct loom_comm_req *free_reqs; /* finished request records, reused (no allocation per
                                       * collective once the list has grown) */
+    /* local groups (no communicator): point-to-point requests posted but not matched yet,
+     * oldest first (collectives.c) */
+    struct loom_comm_req *local_sends, *local_recvs;
 };
 
 /* collectives.c: frees the request records kept for reuse */

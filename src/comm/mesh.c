@@ -254,7 +254,9 @@ static const comm_group *grp(const loom_mesh *m, loom_group g) {
 
 int loom_mesh_rank(const loom_mesh *m, loom_group g) { return grp(m, g)->rank; }
 int loom_mesh_size(const loom_mesh *m, loom_group g) { return grp(m, g)->size; }
-MPI_Comm loom_mesh_comm(const loom_mesh *m, loom_group g) { return grp(m, g)->comm; }
+int loom_mesh_group_local(const loom_mesh *m, loom_group g) {
+    return grp(m, g)->comm == MPI_COMM_NULL;
+}
 
 int loom_mesh_group_world_rank(const loom_mesh *m, loom_group g, int i) {
     const comm_group *cg = grp(m, g);

@@ -252,6 +252,13 @@ void loom_comm_finalize(void) {
     g_inited = 0;
 }
 
+int loom_comm_mpi_initialized(void) {
+    int init = 0, fin = 0;
+    MPI_Initialized(&init);
+    MPI_Finalized(&fin);
+    return init && !fin;
+}
+
 /* ---- threads per rank ------------------------------------------------------------------ */
 
 int loom_comm_node_ranks(void) {

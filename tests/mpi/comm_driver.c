@@ -6,14 +6,17 @@
  *         rank after sleep                         which rank misbehaves, after how many
  *                                                  collectives, for how long
  *   modes: mesh     build the mesh, check every group against the documented rank order
- *          coll     collectives on every group, results checked numerically, plus stats
+ *          coll     collectives and point-to-point on every group, results checked
+ *                   numerically, plus stats
  *          timeout  `rank` sleeps `sleep` s while the others enter an allreduce on world
  *          exit     `rank` exits with status 3 mid-run (no MPI_Finalize)
  *          fail     `rank` calls loom_comm_fail (bad input seen by one rank)
  *          panic    `rank` hits a LOOM_CHECK
  *          segv     `rank` raises SIGSEGV
  *          kill     `rank` raises SIGKILL
- *          single   world of one: must run without MPI initialised
+ *          single   world of one: must run without MPI initialised (local groups)
+ *          unmatched  every rank waits for a p2p receive from itself that no send matches
+ *                   (must end the job after the timeout, naming it)
  *          threads  prints loom_comm_default_threads()
  *          isa      prints the kernels' instruction-set level agreed at loom_comm_init
  * Every rank prints "rank R: ..." lines; exit status 0 only when every check passed. */
@@ -240,6 +243,50 @@ static void check_group(loom_mesh *m, loom_group g) {
     loom_barrier(m, g);
 }
 
+/* Point-to-point around the group's ring (member r sends to r + 1): two messages with one tag
+ * arrive in the order sent, a receive posted before its send and one after both work, as does
+ * a group of one (a member sending to itself); p2p calls and sent bytes are counted. */
+static void check_p2p(loom_mesh *m, loom_group g) {
+    const int N = loom_mesh_size(m, g), r = loom_mesh_rank(m, g);
+    const int next = (r + 1) % N, prev = (r + N - 1) % N;
+    const size_t counts[] = {0, 1, 1001};
+    for (size_t ci = 0; ci < sizeof counts / sizeof counts[0]; ci++) {
+        const size_t n = counts[ci], a = n ? n : 1;
+        float *s1 = loom_malloc(a * sizeof(float)), *s2 = loom_malloc(a * sizeof(float));
+        float *r1 = loom_malloc(a * sizeof(float)), *r2 = loom_malloc(a * sizeof(float));
+        int64_t *s3 = loom_malloc(a * sizeof(int64_t)), *r3 = loom_malloc(a * sizeof(int64_t));
+        for (size_t i = 0; i < n; i++) {
+            s1[i] = (float)val(r, i);
+            s2[i] = (float)val(r, i) + 0.5f;
+            s3[i] = (int64_t)r * 1000000 + (int64_t)i;
+            r1[i] = r2[i] = -1;
+            r3[i] = -1;
+        }
+        loom_comm_stats before, after;
+        loom_comm_stats_get(m, &before);
+        loom_comm_req *q[6];
+        q[0] = loom_irecv(m, g, r3, n, LOOM_I64, prev, 9); /* posted before its send */
+        q[1] = loom_isend(m, g, s1, n, LOOM_F32, next, 5);
+        q[2] = loom_isend(m, g, s2, n, LOOM_F32, next, 5); /* same tag: arrives second */
+        q[3] = loom_irecv(m, g, r1, n, LOOM_F32, prev, 5);
+        q[4] = loom_irecv(m, g, r2, n, LOOM_F32, prev, 5);
+        q[5] = loom_isend(m, g, s3, n, LOOM_I64, next, 9);
+        loom_comm_waitall(6, q, "p2p check");
+        for (size_t i = 0; i < n; i++) {
+            EXPECT(r1[i] == (float)val(prev, i) && r2[i] == (float)val(prev, i) + 0.5f,
+                   "%s p2p f32 n=%zu [%zu] = %g, %g", gname(g), n, i, r1[i], r2[i]);
+            EXPECT(r3[i] == (int64_t)prev * 1000000 + (int64_t)i, "%s p2p i64 n=%zu [%zu]",
+                   gname(g), n, i);
+        }
+        loom_comm_stats_get(m, &after);
+        const double sent = N > 1 ? (double)n * (2 * 4 + 8) : 0;
+        EXPECT(after.calls[LOOM_COLL_P2P] - before.calls[LOOM_COLL_P2P] == 6 &&
+                   fabs(after.bytes[LOOM_COLL_P2P] - before.bytes[LOOM_COLL_P2P] - sent) < 1e-6,
+               "%s p2p stats n=%zu", gname(g), n);
+        free(s1); free(s2); free(r1); free(r2); free(s3); free(r3);
+    }
+}
+
 static void check_stats(loom_mesh *m) {
     loom_comm_stats_reset(m);
     int N = loom_mesh_size(m, LOOM_GROUP_WORLD);
@@ -301,24 +348,32 @@ int main(int argc, char **argv) {
     if (!strcmp(mode, "mesh")) {
         check_mesh(m);
     } else if (!strcmp(mode, "coll")) {
-        for (int g = 0; g < LOOM_GROUP_COUNT; g++) check_group(m, (loom_group)g);
+        for (int g = 0; g < LOOM_GROUP_COUNT; g++) {
+            check_group(m, (loom_group)g);
+            check_p2p(m, (loom_group)g);
+            EXPECT(loom_mesh_group_local(m, (loom_group)g) == !loom_comm_mpi_active(),
+                   "local %s", gname((loom_group)g));
+        }
         check_stats(m);
         if (!g_fail) printf("rank %d: collectives ok on %d groups\n", me, LOOM_GROUP_COUNT);
     } else if (!strcmp(mode, "single")) {
-        int inited = 1;
-        MPI_Initialized(&inited);
-        EXPECT(!inited, "MPI was initialised in a world of one");
+        EXPECT(!loom_comm_mpi_initialized(), "MPI was initialised in a world of one");
         EXPECT(!loom_comm_mpi_active() && loom_comm_world_size() == 1 && me == 0, "world of one");
         for (int g = 0; g < LOOM_GROUP_COUNT; g++) {
             EXPECT(loom_mesh_size(m, (loom_group)g) == 1 && loom_mesh_rank(m, (loom_group)g) == 0,
                    "group %s", gname((loom_group)g));
-            EXPECT(loom_mesh_comm(m, (loom_group)g) == MPI_COMM_NULL, "comm of %s", gname((loom_group)g));
+            EXPECT(loom_mesh_group_local(m, (loom_group)g), "comm of %s", gname((loom_group)g));
             check_group(m, (loom_group)g);
+            check_p2p(m, (loom_group)g);
         }
         check_stats(m);
-        MPI_Initialized(&inited);
-        EXPECT(!inited, "MPI got initialised by a collective");
+        EXPECT(!loom_comm_mpi_initialized(), "MPI got initialised by a collective");
         if (!g_fail) printf("rank 0: world of one ok without MPI\n");
+    } else if (!strcmp(mode, "unmatched")) {
+        float x = 0;
+        loom_comm_req *q = loom_irecv(m, LOOM_GROUP_WORLD, &x, 1, LOOM_F32, me, 3);
+        loom_comm_waitall(1, &q, "receive nobody sends");
+        EXPECT(0, "an unmatched receive completed");
     } else {
         /* misbehaviour modes: every rank runs `after` allreduces, then the bad rank misbehaves
          * while the others go on into more collectives on world */

@@ -6,6 +6,11 @@ for v in OMPI_COMM_WORLD_SIZE PMIX_RANK PMI_RANK PMI_SIZE PMI_FD SLURM_STEP_NUM_
 out=$("$COMM_DRIVER" single 2>&1) || { echo "$out" >&2; fail "world of one: exit non-zero"; }
 echo "$out" | grep -q "world of one ok without MPI" || fail "world of one: $out"
 pass "world of one without MPI"
+# a point-to-point receive that no send matches (a local group) ends the job after the timeout
+rc=0; out=$(timeout 60 "$COMM_DRIVER" unmatched timeout=1 2>&1) || rc=$?
+[ $rc -eq 75 ] && echo "$out" | grep -q "receive nobody sends (p2p) on world (1 ranks) did not complete within 1 s; its matching send or receive was never posted" ||
+    fail "unmatched local receive: rc=$rc $out"
+pass "unmatched local receive: $(echo "$out" | head -1)"
 # layout errors in a world of one are errors too
 rc=0; out=$("$COMM_DRIVER" mesh tp=2 2>&1) || rc=$?
 [ $rc -ne 0 ] && echo "$out" | grep -q "does not divide the world size 1" || fail "tp=2 in a world of one: rc=$rc $out"
