@@ -17,7 +17,9 @@ Variants (each timed in its own process, so peak RSS is per variant):
 Threads: all cores on both sides (torch.set_num_threads; omp_set_num_threads for loom).
 Each variant runs --repeat times (in rotating order), each run W warm-up + N measured
 iterations; the table shows the median over the runs of each run's median, tokens/s = B*T /
-time, the ratio to PyTorch's best, the process's peak RSS growth during the runs (measured)
+time, the ratio to PyTorch's best, the CPU time of the process per iteration (all its
+threads; less sensitive than wall time to other work on a shared machine, though spinning
+OpenMP threads count too) and its ratio, the process's peak RSS growth during the runs (measured)
 (sampled; inputs and outputs allocated before, so it is the attention's own memory: loom's
 buffers, torch's autograd tensors) and the attention buffers loom allocates (computed: flash = lse + per-thread tile scratch,
 sdpa-loom = probabilities + scratch). The load is recorded as bench_train.py does.
@@ -92,7 +94,7 @@ def child(variant, T, warmup, measured, threads):
     R = (H + 2 * KVH) * D
     x = rng.standard_normal((B, T, R)).astype(np.float32)
     dout = rng.standard_normal((B, T, H * D)).astype(np.float32)
-    tried = {}
+    tried, cpus = {}, {}
     if variant == "torch":
         import torch
         import torch.nn.functional as F
@@ -110,18 +112,20 @@ def child(variant, T, warmup, measured, threads):
         rss0 = current_rss()
         sampler = RssSampler()
         for mode, fn in (("eager", sdpa), ("compiled", torch.compile(sdpa))):
-            times = []
+            times, cpu = [], []
             for i in range(warmup + measured + (2 if mode == "compiled" else 0)):
                 q.grad = k.grad = v.grad = None
-                t0 = time.perf_counter()
+                c0, t0 = time.process_time(), time.perf_counter()
                 o = fn(q, k, v)
                 o.backward(do)
-                dt = time.perf_counter() - t0
+                dt, dc = time.perf_counter() - t0, time.process_time() - c0
                 if i >= warmup + (2 if mode == "compiled" else 0):
                     times.append(dt)
+                    cpu.append(dc)
             tried[mode] = statistics.median(times)
+            cpus[mode] = statistics.median(cpu)
         best = min(tried, key=tried.get)
-        res = {"s": tried[best], "mode": best, "tried": tried}
+        res = {"s": tried[best], "mode": best, "tried": tried, "cpu_s": cpus[best]}
     else:
         from loomlib import ATTN_ISA_AUTO, ATTN_ISA_AVX512_BLAS, ATTN_ISA_PORTABLE, AttnMask, lib
         L = lib()
@@ -160,18 +164,20 @@ def child(variant, T, warmup, measured, threads):
                 rc = L.flash_attention_backward(dqp, dkp, dvp, ptr(dout), qp, kp, vp, ptr(out),
                                                 ptr(lse), ctypes.byref(dims), ctypes.byref(mk), isa)
                 assert rc == 0, f"flash_attention_backward: {rc}"
-        times, ftimes = [], []
+        times, ftimes, cpu = [], [], []
         for i in range(warmup + measured):
             dx.fill(0.0)  # backward accumulates
-            t0 = time.perf_counter()
+            c0, t0 = time.process_time(), time.perf_counter()
             fwd()
             t1 = time.perf_counter()
             bwd()
-            t2 = time.perf_counter()
+            t2, c2 = time.perf_counter(), time.process_time()
             if i >= warmup:
                 times.append(t2 - t0)
                 ftimes.append(t1 - t0)
-        res = {"s": statistics.median(times), "fwd_s": statistics.median(ftimes)}
+                cpu.append(c2 - c0)
+        res = {"s": statistics.median(times), "fwd_s": statistics.median(ftimes),
+               "cpu_s": statistics.median(cpu)}
     res["rss_growth"] = max(0, sampler.result() - rss0)
     print(json.dumps(res))
 
@@ -224,12 +230,15 @@ def main():
     other_s, avail_s = other.result()
     quiet = avail_s > 0 and other_s / avail_s < 0.05
 
-    lines = ["| T | variant | fwd+bwd ms | tokens/s | vs PyTorch best | peak RSS growth | "
-             "attention buffers |", "|---|---|---|---|---|---|---|"]
+    lines = [f"| T | variant | fwd+bwd ms | tokens/s | vs PyTorch best | CPU ms | "
+             f"vs PyTorch (CPU) | peak RSS growth | attention buffers |",
+             "|---|---|---|---|---|---|---|---|---|"]
     notes = []
     for T in Ts:
         med = {v: statistics.median(r["s"] for r in res[(T, v)]) for v in variants}
         ref = med.get("torch")
+        cmed = {v: statistics.median(r["cpu_s"] for r in res[(T, v)]) for v in variants}
+        cref = cmed.get("torch")
         for v in variants:
             runs = res[(T, v)]
             rss = statistics.median(r["rss_growth"] for r in runs) / 2**20
@@ -240,8 +249,9 @@ def main():
                 modes = [r["mode"] for r in runs]
                 name = f"torch SDPA ({max(set(modes), key=modes.count)})"
             ratio = f"{ref / med[v]:.2f}x" if ref else "n/a"
+            cratio = f"{cref / cmed[v]:.2f}x" if cref else "n/a"
             lines.append(f"| {T} | {name} | {1e3 * med[v]:.1f} | {B * T / med[v]:.0f} | {ratio} | "
-                         f"{rss:.1f} MiB | {bufs} |")
+                         f"{1e3 * cmed[v]:.1f} | {cratio} | {rss:.1f} MiB | {bufs} |")
             desc = ", ".join(f"{1e3 * r['s']:.1f}" for r in runs)
             if v == "torch":
                 desc = "; ".join(" / ".join(f"{k} {1e3 * s:.1f}" for k, s in r["tried"].items())
