@@ -9,7 +9,8 @@ Variants (each timed in its own process, so peak RSS is per variant):
                  model holds them
   flash-blas     the same with the tile products through OpenBLAS sgemm (the measurement
                  behind using hand-written microkernels)
-  flash-portable the same with the portable C inner loops
+  flash-avx2     the same with the portable C inner loops compiled for AVX2 + FMA
+  flash-portable the same with the portable C inner loops at the x86-64 baseline
   sdpa-loom      loom's materialized attention_forward/_backward (the reference path: (B,H,T,T)
                  probabilities and scratch)
   torch          F.scaled_dot_product_attention(is_causal=True) on (B,H,T,D) float32 tensors,
@@ -45,7 +46,7 @@ sys.path.insert(0, os.path.join(REPO, "bench"))
 
 SECTION = "## Attention: flash vs PyTorch SDPA"
 B, H, KVH, D = 1, 4, 4, 64  # byte-tiny: d_model 256 / n_head 4 (read and checked in main)
-VARIANTS = ["flash", "flash-blas", "flash-portable", "sdpa-loom", "torch"]
+VARIANTS = ["flash", "flash-blas", "flash-avx2", "flash-portable", "sdpa-loom", "torch"]
 STEPS = {4096: (2, 5), 1024: (3, 10)}
 
 
@@ -127,7 +128,8 @@ def child(variant, T, warmup, measured, threads):
         best = min(tried, key=tried.get)
         res = {"s": tried[best], "mode": best, "tried": tried, "cpu_s": cpus[best]}
     else:
-        from loomlib import ATTN_ISA_AUTO, ATTN_ISA_AVX512_BLAS, ATTN_ISA_PORTABLE, AttnMask, lib
+        from loomlib import (ATTN_ISA_AUTO, ATTN_ISA_AVX2, ATTN_ISA_AVX512_BLAS, ATTN_ISA_PORTABLE,
+                             AttnMask, lib)
         L = lib()
         gomp = ctypes.CDLL("libgomp.so.1")
         gomp.omp_set_num_threads(threads)
@@ -148,7 +150,7 @@ def child(variant, T, warmup, measured, threads):
                                      KVH, D)
         else:
             isa = {"flash": ATTN_ISA_AUTO, "flash-blas": ATTN_ISA_AVX512_BLAS,
-                   "flash-portable": ATTN_ISA_PORTABLE}[variant]
+                   "flash-avx2": ATTN_ISA_AVX2, "flash-portable": ATTN_ISA_PORTABLE}[variant]
             lse = np.zeros((B, H, T), np.float32)
             dims = L.flash_attention_dims_qkv(B, T, H, KVH, D)
             mk = AttnMask(1, 0, 0, None, None, 0, 0)

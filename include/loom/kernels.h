@@ -94,14 +94,18 @@ typedef struct loom_attn_mask {
     int64_t q_doc_bs, k_doc_bs;   /* ints between batch rows of q_doc / k_doc */
 } loom_attn_mask;
 
-/* Inner-loop implementation: AUTO = AVX-512 when the CPU has it (and the LOOM_ISA
- * environment variable is not "portable"), else portable C. AVX512_BLAS = AVX-512 with the
- * tile products through OpenBLAS sgemm (kept for measuring the microkernel against). */
+/* Inner-loop implementation. AUTO follows loom_isa_active() (below: the detected level, or
+ * LOOM_ISA, agreed over a job's ranks): avx512 -> AVX512, avx2 -> AVX2, x86-64 -> PORTABLE.
+ * PORTABLE = the tile operations in plain C at the x86-64 baseline (in a NATIVE=1 build:
+ * compiled for the build machine); AVX2 = the same C compiled for AVX2 + FMA; AVX512 =
+ * hand-written AVX-512 intrinsics; AVX512_BLAS = AVX-512 with the tile products through
+ * OpenBLAS sgemm (kept for measuring the microkernel against). */
 enum {
     LOOM_ATTN_ISA_AUTO = 0,
     LOOM_ATTN_ISA_PORTABLE = 1,
     LOOM_ATTN_ISA_AVX512 = 2,
-    LOOM_ATTN_ISA_AVX512_BLAS = 3
+    LOOM_ATTN_ISA_AVX512_BLAS = 3,
+    LOOM_ATTN_ISA_AVX2 = 4
 };
 
 /* dims for today's fused qkv rows (B,T,(H+2*KVH)*D) and out (B,T,H*D): pass q = qkv,

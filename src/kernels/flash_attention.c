@@ -31,6 +31,7 @@
  * attribute, run only when the CPU reports avx512f+vl+dq) or portable C. Each task's arithmetic
  * depends only on the task, so results are bitwise the same for any thread count and
  * schedule. */
+#ifndef LOOM_KV
 #include "kernels/kmath.h"
 
 #include <cblas.h>
@@ -74,113 +75,26 @@ typedef struct {
     row_dot_fn row_dot;
 } attn_ops;
 
-/* ---- portable C --------------------------------------------------------------------------- */
-
-/* One row of C at a time, in chunks of 64 columns accumulated in a local array (no aliasing
- * with a or b, so the compiler keeps it in vector registers). */
-static void gemm_c(float *c, int64_t ldc, const float *a, int64_t as, int64_t ak,
-                   const float *b, int64_t ldb, int M, int N, int K, int acc) {
-    enum { CB = 64 };
-    for (int r = 0; r < M; r++) {
-        const float *ar = a + r * as;
-        for (int n0 = 0; n0 < N; n0 += CB) {
-            float *cr = c + r * ldc + n0;
-            float cl[CB];
-            if (N - n0 >= CB) {
-                for (int x = 0; x < CB; x++) cl[x] = acc ? cr[x] : 0.0f;
-                for (int k = 0; k < K; k++) {
-                    const float av = ar[k * ak], *bk = b + k * ldb + n0;
-                    for (int x = 0; x < CB; x++) cl[x] += av * bk[x];
-                }
-                for (int x = 0; x < CB; x++) cr[x] = cl[x];
-            } else {
-                const int nn = N - n0;
-                for (int x = 0; x < nn; x++) cl[x] = acc ? cr[x] : 0.0f;
-                for (int k = 0; k < K; k++) {
-                    const float av = ar[k * ak], *bk = b + k * ldb + n0;
-                    for (int x = 0; x < nn; x++) cl[x] += av * bk[x];
-                }
-                for (int x = 0; x < nn; x++) cr[x] = cl[x];
-            }
-        }
-    }
-}
+/* ---- portable C: the tile operations in plain C, compiled per level (below, after #else) --- */
 
 /* exp(x - lse) must be 0 on rows with nothing visible (lse = -inf): subtract +inf there */
 static inline float lse_base(float l) {
     return l == -INFINITY ? INFINITY : l;
 }
 
-static void softmax_c(float *st, int n, int m, float *mrow, float *lrow, float *alpha) {
-    float mnew[BQ], muse[BQ], sum[BQ];
-    for (int i = 0; i < m; i++) {
-        mnew[i] = mrow[i];
-        sum[i] = 0.0f;
-    }
-    for (int j = 0; j < n; j++) {
-        const float *sj = st + (int64_t)j * BQ;
-        for (int i = 0; i < m; i++) mnew[i] = sj[i] > mnew[i] ? sj[i] : mnew[i];
-    }
-    /* a column with nothing visible yet keeps m = -inf; exp(-inf - 0) = 0 keeps P at 0 */
-    for (int i = 0; i < m; i++) muse[i] = mnew[i] == -INFINITY ? 0.0f : mnew[i];
-    for (int j = 0; j < n; j++) {
-        float *sj = st + (int64_t)j * BQ;
-        for (int i = 0; i < m; i++) {
-            float e = loom_expf(sj[i] - muse[i]);
-            sj[i] = e;
-            sum[i] += e;
-        }
-    }
-    for (int i = 0; i < m; i++) {
-        alpha[i] = loom_expf(mrow[i] - muse[i]);
-        lrow[i] = lrow[i] * alpha[i] + sum[i];
-        mrow[i] = mnew[i];
-    }
-}
+#define FLASH_UNUSED __attribute__((unused)) /* the avx512 level's copy is not used */
+#define LOOM_KSELF "kernels/flash_attention.c"
+#include "kernels/isa_variants.h"
 
-static void bwd_tile_c(float *s, float *dp, int m, int n, const float *lse,
-                       const float *delta) {
-    for (int r = 0; r < m; r++) {
-        float *sr = s + (int64_t)r * BK, *dr = dp + (int64_t)r * BK;
-        const float l = lse_base(lse[r]), dl = delta[r];
-        for (int j = 0; j < n; j++) {
-            float p = loom_expf(sr[j] - l);
-            sr[j] = p;
-            dr[j] = p * (dr[j] - dl);
-        }
-    }
-}
-
-static void bwd_tile_t_c(float *st, float *dpt, int n, int m, const float *lse,
-                         const float *delta) {
-    float l[BQ];
-    for (int i = 0; i < m; i++) l[i] = lse_base(lse[i]);
-    for (int j = 0; j < n; j++) {
-        float *sj = st + (int64_t)j * BQ, *dj = dpt + (int64_t)j * BQ;
-        for (int i = 0; i < m; i++) {
-            float p = loom_expf(sj[i] - l[i]);
-            sj[i] = p;
-            dj[i] = p * (dj[i] - delta[i]);
-        }
-    }
-}
-
-static void row_dot_c(float *delta, const float *a, int64_t ats, const float *b, int64_t bts,
-                      int m, int D) {
-    for (int r = 0; r < m; r++) {
-        const float *ar = a + r * ats, *br = b + r * bts;
-        float part[8] = {0};
-        int x = 0;
-        for (; x + 8 <= D; x += 8)
-            for (int u = 0; u < 8; u++) part[u] += ar[x + u] * br[x + u];
-        for (; x < D; x++) part[0] += ar[x] * br[x];
-        delta[r] = ((part[0] + part[1]) + (part[2] + part[3])) +
-                   ((part[4] + part[5]) + (part[6] + part[7]));
-    }
-}
-
-static const attn_ops ops_portable = {gemm_c, softmax_c, bwd_tile_c, bwd_tile_t_c,
-                                       row_dot_c};
+#ifdef LOOM_NATIVE
+#define FLASH_PORTABLE_OPS(lvl)                                                                \
+    {gemm_c_native, softmax_c_native, bwd_tile_c_native, bwd_tile_t_c_native, row_dot_c_native}
+#else
+#define FLASH_PORTABLE_OPS(lvl)                                                                \
+    {gemm_c_##lvl, softmax_c_##lvl, bwd_tile_c_##lvl, bwd_tile_t_c_##lvl, row_dot_c_##lvl}
+#endif
+static const attn_ops ops_portable = FLASH_PORTABLE_OPS(base);
+static const attn_ops ops_portable_avx2 = FLASH_PORTABLE_OPS(avx2);
 
 /* ---- AVX-512 ------------------------------------------------------------------------------ */
 
@@ -387,23 +301,36 @@ int flash_attention_have_avx512(void) {
 #endif
 }
 
+static int have_avx2(void) {
+#ifdef LOOM_HAVE_X86
+    __builtin_cpu_init();
+    return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+#else
+    return 0;
+#endif
+}
+
 /* The tile operations for `isa`, or NULL if it cannot run here. AUTO follows the kernels'
- * instruction-set level (loom_isa_active: the CPU's, or LOOM_ISA, agreed over the ranks; see
- * docs/build.md): AVX-512 at level avx512, portable C below it. In a NATIVE=1 build (one
- * level) AUTO is AVX-512 when the CPU has it and LOOM_ISA is not portable / x86-64. */
+ * level (loom_isa_active: detected, LOOM_ISA, agreed over the ranks of a job), so every rank
+ * of a job runs the same code. */
 static const attn_ops *pick_ops(int isa) {
     if (isa == LOOM_ATTN_ISA_AUTO) {
-        loom_isa level = loom_isa_active();
-        if (level == LOOM_ISA_NATIVE) {
+        switch (loom_isa_active()) {
+        case LOOM_ISA_AVX512: isa = LOOM_ATTN_ISA_AVX512; break;
+        case LOOM_ISA_AVX2: isa = LOOM_ATTN_ISA_AVX2; break;
+        case LOOM_ISA_NATIVE: { /* NATIVE=1: one level; AVX-512 if the CPU has it and
+                                 * LOOM_ISA does not ask for portable / x86-64 */
             const char *env = getenv("LOOM_ISA");
-            if (env && (strcmp(env, "portable") == 0 || strcmp(env, "x86-64") == 0))
-                return &ops_portable;
-            isa = flash_attention_have_avx512() ? LOOM_ATTN_ISA_AVX512 : LOOM_ATTN_ISA_PORTABLE;
-        } else {
-            isa = level == LOOM_ISA_AVX512 ? LOOM_ATTN_ISA_AVX512 : LOOM_ATTN_ISA_PORTABLE;
+            int portable = env && (strcmp(env, "portable") == 0 || strcmp(env, "x86-64") == 0);
+            isa = !portable && flash_attention_have_avx512() ? LOOM_ATTN_ISA_AVX512
+                                                             : LOOM_ATTN_ISA_PORTABLE;
+            break;
+        }
+        default: isa = LOOM_ATTN_ISA_PORTABLE; break;
         }
     }
     if (isa == LOOM_ATTN_ISA_PORTABLE) return &ops_portable;
+    if (isa == LOOM_ATTN_ISA_AVX2 && have_avx2()) return &ops_portable_avx2;
 #ifdef LOOM_HAVE_X86
     if (isa == LOOM_ATTN_ISA_AVX512 && flash_attention_have_avx512()) return &ops_avx512;
     if (isa == LOOM_ATTN_ISA_AVX512_BLAS && flash_attention_have_avx512())
@@ -836,3 +763,107 @@ int flash_attention_backward(float *dq, float *dk, float *dv, const float *dout,
     }
     return fail ? -3 : 0;
 }
+
+#else /* one level of the portable tile operations (isa_variants.h) */
+
+/* ---- portable C --------------------------------------------------------------------------- */
+
+/* One row of C at a time, in chunks of 64 columns accumulated in a local array (no aliasing
+ * with a or b, so the compiler keeps it in vector registers). */
+FLASH_UNUSED static void LOOM_KV(gemm_c)(float *c, int64_t ldc, const float *a, int64_t as, int64_t ak,
+                   const float *b, int64_t ldb, int M, int N, int K, int acc) {
+    enum { CB = 64 };
+    for (int r = 0; r < M; r++) {
+        const float *ar = a + r * as;
+        for (int n0 = 0; n0 < N; n0 += CB) {
+            float *cr = c + r * ldc + n0;
+            float cl[CB];
+            if (N - n0 >= CB) {
+                for (int x = 0; x < CB; x++) cl[x] = acc ? cr[x] : 0.0f;
+                for (int k = 0; k < K; k++) {
+                    const float av = ar[k * ak], *bk = b + k * ldb + n0;
+                    for (int x = 0; x < CB; x++) cl[x] += av * bk[x];
+                }
+                for (int x = 0; x < CB; x++) cr[x] = cl[x];
+            } else {
+                const int nn = N - n0;
+                for (int x = 0; x < nn; x++) cl[x] = acc ? cr[x] : 0.0f;
+                for (int k = 0; k < K; k++) {
+                    const float av = ar[k * ak], *bk = b + k * ldb + n0;
+                    for (int x = 0; x < nn; x++) cl[x] += av * bk[x];
+                }
+                for (int x = 0; x < nn; x++) cr[x] = cl[x];
+            }
+        }
+    }
+}
+
+FLASH_UNUSED static void LOOM_KV(softmax_c)(float *st, int n, int m, float *mrow, float *lrow, float *alpha) {
+    float mnew[BQ], muse[BQ], sum[BQ];
+    for (int i = 0; i < m; i++) {
+        mnew[i] = mrow[i];
+        sum[i] = 0.0f;
+    }
+    for (int j = 0; j < n; j++) {
+        const float *sj = st + (int64_t)j * BQ;
+        for (int i = 0; i < m; i++) mnew[i] = sj[i] > mnew[i] ? sj[i] : mnew[i];
+    }
+    /* a column with nothing visible yet keeps m = -inf; exp(-inf - 0) = 0 keeps P at 0 */
+    for (int i = 0; i < m; i++) muse[i] = mnew[i] == -INFINITY ? 0.0f : mnew[i];
+    for (int j = 0; j < n; j++) {
+        float *sj = st + (int64_t)j * BQ;
+        for (int i = 0; i < m; i++) {
+            float e = loom_expf(sj[i] - muse[i]);
+            sj[i] = e;
+            sum[i] += e;
+        }
+    }
+    for (int i = 0; i < m; i++) {
+        alpha[i] = loom_expf(mrow[i] - muse[i]);
+        lrow[i] = lrow[i] * alpha[i] + sum[i];
+        mrow[i] = mnew[i];
+    }
+}
+
+FLASH_UNUSED static void LOOM_KV(bwd_tile_c)(float *s, float *dp, int m, int n, const float *lse,
+                       const float *delta) {
+    for (int r = 0; r < m; r++) {
+        float *sr = s + (int64_t)r * BK, *dr = dp + (int64_t)r * BK;
+        const float l = lse_base(lse[r]), dl = delta[r];
+        for (int j = 0; j < n; j++) {
+            float p = loom_expf(sr[j] - l);
+            sr[j] = p;
+            dr[j] = p * (dr[j] - dl);
+        }
+    }
+}
+
+FLASH_UNUSED static void LOOM_KV(bwd_tile_t_c)(float *st, float *dpt, int n, int m, const float *lse,
+                         const float *delta) {
+    float l[BQ];
+    for (int i = 0; i < m; i++) l[i] = lse_base(lse[i]);
+    for (int j = 0; j < n; j++) {
+        float *sj = st + (int64_t)j * BQ, *dj = dpt + (int64_t)j * BQ;
+        for (int i = 0; i < m; i++) {
+            float p = loom_expf(sj[i] - l[i]);
+            sj[i] = p;
+            dj[i] = p * (dj[i] - delta[i]);
+        }
+    }
+}
+
+FLASH_UNUSED static void LOOM_KV(row_dot_c)(float *delta, const float *a, int64_t ats, const float *b, int64_t bts,
+                      int m, int D) {
+    for (int r = 0; r < m; r++) {
+        const float *ar = a + r * ats, *br = b + r * bts;
+        float part[8] = {0};
+        int x = 0;
+        for (; x + 8 <= D; x += 8)
+            for (int u = 0; u < 8; u++) part[u] += ar[x + u] * br[x + u];
+        for (; x < D; x++) part[0] += ar[x] * br[x];
+        delta[r] = ((part[0] + part[1]) + (part[2] + part[3])) +
+                   ((part[4] + part[5]) + (part[6] + part[7]));
+    }
+}
+
+#endif /* LOOM_KV */

@@ -39,7 +39,7 @@ class AttnMask(ctypes.Structure):
                 ("q_doc_bs", ctypes.c_int64), ("k_doc_bs", ctypes.c_int64)]
 
 
-ATTN_ISA_AUTO, ATTN_ISA_PORTABLE, ATTN_ISA_AVX512, ATTN_ISA_AVX512_BLAS = 0, 1, 2, 3
+ATTN_ISA_AUTO, ATTN_ISA_PORTABLE, ATTN_ISA_AVX512, ATTN_ISA_AVX512_BLAS, ATTN_ISA_AVX2 = 0, 1, 2, 3, 4
 _DP = ctypes.POINTER(AttnDims)
 _MP = ctypes.POINTER(AttnMask)
 

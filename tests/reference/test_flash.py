@@ -1,9 +1,10 @@
 """flash_attention_forward/backward (src/kernels/flash_attention.c) against PyTorch in float64
 and against loom's materialized attention (attention_forward/backward, the "sdpa" path).
 
-Every check runs on each inner-loop path: portable C, AVX-512, and AVX-512 with the tile
-products through OpenBLAS (the AVX-512 ones are reported as not run, and the test fails, on a
-CPU without AVX-512 unless LOOM_FLASH_NO_AVX512_OK=1).
+Every check runs on each inner-loop path: portable C (x86-64 baseline), the same C compiled for
+AVX2, AVX-512 intrinsics, and AVX-512 with the tile products through OpenBLAS (the AVX-512
+ones are reported as not run, and the test fails, on a CPU without AVX-512 unless
+LOOM_FLASH_NO_AVX512_OK=1).
 Errors are max |loom - ref| / max |ref| (rel_err). Tolerances: 1e-5 for outputs, lse and
 gradients (fp32 kernels against a float64 reference; measured errors are ~1e-7..1e-6).
 
@@ -26,9 +27,8 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from loomlib import (ATTN_ISA_AUTO, ATTN_ISA_AVX512, ATTN_ISA_AVX512_BLAS,  # noqa: E402
-                     ATTN_ISA_PORTABLE,
-                     AttnDims, AttnMask, f32, fptr, lib, rel_err)
+from loomlib import (ATTN_ISA_AUTO, ATTN_ISA_AVX2, ATTN_ISA_AVX512, ATTN_ISA_AVX512_BLAS,  # noqa: E402
+                     ATTN_ISA_PORTABLE, AttnDims, AttnMask, f32, fptr, lib, rel_err)
 
 torch.set_num_threads(2)
 L = lib()
@@ -36,12 +36,6 @@ GOMP = ctypes.CDLL("libgomp.so.1")  # the OpenMP runtime libloom uses (not torch
 rng = np.random.default_rng(4321)
 results = []
 TOL = 1e-5
-
-ISAS = [("portable", ATTN_ISA_PORTABLE)]
-if L.flash_attention_have_avx512():
-    ISAS.append(("avx512", ATTN_ISA_AVX512))
-    ISAS.append(("avx512+blas", ATTN_ISA_AVX512_BLAS))  # tile products through OpenBLAS
-
 
 def check(name, got, ref, tol=TOL, floor=None):
     """rel_err; with `floor`, the error is relative to max(max |ref|, floor) (for references
@@ -76,6 +70,23 @@ def make_mask(causal, q0=0, k0=0, qdoc=None, kdoc=None):
         m.q_doc, m.k_doc = qdoc.ctypes.data, kdoc.ctypes.data
         m.q_doc_bs, m.k_doc_bs = qdoc.shape[1], kdoc.shape[1]
     return m
+
+
+def runs(isa):
+    """whether this CPU runs `isa` (a tiny call: -2 means it cannot)"""
+    x = np.zeros((1, 1, 1, 16), np.float32)
+    d, mk = dims_sep(1, 1, 1, 1, 1, 16), make_mask(False)
+    o, lse = np.zeros_like(x), np.zeros((1, 1, 1), np.float32)
+    return L.flash_attention_forward(fptr(o), fptr(lse), fptr(x), fptr(x), fptr(x),
+                                     ctypes.byref(d), ctypes.byref(mk), isa) == 0
+
+
+ISAS = [("portable", ATTN_ISA_PORTABLE)]
+if runs(ATTN_ISA_AVX2):
+    ISAS.append(("avx2", ATTN_ISA_AVX2))  # the portable C compiled for AVX2 + FMA
+if L.flash_attention_have_avx512():
+    ISAS.append(("avx512", ATTN_ISA_AVX512))
+    ISAS.append(("avx512+blas", ATTN_ISA_AVX512_BLAS))  # tile products through OpenBLAS
 
 
 def flash(q, k, v, isa, causal, q0=0, k0=0, qdoc=None, kdoc=None, dout=None, grads=None):
@@ -321,6 +332,37 @@ def test_threads(iname, isa):
     check_true(f"bitwise identical out/lse/dq/dk/dv for 1,2,3,5 threads {iname}", same)
 
 
+def test_auto_follows_level():
+    """ATTN_ISA_AUTO runs the tile operations of the kernels' agreed instruction-set level
+    (loom_isa_active, docs/build.md): AVX-512 intrinsics at level avx512, the C compiled for
+    AVX2 at avx2, the baseline C at x86-64."""
+    best = L.loom_isa_detect()
+    if best == 0:  # NATIVE=1 build: one level, AUTO follows the CPU
+        return
+    B, T, H, KVH, D = 1, 80, 2, 1, 32
+    q, k, v = randn(B, T, H, D), randn(B, T, KVH, D), randn(B, T, KVH, D)
+    dout = randn(B, T, H, D)
+    cases = [(1, "x86-64", ATTN_ISA_PORTABLE, "portable")]
+    if best >= 3:
+        cases.append((3, "avx2", ATTN_ISA_AVX2, "avx2"))
+    if best >= 4:
+        cases.append((4, "avx512", ATTN_ISA_AVX512, "avx512"))
+    for level, lname, want, wname in cases:
+        assert L.loom_isa_set(level, None) == 0
+        auto = flash(q, k, v, ATTN_ISA_AUTO, True, dout=dout)
+        exp = flash(q, k, v, want, True, dout=dout)
+        same = all(np.array_equal(a, b) for a, b in zip(auto, exp))
+        check_true(f"AUTO at level {lname} runs the {wname} tile operations", same)
+    if best >= 4:  # and the paths are other code (so the equalities above mean something)
+        p = flash(q, k, v, ATTN_ISA_PORTABLE, True)
+        a2 = flash(q, k, v, ATTN_ISA_AVX2, True)
+        a = flash(q, k, v, ATTN_ISA_AVX512, True)
+        # (the AVX2 C and the AVX-512 intrinsics may agree bitwise: the same FMA chains)
+        check_true("baseline C tiles differ in bits from the AVX2 and AVX-512 ones",
+                   not np.array_equal(p[0], a[0]) and not np.array_equal(p[0], a2[0]))
+    L.loom_isa_set(best, None)
+
+
 def test_errors():
     q, k, v, do = qkv(1, 8, 8, 4, 2, 16)
     out, lse = np.empty_like(q), np.empty((1, 4, 8), np.float32)
@@ -342,33 +384,6 @@ def test_errors():
         check_true("AVX-512 asked for on a CPU without it refused (-2)", rc == -2, f"rc {rc}")
 
 
-def test_auto_follows_level():
-    """ATTN_ISA_AUTO runs the tile operations of the kernels' agreed instruction-set level
-    (loom_isa_active, docs/build.md): AVX-512 at level avx512, portable C below it."""
-    best = L.loom_isa_detect()
-    if best == 0:  # NATIVE=1 build: one level, AUTO follows the CPU
-        return
-    B, T, H, KVH, D = 1, 80, 2, 1, 32
-    q, k, v = randn(B, T, H, D), randn(B, T, KVH, D), randn(B, T, KVH, D)
-    dout = randn(B, T, H, D)
-    cases = [(1, "x86-64", ATTN_ISA_PORTABLE, "portable")]
-    if best >= 3:
-        cases.append((3, "avx2", ATTN_ISA_PORTABLE, "portable"))
-    if best >= 4:
-        cases.append((4, "avx512", ATTN_ISA_AVX512, "avx512"))
-    for level, lname, want, wname in cases:
-        assert L.loom_isa_set(level, None) == 0
-        auto = flash(q, k, v, ATTN_ISA_AUTO, True, dout=dout)
-        exp = flash(q, k, v, want, True, dout=dout)
-        same = all(np.array_equal(a, b) for a, b in zip(auto, exp))
-        check_true(f"AUTO at level {lname} runs the {wname} tile operations", same)
-    if best >= 4:  # and the two are other code (so the equality above means something)
-        p = flash(q, k, v, ATTN_ISA_PORTABLE, True)
-        a = flash(q, k, v, ATTN_ISA_AVX512, True)
-        check_true("portable and AVX-512 tiles differ in bits", not np.array_equal(p[0], a[0]))
-    L.loom_isa_set(best, None)
-
-
 if __name__ == "__main__":
     for iname, isa in ISAS:
         test_sdpa(iname, isa)
@@ -377,8 +392,8 @@ if __name__ == "__main__":
         test_documents(iname, isa)
         test_skip(iname, isa)
         test_threads(iname, isa)
-    test_errors()
     test_auto_follows_level()
+    test_errors()
     if len(ISAS) < 2:
         ok = os.environ.get("LOOM_FLASH_NO_AVX512_OK") == "1"
         print(f"{'note' if ok else 'FAIL'} the AVX-512 path was not tested: this CPU lacks it")

@@ -187,6 +187,8 @@ static void run(const cfg *c, int isa, uint64_t seed) {
 
 static void each_isa(const cfg *c, uint64_t seed) {
     run(c, LOOM_ATTN_ISA_PORTABLE, seed);
+    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"))
+        run(c, LOOM_ATTN_ISA_AVX2, seed);
     if (flash_attention_have_avx512()) {
         run(c, LOOM_ATTN_ISA_AVX512, seed);
         run(c, LOOM_ATTN_ISA_AVX512_BLAS, seed);
