@@ -243,6 +243,29 @@ void loom_model_init_range(const loom_model *m, uint64_t seed, size_t offset, si
  * scheme, kept for Llama too); norm weights 1; biases 0. */
 void loom_model_init_weights(loom_model *m, uint64_t seed);
 
+/* ---- activation arenas -------------------------------------------------------------------
+ * What one micro-batch's forward keeps for its backward lives in an activation arena, separate
+ * from the model, so a pipeline stage can hold several micro-batches in flight. The model owns
+ * one (used by loom_model_forward/backward); more come from loom_acts_create. for_training = 0
+ * gives an arena for forward only (one set of slots reused by every layer, no backward
+ * scratch): backward must not be called with it. */
+typedef struct loom_acts loom_acts;
+loom_acts *loom_acts_create(const loom_model *m, int B, int T, int for_training);
+void loom_acts_free(loom_acts *a);
+size_t loom_acts_bytes(const loom_acts *a);
+/* logits of the arena's last forward (valid until its backward) */
+const float *loom_acts_logits(const loom_acts *a);
+/* loom_model_forward / loom_model_backward on a given arena (B <= its B, T <= its T) */
+float loom_model_forward_acts(loom_model *m, loom_acts *a, const int32_t *inputs,
+                              const int32_t *targets, int B, int T);
+void loom_model_backward_acts(loom_model *m, loom_acts *a, float dscale);
+/* Recomputes layer `layer`'s activations of the arena's last forward from the stream entering
+ * it (activation checkpointing walks the same block definition again). */
+void loom_model_recompute_layer(loom_model *m, loom_acts *a, int layer);
+/* Overwrites layer `layer`'s kept activations with `value` (what a dropped layer holds before
+ * its recompute; tests use it to check that backward reads only recomputed values). */
+void loom_acts_poison_layer(const loom_model *m, loom_acts *a, int layer, float value);
+
 /* Forward on inputs (B,T), B <= the B given at create, T <= its T. When targets is not NULL
  * ((B,T) for the LM head, (B) labels for the classify head) returns the mean loss over
  * targets >= 0 (and keeps what backward needs); else returns 0. Logits ((B,T,V), or (B,K)

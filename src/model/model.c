@@ -193,7 +193,7 @@ static int create(const loom_model_config *cfg, const loom_model_layout *layout,
     m->F = (int)(Fg / tp);
     m->QKV = (m->H + 2 * m->KVH) * m->D;
     m->FFI = gpt2 ? m->F : 2 * m->F;
-    const int64_t H = m->H, F = m->F, HD = H * m->D, HDg = Hg * m->D, KDg = KVHg * m->D;
+    const int64_t HDg = Hg * m->D, KDg = KVHg * m->D;
     const int cls = cfg->head == LOOM_HEAD_CLASSIFY, tied = gpt2 && !cls;
 
     m->info = loom_calloc(LOOM_P_COUNT + (size_t)L * LOOM_L_COUNT, sizeof(loom_tensor_info));
@@ -256,41 +256,13 @@ static int create(const loom_model_config *cfg, const loom_model_layout *layout,
     }
     point_units_at_arenas(m);
 
-    /* activations: a size table, one allocation, typed pointers into it */
-    const int64_t BT = (int64_t)B * T;
-    const int64_t Ls = lay.l1 - lay.l0; /* the stage's layers */
-    struct { float **p; int64_t n; } tab[] = {
-        {&m->a.encoded, BT * C},        {&m->a.ln1, Ls * BT * C},
-        {&m->a.ln1_mean, Ls * BT},       {&m->a.ln1_rstd, Ls * BT},
-        {&m->a.qkv, Ls * BT * m->QKV},   {&m->a.att, Ls * B * H * (int64_t)T * T},
-        {&m->a.atty, Ls * BT * HD},      {&m->a.res2, Ls * BT * C},
-        {&m->a.ln2, Ls * BT * C},        {&m->a.ln2_mean, Ls * BT},
-        {&m->a.ln2_rstd, Ls * BT},       {&m->a.fch, Ls * BT * m->FFI},
-        {&m->a.fch_act, Ls * BT * F},    {&m->a.res3, Ls * BT * C},
-        {&m->a.lnf, BT * C},            {&m->a.lnf_mean, BT},
-        {&m->a.lnf_rstd, BT},           {&m->a.logits, cls ? B * K : BT * V},
-        {&m->a.pooled, cls ? B * C : 0}, {&m->a.dpooled, cls ? B * C : 0},
-        {&m->a.losses, BT},             {&m->a.dres, BT * C},
-        {&m->a.dln, BT * C},            {&m->a.dqkv, BT * m->QKV},
-        {&m->a.datty, BT * HD},         {&m->a.dfch, BT * m->FFI},
-        {&m->a.dfch_act, BT * F},       {&m->a.datt, B * H * (int64_t)T * T},
-    };
-    size_t total = 0;
-    for (size_t i = 0; i < sizeof tab / sizeof tab[0]; i++)
-        total += ((size_t)tab[i].n + 15) & ~(size_t)15; /* keep each buffer 64-byte aligned */
-    m->act_floats = total;
+    /* the model's own activation arena (one micro-batch) */
+    m->act_floats = acts_floats(m, B, T, 1);
     if (layout_only) {
         *out = m;
         return 0;
     }
-    m->act_mem = loom_alloc_aligned(total * sizeof(float));
-    float *p = m->act_mem;
-    for (size_t i = 0; i < sizeof tab / sizeof tab[0]; i++) {
-        *tab[i].p = p;
-        p += ((size_t)tab[i].n + 15) & ~(size_t)15;
-    }
-    m->inputs = loom_calloc((size_t)BT, sizeof(int32_t));
-    m->targets = loom_calloc((size_t)BT, sizeof(int32_t));
+    m->acts = loom_acts_create(m, B, T, 1);
     if (!gpt2) {
         m->rope_cos = loom_alloc_aligned((size_t)maxT * (size_t)(m->D / 2) * sizeof(float));
         m->rope_sin = loom_alloc_aligned((size_t)maxT * (size_t)(m->D / 2) * sizeof(float));
@@ -327,9 +299,7 @@ void loom_model_free(loom_model *m) {
     if (!m) return;
     free(m->params);
     free(m->grads);
-    free(m->act_mem);
-    free(m->inputs);
-    free(m->targets);
+    loom_acts_free(m->acts);
     free(m->rope_cos);
     free(m->rope_sin);
     free(m->info);
@@ -346,8 +316,8 @@ const loom_model_config *loom_model_get_config(const loom_model *m) { return &m-
 size_t loom_model_num_params(const loom_model *m) { return m->n_params; }
 float *loom_model_params(loom_model *m) { return m->params; }
 float *loom_model_grads(loom_model *m) { return m->grads; }
-const float *loom_model_logits(const loom_model *m) { return m->a.logits; }
-int64_t loom_model_valid_targets(const loom_model *m) { return m->valid; }
+const float *loom_model_logits(const loom_model *m) { return m->acts->logits; }
+int64_t loom_model_valid_targets(const loom_model *m) { return m->acts->valid; }
 
 int loom_model_num_tensors(const loom_model *m) { return m->n_info; }
 
@@ -476,40 +446,18 @@ static void norm_bwd(const loom_model *m, float *din, float *dw, float *db, cons
         rmsnorm_backward(din, dw, dout, in, w, rstd, N, m->cfg.d_model);
 }
 
-/* Layer l's slices of the stacked activation buffers. Strides use the arena's maximum
- * B x T, so a smaller batch still fits. */
-typedef struct layer_acts {
-    float *ln1, *ln1_mean, *ln1_rstd, *qkv, *att, *atty, *res2;
-    float *ln2, *ln2_mean, *ln2_rstd, *fch, *fch_act, *res3;
-} layer_acts;
-
-static layer_acts layer_acts_of(const loom_model *m, int layer) {
-    const acts *a = &m->a;
-    const int64_t l = layer - m->lay.l0; /* the stacked buffers hold the stage's layers */
-    const int64_t mBT = (int64_t)m->maxB * m->maxT, C = m->cfg.d_model;
-    const int64_t HD = (int64_t)m->H * m->D;
-    return (layer_acts){
-        .ln1 = a->ln1 + l * mBT * C, .ln1_mean = a->ln1_mean + l * mBT,
-        .ln1_rstd = a->ln1_rstd + l * mBT, .qkv = a->qkv + l * mBT * m->QKV,
-        .att = a->att + l * (int64_t)m->maxB * m->H * m->maxT * m->maxT,
-        .atty = a->atty + l * mBT * HD, .res2 = a->res2 + l * mBT * C,
-        .ln2 = a->ln2 + l * mBT * C, .ln2_mean = a->ln2_mean + l * mBT,
-        .ln2_rstd = a->ln2_rstd + l * mBT, .fch = a->fch + l * mBT * m->FFI,
-        .fch_act = a->fch_act + l * mBT * m->F, .res3 = a->res3 + l * mBT * C};
-}
-
 /* Cross-entropy of the last logits (N rows of K) against targets (N, < 0 ignored): keeps the
  * targets for backward and returns the mean over the valid ones. */
-static float mean_loss(loom_model *m, const int32_t *targets, int64_t N, int K) {
-    memcpy(m->targets, targets, (size_t)N * sizeof(int32_t));
+static float mean_loss(loom_acts *a, const int32_t *targets, int64_t N, int K) {
+    memcpy(a->targets, targets, (size_t)N * sizeof(int32_t));
     for (int64_t i = 0; i < N; i++) {
         LOOM_CHECK(targets[i] < K);
-        if (targets[i] >= 0) m->valid++;
+        if (targets[i] >= 0) a->valid++;
     }
-    crossentropy_forward(m->a.losses, m->a.logits, targets, N, K);
+    crossentropy_forward(a->losses, a->logits, targets, N, K);
     double sum = 0.0;
-    for (int64_t i = 0; i < N; i++) sum += m->a.losses[i];
-    return m->valid > 0 ? (float)(sum / (double)m->valid) : 0.0f;
+    for (int64_t i = 0; i < N; i++) sum += a->losses[i];
+    return a->valid > 0 ? (float)(sum / (double)a->valid) : 0.0f;
 }
 
 static const char *const cp_names[LOOM_CP_COUNT] = {
@@ -524,26 +472,23 @@ void loom_model_set_comm_points(loom_model *m, const loom_comm_points *cp) {
     if (cp) m->cp = *cp;
 }
 
-/* a named communication point: nothing unless parallel/ supplied one */
-static void cpoint(loom_model *m, int point, int dir, int layer, int site, float *buf, int64_t n) {
-    if (m->has_cp) m->cp.fn(m->cp.ctx, point, dir, layer, site, buf, n);
+/* a stage point (the block calls the others itself) */
+static void stage_point(loom_model *m, int point, int dir, float *buf, int64_t n) {
+    if (m->has_cp) m->cp.fn(m->cp.ctx, point, dir, -1, LOOM_SITE_NONE, buf, n);
 }
 
-float loom_model_forward(loom_model *m, const int32_t *inputs, const int32_t *targets, int B,
-                         int T) {
-    LOOM_CHECK(B > 0 && B <= m->maxB && T > 0 && T <= m->maxT);
+float loom_model_forward_acts(loom_model *m, loom_acts *a, const int32_t *inputs,
+                              const int32_t *targets, int B, int T) {
+    LOOM_CHECK(B > 0 && B <= a->maxB && T > 0 && T <= a->maxT);
     /* a partial pipeline stage has no forward of its own yet (the pipeline issue) */
-    LOOM_CHECK(m->lay.has_embedding && m->lay.has_head && m->act_mem != NULL);
+    LOOM_CHECK(m->lay.has_embedding && m->lay.has_head);
     const loom_model_config *c = &m->cfg;
-    const int C = c->d_model, L = c->n_layer, H = m->H, KVH = m->KVH, D = m->D;
-    const int V = c->vocab_size, F = m->F, QKV = m->QKV, FFI = m->FFI, HD = H * D;
+    const int C = c->d_model, V = c->vocab_size;
     const int64_t BT = (int64_t)B * T;
     const int gpt2 = c->flavor == LOOM_FLAVOR_GPT2;
-    const int bias_here = m->lay.tp_rank == 0; /* a row-parallel bias is added once */
-    acts *a = &m->a;
-    m->B = B;
-    m->T = T;
-    memcpy(m->inputs, inputs, (size_t)BT * sizeof(int32_t));
+    a->B = B;
+    a->T = T;
+    memcpy(a->inputs, inputs, (size_t)BT * sizeof(int32_t));
     for (int64_t i = 0; i < BT; i++) LOOM_CHECK(inputs[i] >= 0 && inputs[i] < V);
 
     const int U_FINAL = m->n_units - 1;
@@ -551,47 +496,16 @@ float loom_model_forward(loom_model *m, const int32_t *inputs, const int32_t *ta
     embedding_forward(a->encoded, inputs, PARAM(m, LOOM_P_WTE), PARAM(m, LOOM_P_WPE),
                       B, T, C, 0);
     release(m, 0, 0);
-    cpoint(m, LOOM_CP_STAGE_IN, 0, -1, LOOM_SITE_NONE, a->encoded, BT * C);
-    const float *residual = a->encoded;
-    for (int l = 0; l < L; l++) {
-        const layer_acts la = layer_acts_of(m, l);
-        float *ln1 = la.ln1, *ln1_mean = la.ln1_mean, *ln1_rstd = la.ln1_rstd, *qkv = la.qkv;
-        float *att = la.att, *atty = la.atty, *res2 = la.res2, *ln2 = la.ln2;
-        float *ln2_mean = la.ln2_mean, *ln2_rstd = la.ln2_rstd, *fch = la.fch;
-        float *fch_act = la.fch_act, *res3 = la.res3;
-
-        acquire(m, l + 1, 0);
-        model_norm_fwd(m, ln1, ln1_mean, ln1_rstd, residual, LP(m, LOOM_L_LN1_W, l),
-                 LP(m, LOOM_L_LN1_B, l), BT);
-        cpoint(m, LOOM_CP_ATTN_IN, 0, l, LOOM_SITE_ATTN, ln1, BT * C);
-        cpoint(m, LOOM_CP_COL_IN, 0, l, LOOM_SITE_ATTN, ln1, BT * C);
-        matmul_forward(qkv, ln1, QKV_W(m, l), QKV_B(m, l), BT, C, QKV);
-        if (!gpt2) {
-            rope_forward(qkv, B, T, H, D, QKV, m->rope_cos, m->rope_sin, 0);
-            rope_forward(qkv + HD, B, T, KVH, D, QKV, m->rope_cos, m->rope_sin, 0);
-        }
-        attention_forward(atty, att, qkv, B, T, H, KVH, D);
-        matmul_forward(res2, atty, LP(m, LOOM_L_ATTN_PROJ_W, l),
-                       bias_here ? LP(m, LOOM_L_ATTN_PROJ_B, l) : NULL, BT, HD, C);
-        cpoint(m, LOOM_CP_ROW_OUT, 0, l, LOOM_SITE_ATTN, res2, BT * C);
-        cpoint(m, LOOM_CP_ATTN_OUT, 0, l, LOOM_SITE_ATTN, res2, BT * C);
-        residual_forward(res2, res2, residual, BT * C);
-        model_norm_fwd(m, ln2, ln2_mean, ln2_rstd, res2, LP(m, LOOM_L_LN2_W, l), LP(m, LOOM_L_LN2_B, l),
-                 BT);
-        cpoint(m, LOOM_CP_FFN_IN, 0, l, LOOM_SITE_FFN, ln2, BT * C);
-        cpoint(m, LOOM_CP_COL_IN, 0, l, LOOM_SITE_FFN, ln2, BT * C);
-        matmul_forward(fch, ln2, FC1_W(m, l), LP(m, LOOM_L_FC_B, l), BT, C, FFI);
-        if (gpt2) gelu_forward(fch_act, fch, BT * F);
-        else swiglu_forward(fch_act, fch, BT, F);
-        matmul_forward(res3, fch_act, LP(m, LOOM_L_FC_PROJ_W, l),
-                       bias_here ? LP(m, LOOM_L_FC_PROJ_B, l) : NULL, BT, F, C);
-        cpoint(m, LOOM_CP_ROW_OUT, 0, l, LOOM_SITE_FFN, res3, BT * C);
-        cpoint(m, LOOM_CP_FFN_OUT, 0, l, LOOM_SITE_FFN, res3, BT * C);
-        residual_forward(res3, res3, res2, BT * C);
-        release(m, l + 1, 0);
-        residual = res3;
+    stage_point(m, LOOM_CP_STAGE_IN, 0, a->encoded, BT * C);
+    block_frame f;
+    for (int l = m->lay.l0; l < m->lay.l1; l++) {
+        acts_frame(m, a, l, B, T, &f);
+        acquire(m, l - m->lay.l0 + 1, 0);
+        block_forward(m, &f, l);
+        release(m, l - m->lay.l0 + 1, 0);
     }
-    cpoint(m, LOOM_CP_STAGE_OUT, 0, -1, LOOM_SITE_NONE, (float *)residual, BT * C);
+    float *residual = f.s[S_RES3];
+    stage_point(m, LOOM_CP_STAGE_OUT, 0, residual, BT * C);
     const int cls = c->head == LOOM_HEAD_CLASSIFY, tied = gpt2 && !cls;
     acquire(m, U_FINAL, 0);
     if (tied) acquire(m, 0, 0); /* the tied head reads wte */
@@ -608,22 +522,30 @@ float loom_model_forward(loom_model *m, const int32_t *inputs, const int32_t *ta
     if (tied) release(m, 0, 0);
     release(m, U_FINAL, 0);
 
-    m->has_targets = targets != NULL;
-    m->valid = 0;
+    a->has_targets = targets != NULL;
+    a->valid = 0;
     if (!targets) return 0.0f;
     /* N rows of K-way logits: B sequences x K classes, or B*T positions x V tokens */
-    return mean_loss(m, targets, cls ? B : BT, cls ? c->num_classes : V);
+    return mean_loss(a, targets, cls ? B : BT, cls ? c->num_classes : V);
 }
 
-void loom_model_backward(loom_model *m, float dscale) {
-    LOOM_CHECK(m->has_targets);
+void loom_model_recompute_layer(loom_model *m, loom_acts *a, int layer) {
+    LOOM_CHECK(a->stacked && layer >= m->lay.l0 && layer < m->lay.l1 && a->B > 0);
+    block_frame f;
+    acts_frame(m, a, layer, a->B, a->T, &f);
+    const int u = layer - m->lay.l0 + 1;
+    acquire(m, u, 0);
+    block_forward(m, &f, layer);
+    release(m, u, 0);
+}
+
+void loom_model_backward_acts(loom_model *m, loom_acts *a, float dscale) {
+    LOOM_CHECK(a->has_targets && a->stacked);
     const loom_model_config *c = &m->cfg;
-    const int C = c->d_model, L = c->n_layer, H = m->H, KVH = m->KVH, D = m->D;
-    const int V = c->vocab_size, F = m->F, QKV = m->QKV, FFI = m->FFI, HD = H * D;
-    const int B = m->B, T = m->T;
+    const int C = c->d_model, V = c->vocab_size;
+    const int B = a->B, T = a->T;
     const int64_t BT = (int64_t)B * T;
     const int gpt2 = c->flavor == LOOM_FLAVOR_GPT2;
-    acts *a = &m->a;
 
     const int U_FINAL = m->n_units - 1;
     memset(m->have_grads, 0, (size_t)m->n_units);
@@ -633,85 +555,59 @@ void loom_model_backward(loom_model *m, float dscale) {
     memset(a->dln, 0, (size_t)BT * C * sizeof(float));
     if (cls) { /* logits (B,K) become dlogits; pooled <- mean over T */
         const int K = c->num_classes;
-        crossentropy_softmax_backward(a->logits, m->targets, B, K, dscale);
+        crossentropy_softmax_backward(a->logits, a->targets, B, K, dscale);
         memset(a->dpooled, 0, (size_t)B * C * sizeof(float));
         matmul_backward(a->dpooled, GRAD(m, LOOM_P_CLS_W), GRAD(m, LOOM_P_CLS_B), a->logits,
                         a->pooled, PARAM(m, LOOM_P_CLS_W), B, C, K);
         mean_pool_backward(a->dln, a->dpooled, B, T, C);
     } else { /* logits (B,T,V) become dlogits in place */
-        crossentropy_softmax_backward(a->logits, m->targets, BT, V, dscale);
+        crossentropy_softmax_backward(a->logits, a->targets, BT, V, dscale);
         const float *head = gpt2 ? PARAM(m, LOOM_P_WTE) : PARAM(m, LOOM_P_LM_HEAD);
         float *dhead = gpt2 ? GRAD(m, LOOM_P_WTE) : GRAD(m, LOOM_P_LM_HEAD);
         matmul_backward(a->dln, dhead, NULL, a->logits, a->lnf, head, BT, C, V);
     }
-    const float *last = layer_acts_of(m, L - 1).res3;
+    block_frame f;
+    acts_frame(m, a, m->lay.l1 - 1, B, T, &f);
+    const float *last = f.s[S_RES3];
     memset(a->dres, 0, (size_t)BT * C * sizeof(float));
     norm_bwd(m, a->dres, GRAD(m, LOOM_P_LNF_W), GRAD(m, LOOM_P_LNF_B), a->dln, last,
              PARAM(m, LOOM_P_LNF_W), a->lnf_mean, a->lnf_rstd, BT);
     if (tied) release(m, 0, 1);
     release(m, U_FINAL, 1);
     grads_ready(m, U_FINAL);
-    cpoint(m, LOOM_CP_STAGE_OUT, 1, -1, LOOM_SITE_NONE, a->dres, BT * C);
+    stage_point(m, LOOM_CP_STAGE_OUT, 1, a->dres, BT * C);
 
-    for (int l = L - 1; l >= 0; l--) {
-        const float *residual = l == 0 ? a->encoded : layer_acts_of(m, l - 1).res3;
-        const layer_acts la = layer_acts_of(m, l);
-        float *ln1 = la.ln1, *ln1_mean = la.ln1_mean, *ln1_rstd = la.ln1_rstd, *qkv = la.qkv;
-        float *att = la.att, *atty = la.atty, *res2 = la.res2, *ln2 = la.ln2;
-        float *ln2_mean = la.ln2_mean, *ln2_rstd = la.ln2_rstd, *fch = la.fch;
-        float *fch_act = la.fch_act;
-
-        acquire(m, l + 1, 1);
-        /* MLP: res3 = res2 + fc_proj(act(fc(ln2(res2)))); a->dres holds d res3 */
-        cpoint(m, LOOM_CP_FFN_OUT, 1, l, LOOM_SITE_FFN, a->dres, BT * C);
-        cpoint(m, LOOM_CP_ROW_OUT, 1, l, LOOM_SITE_FFN, a->dres, BT * C);
-        memset(a->dfch_act, 0, (size_t)BT * F * sizeof(float));
-        matmul_backward(a->dfch_act, LG(m, LOOM_L_FC_PROJ_W, l), LG(m, LOOM_L_FC_PROJ_B, l),
-                        a->dres, fch_act, LP(m, LOOM_L_FC_PROJ_W, l), BT, F, C);
-        memset(a->dfch, 0, (size_t)BT * FFI * sizeof(float));
-        if (gpt2) gelu_backward(a->dfch, fch, a->dfch_act, BT * F);
-        else swiglu_backward(a->dfch, fch, a->dfch_act, BT, F);
-        memset(a->dln, 0, (size_t)BT * C * sizeof(float));
-        matmul_backward(a->dln, FC1_GW(m, l), LG(m, LOOM_L_FC_B, l), a->dfch, ln2, FC1_W(m, l),
-                        BT, C, FFI);
-        cpoint(m, LOOM_CP_COL_IN, 1, l, LOOM_SITE_FFN, a->dln, BT * C);
-        cpoint(m, LOOM_CP_FFN_IN, 1, l, LOOM_SITE_FFN, a->dln, BT * C);
-        norm_bwd(m, a->dres, LG(m, LOOM_L_LN2_W, l), LG(m, LOOM_L_LN2_B, l), a->dln, res2,
-                 LP(m, LOOM_L_LN2_W, l), ln2_mean, ln2_rstd, BT);
-        /* attention: res2 = residual + attn_proj(attn(qkv(ln1(residual)))); dres = d res2 */
-        cpoint(m, LOOM_CP_ATTN_OUT, 1, l, LOOM_SITE_ATTN, a->dres, BT * C);
-        cpoint(m, LOOM_CP_ROW_OUT, 1, l, LOOM_SITE_ATTN, a->dres, BT * C);
-        memset(a->datty, 0, (size_t)BT * HD * sizeof(float));
-        matmul_backward(a->datty, LG(m, LOOM_L_ATTN_PROJ_W, l), LG(m, LOOM_L_ATTN_PROJ_B, l),
-                        a->dres, atty, LP(m, LOOM_L_ATTN_PROJ_W, l), BT, HD, C);
-        memset(a->dqkv, 0, (size_t)BT * QKV * sizeof(float));
-        attention_backward(a->dqkv, a->datt, a->datty, qkv, att, B, T, H, KVH, D);
-        if (!gpt2) {
-            rope_backward(a->dqkv, B, T, H, D, QKV, m->rope_cos, m->rope_sin, 0);
-            rope_backward(a->dqkv + HD, B, T, KVH, D, QKV, m->rope_cos, m->rope_sin, 0);
-        }
-        memset(a->dln, 0, (size_t)BT * C * sizeof(float));
-        matmul_backward(a->dln, QKV_GW(m, l), QKV_GB(m, l), a->dqkv, ln1, QKV_W(m, l), BT, C,
-                        QKV);
-        cpoint(m, LOOM_CP_COL_IN, 1, l, LOOM_SITE_ATTN, a->dln, BT * C);
-        cpoint(m, LOOM_CP_ATTN_IN, 1, l, LOOM_SITE_ATTN, a->dln, BT * C);
-        norm_bwd(m, a->dres, LG(m, LOOM_L_LN1_W, l), LG(m, LOOM_L_LN1_B, l), a->dln, residual,
-                 LP(m, LOOM_L_LN1_W, l), ln1_mean, ln1_rstd, BT);
-        release(m, l + 1, 1);
-        grads_ready(m, l + 1);
+    for (int l = m->lay.l1 - 1; l >= m->lay.l0; l--) {
+        const int u = l - m->lay.l0 + 1;
+        acts_frame(m, a, l, B, T, &f);
+        acquire(m, u, 1);
+        block_backward(m, &f, l);
+        release(m, u, 1);
+        grads_ready(m, u);
     }
-    cpoint(m, LOOM_CP_STAGE_IN, 1, -1, LOOM_SITE_NONE, a->dres, BT * C);
+    stage_point(m, LOOM_CP_STAGE_IN, 1, a->dres, BT * C);
     ensure_grads(m, 0);
-    embedding_backward(GRAD(m, LOOM_P_WTE), GRAD(m, LOOM_P_WPE), a->dres, m->inputs,
+    embedding_backward(GRAD(m, LOOM_P_WTE), GRAD(m, LOOM_P_WPE), a->dres, a->inputs,
                        B, T, C, 0);
     grads_ready(m, 0);
-    m->has_targets = 0;
+    a->has_targets = 0;
+}
+
+float loom_model_forward(loom_model *m, const int32_t *inputs, const int32_t *targets, int B,
+                         int T) {
+    LOOM_CHECK(m->acts != NULL);
+    return loom_model_forward_acts(m, m->acts, inputs, targets, B, T);
+}
+
+void loom_model_backward(loom_model *m, float dscale) {
+    LOOM_CHECK(m->acts != NULL);
+    loom_model_backward_acts(m, m->acts, dscale);
 }
 
 const float *loom_model_next_logits(loom_model *m, const int32_t *tokens, int n) {
     LOOM_CHECK(n > 0 && n <= m->maxT && m->cfg.head == LOOM_HEAD_LM);
     loom_model_forward(m, tokens, NULL, 1, n);
-    return m->a.logits + (size_t)(n - 1) * (size_t)m->cfg.vocab_size;
+    return m->acts->logits + (size_t)(n - 1) * (size_t)m->cfg.vocab_size;
 }
 
 double loom_model_flops_per_token(const loom_model *m, int T) {

@@ -5,39 +5,60 @@
 
 #include "loom/model.h"
 
-/* Activations kept for backward, each sized for the maximum B x T given at create.
- * Per-layer buffers are stacked with a leading L. */
-typedef struct acts {
-    float *encoded;   /* (B,T,C) embedding output = residual stream into layer 0 */
-    float *ln1;       /* (L,B,T,C) */
-    float *ln1_mean;  /* (L,B,T) */
-    float *ln1_rstd;  /* (L,B,T) */
-    float *qkv;       /* (L,B,T,QKV) after RoPE when llama */
-    float *att;       /* (L,B,H,T,T) softmax probabilities */
-    float *atty;      /* (L,B,T,H*D) attention output before the projection */
-    float *res2;      /* (L,B,T,C) residual after attention */
-    float *ln2;       /* (L,B,T,C) */
-    float *ln2_mean;  /* (L,B,T) */
-    float *ln2_rstd;  /* (L,B,T) */
-    float *fch;       /* (L,B,T,FFI) first MLP matmul output (gate|up for llama) */
-    float *fch_act;   /* (L,B,T,F) after GELU / SwiGLU */
-    float *res3;      /* (L,B,T,C) residual after the MLP = layer output */
-    float *lnf;       /* (B,T,C) */
-    float *lnf_mean;  /* (B,T) */
-    float *lnf_rstd;  /* (B,T) */
-    float *logits;    /* (B,T,V); dlogits after backward */
-    float *losses;    /* (B,T) */
-    float *pooled;    /* (B,C) classify: mean of lnf over T */
-    float *dpooled;   /* (B,C) */
-    /* backward scratch */
-    float *dres;      /* (B,T,C) gradient of the residual stream */
-    float *dln;       /* (B,T,C) */
-    float *dqkv;      /* (B,T,QKV) */
-    float *datty;     /* (B,T,H*D) */
-    float *dfch;      /* (B,T,FFI) */
-    float *dfch_act;  /* (B,T,F) */
-    float *datt;      /* (B,H,T,T) attention backward scratch */
-} acts;
+/* ---- the block's activation slots (src/model/block.c) ------------------------------------
+ * The transformer block is one list of ops over these named slots; forward, backward,
+ * recompute and decode all walk it. S_X is the residual stream entering the layer (the
+ * previous layer's S_RES3, or the embedding output). */
+enum {
+    S_X, S_LN1, S_LN1_MEAN, S_LN1_RSTD, S_QKV, S_ATT, S_ATTY, S_RES2, S_LN2, S_LN2_MEAN,
+    S_LN2_RSTD, S_FCH, S_FCH_ACT, S_RES3, S_COUNT
+};
+
+/* An activation arena: what one micro-batch's forward keeps (per layer of the stage, stacked)
+ * for its backward, the head's activations, and the backward's scratch. */
+struct loom_acts {
+    int maxB, maxT;
+    int stacked;          /* 1: every layer's slots kept (training); 0: one set reused by
+                           * every layer, no backward scratch (inference) */
+    int nl;               /* the stage's layers */
+    float *mem;           /* one allocation */
+    size_t floats;
+    float *slot[S_COUNT]; /* layer l0's slot (S_X unused: it is the previous S_RES3) */
+    int64_t stride[S_COUNT]; /* floats from one layer's slot to the next (0 unstacked) */
+    float *encoded;       /* (B,T,C) embedding output = residual stream into the first layer */
+    float *lnf, *lnf_mean, *lnf_rstd; /* (B,T,C), (B,T), (B,T) */
+    float *logits;        /* (B,T,V) or (B,K); dlogits after backward */
+    float *losses;        /* (B,T) */
+    float *pooled, *dpooled; /* (B,C) classify */
+    /* backward scratch (stacked only): gradients of the slots */
+    float *dres;          /* (B,T,C) the residual stream's (S_X, S_RES2, S_RES3) */
+    float *dln;           /* (B,T,C) S_LN1, S_LN2 */
+    float *dqkv, *datty, *dfch, *dfch_act; /* S_QKV, S_ATTY, S_FCH, S_FCH_ACT */
+    float *datt;          /* (B,H,T,T) attention backward scratch */
+    int32_t *inputs;      /* (B,T) copy of the last forward's inputs */
+    int32_t *targets;     /* (B,T) */
+    int B, T;             /* shape of the last forward */
+    int has_targets;
+    int64_t valid;
+};
+
+/* One walk of the block: the slots' buffers for this layer, their gradients (backward), the
+ * rows, and for decoding the layer's KV cache. */
+typedef struct block_frame {
+    float *s[S_COUNT];
+    float *g[S_COUNT];
+    int B, T, pos0;
+    float *kcache, *vcache; /* decode: this layer's (maxT, KVH*D) caches, else NULL */
+    float *scores;          /* decode scratch (H * maxT) */
+    float *datt;            /* backward scratch (B,H,T,T) */
+} block_frame;
+
+/* the floats of an activation arena for B x T (stacked or not) */
+size_t acts_floats(const loom_model *m, int B, int T, int stacked);
+/* layer l's slots (and gradient slots when the arena is stacked) of an arena */
+void acts_frame(const loom_model *m, const struct loom_acts *a, int l, int B, int T, block_frame *f);
+void block_forward(loom_model *m, block_frame *f, int layer);
+void block_backward(loom_model *m, block_frame *f, int layer);
 
 struct loom_model {
     loom_model_config cfg;
@@ -63,16 +84,10 @@ struct loom_model {
     int has_hooks;
     loom_model_hooks hooks;
     unsigned char *have_grads; /* (U) grads(u) already asked in this backward */
-    float *act_mem;       /* one arena for acts */
-    size_t act_floats;
-    acts a;
-    int32_t *inputs;      /* (B,T) copy of the last forward's inputs */
-    int32_t *targets;     /* (B,T) */
+    struct loom_acts *acts; /* the model's own activation arena (NULL for a layout) */
+    size_t act_floats;    /* its size */
     float *rope_cos;      /* (maxT, D/2) */
     float *rope_sin;
-    int B, T;             /* shape of the last forward */
-    int has_targets;
-    int64_t valid;
 };
 
 /* typed views: global tensors by LOOM_P_*, layer tensors by LOOM_L_*; NULL when absent */

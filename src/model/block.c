@@ -1,0 +1,299 @@
+/* The transformer block, written once: a list of ops over named activation slots. Forward
+ * walks it in order, backward in reverse, recompute is forward again over the same slots, and
+ * decoding walks it over one row with the attention op reading and extending the KV cache.
+ * The activation arena (struct loom_acts) holds the slots of one micro-batch. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "loom/kernels.h"
+#include "model/model_internal.h"
+
+enum { OP_NORM, OP_POINT, OP_LINEAR, OP_ROPE, OP_ATTN, OP_ACT, OP_RESIDUAL };
+/* widths of a linear's input / output */
+enum { W_C, W_QKV, W_HD, W_FFI, W_F };
+/* the first MLP matrix: gpt2 fc_w, llama gate_w|up_w */
+enum { P_FC1 = -2, P_NONE = -1 };
+
+typedef struct block_op {
+    int kind;
+    int in, out;        /* slots */
+    int aux0, aux1;     /* NORM: mean, rstd slots; ATTN: probabilities slot */
+    int w, b;           /* LOOM_L_* parameters (q_w, q_b: the fused q|k|v) or P_FC1 / P_NONE */
+    int iw, ow;         /* LINEAR: W_* widths */
+    int row_parallel;   /* LINEAR: partial sums over tp; the bias is added by tp rank 0 */
+    int point, site;    /* POINT */
+} block_op;
+
+#define NORM(i, o, mean, rstd, w_, b_) {OP_NORM, i, o, mean, rstd, w_, b_, 0, 0, 0, 0, 0}
+#define POINT(p, slot, site_) {OP_POINT, slot, slot, 0, 0, P_NONE, P_NONE, 0, 0, 0, p, site_}
+#define LINEAR(i, o, w_, b_, iw_, ow_, row) {OP_LINEAR, i, o, 0, 0, w_, b_, iw_, ow_, row, 0, 0}
+
+static const block_op BLOCK[] = {
+    /* attention: RES2 = X + attn_proj(attention(rope(qkv(ln1(X))))) */
+    NORM(S_X, S_LN1, S_LN1_MEAN, S_LN1_RSTD, LOOM_L_LN1_W, LOOM_L_LN1_B),
+    POINT(LOOM_CP_ATTN_IN, S_LN1, LOOM_SITE_ATTN),
+    POINT(LOOM_CP_COL_IN, S_LN1, LOOM_SITE_ATTN),
+    LINEAR(S_LN1, S_QKV, LOOM_L_Q_W, LOOM_L_Q_B, W_C, W_QKV, 0),
+    {OP_ROPE, S_QKV, S_QKV, 0, 0, P_NONE, P_NONE, 0, 0, 0, 0, 0},
+    {OP_ATTN, S_QKV, S_ATTY, S_ATT, 0, P_NONE, P_NONE, 0, 0, 0, 0, 0},
+    LINEAR(S_ATTY, S_RES2, LOOM_L_ATTN_PROJ_W, LOOM_L_ATTN_PROJ_B, W_HD, W_C, 1),
+    POINT(LOOM_CP_ROW_OUT, S_RES2, LOOM_SITE_ATTN),
+    POINT(LOOM_CP_ATTN_OUT, S_RES2, LOOM_SITE_ATTN),
+    {OP_RESIDUAL, S_X, S_RES2, 0, 0, P_NONE, P_NONE, 0, 0, 0, 0, 0},
+    /* feed-forward: RES3 = RES2 + fc_proj(act(fc1(ln2(RES2)))) */
+    NORM(S_RES2, S_LN2, S_LN2_MEAN, S_LN2_RSTD, LOOM_L_LN2_W, LOOM_L_LN2_B),
+    POINT(LOOM_CP_FFN_IN, S_LN2, LOOM_SITE_FFN),
+    POINT(LOOM_CP_COL_IN, S_LN2, LOOM_SITE_FFN),
+    LINEAR(S_LN2, S_FCH, P_FC1, LOOM_L_FC_B, W_C, W_FFI, 0),
+    {OP_ACT, S_FCH, S_FCH_ACT, 0, 0, P_NONE, P_NONE, 0, 0, 0, 0, 0},
+    LINEAR(S_FCH_ACT, S_RES3, LOOM_L_FC_PROJ_W, LOOM_L_FC_PROJ_B, W_F, W_C, 1),
+    POINT(LOOM_CP_ROW_OUT, S_RES3, LOOM_SITE_FFN),
+    POINT(LOOM_CP_FFN_OUT, S_RES3, LOOM_SITE_FFN),
+    {OP_RESIDUAL, S_RES2, S_RES3, 0, 0, P_NONE, P_NONE, 0, 0, 0, 0, 0},
+};
+enum { N_OPS = sizeof BLOCK / sizeof BLOCK[0] };
+
+static int width(const loom_model *m, int w) {
+    switch (w) {
+    case W_C: return m->cfg.d_model;
+    case W_QKV: return m->QKV;
+    case W_HD: return m->H * m->D;
+    case W_FFI: return m->FFI;
+    default: return m->F;
+    }
+}
+
+static int param_kind(const loom_model *m, int w) { return w == P_FC1 ? FC1_KIND(m) : w; }
+static const float *param(const loom_model *m, int w, int l) {
+    return w == P_NONE ? NULL : LP(m, param_kind(m, w), l);
+}
+static float *grad(const loom_model *m, int w, int l) {
+    return w == P_NONE ? NULL : LG(m, param_kind(m, w), l);
+}
+
+/* a named communication point: nothing unless parallel/ supplied one */
+static void point(loom_model *m, int p, int dir, int layer, int site, float *buf, int64_t n) {
+    if (m->has_cp) m->cp.fn(m->cp.ctx, p, dir, layer, site, buf, n);
+}
+
+static void op_forward(loom_model *m, block_frame *f, int l, const block_op *op) {
+    const int64_t N = (int64_t)f->B * f->T;
+    const int C = m->cfg.d_model, gpt2 = m->cfg.flavor == LOOM_FLAVOR_GPT2;
+    float **s = f->s;
+    switch (op->kind) {
+    case OP_NORM:
+        model_norm_fwd(m, s[op->out], s[op->aux0], s[op->aux1], s[op->in], param(m, op->w, l),
+                       param(m, op->b, l), N);
+        break;
+    case OP_POINT: point(m, op->point, 0, l, op->site, s[op->in], N * C); break;
+    case OP_LINEAR: {
+        const int bias_here = !op->row_parallel || m->lay.tp_rank == 0;
+        matmul_forward(s[op->out], s[op->in], param(m, op->w, l),
+                       bias_here ? param(m, op->b, l) : NULL, N, width(m, op->iw),
+                       width(m, op->ow));
+        break;
+    }
+    case OP_ROPE:
+        if (gpt2) break;
+        rope_forward(s[op->in], f->B, f->T, m->H, m->D, m->QKV, m->rope_cos, m->rope_sin, f->pos0);
+        rope_forward(s[op->in] + m->H * m->D, f->B, f->T, m->KVH, m->D, m->QKV, m->rope_cos,
+                     m->rope_sin, f->pos0);
+        break;
+    case OP_ATTN:
+        if (f->kcache) { /* decode: one row; append its keys and values, attend to the cache */
+            const int kv = m->KVH * m->D, HD = m->H * m->D;
+            memcpy(f->kcache + (size_t)f->pos0 * kv, s[op->in] + HD, (size_t)kv * sizeof(float));
+            memcpy(f->vcache + (size_t)f->pos0 * kv, s[op->in] + HD + kv, (size_t)kv * sizeof(float));
+            attention_decode(s[op->out], s[op->in], f->kcache, f->vcache, f->pos0 + 1, m->H,
+                             m->KVH, m->D, f->scores);
+        } else {
+            attention_forward(s[op->out], s[op->aux0], s[op->in], f->B, f->T, m->H, m->KVH, m->D);
+        }
+        break;
+    case OP_ACT:
+        if (gpt2) gelu_forward(s[op->out], s[op->in], N * m->F);
+        else swiglu_forward(s[op->out], s[op->in], N, m->F);
+        break;
+    case OP_RESIDUAL: residual_forward(s[op->out], s[op->out], s[op->in], N * C); break;
+    }
+}
+
+static void op_backward(loom_model *m, block_frame *f, int l, const block_op *op) {
+    const int64_t N = (int64_t)f->B * f->T;
+    const int C = m->cfg.d_model, gpt2 = m->cfg.flavor == LOOM_FLAVOR_GPT2;
+    float **s = f->s, **g = f->g;
+    switch (op->kind) {
+    case OP_NORM: /* accumulates into the residual stream's gradient */
+        if (gpt2)
+            layernorm_backward(g[op->in], grad(m, op->w, l), grad(m, op->b, l), g[op->out],
+                               s[op->in], param(m, op->w, l), s[op->aux0], s[op->aux1], N, C);
+        else
+            rmsnorm_backward(g[op->in], grad(m, op->w, l), g[op->out], s[op->in],
+                             param(m, op->w, l), s[op->aux1], N, C);
+        break;
+    case OP_POINT: point(m, op->point, 1, l, op->site, g[op->in], N * C); break;
+    case OP_LINEAR: {
+        const int iw = width(m, op->iw);
+        memset(g[op->in], 0, (size_t)N * (size_t)iw * sizeof(float));
+        matmul_backward(g[op->in], grad(m, op->w, l), grad(m, op->b, l), g[op->out], s[op->in],
+                        param(m, op->w, l), N, iw, width(m, op->ow));
+        break;
+    }
+    case OP_ROPE:
+        if (gpt2) break;
+        rope_backward(g[op->in], f->B, f->T, m->H, m->D, m->QKV, m->rope_cos, m->rope_sin, f->pos0);
+        rope_backward(g[op->in] + m->H * m->D, f->B, f->T, m->KVH, m->D, m->QKV, m->rope_cos,
+                      m->rope_sin, f->pos0);
+        break;
+    case OP_ATTN:
+        memset(g[op->in], 0, (size_t)N * (size_t)m->QKV * sizeof(float));
+        attention_backward(g[op->in], f->datt, g[op->out], s[op->in], s[op->aux0], f->B, f->T,
+                           m->H, m->KVH, m->D);
+        break;
+    case OP_ACT:
+        memset(g[op->in], 0, (size_t)N * (size_t)m->FFI * sizeof(float));
+        if (gpt2) gelu_backward(g[op->in], s[op->in], g[op->out], N * m->F);
+        else swiglu_backward(g[op->in], s[op->in], g[op->out], N, m->F);
+        break;
+    case OP_RESIDUAL: /* out = out + in: both see the residual stream's gradient (one buffer) */
+        LOOM_CHECK(g[op->in] == g[op->out]);
+        break;
+    }
+}
+
+void block_forward(loom_model *m, block_frame *f, int layer) {
+    for (int i = 0; i < N_OPS; i++) op_forward(m, f, layer, &BLOCK[i]);
+}
+
+void block_backward(loom_model *m, block_frame *f, int layer) {
+    for (int i = N_OPS - 1; i >= 0; i--) op_backward(m, f, layer, &BLOCK[i]);
+}
+
+/* ---- the activation arena ---------------------------------------------------------------- */
+
+/* floats of slot k for one layer at rows N (B of them) */
+static int64_t slot_floats(const loom_model *m, int k, int64_t B, int64_t T) {
+    const int64_t N = B * T, C = m->cfg.d_model;
+    switch (k) {
+    case S_LN1: case S_RES2: case S_LN2: case S_RES3: return N * C;
+    case S_LN1_MEAN: case S_LN1_RSTD: case S_LN2_MEAN: case S_LN2_RSTD: return N;
+    case S_QKV: return N * m->QKV;
+    case S_ATT: return B * m->H * T * T;
+    case S_ATTY: return N * m->H * m->D;
+    case S_FCH: return N * m->FFI;
+    case S_FCH_ACT: return N * m->F;
+    default: return 0; /* S_X: the previous layer's S_RES3 */
+    }
+}
+
+static size_t pad16(int64_t n) { return ((size_t)n + 15) & ~(size_t)15; } /* 64-byte aligned */
+
+/* Lays the arena out (a = NULL: only counts); returns its floats. */
+static size_t layout_acts(const loom_model *m, struct loom_acts *a, float *base, int B, int T,
+                          int stacked) {
+    const int64_t BT = (int64_t)B * T, C = m->cfg.d_model, V = m->cfg.vocab_size;
+    const int64_t K = m->cfg.num_classes;
+    const int cls = m->cfg.head == LOOM_HEAD_CLASSIFY;
+    const int64_t nl = stacked ? m->lay.l1 - m->lay.l0 : 1;
+    size_t at = 0;
+    float *dummy;
+#define TAKE(ptr, n)                                   \
+    do {                                               \
+        float **dst_ = (ptr);                          \
+        *dst_ = a ? base + at : NULL;                  \
+        at += pad16(n);                                \
+    } while (0)
+    for (int k = 1; k < S_COUNT; k++) {
+        const int64_t per = slot_floats(m, k, B, T);
+        if (a) {
+            a->slot[k] = base + at;
+            a->stride[k] = stacked ? (int64_t)pad16(per) : 0;
+        }
+        at += pad16(per) * (size_t)nl;
+    }
+    TAKE(a ? &a->encoded : &dummy, BT * C);
+    TAKE(a ? &a->lnf : &dummy, BT * C);
+    TAKE(a ? &a->lnf_mean : &dummy, BT);
+    TAKE(a ? &a->lnf_rstd : &dummy, BT);
+    TAKE(a ? &a->logits : &dummy, cls ? (int64_t)B * K : BT * V);
+    TAKE(a ? &a->losses : &dummy, BT);
+    if (cls) {
+        TAKE(a ? &a->pooled : &dummy, (int64_t)B * C);
+        TAKE(a ? &a->dpooled : &dummy, (int64_t)B * C);
+    }
+    if (stacked) {
+        TAKE(a ? &a->dres : &dummy, BT * C);
+        TAKE(a ? &a->dln : &dummy, BT * C);
+        TAKE(a ? &a->dqkv : &dummy, slot_floats(m, S_QKV, B, T));
+        TAKE(a ? &a->datty : &dummy, slot_floats(m, S_ATTY, B, T));
+        TAKE(a ? &a->dfch : &dummy, slot_floats(m, S_FCH, B, T));
+        TAKE(a ? &a->dfch_act : &dummy, slot_floats(m, S_FCH_ACT, B, T));
+        TAKE(a ? &a->datt : &dummy, slot_floats(m, S_ATT, B, T));
+    }
+#undef TAKE
+    (void)dummy;
+    return at;
+}
+
+size_t acts_floats(const loom_model *m, int B, int T, int stacked) {
+    return layout_acts(m, NULL, NULL, B, T, stacked);
+}
+
+loom_acts *loom_acts_create(const loom_model *m, int B, int T, int for_training) {
+    LOOM_CHECK(B > 0 && T > 0 && T <= m->cfg.max_seq_len);
+    loom_acts *a = loom_calloc(1, sizeof *a);
+    a->maxB = B;
+    a->maxT = T;
+    a->stacked = for_training != 0;
+    a->nl = m->lay.l1 - m->lay.l0;
+    a->floats = acts_floats(m, B, T, a->stacked);
+    a->mem = loom_alloc_aligned(a->floats * sizeof(float));
+    layout_acts(m, a, a->mem, B, T, a->stacked);
+    a->inputs = loom_calloc((size_t)B * (size_t)T, sizeof(int32_t));
+    a->targets = loom_calloc((size_t)B * (size_t)T, sizeof(int32_t));
+    return a;
+}
+
+void loom_acts_free(loom_acts *a) {
+    if (!a) return;
+    free(a->mem);
+    free(a->inputs);
+    free(a->targets);
+    free(a);
+}
+
+size_t loom_acts_bytes(const loom_acts *a) {
+    return a->floats * sizeof(float) + 2 * (size_t)a->maxB * (size_t)a->maxT * sizeof(int32_t);
+}
+
+const float *loom_acts_logits(const loom_acts *a) { return a->logits; }
+
+void acts_frame(const loom_model *m, const loom_acts *a, int l, int B, int T, block_frame *f) {
+    memset(f, 0, sizeof *f);
+    const int64_t li = l - m->lay.l0;
+    for (int k = 1; k < S_COUNT; k++) f->s[k] = a->slot[k] + li * a->stride[k];
+    /* the stream entering layer l: the previous layer's output (in an unstacked arena the
+     * same buffer: S_RES3 is written only after the block's last read of S_X) */
+    f->s[S_X] = l == m->lay.l0 ? a->encoded : a->slot[S_RES3] + (li - 1) * a->stride[S_RES3];
+    f->B = B;
+    f->T = T;
+    if (a->stacked) {
+        f->g[S_X] = f->g[S_RES2] = f->g[S_RES3] = a->dres;
+        f->g[S_LN1] = f->g[S_LN2] = a->dln;
+        f->g[S_QKV] = a->dqkv;
+        f->g[S_ATTY] = a->datty;
+        f->g[S_FCH] = a->dfch;
+        f->g[S_FCH_ACT] = a->dfch_act;
+        f->datt = a->datt;
+    }
+}
+
+void loom_acts_poison_layer(const loom_model *m, loom_acts *a, int layer, float value) {
+    LOOM_CHECK(a->stacked && layer >= m->lay.l0 && layer < m->lay.l1);
+    block_frame f;
+    acts_frame(m, a, layer, a->maxB, a->maxT, &f);
+    for (int k = 1; k < S_COUNT; k++) { /* S_X is the previous layer's: not this layer's */
+        const size_t n = (size_t)slot_floats(m, k, a->maxB, a->maxT);
+        for (size_t i = 0; i < n; i++) f.s[k][i] = value;
+    }
+}
