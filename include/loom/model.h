@@ -30,7 +30,13 @@ typedef struct loom_model_config {
     float init_std;
     int head;          /* loom_head: LOOM_HEAD_LM or LOOM_HEAD_CLASSIFY */
     int num_classes;   /* K, for the classification head */
+    int attention;     /* loom_attention: LOOM_ATTN_FLASH (0, the default) or LOOM_ATTN_SDPA */
 } loom_model_config;
+
+/* How the block computes attention: flash (tiled online softmax, keeps the per-row
+ * log-sum-exp for backward, O(T) extra memory) or sdpa (the materialized reference: keeps the
+ * B x H x T x T probabilities per layer). Same weights, same checkpoints. */
+typedef enum loom_attention { LOOM_ATTN_FLASH = 0, LOOM_ATTN_SDPA = 1 } loom_attention;
 
 /* LM: next-token logits (B,T,V), targets (B,T). CLASSIFY: the final hidden states are
  * mean-pooled over the T positions and a linear layer gives class logits (B,K); the
@@ -213,10 +219,18 @@ void loom_model_set_comm_points(loom_model *m, const loom_comm_points *cp);
 /* the name of a point ("row_out", ...) */
 const char *loom_comm_point_name(int point);
 
-/* A view (layout NULL: the whole model); with own_arenas = 0 no parameter or gradient arena
- * is allocated and hooks must be set before forward (as for loom_model_create_ex). */
+/* What a model allocates of its own (loom_model_create_view's mode). */
+enum {
+    LOOM_MODEL_NO_ARENAS = 0, /* no parameters or gradients: hooks supply them (training with
+                               * data parallelism); a training activation arena */
+    LOOM_MODEL_TRAIN = 1,     /* parameters, gradients, a training activation arena */
+    LOOM_MODEL_INFER = 2,     /* parameters only: no gradients, no optimizer state, and a
+                               * forward-only activation arena allocated at the first forward
+                               * (decoding with a KV cache needs none); backward is an error */
+};
+/* A view (layout NULL: the whole model) with the arenas of `mode` (LOOM_MODEL_*). */
 int loom_model_create_view(const loom_model_config *cfg, const loom_model_layout *layout, int B,
-                           int T, int own_arenas, loom_model **out, loom_err *err);
+                           int T, int mode, loom_model **out, loom_err *err);
 
 /* Like loom_model_create; with own_arenas = 0 no parameter or gradient arena is allocated
  * (loom_model_params/grads return NULL) and hooks must be set before forward. */

@@ -52,8 +52,10 @@ size_t loom_train_engine_read(loom_train_engine *e, int kind, int i, float *out)
 /* Loads the model of a checkpoint (a step directory, `latest`, a ckpt root or a run
  * directory) for inference: verifies the checkpoint, rebuilds the model from its
  * config.yaml with batch B (B <= 0: the run's training.batch_size) and T = model.max_seq_len
- * (T = training.seq_len when T_train is set), and loads the weights. cfg_out (may be NULL) receives the checkpoint's resolved
- * config (the caller frees it). */
+ * (T = training.seq_len when T_train is set), and loads the weights. The model is an
+ * inference one (LOOM_MODEL_INFER): no gradients, no optimizer state, activations only at its
+ * first forward. cfg_out (may be NULL) receives the checkpoint's resolved config (the caller
+ * frees it). */
 int loom_load_model(const char *path, int B, int T_train, loom_model **out,
                     loom_config **cfg_out, loom_err *err);
 

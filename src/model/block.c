@@ -106,6 +106,12 @@ static void op_forward(loom_model *m, block_frame *f, int l, const block_op *op)
             memcpy(f->vcache + (size_t)f->pos0 * kv, s[op->in] + HD + kv, (size_t)kv * sizeof(float));
             attention_decode(s[op->out], s[op->in], f->kcache, f->vcache, f->pos0 + 1, m->H,
                              m->KVH, m->D, f->scores);
+        } else if (m->cfg.attention == LOOM_ATTN_FLASH) { /* S_ATT keeps the lse (B,H,T) */
+            const loom_attn_dims dims = flash_attention_dims_qkv(f->B, f->T, m->H, m->KVH, m->D);
+            const loom_attn_mask mask = {.causal = 1};
+            const float *q = s[op->in], *k = q + m->H * m->D, *v = k + m->KVH * m->D;
+            LOOM_CHECK(flash_attention_forward(s[op->out], s[op->aux0], q, k, v, &dims, &mask,
+                                               LOOM_ATTN_ISA_AUTO) == 0);
         } else {
             attention_forward(s[op->out], s[op->aux0], s[op->in], f->B, f->T, m->H, m->KVH, m->D);
         }
@@ -147,8 +153,19 @@ static void op_backward(loom_model *m, block_frame *f, int l, const block_op *op
         break;
     case OP_ATTN:
         memset(g[op->in], 0, (size_t)N * (size_t)m->QKV * sizeof(float));
-        attention_backward(g[op->in], f->datt, g[op->out], s[op->in], s[op->aux0], f->B, f->T,
-                           m->H, m->KVH, m->D);
+        if (m->cfg.attention == LOOM_ATTN_FLASH) { /* recomputes the tiles from q, k, v, lse */
+            const loom_attn_dims dims = flash_attention_dims_qkv(f->B, f->T, m->H, m->KVH, m->D);
+            const loom_attn_mask mask = {.causal = 1};
+            const int HD = m->H * m->D, KD = m->KVH * m->D;
+            const float *q = s[op->in];
+            float *dq = g[op->in];
+            LOOM_CHECK(flash_attention_backward(dq, dq + HD, dq + HD + KD, g[op->out], q, q + HD,
+                                                q + HD + KD, s[op->out], s[op->aux0], &dims,
+                                                &mask, LOOM_ATTN_ISA_AUTO) == 0);
+        } else {
+            attention_backward(g[op->in], f->datt, g[op->out], s[op->in], s[op->aux0], f->B, f->T,
+                               m->H, m->KVH, m->D);
+        }
         break;
     case OP_ACT:
         memset(g[op->in], 0, (size_t)N * (size_t)m->FFI * sizeof(float));
@@ -178,7 +195,8 @@ static int64_t slot_floats(const loom_model *m, int k, int64_t B, int64_t T) {
     case S_LN1: case S_RES2: case S_LN2: case S_RES3: return N * C;
     case S_LN1_MEAN: case S_LN1_RSTD: case S_LN2_MEAN: case S_LN2_RSTD: return N;
     case S_QKV: return N * m->QKV;
-    case S_ATT: return B * m->H * T * T;
+    case S_ATT: /* flash: the per-row log-sum-exp; sdpa: the probabilities */
+        return m->cfg.attention == LOOM_ATTN_FLASH ? B * m->H * T : B * m->H * T * T;
     case S_ATTY: return N * m->H * m->D;
     case S_FCH: return N * m->FFI;
     case S_FCH_ACT: return N * m->F;
@@ -228,7 +246,8 @@ static size_t layout_acts(const loom_model *m, struct loom_acts *a, float *base,
         TAKE(a ? &a->datty : &dummy, slot_floats(m, S_ATTY, B, T));
         TAKE(a ? &a->dfch : &dummy, slot_floats(m, S_FCH, B, T));
         TAKE(a ? &a->dfch_act : &dummy, slot_floats(m, S_FCH_ACT, B, T));
-        TAKE(a ? &a->datt : &dummy, slot_floats(m, S_ATT, B, T));
+        TAKE(a ? &a->datt : &dummy,
+             m->cfg.attention == LOOM_ATTN_FLASH ? 0 : slot_floats(m, S_ATT, B, T));
     }
 #undef TAKE
     (void)dummy;

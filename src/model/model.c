@@ -118,6 +118,8 @@ static int check_config(const loom_model_config *c, loom_err *err) {
         return loom_errf(err, "model: norm_eps and init_std must be positive");
     if (c->flavor == LOOM_FLAVOR_LLAMA && !(c->rope_theta > 0.0f))
         return loom_errf(err, "model: rope_theta must be positive");
+    if (c->attention != LOOM_ATTN_FLASH && c->attention != LOOM_ATTN_SDPA)
+        return loom_errf(err, "model: unknown attention %d", c->attention);
     if (c->head != LOOM_HEAD_LM && c->head != LOOM_HEAD_CLASSIFY)
         return loom_errf(err, "model: unknown head %d", c->head);
     if (c->head == LOOM_HEAD_CLASSIFY && c->num_classes < 2)
@@ -127,7 +129,7 @@ static int check_config(const loom_model_config *c, loom_err *err) {
 }
 
 static int create(const loom_model_config *cfg, const loom_model_layout *layout, int B, int T,
-                  int own_arenas, int layout_only, loom_model **out, loom_err *err);
+                  int mode, int layout_only, loom_model **out, loom_err *err);
 
 /* Normalizes a layout (NULL: the whole model) and checks it against the config. */
 static int check_layout(const loom_model_config *c, const loom_model_layout *in,
@@ -155,7 +157,7 @@ static int check_layout(const loom_model_config *c, const loom_model_layout *in,
 
 int loom_model_create(const loom_model_config *cfg, const loom_model_layout *layout, int B,
                       int T, loom_model **out, loom_err *err) {
-    return create(cfg, layout, B, T, 1, 0, out, err);
+    return create(cfg, layout, B, T, LOOM_MODEL_TRAIN, 0, out, err);
 }
 
 const loom_model_layout *loom_model_get_layout(const loom_model *m) { return &m->lay; }
@@ -170,7 +172,7 @@ static void point_units_at_arenas(loom_model *m) {
 /* layout_only: the tensor table, the units and the activation size table, without allocating
  * any arena (what loom_model_create_layout returns) */
 static int create(const loom_model_config *cfg, const loom_model_layout *layout, int B, int T,
-                  int own_arenas, int layout_only, loom_model **out, loom_err *err) {
+                  int mode, int layout_only, loom_model **out, loom_err *err) {
     if (check_config(cfg, err) != 0) return -1;
     loom_model_layout lay;
     if (check_layout(cfg, layout, &lay, err) != 0) return -1;
@@ -250,19 +252,23 @@ static int create(const loom_model_config *cfg, const loom_model_layout *layout,
     m->pbase = loom_calloc((size_t)m->n_units, sizeof(float *));
     m->gbase = loom_calloc((size_t)m->n_units, sizeof(float *));
     m->have_grads = loom_calloc((size_t)m->n_units, 1);
-    if (own_arenas && !layout_only) {
+    LOOM_CHECK(mode >= LOOM_MODEL_NO_ARENAS && mode <= LOOM_MODEL_INFER);
+    m->mode = mode;
+    if (mode != LOOM_MODEL_NO_ARENAS && !layout_only) {
         m->params = loom_alloc_aligned(off * sizeof(float));
-        m->grads = loom_alloc_aligned(off * sizeof(float));
+        if (mode == LOOM_MODEL_TRAIN) m->grads = loom_alloc_aligned(off * sizeof(float));
     }
     point_units_at_arenas(m);
 
-    /* the model's own activation arena (one micro-batch) */
-    m->act_floats = acts_floats(m, B, T, 1);
+    /* the model's own activation arena (one micro-batch); an inference model's comes with its
+     * first forward, forward-only */
+    const int training = mode != LOOM_MODEL_INFER;
+    m->act_floats = acts_floats(m, B, T, training);
     if (layout_only) {
         *out = m;
         return 0;
     }
-    m->acts = loom_acts_create(m, B, T, 1);
+    if (training) m->acts = loom_acts_create(m, B, T, 1);
     if (!gpt2) {
         m->rope_cos = loom_alloc_aligned((size_t)maxT * (size_t)(m->D / 2) * sizeof(float));
         m->rope_sin = loom_alloc_aligned((size_t)maxT * (size_t)(m->D / 2) * sizeof(float));
@@ -273,13 +279,14 @@ static int create(const loom_model_config *cfg, const loom_model_layout *layout,
 }
 
 int loom_model_create_view(const loom_model_config *cfg, const loom_model_layout *layout, int B,
-                           int T, int own_arenas, loom_model **out, loom_err *err) {
-    return create(cfg, layout, B, T, own_arenas, 0, out, err);
+                           int T, int mode, loom_model **out, loom_err *err) {
+    return create(cfg, layout, B, T, mode, 0, out, err);
 }
 
 int loom_model_create_ex(const loom_model_config *cfg, int B, int T, int own_arenas,
                          loom_model **out, loom_err *err) {
-    return create(cfg, NULL, B, T, own_arenas, 0, out, err);
+    return create(cfg, NULL, B, T, own_arenas ? LOOM_MODEL_TRAIN : LOOM_MODEL_NO_ARENAS, 0, out,
+                  err);
 }
 
 int loom_model_create_layout(const loom_model_config *cfg, int B, int T, loom_model **out,
@@ -316,8 +323,8 @@ const loom_model_config *loom_model_get_config(const loom_model *m) { return &m-
 size_t loom_model_num_params(const loom_model *m) { return m->n_params; }
 float *loom_model_params(loom_model *m) { return m->params; }
 float *loom_model_grads(loom_model *m) { return m->grads; }
-const float *loom_model_logits(const loom_model *m) { return m->acts->logits; }
-int64_t loom_model_valid_targets(const loom_model *m) { return m->acts->valid; }
+const float *loom_model_logits(const loom_model *m) { return m->acts ? m->acts->logits : NULL; }
+int64_t loom_model_valid_targets(const loom_model *m) { return m->acts ? m->acts->valid : 0; }
 
 int loom_model_num_tensors(const loom_model *m) { return m->n_info; }
 
@@ -343,8 +350,8 @@ void loom_model_layer_range(const loom_model *m, int l, size_t *offset, size_t *
 }
 
 size_t loom_model_arena_bytes(const loom_model *m) {
-    return ((m->params ? m->n_params : 0) + (m->grads ? m->n_params : 0) + m->act_floats) *
-           sizeof(float);
+    return ((m->params ? m->n_params : 0) + (m->grads ? m->n_params : 0) +
+            (m->acts ? m->acts->floats : 0)) * sizeof(float);
 }
 
 void loom_model_zero_grad(loom_model *m) {
@@ -595,6 +602,7 @@ void loom_model_backward_acts(loom_model *m, loom_acts *a, float dscale) {
 
 float loom_model_forward(loom_model *m, const int32_t *inputs, const int32_t *targets, int B,
                          int T) {
+    if (!m->acts && m->mode == LOOM_MODEL_INFER) m->acts = loom_acts_create(m, m->maxB, m->maxT, 0);
     LOOM_CHECK(m->acts != NULL);
     return loom_model_forward_acts(m, m->acts, inputs, targets, B, T);
 }

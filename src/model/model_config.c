@@ -20,6 +20,8 @@ const loom_config_key loom_model_config_keys[] = {
     {"model.head", "lm", "lm (next-token prediction) or classify (mean-pooled sequence "
                          "classification, one label per sequence)"},
     {"model.num_classes", "0", "K: classes of the classify head"},
+    {"model.attention", "flash", "flash (tiled, O(T) memory, the default) or sdpa (the "
+                                 "materialized reference: B x H x T x T probabilities per layer)"},
 };
 const int loom_model_config_nkeys = sizeof loom_model_config_keys / sizeof loom_model_config_keys[0];
 
@@ -79,6 +81,13 @@ int loom_model_config_from(const loom_config *c, int default_seq_len, loom_model
         return loom_errf(err, "config key 'model.head' = '%s' (%s): expected lm or classify", head,
                          loom_config_origin(c, "model.head"));
     if (get_int(c, "model.num_classes", 0, 1 << 20, &out->num_classes, err)) return -1;
+    const char *attn;
+    if (loom_config_get_str(c, "model.attention", &attn, err)) return -1;
+    if (!strcmp(attn, "flash")) out->attention = LOOM_ATTN_FLASH;
+    else if (!strcmp(attn, "sdpa")) out->attention = LOOM_ATTN_SDPA;
+    else
+        return loom_errf(err, "config key 'model.attention' = '%s' (%s): expected flash or sdpa",
+                         attn, loom_config_origin(c, "model.attention"));
     if (get_float(c, "model.norm_eps", &out->norm_eps, err) ||
         get_float(c, "model.rope_theta", &out->rope_theta, err) ||
         get_float(c, "model.init_std", &out->init_std, err))

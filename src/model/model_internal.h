@@ -84,7 +84,9 @@ struct loom_model {
     int has_hooks;
     loom_model_hooks hooks;
     unsigned char *have_grads; /* (U) grads(u) already asked in this backward */
-    struct loom_acts *acts; /* the model's own activation arena (NULL for a layout) */
+    int mode;             /* LOOM_MODEL_* */
+    struct loom_acts *acts; /* the model's own activation arena (NULL for a layout, and for an
+                             * inference model until its first forward) */
     size_t act_floats;    /* its size */
     float *rope_cos;      /* (maxT, D/2) */
     float *rope_sin;

@@ -41,7 +41,11 @@ int loom_load_model_ex(const char *path, int B, int T_train, loom_model **out,
     if (B <= 0) B = (int)B_cfg;
     loom_model_config mc;
     if (loom_model_config_from(cfg, (int)T, &mc, err)) goto done;
-    if (loom_model_create(&mc, NULL, B, T_train ? (int)T : mc.max_seq_len, &m, err)) goto done;
+    /* inference: the parameters only (no gradients, no optimizer state; activations come with
+     * the first forward, forward-only, and decoding needs none) */
+    if (loom_model_create_view(&mc, NULL, B, T_train ? (int)T : mc.max_seq_len, LOOM_MODEL_INFER,
+                               &m, err))
+        goto done;
     if (loom_pieces_load_params(ck, m, err)) goto done;
     if (data_out && loom_run_data_read(ck, cfg, data_out, err)) goto done;
     *out = m;

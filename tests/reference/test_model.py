@@ -45,7 +45,7 @@ class ModelConfig(ctypes.Structure):
                 ("d_model", ctypes.c_int), ("d_ff", ctypes.c_int),
                 ("norm_eps", ctypes.c_float), ("rope_theta", ctypes.c_float),
                 ("init_std", ctypes.c_float), ("head", ctypes.c_int),
-                ("num_classes", ctypes.c_int)]
+                ("num_classes", ctypes.c_int), ("attention", ctypes.c_int)]
 
 
 class TensorInfo(ctypes.Structure):
@@ -128,7 +128,7 @@ class LoomModel:
         self.cfg = c
         mc = ModelConfig(c["flavor"], c["vocab_size"], c["max_seq_len"], c["n_layer"],
                          c["n_head"], c["n_kv_head"], c["d_model"], c["d_ff"], c["norm_eps"],
-                         c["rope_theta"], c["init_std"])
+                         c["rope_theta"], c["init_std"], attention=c.get("attention", 0))
         self.ptr = ctypes.c_void_p()
         err = Err()
         if LIB.loom_model_create(ctypes.byref(mc), None, B, T, ctypes.byref(self.ptr),
@@ -422,6 +422,8 @@ CONFIGS = {
                   n_kv_head=2, d_model=64, d_ff=96, norm_eps=1e-5, rope_theta=10000.0,
                   init_std=0.02),
 }
+# model.attention: the configs above run flash (the default, 0); the materialized sdpa (1) too
+CONFIGS.update({f"{k} sdpa": dict(v, attention=1) for k, v in list(CONFIGS.items())})
 
 
 def main():

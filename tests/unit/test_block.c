@@ -8,7 +8,11 @@
  * Both flavors. (Decode through the block against the full forward: tests/unit/test_decode.c.) */
 #include "testutil.h"
 
+#include <math.h>
+
+#include "loom/config.h"
 #include "loom/model.h"
+#include "loom/model_config.h"
 
 enum { B = 2, T = 6 };
 
@@ -107,9 +111,96 @@ static void test_arenas_and_recompute(void **state) {
     }
 }
 
+/* An inference model: parameters only; decoding allocates no activations; its first forward a
+ * forward-only arena; the same logits as a training model. */
+static void test_inference_model(void **state) {
+    (void)state;
+    for (int k = 0; k < 2; k++) {
+        const loom_model_config *c = &CFGS[k];
+        loom_err err = {{0}};
+        loom_model *tr = NULL, *inf = NULL;
+        if (loom_model_create(c, NULL, B, T, &tr, &err)) fail_msg("%s", err.msg);
+        if (loom_model_create_view(c, NULL, B, T, LOOM_MODEL_INFER, &inf, &err)) fail_msg("%s", err.msg);
+        loom_model_init_weights(tr, 4);
+        loom_model_init_weights(inf, 4);
+        const size_t pbytes = loom_model_num_params(inf) * sizeof(float);
+        assert_null(loom_model_grads(inf));
+        assert_int_equal(loom_model_arena_bytes(inf), pbytes);
+        loom_kv_cache *kc = loom_kv_cache_create(inf);
+        for (int i = 0; i < T; i++) loom_model_decode(inf, kc, (int32_t)(i % c->vocab_size));
+        loom_kv_cache_free(kc);
+        assert_int_equal(loom_model_arena_bytes(inf), pbytes); /* decoding: no activations */
+        int32_t x[B * T], y[B * T];
+        tokens(c, 5, x, y);
+        const float li = loom_model_forward(inf, x, y, B, T);
+        const float lt = loom_model_forward(tr, x, y, B, T);
+        assert_true(li == lt);
+        assert_memory_equal(loom_model_logits(inf), loom_model_logits(tr),
+                            (size_t)B * T * (size_t)c->vocab_size * sizeof(float));
+        /* forward-only: less than the training model's activation arena */
+        assert_true(loom_model_arena_bytes(inf) - pbytes < loom_model_arena_bytes(tr) - 2 * pbytes);
+        loom_model_free(inf);
+        loom_model_free(tr);
+    }
+}
+
+/* model.attention: flash by default, sdpa on request, anything else refused naming the key;
+ * both give the same loss and (up to rounding) the same gradients */
+static void test_attention_key(void **state) {
+    (void)state;
+    const char *vals[3] = {NULL, "sdpa", "bogus"};
+    const int want[2] = {LOOM_ATTN_FLASH, LOOM_ATTN_SDPA};
+    for (int i = 0; i < 3; i++) {
+        loom_config *cfg = loom_config_new();
+        loom_err err = {{0}};
+        assert_int_equal(loom_config_load_string(cfg, "model:\n  d_model: 16\n", "t.yaml", &err), 0);
+        if (vals[i]) loom_config_set(cfg, "model.attention", vals[i], "--set");
+        assert_int_equal(loom_config_apply_schema(cfg, loom_model_config_keys, loom_model_config_nkeys, &err), 0);
+        loom_model_config mc;
+        if (i < 2) {
+            if (loom_model_config_from(cfg, 8, &mc, &err)) fail_msg("%s", err.msg);
+            assert_int_equal(mc.attention, want[i]);
+        } else {
+            TU_ASSERT_ERR(loom_model_config_from(cfg, 8, &mc, TU_ERR), "model.attention", "bogus",
+                          "flash or sdpa");
+        }
+        loom_config_free(cfg);
+    }
+    for (int k = 0; k < 2; k++) {
+        loom_model *m[2];
+        float loss[2];
+        int32_t x[B * T], y[B * T];
+        tokens(&CFGS[k], 9, x, y);
+        for (int a = 0; a < 2; a++) {
+            loom_model_config c = CFGS[k];
+            c.attention = want[a];
+            loom_err err = {{0}};
+            if (loom_model_create(&c, NULL, B, T, &m[a], &err)) fail_msg("%s", err.msg);
+            loom_model_init_weights(m[a], 2);
+            loom_model_zero_grad(m[a]);
+            loss[a] = loom_model_forward(m[a], x, y, B, T);
+            loom_model_backward(m[a], 1.0f / (float)loom_model_valid_targets(m[a]));
+        }
+        assert_true(fabsf(loss[0] - loss[1]) <= 1e-6f * fabsf(loss[1]));
+        const size_t n = loom_model_num_params(m[0]);
+        float worst = 0, scale = 0;
+        for (size_t i = 0; i < n; i++) {
+            worst = fmaxf(worst, fabsf(loom_model_grads(m[0])[i] - loom_model_grads(m[1])[i]));
+            scale = fmaxf(scale, fabsf(loom_model_grads(m[1])[i]));
+        }
+        assert_true(worst <= 1e-5f * scale);
+        /* flash keeps the lse, not the T x T probabilities */
+        assert_true(loom_model_activation_bytes(m[0]) < loom_model_activation_bytes(m[1]));
+        loom_model_free(m[0]);
+        loom_model_free(m[1]);
+    }
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_arenas_and_recompute),
+        cmocka_unit_test(test_inference_model),
+        cmocka_unit_test(test_attention_key),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

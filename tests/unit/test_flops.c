@@ -2,7 +2,9 @@
  * backward is counted (this file defines cblas_sgemm, which forwards to OpenBLAS's through
  * dlsym(RTLD_NEXT)), and the count must equal loom_model_flops_per_token * B * T exactly, with
  * causal attention at the closed form 12 * L * H * D * pairs(T) per sequence, pairs(T) =
- * 2048 q (q + 1) + r T for T = 64 q + r (T(T+64)/2 when 64 divides T: about half of T^2). */
+ * 2048 q (q + 1) + r T for T = 64 q + r (T(T+64)/2 when 64 divides T: about half of T^2).
+ * model.attention = sdpa: its attention runs through sgemm, so every FLOP is counted here;
+ * flash attention (its own tile kernels) is counted by the same formula, the model's FLOPs. */
 #include "testutil.h"
 
 #include <cblas.h>
@@ -78,7 +80,8 @@ static void test_gpt2(void **state) {
     (void)state;
     const loom_model_config cfg = {.flavor = LOOM_FLAVOR_GPT2, .vocab_size = 97, .max_seq_len = 200,
                                    .n_layer = 2, .n_head = 4, .n_kv_head = 4, .d_model = 64,
-                                   .d_ff = 256, .norm_eps = 1e-5f, .init_std = 0.02f};
+                                   .d_ff = 256, .norm_eps = 1e-5f, .init_std = 0.02f,
+                                   .attention = LOOM_ATTN_SDPA};
     const int Ts[] = {1, 40, 64, 65, 128, 200};
     for (size_t i = 0; i < sizeof Ts / sizeof *Ts; i++) check(&cfg, 2, Ts[i]);
 }
@@ -88,7 +91,7 @@ static void test_llama_gqa(void **state) {
     const loom_model_config cfg = {.flavor = LOOM_FLAVOR_LLAMA, .vocab_size = 256, .max_seq_len = 192,
                                    .n_layer = 2, .n_head = 4, .n_kv_head = 2, .d_model = 64,
                                    .d_ff = 96, .norm_eps = 1e-5f, .rope_theta = 10000.0f,
-                                   .init_std = 0.02f};
+                                   .init_std = 0.02f, .attention = LOOM_ATTN_SDPA};
     check(&cfg, 3, 192);
     check(&cfg, 1, 50);
 }
