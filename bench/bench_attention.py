@@ -28,6 +28,7 @@ sdpa-loom = probabilities + scratch). The load is recorded as bench_train.py doe
 Usage:
   python3 bench/bench_attention.py                 # T = 4096 and 1024
   python3 bench/bench_attention.py --T 1024 --repeat 2
+  python3 bench/bench_attention.py --one-thread    # also flash/sdpa-loom/torch on one thread
   python3 bench/bench_attention.py --write         # also update its section of bench/RESULTS.md
 """
 import argparse
@@ -47,7 +48,7 @@ sys.path.insert(0, os.path.join(REPO, "bench"))
 SECTION = "## Attention: flash vs PyTorch SDPA"
 B, H, KVH, D = 1, 4, 4, 64  # byte-tiny: d_model 256 / n_head 4 (read and checked in main)
 VARIANTS = ["flash", "flash-blas", "flash-avx2", "flash-portable", "sdpa-loom", "torch"]
-STEPS = {4096: (2, 5), 1024: (3, 10)}
+STEPS = {4096: (2, 7), 1024: (3, 15)}
 
 
 def current_rss():
@@ -88,15 +89,17 @@ def sdpa_loom_bytes(T):
     return 4 * 2 * B * H * T * T  # att (B,H,T,T) + backward scratch (B,H,T,T)
 
 
-def child(variant, T, warmup, measured, threads):
-    """Times one variant in this process; prints one JSON line."""
+def make_variants(names, T, threads, mark=lambda: None):
+    """{name: (prep, step, fwd)} for each variant named (torch gives torch-eager and
+    torch-compiled); prep runs before each timed step, untimed. mark() is called when the
+    inputs, outputs and gradients exist, before anything the attention itself allocates."""
     import numpy as np
     rng = np.random.default_rng(0)
     R = (H + 2 * KVH) * D
     x = rng.standard_normal((B, T, R)).astype(np.float32)
     dout = rng.standard_normal((B, T, H * D)).astype(np.float32)
-    tried, cpus = {}, {}
-    if variant == "torch":
+    made = {}
+    if "torch" in names:
         import torch
         import torch.nn.functional as F
         torch.set_num_threads(threads)
@@ -106,82 +109,114 @@ def child(variant, T, warmup, measured, threads):
         v0 = xt[..., (H + KVH) * D:].reshape(B, T, KVH, D).transpose(1, 2).contiguous()
         do = torch.from_numpy(dout).reshape(B, T, H, D).transpose(1, 2).contiguous()
         q, k, v = (t.clone().requires_grad_() for t in (q0, k0, v0))
+        for t in (q, k, v):
+            t.grad = torch.zeros_like(t)  # the gradients' own memory, as loom's dx
+        mark()
 
         def sdpa(a, b, c):
             return F.scaled_dot_product_attention(a, b, c, is_causal=True)
 
-        rss0 = current_rss()
-        sampler = RssSampler()
+        def prep():
+            q.grad = k.grad = v.grad = None
+
         for mode, fn in (("eager", sdpa), ("compiled", torch.compile(sdpa))):
-            times, cpu = [], []
-            for i in range(warmup + measured + (2 if mode == "compiled" else 0)):
-                q.grad = k.grad = v.grad = None
-                c0, t0 = time.process_time(), time.perf_counter()
-                o = fn(q, k, v)
-                o.backward(do)
-                dt, dc = time.perf_counter() - t0, time.process_time() - c0
-                if i >= warmup + (2 if mode == "compiled" else 0):
-                    times.append(dt)
-                    cpu.append(dc)
-            tried[mode] = statistics.median(times)
-            cpus[mode] = statistics.median(cpu)
-        best = min(tried, key=tried.get)
-        res = {"s": tried[best], "mode": best, "tried": tried, "cpu_s": cpus[best]}
-    else:
+            def step(fn=fn):
+                fn(q, k, v).backward(do)
+            made[f"torch-{mode}"] = (prep, step, None)
+    loom_names = [n for n in names if n != "torch"]
+    if loom_names:
         from loomlib import (ATTN_ISA_AUTO, ATTN_ISA_AVX2, ATTN_ISA_AVX512_BLAS, ATTN_ISA_PORTABLE,
                              AttnMask, lib)
         L = lib()
-        gomp = ctypes.CDLL("libgomp.so.1")
-        gomp.omp_set_num_threads(threads)
-        out = np.zeros((B, T, H * D), np.float32)
-        dx = np.zeros_like(x)
-        rss0 = current_rss()
-        sampler = RssSampler()
+        ctypes.CDLL("libgomp.so.1").omp_set_num_threads(threads)
         ptr = lambda a: a.ctypes.data  # noqa: E731
-        if variant == "sdpa-loom":
-            att = np.zeros((B, H, T, T), np.float32)
-            scratch = np.zeros((B, H, T, T), np.float32)
+        for name in loom_names:
+            out = np.zeros((B, T, H * D), np.float32)
+            dx = np.zeros_like(x)
+            mark()
+            if name == "sdpa-loom":
+                att = np.zeros((B, H, T, T), np.float32)
+                scratch = np.zeros((B, H, T, T), np.float32)
 
-            def fwd():
-                L.attention_forward(ptr(out), ptr(att), ptr(x), B, T, H, KVH, D)
+                def fwd(out=out, att=att):
+                    L.attention_forward(ptr(out), ptr(att), ptr(x), B, T, H, KVH, D)
 
-            def bwd():
-                L.attention_backward(ptr(dx), ptr(scratch), ptr(dout), ptr(x), ptr(att), B, T, H,
-                                     KVH, D)
-        else:
-            isa = {"flash": ATTN_ISA_AUTO, "flash-blas": ATTN_ISA_AVX512_BLAS,
-                   "flash-avx2": ATTN_ISA_AVX2, "flash-portable": ATTN_ISA_PORTABLE}[variant]
-            lse = np.zeros((B, H, T), np.float32)
-            dims = L.flash_attention_dims_qkv(B, T, H, KVH, D)
-            mk = AttnMask(1, 0, 0, None, None, 0, 0)
-            qp, kp, vp = ptr(x), ptr(x) + 4 * H * D, ptr(x) + 4 * (H + KVH) * D
-            dqp, dkp, dvp = ptr(dx), ptr(dx) + 4 * H * D, ptr(dx) + 4 * (H + KVH) * D
+                def bwd(dx=dx, scratch=scratch, att=att):
+                    L.attention_backward(ptr(dx), ptr(scratch), ptr(dout), ptr(x), ptr(att),
+                                         B, T, H, KVH, D)
+            else:
+                isa = {"flash": ATTN_ISA_AUTO, "flash-blas": ATTN_ISA_AVX512_BLAS,
+                       "flash-avx2": ATTN_ISA_AVX2, "flash-portable": ATTN_ISA_PORTABLE}[name]
+                lse = np.zeros((B, H, T), np.float32)
+                dims = L.flash_attention_dims_qkv(B, T, H, KVH, D)
+                mk = AttnMask(1, 0, 0, None, None, 0, 0)
+                qp, kp, vp = ptr(x), ptr(x) + 4 * H * D, ptr(x) + 4 * (H + KVH) * D
+                dqp, dkp, dvp = ptr(dx), ptr(dx) + 4 * H * D, ptr(dx) + 4 * (H + KVH) * D
 
-            def fwd():
-                rc = L.flash_attention_forward(ptr(out), ptr(lse), qp, kp, vp, ctypes.byref(dims),
-                                               ctypes.byref(mk), isa)
-                assert rc == 0, f"flash_attention_forward: {rc}"
+                def fwd(out=out, lse=lse, dims=dims, mk=mk, isa=isa, x=x):  # x: keeps it alive
+                    rc = L.flash_attention_forward(ptr(out), ptr(lse), qp, kp, vp,
+                                                   ctypes.byref(dims), ctypes.byref(mk), isa)
+                    assert rc == 0, f"flash_attention_forward: {rc}"
 
-            def bwd():
-                rc = L.flash_attention_backward(dqp, dkp, dvp, ptr(dout), qp, kp, vp, ptr(out),
-                                                ptr(lse), ctypes.byref(dims), ctypes.byref(mk), isa)
-                assert rc == 0, f"flash_attention_backward: {rc}"
-        times, ftimes, cpu = [], [], []
-        for i in range(warmup + measured):
-            dx.fill(0.0)  # backward accumulates
-            c0, t0 = time.process_time(), time.perf_counter()
-            fwd()
-            t1 = time.perf_counter()
-            bwd()
-            t2, c2 = time.perf_counter(), time.process_time()
-            if i >= warmup:
-                times.append(t2 - t0)
-                ftimes.append(t1 - t0)
-                cpu.append(c2 - c0)
-        res = {"s": statistics.median(times), "fwd_s": statistics.median(ftimes),
-               "cpu_s": statistics.median(cpu)}
+                def bwd(out=out, lse=lse, dims=dims, mk=mk, isa=isa, dqp=dqp, dkp=dkp, dvp=dvp):
+                    rc = L.flash_attention_backward(dqp, dkp, dvp, ptr(dout), qp, kp, vp, ptr(out),
+                                                    ptr(lse), ctypes.byref(dims), ctypes.byref(mk),
+                                                    isa)
+                    assert rc == 0, f"flash_attention_backward: {rc}"
+
+            def step(fwd=fwd, bwd=bwd):
+                fwd()
+                bwd()
+            made[name] = (lambda dx=dx: dx.fill(0.0), step, fwd)  # backward accumulates
+    return made
+
+
+def timed(prep, fn):
+    prep()
+    c0, t0 = time.process_time(), time.perf_counter()
+    fn()
+    return time.perf_counter() - t0, time.process_time() - c0
+
+
+def child(variant, T, warmup, measured, threads):
+    """One variant alone in this process: its peak RSS growth (and its own timing)."""
+    sampler = RssSampler()
+    base = []
+    made = make_variants([variant], T, threads, mark=lambda: base.append(current_rss()))
+    rss0 = base[-1]
+    res = {}
+    for name, (prep, step, _) in made.items():
+        for _ in range(warmup + (2 if name == "torch-compiled" else 0)):
+            timed(prep, step)
+        res[name] = statistics.median(timed(prep, step)[0] for _ in range(measured))
     res["rss_growth"] = max(0, sampler.result() - rss0)
     print(json.dumps(res))
+
+
+def interleaved(variants, T, warmup, measured, threads):
+    """Every variant in one process, one timed fwd+bwd of each in turn (rotating order, a
+    pause between, so OpenMP pools idle down): all see the same load. Medians per variant."""
+    made = make_variants(variants, T, threads)
+    names = list(made)
+    for name in names:
+        for _ in range(warmup + (2 if name == "torch-compiled" else 0)):
+            timed(*made[name][:2])
+    wall = {n: [] for n in names}
+    cpu = {n: [] for n in names}
+    fwd = {n: [] for n in names}
+    for i in range(measured):
+        for name in names[i % len(names):] + names[:i % len(names)]:
+            prep, step, f = made[name]
+            w, c = timed(prep, step)
+            wall[name].append(w)
+            cpu[name].append(c)
+            time.sleep(0.05)
+            if f is not None:
+                fwd[name].append(timed(prep, f)[0])
+                time.sleep(0.05)
+    print(json.dumps({n: {"s": statistics.median(wall[n]), "cpu_s": statistics.median(cpu[n]),
+                          "fwd_s": statistics.median(fwd[n]) if fwd[n] else None}
+                      for n in names}))
 
 
 def run_child(variant, T, warmup, measured, threads):
@@ -202,11 +237,18 @@ def main():
     ap.add_argument("--warmup", type=int)
     ap.add_argument("--measured", type=int)
     ap.add_argument("--variants", default=",".join(VARIANTS))
+    ap.add_argument("--one-thread", action="store_true",
+                    help="also time flash, sdpa-loom and torch on one thread at the first T "
+                         "(CPU contention from other work hurts multi-threaded runs most)")
     ap.add_argument("--write", action="store_true", help="update bench/RESULTS.md")
     ap.add_argument("--child", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child:
-        child(args.child, args.T[0], args.warmup, args.measured, args.threads)
+        if args.child.startswith("interleaved:"):
+            interleaved(args.child.split(":", 1)[1].split(","), args.T[0], args.warmup,
+                        args.measured, args.threads)
+        else:
+            child(args.child, args.T[0], args.warmup, args.measured, args.threads)
         return
 
     import yaml
@@ -218,16 +260,27 @@ def main():
     variants = args.variants.split(",")
     load_before = loadavg()
     other = OtherWork()
-    res = {}
+    rss, runs = {}, {}
     for T in Ts:
-        w, n = STEPS.get(T, (2, 5))
+        w, n = STEPS.get(T, (2, 10))
         w = args.warmup if args.warmup is not None else w
         n = args.measured if args.measured is not None else n
+        for var in variants:  # memory: each variant alone in a process
+            log(f"T={T}: {var} alone (peak RSS)")
+            rss[(T, var)] = run_child(var, T, 1, 1, args.threads)["rss_growth"]
+        for r in range(args.repeat):  # time: all variants interleaved in one process
+            log(f"T={T} run {r + 1}/{args.repeat}: {','.join(variants)} interleaved "
+                f"({w} warm-up, {n} measured each)")
+            runs.setdefault(T, []).append(
+                run_child("interleaved:" + ",".join(variants), T, w, n, args.threads))
+    one = []
+    if args.one_thread:
+        T1 = Ts[0]
+        w, n = STEPS.get(T1, (2, 10))
+        v1 = [v for v in ("flash", "sdpa-loom", "torch") if v in variants]
         for r in range(args.repeat):
-            order = variants[r % len(variants):] + variants[:r % len(variants)]
-            for var in order:
-                log(f"T={T} run {r + 1}/{args.repeat}: {var} ({w} warm-up, {n} measured)")
-                res.setdefault((T, var), []).append(run_child(var, T, w, n, args.threads))
+            log(f"T={T1} one thread, run {r + 1}/{args.repeat}: {','.join(v1)} interleaved")
+            one.append(run_child("interleaved:" + ",".join(v1), T1, w, n, 1))
     load_after = loadavg()
     other_s, avail_s = other.result()
     quiet = avail_s > 0 and other_s / avail_s < 0.05
@@ -237,30 +290,45 @@ def main():
              "|---|---|---|---|---|---|---|---|---|"]
     notes = []
     for T in Ts:
-        med = {v: statistics.median(r["s"] for r in res[(T, v)]) for v in variants}
-        ref = med.get("torch")
-        cmed = {v: statistics.median(r["cpu_s"] for r in res[(T, v)]) for v in variants}
-        cref = cmed.get("torch")
-        for v in variants:
-            runs = res[(T, v)]
-            rss = statistics.median(r["rss_growth"] for r in runs) / 2**20
-            bufs = (f"{flash_bytes(T, args.threads) / 2**20:.2f} MiB" if v.startswith("flash")
-                    else f"{sdpa_loom_bytes(T) / 2**20:.0f} MiB" if v == "sdpa-loom" else "n/a")
-            name = v
-            if v == "torch":
-                modes = [r["mode"] for r in runs]
-                name = f"torch SDPA ({max(set(modes), key=modes.count)})"
-            ratio = f"{ref / med[v]:.2f}x" if ref else "n/a"
-            cratio = f"{cref / cmed[v]:.2f}x" if cref else "n/a"
-            lines.append(f"| {T} | {name} | {1e3 * med[v]:.1f} | {B * T / med[v]:.0f} | {ratio} | "
-                         f"{1e3 * cmed[v]:.1f} | {cratio} | {rss:.1f} MiB | {bufs} |")
-            desc = ", ".join(f"{1e3 * r['s']:.1f}" for r in runs)
-            if v == "torch":
-                desc = "; ".join(" / ".join(f"{k} {1e3 * s:.1f}" for k, s in r["tried"].items())
-                                 for r in runs)
-            elif "fwd_s" in runs[0]:
-                desc += f" (forward alone, median: {1e3 * statistics.median(r['fwd_s'] for r in runs):.1f})"
-            notes.append(f"T={T} {v}: per-run medians (ms) {desc}")
+        names = list(runs[T][0])
+        med = {nm: statistics.median(r[nm]["s"] for r in runs[T]) for nm in names}
+        cmed = {nm: statistics.median(r[nm]["cpu_s"] for r in runs[T]) for nm in names}
+        torch_names = [nm for nm in names if nm.startswith("torch-")]
+        best = min(torch_names, key=med.get) if torch_names else None
+        ref, cref = (med[best], cmed[best]) if best else (None, None)
+        for nm in names:
+            var = "torch" if nm.startswith("torch-") else nm
+            bufs = (f"{flash_bytes(T, args.threads) / 2**20:.2f} MiB" if nm.startswith("flash")
+                    else f"{sdpa_loom_bytes(T) / 2**20:.0f} MiB" if nm == "sdpa-loom" else "n/a")
+            label = f"torch SDPA ({nm[6:]}{', best' if nm == best else ''})" if var == "torch" else nm
+            ratio = f"{ref / med[nm]:.2f}x" if ref else "n/a"
+            cratio = f"{cref / cmed[nm]:.2f}x" if cref else "n/a"
+            lines.append(f"| {T} | {label} | {1e3 * med[nm]:.1f} | {B * T / med[nm]:.0f} | "
+                         f"{ratio} | {1e3 * cmed[nm]:.1f} | {cratio} | "
+                         f"{rss[(T, var)] / 2**20:.1f} MiB | {bufs} |")
+            desc = ", ".join(f"{1e3 * r[nm]['s']:.1f}" for r in runs[T])
+            f = [r[nm]["fwd_s"] for r in runs[T] if r[nm]["fwd_s"] is not None]
+            if f:
+                desc += f" (forward alone, median {1e3 * statistics.median(f):.1f})"
+            notes.append(f"T={T} {nm}: per-run medians (ms) {desc}")
+    if one:
+        lines += ["", f"One thread per side (`--one-thread`), T={Ts[0]}:", "",
+                  "| T | variant | fwd+bwd ms | tokens/s | vs PyTorch best | CPU ms | "
+                  "vs PyTorch (CPU) |", "|---|---|---|---|---|---|---|"]
+        names = list(one[0])
+        med = {nm: statistics.median(r[nm]["s"] for r in one) for nm in names}
+        cmed = {nm: statistics.median(r[nm]["cpu_s"] for r in one) for nm in names}
+        tn = [nm for nm in names if nm.startswith("torch-")]
+        best = min(tn, key=med.get) if tn else None
+        for nm in names:
+            label = (f"torch SDPA ({nm[6:]}{', best' if nm == best else ''})"
+                     if nm.startswith("torch-") else nm)
+            ratio = f"{med[best] / med[nm]:.2f}x" if best else "n/a"
+            cratio = f"{cmed[best] / cmed[nm]:.2f}x" if best else "n/a"
+            lines.append(f"| {Ts[0]} | {label} | {1e3 * med[nm]:.1f} | {B * Ts[0] / med[nm]:.0f} | "
+                         f"{ratio} | {1e3 * cmed[nm]:.1f} | {cratio} |")
+            notes.append(f"T={Ts[0]} one thread {nm}: per-run medians (ms) "
+                         + ", ".join(f"{1e3 * r[nm]['s']:.1f}" for r in one))
     notes.append(f"load average before {load_before}, after {load_after}; other processes used "
                  f"{other_s:.0f} of the {avail_s:.0f} CPU-seconds available while it ran "
                  f"({100 * other_s / max(avail_s, 1e-9):.0f}%): "
@@ -274,7 +342,8 @@ def main():
         import torch
         from results_md import replace_section
         md = [SECTION, "",
-              f"Generated by `python3 bench/bench_attention.py --repeat {args.repeat} --write` on "
+              f"Generated by `python3 bench/bench_attention.py --repeat {args.repeat}"
+              f"{' --one-thread' if args.one_thread else ''} --write` on "
               f"{datetime.datetime.now().strftime('%Y-%m-%d %H:%M')}"
               + (" on a quiet machine." if quiet else ", on a machine shared with other work "
                  "(see the load below): not quiet-machine figures."), "",
