@@ -11,6 +11,8 @@
 
 #include <stdint.h>
 
+#include "loom/backend.h" /* loom_attn_dims, loom_attn_mask, the shape helpers */
+
 /* out (N,OC) = inp (N,IC) @ weight(OC,IC)^T + bias(OC); bias may be NULL. */
 void matmul_forward(float *out, const float *inp, const float *weight, const float *bias,
                     int64_t N, int IC, int OC);
@@ -58,11 +60,7 @@ void rope_backward(float *dx, int64_t B, int T, int nh, int D, int64_t row_strid
  * out (B,T,H*D); att (B,H,T,T) saved softmax probabilities (upper triangle zero). */
 void attention_forward(float *out, float *att, const float *qkv,
                        int B, int T, int H, int KVH, int D);
-/* (query, key) pairs per head and sequence whose products the causal attention kernels
- * compute: blocks of 64 query rows, each against the keys up to the block's end, so
- * T(T+64)/2 when 64 divides T (about half of T^2). Each of the two forward GEMMs (Q K^T, P V)
- * and the four backward GEMMs (dO V^T, dS K, dS^T Q, P^T dO) costs 2 * D FLOPs per pair. */
-int64_t attention_causal_pairs(int T);
+/* attention_causal_pairs (the FLOP count of these kernels): include/loom/backend.h */
 /* dqkv (B,T,(H+2*KVH)*D) +=; scratch must hold B*H*T*T floats. */
 void attention_backward(float *dqkv, float *scratch, const float *dout, const float *qkv,
                         const float *att, int B, int T, int H, int KVH, int D);
@@ -72,27 +70,8 @@ void attention_backward(float *dqkv, float *scratch, const float *dout, const fl
  * memory is per-thread tile scratch only (no T x T buffer). Scale 1/sqrt(D). Query head h
  * reads kv head h / (H/KVH).
  *
- * Tensors are strided views: element d of head h at position t of batch row b of q lives at
- * q[b*q_bs + t*q_ts + h*D + d] (likewise k, v with KVH heads, and out/dout with H heads), so
- * both the fused qkv rows (B,T,(H+2*KVH)*D) and separate Q (B,T,H*D), K, V (B,T,KVH*D)
- * buffers work, and a chunk of rows is a pointer offset. Gradients use the strides of what
- * they are the gradient of (dq: q's, dk: k's, dv: v's). lse is (B,H,Tq) contiguous. */
-typedef struct loom_attn_dims {
-    int B, Tq, Tk;   /* batch rows, query positions, key positions */
-    int H, KVH, D;   /* query heads, key/value heads (H % KVH == 0), head dim */
-    int64_t q_bs, q_ts, k_bs, k_ts, v_bs, v_ts, o_bs, o_ts; /* batch / position strides */
-} loom_attn_dims;
-
-/* Which keys each query sees. Query row i has position q_pos0 + i, key row j position
- * k_pos0 + j; key j is visible to query i iff (!causal || kpos <= qpos) and, with document
- * ids, q_doc[b*q_doc_bs + i] == k_doc[b*k_doc_bs + j]. A row that sees no key gets out = 0
- * and lse = -inf (and contributes no gradient). Zero-initialized = non-causal, no documents. */
-typedef struct loom_attn_mask {
-    int causal;
-    int64_t q_pos0, k_pos0;
-    const int32_t *q_doc, *k_doc; /* both NULL (no document mask) or both set */
-    int64_t q_doc_bs, k_doc_bs;   /* ints between batch rows of q_doc / k_doc */
-} loom_attn_mask;
+ * loom_attn_dims (strided q, k, v, out views) and loom_attn_mask (causal, positions,
+ * document ids) are in include/loom/backend.h. */
 
 /* Inner-loop implementation. AUTO follows loom_isa_active() (below: the detected level, or
  * LOOM_ISA, agreed over a job's ranks): avx512 -> AVX512, avx2 -> AVX2, x86-64 -> PORTABLE.
@@ -108,9 +87,7 @@ enum {
     LOOM_ATTN_ISA_AVX2 = 4
 };
 
-/* dims for today's fused qkv rows (B,T,(H+2*KVH)*D) and out (B,T,H*D): pass q = qkv,
- * k = qkv + H*D, v = qkv + (H+KVH)*D. */
-loom_attn_dims flash_attention_dims_qkv(int B, int T, int H, int KVH, int D);
+/* flash_attention_dims_qkv (dims of the fused qkv rows): include/loom/backend.h */
 
 /* out (overwritten) = softmax(mask(q k^T / sqrt(D))) v; lse (B,H,Tq) (overwritten; may be
  * NULL) = log of each row's softmax denominator, in the natural log of the scaled scores.

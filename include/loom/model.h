@@ -31,6 +31,10 @@ typedef struct loom_model_config {
     int head;          /* loom_head: LOOM_HEAD_LM or LOOM_HEAD_CLASSIFY */
     int num_classes;   /* K, for the classification head */
     int attention;     /* loom_attention: LOOM_ATTN_FLASH (0, the default) or LOOM_ATTN_SDPA */
+    /* the kernels' op table (include/loom/backend.h), chosen at create and called for every
+     * kernel of the model, decoding and the optimizer; NULL = loom_backend_cpu(). The config
+     * key model.backend names it (cpu). */
+    const struct loom_backend *backend;
 } loom_model_config;
 
 /* How the block computes attention: flash (tiled online softmax, keeps the per-row
@@ -148,6 +152,8 @@ int loom_model_create(const loom_model_config *cfg, const loom_model_layout *lay
 const loom_model_layout *loom_model_get_layout(const loom_model *m);
 void loom_model_free(loom_model *m);
 const loom_model_config *loom_model_get_config(const loom_model *m);
+/* the op table the model calls its kernels through (never NULL) */
+const struct loom_backend *loom_model_backend(const loom_model *m);
 
 size_t loom_model_num_params(const loom_model *m);
 float *loom_model_params(loom_model *m);  /* the parameter arena */

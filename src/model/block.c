@@ -5,7 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "loom/kernels.h"
+#include "loom/backend.h"
 #include "model/model_internal.h"
 
 enum { OP_NORM, OP_POINT, OP_LINEAR, OP_ROPE, OP_ATTN, OP_ACT, OP_RESIDUAL };
@@ -80,6 +80,7 @@ static void op_forward(loom_model *m, block_frame *f, int l, const block_op *op)
     const int64_t N = (int64_t)f->B * f->T;
     const int C = m->cfg.d_model, gpt2 = m->cfg.flavor == LOOM_FLAVOR_GPT2;
     float **s = f->s;
+    const loom_backend *be = m->be;
     switch (op->kind) {
     case OP_NORM:
         model_norm_fwd(m, s[op->out], s[op->aux0], s[op->aux1], s[op->in], param(m, op->w, l),
@@ -88,39 +89,41 @@ static void op_forward(loom_model *m, block_frame *f, int l, const block_op *op)
     case OP_POINT: point(m, op->point, 0, l, op->site, s[op->in], N * C); break;
     case OP_LINEAR: {
         const int bias_here = !op->row_parallel || m->lay.tp_rank == 0;
-        matmul_forward(s[op->out], s[op->in], param(m, op->w, l),
-                       bias_here ? param(m, op->b, l) : NULL, N, width(m, op->iw),
-                       width(m, op->ow));
+        be->matmul_forward(s[op->out], s[op->in], param(m, op->w, l),
+                           bias_here ? param(m, op->b, l) : NULL, N, width(m, op->iw),
+                           width(m, op->ow));
         break;
     }
     case OP_ROPE:
         if (gpt2) break;
-        rope_forward(s[op->in], f->B, f->T, m->H, m->D, m->QKV, m->rope_cos, m->rope_sin, f->pos0);
-        rope_forward(s[op->in] + m->H * m->D, f->B, f->T, m->KVH, m->D, m->QKV, m->rope_cos,
-                     m->rope_sin, f->pos0);
+        be->rope_forward(s[op->in], f->B, f->T, m->H, m->D, m->QKV, m->rope_cos, m->rope_sin,
+                         f->pos0);
+        be->rope_forward(s[op->in] + m->H * m->D, f->B, f->T, m->KVH, m->D, m->QKV, m->rope_cos,
+                         m->rope_sin, f->pos0);
         break;
     case OP_ATTN:
         if (f->kcache) { /* decode: one row; append its keys and values, attend to the cache */
             const int kv = m->KVH * m->D, HD = m->H * m->D;
             memcpy(f->kcache + (size_t)f->pos0 * kv, s[op->in] + HD, (size_t)kv * sizeof(float));
             memcpy(f->vcache + (size_t)f->pos0 * kv, s[op->in] + HD + kv, (size_t)kv * sizeof(float));
-            attention_decode(s[op->out], s[op->in], f->kcache, f->vcache, f->pos0 + 1, m->H,
-                             m->KVH, m->D, f->scores);
+            be->attention_decode(s[op->out], s[op->in], f->kcache, f->vcache, f->pos0 + 1, m->H,
+                                 m->KVH, m->D, f->scores);
         } else if (m->cfg.attention == LOOM_ATTN_FLASH) { /* S_ATT keeps the lse (B,H,T) */
             const loom_attn_dims dims = flash_attention_dims_qkv(f->B, f->T, m->H, m->KVH, m->D);
             const loom_attn_mask mask = {.causal = 1};
             const float *q = s[op->in], *k = q + m->H * m->D, *v = k + m->KVH * m->D;
-            LOOM_CHECK(flash_attention_forward(s[op->out], s[op->aux0], q, k, v, &dims, &mask,
-                                               LOOM_ATTN_ISA_AUTO) == 0);
+            LOOM_CHECK(be->flash_attention_forward(s[op->out], s[op->aux0], q, k, v, &dims,
+                                                   &mask) == 0);
         } else {
-            attention_forward(s[op->out], s[op->aux0], s[op->in], f->B, f->T, m->H, m->KVH, m->D);
+            be->attention_forward(s[op->out], s[op->aux0], s[op->in], f->B, f->T, m->H, m->KVH,
+                                  m->D);
         }
         break;
     case OP_ACT:
-        if (gpt2) gelu_forward(s[op->out], s[op->in], N * m->F);
-        else swiglu_forward(s[op->out], s[op->in], N, m->F);
+        if (gpt2) be->gelu_forward(s[op->out], s[op->in], N * m->F);
+        else be->swiglu_forward(s[op->out], s[op->in], N, m->F);
         break;
-    case OP_RESIDUAL: residual_forward(s[op->out], s[op->out], s[op->in], N * C); break;
+    case OP_RESIDUAL: be->residual_forward(s[op->out], s[op->out], s[op->in], N * C); break;
     }
 }
 
@@ -128,28 +131,30 @@ static void op_backward(loom_model *m, block_frame *f, int l, const block_op *op
     const int64_t N = (int64_t)f->B * f->T;
     const int C = m->cfg.d_model, gpt2 = m->cfg.flavor == LOOM_FLAVOR_GPT2;
     float **s = f->s, **g = f->g;
+    const loom_backend *be = m->be;
     switch (op->kind) {
     case OP_NORM: /* accumulates into the residual stream's gradient */
         if (gpt2)
-            layernorm_backward(g[op->in], grad(m, op->w, l), grad(m, op->b, l), g[op->out],
-                               s[op->in], param(m, op->w, l), s[op->aux0], s[op->aux1], N, C);
+            be->layernorm_backward(g[op->in], grad(m, op->w, l), grad(m, op->b, l), g[op->out],
+                                   s[op->in], param(m, op->w, l), s[op->aux0], s[op->aux1], N, C);
         else
-            rmsnorm_backward(g[op->in], grad(m, op->w, l), g[op->out], s[op->in],
-                             param(m, op->w, l), s[op->aux1], N, C);
+            be->rmsnorm_backward(g[op->in], grad(m, op->w, l), g[op->out], s[op->in],
+                                 param(m, op->w, l), s[op->aux1], N, C);
         break;
     case OP_POINT: point(m, op->point, 1, l, op->site, g[op->in], N * C); break;
     case OP_LINEAR: {
         const int iw = width(m, op->iw);
         memset(g[op->in], 0, (size_t)N * (size_t)iw * sizeof(float));
-        matmul_backward(g[op->in], grad(m, op->w, l), grad(m, op->b, l), g[op->out], s[op->in],
-                        param(m, op->w, l), N, iw, width(m, op->ow));
+        be->matmul_backward(g[op->in], grad(m, op->w, l), grad(m, op->b, l), g[op->out], s[op->in],
+                            param(m, op->w, l), N, iw, width(m, op->ow));
         break;
     }
     case OP_ROPE:
         if (gpt2) break;
-        rope_backward(g[op->in], f->B, f->T, m->H, m->D, m->QKV, m->rope_cos, m->rope_sin, f->pos0);
-        rope_backward(g[op->in] + m->H * m->D, f->B, f->T, m->KVH, m->D, m->QKV, m->rope_cos,
-                      m->rope_sin, f->pos0);
+        be->rope_backward(g[op->in], f->B, f->T, m->H, m->D, m->QKV, m->rope_cos, m->rope_sin,
+                          f->pos0);
+        be->rope_backward(g[op->in] + m->H * m->D, f->B, f->T, m->KVH, m->D, m->QKV, m->rope_cos,
+                          m->rope_sin, f->pos0);
         break;
     case OP_ATTN:
         memset(g[op->in], 0, (size_t)N * (size_t)m->QKV * sizeof(float));
@@ -159,18 +164,18 @@ static void op_backward(loom_model *m, block_frame *f, int l, const block_op *op
             const int HD = m->H * m->D, KD = m->KVH * m->D;
             const float *q = s[op->in];
             float *dq = g[op->in];
-            LOOM_CHECK(flash_attention_backward(dq, dq + HD, dq + HD + KD, g[op->out], q, q + HD,
-                                                q + HD + KD, s[op->out], s[op->aux0], &dims,
-                                                &mask, LOOM_ATTN_ISA_AUTO) == 0);
+            LOOM_CHECK(be->flash_attention_backward(dq, dq + HD, dq + HD + KD, g[op->out], q,
+                                                    q + HD, q + HD + KD, s[op->out], s[op->aux0],
+                                                    &dims, &mask) == 0);
         } else {
-            attention_backward(g[op->in], f->datt, g[op->out], s[op->in], s[op->aux0], f->B, f->T,
-                               m->H, m->KVH, m->D);
+            be->attention_backward(g[op->in], f->datt, g[op->out], s[op->in], s[op->aux0], f->B,
+                                   f->T, m->H, m->KVH, m->D);
         }
         break;
     case OP_ACT:
         memset(g[op->in], 0, (size_t)N * (size_t)m->FFI * sizeof(float));
-        if (gpt2) gelu_backward(g[op->in], s[op->in], g[op->out], N * m->F);
-        else swiglu_backward(g[op->in], s[op->in], g[op->out], N, m->F);
+        if (gpt2) be->gelu_backward(g[op->in], s[op->in], g[op->out], N * m->F);
+        else be->swiglu_backward(g[op->in], s[op->in], g[op->out], N, m->F);
         break;
     case OP_RESIDUAL: /* out = out + in: both see the residual stream's gradient (one buffer) */
         LOOM_CHECK(g[op->in] == g[op->out]);

@@ -6,7 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "loom/kernels.h"
+#include "loom/backend.h"
 #include "model/model_internal.h"
 
 struct loom_kv_cache {
@@ -74,7 +74,8 @@ const float *loom_model_decode(loom_model *m, loom_kv_cache *kc, int32_t token) 
     LOOM_CHECK(c->head == LOOM_HEAD_LM && !m->has_hooks && m->params != NULL);
     LOOM_CHECK(token >= 0 && token < V && pos < kc->maxT);
 
-    embedding_forward(kc->res[0], &token, PARAM(m, LOOM_P_WTE), PARAM(m, LOOM_P_WPE), 1, 1, C, pos);
+    m->be->embedding_forward(kc->res[0], &token, PARAM(m, LOOM_P_WTE), PARAM(m, LOOM_P_WPE), 1,
+                             1, C, pos);
     block_frame f;
     memset(&f, 0, sizeof f);
     f.B = f.T = 1;
@@ -99,8 +100,8 @@ const float *loom_model_decode(loom_model *m, loom_kv_cache *kc, int32_t token) 
     }
     model_norm_fwd(m, kc->h, kc->stat, kc->stat + 1, kc->res[x], PARAM(m, LOOM_P_LNF_W),
                    PARAM(m, LOOM_P_LNF_B), 1);
-    matmul_forward(kc->logits, kc->h, gpt2 ? PARAM(m, LOOM_P_WTE) : PARAM(m, LOOM_P_LM_HEAD), NULL,
-                   1, C, V);
+    m->be->matmul_forward(kc->logits, kc->h,
+                          gpt2 ? PARAM(m, LOOM_P_WTE) : PARAM(m, LOOM_P_LM_HEAD), NULL, 1, C, V);
     kc->len++;
     return kc->logits;
 }

@@ -6,7 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "loom/kernels.h"
+#include "loom/backend.h"
 #include "model/model_internal.h"
 
 
@@ -182,6 +182,8 @@ static int create(const loom_model_config *cfg, const loom_model_layout *layout,
                          cfg->max_seq_len);
     loom_model *m = loom_calloc(1, sizeof *m);
     m->cfg = *cfg;
+    if (!m->cfg.backend) m->cfg.backend = loom_backend_cpu();
+    m->be = m->cfg.backend;
     m->lay = lay;
     m->maxB = B;
     m->maxT = T;
@@ -272,7 +274,7 @@ static int create(const loom_model_config *cfg, const loom_model_layout *layout,
     if (!gpt2) {
         m->rope_cos = loom_alloc_aligned((size_t)maxT * (size_t)(m->D / 2) * sizeof(float));
         m->rope_sin = loom_alloc_aligned((size_t)maxT * (size_t)(m->D / 2) * sizeof(float));
-        rope_tables(m->rope_cos, m->rope_sin, (int)maxT, m->D, cfg->rope_theta);
+        m->be->rope_tables(m->rope_cos, m->rope_sin, (int)maxT, m->D, cfg->rope_theta);
     }
     *out = m;
     return 0;
@@ -320,6 +322,8 @@ void loom_model_free(loom_model *m) {
 }
 
 const loom_model_config *loom_model_get_config(const loom_model *m) { return &m->cfg; }
+
+const loom_backend *loom_model_backend(const loom_model *m) { return m->be; }
 size_t loom_model_num_params(const loom_model *m) { return m->n_params; }
 float *loom_model_params(loom_model *m) { return m->params; }
 float *loom_model_grads(loom_model *m) { return m->grads; }
@@ -439,29 +443,30 @@ void loom_model_init_weights(loom_model *m, uint64_t seed) {
 void model_norm_fwd(const loom_model *m, float *out, float *mean, float *rstd, const float *in,
                     const float *w, const float *b, int64_t N) {
     if (m->cfg.flavor == LOOM_FLAVOR_GPT2)
-        layernorm_forward(out, mean, rstd, in, w, b, N, m->cfg.d_model, m->cfg.norm_eps);
+        m->be->layernorm_forward(out, mean, rstd, in, w, b, N, m->cfg.d_model, m->cfg.norm_eps);
     else
-        rmsnorm_forward(out, rstd, in, w, N, m->cfg.d_model, m->cfg.norm_eps);
+        m->be->rmsnorm_forward(out, rstd, in, w, N, m->cfg.d_model, m->cfg.norm_eps);
 }
 
 static void norm_bwd(const loom_model *m, float *din, float *dw, float *db, const float *dout,
                      const float *in, const float *w, const float *mean, const float *rstd,
                      int64_t N) {
     if (m->cfg.flavor == LOOM_FLAVOR_GPT2)
-        layernorm_backward(din, dw, db, dout, in, w, mean, rstd, N, m->cfg.d_model);
+        m->be->layernorm_backward(din, dw, db, dout, in, w, mean, rstd, N, m->cfg.d_model);
     else
-        rmsnorm_backward(din, dw, dout, in, w, rstd, N, m->cfg.d_model);
+        m->be->rmsnorm_backward(din, dw, dout, in, w, rstd, N, m->cfg.d_model);
 }
 
 /* Cross-entropy of the last logits (N rows of K) against targets (N, < 0 ignored): keeps the
  * targets for backward and returns the mean over the valid ones. */
-static float mean_loss(loom_acts *a, const int32_t *targets, int64_t N, int K) {
+static float mean_loss(const loom_model *m, loom_acts *a, const int32_t *targets, int64_t N,
+                       int K) {
     memcpy(a->targets, targets, (size_t)N * sizeof(int32_t));
     for (int64_t i = 0; i < N; i++) {
         LOOM_CHECK(targets[i] < K);
         if (targets[i] >= 0) a->valid++;
     }
-    crossentropy_forward(a->losses, a->logits, targets, N, K);
+    m->be->crossentropy_forward(a->losses, a->logits, targets, N, K);
     double sum = 0.0;
     for (int64_t i = 0; i < N; i++) sum += a->losses[i];
     return a->valid > 0 ? (float)(sum / (double)a->valid) : 0.0f;
@@ -500,8 +505,8 @@ float loom_model_forward_acts(loom_model *m, loom_acts *a, const int32_t *inputs
 
     const int U_FINAL = m->n_units - 1;
     acquire(m, 0, 0);
-    embedding_forward(a->encoded, inputs, PARAM(m, LOOM_P_WTE), PARAM(m, LOOM_P_WPE),
-                      B, T, C, 0);
+    m->be->embedding_forward(a->encoded, inputs, PARAM(m, LOOM_P_WTE), PARAM(m, LOOM_P_WPE),
+                             B, T, C, 0);
     release(m, 0, 0);
     stage_point(m, LOOM_CP_STAGE_IN, 0, a->encoded, BT * C);
     block_frame f;
@@ -519,12 +524,12 @@ float loom_model_forward_acts(loom_model *m, loom_acts *a, const int32_t *inputs
     model_norm_fwd(m, a->lnf, a->lnf_mean, a->lnf_rstd, residual, PARAM(m, LOOM_P_LNF_W),
              PARAM(m, LOOM_P_LNF_B), BT);
     if (cls) {
-        mean_pool_forward(a->pooled, a->lnf, B, T, C);
-        matmul_forward(a->logits, a->pooled, PARAM(m, LOOM_P_CLS_W), PARAM(m, LOOM_P_CLS_B), B, C,
-                       c->num_classes);
+        m->be->mean_pool_forward(a->pooled, a->lnf, B, T, C);
+        m->be->matmul_forward(a->logits, a->pooled, PARAM(m, LOOM_P_CLS_W),
+                              PARAM(m, LOOM_P_CLS_B), B, C, c->num_classes);
     } else {
         const float *head = gpt2 ? PARAM(m, LOOM_P_WTE) : PARAM(m, LOOM_P_LM_HEAD);
-        matmul_forward(a->logits, a->lnf, head, NULL, BT, C, V);
+        m->be->matmul_forward(a->logits, a->lnf, head, NULL, BT, C, V);
     }
     if (tied) release(m, 0, 0);
     release(m, U_FINAL, 0);
@@ -533,7 +538,7 @@ float loom_model_forward_acts(loom_model *m, loom_acts *a, const int32_t *inputs
     a->valid = 0;
     if (!targets) return 0.0f;
     /* N rows of K-way logits: B sequences x K classes, or B*T positions x V tokens */
-    return mean_loss(a, targets, cls ? B : BT, cls ? c->num_classes : V);
+    return mean_loss(m, a, targets, cls ? B : BT, cls ? c->num_classes : V);
 }
 
 void loom_model_recompute_layer(loom_model *m, loom_acts *a, int layer) {
@@ -562,16 +567,16 @@ void loom_model_backward_acts(loom_model *m, loom_acts *a, float dscale) {
     memset(a->dln, 0, (size_t)BT * C * sizeof(float));
     if (cls) { /* logits (B,K) become dlogits; pooled <- mean over T */
         const int K = c->num_classes;
-        crossentropy_softmax_backward(a->logits, a->targets, B, K, dscale);
+        m->be->crossentropy_softmax_backward(a->logits, a->targets, B, K, dscale);
         memset(a->dpooled, 0, (size_t)B * C * sizeof(float));
-        matmul_backward(a->dpooled, GRAD(m, LOOM_P_CLS_W), GRAD(m, LOOM_P_CLS_B), a->logits,
-                        a->pooled, PARAM(m, LOOM_P_CLS_W), B, C, K);
-        mean_pool_backward(a->dln, a->dpooled, B, T, C);
+        m->be->matmul_backward(a->dpooled, GRAD(m, LOOM_P_CLS_W), GRAD(m, LOOM_P_CLS_B),
+                               a->logits, a->pooled, PARAM(m, LOOM_P_CLS_W), B, C, K);
+        m->be->mean_pool_backward(a->dln, a->dpooled, B, T, C);
     } else { /* logits (B,T,V) become dlogits in place */
-        crossentropy_softmax_backward(a->logits, a->targets, BT, V, dscale);
+        m->be->crossentropy_softmax_backward(a->logits, a->targets, BT, V, dscale);
         const float *head = gpt2 ? PARAM(m, LOOM_P_WTE) : PARAM(m, LOOM_P_LM_HEAD);
         float *dhead = gpt2 ? GRAD(m, LOOM_P_WTE) : GRAD(m, LOOM_P_LM_HEAD);
-        matmul_backward(a->dln, dhead, NULL, a->logits, a->lnf, head, BT, C, V);
+        m->be->matmul_backward(a->dln, dhead, NULL, a->logits, a->lnf, head, BT, C, V);
     }
     block_frame f;
     acts_frame(m, a, m->lay.l1 - 1, B, T, &f);
@@ -594,8 +599,8 @@ void loom_model_backward_acts(loom_model *m, loom_acts *a, float dscale) {
     }
     stage_point(m, LOOM_CP_STAGE_IN, 1, a->dres, BT * C);
     ensure_grads(m, 0);
-    embedding_backward(GRAD(m, LOOM_P_WTE), GRAD(m, LOOM_P_WPE), a->dres, a->inputs,
-                       B, T, C, 0);
+    m->be->embedding_backward(GRAD(m, LOOM_P_WTE), GRAD(m, LOOM_P_WPE), a->dres, a->inputs,
+                              B, T, C, 0);
     grads_ready(m, 0);
     a->has_targets = 0;
 }

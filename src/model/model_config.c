@@ -1,6 +1,7 @@
 /* model.* config keys -> loom_model_config. */
 #include <string.h>
 
+#include "loom/backend.h"
 #include "loom/model.h"
 #include "loom/model_config.h"
 
@@ -22,6 +23,8 @@ const loom_config_key loom_model_config_keys[] = {
     {"model.num_classes", "0", "K: classes of the classify head"},
     {"model.attention", "flash", "flash (tiled, O(T) memory, the default) or sdpa (the "
                                  "materialized reference: B x H x T x T probabilities per layer)"},
+    {"model.backend", "cpu", "the kernels' backend: cpu (the only one today; docs/engine.md "
+                             "\"Backends\")"},
 };
 const int loom_model_config_nkeys = sizeof loom_model_config_keys / sizeof loom_model_config_keys[0];
 
@@ -88,6 +91,12 @@ int loom_model_config_from(const loom_config *c, int default_seq_len, loom_model
     else
         return loom_errf(err, "config key 'model.attention' = '%s' (%s): expected flash or sdpa",
                          attn, loom_config_origin(c, "model.attention"));
+    const char *be;
+    if (loom_config_get_str(c, "model.backend", &be, err)) return -1;
+    out->backend = loom_backend_find(be);
+    if (!out->backend)
+        return loom_errf(err, "config key 'model.backend' = '%s' (%s): unknown backend (known: %s)",
+                         be, loom_config_origin(c, "model.backend"), loom_backend_names());
     if (get_float(c, "model.norm_eps", &out->norm_eps, err) ||
         get_float(c, "model.rope_theta", &out->rope_theta, err) ||
         get_float(c, "model.init_std", &out->init_std, err))

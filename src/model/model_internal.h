@@ -88,6 +88,7 @@ struct loom_model {
     struct loom_acts *acts; /* the model's own activation arena (NULL for a layout, and for an
                              * inference model until its first forward) */
     size_t act_floats;    /* its size */
+    const struct loom_backend *be; /* the kernels' op table (cfg.backend, or the cpu one) */
     float *rope_cos;      /* (maxT, D/2) */
     float *rope_sin;
 };

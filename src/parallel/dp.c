@@ -7,7 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "loom/kernels.h"
+#include "loom/backend.h"
 
 enum { B_EMB = 0, B_FIN = 1, B_L0 = 2, B_L1 = 3, N_BUCKETS = 4 };
 
@@ -242,11 +242,13 @@ float loom_dp_finish_grads(loom_dp *dp, float max_norm) {
         for (int b = 0; b < N_BUCKETS; b++) drain_bucket(dp, b);
     }
     /* every reduced element lives on exactly one rank: the norm is a sum over ranks */
-    double ss = sum_squares(dp->gshard, (int64_t)dp->nshard);
+    const loom_backend *be = loom_model_backend(dp->m);
+    double ss = be->sum_squares(dp->gshard, (int64_t)dp->nshard);
     loom_allreduce_sum(dp->mesh, LOOM_GROUP_DP, &ss, 1, LOOM_F64);
     const double norm = sqrt(ss);
     if (max_norm > 0.0f && norm > (double)max_norm)
-        scale_inplace(dp->gshard, (int64_t)dp->nshard, (float)((double)max_norm / (norm + 1e-6)));
+        be->scale_inplace(dp->gshard, (int64_t)dp->nshard,
+                          (float)((double)max_norm / (norm + 1e-6)));
     if (dp->zero == 0) /* every rank gets the whole reduced gradient, bit-identical */
         for (int u = 0; u < dp->U; u++)
             loom_allgather(dp->mesh, LOOM_GROUP_DP, dp->gshard + dp->sbase[u],
@@ -258,6 +260,7 @@ float loom_dp_finish_grads(loom_dp *dp, float max_norm) {
  * p, g, mom_m, mom_v point at element lo. */
 static void update_range(loom_dp *dp, int u, size_t lo, size_t hi, float *p, const float *g,
                          float *mm, float *vv, float lr) {
+    const loom_backend *be = loom_model_backend(dp->m);
     const int nt = loom_model_num_tensors(dp->m);
     for (int i = 0; i < nt; i++) {
         const loom_tensor_info *t = loom_model_tensor(dp->m, i);
@@ -265,8 +268,9 @@ static void update_range(loom_dp *dp, int u, size_t lo, size_t hi, float *p, con
         const size_t a = t->offset > lo ? t->offset : lo;
         const size_t b = t->offset + t->numel < hi ? t->offset + t->numel : hi;
         if (a >= b) continue;
-        adamw_update(p + (a - lo), g + (a - lo), mm + (a - lo), vv + (a - lo), (int64_t)(b - a),
-                     lr, dp->beta1, dp->beta2, dp->eps, t->decay ? dp->wd : 0.0f, dp->step);
+        be->adamw_update(p + (a - lo), g + (a - lo), mm + (a - lo), vv + (a - lo),
+                         (int64_t)(b - a), lr, dp->beta1, dp->beta2, dp->eps,
+                         t->decay ? dp->wd : 0.0f, dp->step);
     }
 }
 

@@ -1,0 +1,151 @@
+/* loom backends: the kernels the model, decoding and the optimizer call, as a table of ops.
+ *
+ * Every op has a pointer + shape signature (no model structs, no I/O, no allocation), so a
+ * second backend (a CUDA twin) can implement the table op by op: the model holds a
+ * `const loom_backend *` chosen at create (config key model.backend) and calls nothing else.
+ * `cpu` (loom_backend_cpu) is the only backend today; its ops are the kernels of
+ * include/loom/kernels.h, which dispatch per instruction-set level (docs/build.md).
+ *
+ * The semantics of each op are those of the kernel of the same name (include/loom/kernels.h,
+ * docs/kernels.md): backward ops ACCUMULATE (+=) into their gradient outputs and skip a NULL
+ * one; N = rows (B*T), C = channels, OC/IC = out/in features, V = vocab, H = query heads,
+ * KVH = key/value heads, D = head dim, F = feed-forward width. docs/engine.md "Backends". */
+#ifndef LOOM_BACKEND_H
+#define LOOM_BACKEND_H
+
+#include <stdint.h>
+
+/* ---- attention shapes (shared by every backend) ----------------------------------------- */
+
+/* Strided views for the attention ops: element d of head h at position t of batch row b of q
+ * lives at q[b*q_bs + t*q_ts + h*D + d] (likewise k, v with KVH heads, and out/dout with H
+ * heads), so both the fused qkv rows (B,T,(H+2*KVH)*D) and separate Q (B,T,H*D), K, V
+ * (B,T,KVH*D) buffers work, and a chunk of rows is a pointer offset. Gradients use the
+ * strides of what they are the gradient of (dq: q's, dk: k's, dv: v's). lse is (B,H,Tq)
+ * contiguous. */
+typedef struct loom_attn_dims {
+    int B, Tq, Tk;   /* batch rows, query positions, key positions */
+    int H, KVH, D;   /* query heads, key/value heads (H % KVH == 0), head dim */
+    int64_t q_bs, q_ts, k_bs, k_ts, v_bs, v_ts, o_bs, o_ts; /* batch / position strides */
+} loom_attn_dims;
+
+/* Which keys each query sees. Query row i has position q_pos0 + i, key row j position
+ * k_pos0 + j; key j is visible to query i iff (!causal || kpos <= qpos) and, with document
+ * ids, q_doc[b*q_doc_bs + i] == k_doc[b*k_doc_bs + j]. A row that sees no key gets out = 0
+ * and lse = -inf (and contributes no gradient). Zero-initialized = non-causal, no documents. */
+typedef struct loom_attn_mask {
+    int causal;
+    int64_t q_pos0, k_pos0;
+    const int32_t *q_doc, *k_doc; /* both NULL (no document mask) or both set */
+    int64_t q_doc_bs, k_doc_bs;   /* ints between batch rows of q_doc / k_doc */
+} loom_attn_mask;
+
+/* dims for the fused qkv rows (B,T,(H+2*KVH)*D) and out (B,T,H*D): pass q = qkv,
+ * k = qkv + H*D, v = qkv + (H+KVH)*D. (A shape helper, no data touched: not an op.) */
+loom_attn_dims flash_attention_dims_qkv(int B, int T, int H, int KVH, int D);
+
+/* (query, key) pairs per head and sequence whose products the causal attention kernels
+ * compute: blocks of 64 query rows, each against the keys up to the block's end, so
+ * T(T+64)/2 when 64 divides T (about half of T^2). Each of the two forward GEMMs (Q K^T, P V)
+ * and the four backward GEMMs (dO V^T, dS K, dS^T Q, P^T dO) costs 2 * D FLOPs per pair.
+ * (A count for FLOP accounting, not an op.) */
+int64_t attention_causal_pairs(int T);
+
+/* ---- the op table ---------------------------------------------------------------------- */
+typedef struct loom_backend {
+    const char *name; /* the model.backend value: "cpu" */
+
+    /* linear: out (N,OC) = inp (N,IC) @ weight(OC,IC)^T + bias(OC) (bias may be NULL);
+     * dinp (N,IC) += dout @ weight; dweight += dout^T @ inp; dbias += sum_n dout */
+    void (*matmul_forward)(float *out, const float *inp, const float *weight, const float *bias,
+                           int64_t N, int IC, int OC);
+    void (*matmul_backward)(float *dinp, float *dweight, float *dbias, const float *dout,
+                            const float *inp, const float *weight, int64_t N, int IC, int OC);
+
+    /* norms over the last dim; mean/rstd (N) saved for backward */
+    void (*layernorm_forward)(float *out, float *mean, float *rstd, const float *inp,
+                              const float *weight, const float *bias, int64_t N, int C,
+                              float eps);
+    void (*layernorm_backward)(float *dinp, float *dweight, float *dbias, const float *dout,
+                               const float *inp, const float *weight, const float *mean,
+                               const float *rstd, int64_t N, int C);
+    void (*rmsnorm_forward)(float *out, float *rstd, const float *inp, const float *weight,
+                            int64_t N, int C, float eps);
+    void (*rmsnorm_backward)(float *dinp, float *dweight, const float *dout, const float *inp,
+                             const float *weight, const float *rstd, int64_t N, int C);
+
+    /* activations: GELU (tanh) over n floats; SwiGLU inp (N,2F) = [gate | up] -> out (N,F) */
+    void (*gelu_forward)(float *out, const float *inp, int64_t n);
+    void (*gelu_backward)(float *dinp, const float *inp, const float *dout, int64_t n);
+    void (*swiglu_forward)(float *out, const float *inp, int64_t N, int F);
+    void (*swiglu_backward)(float *dinp, const float *inp, const float *dout, int64_t N, int F);
+
+    /* RoPE (rotate half): tables (max_T, D/2); forward rotates x in place (B*T rows
+     * row_stride floats apart, nh heads of D, row (b,t) at position pos0 + t); backward
+     * applies the inverse rotation to dx in place */
+    void (*rope_tables)(float *cos_t, float *sin_t, int max_T, int D, float theta);
+    void (*rope_forward)(float *x, int64_t B, int T, int nh, int D, int64_t row_stride,
+                         const float *cos_t, const float *sin_t, int pos0);
+    void (*rope_backward)(float *dx, int64_t B, int T, int nh, int D, int64_t row_stride,
+                          const float *cos_t, const float *sin_t, int pos0);
+
+    /* materialized causal attention (sdpa, the reference): qkv (B,T,(H+2*KVH)*D), out
+     * (B,T,H*D), att (B,H,T,T) probabilities; backward: dqkv +=, scratch B*H*T*T floats */
+    void (*attention_forward)(float *out, float *att, const float *qkv, int B, int T, int H,
+                              int KVH, int D);
+    void (*attention_backward)(float *dqkv, float *scratch, const float *dout, const float *qkv,
+                               const float *att, int B, int T, int H, int KVH, int D);
+
+    /* flash attention (tiled online softmax): out and lse (B,H,Tq, may be NULL) overwritten;
+     * backward recomputes the tiles and ACCUMULATES into dq, dk, dv (NULL skipped). Return 0,
+     * or < 0 with nothing written (bad dims, no scratch; kernels.h lists the codes). The
+     * backend picks its own inner loops (cpu: the active ISA level). */
+    int (*flash_attention_forward)(float *out, float *lse, const float *q, const float *k,
+                                   const float *v, const loom_attn_dims *dims,
+                                   const loom_attn_mask *mask);
+    int (*flash_attention_backward)(float *dq, float *dk, float *dv, const float *dout,
+                                    const float *q, const float *k, const float *v,
+                                    const float *out, const float *lse,
+                                    const loom_attn_dims *dims, const loom_attn_mask *mask);
+
+    /* decoding: one query row q (H*D) against cached rows 0..n-1 of kcache, vcache
+     * (n, KVH*D); out (H*D); scratch H*n floats */
+    void (*attention_decode)(float *out, const float *q, const float *kcache,
+                             const float *vcache, int n, int H, int KVH, int D, float *scratch);
+
+    /* out (B,T,C) = wte[tokens] (+ wpe[pos0 + t] when wpe is not NULL); backward += */
+    void (*embedding_forward)(float *out, const int32_t *tokens, const float *wte,
+                              const float *wpe, int B, int T, int C, int pos0);
+    void (*embedding_backward)(float *dwte, float *dwpe, const float *dout,
+                               const int32_t *tokens, int B, int T, int C, int pos0);
+
+    /* out (B,C) = mean over t of inp (B,T,C); dinp (B,T,C) += dout (B,C) / T */
+    void (*mean_pool_forward)(float *out, const float *inp, int B, int T, int C);
+    void (*mean_pool_backward)(float *dinp, const float *dout, int B, int T, int C);
+
+    /* out = a + b, n floats (out may alias a) */
+    void (*residual_forward)(float *out, const float *a, const float *b, int64_t n);
+
+    /* losses (N) = -log softmax(logits)[target] (0 where target < 0); backward in place:
+     * logits become (softmax - onehot) * dscale (rows with target < 0 become 0) */
+    void (*crossentropy_forward)(float *losses, const float *logits, const int32_t *targets,
+                                 int64_t N, int V);
+    void (*crossentropy_softmax_backward)(float *logits, const int32_t *targets, int64_t N,
+                                          int V, float dscale);
+
+    /* optimizer: AdamW on n contiguous parameters (decoupled decay, bias correction with
+     * t = step >= 1); sum of squares in double (deterministic); x *= s */
+    void (*adamw_update)(float *p, const float *g, float *m, float *v, int64_t n, float lr,
+                         float beta1, float beta2, float eps, float weight_decay, int64_t step);
+    double (*sum_squares)(const float *x, int64_t n);
+    void (*scale_inplace)(float *x, int64_t n, float s);
+} loom_backend;
+
+/* The CPU backend (static table; the kernels of include/loom/kernels.h). */
+const loom_backend *loom_backend_cpu(void);
+/* The backend named `name` ("cpu"), or NULL when there is none by that name. */
+const loom_backend *loom_backend_find(const char *name);
+/* The names loom_backend_find knows, for error messages: "cpu". */
+const char *loom_backend_names(void);
+
+#endif

@@ -1,0 +1,62 @@
+/* The cpu backend: the op table over the kernels of include/loom/kernels.h. Each op is the
+ * kernel itself (which dispatches per instruction-set level), except flash attention, whose
+ * inner loops follow the active level (LOOM_ATTN_ISA_AUTO). */
+#include <string.h>
+
+#include "loom/backend.h"
+#include "loom/kernels.h"
+
+static int cpu_flash_forward(float *out, float *lse, const float *q, const float *k,
+                             const float *v, const loom_attn_dims *dims,
+                             const loom_attn_mask *mask) {
+    return flash_attention_forward(out, lse, q, k, v, dims, mask, LOOM_ATTN_ISA_AUTO);
+}
+
+static int cpu_flash_backward(float *dq, float *dk, float *dv, const float *dout,
+                              const float *q, const float *k, const float *v, const float *out,
+                              const float *lse, const loom_attn_dims *dims,
+                              const loom_attn_mask *mask) {
+    return flash_attention_backward(dq, dk, dv, dout, q, k, v, out, lse, dims, mask,
+                                    LOOM_ATTN_ISA_AUTO);
+}
+
+static const loom_backend cpu = {
+    .name = "cpu",
+    .matmul_forward = matmul_forward,
+    .matmul_backward = matmul_backward,
+    .layernorm_forward = layernorm_forward,
+    .layernorm_backward = layernorm_backward,
+    .rmsnorm_forward = rmsnorm_forward,
+    .rmsnorm_backward = rmsnorm_backward,
+    .gelu_forward = gelu_forward,
+    .gelu_backward = gelu_backward,
+    .swiglu_forward = swiglu_forward,
+    .swiglu_backward = swiglu_backward,
+    .rope_tables = rope_tables,
+    .rope_forward = rope_forward,
+    .rope_backward = rope_backward,
+    .attention_forward = attention_forward,
+    .attention_backward = attention_backward,
+    .flash_attention_forward = cpu_flash_forward,
+    .flash_attention_backward = cpu_flash_backward,
+    .attention_decode = attention_decode,
+    .embedding_forward = embedding_forward,
+    .embedding_backward = embedding_backward,
+    .mean_pool_forward = mean_pool_forward,
+    .mean_pool_backward = mean_pool_backward,
+    .residual_forward = residual_forward,
+    .crossentropy_forward = crossentropy_forward,
+    .crossentropy_softmax_backward = crossentropy_softmax_backward,
+    .adamw_update = adamw_update,
+    .sum_squares = sum_squares,
+    .scale_inplace = scale_inplace,
+};
+
+const loom_backend *loom_backend_cpu(void) { return &cpu; }
+
+const loom_backend *loom_backend_find(const char *name) {
+    if (name && !strcmp(name, cpu.name)) return &cpu;
+    return NULL;
+}
+
+const char *loom_backend_names(void) { return "cpu"; }

@@ -1,0 +1,359 @@
+/* The backend op table (include/loom/backend.h, docs/engine.md "Backends"):
+ *  - the model, decoding and the optimizer call every kernel through the model's table: a
+ *    table whose ops count their calls and forward to the cpu table sees each op the
+ *    configuration uses called (forward, backward, decode, AdamW with clipping), and the
+ *    results (loss, logits, gradients, decoded logits, parameters after two optimizer steps)
+ *    are bitwise those of the plain cpu table;
+ *  - model.backend: cpu selects loom_backend_cpu(); an unknown name is an error naming the key. */
+#include "testutil.h"
+
+#include "loom/backend.h"
+#include "loom/comm.h"
+#include "loom/config.h"
+#include "loom/model.h"
+#include "loom/model_config.h"
+#include "loom/parallel.h"
+
+enum { B = 2, T = 6 };
+
+/* ---- the counting table: one counter per op, each op forwards to the cpu table ---------- */
+enum {
+    C_MATMUL_F, C_MATMUL_B, C_LN_F, C_LN_B, C_RMS_F, C_RMS_B, C_GELU_F, C_GELU_B, C_SWIGLU_F,
+    C_SWIGLU_B, C_ROPE_T, C_ROPE_F, C_ROPE_B, C_SDPA_F, C_SDPA_B, C_FLASH_F, C_FLASH_B,
+    C_DECODE, C_EMB_F, C_EMB_B, C_POOL_F, C_POOL_B, C_RESID, C_CE_F, C_CE_B, C_ADAMW, C_SUMSQ,
+    C_SCALE, C_COUNT
+};
+static const char *const op_names[C_COUNT] = {
+    "matmul_forward", "matmul_backward", "layernorm_forward", "layernorm_backward",
+    "rmsnorm_forward", "rmsnorm_backward", "gelu_forward", "gelu_backward", "swiglu_forward",
+    "swiglu_backward", "rope_tables", "rope_forward", "rope_backward", "attention_forward",
+    "attention_backward", "flash_attention_forward", "flash_attention_backward",
+    "attention_decode", "embedding_forward", "embedding_backward", "mean_pool_forward",
+    "mean_pool_backward", "residual_forward", "crossentropy_forward",
+    "crossentropy_softmax_backward", "adamw_update", "sum_squares", "scale_inplace"};
+static long calls[C_COUNT];
+#define CPU loom_backend_cpu()
+
+static void s_matmul_f(float *o, const float *i, const float *w, const float *b, int64_t N,
+                       int IC, int OC) {
+    calls[C_MATMUL_F]++;
+    CPU->matmul_forward(o, i, w, b, N, IC, OC);
+}
+static void s_matmul_b(float *di, float *dw, float *db, const float *d, const float *i,
+                       const float *w, int64_t N, int IC, int OC) {
+    calls[C_MATMUL_B]++;
+    CPU->matmul_backward(di, dw, db, d, i, w, N, IC, OC);
+}
+static void s_ln_f(float *o, float *mean, float *rstd, const float *i, const float *w,
+                   const float *b, int64_t N, int C, float eps) {
+    calls[C_LN_F]++;
+    CPU->layernorm_forward(o, mean, rstd, i, w, b, N, C, eps);
+}
+static void s_ln_b(float *di, float *dw, float *db, const float *d, const float *i,
+                   const float *w, const float *mean, const float *rstd, int64_t N, int C) {
+    calls[C_LN_B]++;
+    CPU->layernorm_backward(di, dw, db, d, i, w, mean, rstd, N, C);
+}
+static void s_rms_f(float *o, float *rstd, const float *i, const float *w, int64_t N, int C,
+                    float eps) {
+    calls[C_RMS_F]++;
+    CPU->rmsnorm_forward(o, rstd, i, w, N, C, eps);
+}
+static void s_rms_b(float *di, float *dw, const float *d, const float *i, const float *w,
+                    const float *rstd, int64_t N, int C) {
+    calls[C_RMS_B]++;
+    CPU->rmsnorm_backward(di, dw, d, i, w, rstd, N, C);
+}
+static void s_gelu_f(float *o, const float *i, int64_t n) {
+    calls[C_GELU_F]++;
+    CPU->gelu_forward(o, i, n);
+}
+static void s_gelu_b(float *di, const float *i, const float *d, int64_t n) {
+    calls[C_GELU_B]++;
+    CPU->gelu_backward(di, i, d, n);
+}
+static void s_swiglu_f(float *o, const float *i, int64_t N, int F) {
+    calls[C_SWIGLU_F]++;
+    CPU->swiglu_forward(o, i, N, F);
+}
+static void s_swiglu_b(float *di, const float *i, const float *d, int64_t N, int F) {
+    calls[C_SWIGLU_B]++;
+    CPU->swiglu_backward(di, i, d, N, F);
+}
+static void s_rope_t(float *c, float *s, int maxT, int D, float theta) {
+    calls[C_ROPE_T]++;
+    CPU->rope_tables(c, s, maxT, D, theta);
+}
+static void s_rope_f(float *x, int64_t b, int t, int nh, int D, int64_t rs, const float *c,
+                     const float *s, int pos0) {
+    calls[C_ROPE_F]++;
+    CPU->rope_forward(x, b, t, nh, D, rs, c, s, pos0);
+}
+static void s_rope_b(float *x, int64_t b, int t, int nh, int D, int64_t rs, const float *c,
+                     const float *s, int pos0) {
+    calls[C_ROPE_B]++;
+    CPU->rope_backward(x, b, t, nh, D, rs, c, s, pos0);
+}
+static void s_sdpa_f(float *o, float *att, const float *qkv, int b, int t, int H, int KVH,
+                     int D) {
+    calls[C_SDPA_F]++;
+    CPU->attention_forward(o, att, qkv, b, t, H, KVH, D);
+}
+static void s_sdpa_b(float *dqkv, float *scr, const float *d, const float *qkv,
+                     const float *att, int b, int t, int H, int KVH, int D) {
+    calls[C_SDPA_B]++;
+    CPU->attention_backward(dqkv, scr, d, qkv, att, b, t, H, KVH, D);
+}
+static int s_flash_f(float *o, float *lse, const float *q, const float *k, const float *v,
+                     const loom_attn_dims *dims, const loom_attn_mask *mask) {
+    calls[C_FLASH_F]++;
+    return CPU->flash_attention_forward(o, lse, q, k, v, dims, mask);
+}
+static int s_flash_b(float *dq, float *dk, float *dv, const float *d, const float *q,
+                     const float *k, const float *v, const float *o, const float *lse,
+                     const loom_attn_dims *dims, const loom_attn_mask *mask) {
+    calls[C_FLASH_B]++;
+    return CPU->flash_attention_backward(dq, dk, dv, d, q, k, v, o, lse, dims, mask);
+}
+static void s_decode(float *o, const float *q, const float *kc, const float *vc, int n, int H,
+                     int KVH, int D, float *scr) {
+    calls[C_DECODE]++;
+    CPU->attention_decode(o, q, kc, vc, n, H, KVH, D, scr);
+}
+static void s_emb_f(float *o, const int32_t *tok, const float *wte, const float *wpe, int b,
+                    int t, int C, int pos0) {
+    calls[C_EMB_F]++;
+    CPU->embedding_forward(o, tok, wte, wpe, b, t, C, pos0);
+}
+static void s_emb_b(float *dwte, float *dwpe, const float *d, const int32_t *tok, int b, int t,
+                    int C, int pos0) {
+    calls[C_EMB_B]++;
+    CPU->embedding_backward(dwte, dwpe, d, tok, b, t, C, pos0);
+}
+static void s_pool_f(float *o, const float *i, int b, int t, int C) {
+    calls[C_POOL_F]++;
+    CPU->mean_pool_forward(o, i, b, t, C);
+}
+static void s_pool_b(float *di, const float *d, int b, int t, int C) {
+    calls[C_POOL_B]++;
+    CPU->mean_pool_backward(di, d, b, t, C);
+}
+static void s_resid(float *o, const float *a, const float *b, int64_t n) {
+    calls[C_RESID]++;
+    CPU->residual_forward(o, a, b, n);
+}
+static void s_ce_f(float *l, const float *lg, const int32_t *tg, int64_t N, int V) {
+    calls[C_CE_F]++;
+    CPU->crossentropy_forward(l, lg, tg, N, V);
+}
+static void s_ce_b(float *lg, const int32_t *tg, int64_t N, int V, float dscale) {
+    calls[C_CE_B]++;
+    CPU->crossentropy_softmax_backward(lg, tg, N, V, dscale);
+}
+static void s_adamw(float *p, const float *g, float *m, float *v, int64_t n, float lr, float b1,
+                    float b2, float eps, float wd, int64_t step) {
+    calls[C_ADAMW]++;
+    CPU->adamw_update(p, g, m, v, n, lr, b1, b2, eps, wd, step);
+}
+static double s_sumsq(const float *x, int64_t n) {
+    calls[C_SUMSQ]++;
+    return CPU->sum_squares(x, n);
+}
+static void s_scale(float *x, int64_t n, float s) {
+    calls[C_SCALE]++;
+    CPU->scale_inplace(x, n, s);
+}
+
+static const loom_backend counting = {
+    .name = "counting",
+    .matmul_forward = s_matmul_f, .matmul_backward = s_matmul_b,
+    .layernorm_forward = s_ln_f, .layernorm_backward = s_ln_b,
+    .rmsnorm_forward = s_rms_f, .rmsnorm_backward = s_rms_b,
+    .gelu_forward = s_gelu_f, .gelu_backward = s_gelu_b,
+    .swiglu_forward = s_swiglu_f, .swiglu_backward = s_swiglu_b,
+    .rope_tables = s_rope_t, .rope_forward = s_rope_f, .rope_backward = s_rope_b,
+    .attention_forward = s_sdpa_f, .attention_backward = s_sdpa_b,
+    .flash_attention_forward = s_flash_f, .flash_attention_backward = s_flash_b,
+    .attention_decode = s_decode,
+    .embedding_forward = s_emb_f, .embedding_backward = s_emb_b,
+    .mean_pool_forward = s_pool_f, .mean_pool_backward = s_pool_b,
+    .residual_forward = s_resid,
+    .crossentropy_forward = s_ce_f, .crossentropy_softmax_backward = s_ce_b,
+    .adamw_update = s_adamw, .sum_squares = s_sumsq, .scale_inplace = s_scale,
+};
+
+/* ---- what one configuration computes ------------------------------------------------------ */
+typedef struct result {
+    float loss, loss2;
+    float *logits, *grads, *decoded;
+    size_t nlogits, n;
+    float norm[2];
+    uint64_t hash;
+} result;
+
+static void run(loom_model_config c, const loom_backend *be, result *r) {
+    c.backend = be;
+    const int cls = c.head == LOOM_HEAD_CLASSIFY;
+    int32_t x[B * T], y[B * T];
+    for (int i = 0; i < B * T; i++) {
+        x[i] = (int32_t)(loom_rng_u64(5, 1, (uint64_t)i) % (uint64_t)c.vocab_size);
+        y[i] = (int32_t)(loom_rng_u64(5, 2, (uint64_t)i) %
+                         (uint64_t)(cls ? c.num_classes : c.vocab_size));
+    }
+    loom_err err = {{0}};
+    /* the model: forward, backward, and (lm) decoding */
+    loom_model *m = NULL;
+    if (loom_model_create(&c, NULL, B, T, &m, &err)) fail_msg("%s", err.msg);
+    assert_ptr_equal(loom_model_backend(m), be);
+    loom_model_init_weights(m, 4);
+    loom_model_zero_grad(m);
+    r->loss = loom_model_forward(m, x, y, B, T);
+    r->nlogits = (size_t)(cls ? B * c.num_classes : B * T * c.vocab_size);
+    r->logits = malloc(r->nlogits * sizeof(float));
+    memcpy(r->logits, loom_model_logits(m), r->nlogits * sizeof(float));
+    loom_model_backward(m, 1.0f / (float)loom_model_valid_targets(m));
+    r->n = loom_model_num_params(m);
+    r->grads = malloc(r->n * sizeof(float));
+    memcpy(r->grads, loom_model_grads(m), r->n * sizeof(float));
+    r->decoded = NULL;
+    if (!cls) {
+        loom_kv_cache *kc = loom_kv_cache_create(m);
+        const float *lg = NULL;
+        for (int p = 0; p < T; p++) lg = loom_model_decode(m, kc, x[p]);
+        r->decoded = malloc((size_t)c.vocab_size * sizeof(float));
+        memcpy(r->decoded, lg, (size_t)c.vocab_size * sizeof(float));
+        loom_kv_cache_free(kc);
+    }
+    loom_model_free(m);
+
+    /* the optimizer: two steps of data-parallel AdamW (one rank) with clipping */
+    loom_mesh_spec spec;
+    loom_mesh_spec_default(&spec);
+    loom_mesh *mesh = NULL;
+    loom_dp *dp = NULL;
+    assert_int_equal(loom_mesh_create(&spec, NULL, &mesh, &err), 0);
+    if (loom_model_create_ex(&c, B, T, 0, &m, &err)) fail_msg("%s", err.msg);
+    assert_int_equal(loom_dp_create(m, mesh, 1, 7, 0.9f, 0.95f, 1e-8f, 0.1f, &dp, &err), 0);
+    for (int s = 0; s < 2; s++) {
+        loom_dp_begin_micro(dp, 1, 1);
+        const float l = loom_model_forward(m, x, y, B, T);
+        if (s == 1) r->loss2 = l;
+        loom_model_backward(m, 1.0f / (float)loom_model_valid_targets(m));
+        r->norm[s] = loom_dp_finish_grads(dp, 1e-3f); /* clips: scale_inplace runs */
+        loom_dp_step(dp, 1e-2f);
+    }
+    r->hash = loom_dp_param_hash(dp);
+    loom_dp_free(dp);
+    loom_model_free(m);
+    loom_mesh_free(mesh);
+}
+
+static void result_free(result *r) {
+    free(r->logits);
+    free(r->grads);
+    free(r->decoded);
+}
+
+static const loom_model_config GPT2 = {
+    .flavor = LOOM_FLAVOR_GPT2, .vocab_size = 29, .max_seq_len = 8, .n_layer = 2, .n_head = 2,
+    .n_kv_head = 2, .d_model = 16, .d_ff = 32, .norm_eps = 1e-5f, .rope_theta = 10000.0f,
+    .init_std = 0.1f};
+static const loom_model_config LLAMA = {
+    .flavor = LOOM_FLAVOR_LLAMA, .vocab_size = 31, .max_seq_len = 8, .n_layer = 2, .n_head = 4,
+    .n_kv_head = 2, .d_model = 16, .d_ff = 24, .norm_eps = 1e-5f, .rope_theta = 10000.0f,
+    .init_std = 0.1f};
+
+static void test_model_calls_through_table(void **state) {
+    (void)state;
+    long seen[C_COUNT] = {0};
+    for (int k = 0; k < 6; k++) {
+        loom_model_config c = k % 2 ? LLAMA : GPT2;
+        const int gpt2 = k % 2 == 0, sdpa = k >= 2 && k < 4, cls = k >= 4;
+        if (sdpa) c.attention = LOOM_ATTN_SDPA;
+        if (cls) {
+            c.head = LOOM_HEAD_CLASSIFY;
+            c.num_classes = 3;
+        }
+        result ref, got;
+        memset(calls, 0, sizeof calls);
+        run(c, loom_backend_cpu(), &ref);
+        for (int o = 0; o < C_COUNT; o++) assert_int_equal(calls[o], 0); /* cpu: no shim */
+        run(c, &counting, &got);
+
+        /* bitwise the plain cpu table's results */
+        assert_memory_equal(&got.loss, &ref.loss, sizeof(float));
+        assert_memory_equal(&got.loss2, &ref.loss2, sizeof(float));
+        assert_memory_equal(got.logits, ref.logits, ref.nlogits * sizeof(float));
+        assert_memory_equal(got.grads, ref.grads, ref.n * sizeof(float));
+        if (!cls) assert_memory_equal(got.decoded, ref.decoded, (size_t)c.vocab_size * 4);
+        assert_memory_equal(got.norm, ref.norm, sizeof ref.norm);
+        assert_true(got.hash == ref.hash);
+
+        /* each op this configuration uses went through the table, and no other */
+        int want[C_COUNT] = {0};
+        const int always[] = {C_MATMUL_F, C_MATMUL_B, C_EMB_F, C_EMB_B, C_RESID, C_CE_F,
+                              C_CE_B, C_ADAMW, C_SUMSQ, C_SCALE};
+        for (size_t i = 0; i < sizeof always / sizeof always[0]; i++) want[always[i]] = 1;
+        want[gpt2 ? C_LN_F : C_RMS_F] = want[gpt2 ? C_LN_B : C_RMS_B] = 1;
+        want[gpt2 ? C_GELU_F : C_SWIGLU_F] = want[gpt2 ? C_GELU_B : C_SWIGLU_B] = 1;
+        if (!gpt2) want[C_ROPE_T] = want[C_ROPE_F] = want[C_ROPE_B] = 1;
+        want[sdpa ? C_SDPA_F : C_FLASH_F] = want[sdpa ? C_SDPA_B : C_FLASH_B] = 1;
+        if (!cls) want[C_DECODE] = 1;
+        if (cls) want[C_POOL_F] = want[C_POOL_B] = 1;
+        for (int o = 0; o < C_COUNT; o++) {
+            if ((calls[o] > 0) != want[o])
+                fail_msg("config %d: %s called %ld times through the table", k, op_names[o],
+                         calls[o]);
+            seen[o] += calls[o];
+        }
+        /* per-layer ops once per layer and pass (model forward, two dp forwards; decode: one
+         * per layer per token) */
+        assert_int_equal(calls[gpt2 ? C_LN_F : C_RMS_F],
+                         3 * (2 * c.n_layer + 1) + (cls ? 0 : T * (2 * c.n_layer + 1)));
+        assert_int_equal(calls[C_CE_B], 3);
+        result_free(&ref);
+        result_free(&got);
+    }
+    for (int o = 0; o < C_COUNT; o++)
+        if (!seen[o]) fail_msg("%s never called through the table", op_names[o]);
+}
+
+static void test_backend_key(void **state) {
+    (void)state;
+    assert_ptr_equal(loom_backend_find("cpu"), loom_backend_cpu());
+    assert_null(loom_backend_find("cuda"));
+    assert_string_equal(loom_backend_cpu()->name, "cpu");
+    const char *vals[3] = {NULL, "cpu", "cuda"};
+    for (int i = 0; i < 3; i++) {
+        loom_config *cfg = loom_config_new();
+        loom_err err = {{0}};
+        assert_int_equal(loom_config_load_string(cfg, "model:\n  d_model: 16\n", "t.yaml", &err), 0);
+        if (vals[i]) loom_config_set(cfg, "model.backend", vals[i], "--set");
+        assert_int_equal(loom_config_apply_schema(cfg, loom_model_config_keys,
+                                                  loom_model_config_nkeys, &err), 0);
+        loom_model_config mc;
+        if (i < 2) {
+            if (loom_model_config_from(cfg, 8, &mc, &err)) fail_msg("%s", err.msg);
+            assert_ptr_equal(mc.backend, loom_backend_cpu());
+        } else {
+            TU_ASSERT_ERR(loom_model_config_from(cfg, 8, &mc, TU_ERR), "model.backend", "cuda",
+                          "unknown backend");
+        }
+        loom_config_free(cfg);
+    }
+    /* a zeroed config (backend NULL) gets the cpu table */
+    loom_model *m = NULL;
+    loom_err err = {{0}};
+    if (loom_model_create(&GPT2, NULL, B, T, &m, &err)) fail_msg("%s", err.msg);
+    assert_ptr_equal(loom_model_backend(m), loom_backend_cpu());
+    assert_ptr_equal(loom_model_get_config(m)->backend, loom_backend_cpu());
+    loom_model_free(m);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_model_calls_through_table),
+        cmocka_unit_test(test_backend_key),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
