@@ -45,7 +45,8 @@ class ModelConfig(ctypes.Structure):
                 ("d_model", ctypes.c_int), ("d_ff", ctypes.c_int),
                 ("norm_eps", ctypes.c_float), ("rope_theta", ctypes.c_float),
                 ("init_std", ctypes.c_float), ("head", ctypes.c_int),
-                ("num_classes", ctypes.c_int), ("attention", ctypes.c_int)]
+                ("num_classes", ctypes.c_int), ("attention", ctypes.c_int),
+                ("backend", ctypes.c_void_p)]  # const loom_backend *: None = the cpu table
 
 
 class TensorInfo(ctypes.Structure):
