@@ -322,7 +322,6 @@ void loom_model_free(loom_model *m) {
 }
 
 const loom_model_config *loom_model_get_config(const loom_model *m) { return &m->cfg; }
-
 const loom_backend *loom_model_backend(const loom_model *m) { return m->be; }
 size_t loom_model_num_params(const loom_model *m) { return m->n_params; }
 float *loom_model_params(loom_model *m) { return m->params; }
