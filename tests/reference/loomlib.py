@@ -139,3 +139,32 @@ def rel_err(got, ref):
     ref = np.asarray(ref, dtype=np.float64)
     scale = max(float(np.max(np.abs(ref))) if ref.size else 0.0, 1e-30)
     return float(np.max(np.abs(got - ref))) / scale if ref.size else 0.0
+
+
+# ---- checks shared by the reference tests ------------------------------------------------
+FAILURES = []  # what failed, in order; a test ends with exit status 1 when it is not empty
+
+
+def check(what, value, tol):
+    """An error measure against its tolerance (NaN fails); recorded in FAILURES when over."""
+    ok = bool(value <= tol)
+    print(f"  {'ok  ' if ok else 'FAIL'} {what}: {value:.3e} (tol {tol:.0e})")
+    if not ok:
+        FAILURES.append(f"{what}: {value:.3e} > {tol:.0e}")
+    return ok
+
+
+def expect(what, cond, detail=""):
+    """A condition that must hold; recorded in FAILURES when it does not."""
+    print(f"  {'ok  ' if cond else 'FAIL'} {what}{(': ' + detail) if detail else ''}")
+    if not cond:
+        FAILURES.append(f"{what} {detail}")
+    return cond
+
+
+def rel_max(a, ref):
+    """max |a - ref| / max |ref| (1 when ref is all zeros), in float64."""
+    a = np.asarray(a, dtype=np.float64)
+    ref = np.asarray(ref, dtype=np.float64)
+    scale = np.abs(ref).max()
+    return float(np.abs(a - ref).max() / (scale if scale > 0 else 1.0))

@@ -42,6 +42,7 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import torch_ref  # noqa: E402
+from loomlib import FAILURES, check, expect, rel_max  # noqa: E402
 
 TOL_STEP = 1e-5          # loss and pre-clip grad norm, |d| / |ref| per step
 TOL_LR = 1e-12           # lr, |d| / ref per step
@@ -88,31 +89,6 @@ def load_lib():
 
 
 LIB = load_lib()
-FAILURES = []
-
-
-def check(what, value, tol):
-    ok = bool(value <= tol)  # NaN fails
-    print(f"  {'ok  ' if ok else 'FAIL'} {what}: {value:.3e} (tol {tol:.0e})")
-    if not ok:
-        FAILURES.append(f"{what}: {value:.3e} > {tol:.0e}")
-    return ok
-
-
-def expect(what, cond, detail=""):
-    print(f"  {'ok  ' if cond else 'FAIL'} {what}{(': ' + detail) if detail else ''}")
-    if not cond:
-        FAILURES.append(f"{what} {detail}")
-    return cond
-
-
-def rel_max(a, ref):
-    a = np.asarray(a, dtype=np.float64)
-    ref = np.asarray(ref, dtype=np.float64)
-    scale = np.abs(ref).max()
-    return float(np.abs(a - ref).max() / (scale if scale > 0 else 1.0))
-
-
 def schedule_lr(step, lr, min_lr, warmup, total):
     """training.schedule = cosine, written out from docs/training.md: linear warmup over
     `warmup` steps (step + 1) / warmup, then cosine from lr to min_lr at `total`."""

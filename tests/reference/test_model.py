@@ -30,6 +30,7 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import torch_ref  # noqa: E402
+from loomlib import FAILURES, check, expect, rel_max  # noqa: E402
 
 TOL_LOGITS = 1e-5
 TOL_LOSS = 1e-6
@@ -98,31 +99,6 @@ def load_lib():
 
 
 LIB = load_lib()
-FAILURES = []
-
-
-def check(what, value, tol):
-    ok = bool(value <= tol)  # NaN fails
-    print(f"  {'ok  ' if ok else 'FAIL'} {what}: {value:.3e} (tol {tol:.0e})")
-    if not ok:
-        FAILURES.append(f"{what}: {value:.3e} > {tol:.0e}")
-    return ok
-
-
-def expect(what, cond, detail=""):
-    print(f"  {'ok  ' if cond else 'FAIL'} {what}{(': ' + detail) if detail else ''}")
-    if not cond:
-        FAILURES.append(f"{what} {detail}")
-    return cond
-
-
-def rel_max(a, ref):
-    a = np.asarray(a, dtype=np.float64)
-    ref = np.asarray(ref, dtype=np.float64)
-    scale = np.abs(ref).max()
-    return float(np.abs(a - ref).max() / (scale if scale > 0 else 1.0))
-
-
 class LoomModel:
     def __init__(self, cfg, B, T):
         c = torch_ref.normalize_config(cfg)
