@@ -54,7 +54,32 @@ const char *loom_ckpt_dir(const loom_ckpt *c);
 /* The files listed in the manifest, in manifest order. */
 int loom_ckpt_num_files(const loom_ckpt *c);
 const char *loom_ckpt_file_name(const loom_ckpt *c, int i);
-/* Contents of a verified file (owned by the handle, NUL-terminated); NULL if absent. */
+/* Contents of a verified file (owned by the handle, NUL-terminated); NULL if absent or
+ * deferred. */
 const char *loom_ckpt_file_data(const loom_ckpt *c, const char *name, size_t *len);
+
+/* loom_ckpt_open, except that the files for which defer(name) is nonzero are not read: open
+ * checks that they are regular files of the manifest's size and records their SHA-256; their
+ * bytes are read (and verified) only through a reader. Used by inference loads, which need
+ * the parameters of rank_*.safetensors and not the optimizer state beside them. */
+int loom_ckpt_open_ex(const char *step_dir, int (*defer)(const char *name), loom_ckpt **out,
+                      loom_err *err);
+int loom_ckpt_file_deferred(const loom_ckpt *c, const char *name);
+
+/* A reader streams one listed file front to back, once, through SHA-256: read copies the
+ * bytes [offset, offset + len) into dst (offset at or after the end of the previous read; the
+ * bytes between are hashed and dropped, through a 1 MiB buffer); finish hashes the rest and
+ * checks the size and the manifest's SHA-256 (an error naming the file otherwise). Every byte
+ * handed out is a byte that was hashed: a file changed between open and finish fails finish,
+ * and what was read before must then be discarded. See docs/checkpoints.md. */
+typedef struct loom_ckpt_reader loom_ckpt_reader;
+int loom_ckpt_reader_open(const loom_ckpt *c, const char *name, loom_ckpt_reader **out,
+                          loom_err *err);
+uint64_t loom_ckpt_reader_size(const loom_ckpt_reader *r);
+const char *loom_ckpt_reader_path(const loom_ckpt_reader *r);
+int loom_ckpt_reader_read(loom_ckpt_reader *r, uint64_t offset, void *dst, size_t len,
+                          loom_err *err);
+int loom_ckpt_reader_finish(loom_ckpt_reader *r, loom_err *err);
+void loom_ckpt_reader_close(loom_ckpt_reader *r);
 
 #endif

@@ -11,6 +11,8 @@
 #include "loom/parallel.h"
 
 /* "rank_00003.safetensors" */
+/* 1 for a piece file's name (rank_*.safetensors): what an inference load defers */
+int loom_pieces_is_file(const char *name);
 void loom_pieces_file_name(int rank, char *buf, size_t size);
 /* One safetensors buffer holding the pieces: each loom_dp_piece (a flat range of the rank's
  * box of a tensor) cut into boxes of the global tensor, tensor "<kind>/<tensor>/<o0>,<o1>"
@@ -23,6 +25,10 @@ int loom_pieces_serialize(const loom_dp_piece *p, int n, char **buf, size_t *len
  * errors name the file and the tensor. Tensors of the fused format (qkv_w, qkv_b, llama fc_w)
  * fill the split ones (docs/checkpoints.md). */
 int loom_pieces_fill(const loom_ckpt *ck, loom_dp_piece *needed, int n, loom_err *err);
+/* Piece files the checkpoint deferred (loom_ckpt_open_ex) are read once each, front to back,
+ * through their SHA-256: the needed byte ranges go straight into the pieces' memory, the rest
+ * (the other kinds, other ranks' boxes) is hashed and dropped. On a failed check the pieces'
+ * memory holds unverified bytes: the caller discards it (an error is returned). */
 /* Loads the parameters of a checkpoint into a model that has its own arenas. */
 int loom_pieces_load_params(const loom_ckpt *ck, loom_model *m, loom_err *err);
 

@@ -35,6 +35,15 @@ void loom_safetensors_close(loom_st_file *f);
 int loom_safetensors_count(const loom_st_file *f);
 /* the i-th tensor's name, in sorted name order */
 const char *loom_safetensors_name(const loom_st_file *f, int i);
+/* Parses a file's header alone: head holds the file's first bytes (at least 8 + the header
+ * length), file_len the whole file's size, against which every data offset is checked.
+ * Tensor data is then not reachable through get/read_into; locate gives where it lies. */
+int loom_safetensors_parse_header(const char *head, size_t head_len, uint64_t file_len,
+                                  const char *name, loom_st_file **out, loom_err *err);
+/* An F32 tensor's byte offset in the file (8 + header length + its begin), ndim, shape. */
+int loom_safetensors_locate(const loom_st_file *f, const char *name, uint64_t *file_offset,
+                            int *ndim, int64_t shape[8], loom_err *err);
+
 /* Looks a tensor up; returns -1 with an error naming the file when absent or not F32. */
 int loom_safetensors_get(const loom_st_file *f, const char *name, const float **data,
                          int *ndim, int64_t shape[8], loom_err *err);

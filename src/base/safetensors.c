@@ -58,8 +58,9 @@ typedef struct {
 
 struct loom_st_file {
     char *path;         /* for messages */
-    const char *data;   /* start of the data buffer */
+    const char *data;   /* start of the data buffer (NULL: parsed from the header alone) */
     size_t data_len;
+    uint64_t data_start; /* the data buffer's offset in the file: 8 + header length */
     st_entry *e;        /* sorted by begin */
     st_entry **by_name; /* sorted by name, for lookup */
     int n;
@@ -362,6 +363,7 @@ static int parse_into(loom_st_file *f, const char *buf, size_t len, const char *
                          name);
     f->data = buf + 8 + hl;
     f->data_len = len - 8 - (size_t)hl;
+    f->data_start = 8 + hl;
 
     json_error_t je;
     json_t *root = json_loadb(buf + 8, (size_t)hl, JSON_REJECT_DUPLICATES, &je);
@@ -420,6 +422,28 @@ int loom_safetensors_parse(const char *buf, size_t len, const char *name, loom_s
         st_free(f);
         return -1;
     }
+    *out = f;
+    return 0;
+}
+
+int loom_safetensors_parse_header(const char *head, size_t head_len, uint64_t file_len,
+                                  const char *name, loom_st_file **out, loom_err *err) {
+    *out = NULL;
+    if (!name) name = "<buffer>";
+    if (file_len > (uint64_t)SIZE_MAX) return loom_errf(err, "%s: file too large", name);
+    uint64_t hl = 0;
+    if (head && head_len >= 8) memcpy(&hl, head, 8);
+    /* parse_into reads the 8 length bytes and the header, nothing of the data buffer */
+    if (!head || head_len < 8 ||
+        (file_len >= 8 && hl <= file_len - 8 && hl <= ST_MAX_HEADER && head_len < 8 + hl))
+        return loom_errf(err, "%s: the header was not read in full", name);
+    loom_st_file *f = loom_calloc(1, sizeof *f);
+    f->path = loom_strdup(name);
+    if (parse_into(f, head, (size_t)file_len, name, err) != 0) {
+        st_free(f);
+        return -1;
+    }
+    f->data = NULL;
     *out = f;
     return 0;
 }
@@ -504,6 +528,9 @@ int loom_safetensors_get(const loom_st_file *f, const char *name, const float **
                          int *ndim, int64_t shape[8], loom_err *err) {
     const st_entry *e = find_f32(f, name, err);
     if (!e) return -1;
+    if (!f->data)
+        return loom_errf(err, "%s: tensor '%.200s': only the header was parsed (use "
+                              "loom_safetensors_locate)", f->path, name);
     const char *p = f->data + e->begin;
     if (((uintptr_t)p % sizeof(float)) != 0)
         return loom_errf(err,
@@ -515,6 +542,17 @@ int loom_safetensors_get(const loom_st_file *f, const char *name, const float **
     if (shape) {
         for (int d = 0; d < ST_MAX_NDIM; d++) shape[d] = d < e->ndim ? e->shape[d] : 0;
     }
+    return 0;
+}
+
+int loom_safetensors_locate(const loom_st_file *f, const char *name, uint64_t *file_offset,
+                            int *ndim, int64_t shape[8], loom_err *err) {
+    const st_entry *e = find_f32(f, name, err);
+    if (!e) return -1;
+    if (file_offset) *file_offset = f->data_start + e->begin;
+    if (ndim) *ndim = e->ndim;
+    if (shape)
+        for (int d = 0; d < ST_MAX_NDIM; d++) shape[d] = d < e->ndim ? e->shape[d] : 0;
     return 0;
 }
 
@@ -533,6 +571,8 @@ int loom_safetensors_read_into(const loom_st_file *f, const char *name, float *d
                          have, want);
     }
     size_t bytes = (size_t)(e->end - e->begin);
+    if (!f->data)
+        return loom_errf(err, "%s: tensor '%.200s': only the header was parsed", f->path, name);
     if (bytes) memcpy(dst, f->data + e->begin, bytes);
     return 0;
 }

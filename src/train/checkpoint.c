@@ -10,8 +10,10 @@
 
 #include <dirent.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <inttypes.h>
 #include <jansson.h>
+#include <openssl/evp.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
@@ -438,8 +440,11 @@ int loom_ckpt_resolve(const char *path, char *out_dir, size_t out_size, loom_err
 /* ---- opening ------------------------------------------------------------------------ */
 typedef struct {
     char *name;
-    char *data;
+    char *data; /* NULL when deferred */
     size_t len;
+    int deferred;   /* not read at open: verified while a reader streams it */
+    uint64_t bytes; /* the manifest's size and SHA-256 */
+    char sha[65];
 } ckpt_file;
 
 struct loom_ckpt {
@@ -447,6 +452,7 @@ struct loom_ckpt {
     int64_t step;
     ckpt_file *files;
     int n;
+    int (*defer)(const char *name);
 };
 
 void loom_ckpt_close(loom_ckpt *c) {
@@ -477,6 +483,12 @@ const char *loom_ckpt_file_data(const loom_ckpt *c, const char *name, size_t *le
             return c->files[i].data;
         }
     return NULL;
+}
+
+int loom_ckpt_file_deferred(const loom_ckpt *c, const char *name) {
+    for (int i = 0; i < c->n; i++)
+        if (strcmp(c->files[i].name, name) == 0) return c->files[i].deferred;
+    return 0;
 }
 
 static int is_hex64(const char *s) {
@@ -520,6 +532,14 @@ static int load_file(loom_ckpt *c, const char *name, json_t *ent, loom_err *err)
                          " bytes, file has %lld) — the checkpoint is corrupt",
                          path, want_bytes, (long long)st.st_size);
     if (want_bytes > (uint64_t)SIZE_MAX - 1) return loom_errf(err, "%s: too large", path);
+    if (c->defer && c->defer(name)) { /* read (and hashed) later, by a reader */
+        ckpt_file *f = &c->files[c->n++];
+        f->name = loom_strdup(name);
+        f->deferred = 1;
+        f->bytes = want_bytes;
+        memcpy(f->sha, want_sha, 65);
+        return 0;
+    }
     char *data = NULL;
     size_t len = 0;
     if (loom_read_file(path, (size_t)want_bytes, &data, &len, err) != 0) return -1;
@@ -536,10 +556,17 @@ static int load_file(loom_ckpt *c, const char *name, json_t *ent, loom_err *err)
     f->name = loom_strdup(name);
     f->data = data;
     f->len = len;
+    f->bytes = want_bytes;
+    memcpy(f->sha, want_sha, 65);
     return 0;
 }
 
 int loom_ckpt_open(const char *step_dir, loom_ckpt **out, loom_err *err) {
+    return loom_ckpt_open_ex(step_dir, NULL, out, err);
+}
+
+int loom_ckpt_open_ex(const char *step_dir, int (*defer)(const char *name), loom_ckpt **out,
+                      loom_err *err) {
     *out = NULL;
     if (!step_dir || !*step_dir) return loom_errf(err, "checkpoint: empty path");
     if (!loom_is_dir(step_dir))
@@ -557,6 +584,7 @@ int loom_ckpt_open(const char *step_dir, loom_ckpt **out, loom_err *err) {
     json_t *root = NULL;
     loom_ckpt *c = loom_calloc(1, sizeof *c);
     c->dir = loom_strdup(step_dir);
+    c->defer = defer;
 
     if (loom_read_file(path, 4096, &marker, &marker_len, err) != 0) goto done;
     loom_pathf(path, sizeof path, "%s/%s", step_dir, MANIFEST);
@@ -617,4 +645,127 @@ done:
     free(marker);
     loom_ckpt_close(c);
     return rc;
+}
+
+/* ---- streaming a file through its SHA-256 ----------------------------------------------- */
+#define READER_CHUNK ((size_t)1 << 20)
+
+struct loom_ckpt_reader {
+    int fd;
+    char path[CKPT_PATH];
+    uint64_t bytes, pos;
+    char sha[65];
+    EVP_MD_CTX *ctx;
+    char *chunk; /* for the bytes nobody asked for: hashed and dropped */
+};
+
+void loom_ckpt_reader_close(loom_ckpt_reader *r) {
+    if (!r) return;
+    if (r->fd >= 0) close(r->fd);
+    EVP_MD_CTX_free(r->ctx);
+    free(r->chunk);
+    free(r);
+}
+
+uint64_t loom_ckpt_reader_size(const loom_ckpt_reader *r) { return r->bytes; }
+const char *loom_ckpt_reader_path(const loom_ckpt_reader *r) { return r->path; }
+
+int loom_ckpt_reader_open(const loom_ckpt *c, const char *name, loom_ckpt_reader **out,
+                          loom_err *err) {
+    *out = NULL;
+    const ckpt_file *f = NULL;
+    for (int i = 0; i < c->n && !f; i++)
+        if (strcmp(c->files[i].name, name) == 0) f = &c->files[i];
+    if (!f) return loom_errf(err, "%s: checkpoint lists no file '%.200s'", c->dir, name);
+    loom_ckpt_reader *r = loom_calloc(1, sizeof *r);
+    r->fd = -1;
+    r->bytes = f->bytes;
+    memcpy(r->sha, f->sha, 65);
+    loom_pathf(r->path, sizeof r->path, "%s/%s", c->dir, name);
+    r->fd = open(r->path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
+    struct stat st;
+    if (r->fd < 0) {
+        loom_errf(err, "%s: cannot open: %s — the checkpoint is incomplete or corrupt", r->path,
+                  strerror(errno));
+        goto fail;
+    }
+    if (fstat(r->fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+        loom_errf(err, "%s: not a regular file (checkpoint files may not be links)", r->path);
+        goto fail;
+    }
+    if ((uint64_t)st.st_size != r->bytes) {
+        loom_errf(err, "%s: size mismatch (manifest says %" PRIu64 " bytes, file has %lld) — the "
+                       "checkpoint is corrupt", r->path, r->bytes, (long long)st.st_size);
+        goto fail;
+    }
+    (void)posix_fadvise(r->fd, 0, 0, POSIX_FADV_SEQUENTIAL);
+    r->ctx = EVP_MD_CTX_new();
+    LOOM_CHECK(r->ctx && EVP_DigestInit_ex(r->ctx, EVP_sha256(), NULL) == 1);
+    *out = r;
+    return 0;
+fail:
+    loom_ckpt_reader_close(r);
+    return -1;
+}
+
+/* reads exactly len bytes at the current position into dst and hashes them */
+static int reader_take(loom_ckpt_reader *r, char *dst, size_t len, loom_err *err) {
+    size_t got = 0;
+    while (got < len) {
+        ssize_t k = read(r->fd, dst + got, len - got);
+        if (k < 0 && errno == EINTR) continue;
+        if (k < 0) return loom_errf(err, "%s: read error: %s", r->path, strerror(errno));
+        if (k == 0)
+            return loom_errf(err, "%s: ends at byte %" PRIu64 ", the manifest says %" PRIu64
+                                  " bytes (changed while being read?) — the checkpoint is corrupt",
+                             r->path, r->pos + got, r->bytes);
+        got += (size_t)k;
+    }
+    LOOM_CHECK(EVP_DigestUpdate(r->ctx, dst, len) == 1);
+    r->pos += len;
+    return 0;
+}
+
+/* hashes and drops the bytes up to offset `to` */
+static int reader_skip(loom_ckpt_reader *r, uint64_t to, loom_err *err) {
+    if (to > r->pos && !r->chunk) r->chunk = loom_malloc(READER_CHUNK);
+    while (r->pos < to) {
+        const uint64_t left = to - r->pos;
+        if (reader_take(r, r->chunk, left < READER_CHUNK ? (size_t)left : READER_CHUNK, err))
+            return -1;
+    }
+    return 0;
+}
+
+int loom_ckpt_reader_read(loom_ckpt_reader *r, uint64_t offset, void *dst, size_t len,
+                          loom_err *err) {
+    if (offset < r->pos || offset > r->bytes || len > r->bytes - offset)
+        return loom_errf(err, "%s: bytes [%" PRIu64 ", +%zu) are behind the reader (at %" PRIu64
+                              ") or past the file's %" PRIu64 " bytes",
+                         r->path, offset, len, r->pos, r->bytes);
+    if (reader_skip(r, offset, err)) return -1;
+    return reader_take(r, dst, len, err);
+}
+
+int loom_ckpt_reader_finish(loom_ckpt_reader *r, loom_err *err) {
+    if (reader_skip(r, r->bytes, err)) return -1;
+    char extra;
+    ssize_t k;
+    while ((k = read(r->fd, &extra, 1)) < 0 && errno == EINTR) {
+    }
+    if (k != 0)
+        return loom_errf(err, "%s: %s after the manifest's %" PRIu64 " bytes (changed while being "
+                              "read?) — the checkpoint is corrupt",
+                         r->path, k > 0 ? "more bytes" : "read error", r->bytes);
+    unsigned char md[32];
+    unsigned int mdlen = 0;
+    LOOM_CHECK(EVP_DigestFinal_ex(r->ctx, md, &mdlen) == 1 && mdlen == 32);
+    char hex[65];
+    for (int i = 0; i < 32; i++) snprintf(hex + 2 * i, 3, "%02x", md[i]);
+    if (strcmp(hex, r->sha) != 0)
+        return loom_errf(err,
+                         "%s: SHA-256 mismatch (manifest says %s, file has %s) — the "
+                         "checkpoint is corrupt",
+                         r->path, r->sha, hex);
+    return 0;
 }

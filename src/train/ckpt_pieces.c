@@ -18,7 +18,7 @@ void loom_pieces_file_name(int rank, char *buf, size_t size) {
     loom_pathf(buf, size, "rank_%05d.safetensors", rank);
 }
 
-static int is_piece_file(const char *name) {
+int loom_pieces_is_file(const char *name) {
     size_t n = strlen(name);
     return strncmp(name, "rank_", 5) == 0 && n > 17 && strcmp(name + n - 12, ".safetensors") == 0;
 }
@@ -189,7 +189,8 @@ typedef struct src_piece {
     char tensor[64];
     int ndim;
     box b;              /* in the global tensor (b.start unused) */
-    const float *data;
+    const float *data;  /* the box's element 0 in memory, or NULL: */
+    uint64_t foff;      /* its byte offset in a deferred file (read through a reader) */
     const char *file;
     int fidx;
 } src_piece;
@@ -270,7 +271,7 @@ static void push_src(src_piece **src, size_t *nsrc, size_t *cap, const src_piece
 }
 
 /* Reads the pieces of one file into src (boxes); v1 flat ranges are cut into boxes. */
-static int read_file(loom_st_file *f, const char *fname, int fidx, const char *where,
+static int read_file(loom_st_file *f, int deferred, const char *fname, int fidx, const char *where,
                      src_piece **src, size_t *nsrc, size_t *cap, loom_err *err) {
     const char *fmt = loom_safetensors_metadata(f, "format");
     const int v1 = fmt && !strcmp(fmt, FORMAT_V1), v2 = fmt && !strcmp(fmt, FORMAT_V2);
@@ -301,7 +302,9 @@ static int read_file(loom_st_file *f, const char *fname, int fidx, const char *w
         }
         int nd;
         int64_t shape[8];
-        if (loom_safetensors_get(f, name, &sp.data, &nd, shape, err)) return -1;
+        if (deferred ? loom_safetensors_locate(f, name, &sp.foff, &nd, shape, err)
+                     : loom_safetensors_get(f, name, &sp.data, &nd, shape, err))
+            return -1;
         sp.ndim = gnd;
         if (v1) { /* a flat range of the whole tensor */
             if (nd != 1) return loom_errf(err, "%s: piece '%.100s' is not 1-D", where, name);
@@ -315,9 +318,11 @@ static int read_file(loom_st_file *f, const char *fname, int fidx, const char *w
             const int nb = cut(gnd, zero, gshape, 0, tmpl, (int64_t)b, (int64_t)b + shape[0],
                                0, bx, 0);
             const float *base = sp.data;
+            const uint64_t base_off = sp.foff;
             for (int k = 0; k < nb; k++) {
                 sp.b = bx[k];
-                sp.data = base + (bx[k].start - (int64_t)b);
+                if (base) sp.data = base + (bx[k].start - (int64_t)b);
+                sp.foff = base_off + (uint64_t)(bx[k].start - (int64_t)b) * sizeof(float);
                 push_src(src, nsrc, cap, &sp);
             }
             continue;
@@ -349,22 +354,113 @@ static int shape_matches(const loom_st_file *f, const char *tensor, int ndim, co
     return 1;
 }
 
+
+/* ---- deferred files: reading the needed byte ranges in one pass ------------------------- */
+
+/* bytes [off, off + len) of deferred file fidx go to dst */
+typedef struct run {
+    int fidx;
+    uint64_t off;
+    size_t len;
+    char *dst;
+} run;
+
+typedef struct runs {
+    run *r;
+    size_t n, cap;
+} runs;
+
+static void push_run(runs *rs, int fidx, uint64_t off, size_t len, char *dst) {
+    if (rs->n) { /* contiguous in the file and in memory: one run */
+        run *last = &rs->r[rs->n - 1];
+        if (last->fidx == fidx && last->off + last->len == off && last->dst + last->len == dst) {
+            last->len += len;
+            return;
+        }
+    }
+    if (rs->n == rs->cap) {
+        rs->cap = rs->cap ? 2 * rs->cap : 256;
+        rs->r = loom_realloc(rs->r, rs->cap * sizeof *rs->r);
+    }
+    rs->r[rs->n++] = (run){fidx, off, len, dst};
+}
+
+static int cmp_run(const void *a, const void *b) {
+    const run *x = a, *y = b;
+    if (x->fidx != y->fidx) return x->fidx - y->fidx;
+    return x->off < y->off ? -1 : x->off > y->off;
+}
+
+/* copy_region for a source box in a deferred file: the row runs of [lo, hi), in order */
+static void region_runs(int ndim, const int64_t *lo, const int64_t *hi, const src_piece *s,
+                        const box *t, float *td, runs *rs) {
+    int64_t idx[MAXD];
+    for (int d = 0; d < ndim; d++) idx[d] = lo[d];
+    const int last = ndim - 1;
+    const size_t run_len = (size_t)(hi[last] - lo[last]) * sizeof(float);
+    for (;;) {
+        int64_t so = 0, to = 0;
+        for (int d = 0; d < ndim; d++) {
+            so = so * s->b.len[d] + (idx[d] - s->b.off[d]);
+            to = to * t->len[d] + (idx[d] - t->off[d]);
+        }
+        push_run(rs, s->fidx, s->foff + (uint64_t)so * sizeof(float), run_len,
+                 (char *)(td + to));
+        int d = last - 1;
+        for (; d >= 0; d--) {
+            if (++idx[d] < hi[d]) break;
+            idx[d] = lo[d];
+        }
+        if (d < 0) break;
+    }
+}
+
+/* Opens a reader on a deferred piece file and parses its header (the file's first bytes,
+ * hashed as the start of the one pass). */
+static int open_deferred(const loom_ckpt *ck, const char *fname, const char *where,
+                         loom_ckpt_reader **rd, loom_st_file **st, loom_err *err) {
+    if (loom_ckpt_reader_open(ck, fname, rd, err)) return -1;
+    const uint64_t size = loom_ckpt_reader_size(*rd);
+    if (size < 8)
+        return loom_errf(err, "%s: file is %" PRIu64 " bytes, too short for the 8-byte header "
+                              "length", where, size);
+    char len8[8];
+    if (loom_ckpt_reader_read(*rd, 0, len8, 8, err)) return -1;
+    uint64_t hl;
+    memcpy(&hl, len8, 8);
+    if (hl > size - 8 || hl > ((uint64_t)100 << 20)) /* parse_header names the problem */
+        return loom_safetensors_parse_header(len8, 8, size, where, st, err);
+    char *head = loom_malloc((size_t)hl + 8);
+    memcpy(head, len8, 8);
+    int rc = loom_ckpt_reader_read(*rd, 8, head + 8, (size_t)hl, err);
+    if (rc == 0) rc = loom_safetensors_parse_header(head, (size_t)hl + 8, size, where, st, err);
+    free(head);
+    return rc;
+}
+
 int loom_pieces_fill(const loom_ckpt *ck, loom_dp_piece *needed, int n, loom_err *err) {
     const int nf = loom_ckpt_num_files(ck);
     loom_st_file **files = loom_calloc((size_t)nf + 1, sizeof *files);
+    loom_ckpt_reader **readers = loom_calloc((size_t)nf + 1, sizeof *readers);
+    runs rs = {0};
     src_piece *src = NULL;
     size_t nsrc = 0, cap = 0;
     int rc = -1, any = 0;
     char where[4400];
     for (int f = 0; f < nf; f++) {
         const char *fname = loom_ckpt_file_name(ck, f);
-        if (!is_piece_file(fname)) continue;
+        if (!loom_pieces_is_file(fname)) continue;
         any = 1;
         size_t len;
-        const char *buf = loom_ckpt_file_data(ck, fname, &len);
+        const int deferred = loom_ckpt_file_deferred(ck, fname);
         loom_pathf(where, sizeof where, "%s/%s", loom_ckpt_dir(ck), fname);
-        if (loom_safetensors_parse(buf, len, where, &files[f], err)) goto done;
-        if (read_file(files[f], fname, f, where, &src, &nsrc, &cap, err)) goto done;
+        if (deferred) {
+            if (open_deferred(ck, fname, where, &readers[f], &files[f], err)) goto done;
+        } else {
+            const char *buf = loom_ckpt_file_data(ck, fname, &len);
+            if (loom_safetensors_parse(buf, len, where, &files[f], err)) goto done;
+        }
+        if (read_file(files[f], deferred, fname, f, where, &src, &nsrc, &cap, err)) goto done;
     }
     if (!any) {
         loom_errf(err, "%s: checkpoint has no rank_*.safetensors piece files", loom_ckpt_dir(ck));
@@ -420,8 +516,13 @@ int loom_pieces_fill(const loom_ckpt *ck, loom_dp_piece *needed, int n, loom_err
             for (int b = 0; b < nd; b++) {
                 int64_t lo[MAXD], hi[MAXD];
                 if (!intersect(t->ndim, &sb, &dst[b], lo, hi)) continue;
-                copy_region(t->ndim, lo, hi, &sb, s->data, &dst[b],
-                            p->data + (dst[b].start - (int64_t)p->begin));
+                float *td = p->data + (dst[b].start - (int64_t)p->begin);
+                if (s->data) copy_region(t->ndim, lo, hi, &sb, s->data, &dst[b], td);
+                else {
+                    src_piece ss = *s;
+                    ss.b = sb;
+                    region_runs(t->ndim, lo, hi, &ss, &dst[b], td, &rs);
+                }
                 int64_t v = 1;
                 for (int d = 0; d < t->ndim; d++) v *= hi[d] - lo[d];
                 covered += (uint64_t)v;
@@ -434,9 +535,24 @@ int loom_pieces_fill(const loom_ckpt *ck, loom_dp_piece *needed, int n, loom_err
             goto done;
         }
     }
+    /* the deferred files, each front to back once: the needed ranges straight into place,
+     * everything else hashed and dropped, then the SHA-256 checked */
+    if (rs.n) qsort(rs.r, rs.n, sizeof *rs.r, cmp_run);
+    for (int f = 0, i = 0; f < nf; f++) {
+        if (!readers[f]) continue;
+        for (; i < (int)rs.n && rs.r[i].fidx == f; i++)
+            if (loom_ckpt_reader_read(readers[f], rs.r[i].off, rs.r[i].dst, rs.r[i].len, err))
+                goto done;
+        if (loom_ckpt_reader_finish(readers[f], err)) goto done;
+    }
     rc = 0;
 done:
-    for (int f = 0; f < nf; f++) loom_safetensors_close(files[f]);
+    for (int f = 0; f < nf; f++) {
+        loom_safetensors_close(files[f]);
+        loom_ckpt_reader_close(readers[f]);
+    }
+    free(readers);
+    free(rs.r);
     free(files);
     free(src);
     return rc;

@@ -20,7 +20,8 @@ int loom_load_model_ex(const char *path, int B, int T_train, loom_model **out,
     loom_config *cfg = NULL;
     loom_model *m = NULL;
     int rc = -1;
-    if (loom_ckpt_resolve(path, dir, sizeof dir, err) || loom_ckpt_open(dir, &ck, err)) return -1;
+    if (loom_ckpt_resolve(path, dir, sizeof dir, err) || loom_ckpt_open_ex(dir, loom_pieces_is_file, &ck, err))
+        return -1; /* the piece files are read by load_params: parameters only, one pass */
     size_t clen;
     const char *ctext = loom_ckpt_file_data(ck, "config.yaml", &clen);
     if (!ctext) {

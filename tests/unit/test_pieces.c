@@ -4,6 +4,9 @@
  * is not a piece file. Runs under ASan/UBSan. */
 #include "testutil.h"
 
+#include <sys/stat.h>
+#include <unistd.h>
+
 #include "loom/ckpt_pieces.h"
 #include "loom/comm.h"
 
@@ -48,19 +51,30 @@ static void save(const char *root, int64_t step, int nfiles, const char **names,
     for (int i = 0; i < nfiles; i++) free(bufs[i]);
 }
 
+/* 1: the tests open checkpoints as an inference load does, piece files deferred (read
+ * through a reader, once, by loom_pieces_fill) */
+static int g_defer;
+
 static loom_ckpt *open_step(const char *root, int64_t step) {
     char dir[512];
     loom_ckpt *ck = NULL;
     loom_err err = {{0}};
     loom_pathf(dir, sizeof dir, "%s/step_%07lld", root, (long long)step);
-    assert_int_equal(loom_ckpt_open(dir, &ck, &err), 0);
+    if (loom_ckpt_open_ex(dir, g_defer ? loom_pieces_is_file : NULL, &ck, &err))
+        fail_msg("%s", err.msg);
+    for (int i = 0; g_defer && i < loom_ckpt_num_files(ck); i++) { /* no piece file read */
+        const char *name = loom_ckpt_file_name(ck, i);
+        size_t len;
+        assert_int_equal(loom_ckpt_file_deferred(ck, name), loom_pieces_is_file(name));
+        if (loom_pieces_is_file(name)) assert_null(loom_ckpt_file_data(ck, name, &len));
+    }
     return ck;
 }
 
 static void test_round_trip_across_stages(void **state) {
     (void)state;
     char root[512];
-    tu_path(root, sizeof root, "rt");
+    tu_path(root, sizeof root, g_defer ? "rt_deferred" : "rt");
     for (int zs = 0; zs < 4; zs++) {
         fixture a, b;
         make(&a, &CFG, zs, 11);
@@ -96,7 +110,7 @@ static void test_round_trip_across_stages(void **state) {
 static void test_hostile(void **state) {
     (void)state;
     char root[512];
-    tu_path(root, sizeof root, "bad");
+    tu_path(root, sizeof root, g_defer ? "bad_deferred" : "bad");
     fixture a;
     make(&a, &CFG, 0, 5);
     int n;
@@ -246,7 +260,7 @@ static v1_piece as_v1(const loom_dp_piece *p) {
 static void test_v1_format_loads(void **state) {
     (void)state;
     char root[512];
-    tu_path(root, sizeof root, "v1");
+    tu_path(root, sizeof root, g_defer ? "v1_deferred" : "v1");
     for (int zs = 0; zs < 4; zs += 3) {
         fixture a;
         make(&a, &CFG, zs, 11);
@@ -382,7 +396,7 @@ static void make_view(fixture *f, const loom_model_config *cfg, int tp, int rank
 static void test_tp_boxes(void **state) {
     (void)state;
     char root[512];
-    tu_path(root, sizeof root, "boxes");
+    tu_path(root, sizeof root, g_defer ? "boxes_deferred" : "boxes");
     const loom_model_config cfgs[2] = {
         CFG,
         {.flavor = LOOM_FLAVOR_LLAMA, .vocab_size = 64, .max_seq_len = 8, .n_layer = 2,
@@ -465,6 +479,132 @@ static void test_tp_boxes(void **state) {
         }
 }
 
+/* The same loads with the piece files deferred: every element read straight from the file
+ * into place (boxes cut at arbitrary flat positions, v1 ranges, tp boxes) */
+static void test_deferred_round_trip(void **state) {
+    g_defer = 1;
+    test_round_trip_across_stages(state);
+    g_defer = 0;
+}
+static void test_deferred_v1(void **state) {
+    g_defer = 1;
+    test_v1_format_loads(state);
+    g_defer = 0;
+}
+static void test_deferred_tp_boxes(void **state) {
+    g_defer = 1;
+    test_tp_boxes(state);
+    g_defer = 0;
+}
+static void test_deferred_hostile(void **state) {
+    g_defer = 1;
+    test_hostile(state);
+    g_defer = 0;
+}
+
+/* writes byte b at offset off of path (in place, same size) */
+static void poke(const char *path, long off, int b) {
+    FILE *fp = fopen(path, "r+b");
+    assert_non_null(fp);
+    assert_int_equal(fseek(fp, off, SEEK_SET), 0);
+    assert_int_equal(fputc(b, fp), b);
+    assert_int_equal(fclose(fp), 0);
+}
+
+static long file_size(const char *path) {
+    struct stat st;
+    assert_int_equal(stat(path, &st), 0);
+    return (long)st.st_size;
+}
+
+/* An inference load (parameters only) of a deferred checkpoint: the parameters equal the
+ * saved ones; a byte changed anywhere in the file (in the moments, which are not kept; in a
+ * parameter; after open: the TOCTOU case) or a file cut or grown after open is refused with
+ * the file named, and nothing is read twice. */
+static void test_deferred_params_only(void **state) {
+    (void)state;
+    char root[512], dir[600], path[700];
+    tu_path(root, sizeof root, "infer");
+    fixture a;
+    make(&a, &CFG, 0, 11);
+    int n;
+    loom_dp_piece *p = loom_dp_pieces(a.dp, &n);
+    for (int i = 0; i < n; i++)
+        for (size_t k = 0; k < p[i].count && p[i].kind > 0; k++) p[i].data[k] = 0.25f * (float)k;
+    const char *names[] = {"rank_00000.safetensors"};
+    save(root, 1, 1, names, &p, &n);
+    loom_pathf(dir, sizeof dir, "%s/step_0000001", root);
+    loom_pathf(path, sizeof path, "%s/rank_00000.safetensors", dir);
+    const long size = file_size(path);
+    loom_err err = {{0}};
+    loom_model *m = NULL;
+    assert_int_equal(loom_model_create_view(&CFG, NULL, 1, 4, LOOM_MODEL_INFER, &m, &err), 0);
+    const size_t pbytes = loom_model_num_params(m) * sizeof(float);
+
+    g_defer = 1;
+    loom_ckpt *ck = open_step(root, 1);
+    if (loom_pieces_load_params(ck, m, &err)) fail_msg("%s", err.msg);
+    size_t seen = 0; /* every parameter as saved */
+    for (int i = 0; i < n; i++)
+        if (p[i].kind == 0) {
+            assert_memory_equal(loom_model_params(m) + p[i].tensor->offset + p[i].begin,
+                                p[i].data, p[i].count * sizeof(float));
+            seen += p[i].count * sizeof(float);
+        }
+    assert_int_equal(seen, pbytes);
+    loom_ckpt_close(ck);
+
+    /* the moments lie after the parameters in the file: flip the last byte */
+    ck = open_step(root, 1);
+    poke(path, size - 1, 0x5a);
+    TU_ASSERT_ERR(loom_pieces_load_params(ck, m, TU_ERR), path, "SHA-256 mismatch", "corrupt");
+    loom_ckpt_close(ck);
+    TU_ASSERT_ERR(loom_ckpt_open(dir, &ck, TU_ERR), path, "SHA-256 mismatch");
+
+    /* changed between open and the read: what was read is refused */
+    save(root, 2, 1, names, &p, &n);
+    loom_pathf(dir, sizeof dir, "%s/step_0000002", root);
+    loom_pathf(path, sizeof path, "%s/rank_00000.safetensors", dir);
+    ck = open_step(root, 2);
+    poke(path, size / 2, 0x33);
+    TU_ASSERT_ERR(loom_pieces_load_params(ck, m, TU_ERR), path, "SHA-256 mismatch");
+    loom_ckpt_close(ck);
+
+    /* cut or grown after open */
+    save(root, 3, 1, names, &p, &n);
+    loom_pathf(dir, sizeof dir, "%s/step_0000003", root);
+    loom_pathf(path, sizeof path, "%s/rank_00000.safetensors", dir);
+    ck = open_step(root, 3);
+    assert_int_equal(truncate(path, size - 8), 0);
+    TU_ASSERT_ERR(loom_pieces_load_params(ck, m, TU_ERR), path, "size mismatch");
+    assert_int_equal(truncate(path, size + 8), 0);
+    TU_ASSERT_ERR(loom_pieces_load_params(ck, m, TU_ERR), path, "size mismatch");
+    loom_ckpt_close(ck);
+    /* cut before open: refused at open, as the eager open does */
+    assert_int_equal(truncate(path, 100), 0);
+    TU_ASSERT_ERR(loom_ckpt_open_ex(dir, loom_pieces_is_file, &ck, TU_ERR), path, "size mismatch");
+    g_defer = 0;
+
+    /* the reader refuses going backwards or past the end */
+    save(root, 4, 1, names, &p, &n);
+    loom_pathf(dir, sizeof dir, "%s/step_0000004", root);
+    assert_int_equal(loom_ckpt_open_ex(dir, loom_pieces_is_file, &ck, &err), 0);
+    loom_ckpt_reader *rd = NULL;
+    char b8[8];
+    assert_int_equal(loom_ckpt_reader_open(ck, "rank_00000.safetensors", &rd, &err), 0);
+    assert_int_equal(loom_ckpt_reader_read(rd, 16, b8, 8, &err), 0);
+    TU_ASSERT_ERR(loom_ckpt_reader_read(rd, 0, b8, 8, TU_ERR), "rank_00000", "behind");
+    TU_ASSERT_ERR(loom_ckpt_reader_read(rd, (uint64_t)size - 4, b8, 8, TU_ERR), "past");
+    assert_int_equal(loom_ckpt_reader_finish(rd, &err), 0);
+    loom_ckpt_reader_close(rd);
+    TU_ASSERT_ERR(loom_ckpt_reader_open(ck, "nope.bin", &rd, TU_ERR), "nope.bin");
+    loom_ckpt_close(ck);
+
+    loom_model_free(m);
+    free(p);
+    unmake(&a);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_round_trip_across_stages),
@@ -472,6 +612,11 @@ int main(void) {
         cmocka_unit_test(test_v1_format_loads),
         cmocka_unit_test(test_fused_format_converts),
         cmocka_unit_test(test_tp_boxes),
+        cmocka_unit_test(test_deferred_round_trip),
+        cmocka_unit_test(test_deferred_v1),
+        cmocka_unit_test(test_deferred_tp_boxes),
+        cmocka_unit_test(test_deferred_hostile),
+        cmocka_unit_test(test_deferred_params_only),
     };
     return cmocka_run_group_tests(tests, tu_setup_tmpdir, tu_teardown_tmpdir);
 }
