@@ -717,7 +717,8 @@ static int reader_take(loom_ckpt_reader *r, char *dst, size_t len, loom_err *err
         if (k < 0) return loom_errf(err, "%s: read error: %s", r->path, strerror(errno));
         if (k == 0)
             return loom_errf(err, "%s: ends at byte %" PRIu64 ", the manifest says %" PRIu64
-                                  " bytes (changed while being read?) — the checkpoint is corrupt",
+                                  " bytes (changed while being read?) — the checkpoint is "
+                                  "corrupt",
                              r->path, r->pos + got, r->bytes);
         got += (size_t)k;
     }

@@ -271,8 +271,8 @@ static void push_src(src_piece **src, size_t *nsrc, size_t *cap, const src_piece
 }
 
 /* Reads the pieces of one file into src (boxes); v1 flat ranges are cut into boxes. */
-static int read_file(loom_st_file *f, int deferred, const char *fname, int fidx, const char *where,
-                     src_piece **src, size_t *nsrc, size_t *cap, loom_err *err) {
+static int read_file(loom_st_file *f, int deferred, const char *fname, int fidx,
+                     const char *where, src_piece **src, size_t *nsrc, size_t *cap, loom_err *err) {
     const char *fmt = loom_safetensors_metadata(f, "format");
     const int v1 = fmt && !strcmp(fmt, FORMAT_V1), v2 = fmt && !strcmp(fmt, FORMAT_V2);
     if (!v1 && !v2)
