@@ -94,6 +94,9 @@ for n, rss in rows:
 lines += ["", "before: the checkpoint reader held the whole rank file in memory to verify it; "
           "after: it streams the file once through SHA-256, reading only the parameters' bytes "
           "into the model (docs/checkpoints.md)."] if before else []
+lines += ["", f"RSS counts touched pages: the KV cache is allocated whole, but {tokens} tokens "
+          "after the prompt touch only their positions; filling all of them would add at most "
+          f"the KV cache's {kv / G:.3f} GiB to a row."]
 text = "\n".join(lines) + "\n"
 print(text)
 if write:
