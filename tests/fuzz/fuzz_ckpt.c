@@ -5,9 +5,11 @@
  * rank_00000.safetensors, and the harness writes the manifest.json and COMPLETE that match
  * it (so every input gets past the SHA-256 checks to the safetensors and piece parsing).
  * Bit 0 set: the file is manifest.json, beside a valid piece file, with COMPLETE holding its
- * SHA-256. Then loom_ckpt_open, and loom_pieces_fill for the tiny model of fuzz_common.h. */
+ * SHA-256. Then loom_ckpt_open, and loom_pieces_fill for the tiny model of fuzz_common.h; then
+ * the same with the piece file deferred (loom_ckpt_open_ex), which must fill the same. */
 #include "fuzz_common.h"
 #include "loom/checkpoint.h"
+#include "loom/ckpt_pieces.h"
 
 static char dir[600];
 static char *fixture;
@@ -51,22 +53,37 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     put("COMPLETE", hex, 65);
     free(manifest);
 
+    /* the eager open (training resume) and the deferred one (inference loads: the piece
+     * file streamed through its SHA-256 by loom_pieces_fill) must agree: whatever the eager
+     * path fills, the deferred path fills the same (it may accept more: it does not need the
+     * tensors 4-byte aligned in memory) */
     loom_ckpt *ck = NULL;
     loom_err err;
+    float buf[300], buf2[300];
+    loom_dp_piece need[FUZZ_N_NEEDED];
+    int rc_eager = -1;
     if (loom_ckpt_open(dir, &ck, &err) != 0) {
         FUZZ_REQUIRE(ck == NULL && err.msg[0] != 0);
+    } else {
+        FUZZ_REQUIRE(loom_ckpt_step(ck) == 1);
+        for (int i = 0; i < loom_ckpt_num_files(ck); i++) {
+            size_t len = 0;
+            FUZZ_REQUIRE(loom_ckpt_file_data(ck, loom_ckpt_file_name(ck, i), &len) != NULL);
+        }
+        memset(buf, 0, sizeof buf);
+        fuzz_needed_pieces(need, buf);
+        rc_eager = loom_pieces_fill(ck, need, FUZZ_N_NEEDED, &err);
+        loom_ckpt_close(ck);
+    }
+    ck = NULL;
+    if (loom_ckpt_open_ex(dir, loom_pieces_is_file, &ck, &err) != 0) {
+        FUZZ_REQUIRE(ck == NULL && err.msg[0] != 0 && rc_eager != 0);
         return 0;
     }
-    FUZZ_REQUIRE(loom_ckpt_step(ck) == 1);
-    for (int i = 0; i < loom_ckpt_num_files(ck); i++) {
-        size_t len = 0;
-        FUZZ_REQUIRE(loom_ckpt_file_data(ck, loom_ckpt_file_name(ck, i), &len) != NULL);
-    }
-    float buf[300];
-    memset(buf, 0, sizeof buf);
-    loom_dp_piece need[FUZZ_N_NEEDED];
-    fuzz_needed_pieces(need, buf);
-    (void)loom_pieces_fill(ck, need, FUZZ_N_NEEDED, &err);
+    memset(buf2, 0, sizeof buf2);
+    fuzz_needed_pieces(need, buf2);
+    const int rc_deferred = loom_pieces_fill(ck, need, FUZZ_N_NEEDED, &err);
+    FUZZ_REQUIRE(rc_eager != 0 || (rc_deferred == 0 && memcmp(buf, buf2, sizeof buf) == 0));
     loom_ckpt_close(ck);
     return 0;
 }
