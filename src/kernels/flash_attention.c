@@ -439,6 +439,27 @@ static float *scratch_alloc(size_t nfloats) {
     return aligned_alloc(64, bytes);
 }
 
+/* Called by every thread of a parallel region: the thread's own scratch of nfloats, or NULL on
+ * every thread when any thread's allocation failed (then *fail, shared, is 1). The barrier
+ * makes the answer the same on all threads, so the work-sharing loops that follow are entered
+ * by all of them or by none. The caller frees what it got. */
+static float *scratch_alloc_team(size_t nfloats, int *fail) {
+    float *buf = scratch_alloc(nfloats);
+    if (!buf) {
+#pragma omp atomic write
+        *fail = 1;
+    }
+#pragma omp barrier
+    int failed;
+#pragma omp atomic read
+    failed = *fail;
+    if (failed) {
+        free(buf);
+        return NULL;
+    }
+    return buf;
+}
+
 int flash_attention_forward(float *out, float *lse, const float *q, const float *k,
                             const float *v, const loom_attn_dims *dims,
                             const loom_attn_mask *mask, int isa) {
@@ -456,16 +477,8 @@ int flash_attention_forward(float *out, float *lse, const float *q, const float 
     int fail = 0;
 #pragma omp parallel if (ntask > 1)
     {
-        float *buf = scratch_alloc(nscratch);
-        if (!buf) {
-#pragma omp atomic write
-            fail = 1;
-        }
-#pragma omp barrier
-        int failed;
-#pragma omp atomic read
-        failed = fail;
-        if (!failed) {
+        float *buf = scratch_alloc_team(nscratch, &fail);
+        if (buf) {
             float *qst = buf, *st = qst + (size_t)D * BQ, *acc = st + (size_t)BK * BQ;
             float *vp = acc + (size_t)BQ * D, *mrow = vp + (size_t)BK * D;
             float *lrow = mrow + BQ, *alpha = lrow + BQ;
@@ -718,16 +731,8 @@ int flash_attention_backward(float *dq, float *dk, float *dv, const float *dout,
     int fail = 0;
 #pragma omp parallel if (nkv_task + nq_task > 1)
     {
-        float *buf = scratch_alloc(nscratch);
-        if (!buf) {
-#pragma omp atomic write
-            fail = 1;
-        }
-#pragma omp barrier
-        int failed;
-#pragma omp atomic read
-        failed = fail;
-        if (!failed) {
+        float *buf = scratch_alloc_team(nscratch, &fail);
+        if (buf) {
             bwd_ctx x = x0;
             bwd_ctx_scratch(&x, buf);
             if (fused) {
