@@ -98,14 +98,22 @@ LATE=$(ls "$WORK/late/train"/shard_*.bin | head -1)
 cp "$LATE" "$DS/late_00000.bin"
 line=$(head -1 "$WORK/late/train/manifest.jsonl" | sed 's#"shard":"[^"]*"#"shard":"late_00000.bin"#')
 printf '%s\n' "$line" >> "$DS/manifest.jsonl"
+# how soon the loader takes the new line up depends on the run's speed, not on a step count:
+# wait (60 s at most) for a complete checkpoint past step 100 whose loader state has source c
 wait_ckpt 100
+for _ in $(seq 600); do
+  last=$(ls -d "$WORK"/run/ckpt/step_*/COMPLETE 2>/dev/null | sort | tail -1)
+  [ -n "$last" ] && grep -qs '"c"' "$(dirname "$last")"/trainer_state*.json && break
+  kill -0 $pid 2>/dev/null || { cat "$WORK/train.log"; fail "training ended early"; }
+  sleep 0.1
+done
 kill -TERM $pid
 rc=0; wait $pid || rc=$?
 [ $rc -ne 0 ] && grep -q "interrupted by signal" "$WORK/train.log" || { cat "$WORK/train.log"; fail "run did not stop cleanly on SIGTERM (rc $rc)"; }
 grep -qE "AddressSanitizer|runtime error" "$WORK/train.log" && fail "crash"
 
 # the last checkpoint's loader state: all three sources, c joined with its share
-last=$(ls -d "$WORK"/run/ckpt/step_* | sort | tail -1)
+last=$(dirname "$(ls -d "$WORK"/run/ckpt/step_*/COMPLETE | sort | tail -1)")
 state=$(find "$last" -name 'trainer_state*.json' | head -1)
 [ -n "$state" ] || fail "no trainer_state in $last: $(ls "$last")"
 python3 - "$state" <<'PY' || fail "loader state check"
