@@ -62,7 +62,8 @@ uint64_t loom_dp_param_hash(const loom_dp *dp);
 /* ---- checkpoint pieces -----------------------------------------------------------------
  * What this rank holds, tensor by tensor, as flat ranges [begin, begin + count) of the
  * tensor's elements: kind 0 = parameters, 1 = adam_m, 2 = adam_v. Replicated data (zero 0
- * parameters and moments, zero 1/2 parameters) is reported by dp rank 0 only. */
+ * parameters and moments, zero 1/2 parameters) is reported by dp rank 0 only, and a tensor a
+ * tensor-parallel view holds whole (split_dim < 0) by tp rank 0 only. */
 typedef struct loom_dp_piece {
     int kind;
     const loom_tensor_info *tensor;

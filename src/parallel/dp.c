@@ -231,6 +231,29 @@ void loom_dp_begin_micro(loom_dp *dp, int first, int last) {
     memset(dp->gshard, 0, dp->nshard * sizeof(float));
 }
 
+/* The sum of squares of this rank's reduced gradients (its owned slices). With tensor
+ * parallelism each view holds its box of every split tensor and a whole copy of every
+ * replicated one (norms, row-parallel biases, embeddings and head), whose gradients are equal
+ * on every tp rank: tp rank 0 alone counts those, so the sum over the tp group counts each
+ * element of the global model once. */
+static double grad_sum_squares(const loom_dp *dp) {
+    const loom_backend *be = loom_model_backend(dp->m);
+    const loom_model_layout *lay = loom_model_get_layout(dp->m);
+    if (lay->tp <= 1) return be->sum_squares(dp->gshard, (int64_t)dp->nshard);
+    double ss = 0;
+    const int nt = loom_model_num_tensors(dp->m);
+    for (int i = 0; i < nt; i++) {
+        const loom_tensor_info *t = loom_model_tensor(dp->m, i);
+        if (t->split_dim < 0 && lay->tp_rank != 0) continue;
+        const int u = t->unit;
+        const size_t lo = dp->uoff[u] + dp->soff[u], hi = lo + dp->slen[u];
+        const size_t a = t->offset > lo ? t->offset : lo;
+        const size_t b = t->offset + t->numel < hi ? t->offset + t->numel : hi;
+        if (a < b) ss += be->sum_squares(dp->gshard + dp->sbase[u] + (a - lo), (int64_t)(b - a));
+    }
+    return ss;
+}
+
 float loom_dp_finish_grads(loom_dp *dp, float max_norm) {
     if (dp->zero < 2) {
         for (int u = 0; u < dp->U; u++) /* NULL: already completed by progress() */
@@ -241,10 +264,13 @@ float loom_dp_finish_grads(loom_dp *dp, float max_norm) {
     } else {
         for (int b = 0; b < N_BUCKETS; b++) drain_bucket(dp, b);
     }
-    /* every reduced element lives on exactly one rank: the norm is a sum over ranks */
+    /* every reduced element lives on exactly one dp rank: the norm is a sum over dp ranks,
+     * and over the tp group's views (below) */
     const loom_backend *be = loom_model_backend(dp->m);
-    double ss = be->sum_squares(dp->gshard, (int64_t)dp->nshard);
+    double ss = grad_sum_squares(dp);
     loom_allreduce_sum(dp->mesh, LOOM_GROUP_DP, &ss, 1, LOOM_F64);
+    if (loom_model_get_layout(dp->m)->tp > 1)
+        loom_allreduce_sum(dp->mesh, LOOM_GROUP_TP, &ss, 1, LOOM_F64);
     const double norm = sqrt(ss);
     if (max_norm > 0.0f && norm > (double)max_norm)
         be->scale_inplace(dp->gshard, (int64_t)dp->nshard,
@@ -359,21 +385,30 @@ static void push_piece(loom_dp_piece **arr, int *n, int *cap, loom_dp_piece p) {
     (*arr)[(*n)++] = p;
 }
 
+/* A replicated tensor of a tensor-parallel view is held whole by every tp rank: only tp rank
+ * 0 writes it (a checkpoint's boxes of one tensor must not overlap); every rank loads it. */
+static int skip_replica(const loom_dp *dp, const loom_tensor_info *t, int for_load) {
+    return !for_load && t->split_dim < 0 && loom_model_get_layout(dp->m)->tp_rank != 0;
+}
+
 /* pieces of `kind` for arena data laid out as the full arena (base indexed by arena offset) */
-static void full_pieces(loom_dp *dp, int kind, float *base, loom_dp_piece **arr, int *n, int *cap) {
+static void full_pieces(loom_dp *dp, int kind, float *base, loom_dp_piece **arr, int *n, int *cap,
+                        int for_load) {
     const int nt = loom_model_num_tensors(dp->m);
     for (int i = 0; i < nt; i++) {
         const loom_tensor_info *t = loom_model_tensor(dp->m, i);
+        if (skip_replica(dp, t, for_load)) continue;
         push_piece(arr, n, cap, (loom_dp_piece){kind, t, 0, t->numel, base + t->offset});
     }
 }
 
 /* pieces of `kind` for data laid out as this rank's shard buffers */
 static void shard_pieces(loom_dp *dp, int kind, float *shard, loom_dp_piece **arr, int *n,
-                         int *cap) {
+                         int *cap, int for_load) {
     const int nt = loom_model_num_tensors(dp->m);
     for (int i = 0; i < nt; i++) {
         const loom_tensor_info *t = loom_model_tensor(dp->m, i);
+        if (skip_replica(dp, t, for_load)) continue;
         const int u = t->unit;
         const size_t lo = dp->uoff[u] + dp->soff[u], hi = lo + dp->slen[u];
         const size_t a = t->offset > lo ? t->offset : lo;
@@ -390,18 +425,18 @@ static loom_dp_piece *collect(loom_dp *dp, int *n, int for_load) {
     *n = 0;
     const int writer = dp->rank == 0 || for_load;
     if (dp->zero < 3) {
-        if (writer) full_pieces(dp, 0, dp->params, &arr, n, &cap);
+        if (writer) full_pieces(dp, 0, dp->params, &arr, n, &cap, for_load);
     } else {
-        shard_pieces(dp, 0, dp->pshard, &arr, n, &cap);
+        shard_pieces(dp, 0, dp->pshard, &arr, n, &cap, for_load);
     }
     if (dp->zero == 0) {
         if (writer) {
-            full_pieces(dp, 1, dp->adam_m, &arr, n, &cap);
-            full_pieces(dp, 2, dp->adam_v, &arr, n, &cap);
+            full_pieces(dp, 1, dp->adam_m, &arr, n, &cap, for_load);
+            full_pieces(dp, 2, dp->adam_v, &arr, n, &cap, for_load);
         }
     } else {
-        shard_pieces(dp, 1, dp->adam_m, &arr, n, &cap);
-        shard_pieces(dp, 2, dp->adam_v, &arr, n, &cap);
+        shard_pieces(dp, 1, dp->adam_m, &arr, n, &cap, for_load);
+        shard_pieces(dp, 2, dp->adam_v, &arr, n, &cap, for_load);
     }
     return arr;
 }

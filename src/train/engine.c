@@ -10,6 +10,7 @@
 #include <string.h>
 
 #include "loom/model_config.h"
+#include "loom/tp.h"
 #include "train/trainer_internal.h"
 
 struct loom_train_engine {
@@ -54,6 +55,7 @@ void loom_train_engine_free(loom_train_engine *e) {
     free(e->t.g_tgt);
     loom_dp_free(e->t.dp);
     loom_model_free(e->t.model);
+    loom_tp_free(e->t.tp);
     loom_mesh_free(e->t.mesh);
     free(e);
 }

@@ -19,6 +19,7 @@
 #include "loom/peak.h"
 #include "loom/parallel.h"
 #include "loom/schedule.h"
+#include "loom/tp.h"
 #include "loom/windows.h"
 
 #include "train/trainer_internal.h"
@@ -270,18 +271,20 @@ static void progress(const trainer *t, double loss, double lr, double tps, doubl
     fflush(stderr);
 }
 
-/* the mesh from parallel.*; only data parallelism is implemented in the trainer so far */
+/* the mesh from parallel.*; data and tensor parallelism are implemented in the trainer so far */
 int loom_trainer_build_mesh(trainer *t, loom_err *err) {
     loom_mesh_spec spec;
     if (loom_mesh_spec_from_config(t->cfg, &spec, err)) return -1;
     const loom_mesh_dims dims = {t->mc.n_head, t->mc.n_kv_head, t->mc.n_layer, (int)t->s.T, 0};
     if (loom_mesh_create(&spec, &dims, &t->mesh, err)) return -1;
     const loom_mesh_spec *l = loom_mesh_layout(t->mesh);
-    if (l->tp > 1 || l->pp > 1 || l->cp > 1 || l->ep > 1)
-        return loom_errf(err, "parallel: tp=%d pp=%d cp=%d ep=%d: the trainer implements data "
-                              "parallelism only so far (tensor, pipeline, context and expert "
-                              "parallelism are not built yet); use parallel.dp",
-                         l->tp, l->pp, l->cp, l->ep);
+    if (l->pp > 1 || l->cp > 1 || l->ep > 1)
+        return loom_errf(err, "parallel: pp=%d cp=%d ep=%d: the trainer implements data and "
+                              "tensor parallelism only so far (pipeline, context and expert "
+                              "parallelism are not built yet); use parallel.dp and parallel.tp",
+                         l->pp, l->cp, l->ep);
+    t->tp_rank = loom_mesh_rank(t->mesh, LOOM_GROUP_TP);
+    t->tp_size = loom_mesh_size(t->mesh, LOOM_GROUP_TP);
     t->dp_rank = loom_mesh_rank(t->mesh, LOOM_GROUP_DP);
     t->dp_size = loom_mesh_size(t->mesh, LOOM_GROUP_DP);
     t->world_rank = loom_mesh_rank(t->mesh, LOOM_GROUP_WORLD);
@@ -294,7 +297,16 @@ int loom_trainer_build_mesh(trainer *t, loom_err *err) {
 }
 
 int loom_trainer_create_engine(trainer *t, loom_err *err) {
-    if (loom_model_create_ex(&t->mc, (int)t->local_B, (int)t->s.T, 0, &t->model, err)) return -1;
+    /* this rank's view: its tp rank's heads and columns (the whole model at tp = 1) */
+    const loom_model_layout lay = {.tp = t->tp_size, .tp_rank = t->tp_rank};
+    if (loom_model_create_view(&t->mc, &lay, (int)t->local_B, (int)t->s.T, LOOM_MODEL_NO_ARENAS,
+                               &t->model, err))
+        return loom_err_prefix(err, "parallel.tp = %d", t->tp_size);
+    if (t->tp_size > 1) {
+        t->tp = loom_tp_create(t->mesh);
+        const loom_comm_points cp = loom_tp_comm_points(t->tp);
+        loom_model_set_comm_points(t->model, &cp);
+    }
     return loom_dp_create(t->model, t->mesh, (int)t->s.zero, (uint64_t)t->s.seed,
                           (float)t->s.beta1, (float)t->s.beta2, (float)t->s.eps,
                           (float)t->s.weight_decay, &t->dp, err);
@@ -538,6 +550,7 @@ done:
     loom_run_data_free(t.run_data);
     loom_dp_free(t.dp);
     loom_model_free(t.model);
+    loom_tp_free(t.tp);
     loom_unlock_file(run_lock);
     /* collective under MPI: on an error the job is ended by the caller instead */
     if (rc == 0 || !loom_comm_mpi_active()) loom_mesh_free(t.mesh);

@@ -30,6 +30,8 @@ typedef struct trainer {
     loom_model_config mc;
     loom_mesh *mesh;
     int dp_rank, dp_size, world_rank, world_size;
+    int tp_rank, tp_size;     /* this rank in the tensor-parallel group */
+    struct loom_tp *tp;       /* tensor parallelism's communication points (tp > 1), else NULL */
     int64_t local_B;          /* B / dp: this rank's rows of each global batch */
     loom_model *model;
     loom_dp *dp;
@@ -51,7 +53,8 @@ typedef struct trainer {
  * loom_train (trainer.c) and loom_train_engine (engine.c, what tests/reference/test_engine.py
  * drives) both set up and step through these three functions: there is no second copy. */
 
-/* The mesh from parallel.* (data parallelism only so far); fills dp/world ranks and local_B. */
+/* The mesh from parallel.* (data and tensor parallelism so far); fills dp/tp/world ranks and
+ * local_B. */
 int loom_trainer_build_mesh(trainer *t, loom_err *err);
 /* The model (this rank's local_B rows) and the DP/ZeRO engine that owns its parameters,
  * gradients and AdamW moments (training.seed, beta1/beta2/eps, weight_decay, parallel.zero). */

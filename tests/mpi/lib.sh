@@ -32,3 +32,23 @@ must_fail_within() {
   grep -qE "$pattern" "$WORK/out" || { cat "$WORK/out" >&2; fail "$what: output does not match /$pattern/"; }
   pass "$what: exit $RC after ${SECS}s: $(grep -E "$pattern" "$WORK/out" | head -1)"
 }
+
+# compare_losses REF RUN TOL [FROM_STEP [KEY]]: the losses (or metric KEY, e.g. grad_norm) of
+# RUN/metrics.jsonl within TOL (relative) of REF's at every step of REF from FROM_STEP
+# (default 1) on; prints the largest difference.
+compare_losses() {
+  python3 - "$@" <<'PY'
+import json, sys
+ref, run, tol = sys.argv[1], sys.argv[2], float(sys.argv[3])
+start = int(sys.argv[4]) if len(sys.argv) > 4 else 1
+key = sys.argv[5] if len(sys.argv) > 5 else 'loss'
+a = {r['step']: r[key] for r in map(json.loads, open(ref + '/metrics.jsonl'))}
+b = {r['step']: r[key] for r in map(json.loads, open(run + '/metrics.jsonl'))}
+steps = [s for s in sorted(a) if s >= start]
+missing = [s for s in steps if s not in b]
+if not steps or missing: sys.exit(f"{run}: steps {missing or 'all'} missing")
+worst = max(abs(a[s] - b[s]) / abs(a[s]) for s in steps)
+print(f"max relative {key} difference over steps {steps[0]}..{steps[-1]}: {worst:.2e} (tolerance {tol:g})")
+sys.exit(0 if worst <= tol else 1)
+PY
+}

@@ -1,0 +1,39 @@
+/* loom tensor parallelism (Megatron): what the model's named communication points do when
+ * parallel.tp > 1 (docs/parallelism.md).
+ *
+ * A model view of tp rank r holds H/tp query heads, KVH/tp kv heads and F/tp feed-forward
+ * columns of every layer (include/loom/model.h, views). Column-parallel linears (q|k|v;
+ * fc or gate|up) take the whole (replicated) input and give this rank's columns; row-parallel
+ * linears (attn_proj, fc_proj) take this rank's columns and give a partial sum of the whole
+ * output. The points:
+ *
+ *   COL_IN   forward: identity            backward: all-reduce (sum) of the input gradient
+ *   ROW_OUT  forward: all-reduce (sum)    backward: identity
+ *
+ * over the mesh's tp group, every other point a no-op. Collectives are the checked ones of
+ * include/loom/comm.h (the mesh's timeout applies, a missing rank is named). */
+#ifndef LOOM_TP_H
+#define LOOM_TP_H
+
+#include <stdint.h>
+
+#include "loom/comm.h"
+#include "loom/model.h"
+
+typedef struct loom_tp loom_tp;
+
+/* The tensor-parallel context of this rank in `mesh` (its tp group). */
+loom_tp *loom_tp_create(loom_mesh *mesh);
+void loom_tp_free(loom_tp *tp);
+
+/* The loom_comm_points callback (ctx = the loom_tp). */
+void loom_tp_point(void *ctx, int point, int dir, int layer, int site, float *buf, int64_t n);
+/* {tp, loom_tp_point}: what loom_model_set_comm_points takes. */
+loom_comm_points loom_tp_comm_points(loom_tp *tp);
+
+/* Seconds spent in the tp collectives of the points and their calls since the last reset. */
+double loom_tp_comm_seconds(const loom_tp *tp);
+int64_t loom_tp_comm_calls(const loom_tp *tp);
+void loom_tp_stats_reset(loom_tp *tp);
+
+#endif

@@ -1,0 +1,53 @@
+/* Tensor parallelism: the model's communication points over the mesh's tp group. See
+ * include/loom/tp.h and docs/parallelism.md. The math stays in the model (each view computes
+ * its heads and columns); this file only says which collective runs at which point. */
+#include "loom/tp.h"
+
+#include <stdlib.h>
+
+struct loom_tp {
+    loom_mesh *mesh;
+    int size;
+    double seconds;   /* in the points' collectives since the last reset */
+    int64_t calls;
+};
+
+loom_tp *loom_tp_create(loom_mesh *mesh) {
+    loom_tp *tp = loom_calloc(1, sizeof *tp);
+    tp->mesh = mesh;
+    tp->size = loom_mesh_size(mesh, LOOM_GROUP_TP);
+    return tp;
+}
+
+void loom_tp_free(loom_tp *tp) { free(tp); }
+
+/* sum of buf over the tp group, timed */
+static void tp_allreduce(loom_tp *tp, float *buf, int64_t n) {
+    const double t0 = loom_now();
+    loom_allreduce_sum(tp->mesh, LOOM_GROUP_TP, buf, (size_t)n, LOOM_F32);
+    tp->seconds += loom_now() - t0;
+    tp->calls++;
+}
+
+void loom_tp_point(void *ctx, int point, int dir, int layer, int site, float *buf, int64_t n) {
+    loom_tp *tp = ctx;
+    (void)layer;
+    (void)site;
+    if (tp->size == 1) return;
+    /* row-parallel output: each rank holds a partial sum of the whole (B,T,C) output */
+    if (point == LOOM_CP_ROW_OUT && dir == 0) tp_allreduce(tp, buf, n);
+    /* column-parallel input: each rank's columns give a partial input gradient */
+    else if (point == LOOM_CP_COL_IN && dir == 1) tp_allreduce(tp, buf, n);
+}
+
+loom_comm_points loom_tp_comm_points(loom_tp *tp) {
+    return (loom_comm_points){.ctx = tp, .fn = loom_tp_point};
+}
+
+double loom_tp_comm_seconds(const loom_tp *tp) { return tp->seconds; }
+int64_t loom_tp_comm_calls(const loom_tp *tp) { return tp->calls; }
+
+void loom_tp_stats_reset(loom_tp *tp) {
+    tp->seconds = 0;
+    tp->calls = 0;
+}
