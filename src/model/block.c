@@ -235,12 +235,14 @@ static size_t layout_acts(const loom_model *m, struct loom_acts *a, float *base,
         at += pad16(per) * (size_t)nl;
     }
     TAKE(a ? &a->encoded : &dummy, BT * C);
-    TAKE(a ? &a->lnf : &dummy, BT * C);
-    TAKE(a ? &a->lnf_mean : &dummy, BT);
-    TAKE(a ? &a->lnf_rstd : &dummy, BT);
-    TAKE(a ? &a->logits : &dummy, cls ? (int64_t)B * K : BT * V);
-    TAKE(a ? &a->losses : &dummy, BT);
-    if (cls) {
+    /* a pipeline stage before the last has no head: none of its buffers */
+    const int64_t hd = m->lay.has_head;
+    TAKE(a ? &a->lnf : &dummy, hd * BT * C);
+    TAKE(a ? &a->lnf_mean : &dummy, hd * BT);
+    TAKE(a ? &a->lnf_rstd : &dummy, hd * BT);
+    TAKE(a ? &a->logits : &dummy, hd * (cls ? (int64_t)B * K : BT * V));
+    TAKE(a ? &a->losses : &dummy, hd * BT);
+    if (cls && hd) {
         TAKE(a ? &a->pooled : &dummy, (int64_t)B * C);
         TAKE(a ? &a->dpooled : &dummy, (int64_t)B * C);
     }

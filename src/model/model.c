@@ -491,8 +491,6 @@ static void stage_point(loom_model *m, int point, int dir, float *buf, int64_t n
 float loom_model_forward_acts(loom_model *m, loom_acts *a, const int32_t *inputs,
                               const int32_t *targets, int B, int T) {
     LOOM_CHECK(B > 0 && B <= a->maxB && T > 0 && T <= a->maxT);
-    /* a partial pipeline stage has no forward of its own yet (the pipeline issue) */
-    LOOM_CHECK(m->lay.has_embedding && m->lay.has_head);
     const loom_model_config *c = &m->cfg;
     const int C = c->d_model, V = c->vocab_size;
     const int64_t BT = (int64_t)B * T;
@@ -503,10 +501,12 @@ float loom_model_forward_acts(loom_model *m, loom_acts *a, const int32_t *inputs
     for (int64_t i = 0; i < BT; i++) LOOM_CHECK(inputs[i] >= 0 && inputs[i] < V);
 
     const int U_FINAL = m->n_units - 1;
-    acquire(m, 0, 0);
-    m->be->embedding_forward(a->encoded, inputs, PARAM(m, LOOM_P_WTE), PARAM(m, LOOM_P_WPE),
-                             B, T, C, 0);
-    release(m, 0, 0);
+    if (m->lay.has_embedding) { /* a later pipeline stage gets a->encoded at STAGE_IN */
+        acquire(m, 0, 0);
+        m->be->embedding_forward(a->encoded, inputs, PARAM(m, LOOM_P_WTE), PARAM(m, LOOM_P_WPE),
+                                 B, T, C, 0);
+        release(m, 0, 0);
+    }
     stage_point(m, LOOM_CP_STAGE_IN, 0, a->encoded, BT * C);
     block_frame f;
     for (int l = m->lay.l0; l < m->lay.l1; l++) {
@@ -517,6 +517,11 @@ float loom_model_forward_acts(loom_model *m, loom_acts *a, const int32_t *inputs
     }
     float *residual = f.s[S_RES3];
     stage_point(m, LOOM_CP_STAGE_OUT, 0, residual, BT * C);
+    a->valid = 0;
+    if (!m->lay.has_head) { /* a pipeline stage before the last: no head, no loss */
+        a->has_targets = targets != NULL;
+        return 0.0f;
+    }
     const int cls = c->head == LOOM_HEAD_CLASSIFY, tied = gpt2 && !cls;
     acquire(m, U_FINAL, 0);
     if (tied) acquire(m, 0, 0); /* the tied head reads wte */
@@ -550,8 +555,41 @@ void loom_model_recompute_layer(loom_model *m, loom_acts *a, int layer) {
     release(m, u, 0);
 }
 
+/* Backward of a pipeline stage without the head: the gradient of the stream leaving the stage
+ * comes in at STAGE_OUT (zero without a communication point), the layers run backward, and
+ * the gradient of the stream entering it leaves at STAGE_IN (then the embedding's, on the
+ * first stage). */
+static void stage_backward(loom_model *m, loom_acts *a) {
+    const int C = m->cfg.d_model, B = a->B, T = a->T;
+    const int64_t BT = (int64_t)B * T;
+    memset(m->have_grads, 0, (size_t)m->n_units);
+    memset(a->dres, 0, (size_t)BT * C * sizeof(float));
+    stage_point(m, LOOM_CP_STAGE_OUT, 1, a->dres, BT * C);
+    block_frame f;
+    for (int l = m->lay.l1 - 1; l >= m->lay.l0; l--) {
+        const int u = l - m->lay.l0 + 1;
+        acts_frame(m, a, l, B, T, &f);
+        acquire(m, u, 1);
+        block_backward(m, &f, l);
+        release(m, u, 1);
+        grads_ready(m, u);
+    }
+    stage_point(m, LOOM_CP_STAGE_IN, 1, a->dres, BT * C);
+    if (m->lay.has_embedding) {
+        ensure_grads(m, 0);
+        m->be->embedding_backward(GRAD(m, LOOM_P_WTE), GRAD(m, LOOM_P_WPE), a->dres, a->inputs,
+                                  B, T, C, 0);
+        grads_ready(m, 0);
+    }
+    a->has_targets = 0;
+}
+
 void loom_model_backward_acts(loom_model *m, loom_acts *a, float dscale) {
     LOOM_CHECK(a->has_targets && a->stacked);
+    if (!m->lay.has_head) {
+        stage_backward(m, a);
+        return;
+    }
     const loom_model_config *c = &m->cfg;
     const int C = c->d_model, V = c->vocab_size;
     const int B = a->B, T = a->T;
@@ -597,10 +635,13 @@ void loom_model_backward_acts(loom_model *m, loom_acts *a, float dscale) {
         grads_ready(m, u);
     }
     stage_point(m, LOOM_CP_STAGE_IN, 1, a->dres, BT * C);
-    ensure_grads(m, 0);
-    m->be->embedding_backward(GRAD(m, LOOM_P_WTE), GRAD(m, LOOM_P_WPE), a->dres, a->inputs,
-                              B, T, C, 0);
-    grads_ready(m, 0);
+    if (m->lay.has_embedding) {
+        ensure_grads(m, 0);
+        m->be->embedding_backward(GRAD(m, LOOM_P_WTE), GRAD(m, LOOM_P_WPE), a->dres, a->inputs,
+                                  B, T, C, 0);
+    }
+    /* a last stage without the embedding holds the tied head's wte in unit 0 */
+    if (m->lay.has_embedding || tied) grads_ready(m, 0);
     a->has_targets = 0;
 }
 
