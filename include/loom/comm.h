@@ -228,4 +228,12 @@ const char *loom_coll_kind_name(loom_coll_kind k);
 void loom_comm_stats_get(const loom_mesh *m, loom_comm_stats *out);
 void loom_comm_stats_reset(loom_mesh *m);
 
+/* An observer of every collective and point-to-point request as it completes (the profiler's
+ * per-collective spans): kind, group, the bytes accounted (as above), start and completion
+ * (loom_now() seconds) and the seconds spent blocked waiting for it. Called on the thread that
+ * completes the request. NULL removes it. */
+typedef void (*loom_comm_observer)(void *ctx, loom_coll_kind kind, loom_group g, double bytes,
+                                   double t0, double t1, double waited);
+void loom_comm_set_observer(loom_mesh *m, loom_comm_observer fn, void *ctx);
+
 #endif

@@ -30,7 +30,13 @@ int loom_cli_train(int argc, char **argv) {
         }
         if (loom_config_set_arg(cfg, arg, &err)) goto fail;
     }
-    if (loom_train(cfg, &err)) goto fail;
+    const int trc = loom_train(cfg, &err);
+    if (trc == LOOM_TRAIN_EXIT_ALERT_STOP) { /* agreed by every rank, after a checkpoint */
+        fprintf(stderr, "loom: %s\n", err.msg);
+        rc = trc;
+        goto out;
+    }
+    if (trc) goto fail;
     rc = 0;
     goto out;
 fail:

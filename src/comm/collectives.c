@@ -118,7 +118,9 @@ static loom_comm_req *req_new(loom_mesh *m, loom_group g, loom_coll_kind k, doub
 
 static void req_done(loom_comm_req *r, double waited) {
     loom_mesh *m = r->m;
-    m->stats.time_s[r->kind] += loom_now() - r->t0;
+    const double t1 = loom_now();
+    m->stats.time_s[r->kind] += t1 - r->t0;
+    if (m->observer) m->observer(m->observer_ctx, r->kind, r->g, r->bytes, r->t0, t1, waited);
     m->stats.wait_s[r->kind] += waited;
     if (r->kind != LOOM_COLL_P2P) publish(m, r->g, r->kind, r->seq, 1);
     r->next_free = m->free_reqs;
@@ -527,3 +529,8 @@ void loom_comm_stats_get(const loom_mesh *m, loom_comm_stats *out) {
 }
 
 void loom_comm_stats_reset(loom_mesh *m) { memset(&m->stats, 0, sizeof m->stats); }
+
+void loom_comm_set_observer(loom_mesh *m, loom_comm_observer fn, void *ctx) {
+    m->observer = fn;
+    m->observer_ctx = fn ? ctx : NULL;
+}

@@ -35,6 +35,8 @@ struct loom_mesh {
     int64_t *progress;   /* (PROG_SLOTS) this rank's slots: window memory, or local */
     int win_ok;
     loom_comm_stats stats;
+    loom_comm_observer observer; /* loom_comm_set_observer; NULL = none */
+    void *observer_ctx;
     struct loom_comm_req *free_reqs; /* finished request records, reused (no allocation per
                                       * collective once the list has grown) */
     /* local groups (no communicator): point-to-point requests posted but not matched yet,

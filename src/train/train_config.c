@@ -5,6 +5,7 @@
 
 #include "loom/model_config.h"
 #include "loom/train.h"
+#include "train/train_obs.h"
 #include "train/trainer_internal.h"
 
 static const loom_config_key train_only_keys[] = {
@@ -55,9 +56,10 @@ static int n_all_keys;
 static void build_schema(void) {
     if (all_keys) return;
     const loom_config_key *const tables[] = {train_only_keys, loom_model_config_keys,
-                                             loom_comm_config_keys};
-    const int counts[] = {N_TRAIN_ONLY, loom_model_config_nkeys, loom_comm_config_nkeys};
-    all_keys = loom_config_schema_join(tables, counts, 3, &n_all_keys);
+                                             loom_comm_config_keys, loom_obs_config_keys};
+    const int counts[] = {N_TRAIN_ONLY, loom_model_config_nkeys, loom_comm_config_nkeys,
+                          loom_obs_config_nkeys};
+    all_keys = loom_config_schema_join(tables, counts, 4, &n_all_keys);
 }
 
 const loom_config_key *loom_trainer_schema(int *n) {

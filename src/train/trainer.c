@@ -19,9 +19,11 @@
 #include "loom/peak.h"
 #include "loom/parallel.h"
 #include "loom/schedule.h"
+#include "loom/profile.h"
 #include "loom/tp.h"
 #include "loom/windows.h"
 
+#include "train/train_obs.h"
 #include "train/trainer_internal.h"
 
 /* ---- interruption: SIGINT/SIGTERM finish the current step, checkpoint, and stop ---- */
@@ -126,13 +128,22 @@ int loom_trainer_step(trainer *t, loom_trainer_batch_fn next, void *ctx, double 
     double loss = 0;
     for (int64_t micro = 0; micro < t->s.accum; micro++) {
         /* every rank reads the whole global batch (token ids: cheap) and uses its rows */
+        const double td = loom_now();
+        loom_prof_begin("data_wait", "data");
         if (next(t, ctx, err)) return -1;
+        loom_prof_end(0, 0, NULL);
+        t->data_wait_s += loom_now() - td;
         int64_t valid = 0;
+        loom_prof_begin("forward", "phase");
         loss += forward_global(t, &valid, NULL);
+        loom_prof_end(0, 0, NULL);
         loom_dp_begin_micro(t->dp, micro == 0, micro == t->s.accum - 1);
         const float dscale = valid > 0 ? 1.0f / (float)(valid * t->s.accum) : 0.0f;
+        loom_prof_begin("backward", "phase");
         loom_model_backward(t->model, t->inject_nan ? NAN : dscale);
+        loom_prof_end(0, 0, NULL);
     }
+    loom_prof_begin("optimizer", "phase");
     t->inject_nan = 0;
     loss /= (double)t->s.accum;
     const float gnorm = loom_dp_finish_grads(t->dp, (float)t->s.grad_clip);
@@ -146,6 +157,7 @@ int loom_trainer_step(trainer *t, loom_trainer_batch_fn next, void *ctx, double 
     *skipped = bad > 0;
     if (*skipped) t->skipped_steps++;
     else loom_dp_step(t->dp, (float)lr);
+    loom_prof_end(0, 0, NULL);
     t->step++;
     *loss_out = loss;
     *lr_out = lr;
@@ -322,6 +334,7 @@ int loom_train(loom_config *cfg, loom_err *err) {
     int rc = -1, handlers = 0, run_lock = -1;
     int64_t consecutive_skips = 0; /* not saved: a resumed run starts counting again */
     loom_metrics *mx = NULL;
+    train_obs *obs = NULL;
     double *per_rank = NULL;
     struct sigaction old_int, old_term;
     if (loom_trainer_read_settings(cfg, &t.s, err)) return -1;
@@ -329,6 +342,7 @@ int loom_train(loom_config *cfg, loom_err *err) {
     if (t.s.T > t.mc.max_seq_len)
         return loom_errf(err, "config: training.seq_len %lld exceeds model.max_seq_len %d",
                          (long long)t.s.T, t.mc.max_seq_len);
+    if (train_obs_wrap_backend(cfg, &t.mc, err)) return -1;
     t.classify = t.mc.head == LOOM_HEAD_CLASSIFY;
     if (loom_trainer_build_mesh(&t, err)) goto done;
     const int rank0 = t.world_rank == 0;
@@ -411,10 +425,12 @@ int loom_train(loom_config *cfg, loom_err *err) {
     install_stop_handlers(&old_int, &old_term);
     handlers = 1;
     per_rank = loom_calloc(3 * (size_t)t.world_size, sizeof(double));
+    if (train_obs_create(&t, peak, &obs, err)) goto done;
 
     while (t.step < t.s.steps) {
         const double t0 = loom_now();
         loom_comm_stats_reset(t.mesh);
+        train_obs_step_begin(obs, &t);
         if (t.s.follow && !t.classify) { /* rank 0 decides how many manifest lines everyone uses */
             int lines = 0;
             if (rank0 && loom_loader_refresh(t.train_ld, 0, &lines, err)) goto done;
@@ -464,10 +480,13 @@ int loom_train(loom_config *cfg, loom_err *err) {
         loom_comm_stats_get(t.mesh, &cs);
         double mine[3] = {cs.total_time_s, cs.total_bytes, cs.total_wait_s};
         loom_allgather(t.mesh, LOOM_GROUP_WORLD, mine, per_rank, 3 * (size_t)t.world_size, LOOM_F64);
+        if (train_obs_after_step(obs, &t, dt, &cs, mem_bytes, err)) goto done;
         const int last = t.step == t.s.steps;
         double vloss = -1, vacc = 0;
         if (t.val_ds && ((t.s.eval_every > 0 && t.step % t.s.eval_every == 0) || last)) {
+            loom_prof_begin("eval", "phase");
             if (eval_loss(&t, &vloss, &vacc, err)) goto done;
+            loom_prof_end(0, 0, NULL);
             if (rank0 && (!isatty(STDERR_FILENO) || last)) {
                 if (t.classify)
                     loom_log("step %lld: val loss %.4f, val accuracy %.4f", (long long)t.step,
@@ -502,19 +521,34 @@ int loom_train(loom_config *cfg, loom_err *err) {
                 loom_metrics_reals(mx, "comm_bytes", per_rank + 1, t.world_size, 3);
                 loom_metrics_reals(mx, "comm_wait_s", per_rank + 2, t.world_size, 3);
             }
+            train_obs_metrics(obs, mx);
             if (loom_metrics_end(mx, err)) goto done;
+            const train_obs_row row = {t.step, loss, lr, (double)gnorm, tps, mfu, dt * 1e3,
+                                       vloss, (double)rss_bytes(), skipped};
+            if (train_obs_publish(obs, &row, err)) goto done;
             if (t.step % t.s.log_every == 0 || last)
                 progress(&t, loss, lr, tps, mfu, loom_now() - t_start, first_step);
         }
         /* the stop decision must be the same on every rank */
-        double stop = g_stop_signal;
-        loom_allreduce_max(t.mesh, LOOM_GROUP_WORLD, &stop, 1, LOOM_F64);
+        double stops[2] = {g_stop_signal, train_obs_stop_requested(obs)};
+        loom_allreduce_max(t.mesh, LOOM_GROUP_WORLD, stops, 2, LOOM_F64);
+        const double stop = stops[0], alert_stop = stops[1];
         const int give_up = consecutive_skips >= t.s.max_skipped;
         if ((t.s.ckpt_every > 0 && (t.step % t.s.ckpt_every == 0 || last)) || stop > 0 ||
-            give_up) {
+            give_up || alert_stop > 0) {
             /* the rows up to this step are durable before the checkpoint commits */
             if (rank0 && loom_metrics_sync(mx, err)) goto done;
+            loom_prof_begin("checkpoint", "ckpt");
             if (loom_trainer_save_checkpoint(&t, err)) goto done;
+            loom_prof_end(0, 0, NULL);
+        }
+        if (train_obs_step_end(obs, &t, err)) goto done;
+        if (alert_stop > 0) {
+            loom_errf(err, "step %lld: stopped by an alert rule with action stop (see %s/"
+                           "alerts.jsonl); checkpoint saved in %s (exit status %d)",
+                      (long long)t.step, t.s.run_dir, t.ckpt_root, LOOM_TRAIN_ALERT_STOP);
+            rc = LOOM_TRAIN_ALERT_STOP;
+            goto stopped;
         }
         if (give_up) {
             loom_errf(err, "step %lld: %lld consecutive steps had a non-finite loss or gradient "
@@ -533,12 +567,17 @@ int loom_train(loom_config *cfg, loom_err *err) {
         }
     }
     if (rank0 && isatty(STDERR_FILENO)) fputc('\n', stderr);
+    if (train_obs_finish(obs, &t, err)) goto done;
     rc = 0;
+    goto done;
+stopped:
+    if (train_obs_finish(obs, &t, err)) rc = -1;
 done:
     if (handlers) {
         sigaction(SIGINT, &old_int, NULL);
         sigaction(SIGTERM, &old_term, NULL);
     }
+    train_obs_free(obs);
     free(per_rank);
     free(t.g_inp);
     free(t.g_tgt);
@@ -553,6 +592,7 @@ done:
     loom_tp_free(t.tp);
     loom_unlock_file(run_lock);
     /* collective under MPI: on an error the job is ended by the caller instead */
-    if (rc == 0 || !loom_comm_mpi_active()) loom_mesh_free(t.mesh);
+    if (rc == 0 || rc == LOOM_TRAIN_ALERT_STOP || !loom_comm_mpi_active())
+        loom_mesh_free(t.mesh);
     return rc;
 }

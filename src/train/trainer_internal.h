@@ -46,6 +46,7 @@ typedef struct trainer {
     int inject_nan;           /* LOOM_TEST_INJECT_NAN names this rank and step (a test hook) */
     char ckpt_root[4096];
     loom_run_data *run_data;  /* what data.train was tokenized with (and its classes) */
+    double data_wait_s;       /* seconds this step spent getting batches (train_obs.c) */
 } trainer;
 
 

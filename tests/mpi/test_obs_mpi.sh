@@ -1,0 +1,51 @@
+#!/usr/bin/env bash
+# Observability under mpirun -np 2: the profiler's trace has a track per rank (pid 0 and 1),
+# with the collectives (kind, group, bytes) on their lanes; metrics.jsonl has both ranks'
+# compute / exposed communication / data wait and memory high-water; a rank slowed
+# artificially (LOOM_TEST_SLOW_RANK=RANK:MS sleeps in its every step) is named as the
+# straggler after 3 steps slower than the median by obs.straggler_ratio.
+source "$(dirname "$0")/lib.sh"
+make_dataset "$WORK"
+make_config "$WORK" "$WORK/c.yaml" "$WORK/run"
+COMMON=(--set training.batch_size=4 --set eval.every=0 --set checkpoint.every=0)
+
+run_mpi 2 "$WORK/out" "$LOOM_BIN" train "$WORK/c.yaml" "${COMMON[@]}" --set run.dir="$WORK/prof" \
+  --set training.steps=4 --set profile.steps=2-3
+[ $RC -eq 0 ] || { cat "$WORK/out"; fail "profiled 2-rank run: exit $RC"; }
+python3 "$LOOM_SRC/tests/e2e/trace_check.py" "$WORK/prof" 2 2 || fail "2-rank trace"
+python3 - "$WORK/prof" <<'PY' || fail "collectives in the trace"
+import json, sys
+ev = json.load(open(sys.argv[1] + "/trace.json"))["traceEvents"]
+for pid in (0, 1):
+    comm = [e for e in ev if e.get("cat") == "comm" and e["pid"] == pid]
+    assert any(e["name"] == "allreduce" and e["args"]["group"] == "dp" and e["args"]["bytes"] > 0
+               for e in comm), f"rank {pid}: no dp allreduce with bytes"
+    assert all(e["tid"] >= 1 for e in comm)
+    names = {e["args"]["name"] for e in ev if e["ph"] == "M" and e["pid"] == pid and e["name"] == "process_name"}
+    assert names == {f"rank {pid}"}, names
+print("ok: both ranks' collectives (kind, group, bytes) on their own lanes")
+PY
+pass "2-rank profile: one trace, a track per rank"
+
+LOOM_TEST_SLOW_RANK=1:150 run_mpi 2 "$WORK/out" -x LOOM_TEST_SLOW_RANK "$LOOM_BIN" train "$WORK/c.yaml" \
+  "${COMMON[@]}" --set run.dir="$WORK/slow" --set training.steps=6
+[ $RC -eq 0 ] || { cat "$WORK/out"; fail "slowed run: exit $RC"; }
+grep -q "rank 1 is a straggler" "$WORK/out" || { cat "$WORK/out"; fail "the straggler was not named in the log"; }
+python3 - "$WORK/slow/metrics.jsonl" <<'PY' || fail "straggler in metrics.jsonl"
+import json, sys
+rows = [json.loads(l) for l in open(sys.argv[1])]
+for r in rows:
+    for k in ("compute_s", "comm_exposed_s", "data_wait_s", "rss_hwm_bytes", "arena_bytes"):
+        assert len(r[k]) == 2, (k, r)
+    assert r["compute_s"][1] >= 0.15, r  # the 150 ms sleep is compute time of rank 1
+# rank 0 waits for rank 1 in the collectives: its exposed communication holds the lag
+assert sum(r["comm_exposed_s"][0] for r in rows) > sum(r["comm_exposed_s"][1] for r in rows)
+named = [r["step"] for r in rows if r.get("straggler_rank") == 1]
+assert named and named[0] == 3 and named == list(range(3, 7)), named
+for r in rows:
+    if r["step"] >= 3:
+        assert r["straggler_lag"] > 1.2 and r["straggler_lag_ms"] > 50, r  # busy 150 ms vs a median of (150 + ~1) / 2
+assert all("straggler_rank" not in r for r in rows if r["step"] < 3)
+print("ok: rank 1 named from step 3 on (3 steps slower than the median), with its lag")
+PY
+pass "straggler: the slowed rank named with its lag"
