@@ -50,6 +50,14 @@ int loom_safetensors_get(const loom_st_file *f, const char *name, const float **
 /* Copies a tensor into dst after checking it has exactly the expected shape. */
 int loom_safetensors_read_into(const loom_st_file *f, const char *name, float *dst, int ndim,
                                const int64_t *shape, loom_err *err);
+/* A tensor's dtype name ("F32", "BF16", ...), ndim and shape; NULL when there is none of
+ * that name. */
+const char *loom_safetensors_dtype(const loom_st_file *f, const char *name, int *ndim,
+                                   int64_t shape[8]);
+/* Like read_into, for an F32, F16, BF16 or F64 tensor, converted to float (F16 and BF16
+ * exactly; F64 rounded). Other dtypes are an error naming the tensor. */
+int loom_safetensors_read_as_f32(const loom_st_file *f, const char *name, float *dst, int ndim,
+                                 const int64_t *shape, loom_err *err);
 /* metadata value or NULL */
 const char *loom_safetensors_metadata(const loom_st_file *f, const char *key);
 

@@ -96,6 +96,14 @@ int loom_tokenizer_save_json(const loom_tokenizer *t, const char *path, loom_err
 /* The same from the text of a tokenizer.json in memory (name is used in messages). */
 int loom_tokenizer_load_json_text(const char *text, size_t len, const char *name,
                                   loom_tokenizer **out, loom_err *err);
+/* The Hugging Face tokenizer.json text of t (malloc'd, NUL-terminated): for BPE what
+ * loom_tokenizer_save_json writes; for a byte tokenizer a byte-level BPE with the 256 byte
+ * characters as ids 0..255, no merges, and its specials as added tokens, which `tokenizers`
+ * encodes exactly as loom's byte tokenizer. */
+char *loom_tokenizer_hf_json(const loom_tokenizer *t);
+/* 1 when t encodes every input exactly as the byte tokenizer without specials (the byte
+ * tokenizer itself, or the tokenizer.json loom_tokenizer_hf_json writes for it). */
+int loom_tokenizer_is_plain_bytes(const loom_tokenizer *t);
 /* GPT-2 style vocab.json + merges.txt ("#version: 0.2" header). Added tokens are written into
  * vocab.json when they are not already there. */
 int loom_tokenizer_save_vocab_merges(const loom_tokenizer *t, const char *vocab_path,

@@ -582,3 +582,82 @@ const char *loom_safetensors_metadata(const loom_st_file *f, const char *key) {
         if (strcmp(f->meta_k[i], key) == 0) return f->meta_v[i];
     return NULL;
 }
+
+/* ---- reading other float dtypes (Hugging Face checkpoints) --------------------------- */
+const char *loom_safetensors_dtype(const loom_st_file *f, const char *name, int *ndim,
+                                   int64_t shape[8]) {
+    const st_entry *e = find(f, name);
+    if (!e) return NULL;
+    if (ndim) *ndim = e->ndim;
+    if (shape)
+        for (int d = 0; d < ST_MAX_NDIM; d++) shape[d] = d < e->ndim ? e->shape[d] : 0;
+    return DTYPES[e->dtype].name;
+}
+
+/* IEEE half -> float, exactly (every half is a float) */
+static float half_to_float(uint16_t h) {
+    const uint32_t sign = (uint32_t)(h & 0x8000u) << 16;
+    uint32_t exp = (h >> 10) & 0x1fu, man = h & 0x3ffu, bits;
+    if (exp == 0x1f) {
+        bits = sign | 0x7f800000u | (man << 13);
+    } else if (exp == 0) {
+        if (man == 0) {
+            bits = sign;
+        } else { /* subnormal: normalize */
+            int e = -1;
+            do {
+                man <<= 1;
+                e++;
+            } while (!(man & 0x400u));
+            bits = sign | ((uint32_t)(127 - 15 - e) << 23) | ((man & 0x3ffu) << 13);
+        }
+    } else {
+        bits = sign | ((exp + 127 - 15) << 23) | (man << 13);
+    }
+    float f;
+    memcpy(&f, &bits, sizeof f);
+    return f;
+}
+
+int loom_safetensors_read_as_f32(const loom_st_file *f, const char *name, float *dst, int ndim,
+                                 const int64_t *shape, loom_err *err) {
+    const st_entry *e = find(f, name);
+    if (!e) return loom_errf(err, "%s: no tensor named '%.200s'", f->path, name);
+    if (e->dtype == DT_F32) return loom_safetensors_read_into(f, name, dst, ndim, shape, err);
+    const char *dt = DTYPES[e->dtype].name;
+    const int f16 = !strcmp(dt, "F16"), bf16 = !strcmp(dt, "BF16"), f64 = !strcmp(dt, "F64");
+    if (!f16 && !bf16 && !f64)
+        return loom_errf(err, "%s: tensor '%.200s' has dtype %s; loom reads F32, F16, BF16 and F64",
+                         f->path, name, dt);
+    int same = ndim == e->ndim;
+    for (int d = 0; same && d < ndim; d++) same = shape[d] == e->shape[d];
+    if (!same) {
+        char want[256], have[256];
+        fmt_shape(have, sizeof have, e->ndim, e->shape);
+        if (ndim >= 0 && ndim <= ST_MAX_NDIM) fmt_shape(want, sizeof want, ndim, shape);
+        else snprintf(want, sizeof want, "(%d dimensions)", ndim);
+        return loom_errf(err, "%s: tensor '%.200s' has shape %s, expected %s", f->path, name,
+                         have, want);
+    }
+    if (!f->data)
+        return loom_errf(err, "%s: tensor '%.200s': only the header was parsed", f->path, name);
+    const size_t size = DTYPES[e->dtype].size, n = (size_t)(e->end - e->begin) / size;
+    const unsigned char *p = (const unsigned char *)f->data + e->begin;
+    for (size_t i = 0; i < n; i++) {
+        if (f64) {
+            double v;
+            memcpy(&v, p + 8 * i, 8);
+            dst[i] = (float)v;
+        } else {
+            uint16_t h;
+            memcpy(&h, p + 2 * i, 2);
+            if (bf16) {
+                uint32_t bits = (uint32_t)h << 16;
+                memcpy(&dst[i], &bits, 4);
+            } else {
+                dst[i] = half_to_float(h);
+            }
+        }
+    }
+    return 0;
+}

@@ -7,4 +7,6 @@ int loom_cli_data(int argc, char **argv);
 int loom_cli_tokenizer(int argc, char **argv);
 int loom_cli_eval(int argc, char **argv);
 int loom_cli_peak(int argc, char **argv);
+int loom_cli_import(int argc, char **argv);
+int loom_cli_export(int argc, char **argv);
 #endif

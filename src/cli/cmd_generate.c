@@ -25,7 +25,7 @@ int loom_cli_generate(int argc, char **argv) {
     const char *ckpt = NULL, *prompt = "\n";
     long n_tokens = 200, top_k = 40, seed = 1;
     double temperature = 0.8;
-    int recompute = 0, stats = 0;
+    int recompute = 0, stats = 0, fmt_ids = 0;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (!strcmp(a, "--no-kv-cache")) { recompute = 1; continue; }
@@ -38,6 +38,13 @@ int loom_cli_generate(int argc, char **argv) {
         if (!v) goto usage;
         i++;
         if (!strcmp(a, "--prompt")) prompt = v;
+        else if (!strcmp(a, "--format")) {
+            if (strcmp(v, "text") && strcmp(v, "ids")) {
+                fprintf(stderr, "loom: error: --format '%s': expected text or ids\n", v);
+                return 2;
+            }
+            fmt_ids = !strcmp(v, "ids");
+        }
         else if (!strcmp(a, "--tokens")) {
             if (parse_long(a, v, 0, 1000000, &n_tokens)) return 2;
         } else if (!strcmp(a, "--top-k")) {
@@ -97,7 +104,10 @@ int loom_cli_generate(int argc, char **argv) {
                       : loom_generate(m, mc->max_seq_len, ids, (int)n_prompt, (int)n_tokens, &s, out);
     const double dt = loom_now() - t0;
     const uint32_t tv = loom_tokenizer_vocab_size(tok);
-    for (int i = 0; i < n; i++) {
+    /* --format ids: the generated ids (not the prompt's), space-separated, for scripts */
+    for (int i = (int)n_prompt; fmt_ids && i < n; i++)
+        printf("%s%d", i > (int)n_prompt ? " " : "", (int)out[i]);
+    for (int i = 0; !fmt_ids && i < n; i++) {
         /* ids the tokenizer does not have (a vocabulary padded beyond it) show as U+FFFD */
         if (out[i] < 0 || (uint32_t)out[i] >= tv) {
             fputs("\xEF\xBF\xBD", stdout);
@@ -124,6 +134,6 @@ fail:
     return rc;
 usage:
     fprintf(stderr, "usage: loom generate CKPT_DIR --prompt TEXT [--tokens N --temperature T "
-                    "--top-k K --seed S] [--stats] [--no-kv-cache]\n");
+                    "--top-k K --seed S] [--format text|ids] [--stats] [--no-kv-cache]\n");
     return 2;
 }

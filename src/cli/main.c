@@ -14,6 +14,8 @@ static void usage(FILE *f) {
             "  eval CKPT --data DIR [--batches N] [--format json]  loss / accuracy + confusion matrix\n"
             "  data build|inspect|verify ...                       datasets: build shards, show, check\n"
             "  tokenizer train|encode|decode ...                   byte-level BPE (HF compatible)\n"
+            "  import --hf HF_DIR OUT_CKPT [--tokenizer FILE|byte]   Hugging Face -> loom checkpoint\n"
+            "  export --hf CKPT OUT_DIR [--max-shard-size N]          loom checkpoint -> Hugging Face\n"
             "  peak [--threads N] [--seconds S] [--json]           measure the fp32 peak for MFU\n"
             "  version\n");
 }
@@ -35,6 +37,8 @@ int main(int argc, char **argv) {
     if (!strcmp(cmd, "tokenizer")) return loom_cli_tokenizer(argc - 1, argv + 1);
     if (!strcmp(cmd, "eval")) return loom_cli_eval(argc - 1, argv + 1);
     if (!strcmp(cmd, "peak")) return loom_cli_peak(argc - 1, argv + 1);
+    if (!strcmp(cmd, "import")) return loom_cli_import(argc - 1, argv + 1);
+    if (!strcmp(cmd, "export")) return loom_cli_export(argc - 1, argv + 1);
     if (!strcmp(cmd, "version") || !strcmp(cmd, "--version")) {
 #ifdef LOOM_NATIVE
         printf("loom %s (NATIVE=1 build: -march=native)\n", LOOM_VERSION);

@@ -467,3 +467,22 @@ int loom_tokenizer_save_vocab_merges(const loom_tokenizer *t, const char *vocab_
     free(buf);
     return rc;
 }
+
+/* ---- Hugging Face interop ------------------------------------------------------------------ */
+char *loom_tokenizer_hf_json(const loom_tokenizer *t) {
+    /* A byte tokenizer is a byte-level BPE without merges: the vocabulary is the 256 byte
+     * characters with id = byte, its specials are added tokens, and with no merges every byte
+     * stays its own token whatever the pre-tokenizer splits, so `tokenizers` encodes exactly
+     * as loom's byte tokenizer does. */
+    return bpe_json_text(t, 0);
+}
+
+int loom_tokenizer_is_plain_bytes(const loom_tokenizer *t) {
+    if (t->kind == LOOM_TOKENIZER_BYTE) return t->vocab_size == 256;
+    if (t->vocab_size != 256 || t->n_added != 0 || t->n_merges != 0 || t->add_prefix_space ||
+        t->byte_fallback)
+        return 0;
+    for (int b = 0; b < 256; b++)
+        if (t->byte_id[b] != b) return 0;
+    return 1;
+}
