@@ -554,17 +554,19 @@ typedef struct {
     const float *dout, *q, *k, *v, *out, *lse;
     float scale;
     int G, nqt, nkt;
-    /* scratch: t1, t2 (D x max(BQ,BK)), qs (BQ x D), s, dp (BQ x BK), acc1, acc2, pk, pk2,
-     * c (max(BQ,BK) x D), delta (BQ) */
-    float *t1, *t2, *qs, *s, *dp, *acc1, *acc2, *pk, *pk2, *c, *delta;
-    /* fused path only: delta of every query row of the task's group, (G, Tq) */
-    float *delta_all;
+    /* scratch: t1, t2 (D x max(BQ,BK)), qs (BQ x D), s, dp (BQ x BK), acc1, acc2, pk, pk2
+     * (max(BQ,BK) x D), delta (BQ) */
+    float *t1, *t2, *qs, *s, *dp, *acc1, *acc2, *pk, *pk2, *delta;
+    /* fused path only: delta of every query row of the task's group, (G, Tq); the group's
+     * scaled queries and output gradients packed once per task, (G, Tq, D) each, so the
+     * inner loop over (query head, query tile) copies nothing */
+    float *delta_all, *qs_all, *do_all;
 } bwd_ctx;
 
 enum { BM = BQ > BK ? BQ : BK };
 
 static size_t bwd_scratch_floats(int D) {
-    return (size_t)2 * D * BM + (size_t)BQ * D + (size_t)2 * BQ * BK + (size_t)5 * BM * D + BQ;
+    return (size_t)2 * D * BM + (size_t)BQ * D + (size_t)2 * BQ * BK + (size_t)4 * BM * D + BQ;
 }
 
 static void bwd_ctx_scratch(bwd_ctx *x, float *buf) {
@@ -578,22 +580,19 @@ static void bwd_ctx_scratch(bwd_ctx *x, float *buf) {
     x->acc2 = x->acc1 + dt;
     x->pk = x->acc2 + dt;
     x->pk2 = x->pk + dt;
-    x->c = x->pk2 + dt;
-    x->delta = x->c + dt;
+    x->delta = x->pk2 + dt;
 }
 
-/* dq rows of (b, h, query tile at i0, m rows) += scale * c (m x D) */
-static void add_dq(const bwd_ctx *x, int b, int h, int i0, int m, const float *c) {
-    const int D = x->d.D;
-    float *dqb = x->dq + b * x->d.q_bs + i0 * x->d.q_ts + (int64_t)h * D;
-    for (int r = 0; r < m; r++)
-        for (int e = 0; e < D; e++) dqb[r * x->d.q_ts + e] += x->scale * c[(int64_t)r * D + e];
+/* dq rows of (b, h, query tile at i0): the C operand of the dq product, which adds
+ * dS (scale K_j) onto them in place (ld q_ts) */
+static float *dq_rows(const bwd_ctx *x, int b, int h, int i0) {
+    return x->dq + b * x->d.q_bs + i0 * x->d.q_ts + (int64_t)h * x->d.D;
 }
 
 /* The key tile jt of (b, kv head): dk/dv rows += the sum over the group's query heads and the
- * query tiles (in that order) of dSᵀ Qs and Pᵀ dO. With with_dq, each pair's dS K_j is also
- * added to dq (the fused backward: dq rows then receive their key tiles in ascending order,
- * exactly as kv_dq_task adds them). */
+ * query tiles (in that order) of dSᵀ Qs and Pᵀ dO. With with_dq, each pair's dS (scale K_j)
+ * is also added to dq (the fused backward: dq rows then receive their key tiles in ascending
+ * order, exactly as q_tile_task adds them). */
 static void kv_tile_task(bwd_ctx *x, int b, int kvh, int jt, int with_dq) {
     const attn_ops *ops = x->ops;
     const loom_attn_dims *d = &x->d;
@@ -618,33 +617,36 @@ static void kv_tile_task(bwd_ctx *x, int b, int kvh, int jt, int with_dq) {
             if (!any) {
                 transpose_scaled(kt, BK, kb, d->k_ts, n, D, 1.0f);
                 transpose_scaled(vt, BK, vb, d->v_ts, n, D, 1.0f);
-                if (with_dq) pack_rows(x->pk2, kb, d->k_ts, n, D);
+                if (with_dq) copy_scaled(x->pk2, kb, d->k_ts, n, D, x->scale);
                 any = 1;
             }
             const float *qb = x->q + b * d->q_bs + i0 * d->q_ts + (int64_t)h * D;
             const float *dob = x->dout + b * d->o_bs + i0 * d->o_ts + (int64_t)h * D;
             const float *lb = x->lse + ((int64_t)b * d->H + h) * d->Tq + i0;
-            copy_scaled(x->qs, qb, d->q_ts, m, D, x->scale);
-            const float *ob = x->out + b * d->o_bs + i0 * d->o_ts + (int64_t)h * D;
-            const float *delta = x->delta;
-            if (x->delta_all)
-                delta = x->delta_all + (int64_t)(h - kvh * x->G) * d->Tq + i0;
-            else
+            const float *qs, *dop, *delta;
+            if (x->qs_all) { /* fused: packed once per task */
+                const int64_t off = ((int64_t)(h - kvh * x->G) * d->Tq + i0);
+                qs = x->qs_all + off * D;
+                dop = x->do_all + off * D;
+                delta = x->delta_all + off;
+            } else {
+                const float *ob = x->out + b * d->o_bs + i0 * d->o_ts + (int64_t)h * D;
+                copy_scaled(x->qs, qb, d->q_ts, m, D, x->scale);
+                pack_rows(x->pk, dob, d->o_ts, m, D);
                 ops->row_dot(x->delta, dob, d->o_ts, ob, d->o_ts, m, D);
-            ops->gemm(x->s, BK, x->qs, D, 1, kt, BK, m, n, D, 0);
+                qs = x->qs;
+                dop = x->pk;
+                delta = x->delta;
+            }
+            ops->gemm(x->s, BK, qs, D, 1, kt, BK, m, n, D, 0);
             if (cls == TILE_PARTIAL) mask_tile(x->s, mk, i0, m, j0, n, qd, kd);
-            ops->gemm(x->dp, BK, dob, d->o_ts, 1, vt, BK, m, n, D, 0);
+            ops->gemm(x->dp, BK, dop, D, 1, vt, BK, m, n, D, 0);
             ops->bwd_tile(x->s, x->dp, m, n, lb, delta);
             /* dV += Pᵀ dO, dK += dSᵀ (scale Q) */
-            if (x->dv) {
-                pack_rows(x->pk, dob, d->o_ts, m, D);
-                ops->gemm(dvacc, D, x->s, 1, BK, x->pk, D, n, D, m, 1);
-            }
-            if (x->dk) ops->gemm(dkacc, D, x->dp, 1, BK, x->qs, D, n, D, m, 1);
-            if (with_dq) { /* dq += scale * dS K_j */
-                ops->gemm(x->c, D, x->dp, BK, 1, x->pk2, D, m, D, n, 0);
-                add_dq(x, b, h, i0, m, x->c);
-            }
+            if (x->dv) ops->gemm(dvacc, D, x->s, 1, BK, dop, D, n, D, m, 1);
+            if (x->dk) ops->gemm(dkacc, D, x->dp, 1, BK, qs, D, n, D, m, 1);
+            if (with_dq) /* dq += dS (scale K_j) */
+                ops->gemm(dq_rows(x, b, h, i0), d->q_ts, x->dp, BK, 1, x->pk2, D, m, D, n, 1);
         }
     }
     if (!any) return;
@@ -693,10 +695,9 @@ static void q_tile_task(bwd_ctx *x, int b, int h, int it) {
         if (cls == TILE_PARTIAL) mask_tile_t(st, mk, i0, m, j0, n, qd, kd);
         ops->gemm(dpt, BQ, vb + j0 * d->v_ts, d->v_ts, 1, dot, BQ, n, m, D, 0);
         ops->bwd_tile_t(st, dpt, n, m, lb, x->delta);
-        /* c (m x D) = dS K_j, dS(i, j) = dpt[j*BQ + i]; dq += scale * c */
-        pack_rows(x->pk, kb + j0 * d->k_ts, d->k_ts, n, D);
-        ops->gemm(x->c, D, dpt, 1, BQ, x->pk, D, m, D, n, 0);
-        add_dq(x, b, h, i0, m, x->c);
+        /* dq += dS (scale K_j), dS(i, j) = dpt[j*BQ + i] */
+        copy_scaled(x->pk, kb + j0 * d->k_ts, d->k_ts, n, D, x->scale);
+        ops->gemm(dq_rows(x, b, h, i0), d->q_ts, dpt, 1, BQ, x->pk, D, m, D, n, 1);
     }
 }
 
@@ -718,7 +719,8 @@ int flash_attention_backward(float *dq, float *dk, float *dv, const float *dout,
     bwd_ctx x0 = {ops, *dims, *mask, dq, dk, dv, dout, q, k, v, out, lse,
                   1.0f / sqrtf((float)dims->D), dims->H / dims->KVH,
                   (dims->Tq + BQ - 1) / BQ, (dims->Tk + BK - 1) / BK,
-                  NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL};
+                  NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL,
+                  NULL};
     const int64_t nbk = (int64_t)dims->B * dims->KVH;
     const int64_t nkv_task = (dk || dv) ? nbk * x0.nkt : 0;
     const int64_t nq_task = dq ? (int64_t)dims->B * dims->H * x0.nqt : 0;
@@ -726,8 +728,9 @@ int flash_attention_backward(float *dq, float *dk, float *dv, const float *dout,
      * always takes two passes (sgemm is not bitwise the same on a tile and its transpose) */
     const int fused = nkv_task && nq_task && !is_blas(ops) &&
                       use_fused(nbk, omp_get_max_threads());
+    const size_t gq = (size_t)x0.G * dims->Tq;
     const size_t nscratch =
-        bwd_scratch_floats(dims->D) + (fused ? (size_t)x0.G * dims->Tq : 0);
+        bwd_scratch_floats(dims->D) + (fused ? gq * (1 + 2 * (size_t)dims->D) : 0);
     int fail = 0;
 #pragma omp parallel if (nkv_task + nq_task > 1)
     {
@@ -737,17 +740,24 @@ int flash_attention_backward(float *dq, float *dk, float *dv, const float *dout,
             bwd_ctx_scratch(&x, buf);
             if (fused) {
                 x.delta_all = buf + bwd_scratch_floats(dims->D);
+                x.qs_all = x.delta_all + gq;
+                x.do_all = x.qs_all + gq * dims->D;
 #pragma omp for schedule(dynamic, 1)
                 for (int64_t task = 0; task < nbk; task++) {
                     const int b = (int)(task / dims->KVH), kvh = (int)(task % dims->KVH);
                     const loom_attn_dims *d = &x.d;
-                    for (int g = 0; g < x.G; g++) { /* the rows' delta, once per task */
-                        const int64_t off = b * d->o_bs + (int64_t)(kvh * x.G + g) * d->D;
+                    for (int g = 0; g < x.G; g++) { /* once per task: delta, Qs, dO packed */
+                        const int hh = kvh * x.G + g;
+                        const int64_t oo = b * d->o_bs + (int64_t)hh * d->D;
+                        const int64_t qo = b * d->q_bs + (int64_t)hh * d->D;
+                        const int64_t go = (int64_t)g * d->Tq;
                         for (int i0 = 0; i0 < d->Tq; i0 += BQ)
-                            ops->row_dot(x.delta_all + (int64_t)g * d->Tq + i0,
-                                         dout + off + i0 * d->o_ts, d->o_ts,
-                                         out + off + i0 * d->o_ts, d->o_ts,
+                            ops->row_dot(x.delta_all + go + i0, dout + oo + i0 * d->o_ts,
+                                         d->o_ts, out + oo + i0 * d->o_ts, d->o_ts,
                                          d->Tq - i0 < BQ ? d->Tq - i0 : BQ, d->D);
+                        copy_scaled(x.qs_all + go * d->D, q + qo, d->q_ts, d->Tq, d->D,
+                                    x.scale);
+                        pack_rows(x.do_all + go * d->D, dout + oo, d->o_ts, d->Tq, d->D);
                     }
                     for (int jt = 0; jt < x.nkt; jt++) kv_tile_task(&x, b, kvh, jt, 1);
                 }
