@@ -35,6 +35,20 @@ typedef struct loom_model_config {
      * kernel of the model, decoding and the optimizer; NULL = loom_backend_cpu(). The config
      * key model.backend names it (cpu). */
     const struct loom_backend *backend;
+    /* mixture of experts (docs/moe.md): n_expert = 0 is a dense model. Layer l has an MoE
+     * feed-forward when (l + 1) % moe_every == 0: a softmax router over n_expert experts (each a
+     * feed-forward of width d_ff), top_k of them per token, plus shared_experts experts every
+     * token goes through. Capacity per expert and routing group of group_tokens tokens (0: one
+     * sequence, T) is floor(capacity_factor * top_k * group / n_expert); capacity_factor 0 is
+     * dropless. aux_loss_coef: Switch load-balancing loss, z_loss_coef: router z-loss. */
+    int n_expert;
+    int top_k;
+    int moe_every;
+    int shared_experts;
+    int group_tokens;
+    float capacity_factor;
+    float aux_loss_coef;
+    float z_loss_coef;
 } loom_model_config;
 
 /* How the block computes attention: flash (tiled online softmax, keeps the per-row
@@ -81,6 +95,20 @@ enum {  /* per-layer tensors, named layers.<l>.<name> */
     LOOM_L_FC_B,        /* (F)                     gpt2 */
     LOOM_L_FC_PROJ_W,   /* (C, F)     MLP down projection */
     LOOM_L_FC_PROJ_B,   /* (C)                     gpt2 */
+    /* MoE layers (docs/moe.md) have these instead of fc_w / gate_w, up_w / fc_b / fc_proj_*:
+     * the router, the shared experts (S = shared_experts, replicated), then the routed experts
+     * (E = n_expert; split over ep by expert, gradients reduced over the expert-data group),
+     * the routed experts last in the layer's arena range. FFI = F (gpt2) or 2F (llama: rows
+     * [gate | up]). */
+    LOOM_L_MOE_ROUTER_W,    /* (E, C) */
+    LOOM_L_MOE_SH_FC_W,     /* (S, FFI, C) */
+    LOOM_L_MOE_SH_FC_B,     /* (S, F)                 gpt2 */
+    LOOM_L_MOE_SH_PROJ_W,   /* (S, C, F) */
+    LOOM_L_MOE_SH_PROJ_B,   /* (S, C)                 gpt2 */
+    LOOM_L_MOE_FC_W,        /* (E, FFI, C) */
+    LOOM_L_MOE_FC_B,        /* (E, F)                 gpt2 */
+    LOOM_L_MOE_PROJ_W,      /* (E, C, F) */
+    LOOM_L_MOE_PROJ_B,      /* (E, C)                 gpt2 */
     LOOM_L_COUNT
 };
 /* Q, K and V (and gate and up) are separate tensors, so a head (column) split of each is one
@@ -139,7 +167,9 @@ typedef struct loom_model_layout {
                         * and d_ff */
     int tp_rank;       /* this view's rank in the tp group, [0, tp) */
     int l0, l1;        /* this pipeline stage's layers [l0, l1); l1 = 0: all layers */
-    int e0, e1;        /* experts [e0, e1): a placeholder until mixture-of-experts (0, 0) */
+    int e0, e1;        /* routed experts [e0, e1) of an MoE model (0, 0: all of them); the
+                        * range must be one of n_expert / (e1 - e0) equal parts (expert
+                        * parallelism of degree ep = n_expert / (e1 - e0)) */
     /* set by create: the stage holds the embedding (l0 = 0) / the head (l1 = n_layer) */
     int has_embedding, has_head;
 } loom_model_layout;
@@ -222,6 +252,44 @@ typedef struct loom_comm_points {
 } loom_comm_points;
 /* NULL: none. The struct is copied. */
 void loom_model_set_comm_points(loom_model *m, const loom_comm_points *cp);
+
+/* ---- mixture of experts: the dispatch / combine exchange (src/model/moe.c) ------------------
+ * With expert parallelism (layout e0, e1 a part of the experts) the MoE op sends each routed
+ * token's row to the member of the expert group holding its expert and gets the expert's
+ * output back. model/ does no communication itself: parallel/ep.c supplies these. Member r of
+ * the ep group holds experts [r * El, (r + 1) * El), El = e1 - e0. */
+typedef struct loom_moe_comm {
+    void *ctx;
+    /* send: ep blocks of `block` counts, block r to member r; recv: ep blocks, block i from
+     * member i (an all-to-all of equal blocks) */
+    void (*counts)(void *ctx, const int64_t *send, int64_t *recv, int block);
+    /* variable all-to-all: send_n[r] floats of send (members in order) to member r, recv_n[i]
+     * floats from member i into recv (in member order) */
+    void (*exchange)(void *ctx, const float *send, const int64_t *send_n, float *recv,
+                     const int64_t *recv_n);
+} loom_moe_comm;
+/* NULL: none (a model holding all its experts needs none). The struct is copied. */
+void loom_model_set_moe_comm(loom_model *m, const loom_moe_comm *c);
+/* 1 when layer l has an MoE feed-forward */
+int loom_model_layer_is_moe(const loom_model *m, int l);
+
+/* What the MoE layers' routing did since the last reset (forwards of training arenas, not
+ * recomputes), per MoE layer of the view: assignments per expert (before capacity), the
+ * assignments dropped by capacity, and the router losses. */
+typedef struct loom_moe_stats {
+    int n_layers;          /* MoE layers */
+    int n_expert;          /* E */
+    int *layer;            /* (n_layers) the layer index of each */
+    int64_t *load;         /* (n_layers, E) token assignments per expert */
+    int64_t *dropped;      /* (n_layers) assignments dropped */
+    int64_t *assigned;     /* (n_layers) assignments in all (tokens x top_k) */
+    double *aux_sum;       /* (n_layers) sum over routing groups of tokens x balance loss */
+    double *z_sum;         /* (n_layers) sum over tokens of the router z-loss */
+    double *tokens;        /* (n_layers) tokens routed */
+} loom_moe_stats;
+/* the model's counters (NULL for a dense model); valid while the model lives */
+loom_moe_stats *loom_model_moe_stats(loom_model *m);
+void loom_model_moe_stats_reset(loom_model *m);
 /* the name of a point ("row_out", ...) */
 const char *loom_comm_point_name(int point);
 

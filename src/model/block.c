@@ -8,7 +8,7 @@
 #include "loom/backend.h"
 #include "model/model_internal.h"
 
-enum { OP_NORM, OP_POINT, OP_LINEAR, OP_ROPE, OP_ATTN, OP_ACT, OP_RESIDUAL };
+enum { OP_NORM, OP_POINT, OP_LINEAR, OP_ROPE, OP_ATTN, OP_ACT, OP_RESIDUAL, OP_MOE };
 /* widths of a linear's input / output */
 enum { W_C, W_QKV, W_HD, W_FFI, W_F };
 /* the first MLP matrix: gpt2 fc_w, llama gate_w|up_w */
@@ -47,6 +47,8 @@ static const block_op BLOCK[] = {
     LINEAR(S_LN2, S_FCH, P_FC1, LOOM_L_FC_B, W_C, W_FFI, 0),
     {OP_ACT, S_FCH, S_FCH_ACT, 0, 0, P_NONE, P_NONE, 0, 0, 0, 0, 0},
     LINEAR(S_FCH_ACT, S_RES3, LOOM_L_FC_PROJ_W, LOOM_L_FC_PROJ_B, W_F, W_C, 1),
+    /* an MoE layer: RES3 = experts(LN2) instead of the dense ops (src/model/moe.c) */
+    {OP_MOE, S_LN2, S_RES3, 0, 0, P_NONE, P_NONE, 0, 0, 0, 0, 0},
     POINT(LOOM_CP_ROW_OUT, S_RES3, LOOM_SITE_FFN),
     POINT(LOOM_CP_FFN_OUT, S_RES3, LOOM_SITE_FFN),
     {OP_RESIDUAL, S_RES2, S_RES3, 0, 0, P_NONE, P_NONE, 0, 0, 0, 0, 0},
@@ -74,6 +76,18 @@ static float *grad(const loom_model *m, int w, int l) {
 /* a named communication point: nothing unless parallel/ supplied one */
 static void point(loom_model *m, int p, int dir, int layer, int site, float *buf, int64_t n) {
     if (m->has_cp) m->cp.fn(m->cp.ctx, p, dir, layer, site, buf, n);
+}
+
+/* An MoE layer runs OP_MOE instead of the dense feed-forward's ops (its linears, activation
+ * and tensor-parallel points); a dense layer skips OP_MOE. */
+static int skipped(const loom_model *m, int l, const block_op *op) {
+    const int moe = loom_model_layer_is_moe(m, l);
+    if (op->kind == OP_MOE) return !moe;
+    if (!moe) return 0;
+    return op->kind == OP_ACT ||
+           (op->kind == OP_LINEAR && (op->w == P_FC1 || op->w == LOOM_L_FC_PROJ_W)) ||
+           (op->kind == OP_POINT && op->site == LOOM_SITE_FFN &&
+            (op->point == LOOM_CP_COL_IN || op->point == LOOM_CP_ROW_OUT));
 }
 
 static void op_forward(loom_model *m, block_frame *f, int l, const block_op *op) {
@@ -124,6 +138,7 @@ static void op_forward(loom_model *m, block_frame *f, int l, const block_op *op)
         else be->swiglu_forward(s[op->out], s[op->in], N, m->F);
         break;
     case OP_RESIDUAL: be->residual_forward(s[op->out], s[op->out], s[op->in], N * C); break;
+    case OP_MOE: moe_forward(m, f, l, op->in, op->out); break;
     }
 }
 
@@ -180,15 +195,18 @@ static void op_backward(loom_model *m, block_frame *f, int l, const block_op *op
     case OP_RESIDUAL: /* out = out + in: both see the residual stream's gradient (one buffer) */
         LOOM_CHECK(g[op->in] == g[op->out]);
         break;
+    case OP_MOE: moe_backward(m, f, l, op->in, op->out); break;
     }
 }
 
 void block_forward(loom_model *m, block_frame *f, int layer) {
-    for (int i = 0; i < N_OPS; i++) op_forward(m, f, layer, &BLOCK[i]);
+    for (int i = 0; i < N_OPS; i++)
+        if (!skipped(m, layer, &BLOCK[i])) op_forward(m, f, layer, &BLOCK[i]);
 }
 
 void block_backward(loom_model *m, block_frame *f, int layer) {
-    for (int i = N_OPS - 1; i >= 0; i--) op_backward(m, f, layer, &BLOCK[i]);
+    for (int i = N_OPS - 1; i >= 0; i--)
+        if (!skipped(m, layer, &BLOCK[i])) op_backward(m, f, layer, &BLOCK[i]);
 }
 
 /* ---- the activation arena ---------------------------------------------------------------- */
@@ -205,7 +223,8 @@ static int64_t slot_floats(const loom_model *m, int k, int64_t B, int64_t T) {
     case S_ATTY: return N * m->H * m->D;
     case S_FCH: return N * m->FFI;
     case S_FCH_ACT: return N * m->F;
-    default: return 0; /* S_X: the previous layer's S_RES3 */
+    case S_X: return 0; /* the previous layer's S_RES3 */
+    default: return moe_slot_floats(m, k, N);
     }
 }
 
@@ -255,6 +274,12 @@ static size_t layout_acts(const loom_model *m, struct loom_acts *a, float *base,
         TAKE(a ? &a->dfch_act : &dummy, slot_floats(m, S_FCH_ACT, B, T));
         TAKE(a ? &a->datt : &dummy,
              m->cfg.attention == LOOM_ATTN_FLASH ? 0 : slot_floats(m, S_ATT, B, T));
+        for (int k = S_MOE_PROB; k < S_COUNT; k++)
+            TAKE(a ? &a->moe_g[k] : &dummy, moe_grad_floats(m, k, BT));
+    }
+    if (m->E > 0) { /* the exchange buffers (inference arenas too: eval under ep) */
+        TAKE(a ? &a->moe_t0 : &dummy, moe_exchange_floats(m, BT));
+        TAKE(a ? &a->moe_t1 : &dummy, moe_exchange_floats(m, BT));
     }
 #undef TAKE
     (void)dummy;
@@ -311,7 +336,11 @@ void acts_frame(const loom_model *m, const loom_acts *a, int l, int B, int T, bl
         f->g[S_FCH] = a->dfch;
         f->g[S_FCH_ACT] = a->dfch_act;
         f->datt = a->datt;
+        for (int k = S_MOE_PROB; k < S_COUNT; k++) f->g[k] = a->moe_g[k];
     }
+    f->moe_t0 = a->moe_t0;
+    f->moe_t1 = a->moe_t1;
+    f->train = a->stacked;
 }
 
 void loom_acts_poison_layer(const loom_model *m, loom_acts *a, int layer, float value) {

@@ -16,6 +16,8 @@ struct loom_kv_cache {
     /* one row of scratch */
     float *x, *h, *stat, *qkv, *att, *tmp, *fch, *fact, *logits, *scores;
     float *res[3];       /* the residual stream: layer input, after attention, layer output */
+    float *moe;          /* one row of the MoE slots (an MoE model) */
+    float *moe_slot[S_COUNT];
 };
 
 loom_kv_cache *loom_kv_cache_create(const loom_model *m) {
@@ -43,6 +45,17 @@ loom_kv_cache *loom_kv_cache_create(const loom_model *m) {
     kc->fact = loom_alloc_aligned((size_t)m->F * sizeof(float));
     kc->logits = loom_alloc_aligned((size_t)c->vocab_size * sizeof(float));
     kc->scores = loom_alloc_aligned((size_t)m->H * (size_t)kc->maxT * sizeof(float));
+    if (m->E > 0) { /* the MoE op's slots for one row (decoding routes dropless) */
+        LOOM_CHECK(m->ep == 1);
+        size_t n = 0;
+        for (int k = S_MOE_PROB; k < S_COUNT; k++) n += ((size_t)moe_slot_floats(m, k, 1) + 15) & ~(size_t)15;
+        kc->moe = loom_alloc_aligned(n * sizeof(float));
+        n = 0;
+        for (int k = S_MOE_PROB; k < S_COUNT; k++) {
+            kc->moe_slot[k] = kc->moe + n;
+            n += ((size_t)moe_slot_floats(m, k, 1) + 15) & ~(size_t)15;
+        }
+    }
     return kc;
 }
 
@@ -61,6 +74,7 @@ void loom_kv_cache_free(loom_kv_cache *c) {
     free(c->fact);
     free(c->logits);
     free(c->scores);
+    free(c->moe);
     free(c);
 }
 
@@ -88,6 +102,7 @@ const float *loom_model_decode(loom_model *m, loom_kv_cache *kc, int32_t token) 
     f.s[S_ATTY] = kc->att;
     f.s[S_FCH] = kc->fch;
     f.s[S_FCH_ACT] = kc->fact;
+    for (int k = S_MOE_PROB; k < S_COUNT; k++) f.s[k] = kc->moe_slot[k];
     int x = 0; /* which of the three stream buffers holds the layer's input */
     for (int l = 0; l < c->n_layer; l++) {
         f.s[S_X] = kc->res[x];

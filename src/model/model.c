@@ -15,7 +15,9 @@ static const char *const global_names[LOOM_P_COUNT] = {"wte", "wpe", "lnf_w", "l
                                                         "lm_head", "cls_w", "cls_b"};
 static const char *const layer_names[LOOM_L_COUNT] = {
     "ln1_w", "ln1_b", "q_w",  "k_w",  "v_w",   "q_b",  "k_b",   "v_b",       "attn_proj_w",
-    "attn_proj_b", "ln2_w", "ln2_b", "fc_w", "gate_w", "up_w", "fc_b", "fc_proj_w", "fc_proj_b"};
+    "attn_proj_b", "ln2_w", "ln2_b", "fc_w", "gate_w", "up_w", "fc_b", "fc_proj_w", "fc_proj_b",
+    "moe_router_w", "moe_shared_fc_w", "moe_shared_fc_b", "moe_shared_proj_w",
+    "moe_shared_proj_b", "moe_fc_w", "moe_fc_b", "moe_proj_w", "moe_proj_b"};
 
 /* Appends a tensor to the table (when present) and returns its index, or -1. split_dim >= 0:
  * that dimension is split over the tp group (this view holds its tp_rank-th part). */
@@ -52,6 +54,32 @@ static int add_tensor(loom_model *m, size_t *off, int layer, int kind, int prese
     return m->n_info++;
 }
 
+/* An MoE tensor of a layer with up to 3 dimensions (d2 = 0: two); ep_split: dimension 0 is the
+ * routed experts, split over the expert group (this view holds [e0, e1)) and reduced over the
+ * expert-data group. */
+static int add_moe_tensor(loom_model *m, size_t *off, int layer, int kind, int present, int decay,
+                          int ndim, int64_t d0, int64_t d1, int64_t d2, int ep_split) {
+    const int i = add_tensor(m, off, layer, kind, present, decay, ndim < 3 ? ndim : 2, d0, d1, -1);
+    if (i < 0) return i;
+    loom_tensor_info *t = &m->info[i];
+    *off -= t->numel;
+    if (ndim == 3) {
+        t->ndim = 3;
+        t->shape[2] = t->box_len[2] = d2;
+    }
+    if (ep_split) {
+        t->split_dim = 0;
+        t->split_group = LOOM_SPLIT_EP;
+        t->reduce_group = LOOM_REDUCE_EDP;
+        t->box_off[0] = m->lay.e0;
+        t->box_len[0] = m->lay.e1 - m->lay.e0;
+    }
+    t->numel = 1;
+    for (int d = 0; d < t->ndim; d++) t->numel *= (size_t)t->box_len[d];
+    *off += t->numel;
+    return i;
+}
+
 int64_t loom_tensor_global_index(const loom_tensor_info *t, int64_t k) {
     int64_t g = 0;
     int64_t rest = k;
@@ -76,6 +104,7 @@ static void set_fused_layout(loom_model *m) {
     for (int l = m->lay.l0; l < m->lay.l1; l++)
         for (int g = 0; g < 3; g++) {
             if ((g == 1 && !gpt2) || (g == 2 && gpt2)) continue;
+            if (g == 2 && loom_model_layer_is_moe(m, l)) continue; /* no dense gate/up */
             const loom_tensor_info *first = loom_model_layer_tensor(m, l, groups[g][0]);
             int64_t rows = 0;
             for (int j = 0; j < 3 && groups[g][j] >= 0; j++) rows += loom_model_layer_tensor(m, l, groups[g][j])->shape[0];
@@ -94,6 +123,14 @@ static void set_fused_layout(loom_model *m) {
             }
         }
 }
+
+/* layer l of a model with this config has an MoE feed-forward */
+static int moe_layer(const loom_model_config *c, int l) {
+    const int every = c->moe_every > 0 ? c->moe_every : 1;
+    return c->n_expert > 0 && (l + 1) % every == 0;
+}
+
+int loom_model_layer_is_moe(const loom_model *m, int l) { return moe_layer(&m->cfg, l); }
 
 static int check_config(const loom_model_config *c, loom_err *err) {
     if (c->flavor != LOOM_FLAVOR_GPT2 && c->flavor != LOOM_FLAVOR_LLAMA)
@@ -122,6 +159,15 @@ static int check_config(const loom_model_config *c, loom_err *err) {
         return loom_errf(err, "model: unknown attention %d", c->attention);
     if (c->head != LOOM_HEAD_LM && c->head != LOOM_HEAD_CLASSIFY)
         return loom_errf(err, "model: unknown head %d", c->head);
+    if (c->n_expert < 0 || (c->n_expert > 0 &&
+                             (c->top_k < 1 || c->top_k > c->n_expert || c->moe_every < 0 ||
+                              c->shared_experts < 0 || c->group_tokens < 0 ||
+                              !(c->capacity_factor >= 0.0f) || !(c->aux_loss_coef >= 0.0f) ||
+                              !(c->z_loss_coef >= 0.0f))))
+        return loom_errf(err, "model: mixture of experts needs 1 <= model.moe.top_k (%d) <= "
+                              "model.moe.experts (%d), and model.moe.every, shared_experts, "
+                              "group_tokens, capacity_factor, aux_loss_coef, z_loss_coef >= 0",
+                         c->top_k, c->n_expert);
     if (c->head == LOOM_HEAD_CLASSIFY && c->num_classes < 2)
         return loom_errf(err, "model: the classify head needs model.num_classes >= 2 (got %d)",
                          c->num_classes);
@@ -147,9 +193,20 @@ static int check_layout(const loom_model_config *c, const loom_model_layout *in,
     if (out->l0 < 0 || out->l1 > c->n_layer || out->l0 >= out->l1)
         return loom_errf(err, "model layout: layer range [%d, %d) is not a non-empty part of "
                               "the model's %d layers", out->l0, out->l1, c->n_layer);
-    if (out->e0 != 0 || out->e1 != 0)
+    if (c->n_expert == 0 && (out->e0 != 0 || out->e1 != 0))
         return loom_errf(err, "model layout: expert range [%d, %d) given, but the model has "
                               "no experts", out->e0, out->e1);
+    if (c->n_expert > 0) {
+        if (out->e0 == 0 && out->e1 == 0) out->e1 = c->n_expert;
+        const int el = out->e1 - out->e0;
+        if (out->e0 < 0 || el < 1 || out->e1 > c->n_expert || c->n_expert % el || out->e0 % el)
+            return loom_errf(err, "model layout: expert range [%d, %d) is not one of equal parts "
+                                  "of the model's %d experts (model.moe.experts must be divisible "
+                                  "by parallel.ep)", out->e0, out->e1, c->n_expert);
+        if (out->tp > 1)
+            return loom_errf(err, "model layout: mixture of experts with tensor parallelism "
+                                  "(tp = %d) is not built", out->tp);
+    }
     out->has_embedding = out->l0 == 0;
     out->has_head = out->l1 == c->n_layer;
     return 0;
@@ -226,12 +283,35 @@ static int create(const loom_model_config *cfg, const loom_model_layout *layout,
         li[LOOM_L_ATTN_PROJ_B] = add_tensor(m, &off, l, LOOM_L_ATTN_PROJ_B, gpt2, 0, 1, C, 0, -1);
         li[LOOM_L_LN2_W] = add_tensor(m, &off, l, LOOM_L_LN2_W, 1, 0, 1, C, 0, -1);
         li[LOOM_L_LN2_B] = add_tensor(m, &off, l, LOOM_L_LN2_B, gpt2, 0, 1, C, 0, -1);
-        li[LOOM_L_FC_W] = add_tensor(m, &off, l, LOOM_L_FC_W, gpt2, 1, 2, Fg, C, 0);
-        li[LOOM_L_GATE_W] = add_tensor(m, &off, l, LOOM_L_GATE_W, !gpt2, 1, 2, Fg, C, 0);
-        li[LOOM_L_UP_W] = add_tensor(m, &off, l, LOOM_L_UP_W, !gpt2, 1, 2, Fg, C, 0);
-        li[LOOM_L_FC_B] = add_tensor(m, &off, l, LOOM_L_FC_B, gpt2, 0, 1, Fg, 0, 0);
-        li[LOOM_L_FC_PROJ_W] = add_tensor(m, &off, l, LOOM_L_FC_PROJ_W, 1, 1, 2, C, Fg, 1);
-        li[LOOM_L_FC_PROJ_B] = add_tensor(m, &off, l, LOOM_L_FC_PROJ_B, gpt2, 0, 1, C, 0, -1);
+        const int dense = !moe_layer(cfg, l);
+        li[LOOM_L_FC_W] = add_tensor(m, &off, l, LOOM_L_FC_W, dense && gpt2, 1, 2, Fg, C, 0);
+        li[LOOM_L_GATE_W] = add_tensor(m, &off, l, LOOM_L_GATE_W, dense && !gpt2, 1, 2, Fg, C, 0);
+        li[LOOM_L_UP_W] = add_tensor(m, &off, l, LOOM_L_UP_W, dense && !gpt2, 1, 2, Fg, C, 0);
+        li[LOOM_L_FC_B] = add_tensor(m, &off, l, LOOM_L_FC_B, dense && gpt2, 0, 1, Fg, 0, 0);
+        li[LOOM_L_FC_PROJ_W] = add_tensor(m, &off, l, LOOM_L_FC_PROJ_W, dense, 1, 2, C, Fg, 1);
+        li[LOOM_L_FC_PROJ_B] = add_tensor(m, &off, l, LOOM_L_FC_PROJ_B, dense && gpt2, 0, 1, C, 0,
+                                          -1);
+        if (!dense) { /* the router, shared experts, then the routed experts (last: one range) */
+            const int64_t E = cfg->n_expert, S = cfg->shared_experts, FI = gpt2 ? Fg : 2 * Fg;
+            li[LOOM_L_MOE_ROUTER_W] = add_moe_tensor(m, &off, l, LOOM_L_MOE_ROUTER_W, 1, 1, 2, E,
+                                                     C, 0, 0);
+            li[LOOM_L_MOE_SH_FC_W] = add_moe_tensor(m, &off, l, LOOM_L_MOE_SH_FC_W, S > 0, 1, 3,
+                                                    S, FI, C, 0);
+            li[LOOM_L_MOE_SH_FC_B] = add_moe_tensor(m, &off, l, LOOM_L_MOE_SH_FC_B, S > 0 && gpt2,
+                                                    0, 2, S, Fg, 0, 0);
+            li[LOOM_L_MOE_SH_PROJ_W] = add_moe_tensor(m, &off, l, LOOM_L_MOE_SH_PROJ_W, S > 0, 1,
+                                                      3, S, C, Fg, 0);
+            li[LOOM_L_MOE_SH_PROJ_B] = add_moe_tensor(m, &off, l, LOOM_L_MOE_SH_PROJ_B,
+                                                      S > 0 && gpt2, 0, 2, S, C, 0, 0);
+            li[LOOM_L_MOE_FC_W] = add_moe_tensor(m, &off, l, LOOM_L_MOE_FC_W, 1, 1, 3, E, FI, C,
+                                                 1);
+            li[LOOM_L_MOE_FC_B] = add_moe_tensor(m, &off, l, LOOM_L_MOE_FC_B, gpt2, 0, 2, E, Fg,
+                                                 0, 1);
+            li[LOOM_L_MOE_PROJ_W] = add_moe_tensor(m, &off, l, LOOM_L_MOE_PROJ_W, 1, 1, 3, E, C,
+                                                   Fg, 1);
+            li[LOOM_L_MOE_PROJ_B] = add_moe_tensor(m, &off, l, LOOM_L_MOE_PROJ_B, gpt2, 0, 2, E, C,
+                                                   0, 1);
+        }
     }
     const int head = lay.has_head;
     const int64_t K = cfg->num_classes;
@@ -243,6 +323,7 @@ static int create(const loom_model_config *cfg, const loom_model_layout *layout,
     m->gidx[LOOM_P_CLS_B] = add_tensor(m, &off, -1, LOOM_P_CLS_B, head && cls, 0, 1, K, 0, -1);
     m->n_params = off;
     set_fused_layout(m);
+    moe_init(m);
     m->n_units = lay.l1 - lay.l0 + 2;
     m->unit_off = loom_calloc((size_t)m->n_units, sizeof(size_t));
     m->unit_cnt = loom_calloc((size_t)m->n_units, sizeof(size_t));
@@ -318,6 +399,7 @@ void loom_model_free(loom_model *m) {
     free(m->pbase);
     free(m->gbase);
     free(m->have_grads);
+    moe_free(m);
     free(m);
 }
 
@@ -410,7 +492,8 @@ static float init_value(const loom_model *m, const loom_tensor_info *t, uint64_t
     if (is_norm) return 1.0f;
     if (!t->decay) return 0.0f; /* biases */
     const float std = m->cfg.init_std;
-    const float s = (!g && (t->kind == LOOM_L_ATTN_PROJ_W || t->kind == LOOM_L_FC_PROJ_W))
+    const float s = (!g && (t->kind == LOOM_L_ATTN_PROJ_W || t->kind == LOOM_L_FC_PROJ_W ||
+                            t->kind == LOOM_L_MOE_PROJ_W || t->kind == LOOM_L_MOE_SH_PROJ_W))
                         ? std / sqrtf(2.0f * (float)m->cfg.n_layer)
                         : std;
     return s * loom_rng_normal(seed, stream, k);
@@ -549,6 +632,7 @@ void loom_model_recompute_layer(loom_model *m, loom_acts *a, int layer) {
     LOOM_CHECK(a->stacked && layer >= m->lay.l0 && layer < m->lay.l1 && a->B > 0);
     block_frame f;
     acts_frame(m, a, layer, a->B, a->T, &f);
+    f.recompute = 1;
     const int u = layer - m->lay.l0 + 1;
     acquire(m, u, 0);
     block_forward(m, &f, layer);
@@ -629,6 +713,7 @@ void loom_model_backward_acts(loom_model *m, loom_acts *a, float dscale) {
     for (int l = m->lay.l1 - 1; l >= m->lay.l0; l--) {
         const int u = l - m->lay.l0 + 1;
         acts_frame(m, a, l, B, T, &f);
+        f.dscale = dscale;
         acquire(m, u, 1);
         block_backward(m, &f, l);
         release(m, u, 1);
@@ -670,7 +755,14 @@ double loom_model_flops_per_token(const loom_model *m, int T) {
     const double QKV = (double)(c->n_head + 2 * c->n_kv_head) * m->D;
     const double FFI = c->flavor == LOOM_FLAVOR_GPT2 ? c->d_ff : 2.0 * c->d_ff;
     const double head = c->head == LOOM_HEAD_CLASSIFY ? 0.0 : (double)c->vocab_size * C;
-    const double matmul_params = L * (C * QKV + HD * C + C * FFI + (double)c->d_ff * C) + head;
+    /* an MoE layer's active weights: the router, top_k routed and the shared experts */
+    double ffn = 0;
+    for (int l = 0; l < c->n_layer; l++)
+        ffn += loom_model_layer_is_moe(m, l)
+                   ? (double)c->n_expert * C +
+                         (double)(c->top_k + c->shared_experts) * (C * FFI + (double)c->d_ff * C)
+                   : C * FFI + (double)c->d_ff * C;
+    const double matmul_params = L * (C * QKV + HD * C) + ffn + head;
     /* 6 FLOPs per weight per token (fwd 2, bwd 4), plus attention: per layer and query head,
      * 2 forward and 4 backward GEMMs of 2*D FLOPs per (query, key) pair the causal kernels
      * compute (about T^2/2 pairs per sequence, not T^2: the masked blocks are skipped). */

@@ -25,6 +25,18 @@ const loom_config_key loom_model_config_keys[] = {
                                  "materialized reference: B x H x T x T probabilities per layer)"},
     {"model.backend", "cpu", "the kernels' backend: cpu (the only one today; docs/engine.md "
                              "\"Backends\")"},
+    {"model.moe.experts", "0", "E: routed experts of the MoE feed-forward layers (0 = a dense "
+                               "model; docs/moe.md)"},
+    {"model.moe.top_k", "2", "experts per token"},
+    {"model.moe.every", "1", "layer l is an MoE layer when (l + 1) % every == 0"},
+    {"model.moe.capacity_factor", "0", "per expert and routing group at most "
+                                       "floor(capacity_factor * top_k * group / E) tokens, the "
+                                       "rest dropped (pass through the residual); 0 = dropless"},
+    {"model.moe.group_tokens", "0", "tokens of a routing group for the capacity and the balance "
+                                    "loss (0 = one sequence, training.seq_len)"},
+    {"model.moe.aux_loss_coef", "0.01", "weight of the load-balancing loss"},
+    {"model.moe.z_loss_coef", "0.001", "weight of the router z-loss"},
+    {"model.moe.shared_experts", "0", "experts every token goes through (besides its top_k)"},
 };
 const int loom_model_config_nkeys = sizeof loom_model_config_keys / sizeof loom_model_config_keys[0];
 
@@ -44,6 +56,16 @@ static int get_float(const loom_config *c, const char *key, float *out, loom_err
     if (loom_config_get_double(c, key, &v, err) != 0) return -1;
     if (!(v > 0.0))
         return loom_errf(err, "config key '%s' (%s) must be positive", key,
+                         loom_config_origin(c, key));
+    *out = (float)v;
+    return 0;
+}
+
+static int get_nonneg(const loom_config *c, const char *key, float *out, loom_err *err) {
+    double v;
+    if (loom_config_get_double(c, key, &v, err) != 0) return -1;
+    if (!(v >= 0.0) || v > 1e6)
+        return loom_errf(err, "config key '%s' = %g (%s) must be in [0, 1e6]", key, v,
                          loom_config_origin(c, key));
     *out = (float)v;
     return 0;
@@ -97,6 +119,23 @@ int loom_model_config_from(const loom_config *c, int default_seq_len, loom_model
     if (!out->backend)
         return loom_errf(err, "config key 'model.backend' = '%s' (%s): unknown backend (known: %s)",
                          be, loom_config_origin(c, "model.backend"), loom_backend_names());
+    if (get_int(c, "model.moe.experts", 0, 1024, &out->n_expert, err) ||
+        get_int(c, "model.moe.top_k", 1, 1024, &out->top_k, err) ||
+        get_int(c, "model.moe.every", 1, 4096, &out->moe_every, err) ||
+        get_int(c, "model.moe.shared_experts", 0, 64, &out->shared_experts, err) ||
+        get_int(c, "model.moe.group_tokens", 0, big, &out->group_tokens, err) ||
+        get_nonneg(c, "model.moe.capacity_factor", &out->capacity_factor, err) ||
+        get_nonneg(c, "model.moe.aux_loss_coef", &out->aux_loss_coef, err) ||
+        get_nonneg(c, "model.moe.z_loss_coef", &out->z_loss_coef, err))
+        return -1;
+    if (out->n_expert > 0 && out->top_k > out->n_expert)
+        return loom_errf(err, "config key 'model.moe.top_k' = %d (%s) exceeds model.moe.experts = "
+                              "%d", out->top_k, loom_config_origin(c, "model.moe.top_k"),
+                         out->n_expert);
+    if (out->n_expert == 0) { /* a dense model: the other moe keys do nothing */
+        out->top_k = out->moe_every = out->shared_experts = out->group_tokens = 0;
+        out->capacity_factor = out->aux_loss_coef = out->z_loss_coef = 0.0f;
+    }
     if (get_float(c, "model.norm_eps", &out->norm_eps, err) ||
         get_float(c, "model.rope_theta", &out->rope_theta, err) ||
         get_float(c, "model.init_std", &out->init_std, err))

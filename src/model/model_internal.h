@@ -11,7 +11,15 @@
  * previous layer's S_RES3, or the embedding output). */
 enum {
     S_X, S_LN1, S_LN1_MEAN, S_LN1_RSTD, S_QKV, S_ATT, S_ATTY, S_RES2, S_LN2, S_LN2_MEAN,
-    S_LN2_RSTD, S_FCH, S_FCH_ACT, S_RES3, S_COUNT
+    S_LN2_RSTD, S_FCH, S_FCH_ACT, S_RES3,
+    /* MoE layers (src/model/moe.c; sized 0 in a dense model): router probabilities (N,E), their
+     * log-sum-exp (N), the routing (int32: N*k experts, N*k rows, -1 = dropped), the rows of this
+     * view's experts, expert-major (X, H = first matmul, A = activation, Y = output), the outputs
+     * back in the sender's order (YB, expert parallelism only), the shared experts' H and A
+     * (S,N,.) and output (N,C), and the exchange's counts (int32) */
+    S_MOE_PROB, S_MOE_LSE, S_MOE_ROUTE, S_MOE_X, S_MOE_H, S_MOE_A, S_MOE_Y, S_MOE_YB, S_MOE_SH_H,
+    S_MOE_SH_A, S_MOE_SH_Y, S_MOE_META,
+    S_COUNT
 };
 
 /* An activation arena: what one micro-batch's forward keeps (per layer of the stage, stacked)
@@ -35,6 +43,8 @@ struct loom_acts {
     float *dln;           /* (B,T,C) S_LN1, S_LN2 */
     float *dqkv, *datty, *dfch, *dfch_act; /* S_QKV, S_ATTY, S_FCH, S_FCH_ACT */
     float *datt;          /* (B,H,T,T) attention backward scratch */
+    float *moe_g[S_COUNT];/* MoE backward scratch: gradients of the S_MOE_* slots */
+    float *moe_t0, *moe_t1; /* MoE exchange buffers (expert parallelism) */
     int32_t *inputs;      /* (B,T) copy of the last forward's inputs */
     int32_t *targets;     /* (B,T) */
     int B, T;             /* shape of the last forward */
@@ -51,6 +61,10 @@ typedef struct block_frame {
     float *kcache, *vcache; /* decode: this layer's (maxT, KVH*D) caches, else NULL */
     float *scores;          /* decode scratch (H * maxT) */
     float *datt;            /* backward scratch (B,H,T,T) */
+    float *moe_t0, *moe_t1; /* MoE exchange buffers (expert parallelism) */
+    int train;              /* a training arena: MoE capacity applies, routing stats counted */
+    int recompute;          /* a recompute: routing stats are not counted again */
+    float dscale;           /* backward: the loss scale (the MoE router losses use it) */
 } block_frame;
 
 /* the floats of an activation arena for B x T (stacked or not) */
@@ -59,6 +73,16 @@ size_t acts_floats(const loom_model *m, int B, int T, int stacked);
 void acts_frame(const loom_model *m, const struct loom_acts *a, int l, int B, int T, block_frame *f);
 void block_forward(loom_model *m, block_frame *f, int layer);
 void block_backward(loom_model *m, block_frame *f, int layer);
+/* the MoE op (src/model/moe.c): floats of MoE slot k at N rows, the exchange buffers' and the
+ * backward scratch's floats, and the op's forward (LN2 rows -> RES3) and backward */
+int64_t moe_slot_floats(const loom_model *m, int k, int64_t N);
+int64_t moe_exchange_floats(const loom_model *m, int64_t N);
+int64_t moe_grad_floats(const loom_model *m, int k, int64_t N);
+void moe_forward(loom_model *m, block_frame *f, int l, int in, int out);
+void moe_backward(loom_model *m, block_frame *f, int l, int in, int out);
+/* creates / frees the model's MoE state (stats); called by create / free */
+void moe_init(loom_model *m);
+void moe_free(loom_model *m);
 
 struct loom_model {
     loom_model_config cfg;
@@ -89,6 +113,13 @@ struct loom_model {
                              * inference model until its first forward) */
     size_t act_floats;    /* its size */
     const struct loom_backend *be; /* the kernels' op table (cfg.backend, or the cpu one) */
+    /* mixture of experts: E routed experts, this view's El = e1 - e0 of them, ep = E / El, the
+     * view's rank in the expert group, S shared experts; the exchange (expert parallelism) */
+    int E, El, ep, ep_rank, S;
+    int has_moe_comm;
+    loom_moe_comm moe_comm;
+    loom_moe_stats moe_stats;
+    int *moe_slot;        /* (L) index into moe_stats of an MoE layer, -1 for a dense one */
     float *rope_cos;      /* (maxT, D/2) */
     float *rope_sin;
 };

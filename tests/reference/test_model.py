@@ -47,7 +47,12 @@ class ModelConfig(ctypes.Structure):
                 ("norm_eps", ctypes.c_float), ("rope_theta", ctypes.c_float),
                 ("init_std", ctypes.c_float), ("head", ctypes.c_int),
                 ("num_classes", ctypes.c_int), ("attention", ctypes.c_int),
-                ("backend", ctypes.c_void_p)]  # const loom_backend *: None = the cpu table
+                ("backend", ctypes.c_void_p),  # const loom_backend *: None = the cpu table
+                # mixture of experts (n_expert 0: dense)
+                ("n_expert", ctypes.c_int), ("top_k", ctypes.c_int), ("moe_every", ctypes.c_int),
+                ("shared_experts", ctypes.c_int), ("group_tokens", ctypes.c_int),
+                ("capacity_factor", ctypes.c_float), ("aux_loss_coef", ctypes.c_float),
+                ("z_loss_coef", ctypes.c_float)]
 
 
 class TensorInfo(ctypes.Structure):
