@@ -20,6 +20,8 @@ static const loom_config_key train_only_keys[] = {
     {"training.schedule_steps", NULL, "horizon of the lr schedule (default training.steps); "
                                       "fix it to stop and continue a run along one schedule"},
     {"training.seed", "1337", "seeds init and data order"},
+    {"training.init_from", "", "start from these weights: a loom checkpoint or a Hugging Face "
+                               "directory (fresh optimizer and schedule; model.* from it)"},
     {"training.batch_size", "8", "B: sequences per micro-batch (the global batch under dp)"},
     {"training.seq_len", "256", "T: tokens per sequence"},
     {"training.grad_accum", "1", "micro-batches per optimizer step"},

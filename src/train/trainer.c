@@ -338,6 +338,8 @@ int loom_train(loom_config *cfg, loom_err *err) {
     double *per_rank = NULL;
     struct sigaction old_int, old_term;
     if (loom_trainer_read_settings(cfg, &t.s, err)) return -1;
+    /* training.init_from: the model.* keys come from the source (init_from.c) */
+    if (loom_trainer_init_from_config(cfg, err)) return -1;
     if (loom_model_config_from(cfg, (int)t.s.T, &t.mc, err)) return -1;
     if (t.s.T > t.mc.max_seq_len)
         return loom_errf(err, "config: training.seq_len %lld exceeds model.max_seq_len %d",
@@ -381,6 +383,12 @@ int loom_train(loom_config *cfg, loom_err *err) {
     if (latest_step >= 0) {
         if (loom_trainer_load_checkpoint(&t, latest, err)) goto done;
         if (rank0) loom_log("resumed from %s (step %lld)", latest, (long long)t.step);
+    } else if (loom_config_get(cfg, "training.init_from") &&
+               *loom_config_get(cfg, "training.init_from")) {
+        if (loom_trainer_init_from_load(&t, err)) goto done;
+        if (rank0)
+            loom_log("initialized from %s (fresh optimizer state and schedule)",
+                     loom_config_get(cfg, "training.init_from"));
     }
     if (rank0) {
         loom_pathf(path, sizeof path, "%s/metrics.jsonl", t.s.run_dir);

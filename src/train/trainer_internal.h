@@ -85,6 +85,12 @@ int loom_trainer_save_checkpoint(trainer *t, loom_err *err);
 /* Loads a complete step directory into the engine's storage and the loader. */
 int loom_trainer_load_checkpoint(trainer *t, const char *dir, loom_err *err);
 
+/* training.init_from (init_from.c): model.* keys from the source's config (keys the config
+ * sets must agree where they shape a tensor), before the model config is read; then, for a
+ * run that does not resume, the source's parameters into the engine (moments stay zero). */
+int loom_trainer_init_from_config(loom_config *cfg, loom_err *err);
+int loom_trainer_init_from_load(trainer *t, loom_err *err);
+
 /* The run's data record from its training dataset (tokenizer id and tokenizer.json; classes
  * when classify); where = dir. */
 int loom_run_data_from_dataset(const loom_dataset *ds, const char *dir, int classify,
