@@ -12,6 +12,7 @@ pkgs=(build-essential cmake pkg-config libopenblas-openmp-dev libyaml-dev libjan
 [ $want_test = 1 ] && pkgs+=(file zstd libcmocka-dev python3 python3-pip slurmctld slurmd slurm-client munge)
 [ $want_test = 1 ] && pkgs+=(clang libclang-rt-14-dev)   # tests/fuzz: clang with libFuzzer
 [ $want_test = 1 ] && pkgs+=(strace util-linux)           # tests/e2e: fsync order (strace), flock(1)
+[ $want_test = 1 ] && pkgs+=(prometheus)                  # tests/e2e/test_prometheus: a real scraper, promtool
 
 missing=()
 for p in "${pkgs[@]}"; do

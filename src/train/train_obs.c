@@ -5,11 +5,14 @@
 #include "train/train_obs.h"
 
 #include <math.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
+#include "loom/obs_sinks.h"
 #include "loom/profile.h"
 #include "train/trainer_internal.h"
 
@@ -42,7 +45,44 @@ struct train_obs {
     double lag, lag_s;      /* busy / median, busy - median (seconds) */
     double model_flops;     /* this rank's model FLOPs per step */
     int stop;
+    /* rank 0's sinks */
+    loom_prom *prom;
+    loom_tb *tb;
+    char *text;             /* the Prometheus exposition being built */
+    size_t len, cap;
+    double val_loss;        /* the last validation loss (NAN: none yet) */
+    int64_t alerts_fired;
 };
+
+static void out(train_obs *o, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void out(train_obs *o, const char *fmt, ...) {
+    for (;;) {
+        va_list ap;
+        va_start(ap, fmt);
+        const int n = vsnprintf(o->text + o->len, o->cap - o->len, fmt, ap);
+        va_end(ap);
+        LOOM_CHECK(n >= 0);
+        if ((size_t)n < o->cap - o->len) {
+            o->len += (size_t)n;
+            return;
+        }
+        o->cap = 2 * o->cap + (size_t)n + 256;
+        o->text = loom_realloc(o->text, o->cap);
+    }
+}
+
+/* one metric family without labels; a value that is not finite is written as NaN */
+static void family(train_obs *o, const char *name, const char *type, const char *help, double v) {
+    out(o, "# HELP %s %s\n# TYPE %s %s\n", name, help, name, type);
+    if (isfinite(v)) out(o, "%s %.17g\n", name, v);
+    else out(o, "%s NaN\n", name);
+}
+
+/* one per-rank family: value f of every rank, labelled rank="r" */
+static void per_rank(train_obs *o, const char *name, const char *help, int f) {
+    out(o, "# HELP %s %s\n# TYPE %s gauge\n", name, help, name);
+    for (int r = 0; r < o->world; r++) out(o, "%s{rank=\"%d\"} %.17g\n", name, r, o->all[r * NF + f]);
+}
 
 int train_obs_wrap_backend(const loom_config *cfg, loom_model_config *mc, loom_err *err) {
     const char *steps = loom_config_get(cfg, "profile.steps");
@@ -69,6 +109,24 @@ int train_obs_create(trainer *t, double peak, train_obs **out, loom_err *err) {
     o->all = loom_calloc((size_t)o->world * NF, sizeof *o->all);
     *out = o;
     if (loom_config_get_double(t->cfg, "obs.straggler_ratio", &o->ratio, err)) return -1;
+    int64_t port = 0;
+    int tb = 0;
+    if (loom_config_get_int(t->cfg, "obs.prometheus_port", &port, err) ||
+        loom_config_get_bool(t->cfg, "obs.tensorboard", &tb, err))
+        return -1;
+    if (port < 0 || port > 65535)
+        return loom_errf(err, "config key 'obs.prometheus_port' (%s): %lld is not a port "
+                              "(1..65535, or 0 = off)",
+                         loom_config_origin(t->cfg, "obs.prometheus_port"), (long long)port);
+    o->val_loss = NAN;
+    if (o->rank0 && port > 0 &&
+        loom_prom_start((int)port, "config key 'obs.prometheus_port'", &o->prom, err))
+        return -1;
+    if (o->rank0 && tb) {
+        char dir[4200];
+        loom_pathf(dir, sizeof dir, "%s/tb", t->s.run_dir);
+        if (loom_tb_open(dir, &o->tb, err)) return loom_err_prefix(err, "obs.tensorboard");
+    }
     if (!(o->ratio > 1.0))
         return loom_errf(err, "config key 'obs.straggler_ratio' (%s): %g must be > 1",
                          loom_config_origin(t->cfg, "obs.straggler_ratio"), o->ratio);
@@ -191,10 +249,93 @@ void train_obs_metrics(train_obs *o, loom_metrics *mx) {
     }
 }
 
+static void prometheus(train_obs *o, const train_obs_row *row) {
+    o->len = 0;
+    family(o, "loom_last_step", "gauge", "Steps completed.", (double)row->step);
+    family(o, "loom_loss", "gauge", "Training loss of the last step (mean over the global "
+                                    "batch).", row->loss);
+    if (isfinite(o->val_loss))
+        family(o, "loom_val_loss", "gauge", "Last validation loss.", o->val_loss);
+    family(o, "loom_learning_rate", "gauge", "Learning rate of the last step.", row->lr);
+    family(o, "loom_grad_norm", "gauge", "Global gradient norm before clipping.", row->grad_norm);
+    family(o, "loom_tokens_per_second", "gauge", "Training throughput of the last step.",
+           row->tokens_per_s);
+    if (row->mfu >= 0)
+        family(o, "loom_mfu_ratio", "gauge", "Model FLOPs utilization against the measured "
+                                             "peak.", row->mfu);
+    family(o, "loom_step_seconds", "gauge", "Wall time of the last step on rank 0.",
+           row->step_ms * 1e-3);
+    family(o, "loom_rss_bytes", "gauge", "Resident set size of rank 0.", row->rss_bytes);
+    family(o, "loom_skipped_steps_total", "counter", "Steps skipped for a non-finite loss or "
+                                                     "gradient norm.", (double)row->skipped_total);
+    family(o, "loom_alerts_total", "counter", "Alert rules fired in this run.",
+           (double)o->alerts_fired);
+    double share = 0, cmax = 0, hwm = 0;
+    for (int r = 0; r < o->world; r++) {
+        const double *a = o->all + r * NF;
+        if (a[F_STEP] > 0) share += a[F_COMM] / a[F_STEP];
+        if (a[F_COMPUTE] > cmax) cmax = a[F_COMPUTE];
+        if (a[F_HWM] > hwm) hwm = a[F_HWM];
+    }
+    family(o, "loom_comm_exposed_ratio", "gauge", "Share of the step spent waiting for "
+                                                  "collectives, mean over ranks.", share / o->world);
+    family(o, "loom_compute_seconds", "gauge", "Busiest rank's compute time of the last step.",
+           cmax);
+    family(o, "loom_rss_high_water_bytes", "gauge", "Largest resident-set high-water mark over "
+                                                    "the ranks.", hwm);
+    family(o, "loom_straggler_rank", "gauge", "The rank named as a straggler, -1 when none.",
+           (double)o->straggler);
+    family(o, "loom_straggler_lag_ratio", "gauge", "Straggler's busy time over the median "
+                                                   "rank's (0 when none).", o->lag);
+    per_rank(o, "loom_rank_step_seconds", "Wall time of the last step per rank.", F_STEP);
+    per_rank(o, "loom_rank_compute_seconds", "Compute time of the last step per rank.",
+             F_COMPUTE);
+    per_rank(o, "loom_rank_comm_exposed_seconds", "Time blocked in collectives in the last step "
+                                                  "per rank.", F_COMM);
+    per_rank(o, "loom_rank_data_wait_seconds", "Time getting batches in the last step per rank.",
+             F_DATA);
+    per_rank(o, "loom_rank_rss_high_water_bytes", "Resident-set high-water mark per rank.",
+             F_HWM);
+    per_rank(o, "loom_rank_arena_bytes", "Parameter, gradient, optimizer and activation arenas "
+                                         "per rank.", F_ARENA);
+    loom_prom_publish(o->prom, o->text, o->len);
+}
+
+static int tensorboard(train_obs *o, const train_obs_row *row, loom_err *err) {
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    const double wall = (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+    const struct {
+        const char *tag;
+        double v;
+        int present;
+    } v[] = {
+        {"loss", row->loss, isfinite(row->loss)},
+        {"lr", row->lr, 1},
+        {"grad_norm", row->grad_norm, isfinite(row->grad_norm)},
+        {"tokens_per_s", row->tokens_per_s, 1},
+        {"mfu", row->mfu, row->mfu >= 0},
+        {"step_ms", row->step_ms, 1},
+        {"val_loss", row->val_loss, row->val_loss >= 0},
+        {"rss_bytes", row->rss_bytes, 1},
+        {"straggler_lag", o->lag, o->straggler >= 0},
+    };
+    for (size_t i = 0; i < sizeof v / sizeof v[0]; i++)
+        if (v[i].present && loom_tb_scalar(o->tb, row->step, wall, v[i].tag, (float)v[i].v, err))
+            return -1;
+    double share = 0;
+    for (int r = 0; r < o->world; r++)
+        if (o->all[r * NF + F_STEP] > 0) share += o->all[r * NF + F_COMM] / o->all[r * NF + F_STEP];
+    if (loom_tb_scalar(o->tb, row->step, wall, "comm_exposed_share", (float)(share / o->world),
+                       err))
+        return -1;
+    return loom_tb_flush(o->tb, err);
+}
+
 int train_obs_publish(train_obs *o, const train_obs_row *row, loom_err *err) {
-    (void)o;
-    (void)row;
-    (void)err;
+    if (row->val_loss >= 0) o->val_loss = row->val_loss;
+    if (o->prom) prometheus(o, row);
+    if (o->tb && tensorboard(o, row, err)) return loom_err_prefix(err, "obs.tensorboard");
     return 0;
 }
 
@@ -231,6 +372,9 @@ int train_obs_finish(train_obs *o, trainer *t, loom_err *err) {
 void train_obs_free(train_obs *o) {
     if (!o) return;
     if (o->armed) loom_prof_shutdown();
+    loom_prom_stop(o->prom);
+    loom_tb_close(o->tb);
+    free(o->text);
     free(o->all);
     free(o);
 }

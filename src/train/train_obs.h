@@ -29,6 +29,7 @@ typedef struct train_obs_row {
     int64_t step;
     double loss, lr, grad_norm, tokens_per_s, mfu, step_ms, val_loss, rss_bytes;
     int skipped;
+    int64_t skipped_total;
 } train_obs_row;
 
 typedef struct train_obs train_obs;

@@ -532,7 +532,8 @@ int loom_train(loom_config *cfg, loom_err *err) {
             train_obs_metrics(obs, mx);
             if (loom_metrics_end(mx, err)) goto done;
             const train_obs_row row = {t.step, loss, lr, (double)gnorm, tps, mfu, dt * 1e3,
-                                       vloss, (double)rss_bytes(), skipped};
+                                       vloss, (double)rss_bytes(), skipped,
+                                       t.skipped_steps};
             if (train_obs_publish(obs, &row, err)) goto done;
             if (t.step % t.s.log_every == 0 || last)
                 progress(&t, loss, lr, tps, mfu, loom_now() - t_start, first_step);
