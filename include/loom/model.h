@@ -170,6 +170,12 @@ typedef struct loom_model_layout {
     int e0, e1;        /* routed experts [e0, e1) of an MoE model (0, 0: all of them); the
                         * range must be one of n_expert / (e1 - e0) equal parts (expert
                         * parallelism of degree ep = n_expert / (e1 - e0)) */
+    int cp;            /* context-parallel degree (0 or 1: none). With cp > 1 each sequence of
+                        * cp * T positions is cut into 2 * cp equal chunks and this view's T
+                        * rows are chunk cp_rank then chunk 2 * cp - 1 - cp_rank (causal load
+                        * balancing); positions (wpe, RoPE) are the chunks' global ones, and
+                        * attention needs the hook of loom_model_set_attention (parallel/cp.c) */
+    int cp_rank;       /* this view's rank in the cp group, [0, cp) */
     /* set by create: the stage holds the embedding (l0 = 0) / the head (l1 = n_layer) */
     int has_embedding, has_head;
 } loom_model_layout;
@@ -292,6 +298,24 @@ loom_moe_stats *loom_model_moe_stats(loom_model *m);
 void loom_model_moe_stats_reset(loom_model *m);
 /* the name of a point ("row_out", ...) */
 const char *loom_comm_point_name(int point);
+
+/* ---- the attention hook (context parallelism) ------------------------------------------------
+ * With a hook set, the block's flash attention op calls it instead of attending over this
+ * view's rows only: parallel/cp.c puts Ulysses (all-to-all to head shards and back) or ring
+ * attention (K/V blocks around the cp group, merged by log-sum-exp) there. qkv (B,T,QKV) is
+ * this view's rows after RoPE; forward overwrites out (B,T,H*D) and may keep B*H*T floats in
+ * lse (its own layout) for backward; backward ACCUMULATES into dqkv (B,T,QKV) from dout
+ * (B,T,H*D), given the forward's qkv, out and lse. NULL (or forward NULL): none. The struct is
+ * copied. */
+typedef struct loom_attn_hook {
+    void *ctx;
+    void (*forward)(void *ctx, int layer, float *out, float *lse, const float *qkv, int B, int T);
+    void (*backward)(void *ctx, int layer, float *dqkv, const float *dout, const float *qkv,
+                     const float *out, const float *lse, int B, int T);
+} loom_attn_hook;
+void loom_model_set_attention(loom_model *m, const loom_attn_hook *h);
+/* The global position of local row t of a T-row sequence of this view (t with cp = 1). */
+int64_t loom_model_row_position(const loom_model *m, int T, int t);
 
 /* What a model allocates of its own (loom_model_create_view's mode). */
 enum {

@@ -90,6 +90,27 @@ static int skipped(const loom_model *m, int l, const block_op *op) {
             (op->point == LOOM_CP_COL_IN || op->point == LOOM_CP_ROW_OUT));
 }
 
+/* RoPE (forward or its inverse) on the q and k heads of the fused rows x, at each row's
+ * position: f->pos0 + t, or with context parallelism each chunk's global positions */
+static void rope(loom_model *m, block_frame *f, float *x, int bwd) {
+    const loom_backend *be = m->be;
+    void (*fn)(float *, int64_t, int, int, int, int64_t, const float *, const float *, int) =
+        bwd ? be->rope_backward : be->rope_forward;
+    int start[2], len[2], pos[2];
+    const int n = f->kcache ? 1 : model_row_runs(m, f->T, start, len, pos);
+    if (n == 1) {
+        fn(x, f->B, f->T, m->H, m->D, m->QKV, m->rope_cos, m->rope_sin, f->pos0);
+        fn(x + m->H * m->D, f->B, f->T, m->KVH, m->D, m->QKV, m->rope_cos, m->rope_sin, f->pos0);
+        return;
+    }
+    for (int b = 0; b < f->B; b++)
+        for (int i = 0; i < n; i++) {
+            float *r = x + ((size_t)b * (size_t)f->T + (size_t)start[i]) * (size_t)m->QKV;
+            fn(r, 1, len[i], m->H, m->D, m->QKV, m->rope_cos, m->rope_sin, pos[i]);
+            fn(r + m->H * m->D, 1, len[i], m->KVH, m->D, m->QKV, m->rope_cos, m->rope_sin, pos[i]);
+        }
+}
+
 static void op_forward(loom_model *m, block_frame *f, int l, const block_op *op) {
     const int64_t N = (int64_t)f->B * f->T;
     const int C = m->cfg.d_model, gpt2 = m->cfg.flavor == LOOM_FLAVOR_GPT2;
@@ -109,11 +130,7 @@ static void op_forward(loom_model *m, block_frame *f, int l, const block_op *op)
         break;
     }
     case OP_ROPE:
-        if (gpt2) break;
-        be->rope_forward(s[op->in], f->B, f->T, m->H, m->D, m->QKV, m->rope_cos, m->rope_sin,
-                         f->pos0);
-        be->rope_forward(s[op->in] + m->H * m->D, f->B, f->T, m->KVH, m->D, m->QKV, m->rope_cos,
-                         m->rope_sin, f->pos0);
+        if (!gpt2) rope(m, f, s[op->in], 0);
         break;
     case OP_ATTN:
         if (f->kcache) { /* decode: one row; append its keys and values, attend to the cache */
@@ -122,7 +139,10 @@ static void op_forward(loom_model *m, block_frame *f, int l, const block_op *op)
             memcpy(f->vcache + (size_t)f->pos0 * kv, s[op->in] + HD + kv, (size_t)kv * sizeof(float));
             be->attention_decode(s[op->out], s[op->in], f->kcache, f->vcache, f->pos0 + 1, m->H,
                                  m->KVH, m->D, f->scores);
+        } else if (m->has_attn) { /* context parallelism: parallel/ attends across ranks */
+            m->attn.forward(m->attn.ctx, l, s[op->out], s[op->aux0], s[op->in], f->B, f->T);
         } else if (m->cfg.attention == LOOM_ATTN_FLASH) { /* S_ATT keeps the lse (B,H,T) */
+            LOOM_CHECK(m->lay.cp <= 1); /* a cp view attends only through its hook */
             const loom_attn_dims dims = flash_attention_dims_qkv(f->B, f->T, m->H, m->KVH, m->D);
             const loom_attn_mask mask = {.causal = 1};
             const float *q = s[op->in], *k = q + m->H * m->D, *v = k + m->KVH * m->D;
@@ -165,15 +185,14 @@ static void op_backward(loom_model *m, block_frame *f, int l, const block_op *op
         break;
     }
     case OP_ROPE:
-        if (gpt2) break;
-        be->rope_backward(g[op->in], f->B, f->T, m->H, m->D, m->QKV, m->rope_cos, m->rope_sin,
-                          f->pos0);
-        be->rope_backward(g[op->in] + m->H * m->D, f->B, f->T, m->KVH, m->D, m->QKV, m->rope_cos,
-                          m->rope_sin, f->pos0);
+        if (!gpt2) rope(m, f, g[op->in], 1);
         break;
     case OP_ATTN:
         memset(g[op->in], 0, (size_t)N * (size_t)m->QKV * sizeof(float));
-        if (m->cfg.attention == LOOM_ATTN_FLASH) { /* recomputes the tiles from q, k, v, lse */
+        if (m->has_attn) {
+            m->attn.backward(m->attn.ctx, l, g[op->in], g[op->out], s[op->in], s[op->out],
+                             s[op->aux0], f->B, f->T);
+        } else if (m->cfg.attention == LOOM_ATTN_FLASH) { /* recomputes the tiles from q, k, v, lse */
             const loom_attn_dims dims = flash_attention_dims_qkv(f->B, f->T, m->H, m->KVH, m->D);
             const loom_attn_mask mask = {.causal = 1};
             const int HD = m->H * m->D, KD = m->KVH * m->D;

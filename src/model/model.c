@@ -207,6 +207,15 @@ static int check_layout(const loom_model_config *c, const loom_model_layout *in,
             return loom_errf(err, "model layout: mixture of experts with tensor parallelism "
                                   "(tp = %d) is not built", out->tp);
     }
+    if (out->cp == 0) out->cp = 1;
+    if (out->cp < 1 || out->cp_rank < 0 || out->cp_rank >= out->cp)
+        return loom_errf(err, "model layout: cp rank %d of degree %d", out->cp_rank, out->cp);
+    if (out->cp > 1 && c->attention != LOOM_ATTN_FLASH)
+        return loom_errf(err, "model.attention: context parallelism (parallel.cp = %d) needs "
+                              "flash attention (model.attention: flash), not sdpa", out->cp);
+    if (out->cp > 1 && c->head != LOOM_HEAD_LM)
+        return loom_errf(err, "model.head: context parallelism (parallel.cp = %d) needs the lm "
+                              "head (the classify head pools over the whole sequence)", out->cp);
     out->has_embedding = out->l0 == 0;
     out->has_head = out->l1 == c->n_layer;
     return 0;
@@ -237,6 +246,10 @@ static int create(const loom_model_config *cfg, const loom_model_layout *layout,
     if (T > cfg->max_seq_len)
         return loom_errf(err, "model: sequence length %d exceeds model.max_seq_len %d", T,
                          cfg->max_seq_len);
+    if (lay.cp > 1 && (T % 2 != 0 || (int64_t)T * lay.cp > cfg->max_seq_len))
+        return loom_errf(err, "model: with context parallelism of degree %d a view's %d rows "
+                              "must be even (two chunks) and %d x %d within model.max_seq_len "
+                              "%d", lay.cp, T, lay.cp, T, cfg->max_seq_len);
     loom_model *m = loom_calloc(1, sizeof *m);
     m->cfg = *cfg;
     if (!m->cfg.backend) m->cfg.backend = loom_backend_cpu();
@@ -561,6 +574,60 @@ const char *loom_comm_point_name(int point) {
     return point >= 0 && point < LOOM_CP_COUNT ? cp_names[point] : "?";
 }
 
+void loom_model_set_attention(loom_model *m, const loom_attn_hook *h) {
+    m->has_attn = h != NULL && h->forward != NULL && h->backward != NULL;
+    if (h) m->attn = *h;
+}
+
+int model_row_runs(const loom_model *m, int T, int start[2], int len[2], int pos[2]) {
+    if (m->lay.cp <= 1) {
+        start[0] = 0, len[0] = T, pos[0] = 0;
+        return 1;
+    }
+    LOOM_CHECK(T % 2 == 0);
+    const int c = T / 2;
+    start[0] = 0, len[0] = c, pos[0] = m->lay.cp_rank * c;
+    start[1] = c, len[1] = c, pos[1] = (2 * m->lay.cp - 1 - m->lay.cp_rank) * c;
+    return 2;
+}
+
+int64_t loom_model_row_position(const loom_model *m, int T, int t) {
+    int start[2], len[2], pos[2];
+    const int n = model_row_runs(m, T, start, len, pos);
+    for (int i = 0; i < n; i++)
+        if (t >= start[i] && t < start[i] + len[i]) return (int64_t)pos[i] + (t - start[i]);
+    LOOM_CHECK(0 && "row outside the sequence");
+    return -1;
+}
+
+/* the embedding of B x T rows (wpe at each run's global positions) and its backward */
+static void embed(loom_model *m, loom_acts *a, const int32_t *inputs, int B, int T, int bwd) {
+    const int C = m->cfg.d_model;
+    int start[2], len[2], pos[2];
+    const int n = model_row_runs(m, T, start, len, pos);
+    if (n == 1) {
+        if (bwd)
+            m->be->embedding_backward(GRAD(m, LOOM_P_WTE), GRAD(m, LOOM_P_WPE), a->dres, inputs,
+                                      B, T, C, 0);
+        else
+            m->be->embedding_forward(a->encoded, inputs, PARAM(m, LOOM_P_WTE),
+                                     PARAM(m, LOOM_P_WPE), B, T, C, 0);
+        return;
+    }
+    for (int b = 0; b < B; b++)
+        for (int i = 0; i < n; i++) {
+            const size_t row = (size_t)b * (size_t)T + (size_t)start[i];
+            if (bwd)
+                m->be->embedding_backward(GRAD(m, LOOM_P_WTE), GRAD(m, LOOM_P_WPE),
+                                          a->dres + row * (size_t)C, inputs + row, 1, len[i], C,
+                                          pos[i]);
+            else
+                m->be->embedding_forward(a->encoded + row * (size_t)C, inputs + row,
+                                         PARAM(m, LOOM_P_WTE), PARAM(m, LOOM_P_WPE), 1, len[i],
+                                         C, pos[i]);
+        }
+}
+
 void loom_model_set_comm_points(loom_model *m, const loom_comm_points *cp) {
     m->has_cp = cp != NULL && cp->fn != NULL;
     if (cp) m->cp = *cp;
@@ -586,8 +653,7 @@ float loom_model_forward_acts(loom_model *m, loom_acts *a, const int32_t *inputs
     const int U_FINAL = m->n_units - 1;
     if (m->lay.has_embedding) { /* a later pipeline stage gets a->encoded at STAGE_IN */
         acquire(m, 0, 0);
-        m->be->embedding_forward(a->encoded, inputs, PARAM(m, LOOM_P_WTE), PARAM(m, LOOM_P_WPE),
-                                 B, T, C, 0);
+        embed(m, a, inputs, B, T, 0);
         release(m, 0, 0);
     }
     stage_point(m, LOOM_CP_STAGE_IN, 0, a->encoded, BT * C);
@@ -661,8 +727,7 @@ static void stage_backward(loom_model *m, loom_acts *a) {
     stage_point(m, LOOM_CP_STAGE_IN, 1, a->dres, BT * C);
     if (m->lay.has_embedding) {
         ensure_grads(m, 0);
-        m->be->embedding_backward(GRAD(m, LOOM_P_WTE), GRAD(m, LOOM_P_WPE), a->dres, a->inputs,
-                                  B, T, C, 0);
+        embed(m, a, a->inputs, B, T, 1);
         grads_ready(m, 0);
     }
     a->has_targets = 0;
@@ -722,8 +787,7 @@ void loom_model_backward_acts(loom_model *m, loom_acts *a, float dscale) {
     stage_point(m, LOOM_CP_STAGE_IN, 1, a->dres, BT * C);
     if (m->lay.has_embedding) {
         ensure_grads(m, 0);
-        m->be->embedding_backward(GRAD(m, LOOM_P_WTE), GRAD(m, LOOM_P_WPE), a->dres, a->inputs,
-                                  B, T, C, 0);
+        embed(m, a, a->inputs, B, T, 1);
     }
     /* a last stage without the embedding holds the tied head's wte in unit 0 */
     if (m->lay.has_embedding || tied) grads_ready(m, 0);

@@ -93,6 +93,8 @@ struct loom_model {
     int QKV, FFI;         /* this view's q|k|v width, first MLP matmul width */
     int has_cp;
     loom_comm_points cp;
+    int has_attn;         /* an attention hook (context parallelism) is set */
+    loom_attn_hook attn;
     loom_tensor_info *info;  /* the tensors present, arena order */
     int n_info;
     int gidx[LOOM_P_COUNT];  /* index into info, -1 when absent */
@@ -145,6 +147,11 @@ static inline float *gview(const loom_model *m, const loom_tensor_info *t) {
 #define FC1_KIND(m) ((m)->cfg.flavor == LOOM_FLAVOR_GPT2 ? LOOM_L_FC_W : LOOM_L_GATE_W)
 #define FC1_W(m, l) LP((m), FC1_KIND(m), (l))
 #define FC1_GW(m, l) LG((m), FC1_KIND(m), (l))
+
+/* The runs of consecutive positions of a view's T rows per sequence: 1 (rows 0..T-1 at
+ * positions 0..) or, with context parallelism, 2 chunks of T/2 rows. start[i] (first row),
+ * len[i], pos[i] (its global position); returns the count. */
+int model_row_runs(const loom_model *m, int T, int start[2], int len[2], int pos[2]);
 
 /* LayerNorm (gpt2) or RMSNorm (llama) of N rows; mean is unused by RMSNorm */
 void model_norm_fwd(const loom_model *m, float *out, float *mean, float *rstd, const float *in,

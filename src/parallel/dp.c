@@ -14,6 +14,9 @@ enum { B_EMB = 0, B_FIN = 1, B_L0 = 2, B_L1 = 3, N_BUCKETS = 4 };
 struct loom_dp {
     loom_model *m;
     loom_mesh *mesh;
+    loom_group group;      /* where gradients are reduced and state sharded: dp, or dp x cp
+                            * with context parallelism (the cp ranks hold partial sums of one
+                            * sequence's gradients) */
     int zero, rank, size;
     int U;
     size_t n;              /* parameters in the model */
@@ -62,7 +65,7 @@ static const float *hook_acquire(void *ctx, int u, int phase) {
     if (dp->zero < 3) return dp->params + dp->uoff[u];
     const int b = bucket_of(dp, u);
     if (dp->punit[b] != u) {
-        loom_allgather(dp->mesh, LOOM_GROUP_DP, dp->pshard + dp->sbase[u], dp->pbuf[b],
+        loom_allgather(dp->mesh, dp->group, dp->pshard + dp->sbase[u], dp->pbuf[b],
                        dp->ucnt[u], LOOM_F32);
         dp->punit[b] = u;
     }
@@ -115,13 +118,13 @@ static void hook_grads_ready(void *ctx, int u) {
     if (dp->zero < 2) {
         if (!dp->last) return;
         /* zero 0 and 1 both reduce-scatter; zero 0 all-gathers the result back later */
-        dp->ureq[u] = loom_ireduce_scatter_sum(dp->mesh, LOOM_GROUP_DP, dp->grads + dp->uoff[u],
+        dp->ureq[u] = loom_ireduce_scatter_sum(dp->mesh, dp->group, dp->grads + dp->uoff[u],
                                                dp->gshard + dp->sbase[u], dp->ucnt[u], LOOM_F32);
         return;
     }
     const int b = bucket_of(dp, u);
     LOOM_CHECK(dp->gunit[b] < 0);
-    dp->greq[b] = loom_ireduce_scatter_sum(dp->mesh, LOOM_GROUP_DP, dp->gbucket[b], dp->gtmp[b],
+    dp->greq[b] = loom_ireduce_scatter_sum(dp->mesh, dp->group, dp->gbucket[b], dp->gtmp[b],
                                            dp->ucnt[u], LOOM_F32);
     dp->gunit[b] = u;
 }
@@ -135,8 +138,9 @@ int loom_dp_create(loom_model *m, loom_mesh *mesh, int zero, uint64_t seed, floa
     dp->m = m;
     dp->mesh = mesh;
     dp->zero = zero;
-    dp->rank = loom_mesh_rank(mesh, LOOM_GROUP_DP);
-    dp->size = loom_mesh_size(mesh, LOOM_GROUP_DP);
+    dp->group = loom_mesh_layout(mesh)->cp > 1 ? LOOM_GROUP_DPCP : LOOM_GROUP_DP;
+    dp->rank = loom_mesh_rank(mesh, dp->group);
+    dp->size = loom_mesh_size(mesh, dp->group);
     dp->U = loom_model_num_units(m);
     dp->n = loom_model_num_params(m);
     dp->beta1 = beta1;
@@ -268,7 +272,7 @@ float loom_dp_finish_grads(loom_dp *dp, float max_norm) {
      * and over the tp group's views (below) */
     const loom_backend *be = loom_model_backend(dp->m);
     double ss = grad_sum_squares(dp);
-    loom_allreduce_sum(dp->mesh, LOOM_GROUP_DP, &ss, 1, LOOM_F64);
+    loom_allreduce_sum(dp->mesh, dp->group, &ss, 1, LOOM_F64);
     if (loom_model_get_layout(dp->m)->tp > 1)
         loom_allreduce_sum(dp->mesh, LOOM_GROUP_TP, &ss, 1, LOOM_F64);
     const double norm = sqrt(ss);
@@ -277,7 +281,7 @@ float loom_dp_finish_grads(loom_dp *dp, float max_norm) {
                           (float)((double)max_norm / (norm + 1e-6)));
     if (dp->zero == 0) /* every rank gets the whole reduced gradient, bit-identical */
         for (int u = 0; u < dp->U; u++)
-            loom_allgather(dp->mesh, LOOM_GROUP_DP, dp->gshard + dp->sbase[u],
+            loom_allgather(dp->mesh, dp->group, dp->gshard + dp->sbase[u],
                            dp->grads + dp->uoff[u], dp->ucnt[u], LOOM_F32);
     return (float)norm;
 }
@@ -313,7 +317,7 @@ void loom_dp_step(loom_dp *dp, float lr) {
         float *p = dp->zero == 3 ? dp->pshard + sb : dp->params + lo;
         update_range(dp, u, lo, hi, p, dp->gshard + sb, dp->adam_m + sb, dp->adam_v + sb, lr);
         if (dp->zero < 3)
-            loom_allgather(dp->mesh, LOOM_GROUP_DP, dp->params + lo, dp->params + dp->uoff[u],
+            loom_allgather(dp->mesh, dp->group, dp->params + lo, dp->params + dp->uoff[u],
                            dp->ucnt[u], LOOM_F32);
     }
     for (int b = 0; b < N_BUCKETS; b++) dp->punit[b] = -1; /* gathered copies are stale */

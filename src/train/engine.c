@@ -54,6 +54,9 @@ void loom_train_engine_free(loom_train_engine *e) {
     free(e->t.g_inp);
     free(e->t.g_tgt);
     loom_dp_free(e->t.dp);
+    loom_cp_free(e->t.cp);
+    free(e->t.l_inp);
+    free(e->t.l_tgt);
     loom_model_free(e->t.model);
     loom_tp_free(e->t.tp);
     loom_mesh_free(e->t.mesh);

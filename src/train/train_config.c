@@ -58,10 +58,11 @@ static int n_all_keys;
 static void build_schema(void) {
     if (all_keys) return;
     const loom_config_key *const tables[] = {train_only_keys, loom_model_config_keys,
-                                             loom_comm_config_keys, loom_obs_config_keys};
+                                             loom_comm_config_keys, loom_obs_config_keys,
+                                             loom_cp_config_keys};
     const int counts[] = {N_TRAIN_ONLY, loom_model_config_nkeys, loom_comm_config_nkeys,
-                          loom_obs_config_nkeys};
-    all_keys = loom_config_schema_join(tables, counts, 4, &n_all_keys);
+                          loom_obs_config_nkeys, loom_cp_config_nkeys};
+    all_keys = loom_config_schema_join(tables, counts, 5, &n_all_keys);
 }
 
 const loom_config_key *loom_trainer_schema(int *n) {

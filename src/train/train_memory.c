@@ -180,7 +180,7 @@ int loom_trainer_check_memory(const trainer *t, loom_err *err) {
 
     char keys[600];
     size_keys(c, keys, sizeof keys);
-    const double rough = rough_floats(&t->mc, (double)t->local_B, (double)t->s.T) *
+    const double rough = rough_floats(&t->mc, (double)t->local_B, (double)t->local_T) *
                          (double)sizeof(float);
     char need_s[32], have_s[32];
     if (rough * node_ranks > 4e18) /* beyond any machine, and beyond 64-bit sizes */
@@ -190,9 +190,11 @@ int loom_trainer_check_memory(const trainer *t, loom_err *err) {
                          human((double)limit, have_s, sizeof have_s), source);
 
     loom_model *layout = NULL;
-    if (loom_model_create_layout(&t->mc, (int)t->local_B, (int)t->s.T, &layout, err)) return -1;
+    if (loom_model_create_layout(&t->mc, (int)t->local_B, (int)t->local_T, &layout, err)) return -1;
     loom_dp_memory dm;
-    loom_dp_memory_estimate(layout, t->dp_size, t->dp_rank, (int)t->s.zero, &dm);
+    /* state is sharded over the group gradients are reduced in (dp, or dp x cp) */
+    loom_dp_memory_estimate(layout, loom_mesh_size(t->mesh, t->red_group),
+                            loom_mesh_rank(t->mesh, t->red_group), (int)t->s.zero, &dm);
     const double acts = (double)loom_model_activation_bytes(layout);
     loom_model_free(layout);
     /* the trainer's global batch buffers (inputs and targets, B x T int32 each) */
@@ -216,5 +218,5 @@ int loom_trainer_check_memory(const trainer *t, loom_err *err) {
         human((double)limit, have_s, sizeof have_s), source,
         human((double)dm.param_bytes, p, sizeof p), human((double)dm.grad_bytes, g, sizeof g),
         human((double)dm.optim_bytes, o, sizeof o), t->dp_size, (long long)t->s.zero,
-        human(acts + batch, a, sizeof a), (long long)t->local_B, (long long)t->s.T);
+        human(acts + batch, a, sizeof a), (long long)t->local_B, (long long)t->local_T);
 }

@@ -72,14 +72,18 @@ static int nan_injected(int rank, int64_t step) {
 
 /* ---- one batch ------------------------------------------------------------------------- */
 
-/* This rank's rows of the global batch in t->g_inp/g_tgt. */
-static const int32_t *local_rows(const trainer *t, const int32_t *global) {
-    return global + (size_t)t->dp_rank * (size_t)t->local_B * (size_t)t->s.T;
+/* This rank's rows of the global batch in t->g_inp/g_tgt (with context parallelism, its
+ * two chunks of each row, copied into `local`). */
+static const int32_t *local_rows(const trainer *t, const int32_t *global, int32_t *local) {
+    const int32_t *mine = global + (size_t)t->dp_rank * (size_t)t->local_B * (size_t)t->s.T;
+    if (t->cp_size <= 1) return mine;
+    loom_cp_local_rows(t->cp_size, t->cp_rank, mine, local, (int)t->local_B, t->s.T);
+    return local;
 }
 
 static const int32_t *local_targets(const trainer *t) {
     return t->classify ? t->g_tgt + (size_t)t->dp_rank * (size_t)t->local_B
-                       : local_rows(t, t->g_tgt);
+                       : local_rows(t, t->g_tgt, t->l_tgt);
 }
 
 /* the next global batch from the training data */
@@ -102,8 +106,8 @@ static int next_train_batch(trainer *t, void *ctx, loom_err *err) {
 /* Forward on this rank's slice; returns the global mean loss and (optionally) the global
  * number of valid targets and, for classify, of correct predictions. */
 static double forward_global(trainer *t, int64_t *global_valid, int64_t *global_correct) {
-    const float loss = loom_model_forward(t->model, local_rows(t, t->g_inp), local_targets(t),
-                                          (int)t->local_B, (int)t->s.T);
+    const float loss = loom_model_forward(t->model, local_rows(t, t->g_inp, t->l_inp),
+                                          local_targets(t), (int)t->local_B, (int)t->local_T);
     const int64_t valid = loom_model_valid_targets(t->model);
     double v[3] = {t->inject_nan ? NAN : (double)loss * (double)valid, (double)valid, 0};
     if (t->classify) {
@@ -117,7 +121,7 @@ static double forward_global(trainer *t, int64_t *global_valid, int64_t *global_
             if (y[b] >= 0 && best == y[b]) v[2] += 1;
         }
     }
-    loom_allreduce_sum(t->mesh, LOOM_GROUP_DP, v, 3, LOOM_F64);
+    loom_allreduce_sum(t->mesh, t->red_group, v, 3, LOOM_F64);
     if (global_valid) *global_valid = (int64_t)v[1];
     if (global_correct) *global_correct = (int64_t)v[2];
     return v[1] > 0 ? v[0] / v[1] : 0.0;
@@ -290,13 +294,20 @@ int loom_trainer_build_mesh(trainer *t, loom_err *err) {
     const loom_mesh_dims dims = {t->mc.n_head, t->mc.n_kv_head, t->mc.n_layer, (int)t->s.T, 0};
     if (loom_mesh_create(&spec, &dims, &t->mesh, err)) return -1;
     const loom_mesh_spec *l = loom_mesh_layout(t->mesh);
-    if (l->pp > 1 || l->cp > 1 || l->ep > 1)
-        return loom_errf(err, "parallel: pp=%d cp=%d ep=%d: the trainer implements data and "
-                              "tensor parallelism only so far (pipeline, context and expert "
-                              "parallelism are not built yet); use parallel.dp and parallel.tp",
-                         l->pp, l->cp, l->ep);
+    if (l->pp > 1 || l->ep > 1)
+        return loom_errf(err, "parallel: pp=%d ep=%d: the trainer implements data, tensor and "
+                              "context parallelism only so far (pipeline and expert parallelism "
+                              "are not built yet); use parallel.dp, parallel.tp and parallel.cp",
+                         l->pp, l->ep);
     t->tp_rank = loom_mesh_rank(t->mesh, LOOM_GROUP_TP);
     t->tp_size = loom_mesh_size(t->mesh, LOOM_GROUP_TP);
+    t->cp_rank = loom_mesh_rank(t->mesh, LOOM_GROUP_CP);
+    t->cp_size = loom_mesh_size(t->mesh, LOOM_GROUP_CP);
+    t->red_group = t->cp_size > 1 ? LOOM_GROUP_DPCP : LOOM_GROUP_DP;
+    t->local_T = t->s.T / t->cp_size;
+    if (loom_cp_kind_from_config(t->cfg, &t->cp_kind, err) ||
+        loom_cp_check(&t->mc, l->tp, t->cp_size, t->cp_kind, t->s.T, err))
+        return -1;
     t->dp_rank = loom_mesh_rank(t->mesh, LOOM_GROUP_DP);
     t->dp_size = loom_mesh_size(t->mesh, LOOM_GROUP_DP);
     t->world_rank = loom_mesh_rank(t->mesh, LOOM_GROUP_WORLD);
@@ -309,15 +320,26 @@ int loom_trainer_build_mesh(trainer *t, loom_err *err) {
 }
 
 int loom_trainer_create_engine(trainer *t, loom_err *err) {
-    /* this rank's view: its tp rank's heads and columns (the whole model at tp = 1) */
-    const loom_model_layout lay = {.tp = t->tp_size, .tp_rank = t->tp_rank};
-    if (loom_model_create_view(&t->mc, &lay, (int)t->local_B, (int)t->s.T, LOOM_MODEL_NO_ARENAS,
-                               &t->model, err))
-        return loom_err_prefix(err, "parallel.tp = %d", t->tp_size);
+    /* this rank's view: its tp rank's heads and columns, its cp rank's chunks of each
+     * sequence (the whole model at tp = cp = 1) */
+    const loom_model_layout lay = {.tp = t->tp_size, .tp_rank = t->tp_rank, .cp = t->cp_size,
+                                   .cp_rank = t->cp_rank};
+    if (loom_model_create_view(&t->mc, &lay, (int)t->local_B, (int)t->local_T,
+                               LOOM_MODEL_NO_ARENAS, &t->model, err))
+        return loom_err_prefix(err, "parallel.tp = %d, parallel.cp = %d", t->tp_size,
+                               t->cp_size);
     if (t->tp_size > 1) {
         t->tp = loom_tp_create(t->mesh);
         const loom_comm_points cp = loom_tp_comm_points(t->tp);
         loom_model_set_comm_points(t->model, &cp);
+    }
+    if (t->cp_size > 1) {
+        if (loom_cp_create(t->model, t->mesh, t->cp_kind, (int)t->local_B, (int)t->local_T,
+                           &t->cp, err))
+            return -1;
+        const size_t n = (size_t)t->local_B * (size_t)t->local_T;
+        t->l_inp = loom_malloc(n * sizeof(int32_t));
+        t->l_tgt = loom_malloc(n * sizeof(int32_t));
     }
     return loom_dp_create(t->model, t->mesh, (int)t->s.zero, (uint64_t)t->s.seed,
                           (float)t->s.beta1, (float)t->s.beta2, (float)t->s.eps,
@@ -461,10 +483,10 @@ int loom_train(loom_config *cfg, loom_err *err) {
         else if (skipped)
             loom_warn("rank %d: step %lld skipped (not finite)", t.world_rank, (long long)t.step);
         if (fault_check(t.world_rank, t.step, err)) goto done;
-        if (t.s.check_replicas && t.s.zero < 3 && t.dp_size > 1) {
+        if (t.s.check_replicas && t.s.zero < 3 && t.dp_size * t.cp_size > 1) {
             uint64_t h = loom_dp_param_hash(t.dp), lo = h, hi = h;
             int64_t v[2] = {(int64_t)(h >> 1), -(int64_t)(h >> 1)};
-            loom_allreduce_max(t.mesh, LOOM_GROUP_DP, v, 2, LOOM_I64);
+            loom_allreduce_max(t.mesh, t.red_group, v, 2, LOOM_I64);
             lo = (uint64_t)(-v[1]);
             hi = (uint64_t)v[0];
             if (lo != hi) {
@@ -597,6 +619,9 @@ done:
     loom_dataset_close(t.val_ds);
     loom_run_data_free(t.run_data);
     loom_dp_free(t.dp);
+    loom_cp_free(t.cp);
+    free(t.l_inp);
+    free(t.l_tgt);
     loom_model_free(t.model);
     loom_tp_free(t.tp);
     loom_unlock_file(run_lock);

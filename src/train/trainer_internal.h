@@ -6,6 +6,7 @@
 #include "loom/checkpoint.h"
 #include "loom/comm.h"
 #include "loom/config.h"
+#include "loom/cp.h"
 #include "loom/data.h"
 #include "loom/model.h"
 #include "loom/parallel.h"
@@ -33,6 +34,13 @@ typedef struct trainer {
     int tp_rank, tp_size;     /* this rank in the tensor-parallel group */
     struct loom_tp *tp;       /* tensor parallelism's communication points (tp > 1), else NULL */
     int64_t local_B;          /* B / dp: this rank's rows of each global batch */
+    /* context parallelism (parallel.cp): this rank's chunks of each sequence */
+    int cp_rank, cp_size, cp_kind;
+    int64_t local_T;          /* T / cp: this rank's positions of each sequence */
+    loom_group red_group;     /* where losses, token counts and gradients are summed: dp, or
+                               * dp x cp with context parallelism */
+    loom_cp *cp;              /* the attention hook (cp > 1) */
+    int32_t *l_inp, *l_tgt;   /* (local_B, local_T) this rank's chunks (cp > 1) */
     loom_model *model;
     loom_dp *dp;
     loom_dataset *train_ds, *val_ds;

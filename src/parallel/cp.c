@@ -1,0 +1,428 @@
+/* Context parallelism: the model's attention hook for Ulysses and ring attention over the
+ * mesh's cp group. See include/loom/cp.h and docs/context-parallel.md. */
+#include "loom/cp.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "loom/backend.h"
+
+const loom_config_key loom_cp_config_keys[] = {
+    {"parallel.cp_kind", "ulysses",
+     "context parallelism: ulysses (all-to-all to head shards) or ring (K/V blocks around the "
+     "cp ranks)"},
+};
+const int loom_cp_config_nkeys = sizeof loom_cp_config_keys / sizeof loom_cp_config_keys[0];
+
+static const char *const kind_names[] = {"ulysses", "ring"};
+
+const char *loom_cp_kind_name(int kind) {
+    return kind == LOOM_CPKIND_ULYSSES || kind == LOOM_CPKIND_RING ? kind_names[kind] : "?";
+}
+
+int loom_cp_kind_from_config(const loom_config *c, int *kind, loom_err *err) {
+    *kind = LOOM_CPKIND_ULYSSES;
+    const char *v = loom_config_get(c, "parallel.cp_kind");
+    if (!v) return 0;
+    for (int k = 0; k < 2; k++)
+        if (!strcmp(v, kind_names[k])) {
+            *kind = k;
+            return 0;
+        }
+    const char *o = loom_config_origin(c, "parallel.cp_kind");
+    return loom_errf(err, "parallel.cp_kind = '%s' (set at %s): expected ulysses or ring", v,
+                     o ? o : "?");
+}
+
+int loom_cp_check(const loom_model_config *mc, int tp, int cp, int kind, int64_t T,
+                  loom_err *err) {
+    if (cp <= 1) return 0;
+    if (tp < 1) tp = 1;
+    if (T % (2 * cp) != 0)
+        return loom_errf(err, "training.seq_len = %lld must be divisible by 2 * parallel.cp = %d "
+                              "(context parallelism cuts each sequence into 2 * cp chunks; "
+                              "rank i holds chunks i and 2 * cp - 1 - i)", (long long)T, 2 * cp);
+    if (mc->attention != LOOM_ATTN_FLASH)
+        return loom_errf(err, "model.attention = sdpa: parallel.cp = %d needs model.attention: "
+                              "flash", cp);
+    if (mc->head != LOOM_HEAD_LM)
+        return loom_errf(err, "model.head = classify: parallel.cp = %d needs the lm head (the "
+                              "classify head pools over the whole sequence)", cp);
+    if (kind == LOOM_CPKIND_ULYSSES && ((mc->n_head / tp) % cp || (mc->n_kv_head / tp) % cp))
+        return loom_errf(err, "parallel.cp_kind = ulysses: parallel.cp = %d must divide "
+                              "model.n_head (%d) and model.n_kv_head (%d)%s, since each rank "
+                              "attends with n_head / cp query heads and n_kv_head / cp key/value "
+                              "heads; use parallel.cp_kind: ring, or another cp",
+                         cp, mc->n_head / tp, mc->n_kv_head / tp,
+                         tp > 1 ? " per tensor-parallel rank" : "");
+    return 0;
+}
+
+void loom_cp_local_rows(int cp, int rank, const int32_t *global, int32_t *local, int B,
+                        int64_t T) {
+    LOOM_CHECK(cp >= 1 && rank >= 0 && rank < cp && T % (2 * cp) == 0);
+    const int64_t c = T / (2 * cp), Tl = T / cp;
+    for (int b = 0; b < B; b++) {
+        memcpy(local + b * Tl, global + b * T + rank * c, (size_t)c * sizeof(int32_t));
+        memcpy(local + b * Tl + c, global + b * T + (2 * cp - 1 - rank) * c,
+               (size_t)c * sizeof(int32_t));
+    }
+}
+
+struct loom_cp {
+    loom_model *m;
+    loom_mesh *mesh;
+    int kind, P, r;             /* kind, cp degree, this rank in the cp group */
+    int H, KVH, D;              /* the view's heads */
+    int64_t QKV, HD, KD;        /* row widths: q|k|v, out, one of k / v */
+    const loom_backend *be;
+    /* ulysses: alltoall buffers and the head-sharded tensors (all of B x T x width floats) */
+    float *send, *recv, *qkv_h, *out_h, *dout_h, *dqkv_h;
+    /* ring: K|V rows (B, T, 2 KD) in flight (double buffered), their gradients, and one
+     * block's partial output and lse */
+    float *kv[2], *dkv[2], *blk_out, *blk_lse;
+};
+
+/* ---- ulysses ----------------------------------------------------------------------------- */
+
+/* The global row of local row t of cp rank i (chunks i and 2P-1-i of c rows each). */
+static int64_t global_row(int P, int i, int64_t c, int64_t t) {
+    return t < c ? i * c + t : (2 * P - 1 - i) * c + (t - c);
+}
+
+/* The columns of head group j of a row: segments (offset, width). qkv rows have three (q, k,
+ * v heads of group j), out rows one. */
+typedef struct segs {
+    int n;
+    int64_t off[3], w[3], width; /* width: the head-sharded row (sum of w) */
+} segs;
+
+static segs qkv_segs(const loom_cp *c, int j) {
+    const int64_t hq = c->HD / c->P, hk = c->KD / c->P;
+    return (segs){3, {j * hq, c->HD + j * hk, c->HD + c->KD + j * hk}, {hq, hk, hk}, hq + 2 * hk};
+}
+static segs out_segs(const loom_cp *c, int j) {
+    const int64_t hq = c->HD / c->P;
+    return (segs){1, {j * hq, 0, 0}, {hq, 0, 0}, hq};
+}
+
+/* src (B, T, W) sequence-sharded -> dst (B, P*T, width) head-sharded (this rank's group) */
+static void seq_to_head(loom_cp *c, const float *src, int64_t W, int qkv, float *dst, int B,
+                        int T) {
+    const int P = c->P;
+    const int64_t half = T / 2, Tg = (int64_t)P * T;
+    const segs s0 = qkv ? qkv_segs(c, 0) : out_segs(c, 0);
+    const int64_t Wh = s0.width, blk = (int64_t)B * T * Wh;
+    for (int j = 0; j < P; j++) {
+        const segs s = qkv ? qkv_segs(c, j) : out_segs(c, j);
+        #pragma omp parallel for schedule(static)
+        for (int64_t bt = 0; bt < (int64_t)B * T; bt++) {
+            float *d = c->send + j * blk + bt * Wh;
+            for (int k = 0; k < s.n; k++) {
+                memcpy(d, src + bt * W + s.off[k], (size_t)s.w[k] * sizeof(float));
+                d += s.w[k];
+            }
+        }
+    }
+    loom_alltoall(c->mesh, LOOM_GROUP_CP, c->send, c->recv, (size_t)blk, LOOM_F32);
+    for (int i = 0; i < P; i++) {
+        #pragma omp parallel for schedule(static)
+        for (int64_t bt = 0; bt < (int64_t)B * T; bt++) {
+            const int64_t b = bt / T, t = bt % T;
+            memcpy(dst + (b * Tg + global_row(P, i, half, t)) * Wh, c->recv + i * blk + bt * Wh,
+                   (size_t)Wh * sizeof(float));
+        }
+    }
+}
+
+/* The inverse: src (B, P*T, width) of this rank's head group -> dst (B, T, W) (add: +=) */
+static void head_to_seq(loom_cp *c, const float *src, int64_t W, int qkv, float *dst, int B,
+                        int T, int add) {
+    const int P = c->P;
+    const int64_t half = T / 2, Tg = (int64_t)P * T;
+    const segs s0 = qkv ? qkv_segs(c, 0) : out_segs(c, 0);
+    const int64_t Wh = s0.width, blk = (int64_t)B * T * Wh;
+    for (int i = 0; i < P; i++) {
+        #pragma omp parallel for schedule(static)
+        for (int64_t bt = 0; bt < (int64_t)B * T; bt++) {
+            const int64_t b = bt / T, t = bt % T;
+            memcpy(c->send + i * blk + bt * Wh, src + (b * Tg + global_row(P, i, half, t)) * Wh,
+                   (size_t)Wh * sizeof(float));
+        }
+    }
+    loom_alltoall(c->mesh, LOOM_GROUP_CP, c->send, c->recv, (size_t)blk, LOOM_F32);
+    for (int j = 0; j < P; j++) {
+        const segs s = qkv ? qkv_segs(c, j) : out_segs(c, j);
+        #pragma omp parallel for schedule(static)
+        for (int64_t bt = 0; bt < (int64_t)B * T; bt++) {
+            const float *r = c->recv + j * blk + bt * Wh;
+            for (int k = 0; k < s.n; k++) {
+                float *d = dst + bt * W + s.off[k];
+                if (add)
+                    for (int64_t x = 0; x < s.w[k]; x++) d[x] += r[x];
+                else
+                    memcpy(d, r, (size_t)s.w[k] * sizeof(float));
+                r += s.w[k];
+            }
+        }
+    }
+}
+
+static void ulysses_forward(void *ctx, int layer, float *out, float *lse, const float *qkv,
+                            int B, int T) {
+    loom_cp *c = ctx;
+    (void)layer;
+    const int Hh = c->H / c->P, KVh = c->KVH / c->P;
+    seq_to_head(c, qkv, c->QKV, 1, c->qkv_h, B, T);
+    const loom_attn_dims dims = flash_attention_dims_qkv(B, c->P * T, Hh, KVh, c->D);
+    const loom_attn_mask mask = {.causal = 1};
+    const float *q = c->qkv_h, *k = q + Hh * c->D, *v = k + KVh * c->D;
+    /* lse: (B, H/P, P*T) = the B*H*T floats the model keeps for this layer */
+    LOOM_CHECK(c->be->flash_attention_forward(c->out_h, lse, q, k, v, &dims, &mask) == 0);
+    head_to_seq(c, c->out_h, c->HD, 0, out, B, T, 0);
+}
+
+static void ulysses_backward(void *ctx, int layer, float *dqkv, const float *dout,
+                             const float *qkv, const float *out, const float *lse, int B,
+                             int T) {
+    loom_cp *c = ctx;
+    (void)layer;
+    const int Hh = c->H / c->P, KVh = c->KVH / c->P;
+    const int64_t hq = Hh * c->D, hk = KVh * c->D;
+    seq_to_head(c, qkv, c->QKV, 1, c->qkv_h, B, T);
+    seq_to_head(c, out, c->HD, 0, c->out_h, B, T);
+    seq_to_head(c, dout, c->HD, 0, c->dout_h, B, T);
+    const int64_t Tg = (int64_t)c->P * T;
+    memset(c->dqkv_h, 0, (size_t)(B * Tg * (hq + 2 * hk)) * sizeof(float));
+    const loom_attn_dims dims = flash_attention_dims_qkv(B, (int)Tg, Hh, KVh, c->D);
+    const loom_attn_mask mask = {.causal = 1};
+    const float *q = c->qkv_h;
+    float *dq = c->dqkv_h;
+    LOOM_CHECK(c->be->flash_attention_backward(dq, dq + hq, dq + hq + hk, c->dout_h, q, q + hq,
+                                               q + hq + hk, c->out_h, lse, &dims, &mask) == 0);
+    head_to_seq(c, c->dqkv_h, c->QKV, 1, dqkv, B, T, 1);
+}
+
+/* ---- ring ----------------------------------------------------------------------------------- */
+
+enum { TAG_KV = 101, TAG_DKV = 102 };
+
+/* the K|V columns of the local rows (B, T, 2 KD) */
+static void pack_kv(const loom_cp *c, const float *qkv, float *kv, int64_t rows) {
+    #pragma omp parallel for schedule(static)
+    for (int64_t r = 0; r < rows; r++)
+        memcpy(kv + r * 2 * c->KD, qkv + r * c->QKV + c->HD, (size_t)(2 * c->KD) * sizeof(float));
+}
+
+/* The dims of one (query chunk qi, key chunk ki) block: c rows of the local queries against c
+ * rows of a K|V buffer; out rows with stride o_bs per batch row. */
+static loom_attn_dims ring_dims(const loom_cp *c, int B, int T, int64_t o_bs) {
+    const int64_t half = T / 2;
+    loom_attn_dims d = {.B = B, .Tq = (int)half, .Tk = (int)half, .H = c->H, .KVH = c->KVH,
+                        .D = c->D};
+    d.q_bs = (int64_t)T * c->QKV;
+    d.q_ts = c->QKV;
+    d.k_bs = d.v_bs = (int64_t)T * 2 * c->KD;
+    d.k_ts = d.v_ts = 2 * c->KD;
+    d.o_bs = o_bs;
+    d.o_ts = c->HD;
+    return d;
+}
+
+/* the global chunk of local chunk i (0 or 1) of cp rank r */
+static int chunk_of(int P, int r, int i) { return i == 0 ? r : 2 * P - 1 - r; }
+
+/* out/lse of query chunk qi (acc: rows of (B, T, HD), lse (B, H, half)) merged with a block's
+ * (blk: (B, half, HD), blse (B, H, half)) by log-sum-exp */
+static void merge(const loom_cp *c, float *out, float *lse, const float *blk, const float *blse,
+                  int B, int T, int qi) {
+    const int64_t half = T / 2, D = c->D;
+    #pragma omp parallel for collapse(2) schedule(static)
+    for (int b = 0; b < B; b++)
+        for (int h = 0; h < c->H; h++)
+            for (int64_t i = 0; i < half; i++) {
+                const int64_t li = ((int64_t)b * c->H + h) * half + i;
+                const float l2 = blse[li], l1 = lse[li];
+                if (l2 == -INFINITY) continue; /* the block saw no key for this row */
+                float *o = out + ((int64_t)b * T + qi * half + i) * c->HD + h * D;
+                const float *p = blk + ((int64_t)b * half + i) * c->HD + h * D;
+                if (l1 == -INFINITY) {
+                    memcpy(o, p, (size_t)D * sizeof(float));
+                    lse[li] = l2;
+                    continue;
+                }
+                const float mx = l1 > l2 ? l1 : l2;
+                const float l = mx + logf(expf(l1 - mx) + expf(l2 - mx));
+                const float w1 = expf(l1 - l), w2 = expf(l2 - l);
+                for (int64_t d = 0; d < D; d++) o[d] = w1 * o[d] + w2 * p[d];
+                lse[li] = l;
+            }
+}
+
+/* lse layout of the ring (the model's B*H*T floats): query chunk qi's (B, H, T/2) at
+ * qi * B*H*T/2 */
+static float *chunk_lse(const loom_cp *c, const float *lse, int B, int T, int qi) {
+    return (float *)lse + (int64_t)qi * B * c->H * (T / 2);
+}
+
+static void ring_forward(void *ctx, int layer, float *out, float *lse, const float *qkv, int B,
+                         int T) {
+    loom_cp *c = ctx;
+    (void)layer;
+    const int P = c->P, r = c->r, next = (r + 1) % P, prev = (r + P - 1) % P;
+    const int64_t half = T / 2, rows = (int64_t)B * T, n_kv = rows * 2 * c->KD;
+    memset(out, 0, (size_t)(rows * c->HD) * sizeof(float));
+    for (int64_t i = 0; i < (int64_t)B * c->H * T; i++) lse[i] = -INFINITY;
+    pack_kv(c, qkv, c->kv[0], rows);
+    const loom_attn_dims dims = ring_dims(c, B, T, half * c->HD);
+    int cur = 0;
+    for (int s = 0; s < P; s++) {
+        const int src = (r - s + P) % P; /* whose K/V rows kv[cur] holds */
+        loom_comm_req *req[2] = {NULL, NULL};
+        if (s < P - 1) { /* the next block travels while this one is computed */
+            req[0] = loom_isend(c->mesh, LOOM_GROUP_CP, c->kv[cur], (size_t)n_kv, LOOM_F32, next,
+                                TAG_KV);
+            req[1] = loom_irecv(c->mesh, LOOM_GROUP_CP, c->kv[1 - cur], (size_t)n_kv, LOOM_F32,
+                                prev, TAG_KV);
+        }
+        for (int qi = 0; qi < 2; qi++)
+            for (int ki = 0; ki < 2; ki++) {
+                const int qg = chunk_of(P, r, qi), kg = chunk_of(P, src, ki);
+                if (kg > qg) continue; /* wholly in the causal future */
+                const loom_attn_mask mask = {.causal = 1, .q_pos0 = qg * half,
+                                             .k_pos0 = kg * half};
+                const float *q = qkv + qi * half * c->QKV;
+                const float *k = c->kv[cur] + ki * half * 2 * c->KD, *v = k + c->KD;
+                LOOM_CHECK(c->be->flash_attention_forward(c->blk_out, c->blk_lse, q, k, v, &dims,
+                                                          &mask) == 0);
+                merge(c, out, chunk_lse(c, lse, B, T, qi), c->blk_out, c->blk_lse, B, T, qi);
+            }
+        if (s < P - 1) loom_comm_waitall(2, req, "ring attention K/V exchange");
+        cur = 1 - cur;
+    }
+}
+
+static void ring_backward(void *ctx, int layer, float *dqkv, const float *dout, const float *qkv,
+                          const float *out, const float *lse, int B, int T) {
+    loom_cp *c = ctx;
+    (void)layer;
+    const int P = c->P, r = c->r, next = (r + 1) % P, prev = (r + P - 1) % P;
+    const int64_t half = T / 2, rows = (int64_t)B * T, n_kv = rows * 2 * c->KD;
+    pack_kv(c, qkv, c->kv[0], rows);
+    memset(c->dkv[0], 0, (size_t)n_kv * sizeof(float));
+    const loom_attn_dims dims = ring_dims(c, B, T, (int64_t)T * c->HD);
+    int cur = 0;
+    for (int s = 0; s < P; s++) {
+        const int src = (r - s + P) % P;
+        loom_comm_req *req[4] = {NULL, NULL, NULL, NULL};
+        if (s < P - 1) {
+            req[0] = loom_isend(c->mesh, LOOM_GROUP_CP, c->kv[cur], (size_t)n_kv, LOOM_F32, next,
+                                TAG_KV);
+            req[1] = loom_irecv(c->mesh, LOOM_GROUP_CP, c->kv[1 - cur], (size_t)n_kv, LOOM_F32,
+                                prev, TAG_KV);
+        }
+        for (int qi = 0; qi < 2; qi++)
+            for (int ki = 0; ki < 2; ki++) {
+                const int qg = chunk_of(P, r, qi), kg = chunk_of(P, src, ki);
+                if (kg > qg) continue;
+                const loom_attn_mask mask = {.causal = 1, .q_pos0 = qg * half,
+                                             .k_pos0 = kg * half};
+                const int64_t qoff = qi * half * c->QKV, koff = ki * half * 2 * c->KD;
+                const float *k = c->kv[cur] + koff;
+                float *dk = c->dkv[cur] + koff;
+                LOOM_CHECK(c->be->flash_attention_backward(
+                               dqkv + qoff, dk, dk + c->KD, dout + qi * half * c->HD, qkv + qoff,
+                               k, k + c->KD, out + qi * half * c->HD,
+                               chunk_lse(c, lse, B, T, qi), &dims, &mask) == 0);
+            }
+        /* the K/V gradients go on with their block; after the last step home to their owner */
+        req[2] = loom_isend(c->mesh, LOOM_GROUP_CP, c->dkv[cur], (size_t)n_kv, LOOM_F32, next,
+                            TAG_DKV);
+        req[3] = loom_irecv(c->mesh, LOOM_GROUP_CP, c->dkv[1 - cur], (size_t)n_kv, LOOM_F32, prev,
+                            TAG_DKV);
+        loom_comm_waitall(4, req, "ring attention K/V exchange (backward)");
+        cur = 1 - cur;
+    }
+    /* dkv[cur] is this rank's own K/V gradient, summed over every rank's queries */
+    const float *g = c->dkv[cur];
+    #pragma omp parallel for schedule(static)
+    for (int64_t i = 0; i < rows; i++) {
+        float *d = dqkv + i * c->QKV + c->HD;
+        const float *x = g + i * 2 * c->KD;
+        for (int64_t k = 0; k < 2 * c->KD; k++) d[k] += x[k];
+    }
+}
+
+/* ---- create ------------------------------------------------------------------------------- */
+
+int loom_cp_create(loom_model *m, loom_mesh *mesh, int kind, int B, int T, loom_cp **out,
+                   loom_err *err) {
+    *out = NULL;
+    const loom_model_config *mc = loom_model_get_config(m);
+    const loom_model_layout *lay = loom_model_get_layout(m);
+    const int P = loom_mesh_size(mesh, LOOM_GROUP_CP);
+    if (lay->cp != P || lay->cp_rank != loom_mesh_rank(mesh, LOOM_GROUP_CP))
+        return loom_errf(err, "context parallelism: the model view is cp rank %d of %d, the "
+                              "mesh's cp group rank %d of %d", lay->cp_rank, lay->cp,
+                         loom_mesh_rank(mesh, LOOM_GROUP_CP), P);
+    if (kind != LOOM_CPKIND_ULYSSES && kind != LOOM_CPKIND_RING)
+        return loom_errf(err, "context parallelism: unknown kind %d", kind);
+    if (loom_cp_check(mc, lay->tp, P, kind, (int64_t)T * P, err)) return -1;
+    loom_cp *c = loom_calloc(1, sizeof *c);
+    c->m = m;
+    c->mesh = mesh;
+    c->kind = kind;
+    c->P = P;
+    c->r = lay->cp_rank;
+    c->D = mc->d_model / mc->n_head;
+    c->H = mc->n_head / lay->tp;
+    c->KVH = mc->n_kv_head / lay->tp;
+    c->HD = (int64_t)c->H * c->D;
+    c->KD = (int64_t)c->KVH * c->D;
+    c->QKV = c->HD + 2 * c->KD;
+    c->be = loom_model_backend(m);
+    const size_t rows = (size_t)B * (size_t)T, f = sizeof(float);
+    loom_attn_hook h = {.ctx = c};
+    if (kind == LOOM_CPKIND_ULYSSES) {
+        /* head-sharded tensors: P*T rows of width/P = the local rows' floats */
+        c->send = loom_alloc_aligned(rows * (size_t)c->QKV * f);
+        c->recv = loom_alloc_aligned(rows * (size_t)c->QKV * f);
+        c->qkv_h = loom_alloc_aligned(rows * (size_t)c->QKV * f);
+        c->dqkv_h = loom_alloc_aligned(rows * (size_t)c->QKV * f);
+        c->out_h = loom_alloc_aligned(rows * (size_t)c->HD * f);
+        c->dout_h = loom_alloc_aligned(rows * (size_t)c->HD * f);
+        h.forward = ulysses_forward;
+        h.backward = ulysses_backward;
+    } else {
+        for (int i = 0; i < 2; i++) {
+            c->kv[i] = loom_alloc_aligned(rows * 2 * (size_t)c->KD * f);
+            c->dkv[i] = loom_alloc_aligned(rows * 2 * (size_t)c->KD * f);
+        }
+        c->blk_out = loom_alloc_aligned(rows / 2 * (size_t)c->HD * f);
+        c->blk_lse = loom_alloc_aligned((size_t)B * (size_t)c->H * (size_t)(T / 2) * f);
+        h.forward = ring_forward;
+        h.backward = ring_backward;
+    }
+    loom_model_set_attention(m, &h);
+    *out = c;
+    return 0;
+}
+
+void loom_cp_free(loom_cp *c) {
+    if (!c) return;
+    loom_model_set_attention(c->m, NULL);
+    free(c->send);
+    free(c->recv);
+    free(c->qkv_h);
+    free(c->dqkv_h);
+    free(c->out_h);
+    free(c->dout_h);
+    for (int i = 0; i < 2; i++) {
+        free(c->kv[i]);
+        free(c->dkv[i]);
+    }
+    free(c->blk_out);
+    free(c->blk_lse);
+    free(c);
+}
