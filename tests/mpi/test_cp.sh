@@ -1,7 +1,8 @@
 # Context parallelism through `mpirun ... loom train`: parallel.cp = 2 and 4, cp_kind ulysses
 # and ring, alone and with data parallelism (dp = 2, ZeRO 1 and 3), GPT-2 and Llama (grouped
-# kv heads) flavors: 20-step loss trajectories equal the single-process run within 1e-5
-# relative, and the replicas over dp x cp stay bit-identical. Bad layouts are clear errors;
+# kv heads) flavors, and with tensor parallelism (tp = 2 x cp = 2): 20-step loss trajectories
+# equal the single-process run within 1e-5 relative, and the replicas over dp x cp stay
+# bit-identical. Bad layouts are clear errors;
 # a rank killed during training ends the job within the collective timeout + 30 s.
 # One thread per rank, --oversubscribe, a tiny model (T = 32: chunks of 4 positions at cp = 4).
 source "$(dirname "$0")/lib.sh"
@@ -64,6 +65,18 @@ for flavor in gpt2 llama; do
       pass "$flavor $kind cp=$cp dp=$((np / cp)) zero=$z: 20 steps equal the single process"
     done
   done
+done
+
+# with tensor parallelism: tp = 2 x cp = 2 (the cp group's ranks are tp-strided); gpt2 both
+# kinds (2 heads per tp rank: ulysses splits them over cp), llama ring (1 kv head per tp rank)
+for spec in "gpt2 ulysses" "gpt2 ring" "llama ring"; do
+  set -- $spec; flavor=$1; kind=$2
+  run=$WORK/${flavor}_${kind}_tp2_cp2
+  $MPIRUN -np 4 "$LOOM_BIN" train "$WORK/$flavor.yaml" "${COMMON[@]}" --set run.dir="$run" \
+    --set parallel.tp=2 --set parallel.cp=2 --set parallel.cp_kind=$kind --set parallel.zero=1 \
+    --set parallel.check_replicas=true 2>"$WORK/log" || { cat "$WORK/log"; fail "$flavor $kind tp=2 cp=2 failed"; }
+  compare "$WORK/${flavor}_single" "$run" 1e-5 || fail "$flavor $kind tp=2 cp=2: loss differs from one process"
+  pass "$flavor $kind tp=2 cp=2 zero=1: 20 steps equal the single process"
 done
 
 # bad layouts are clear errors naming the keys
