@@ -3,7 +3,8 @@
 # kv heads) flavors, and with tensor parallelism (tp = 2 x cp = 2): 20-step loss trajectories
 # equal the single-process run within 1e-5 relative, and the replicas over dp x cp stay
 # bit-identical. Bad layouts are clear errors;
-# a rank killed during training ends the job within the collective timeout + 30 s.
+# a rank killed during training ends the job within the collective timeout + 30 s; checkpoints
+# saved at one cp layout resume at another.
 # One thread per rank, --oversubscribe, a tiny model (T = 32: chunks of 4 positions at cp = 4).
 source "$(dirname "$0")/lib.sh"
 MPIRUN="timeout 300 mpirun --oversubscribe -x OMP_NUM_THREADS -x OPENBLAS_NUM_THREADS"
@@ -78,6 +79,25 @@ for spec in "gpt2 ulysses" "gpt2 ring" "llama ring"; do
   compare "$WORK/${flavor}_single" "$run" 1e-5 || fail "$flavor $kind tp=2 cp=2: loss differs from one process"
   pass "$flavor $kind tp=2 cp=2 zero=1: 20 steps equal the single process"
 done
+
+# checkpoints reshard across cp layouts: save at cp = 2 ring (ZeRO 1) at step 10, resume at one
+# process and at cp = 4 ulysses (ZeRO 3): steps 11..20 continue the uninterrupted single run
+SAVE=$WORK/cp_save
+$MPIRUN -np 2 "$LOOM_BIN" train "$WORK/gpt2.yaml" "${COMMON[@]}" --set run.dir="$SAVE" \
+  --set parallel.cp=2 --set parallel.cp_kind=ring --set parallel.zero=1 --set training.steps=10 \
+  --set checkpoint.every=10 2>"$WORK/log" || { cat "$WORK/log"; fail "cp=2 save failed"; }
+[ -f "$SAVE/ckpt/step_0000010/rank_00001.safetensors" ] || fail "cp rank 1 wrote no checkpoint piece"
+cp -r "$SAVE" "$WORK/cp_save4"
+"$LOOM_BIN" train "$WORK/gpt2.yaml" "${COMMON[@]}" --set run.dir="$SAVE" 2>"$WORK/log" \
+  || { cat "$WORK/log"; fail "resume at one process failed"; }
+grep -q "resumed from" "$WORK/log" || fail "one process did not resume"
+$MPIRUN -np 4 "$LOOM_BIN" train "$WORK/gpt2.yaml" "${COMMON[@]}" --set run.dir="$WORK/cp_save4" \
+  --set parallel.cp=4 --set parallel.zero=3 2>"$WORK/log" || { cat "$WORK/log"; fail "resume at cp=4 failed"; }
+grep -q "resumed from" "$WORK/log" || fail "cp=4 did not resume"
+for r in "$SAVE" "$WORK/cp_save4"; do
+  compare "$WORK/gpt2_single" "$r" 1e-5 || fail "$r: resumed run differs from one process"
+done
+pass "saved at cp=2 ring, resumed at one process and at cp=4 ulysses zero 3: 20 steps equal one process"
 
 # bad layouts are clear errors naming the keys
 expect_fail "ulysses with n_kv_head 2 at cp 4" "parallel.cp_kind = ulysses: parallel.cp = 4 must divide model.n_head \(4\) and model.n_kv_head \(2\)" \
