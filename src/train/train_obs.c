@@ -12,6 +12,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "loom/alerts.h"
 #include "loom/obs_sinks.h"
 #include "loom/profile.h"
 #include "train/trainer_internal.h"
@@ -52,6 +53,7 @@ struct train_obs {
     size_t len, cap;
     double val_loss;        /* the last validation loss (NAN: none yet) */
     int64_t alerts_fired;
+    loom_alerts *alerts;    /* parsed on every rank (the same errors everywhere), used by rank 0 */
 };
 
 static void out(train_obs *o, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
@@ -84,7 +86,46 @@ static void per_rank(train_obs *o, const char *name, const char *help, int f) {
     for (int r = 0; r < o->world; r++) out(o, "%s{rank=\"%d\"} %.17g\n", name, r, o->all[r * NF + f]);
 }
 
+/* the alert rules of the config (alerts, obs.default_alerts) */
+static int open_alerts(const loom_config *cfg, const char *path, loom_alerts **out,
+                       loom_err *err) {
+    int defaults = 1, n_rules = 0;
+    char **rules = NULL;
+    if (loom_config_get_bool(cfg, "obs.default_alerts", &defaults, err)) return -1;
+    if (loom_config_get(cfg, "alerts") && loom_config_get_list(cfg, "alerts", &rules, &n_rules, err))
+        return -1;
+    char what[200];
+    snprintf(what, sizeof what, "config key 'alerts' (%s)",
+             loom_config_get(cfg, "alerts") ? loom_config_origin(cfg, "alerts") : "");
+    const int rc = loom_alerts_create(rules, n_rules, defaults, what, path, out, err);
+    loom_config_free_list(rules, n_rules);
+    return rc;
+}
+
+/* every obs key checked before anything is created or written */
+static int check_keys(const loom_config *cfg, loom_err *err) {
+    double ratio;
+    int64_t port;
+    int tb;
+    if (loom_config_get_double(cfg, "obs.straggler_ratio", &ratio, err) ||
+        loom_config_get_int(cfg, "obs.prometheus_port", &port, err) ||
+        loom_config_get_bool(cfg, "obs.tensorboard", &tb, err))
+        return -1;
+    if (!(ratio > 1.0))
+        return loom_errf(err, "config key 'obs.straggler_ratio' (%s): %g must be > 1",
+                         loom_config_origin(cfg, "obs.straggler_ratio"), ratio);
+    if (port < 0 || port > 65535)
+        return loom_errf(err, "config key 'obs.prometheus_port' (%s): %lld is not a port "
+                              "(1..65535, or 0 = off)",
+                         loom_config_origin(cfg, "obs.prometheus_port"), (long long)port);
+    loom_alerts *a = NULL;
+    if (open_alerts(cfg, "", &a, err)) return -1;
+    loom_alerts_free(a);
+    return 0;
+}
+
 int train_obs_wrap_backend(const loom_config *cfg, loom_model_config *mc, loom_err *err) {
+    if (check_keys(cfg, err)) return -1;
     const char *steps = loom_config_get(cfg, "profile.steps");
     if (!steps || !steps[0]) return 0;
     int64_t a, b;
@@ -114,10 +155,6 @@ int train_obs_create(trainer *t, double peak, train_obs **out, loom_err *err) {
     if (loom_config_get_int(t->cfg, "obs.prometheus_port", &port, err) ||
         loom_config_get_bool(t->cfg, "obs.tensorboard", &tb, err))
         return -1;
-    if (port < 0 || port > 65535)
-        return loom_errf(err, "config key 'obs.prometheus_port' (%s): %lld is not a port "
-                              "(1..65535, or 0 = off)",
-                         loom_config_origin(t->cfg, "obs.prometheus_port"), (long long)port);
     o->val_loss = NAN;
     if (o->rank0 && port > 0 &&
         loom_prom_start((int)port, "config key 'obs.prometheus_port'", &o->prom, err))
@@ -127,9 +164,11 @@ int train_obs_create(trainer *t, double peak, train_obs **out, loom_err *err) {
         loom_pathf(dir, sizeof dir, "%s/tb", t->s.run_dir);
         if (loom_tb_open(dir, &o->tb, err)) return loom_err_prefix(err, "obs.tensorboard");
     }
-    if (!(o->ratio > 1.0))
-        return loom_errf(err, "config key 'obs.straggler_ratio' (%s): %g must be > 1",
-                         loom_config_origin(t->cfg, "obs.straggler_ratio"), o->ratio);
+    {
+        char path[4200];
+        loom_pathf(path, sizeof path, "%s/alerts.jsonl", t->s.run_dir);
+        if (open_alerts(t->cfg, path, &o->alerts, err)) return -1;
+    }
     o->model_flops = loom_model_flops_per_token(t->model, (int)t->s.T) * (double)t->local_B *
                      (double)t->s.T * (double)t->s.accum;
     const char *steps = loom_config_get(t->cfg, "profile.steps");
@@ -157,6 +196,14 @@ static void injected_delay(int rank) {
     loom_prof_begin("injected_delay", "test");
     usleep((useconds_t)ms * 1000);
     loom_prof_end(0, 0, NULL);
+}
+
+double train_obs_test_loss(int64_t step, double loss) {
+    const char *f = getenv("LOOM_TEST_LOSS_SPIKE");
+    long long s;
+    double k;
+    if (!f || sscanf(f, "%lld:%lf", &s, &k) != 2 || s != step) return loss;
+    return loss * k;
 }
 
 void train_obs_step_begin(train_obs *o, trainer *t) {
@@ -334,6 +381,23 @@ static int tensorboard(train_obs *o, const train_obs_row *row, loom_err *err) {
 
 int train_obs_publish(train_obs *o, const train_obs_row *row, loom_err *err) {
     if (row->val_loss >= 0) o->val_loss = row->val_loss;
+    double share = 0;
+    for (int r = 0; r < o->world; r++)
+        if (o->all[r * NF + F_STEP] > 0) share += o->all[r * NF + F_COMM] / o->all[r * NF + F_STEP];
+    loom_alert_value v[10];
+    int n = 0;
+    v[n++] = (loom_alert_value){"loss", row->loss};
+    if (row->val_loss >= 0) v[n++] = (loom_alert_value){"val_loss", row->val_loss};
+    v[n++] = (loom_alert_value){"grad_norm", row->grad_norm};
+    v[n++] = (loom_alert_value){"lr", row->lr};
+    v[n++] = (loom_alert_value){"tokens_per_s", row->tokens_per_s};
+    if (row->mfu >= 0) v[n++] = (loom_alert_value){"mfu", row->mfu};
+    v[n++] = (loom_alert_value){"step_ms", row->step_ms};
+    v[n++] = (loom_alert_value){"rss_bytes", row->rss_bytes};
+    v[n++] = (loom_alert_value){"comm_exposed_share", share / o->world};
+    if (o->straggler >= 0) v[n++] = (loom_alert_value){"straggler_lag", o->lag};
+    if (loom_alerts_eval(o->alerts, row->step, v, n, &o->stop, &o->alerts_fired, err))
+        return loom_err_prefix(err, "alerts");
     if (o->prom) prometheus(o, row);
     if (o->tb && tensorboard(o, row, err)) return loom_err_prefix(err, "obs.tensorboard");
     return 0;
@@ -373,6 +437,7 @@ void train_obs_free(train_obs *o) {
     if (!o) return;
     if (o->armed) loom_prof_shutdown();
     loom_prom_stop(o->prom);
+    loom_alerts_free(o->alerts);
     loom_tb_close(o->tb);
     free(o->text);
     free(o->all);

@@ -34,13 +34,16 @@ typedef struct train_obs_row {
 
 typedef struct train_obs train_obs;
 
-/* Before the model is created: with profile.steps set, mc->backend becomes the profiling twin
- * of the chosen backend. */
+/* Before anything is created: checks the obs.*, profile.* and alerts keys (errors name the
+ * key), and with profile.steps set makes mc->backend the profiling twin of the chosen backend. */
 int train_obs_wrap_backend(const loom_config *cfg, loom_model_config *mc, loom_err *err);
 /* After the mesh, model and checkpoint exist (t->step is the step resumed from): reads the
  * keys, arms the profiler (peak: per-rank FLOP/s on rank 0, broadcast), watches the
  * collectives, opens rank 0's sinks and alert rules. Collective over the world. */
 int train_obs_create(struct trainer *t, double peak, train_obs **out, loom_err *err);
+/* LOOM_TEST_LOSS_SPIKE="STEP:FACTOR" (a test hook, tests/e2e/test_alerts.sh): the loss
+ * reported for STEP (metrics, sinks, alerts) is multiplied by FACTOR; training is unchanged. */
+double train_obs_test_loss(int64_t step, double loss);
 /* Top of a step (t->step + 1 is the step about to run). */
 void train_obs_step_begin(train_obs *o, struct trainer *t);
 /* After the optimizer step: gathers every rank's timing (step seconds dt, data wait, exposed

@@ -475,6 +475,7 @@ int loom_train(loom_config *cfg, loom_err *err) {
         if (loom_trainer_step(&t, next_train_batch, NULL, &loss, &lr, &gnorm, &skipped, err))
             goto done;
         consecutive_skips = skipped ? consecutive_skips + 1 : 0;
+        loss = train_obs_test_loss(t.step, loss);
         if (skipped && rank0)
             loom_warn("step %lld: loss %g, gradient norm %g: not finite; the step is skipped on "
                       "every rank (parameters and optimizer state unchanged; %lld consecutive, "

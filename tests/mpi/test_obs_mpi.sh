@@ -49,3 +49,18 @@ assert all("straggler_rank" not in r for r in rows if r["step"] < 3)
 print("ok: rank 1 named from step 3 on (3 steps slower than the median), with its lag")
 PY
 pass "straggler: the slowed rank named with its lag"
+python3 - "$WORK/slow/alerts.jsonl" <<'PY' || fail "the default straggler rule"
+import json, sys
+al = [json.loads(l) for l in open(sys.argv[1])]
+st = [a for a in al if a["metric"] == "straggler_lag"]
+assert len(st) == 1 and st[0]["step"] == 3 and st[0]["action"] == "log" and st[0]["value"] > 1.2, al
+print("ok: the default rule 'straggler_lag > 0 -> log' fired once, at step 3")
+PY
+
+# an alert with action stop ends both ranks after a checkpoint, with exit status 3
+LOOM_TEST_INJECT_NAN=1:3 run_mpi 2 "$WORK/out" -x LOOM_TEST_INJECT_NAN "$LOOM_BIN" train "$WORK/c.yaml" \
+  "${COMMON[@]}" --set run.dir="$WORK/stop" --set training.steps=8 --set 'alerts=["loss nonfinite -> stop"]'
+[ $RC -eq 3 ] || { cat "$WORK/out"; fail "alert stop under mpirun: exit $RC, expected 3"; }
+[ "$(grep -c "stopped by an alert rule" "$WORK/out")" = 2 ] || { cat "$WORK/out"; fail "both ranks should report the stop"; }
+[ -f "$WORK/stop/ckpt/step_0000003/COMPLETE" ] || fail "alert stop: no checkpoint at step 3"
+pass "alert stop under mpirun -np 2: checkpoint, exit status 3"
