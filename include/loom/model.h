@@ -325,6 +325,9 @@ enum {
     LOOM_MODEL_INFER = 2,     /* parameters only: no gradients, no optimizer state, and a
                                * forward-only activation arena allocated at the first forward
                                * (decoding with a KV cache needs none); backward is an error */
+    LOOM_MODEL_HOOKS_ONLY = 3,/* as NO_ARENAS, and no activation arena of its own either: the
+                               * caller brings arenas (loom_acts_create; a pipeline stage holds
+                               * one per micro-batch in flight) and calls the *_acts functions */
 };
 /* A view (layout NULL: the whole model) with the arenas of `mode` (LOOM_MODEL_*). */
 int loom_model_create_view(const loom_model_config *cfg, const loom_model_layout *layout, int B,

@@ -45,6 +45,19 @@ void loom_dp_begin_micro(loom_dp *dp, int first, int last);
 /* After the last backward: completes the reductions, computes the global gradient norm,
  * clips to max_norm (> 0), returns the norm before clipping. */
 float loom_dp_finish_grads(loom_dp *dp, float max_norm);
+/* What other strategies add to loom_dp_finish_grads (pipeline parallelism: the tied
+ * embedding's two copies, the norm over every stage). fn runs after the dp reductions have
+ * completed and before the norm, on the reduced gradients (loom_dp_owned_grad). */
+void loom_dp_set_grad_sync(loom_dp *dp, void (*fn)(void *ctx, loom_dp *dp), void *ctx);
+/* Tensors this rank holds as a copy of another rank's (is_copy returns 1: the pipeline's last
+ * stage's wte of a tied head) are left out of the gradient norm and of the checkpoint pieces
+ * this rank writes (it still loads them); the norm is also summed over norm_group
+ * (LOOM_GROUP_WORLD: no further group; the pipeline: LOOM_GROUP_PP). */
+void loom_dp_set_copies(loom_dp *dp, loom_group norm_group,
+                        int (*is_copy)(void *ctx, const loom_tensor_info *t), void *ctx);
+/* The reduced gradient of tensor t this rank owns (valid between the reductions and the
+ * update): elements [*begin, *begin + *count) of t's box; NULL when it owns none. */
+float *loom_dp_owned_grad(loom_dp *dp, const loom_tensor_info *t, size_t *begin, size_t *count);
 /* AdamW on the owned part, then (zero 1/2) all-gather the updated parameters. */
 void loom_dp_step(loom_dp *dp, float lr);
 int64_t loom_dp_optimizer_step(const loom_dp *dp);

@@ -348,9 +348,9 @@ static int create(const loom_model_config *cfg, const loom_model_layout *layout,
     m->pbase = loom_calloc((size_t)m->n_units, sizeof(float *));
     m->gbase = loom_calloc((size_t)m->n_units, sizeof(float *));
     m->have_grads = loom_calloc((size_t)m->n_units, 1);
-    LOOM_CHECK(mode >= LOOM_MODEL_NO_ARENAS && mode <= LOOM_MODEL_INFER);
+    LOOM_CHECK(mode >= LOOM_MODEL_NO_ARENAS && mode <= LOOM_MODEL_HOOKS_ONLY);
     m->mode = mode;
-    if (mode != LOOM_MODEL_NO_ARENAS && !layout_only) {
+    if (mode != LOOM_MODEL_NO_ARENAS && mode != LOOM_MODEL_HOOKS_ONLY && !layout_only) {
         m->params = loom_alloc_aligned(off * sizeof(float));
         if (mode == LOOM_MODEL_TRAIN) m->grads = loom_alloc_aligned(off * sizeof(float));
     }
@@ -364,7 +364,7 @@ static int create(const loom_model_config *cfg, const loom_model_layout *layout,
         *out = m;
         return 0;
     }
-    if (training) m->acts = loom_acts_create(m, B, T, 1);
+    if (training && mode != LOOM_MODEL_HOOKS_ONLY) m->acts = loom_acts_create(m, B, T, 1);
     if (!gpt2) {
         m->rope_cos = loom_alloc_aligned((size_t)maxT * (size_t)(m->D / 2) * sizeof(float));
         m->rope_sin = loom_alloc_aligned((size_t)maxT * (size_t)(m->D / 2) * sizeof(float));

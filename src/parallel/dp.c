@@ -49,6 +49,13 @@ struct loom_dp {
     int first, last;
     int64_t step;
     float beta1, beta2, eps, wd;
+
+    /* what other strategies add (loom_dp_set_grad_sync, loom_dp_set_copies) */
+    void (*sync_fn)(void *ctx, loom_dp *dp);
+    void *sync_ctx;
+    int (*is_copy)(void *ctx, const loom_tensor_info *t);
+    void *copy_ctx;
+    loom_group norm_group;   /* summed over too, LOOM_GROUP_WORLD: none */
 };
 
 static int bucket_of(const loom_dp *dp, int u) {
@@ -143,6 +150,7 @@ int loom_dp_create(loom_model *m, loom_mesh *mesh, int zero, uint64_t seed, floa
     dp->size = loom_mesh_size(mesh, dp->group);
     dp->U = loom_model_num_units(m);
     dp->n = loom_model_num_params(m);
+    dp->norm_group = LOOM_GROUP_WORLD;
     dp->beta1 = beta1;
     dp->beta2 = beta2;
     dp->eps = eps;
@@ -243,12 +251,13 @@ void loom_dp_begin_micro(loom_dp *dp, int first, int last) {
 static double grad_sum_squares(const loom_dp *dp) {
     const loom_backend *be = loom_model_backend(dp->m);
     const loom_model_layout *lay = loom_model_get_layout(dp->m);
-    if (lay->tp <= 1) return be->sum_squares(dp->gshard, (int64_t)dp->nshard);
+    if (lay->tp <= 1 && !dp->is_copy) return be->sum_squares(dp->gshard, (int64_t)dp->nshard);
     double ss = 0;
     const int nt = loom_model_num_tensors(dp->m);
     for (int i = 0; i < nt; i++) {
         const loom_tensor_info *t = loom_model_tensor(dp->m, i);
         if (t->split_dim < 0 && lay->tp_rank != 0) continue;
+        if (dp->is_copy && dp->is_copy(dp->copy_ctx, t)) continue; /* counted elsewhere */
         const int u = t->unit;
         const size_t lo = dp->uoff[u] + dp->soff[u], hi = lo + dp->slen[u];
         const size_t a = t->offset > lo ? t->offset : lo;
@@ -268,13 +277,16 @@ float loom_dp_finish_grads(loom_dp *dp, float max_norm) {
     } else {
         for (int b = 0; b < N_BUCKETS; b++) drain_bucket(dp, b);
     }
+    if (dp->sync_fn) dp->sync_fn(dp->sync_ctx, dp);
     /* every reduced element lives on exactly one dp rank: the norm is a sum over dp ranks,
-     * and over the tp group's views (below) */
+     * and over the tp group's views and the pipeline's stages (below) */
     const loom_backend *be = loom_model_backend(dp->m);
     double ss = grad_sum_squares(dp);
     loom_allreduce_sum(dp->mesh, dp->group, &ss, 1, LOOM_F64);
     if (loom_model_get_layout(dp->m)->tp > 1)
         loom_allreduce_sum(dp->mesh, LOOM_GROUP_TP, &ss, 1, LOOM_F64);
+    if (dp->norm_group != LOOM_GROUP_WORLD)
+        loom_allreduce_sum(dp->mesh, dp->norm_group, &ss, 1, LOOM_F64);
     const double norm = sqrt(ss);
     if (max_norm > 0.0f && norm > (double)max_norm)
         be->scale_inplace(dp->gshard, (int64_t)dp->nshard,
@@ -321,6 +333,30 @@ void loom_dp_step(loom_dp *dp, float lr) {
                            dp->ucnt[u], LOOM_F32);
     }
     for (int b = 0; b < N_BUCKETS; b++) dp->punit[b] = -1; /* gathered copies are stale */
+}
+
+void loom_dp_set_grad_sync(loom_dp *dp, void (*fn)(void *ctx, loom_dp *dp), void *ctx) {
+    dp->sync_fn = fn;
+    dp->sync_ctx = ctx;
+}
+
+void loom_dp_set_copies(loom_dp *dp, loom_group norm_group,
+                        int (*is_copy)(void *ctx, const loom_tensor_info *t), void *ctx) {
+    dp->norm_group = norm_group;
+    dp->is_copy = is_copy;
+    dp->copy_ctx = ctx;
+}
+
+float *loom_dp_owned_grad(loom_dp *dp, const loom_tensor_info *t, size_t *begin, size_t *count) {
+    const int u = t->unit;
+    const size_t lo = dp->uoff[u] + dp->soff[u], hi = lo + dp->slen[u];
+    const size_t a = t->offset > lo ? t->offset : lo;
+    const size_t b = t->offset + t->numel < hi ? t->offset + t->numel : hi;
+    *begin = *count = 0;
+    if (a >= b) return NULL;
+    *begin = a - t->offset;
+    *count = b - a;
+    return dp->gshard + dp->sbase[u] + (a - lo);
 }
 
 int64_t loom_dp_optimizer_step(const loom_dp *dp) { return dp->step; }
@@ -392,6 +428,7 @@ static void push_piece(loom_dp_piece **arr, int *n, int *cap, loom_dp_piece p) {
 /* A replicated tensor of a tensor-parallel view is held whole by every tp rank: only tp rank
  * 0 writes it (a checkpoint's boxes of one tensor must not overlap); every rank loads it. */
 static int skip_replica(const loom_dp *dp, const loom_tensor_info *t, int for_load) {
+    if (!for_load && dp->is_copy && dp->is_copy(dp->copy_ctx, t)) return 1; /* written elsewhere */
     return !for_load && t->split_dim < 0 && loom_model_get_layout(dp->m)->tp_rank != 0;
 }
 

@@ -10,6 +10,7 @@
 #include <string.h>
 
 #include "loom/model_config.h"
+#include "loom/pp.h"
 #include "loom/tp.h"
 #include "train/trainer_internal.h"
 
@@ -53,6 +54,7 @@ void loom_train_engine_free(loom_train_engine *e) {
     if (!e) return;
     free(e->t.g_inp);
     free(e->t.g_tgt);
+    loom_pp_free(e->t.pp);
     loom_dp_free(e->t.dp);
     loom_cp_free(e->t.cp);
     free(e->t.l_inp);

@@ -4,6 +4,7 @@
 #include <string.h>
 
 #include "loom/model_config.h"
+#include "loom/pp.h"
 #include "loom/train.h"
 #include "train/train_obs.h"
 #include "train/trainer_internal.h"
@@ -46,8 +47,13 @@ static const loom_config_key train_only_keys[] = {
     {"eval.batches", "8", "validation batches per evaluation (0 = every window once)"},
     {"checkpoint.every", "0", "checkpoint every N steps (0 = no checkpoints)"},
     {"parallel.zero", "0", "ZeRO stage over the dp ranks: 0, 1, 2 or 3"},
+    {"parallel.microbatches", "auto", "micro-batches each batch is cut into for the pipeline: "
+                                      "auto (= parallel.pp) or a number dividing the rows per dp "
+                                      "rank"},
+    {"parallel.pp_schedule", "1f1b", "pipeline schedule: gpipe | 1f1b"},
     {"parallel.check_replicas", "false", "after every step, check that the dp replicas' "
-                                         "parameters are bit-identical (zero 0-2)"},
+                                         "parameters are bit-identical (zero 0-2), and the "
+                                         "pipeline's two tied wte copies"},
 };
 #define N_TRAIN_ONLY ((int)(sizeof train_only_keys / sizeof train_only_keys[0]))
 
@@ -108,6 +114,19 @@ int loom_trainer_read_settings(const loom_config *c, settings *s, loom_err *err)
         loom_config_get_int(c, "parallel.zero", &s->zero, err) ||
         loom_config_get_bool(c, "parallel.check_replicas", &s->check_replicas, err))
         return -1;
+    const char *mb = loom_config_get(c, "parallel.microbatches");
+    if (mb && strcmp(mb, "auto") != 0) {
+        if (loom_config_get_int(c, "parallel.microbatches", &s->microbatches, err)) return -1;
+        if (s->microbatches < 1 || s->microbatches > (1 << 20))
+            return loom_errf(err, "config key 'parallel.microbatches' = %lld (%s): expected auto "
+                                  "or an integer in [1, %d]", (long long)s->microbatches,
+                             loom_config_origin(c, "parallel.microbatches"), 1 << 20);
+    }
+    const char *ps = loom_config_get(c, "parallel.pp_schedule");
+    s->pp_schedule = loom_pp_schedule_from_name(ps ? ps : "1f1b");
+    if (s->pp_schedule < 0)
+        return loom_errf(err, "config key 'parallel.pp_schedule' = '%s' (%s): expected gpipe or "
+                              "1f1b", ps, loom_config_origin(c, "parallel.pp_schedule"));
     if (!loom_config_get(c, "data.train"))
         return loom_errf(err, "config: data.train is required (a dataset directory built by "
                               "`loom data build`)");

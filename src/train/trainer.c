@@ -20,6 +20,7 @@
 #include "loom/parallel.h"
 #include "loom/schedule.h"
 #include "loom/profile.h"
+#include "loom/pp.h"
 #include "loom/tp.h"
 #include "loom/windows.h"
 
@@ -106,6 +107,7 @@ static int next_train_batch(trainer *t, void *ctx, loom_err *err) {
 /* Forward on this rank's slice; returns the global mean loss and (optionally) the global
  * number of valid targets and, for classify, of correct predictions. */
 static double forward_global(trainer *t, int64_t *global_valid, int64_t *global_correct) {
+    if (t->pp) return loom_trainer_pp_forward(t, global_valid, global_correct);
     const float loss = loom_model_forward(t->model, local_rows(t, t->g_inp, t->l_inp),
                                           local_targets(t), (int)t->local_B, (int)t->local_T);
     const int64_t valid = loom_model_valid_targets(t->model);
@@ -130,6 +132,9 @@ static double forward_global(trainer *t, int64_t *global_valid, int64_t *global_
 int loom_trainer_step(trainer *t, loom_trainer_batch_fn next, void *ctx, double *loss_out,
                       double *lr_out, float *grad_norm, int *skipped, loom_err *err) {
     double loss = 0;
+    if (t->pp) { /* pipeline parallelism: the batches' micro-batches through the stages */
+        if (loom_trainer_pp_grads(t, next, ctx, &loss, err)) return -1;
+    } else
     for (int64_t micro = 0; micro < t->s.accum; micro++) {
         /* every rank reads the whole global batch (token ids: cheap) and uses its rows */
         const double td = loom_now();
@@ -294,11 +299,15 @@ int loom_trainer_build_mesh(trainer *t, loom_err *err) {
     const loom_mesh_dims dims = {t->mc.n_head, t->mc.n_kv_head, t->mc.n_layer, (int)t->s.T, 0};
     if (loom_mesh_create(&spec, &dims, &t->mesh, err)) return -1;
     const loom_mesh_spec *l = loom_mesh_layout(t->mesh);
-    if (l->pp > 1 || l->ep > 1)
-        return loom_errf(err, "parallel: pp=%d ep=%d: the trainer implements data, tensor and "
-                              "context parallelism only so far (pipeline and expert parallelism "
-                              "are not built yet); use parallel.dp, parallel.tp and parallel.cp",
-                         l->pp, l->ep);
+    if (l->ep > 1)
+        return loom_errf(err, "parallel: ep=%d: the trainer implements data, tensor, pipeline and "
+                              "context parallelism only so far (expert parallelism is not built "
+                              "yet); use parallel.dp, .tp, .pp and .cp", l->ep);
+    if (l->pp > 1 && l->cp > 1)
+        return loom_errf(err, "parallel.pp = %d with parallel.cp = %d: pipeline and context "
+                              "parallelism do not combine yet; use one of them", l->pp, l->cp);
+    t->pp_rank = loom_mesh_rank(t->mesh, LOOM_GROUP_PP);
+    t->pp_size = loom_mesh_size(t->mesh, LOOM_GROUP_PP);
     t->tp_rank = loom_mesh_rank(t->mesh, LOOM_GROUP_TP);
     t->tp_size = loom_mesh_size(t->mesh, LOOM_GROUP_TP);
     t->cp_rank = loom_mesh_rank(t->mesh, LOOM_GROUP_CP);
@@ -316,21 +325,34 @@ int loom_trainer_build_mesh(trainer *t, loom_err *err) {
         return loom_errf(err, "training.batch_size = %lld (the global batch) is not divisible by "
                               "the %d data-parallel ranks", (long long)t->s.B, t->dp_size);
     t->local_B = t->s.B / t->dp_size;
+    /* pipeline micro-batches: each dp rank's rows of a batch cut into equal parts */
+    t->microbatches = t->s.microbatches > 0 ? t->s.microbatches : t->pp_size;
+    if (t->local_B % t->microbatches != 0)
+        return loom_errf(err, "training.batch_size = %lld gives %lld rows per data-parallel rank "
+                              "(parallel.dp = %d), not divisible by parallel.microbatches = %lld%s",
+                         (long long)t->s.B, (long long)t->local_B, t->dp_size,
+                         (long long)t->microbatches,
+                         t->s.microbatches > 0 ? "" : " (auto: parallel.pp)");
     return 0;
 }
 
 int loom_trainer_create_engine(trainer *t, loom_err *err) {
     /* this rank's view: its tp rank's heads and columns, its cp rank's chunks of each
-     * sequence (the whole model at tp = cp = 1) */
-    const loom_model_layout lay = {.tp = t->tp_size, .tp_rank = t->tp_rank, .cp = t->cp_size,
-                                   .cp_rank = t->cp_rank};
-    if (loom_model_create_view(&t->mc, &lay, (int)t->local_B, (int)t->local_T,
-                               LOOM_MODEL_NO_ARENAS, &t->model, err))
+     * sequence (the whole model at tp = cp = 1), and with a pipeline its stage's layers for
+     * micro-batches of local_B / microbatches rows */
+    loom_model_layout lay = {.tp = t->tp_size, .tp_rank = t->tp_rank, .cp = t->cp_size,
+                             .cp_rank = t->cp_rank};
+    const int pipe = t->pp_size > 1 || t->microbatches > 1;
+    const int64_t rows = pipe ? t->local_B / t->microbatches : t->local_B;
+    if (pipe) loom_pp_stage_layers(t->mc.n_layer, t->pp_size, t->pp_rank, &lay.l0, &lay.l1);
+    if (loom_model_create_view(&t->mc, &lay, (int)rows, (int)t->local_T,
+                               pipe ? LOOM_MODEL_HOOKS_ONLY : LOOM_MODEL_NO_ARENAS, &t->model, err))
         return loom_err_prefix(err, "parallel.tp = %d, parallel.cp = %d", t->tp_size,
                                t->cp_size);
+    loom_comm_points cp = {0};
     if (t->tp_size > 1) {
         t->tp = loom_tp_create(t->mesh);
-        const loom_comm_points cp = loom_tp_comm_points(t->tp);
+        cp = loom_tp_comm_points(t->tp);
         loom_model_set_comm_points(t->model, &cp);
     }
     if (t->cp_size > 1) {
@@ -341,9 +363,14 @@ int loom_trainer_create_engine(trainer *t, loom_err *err) {
         t->l_inp = loom_malloc(n * sizeof(int32_t));
         t->l_tgt = loom_malloc(n * sizeof(int32_t));
     }
-    return loom_dp_create(t->model, t->mesh, (int)t->s.zero, (uint64_t)t->s.seed,
-                          (float)t->s.beta1, (float)t->s.beta2, (float)t->s.eps,
-                          (float)t->s.weight_decay, &t->dp, err);
+    if (loom_dp_create(t->model, t->mesh, (int)t->s.zero, (uint64_t)t->s.seed,
+                       (float)t->s.beta1, (float)t->s.beta2, (float)t->s.eps,
+                       (float)t->s.weight_decay, &t->dp, err))
+        return -1;
+    /* the pipeline's stage points wrap tensor parallelism's */
+    return pipe ? loom_pp_create(t->model, t->mesh, t->dp, cp.fn ? &cp : NULL, t->s.pp_schedule,
+                                 (int)t->microbatches, (int)rows, (int)t->s.T, &t->pp, err)
+                : 0;
 }
 
 int loom_train(loom_config *cfg, loom_err *err) {
@@ -357,7 +384,8 @@ int loom_train(loom_config *cfg, loom_err *err) {
     int64_t consecutive_skips = 0; /* not saved: a resumed run starts counting again */
     loom_metrics *mx = NULL;
     train_obs *obs = NULL;
-    double *per_rank = NULL;
+    double *per_rank = NULL, *pp_ranks = NULL;
+    enum { PP_METRICS = 5 };
     struct sigaction old_int, old_term;
     if (loom_trainer_read_settings(cfg, &t.s, err)) return -1;
     /* training.init_from: the model.* keys come from the source (init_from.c) */
@@ -456,11 +484,13 @@ int loom_train(loom_config *cfg, loom_err *err) {
     handlers = 1;
     per_rank = loom_calloc(3 * (size_t)t.world_size, sizeof(double));
     if (train_obs_create(&t, peak, &obs, err)) goto done;
+    pp_ranks = loom_calloc(PP_METRICS * (size_t)t.world_size, sizeof(double));
 
     while (t.step < t.s.steps) {
         const double t0 = loom_now();
         loom_comm_stats_reset(t.mesh);
         train_obs_step_begin(obs, &t);
+        if (t.pp) loom_pp_stats_reset(t.pp);
         if (t.s.follow && !t.classify) { /* rank 0 decides how many manifest lines everyone uses */
             int lines = 0;
             if (rank0 && loom_loader_refresh(t.train_ld, 0, &lines, err)) goto done;
@@ -497,6 +527,11 @@ int loom_train(loom_config *cfg, loom_err *err) {
                 goto done;
             }
         }
+        if (t.s.check_replicas && t.pp && !loom_pp_tied_in_sync(t.pp)) {
+            loom_errf(err, "step %lld: the tied embedding's two copies (wte on the first and the "
+                           "last pipeline stage) differ", (long long)t.step);
+            goto done;
+        }
         const double dt = loom_now() - t0;
         const double tps = (double)(BT * t.s.accum) / dt;
         const double mfu = peak > 0 ? flops_tok * tps / (peak * t.world_size) : -1;
@@ -511,6 +546,14 @@ int loom_train(loom_config *cfg, loom_err *err) {
         loom_comm_stats_get(t.mesh, &cs);
         double mine[3] = {cs.total_time_s, cs.total_bytes, cs.total_wait_s};
         loom_allgather(t.mesh, LOOM_GROUP_WORLD, mine, per_rank, 3 * (size_t)t.world_size, LOOM_F64);
+        if (t.pp) { /* per rank: the pipeline's bubble, activation arenas, parameter bytes */
+            double pm[PP_METRICS] = {loom_pp_bubble_seconds(t.pp),
+                                     (double)loom_pp_activation_bytes(t.pp),
+                                     (double)loom_pp_peak_arenas(t.pp), (double)mem.param_bytes,
+                                     (double)loom_pp_stage(t.pp)};
+            loom_allgather(t.mesh, LOOM_GROUP_WORLD, pm, pp_ranks,
+                           PP_METRICS * (size_t)t.world_size, LOOM_F64);
+        }
         if (train_obs_after_step(obs, &t, dt, &cs, mem_bytes, err)) goto done;
         const int last = t.step == t.s.steps;
         double vloss = -1, vacc = 0;
@@ -539,7 +582,8 @@ int loom_train(loom_config *cfg, loom_err *err) {
                 loom_metrics_real(mx, "mfu", mfu);
                 loom_metrics_real(mx, "peak_flops", peak * t.world_size);
             }
-            loom_metrics_int(mx, "mem_bytes", (int64_t)mem_bytes);
+            loom_metrics_int(mx, "mem_bytes", (int64_t)mem_bytes +
+                             (t.pp ? (int64_t)loom_pp_activation_bytes(t.pp) : 0));
             loom_metrics_int(mx, "rss_bytes", rss_bytes());
             loom_metrics_real(mx, "step_ms", dt * 1e3);
             if (vloss >= 0) loom_metrics_real(mx, "val_loss", vloss);
@@ -551,6 +595,13 @@ int loom_train(loom_config *cfg, loom_err *err) {
                 loom_metrics_reals(mx, "comm_s", per_rank, t.world_size, 3);
                 loom_metrics_reals(mx, "comm_bytes", per_rank + 1, t.world_size, 3);
                 loom_metrics_reals(mx, "comm_wait_s", per_rank + 2, t.world_size, 3);
+            }
+            if (t.pp) {
+                loom_metrics_reals(mx, "pp_bubble_s", pp_ranks, t.world_size, PP_METRICS);
+                loom_metrics_reals(mx, "pp_act_bytes", pp_ranks + 1, t.world_size, PP_METRICS);
+                loom_metrics_reals(mx, "pp_peak_arenas", pp_ranks + 2, t.world_size, PP_METRICS);
+                loom_metrics_reals(mx, "pp_param_bytes", pp_ranks + 3, t.world_size, PP_METRICS);
+                loom_metrics_reals(mx, "pp_stage", pp_ranks + 4, t.world_size, PP_METRICS);
             }
             train_obs_metrics(obs, mx);
             if (loom_metrics_end(mx, err)) goto done;
@@ -611,6 +662,7 @@ done:
     }
     train_obs_free(obs);
     free(per_rank);
+    free(pp_ranks);
     free(t.g_inp);
     free(t.g_tgt);
     loom_metrics_close(mx);
@@ -619,6 +671,7 @@ done:
     loom_dataset_close(t.train_ds);
     loom_dataset_close(t.val_ds);
     loom_run_data_free(t.run_data);
+    loom_pp_free(t.pp);
     loom_dp_free(t.dp);
     loom_cp_free(t.cp);
     free(t.l_inp);

@@ -21,6 +21,8 @@ typedef struct settings {
     int64_t windows_per_doc, pad_id;
     int64_t steps, seed, B, T, accum, threads, log_every, eval_every, eval_batches;
     int64_t ckpt_every, zero, max_skipped;
+    int64_t microbatches;     /* parallel.microbatches, 0 = auto (parallel.pp) */
+    int pp_schedule;          /* parallel.pp_schedule: LOOM_PP_GPIPE / LOOM_PP_1F1B */
     double weight_decay, beta1, beta2, eps, grad_clip, peak_flops;
     loom_schedule sched;
 } settings;
@@ -41,6 +43,9 @@ typedef struct trainer {
                                * dp x cp with context parallelism */
     loom_cp *cp;              /* the attention hook (cp > 1) */
     int32_t *l_inp, *l_tgt;   /* (local_B, local_T) this rank's chunks (cp > 1) */
+    int pp_rank, pp_size;     /* this rank's pipeline stage, and the stages */
+    int64_t microbatches;     /* micro-batches per batch through the pipeline (resolved) */
+    struct loom_pp *pp;       /* the pipeline (pp > 1 or microbatches > 1), else NULL */
     loom_model *model;
     loom_dp *dp;
     loom_dataset *train_ds, *val_ds;
@@ -80,6 +85,15 @@ typedef int (*loom_trainer_batch_fn)(trainer *t, void *ctx, loom_err *err);
  * Collective over the world. */
 int loom_trainer_step(trainer *t, loom_trainer_batch_fn next, void *ctx, double *loss, double *lr,
                       float *grad_norm, int *skipped, loom_err *err);
+
+/* Pipeline parallelism (src/train/train_pp.c), when t->pp is set: one optimizer step's
+ * training.grad_accum batches, each cut into t->microbatches micro-batches through the stages
+ * (backward scaled by 1 / (the global batch's valid targets x grad_accum), the same gradient
+ * as one process), *loss the sum of the batches' global mean losses; and the forward of one
+ * batch for evaluation (the global mean loss, valid targets, correct predictions). */
+int loom_trainer_pp_grads(trainer *t, loom_trainer_batch_fn next, void *ctx, double *loss,
+                          loom_err *err);
+double loom_trainer_pp_forward(trainer *t, int64_t *global_valid, int64_t *global_correct);
 
 /* Reads the keys of a config the schema has already checked into s; errors name
  * the key, its value and where it was set. */
