@@ -81,7 +81,7 @@ struct loom_cp {
     float *send, *recv, *qkv_h, *out_h, *dout_h, *dqkv_h;
     /* ring: K|V rows (B, T, 2 KD) in flight (double buffered), their gradients, and one
      * block's partial output and lse */
-    float *kv[2], *dkv[2], *blk_out, *blk_lse;
+    float *kv[2], *dkv[2], *dkv_in, *blk_out, *blk_lse;
 };
 
 /* ---- ulysses ----------------------------------------------------------------------------- */
@@ -310,8 +310,11 @@ static void ring_backward(void *ctx, int layer, float *dqkv, const float *dout, 
     const int P = c->P, r = c->r, next = (r + 1) % P, prev = (r + P - 1) % P;
     const int64_t half = T / 2, rows = (int64_t)B * T, n_kv = rows * 2 * c->KD;
     pack_kv(c, qkv, c->kv[0], rows);
-    memset(c->dkv[0], 0, (size_t)n_kv * sizeof(float));
     const loom_attn_dims dims = ring_dims(c, B, T, (int64_t)T * c->HD);
+    /* dkv[0]: this step's contributions; dkv[1]: the accumulated gradient of the block (sent
+     * on at the start of the next step, while that step computes); dkv_in: the accumulator
+     * of the next block, arriving from the previous rank meanwhile */
+    float *part = c->dkv[0], *acc = c->dkv[1], *in = c->dkv_in;
     int cur = 0;
     for (int s = 0; s < P; s++) {
         const int src = (r - s + P) % P;
@@ -322,6 +325,11 @@ static void ring_backward(void *ctx, int layer, float *dqkv, const float *dout, 
             req[1] = loom_irecv(c->mesh, LOOM_GROUP_CP, c->kv[1 - cur], (size_t)n_kv, LOOM_F32,
                                 prev, TAG_KV);
         }
+        if (s > 0) { /* the previous block's gradient goes on; this block's comes in */
+            req[2] = loom_isend(c->mesh, LOOM_GROUP_CP, acc, (size_t)n_kv, LOOM_F32, next, TAG_DKV);
+            req[3] = loom_irecv(c->mesh, LOOM_GROUP_CP, in, (size_t)n_kv, LOOM_F32, prev, TAG_DKV);
+        }
+        memset(part, 0, (size_t)n_kv * sizeof(float));
         for (int qi = 0; qi < 2; qi++)
             for (int ki = 0; ki < 2; ki++) {
                 const int qg = chunk_of(P, r, qi), kg = chunk_of(P, src, ki);
@@ -330,26 +338,32 @@ static void ring_backward(void *ctx, int layer, float *dqkv, const float *dout, 
                                              .k_pos0 = kg * half};
                 const int64_t qoff = qi * half * c->QKV, koff = ki * half * 2 * c->KD;
                 const float *k = c->kv[cur] + koff;
-                float *dk = c->dkv[cur] + koff;
+                float *dk = part + koff;
                 LOOM_CHECK(c->be->flash_attention_backward(
                                dqkv + qoff, dk, dk + c->KD, dout + qi * half * c->HD, qkv + qoff,
                                k, k + c->KD, out + qi * half * c->HD,
                                chunk_lse(c, lse, B, T, qi), &dims, &mask) == 0);
             }
-        /* the K/V gradients go on with their block; after the last step home to their owner */
-        req[2] = loom_isend(c->mesh, LOOM_GROUP_CP, c->dkv[cur], (size_t)n_kv, LOOM_F32, next,
-                            TAG_DKV);
-        req[3] = loom_irecv(c->mesh, LOOM_GROUP_CP, c->dkv[1 - cur], (size_t)n_kv, LOOM_F32, prev,
-                            TAG_DKV);
         loom_comm_waitall(4, req, "ring attention K/V exchange (backward)");
+        /* the block's gradient so far: what came with it (none at its first stop) + ours */
+        if (s == 0) {
+            memcpy(acc, part, (size_t)n_kv * sizeof(float));
+        } else {
+            #pragma omp parallel for schedule(static)
+            for (int64_t i = 0; i < n_kv; i++) acc[i] = in[i] + part[i];
+        }
         cur = 1 - cur;
     }
-    /* dkv[cur] is this rank's own K/V gradient, summed over every rank's queries */
-    const float *g = c->dkv[cur];
+    /* after the last step each block's gradient is complete one rank before its owner: one
+     * more hop home; `in` then holds this rank's own K/V gradient over every rank's queries */
+    loom_comm_req *req[2];
+    req[0] = loom_isend(c->mesh, LOOM_GROUP_CP, acc, (size_t)n_kv, LOOM_F32, next, TAG_DKV);
+    req[1] = loom_irecv(c->mesh, LOOM_GROUP_CP, in, (size_t)n_kv, LOOM_F32, prev, TAG_DKV);
+    loom_comm_waitall(2, req, "ring attention K/V gradients home");
     #pragma omp parallel for schedule(static)
     for (int64_t i = 0; i < rows; i++) {
         float *d = dqkv + i * c->QKV + c->HD;
-        const float *x = g + i * 2 * c->KD;
+        const float *x = in + i * 2 * c->KD;
         for (int64_t k = 0; k < 2 * c->KD; k++) d[k] += x[k];
     }
 }
@@ -399,6 +413,7 @@ int loom_cp_create(loom_model *m, loom_mesh *mesh, int kind, int B, int T, loom_
             c->kv[i] = loom_alloc_aligned(rows * 2 * (size_t)c->KD * f);
             c->dkv[i] = loom_alloc_aligned(rows * 2 * (size_t)c->KD * f);
         }
+        c->dkv_in = loom_alloc_aligned(rows * 2 * (size_t)c->KD * f);
         c->blk_out = loom_alloc_aligned(rows / 2 * (size_t)c->HD * f);
         c->blk_lse = loom_alloc_aligned((size_t)B * (size_t)c->H * (size_t)(T / 2) * f);
         h.forward = ring_forward;
@@ -422,6 +437,7 @@ void loom_cp_free(loom_cp *c) {
         free(c->kv[i]);
         free(c->dkv[i]);
     }
+    free(c->dkv_in);
     free(c->blk_out);
     free(c->blk_lse);
     free(c);
