@@ -413,6 +413,32 @@ int loom_kv_cache_len(const loom_kv_cache *c);
  * keys and values, and returns the next-token logits (V), valid until the next call. */
 const float *loom_model_decode(loom_model *m, loom_kv_cache *c, int32_t token);
 
+/* ---- batched (ragged) decoding: the inference engine's step (src/model/decode_batch.c) ----
+ * One forward over rows from many sequences at once: segment i is n consecutive tokens of one
+ * sequence at positions [pos0, pos0 + n) (a prompt's prefill, a chunk of it, or one decoded
+ * token), with its own KV cache in caller memory: k and v each (L, cap, KVH*D) floats,
+ * cap >= pos0 + n, positions [0, pos0) filled by earlier steps. The step appends the rows'
+ * keys and values and attends causally, so every row sees exactly what a full forward over
+ * its sequence would. The linears run once over all rows (one GEMM per weight per step). */
+typedef struct loom_decode_seg {
+    float *k, *v;      /* (L, cap, KVH*D) each */
+    int cap;           /* positions the cache holds */
+    int pos0, n;       /* this step's positions [pos0, pos0 + n) */
+    int want_logits;   /* 1: next-token logits of the segment's last row */
+} loom_decode_seg;
+typedef struct loom_decode_ws loom_decode_ws;
+/* scratch for steps of up to max_rows rows and max_logits segments wanting logits */
+loom_decode_ws *loom_decode_ws_create(const loom_model *m, int max_rows, int max_logits);
+void loom_decode_ws_free(loom_decode_ws *w);
+size_t loom_decode_ws_bytes(const loom_decode_ws *w);
+/* floats of one position of a sequence's K (or V) cache over all layers: L * KVH * D */
+size_t loom_model_kv_floats_per_pos(const loom_model *m);
+/* Runs the step: tokens holds the rows of the segments in order (sum of n). Returns the
+ * logits, (number of segments with want_logits, V) in segment order, valid until the next
+ * step on w. */
+const float *loom_model_decode_batch(loom_model *m, loom_decode_ws *w, const int32_t *tokens,
+                                     const loom_decode_seg *segs, int nseg);
+
 /* Training FLOPs (fwd+bwd) per token at sequence length T, for MFU: the GEMM FLOPs the
  * kernels execute, 6 per matmul weight (head included, embedding lookups not) plus causal
  * attention, 12 * L * n_head * D * attention_causal_pairs(T) / T (about half of T^2 per

@@ -1,5 +1,10 @@
-/* loom generate CKPT_DIR --prompt TEXT [--tokens N --temperature T --top-k K --seed S] */
+/* loom generate CKPT_DIR --prompt TEXT | --prompts FILE [--tokens N --temperature T --top-k K
+ *   --top-p P --repetition-penalty R --stop S ... --seed S --batch N --kv-budget-mb M]
+ * Generation runs through the batched engine (src/infer/engine.c): --prompts gives many
+ * prompts (one per line, or JSONL with a "prompt" key) that run batched, one JSON line out per
+ * prompt, in input order. */
 #include <errno.h>
+#include <jansson.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -21,11 +26,120 @@ static int parse_long(const char *flag, const char *s, long lo, long hi, long *o
     return 0;
 }
 
+static int parse_float(const char *flag, const char *s, double lo, double hi, double *out) {
+    char *end;
+    double v = strtod(s, &end);
+    if (end == s || *end || !(v >= lo && v <= hi)) {
+        fprintf(stderr, "loom: error: %s '%s' is not a number in [%g, %g]\n", flag, s, lo, hi);
+        return -1;
+    }
+    *out = v;
+    return 0;
+}
+
+/* the prompts of FILE: JSONL objects with a "prompt" string when the first non-blank byte is
+ * '{', otherwise one prompt per line (an empty line is the prompt "\n") */
+static int read_prompts(const char *path, char ***out, int *n_out, loom_err *err) {
+    char *buf = NULL;
+    size_t len = 0;
+    if (loom_read_file(path, (size_t)1 << 30, &buf, &len, err)) return -1;
+    size_t i0 = 0;
+    while (i0 < len && (buf[i0] == ' ' || buf[i0] == '\n' || buf[i0] == '\r' || buf[i0] == '\t')) i0++;
+    const int jsonl = i0 < len && buf[i0] == '{';
+    char **v = NULL;
+    int n = 0, cap = 0, line = 0, rc = 0;
+    for (size_t p = 0; p < len;) {
+        char *nl = memchr(buf + p, '\n', len - p);
+        const size_t e = nl ? (size_t)(nl - buf) : len;
+        line++;
+        char *text = NULL;
+        size_t tl = e - p;
+        if (tl && buf[p + tl - 1] == '\r') tl--;
+        if (jsonl) {
+            if (tl == 0) {
+                p = e + 1;
+                continue;
+            }
+            json_error_t je;
+            json_t *o = json_loadb(buf + p, tl, JSON_REJECT_DUPLICATES, &je);
+            json_t *pr = o ? json_object_get(o, "prompt") : NULL;
+            if (!o || !json_is_string(pr)) {
+                loom_errf(err, "%s:%d: %s", path, line,
+                          !o ? je.text : "expected an object with a string \"prompt\"");
+                json_decref(o);
+                rc = -1;
+                break;
+            }
+            tl = json_string_length(pr);
+            text = loom_malloc(tl + 1);
+            memcpy(text, json_string_value(pr), tl + 1);
+            json_decref(o);
+        } else {
+            text = loom_malloc(tl + 2);
+            memcpy(text, buf + p, tl);
+            text[tl] = 0;
+            if (tl == 0) strcpy(text, "\n");
+        }
+        if (n == cap) {
+            cap = cap ? 2 * cap : 64;
+            char **nv = realloc(v, (size_t)cap * sizeof *nv);
+            LOOM_CHECK(nv != NULL);
+            v = nv;
+        }
+        v[n++] = text;
+        p = e + 1;
+    }
+    free(buf);
+    if (rc == 0 && n == 0) rc = loom_errf(err, "%s: no prompts", path);
+    if (rc) {
+        for (int i = 0; i < n; i++) free(v[i]);
+        free(v);
+        return -1;
+    }
+    *out = v;
+    *n_out = n;
+    return 0;
+}
+
+/* encodes a prompt, keeping its last max_len tokens */
+static int encode_prompt(const loom_tokenizer *tok, const char *text, int max_len, loom_ids *ids,
+                         int *truncated, loom_err *err) {
+    size_t np = strlen(text);
+    if (np == 0) text = "\n", np = 1;
+    ids->n = 0;
+    if (loom_tokenizer_encode(tok, text, np, ids, err)) return -1;
+    if (ids->n == 0 || ids->n > (size_t)1 << 30) return loom_errf(err, "a prompt encodes to %zu tokens", ids->n);
+    *truncated = 0;
+    if (ids->n > (size_t)max_len) {
+        memmove(ids->ids, ids->ids + (ids->n - (size_t)max_len), (size_t)max_len * sizeof(int32_t));
+        ids->n = (size_t)max_len;
+        *truncated = 1;
+    }
+    return 0;
+}
+
+static void print_ids(const loom_tokenizer *tok, const int32_t *ids, int n) {
+    const uint32_t tv = loom_tokenizer_vocab_size(tok);
+    for (int i = 0; i < n; i++) {
+        /* ids the tokenizer does not have (a vocabulary padded beyond it) show as U+FFFD */
+        char *text = NULL;
+        size_t len = 0;
+        loom_err e2 = {{0}};
+        if (ids[i] < 0 || (uint32_t)ids[i] >= tv || loom_tokenizer_decode(tok, ids + i, 1, &text, &len, &e2)) {
+            fputs("\xEF\xBF\xBD", stdout);
+            continue;
+        }
+        fwrite(text, 1, len, stdout);
+        free(text);
+    }
+}
+
 int loom_cli_generate(int argc, char **argv) {
-    const char *ckpt = NULL, *prompt = "\n";
-    long n_tokens = 200, top_k = 40, seed = 1;
-    double temperature = 0.8;
-    int recompute = 0, stats = 0, fmt_ids = 0;
+    const char *ckpt = NULL, *prompt = "\n", *prompts_file = NULL;
+    long n_tokens = 200, top_k = 40, seed = 1, batch = 16, kv_mb = 0;
+    double temperature = 0.8, top_p = 1.0, rep = 1.0;
+    int recompute = 0, stats = 0, n_stop = 0, fmt_ids = 0;
+    const char *stops[16];
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (!strcmp(a, "--no-kv-cache")) { recompute = 1; continue; }
@@ -38,6 +152,7 @@ int loom_cli_generate(int argc, char **argv) {
         if (!v) goto usage;
         i++;
         if (!strcmp(a, "--prompt")) prompt = v;
+        else if (!strcmp(a, "--prompts")) prompts_file = v;
         else if (!strcmp(a, "--format")) {
             if (strcmp(v, "text") && strcmp(v, "ids")) {
                 fprintf(stderr, "loom: error: --format '%s': expected text or ids\n", v);
@@ -45,19 +160,28 @@ int loom_cli_generate(int argc, char **argv) {
             }
             fmt_ids = !strcmp(v, "ids");
         }
-        else if (!strcmp(a, "--tokens")) {
+        else if (!strcmp(a, "--stop")) {
+            if (n_stop == 16 || !v[0]) {
+                fprintf(stderr, "loom: error: --stop: at most 16 non-empty stop strings\n");
+                return 2;
+            }
+            stops[n_stop++] = v;
+        } else if (!strcmp(a, "--tokens")) {
             if (parse_long(a, v, 0, 1000000, &n_tokens)) return 2;
         } else if (!strcmp(a, "--top-k")) {
             if (parse_long(a, v, 0, 1 << 24, &top_k)) return 2;
         } else if (!strcmp(a, "--seed")) {
             if (parse_long(a, v, 0, 0x7fffffffL, &seed)) return 2;
+        } else if (!strcmp(a, "--batch")) {
+            if (parse_long(a, v, 1, 4096, &batch)) return 2;
+        } else if (!strcmp(a, "--kv-budget-mb")) {
+            if (parse_long(a, v, 1, 1L << 24, &kv_mb)) return 2;
         } else if (!strcmp(a, "--temperature")) {
-            char *end;
-            temperature = strtod(v, &end);
-            if (end == v || *end || !(temperature >= 0 && temperature <= 100)) {
-                fprintf(stderr, "loom: error: --temperature '%s' is not a number in [0, 100]\n", v);
-                return 2;
-            }
+            if (parse_float(a, v, 0, 100, &temperature)) return 2;
+        } else if (!strcmp(a, "--top-p")) {
+            if (parse_float(a, v, 0, 1, &top_p)) return 2;
+        } else if (!strcmp(a, "--repetition-penalty")) {
+            if (parse_float(a, v, 0.01, 100, &rep)) return 2;
         } else goto usage;
     }
     if (!ckpt) goto usage;
@@ -65,8 +189,17 @@ int loom_cli_generate(int argc, char **argv) {
     loom_model *m = NULL;
     loom_run_data *run = NULL;
     loom_tokenizer *tok = NULL;
-    int32_t *ids = NULL, *out = NULL;
+    loom_engine *eng = NULL;
+    char **prompts = NULL;
+    int n_prompts = 0;
+    int64_t *ids = NULL;
+    loom_ids enc = {0};
     int rc = 1;
+    if (prompts_file && read_prompts(prompts_file, &prompts, &n_prompts, &err)) goto fail;
+    if (prompts_file && recompute) {
+        loom_errf(&err, "--no-kv-cache runs one --prompt, not --prompts");
+        goto fail;
+    }
     if (loom_load_model_ex(ckpt, 1, 0, &m, NULL, &run, &err)) goto fail;
     const loom_model_config *mc = loom_model_get_config(m);
     if (mc->head != LOOM_HEAD_LM) {
@@ -80,60 +213,122 @@ int loom_cli_generate(int argc, char **argv) {
                   loom_tokenizer_vocab_size(tok), mc->vocab_size);
         goto fail;
     }
-    size_t np = strlen(prompt);
-    if (np == 0) prompt = "\n", np = 1;
-    loom_ids enc = {0};
-    if (loom_tokenizer_encode(tok, prompt, np, &enc, &err)) {
-        loom_ids_free(&enc);
+    const int T = mc->max_seq_len;
+    if (recompute) { /* the reference path without a cache: one prompt */
+        int trunc = 0;
+        if (encode_prompt(tok, prompt, T, &enc, &trunc, &err)) goto fail;
+        loom_sampler s = {.temperature = (float)temperature, .top_k = (int)top_k,
+                          .rng = {.seed = (uint64_t)seed, .stream = 0x67656e, .counter = 0}};
+        int32_t *out = loom_malloc((enc.n + (size_t)n_tokens) * sizeof(int32_t));
+        const double t0 = loom_now();
+        const int n = loom_generate_recompute(m, T, enc.ids, (int)enc.n, (int)n_tokens, &s, out);
+        const double dt = loom_now() - t0;
+        /* --format ids: the generated ids (not the prompt's), space-separated, for scripts */
+        for (int i = (int)enc.n; fmt_ids && i < n; i++)
+            printf("%s%d", i > (int)enc.n ? " " : "", (int)out[i]);
+        if (!fmt_ids) print_ids(tok, out, n);
+        putchar('\n');
+        free(out);
+        if (stats)
+            fprintf(stderr, "loom: generated %ld tokens in %.3f s (%.1f tokens/s, no KV cache)\n",
+                    n_tokens, dt, dt > 0 ? (double)n_tokens / dt : 0.0);
+        rc = 0;
         goto fail;
     }
-    if (enc.n == 0 || enc.n > (size_t)1 << 30) {
-        loom_ids_free(&enc);
-        loom_errf(&err, "--prompt: encodes to %zu tokens", enc.n);
-        goto fail;
+    loom_engine_opts eo = {.max_batch = (int)batch, .kv_budget_bytes = (size_t)kv_mb << 20};
+    if (loom_engine_create(m, tok, &eo, &eng, &err)) goto fail;
+    loom_gen_params gp = loom_gen_params_default();
+    gp.max_tokens = (int)n_tokens;
+    gp.temperature = (float)temperature;
+    gp.top_k = (int)top_k;
+    gp.top_p = (float)top_p;
+    gp.repetition_penalty = (float)rep;
+    gp.stop = stops;
+    gp.n_stop = n_stop;
+    const int np = prompts_file ? n_prompts : 1;
+    ids = loom_calloc((size_t)np, sizeof *ids);
+    int n_trunc = 0;
+    for (int i = 0; i < np; i++) {
+        int trunc = 0;
+        if (encode_prompt(tok, prompts_file ? prompts[i] : prompt, T, &enc, &trunc, &err)) goto fail;
+        n_trunc += trunc;
+        /* each prompt its own RNG stream: the seed, then the prompt's index */
+        gp.seed = (uint64_t)seed + (uint64_t)i * 0x9E3779B97F4A7C15ull;
+        if (loom_engine_submit(eng, enc.ids, (int)enc.n, &gp, NULL, NULL, &ids[i], &err)) {
+            char msg[sizeof err.msg];
+            snprintf(msg, sizeof msg, "%s", err.msg);
+            if (prompts_file) loom_errf(&err, "%s: prompt %d: %s", prompts_file, i + 1, msg);
+            goto fail;
+        }
+        if (!prompts_file && !fmt_ids) { /* echo the prompt as given (what the model saw) */
+            print_ids(tok, enc.ids, (int)enc.n);
+            fflush(stdout);
+        }
     }
-    const size_t n_prompt = enc.n;
-    ids = loom_malloc((n_prompt + (size_t)n_tokens) * sizeof(int32_t));
-    memcpy(ids, enc.ids, n_prompt * sizeof(int32_t));
-    loom_ids_free(&enc);
-    loom_sampler s = {.temperature = (float)temperature, .top_k = (int)top_k,
-                      .rng = {.seed = (uint64_t)seed, .stream = 0x67656e, .counter = 0}};
-    out = loom_malloc((n_prompt + (size_t)n_tokens) * sizeof(int32_t));
+    if (n_trunc)
+        fprintf(stderr, "loom: warning: %d prompt(s) longer than the context of %d tokens keep "
+                        "their last %d tokens\n", n_trunc, T, T);
     const double t0 = loom_now();
-    int n = recompute ? loom_generate_recompute(m, mc->max_seq_len, ids, (int)n_prompt, (int)n_tokens, &s, out)
-                      : loom_generate(m, mc->max_seq_len, ids, (int)n_prompt, (int)n_tokens, &s, out);
+    while (loom_engine_step(eng) > 0) {}
     const double dt = loom_now() - t0;
-    const uint32_t tv = loom_tokenizer_vocab_size(tok);
-    /* --format ids: the generated ids (not the prompt's), space-separated, for scripts */
-    for (int i = (int)n_prompt; fmt_ids && i < n; i++)
-        printf("%s%d", i > (int)n_prompt ? " " : "", (int)out[i]);
-    for (int i = 0; !fmt_ids && i < n; i++) {
-        /* ids the tokenizer does not have (a vocabulary padded beyond it) show as U+FFFD */
-        if (out[i] < 0 || (uint32_t)out[i] >= tv) {
-            fputs("\xEF\xBF\xBD", stdout);
+    int64_t total = 0;
+    for (int i = 0; i < np; i++) {
+        const char *text;
+        size_t len;
+        int n, fin;
+        LOOM_CHECK(loom_engine_result(eng, ids[i], NULL, &n, &text, &len, &fin) == 0);
+        total += n;
+        if (!prompts_file && fmt_ids) {
+            const int32_t *gt;
+            LOOM_CHECK(loom_engine_result(eng, ids[i], &gt, NULL, NULL, NULL, NULL) == 0);
+            for (int j = 0; j < n; j++) printf("%s%d", j ? " " : "", (int)gt[j]);
+            putchar('\n');
             continue;
         }
-        char *text = NULL;
-        size_t len = 0;
-        if (loom_tokenizer_decode(tok, out + i, 1, &text, &len, &err)) goto fail;
-        fwrite(text, 1, len, stdout);
-        free(text);
+        if (!prompts_file) {
+            fwrite(text, 1, len, stdout);
+            putchar('\n');
+            continue;
+        }
+        json_t *o = json_object();
+        json_object_set_new(o, "index", json_integer(i));
+        /* invalid UTF-8 (sampled bytes, a prompt line) shows as U+FFFD */
+        size_t sl;
+        char *ps = loom_utf8_sanitize(prompts[i], strlen(prompts[i]), &sl);
+        json_object_set_new(o, "prompt", json_stringn(ps, sl));
+        free(ps);
+        char *ts = loom_utf8_sanitize(text, len, &sl);
+        json_object_set_new(o, "text", json_stringn(ts, sl));
+        free(ts);
+        json_object_set_new(o, "tokens", json_integer(n));
+        json_object_set_new(o, "finish_reason", json_string(loom_finish_reason_name(fin)));
+        char *line = json_dumps(o, JSON_COMPACT | JSON_ENSURE_ASCII);
+        puts(line);
+        free(line);
+        json_decref(o);
     }
-    putchar('\n');
-    if (stats)
-        fprintf(stderr, "loom: generated %ld tokens in %.3f s (%.1f tokens/s, %s)\n", n_tokens, dt,
-                dt > 0 ? (double)n_tokens / dt : 0.0, recompute ? "no KV cache" : "KV cache");
+    if (stats) {
+        loom_engine_stats st;
+        loom_engine_get_stats(eng, &st);
+        fprintf(stderr, "loom: generated %lld tokens in %.3f s (%.1f tokens/s, KV cache, %d "
+                        "prompts, batch %d, %lld steps)\n", (long long)total, dt,
+                dt > 0 ? (double)total / dt : 0.0, np, st.max_running, (long long)st.steps);
+    }
     rc = 0;
 fail:
     if (rc) fprintf(stderr, "loom: error: %s\n", err.msg);
+    loom_ids_free(&enc);
+    for (int i = 0; i < n_prompts; i++) free(prompts[i]);
+    free(prompts);
     free(ids);
-    free(out);
+    loom_engine_free(eng);
     loom_tokenizer_free(tok);
     loom_run_data_free(run);
     loom_model_free(m);
     return rc;
 usage:
-    fprintf(stderr, "usage: loom generate CKPT_DIR --prompt TEXT [--tokens N --temperature T "
-                    "--top-k K --seed S] [--format text|ids] [--stats] [--no-kv-cache]\n");
+    fprintf(stderr, "usage: loom generate CKPT_DIR (--prompt TEXT | --prompts FILE) [--tokens N "
+                    "--temperature T --top-k K --top-p P --repetition-penalty R --stop S ... "
+                    "--seed S --batch N --kv-budget-mb M] [--format text|ids] [--stats] [--no-kv-cache]\n");
     return 2;
 }

@@ -130,10 +130,39 @@ static void op_forward(loom_model *m, block_frame *f, int l, const block_op *op)
         break;
     }
     case OP_ROPE:
-        if (!gpt2) rope(m, f, s[op->in], 0);
+        if (gpt2) break;
+        if (f->seg) { /* ragged: each segment at its own positions */
+            for (int i = 0; i < f->nseg; i++) {
+                const block_seg *g = &f->seg[i];
+                float *r = s[op->in] + (int64_t)g->row0 * m->QKV;
+                be->rope_forward(r, 1, g->n, m->H, m->D, m->QKV, m->rope_cos, m->rope_sin,
+                                 g->pos0);
+                be->rope_forward(r + m->H * m->D, 1, g->n, m->KVH, m->D, m->QKV, m->rope_cos,
+                                 m->rope_sin, g->pos0);
+            }
+            break;
+        }
+        rope(m, f, s[op->in], 0);
         break;
     case OP_ATTN:
-        if (f->kcache) { /* decode: one row; append its keys and values, attend to the cache */
+        if (f->seg) { /* ragged: append each segment's keys and values, attend causally */
+            const int kv = m->KVH * m->D, HD = m->H * m->D;
+            for (int i = 0; i < f->nseg; i++) {
+                const block_seg *g = &f->seg[i];
+                float *kc = g->k + (size_t)l * g->layer_stride;
+                float *vc = g->v + (size_t)l * g->layer_stride;
+                for (int r = 0; r < g->n; r++) {
+                    const float *row = s[op->in] + (int64_t)(g->row0 + r) * m->QKV;
+                    memcpy(kc + (size_t)(g->pos0 + r) * kv, row + HD, (size_t)kv * sizeof(float));
+                    memcpy(vc + (size_t)(g->pos0 + r) * kv, row + HD + kv,
+                           (size_t)kv * sizeof(float));
+                }
+                for (int r = 0; r < g->n; r++)
+                    be->attention_decode(s[op->out] + (int64_t)(g->row0 + r) * HD,
+                                         s[op->in] + (int64_t)(g->row0 + r) * m->QKV, kc, vc,
+                                         g->pos0 + r + 1, m->H, m->KVH, m->D, f->scores);
+            }
+        } else if (f->kcache) { /* decode: one row; append its keys and values, attend to the cache */
             const int kv = m->KVH * m->D, HD = m->H * m->D;
             memcpy(f->kcache + (size_t)f->pos0 * kv, s[op->in] + HD, (size_t)kv * sizeof(float));
             memcpy(f->vcache + (size_t)f->pos0 * kv, s[op->in] + HD + kv, (size_t)kv * sizeof(float));

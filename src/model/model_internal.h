@@ -65,7 +65,22 @@ typedef struct block_frame {
     int train;              /* a training arena: MoE capacity applies, routing stats counted */
     int recompute;          /* a recompute: routing stats are not counted again */
     float dscale;           /* backward: the loss scale (the MoE router losses use it) */
+    /* ragged decode (the batched inference engine, src/infer/engine.c): the B*T rows are nseg
+     * segments of different sequences, each at its own positions with its own KV cache; NULL
+     * otherwise. Rope and attention then work per segment (kcache/vcache/pos0 unused). */
+    const struct block_seg *seg;
+    int nseg;
 } block_frame;
+
+/* One segment of a ragged frame: rows [row0, row0 + n) hold positions [pos0, pos0 + n) of a
+ * sequence whose caches for layer l are k + l * layer_stride and v + l * layer_stride, each
+ * (positions, KVH*D) with room for pos0 + n positions. The attention op appends the rows'
+ * keys and values there, then row i attends to positions [0, pos0 + i] (causal). */
+typedef struct block_seg {
+    float *k, *v;
+    size_t layer_stride;
+    int row0, n, pos0;
+} block_seg;
 
 /* the floats of an activation arena for B x T (stacked or not) */
 size_t acts_floats(const loom_model *m, int B, int T, int stacked);

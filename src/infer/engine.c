@@ -1,0 +1,448 @@
+/* The batched inference engine: continuous batching over a KV-cache pool with a memory budget.
+ *
+ * A step: (1) requests with max_tokens 0 finish; waiting requests join in arrival order while
+ * fewer than max_batch run and their cache reservation fits the pool's budget (the first that
+ * does not fit waits, and so do those behind it: no overtaking, no starvation); (2) one ragged
+ * forward (loom_model_decode_batch) over the pending token of every decoding sequence and the
+ * next chunk of every prefilling prompt, at most max_step_tokens rows (decode rows first);
+ * (3) each sequence whose logits came back samples its next token with its own parameters and
+ * RNG; finished ones release their cache and leave. docs/inference.md. */
+#define _GNU_SOURCE
+#include <stdlib.h>
+#include <string.h>
+
+#include "loom/infer.h"
+#include "loom/tokenizer.h"
+
+enum { R_WAITING = 0, R_RUNNING = 1, R_DONE = 2 };
+
+typedef struct req {
+    int64_t id;
+    int state;
+    int32_t *toks;          /* prompt, then the generated tokens */
+    int n_prompt, n_gen;
+    int fed;                /* positions in the cache */
+    int cap;                /* positions reserved */
+    size_t bytes;           /* reservation (K and V) */
+    float *k, *v;           /* (L, cap, KVH*D) each, while running */
+    loom_gen_params p;
+    char **stop;            /* copies of p.stop */
+    size_t max_stop;        /* longest stop string */
+    loom_rng rng;
+    loom_engine_cb cb;
+    void *ctx;
+    char *text;             /* decoded output (with a tokenizer) */
+    size_t tlen, tcap, emitted;
+    int finish;
+} req;
+
+struct loom_engine {
+    loom_model *m;
+    const loom_tokenizer *tok;
+    int V, maxT, tok_vocab;
+    int32_t eos;            /* the tokenizer's end-of-text id, -1 when none */
+    loom_engine_opts o;
+    size_t fpp;             /* floats per position of K (or V) */
+    req **reqs;             /* live requests (not released), in arrival order */
+    int n, capn;
+    int64_t next_id;
+    loom_decode_ws *ws;
+    int ws_rows;
+    int32_t *rows_tok;      /* (max_step_tokens) */
+    loom_decode_seg *segs;  /* (max_batch) */
+    req **seg_req;          /* (max_batch) */
+    void *sample_scratch;
+    loom_engine_stats st;
+};
+
+int loom_engine_create(loom_model *m, const loom_tokenizer *tok, const loom_engine_opts *o,
+                       loom_engine **out, loom_err *err) {
+    const loom_model_config *c = loom_model_get_config(m);
+    *out = NULL;
+    if (c->head != LOOM_HEAD_LM)
+        return loom_errf(err, "a classification model does not generate text");
+    const loom_model_layout *lay = loom_model_get_layout(m);
+    if (lay->tp > 1 || !lay->has_embedding || !lay->has_head)
+        return loom_errf(err, "the inference engine needs the whole model (tp = 1, every layer)");
+    loom_engine *e = loom_calloc(1, sizeof *e);
+    e->m = m;
+    e->tok = tok;
+    e->V = c->vocab_size;
+    e->maxT = c->max_seq_len;
+    e->eos = -1;
+    if (tok) {
+        e->tok_vocab = (int)loom_tokenizer_vocab_size(tok);
+        e->eos = loom_tokenizer_special_id(tok, "<|endoftext|>");
+    }
+    e->fpp = loom_model_kv_floats_per_pos(m);
+    if (o) e->o = *o;
+    if (e->o.max_batch <= 0) e->o.max_batch = 16;
+    if (e->o.max_step_tokens <= 0) e->o.max_step_tokens = e->maxT > 256 ? e->maxT : 256;
+    if (e->o.max_step_tokens < e->o.max_batch) e->o.max_step_tokens = e->o.max_batch;
+    if (e->o.kv_budget_bytes == 0)
+        e->o.kv_budget_bytes = (size_t)e->o.max_batch * (size_t)e->maxT * e->fpp * 2 * sizeof(float);
+    e->rows_tok = loom_calloc((size_t)e->o.max_step_tokens, sizeof(int32_t));
+    e->segs = loom_calloc((size_t)e->o.max_batch, sizeof *e->segs);
+    e->seg_req = loom_calloc((size_t)e->o.max_batch, sizeof *e->seg_req);
+    e->sample_scratch = loom_malloc(loom_sample_scratch_bytes(e->V));
+    e->st.kv_budget = e->o.kv_budget_bytes;
+    *out = e;
+    return 0;
+}
+
+static void req_free(req *r) {
+    if (!r) return;
+    free(r->toks);
+    free(r->k);
+    free(r->v);
+    for (int i = 0; r->stop && i < r->p.n_stop; i++) free(r->stop[i]);
+    free(r->stop);
+    free(r->text);
+    free(r);
+}
+
+void loom_engine_free(loom_engine *e) {
+    if (!e) return;
+    for (int i = 0; i < e->n; i++) req_free(e->reqs[i]);
+    free(e->reqs);
+    loom_decode_ws_free(e->ws);
+    free(e->rows_tok);
+    free(e->segs);
+    free(e->seg_req);
+    free(e->sample_scratch);
+    free(e);
+}
+
+static size_t reservation(const loom_engine *e, int n_prompt, int max_tokens, int *cap) {
+    int64_t need = (int64_t)n_prompt + max_tokens - 1; /* the last token is never fed */
+    if (need < n_prompt) need = n_prompt;
+    if (need > e->maxT) need = e->maxT;
+    *cap = (int)need;
+    return (size_t)need * e->fpp * 2 * sizeof(float);
+}
+
+int loom_engine_submit(loom_engine *e, const int32_t *prompt, int n_prompt,
+                       const loom_gen_params *p, loom_engine_cb cb, void *ctx, int64_t *id,
+                       loom_err *err) {
+    if (n_prompt < 1) return loom_errf(err, "the prompt has no tokens");
+    if (n_prompt > e->maxT)
+        return loom_errf(err, "the prompt has %d tokens, more than the model's context of %d",
+                         n_prompt, e->maxT);
+    if (p->max_tokens < 0) return loom_errf(err, "max_tokens %d is negative", p->max_tokens);
+    if (!(p->temperature >= 0.0f) || p->temperature > 100.0f)
+        return loom_errf(err, "temperature must be in [0, 100]");
+    if (!(p->top_p >= 0.0f && p->top_p <= 1.0f)) return loom_errf(err, "top_p must be in [0, 1]");
+    if (p->top_k < 0) return loom_errf(err, "top_k must be >= 0");
+    if (!(p->repetition_penalty >= 0.0f) || p->repetition_penalty > 100.0f)
+        return loom_errf(err, "repetition_penalty must be in (0, 100]");
+    if (p->n_stop < 0 || p->n_stop > 16) return loom_errf(err, "at most 16 stop strings");
+    if (p->n_stop > 0 && !e->tok) return loom_errf(err, "stop strings need a tokenizer");
+    for (int i = 0; i < p->n_stop; i++) {
+        if (!p->stop[i] || !p->stop[i][0]) return loom_errf(err, "stop string %d is empty", i);
+        if (strlen(p->stop[i]) > 1024) return loom_errf(err, "stop string %d is over 1024 bytes", i);
+    }
+    for (int i = 0; i < n_prompt; i++)
+        if (prompt[i] < 0 || prompt[i] >= e->V)
+            return loom_errf(err, "prompt token %d (id %d) is outside the vocabulary of %d", i,
+                             prompt[i], e->V);
+    int cap;
+    const size_t bytes = reservation(e, n_prompt, p->max_tokens, &cap);
+    if (bytes > e->o.kv_budget_bytes)
+        return loom_errf(err, "the request needs %zu bytes of KV cache, more than the pool's "
+                              "budget of %zu", bytes, e->o.kv_budget_bytes);
+    req *r = loom_calloc(1, sizeof *r);
+    r->id = e->next_id++;
+    r->p = *p;
+    r->n_prompt = n_prompt;
+    const int gen_cap = p->max_tokens < e->maxT ? p->max_tokens : e->maxT;
+    r->toks = loom_malloc(((size_t)n_prompt + (size_t)gen_cap + 1) * sizeof(int32_t));
+    memcpy(r->toks, prompt, (size_t)n_prompt * sizeof(int32_t));
+    r->cap = cap;
+    r->bytes = bytes;
+    r->rng = (loom_rng){.seed = p->seed, .stream = 0x67656e, .counter = 0};
+    r->cb = cb;
+    r->ctx = ctx;
+    if (p->n_stop > 0) {
+        r->stop = loom_calloc((size_t)p->n_stop, sizeof(char *));
+        for (int i = 0; i < p->n_stop; i++) {
+            const size_t l = strlen(p->stop[i]);
+            r->stop[i] = loom_malloc(l + 1);
+            memcpy(r->stop[i], p->stop[i], l + 1);
+            if (l > r->max_stop) r->max_stop = l;
+        }
+    }
+    r->p.stop = (const char *const *)r->stop;
+    if (e->n == e->capn) {
+        e->capn = e->capn ? 2 * e->capn : 16;
+        req **nr = realloc(e->reqs, (size_t)e->capn * sizeof *nr);
+        LOOM_CHECK(nr != NULL);
+        e->reqs = nr;
+    }
+    e->reqs[e->n++] = r;
+    e->st.waiting++;
+    if (id) *id = r->id;
+    return 0;
+}
+
+static req *find(const loom_engine *e, int64_t id) {
+    /* ids grow with the array order: binary search */
+    int lo = 0, hi = e->n - 1;
+    while (lo <= hi) {
+        const int mid = (lo + hi) / 2;
+        if (e->reqs[mid]->id == id) return e->reqs[mid];
+        if (e->reqs[mid]->id < id) lo = mid + 1;
+        else hi = mid - 1;
+    }
+    return NULL;
+}
+
+static void release_cache(loom_engine *e, req *r) {
+    if (r->state == R_RUNNING) {
+        free(r->k);
+        free(r->v);
+        r->k = r->v = NULL;
+        e->st.kv_used -= r->bytes;
+        e->st.running--;
+    } else if (r->state == R_WAITING) {
+        e->st.waiting--;
+    }
+}
+
+static void finish(loom_engine *e, req *r, int reason, int32_t token) {
+    release_cache(e, r);
+    r->state = R_DONE;
+    r->finish = reason;
+    if (r->cb) r->cb(r->ctx, r->id, token, r->text ? r->text + r->emitted : "",
+                     r->tlen - r->emitted, reason);
+    r->emitted = r->tlen;
+}
+
+static void text_append(req *r, const char *s, size_t n) {
+    if (r->tlen + n + 1 > r->tcap) {
+        size_t nc = r->tcap ? r->tcap : 64;
+        while (nc < r->tlen + n + 1) nc *= 2;
+        char *t = realloc(r->text, nc);
+        LOOM_CHECK(t != NULL);
+        r->text = t;
+        r->tcap = nc;
+    }
+    memcpy(r->text + r->tlen, s, n);
+    r->tlen += n;
+    r->text[r->tlen] = 0;
+}
+
+/* bytes at the end of s[0..n) that start a UTF-8 sequence not yet complete */
+static size_t utf8_incomplete_tail(const char *s, size_t n) {
+    for (size_t back = 1; back <= 3 && back <= n; back++) {
+        const unsigned char c = (unsigned char)s[n - back];
+        if ((c & 0xC0) == 0x80) continue; /* continuation byte: look further back */
+        const size_t want = (c & 0xE0) == 0xC0 ? 2 : (c & 0xF0) == 0xE0 ? 3 : (c & 0xF8) == 0xF0 ? 4 : 1;
+        return want > back ? back : 0;
+    }
+    return 0;
+}
+
+/* Appends the text of token t; returns 1 when a stop string ended the output (cut there). */
+static int add_text(loom_engine *e, req *r, int32_t t) {
+    if (!e->tok) return 0;
+    const size_t before = r->tlen;
+    if (t >= e->tok_vocab) {
+        text_append(r, "\xEF\xBF\xBD", 3); /* an id the tokenizer does not have: U+FFFD */
+    } else {
+        char *s = NULL;
+        size_t len = 0;
+        loom_err err = {{0}};
+        if (loom_tokenizer_decode(e->tok, &t, 1, &s, &len, &err)) text_append(r, "\xEF\xBF\xBD", 3);
+        else text_append(r, s, len);
+        free(s);
+    }
+    if (r->p.n_stop == 0) return 0;
+    /* the earliest occurrence that the new bytes complete */
+    const size_t from = before > r->max_stop ? before - r->max_stop + 1 : 0;
+    size_t best = (size_t)-1;
+    for (int i = 0; i < r->p.n_stop; i++) {
+        const char *hit = memmem(r->text + from, r->tlen - from, r->stop[i], strlen(r->stop[i]));
+        if (hit && (size_t)(hit - r->text) < best) best = (size_t)(hit - r->text);
+    }
+    if (best == (size_t)-1) return 0;
+    if (best < r->emitted) best = r->emitted; /* never happens: the held-back tail covers it */
+    r->tlen = best;
+    r->text[best] = 0;
+    return 1;
+}
+
+/* how much of the text is final: not an incomplete UTF-8 tail, not a possible stop prefix */
+static size_t safe_len(const req *r) {
+    size_t safe = r->tlen - utf8_incomplete_tail(r->text, r->tlen);
+    for (int i = 0; i < r->p.n_stop; i++) {
+        const size_t l = strlen(r->stop[i]);
+        for (size_t k = l - 1; k >= 1; k--) { /* longest proper prefix of stop at the end */
+            if (k <= r->tlen && !memcmp(r->text + r->tlen - k, r->stop[i], k)) {
+                if (r->tlen - k < safe) safe = r->tlen - k;
+                break;
+            }
+        }
+    }
+    return safe < r->emitted ? r->emitted : safe;
+}
+
+static void on_token(loom_engine *e, req *r, const float *logits) {
+    const int32_t t = loom_sample_params(&r->p, &r->rng, logits, e->V, r->toks,
+                                         r->n_prompt + r->n_gen, e->sample_scratch);
+    e->st.generated_tokens++;
+    if (t == e->eos && !r->p.ignore_eos) {
+        finish(e, r, LOOM_FINISH_STOP, t);
+        return;
+    }
+    r->toks[r->n_prompt + r->n_gen++] = t;
+    if (add_text(e, r, t)) {
+        finish(e, r, LOOM_FINISH_STOP, t);
+        return;
+    }
+    /* the next step would feed position n_prompt + n_gen - 1 */
+    if (r->n_gen >= r->p.max_tokens || r->n_prompt + r->n_gen - 1 >= r->cap) {
+        finish(e, r, LOOM_FINISH_LENGTH, t);
+        return;
+    }
+    if (r->cb) {
+        const size_t safe = e->tok ? safe_len(r) : r->emitted;
+        r->cb(r->ctx, r->id, t, r->text ? r->text + r->emitted : "", safe - r->emitted, 0);
+        r->emitted = safe;
+    }
+}
+
+static void ensure_ws(loom_engine *e, int rows) {
+    if (e->ws && rows <= e->ws_rows) return;
+    int want = 16;
+    while (want < rows) want *= 2;
+    if (want > e->o.max_step_tokens) want = e->o.max_step_tokens;
+    loom_decode_ws_free(e->ws);
+    e->ws = loom_decode_ws_create(e->m, want, e->o.max_batch);
+    e->ws_rows = want;
+}
+
+int loom_engine_step(loom_engine *e) {
+    /* (1) leave and join */
+    for (int i = 0; i < e->n; i++) {
+        req *r = e->reqs[i];
+        if (r->state == R_WAITING && r->p.max_tokens == 0) finish(e, r, LOOM_FINISH_LENGTH, -1);
+    }
+    for (int i = 0; i < e->n; i++) {
+        req *r = e->reqs[i];
+        if (r->state != R_WAITING) continue;
+        if (e->st.running >= e->o.max_batch || e->st.kv_used + r->bytes > e->o.kv_budget_bytes)
+            break;
+        const size_t n = (size_t)r->cap * e->fpp * sizeof(float);
+        r->k = loom_alloc_aligned(n);
+        r->v = loom_alloc_aligned(n);
+        r->state = R_RUNNING;
+        e->st.waiting--;
+        e->st.running++;
+        e->st.kv_used += r->bytes;
+        if (e->st.kv_used > e->st.kv_peak) e->st.kv_peak = e->st.kv_used;
+        if (e->st.running > e->st.max_running) e->st.max_running = e->st.running;
+    }
+    /* (2) the step's rows: decode rows first, then prefill chunks */
+    int nseg = 0, rows = 0;
+    const int budget = e->o.max_step_tokens;
+    for (int pass = 0; pass < 2; pass++) {
+        for (int i = 0; i < e->n && nseg < e->o.max_batch; i++) {
+            req *r = e->reqs[i];
+            if (r->state != R_RUNNING) continue;
+            const int decoding = r->fed >= r->n_prompt;
+            if (decoding != (pass == 0)) continue;
+            int take = decoding ? 1 : r->n_prompt - r->fed;
+            if (take > budget - rows) take = budget - rows;
+            if (take <= 0) continue;
+            memcpy(e->rows_tok + rows, r->toks + r->fed, (size_t)take * sizeof(int32_t));
+            e->segs[nseg] = (loom_decode_seg){.k = r->k, .v = r->v, .cap = r->cap,
+                                              .pos0 = r->fed, .n = take,
+                                              .want_logits = r->fed + take >= r->n_prompt};
+            e->seg_req[nseg++] = r;
+            rows += take;
+            if (!decoding) e->st.prompt_tokens += take;
+        }
+    }
+    if (nseg > 0) {
+        ensure_ws(e, rows);
+        const float *logits = loom_model_decode_batch(e->m, e->ws, e->rows_tok, e->segs, nseg);
+        e->st.steps++;
+        int k = 0;
+        for (int s = 0; s < nseg; s++) {
+            req *r = e->seg_req[s];
+            r->fed += e->segs[s].n;
+            if (!e->segs[s].want_logits) continue;
+            on_token(e, r, logits + (size_t)k * (size_t)e->V);
+            k++;
+        }
+    }
+    return e->st.running + e->st.waiting;
+}
+
+int loom_engine_pending(const loom_engine *e) { return e->st.running + e->st.waiting; }
+
+int loom_engine_result(const loom_engine *e, int64_t id, const int32_t **tokens, int *n,
+                       const char **text, size_t *len, int *fin) {
+    const req *r = find(e, id);
+    if (!r || r->state != R_DONE) return -1;
+    if (tokens) *tokens = r->toks + r->n_prompt;
+    if (n) *n = r->n_gen;
+    if (text) *text = r->text ? r->text : "";
+    if (len) *len = r->tlen;
+    if (fin) *fin = r->finish;
+    return 0;
+}
+
+void loom_engine_release(loom_engine *e, int64_t id) {
+    req *r = find(e, id);
+    if (!r) return;
+    release_cache(e, r);
+    int i = 0;
+    while (e->reqs[i] != r) i++;
+    memmove(e->reqs + i, e->reqs + i + 1, (size_t)(e->n - i - 1) * sizeof *e->reqs);
+    e->n--;
+    req_free(r);
+}
+
+void loom_engine_cancel(loom_engine *e, int64_t id) {
+    req *r = find(e, id);
+    if (!r || r->state == R_DONE) return;
+    release_cache(e, r);
+    r->state = R_DONE;
+    r->finish = LOOM_FINISH_STOP;
+}
+
+void loom_engine_get_stats(const loom_engine *e, loom_engine_stats *s) { *s = e->st; }
+
+char *loom_utf8_sanitize(const char *s, size_t n, size_t *out_len) {
+    char *o = loom_malloc(3 * n + 1);
+    size_t k = 0;
+    const unsigned char *u = (const unsigned char *)s;
+    for (size_t i = 0; i < n;) {
+        const unsigned char c = u[i];
+        size_t len = 0;
+        uint32_t cp = 0, min = 0;
+        if (c >= 0x01 && c < 0x80) len = 1, cp = c;
+        else if ((c & 0xE0) == 0xC0) len = 2, cp = c & 0x1F, min = 0x80;
+        else if ((c & 0xF0) == 0xE0) len = 3, cp = c & 0x0F, min = 0x800;
+        else if ((c & 0xF8) == 0xF0) len = 4, cp = c & 0x07, min = 0x10000;
+        int ok = len > 0 && i + len <= n;
+        for (size_t j = 1; ok && j < len; j++) {
+            if ((u[i + j] & 0xC0) != 0x80) ok = 0;
+            else cp = (cp << 6) | (u[i + j] & 0x3F);
+        }
+        if (ok && len > 1 && (cp < min || cp > 0x10FFFF || (cp >= 0xD800 && cp <= 0xDFFF))) ok = 0;
+        if (!ok) {
+            memcpy(o + k, "\xEF\xBF\xBD", 3);
+            k += 3;
+            i++;
+            continue;
+        }
+        memcpy(o + k, s + i, len);
+        k += len;
+        i += len;
+    }
+    o[k] = 0;
+    *out_len = k;
+    return o;
+}

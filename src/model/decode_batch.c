@@ -1,0 +1,150 @@
+/* Batched (ragged) decoding: one forward over rows of many sequences, each segment at its own
+ * positions with its own KV cache. Each layer walks the block definition (src/model/block.c)
+ * once over all rows: the linears are one GEMM over every row of the step, rope and attention
+ * work per segment (block_frame.seg), so a segment's rows get what a full forward over its
+ * sequence gives (tests/unit/test_engine.c). */
+#include <stdlib.h>
+#include <string.h>
+
+#include "loom/backend.h"
+#include "model/model_internal.h"
+
+struct loom_decode_ws {
+    int max_rows, max_logits;
+    int64_t floats;
+    float *mem;
+    float *res[3];          /* (rows, C) the residual stream */
+    float *h;               /* (rows, C) norm output */
+    float *mean, *rstd;     /* (rows) */
+    float *qkv;             /* (rows, QKV) */
+    float *att;             /* (rows, H*D) */
+    float *fch, *fact;      /* (rows, FFI), (rows, F) */
+    float *last;            /* (max_logits, C) the rows that want logits */
+    float *lastn;           /* (max_logits, C) their final norm */
+    float *logits;          /* (max_logits, V) */
+    float *scores;          /* (H * maxT) */
+    block_seg *seg;         /* (max_rows) */
+    float *moe;             /* the MoE op's slots for max_rows rows (an MoE model) */
+    float *moe_slot[S_COUNT];
+    size_t moe_floats;
+};
+
+size_t loom_model_kv_floats_per_pos(const loom_model *m) {
+    return (size_t)m->cfg.n_layer * (size_t)m->KVH * (size_t)m->D;
+}
+
+loom_decode_ws *loom_decode_ws_create(const loom_model *m, int max_rows, int max_logits) {
+    const loom_model_config *c = &m->cfg;
+    LOOM_CHECK(c->head == LOOM_HEAD_LM && max_rows > 0 && max_logits > 0);
+    LOOM_CHECK(m->lay.tp == 1 && m->lay.has_embedding && m->lay.has_head);
+    loom_decode_ws *w = loom_calloc(1, sizeof *w);
+    w->max_rows = max_rows;
+    w->max_logits = max_logits;
+    const int64_t R = max_rows, C = c->d_model, K = max_logits;
+    const int64_t sizes[] = {R * C, R * C, R * C, R * C, R, R, R * m->QKV, R * m->H * m->D,
+                             R * m->FFI, R * m->F, K * C, K * C, K * c->vocab_size,
+                             (int64_t)m->H * c->max_seq_len};
+    enum { NS = sizeof sizes / sizeof sizes[0] };
+    int64_t at = 0;
+    for (int i = 0; i < NS; i++) at += (sizes[i] + 15) & ~(int64_t)15;
+    w->floats = at;
+    w->mem = loom_alloc_aligned((size_t)at * sizeof(float));
+    float **dst[NS] = {&w->res[0], &w->res[1], &w->res[2], &w->h, &w->mean, &w->rstd,
+                       &w->qkv, &w->att, &w->fch, &w->fact, &w->last, &w->lastn, &w->logits,
+                       &w->scores};
+    at = 0;
+    for (int i = 0; i < NS; i++) {
+        *dst[i] = w->mem + at;
+        at += (sizes[i] + 15) & ~(int64_t)15;
+    }
+    w->seg = loom_calloc((size_t)max_rows, sizeof *w->seg);
+    if (m->E > 0) { /* MoE layers route the step's rows dropless, as decoding does */
+        LOOM_CHECK(m->ep == 1);
+        size_t n = 0;
+        for (int k = S_MOE_PROB; k < S_COUNT; k++) n += ((size_t)moe_slot_floats(m, k, R) + 15) & ~(size_t)15;
+        w->moe = loom_alloc_aligned(n * sizeof(float));
+        w->moe_floats = n;
+        n = 0;
+        for (int k = S_MOE_PROB; k < S_COUNT; k++) {
+            w->moe_slot[k] = w->moe + n;
+            n += ((size_t)moe_slot_floats(m, k, R) + 15) & ~(size_t)15;
+        }
+    }
+    return w;
+}
+
+void loom_decode_ws_free(loom_decode_ws *w) {
+    if (!w) return;
+    free(w->mem);
+    free(w->seg);
+    free(w->moe);
+    free(w);
+}
+
+size_t loom_decode_ws_bytes(const loom_decode_ws *w) {
+    return ((size_t)w->floats + w->moe_floats) * sizeof(float) +
+           (size_t)w->max_rows * sizeof(block_seg);
+}
+
+const float *loom_model_decode_batch(loom_model *m, loom_decode_ws *w, const int32_t *tokens,
+                                     const loom_decode_seg *segs, int nseg) {
+    const loom_model_config *c = &m->cfg;
+    const int C = c->d_model, V = c->vocab_size;
+    const int gpt2 = c->flavor == LOOM_FLAVOR_GPT2;
+    LOOM_CHECK(c->head == LOOM_HEAD_LM && !m->has_hooks && m->params != NULL);
+    LOOM_CHECK(nseg > 0 && nseg <= w->max_rows);
+    const size_t kv = (size_t)m->KVH * (size_t)m->D;
+    int rows = 0, nlog = 0;
+    for (int i = 0; i < nseg; i++) {
+        const loom_decode_seg *s = &segs[i];
+        LOOM_CHECK(s->n > 0 && s->pos0 >= 0 && s->pos0 + s->n <= s->cap &&
+                   s->cap <= c->max_seq_len);
+        w->seg[i] = (block_seg){.k = s->k, .v = s->v, .layer_stride = (size_t)s->cap * kv,
+                                .row0 = rows, .n = s->n, .pos0 = s->pos0};
+        rows += s->n;
+        nlog += s->want_logits != 0;
+        LOOM_CHECK(rows <= w->max_rows && nlog <= w->max_logits);
+    }
+    for (int r = 0; r < rows; r++) LOOM_CHECK(tokens[r] >= 0 && tokens[r] < V);
+    for (int i = 0; i < nseg; i++)
+        m->be->embedding_forward(w->res[0] + (int64_t)w->seg[i].row0 * C, tokens + w->seg[i].row0,
+                                 PARAM(m, LOOM_P_WTE), PARAM(m, LOOM_P_WPE), 1, segs[i].n, C,
+                                 segs[i].pos0);
+    block_frame f;
+    memset(&f, 0, sizeof f);
+    f.B = 1;
+    f.T = rows;
+    f.seg = w->seg;
+    f.nseg = nseg;
+    f.scores = w->scores;
+    f.s[S_LN1] = f.s[S_LN2] = w->h; /* ln1 is dead once q|k|v is computed */
+    f.s[S_LN1_MEAN] = f.s[S_LN2_MEAN] = w->mean;
+    f.s[S_LN1_RSTD] = f.s[S_LN2_RSTD] = w->rstd;
+    f.s[S_QKV] = w->qkv;
+    f.s[S_ATTY] = w->att;
+    f.s[S_FCH] = w->fch;
+    f.s[S_FCH_ACT] = w->fact;
+    for (int k = S_MOE_PROB; k < S_COUNT; k++) f.s[k] = w->moe_slot[k];
+    int x = 0; /* which of the three stream buffers holds the layer's input */
+    for (int l = 0; l < c->n_layer; l++) {
+        f.s[S_X] = w->res[x];
+        f.s[S_RES2] = w->res[(x + 1) % 3];
+        f.s[S_RES3] = w->res[(x + 2) % 3];
+        block_forward(m, &f, l);
+        x = (x + 2) % 3;
+    }
+    /* the head only on the rows that want logits */
+    int k = 0;
+    for (int i = 0; i < nseg; i++) {
+        if (!segs[i].want_logits) continue;
+        const int r = w->seg[i].row0 + segs[i].n - 1;
+        memcpy(w->last + (int64_t)k * C, w->res[x] + (int64_t)r * C, (size_t)C * sizeof(float));
+        k++;
+    }
+    if (k == 0) return w->logits;
+    model_norm_fwd(m, w->lastn, w->mean, w->rstd, w->last, PARAM(m, LOOM_P_LNF_W),
+                   PARAM(m, LOOM_P_LNF_B), k);
+    m->be->matmul_forward(w->logits, w->lastn,
+                          gpt2 ? PARAM(m, LOOM_P_WTE) : PARAM(m, LOOM_P_LM_HEAD), NULL, k, C, V);
+    return w->logits;
+}

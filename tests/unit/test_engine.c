@@ -1,0 +1,353 @@
+/* The batched inference engine (src/infer/engine.c):
+ * - a batch of 16 prompts of mixed lengths, greedy, with continuous batching on (at most 5
+ *   running, requests joining mid-run, prompts prefilled in chunks): every output equals
+ *   generating that prompt alone (loom_generate, the single-sequence KV-cache path) and the
+ *   argmax of the full forward (loom_model_next_logits) at every position (every third
+ *   request); GPT-2 and Llama
+ *   (grouped-query attention);
+ * - sampling (temperature, top-k, top-p, repetition penalty) reproducible by seed, and a
+ *   request's output independent of what else runs in the batch;
+ * - the KV pool's budget bounds the running requests; errors for bad requests;
+ * - stop strings cut the text (byte tokenizer), streamed chunks add up to the final text;
+ * - top-k / top-p draw only from their candidate sets. */
+#include "testutil.h"
+
+#include <math.h>
+
+#include "loom/infer.h"
+#include "loom/model.h"
+#include "loom/tokenizer.h"
+
+enum { NREQ = 16 };
+
+static loom_model *make_model(int flavor, uint64_t seed) {
+    loom_model_config cfg = {.flavor = flavor, .vocab_size = 256, .max_seq_len = 64,
+                             .n_layer = 2, .n_head = 4, .n_kv_head = flavor ? 2 : 4,
+                             .d_model = 64, .d_ff = flavor ? 96 : 256, .norm_eps = 1e-5f,
+                             .rope_theta = 10000.0f, .init_std = 0.2f};
+    loom_err err = {{0}};
+    loom_model *m = NULL;
+    assert_int_equal(loom_model_create_view(&cfg, NULL, 1, cfg.max_seq_len, LOOM_MODEL_INFER, &m,
+                                            &err), 0);
+    loom_model_init_weights(m, seed);
+    return m;
+}
+
+static void prompt_of(int i, uint64_t seed, int32_t *p, int *n) {
+    *n = 1 + (i * 7) % 37; /* 1 .. 37 tokens */
+    for (int j = 0; j < *n; j++) p[j] = (int32_t)(loom_rng_u64(seed, 11 + (uint64_t)i, (uint64_t)j) % 256);
+}
+
+static void check_greedy_batch(int flavor) {
+    loom_model *m = make_model(flavor, 5 + (uint64_t)flavor);
+    loom_err err = {{0}};
+    loom_engine_opts o = {.max_batch = 5, .max_step_tokens = 24};
+    loom_engine *e = NULL;
+    assert_int_equal(loom_engine_create(m, NULL, &o, &e, &err), 0);
+    int32_t prompts[NREQ][64];
+    int np[NREQ], maxtok[NREQ];
+    int64_t ids[NREQ];
+    loom_gen_params gp = loom_gen_params_default();
+    gp.temperature = 0.0f;
+    int submitted = 0, steps = 0;
+    for (int i = 0; i < NREQ; i++) {
+        prompt_of(i, 99, prompts[i], &np[i]);
+        maxtok[i] = 3 + (i * 5) % 24;
+        if (i == 3) maxtok[i] = 64; /* runs into the context limit */
+    }
+    /* 10 now, 6 more while the first run */
+    for (; submitted < 10; submitted++) {
+        gp.max_tokens = maxtok[submitted];
+        assert_int_equal(loom_engine_submit(e, prompts[submitted], np[submitted], &gp, NULL, NULL,
+                                            &ids[submitted], &err), 0);
+    }
+    while (loom_engine_step(e) > 0 || submitted < NREQ) {
+        steps++;
+        if (steps % 3 == 0 && submitted < NREQ) {
+            gp.max_tokens = maxtok[submitted];
+            assert_int_equal(loom_engine_submit(e, prompts[submitted], np[submitted], &gp, NULL,
+                                                NULL, &ids[submitted], &err), 0);
+            submitted++;
+        }
+        assert_true(steps < 10000);
+    }
+    loom_engine_stats st;
+    loom_engine_get_stats(e, &st);
+    assert_int_equal(st.max_running, 5);
+    assert_int_equal(st.running + st.waiting, 0);
+    assert_true(st.kv_used == 0);
+    const int V = 256;
+    loom_sampler greedy = {.temperature = 0.0f};
+    int32_t *alone = malloc(256 * sizeof(int32_t));
+    int32_t seq[256];
+    for (int i = 0; i < NREQ; i++) {
+        const int32_t *toks;
+        int n, fin;
+        assert_int_equal(loom_engine_result(e, ids[i], &toks, &n, NULL, NULL, &fin), 0);
+        const int expect_n = maxtok[i] < 64 - np[i] + 1 ? maxtok[i] : 64 - np[i] + 1;
+        assert_int_equal(n, expect_n);
+        assert_int_equal(fin, LOOM_FINISH_LENGTH);
+        /* alone, through the single-sequence KV-cache path */
+        const int got = loom_generate(m, 64, prompts[i], np[i], n, &greedy, alone);
+        assert_int_equal(got, np[i] + n);
+        for (int j = 0; j < n; j++) {
+            if (toks[j] != alone[np[i] + j])
+                fail_msg("flavor %d request %d token %d: batched %d, alone %d", flavor, i, j,
+                         toks[j], alone[np[i] + j]);
+        }
+        /* and the argmax of the full forward over the prefix (every third request: the
+         * full forward costs a whole prefix per token) */
+        if (i % 3) {
+            loom_engine_release(e, ids[i]);
+            continue;
+        }
+        memcpy(seq, prompts[i], (size_t)np[i] * sizeof(int32_t));
+        memcpy(seq + np[i], toks, (size_t)n * sizeof(int32_t));
+        for (int j = 0; j < n; j++) {
+            const float *lg = loom_model_next_logits(m, seq, np[i] + j);
+            int best = 0;
+            for (int v = 1; v < V; v++)
+                if (lg[v] > lg[best]) best = v;
+            if (best != toks[j])
+                fail_msg("flavor %d request %d token %d: batched %d, full forward %d", flavor, i,
+                         j, toks[j], best);
+        }
+        loom_engine_release(e, ids[i]);
+    }
+    print_message("flavor %d: 16 requests in %d steps, at most %d running\n", flavor, steps,
+                  st.max_running);
+    free(alone);
+    loom_engine_free(e);
+    loom_model_free(m);
+}
+
+static void test_greedy_gpt2(void **state) {
+    (void)state;
+    check_greedy_batch(LOOM_FLAVOR_GPT2);
+}
+
+static void test_greedy_llama(void **state) {
+    (void)state;
+    check_greedy_batch(LOOM_FLAVOR_LLAMA);
+}
+
+/* runs requests (prompt i, params p with seed seeds[i]) through an engine of max_batch mb */
+static void run_sampled(loom_model *m, int mb, int nreq, const uint64_t *seeds, int32_t out[][40]) {
+    loom_err err = {{0}};
+    loom_engine_opts o = {.max_batch = mb};
+    loom_engine *e = NULL;
+    assert_int_equal(loom_engine_create(m, NULL, &o, &e, &err), 0);
+    loom_gen_params gp = loom_gen_params_default();
+    gp.temperature = 0.9f;
+    gp.top_k = 20;
+    gp.top_p = 0.9f;
+    gp.repetition_penalty = 1.3f;
+    gp.max_tokens = 20;
+    int64_t ids[NREQ];
+    for (int i = 0; i < nreq; i++) {
+        int32_t p[64];
+        int n;
+        prompt_of(i, 7, p, &n);
+        gp.seed = seeds[i];
+        assert_int_equal(loom_engine_submit(e, p, n, &gp, NULL, NULL, &ids[i], &err), 0);
+    }
+    while (loom_engine_step(e) > 0) {}
+    for (int i = 0; i < nreq; i++) {
+        const int32_t *t;
+        int n;
+        assert_int_equal(loom_engine_result(e, ids[i], &t, &n, NULL, NULL, NULL), 0);
+        assert_int_equal(n, 20);
+        memcpy(out[i], t, 20 * sizeof(int32_t));
+    }
+    loom_engine_free(e);
+}
+
+static void test_sampling_seeded(void **state) {
+    (void)state;
+    loom_model *m = make_model(LOOM_FLAVOR_LLAMA, 3);
+    static int32_t a[NREQ][40], b[NREQ][40], c1[1][40], d[NREQ][40];
+    uint64_t seeds[NREQ], other[NREQ];
+    for (int i = 0; i < NREQ; i++) seeds[i] = 1000 + (uint64_t)i, other[i] = 5000 + (uint64_t)i;
+    run_sampled(m, 16, NREQ, seeds, a);
+    run_sampled(m, 3, NREQ, seeds, b); /* another batch composition */
+    assert_memory_equal(a, b, sizeof a);
+    run_sampled(m, 1, 1, seeds, c1); /* request 0 alone */
+    assert_memory_equal(a[0], c1[0], sizeof c1[0]);
+    run_sampled(m, 16, NREQ, other, d);
+    int differ = 0;
+    for (int i = 0; i < NREQ; i++) differ += memcmp(a[i], d[i], sizeof a[i]) != 0;
+    assert_true(differ >= NREQ - 1);
+    loom_model_free(m);
+}
+
+static void test_kv_budget_and_errors(void **state) {
+    (void)state;
+    loom_model *m = make_model(LOOM_FLAVOR_GPT2, 9);
+    loom_err err = {{0}};
+    const size_t per_pos = loom_model_kv_floats_per_pos(m) * 2 * sizeof(float);
+    /* room for 2 requests of 10 + 20 - 1 positions, not 3 */
+    loom_engine_opts o = {.max_batch = 8, .kv_budget_bytes = per_pos * 29 * 2 + per_pos * 5};
+    loom_engine *e = NULL;
+    assert_int_equal(loom_engine_create(m, NULL, &o, &e, &err), 0);
+    int32_t p[80] = {0};
+    for (int i = 0; i < 80; i++) p[i] = i % 256;
+    loom_gen_params gp = loom_gen_params_default();
+    gp.temperature = 0;
+    gp.max_tokens = 20;
+    int64_t id;
+    for (int i = 0; i < 6; i++) assert_int_equal(loom_engine_submit(e, p + i, 10, &gp, NULL, NULL, &id, &err), 0);
+    /* errors */
+    assert_int_equal(loom_engine_submit(e, p, 65, &gp, NULL, NULL, &id, &err), -1);
+    assert_non_null(strstr(err.msg, "context of 64"));
+    gp.max_tokens = 60;
+    assert_int_equal(loom_engine_submit(e, p, 30, &gp, NULL, NULL, &id, &err), -1);
+    assert_non_null(strstr(err.msg, "budget"));
+    gp.max_tokens = 5;
+    assert_int_equal(loom_engine_submit(e, p, 0, &gp, NULL, NULL, &id, &err), -1);
+    int32_t bad = 300;
+    assert_int_equal(loom_engine_submit(e, &bad, 1, &gp, NULL, NULL, &id, &err), -1);
+    assert_non_null(strstr(err.msg, "outside the vocabulary"));
+    const char *stop[] = {"x"};
+    gp.stop = stop;
+    gp.n_stop = 1;
+    assert_int_equal(loom_engine_submit(e, p, 3, &gp, NULL, NULL, &id, &err), -1);
+    assert_non_null(strstr(err.msg, "tokenizer"));
+    gp.n_stop = 0;
+    gp.top_p = 1.5f;
+    assert_int_equal(loom_engine_submit(e, p, 3, &gp, NULL, NULL, &id, &err), -1);
+    while (loom_engine_step(e) > 0) {}
+    loom_engine_stats st;
+    loom_engine_get_stats(e, &st);
+    assert_int_equal(st.max_running, 2);
+    assert_true(st.kv_peak <= o.kv_budget_bytes);
+    assert_int_equal(st.generated_tokens, 6 * 20);
+    loom_engine_free(e);
+    loom_model_free(m);
+}
+
+typedef struct stream_acc {
+    char buf[4096];
+    size_t len;
+    int calls, finish;
+} stream_acc;
+
+static void on_chunk(void *ctx, int64_t id, int32_t token, const char *text, size_t len,
+                     int finish) {
+    (void)id;
+    (void)token;
+    stream_acc *a = ctx;
+    assert_true(a->finish == 0);
+    assert_true(a->len + len < sizeof a->buf);
+    memcpy(a->buf + a->len, text, len);
+    a->len += len;
+    a->calls++;
+    a->finish = finish;
+}
+
+static void test_stop_strings(void **state) {
+    (void)state;
+    loom_model *m = make_model(LOOM_FLAVOR_GPT2, 21);
+    loom_tokenizer *tok = NULL;
+    loom_err err = {{0}};
+    assert_int_equal(loom_tokenizer_byte(NULL, 0, &tok, &err), 0);
+    loom_engine *e = NULL;
+    assert_int_equal(loom_engine_create(m, tok, NULL, &e, &err), 0);
+    const int32_t prompt[] = {'a', 'b', 'c'};
+    loom_gen_params gp = loom_gen_params_default();
+    gp.temperature = 0;
+    gp.max_tokens = 40;
+    stream_acc full = {{0}, 0, 0, 0};
+    int64_t id0, id1;
+    assert_int_equal(loom_engine_submit(e, prompt, 3, &gp, on_chunk, &full, &id0, &err), 0);
+    while (loom_engine_step(e) > 0) {}
+    const char *text;
+    size_t tlen;
+    int fin;
+    assert_int_equal(loom_engine_result(e, id0, NULL, NULL, &text, &tlen, &fin), 0);
+    assert_int_equal(tlen, 40);
+    assert_int_equal(fin, LOOM_FINISH_LENGTH);
+    assert_int_equal(full.len, 40);
+    assert_memory_equal(full.buf, text, 40);
+    /* stop on the 3 bytes at offset 20 (and a string that never occurs) */
+    char stop[4];
+    int at = 20;
+    while (at < 36 && memchr(text + at, 0, 3)) at++;
+    assert_true(at < 36);
+    memcpy(stop, text + at, 3);
+    stop[3] = 0;
+    size_t first = (size_t)((const char *)memmem(text, tlen, stop, 3) - text);
+    const char *stops[] = {"\x01\x02\x03never", stop};
+    gp.stop = stops;
+    gp.n_stop = 2;
+    stream_acc cut = {{0}, 0, 0, 0};
+    assert_int_equal(loom_engine_submit(e, prompt, 3, &gp, on_chunk, &cut, &id1, &err), 0);
+    while (loom_engine_step(e) > 0) {}
+    const char *t1;
+    size_t l1;
+    assert_int_equal(loom_engine_result(e, id1, NULL, NULL, &t1, &l1, &fin), 0);
+    assert_int_equal(fin, LOOM_FINISH_STOP);
+    assert_int_equal(l1, first);
+    assert_memory_equal(t1, text, first);
+    assert_int_equal(cut.len, first);
+    assert_memory_equal(cut.buf, text, first);
+    assert_int_equal(cut.finish, LOOM_FINISH_STOP);
+    loom_engine_free(e);
+    loom_tokenizer_free(tok);
+    loom_model_free(m);
+}
+
+static void test_topk_topp(void **state) {
+    (void)state;
+    enum { V = 1000 };
+    float logits[V];
+    for (int i = 0; i < V; i++) logits[i] = (float)((i * 37) % V) / 100.0f; /* max at 999*37%1000 */
+    void *scratch = malloc(loom_sample_scratch_bytes(V));
+    loom_gen_params p = loom_gen_params_default();
+    p.temperature = 5.0f;
+    p.top_k = 3;
+    loom_rng rng = {.seed = 1, .stream = 2, .counter = 0};
+    int seen[V] = {0};
+    for (int d = 0; d < 2000; d++) seen[loom_sample_params(&p, &rng, logits, V, NULL, 0, scratch)]++;
+    /* the top 3 logits are the ids with (i*37)%1000 in {999, 998, 997} */
+    int n_ids = 0;
+    for (int i = 0; i < V; i++) {
+        if (!seen[i]) continue;
+        n_ids++;
+        assert_true((i * 37) % V >= 997);
+    }
+    assert_int_equal(n_ids, 3);
+    /* top-p: two big logits share 0.9 of the mass; p = 0.5 keeps one, 0.95 the two, not more */
+    float lg2[V];
+    for (int i = 0; i < V; i++) lg2[i] = 0.0f;
+    lg2[10] = 10.0f;
+    lg2[20] = 9.9f;
+    p.temperature = 1.0f;
+    p.top_k = 0;
+    p.top_p = 0.5f;
+    memset(seen, 0, sizeof seen);
+    for (int d = 0; d < 500; d++) seen[loom_sample_params(&p, &rng, lg2, V, NULL, 0, scratch)]++;
+    assert_int_equal(seen[10], 500);
+    p.top_p = 0.95f;
+    memset(seen, 0, sizeof seen);
+    for (int d = 0; d < 500; d++) seen[loom_sample_params(&p, &rng, lg2, V, NULL, 0, scratch)]++;
+    assert_int_equal(seen[10] + seen[20], 500);
+    assert_true(seen[20] > 100);
+    /* repetition penalty: a strong one moves greedy off a token in the history */
+    p.temperature = 0.0f;
+    p.top_p = 1.0f;
+    p.repetition_penalty = 2.0f;
+    const int32_t hist[] = {10};
+    assert_int_equal(loom_sample_params(&p, &rng, lg2, V, hist, 1, scratch), 20);
+    p.repetition_penalty = 1.0f;
+    assert_int_equal(loom_sample_params(&p, &rng, lg2, V, hist, 1, scratch), 10);
+    free(scratch);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_greedy_gpt2),     cmocka_unit_test(test_greedy_llama),
+        cmocka_unit_test(test_sampling_seeded), cmocka_unit_test(test_kv_budget_and_errors),
+        cmocka_unit_test(test_stop_strings),    cmocka_unit_test(test_topk_topp),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
