@@ -38,6 +38,18 @@ void loom_shard_read_tokens(const loom_shard *s, uint64_t start, uint64_t n, int
  * the class names are in dataset.json). has_labels is 0 for shards without a label section. */
 int loom_shard_has_labels(const loom_shard *s);
 uint32_t loom_shard_doc_label(const loom_shard *s, uint64_t i); /* i < num_docs */
+/* The loss mask (an optional shard section, written for chat sources): one byte per token, 1
+ * when the token is a training target (an assistant token), 0 when it is context only.
+ * read_mask gives all ones for a shard without the section. */
+int loom_shard_has_mask(const loom_shard *s);
+void loom_shard_read_mask(const loom_shard *s, uint64_t start, uint64_t n, uint8_t *out);
+/* targets[i] = -1 (ignored by the loss) where token start + i has mask 0; no-op without one */
+void loom_shard_apply_mask(const loom_shard *s, uint64_t start, uint64_t n, int32_t *targets);
+/* loom_shard_write_ex with a loss mask (n_tokens bytes, each 0 or 1; NULL = no section). */
+int loom_shard_write_masked(const char *path, const loom_shard_spec *spec, const uint32_t *tokens,
+                            uint64_t n_tokens, const uint64_t *doc_starts, uint64_t n_docs,
+                            const uint32_t *labels, const uint8_t *mask, char sha_hex[65],
+                            loom_err *err);
 
 /* ---- dataset: a directory with manifest.jsonl ---------------------------------------- */
 typedef struct loom_dataset loom_dataset;

@@ -46,6 +46,7 @@
 #include <unistd.h>
 
 #if defined(__has_include)
+#include "loom/chat.h"
 #if __has_include("loom/tokenizer.h")
 #include "loom/tokenizer.h"
 #define LOOM_HAVE_BPE 1
@@ -77,6 +78,8 @@ typedef struct src_state {
     loom_labels *labels;
     char labels_sha[65];
     uint64_t rot;         /* a team: shard blocks and BPE count blocks rotate by this */
+    loom_chat_template *chat; /* chat: its template */
+    uint64_t dropped_long;    /* chat, pack: false, too_long: drop: conversations dropped */
 } src_state;
 
 typedef struct build {
@@ -435,6 +438,17 @@ static void compute_keys(build *b) {
                  b->r.val_fraction);
         kput(&k, num);
         kput(&k, s->canon);
+        if (s->kind == LOOM_SRC_CHAT && strcmp(s->chat_template, "chatml") &&
+            strcmp(s->chat_template, "llama3")) { /* a template file: its bytes */
+            char *text = NULL, sha[65] = "unreadable";
+            size_t tl = 0;
+            if (loom_read_file(s->chat_template, (size_t)1 << 20, &text, &tl, NULL) == 0)
+                loom_sha256_hex(text, tl, sha);
+            free(text);
+            kput(&k, sha);
+        }
+        snprintf(num, sizeof num, "seq_len=%lld", (long long)b->r.seq_len);
+        if (s->kind == LOOM_SRC_CHAT) kput(&k, num);
         if (st->labels) {
             kput(&k, st->labels_sha);
             for (int c = 0; c < b->n_classes; c++) kput(&k, b->classes[c]);
@@ -583,11 +597,16 @@ static int read_source(build *b, int si, loom_docs *docs, loom_err *err) {
     src_state *st = &b->src[si];
     const loom_recipe_source *s = &b->r.sources[si];
     loom_read_ctx c = {&b->r, s, &b->in, docs, &st->bad_lines, &st->unlabeled, 0, st->labels,
-                       b->classes, b->n_classes};
+                       b->classes, b->n_classes, NULL};
+    if (s->kind == LOOM_SRC_CHAT) {
+        if (!st->chat && loom_chat_template_load(s->chat_template, &st->chat, err))
+            return loom_err_prefix(err, "%s:%d: source '%s'", b->r.file, s->line, s->name);
+        c.chat = st->chat;
+    }
     for (int j = 0; j < st->n_files; j++) {
         int fi = st->files[j], rc;
         if (s->kind == LOOM_SRC_TEXT) rc = loom_read_text(&c, fi, err);
-        else if (s->kind == LOOM_SRC_JSONL) rc = loom_read_jsonl(&c, fi, err);
+        else if (s->kind == LOOM_SRC_JSONL || s->kind == LOOM_SRC_CHAT) rc = loom_read_jsonl(&c, fi, err);
         else rc = loom_read_binary(&c, fi, err);
         if (rc) return -1;
     }
@@ -616,6 +635,7 @@ typedef struct doc_set {
     const uint8_t *suffix;
     size_t suffix_len;
     const int32_t *const *ids;  /* bpe: ids[doc] of every document of the source, else NULL */
+    const uint8_t *const *masks; /* chat: masks[doc], the loss mask of ids[doc]; else NULL */
 } doc_set;
 
 /* tokens [from, from+n) of document k of the set (byte tokenizer: bytes ++ suffix) */
@@ -647,6 +667,7 @@ static int write_shard(const build *b, int sp, const doc_set *ds, const loom_sha
         return loom_errf(e, "%s: LOOM_TEST_FAIL_BUILD=%d: injected failure before writing %s/shard_%05llu.bin",
                          b->r.file, b->rank, SPLITS[sp], (unsigned long long)number);
     uint32_t *tok = loom_malloc((size_t)(hi - lo) * sizeof *tok);
+    uint8_t *mask = ds->masks ? loom_malloc((size_t)(hi - lo) + 1) : NULL;
     /* the first document overlapping [lo, hi): cum[d] <= lo < cum[d+1] */
     size_t a = 0, z = ds->n;
     while (z - a > 1) {
@@ -671,6 +692,7 @@ static int write_shard(const build *b, int sp, const doc_set *ds, const loom_sha
             const int64_t label = ds->docs->v[ds->idx[d]].label;
             if (label < 0 || label >= b->n_classes) {
                 free(tok);
+                free(mask);
                 free(starts);
                 free(lab);
                 return loom_errf(e, "%s: %s/shard_%05llu.bin: document %llu has label %lld, "
@@ -682,9 +704,11 @@ static int write_shard(const build *b, int sp, const doc_set *ds, const loom_sha
         }
         n_docs++;
         doc_tokens(ds, d, from - ds->cum[d], to - from, tok + (from - lo));
+        if (mask) memcpy(mask + (from - lo), ds->masks[ds->idx[d]] + (from - ds->cum[d]), to - from);
     }
     loom_pathf(path, sizeof path, "%s/%s/shard_%05llu.bin", b->tmp, SPLITS[sp], (unsigned long long)number);
-    int rc = loom_shard_write_ex(path, spec, tok, hi - lo, starts, n_docs, lab, sha, e);
+    int rc = loom_shard_write_masked(path, spec, tok, hi - lo, starts, n_docs, lab, mask, sha, e);
+    free(mask);
     free(tok);
     free(starts);
     free(lab);
@@ -835,6 +859,76 @@ static int write_split(build *b, int si, int sp, const doc_set *ds, int32_t **id
     return 0;
 }
 
+/* Chat sources: every conversation's tokens and loss mask (each segment of the rendering
+ * encoded on its own), with pack: false padded to a multiple of seq_len (pad tokens have mask
+ * 0) or, with too_long: drop, dropped when longer than seq_len. Every member of a team
+ * computes all of them (the split into shards needs every count). */
+static int chat_tokenize(build *b, int si, const loom_docs *docs, uint64_t *ntok, int32_t ***ids_out,
+                         uint8_t ***masks_out, loom_err *err) {
+    src_state *st = &b->src[si];
+    const loom_recipe_source *s = &b->r.sources[si];
+    const loom_tokenizer *tok = NULL;
+    loom_tokenizer *own = NULL;
+#ifdef LOOM_HAVE_BPE
+    tok = b->tok;
+#endif
+    if (!tok) {
+        if (loom_tokenizer_byte(NULL, 0, &own, err)) return -1;
+        tok = own;
+    }
+    const uint64_t T = (uint64_t)b->r.seq_len;
+    if (!s->pack && (T == 0 || (uint64_t)b->r.shard_tokens % T != 0)) {
+        loom_tokenizer_free(own);
+        return loom_errf(err, "%s:%d: source '%s': pack: false needs shard_tokens (%lld) to be a "
+                              "multiple of seq_len (%lld), so that every conversation starts a "
+                              "window", b->r.file, s->line, s->name, (long long)b->r.shard_tokens,
+                         (long long)T);
+    }
+    int32_t pad = loom_tokenizer_special_id(tok, "<|endoftext|>");
+    if (pad < 0) pad = 0;
+    int32_t **ids = loom_calloc(docs->n + 1, sizeof *ids);
+    uint8_t **masks = loom_calloc(docs->n + 1, sizeof *masks);
+    int failed = 0;
+    uint64_t dropped = 0;
+    loom_err first = {{0}};
+    #pragma omp parallel for schedule(dynamic, 16) reduction(+ : dropped)
+    for (size_t i = 0; i < docs->n; i++) {
+        const loom_doc *dc = &docs->v[i];
+        loom_chat_doc cd = {(char *)loom_doc_bytes(docs, i), dc->len, dc->len,
+                            docs->segs + dc->seg0, dc->n_seg, dc->n_seg};
+        loom_ids v = {0};
+        uint8_t *m = NULL;
+        loom_err e;
+        if (loom_chat_encode(&cd, tok, &v, &m, &e) != 0) {
+            #pragma omp critical(loom_build_err)
+            if (!failed) failed = 1, first = e;
+            continue;
+        }
+        if (!s->pack && s->drop_long && v.n > T) {
+            dropped++;
+            v.n = 0;
+        } else if (!s->pack && v.n % T) {
+            const size_t n = (v.n + T - 1) / T * T;
+            v.ids = loom_realloc(v.ids, n * sizeof *v.ids);
+            m = loom_realloc(m, n);
+            for (size_t k = v.n; k < n; k++) v.ids[k] = pad, m[k] = 0;
+            v.n = n;
+        }
+        ids[i] = v.ids;
+        masks[i] = m;
+        ntok[i] = v.n;
+    }
+    loom_tokenizer_free(own);
+    st->dropped_long = dropped;
+    *ids_out = ids;
+    *masks_out = masks;
+    if (failed) {
+        *err = first;
+        return -1;
+    }
+    return 0;
+}
+
 static int build_source(build *b, int si, loom_err *err) {
     src_state *st = &b->src[si];
     const loom_recipe_source *s = &b->r.sources[si];
@@ -845,6 +939,7 @@ static int build_source(build *b, int si, loom_err *err) {
     memset(ds, 0, sizeof ds);
     uint64_t *ntok = NULL;   /* (docs.n) tokens per document */
     int32_t **ids = NULL;    /* bpe: (docs.n) token arrays */
+    uint8_t **masks = NULL;  /* chat: (docs.n) loss masks */
     st->rot = b->next_shard[0]; /* the same rotation for both splits and the BPE counts */
     if (read_source(b, si, &docs, err) != 0) goto done;
     if (st->reuse) { /* read only for the cross-source dedup set */
@@ -853,8 +948,11 @@ static int build_source(build *b, int si, loom_err *err) {
     }
     ntok = loom_malloc((docs.n + 1) * sizeof *ntok);
     for (size_t i = 0; i < docs.n; i++) ntok[i] = docs.v[i].len + s->doc_suffix_len;
+    if (s->kind == LOOM_SRC_CHAT) {
+        if (chat_tokenize(b, si, &docs, ntok, &ids, &masks, err)) goto done;
+    }
 #ifdef LOOM_HAVE_BPE
-    if (b->tok) { /* tokenize every document (thread-safe encode), in parallel */
+    else if (b->tok) { /* tokenize every document (thread-safe encode), in parallel */
         ids = loom_calloc(docs.n + 1, sizeof *ids);
         int failed = 0;
         loom_err first = {{0}};
@@ -913,6 +1011,7 @@ static int build_source(build *b, int si, loom_err *err) {
         ds[sp].suffix = (const uint8_t *)s->doc_suffix;
         ds[sp].suffix_len = s->doc_suffix_len;
         ds[sp].ids = (const int32_t *const *)ids;
+        ds[sp].masks = (const uint8_t *const *)masks;
         ds[sp].cum[0] = 0;
     }
     for (size_t i = 0; i < docs.n; i++) {
@@ -941,6 +1040,8 @@ done:
     }
     for (size_t i = 0; ids && i < docs.n; i++) free(ids[i]);
     free(ids);
+    for (size_t i = 0; masks && i < docs.n; i++) free(masks[i]);
+    free(masks);
     free(ntok);
     loom_docs_free(&docs);
     return rc;
@@ -978,7 +1079,14 @@ static json_t *source_json(const build *b, int si) {
     json_object_set_new(o, "repeat_cap", json_real(s->repeat_cap));
     json_object_set_new(o, "files", json_integer(st->n_files));
     json_object_set_new(o, "skipped_files", skips_json(&st->skipped));
-    if (s->kind == LOOM_SRC_JSONL) json_object_set_new(o, "bad_lines", skips_json(&st->bad_lines));
+    if (s->kind == LOOM_SRC_JSONL || s->kind == LOOM_SRC_CHAT)
+        json_object_set_new(o, "bad_lines", skips_json(&st->bad_lines));
+    if (s->kind == LOOM_SRC_CHAT) {
+        json_object_set_new(o, "template", json_string(s->chat_template));
+        json_object_set_new(o, "pack", json_boolean(s->pack));
+        if (!s->pack && s->drop_long)
+            json_object_set_new(o, "dropped_too_long", json_integer((json_int_t)st->dropped_long));
+    }
     if (s->kind == LOOM_SRC_BINARY && st->labels) {
         json_object_set_new(o, "unlabeled", skips_json(&st->unlabeled));
         json_t *l = json_object();
@@ -1322,6 +1430,7 @@ done:
         loom_skips_free(&st->unlabeled);
         free(st->counts);
         loom_labels_free(st->labels);
+        loom_chat_template_free(st->chat);
     }
     free(b->src);
     free(b->classes);

@@ -69,6 +69,8 @@ typedef struct loom_doc {
     uint64_t off, len;   /* bytes [off, off+len) of the arena */
     int32_t label;       /* class id, -1 = none */
     int32_t input;       /* index into the build's inputs (for reports) */
+    uint64_t seg0;       /* chat: its segments are segs[seg0, seg0 + n_seg) of the docs */
+    uint32_t n_seg;      /* 0 for other kinds */
 } loom_doc;
 
 typedef struct loom_docs {
@@ -76,6 +78,8 @@ typedef struct loom_docs {
     uint64_t arena_len, arena_cap;
     loom_doc *v;
     size_t n, cap;
+    struct loom_chat_seg *segs; /* chat: the segments of every document (ends relative to it) */
+    size_t n_segs, cap_segs;
 } loom_docs;
 
 void loom_docs_add(loom_docs *d, const void *p, size_t len, int32_t label, int32_t input);
@@ -98,6 +102,7 @@ typedef struct loom_read_ctx {
     const struct loom_labels *labels;  /* binary with a labels file */
     const char *const *classes;        /* all class names of the build, sorted: id = index */
     int n_classes;
+    const struct loom_chat_template *chat; /* chat: the source's template */
 } loom_read_ctx;
 
 int loom_read_text(loom_read_ctx *c, int fi, loom_err *err);

@@ -36,7 +36,9 @@ enum {
     SH_LABELS_OFF = 272,     /* u64: the optional labels section (u32 per doc-index entry);
                               * 0 = no labels (shards written before labels existed) */
     SH_LABELS_BYTES = 280,   /* u64: 4 * n_docs, or 0 without labels */
-    SH_RESERVED = 288        /* .. 4095: zero */
+    SH_MASK_OFF = 288,       /* u64: the optional loss-mask section (u8 per token, 0 or 1) */
+    SH_MASK_BYTES = 296,     /* u64: n_tokens, or 0 without a mask */
+    SH_RESERVED = 304        /* .. 4095: zero */
 };
 
 /* loom_shard_write that also returns the SHA-256 (hex) of the file it wrote. */

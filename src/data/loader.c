@@ -320,10 +320,13 @@ static void read_sample(loom_loader *l, const source *s, uint64_t idx, int32_t *
         else b = mid - 1;
     }
     const size_t T = (size_t)l->o.T;
-    loom_shard_read_tokens(loom_dataset_shard(l->d, s->entry[a]),
-                           (idx - s->first[a]) * (uint64_t)T, (uint64_t)T + 1, l->buf);
+    const loom_shard *sh = loom_dataset_shard(l->d, s->entry[a]);
+    const uint64_t start = (idx - s->first[a]) * (uint64_t)T;
+    loom_shard_read_tokens(sh, start, (uint64_t)T + 1, l->buf);
     memcpy(inputs, l->buf, T * sizeof *inputs);
     memcpy(targets, l->buf + 1, T * sizeof *targets);
+    /* a shard with a loss mask (chat data): only masked tokens are targets */
+    loom_shard_apply_mask(sh, start + 1, (uint64_t)T, targets);
 }
 
 /* Delivers the source's next sample: copied into inputs/targets (T each) unless they are

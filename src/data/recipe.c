@@ -246,6 +246,9 @@ static int parse_step(ctx *c, yaml_node_t *n, const loom_recipe_source *s, loom_
     if (s->kind == LOOM_SRC_BINARY &&
         (st->kind == LOOM_STEP_UTF8_REPAIR || st->kind == LOOM_STEP_REGEX))
         return failf(c, n, "source '%s': step '%s' does not apply to binary files", s->name, name);
+    if (s->kind == LOOM_SRC_CHAT && st->kind == LOOM_STEP_UTF8_REPAIR)
+        return failf(c, n, "source '%s': step 'utf8_repair' does not apply to chat sources (JSON "
+                           "strings are valid UTF-8; a repair would move the loss mask)", s->name);
     if (!params) return 0;
     if (params->type != YAML_MAPPING_NODE)
         return failf(c, params, "source '%s': the parameters of step '%s' must be a mapping",
@@ -293,7 +296,7 @@ static int parse_step(ctx *c, yaml_node_t *n, const loom_recipe_source *s, loom_
 static const char *const source_keys[] = {
     "name", "kind", "path", "exclude", "split", "doc_suffix", "text_field", "on_error",
     "max_line_bytes", "labels", "label_key", "label_field", "default_label", "weight",
-    "repeat_cap", "steps", NULL};
+    "repeat_cap", "steps", "template", "messages_field", "pack", "too_long", NULL};
 
 static int parse_source(ctx *c, yaml_node_t *n, loom_recipe_source *s) {
     s->line = line_of(n);
@@ -307,6 +310,8 @@ static int parse_source(ctx *c, yaml_node_t *n, loom_recipe_source *s) {
     canon(c->doc, n, &cb, 0);
     s->canon = cb.p ? cb.p : loom_strdup("");
     yaml_node_t *steps = NULL, *kind_node = n, *on_error = NULL, *label_key_node = n;
+    yaml_node_t *pack_node = NULL, *too_long = NULL, *max_line = NULL;
+    s->pack = 1;
     for (yaml_node_pair_t *p = n->data.mapping.pairs.start; p < n->data.mapping.pairs.top; p++) {
         const char *k = (const char *)yaml_document_get_node(c->doc, p->key)->data.scalar.value;
         yaml_node_t *v = yaml_document_get_node(c->doc, p->value);
@@ -323,7 +328,18 @@ static int parse_source(ctx *c, yaml_node_t *n, loom_recipe_source *s) {
         else if (!strcmp(k, "label_field")) rc = get_str(c, v, k, &s->label_field, NULL);
         else if (!strcmp(k, "default_label")) rc = get_str(c, v, k, &s->default_label, NULL);
         else if (!strcmp(k, "max_line_bytes"))
-            rc = get_int(c, v, k, 1, (int64_t)1 << 30, &s->max_line_bytes);
+            rc = get_int(c, v, k, 1, (int64_t)1 << 30, &s->max_line_bytes), max_line = v;
+        else if (!strcmp(k, "template")) rc = get_str(c, v, k, &s->chat_template, NULL);
+        else if (!strcmp(k, "messages_field")) rc = get_str(c, v, k, &s->messages_field, NULL);
+        else if (!strcmp(k, "pack")) rc = get_bool(c, v, k, &s->pack), pack_node = v;
+        else if (!strcmp(k, "too_long")) {
+            rc = get_str(c, v, k, &tmp, NULL);
+            too_long = v;
+            if (!rc && !strcmp(tmp, "drop")) s->drop_long = 1;
+            else if (!rc && strcmp(tmp, "split") != 0)
+                rc = failf(c, v, "'too_long' must be split or drop, got '%s'", tmp);
+            free(tmp);
+        }
         else if (!strcmp(k, "on_error")) {
             rc = get_str(c, v, k, &tmp, NULL);
             on_error = v;
@@ -357,12 +373,13 @@ static int parse_source(ctx *c, yaml_node_t *n, loom_recipe_source *s) {
     if (!s->name) return failf(c, n, "source is missing 'name'");
     if (!valid_name(s->name))
         return failf(c, n, "source name '%s' must be 1-64 characters of [A-Za-z0-9_.-]", s->name);
-    if (!s->kind_name) return failf(c, n, "source '%s' is missing 'kind' (text, jsonl, binary)", s->name);
+    if (!s->kind_name) return failf(c, n, "source '%s' is missing 'kind' (text, jsonl, chat, binary)", s->name);
     if (!strcmp(s->kind_name, "text")) s->kind = LOOM_SRC_TEXT;
     else if (!strcmp(s->kind_name, "jsonl")) s->kind = LOOM_SRC_JSONL;
     else if (!strcmp(s->kind_name, "binary")) s->kind = LOOM_SRC_BINARY;
+    else if (!strcmp(s->kind_name, "chat")) s->kind = LOOM_SRC_CHAT;
     else
-        return failf(c, kind_node, "source '%s': unsupported kind '%s' (supported: text, jsonl, binary)",
+        return failf(c, kind_node, "source '%s': unsupported kind '%s' (supported: text, jsonl, chat, binary)",
                      s->name, s->kind_name);
     if (!s->path || !*s->path) return failf(c, n, "source '%s' is missing 'path'", s->name);
     if (s->split && s->split_len == 0) return failf(c, n, "source '%s': 'split' must not be empty", s->name);
@@ -370,7 +387,13 @@ static int parse_source(ctx *c, yaml_node_t *n, loom_recipe_source *s) {
     struct { const char *key; int set, ok; } own[] = {
         {"split", s->split != NULL, s->kind == LOOM_SRC_TEXT},
         {"text_field", s->text_field != NULL, s->kind == LOOM_SRC_JSONL},
-        {"on_error", on_error != NULL, s->kind == LOOM_SRC_JSONL},
+        {"on_error", on_error != NULL, s->kind == LOOM_SRC_JSONL || s->kind == LOOM_SRC_CHAT},
+        {"max_line_bytes", max_line != NULL, s->kind == LOOM_SRC_JSONL || s->kind == LOOM_SRC_CHAT},
+        {"template", s->chat_template != NULL, s->kind == LOOM_SRC_CHAT},
+        {"messages_field", s->messages_field != NULL, s->kind == LOOM_SRC_CHAT},
+        {"pack", pack_node != NULL, s->kind == LOOM_SRC_CHAT},
+        {"too_long", too_long != NULL, s->kind == LOOM_SRC_CHAT && !s->pack},
+        {"doc_suffix", s->doc_suffix != NULL, s->kind != LOOM_SRC_CHAT},
         {"labels", s->labels != NULL, s->kind == LOOM_SRC_BINARY},
         {"label_key", s->label_key != NULL, s->kind == LOOM_SRC_BINARY},
         {"label_field", s->label_field != NULL, s->kind == LOOM_SRC_BINARY},
@@ -381,6 +404,10 @@ static int parse_source(ctx *c, yaml_node_t *n, loom_recipe_source *s) {
             return failf(c, n, "source '%s': '%s' does not apply to kind '%s'", s->name, own[i].key,
                          s->kind_name);
     if (!s->text_field && s->kind == LOOM_SRC_JSONL) s->text_field = loom_strdup("text");
+    if (s->kind == LOOM_SRC_CHAT) {
+        if (!s->chat_template) s->chat_template = loom_strdup("chatml");
+        if (!s->messages_field) s->messages_field = loom_strdup("messages");
+    }
     if (s->kind == LOOM_SRC_BINARY) {
         if (!s->label_key) s->label_key = loom_strdup("path");
         if (strcmp(s->label_key, "path") && strcmp(s->label_key, "sha256"))
@@ -577,6 +604,8 @@ void loom_recipe_free(loom_recipe *r) {
         free(s->split);
         free(s->doc_suffix);
         free(s->text_field);
+        free(s->chat_template);
+        free(s->messages_field);
         free(s->labels);
         free(s->label_key);
         free(s->label_field);

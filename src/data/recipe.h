@@ -12,7 +12,7 @@
 #include <stdint.h>
 #include "loom/base.h"
 
-typedef enum { LOOM_SRC_TEXT, LOOM_SRC_JSONL, LOOM_SRC_BINARY } loom_source_kind;
+typedef enum { LOOM_SRC_TEXT, LOOM_SRC_JSONL, LOOM_SRC_BINARY, LOOM_SRC_CHAT } loom_source_kind;
 
 typedef enum {
     LOOM_STEP_UTF8_REPAIR,
@@ -47,6 +47,13 @@ typedef struct loom_recipe_source {
     char *text_field;      /* default "text" */
     int on_error_skip;     /* on_error: skip (1) | fail (0, default) */
     int64_t max_line_bytes;  /* default 64 MiB */
+    /* chat (also uses on_error and max_line_bytes) */
+    char *chat_template;   /* chatml (default) | llama3 | a JSON template file */
+    char *messages_field;  /* default "messages" */
+    int pack;              /* 1 (default): conversations back to back; 0: each padded to a
+                            * multiple of seq_len, so a window never mixes two */
+    int drop_long;         /* pack 0: a conversation longer than seq_len is dropped (1) or
+                            * continues into the next window (0, too_long: split) */
     /* binary */
     char *labels;          /* labels file (.jsonl or .csv), NULL = unlabeled */
     char *label_key;       /* "path" (relative to the source root, default) | "sha256" */

@@ -29,6 +29,7 @@ struct loom_shard {
     const uint8_t *tokens;  /* (n_tokens * width) */
     const uint8_t *docs;    /* (n_docs * 8), 8-byte aligned */
     const uint8_t *labels;  /* (n_docs * 4) or NULL (v1) */
+    const uint8_t *mask;    /* (n_tokens) loss mask, 0 or 1 per token, or NULL */
     char tokenizer_id[LOOM_SHARD_ID_LEN + 1];
     char recipe_id[LOOM_SHARD_ID_LEN + 1];
 };
@@ -68,14 +69,16 @@ static uint64_t align_up(uint64_t x, uint64_t a) { return (x + a - 1) / a * a; }
 /* The layout implied by the counts. Returns 0, or -1 when a size overflows 64 bits. */
 typedef struct layout {
     uint64_t tokens_off, tokens_bytes, docs_off, docs_bytes, labels_off, labels_bytes;
+    uint64_t mask_off, mask_bytes;
     uint64_t sums_off, sums_bytes, n_blocks, file_size;
+    uint64_t covered_end; /* the end of the last checksummed section */
 } layout;
 
 static int add_ok(uint64_t a, uint64_t b, uint64_t *out) { return !__builtin_add_overflow(a, b, out); }
 static int mul_ok(uint64_t a, uint64_t b, uint64_t *out) { return !__builtin_mul_overflow(a, b, out); }
 
 static int compute_layout(uint64_t n_tokens, uint64_t n_docs, uint32_t width, uint64_t block,
-                          int labels, layout *L) {
+                          int labels, int mask, layout *L) {
     uint64_t end, covered;
     L->tokens_off = LOOM_SHARD_HEADER_SIZE;
     if (!mul_ok(n_tokens, width, &L->tokens_bytes)) return -1;
@@ -89,6 +92,13 @@ static int compute_layout(uint64_t n_tokens, uint64_t n_docs, uint32_t width, ui
         if (!mul_ok(n_docs, 4, &L->labels_bytes)) return -1;
         if (!add_ok(L->labels_off, L->labels_bytes, &end) || end > UINT64_MAX - 8) return -1;
     }
+    L->mask_off = L->mask_bytes = 0;
+    if (mask) { /* right after the doc index or the labels; covered by the block checksums */
+        L->mask_off = end;
+        L->mask_bytes = n_tokens;
+        if (!add_ok(L->mask_off, L->mask_bytes, &end) || end > UINT64_MAX - 8) return -1;
+    }
+    L->covered_end = end;
     covered = end - L->tokens_off;
     L->n_blocks = covered / block + (covered % block != 0);
     L->sums_off = align_up(end, 8);
@@ -110,6 +120,14 @@ static int check_id(const char *path, const char *what, const char *id, loom_err
 int loom_shard_write_ex(const char *path, const loom_shard_spec *spec, const uint32_t *tokens,
                         uint64_t n_tokens, const uint64_t *doc_starts, uint64_t n_docs,
                         const uint32_t *labels, char sha_hex[65], loom_err *err) {
+    return loom_shard_write_masked(path, spec, tokens, n_tokens, doc_starts, n_docs, labels, NULL,
+                                   sha_hex, err);
+}
+
+int loom_shard_write_masked(const char *path, const loom_shard_spec *spec, const uint32_t *tokens,
+                            uint64_t n_tokens, const uint64_t *doc_starts, uint64_t n_docs,
+                            const uint32_t *labels, const uint8_t *mask, char sha_hex[65],
+                            loom_err *err) {
     uint32_t vocab = spec->vocab_size, width = spec->token_width;
     if (vocab == 0) return loom_errf(err, "%s: vocab_size must be positive", path);
     if (width == 0) width = vocab <= 256 ? 1 : vocab <= 65536 ? 2 : 4;
@@ -138,8 +156,13 @@ int loom_shard_write_ex(const char *path, const loom_shard_spec *spec, const uin
         if (tokens[i] >= vocab)
             return loom_errf(err, "%s: token %llu has id %u >= vocab_size %u", path,
                              (unsigned long long)i, tokens[i], vocab);
+    for (uint64_t i = 0; mask && i < n_tokens; i++)
+        if (mask[i] > 1)
+            return loom_errf(err, "%s: loss mask of token %llu is %u (0 or 1)", path,
+                             (unsigned long long)i, mask[i]);
     layout L;
-    if (compute_layout(n_tokens, n_docs, width, LOOM_SHARD_BLOCK_SIZE, labels != NULL, &L) != 0)
+    if (compute_layout(n_tokens, n_docs, width, LOOM_SHARD_BLOCK_SIZE, labels != NULL,
+                       mask != NULL, &L) != 0)
         return loom_errf(err, "%s: %llu tokens / %llu docs is too large for one shard", path,
                          (unsigned long long)n_tokens, (unsigned long long)n_docs);
 
@@ -156,7 +179,8 @@ int loom_shard_write_ex(const char *path, const loom_shard_spec *spec, const uin
     for (uint64_t i = 0; i < n_docs; i++) put_u64(buf + L.docs_off + 8 * i, doc_starts[i]);
     if (labels)
         for (uint64_t i = 0; i < n_docs; i++) put_u32(buf + L.labels_off + 4 * i, labels[i]);
-    uint64_t covered_end = labels ? L.labels_off + L.labels_bytes : L.docs_off + L.docs_bytes;
+    if (mask && n_tokens) memcpy(buf + L.mask_off, mask, (size_t)n_tokens);
+    uint64_t covered_end = L.covered_end;
     for (uint64_t b = 0; b < L.n_blocks; b++) {
         uint64_t lo = L.tokens_off + b * LOOM_SHARD_BLOCK_SIZE;
         uint64_t hi = lo + LOOM_SHARD_BLOCK_SIZE < covered_end ? lo + LOOM_SHARD_BLOCK_SIZE : covered_end;
@@ -182,6 +206,10 @@ int loom_shard_write_ex(const char *path, const loom_shard_spec *spec, const uin
     if (labels) {
         put_u64(h + SH_LABELS_OFF, L.labels_off);
         put_u64(h + SH_LABELS_BYTES, L.labels_bytes);
+    }
+    if (mask) {
+        put_u64(h + SH_MASK_OFF, L.mask_off);
+        put_u64(h + SH_MASK_BYTES, L.mask_bytes);
     }
     if (spec->tokenizer_id) memcpy(h + SH_TOKENIZER_ID, spec->tokenizer_id, strlen(spec->tokenizer_id));
     if (spec->recipe_id) memcpy(h + SH_RECIPE_ID, spec->recipe_id, strlen(spec->recipe_id));
@@ -240,6 +268,7 @@ static int validate_header(loom_shard *s, const uint8_t *h, uint64_t actual, lay
         return loom_errf(err, "%s: header checksum mismatch (bytes 0..%u are corrupt)", path,
                          LOOM_SHARD_HEADER_SIZE);
     int has_labels = get_u64(h + SH_LABELS_OFF) != 0;
+    int has_mask = get_u64(h + SH_MASK_OFF) != 0;
     for (size_t i = SH_RESERVED; i < LOOM_SHARD_HEADER_SIZE; i++)
         if (h[i]) return loom_errf(err, "%s: reserved header byte %zu is not zero", path, i);
     uint32_t hsize = get_u32(h + SH_HEADER_SIZE);
@@ -259,7 +288,7 @@ static int validate_header(loom_shard *s, const uint8_t *h, uint64_t actual, lay
     if (block < 4096 || block > (1ull << 30) || block % 4096 != 0)
         return loom_errf(err, "%s: block_size %llu is not a multiple of 4096 in [4 KiB, 1 GiB]",
                          path, (unsigned long long)block);
-    if (compute_layout(s->n_tokens, s->n_docs, s->width, block, has_labels, L) != 0)
+    if (compute_layout(s->n_tokens, s->n_docs, s->width, block, has_labels, has_mask, L) != 0)
         return loom_errf(err, "%s: header claims %llu tokens and %llu docs: sizes overflow",
                          path, (unsigned long long)s->n_tokens, (unsigned long long)s->n_docs);
     if (s->n_tokens > 0 && s->n_docs == 0)
@@ -279,6 +308,8 @@ static int validate_header(loom_shard *s, const uint8_t *h, uint64_t actual, lay
         {SH_FILE_SIZE, "file_size", L->file_size},
         {SH_LABELS_OFF, "labels_offset", L->labels_off},
         {SH_LABELS_BYTES, "labels_bytes", L->labels_bytes},
+        {SH_MASK_OFF, "mask_offset", L->mask_off},
+        {SH_MASK_BYTES, "mask_bytes", L->mask_bytes},
     };
     for (size_t i = 0; i < sizeof fields / sizeof fields[0]; i++) {
         uint64_t got = get_u64(h + fields[i].off);
@@ -306,7 +337,7 @@ static int validate_header(loom_shard *s, const uint8_t *h, uint64_t actual, lay
 static int validate_body(loom_shard *s, const layout *L, uint64_t block, loom_err *err) {
     const char *path = s->path;
     const uint8_t *m = s->map;
-    uint64_t covered_end = s->labels ? L->labels_off + L->labels_bytes : L->docs_off + L->docs_bytes;
+    uint64_t covered_end = L->covered_end;
     for (uint64_t b = 0; b < L->n_blocks; b++) {
         uint64_t lo = L->tokens_off + b * block;
         uint64_t hi = covered_end - lo > block ? lo + block : covered_end;
@@ -336,6 +367,11 @@ static int validate_body(loom_shard *s, const layout *L, uint64_t block, loom_er
                              path, (unsigned long long)i, (unsigned long long)v,
                              (unsigned long long)at, (unsigned long long)s->n_tokens);
     }
+    for (uint64_t i = 0; s->mask && i < s->n_tokens; i++)
+        if (s->mask[i] > 1)
+            return loom_errf(err, "%s: loss mask of token %llu (byte %llu) is %u, not 0 or 1", path,
+                             (unsigned long long)i, (unsigned long long)(L->mask_off + i),
+                             s->mask[i]);
     if (s->width == 1 && s->vocab >= 256) return 0;
     for (uint64_t i = 0; i < s->n_tokens; i++) {
         uint32_t t = s->width == 1 ? s->tokens[i]
@@ -383,6 +419,7 @@ int loom_shard_open(const char *path, loom_shard **out, loom_err *err) {
     s->tokens = s->map + L.tokens_off;
     s->docs = s->map + L.docs_off;
     s->labels = L.labels_off ? s->map + L.labels_off : NULL;
+    s->mask = L.mask_off ? s->map + L.mask_off : NULL;
     if (validate_body(s, &L, get_u64(s->map + SH_BLOCK_SIZE), err) != 0) goto fail;
     *out = s;
     return 0;
@@ -408,6 +445,21 @@ const char *loom_shard_recipe_id(const loom_shard *s) { return s->recipe_id; }
 uint64_t loom_shard_file_size(const loom_shard *s) { return s->file_size; }
 
 int loom_shard_has_labels(const loom_shard *s) { return s->labels != NULL; }
+
+int loom_shard_has_mask(const loom_shard *s) { return s->mask != NULL; }
+
+void loom_shard_apply_mask(const loom_shard *s, uint64_t start, uint64_t n, int32_t *targets) {
+    LOOM_CHECK(start <= s->n_tokens && n <= s->n_tokens - start);
+    if (!s->mask) return;
+    for (uint64_t i = 0; i < n; i++)
+        if (!s->mask[start + i]) targets[i] = -1;
+}
+
+void loom_shard_read_mask(const loom_shard *s, uint64_t start, uint64_t n, uint8_t *out) {
+    LOOM_CHECK(start <= s->n_tokens && n <= s->n_tokens - start);
+    if (s->mask) memcpy(out, s->mask + start, (size_t)n);
+    else memset(out, 1, (size_t)n);
+}
 
 uint32_t loom_shard_doc_label(const loom_shard *s, uint64_t i) {
     LOOM_CHECK(s->labels != NULL && i < s->n_docs);

@@ -59,10 +59,11 @@ void loom_docs_add(loom_docs *d, const void *p, size_t len, int32_t label, int32
         d->cap = d->cap ? 2 * d->cap : 1024;
         d->v = loom_realloc(d->v, d->cap * sizeof *d->v);
     }
-    d->v[d->n++] = (loom_doc){off, len, label, input};
+    d->v[d->n++] = (loom_doc){off, len, label, input, 0, 0};
 }
 
 void loom_docs_free(loom_docs *d) {
+    free(d->segs);
     free(d->arena);
     free(d->v);
     memset(d, 0, sizeof *d);

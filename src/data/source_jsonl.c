@@ -5,6 +5,7 @@
  * counted and the first few are reported by FILE:LINE. Blank lines are ignored. */
 #define _GNU_SOURCE
 #include "data/build_source.h"
+#include "loom/chat.h"
 
 #include <errno.h>
 #include <jansson.h>
@@ -91,6 +92,26 @@ static int handle_line(loom_read_ctx *c, int fi, const char *line, size_t n, uin
             snprintf(why, sizeof why, "invalid JSON at column %d: %s", je.column, je.text);
         } else if (!json_is_object(o)) {
             snprintf(why, sizeof why, "not a JSON object");
+        } else if (s->kind == LOOM_SRC_CHAT) {
+            json_t *msgs = json_object_get(o, s->messages_field);
+            loom_chat_doc cd = {0};
+            if (!msgs) {
+                snprintf(why, sizeof why, "no field \"%s\"", s->messages_field);
+            } else if (loom_chat_render(c->chat, msgs, &cd, why, sizeof why) == 0) {
+                /* the rendered text is the document (filters and dedup see it); its segments
+                 * say which bytes are trained on */
+                loom_docs *d = c->docs;
+                loom_docs_add(d, cd.text, cd.len, -1, fi);
+                if (d->n_segs + cd.n_seg > d->cap_segs) {
+                    d->cap_segs = (d->n_segs + cd.n_seg) * 2;
+                    d->segs = loom_realloc(d->segs, d->cap_segs * sizeof *d->segs);
+                }
+                memcpy(d->segs + d->n_segs, cd.seg, cd.n_seg * sizeof *cd.seg);
+                d->v[d->n - 1].seg0 = d->n_segs;
+                d->v[d->n - 1].n_seg = (uint32_t)cd.n_seg;
+                d->n_segs += cd.n_seg;
+            }
+            loom_chat_doc_free(&cd);
         } else {
             json_t *t = json_object_get(o, s->text_field);
             if (!t) snprintf(why, sizeof why, "no field \"%s\"", s->text_field);

@@ -549,6 +549,50 @@ static void test_dataset_partial_last_line(void **state) {
     loom_dataset_close(d);
 }
 
+/* The loss-mask section (chat data): written, checksummed, read back, applied to targets. */
+static void test_loss_mask(void **state) {
+    (void)state;
+    char path[512];
+    tu_path(path, sizeof path, "mask.bin");
+    const uint32_t tok[8] = {1, 2, 3, 4, 5, 6, 7, 8};
+    const uint64_t starts[2] = {0, 5};
+    uint8_t mask[8] = {0, 0, 1, 1, 0, 1, 1, 0};
+    loom_shard_spec spec = {256, 1, "byte", NULL};
+    loom_err err = {{0}};
+    assert_int_equal(loom_shard_write_masked(path, &spec, tok, 8, starts, 2, NULL, mask, NULL, &err), 0);
+    loom_shard *s;
+    assert_int_equal(loom_shard_open(path, &s, &err), 0);
+    assert_true(loom_shard_has_mask(s));
+    uint8_t got[8];
+    loom_shard_read_mask(s, 0, 8, got);
+    assert_memory_equal(got, mask, 8);
+    int32_t tg[6] = {3, 4, 5, 6, 7, 8}; /* the targets of tokens 2..7 */
+    loom_shard_apply_mask(s, 2, 6, tg);
+    const int32_t want[6] = {3, 4, -1, 6, 7, -1};
+    assert_memory_equal(tg, want, sizeof want);
+    loom_shard_close(s);
+    /* a shard without the section: all ones, nothing masked */
+    assert_int_equal(loom_shard_write_masked(path, &spec, tok, 8, starts, 2, NULL, NULL, NULL, &err), 0);
+    assert_int_equal(loom_shard_open(path, &s, &err), 0);
+    assert_false(loom_shard_has_mask(s));
+    loom_shard_read_mask(s, 0, 8, got);
+    for (int i = 0; i < 8; i++) assert_int_equal(got[i], 1);
+    loom_shard_close(s);
+    /* the writer refuses a value other than 0/1; a flipped mask byte fails its block checksum */
+    mask[3] = 2;
+    assert_int_equal(loom_shard_write_masked(path, &spec, tok, 8, starts, 2, NULL, mask, NULL, &err), -1);
+    assert_non_null(strstr(err.msg, "loss mask of token 3 is 2"));
+    mask[3] = 1;
+    assert_int_equal(loom_shard_write_masked(path, &spec, tok, 8, starts, 2, NULL, mask, NULL, &err), 0);
+    size_t n;
+    uint8_t *buf = tu_read_file(path, &n);
+    const uint64_t mo = (uint64_t)buf[SH_MASK_OFF] | ((uint64_t)buf[SH_MASK_OFF + 1] << 8);
+    buf[mo + 3] ^= 1;
+    tu_write_file(path, buf, n);
+    expect_open_error(path, "checksum mismatch", NULL);
+    free(buf);
+}
+
 static void test_byte_decode(void **state) {
     (void)state;
     int32_t ids[5] = {'h', 'i', '\n', 300, -1};
@@ -572,6 +616,7 @@ int main(void) {
         cmocka_unit_test(test_dataset_ok),
         cmocka_unit_test(test_dataset_errors),
         cmocka_unit_test(test_dataset_partial_last_line),
+        cmocka_unit_test(test_loss_mask),
         cmocka_unit_test(test_byte_decode),
     };
     return cmocka_run_group_tests(tests, tu_setup_tmpdir, tu_teardown_tmpdir);

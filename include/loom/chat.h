@@ -1,0 +1,66 @@
+/* Chat templates: OpenAI-format conversations (system | user | assistant | tool messages,
+ * assistant tool_calls) rendered as text with a loss mask that trains only on what the
+ * assistant says (its content, its tool calls and its end-of-turn marker). Built in: chatml
+ * and llama3; or a JSON template file with {content} placeholders. See docs/finetune.md.
+ * (src/data/chat.c) */
+#ifndef LOOM_CHAT_H
+#define LOOM_CHAT_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "loom/base.h"
+#include "loom/tokenizer.h"
+
+enum { LOOM_ROLE_SYSTEM, LOOM_ROLE_USER, LOOM_ROLE_ASSISTANT, LOOM_ROLE_TOOL, LOOM_ROLE_COUNT };
+
+typedef struct loom_chat_template {
+    char *name;
+    char *bos;                       /* once at the start of a conversation ("" for none) */
+    char *pre[LOOM_ROLE_COUNT];      /* the text before a message's content */
+    char *post[LOOM_ROLE_COUNT];     /* the text after it (the assistant's is trained on) */
+    char *call_pre, *call_post;      /* around each tool call's JSON */
+    char *call_sep;                  /* between the content and the calls, and between calls */
+    char *args_key;                  /* the tool call JSON's arguments key */
+} loom_chat_template;
+
+/* "chatml", "llama3", or the path of a JSON template file:
+ *   {"bos": "", "system": "...{content}...", "user": ..., "assistant": ..., "tool": ...,
+ *    "tool_call": "<tool_call>\n{content}\n</tool_call>", "tool_call_separator": "\n",
+ *    "arguments_key": "arguments"}
+ * every role string holds {content} exactly once. */
+int loom_chat_template_load(const char *spec, loom_chat_template **out, loom_err *err);
+void loom_chat_template_free(loom_chat_template *t);
+
+/* A rendered conversation: text, cut into segments, each trained on (1) or not (0). */
+typedef struct loom_chat_seg {
+    uint64_t end;   /* the segment is text[previous end, end) */
+    uint8_t train;
+} loom_chat_seg;
+typedef struct loom_chat_doc {
+    char *text;
+    size_t len, cap;
+    loom_chat_seg *seg;
+    size_t n_seg, cap_seg;
+} loom_chat_doc;
+void loom_chat_doc_free(loom_chat_doc *d);
+
+/* Renders a JSON messages array (OpenAI format) into d. On a malformed conversation returns
+ * -1 with the reason in why ("message 2: role 'x' is not system, user, assistant or tool"). */
+struct json_t;
+int loom_chat_render(const loom_chat_template *t, struct json_t *messages, loom_chat_doc *d,
+                     char *why, size_t why_size);
+
+/* Tokens and loss mask of a rendered conversation: each segment is encoded on its own (so the
+ * mask follows the segments exactly; the template's special tokens are added tokens of a BPE
+ * tokenizer, matched whole), mask = the segment's train flag. */
+int loom_chat_encode(const loom_chat_doc *d, const loom_tokenizer *tok, loom_ids *ids,
+                     uint8_t **mask, loom_err *err);
+
+/* The prompt for generating the assistant's next turn after one user message (and an optional
+ * system message): bos + system + user + the assistant's opening; *stop = the assistant's
+ * end-of-turn marker (its post text without trailing whitespace). Both malloc'd. */
+int loom_chat_prompt(const loom_chat_template *t, const char *system, const char *user,
+                     char **prompt, char **stop);
+
+#endif

@@ -1,0 +1,311 @@
+/* Chat templates and the rendering of OpenAI-format conversations with a loss mask. */
+#include "loom/chat.h"
+
+#include <jansson.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static const char *const ROLE_NAMES[LOOM_ROLE_COUNT] = {"system", "user", "assistant", "tool"};
+
+void loom_chat_template_free(loom_chat_template *t) {
+    if (!t) return;
+    free(t->name);
+    free(t->bos);
+    for (int r = 0; r < LOOM_ROLE_COUNT; r++) {
+        free(t->pre[r]);
+        free(t->post[r]);
+    }
+    free(t->call_pre);
+    free(t->call_post);
+    free(t->call_sep);
+    free(t->args_key);
+    free(t);
+}
+
+/* splits "a{content}b" into a and b; -1 unless {content} occurs exactly once */
+static int split_content(const char *s, char **pre, char **post) {
+    const char *p = strstr(s, "{content}");
+    if (!p || strstr(p + 9, "{content}")) return -1;
+    *pre = loom_malloc((size_t)(p - s) + 1);
+    memcpy(*pre, s, (size_t)(p - s));
+    (*pre)[p - s] = 0;
+    *post = loom_strdup(p + 9);
+    return 0;
+}
+
+static loom_chat_template *from_strings(const char *name, const char *bos, const char *const roles[4],
+                                        const char *call, const char *sep, const char *args) {
+    loom_chat_template *t = loom_calloc(1, sizeof *t);
+    t->name = loom_strdup(name);
+    t->bos = loom_strdup(bos);
+    for (int r = 0; r < LOOM_ROLE_COUNT; r++) LOOM_CHECK(split_content(roles[r], &t->pre[r], &t->post[r]) == 0);
+    LOOM_CHECK(split_content(call, &t->call_pre, &t->call_post) == 0);
+    t->call_sep = loom_strdup(sep);
+    t->args_key = loom_strdup(args);
+    return t;
+}
+
+int loom_chat_template_load(const char *spec, loom_chat_template **out, loom_err *err) {
+    if (!strcmp(spec, "chatml")) {
+        static const char *const roles[4] = {
+            "<|im_start|>system\n{content}<|im_end|>\n", "<|im_start|>user\n{content}<|im_end|>\n",
+            "<|im_start|>assistant\n{content}<|im_end|>\n", "<|im_start|>tool\n{content}<|im_end|>\n"};
+        *out = from_strings("chatml", "", roles, "<tool_call>\n{content}\n</tool_call>", "\n",
+                            "arguments");
+        return 0;
+    }
+    if (!strcmp(spec, "llama3")) {
+        static const char *const roles[4] = {
+            "<|start_header_id|>system<|end_header_id|>\n\n{content}<|eot_id|>",
+            "<|start_header_id|>user<|end_header_id|>\n\n{content}<|eot_id|>",
+            "<|start_header_id|>assistant<|end_header_id|>\n\n{content}<|eot_id|>",
+            "<|start_header_id|>ipython<|end_header_id|>\n\n{content}<|eot_id|>"};
+        *out = from_strings("llama3", "<|begin_of_text|>", roles, "{content}", "\n", "parameters");
+        return 0;
+    }
+    char *buf;
+    size_t len;
+    if (loom_read_file(spec, (size_t)1 << 20, &buf, &len, err))
+        return loom_err_prefix(err, "chat template (chatml, llama3 or a JSON file)");
+    json_error_t je;
+    json_t *o = json_loadb(buf, len, JSON_REJECT_DUPLICATES, &je);
+    free(buf);
+    if (!json_is_object(o)) {
+        json_decref(o);
+        return loom_errf(err, "%s: chat template: %s", spec, o ? "not a JSON object" : je.text);
+    }
+    static const char *const keys[] = {"bos", "system", "user", "assistant", "tool", "tool_call",
+                                       "tool_call_separator", "arguments_key"};
+    const char *v[8];
+    const char *k;
+    json_t *val;
+    json_object_foreach(o, k, val) {
+        int known = 0;
+        for (int i = 0; i < 8; i++) known |= !strcmp(k, keys[i]);
+        if (!known) {
+            loom_errf(err, "%s: unknown key '%s' (known: bos, system, user, assistant, tool, "
+                           "tool_call, tool_call_separator, arguments_key)", spec, k);
+            json_decref(o);
+            return -1;
+        }
+    }
+    static const char *const dflt[] = {"", NULL, NULL, NULL, NULL, "{content}", "\n", "arguments"};
+    for (int i = 0; i < 8; i++) {
+        json_t *x = json_object_get(o, keys[i]);
+        v[i] = x ? json_string_value(x) : dflt[i];
+        if (!v[i] || (x && strlen(v[i]) != json_string_length(x))) {
+            loom_errf(err, "%s: '%s' %s", spec, keys[i],
+                      x ? "must be a string without NUL characters" : "is missing");
+            json_decref(o);
+            return -1;
+        }
+        if (i >= 1 && i <= 5) {
+            const char *p = strstr(v[i], "{content}");
+            if (!p || strstr(p + 9, "{content}")) {
+                loom_errf(err, "%s: '%s' must hold {content} exactly once", spec, keys[i]);
+                json_decref(o);
+                return -1;
+            }
+        }
+    }
+    *out = from_strings(spec, v[0], v + 1, v[5], v[6], v[7]);
+    json_decref(o);
+    return 0;
+}
+
+/* ---- rendering ------------------------------------------------------------------------ */
+void loom_chat_doc_free(loom_chat_doc *d) {
+    free(d->text);
+    free(d->seg);
+    memset(d, 0, sizeof *d);
+}
+
+static void put(loom_chat_doc *d, const char *s, size_t n, int train) {
+    if (n == 0) return;
+    if (d->len + n + 1 > d->cap) {
+        d->cap = (d->len + n + 1) * 2;
+        d->text = loom_realloc(d->text, d->cap);
+    }
+    memcpy(d->text + d->len, s, n);
+    d->len += n;
+    d->text[d->len] = 0;
+    if (d->n_seg && d->seg[d->n_seg - 1].train == train) { /* extend the last segment */
+        d->seg[d->n_seg - 1].end = d->len;
+        return;
+    }
+    if (d->n_seg == d->cap_seg) {
+        d->cap_seg = d->cap_seg ? 2 * d->cap_seg : 16;
+        d->seg = loom_realloc(d->seg, d->cap_seg * sizeof *d->seg);
+    }
+    d->seg[d->n_seg++] = (loom_chat_seg){d->len, (uint8_t)train};
+}
+
+static void puts_(loom_chat_doc *d, const char *s, int train) { put(d, s, strlen(s), train); }
+
+/* content: a string, or a list of {"type": "text", "text": ...} parts; null when allowed */
+static int content_of(json_t *m, int k, int null_ok, loom_chat_doc *d, int train, char *why,
+                      size_t ws) {
+    json_t *c = json_object_get(m, "content");
+    if (!c || json_is_null(c)) {
+        if (null_ok) return 0;
+        snprintf(why, ws, "message %d: no \"content\"", k);
+        return -1;
+    }
+    if (json_is_string(c)) {
+        put(d, json_string_value(c), json_string_length(c), train);
+        return 0;
+    }
+    if (json_is_array(c)) {
+        size_t i;
+        json_t *part;
+        json_array_foreach(c, i, part) {
+            json_t *tx = json_object_get(part, "text");
+            const char *type = json_string_value(json_object_get(part, "type"));
+            if (!json_is_string(tx) || (type && strcmp(type, "text"))) {
+                snprintf(why, ws, "message %d: content part %zu is not {\"type\": \"text\", \"text\": ...}", k, i);
+                return -1;
+            }
+            put(d, json_string_value(tx), json_string_length(tx), train);
+        }
+        return 0;
+    }
+    snprintf(why, ws, "message %d: \"content\" must be a string, a list of text parts%s", k,
+             null_ok ? " or null" : "");
+    return -1;
+}
+
+static int tool_calls(const loom_chat_template *t, json_t *calls, int k, int after_content,
+                      loom_chat_doc *d, char *why, size_t ws) {
+    if (!json_is_array(calls)) {
+        snprintf(why, ws, "message %d: \"tool_calls\" must be a list", k);
+        return -1;
+    }
+    size_t i;
+    json_t *c;
+    json_array_foreach(calls, i, c) {
+        json_t *fn = json_object_get(c, "function");
+        const char *name = json_string_value(json_object_get(fn, "name"));
+        json_t *args = json_object_get(fn, "arguments"), *parsed = NULL;
+        if (!json_is_object(fn) || !name || !*name) {
+            snprintf(why, ws, "message %d: tool_calls[%zu] needs \"function\": {\"name\": ..., \"arguments\": ...}", k, i);
+            return -1;
+        }
+        if (json_is_string(args)) { /* OpenAI: arguments is a JSON text */
+            parsed = json_loadb(json_string_value(args), json_string_length(args),
+                                JSON_REJECT_DUPLICATES, NULL);
+            if (!json_is_object(parsed)) {
+                json_decref(parsed);
+                snprintf(why, ws, "message %d: tool_calls[%zu].function.arguments is not a JSON object", k, i);
+                return -1;
+            }
+        } else if (json_is_object(args)) {
+            parsed = json_incref(args);
+        } else if (!args || json_is_null(args)) {
+            parsed = json_object();
+        } else {
+            snprintf(why, ws, "message %d: tool_calls[%zu].function.arguments must be a JSON object or its text", k, i);
+            return -1;
+        }
+        json_t *call = json_object();
+        json_object_set_new(call, "name", json_string(name));
+        json_object_set_new(call, t->args_key, parsed);
+        char *js = json_dumps(call, JSON_PRESERVE_ORDER);
+        json_decref(call);
+        LOOM_CHECK(js != NULL);
+        if (i > 0 || after_content) puts_(d, t->call_sep, 1);
+        puts_(d, t->call_pre, 1);
+        puts_(d, js, 1);
+        puts_(d, t->call_post, 1);
+        free(js);
+    }
+    return 0;
+}
+
+int loom_chat_render(const loom_chat_template *t, json_t *messages, loom_chat_doc *d, char *why,
+                     size_t ws) {
+    if (!json_is_array(messages) || json_array_size(messages) == 0) {
+        snprintf(why, ws, "\"messages\" must be a non-empty list");
+        return -1;
+    }
+    puts_(d, t->bos, 0);
+    size_t k;
+    json_t *m;
+    int assistants = 0;
+    json_array_foreach(messages, k, m) {
+        const char *role = json_string_value(json_object_get(m, "role"));
+        int r = -1;
+        for (int i = 0; role && i < LOOM_ROLE_COUNT; i++)
+            if (!strcmp(role, ROLE_NAMES[i])) r = i;
+        if (!json_is_object(m) || r < 0) {
+            snprintf(why, ws, "message %zu: role '%.40s' is not system, user, assistant or tool", k,
+                     role ? role : "(missing)");
+            return -1;
+        }
+        puts_(d, t->pre[r], 0);
+        if (r == LOOM_ROLE_ASSISTANT) {
+            assistants++;
+            json_t *calls = json_object_get(m, "tool_calls");
+            const int has_calls = calls && !json_is_null(calls);
+            size_t before = d->len;
+            if (content_of(m, (int)k, has_calls, d, 1, why, ws)) return -1;
+            if (has_calls && tool_calls(t, calls, (int)k, d->len > before, d, why, ws)) return -1;
+            if (d->len == before) {
+                snprintf(why, ws, "message %zu: an assistant message with no content and no tool calls", k);
+                return -1;
+            }
+        } else if (content_of(m, (int)k, 0, d, 0, why, ws)) {
+            return -1;
+        }
+        puts_(d, t->post[r], r == LOOM_ROLE_ASSISTANT);
+    }
+    if (!assistants) {
+        snprintf(why, ws, "no assistant message (nothing to train on)");
+        return -1;
+    }
+    return 0;
+}
+
+int loom_chat_encode(const loom_chat_doc *d, const loom_tokenizer *tok, loom_ids *ids,
+                     uint8_t **mask, loom_err *err) {
+    size_t start = 0;
+    *mask = NULL;
+    LOOM_CHECK(ids->n == 0);
+    for (size_t s = 0; s < d->n_seg; s++) {
+        const size_t before = ids->n;
+        if (loom_tokenizer_encode(tok, d->text + start, (size_t)d->seg[s].end - start, ids, err)) {
+            free(*mask);
+            *mask = NULL;
+            return -1;
+        }
+        *mask = loom_realloc(*mask, ids->n ? ids->n : 1);
+        memset(*mask + before, d->seg[s].train, ids->n - before);
+        start = (size_t)d->seg[s].end;
+    }
+    if (!*mask) *mask = loom_malloc(1);
+    return 0;
+}
+
+int loom_chat_prompt(const loom_chat_template *t, const char *system, const char *user,
+                     char **prompt, char **stop) {
+    loom_chat_doc d = {0};
+    puts_(&d, t->bos, 0);
+    if (system && *system) {
+        puts_(&d, t->pre[LOOM_ROLE_SYSTEM], 0);
+        puts_(&d, system, 0);
+        puts_(&d, t->post[LOOM_ROLE_SYSTEM], 0);
+    }
+    puts_(&d, t->pre[LOOM_ROLE_USER], 0);
+    puts_(&d, user, 0);
+    puts_(&d, t->post[LOOM_ROLE_USER], 0);
+    puts_(&d, t->pre[LOOM_ROLE_ASSISTANT], 0);
+    *prompt = d.text ? d.text : loom_strdup("");
+    free(d.seg);
+    const char *post = t->post[LOOM_ROLE_ASSISTANT];
+    size_t n = strlen(post);
+    while (n > 0 && (post[n - 1] == '\n' || post[n - 1] == ' ')) n--;
+    *stop = loom_malloc(n + 1);
+    memcpy(*stop, post, n);
+    (*stop)[n] = 0;
+    return 0;
+}
