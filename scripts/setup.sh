@@ -13,6 +13,7 @@ pkgs=(build-essential cmake pkg-config libopenblas-openmp-dev libyaml-dev libjan
 [ $want_test = 1 ] && pkgs+=(clang libclang-rt-14-dev)   # tests/fuzz: clang with libFuzzer
 [ $want_test = 1 ] && pkgs+=(strace util-linux)           # tests/e2e: fsync order (strace), flock(1)
 [ $want_test = 1 ] && pkgs+=(prometheus)                  # tests/e2e/test_prometheus: a real scraper, promtool
+[ $want_test = 1 ] && pkgs+=(chromium)                    # tests/e2e/test_report: renders report.html headless
 
 missing=()
 for p in "${pkgs[@]}"; do

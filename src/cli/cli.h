@@ -9,4 +9,5 @@ int loom_cli_eval(int argc, char **argv);
 int loom_cli_peak(int argc, char **argv);
 int loom_cli_import(int argc, char **argv);
 int loom_cli_export(int argc, char **argv);
+int loom_cli_report(int argc, char **argv);
 #endif

@@ -16,6 +16,7 @@ static void usage(FILE *f) {
             "  tokenizer train|encode|decode ...                   byte-level BPE (HF compatible)\n"
             "  import --hf HF_DIR OUT_CKPT [--tokenizer FILE|byte]   Hugging Face -> loom checkpoint\n"
             "  export --hf CKPT OUT_DIR [--max-shard-size N]          loom checkpoint -> Hugging Face\n"
+            "  report RUN_DIR [--out FILE]                         run.dir/report.html: plots, config, alerts\n"
             "  peak [--threads N] [--seconds S] [--json]           measure the fp32 peak for MFU\n"
             "  version\n");
 }
@@ -39,6 +40,7 @@ int main(int argc, char **argv) {
     if (!strcmp(cmd, "peak")) return loom_cli_peak(argc - 1, argv + 1);
     if (!strcmp(cmd, "import")) return loom_cli_import(argc - 1, argv + 1);
     if (!strcmp(cmd, "export")) return loom_cli_export(argc - 1, argv + 1);
+    if (!strcmp(cmd, "report")) return loom_cli_report(argc - 1, argv + 1);
     if (!strcmp(cmd, "version") || !strcmp(cmd, "--version")) {
 #ifdef LOOM_NATIVE
         printf("loom %s (NATIVE=1 build: -march=native)\n", LOOM_VERSION);
