@@ -119,6 +119,14 @@ typedef struct loom_backend {
     void (*embedding_backward)(float *dwte, float *dwpe, const float *dout,
                                const int32_t *tokens, int B, int T, int C, int pos0);
 
+    /* vocab-parallel (tensor parallelism): wte holds rows [v0, v0 + Vl); other tokens give
+     * zeros (+ wpe); backward += over the rows in range (kernels.h) */
+    void (*embedding_shard_forward)(float *out, const int32_t *tokens, const float *wte, int v0,
+                                    int Vl, const float *wpe, int B, int T, int C, int pos0);
+    void (*embedding_shard_backward)(float *dwte, float *dwpe, const float *dout,
+                                     const int32_t *tokens, int v0, int Vl, int B, int T, int C,
+                                     int pos0);
+
     /* out (B,C) = mean over t of inp (B,T,C); dinp (B,T,C) += dout (B,C) / T */
     void (*mean_pool_forward)(float *out, const float *inp, int B, int T, int C);
     void (*mean_pool_backward)(float *dinp, const float *dout, int B, int T, int C);
@@ -132,6 +140,16 @@ typedef struct loom_backend {
                                  int64_t N, int V);
     void (*crossentropy_softmax_backward)(float *logits, const int32_t *targets, int64_t N,
                                           int V, float dscale);
+
+    /* vocab-parallel cross-entropy over logits (N,Vl) = columns [v0, v0 + Vl): a row's local
+     * max; (sum of exp(logit - mx), target logit or 0) per row with the global max mx; the
+     * in-place backward with the global sums (kernels.h) */
+    void (*crossentropy_shard_max)(float *mx, const float *logits, int64_t N, int Vl);
+    void (*crossentropy_shard_sums)(float *sums, const float *logits, const float *mx,
+                                    const int32_t *targets, int v0, int64_t N, int Vl);
+    void (*crossentropy_shard_backward)(float *logits, const int32_t *targets, const float *mx,
+                                        const float *sums, int v0, int64_t N, int Vl,
+                                        float dscale);
 
     /* optimizer: AdamW on n contiguous parameters (decoupled decay, bias correction with
      * t = step >= 1); sum of squares in double (deterministic); x *= s */

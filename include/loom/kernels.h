@@ -123,6 +123,15 @@ void embedding_forward(float *out, const int32_t *tokens, const float *wte, cons
 void embedding_backward(float *dwte, float *dwpe, const float *dout, const int32_t *tokens,
                         int B, int T, int C, int pos0);
 
+/* Vocab-parallel embedding: wte holds rows [v0, v0 + Vl) of the table; a token in that range
+ * gives its row (+ wpe[pos0 + t] when wpe is not NULL), any other token gives zeros (+ wpe).
+ * Backward: dwte (Vl,C) += the rows of the tokens in range; dwpe (when not NULL) += dout. */
+void embedding_shard_forward(float *out, const int32_t *tokens, const float *wte, int v0, int Vl,
+                             const float *wpe, int B, int T, int C, int pos0);
+void embedding_shard_backward(float *dwte, float *dwpe, const float *dout,
+                              const int32_t *tokens, int v0, int Vl, int B, int T, int C,
+                              int pos0);
+
 /* out (B,C) = mean over t of inp (B,T,C) */
 void mean_pool_forward(float *out, const float *inp, int B, int T, int C);
 /* dinp (B,T,C) += dout (B,C) / T */
@@ -139,6 +148,18 @@ void crossentropy_forward(float *losses, const float *logits, const int32_t *tar
  * rows with target < 0 become 0. */
 void crossentropy_softmax_backward(float *logits, const int32_t *targets, int64_t N, int V,
                                    float dscale);
+
+/* Vocab-parallel cross-entropy: logits (N,Vl) are columns [v0, v0 + Vl) of the whole
+ * vocabulary's. shard_max: mx (N) = each row's max over these columns. shard_sums, with mx the
+ * max over the whole vocabulary: sums (N,2) = (sum over these columns of exp(logit - mx), the
+ * target's logit when the target is in [v0, v0 + Vl), else 0); rows with target < 0 get 0, 0.
+ * shard_backward, with sums now the whole vocabulary's: logits become (softmax - onehot) *
+ * dscale in place over these columns (rows with target < 0 become 0). */
+void crossentropy_shard_max(float *mx, const float *logits, int64_t N, int Vl);
+void crossentropy_shard_sums(float *sums, const float *logits, const float *mx,
+                             const int32_t *targets, int v0, int64_t N, int Vl);
+void crossentropy_shard_backward(float *logits, const int32_t *targets, const float *mx,
+                                 const float *sums, int v0, int64_t N, int Vl, float dscale);
 
 /* AdamW step on n contiguous parameters, decoupled weight decay (p -= lr*wd*p), bias
  * correction with t = step (>= 1). */

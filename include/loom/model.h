@@ -236,7 +236,8 @@ void loom_model_set_hooks(loom_model *m, const loom_model_hooks *h);
  * activation, in backward (dir 1) its gradient, n floats, and the callback may change them in
  * place (same size). With no comm points set (or fn NULL) nothing happens: a view of degree 1
  * needs none. Tensor parallelism: ROW_OUT forward = all-reduce (sum) of the partial sums,
- * COL_IN backward = all-reduce of the partial input gradient, every other point a no-op. */
+ * COL_IN backward = all-reduce of the partial input gradient, VOCAB_MAX / VOCAB_SUM forward =
+ * all-reduce max / sum, every other point a no-op. */
 enum {
     LOOM_CP_STAGE_IN,   /* residual stream (B,T,C) entering the stage's first layer */
     LOOM_CP_ATTN_IN,    /* attention's input, after ln1 (B,T,C) */
@@ -248,9 +249,19 @@ enum {
     LOOM_CP_FFN_IN,     /* the FFN's input, after ln2 (B,T,C) */
     LOOM_CP_FFN_OUT,    /* the FFN's output (B,T,C), before the residual add */
     LOOM_CP_STAGE_OUT,  /* residual stream (B,T,C) leaving the stage's last layer */
+    /* vocab-parallel cross-entropy (tp > 1 only: the view holds columns [v0, v0 + V/tp) of the
+     * logits), forward only: */
+    LOOM_CP_VOCAB_MAX,  /* each row's max over this view's logits (B*T): all-reduce max */
+    LOOM_CP_VOCAB_SUM,  /* per row (sum of exp(logit - global max), target logit or 0) over
+                         * this view's logits (B*T, 2): all-reduce sum */
     LOOM_CP_COUNT
 };
-enum { LOOM_SITE_NONE = 0, LOOM_SITE_ATTN = 1, LOOM_SITE_FFN = 2 };
+/* Sites. With tp > 1 the embedding and the head are vocab-parallel too: the embedding's output
+ * is a partial sum (tokens outside the view's rows give zeros; wpe added by tp rank 0), passed
+ * through ROW_OUT with site EMBED; the head is a column-parallel linear over the vocabulary,
+ * its input (the final norm's output) passed through COL_IN with site HEAD. */
+enum { LOOM_SITE_NONE = 0, LOOM_SITE_ATTN = 1, LOOM_SITE_FFN = 2, LOOM_SITE_EMBED = 3,
+       LOOM_SITE_HEAD = 4 };
 typedef struct loom_comm_points {
     void *ctx;
     /* layer: the layer (-1 at stage points); site: LOOM_SITE_* */
@@ -394,8 +405,14 @@ void loom_model_backward(loom_model *m, float dscale);
 /* number of targets >= 0 in the last forward */
 int64_t loom_model_valid_targets(const loom_model *m);
 void loom_model_zero_grad(loom_model *m);
-/* logits of the last forward (valid until backward): (B,T,V), or (B,K) for classify */
+/* logits of the last forward (valid until backward): (B,T,V), or (B,K) for classify; a
+ * tensor-parallel view's LM logits are its vocabulary columns only, (B,T,Vl) with
+ * loom_model_vocab_range */
 const float *loom_model_logits(const loom_model *m);
+/* The rows [*v0, *v0 + *vl) of the vocabulary this view holds (wte, lm_head and the logits'
+ * columns): the whole vocabulary at tp = 1; with tp > 1 split as evenly as it goes (the first
+ * V % tp ranks one row more). */
+void loom_model_vocab_range(const loom_model *m, int *v0, int *vl);
 /* Inference: logits (V) of the last position for a single sequence of n tokens (n <= T).
  * Recomputes the whole prefix (the KV cache comes with the inference issue). */
 const float *loom_model_next_logits(loom_model *m, const int32_t *tokens, int n);

@@ -9,6 +9,11 @@
  *
  *   COL_IN   forward: identity            backward: all-reduce (sum) of the input gradient
  *   ROW_OUT  forward: all-reduce (sum)    backward: identity
+ *   VOCAB_MAX / VOCAB_SUM  forward: all-reduce max / sum (vocab-parallel cross-entropy)
+ *
+ * The embedding and the head are vocab-parallel (wte / lm_head split by rows): the embedding's
+ * partial output goes through ROW_OUT, the head's input through COL_IN, and the loss is
+ * computed from the reduced per-row statistics without gathering the logits.
  *
  * over the mesh's tp group, every other point a no-op. Collectives are the checked ones of
  * include/loom/comm.h (the mesh's timeout applies, a missing rank is named). */

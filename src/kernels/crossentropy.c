@@ -14,6 +14,49 @@ LOOM_DISPATCH(crossentropy_softmax_backward, (float *logits, const int32_t *targ
                                               int V, float dscale),
               (logits, targets, N, V, dscale))
 
+/* ---- vocab-parallel pieces (tensor parallelism): one level, plain loops ---- */
+
+void crossentropy_shard_max(float *mx, const float *logits, int64_t N, int Vl) {
+#pragma omp parallel for schedule(static) if (N * Vl >= LOOM_PAR_MIN)
+    for (int64_t n = 0; n < N; n++) {
+        const float *x = logits + n * Vl;
+        float m = x[0];
+        for (int i = 1; i < Vl; i++) m = x[i] > m ? x[i] : m;
+        mx[n] = m;
+    }
+}
+
+void crossentropy_shard_sums(float *sums, const float *logits, const float *mx,
+                             const int32_t *targets, int v0, int64_t N, int Vl) {
+#pragma omp parallel for schedule(static) if (N * Vl >= LOOM_PAR_MIN)
+    for (int64_t n = 0; n < N; n++) {
+        const int32_t t = targets[n];
+        sums[2 * n] = sums[2 * n + 1] = 0.0f;
+        if (t < 0) continue;
+        const float *x = logits + n * Vl;
+        double s = 0.0;
+        for (int i = 0; i < Vl; i++) s += (double)loom_expf(x[i] - mx[n]);
+        sums[2 * n] = (float)s;
+        if (t >= v0 && t < v0 + Vl) sums[2 * n + 1] = x[t - v0];
+    }
+}
+
+void crossentropy_shard_backward(float *logits, const int32_t *targets, const float *mx,
+                                 const float *sums, int v0, int64_t N, int Vl, float dscale) {
+#pragma omp parallel for schedule(static) if (N * Vl >= LOOM_PAR_MIN)
+    for (int64_t n = 0; n < N; n++) {
+        const int32_t t = targets[n];
+        float *x = logits + n * Vl;
+        if (t < 0) {
+            memset(x, 0, (size_t)Vl * sizeof(float));
+            continue;
+        }
+        const float k = (float)(1.0 / (double)sums[2 * n]) * dscale;
+        for (int i = 0; i < Vl; i++) x[i] = loom_expf(x[i] - mx[n]) * k;
+        if (t >= v0 && t < v0 + Vl) x[t - v0] -= dscale;
+    }
+}
+
 #else /* one level of the kernels (isa_variants.h) */
 
 static float LOOM_KV(row_max)(const float *x, int V) {

@@ -281,7 +281,7 @@ static size_t pad16(int64_t n) { return ((size_t)n + 15) & ~(size_t)15; } /* 64-
 /* Lays the arena out (a = NULL: only counts); returns its floats. */
 static size_t layout_acts(const loom_model *m, struct loom_acts *a, float *base, int B, int T,
                           int stacked) {
-    const int64_t BT = (int64_t)B * T, C = m->cfg.d_model, V = m->cfg.vocab_size;
+    const int64_t BT = (int64_t)B * T, C = m->cfg.d_model;
     const int64_t K = m->cfg.num_classes;
     const int cls = m->cfg.head == LOOM_HEAD_CLASSIFY;
     const int64_t nl = stacked ? m->lay.l1 - m->lay.l0 : 1;
@@ -307,8 +307,12 @@ static size_t layout_acts(const loom_model *m, struct loom_acts *a, float *base,
     TAKE(a ? &a->lnf : &dummy, hd * BT * C);
     TAKE(a ? &a->lnf_mean : &dummy, hd * BT);
     TAKE(a ? &a->lnf_rstd : &dummy, hd * BT);
-    TAKE(a ? &a->logits : &dummy, hd * (cls ? (int64_t)B * K : BT * V));
+    TAKE(a ? &a->logits : &dummy, hd * (cls ? (int64_t)B * K : BT * m->Vl));
     TAKE(a ? &a->losses : &dummy, hd * BT);
+    if (!cls && hd && m->lay.tp > 1) { /* vocab-parallel cross-entropy's row statistics */
+        TAKE(a ? &a->vmax : &dummy, BT);
+        TAKE(a ? &a->vsums : &dummy, 2 * BT);
+    }
     if (cls && hd) {
         TAKE(a ? &a->pooled : &dummy, (int64_t)B * C);
         TAKE(a ? &a->dpooled : &dummy, (int64_t)B * C);

@@ -19,6 +19,13 @@ static const char *const layer_names[LOOM_L_COUNT] = {
     "moe_router_w", "moe_shared_fc_w", "moe_shared_fc_b", "moe_shared_proj_w",
     "moe_shared_proj_b", "moe_fc_w", "moe_fc_b", "moe_proj_w", "moe_proj_b"};
 
+/* Part r of n elements split over p: the first n % p parts get one more. */
+static void split_range(int64_t n, int p, int r, int64_t *off, int64_t *len) {
+    const int64_t q = n / p, rem = n % p;
+    *len = q + (r < rem);
+    *off = r * q + (r < rem ? r : rem);
+}
+
 /* Appends a tensor to the table (when present) and returns its index, or -1. split_dim >= 0:
  * that dimension is split over the tp group (this view holds its tp_rank-th part). */
 static int add_tensor(loom_model *m, size_t *off, int layer, int kind, int present, int decay,
@@ -41,10 +48,8 @@ static int add_tensor(loom_model *m, size_t *off, int layer, int kind, int prese
     t->numel = 1;
     for (int d = 0; d < ndim; d++) {
         t->box_len[d] = t->shape[d];
-        if (d == split_dim) {
-            t->box_len[d] = t->shape[d] / m->lay.tp;
-            t->box_off[d] = t->box_len[d] * m->lay.tp_rank;
-        }
+        if (d == split_dim) /* even splits (heads, columns) or the vocabulary's uneven one */
+            split_range(t->shape[d], m->lay.tp, m->lay.tp_rank, &t->box_off[d], &t->box_len[d]);
         t->numel *= (size_t)t->box_len[d];
     }
     t->offset = *off;
@@ -186,6 +191,10 @@ static int check_layout(const loom_model_config *c, const loom_model_layout *in,
     if (out->l1 == 0 && out->l0 == 0) out->l1 = c->n_layer;
     if (out->tp < 1 || out->tp_rank < 0 || out->tp_rank >= out->tp)
         return loom_errf(err, "model layout: tp rank %d of degree %d", out->tp_rank, out->tp);
+    if (out->tp > c->vocab_size)
+        return loom_errf(err, "model layout: tensor-parallel degree %d exceeds vocab_size %d "
+                              "(the vocabulary is split over the tp ranks)", out->tp,
+                         c->vocab_size);
     if (c->n_head % out->tp || c->n_kv_head % out->tp || c->d_ff % out->tp)
         return loom_errf(err, "model layout: tensor-parallel degree %d must divide n_head (%d), "
                               "n_kv_head (%d) and d_ff (%d)",
@@ -269,6 +278,10 @@ static int create(const loom_model_config *cfg, const loom_model_layout *layout,
     m->FFI = gpt2 ? m->F : 2 * m->F;
     const int64_t HDg = Hg * m->D, KDg = KVHg * m->D;
     const int cls = cfg->head == LOOM_HEAD_CLASSIFY, tied = gpt2 && !cls;
+    int64_t v0, vl;
+    split_range(V, tp, lay.tp_rank, &v0, &vl);
+    m->V0 = (int)v0;
+    m->Vl = (int)vl;
 
     m->info = loom_calloc(LOOM_P_COUNT + (size_t)L * LOOM_L_COUNT, sizeof(loom_tensor_info));
     m->lidx = loom_malloc((size_t)L * LOOM_L_COUNT * sizeof(int));
@@ -277,7 +290,8 @@ static int create(const loom_model_config *cfg, const loom_model_layout *layout,
     size_t off = 0;
     /* the tied gpt2 head reads wte: a last stage without the embedding still holds it */
     const int want_wte = lay.has_embedding || (tied && lay.has_head);
-    m->gidx[LOOM_P_WTE] = add_tensor(m, &off, -1, LOOM_P_WTE, want_wte, 1, 2, V, C, -1);
+    /* vocab-parallel: wte and lm_head split by rows over tp */
+    m->gidx[LOOM_P_WTE] = add_tensor(m, &off, -1, LOOM_P_WTE, want_wte, 1, 2, V, C, 0);
     m->gidx[LOOM_P_WPE] = add_tensor(m, &off, -1, LOOM_P_WPE, gpt2 && lay.has_embedding, 1, 2,
                                      maxT, C, -1);
     for (int l = lay.l0; l < lay.l1; l++) {
@@ -331,7 +345,7 @@ static int create(const loom_model_config *cfg, const loom_model_layout *layout,
     m->gidx[LOOM_P_LNF_W] = add_tensor(m, &off, -1, LOOM_P_LNF_W, head, 0, 1, C, 0, -1);
     m->gidx[LOOM_P_LNF_B] = add_tensor(m, &off, -1, LOOM_P_LNF_B, head && gpt2, 0, 1, C, 0, -1);
     m->gidx[LOOM_P_LM_HEAD] = add_tensor(m, &off, -1, LOOM_P_LM_HEAD, head && !gpt2 && !cls, 1,
-                                         2, V, C, -1);
+                                         2, V, C, 0);
     m->gidx[LOOM_P_CLS_W] = add_tensor(m, &off, -1, LOOM_P_CLS_W, head && cls, 1, 2, K, C, -1);
     m->gidx[LOOM_P_CLS_B] = add_tensor(m, &off, -1, LOOM_P_CLS_B, head && cls, 0, 1, K, 0, -1);
     m->n_params = off;
@@ -422,6 +436,10 @@ size_t loom_model_num_params(const loom_model *m) { return m->n_params; }
 float *loom_model_params(loom_model *m) { return m->params; }
 float *loom_model_grads(loom_model *m) { return m->grads; }
 const float *loom_model_logits(const loom_model *m) { return m->acts ? m->acts->logits : NULL; }
+void loom_model_vocab_range(const loom_model *m, int *v0, int *vl) {
+    *v0 = m->V0;
+    *vl = m->Vl;
+}
 int64_t loom_model_valid_targets(const loom_model *m) { return m->acts ? m->acts->valid : 0; }
 
 int loom_model_num_tensors(const loom_model *m) { return m->n_info; }
@@ -568,7 +586,8 @@ static float mean_loss(const loom_model *m, loom_acts *a, const int32_t *targets
 }
 
 static const char *const cp_names[LOOM_CP_COUNT] = {
-    "stage_in", "attn_in", "col_in", "row_out", "attn_out", "ffn_in", "ffn_out", "stage_out"};
+    "stage_in", "attn_in", "col_in", "row_out", "attn_out", "ffn_in", "ffn_out", "stage_out",
+    "vocab_max", "vocab_sum"};
 
 const char *loom_comm_point_name(int point) {
     return point >= 0 && point < LOOM_CP_COUNT ? cp_names[point] : "?";
@@ -601,30 +620,40 @@ int64_t loom_model_row_position(const loom_model *m, int T, int t) {
 }
 
 /* the embedding of B x T rows (wpe at each run's global positions) and its backward */
+/* One embedding kernel call over rows of B x T tokens at positions pos0.. (forward into out,
+ * backward from dout). With tp > 1 the vocab-parallel ops: this view's rows of wte, wpe added
+ * by tp rank 0 only in forward (its gradient whole on every rank). */
+static void embed_rows(loom_model *m, int bwd, float *x, const int32_t *inputs, int B, int T,
+                       int pos0) {
+    const int C = m->cfg.d_model;
+    if (m->lay.tp > 1 && bwd)
+        m->be->embedding_shard_backward(GRAD(m, LOOM_P_WTE), GRAD(m, LOOM_P_WPE), x, inputs,
+                                        m->V0, m->Vl, B, T, C, pos0);
+    else if (m->lay.tp > 1)
+        m->be->embedding_shard_forward(x, inputs, PARAM(m, LOOM_P_WTE), m->V0, m->Vl,
+                                       m->lay.tp_rank == 0 ? PARAM(m, LOOM_P_WPE) : NULL, B, T,
+                                       C, pos0);
+    else if (bwd)
+        m->be->embedding_backward(GRAD(m, LOOM_P_WTE), GRAD(m, LOOM_P_WPE), x, inputs, B, T, C,
+                                  pos0);
+    else
+        m->be->embedding_forward(x, inputs, PARAM(m, LOOM_P_WTE), PARAM(m, LOOM_P_WPE), B, T, C,
+                                 pos0);
+}
+
 static void embed(loom_model *m, loom_acts *a, const int32_t *inputs, int B, int T, int bwd) {
     const int C = m->cfg.d_model;
     int start[2], len[2], pos[2];
     const int n = model_row_runs(m, T, start, len, pos);
+    float *x = bwd ? a->dres : a->encoded;
     if (n == 1) {
-        if (bwd)
-            m->be->embedding_backward(GRAD(m, LOOM_P_WTE), GRAD(m, LOOM_P_WPE), a->dres, inputs,
-                                      B, T, C, 0);
-        else
-            m->be->embedding_forward(a->encoded, inputs, PARAM(m, LOOM_P_WTE),
-                                     PARAM(m, LOOM_P_WPE), B, T, C, 0);
+        embed_rows(m, bwd, x, inputs, B, T, 0);
         return;
     }
     for (int b = 0; b < B; b++)
         for (int i = 0; i < n; i++) {
             const size_t row = (size_t)b * (size_t)T + (size_t)start[i];
-            if (bwd)
-                m->be->embedding_backward(GRAD(m, LOOM_P_WTE), GRAD(m, LOOM_P_WPE),
-                                          a->dres + row * (size_t)C, inputs + row, 1, len[i], C,
-                                          pos[i]);
-            else
-                m->be->embedding_forward(a->encoded + row * (size_t)C, inputs + row,
-                                         PARAM(m, LOOM_P_WTE), PARAM(m, LOOM_P_WPE), 1, len[i],
-                                         C, pos[i]);
+            embed_rows(m, bwd, x + row * (size_t)C, inputs + row, 1, len[i], pos[i]);
         }
 }
 
@@ -636,6 +665,36 @@ void loom_model_set_comm_points(loom_model *m, const loom_comm_points *cp) {
 /* a stage point (the block calls the others itself) */
 static void stage_point(loom_model *m, int point, int dir, float *buf, int64_t n) {
     if (m->has_cp) m->cp.fn(m->cp.ctx, point, dir, -1, LOOM_SITE_NONE, buf, n);
+}
+
+/* a point of the vocab-parallel embedding and head (tp > 1 only) */
+static void vocab_point(loom_model *m, int point, int dir, int site, float *buf, int64_t n) {
+    if (m->has_cp && m->lay.tp > 1) m->cp.fn(m->cp.ctx, point, dir, -1, site, buf, n);
+}
+
+/* Vocab-parallel cross-entropy of the view's logits (N rows of its Vl columns): the global row
+ * max and the sums of exp and the target logit come from the VOCAB_MAX / VOCAB_SUM points, so
+ * the whole logits are never gathered. Keeps the targets and statistics for backward; returns
+ * the mean over the valid targets. */
+static float vocab_parallel_loss(loom_model *m, loom_acts *a, const int32_t *targets,
+                                 int64_t N) {
+    memcpy(a->targets, targets, (size_t)N * sizeof(int32_t));
+    for (int64_t i = 0; i < N; i++) {
+        LOOM_CHECK(targets[i] < m->cfg.vocab_size);
+        if (targets[i] >= 0) a->valid++;
+    }
+    m->be->crossentropy_shard_max(a->vmax, a->logits, N, m->Vl);
+    vocab_point(m, LOOM_CP_VOCAB_MAX, 0, LOOM_SITE_HEAD, a->vmax, N);
+    m->be->crossentropy_shard_sums(a->vsums, a->logits, a->vmax, targets, m->V0, N, m->Vl);
+    vocab_point(m, LOOM_CP_VOCAB_SUM, 0, LOOM_SITE_HEAD, a->vsums, 2 * N);
+    double sum = 0.0;
+    for (int64_t i = 0; i < N; i++) {
+        a->losses[i] = targets[i] < 0 ? 0.0f
+                                      : (float)(log((double)a->vsums[2 * i]) + (double)a->vmax[i] -
+                                                (double)a->vsums[2 * i + 1]);
+        sum += a->losses[i];
+    }
+    return a->valid > 0 ? (float)(sum / (double)a->valid) : 0.0f;
 }
 
 float loom_model_forward_acts(loom_model *m, loom_acts *a, const int32_t *inputs,
@@ -651,9 +710,12 @@ float loom_model_forward_acts(loom_model *m, loom_acts *a, const int32_t *inputs
     for (int64_t i = 0; i < BT; i++) LOOM_CHECK(inputs[i] >= 0 && inputs[i] < V);
 
     const int U_FINAL = m->n_units - 1;
+    const int vp = m->lay.tp > 1; /* vocab-parallel embedding and head */
     if (m->lay.has_embedding) { /* a later pipeline stage gets a->encoded at STAGE_IN */
         acquire(m, 0, 0);
         embed(m, a, inputs, B, T, 0);
+        /* vocab-parallel (tp > 1): the embedding's output is a partial sum over the tp ranks */
+        vocab_point(m, LOOM_CP_ROW_OUT, 0, LOOM_SITE_EMBED, a->encoded, BT * C);
         release(m, 0, 0);
     }
     stage_point(m, LOOM_CP_STAGE_IN, 0, a->encoded, BT * C);
@@ -680,9 +742,10 @@ float loom_model_forward_acts(loom_model *m, loom_acts *a, const int32_t *inputs
         m->be->mean_pool_forward(a->pooled, a->lnf, B, T, C);
         m->be->matmul_forward(a->logits, a->pooled, PARAM(m, LOOM_P_CLS_W),
                               PARAM(m, LOOM_P_CLS_B), B, C, c->num_classes);
-    } else {
+    } else { /* with tp > 1 this view's Vl columns of the logits */
+        vocab_point(m, LOOM_CP_COL_IN, 0, LOOM_SITE_HEAD, a->lnf, BT * C);
         const float *head = gpt2 ? PARAM(m, LOOM_P_WTE) : PARAM(m, LOOM_P_LM_HEAD);
-        m->be->matmul_forward(a->logits, a->lnf, head, NULL, BT, C, V);
+        m->be->matmul_forward(a->logits, a->lnf, head, NULL, BT, C, m->Vl);
     }
     if (tied) release(m, 0, 0);
     release(m, U_FINAL, 0);
@@ -690,6 +753,7 @@ float loom_model_forward_acts(loom_model *m, loom_acts *a, const int32_t *inputs
     a->has_targets = targets != NULL;
     a->valid = 0;
     if (!targets) return 0.0f;
+    if (!cls && vp) return vocab_parallel_loss(m, a, targets, BT);
     /* N rows of K-way logits: B sequences x K classes, or B*T positions x V tokens */
     return mean_loss(m, a, targets, cls ? B : BT, cls ? c->num_classes : V);
 }
@@ -748,6 +812,7 @@ void loom_model_backward_acts(loom_model *m, loom_acts *a, float dscale) {
     const int U_FINAL = m->n_units - 1;
     memset(m->have_grads, 0, (size_t)m->n_units);
     const int cls = c->head == LOOM_HEAD_CLASSIFY, tied = gpt2 && !cls;
+    const int vp = m->lay.tp > 1; /* vocab-parallel embedding and head */
     acquire(m, U_FINAL, 1);
     if (tied) acquire(m, 0, 1);
     memset(a->dln, 0, (size_t)BT * C * sizeof(float));
@@ -758,11 +823,16 @@ void loom_model_backward_acts(loom_model *m, loom_acts *a, float dscale) {
         m->be->matmul_backward(a->dpooled, GRAD(m, LOOM_P_CLS_W), GRAD(m, LOOM_P_CLS_B),
                                a->logits, a->pooled, PARAM(m, LOOM_P_CLS_W), B, C, K);
         m->be->mean_pool_backward(a->dln, a->dpooled, B, T, C);
-    } else { /* logits (B,T,V) become dlogits in place */
-        m->be->crossentropy_softmax_backward(a->logits, a->targets, BT, V, dscale);
+    } else { /* logits (B,T,V) become dlogits in place (tp > 1: this view's columns) */
+        if (vp)
+            m->be->crossentropy_shard_backward(a->logits, a->targets, a->vmax, a->vsums, m->V0,
+                                               BT, m->Vl, dscale);
+        else
+            m->be->crossentropy_softmax_backward(a->logits, a->targets, BT, V, dscale);
         const float *head = gpt2 ? PARAM(m, LOOM_P_WTE) : PARAM(m, LOOM_P_LM_HEAD);
         float *dhead = gpt2 ? GRAD(m, LOOM_P_WTE) : GRAD(m, LOOM_P_LM_HEAD);
-        m->be->matmul_backward(a->dln, dhead, NULL, a->logits, a->lnf, head, BT, C, V);
+        m->be->matmul_backward(a->dln, dhead, NULL, a->logits, a->lnf, head, BT, C, m->Vl);
+        vocab_point(m, LOOM_CP_COL_IN, 1, LOOM_SITE_HEAD, a->dln, BT * C);
     }
     block_frame f;
     acts_frame(m, a, m->lay.l1 - 1, B, T, &f);
@@ -787,6 +857,7 @@ void loom_model_backward_acts(loom_model *m, loom_acts *a, float dscale) {
     stage_point(m, LOOM_CP_STAGE_IN, 1, a->dres, BT * C);
     if (m->lay.has_embedding) {
         ensure_grads(m, 0);
+        vocab_point(m, LOOM_CP_ROW_OUT, 1, LOOM_SITE_EMBED, a->dres, BT * C);
         embed(m, a, a->inputs, B, T, 1);
     }
     /* a last stage without the embedding holds the tied head's wte in unit 0 */

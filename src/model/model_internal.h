@@ -38,6 +38,7 @@ struct loom_acts {
     float *logits;        /* (B,T,V) or (B,K); dlogits after backward */
     float *losses;        /* (B,T) */
     float *pooled, *dpooled; /* (B,C) classify */
+    float *vmax, *vsums;  /* (B,T), (B,T,2) vocab-parallel cross-entropy (tp > 1, LM head) */
     /* backward scratch (stacked only): gradients of the slots */
     float *dres;          /* (B,T,C) the residual stream's (S_X, S_RES2, S_RES3) */
     float *dln;           /* (B,T,C) S_LN1, S_LN2 */
@@ -106,6 +107,7 @@ struct loom_model {
     int D;                /* head dim */
     int H, KVH, F;        /* this view's query heads, kv heads, feed-forward width */
     int QKV, FFI;         /* this view's q|k|v width, first MLP matmul width */
+    int V0, Vl;           /* this view's vocabulary rows [V0, V0 + Vl) (wte, lm_head, logits) */
     int has_cp;
     loom_comm_points cp;
     int has_attn;         /* an attention hook (context parallelism) is set */

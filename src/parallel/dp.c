@@ -244,8 +244,8 @@ void loom_dp_begin_micro(loom_dp *dp, int first, int last) {
 }
 
 /* The sum of squares of this rank's reduced gradients (its owned slices). With tensor
- * parallelism each view holds its box of every split tensor and a whole copy of every
- * replicated one (norms, row-parallel biases, embeddings and head), whose gradients are equal
+ * parallelism each view holds its box of every tp-split tensor and a whole copy of every
+ * other one (norms, row-parallel biases, embeddings and head), whose gradients are equal
  * on every tp rank: tp rank 0 alone counts those, so the sum over the tp group counts each
  * element of the global model once. */
 static double grad_sum_squares(const loom_dp *dp) {
@@ -256,7 +256,7 @@ static double grad_sum_squares(const loom_dp *dp) {
     const int nt = loom_model_num_tensors(dp->m);
     for (int i = 0; i < nt; i++) {
         const loom_tensor_info *t = loom_model_tensor(dp->m, i);
-        if (t->split_dim < 0 && lay->tp_rank != 0) continue;
+        if (t->split_group != LOOM_SPLIT_TP && lay->tp_rank != 0) continue; /* tp replica */
         if (dp->is_copy && dp->is_copy(dp->copy_ctx, t)) continue; /* counted elsewhere */
         const int u = t->unit;
         const size_t lo = dp->uoff[u] + dp->soff[u], hi = lo + dp->slen[u];
@@ -425,11 +425,11 @@ static void push_piece(loom_dp_piece **arr, int *n, int *cap, loom_dp_piece p) {
     (*arr)[(*n)++] = p;
 }
 
-/* A replicated tensor of a tensor-parallel view is held whole by every tp rank: only tp rank
- * 0 writes it (a checkpoint's boxes of one tensor must not overlap); every rank loads it. */
+/* A tensor not split over tp (replicated, or split over ep only) is held whole by every tp
+ * rank of a tensor-parallel view: only tp rank 0 writes it (a checkpoint's boxes of one tensor must not overlap); every rank loads it. */
 static int skip_replica(const loom_dp *dp, const loom_tensor_info *t, int for_load) {
     if (!for_load && dp->is_copy && dp->is_copy(dp->copy_ctx, t)) return 1; /* written elsewhere */
-    return !for_load && t->split_dim < 0 && loom_model_get_layout(dp->m)->tp_rank != 0;
+    return !for_load && t->split_group != LOOM_SPLIT_TP && loom_model_get_layout(dp->m)->tp_rank != 0;
 }
 
 /* pieces of `kind` for arena data laid out as the full arena (base indexed by arena offset) */

@@ -21,10 +21,11 @@ loom_tp *loom_tp_create(loom_mesh *mesh) {
 
 void loom_tp_free(loom_tp *tp) { free(tp); }
 
-/* sum of buf over the tp group, timed */
-static void tp_allreduce(loom_tp *tp, float *buf, int64_t n) {
+/* sum (or max) of buf over the tp group, timed */
+static void tp_allreduce(loom_tp *tp, float *buf, int64_t n, int max) {
     const double t0 = loom_now();
-    loom_allreduce_sum(tp->mesh, LOOM_GROUP_TP, buf, (size_t)n, LOOM_F32);
+    if (max) loom_allreduce_max(tp->mesh, LOOM_GROUP_TP, buf, (size_t)n, LOOM_F32);
+    else loom_allreduce_sum(tp->mesh, LOOM_GROUP_TP, buf, (size_t)n, LOOM_F32);
     tp->seconds += loom_now() - t0;
     tp->calls++;
 }
@@ -34,10 +35,16 @@ void loom_tp_point(void *ctx, int point, int dir, int layer, int site, float *bu
     (void)layer;
     (void)site;
     if (tp->size == 1) return;
-    /* row-parallel output: each rank holds a partial sum of the whole (B,T,C) output */
-    if (point == LOOM_CP_ROW_OUT && dir == 0) tp_allreduce(tp, buf, n);
-    /* column-parallel input: each rank's columns give a partial input gradient */
-    else if (point == LOOM_CP_COL_IN && dir == 1) tp_allreduce(tp, buf, n);
+    /* row-parallel output (and the vocab-parallel embedding's): each rank holds a partial sum
+     * of the whole (B,T,C) output */
+    if (point == LOOM_CP_ROW_OUT && dir == 0) tp_allreduce(tp, buf, n, 0);
+    /* column-parallel input (and the head's): each rank's columns give a partial input
+     * gradient */
+    else if (point == LOOM_CP_COL_IN && dir == 1) tp_allreduce(tp, buf, n, 0);
+    /* vocab-parallel cross-entropy: the rows' global max, then their sums of exp and target
+     * logits */
+    else if (point == LOOM_CP_VOCAB_MAX && dir == 0) tp_allreduce(tp, buf, n, 1);
+    else if (point == LOOM_CP_VOCAB_SUM && dir == 0) tp_allreduce(tp, buf, n, 0);
 }
 
 loom_comm_points loom_tp_comm_points(loom_tp *tp) {

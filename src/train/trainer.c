@@ -491,6 +491,7 @@ int loom_train(loom_config *cfg, loom_err *err) {
         loom_comm_stats_reset(t.mesh);
         train_obs_step_begin(obs, &t);
         if (t.pp) loom_pp_stats_reset(t.pp);
+        if (t.tp) loom_tp_stats_reset(t.tp);
         if (t.s.follow && !t.classify) { /* rank 0 decides how many manifest lines everyone uses */
             int lines = 0;
             if (rank0 && loom_loader_refresh(t.train_ld, 0, &lines, err)) goto done;
@@ -533,6 +534,8 @@ int loom_train(loom_config *cfg, loom_err *err) {
             goto done;
         }
         const double dt = loom_now() - t0;
+        /* the step's time in tensor parallelism's collectives (this rank; before eval) */
+        const double tp_comm_s = t.tp ? loom_tp_comm_seconds(t.tp) : 0.0;
         const double tps = (double)(BT * t.s.accum) / dt;
         const double mfu = peak > 0 ? flops_tok * tps / (peak * t.world_size) : -1;
         if (rank0 && mfu > 1.0 && !mfu_warned) {
@@ -591,6 +594,7 @@ int loom_train(loom_config *cfg, loom_err *err) {
             loom_metrics_int(mx, "param_bytes", (int64_t)mem.param_bytes);
             loom_metrics_int(mx, "grad_bytes", (int64_t)mem.grad_bytes);
             loom_metrics_int(mx, "optim_bytes", (int64_t)mem.optim_bytes);
+            if (t.tp) loom_metrics_real(mx, "tp_comm_s", tp_comm_s);
             if (t.world_size > 1) {
                 loom_metrics_reals(mx, "comm_s", per_rank, t.world_size, 3);
                 loom_metrics_reals(mx, "comm_bytes", per_rank + 1, t.world_size, 3);

@@ -1,7 +1,10 @@
 # Tensor parallelism through `mpirun ... loom train`: TP = 2 and 4 follow the single-process
 # loss curve for 20 steps within 1e-5 relative, GPT-2 and Llama with grouped-query attention
 # (8 query heads, 4 kv heads: at tp = 4 each rank holds 2 query heads and 1 kv head), and
-# DP 2 x TP 2 with ZeRO 1 and 3. One thread per rank, --oversubscribe.
+# DP 2 x TP 2 with ZeRO 1 and 3 (the embedding and head vocab-parallel: GPT-2's tied wte
+# split by rows). Also: the step's tp communication time in metrics.jsonl, parameter bytes
+# per rank against the formula, and checkpoints saved at tp = 2 resumed at tp = 1 and back.
+# One thread per rank, --oversubscribe.
 source "$(dirname "$0")/lib.sh"
 MPIRUN="timeout 200 mpirun --oversubscribe -x OMP_NUM_THREADS -x OPENBLAS_NUM_THREADS"
 make_dataset "$WORK"
@@ -30,5 +33,59 @@ for flavor in gpt2 llama; do
     compare_losses "$WORK/$flavor/single" "$run" 1e-4 1 grad_norm || fail "$flavor $np ranks $kv: gradient norm differs"
     pass "$flavor, $np ranks, $kv: 20 steps equal the single process"
   done
+
+  # the step's time in tp collectives is in metrics.jsonl (not at tp = 1)
+  python3 - "$WORK/$flavor/single" "$WORK/$flavor/tp-2" <<'PY' || fail "$flavor: tp_comm_s"
+import json, sys
+one = [json.loads(l) for l in open(sys.argv[1] + "/metrics.jsonl")]
+two = [json.loads(l) for l in open(sys.argv[2] + "/metrics.jsonl")]
+assert all("tp_comm_s" not in r for r in one), "tp_comm_s at tp = 1"
+v = [r["tp_comm_s"] for r in two]
+assert len(v) == 20 and all(x > 0 and x < r["step_ms"] / 1e3 for x, r in zip(v, two)), v
+print(f"tp_comm_s per step at tp=2: median {sorted(v)[10] * 1e3:.2f} ms")
+PY
+
+  # parameters per rank: the engine's param_bytes (zero 0, dp 1) against the formula
+  # whole - (elements split over tp) * (1 - 1/tp), with the whole measured at tp = 1
+  python3 - "$WORK/$flavor" $flavor <<'PY' || fail "$flavor: parameter bytes per rank do not drop with tp"
+import json, sys
+d, flavor = sys.argv[1], sys.argv[2]
+V, C, L, H, F = 256, 64, 2, 8, 256
+KVH = 4 if flavor == "llama" else 8
+D = C // H
+if flavor == "gpt2":   # q,k,v (+ biases), attn_proj, fc (+ bias), fc_proj; wte (tied head)
+    layer = (H + 2 * KVH) * D * (C + 1) + C * H * D + F * (C + 1) + C * F
+else:                  # q,k,v, attn_proj, gate, up, fc_proj; wte and lm_head
+    layer = (H + 2 * KVH) * D * C + C * H * D + 2 * F * C + C * F
+split = L * layer + V * C * (1 if flavor == "gpt2" else 2)
+row = lambda run: json.loads(open(f"{d}/{run}/metrics.jsonl").readline())["param_bytes"]
+whole = row("single")
+for tp in (2, 4):
+    got = row(f"tp-{tp}")
+    want = whole - 4 * split * (tp - 1) // tp
+    print(f"{flavor} tp={tp}: param bytes per rank {got}, formula {want} (tp=1: {whole}, "
+          f"{got / whole:.3f} of it)")
+    assert got == want and got < whole
+PY
+  pass "$flavor: parameter bytes per rank drop with tp as the formula says"
+
+  # checkpoints reshard across tp: saved at tp = 2 (step 10), resumed at tp = 1; saved at
+  # tp = 1, resumed at tp = 2: steps 11..20 continue the uninterrupted runs
+  $MPIRUN -np 2 "$LOOM_BIN" train "$WORK/$flavor.yaml" "${ARGS[@]}" --set parallel.tp=2 \
+    --set training.steps=10 --set checkpoint.every=10 --set run.dir="$WORK/$flavor/rs_a" \
+    2>"$WORK/log" || { cat "$WORK/log"; fail "$flavor: save at tp=2"; }
+  "$LOOM_BIN" train "$WORK/$flavor.yaml" "${ARGS[@]}" --set run.dir="$WORK/$flavor/rs_a" \
+    2>"$WORK/log" || { cat "$WORK/log"; fail "$flavor: resume at tp=1"; }
+  grep -q "resumed from" "$WORK/log" || fail "$flavor: tp=1 did not resume"
+  compare_losses "$WORK/$flavor/tp-2" "$WORK/$flavor/rs_a" 1e-5 11 || fail "$flavor: tp=2 -> tp=1 diverged"
+  pass "$flavor: saved at tp=2, resumed at tp=1: steps 11..20 continue the tp=2 run"
+  "$LOOM_BIN" train "$WORK/$flavor.yaml" "${ARGS[@]}" --set training.steps=10 \
+    --set checkpoint.every=10 --set run.dir="$WORK/$flavor/rs_b" 2>"$WORK/log" \
+    || { cat "$WORK/log"; fail "$flavor: save at tp=1"; }
+  $MPIRUN -np 2 "$LOOM_BIN" train "$WORK/$flavor.yaml" "${ARGS[@]}" --set parallel.tp=2 \
+    --set run.dir="$WORK/$flavor/rs_b" 2>"$WORK/log" || { cat "$WORK/log"; fail "$flavor: resume at tp=2"; }
+  grep -q "resumed from" "$WORK/log" || fail "$flavor: tp=2 did not resume"
+  compare_losses "$WORK/$flavor/single" "$WORK/$flavor/rs_b" 1e-5 11 || fail "$flavor: tp=1 -> tp=2 diverged"
+  pass "$flavor: saved at tp=1, resumed at tp=2: steps 11..20 continue the single process"
 done
 echo "all tensor-parallel training tests passed"

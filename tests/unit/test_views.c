@@ -32,13 +32,15 @@ typedef struct view_ctx {
     int rank;
 } view_ctx;
 
-/* all-reduce (sum) of buf over the views: both add the same two arrays in the same order */
-static void allreduce(view_ctx *v, float *buf, int64_t n) {
+/* all-reduce (sum, or max) of buf over the views: both combine the same two arrays in the same
+ * order */
+static void allreduce(view_ctx *v, float *buf, int64_t n, int max) {
     group *g = v->g;
     g->slot[v->rank] = buf;
     pthread_barrier_wait(&g->bar);
     if (v->rank == 0)
-        for (int64_t i = 0; i < n; i++) g->sum[i] = g->slot[0][i] + g->slot[1][i];
+        for (int64_t i = 0; i < n; i++)
+            g->sum[i] = max ? fmaxf(g->slot[0][i], g->slot[1][i]) : g->slot[0][i] + g->slot[1][i];
     pthread_barrier_wait(&g->bar);
     memcpy(buf, g->sum, (size_t)n * sizeof(float));
     pthread_barrier_wait(&g->bar);
@@ -49,8 +51,11 @@ static void tp_point(void *ctx, int point, int dir, int layer, int site, float *
     (void)layer;
     (void)site;
     v->g->calls[v->rank][point][dir]++;
-    if ((point == LOOM_CP_ROW_OUT && dir == 0) || (point == LOOM_CP_COL_IN && dir == 1))
-        allreduce(v, buf, n);
+    if ((point == LOOM_CP_ROW_OUT && dir == 0) || (point == LOOM_CP_COL_IN && dir == 1) ||
+        (point == LOOM_CP_VOCAB_SUM && dir == 0))
+        allreduce(v, buf, n, 0);
+    else if (point == LOOM_CP_VOCAB_MAX && dir == 0)
+        allreduce(v, buf, n, 1);
 }
 
 typedef struct run {
@@ -120,8 +125,11 @@ static void check_views(const loom_model_config *cfg) {
     run rv[TP];
     pthread_t th[TP];
     for (int r = 0; r < TP; r++) {
+        int v0, vl;
+        loom_model_vocab_range(view[r], &v0, &vl);
+        const size_t nl = (size_t)B * T * (size_t)vl; /* the view's vocabulary columns */
         rv[r] = (run){.m = view[r], .vc = {&g, r}, .x = x, .y = y,
-                      .logits = malloc(nlog * sizeof(float)), .nlog = nlog};
+                      .logits = malloc(nl * sizeof(float)), .nlog = nl};
         const loom_comm_points cp = {.ctx = &rv[r].vc, .fn = tp_point};
         loom_model_set_comm_points(view[r], &cp);
     }
@@ -130,14 +138,20 @@ static void check_views(const loom_model_config *cfg) {
     pthread_barrier_destroy(&g.bar);
     free(g.sum);
 
-    /* every point was called, per layer where it belongs, in both directions */
+    /* every point was called, per layer where it belongs, in both directions (COL_IN and
+     * ROW_OUT also once for the vocab-parallel head and embedding; the cross-entropy's
+     * reductions forward only) */
     for (int r = 0; r < TP; r++)
         for (int p = 0; p < LOOM_CP_COUNT; p++) {
             const int per = p == LOOM_CP_STAGE_IN || p == LOOM_CP_STAGE_OUT ? 1
-                            : (p == LOOM_CP_COL_IN || p == LOOM_CP_ROW_OUT ? 2 * cfg->n_layer : cfg->n_layer);
-            if (g.calls[r][p][0] != per || g.calls[r][p][1] != per)
-                fail_msg("view %d: point %s called %d/%d times (fwd/bwd), want %d", r,
-                         loom_comm_point_name(p), g.calls[r][p][0], g.calls[r][p][1], per);
+                            : p == LOOM_CP_COL_IN || p == LOOM_CP_ROW_OUT   ? 2 * cfg->n_layer + 1
+                            : p == LOOM_CP_VOCAB_MAX || p == LOOM_CP_VOCAB_SUM ? 1
+                                                                              : cfg->n_layer;
+            const int per_bwd = p == LOOM_CP_VOCAB_MAX || p == LOOM_CP_VOCAB_SUM ? 0 : per;
+            if (g.calls[r][p][0] != per || g.calls[r][p][1] != per_bwd)
+                fail_msg("view %d: point %s called %d/%d times (fwd/bwd), want %d/%d", r,
+                         loom_comm_point_name(p), g.calls[r][p][0], g.calls[r][p][1], per,
+                         per_bwd);
         }
 
     for (int r = 0; r < TP; r++) {
@@ -145,8 +159,14 @@ static void check_views(const loom_model_config *cfg) {
         if (d > 1e-5) fail_msg("view %d: loss %.7f, whole model %.7f", r, rv[r].loss, rw.loss);
         const double s = maxabs(rw.logits, rw.nlog);
         double worst = 0;
-        for (size_t i = 0; i < rw.nlog; i++)
-            worst = fmax(worst, fabs((double)rv[r].logits[i] - rw.logits[i]) / s);
+        int v0, vl; /* the view's logits are its vocabulary columns */
+        loom_model_vocab_range(view[r], &v0, &vl);
+        const size_t V = (size_t)cfg->vocab_size;
+        assert_true(v0 == r * (int)(V / TP) + (r < (int)(V % TP) ? r : (int)(V % TP)));
+        for (size_t i = 0; i < rw.nlog / V; i++)
+            for (size_t j = 0; j < (size_t)vl; j++)
+                worst = fmax(worst, fabs((double)rv[r].logits[i * (size_t)vl + j] -
+                                         rw.logits[i * V + (size_t)v0 + j]) / s);
         print_message("flavor %d view %d: loss %.6f (whole %.6f), logits max rel diff %.2e\n",
                       cfg->flavor, r, rv[r].loss, rw.loss, worst);
         assert_true(worst <= 1e-5);
