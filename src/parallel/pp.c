@@ -5,8 +5,11 @@
  * travels between stages. */
 #include "loom/pp.h"
 
+#include <signal.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 /* p2p tags: the micro-batch's index (mod TAG_MOD), forward activations and backward gradients
  * apart, and the tied embedding's exchange */
@@ -43,6 +46,9 @@ struct loom_pp {
     int run_train, run_M;
 
     double bubble_s, send_wait_s;
+    int64_t runs;                 /* training batches run */
+    int64_t fail_run;             /* test hook: fail inside this training batch, -1 none */
+    char fail_mode[16];
     const loom_tensor_info *wte;  /* the tied copy this stage holds, or NULL */
     float *tied_buf, *tied_peer;  /* (V*C) */
 };
@@ -74,9 +80,10 @@ static void post(loom_pp *p, inbox *b, int peer, int tag_base) {
 /* waits for micro-batch p->cur's message (the bubble), copies it into buf, posts the next */
 static void take(loom_pp *p, inbox *b, int peer, int tag_base, float *buf, const char *what) {
     LOOM_CHECK(b->req && b->next == p->cur);
-    char msg[96];
-    snprintf(msg, sizeof msg, "pipeline %s of micro-batch %d on stage %d (from stage %d)", what,
-             p->cur, p->stage, peer);
+    char msg[160];
+    snprintf(msg, sizeof msg, "pipeline %s of micro-batch %d on stage %d (from stage %d, world "
+             "rank %d)", what, p->cur, p->stage, peer,
+             loom_mesh_group_world_rank(p->mesh, LOOM_GROUP_PP, peer));
     const double t0 = loom_now();
     loom_comm_waitall(1, &b->req, msg);
     p->bubble_s += loom_now() - t0;
@@ -84,6 +91,30 @@ static void take(loom_pp *p, inbox *b, int peer, int tag_base, float *buf, const
     memcpy(buf, b->buf, p->stream * sizeof(float));
     b->next++;
     post(p, b, peer, tag_base);
+}
+
+/* ---- test-only fault injection --------------------------------------------------------------
+ * LOOM_TEST_PP_FAIL="RANK:BATCH:kill" makes world rank RANK SIGKILL itself inside its BATCH-th
+ * training batch (1-based), at the point where it would send its first input gradient back
+ * (a neighbour is then waiting in a pipeline receive); "RANK:BATCH:hang" makes it wait there
+ * forever. tests/mpi/test_pp_3d.sh checks that the job ends, naming the rank. */
+static void read_fail_hook(loom_pp *p) {
+    p->fail_run = -1;
+    const char *f = getenv("LOOM_TEST_PP_FAIL");
+    long r;
+    long long b;
+    char mode[16];
+    if (!f || sscanf(f, "%ld:%lld:%15s", &r, &b, mode) != 3) return;
+    if (r != loom_mesh_rank(p->mesh, LOOM_GROUP_WORLD)) return;
+    p->fail_run = b;
+    snprintf(p->fail_mode, sizeof p->fail_mode, "%s", mode);
+}
+
+static void fail_hook(loom_pp *p) {
+    if (!p->run_train || p->runs != p->fail_run) return;
+    if (!strcmp(p->fail_mode, "kill")) raise(SIGKILL);
+    if (!strcmp(p->fail_mode, "hang"))
+        for (;;) pause(); /* until the job is ended */
 }
 
 /* ---- the model's stage points -------------------------------------------------------------- */
@@ -106,6 +137,7 @@ static void point(void *ctx, int pt, int dir, int layer, int site, float *buf, i
                               TAG_FWD + p->cur % TAG_MOD);
     }
     if (pt == LOOM_CP_STAGE_IN && dir == 1 && !p->first) {
+        fail_hook(p);
         /* buf is the arena's gradient scratch: untouched until the arena's next backward */
         LOOM_CHECK(a->bsend == NULL);
         a->bsend = loom_isend(p->mesh, LOOM_GROUP_PP, buf, p->stream, LOOM_F32, p->stage - 1,
@@ -181,9 +213,10 @@ static void sync_tied(void *ctx, loom_dp *dp) {
     loom_comm_req *r[2] = {
         loom_irecv(p->mesh, LOOM_GROUP_PP, p->tied_peer, n, LOOM_F32, peer, TAG_TIED),
         loom_isend(p->mesh, LOOM_GROUP_PP, p->tied_buf, n, LOOM_F32, peer, TAG_TIED)};
-    char msg[96];
-    snprintf(msg, sizeof msg, "pipeline exchange of the tied wte gradient (stage %d with %d)",
-             p->stage, peer);
+    char msg[160];
+    snprintf(msg, sizeof msg, "pipeline exchange of the tied wte gradient (stage %d with stage "
+             "%d, world rank %d)", p->stage, peer,
+             loom_mesh_group_world_rank(p->mesh, LOOM_GROUP_PP, peer));
     loom_comm_waitall(2, r, msg);
     /* a + b on both stages (addition commutes bit for bit): the copies stay identical */
     if (own)
@@ -237,6 +270,7 @@ int loom_pp_create(loom_model *m, loom_mesh *mesh, loom_dp *dp, const loom_comm_
         p->tied_buf = loom_alloc_aligned(p->wte->numel * sizeof(float));
         p->tied_peer = loom_alloc_aligned(p->wte->numel * sizeof(float));
     }
+    read_fail_hook(p);
     const loom_comm_points cp = {.ctx = p, .fn = point};
     loom_model_set_comm_points(m, &cp);
     if (p->P > 1) {
@@ -323,6 +357,7 @@ void loom_pp_run(loom_pp *p, const int32_t *inputs, const int32_t *targets, int 
     run_ctx r = {inputs, targets, train, first_batch, last_batch, dscale, res, 0};
     p->run_M = p->M;
     p->run_train = train;
+    if (train) p->runs++;
     p->in_act.next = p->in_grad.next = 0;
     if (!p->first) post(p, &p->in_act, p->stage - 1, TAG_FWD);
     if (train && !p->last) post(p, &p->in_grad, p->stage + 1, TAG_BWD);

@@ -43,14 +43,18 @@ static void install_stop_handlers(struct sigaction *old_int, struct sigaction *o
 
 /* ---- test-only fault injection -----------------------------------------------------------
  * LOOM_TEST_FAIL="RANK:STEP:error" makes world rank RANK return an error at step STEP;
- * "RANK:STEP:kill" makes it SIGKILL itself. Used by tests/mpi to check that one rank's failure
- * ends the whole job. */
+ * "RANK:STEP:kill" makes it SIGKILL itself; "RANK:STEP:hang" makes it wait forever (alive but
+ * silent: the others' checked waits time out and name it). (Inside a pipeline step:
+ * LOOM_TEST_PP_FAIL, src/parallel/pp.c.) Used by tests/mpi to check that one
+ * rank's failure ends the whole job. */
 static int fault_check(int rank, int64_t step, loom_err *err) {
     const char *f = getenv("LOOM_TEST_FAIL");
     long r, st;
     char mode[16];
     if (!f || sscanf(f, "%ld:%ld:%15s", &r, &st, mode) != 3 || r != rank || st != step) return 0;
     if (!strcmp(mode, "kill")) raise(SIGKILL);
+    if (!strcmp(mode, "hang"))
+        for (;;) pause(); /* until the job is ended (SIGKILL) */
     return loom_errf(err, "LOOM_TEST_FAIL: injected error on rank %d at step %lld", rank,
                      (long long)step);
 }
