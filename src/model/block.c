@@ -66,6 +66,10 @@ static int width(const loom_model *m, int w) {
 }
 
 static int param_kind(const loom_model *m, int w) { return w == P_FC1 ? FC1_KIND(m) : w; }
+/* the LoRA site of a linear (lora.c) */
+static int lora_site(int w) {
+    return w == LOOM_L_Q_W ? 0 : w == LOOM_L_ATTN_PROJ_W ? 1 : w == P_FC1 ? 2 : 3;
+}
 static const float *param(const loom_model *m, int w, int l) {
     return w == P_NONE ? NULL : LP(m, param_kind(m, w), l);
 }
@@ -127,6 +131,8 @@ static void op_forward(loom_model *m, block_frame *f, int l, const block_op *op)
         be->matmul_forward(s[op->out], s[op->in], param(m, op->w, l),
                            bias_here ? param(m, op->b, l) : NULL, N, width(m, op->iw),
                            width(m, op->ow));
+        if (m->lora)
+            lora_linear_forward(m, l, lora_site(op->w), s[op->out], s[op->in], N, width(m, op->ow));
         break;
     }
     case OP_ROPE:
@@ -209,8 +215,13 @@ static void op_backward(loom_model *m, block_frame *f, int l, const block_op *op
     case OP_LINEAR: {
         const int iw = width(m, op->iw);
         memset(g[op->in], 0, (size_t)N * (size_t)iw * sizeof(float));
-        be->matmul_backward(g[op->in], grad(m, op->w, l), grad(m, op->b, l), g[op->out], s[op->in],
+        /* with LoRA adapters the base weights are frozen: no gradient for them */
+        be->matmul_backward(g[op->in], m->lora ? NULL : grad(m, op->w, l),
+                            m->lora ? NULL : grad(m, op->b, l), g[op->out], s[op->in],
                             param(m, op->w, l), N, iw, width(m, op->ow));
+        if (m->lora)
+            lora_linear_backward(m, l, lora_site(op->w), g[op->in], g[op->out], s[op->in], N,
+                                 width(m, op->ow));
         break;
     }
     case OP_ROPE:

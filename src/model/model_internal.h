@@ -100,8 +100,17 @@ void moe_backward(loom_model *m, block_frame *f, int l, int in, int out);
 void moe_init(loom_model *m);
 void moe_free(loom_model *m);
 
+/* LoRA (lora.c): after a linear's GEMM at `site` (0 q|k|v, 1 attn_proj, 2 fc | gate|up,
+ * 3 fc_proj) the adapters of its targets add into out (N rows of ow floats); backward adds
+ * their gradients and their part of din. With adapters attached the base weights are frozen. */
+void lora_linear_forward(loom_model *m, int layer, int site, float *out, const float *in,
+                         int64_t N, int64_t ow);
+void lora_linear_backward(loom_model *m, int layer, int site, float *din, const float *dout,
+                          const float *in, int64_t N, int64_t ow);
+
 struct loom_model {
     loom_model_config cfg;
+    struct loom_lora *lora; /* LoRA adapters (NULL: none); the base weights are then frozen */
     loom_model_layout lay; /* this view (tp = 1 and all layers for the whole model) */
     int maxB, maxT;       /* arena sizes */
     int D;                /* head dim */

@@ -1,0 +1,55 @@
+/* LoRA adapters: for each targeted linear W (out, in) of each layer, y = W x + (alpha / r) B A x
+ * with A (r, in) and B (out, r); the base weights are frozen (backward computes no gradient for
+ * the targeted and untargeted linears' weights of the block, only the adapters'). The adapters
+ * live in their own arenas (parameters, gradients), in layer order then target order
+ * q, k, v, o, gate | fc, up, down | fc_proj, each A then B. Init (PEFT's): A uniform in
+ * [-1/sqrt(in), 1/sqrt(in)] keyed by (seed, tensor, element), B zero, so the adapted model
+ * starts equal to the base. See docs/finetune.md. (src/model/lora.c) */
+#ifndef LOOM_LORA_H
+#define LOOM_LORA_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "loom/base.h"
+#include "loom/model.h"
+
+enum {
+    LOOM_LORA_Q = 1 << 0, LOOM_LORA_K = 1 << 1, LOOM_LORA_V = 1 << 2, LOOM_LORA_O = 1 << 3,
+    LOOM_LORA_GATE = 1 << 4, LOOM_LORA_UP = 1 << 5, LOOM_LORA_DOWN = 1 << 6,
+};
+#define LOOM_LORA_NT 7
+
+/* "q", "k", "v", "o", "gate", "up", "down"; gpt2 spellings "fc" (= gate: the first MLP
+ * matrix) and "fc_proj" (= down). -1 for an unknown name. */
+int loom_lora_target_bit(const char *name, int flavor);
+const char *loom_lora_target_name(int t, int flavor); /* t in [0, LOOM_LORA_NT) */
+
+typedef struct loom_lora loom_lora;
+typedef struct loom_lora_tensor {
+    char name[64];     /* "layers.3.q.lora_A" */
+    int layer, target; /* target index in [0, LOOM_LORA_NT) */
+    int is_b;          /* 0: A (r, in), 1: B (out, r) */
+    size_t offset;     /* in floats, into the adapter arenas */
+    int64_t rows, cols;
+} loom_lora_tensor;
+
+/* Attaches adapters to m (a whole model: tp 1, every layer, no MoE feed-forward when an MLP
+ * target is chosen): the block then adds them and m's base weights get no gradients. */
+int loom_lora_attach(loom_model *m, int rank, float alpha, unsigned targets, uint64_t seed,
+                     loom_lora **out, loom_err *err);
+/* Detaches and frees. */
+void loom_lora_free(loom_lora *l);
+int loom_lora_rank(const loom_lora *l);
+float loom_lora_alpha(const loom_lora *l);
+unsigned loom_lora_targets(const loom_lora *l);
+size_t loom_lora_num_params(const loom_lora *l);
+float *loom_lora_params(loom_lora *l);
+float *loom_lora_grads(loom_lora *l);
+void loom_lora_zero_grad(loom_lora *l);
+int loom_lora_num_tensors(const loom_lora *l);
+const loom_lora_tensor *loom_lora_tensor_at(const loom_lora *l, int i);
+/* W += (alpha / r) B A for every adapter, into base (the model's parameter arena layout). */
+void loom_lora_merge(const loom_lora *l, const loom_model *m, float *base);
+
+#endif
