@@ -591,6 +591,9 @@ int loom_train(loom_config *cfg, loom_err *err) {
             }
             loom_metrics_int(mx, "mem_bytes", (int64_t)mem_bytes +
                              (t.pp ? (int64_t)loom_pp_activation_bytes(t.pp) : 0));
+            /* the activation arenas: the model's own, or the pipeline's micro-batches' */
+            loom_metrics_int(mx, "act_bytes", t.pp ? (int64_t)loom_pp_activation_bytes(t.pp)
+                                                   : (int64_t)loom_model_arena_bytes(t.model));
             loom_metrics_int(mx, "rss_bytes", rss_bytes());
             loom_metrics_real(mx, "step_ms", dt * 1e3);
             if (vloss >= 0) loom_metrics_real(mx, "val_loss", vloss);
