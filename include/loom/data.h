@@ -109,6 +109,11 @@ int loom_loader_next(loom_loader *l, int B, int32_t *inputs, int32_t *targets, l
  * advances by the whole global batch, so every rank stays on the same order. */
 int loom_loader_next_slice(loom_loader *l, int B, int dp_rank, int dp_size, int32_t *inputs,
                            int32_t *targets, loom_err *err);
+/* loom_loader_next_slice, and (docs not NULL) the document of each input position: docs
+ * ((that many), T) numbered from 0 at each row's first token, one more at every doc-index
+ * entry that starts inside the row (model.doc_mask; docs/long-context.md). */
+int loom_loader_next_docs(loom_loader *l, int B, int dp_rank, int dp_size, int32_t *inputs,
+                          int32_t *targets, int32_t *docs, loom_err *err);
 /* One pass, for evaluation: every sample of the manifest lines the loader uses exactly once,
  * in a fixed order (the sources in order of first appearance, each source's samples in
  * manifest-line order: no mixing, no shuffle, no repeat caps), cut into global batches of B
@@ -121,6 +126,10 @@ uint64_t loom_loader_pass_batches(const loom_loader *l, int B); /* ceil(samples 
  * and rank, each sample is read once. */
 int loom_loader_pass_slice(loom_loader *l, uint64_t batch, int B, int dp_rank, int dp_size,
                            int32_t *inputs, int32_t *targets);
+/* loom_loader_pass_slice with the rows' document ids (as loom_loader_next_docs; rows past
+ * the end are one document). */
+int loom_loader_pass_slice_docs(loom_loader *l, uint64_t batch, int B, int dp_rank,
+                                int dp_size, int32_t *inputs, int32_t *targets, int32_t *docs);
 /* Reads lines appended to the manifest (a stat first) and uses them, up to `lines` lines in
  * all (0 = every complete line); *n_lines (may be NULL) gets the number of lines used. */
 int loom_loader_refresh(loom_loader *l, int lines, int *n_lines, loom_err *err);

@@ -49,7 +49,23 @@ typedef struct loom_model_config {
     float capacity_factor;
     float aux_loss_coef;
     float z_loss_coef;
+    /* long context (docs/long-context.md): */
+    int doc_mask;      /* 1: a batch's document ids (loom_model_set_docs) keep attention inside
+                        * each document and restart positions (RoPE, learned) per document */
+    int loss_chunk;    /* > 0: the LM head's logits, softmax, loss and gradients in chunks of
+                        * this many rows (tokens) in training arenas: no (B,T,V) logits */
+    int recompute;     /* loom_recompute: what backward recomputes instead of keeping */
 } loom_model_config;
+
+/* Activation checkpointing: NONE keeps every layer's activations; FULL keeps only the
+ * residual stream entering each layer and re-runs the block's forward in backward; SELECTIVE
+ * keeps the matmul outputs (q|k|v, attn_proj, fc, fc_proj) and recomputes the norms, the
+ * activation and attention (its output and lse, or probabilities). */
+typedef enum loom_recompute {
+    LOOM_RECOMPUTE_NONE = 0,
+    LOOM_RECOMPUTE_FULL = 1,
+    LOOM_RECOMPUTE_SELECTIVE = 2
+} loom_recompute;
 
 /* How the block computes attention: flash (tiled online softmax, keeps the per-row
  * log-sum-exp for backward, O(T) extra memory) or sdpa (the materialized reference: keeps the
@@ -388,6 +404,12 @@ void loom_model_backward_acts(loom_model *m, loom_acts *a, float dscale);
 /* Recomputes layer `layer`'s activations of the arena's last forward from the stream entering
  * it (activation checkpointing walks the same block definition again). */
 void loom_model_recompute_layer(loom_model *m, loom_acts *a, int layer);
+/* Document ids of the next forwards on arena a (a NULL: the model's own arena): docs (B,T),
+ * B and T those of the forward; positions of a row with the same id as the previous one are
+ * one document (runs: ids are compared with their neighbour only). Attention stays inside each
+ * document and positions (RoPE, learned) restart at 0 where a document starts. docs NULL: one
+ * document per row (the default). Needs model.doc_mask. */
+void loom_model_set_docs(loom_model *m, loom_acts *a, const int32_t *docs, int B, int T);
 /* Overwrites layer `layer`'s kept activations with `value` (what a dropped layer holds before
  * its recompute; tests use it to check that backward reads only recomputed values). */
 void loom_acts_poison_layer(const loom_model *m, loom_acts *a, int layer, float value);
@@ -407,7 +429,8 @@ int64_t loom_model_valid_targets(const loom_model *m);
 void loom_model_zero_grad(loom_model *m);
 /* logits of the last forward (valid until backward): (B,T,V), or (B,K) for classify; a
  * tensor-parallel view's LM logits are its vocabulary columns only, (B,T,Vl) with
- * loom_model_vocab_range */
+ * loom_model_vocab_range; NULL when model.loss_chunk > 0 chunked the LM head of a training
+ * arena (no (B,T,V) logits) */
 const float *loom_model_logits(const loom_model *m);
 /* The rows [*v0, *v0 + *vl) of the vocabulary this view holds (wte, lm_head and the logits'
  * columns): the whole vocabulary at tp = 1; with tp > 1 split as evenly as it goes (the first

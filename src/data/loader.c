@@ -309,10 +309,32 @@ static source *pick(const loom_loader *l) {
     return best;
 }
 
+/* The document of each of the n tokens from `start` of shard sh (its doc-index entries),
+ * numbered from 0 at the first one: docs (n). */
+static void doc_ids(const loom_shard *sh, uint64_t start, size_t n, int32_t *docs) {
+    const uint64_t nd = loom_shard_num_docs(sh);
+    uint64_t a = 0, b = nd - 1; /* the last entry starting at or before `start` */
+    while (a < b) {
+        const uint64_t mid = a + (b - a + 1) / 2;
+        if (loom_shard_doc_start(sh, mid) <= start) a = mid;
+        else b = mid - 1;
+    }
+    int32_t id = 0;
+    uint64_t next = a + 1 < nd ? loom_shard_doc_start(sh, a + 1) : UINT64_MAX;
+    for (size_t t = 0; t < n; t++) {
+        while (start + t >= next) { /* a document starts here */
+            id++;
+            a++;
+            next = a + 1 < nd ? loom_shard_doc_start(sh, a + 1) : UINT64_MAX;
+        }
+        docs[t] = id;
+    }
+}
+
 /* Copies sample idx of source s (source-local numbering: its lines in manifest order) into
- * inputs/targets (T each). */
+ * inputs/targets (T each), and when docs is not NULL the inputs' document ids (T). */
 static void read_sample(loom_loader *l, const source *s, uint64_t idx, int32_t *inputs,
-                        int32_t *targets) {
+                        int32_t *targets, int32_t *docs) {
     int a = 0, b = s->n_lines - 1; /* the last line with first[a] <= idx */
     while (a < b) {
         int mid = a + (b - a + 1) / 2;
@@ -327,11 +349,12 @@ static void read_sample(loom_loader *l, const source *s, uint64_t idx, int32_t *
     memcpy(targets, l->buf + 1, T * sizeof *targets);
     /* a shard with a loss mask (chat data): only masked tokens are targets */
     loom_shard_apply_mask(sh, start + 1, (uint64_t)T, targets);
+    if (docs) doc_ids(sh, start, T, docs);
 }
 
 /* Delivers the source's next sample: copied into inputs/targets (T each) unless they are
  * NULL (a sample another DP rank reads). */
-static void take(loom_loader *l, source *s, int32_t *inputs, int32_t *targets) {
+static void take(loom_loader *l, source *s, int32_t *inputs, int32_t *targets, int32_t *docs) {
     if (inputs) {
         const uint64_t p = s->position;
         int j = 0; /* the segment holding position p */
@@ -341,7 +364,7 @@ static void take(loom_loader *l, source *s, int32_t *inputs, int32_t *targets) {
         if (l->o.shuffle)
             q = permute(q, n, loom_rng_u64(loom_rng_u64(l->o.seed, s->stream, s->epoch),
                                            l->seg_tag, (uint64_t)j));
-        read_sample(l, s, lo + q, inputs, targets);
+        read_sample(l, s, lo + q, inputs, targets, docs);
     }
     s->position++;
     s->consumed++;
@@ -368,6 +391,11 @@ static int exhausted(const loom_loader *l, loom_err *err) {
 
 int loom_loader_next_slice(loom_loader *l, int B, int dp_rank, int dp_size, int32_t *inputs,
                            int32_t *targets, loom_err *err) {
+    return loom_loader_next_docs(l, B, dp_rank, dp_size, inputs, targets, NULL, err);
+}
+
+int loom_loader_next_docs(loom_loader *l, int B, int dp_rank, int dp_size, int32_t *inputs,
+                          int32_t *targets, int32_t *docs, loom_err *err) {
     LOOM_CHECK(B >= 1 && dp_size >= 1 && dp_rank >= 0 && dp_rank < dp_size);
     if (l->o.follow && loom_loader_refresh(l, 0, NULL, err)) return -1;
     const int64_t lo = (int64_t)B * dp_rank / dp_size, hi = (int64_t)B * (dp_rank + 1) / dp_size;
@@ -381,7 +409,8 @@ int loom_loader_next_slice(loom_loader *l, int B, int dp_rank, int dp_size, int3
         if (!s) return exhausted(l, err);
         const int mine = b >= lo && b < hi;
         take(l, s, mine ? inputs + (size_t)(b - lo) * T : NULL,
-             mine ? targets + (size_t)(b - lo) * T : NULL);
+             mine ? targets + (size_t)(b - lo) * T : NULL,
+             mine && docs ? docs + (size_t)(b - lo) * T : NULL);
     }
     return 0;
 }
@@ -400,6 +429,11 @@ uint64_t loom_loader_pass_batches(const loom_loader *l, int B) {
 
 int loom_loader_pass_slice(loom_loader *l, uint64_t batch, int B, int dp_rank, int dp_size,
                            int32_t *inputs, int32_t *targets) {
+    return loom_loader_pass_slice_docs(l, batch, B, dp_rank, dp_size, inputs, targets, NULL);
+}
+
+int loom_loader_pass_slice_docs(loom_loader *l, uint64_t batch, int B, int dp_rank,
+                                int dp_size, int32_t *inputs, int32_t *targets, int32_t *docs) {
     LOOM_CHECK(B >= 1 && dp_size >= 1 && dp_rank >= 0 && dp_rank < dp_size);
     const uint64_t total = loom_loader_num_samples(l);
     const uint64_t lo = (uint64_t)B * (uint64_t)dp_rank / (uint64_t)dp_size;
@@ -417,16 +451,18 @@ int loom_loader_pass_slice(loom_loader *l, uint64_t batch, int B, int dp_rank, i
     int real = 0;
     for (uint64_t r = lo; r < hi; r++) {
         int32_t *in = inputs + (size_t)(r - lo) * T, *tg = targets + (size_t)(r - lo) * T;
+        int32_t *dc = docs ? docs + (size_t)(r - lo) * T : NULL;
         if (start + r >= total) { /* past the end of the pass: a row the loss ignores */
             memset(in, 0, T * sizeof *in);
             for (size_t t = 0; t < T; t++) tg[t] = -1;
+            if (dc) memset(dc, 0, T * sizeof *dc);
             continue;
         }
         while (k >= l->src[i].first[l->src[i].n_lines]) { /* sources without samples too */
             k -= l->src[i].first[l->src[i].n_lines];
             i++;
         }
-        read_sample(l, &l->src[i], k, in, tg);
+        read_sample(l, &l->src[i], k, in, tg, dc);
         k++;
         real++;
     }

@@ -100,6 +100,15 @@ static void rope(loom_model *m, block_frame *f, float *x, int bwd) {
     const loom_backend *be = m->be;
     void (*fn)(float *, int64_t, int, int, int, int64_t, const float *, const float *, int) =
         bwd ? be->rope_backward : be->rope_forward;
+    if (f->n_runs && !f->kcache) { /* model.doc_mask: each document from position 0 */
+        for (int r = 0; r < f->n_runs; r++) {
+            float *d = x + (int64_t)f->run_row[r] * m->QKV;
+            fn(d, 1, f->run_len[r], m->H, m->D, m->QKV, m->rope_cos, m->rope_sin, 0);
+            fn(d + m->H * m->D, 1, f->run_len[r], m->KVH, m->D, m->QKV, m->rope_cos, m->rope_sin,
+               0);
+        }
+        return;
+    }
     int start[2], len[2], pos[2];
     const int n = f->kcache ? 1 : model_row_runs(m, f->T, start, len, pos);
     if (n == 1) {
@@ -113,6 +122,16 @@ static void rope(loom_model *m, block_frame *f, float *x, int bwd) {
             fn(r, 1, len[i], m->H, m->D, m->QKV, m->rope_cos, m->rope_sin, pos[i]);
             fn(r + m->H * m->D, 1, len[i], m->KVH, m->D, m->QKV, m->rope_cos, m->rope_sin, pos[i]);
         }
+}
+
+/* causal, and with documents (model.doc_mask) inside each document of the row */
+static loom_attn_mask attn_mask(const block_frame *f) {
+    loom_attn_mask mk = {.causal = 1};
+    if (f->n_runs) {
+        mk.q_doc = mk.k_doc = f->docs;
+        mk.q_doc_bs = mk.k_doc_bs = f->T;
+    }
+    return mk;
 }
 
 static void op_forward(loom_model *m, block_frame *f, int l, const block_op *op) {
@@ -179,10 +198,18 @@ static void op_forward(loom_model *m, block_frame *f, int l, const block_op *op)
         } else if (m->cfg.attention == LOOM_ATTN_FLASH) { /* S_ATT keeps the lse (B,H,T) */
             LOOM_CHECK(m->lay.cp <= 1); /* a cp view attends only through its hook */
             const loom_attn_dims dims = flash_attention_dims_qkv(f->B, f->T, m->H, m->KVH, m->D);
-            const loom_attn_mask mask = {.causal = 1};
+            const loom_attn_mask mask = attn_mask(f);
             const float *q = s[op->in], *k = q + m->H * m->D, *v = k + m->KVH * m->D;
             LOOM_CHECK(be->flash_attention_forward(s[op->out], s[op->aux0], q, k, v, &dims,
                                                    &mask) == 0);
+        } else if (f->n_runs) { /* sdpa per document: S_ATT packs each run's (H,len,len) */
+            int64_t at = 0;
+            for (int r = 0; r < f->n_runs; r++) {
+                const int64_t row = f->run_row[r], len = f->run_len[r];
+                be->attention_forward(s[op->out] + row * m->H * m->D, s[op->aux0] + at,
+                                      s[op->in] + row * m->QKV, 1, (int)len, m->H, m->KVH, m->D);
+                at += (int64_t)m->H * len * len;
+            }
         } else {
             be->attention_forward(s[op->out], s[op->aux0], s[op->in], f->B, f->T, m->H, m->KVH,
                                   m->D);
@@ -234,13 +261,22 @@ static void op_backward(loom_model *m, block_frame *f, int l, const block_op *op
                              s[op->aux0], f->B, f->T);
         } else if (m->cfg.attention == LOOM_ATTN_FLASH) { /* recomputes the tiles from q, k, v, lse */
             const loom_attn_dims dims = flash_attention_dims_qkv(f->B, f->T, m->H, m->KVH, m->D);
-            const loom_attn_mask mask = {.causal = 1};
+            const loom_attn_mask mask = attn_mask(f);
             const int HD = m->H * m->D, KD = m->KVH * m->D;
             const float *q = s[op->in];
             float *dq = g[op->in];
             LOOM_CHECK(be->flash_attention_backward(dq, dq + HD, dq + HD + KD, g[op->out], q,
                                                     q + HD, q + HD + KD, s[op->out], s[op->aux0],
                                                     &dims, &mask) == 0);
+        } else if (f->n_runs) {
+            int64_t at = 0;
+            for (int r = 0; r < f->n_runs; r++) {
+                const int64_t row = f->run_row[r], len = f->run_len[r];
+                be->attention_backward(g[op->in] + row * m->QKV, f->datt + at,
+                                       g[op->out] + row * m->H * m->D, s[op->in] + row * m->QKV,
+                                       s[op->aux0] + at, 1, (int)len, m->H, m->KVH, m->D);
+                at += (int64_t)m->H * len * len;
+            }
         } else {
             be->attention_backward(g[op->in], f->datt, g[op->out], s[op->in], s[op->aux0], f->B,
                                    f->T, m->H, m->KVH, m->D);
@@ -268,6 +304,20 @@ void block_backward(loom_model *m, block_frame *f, int layer) {
         if (!skipped(m, layer, &BLOCK[i])) op_backward(m, f, layer, &BLOCK[i]);
 }
 
+void block_recompute(loom_model *m, block_frame *f, int layer) {
+    if (m->cfg.recompute == LOOM_RECOMPUTE_FULL) {
+        block_forward(m, f, layer);
+        return;
+    }
+    /* selective: the ops whose outputs were not kept (slot_kept), from kept inputs; q|k|v is
+     * kept rotated, so attention runs on it as the forward did */
+    for (int i = 0; i < N_OPS; i++) {
+        const int k = BLOCK[i].kind;
+        if ((k == OP_NORM || k == OP_ATTN || k == OP_ACT) && !skipped(m, layer, &BLOCK[i]))
+            op_forward(m, f, layer, &BLOCK[i]);
+    }
+}
+
 /* ---- the activation arena ---------------------------------------------------------------- */
 
 /* floats of slot k for one layer at rows N (B of them) */
@@ -289,6 +339,29 @@ static int64_t slot_floats(const loom_model *m, int k, int64_t B, int64_t T) {
 
 static size_t pad16(int64_t n) { return ((size_t)n + 15) & ~(size_t)15; } /* 64-byte aligned */
 
+/* Whether slot k is kept per layer for backward under model.recompute (a training arena);
+ * the others are one buffer shared by every layer, refilled by block_recompute. full keeps
+ * the residual stream only (S_X is the previous layer's S_RES3); selective also the matmul
+ * outputs and the norms' statistics, and drops the norms' outputs, attention's output and
+ * its lse / probabilities, and the activation's output. */
+static int slot_kept(const loom_model *m, int k) {
+    switch (m->cfg.recompute) {
+    case LOOM_RECOMPUTE_FULL: return k == S_RES3;
+    case LOOM_RECOMPUTE_SELECTIVE:
+        return !(k == S_LN1 || k == S_ATT || k == S_ATTY || k == S_LN2 || k == S_FCH_ACT);
+    default: return 1;
+    }
+}
+
+/* rows of the LM head's logits chunk (model.loss_chunk) in a training arena; 0 = none */
+static int64_t acts_chunk(const loom_model *m, int B, int T, int stacked) {
+    const int64_t BT = (int64_t)B * T;
+    /* (a tensor-parallel view's vocab-parallel cross-entropy is not chunked) */
+    if (!stacked || m->cfg.head != LOOM_HEAD_LM || m->cfg.loss_chunk <= 0 || m->lay.tp > 1)
+        return 0;
+    return m->cfg.loss_chunk < BT ? m->cfg.loss_chunk : BT;
+}
+
 /* Lays the arena out (a = NULL: only counts); returns its floats. */
 static size_t layout_acts(const loom_model *m, struct loom_acts *a, float *base, int B, int T,
                           int stacked) {
@@ -306,11 +379,12 @@ static size_t layout_acts(const loom_model *m, struct loom_acts *a, float *base,
     } while (0)
     for (int k = 1; k < S_COUNT; k++) {
         const int64_t per = slot_floats(m, k, B, T);
+        const int keep = stacked && slot_kept(m, k); /* else one buffer shared by the layers */
         if (a) {
             a->slot[k] = base + at;
-            a->stride[k] = stacked ? (int64_t)pad16(per) : 0;
+            a->stride[k] = keep ? (int64_t)pad16(per) : 0;
         }
-        at += pad16(per) * (size_t)nl;
+        at += pad16(per) * (size_t)(keep ? nl : 1);
     }
     TAKE(a ? &a->encoded : &dummy, BT * C);
     /* a pipeline stage before the last has no head: none of its buffers */
@@ -318,7 +392,9 @@ static size_t layout_acts(const loom_model *m, struct loom_acts *a, float *base,
     TAKE(a ? &a->lnf : &dummy, hd * BT * C);
     TAKE(a ? &a->lnf_mean : &dummy, hd * BT);
     TAKE(a ? &a->lnf_rstd : &dummy, hd * BT);
-    TAKE(a ? &a->logits : &dummy, hd * (cls ? (int64_t)B * K : BT * m->Vl));
+    const int64_t chunk = hd ? acts_chunk(m, B, T, stacked) : 0;
+    if (a) a->chunk = chunk;
+    TAKE(a ? &a->logits : &dummy, hd * (cls ? (int64_t)B * K : (chunk ? chunk : BT) * m->Vl));
     TAKE(a ? &a->losses : &dummy, hd * BT);
     if (!cls && hd && m->lay.tp > 1) { /* vocab-parallel cross-entropy's row statistics */
         TAKE(a ? &a->vmax : &dummy, BT);
@@ -365,6 +441,11 @@ loom_acts *loom_acts_create(const loom_model *m, int B, int T, int for_training)
     layout_acts(m, a, a->mem, B, T, a->stacked);
     a->inputs = loom_calloc((size_t)B * (size_t)T, sizeof(int32_t));
     a->targets = loom_calloc((size_t)B * (size_t)T, sizeof(int32_t));
+    if (m->cfg.doc_mask) {
+        a->docs = loom_calloc((size_t)B * (size_t)T, sizeof(int32_t));
+        a->run_row = loom_calloc((size_t)B * (size_t)T, sizeof(int32_t));
+        a->run_len = loom_calloc((size_t)B * (size_t)T, sizeof(int32_t));
+    }
     return a;
 }
 
@@ -373,11 +454,15 @@ void loom_acts_free(loom_acts *a) {
     free(a->mem);
     free(a->inputs);
     free(a->targets);
+    free(a->docs);
+    free(a->run_row);
+    free(a->run_len);
     free(a);
 }
 
 size_t loom_acts_bytes(const loom_acts *a) {
-    return a->floats * sizeof(float) + 2 * (size_t)a->maxB * (size_t)a->maxT * sizeof(int32_t);
+    const size_t ints = (a->docs ? 5 : 2) * (size_t)a->maxB * (size_t)a->maxT;
+    return a->floats * sizeof(float) + ints * sizeof(int32_t);
 }
 
 const float *loom_acts_logits(const loom_acts *a) { return a->logits; }
@@ -404,6 +489,39 @@ void acts_frame(const loom_model *m, const loom_acts *a, int l, int B, int T, bl
     f->moe_t0 = a->moe_t0;
     f->moe_t1 = a->moe_t1;
     f->train = a->stacked;
+    if (a->n_runs) { /* loom_model_forward_acts checked the shape */
+        f->docs = a->docs;
+        f->run_row = a->run_row;
+        f->run_len = a->run_len;
+        f->n_runs = a->n_runs;
+    }
+}
+
+void loom_model_set_docs(loom_model *m, loom_acts *a, const int32_t *docs, int B, int T) {
+    if (!a) a = m->acts;
+    LOOM_CHECK(a != NULL);
+    a->n_runs = 0;
+    if (!docs) return;
+    LOOM_CHECK(m->lay.cp <= 1); /* the cp attention hook takes no document ids yet */
+    LOOM_CHECK(m->cfg.doc_mask && a->docs && B > 0 && B <= a->maxB && T > 0 && T <= a->maxT);
+    int n = 0;
+    for (int64_t b = 0; b < B; b++) {
+        int32_t id = -1;
+        for (int64_t t = 0; t < T; t++) {
+            const int64_t i = b * T + t;
+            if (t == 0 || docs[i] != docs[i - 1]) { /* a document starts */
+                id++;
+                a->run_row[n] = (int32_t)i;
+                a->run_len[n] = 0;
+                n++;
+            }
+            a->run_len[n - 1]++;
+            a->docs[i] = id;
+        }
+    }
+    a->n_runs = n;
+    a->docs_B = B;
+    a->docs_T = T;
 }
 
 void loom_acts_poison_layer(const loom_model *m, loom_acts *a, int layer, float value) {

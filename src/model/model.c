@@ -162,6 +162,12 @@ static int check_config(const loom_model_config *c, loom_err *err) {
         return loom_errf(err, "model: rope_theta must be positive");
     if (c->attention != LOOM_ATTN_FLASH && c->attention != LOOM_ATTN_SDPA)
         return loom_errf(err, "model: unknown attention %d", c->attention);
+    if (c->doc_mask != 0 && c->doc_mask != 1)
+        return loom_errf(err, "model: doc_mask must be 0 or 1 (got %d)", c->doc_mask);
+    if (c->loss_chunk < 0)
+        return loom_errf(err, "model: loss_chunk must be >= 0 (got %d)", c->loss_chunk);
+    if (c->recompute < LOOM_RECOMPUTE_NONE || c->recompute > LOOM_RECOMPUTE_SELECTIVE)
+        return loom_errf(err, "model: unknown recompute mode %d", c->recompute);
     if (c->head != LOOM_HEAD_LM && c->head != LOOM_HEAD_CLASSIFY)
         return loom_errf(err, "model: unknown head %d", c->head);
     if (c->n_expert < 0 || (c->n_expert > 0 &&
@@ -409,7 +415,8 @@ size_t loom_model_activation_bytes(const loom_model *m) {
     const size_t rope = m->cfg.flavor == LOOM_FLAVOR_GPT2
                             ? 0
                             : 2 * (size_t)m->cfg.max_seq_len * (size_t)(m->D / 2) * sizeof(float);
-    return m->act_floats * sizeof(float) + 2 * BT * sizeof(int32_t) + rope;
+    const size_t ints = (m->cfg.doc_mask ? 5 : 2) * BT; /* inputs, targets; documents */
+    return m->act_floats * sizeof(float) + ints * sizeof(int32_t) + rope;
 }
 
 void loom_model_free(loom_model *m) {
@@ -435,7 +442,9 @@ const loom_backend *loom_model_backend(const loom_model *m) { return m->be; }
 size_t loom_model_num_params(const loom_model *m) { return m->n_params; }
 float *loom_model_params(loom_model *m) { return m->params; }
 float *loom_model_grads(loom_model *m) { return m->grads; }
-const float *loom_model_logits(const loom_model *m) { return m->acts ? m->acts->logits : NULL; }
+const float *loom_model_logits(const loom_model *m) {
+    return m->acts && !m->acts->chunk ? m->acts->logits : NULL;
+}
 void loom_model_vocab_range(const loom_model *m, int *v0, int *vl) {
     *v0 = m->V0;
     *vl = m->Vl;
@@ -570,16 +579,26 @@ static void norm_bwd(const loom_model *m, float *din, float *dw, float *db, cons
         m->be->rmsnorm_backward(din, dw, dout, in, w, rstd, N, m->cfg.d_model);
 }
 
-/* Cross-entropy of the last logits (N rows of K) against targets (N, < 0 ignored): keeps the
- * targets for backward and returns the mean over the valid ones. */
+/* Cross-entropy against targets (N, < 0 ignored) of the last logits (N rows of K), or with
+ * model.loss_chunk (a->chunk rows) of the LM head's logits computed chunk by chunk from lnf
+ * and head: keeps the targets for backward and returns the mean over the valid ones. */
 static float mean_loss(const loom_model *m, loom_acts *a, const int32_t *targets, int64_t N,
-                       int K) {
+                       int K, const float *head) {
     memcpy(a->targets, targets, (size_t)N * sizeof(int32_t));
     for (int64_t i = 0; i < N; i++) {
         LOOM_CHECK(targets[i] < K);
         if (targets[i] >= 0) a->valid++;
     }
-    m->be->crossentropy_forward(a->losses, a->logits, targets, N, K);
+    if (a->chunk) {
+        const int C = m->cfg.d_model;
+        for (int64_t r0 = 0; r0 < N; r0 += a->chunk) {
+            const int64_t n = N - r0 < a->chunk ? N - r0 : a->chunk;
+            m->be->matmul_forward(a->logits, a->lnf + r0 * C, head, NULL, n, C, K);
+            m->be->crossentropy_forward(a->losses + r0, a->logits, targets + r0, n, K);
+        }
+    } else {
+        m->be->crossentropy_forward(a->losses, a->logits, targets, N, K);
+    }
     double sum = 0.0;
     for (int64_t i = 0; i < N; i++) sum += a->losses[i];
     return a->valid > 0 ? (float)(sum / (double)a->valid) : 0.0f;
@@ -643,9 +662,16 @@ static void embed_rows(loom_model *m, int bwd, float *x, const int32_t *inputs, 
 
 static void embed(loom_model *m, loom_acts *a, const int32_t *inputs, int B, int T, int bwd) {
     const int C = m->cfg.d_model;
+    float *x = bwd ? a->dres : a->encoded;
+    if (a->n_runs && loom_model_global(m, LOOM_P_WPE)) { /* doc_mask: positions per document */
+        for (int r = 0; r < a->n_runs; r++) {
+            const size_t row = (size_t)a->run_row[r];
+            embed_rows(m, bwd, x + row * (size_t)C, inputs + row, 1, a->run_len[r], 0);
+        }
+        return;
+    }
     int start[2], len[2], pos[2];
     const int n = model_row_runs(m, T, start, len, pos);
-    float *x = bwd ? a->dres : a->encoded;
     if (n == 1) {
         embed_rows(m, bwd, x, inputs, B, T, 0);
         return;
@@ -709,6 +735,8 @@ float loom_model_forward_acts(loom_model *m, loom_acts *a, const int32_t *inputs
     memcpy(a->inputs, inputs, (size_t)BT * sizeof(int32_t));
     for (int64_t i = 0; i < BT; i++) LOOM_CHECK(inputs[i] >= 0 && inputs[i] < V);
 
+    /* documents set by loom_model_set_docs are for this shape */
+    LOOM_CHECK(!a->n_runs || (a->docs_B == B && a->docs_T == T));
     const int U_FINAL = m->n_units - 1;
     const int vp = m->lay.tp > 1; /* vocab-parallel embedding and head */
     if (m->lay.has_embedding) { /* a later pipeline stage gets a->encoded at STAGE_IN */
@@ -742,20 +770,24 @@ float loom_model_forward_acts(loom_model *m, loom_acts *a, const int32_t *inputs
         m->be->mean_pool_forward(a->pooled, a->lnf, B, T, C);
         m->be->matmul_forward(a->logits, a->pooled, PARAM(m, LOOM_P_CLS_W),
                               PARAM(m, LOOM_P_CLS_B), B, C, c->num_classes);
-    } else { /* with tp > 1 this view's Vl columns of the logits */
+    } else if (!a->chunk) { /* with tp > 1 this view's Vl columns of the logits (chunked:
+                             * mean_loss computes them chunk by chunk) */
         vocab_point(m, LOOM_CP_COL_IN, 0, LOOM_SITE_HEAD, a->lnf, BT * C);
         const float *head = gpt2 ? PARAM(m, LOOM_P_WTE) : PARAM(m, LOOM_P_LM_HEAD);
         m->be->matmul_forward(a->logits, a->lnf, head, NULL, BT, C, m->Vl);
     }
-    if (tied) release(m, 0, 0);
-    release(m, U_FINAL, 0);
-
     a->has_targets = targets != NULL;
     a->valid = 0;
-    if (!targets) return 0.0f;
-    if (!cls && vp) return vocab_parallel_loss(m, a, targets, BT);
+    float loss = 0.0f;
     /* N rows of K-way logits: B sequences x K classes, or B*T positions x V tokens */
-    return mean_loss(m, a, targets, cls ? B : BT, cls ? c->num_classes : V);
+    if (targets && !cls && vp)
+        loss = vocab_parallel_loss(m, a, targets, BT);
+    else if (targets)
+        loss = mean_loss(m, a, targets, cls ? B : BT, cls ? c->num_classes : V,
+                         cls ? NULL : gpt2 ? PARAM(m, LOOM_P_WTE) : PARAM(m, LOOM_P_LM_HEAD));
+    if (tied) release(m, 0, 0);
+    release(m, U_FINAL, 0);
+    return loss;
 }
 
 void loom_model_recompute_layer(loom_model *m, loom_acts *a, int layer) {
@@ -769,25 +801,38 @@ void loom_model_recompute_layer(loom_model *m, loom_acts *a, int layer) {
     release(m, u, 0);
 }
 
+/* The stage's layers backward, last first; with model.recompute each layer's dropped
+ * activations are recomputed from what its forward kept first (the shared buffers still hold
+ * the last layer's). */
+static void layers_backward(loom_model *m, loom_acts *a, float dscale) {
+    block_frame f;
+    for (int l = m->lay.l1 - 1; l >= m->lay.l0; l--) {
+        const int u = l - m->lay.l0 + 1;
+        acts_frame(m, a, l, a->B, a->T, &f);
+        acquire(m, u, 1);
+        if (m->cfg.recompute != LOOM_RECOMPUTE_NONE && l != m->lay.l1 - 1) {
+            f.recompute = 1; /* MoE: routing statistics are not counted again */
+            block_recompute(m, &f, l);
+            f.recompute = 0;
+        }
+        f.dscale = dscale;
+        block_backward(m, &f, l);
+        release(m, u, 1);
+        grads_ready(m, u);
+    }
+}
+
 /* Backward of a pipeline stage without the head: the gradient of the stream leaving the stage
  * comes in at STAGE_OUT (zero without a communication point), the layers run backward, and
  * the gradient of the stream entering it leaves at STAGE_IN (then the embedding's, on the
  * first stage). */
-static void stage_backward(loom_model *m, loom_acts *a) {
+static void stage_backward(loom_model *m, loom_acts *a, float dscale) {
     const int C = m->cfg.d_model, B = a->B, T = a->T;
     const int64_t BT = (int64_t)B * T;
     memset(m->have_grads, 0, (size_t)m->n_units);
     memset(a->dres, 0, (size_t)BT * C * sizeof(float));
     stage_point(m, LOOM_CP_STAGE_OUT, 1, a->dres, BT * C);
-    block_frame f;
-    for (int l = m->lay.l1 - 1; l >= m->lay.l0; l--) {
-        const int u = l - m->lay.l0 + 1;
-        acts_frame(m, a, l, B, T, &f);
-        acquire(m, u, 1);
-        block_backward(m, &f, l);
-        release(m, u, 1);
-        grads_ready(m, u);
-    }
+    layers_backward(m, a, dscale);
     stage_point(m, LOOM_CP_STAGE_IN, 1, a->dres, BT * C);
     if (m->lay.has_embedding) {
         ensure_grads(m, 0);
@@ -800,7 +845,7 @@ static void stage_backward(loom_model *m, loom_acts *a) {
 void loom_model_backward_acts(loom_model *m, loom_acts *a, float dscale) {
     LOOM_CHECK(a->has_targets && a->stacked);
     if (!m->lay.has_head) {
-        stage_backward(m, a);
+        stage_backward(m, a, dscale);
         return;
     }
     const loom_model_config *c = &m->cfg;
@@ -823,6 +868,17 @@ void loom_model_backward_acts(loom_model *m, loom_acts *a, float dscale) {
         m->be->matmul_backward(a->dpooled, GRAD(m, LOOM_P_CLS_W), GRAD(m, LOOM_P_CLS_B),
                                a->logits, a->pooled, PARAM(m, LOOM_P_CLS_W), B, C, K);
         m->be->mean_pool_backward(a->dln, a->dpooled, B, T, C);
+    } else if (a->chunk) { /* model.loss_chunk (tp = 1): each chunk's logits again, then its
+                            * dlogits, d(lnf) and d(head): no (B,T,V) buffer */
+        const float *head = gpt2 ? PARAM(m, LOOM_P_WTE) : PARAM(m, LOOM_P_LM_HEAD);
+        float *dhead = gpt2 ? GRAD(m, LOOM_P_WTE) : GRAD(m, LOOM_P_LM_HEAD);
+        for (int64_t r0 = 0; r0 < BT; r0 += a->chunk) {
+            const int64_t n = BT - r0 < a->chunk ? BT - r0 : a->chunk;
+            m->be->matmul_forward(a->logits, a->lnf + r0 * C, head, NULL, n, C, V);
+            m->be->crossentropy_softmax_backward(a->logits, a->targets + r0, n, V, dscale);
+            m->be->matmul_backward(a->dln + r0 * C, dhead, NULL, a->logits, a->lnf + r0 * C,
+                                   head, n, C, V);
+        }
     } else { /* logits (B,T,V) become dlogits in place (tp > 1: this view's columns) */
         if (vp)
             m->be->crossentropy_shard_backward(a->logits, a->targets, a->vmax, a->vsums, m->V0,
@@ -845,15 +901,7 @@ void loom_model_backward_acts(loom_model *m, loom_acts *a, float dscale) {
     grads_ready(m, U_FINAL);
     stage_point(m, LOOM_CP_STAGE_OUT, 1, a->dres, BT * C);
 
-    for (int l = m->lay.l1 - 1; l >= m->lay.l0; l--) {
-        const int u = l - m->lay.l0 + 1;
-        acts_frame(m, a, l, B, T, &f);
-        f.dscale = dscale;
-        acquire(m, u, 1);
-        block_backward(m, &f, l);
-        release(m, u, 1);
-        grads_ready(m, u);
-    }
+    layers_backward(m, a, dscale);
     stage_point(m, LOOM_CP_STAGE_IN, 1, a->dres, BT * C);
     if (m->lay.has_embedding) {
         ensure_grads(m, 0);
@@ -880,6 +928,7 @@ void loom_model_backward(loom_model *m, float dscale) {
 const float *loom_model_next_logits(loom_model *m, const int32_t *tokens, int n) {
     LOOM_CHECK(n > 0 && n <= m->maxT && m->cfg.head == LOOM_HEAD_LM);
     loom_model_forward(m, tokens, NULL, 1, n);
+    LOOM_CHECK(!m->acts->chunk); /* a chunked LM head keeps no logits */
     return m->acts->logits + (size_t)(n - 1) * (size_t)m->cfg.vocab_size;
 }
 

@@ -37,6 +37,12 @@ const loom_config_key loom_model_config_keys[] = {
     {"model.moe.aux_loss_coef", "0.01", "weight of the load-balancing loss"},
     {"model.moe.z_loss_coef", "0.001", "weight of the router z-loss"},
     {"model.moe.shared_experts", "0", "experts every token goes through (besides its top_k)"},
+    {"model.doc_mask", "false", "packed sequences: attention stays inside each document of the "
+                                "shards' document index, positions restart per document"},
+    {"model.loss_chunk", "0", "LM head + loss in chunks of this many tokens (no B x T x V "
+                              "logits); 0 = all at once"},
+    {"model.recompute", "none", "activation checkpointing: none, full (re-run each block in "
+                                "backward) or selective (recompute norms, activation, attention)"},
 };
 const int loom_model_config_nkeys = sizeof loom_model_config_keys / sizeof loom_model_config_keys[0];
 
@@ -136,6 +142,17 @@ int loom_model_config_from(const loom_config *c, int default_seq_len, loom_model
         out->top_k = out->moe_every = out->shared_experts = out->group_tokens = 0;
         out->capacity_factor = out->aux_loss_coef = out->z_loss_coef = 0.0f;
     }
+    if (loom_config_get_bool(c, "model.doc_mask", &out->doc_mask, err) ||
+        get_int(c, "model.loss_chunk", 0, 1 << 30, &out->loss_chunk, err))
+        return -1;
+    const char *rc;
+    if (loom_config_get_str(c, "model.recompute", &rc, err)) return -1;
+    if (!strcmp(rc, "none")) out->recompute = LOOM_RECOMPUTE_NONE;
+    else if (!strcmp(rc, "full")) out->recompute = LOOM_RECOMPUTE_FULL;
+    else if (!strcmp(rc, "selective")) out->recompute = LOOM_RECOMPUTE_SELECTIVE;
+    else
+        return loom_errf(err, "config key 'model.recompute' = '%s' (%s): expected none, full or "
+                              "selective", rc, loom_config_origin(c, "model.recompute"));
     if (get_float(c, "model.norm_eps", &out->norm_eps, err) ||
         get_float(c, "model.rope_theta", &out->rope_theta, err) ||
         get_float(c, "model.init_std", &out->init_std, err))

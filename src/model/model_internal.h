@@ -51,6 +51,14 @@ struct loom_acts {
     int B, T;             /* shape of the last forward */
     int has_targets;
     int64_t valid;
+    /* model.loss_chunk in a training arena (LM head): logits holds chunk rows only */
+    int64_t chunk;        /* 0: the whole (B,T,V) logits */
+    /* model.doc_mask (loom_model_set_docs): arrays of maxB*maxT, NULL without doc_mask */
+    int32_t *docs;        /* (B,T) run ids of the documents, restarting at 0 per row */
+    int32_t *run_row;     /* first row (b*T + t) of each document run */
+    int32_t *run_len;     /* its length */
+    int n_runs;           /* 0: no documents set (one per row) */
+    int docs_B, docs_T;   /* the shape they were set for */
 };
 
 /* One walk of the block: the slots' buffers for this layer, their gradients (backward), the
@@ -71,6 +79,9 @@ typedef struct block_frame {
      * otherwise. Rope and attention then work per segment (kcache/vcache/pos0 unused). */
     const struct block_seg *seg;
     int nseg;
+    /* documents (model.doc_mask): (B,T) run ids and the runs, NULL / 0 when none */
+    const int32_t *docs, *run_row, *run_len;
+    int n_runs;
 } block_frame;
 
 /* One segment of a ragged frame: rows [row0, row0 + n) hold positions [pos0, pos0 + n) of a
@@ -99,6 +110,9 @@ void moe_backward(loom_model *m, block_frame *f, int l, int in, int out);
 /* creates / frees the model's MoE state (stats); called by create / free */
 void moe_init(loom_model *m);
 void moe_free(loom_model *m);
+/* What model.recompute drops, recomputed for one layer before its backward: full = the whole
+ * forward again, selective = the norms, the activation and attention. */
+void block_recompute(loom_model *m, block_frame *f, int layer);
 
 /* LoRA (lora.c): after a linear's GEMM at `site` (0 q|k|v, 1 attn_proj, 2 fc | gate|up,
  * 3 fc_proj) the adapters of its targets add into out (N rows of ow floats); backward adds

@@ -97,7 +97,7 @@ static int next_batch(trainer *t, loom_loader *l, loom_windows *w, loom_err *err
         loom_windows_next(w, (int)t->s.B, t->g_inp, t->g_tgt);
         return 0;
     }
-    return loom_loader_next(l, (int)t->s.B, t->g_inp, t->g_tgt, err);
+    return loom_loader_next_docs(l, (int)t->s.B, 0, 1, t->g_inp, t->g_tgt, t->g_doc, err);
 }
 
 /* loom_trainer_batch_fn of the training loop: the next batch of data.train */
@@ -112,6 +112,9 @@ static int next_train_batch(trainer *t, void *ctx, loom_err *err) {
  * number of valid targets and, for classify, of correct predictions. */
 static double forward_global(trainer *t, int64_t *global_valid, int64_t *global_correct) {
     if (t->pp) return loom_trainer_pp_forward(t, global_valid, global_correct);
+    if (t->g_doc) /* model.doc_mask: this rank's rows' documents (cp = pp = 1) */
+        loom_model_set_docs(t->model, NULL, local_rows(t, t->g_doc, NULL), (int)t->local_B,
+                            (int)t->local_T);
     const float loss = loom_model_forward(t->model, local_rows(t, t->g_inp, t->l_inp),
                                           local_targets(t), (int)t->local_B, (int)t->local_T);
     const int64_t valid = loom_model_valid_targets(t->model);
@@ -207,8 +210,9 @@ static int eval_loss(trainer *t, double *out, double *accuracy, loom_err *err) {
     for (int64_t b = 0; b < batches; b++) {
         if (pass && vl) { /* this rank's rows of the pass, where forward_global reads them */
             const size_t mine = (size_t)t->dp_rank * (size_t)t->local_B * (size_t)T;
-            loom_loader_pass_slice(vl, (uint64_t)b, (int)B, t->dp_rank, t->dp_size,
-                                   t->g_inp + mine, t->g_tgt + mine);
+            loom_loader_pass_slice_docs(vl, (uint64_t)b, (int)B, t->dp_rank, t->dp_size,
+                                        t->g_inp + mine, t->g_tgt + mine,
+                                        t->g_doc ? t->g_doc + mine : NULL);
         } else if (pass) { /* classify: every rank reads the global batch; the last is short */
             const uint64_t left = n_windows - (uint64_t)b * (uint64_t)B;
             const int nb = left < (uint64_t)B ? (int)left : (int)B;
@@ -321,6 +325,11 @@ int loom_trainer_build_mesh(trainer *t, loom_err *err) {
     if (loom_cp_kind_from_config(t->cfg, &t->cp_kind, err) ||
         loom_cp_check(&t->mc, l->tp, t->cp_size, t->cp_kind, t->s.T, err))
         return -1;
+    if ((t->cp_size > 1 || l->pp > 1) && t->mc.doc_mask)
+        return loom_errf(err, "config: model.doc_mask with parallel.cp = %d, parallel.pp = %d: "
+                              "document masking is not built into context or pipeline "
+                              "parallelism yet (neither passes document ids on); use cp = pp = 1",
+                         t->cp_size, l->pp);
     t->dp_rank = loom_mesh_rank(t->mesh, LOOM_GROUP_DP);
     t->dp_size = loom_mesh_size(t->mesh, LOOM_GROUP_DP);
     t->world_rank = loom_mesh_rank(t->mesh, LOOM_GROUP_WORLD);
@@ -400,6 +409,10 @@ int loom_train(loom_config *cfg, loom_err *err) {
                          (long long)t.s.T, t.mc.max_seq_len);
     if (train_obs_wrap_backend(cfg, &t.mc, err)) return -1;
     t.classify = t.mc.head == LOOM_HEAD_CLASSIFY;
+    if (t.classify && t.mc.doc_mask)
+        return loom_errf(err, "config key 'model.doc_mask' (%s): document masking is for packed "
+                              "sequences of the lm head; a classify window is one document",
+                         loom_config_origin(cfg, "model.doc_mask"));
     if (loom_trainer_build_mesh(&t, err)) goto done;
     const int rank0 = t.world_rank == 0;
     if (t.s.threads > 0) omp_set_num_threads((int)t.s.threads);
@@ -482,6 +495,7 @@ int loom_train(loom_config *cfg, loom_err *err) {
     }
     t.g_inp = loom_malloc((size_t)BT * sizeof(int32_t));
     t.g_tgt = loom_malloc((size_t)BT * sizeof(int32_t));
+    if (t.mc.doc_mask) t.g_doc = loom_malloc((size_t)BT * sizeof(int32_t));
     const int64_t first_step = t.step;
     const double t_start = loom_now();
     install_stop_handlers(&old_int, &old_term);
@@ -676,6 +690,7 @@ done:
     free(pp_ranks);
     free(t.g_inp);
     free(t.g_tgt);
+    free(t.g_doc);
     loom_metrics_close(mx);
     loom_loader_free(t.train_ld);
     loom_windows_free(t.train_w);

@@ -54,6 +54,7 @@ typedef struct trainer {
     loom_windows *train_w;
     int num_classes;          /* classes in the dataset (classify) */
     int32_t *g_inp, *g_tgt;   /* (B,T) the global batch; classify: g_tgt holds (B) labels */
+    int32_t *g_doc;           /* (B,T) its document ids (model.doc_mask), else NULL */
     int64_t step;             /* steps completed (optimizer steps + skipped steps) */
     int64_t skipped_steps;    /* steps skipped for a non-finite loss or gradient norm, in all */
     int inject_nan;           /* LOOM_TEST_INJECT_NAN names this rank and step (a test hook) */

@@ -52,7 +52,9 @@ class ModelConfig(ctypes.Structure):
                 ("n_expert", ctypes.c_int), ("top_k", ctypes.c_int), ("moe_every", ctypes.c_int),
                 ("shared_experts", ctypes.c_int), ("group_tokens", ctypes.c_int),
                 ("capacity_factor", ctypes.c_float), ("aux_loss_coef", ctypes.c_float),
-                ("z_loss_coef", ctypes.c_float)]
+                ("z_loss_coef", ctypes.c_float),
+                ("doc_mask", ctypes.c_int), ("loss_chunk", ctypes.c_int),
+                ("recompute", ctypes.c_int)]
 
 
 class TensorInfo(ctypes.Structure):
