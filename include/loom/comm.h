@@ -163,6 +163,12 @@ void loom_allgather(loom_mesh *m, loom_group g, const void *send, void *recv, si
 /* Equal blocks: send holds size blocks of block elements; block j goes to member j. */
 void loom_alltoall(loom_mesh *m, loom_group g, const void *send, void *recv, size_t block,
                    loom_dtype t);
+/* Variable blocks: send_counts[j] elements of send (blocks in member order) go to member j;
+ * recv_counts[i] elements from member i land in recv, in member order. Each member's
+ * recv_counts[i] must be member i's send_counts[this member]. Accounted as alltoall (bytes:
+ * what this rank sends to other members). */
+void loom_alltoallv(loom_mesh *m, loom_group g, const void *send, const int64_t *send_counts,
+                    void *recv, const int64_t *recv_counts, loom_dtype t);
 /* root is the member number in the group (0 <= root < size). */
 void loom_broadcast(loom_mesh *m, loom_group g, void *buf, size_t count, loom_dtype t, int root);
 void loom_barrier(loom_mesh *m, loom_group g);

@@ -432,6 +432,39 @@ void loom_alltoall(loom_mesh *m, loom_group g, const void *send, void *recv, siz
     wait_checked(r, NULL);
 }
 
+void loom_alltoallv(loom_mesh *m, loom_group g, const void *send, const int64_t *send_counts,
+                    void *recv, const int64_t *recv_counts, loom_dtype t) {
+    const comm_group *cg = group_of(m, g);
+    const size_t es = loom_dtype_size(t);
+    const int N = cg->size;
+    double out = 0;
+    for (int i = 0; i < N; i++)
+        if (i != cg->rank) out += (double)send_counts[i] * (double)es;
+    loom_comm_req *r = req_new(m, g, LOOM_COLL_ALLTOALL, out, N > 1);
+    if (N == 1) {
+        LOOM_CHECK(send_counts[0] == recv_counts[0]);
+        if (recv != send && send_counts[0] > 0) memmove(recv, send, (size_t)send_counts[0] * es);
+    } else {
+        LOOM_CHECK(send != recv);
+        int *c = loom_malloc(4 * (size_t)N * sizeof(int));
+        int *sd = c + N, *rc = c + 2 * N, *rd = c + 3 * N;
+        size_t so = 0, ro = 0;
+        for (int i = 0; i < N; i++) {
+            c[i] = as_count((size_t)send_counts[i], "alltoallv");
+            rc[i] = as_count((size_t)recv_counts[i], "alltoallv");
+            sd[i] = as_count(so, "alltoallv");
+            rd[i] = as_count(ro, "alltoallv");
+            so += (size_t)send_counts[i];
+            ro += (size_t)recv_counts[i];
+        }
+        MPI_Ialltoallv(send, c, sd, mpi_type(t), recv, rc, rd, mpi_type(t), cg->comm, &r->reqs[0]);
+        wait_checked(r, NULL);
+        free(c);
+        return;
+    }
+    wait_checked(r, NULL);
+}
+
 void loom_broadcast(loom_mesh *m, loom_group g, void *buf, size_t count, loom_dtype t, int root) {
     const comm_group *cg = group_of(m, g);
     LOOM_CHECK(root >= 0 && root < cg->size);

@@ -114,10 +114,10 @@ int loom_mesh_validate(const loom_mesh_spec *s, int world, const loom_mesh_dims 
                                   "(training.seq_len; each context-parallel rank holds an equal "
                                   "chunk)", r.cp, d->seq_len);
         if (r.ep > 1 && d->n_expert <= 0)
-            return loom_errf(err, "parallel.ep=%d but the model has no experts (model.n_expert)",
+            return loom_errf(err, "parallel.ep=%d but the model has no experts (model.moe.experts)",
                              r.ep);
         if (d->n_expert > 0 && d->n_expert % r.ep != 0)
-            return loom_errf(err, "parallel.ep=%d does not divide model.n_expert=%d (each "
+            return loom_errf(err, "parallel.ep=%d does not divide model.moe.experts=%d (each "
                                   "expert-parallel rank holds the same number of experts)",
                              r.ep, d->n_expert);
     }

@@ -11,6 +11,11 @@
 
 enum { B_EMB = 0, B_FIN = 1, B_L0 = 2, B_L1 = 3, N_BUCKETS = 4 };
 
+/* A unit is one or two segments: its dense part, reduced and sharded over the dp group, and
+ * (an MoE layer of an expert-parallel view) its routed experts, the last tensors of the unit,
+ * reduced and sharded over the expert-data group (the ranks holding the same experts). */
+enum { MAX_SEG = 2 };
+
 struct loom_dp {
     loom_model *m;
     loom_mesh *mesh;
@@ -21,11 +26,17 @@ struct loom_dp {
     int U;
     size_t n;              /* parameters in the model */
     size_t *uoff, *ucnt;   /* (U) unit ranges in the arena */
-    size_t *soff, *slen;   /* (U) this rank's slice of each unit, relative to the unit */
-    size_t *sbase;         /* (U) where unit u's slice sits in the shard buffers */
+    int nseg;              /* segments in all */
+    int *useg, *unseg;     /* (U) first segment of unit u, and how many */
+    int *sgroup;           /* (nseg) dp->group (dense) or LOOM_GROUP_EDP (routed experts) */
+    int *sunit;            /* (nseg) unit of the segment */
+    size_t *goff, *gcnt;   /* (nseg) segment ranges in the arena */
+    size_t *soff, *slen;   /* (nseg) this rank's slice of each segment, relative to it */
+    size_t *sbase;         /* (nseg) where segment s's slice sits in the shard buffers */
     size_t nshard;         /* floats in the shard buffers */
     size_t max_layer;      /* largest layer unit */
     size_t max_layer_slice;
+    size_t first_slice, last_slice; /* owned floats of the first and last units */
 
     float *params;         /* (n) zero 0-2 */
     float *pshard;         /* (nshard) zero 3 */
@@ -38,9 +49,9 @@ struct loom_dp {
     /* zero 2/3: gradient buckets and the recv buffers of their reduce-scatters */
     float *gbucket[N_BUCKETS];
     float *gtmp[N_BUCKETS];
-    loom_comm_req *greq[N_BUCKETS];
+    loom_comm_req *greq[N_BUCKETS][MAX_SEG];
     int gunit[N_BUCKETS];  /* unit whose reduction is in flight, -1 none */
-    /* zero 0/1: per-unit reductions of the full gradient buffer */
+    /* zero 0/1: per-segment reductions of the full gradient buffer */
     loom_comm_req **ureq;
     /* zero 3: gather buffers and the unit each holds (-1 none) */
     float *pbuf[N_BUCKETS];
@@ -58,6 +69,18 @@ struct loom_dp {
     loom_group norm_group;   /* summed over too, LOOM_GROUP_WORLD: none */
 };
 
+static int grank(const loom_dp *dp, int g) { return loom_mesh_rank(dp->mesh, (loom_group)g); }
+static int gsize(const loom_dp *dp, int g) { return loom_mesh_size(dp->mesh, (loom_group)g); }
+
+/* the segment holding tensor t */
+static int seg_of(const loom_dp *dp, const loom_tensor_info *t) {
+    const int s0 = dp->useg[t->unit];
+    for (int s = s0; s < s0 + dp->unseg[t->unit]; s++)
+        if (t->offset >= dp->goff[s] && t->offset < dp->goff[s] + dp->gcnt[s]) return s;
+    LOOM_CHECK(0);
+    return -1;
+}
+
 static int bucket_of(const loom_dp *dp, int u) {
     if (u == 0) return B_EMB;
     if (u == dp->U - 1) return B_FIN;
@@ -72,23 +95,35 @@ static const float *hook_acquire(void *ctx, int u, int phase) {
     if (dp->zero < 3) return dp->params + dp->uoff[u];
     const int b = bucket_of(dp, u);
     if (dp->punit[b] != u) {
-        loom_allgather(dp->mesh, dp->group, dp->pshard + dp->sbase[u], dp->pbuf[b],
-                       dp->ucnt[u], LOOM_F32);
+        for (int s = dp->useg[u]; s < dp->useg[u] + dp->unseg[u]; s++)
+            loom_allgather(dp->mesh, (loom_group)dp->sgroup[s], dp->pshard + dp->sbase[s],
+                           dp->pbuf[b] + (dp->goff[s] - dp->uoff[u]), dp->gcnt[s], LOOM_F32);
         dp->punit[b] = u;
     }
     return dp->pbuf[b];
 }
 
 /* completes bucket b's reduce-scatter and adds it into the owned gradients */
+/* adds the reduced slices of bucket b's unit (in gtmp, one after the other) into gshard */
+static void fold_bucket(loom_dp *dp, int b) {
+    const int u = dp->gunit[b];
+    const float *src = dp->gtmp[b];
+    for (int s = dp->useg[u]; s < dp->useg[u] + dp->unseg[u]; s++) {
+        float *dst = dp->gshard + dp->sbase[s];
+        for (size_t i = 0; i < dp->slen[s]; i++) dst[i] += src[i];
+        src += dp->slen[s];
+    }
+    dp->gunit[b] = -1;
+}
+
 static void drain_bucket(loom_dp *dp, int b) {
     if (dp->gunit[b] < 0) return;
-    if (dp->greq[b]) loom_comm_wait(dp->greq[b]);
-    const int u = dp->gunit[b];
-    float *dst = dp->gshard + dp->sbase[u];
-    const float *src = dp->gtmp[b];
-    for (size_t i = 0; i < dp->slen[u]; i++) dst[i] += src[i];
-    dp->greq[b] = NULL;
-    dp->gunit[b] = -1;
+    for (int k = 0; k < MAX_SEG; k++)
+        if (dp->greq[b][k]) {
+            loom_comm_wait(dp->greq[b][k]);
+            dp->greq[b][k] = NULL;
+        }
+    fold_bucket(dp, b);
 }
 
 static float *hook_grads(void *ctx, int u) {
@@ -105,18 +140,18 @@ static float *hook_grads(void *ctx, int u) {
  * compute instead of all running in the final wait. */
 static void progress(loom_dp *dp) {
     if (dp->zero < 2) {
-        for (int u = 0; u < dp->U; u++)
-            if (dp->ureq[u] && loom_comm_test(dp->ureq[u])) dp->ureq[u] = NULL;
+        for (int s = 0; s < dp->nseg; s++)
+            if (dp->ureq[s] && loom_comm_test(dp->ureq[s])) dp->ureq[s] = NULL;
         return;
     }
-    for (int b = 0; b < N_BUCKETS; b++)
-        if (dp->gunit[b] >= 0 && loom_comm_test(dp->greq[b])) {
-            dp->greq[b] = NULL; /* completed and freed by the test: fold it in */
-            const int u = dp->gunit[b];
-            float *dst = dp->gshard + dp->sbase[u];
-            for (size_t i = 0; i < dp->slen[u]; i++) dst[i] += dp->gtmp[b][i];
-            dp->gunit[b] = -1;
-        }
+    for (int b = 0; b < N_BUCKETS; b++) {
+        if (dp->gunit[b] < 0) continue;
+        int pending = 0;
+        for (int k = 0; k < MAX_SEG; k++) /* a completed request is freed by the test */
+            if (dp->greq[b][k] && loom_comm_test(dp->greq[b][k])) dp->greq[b][k] = NULL;
+        for (int k = 0; k < MAX_SEG; k++) pending |= dp->greq[b][k] != NULL;
+        if (!pending) fold_bucket(dp, b);
+    }
 }
 
 static void hook_grads_ready(void *ctx, int u) {
@@ -125,14 +160,22 @@ static void hook_grads_ready(void *ctx, int u) {
     if (dp->zero < 2) {
         if (!dp->last) return;
         /* zero 0 and 1 both reduce-scatter; zero 0 all-gathers the result back later */
-        dp->ureq[u] = loom_ireduce_scatter_sum(dp->mesh, dp->group, dp->grads + dp->uoff[u],
-                                               dp->gshard + dp->sbase[u], dp->ucnt[u], LOOM_F32);
+        for (int s = dp->useg[u]; s < dp->useg[u] + dp->unseg[u]; s++)
+            dp->ureq[s] = loom_ireduce_scatter_sum(dp->mesh, (loom_group)dp->sgroup[s],
+                                                   dp->grads + dp->goff[s],
+                                                   dp->gshard + dp->sbase[s], dp->gcnt[s],
+                                                   LOOM_F32);
         return;
     }
     const int b = bucket_of(dp, u);
     LOOM_CHECK(dp->gunit[b] < 0);
-    dp->greq[b] = loom_ireduce_scatter_sum(dp->mesh, dp->group, dp->gbucket[b], dp->gtmp[b],
-                                           dp->ucnt[u], LOOM_F32);
+    float *tmp = dp->gtmp[b];
+    for (int s = dp->useg[u], k = 0; s < dp->useg[u] + dp->unseg[u]; s++, k++) {
+        dp->greq[b][k] = loom_ireduce_scatter_sum(dp->mesh, (loom_group)dp->sgroup[s],
+                                                  dp->gbucket[b] + (dp->goff[s] - dp->uoff[u]),
+                                                  tmp, dp->gcnt[s], LOOM_F32);
+        tmp += dp->slen[s];
+    }
     dp->gunit[b] = u;
 }
 
@@ -161,25 +204,63 @@ int loom_dp_create(loom_model *m, loom_mesh *mesh, int zero, uint64_t seed, floa
     dp->soff = loom_calloc((size_t)U, sizeof(size_t));
     dp->slen = loom_calloc((size_t)U, sizeof(size_t));
     dp->sbase = loom_calloc((size_t)U, sizeof(size_t));
-    dp->ureq = loom_calloc((size_t)U, sizeof(loom_comm_req *));
+    dp->useg = loom_calloc((size_t)U, sizeof(int));
+    dp->unseg = loom_calloc((size_t)U, sizeof(int));
+    const size_t S = (size_t)U * MAX_SEG;
+    dp->sgroup = loom_calloc(S, sizeof(int));
+    dp->sunit = loom_calloc(S, sizeof(int));
+    dp->goff = loom_calloc(S, sizeof(size_t));
+    dp->gcnt = loom_calloc(S, sizeof(size_t));
+    dp->soff = loom_calloc(S, sizeof(size_t));
+    dp->slen = loom_calloc(S, sizeof(size_t));
+    dp->sbase = loom_calloc(S, sizeof(size_t));
+    dp->ureq = loom_calloc(S, sizeof(loom_comm_req *));
     for (int u = 0; u < U; u++) {
         loom_model_unit_range(m, u, &dp->uoff[u], &dp->ucnt[u]);
-        loom_split(dp->ucnt[u], dp->size, dp->rank, &dp->soff[u], &dp->slen[u]);
-        dp->sbase[u] = dp->nshard;
-        dp->nshard += dp->slen[u];
+        /* the unit's expert-data tensors (routed experts) are its last ones: where they start */
+        size_t split = dp->uoff[u] + dp->ucnt[u];
+        const int nt = loom_model_num_tensors(m);
+        for (int i = 0; i < nt; i++) {
+            const loom_tensor_info *t = loom_model_tensor(m, i);
+            if (t->unit == u && t->reduce_group == LOOM_REDUCE_EDP && t->offset < split)
+                split = t->offset;
+        }
+        for (int i = 0; i < nt; i++) { /* checked: nothing dense after the first expert tensor */
+            const loom_tensor_info *t = loom_model_tensor(m, i);
+            LOOM_CHECK(t->unit != u || (t->reduce_group == LOOM_REDUCE_EDP) == (t->offset >= split));
+        }
+        dp->useg[u] = dp->nseg;
+        size_t slice = 0;
+        for (int k = 0; k < 2; k++) {
+            const size_t lo = k == 0 ? dp->uoff[u] : split, hi = k == 0 ? split : dp->uoff[u] + dp->ucnt[u];
+            if (hi <= lo && !(k == 0 && dp->ucnt[u] == 0)) continue;
+            const int s = dp->nseg++;
+            dp->unseg[u]++;
+            dp->sunit[s] = u;
+            dp->sgroup[s] = k == 0 ? (int)dp->group : LOOM_GROUP_EDP;
+            dp->goff[s] = lo;
+            dp->gcnt[s] = hi - lo;
+            loom_split(dp->gcnt[s], gsize(dp, dp->sgroup[s]), grank(dp, dp->sgroup[s]),
+                       &dp->soff[s], &dp->slen[s]);
+            dp->sbase[s] = dp->nshard;
+            dp->nshard += dp->slen[s];
+            slice += dp->slen[s];
+        }
         if (u > 0 && u < U - 1) {
             if (dp->ucnt[u] > dp->max_layer) dp->max_layer = dp->ucnt[u];
-            if (dp->slen[u] > dp->max_layer_slice) dp->max_layer_slice = dp->slen[u];
+            if (slice > dp->max_layer_slice) dp->max_layer_slice = slice;
         }
+        if (u == 0) dp->first_slice = slice;
+        if (u == U - 1) dp->last_slice = slice;
     }
     if (zero < 3) {
         dp->params = loom_alloc_aligned(dp->n * sizeof(float));
         loom_model_init_range(m, seed, 0, dp->n, dp->params);
     } else {
         dp->pshard = loom_alloc_aligned(dp->nshard * sizeof(float));
-        for (int u = 0; u < U; u++)
-            loom_model_init_range(m, seed, dp->uoff[u] + dp->soff[u], dp->slen[u],
-                                  dp->pshard + dp->sbase[u]);
+        for (int s = 0; s < dp->nseg; s++)
+            loom_model_init_range(m, seed, dp->goff[s] + dp->soff[s], dp->slen[s],
+                                  dp->pshard + dp->sbase[s]);
         const size_t sizes[N_BUCKETS] = {dp->ucnt[0], dp->ucnt[U - 1], dp->max_layer,
                                          dp->max_layer};
         for (int b = 0; b < N_BUCKETS; b++) {
@@ -192,7 +273,7 @@ int loom_dp_create(loom_model *m, loom_mesh *mesh, int zero, uint64_t seed, floa
     if (zero >= 2) {
         const size_t sizes[N_BUCKETS] = {dp->ucnt[0], dp->ucnt[U - 1], dp->max_layer,
                                          dp->max_layer};
-        const size_t tsizes[N_BUCKETS] = {dp->slen[0], dp->slen[U - 1], dp->max_layer_slice,
+        const size_t tsizes[N_BUCKETS] = {dp->first_slice, dp->last_slice, dp->max_layer_slice,
                                           dp->max_layer_slice};
         for (int b = 0; b < N_BUCKETS; b++) {
             dp->gbucket[b] = loom_alloc_aligned(sizes[b] * sizeof(float));
@@ -230,6 +311,12 @@ void loom_dp_free(loom_dp *dp) {
     free(dp->slen);
     free(dp->sbase);
     free(dp->ureq);
+    free(dp->useg);
+    free(dp->unseg);
+    free(dp->sgroup);
+    free(dp->sunit);
+    free(dp->goff);
+    free(dp->gcnt);
     free(dp);
 }
 
@@ -258,21 +345,21 @@ static double grad_sum_squares(const loom_dp *dp) {
         const loom_tensor_info *t = loom_model_tensor(dp->m, i);
         if (t->split_group != LOOM_SPLIT_TP && lay->tp_rank != 0) continue; /* tp replica */
         if (dp->is_copy && dp->is_copy(dp->copy_ctx, t)) continue; /* counted elsewhere */
-        const int u = t->unit;
-        const size_t lo = dp->uoff[u] + dp->soff[u], hi = lo + dp->slen[u];
+        const int sg = seg_of(dp, t);
+        const size_t lo = dp->goff[sg] + dp->soff[sg], hi = lo + dp->slen[sg];
         const size_t a = t->offset > lo ? t->offset : lo;
         const size_t b = t->offset + t->numel < hi ? t->offset + t->numel : hi;
-        if (a < b) ss += be->sum_squares(dp->gshard + dp->sbase[u] + (a - lo), (int64_t)(b - a));
+        if (a < b) ss += be->sum_squares(dp->gshard + dp->sbase[sg] + (a - lo), (int64_t)(b - a));
     }
     return ss;
 }
 
 float loom_dp_finish_grads(loom_dp *dp, float max_norm) {
     if (dp->zero < 2) {
-        for (int u = 0; u < dp->U; u++) /* NULL: already completed by progress() */
-            if (dp->ureq[u]) {
-                loom_comm_wait(dp->ureq[u]);
-                dp->ureq[u] = NULL;
+        for (int s = 0; s < dp->nseg; s++) /* NULL: already completed by progress() */
+            if (dp->ureq[s]) {
+                loom_comm_wait(dp->ureq[s]);
+                dp->ureq[s] = NULL;
             }
     } else {
         for (int b = 0; b < N_BUCKETS; b++) drain_bucket(dp, b);
@@ -292,9 +379,9 @@ float loom_dp_finish_grads(loom_dp *dp, float max_norm) {
         be->scale_inplace(dp->gshard, (int64_t)dp->nshard,
                           (float)((double)max_norm / (norm + 1e-6)));
     if (dp->zero == 0) /* every rank gets the whole reduced gradient, bit-identical */
-        for (int u = 0; u < dp->U; u++)
-            loom_allgather(dp->mesh, dp->group, dp->gshard + dp->sbase[u],
-                           dp->grads + dp->uoff[u], dp->ucnt[u], LOOM_F32);
+        for (int s = 0; s < dp->nseg; s++)
+            loom_allgather(dp->mesh, (loom_group)dp->sgroup[s], dp->gshard + dp->sbase[s],
+                           dp->grads + dp->goff[s], dp->gcnt[s], LOOM_F32);
     return (float)norm;
 }
 
@@ -325,12 +412,14 @@ void loom_dp_step(loom_dp *dp, float lr) {
                          dp->adam_v + lo, lr);
             continue;
         }
-        const size_t lo = dp->uoff[u] + dp->soff[u], hi = lo + dp->slen[u], sb = dp->sbase[u];
-        float *p = dp->zero == 3 ? dp->pshard + sb : dp->params + lo;
-        update_range(dp, u, lo, hi, p, dp->gshard + sb, dp->adam_m + sb, dp->adam_v + sb, lr);
-        if (dp->zero < 3)
-            loom_allgather(dp->mesh, dp->group, dp->params + lo, dp->params + dp->uoff[u],
-                           dp->ucnt[u], LOOM_F32);
+        for (int s = dp->useg[u]; s < dp->useg[u] + dp->unseg[u]; s++) {
+            const size_t lo = dp->goff[s] + dp->soff[s], hi = lo + dp->slen[s], sb = dp->sbase[s];
+            float *p = dp->zero == 3 ? dp->pshard + sb : dp->params + lo;
+            update_range(dp, u, lo, hi, p, dp->gshard + sb, dp->adam_m + sb, dp->adam_v + sb, lr);
+            if (dp->zero < 3)
+                loom_allgather(dp->mesh, (loom_group)dp->sgroup[s], dp->params + lo,
+                               dp->params + dp->goff[s], dp->gcnt[s], LOOM_F32);
+        }
     }
     for (int b = 0; b < N_BUCKETS; b++) dp->punit[b] = -1; /* gathered copies are stale */
 }
@@ -348,15 +437,15 @@ void loom_dp_set_copies(loom_dp *dp, loom_group norm_group,
 }
 
 float *loom_dp_owned_grad(loom_dp *dp, const loom_tensor_info *t, size_t *begin, size_t *count) {
-    const int u = t->unit;
-    const size_t lo = dp->uoff[u] + dp->soff[u], hi = lo + dp->slen[u];
+    const int sg = seg_of(dp, t);
+    const size_t lo = dp->goff[sg] + dp->soff[sg], hi = lo + dp->slen[sg];
     const size_t a = t->offset > lo ? t->offset : lo;
     const size_t b = t->offset + t->numel < hi ? t->offset + t->numel : hi;
     *begin = *count = 0;
     if (a >= b) return NULL;
     *begin = a - t->offset;
     *count = b - a;
-    return dp->gshard + dp->sbase[u] + (a - lo);
+    return dp->gshard + dp->sbase[sg] + (a - lo);
 }
 
 int64_t loom_dp_optimizer_step(const loom_dp *dp) { return dp->step; }
@@ -383,7 +472,7 @@ static void memory_of(int zero, const dp_sizes *z, loom_dp_memory *out) {
 
 void loom_dp_memory_usage(const loom_dp *dp, loom_dp_memory *out) {
     const dp_sizes z = {dp->n, dp->nshard, dp->ucnt[0], dp->ucnt[dp->U - 1], dp->max_layer,
-                        dp->slen[0], dp->slen[dp->U - 1], dp->max_layer_slice};
+                        dp->first_slice, dp->last_slice, dp->max_layer_slice};
     memory_of(dp->zero, &z, out);
 }
 
@@ -432,13 +521,21 @@ static int skip_replica(const loom_dp *dp, const loom_tensor_info *t, int for_lo
     return !for_load && t->split_group != LOOM_SPLIT_TP && loom_model_get_layout(dp->m)->tp_rank != 0;
 }
 
+/* Whole (unsharded) copies are written by one rank of the group that replicates them: dense
+ * tensors by dp rank 0, routed experts by rank 0 of their expert-data group (each expert
+ * group member writes the experts it holds, by global index). */
+static int writes_whole(const loom_dp *dp, const loom_tensor_info *t, int for_load) {
+    if (for_load) return 1;
+    return t->reduce_group == LOOM_REDUCE_EDP ? grank(dp, LOOM_GROUP_EDP) == 0 : dp->rank == 0;
+}
+
 /* pieces of `kind` for arena data laid out as the full arena (base indexed by arena offset) */
 static void full_pieces(loom_dp *dp, int kind, float *base, loom_dp_piece **arr, int *n, int *cap,
                         int for_load) {
     const int nt = loom_model_num_tensors(dp->m);
     for (int i = 0; i < nt; i++) {
         const loom_tensor_info *t = loom_model_tensor(dp->m, i);
-        if (skip_replica(dp, t, for_load)) continue;
+        if (skip_replica(dp, t, for_load) || !writes_whole(dp, t, for_load)) continue;
         push_piece(arr, n, cap, (loom_dp_piece){kind, t, 0, t->numel, base + t->offset});
     }
 }
@@ -450,13 +547,13 @@ static void shard_pieces(loom_dp *dp, int kind, float *shard, loom_dp_piece **ar
     for (int i = 0; i < nt; i++) {
         const loom_tensor_info *t = loom_model_tensor(dp->m, i);
         if (skip_replica(dp, t, for_load)) continue;
-        const int u = t->unit;
-        const size_t lo = dp->uoff[u] + dp->soff[u], hi = lo + dp->slen[u];
+        const int sg = seg_of(dp, t);
+        const size_t lo = dp->goff[sg] + dp->soff[sg], hi = lo + dp->slen[sg];
         const size_t a = t->offset > lo ? t->offset : lo;
         const size_t b = t->offset + t->numel < hi ? t->offset + t->numel : hi;
         if (a >= b) continue;
         push_piece(arr, n, cap, (loom_dp_piece){kind, t, a - t->offset, b - a,
-                                                shard + dp->sbase[u] + (a - lo)});
+                                                shard + dp->sbase[sg] + (a - lo)});
     }
 }
 
@@ -464,17 +561,14 @@ static loom_dp_piece *collect(loom_dp *dp, int *n, int for_load) {
     loom_dp_piece *arr = NULL;
     int cap = 0;
     *n = 0;
-    const int writer = dp->rank == 0 || for_load;
-    if (dp->zero < 3) {
-        if (writer) full_pieces(dp, 0, dp->params, &arr, n, &cap, for_load);
+    if (dp->zero < 3) { /* full_pieces leaves out what another rank writes */
+        full_pieces(dp, 0, dp->params, &arr, n, &cap, for_load);
     } else {
         shard_pieces(dp, 0, dp->pshard, &arr, n, &cap, for_load);
     }
     if (dp->zero == 0) {
-        if (writer) {
-            full_pieces(dp, 1, dp->adam_m, &arr, n, &cap, for_load);
-            full_pieces(dp, 2, dp->adam_v, &arr, n, &cap, for_load);
-        }
+        full_pieces(dp, 1, dp->adam_m, &arr, n, &cap, for_load);
+        full_pieces(dp, 2, dp->adam_v, &arr, n, &cap, for_load);
     } else {
         shard_pieces(dp, 1, dp->adam_m, &arr, n, &cap, for_load);
         shard_pieces(dp, 2, dp->adam_v, &arr, n, &cap, for_load);

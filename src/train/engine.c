@@ -61,6 +61,7 @@ void loom_train_engine_free(loom_train_engine *e) {
     free(e->t.l_tgt);
     loom_model_free(e->t.model);
     loom_tp_free(e->t.tp);
+    loom_trainer_moe_free(&e->t);
     loom_mesh_free(e->t.mesh);
     free(e);
 }

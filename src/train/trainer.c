@@ -304,13 +304,10 @@ static void progress(const trainer *t, double loss, double lr, double tps, doubl
 int loom_trainer_build_mesh(trainer *t, loom_err *err) {
     loom_mesh_spec spec;
     if (loom_mesh_spec_from_config(t->cfg, &spec, err)) return -1;
-    const loom_mesh_dims dims = {t->mc.n_head, t->mc.n_kv_head, t->mc.n_layer, (int)t->s.T, 0};
+    const loom_mesh_dims dims = {t->mc.n_head, t->mc.n_kv_head, t->mc.n_layer, (int)t->s.T,
+                                 t->mc.n_expert};
     if (loom_mesh_create(&spec, &dims, &t->mesh, err)) return -1;
     const loom_mesh_spec *l = loom_mesh_layout(t->mesh);
-    if (l->ep > 1)
-        return loom_errf(err, "parallel: ep=%d: the trainer implements data, tensor, pipeline and "
-                              "context parallelism only so far (expert parallelism is not built "
-                              "yet); use parallel.dp, .tp, .pp and .cp", l->ep);
     if (l->pp > 1 && l->cp > 1)
         return loom_errf(err, "parallel.pp = %d with parallel.cp = %d: pipeline and context "
                               "parallelism do not combine yet; use one of them", l->pp, l->cp);
@@ -357,6 +354,7 @@ int loom_trainer_create_engine(trainer *t, loom_err *err) {
                              .cp_rank = t->cp_rank};
     const int pipe = t->pp_size > 1 || t->microbatches > 1;
     const int64_t rows = pipe ? t->local_B / t->microbatches : t->local_B;
+    if (loom_trainer_moe_setup(t, &lay, err)) return -1; /* its experts (ep) */
     if (pipe) loom_pp_stage_layers(t->mc.n_layer, t->pp_size, t->pp_rank, &lay.l0, &lay.l1);
     if (loom_model_create_view(&t->mc, &lay, (int)rows, (int)t->local_T,
                                pipe ? LOOM_MODEL_HOOKS_ONLY : LOOM_MODEL_NO_ARENAS, &t->model, err))
@@ -376,6 +374,7 @@ int loom_trainer_create_engine(trainer *t, loom_err *err) {
         t->l_inp = loom_malloc(n * sizeof(int32_t));
         t->l_tgt = loom_malloc(n * sizeof(int32_t));
     }
+    loom_trainer_moe_attach(t);
     if (loom_dp_create(t->model, t->mesh, (int)t->s.zero, (uint64_t)t->s.seed,
                        (float)t->s.beta1, (float)t->s.beta2, (float)t->s.eps,
                        (float)t->s.weight_decay, &t->dp, err))
@@ -521,8 +520,10 @@ int loom_train(loom_config *cfg, loom_err *err) {
         float gnorm;
         int skipped;
         t.inject_nan = nan_injected(t.world_rank, t.step + 1);
+        loom_trainer_moe_begin_step(&t);
         if (loom_trainer_step(&t, next_train_batch, NULL, &loss, &lr, &gnorm, &skipped, err))
             goto done;
+        loom_trainer_moe_reduce(&t); /* before eval's forwards */
         consecutive_skips = skipped ? consecutive_skips + 1 : 0;
         loss = train_obs_test_loss(t.step, loss);
         if (skipped && rank0)
@@ -536,7 +537,9 @@ int loom_train(loom_config *cfg, loom_err *err) {
         if (t.s.check_replicas && t.s.zero < 3 && t.dp_size * t.cp_size > 1) {
             uint64_t h = loom_dp_param_hash(t.dp), lo = h, hi = h;
             int64_t v[2] = {(int64_t)(h >> 1), -(int64_t)(h >> 1)};
-            loom_allreduce_max(t.mesh, t.red_group, v, 2, LOOM_I64);
+            /* with expert parallelism the dp ranks hold different experts: replicas are the
+             * expert-data group's */
+            loom_allreduce_max(t.mesh, t.ep ? LOOM_GROUP_EDP : t.red_group, v, 2, LOOM_I64);
             lo = (uint64_t)(-v[1]);
             hi = (uint64_t)v[0];
             if (lo != hi) {
@@ -595,6 +598,7 @@ int loom_train(loom_config *cfg, loom_err *err) {
             loom_metrics_int(mx, "step", t.step);
             loom_metrics_real(mx, "loss", loss);
             loom_metrics_real(mx, "lr", lr);
+            loom_trainer_moe_write(&t, mx);
             loom_metrics_real(mx, "grad_norm", (double)gnorm);
             loom_metrics_int(mx, "skipped_steps", t.skipped_steps);
             if (skipped) loom_metrics_int(mx, "skipped", 1);
@@ -704,6 +708,7 @@ done:
     free(t.l_tgt);
     loom_model_free(t.model);
     loom_tp_free(t.tp);
+    loom_trainer_moe_free(&t);
     loom_unlock_file(run_lock);
     /* collective under MPI: on an error the job is ended by the caller instead */
     if (rc == 0 || rc == LOOM_TRAIN_ALERT_STOP || !loom_comm_mpi_active())

@@ -35,6 +35,8 @@ typedef struct trainer {
     int dp_rank, dp_size, world_rank, world_size;
     int tp_rank, tp_size;     /* this rank in the tensor-parallel group */
     struct loom_tp *tp;       /* tensor parallelism's communication points (tp > 1), else NULL */
+    struct loom_ep *ep;       /* expert parallelism's exchange (ep > 1), else NULL */
+    double *moe_red;          /* this step's MoE routing statistics summed over dp (train_moe.c) */
     int64_t local_B;          /* B / dp: this rank's rows of each global batch */
     /* context parallelism (parallel.cp): this rank's chunks of each sequence */
     int cp_rank, cp_size, cp_kind;
@@ -95,6 +97,19 @@ int loom_trainer_step(trainer *t, loom_trainer_batch_fn next, void *ctx, double 
 int loom_trainer_pp_grads(trainer *t, loom_trainer_batch_fn next, void *ctx, double *loss,
                           loom_err *err);
 double loom_trainer_pp_forward(trainer *t, int64_t *global_valid, int64_t *global_correct);
+
+/* ---- mixture of experts (train_moe.c) ---------------------------------------------------
+ * setup: this rank's expert range into lay (ep from the mesh) and the routing-group check;
+ * attach: the ep exchange on the created model; begin_step: resets the routing statistics;
+ * reduce (collective over dp): sums them over the ranks; write (rank 0): moe_load.<layer>,
+ * moe_aux_loss, moe_z_loss, moe_dropped_frac, moe_alltoall_s into the step's metrics line. */
+struct loom_metrics;
+int loom_trainer_moe_setup(trainer *t, loom_model_layout *lay, loom_err *err);
+void loom_trainer_moe_attach(trainer *t);
+void loom_trainer_moe_free(trainer *t);
+void loom_trainer_moe_begin_step(trainer *t);
+void loom_trainer_moe_reduce(trainer *t);
+void loom_trainer_moe_write(const trainer *t, struct loom_metrics *mx);
 
 /* Reads the keys of a config the schema has already checked into s; errors name
  * the key, its value and where it was set. */
