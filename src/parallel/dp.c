@@ -201,9 +201,6 @@ int loom_dp_create(loom_model *m, loom_mesh *mesh, int zero, uint64_t seed, floa
     const int U = dp->U;
     dp->uoff = loom_calloc((size_t)U, sizeof(size_t));
     dp->ucnt = loom_calloc((size_t)U, sizeof(size_t));
-    dp->soff = loom_calloc((size_t)U, sizeof(size_t));
-    dp->slen = loom_calloc((size_t)U, sizeof(size_t));
-    dp->sbase = loom_calloc((size_t)U, sizeof(size_t));
     dp->useg = loom_calloc((size_t)U, sizeof(int));
     dp->unseg = loom_calloc((size_t)U, sizeof(int));
     const size_t S = (size_t)U * MAX_SEG;
