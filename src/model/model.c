@@ -218,9 +218,6 @@ static int check_layout(const loom_model_config *c, const loom_model_layout *in,
             return loom_errf(err, "model layout: expert range [%d, %d) is not one of equal parts "
                                   "of the model's %d experts (model.moe.experts must be divisible "
                                   "by parallel.ep)", out->e0, out->e1, c->n_expert);
-        if (out->tp > 1)
-            return loom_errf(err, "model layout: mixture of experts with tensor parallelism "
-                                  "(tp = %d) is not built", out->tp);
     }
     if (out->cp == 0) out->cp = 1;
     if (out->cp < 1 || out->cp_rank < 0 || out->cp_rank >= out->cp)

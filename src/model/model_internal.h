@@ -158,6 +158,7 @@ struct loom_model {
     /* mixture of experts: E routed experts, this view's El = e1 - e0 of them, ep = E / El, the
      * view's rank in the expert group, S shared experts; the exchange (expert parallelism) */
     int E, El, ep, ep_rank, S;
+    int mF, mFFI;         /* an expert's feed-forward width and first matmul width (whole) */
     int has_moe_comm;
     loom_moe_comm moe_comm;
     loom_moe_stats moe_stats;

@@ -35,6 +35,9 @@ void moe_init(loom_model *m) {
     m->ep = m->E / m->El;
     m->ep_rank = m->lay.e0 / m->El;
     m->S = c->shared_experts;
+    /* experts are whole on every tensor-parallel rank (replicated, not split over tp) */
+    m->mF = c->d_ff;
+    m->mFFI = gpt2_of(m) ? c->d_ff : 2 * c->d_ff;
     loom_moe_stats *st = &m->moe_stats;
     m->moe_slot = loom_malloc((size_t)c->n_layer * sizeof(int));
     for (int l = 0; l < c->n_layer; l++) {
@@ -96,11 +99,11 @@ int64_t moe_slot_floats(const loom_model *m, int k, int64_t N) {
     case S_MOE_LSE: return N;
     case S_MOE_ROUTE: return 2 * N * K;
     case S_MOE_X: case S_MOE_Y: return R * C;
-    case S_MOE_H: return R * m->FFI;
-    case S_MOE_A: return R * m->F;
+    case S_MOE_H: return R * m->mFFI;
+    case S_MOE_A: return R * m->mF;
     case S_MOE_YB: return m->ep > 1 ? N * K * C : 0;
-    case S_MOE_SH_H: return S * N * m->FFI;
-    case S_MOE_SH_A: return S * N * m->F;
+    case S_MOE_SH_H: return S * N * m->mFFI;
+    case S_MOE_SH_A: return S * N * m->mF;
     case S_MOE_SH_Y: return S > 0 ? N * C : 0;
     case S_MOE_META: return 2 * E + 2 * (int64_t)m->ep + 16;
     default: return 0;
@@ -119,8 +122,8 @@ int64_t moe_grad_floats(const loom_model *m, int k, int64_t N) {
     case S_MOE_X: case S_MOE_H: case S_MOE_A: case S_MOE_Y: /* the expert rows' gradients */
         return moe_slot_floats(m, k, N);
     case S_MOE_YB: return moe_slot_floats(m, S_MOE_YB, N);  /* d YB; also d x back */
-    case S_MOE_SH_H: return m->S > 0 ? N * m->FFI : 0;      /* one shared expert at a time */
-    case S_MOE_SH_A: return m->S > 0 ? N * m->F : 0;
+    case S_MOE_SH_H: return m->S > 0 ? N * m->mFFI : 0;      /* one shared expert at a time */
+    case S_MOE_SH_A: return m->S > 0 ? N * m->mF : 0;
     default: return 0;
     }
 }
@@ -301,13 +304,13 @@ static float *eg(const loom_model *m, int kind, int l, int64_t i, int64_t per) {
 }
 
 static void act_fwd(const loom_model *m, float *a, const float *h, int64_t n) {
-    if (gpt2_of(m)) m->be->gelu_forward(a, h, n * m->F);
-    else m->be->swiglu_forward(a, h, n, m->F);
+    if (gpt2_of(m)) m->be->gelu_forward(a, h, n * m->mF);
+    else m->be->swiglu_forward(a, h, n, m->mF);
 }
 static void act_bwd(const loom_model *m, float *dh, const float *h, const float *da, int64_t n) {
-    memset(dh, 0, (size_t)(n * m->FFI) * sizeof(float));
-    if (gpt2_of(m)) m->be->gelu_backward(dh, h, da, n * m->F);
-    else m->be->swiglu_backward(dh, h, da, n, m->F);
+    memset(dh, 0, (size_t)(n * m->mFFI) * sizeof(float));
+    if (gpt2_of(m)) m->be->gelu_backward(dh, h, da, n * m->mF);
+    else m->be->swiglu_backward(dh, h, da, n, m->mF);
 }
 
 /* one expert (weights w1 (FFI,C), b1 (F), w2 (C,F), b2 (C)) over n rows */
@@ -316,9 +319,9 @@ static void expert_fwd(const loom_model *m, float *y, float *h, float *a, const 
                        int64_t n) {
     if (n == 0) return;
     const int C = m->cfg.d_model;
-    m->be->matmul_forward(h, x, w1, b1, n, C, m->FFI);
+    m->be->matmul_forward(h, x, w1, b1, n, C, m->mFFI);
     act_fwd(m, a, h, n);
-    m->be->matmul_forward(y, a, w2, b2, n, m->F, C);
+    m->be->matmul_forward(y, a, w2, b2, n, m->mF, C);
 }
 
 /* its backward: dx = (not accumulated: overwritten), weight gradients accumulated */
@@ -328,17 +331,17 @@ static void expert_bwd(const loom_model *m, float *dx, float *dh, float *da, con
                        int64_t n, int accumulate_dx) {
     if (n == 0) return;
     const int C = m->cfg.d_model;
-    memset(da, 0, (size_t)(n * m->F) * sizeof(float));
-    m->be->matmul_backward(da, dw2, db2, dy, a, w2, n, m->F, C);
+    memset(da, 0, (size_t)(n * m->mF) * sizeof(float));
+    m->be->matmul_backward(da, dw2, db2, dy, a, w2, n, m->mF, C);
     act_bwd(m, dh, h, da, n);
     if (!accumulate_dx) memset(dx, 0, (size_t)(n * C) * sizeof(float));
-    m->be->matmul_backward(dx, dw1, db1, dh, x, w1, n, C, m->FFI);
+    m->be->matmul_backward(dx, dw1, db1, dh, x, w1, n, C, m->mFFI);
 }
 
 void moe_forward(loom_model *m, block_frame *f, int l, int in, int out) {
     const loom_model_config *c = &m->cfg;
     const int64_t N = (int64_t)f->B * f->T, C = c->d_model, K = c->top_k, E = m->E;
-    const int64_t FC = (int64_t)m->FFI * C, PC = C * m->F;
+    const int64_t FC = (int64_t)m->mFFI * C, PC = C * m->mF;
     const float *x = f->s[in];
     float *y = f->s[out];
     LOOM_CHECK(m->ep == 1 || m->has_moe_comm);
@@ -372,9 +375,9 @@ void moe_forward(loom_model *m, block_frame *f, int l, int in, int out) {
     const int gpt2 = gpt2_of(m);
     for (int el = 0; el < m->El; el++) {
         const int64_t r0 = pl.roff[el], n = pl.roff[el + 1] - r0;
-        expert_fwd(m, Y + r0 * C, f->s[S_MOE_H] + r0 * m->FFI, f->s[S_MOE_A] + r0 * m->F,
+        expert_fwd(m, Y + r0 * C, f->s[S_MOE_H] + r0 * m->mFFI, f->s[S_MOE_A] + r0 * m->mF,
                    X + r0 * C, ew(m, LOOM_L_MOE_FC_W, l, el, FC),
-                   gpt2 ? ew(m, LOOM_L_MOE_FC_B, l, el, m->F) : NULL,
+                   gpt2 ? ew(m, LOOM_L_MOE_FC_B, l, el, m->mF) : NULL,
                    ew(m, LOOM_L_MOE_PROJ_W, l, el, PC),
                    gpt2 ? ew(m, LOOM_L_MOE_PROJ_B, l, el, C) : NULL, n);
     }
@@ -394,9 +397,9 @@ void moe_forward(loom_model *m, block_frame *f, int l, int in, int out) {
         }
     for (int s = 0; s < m->S; s++) { /* shared experts: every token */
         float *ys = f->s[S_MOE_SH_Y];
-        expert_fwd(m, ys, f->s[S_MOE_SH_H] + s * N * m->FFI, f->s[S_MOE_SH_A] + s * N * m->F, x,
+        expert_fwd(m, ys, f->s[S_MOE_SH_H] + s * N * m->mFFI, f->s[S_MOE_SH_A] + s * N * m->mF, x,
                    ew(m, LOOM_L_MOE_SH_FC_W, l, s, FC),
-                   gpt2 ? ew(m, LOOM_L_MOE_SH_FC_B, l, s, m->F) : NULL,
+                   gpt2 ? ew(m, LOOM_L_MOE_SH_FC_B, l, s, m->mF) : NULL,
                    ew(m, LOOM_L_MOE_SH_PROJ_W, l, s, PC),
                    gpt2 ? ew(m, LOOM_L_MOE_SH_PROJ_B, l, s, C) : NULL, N);
         for (int64_t i = 0; i < N * C; i++) y[i] += ys[i];
@@ -406,7 +409,7 @@ void moe_forward(loom_model *m, block_frame *f, int l, int in, int out) {
 void moe_backward(loom_model *m, block_frame *f, int l, int in, int out) {
     const loom_model_config *c = &m->cfg;
     const int64_t N = (int64_t)f->B * f->T, C = c->d_model, K = c->top_k, E = m->E;
-    const int64_t FC = (int64_t)m->FFI * C, PC = C * m->F;
+    const int64_t FC = (int64_t)m->mFFI * C, PC = C * m->mF;
     const int gpt2 = gpt2_of(m);
     const float *x = f->s[in], *dy = f->g[out];
     float *dx = f->g[in];
@@ -418,10 +421,10 @@ void moe_backward(loom_model *m, block_frame *f, int l, int in, int out) {
     /* shared experts */
     for (int s = 0; s < m->S; s++)
         expert_bwd(m, dx, f->g[S_MOE_SH_H], f->g[S_MOE_SH_A], dy, x,
-                   f->s[S_MOE_SH_H] + s * N * m->FFI, f->s[S_MOE_SH_A] + s * N * m->F,
+                   f->s[S_MOE_SH_H] + s * N * m->mFFI, f->s[S_MOE_SH_A] + s * N * m->mF,
                    ew(m, LOOM_L_MOE_SH_FC_W, l, s, FC), ew(m, LOOM_L_MOE_SH_PROJ_W, l, s, PC),
                    eg(m, LOOM_L_MOE_SH_FC_W, l, s, FC),
-                   gpt2 ? eg(m, LOOM_L_MOE_SH_FC_B, l, s, m->F) : NULL,
+                   gpt2 ? eg(m, LOOM_L_MOE_SH_FC_B, l, s, m->mF) : NULL,
                    eg(m, LOOM_L_MOE_SH_PROJ_W, l, s, PC),
                    gpt2 ? eg(m, LOOM_L_MOE_SH_PROJ_B, l, s, C) : NULL, N, 1);
     /* combine: d(expert output) = w dy, d w = <dy, expert output> */
@@ -450,11 +453,11 @@ void moe_backward(loom_model *m, block_frame *f, int l, int in, int out) {
     }
     for (int el = 0; el < m->El; el++) {
         const int64_t r0 = pl.roff[el], n = pl.roff[el + 1] - r0;
-        expert_bwd(m, dX + r0 * C, f->g[S_MOE_H] + r0 * m->FFI, f->g[S_MOE_A] + r0 * m->F,
-                   dY + r0 * C, f->s[S_MOE_X] + r0 * C, f->s[S_MOE_H] + r0 * m->FFI,
-                   f->s[S_MOE_A] + r0 * m->F, ew(m, LOOM_L_MOE_FC_W, l, el, FC),
+        expert_bwd(m, dX + r0 * C, f->g[S_MOE_H] + r0 * m->mFFI, f->g[S_MOE_A] + r0 * m->mF,
+                   dY + r0 * C, f->s[S_MOE_X] + r0 * C, f->s[S_MOE_H] + r0 * m->mFFI,
+                   f->s[S_MOE_A] + r0 * m->mF, ew(m, LOOM_L_MOE_FC_W, l, el, FC),
                    ew(m, LOOM_L_MOE_PROJ_W, l, el, PC), eg(m, LOOM_L_MOE_FC_W, l, el, FC),
-                   gpt2 ? eg(m, LOOM_L_MOE_FC_B, l, el, m->F) : NULL,
+                   gpt2 ? eg(m, LOOM_L_MOE_FC_B, l, el, m->mF) : NULL,
                    eg(m, LOOM_L_MOE_PROJ_W, l, el, PC),
                    gpt2 ? eg(m, LOOM_L_MOE_PROJ_B, l, el, C) : NULL, n, 0);
     }

@@ -1,5 +1,6 @@
 # Expert parallelism through `mpirun ... loom train` (docs/moe.md): an MoE llama (4 experts,
 # top-2, every layer) at EP = 2 and 4, alone and with DP (world 4 = ep 2 x edp 2), ZeRO 0-3,
+# and with TP = 2 (world 4 = dp 2 x tp 2, ep 2),
 # follows the single-process 20-step loss trajectory within 1e-5 relative, dropless and with a
 # capacity factor (capacity per routing group of group_tokens tokens, so the same tokens drop
 # at every layout; the dropped fraction is compared too). Checkpoints hold experts by global
@@ -28,23 +29,24 @@ for mode in dropless capacity; do
     python3 -c "import sys; sys.exit(0 if float(sys.argv[1]) > 0 else 1)" "$drop" ||
       fail "capacity 1.0 dropped nothing (moe_dropped_frac $drop): the test would not test dropping"
   fi
-  for layout in "2 2 0" "4 4 0" "4 2 1" "4 2 2" "4 2 3" "2 2 3"; do
-    read -r np ep z <<<"$layout"
-    run=$WORK/np${np}_ep${ep}_z${z}_$mode
+  # world size, ep, zero, tp (tp = 2: the experts are whole on both tp ranks, attention split)
+  for layout in "2 2 0 1" "4 4 0 1" "4 2 1 1" "4 2 2 1" "4 2 3 1" "2 2 3 1" "4 2 1 2"; do
+    read -r np ep z tp <<<"$layout"
+    run=$WORK/np${np}_ep${ep}_z${z}_tp${tp}_$mode
     $MPIRUN -np $np "$LOOM_BIN" train "$WORK/c.yaml" "${COMMON[@]}" "${extra[@]}" \
-      --set run.dir="$run" --set parallel.ep=$ep --set parallel.zero=$z \
+      --set run.dir="$run" --set parallel.ep=$ep --set parallel.zero=$z --set parallel.tp=$tp \
       --set parallel.check_replicas=true 2>"$WORK/log" ||
-      { cat "$WORK/log"; fail "$mode: np=$np ep=$ep zero=$z failed"; }
-    compare_losses "$ref" "$run" 1e-5 || fail "$mode: np=$np ep=$ep zero=$z loss differs from one process"
+      { cat "$WORK/log"; fail "$mode: np=$np ep=$ep zero=$z tp=$tp failed"; }
+    compare_losses "$ref" "$run" 1e-5 || fail "$mode: np=$np ep=$ep zero=$z tp=$tp loss differs from one process"
     d2=$(metric "$run" moe_dropped_frac 20)
-    [ "$d2" = "$drop" ] || fail "$mode: np=$np ep=$ep: dropped fraction $d2, one process $drop"
-    pass "$mode: world $np, ep=$ep (dp $np), zero $z: 20 steps equal the single process (dropped fraction $d2)"
+    [ "$d2" = "$drop" ] || fail "$mode: np=$np ep=$ep tp=$tp: dropped fraction $d2, one process $drop"
+    pass "$mode: world $np, ep=$ep (dp $((np / tp))), tp $tp, zero $z: 20 steps equal the single process (dropped fraction $d2)"
   done
 done
 
 # the all-to-all time is reported under ep
-grep -q '"moe_alltoall_s"' "$WORK/np2_ep2_z0_dropless/metrics.jsonl" || fail "no moe_alltoall_s under ep = 2"
-grep -q '"moe_load.1":\[' "$WORK/np2_ep2_z0_dropless/metrics.jsonl" || fail "no per-layer moe_load"
+grep -q '"moe_alltoall_s"' "$WORK/np2_ep2_z0_tp1_dropless/metrics.jsonl" || fail "no moe_alltoall_s under ep = 2"
+grep -q '"moe_load.1":\[' "$WORK/np2_ep2_z0_tp1_dropless/metrics.jsonl" || fail "no per-layer moe_load"
 pass "metrics: moe_load.<layer>, moe_aux_loss, moe_dropped_frac, moe_alltoall_s"
 
 # checkpoints by global expert index: EP = 2 (10 steps) -> EP = 1 (to 20), and back
