@@ -370,6 +370,9 @@ int loom_model_create_ex(const loom_model_config *cfg, int B, int T, int own_are
  * estimate memory before allocating. Forward/backward must not be called on it. */
 int loom_model_create_layout(const loom_model_config *cfg, int B, int T, loom_model **out,
                              loom_err *err);
+/* The same for one rank's view (layout NULL: the whole model): its boxes, its stage's layers. */
+int loom_model_create_layout_view(const loom_model_config *cfg, const loom_model_layout *layout,
+                                  int B, int T, loom_model **out, loom_err *err);
 /* bytes of the activation arena, the input/target rows and the RoPE tables: what the model
  * allocates beyond parameters and gradients */
 size_t loom_model_activation_bytes(const loom_model *m);

@@ -407,6 +407,11 @@ int loom_model_create_layout(const loom_model_config *cfg, int B, int T, loom_mo
     return create(cfg, NULL, B, T, 0, 1, out, err);
 }
 
+int loom_model_create_layout_view(const loom_model_config *cfg, const loom_model_layout *layout,
+                                  int B, int T, loom_model **out, loom_err *err) {
+    return create(cfg, layout, B, T, 0, 1, out, err);
+}
+
 size_t loom_model_activation_bytes(const loom_model *m) {
     const size_t BT = (size_t)m->maxB * (size_t)m->maxT;
     const size_t rope = m->cfg.flavor == LOOM_FLAVOR_GPT2

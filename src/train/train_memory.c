@@ -14,6 +14,7 @@
 #include "loom/model.h"
 #include "loom/model_config.h"
 #include "loom/parallel.h"
+#include "loom/pp.h"
 #include "loom/train.h"
 #include "train/trainer_internal.h"
 
@@ -120,7 +121,8 @@ static void size_keys(const loom_config *c, char *buf, size_t size) {
     static const char *const keys[] = {"model.vocab_size", "model.d_model", "model.n_layer",
                                        "model.n_head",     "model.d_ff",    "model.max_seq_len",
                                        "training.batch_size", "training.seq_len",
-                                       "parallel.dp",      "parallel.zero"};
+                                       "parallel.dp",      "parallel.zero",
+                                       "parallel.pp",      "parallel.microbatches"};
     size_t n = 0;
     buf[0] = 0;
     for (size_t i = 0; i < sizeof keys / sizeof keys[0] && n < size; i++) {
@@ -189,13 +191,28 @@ int loom_trainer_check_memory(const trainer *t, loom_err *err) {
                          keys, human(rough, need_s, sizeof need_s),
                          human((double)limit, have_s, sizeof have_s), source);
 
+    /* this rank's view, as loom_trainer_create_engine builds it: with a pipeline its stage's
+     * layers for micro-batch rows, and as many activation arenas as its schedule keeps in
+     * flight (gpipe: every micro-batch; 1f1b: min(m, pp - stage)) */
+    loom_model_layout lay = {.tp = t->tp_size, .tp_rank = t->tp_rank, .cp = t->cp_size,
+                             .cp_rank = t->cp_rank};
+    const int pipe = t->pp_size > 1 || t->microbatches > 1;
+    const int64_t rows = pipe ? t->local_B / t->microbatches : t->local_B;
+    int64_t arenas = 1;
+    if (pipe) {
+        loom_pp_stage_layers(t->mc.n_layer, t->pp_size, t->pp_rank, &lay.l0, &lay.l1);
+        const int64_t left = t->pp_size - t->pp_rank;
+        arenas = t->s.pp_schedule == LOOM_PP_GPIPE || left > t->microbatches ? t->microbatches
+                                                                              : left;
+    }
     loom_model *layout = NULL;
-    if (loom_model_create_layout(&t->mc, (int)t->local_B, (int)t->local_T, &layout, err)) return -1;
+    if (loom_model_create_layout_view(&t->mc, &lay, (int)rows, (int)t->local_T, &layout, err))
+        return -1;
     loom_dp_memory dm;
     /* state is sharded over the group gradients are reduced in (dp, or dp x cp) */
     loom_dp_memory_estimate(layout, loom_mesh_size(t->mesh, t->red_group),
                             loom_mesh_rank(t->mesh, t->red_group), (int)t->s.zero, &dm);
-    const double acts = (double)loom_model_activation_bytes(layout);
+    const double acts = (double)arenas * (double)loom_model_activation_bytes(layout);
     loom_model_free(layout);
     /* the trainer's global batch buffers (inputs and targets, B x T int32 each) */
     const double batch = 2.0 * (double)t->s.B * (double)t->s.T * sizeof(int32_t);
@@ -211,12 +228,13 @@ int loom_trainer_check_memory(const trainer *t, loom_err *err) {
         err,
         "%s: needs an estimated %s of memory%s, but %s is available (%s). Per rank: "
         "parameters %s, gradients %s, AdamW moments %s (dp %d, zero %lld), activations and "
-        "batch %s (micro-batch %lld x %lld). Shrink the model or the batch, shard it "
-        "(parallel.dp with parallel.zero), or set training.memory_limit (bytes, or off) if you "
-        "know better",
+        "batch %s (%lld micro-batch%s of %lld x %lld). Shrink the model or the batch, shard it "
+        "(parallel.dp with parallel.zero; parallel.pp splits the layers), or set "
+        "training.memory_limit (bytes, or off) if you know better",
         keys, human(need, need_s, sizeof need_s), where,
         human((double)limit, have_s, sizeof have_s), source,
         human((double)dm.param_bytes, p, sizeof p), human((double)dm.grad_bytes, g, sizeof g),
         human((double)dm.optim_bytes, o, sizeof o), t->dp_size, (long long)t->s.zero,
-        human(acts + batch, a, sizeof a), (long long)t->local_B, (long long)t->local_T);
+        human(acts + batch, a, sizeof a), (long long)arenas, arenas == 1 ? "" : "es",
+        (long long)rows, (long long)t->local_T);
 }

@@ -83,3 +83,37 @@ if not lasts[0] > lasts[1] > lasts[2]: print("  1f1b's last stage does not drop"
 sys.exit(0 if ok else 1)
 PY
 pass "parameter and activation bytes per rank equal the formula and drop with pp"
+
+# the trainer's memory check (training.memory_limit) estimates each rank's own stage: refused
+# with a tiny limit, every rank's message shows the bytes measured above for its stage
+for sched in gpipe 1f1b; do
+  rc=0
+  $MPIRUN -np 2 "$LOOM_BIN" train "$WORK/c.yaml" "${COMMON[@]}" --set parallel.pp=2 \
+    --set parallel.microbatches=4 --set parallel.pp_schedule=$sched --set training.memory_limit=1000 \
+    --set run.dir="$WORK/refused_$sched" >"$WORK/out" 2>&1 || rc=$?
+  [ $rc -ne 0 ] || { cat "$WORK/out"; fail "memory_limit=1000 accepted"; }
+  python3 - "$WORK" "$sched" <<'PY' || { cat "$WORK/out"; fail "pp=2 $sched: the memory estimate is not the stage's"; }
+import json, re, sys
+w, sched = sys.argv[1], sys.argv[2]
+def human(b):
+    units = ["B", "KiB", "MiB", "GiB"]
+    u = 0
+    while b >= 1024 and u < 3: b /= 1024; u += 1
+    return f"{b:.1f} {units[u]}" if u else f"{b:.0f} B"
+r = [json.loads(l) for l in open(f"{w}/pp2_{sched}/metrics.jsonl")][-1]
+out = open(f"{w}/out").read()
+ok = True
+for k in range(2):
+    m = re.search(rf"loom: rank {k}: error: .*Per rank: parameters ([0-9.]+ \w+), .*activations and "
+                  rf"batch ([0-9.]+ \w+) \((\d+) micro-batch(?:es)? of (\d+) x 32\)", out)
+    if not m: print(f"rank {k}: no estimate in the message"); ok = False; continue
+    arenas = int(r["pp_peak_arenas"][k])
+    want = (human(r["pp_param_bytes"][k]), human(r["pp_act_bytes"][k] + 2 * 8 * 32 * 4), arenas, 2)
+    got = (m.group(1), m.group(2), int(m.group(3)), int(m.group(4)))
+    print(f"rank {k} ({sched}): estimate parameters {got[0]}, activations and batch {got[1]} "
+          f"({got[2]} micro-batches of {got[3]} rows); measured {want[0]}, {want[1]} ({want[2]})")
+    ok &= got == want
+sys.exit(0 if ok else 1)
+PY
+done
+pass "the memory check estimates each stage's parameters and in-flight activations"
