@@ -121,7 +121,7 @@ static int chart(sbuf *b, const char *id, const char *title, const char *ylabel,
     const double pad = 0.05 * (y1 - y0);
     y0 -= pad;
     y1 += pad;
-    const int W = 760, H = 280, L = 70, R = 20, T = 34, B = 40;
+    const int W = 720, H = 280, L = 70, R = 20, T = 34, B = 40;
     const double pw = W - L - R, ph = H - T - B;
 #define PX(x) (L + ((x) - x0) / (x1 - x0) * pw)
 #define PY(y) (T + (1 - ((y) - y0) / (y1 - y0)) * ph)
@@ -387,6 +387,171 @@ static void profile_section(sbuf *b, const char *run_dir) {
     json_decref(s);
 }
 
+/* ---- the trace timeline: one profiled step, a row group per rank ---------------------------- */
+typedef struct span {
+    const char *name, *cat;
+    double t0, t1, flops;
+    int pid, tid, depth;
+} span;
+
+static int by_start(const void *a, const void *b) {
+    const span *x = a, *y = b;
+    if (x->pid != y->pid) return x->pid - y->pid;
+    if (x->tid != y->tid) return x->tid - y->tid;
+    if (x->t0 != y->t0) return x->t0 < y->t0 ? -1 : 1;
+    return x->t1 > y->t1 ? -1 : x->t1 < y->t1;
+}
+
+static const char *cat_color(const char *cat, const char *name) {
+    if (!strcmp(cat, "step")) return "#d9d9d9";
+    if (!strcmp(cat, "phase")) return "#9ecae1";
+    if (!strcmp(cat, "data")) return "#fdae6b";
+    if (!strcmp(cat, "wait")) return "#e6550d";
+    if (!strcmp(cat, "comm")) return "#9467bd";
+    if (!strcmp(cat, "ckpt")) return "#8c564b";
+    if (!strcmp(cat, "op")) {
+        if (!strncmp(name, "matmul", 6)) return "#31a354";
+        if (strstr(name, "attention")) return "#3182bd";
+        if (!strncmp(name, "adamw", 5) || !strcmp(name, "sum_squares") ||
+            !strcmp(name, "scale_inplace"))
+            return "#756bb1";
+        return "#a1d99b";
+    }
+    return "#bdbdbd";
+}
+
+static void trace_section(sbuf *b, const char *run_dir) {
+    char path[4200];
+    loom_pathf(path, sizeof path, "%s/trace.json", run_dir);
+    if (!loom_path_exists(path)) return;
+    json_t *doc = json_load_file(path, 0, NULL);
+    json_t *ev = json_object_get(doc, "traceEvents");
+    if (!json_is_array(ev)) {
+        json_decref(doc);
+        return;
+    }
+    /* the first profiled step of rank 0, and the same step on every rank */
+    const char *which = NULL;
+    double best = INFINITY;
+    size_t i;
+    json_t *e;
+    json_array_foreach(ev, i, e) {
+        const char *cat = json_string_value(json_object_get(e, "cat"));
+        if (!cat || strcmp(cat, "step") || json_integer_value(json_object_get(e, "pid")) != 0)
+            continue;
+        const double ts = num_or_nan(json_object_get(e, "ts"));
+        const char *shape = json_string_value(json_object_get(json_object_get(e, "args"), "shape"));
+        if (shape && ts < best) best = ts, which = shape;
+    }
+    if (!which) {
+        json_decref(doc);
+        return;
+    }
+    int max_pid = 0;
+    double w0 = INFINITY, w1 = -INFINITY;
+    json_array_foreach(ev, i, e) { /* the window: the step spans named `which` */
+        const char *cat = json_string_value(json_object_get(e, "cat"));
+        const char *shape = json_string_value(json_object_get(json_object_get(e, "args"), "shape"));
+        if (!cat || strcmp(cat, "step") || !shape || strcmp(shape, which)) continue;
+        const double ts = num_or_nan(json_object_get(e, "ts")), du = num_or_nan(json_object_get(e, "dur"));
+        w0 = fmin(w0, ts);
+        w1 = fmax(w1, ts + du);
+        const int pid = (int)json_integer_value(json_object_get(e, "pid"));
+        if (pid > max_pid) max_pid = pid;
+    }
+    if (max_pid > 15) max_pid = 15; /* the first 16 ranks */
+    span *sp = NULL;
+    size_t n = 0, cap = 0;
+    json_array_foreach(ev, i, e) {
+        if (strcmp(json_string_value(json_object_get(e, "ph")) ? json_string_value(json_object_get(e, "ph")) : "", "X"))
+            continue;
+        const double ts = num_or_nan(json_object_get(e, "ts")), du = num_or_nan(json_object_get(e, "dur"));
+        const int pid = (int)json_integer_value(json_object_get(e, "pid"));
+        if (!(ts + du > w0 && ts < w1) || pid > max_pid) continue;
+        if (n == cap) {
+            cap = cap ? 2 * cap : 1024;
+            sp = loom_realloc(sp, cap * sizeof *sp);
+        }
+        const char *nm = json_string_value(json_object_get(e, "name"));
+        const char *ct = json_string_value(json_object_get(e, "cat"));
+        sp[n++] = (span){nm ? nm : "?", ct ? ct : "?", fmax(ts, w0), fmin(ts + du, w1),
+                         num_or_nan(json_object_get(json_object_get(e, "args"), "flops")), pid,
+                         (int)json_integer_value(json_object_get(e, "tid")), 0};
+    }
+    qsort(sp, n, sizeof *sp, by_start);
+    /* depth on the main thread by nesting; lanes of collectives are rows of their own */
+    int depth_max = 0, lanes_max = 0;
+    for (size_t a = 0; a < n;) {
+        size_t z = a;
+        while (z < n && sp[z].pid == sp[a].pid && sp[z].tid == sp[a].tid) z++;
+        if (sp[a].tid == 0) {
+            double ends[16];
+            int d = 0;
+            for (size_t k = a; k < z; k++) {
+                while (d > 0 && ends[d - 1] <= sp[k].t0 + 1e-3) d--;
+                sp[k].depth = d < 15 ? d : 15;
+                if (d < 16) ends[d++] = sp[k].t1;
+                if (sp[k].depth > depth_max) depth_max = sp[k].depth;
+            }
+        } else if (sp[a].tid > lanes_max) {
+            lanes_max = sp[a].tid;
+        }
+        a = z;
+    }
+    if (lanes_max > 4) lanes_max = 4;
+    const int rows = depth_max + 1 + lanes_max, rh = 16, L = 90, W = 1500, R = 10;
+    const int group = rows * rh + 10, T = 40, H = T + (max_pid + 1) * group + 30;
+    const double pw = W - L - R, span_us = w1 - w0 > 0 ? w1 - w0 : 1;
+    put(b, "<h2 id=\"trace\">Trace</h2><p>");
+    escs(b, which);
+    put(b, " of <code>trace.json</code>, %.3f ms, a row group per rank (main thread: step, "
+           "phases, ops, waits by nesting depth; then the lanes of collectives). Hover a span "
+           "for its name, duration and FLOPs. Open the file in Perfetto or chrome://tracing for "
+           "every step.</p>\n", span_us / 1e3);
+    put(b, "<figure class=\"plot\" id=\"plot-trace\"><svg width=\"%d\" height=\"%d\" viewBox=\"0 "
+           "0 %d %d\" role=\"img\" aria-label=\"trace timeline\"><rect x=\"0\" y=\"0\" "
+           "width=\"%d\" height=\"%d\" fill=\"#fff\"/>", W, H, W, H, W, H);
+    const double tick = nice_step(span_us / 1e3, 8);
+    for (double v = 0; v <= span_us / 1e3 + 1e-9; v += tick) {
+        const double x = L + v * 1e3 / span_us * pw;
+        put(b, "<line x1=\"%.1f\" x2=\"%.1f\" y1=\"%d\" y2=\"%d\" stroke=\"#eee\"/><text x=\"%.1f\" "
+               "y=\"%d\" font-size=\"10\" text-anchor=\"middle\">%.4g ms</text>", x, x, T - 6, H - 24,
+            x, T - 10, v);
+    }
+    for (int p = 0; p <= max_pid; p++)
+        put(b, "<text x=\"6\" y=\"%d\" font-size=\"12\" font-weight=\"bold\">rank %d</text>",
+            T + p * group + 12, p);
+    for (size_t k = 0; k < n; k++) {
+        const span *s = &sp[k];
+        const int row = s->tid == 0 ? s->depth : depth_max + (s->tid < 4 ? s->tid : 4);
+        const double x = L + (s->t0 - w0) / span_us * pw, w = fmax(0.5, (s->t1 - s->t0) / span_us * pw);
+        const int y = T + s->pid * group + row * rh;
+        put(b, "<rect x=\"%.2f\" y=\"%d\" width=\"%.2f\" height=\"%d\" fill=\"%s\" stroke=\"#fff\" "
+               "stroke-width=\"0.3\"><title>", x, y, w, rh - 2, cat_color(s->cat, s->name));
+        escs(b, s->name);
+        put(b, " (%s) %.1f us", s->cat, s->t1 - s->t0);
+        if (s->flops > 0) put(b, ", %.4g FLOP", s->flops);
+        put(b, "</title></rect>");
+        if (w > 7.0 * (double)strlen(s->name)) {
+            put(b, "<text x=\"%.1f\" y=\"%d\" font-size=\"10\">", x + 2, y + rh - 5);
+            escs(b, s->name);
+            put(b, "</text>");
+        }
+    }
+    const char *keys[][2] = {{"step", "step"}, {"phase", "phase"}, {"matmul", "op"},
+                             {"attention", "op"}, {"optimizer op", "op"}, {"other op", "op"},
+                             {"data wait", "data"}, {"wait (exposed comm)", "wait"},
+                             {"collective", "comm"}, {"checkpoint", "ckpt"}};
+    const char *kname[] = {"", "", "matmul", "attention", "adamw", "x", "", "", "", ""};
+    for (int k = 0; k < 10; k++)
+        put(b, "<rect x=\"%d\" y=\"%d\" width=\"12\" height=\"10\" fill=\"%s\"/><text x=\"%d\" "
+               "y=\"%d\" font-size=\"11\">%s</text>", L + k * 140, H - 16,
+            cat_color(keys[k][1], kname[k]), L + k * 140 + 16, H - 7, keys[k][0]);
+    put(b, "</svg></figure>\n");
+    free(sp);
+    json_decref(doc);
+}
+
 int loom_report(const char *run_dir, const char *out_path, loom_err *err) {
     char path[4200], outp[4200];
     loom_pathf(path, sizeof path, "%s/metrics.jsonl", run_dir);
@@ -494,6 +659,7 @@ int loom_report(const char *run_dir, const char *out_path, loom_err *err) {
     json_decref(alerts);
     /* profile */
     profile_section(&b, run_dir);
+    trace_section(&b, run_dir);
     /* data + config */
     loom_pathf(path, sizeof path, "%s/config.yaml", run_dir);
     char *cfg_text = NULL;
