@@ -125,13 +125,20 @@ static int eval_lm(loom_model *m, loom_config *cfg, loom_dataset *ds, const char
     if (pass) batches = (int64_t)loom_loader_pass_batches(l, (int)B);
     int32_t *inp = loom_malloc((size_t)(B * T) * sizeof(int32_t));
     int32_t *tgt = loom_malloc((size_t)(B * T) * sizeof(int32_t));
+    /* model.doc_mask: the windows' documents, as in training */
+    int32_t *docs = loom_model_get_config(m)->doc_mask
+                        ? loom_malloc((size_t)(B * T) * sizeof(int32_t))
+                        : NULL;
     double sum = 0;
     int64_t valid = 0, windows = 0;
     int rc = 0;
     for (int64_t b = 0; b < batches && rc == 0; b++) {
-        if (pass) windows += loom_loader_pass_slice(l, (uint64_t)b, (int)B, 0, 1, inp, tgt);
-        else if ((rc = loom_loader_next(l, (int)B, inp, tgt, err)) == 0) windows += B;
+        if (pass)
+            windows += loom_loader_pass_slice_docs(l, (uint64_t)b, (int)B, 0, 1, inp, tgt, docs);
+        else if ((rc = loom_loader_next_docs(l, (int)B, 0, 1, inp, tgt, docs, err)) == 0)
+            windows += B;
         if (rc == 0) {
+            if (docs) loom_model_set_docs(m, NULL, docs, (int)B, (int)T);
             const float loss = loom_model_forward(m, inp, tgt, (int)B, (int)T);
             const int64_t v = loom_model_valid_targets(m);
             sum += (double)loss * (double)v;
@@ -160,6 +167,7 @@ static int eval_lm(loom_model *m, loom_config *cfg, loom_dataset *ds, const char
     }
     free(inp);
     free(tgt);
+    free(docs);
     loom_loader_free(l);
     return rc;
 }

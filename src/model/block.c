@@ -498,6 +498,8 @@ void acts_frame(const loom_model *m, const loom_acts *a, int l, int B, int T, bl
 }
 
 void loom_model_set_docs(loom_model *m, loom_acts *a, const int32_t *docs, int B, int T) {
+    if (!a && !m->acts && m->mode == LOOM_MODEL_INFER) /* its arena comes with a forward */
+        m->acts = loom_acts_create(m, m->maxB, m->maxT, 0);
     if (!a) a = m->acts;
     LOOM_CHECK(a != NULL);
     a->n_runs = 0;

@@ -3,7 +3,8 @@
 # restarted at each), gives the losses, gradient norms and validation losses of training on
 # the same tokens in windows of 16 (one document each) with twice the batch: the same
 # documents, each seen alone. Without the mask the 32-token run differs (the control). Both
-# flavors (learned positions, RoPE), flash and sdpa.
+# flavors (learned positions, RoPE), flash and sdpa. `loom eval` of the two checkpoints on the
+# first 2 batches of the validation data (the same tokens) agrees too: eval passes the ids.
 source "$(dirname "$0")/lib.sh"
 mkdir -p "$WORK/corpus"
 python3 - "$WORK/corpus" <<'PY'
@@ -45,7 +46,7 @@ PY
 for combo in gpt2:flash llama:sdpa; do
   flavor=${combo%:*} attn=${combo#*:}
   export FLAVOR=$flavor KVH=$([ $flavor = llama ] && echo 2 || echo 4)
-  common=(--set training.steps=6 --set checkpoint.every=0 --set data.shuffle=false
+  common=(--set training.steps=6 --set checkpoint.every=6 --set data.shuffle=false
           --set eval.every=3 --set model.max_seq_len=32 --set model.attention=$attn)
   make_config "$WORK" "$WORK/a.yaml" "$WORK/masked_$combo"
   expect_ok "$combo: seq_len 32, doc_mask" "$LOOM_BIN" train "$WORK/a.yaml" "${common[@]}" \
@@ -59,6 +60,16 @@ for combo in gpt2:flash llama:sdpa; do
   compare "$WORK/masked_$combo" "$WORK/alone_$combo" 1e-5 ||
     fail "$combo: doc_mask at 32 differs from the documents alone at 16"
   pass "$combo: doc_mask at seq_len 32 == each document alone at seq_len 16"
+  ev() { "$LOOM_BIN" eval "$1/ckpt/latest" --data "$WORK/data/val" --batches 2 --format json; }
+  a=$(ev "$WORK/masked_$combo") && b=$(ev "$WORK/alone_$combo") && c=$(ev "$WORK/unmasked_$combo") ||
+    fail "$combo: loom eval"
+  python3 - "$a" "$b" "$c" <<'PY' || fail "$combo: loom eval of the masked checkpoint differs"
+import json, sys
+a, b, c = (json.loads(x)["loss"] for x in sys.argv[1:4])
+print(f"loom eval: masked {a!r}, alone {b!r}, unmasked control {c!r}")
+sys.exit(0 if abs(a - b) <= 1e-6 * abs(b) and abs(c - b) > 1e-5 * abs(b) else 1)
+PY
+  pass "$combo: loom eval with the documents == the documents alone"
   if compare "$WORK/unmasked_$combo" "$WORK/alone_$combo" 1e-3; then
     fail "$combo: the control without doc_mask matches too: the test cannot tell"
   fi
