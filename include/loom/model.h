@@ -136,7 +136,7 @@ enum {  /* per-layer tensors, named layers.<l>.<name> */
 /* Mesh groups a tensor's layout names: the group its split dimension is split over, and the
  * group that sums its gradient. */
 enum { LOOM_SPLIT_NONE = 0, LOOM_SPLIT_TP = 1, LOOM_SPLIT_EP = 2 };
-enum { LOOM_REDUCE_DP = 0, LOOM_REDUCE_EDP = 1 /* expert-data group (experts, later) */ };
+enum { LOOM_REDUCE_DP = 0, LOOM_REDUCE_EDP = 1 /* expert-data group (routed experts) */ };
 
 /* One parameter tensor: its global shape and layout, and the box of it this model (view)
  * holds. The box is row-major in the arena: numel = product of box_len. */
