@@ -71,6 +71,10 @@ void loom_dp_memory_estimate(const loom_model *m, int dp_size, int dp_rank, int 
 /* 64-bit hash of the parameters this rank holds (all of them for zero 0-2, its slices for
  * zero 3): equal on every dp rank for zero 0-2 when the replicas are bit-identical. */
 uint64_t loom_dp_param_hash(const loom_dp *dp);
+/* Frozen parameters (LoRA fine-tuning trains adapters only): frees the AdamW moments; the
+ * engine is never stepped, checkpoints hold its parameters and no moments, and memory usage
+ * reports no optimizer state. */
+void loom_dp_freeze(loom_dp *dp);
 
 /* ---- checkpoint pieces -----------------------------------------------------------------
  * What this rank holds, tensor by tensor, as flat ranges [begin, begin + count) of the

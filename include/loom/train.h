@@ -78,6 +78,14 @@ void loom_run_data_free(loom_run_data *d);
 int loom_load_model_ex(const char *path, int B, int T_train, loom_model **out,
                        loom_config **cfg_out, loom_run_data **data_out, loom_err *err);
 
+/* loom_load_model_ex; a LoRA checkpoint's adapters are merged into the parameters, unless
+ * lora_out is not NULL: then they are attached to the model (a loom_lora, include/loom/lora.h;
+ * *lora_out = NULL for a checkpoint without adapters). */
+struct loom_lora;
+int loom_load_model_lora(const char *path, int B, int T_train, loom_model **out,
+                         loom_config **cfg_out, loom_run_data **data_out,
+                         struct loom_lora **lora_out, loom_err *err);
+
 typedef struct loom_tokenizer loom_tokenizer;
 typedef struct loom_dataset loom_dataset;
 /* The tokenizer the model was trained with (byte, or BPE from its tokenizer.json). */

@@ -45,6 +45,7 @@ struct loom_dp {
     float *moments;        /* one arena: adam_m then adam_v */
     float *adam_m, *adam_v;/* (n) zero 0, (nshard) zero 1-3 each, views into moments */
     size_t n_moments;
+    int frozen;            /* loom_dp_freeze: no optimizer state, never stepped */
 
     /* zero 2/3: gradient buckets and the recv buffers of their reduce-scatters */
     float *gbucket[N_BUCKETS];
@@ -401,6 +402,7 @@ static void update_range(loom_dp *dp, int u, size_t lo, size_t hi, float *p, con
 }
 
 void loom_dp_step(loom_dp *dp, float lr) {
+    LOOM_CHECK(!dp->frozen); /* frozen parameters are never stepped */
     dp->step++;
     for (int u = 0; u < dp->U; u++) {
         if (dp->zero == 0) {
@@ -445,6 +447,13 @@ float *loom_dp_owned_grad(loom_dp *dp, const loom_tensor_info *t, size_t *begin,
     return dp->gshard + dp->sbase[sg] + (a - lo);
 }
 
+void loom_dp_freeze(loom_dp *dp) {
+    free(dp->moments);
+    dp->moments = dp->adam_m = dp->adam_v = NULL;
+    dp->n_moments = 0;
+    dp->frozen = 1;
+}
+
 int64_t loom_dp_optimizer_step(const loom_dp *dp) { return dp->step; }
 void loom_dp_set_optimizer_step(loom_dp *dp, int64_t step) { dp->step = step; }
 
@@ -471,6 +480,7 @@ void loom_dp_memory_usage(const loom_dp *dp, loom_dp_memory *out) {
     const dp_sizes z = {dp->n, dp->nshard, dp->ucnt[0], dp->ucnt[dp->U - 1], dp->max_layer,
                         dp->first_slice, dp->last_slice, dp->max_layer_slice};
     memory_of(dp->zero, &z, out);
+    if (dp->frozen) out->optim_bytes = 0;
 }
 
 void loom_dp_memory_estimate(const loom_model *m, int dp_size, int dp_rank, int zero,
@@ -563,6 +573,7 @@ static loom_dp_piece *collect(loom_dp *dp, int *n, int for_load) {
     } else {
         shard_pieces(dp, 0, dp->pshard, &arr, n, &cap, for_load);
     }
+    if (dp->frozen) return arr; /* no optimizer state */
     if (dp->zero == 0) {
         full_pieces(dp, 1, dp->adam_m, &arr, n, &cap, for_load);
         full_pieces(dp, 2, dp->adam_v, &arr, n, &cap, for_load);

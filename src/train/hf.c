@@ -27,6 +27,7 @@
 #include "loom/ckpt_pieces.h"
 #include "loom/config.h"
 #include "loom/hf.h"
+#include "loom/lora.h"
 #include "loom/model_config.h"
 #include "loom/parallel.h"
 #include "loom/safetensors.h"
@@ -928,6 +929,43 @@ int hf_write_tokenizer(const char *out_dir, const loom_run_data *rd, const loom_
     return 0;
 }
 
+/* PEFT's layout of the adapters (Llama): adapter_model.safetensors with
+ * base_model.model.model.layers.<l>.<module>.lora_A.weight (r, in) / lora_B.weight (out, r),
+ * and adapter_config.json. The directory's own weights are then the base model's. */
+static int hf_write_peft(const char *out_dir, loom_model *m, loom_lora *l, loom_err *err) {
+    static const char *const mods[LOOM_LORA_NT] = {"self_attn.q_proj", "self_attn.k_proj",
+                                                   "self_attn.v_proj", "self_attn.o_proj",
+                                                   "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj"};
+    const int nt = loom_lora_num_tensors(l);
+    loom_st_tensor *ts = loom_calloc((size_t)nt, sizeof *ts);
+    char (*names)[160] = loom_calloc((size_t)nt, sizeof *names);
+    const float *p = loom_lora_params(l);
+    for (int i = 0; i < nt; i++) {
+        const loom_lora_tensor *x = loom_lora_tensor_at(l, i);
+        snprintf(names[i], sizeof names[i], "base_model.model.model.layers.%d.%s.lora_%c.weight",
+                 x->layer, mods[x->target], x->is_b ? 'B' : 'A');
+        ts[i] = (loom_st_tensor){names[i], p + x->offset, 2, {x->rows, x->cols}};
+    }
+    static const char *const meta[] = {"format", "pt", NULL};
+    char path[4400];
+    int rc = loom_path_fmt(path, sizeof path, err, "%s/adapter_model.safetensors", out_dir);
+    if (!rc) rc = loom_safetensors_write(path, ts, nt, meta, err);
+    free(ts);
+    free(names);
+    if (rc) return -1;
+    json_t *tm = json_array();
+    for (int t = 0; t < LOOM_LORA_NT; t++)
+        if (loom_lora_targets(l) & (1u << t))
+            json_array_append_new(tm, json_string(strchr(mods[t], '.') + 1));
+    json_t *cfgj = json_pack("{s:s, s:s, s:i, s:f, s:f, s:o, s:s, s:b, s:n, s:b}", "peft_type",
+                             "LORA", "task_type", "CAUSAL_LM", "r", loom_lora_rank(l),
+                             "lora_alpha", float_as_double(loom_lora_alpha(l)), "lora_dropout",
+                             0.0, "target_modules", tm, "bias", "none", "fan_in_fan_out", 0,
+                             "base_model_name_or_path", "inference_mode", 1);
+    (void)m;
+    return write_json(out_dir, "adapter_config.json", cfgj, err);
+}
+
 int loom_hf_export(const char *ckpt, const char *out_dir, const loom_hf_export_opts *o,
                    loom_err *err) {
     loom_model *m = NULL;
@@ -937,8 +975,15 @@ int loom_hf_export(const char *ckpt, const char *out_dir, const loom_hf_export_o
     loom_st_tensor *ts = NULL;
     int n = 0, rc = -1;
     const uint64_t max_shard = o && o->max_shard_bytes ? o->max_shard_bytes : (uint64_t)2 << 30;
-    if (loom_load_model_ex(ckpt, 1, 0, &m, &cfg, &rd, err)) return -1;
+    loom_lora *lora = NULL;
+    if (loom_load_model_lora(ckpt, 1, 0, &m, &cfg, &rd, o && o->merge_lora ? NULL : &lora, err))
+        return -1;
     const loom_model_config *c = loom_model_get_config(m);
+    if (lora && c->flavor == LOOM_FLAVOR_GPT2) {
+        loom_errf(err, "%s: PEFT adapter files for GPT-2's fused c_attn are not written by this "
+                       "loom; export with --merge-lora (merged weights)", ckpt);
+        goto done;
+    }
     if (c->head != LOOM_HEAD_LM) {
         loom_errf(err, "%s: a classifier (model.head = classify) has no Hugging Face causal-LM "
                        "layout to export to", ckpt);
@@ -957,10 +1002,12 @@ int loom_hf_export(const char *ckpt, const char *out_dir, const loom_hf_export_o
     }
     json_object_set_new(gen, "_from_model_config", json_true());
     if (write_json(out_dir, "generation_config.json", gen, err) ||
+        (lora && hf_write_peft(out_dir, m, lora, err)) ||
         write_json(out_dir, "config.json", hf_config_json(c, eos), err))
         goto done;
     rc = 0;
 done:
+    loom_lora_free(lora);
     free_tensors(ts, n);
     hf_map_free(&map);
     loom_run_data_free(rd);

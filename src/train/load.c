@@ -4,6 +4,7 @@
 #include "loom/checkpoint.h"
 #include "loom/ckpt_pieces.h"
 #include "loom/config.h"
+#include "loom/lora.h"
 #include "loom/model_config.h"
 #include "loom/train.h"
 #include "train/trainer_internal.h"
@@ -13,8 +14,46 @@ int loom_load_model(const char *path, int B, int T_train, loom_model **out,
     return loom_load_model_ex(path, B, T_train, out, cfg_out, NULL, err);
 }
 
+/* A LoRA checkpoint (lora.safetensors): the adapters attached to m (*lora_out) or, when
+ * lora_out is NULL, merged into m's parameters (W += alpha/r B A) and dropped. */
+static int load_lora(const loom_ckpt *ck, const loom_config *cfg, loom_model *m,
+                     loom_lora **lora_out, loom_err *err) {
+    size_t len;
+    const char *data = loom_ckpt_file_data(ck, "lora.safetensors", &len);
+    if (!data) return 0;
+    int rank;
+    float alpha;
+    unsigned targets;
+    loom_lora *l = NULL;
+    char where[4300];
+    snprintf(where, sizeof where, "%s/lora.safetensors", loom_ckpt_dir(ck));
+    if (loom_lora_settings(cfg, loom_model_get_config(m)->flavor, &rank, &alpha, &targets, err))
+        return loom_err_prefix(err, "%s/config.yaml", loom_ckpt_dir(ck));
+    if (!rank)
+        return loom_errf(err, "%s: adapters, but the checkpoint's config has finetune.lora.rank 0",
+                         where);
+    if (loom_lora_attach(m, rank, alpha, targets, 0, &l, err) ||
+        loom_lora_restore(l, data, len, where, NULL, NULL, err)) {
+        loom_lora_free(l);
+        return -1;
+    }
+    if (lora_out) {
+        *lora_out = l;
+        return 0;
+    }
+    loom_lora_merge(l, m, loom_model_params(m));
+    loom_lora_free(l);
+    return 0;
+}
+
 int loom_load_model_ex(const char *path, int B, int T_train, loom_model **out,
                        loom_config **cfg_out, loom_run_data **data_out, loom_err *err) {
+    return loom_load_model_lora(path, B, T_train, out, cfg_out, data_out, NULL, err);
+}
+
+int loom_load_model_lora(const char *path, int B, int T_train, loom_model **out,
+                         loom_config **cfg_out, loom_run_data **data_out, loom_lora **lora_out,
+                         loom_err *err) {
     char dir[4096], where[4200];
     loom_ckpt *ck = NULL;
     loom_config *cfg = NULL;
@@ -48,6 +87,7 @@ int loom_load_model_ex(const char *path, int B, int T_train, loom_model **out,
                                &m, err))
         goto done;
     if (loom_pieces_load_params(ck, m, err)) goto done;
+    if (load_lora(ck, cfg, m, lora_out, err)) goto done;
     if (data_out && loom_run_data_read(ck, cfg, data_out, err)) goto done;
     *out = m;
     m = NULL;

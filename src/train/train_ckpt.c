@@ -14,7 +14,8 @@ int loom_trainer_save_checkpoint(trainer *t, loom_err *err) {
     const int W = t->world_size;
     /* rank 0's files after the pieces: trainer_state.json, config.yaml, data.json and, for a
      * BPE tokenizer, tokenizer.json */
-    const int NF = W + 3 + (t->run_data->tokenizer_json != NULL);
+    const int has_tok = t->run_data->tokenizer_json != NULL;
+    const int NF = W + 3 + has_tok + (t->lora != NULL);
     char **names = loom_calloc((size_t)NF, sizeof *names);
     char dir[4200];
     char *buf = NULL, *state_buf = NULL, *cfg_buf = NULL, *data_buf = NULL;
@@ -27,7 +28,8 @@ int loom_trainer_save_checkpoint(trainer *t, loom_err *err) {
     names[W] = loom_strdup("trainer_state.json");
     names[W + 1] = loom_strdup("config.yaml");
     names[W + 2] = loom_strdup("data.json");
-    if (NF > W + 3) names[W + 3] = loom_strdup("tokenizer.json");
+    if (has_tok) names[W + 3] = loom_strdup("tokenizer.json");
+    if (t->lora) names[W + 3 + has_tok] = loom_strdup("lora.safetensors");
     loom_pathf(dir, sizeof dir, "%s/step_%07lld", t->ckpt_root, (long long)t->step);
     int ok = 1;
     if (t->world_rank == 0)
@@ -70,9 +72,17 @@ int loom_trainer_save_checkpoint(trainer *t, loom_err *err) {
         if (loom_ckpt_write_file(dir, names[W], state_buf, strlen(state_buf), err) ||
             loom_ckpt_write_file(dir, names[W + 1], cfg_buf, strlen(cfg_buf), err) ||
             loom_ckpt_write_file(dir, names[W + 2], data_buf, strlen(data_buf), err) ||
-            (NF > W + 3 && loom_ckpt_write_file(dir, names[W + 3], t->run_data->tokenizer_json,
-                                                t->run_data->tokenizer_json_len, err)))
+            (has_tok && loom_ckpt_write_file(dir, names[W + 3], t->run_data->tokenizer_json,
+                                             t->run_data->tokenizer_json_len, err)))
             goto done;
+        if (t->lora) { /* the adapters and their moments */
+            char *lb = NULL;
+            size_t ll = 0;
+            const int lrc = loom_trainer_lora_save(t, &lb, &ll, err) ||
+                            loom_ckpt_write_file(dir, names[W + 3 + has_tok], lb, ll, err);
+            free(lb);
+            if (lrc) goto done;
+        }
     }
     loom_barrier(t->mesh, LOOM_GROUP_WORLD);
     if (t->world_rank == 0 &&
@@ -114,6 +124,12 @@ int loom_trainer_load_checkpoint(trainer *t, const char *dir, loom_err *err) {
         goto done;
     }
     if (loom_trainer_check_run_data(t, ck, err)) goto done;
+    if (t->lora && loom_trainer_lora_load(t, ck, err)) goto done;
+    if (!t->lora && loom_ckpt_file_data(ck, "lora.safetensors", NULL)) {
+        loom_errf(err, "%s: the checkpoint holds LoRA adapters, but finetune.lora.rank is 0: "
+                       "resume with the run's finetune.lora settings", dir);
+        goto done;
+    }
     need = loom_dp_needed(t->dp, &n);
     if (loom_pieces_fill(ck, need, n, err)) goto done;
     json_error_t je;

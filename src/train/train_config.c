@@ -43,6 +43,11 @@ static const loom_config_key train_only_keys[] = {
                                    "skipped for a non-finite loss or gradient norm"},
     {"training.memory_limit", "auto", "refuse a layout whose estimated memory exceeds this: auto "
                                       "(MemAvailable, cgroup limit), off, or bytes"},
+    {"finetune.lora.rank", "0", "LoRA adapters' rank (0 = off: every weight is trained)"},
+    {"finetune.lora.alpha", "16", "LoRA scale numerator: the adapters add (alpha / rank) B A x"},
+    {"finetune.lora.dropout", "0", "dropout on the adapters' input (only 0 is implemented)"},
+    {"finetune.lora.targets", "[q, v]", "the adapted linears: q, k, v, o, gate, up, down "
+                                        "(gpt2: q, k, v, o, fc, fc_proj)"},
     {"eval.every", "100", "validation loss every N steps (0 = only at the end)"},
     {"eval.batches", "8", "validation batches per evaluation (0 = every window once)"},
     {"checkpoint.every", "0", "checkpoint every N steps (0 = no checkpoints)"},

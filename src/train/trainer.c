@@ -13,6 +13,7 @@
 #include "loom/checkpoint.h"
 #include "loom/comm.h"
 #include "loom/data.h"
+#include "loom/lora.h"
 #include "loom/metrics.h"
 #include "loom/model.h"
 #include "loom/model_config.h"
@@ -139,6 +140,7 @@ static double forward_global(trainer *t, int64_t *global_valid, int64_t *global_
 int loom_trainer_step(trainer *t, loom_trainer_batch_fn next, void *ctx, double *loss_out,
                       double *lr_out, float *grad_norm, int *skipped, loom_err *err) {
     double loss = 0;
+    if (t->lora) loom_lora_zero_grad(t->lora); /* LoRA: the adapters' gradients of this step */
     if (t->pp) { /* pipeline parallelism: the batches' micro-batches through the stages */
         if (loom_trainer_pp_grads(t, next, ctx, &loss, err)) return -1;
     } else
@@ -162,7 +164,8 @@ int loom_trainer_step(trainer *t, loom_trainer_batch_fn next, void *ctx, double 
     loom_prof_begin("optimizer", "phase");
     t->inject_nan = 0;
     loss /= (double)t->s.accum;
-    const float gnorm = loom_dp_finish_grads(t->dp, (float)t->s.grad_clip);
+    float gnorm = loom_dp_finish_grads(t->dp, t->lora ? 0.0f : (float)t->s.grad_clip);
+    if (t->lora) gnorm = loom_trainer_lora_finish(t); /* LoRA: the adapters' norm and clip */
     const double lr = loom_schedule_lr(&t->s.sched, t->step);
     /* A non-finite loss or gradient norm skips the update on every rank: parameters and
      * optimizer state stay as they are (the gradients are zeroed by the next step). Both
@@ -172,6 +175,7 @@ int loom_trainer_step(trainer *t, loom_trainer_batch_fn next, void *ctx, double 
     loom_allreduce_max(t->mesh, LOOM_GROUP_WORLD, &bad, 1, LOOM_F64);
     *skipped = bad > 0;
     if (*skipped) t->skipped_steps++;
+    else if (t->lora) loom_trainer_lora_step(t, (float)lr);
     else loom_dp_step(t->dp, (float)lr);
     loom_prof_end(0, 0, NULL);
     t->step++;
@@ -441,6 +445,7 @@ int loom_train(loom_config *cfg, loom_err *err) {
     }
     if (open_data(&t, err) || loom_trainer_open_run_data(&t, err)) goto done;
     if (loom_trainer_create_engine(&t, err)) goto done;
+    if (loom_trainer_lora_setup(&t, err)) goto done; /* finetune.lora: adapters, base frozen */
 
     char latest[4200];
     int64_t latest_step = -1;
@@ -700,6 +705,7 @@ done:
     loom_windows_free(t.train_w);
     loom_dataset_close(t.train_ds);
     loom_dataset_close(t.val_ds);
+    loom_trainer_lora_free(&t);
     loom_run_data_free(t.run_data);
     loom_pp_free(t.pp);
     loom_dp_free(t.dp);

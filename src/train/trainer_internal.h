@@ -63,6 +63,8 @@ typedef struct trainer {
     char ckpt_root[4096];
     loom_run_data *run_data;  /* what data.train was tokenized with (and its classes) */
     double data_wait_s;       /* seconds this step spent getting batches (train_obs.c) */
+    struct loom_lora *lora;   /* finetune.lora: the adapters (the dp engine is then frozen) */
+    float *lora_m, *lora_v;   /* their AdamW moments */
 } trainer;
 
 
@@ -128,6 +130,24 @@ int loom_trainer_load_checkpoint(trainer *t, const char *dir, loom_err *err);
  * run that does not resume, the source's parameters into the engine (moments stay zero). */
 int loom_trainer_init_from_config(loom_config *cfg, loom_err *err);
 int loom_trainer_init_from_load(trainer *t, loom_err *err);
+
+/* finetune.lora (train_lora.c): rank 0 = off. setup attaches the adapters to the model and
+ * freezes the dp engine; finish sums their gradients over dp, clips them by their norm (which
+ * it returns); step runs AdamW on them; save/load handle lora.safetensors. */
+int loom_lora_settings(const loom_config *cfg, int flavor, int *rank, float *alpha,
+                       unsigned *targets, loom_err *err);
+int loom_trainer_lora_setup(trainer *t, loom_err *err);
+void loom_trainer_lora_free(trainer *t);
+float loom_trainer_lora_finish(trainer *t);
+void loom_trainer_lora_step(trainer *t, float lr);
+int loom_trainer_lora_save(trainer *t, char **buf, size_t *len, loom_err *err);
+int loom_trainer_lora_load(trainer *t, const loom_ckpt *ck, loom_err *err);
+struct loom_lora;
+/* lora.safetensors: the adapters (and, when m is not NULL, their moments m and v) */
+int loom_lora_serialize(struct loom_lora *l, const float *m, const float *v, char **buf,
+                        size_t *len, loom_err *err);
+int loom_lora_restore(struct loom_lora *l, const char *data, size_t len, const char *where,
+                      float *m, float *v, loom_err *err);
 
 /* The run's data record from its training dataset (tokenizer id and tokenizer.json; classes
  * when classify); where = dir. */
