@@ -194,6 +194,11 @@ typedef struct loom_model_layout {
     int cp_rank;       /* this view's rank in the cp group, [0, cp) */
     /* set by create: the stage holds the embedding (l0 = 0) / the head (l1 = n_layer) */
     int has_embedding, has_head;
+    int sp;            /* sequence parallelism (tp > 1): the norm / residual regions hold only
+                        * rows [r * N / tp, (r + 1) * N / tp) of a micro-batch's N = B * T rows
+                        * (tp rank r; tp must divide N); COL_IN and ROW_OUT then change a
+                        * buffer's size through loom_comm_points.move. Needs the LM head, dense
+                        * layers, one stage and cp = 1. */
 } loom_model_layout;
 
 /* Checks the config (divisibility, positive sizes) and the layout, and allocates every arena
@@ -282,7 +287,19 @@ typedef struct loom_comm_points {
     void *ctx;
     /* layer: the layer (-1 at stage points); site: LOOM_SITE_* */
     void (*fn)(void *ctx, int point, int dir, int layer, int site, float *buf, int64_t n);
+    /* Sequence parallelism (layout.sp): COL_IN and ROW_OUT move between a view's row shard
+     * (n / tp rows) and the whole rows instead of calling fn. COL_IN forward: in = the shard,
+     * out = the whole (all-gather); backward: in = the whole partial gradient, out = the shard
+     * (reduce-scatter). ROW_OUT forward: in = the whole partial sums, out = the shard
+     * (reduce-scatter); backward: in = the shard's gradient, out = the whole (all-gather).
+     * Backward also asks for a COL_IN forward again (the shard re-gathered for the linear's
+     * weight gradient). */
+    void (*move)(void *ctx, int point, int dir, int layer, int site, const float *in,
+                 int64_t n_in, float *out, int64_t n_out);
 } loom_comm_points;
+/* 1 when tensor t's gradient is a partial sum over the tp group that the caller must reduce
+ * (sequence parallelism: the norms' weights see only the view's rows). */
+int loom_model_grad_tp_partial(const loom_model *m, const loom_tensor_info *t);
 /* NULL: none. The struct is copied. */
 void loom_model_set_comm_points(loom_model *m, const loom_comm_points *cp);
 

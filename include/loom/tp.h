@@ -33,7 +33,13 @@ void loom_tp_free(loom_tp *tp);
 
 /* The loom_comm_points callback (ctx = the loom_tp). */
 void loom_tp_point(void *ctx, int point, int dir, int layer, int site, float *buf, int64_t n);
-/* {tp, loom_tp_point}: what loom_model_set_comm_points takes. */
+/* The loom_comm_points move callback (sequence parallelism, model layout sp): COL_IN forward
+ * and ROW_OUT backward all-gather the tp ranks' row shards (in, n_in) into the whole rows
+ * (out, n_out = tp * n_in); COL_IN backward and ROW_OUT forward reduce-scatter the whole rows'
+ * partial sums into this rank's shard. Same bytes as the all-reduce they replace. */
+void loom_tp_move(void *ctx, int point, int dir, int layer, int site, const float *in,
+                  int64_t n_in, float *out, int64_t n_out);
+/* {tp, loom_tp_point, loom_tp_move}: what loom_model_set_comm_points takes. */
 loom_comm_points loom_tp_comm_points(loom_tp *tp);
 
 /* Seconds spent in the tp collectives of the points and their calls since the last reset. */

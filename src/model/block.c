@@ -26,30 +26,33 @@ typedef struct block_op {
 
 #define NORM(i, o, mean, rstd, w_, b_) {OP_NORM, i, o, mean, rstd, w_, b_, 0, 0, 0, 0, 0}
 #define POINT(p, slot, site_) {OP_POINT, slot, slot, 0, 0, P_NONE, P_NONE, 0, 0, 0, p, site_}
+/* a point that moves between a row shard and the whole rows under sequence parallelism (the
+ * two slots are one buffer without it) */
+#define POINT2(p, i, o, site_) {OP_POINT, i, o, 0, 0, P_NONE, P_NONE, 0, 0, 0, p, site_}
 #define LINEAR(i, o, w_, b_, iw_, ow_, row) {OP_LINEAR, i, o, 0, 0, w_, b_, iw_, ow_, row, 0, 0}
 
 static const block_op BLOCK[] = {
     /* attention: RES2 = X + attn_proj(attention(rope(qkv(ln1(X))))) */
     NORM(S_X, S_LN1, S_LN1_MEAN, S_LN1_RSTD, LOOM_L_LN1_W, LOOM_L_LN1_B),
     POINT(LOOM_CP_ATTN_IN, S_LN1, LOOM_SITE_ATTN),
-    POINT(LOOM_CP_COL_IN, S_LN1, LOOM_SITE_ATTN),
-    LINEAR(S_LN1, S_QKV, LOOM_L_Q_W, LOOM_L_Q_B, W_C, W_QKV, 0),
+    POINT2(LOOM_CP_COL_IN, S_LN1, S_LN1G, LOOM_SITE_ATTN),
+    LINEAR(S_LN1G, S_QKV, LOOM_L_Q_W, LOOM_L_Q_B, W_C, W_QKV, 0),
     {OP_ROPE, S_QKV, S_QKV, 0, 0, P_NONE, P_NONE, 0, 0, 0, 0, 0},
     {OP_ATTN, S_QKV, S_ATTY, S_ATT, 0, P_NONE, P_NONE, 0, 0, 0, 0, 0},
-    LINEAR(S_ATTY, S_RES2, LOOM_L_ATTN_PROJ_W, LOOM_L_ATTN_PROJ_B, W_HD, W_C, 1),
-    POINT(LOOM_CP_ROW_OUT, S_RES2, LOOM_SITE_ATTN),
+    LINEAR(S_ATTY, S_RES2P, LOOM_L_ATTN_PROJ_W, LOOM_L_ATTN_PROJ_B, W_HD, W_C, 1),
+    POINT2(LOOM_CP_ROW_OUT, S_RES2P, S_RES2, LOOM_SITE_ATTN),
     POINT(LOOM_CP_ATTN_OUT, S_RES2, LOOM_SITE_ATTN),
     {OP_RESIDUAL, S_X, S_RES2, 0, 0, P_NONE, P_NONE, 0, 0, 0, 0, 0},
     /* feed-forward: RES3 = RES2 + fc_proj(act(fc1(ln2(RES2)))) */
     NORM(S_RES2, S_LN2, S_LN2_MEAN, S_LN2_RSTD, LOOM_L_LN2_W, LOOM_L_LN2_B),
     POINT(LOOM_CP_FFN_IN, S_LN2, LOOM_SITE_FFN),
-    POINT(LOOM_CP_COL_IN, S_LN2, LOOM_SITE_FFN),
-    LINEAR(S_LN2, S_FCH, P_FC1, LOOM_L_FC_B, W_C, W_FFI, 0),
+    POINT2(LOOM_CP_COL_IN, S_LN2, S_LN2G, LOOM_SITE_FFN),
+    LINEAR(S_LN2G, S_FCH, P_FC1, LOOM_L_FC_B, W_C, W_FFI, 0),
     {OP_ACT, S_FCH, S_FCH_ACT, 0, 0, P_NONE, P_NONE, 0, 0, 0, 0, 0},
-    LINEAR(S_FCH_ACT, S_RES3, LOOM_L_FC_PROJ_W, LOOM_L_FC_PROJ_B, W_F, W_C, 1),
+    LINEAR(S_FCH_ACT, S_RES3P, LOOM_L_FC_PROJ_W, LOOM_L_FC_PROJ_B, W_F, W_C, 1),
     /* an MoE layer: RES3 = experts(LN2) instead of the dense ops (src/model/moe.c) */
     {OP_MOE, S_LN2, S_RES3, 0, 0, P_NONE, P_NONE, 0, 0, 0, 0, 0},
-    POINT(LOOM_CP_ROW_OUT, S_RES3, LOOM_SITE_FFN),
+    POINT2(LOOM_CP_ROW_OUT, S_RES3P, S_RES3, LOOM_SITE_FFN),
     POINT(LOOM_CP_FFN_OUT, S_RES3, LOOM_SITE_FFN),
     {OP_RESIDUAL, S_RES2, S_RES3, 0, 0, P_NONE, P_NONE, 0, 0, 0, 0, 0},
 };
@@ -80,6 +83,47 @@ static float *grad(const loom_model *m, int w, int l) {
 /* a named communication point: nothing unless parallel/ supplied one */
 static void point(loom_model *m, int p, int dir, int layer, int site, float *buf, int64_t n) {
     if (m->has_cp) m->cp.fn(m->cp.ctx, p, dir, layer, site, buf, n);
+}
+
+/* the slots of the sequence-sharded regions (norms, residual stream) */
+static int sharded(int slot) {
+    return slot == S_X || slot == S_LN1 || slot == S_LN1_MEAN || slot == S_LN1_RSTD ||
+           slot == S_RES2 || slot == S_LN2 || slot == S_LN2_MEAN || slot == S_LN2_RSTD ||
+           slot == S_RES3;
+}
+
+/* rows of a slot in this frame: the shard's under sequence parallelism, else all B*T */
+static int64_t rows(const loom_model *m, const block_frame *f, int slot) {
+    const int64_t N = (int64_t)f->B * f->T;
+    return m->lay.sp && sharded(slot) ? N / m->lay.tp : N;
+}
+
+/* A point between two slots: under sequence parallelism the move between the shard and the
+ * whole rows (in, out in the direction of the data), else the point in place. */
+static void point2(loom_model *m, block_frame *f, const block_op *op, int dir, int l) {
+    const int C = m->cfg.d_model;
+    float **b = dir ? f->g : f->s;
+    if (!m->lay.sp || op->in == op->out) {
+        point(m, op->point, dir, l, op->site, b[op->in], rows(m, f, op->in) * C);
+        return;
+    }
+    LOOM_CHECK(m->has_cp && m->cp.move);
+    const int from = dir ? op->out : op->in, to = dir ? op->in : op->out;
+    m->cp.move(m->cp.ctx, op->point, dir, l, op->site, b[from], rows(m, f, from) * C, b[to],
+               rows(m, f, to) * C);
+}
+
+/* Without sequence parallelism the whole-row slots are their shards (set at every walk: a
+ * decoding frame rotates its stream buffers between layers); with it acts_frame gave them
+ * their scratch. */
+static void alias_whole_slots(const loom_model *m, block_frame *f) {
+    static const int pairs[4][2] = {{S_LN1G, S_LN1}, {S_LN2G, S_LN2}, {S_RES2P, S_RES2},
+                                    {S_RES3P, S_RES3}};
+    if (m->lay.sp) return;
+    for (int i = 0; i < 4; i++) {
+        f->s[pairs[i][0]] = f->s[pairs[i][1]];
+        f->g[pairs[i][0]] = f->g[pairs[i][1]];
+    }
 }
 
 /* An MoE layer runs OP_MOE instead of the dense feed-forward's ops (its linears, activation
@@ -142,9 +186,9 @@ static void op_forward(loom_model *m, block_frame *f, int l, const block_op *op)
     switch (op->kind) {
     case OP_NORM:
         model_norm_fwd(m, s[op->out], s[op->aux0], s[op->aux1], s[op->in], param(m, op->w, l),
-                       param(m, op->b, l), N);
+                       param(m, op->b, l), rows(m, f, op->in));
         break;
-    case OP_POINT: point(m, op->point, 0, l, op->site, s[op->in], N * C); break;
+    case OP_POINT: point2(m, f, op, 0, l); break;
     case OP_LINEAR: {
         const int bias_here = !op->row_parallel || m->lay.tp_rank == 0;
         be->matmul_forward(s[op->out], s[op->in], param(m, op->w, l),
@@ -219,7 +263,9 @@ static void op_forward(loom_model *m, block_frame *f, int l, const block_op *op)
         if (gpt2) be->gelu_forward(s[op->out], s[op->in], N * m->F);
         else be->swiglu_forward(s[op->out], s[op->in], N, m->F);
         break;
-    case OP_RESIDUAL: be->residual_forward(s[op->out], s[op->out], s[op->in], N * C); break;
+    case OP_RESIDUAL:
+        be->residual_forward(s[op->out], s[op->out], s[op->in], rows(m, f, op->in) * C);
+        break;
     case OP_MOE: moe_forward(m, f, l, op->in, op->out); break;
     }
 }
@@ -233,14 +279,22 @@ static void op_backward(loom_model *m, block_frame *f, int l, const block_op *op
     case OP_NORM: /* accumulates into the residual stream's gradient */
         if (gpt2)
             be->layernorm_backward(g[op->in], grad(m, op->w, l), grad(m, op->b, l), g[op->out],
-                                   s[op->in], param(m, op->w, l), s[op->aux0], s[op->aux1], N, C);
+                                   s[op->in], param(m, op->w, l), s[op->aux0], s[op->aux1],
+                                   rows(m, f, op->in), C);
         else
             be->rmsnorm_backward(g[op->in], grad(m, op->w, l), g[op->out], s[op->in],
-                                 param(m, op->w, l), s[op->aux1], N, C);
+                                 param(m, op->w, l), s[op->aux1], rows(m, f, op->in), C);
         break;
-    case OP_POINT: point(m, op->point, 1, l, op->site, g[op->in], N * C); break;
+    case OP_POINT: point2(m, f, op, 1, l); break;
     case OP_LINEAR: {
         const int iw = width(m, op->iw);
+        if (m->lay.sp && (op->in == S_LN1G || op->in == S_LN2G)) {
+            /* the whole rows are one scratch: gather this layer's shard again */
+            const block_op again = POINT2(LOOM_CP_COL_IN, op->in == S_LN1G ? S_LN1 : S_LN2,
+                                          op->in, op->in == S_LN1G ? LOOM_SITE_ATTN
+                                                                   : LOOM_SITE_FFN);
+            point2(m, f, &again, 0, l);
+        }
         memset(g[op->in], 0, (size_t)N * (size_t)iw * sizeof(float));
         /* with LoRA adapters the base weights are frozen: no gradient for them */
         be->matmul_backward(g[op->in], m->lora ? NULL : grad(m, op->w, l),
@@ -295,11 +349,13 @@ static void op_backward(loom_model *m, block_frame *f, int l, const block_op *op
 }
 
 void block_forward(loom_model *m, block_frame *f, int layer) {
+    alias_whole_slots(m, f);
     for (int i = 0; i < N_OPS; i++)
         if (!skipped(m, layer, &BLOCK[i])) op_forward(m, f, layer, &BLOCK[i]);
 }
 
 void block_backward(loom_model *m, block_frame *f, int layer) {
+    alias_whole_slots(m, f);
     for (int i = N_OPS - 1; i >= 0; i--)
         if (!skipped(m, layer, &BLOCK[i])) op_backward(m, f, layer, &BLOCK[i]);
 }
@@ -323,9 +379,11 @@ void block_recompute(loom_model *m, block_frame *f, int layer) {
 /* floats of slot k for one layer at rows N (B of them) */
 static int64_t slot_floats(const loom_model *m, int k, int64_t B, int64_t T) {
     const int64_t N = B * T, C = m->cfg.d_model;
+    const int64_t Ns = m->lay.sp ? N / m->lay.tp : N; /* the sequence-sharded regions' rows */
     switch (k) {
-    case S_LN1: case S_RES2: case S_LN2: case S_RES3: return N * C;
-    case S_LN1_MEAN: case S_LN1_RSTD: case S_LN2_MEAN: case S_LN2_RSTD: return N;
+    case S_LN1: case S_RES2: case S_LN2: case S_RES3: return Ns * C;
+    case S_LN1_MEAN: case S_LN1_RSTD: case S_LN2_MEAN: case S_LN2_RSTD: return Ns;
+    case S_LN1G: case S_LN2G: case S_RES2P: case S_RES3P: return 0; /* scratch or aliases */
     case S_QKV: return N * m->QKV;
     case S_ATT: /* flash: the per-row log-sum-exp; sdpa: the probabilities */
         return m->cfg.attention == LOOM_ATTN_FLASH ? B * m->H * T : B * m->H * T * T;
@@ -386,12 +444,19 @@ static size_t layout_acts(const loom_model *m, struct loom_acts *a, float *base,
         }
         at += pad16(per) * (size_t)(keep ? nl : 1);
     }
-    TAKE(a ? &a->encoded : &dummy, BT * C);
+    const int sp = m->lay.sp;
+    const int64_t BTs = sp ? BT / m->lay.tp : BT; /* the sequence-sharded regions' rows */
+    TAKE(a ? &a->encoded : &dummy, BTs * C);
     /* a pipeline stage before the last has no head: none of its buffers */
     const int64_t hd = m->lay.has_head;
-    TAKE(a ? &a->lnf : &dummy, hd * BT * C);
-    TAKE(a ? &a->lnf_mean : &dummy, hd * BT);
-    TAKE(a ? &a->lnf_rstd : &dummy, hd * BT);
+    TAKE(a ? &a->lnf : &dummy, hd * BTs * C);
+    TAKE(a ? &a->lnf_mean : &dummy, hd * BTs);
+    TAKE(a ? &a->lnf_rstd : &dummy, hd * BTs);
+    if (sp) { /* whole-row scratch; without sequence parallelism these are the shard buffers */
+        TAKE(a ? &a->sp_gather : &dummy, BT * C);
+        TAKE(a ? &a->sp_partial : &dummy, BT * C);
+        TAKE(a ? &a->lnf_full : &dummy, hd * BT * C);
+    }
     const int64_t chunk = hd ? acts_chunk(m, B, T, stacked) : 0;
     if (a) a->chunk = chunk;
     TAKE(a ? &a->logits : &dummy, hd * (cls ? (int64_t)B * K : (chunk ? chunk : BT) * m->Vl));
@@ -405,8 +470,12 @@ static size_t layout_acts(const loom_model *m, struct loom_acts *a, float *base,
         TAKE(a ? &a->dpooled : &dummy, (int64_t)B * C);
     }
     if (stacked) {
-        TAKE(a ? &a->dres : &dummy, BT * C);
-        TAKE(a ? &a->dln : &dummy, BT * C);
+        TAKE(a ? &a->dres : &dummy, BTs * C);
+        TAKE(a ? &a->dln : &dummy, BTs * C);
+        if (sp) {
+            TAKE(a ? &a->dres_full : &dummy, BT * C);
+            TAKE(a ? &a->dln_full : &dummy, BT * C);
+        }
         TAKE(a ? &a->dqkv : &dummy, slot_floats(m, S_QKV, B, T));
         TAKE(a ? &a->datty : &dummy, slot_floats(m, S_ATTY, B, T));
         TAKE(a ? &a->dfch : &dummy, slot_floats(m, S_FCH, B, T));
@@ -439,6 +508,13 @@ loom_acts *loom_acts_create(const loom_model *m, int B, int T, int for_training)
     a->floats = acts_floats(m, B, T, a->stacked);
     a->mem = loom_alloc_aligned(a->floats * sizeof(float));
     layout_acts(m, a, a->mem, B, T, a->stacked);
+    if (!m->lay.sp) { /* one row set: the whole rows are the shard's buffers */
+        a->sp_gather = NULL; /* the block aliases its slots itself */
+        a->sp_partial = a->encoded;
+        a->lnf_full = a->lnf;
+        a->dres_full = a->dres;
+        a->dln_full = a->dln;
+    }
     a->inputs = loom_calloc((size_t)B * (size_t)T, sizeof(int32_t));
     a->targets = loom_calloc((size_t)B * (size_t)T, sizeof(int32_t));
     if (m->cfg.doc_mask) {
@@ -476,9 +552,19 @@ void acts_frame(const loom_model *m, const loom_acts *a, int l, int B, int T, bl
     f->s[S_X] = l == m->lay.l0 ? a->encoded : a->slot[S_RES3] + (li - 1) * a->stride[S_RES3];
     f->B = B;
     f->T = T;
+    if (m->lay.sp) { /* whole-row scratch shared by the layers (else aliases of the shards) */
+        f->s[S_LN1G] = f->s[S_LN2G] = a->sp_gather;
+        f->s[S_RES2P] = f->s[S_RES3P] = a->sp_partial;
+    } else {
+        f->s[S_LN1G] = f->s[S_LN2G] = f->s[S_RES2P] = f->s[S_RES3P] = NULL;
+    }
     if (a->stacked) {
         f->g[S_X] = f->g[S_RES2] = f->g[S_RES3] = a->dres;
         f->g[S_LN1] = f->g[S_LN2] = a->dln;
+        if (m->lay.sp) {
+            f->g[S_LN1G] = f->g[S_LN2G] = a->dln_full;
+            f->g[S_RES2P] = f->g[S_RES3P] = a->dres_full;
+        }
         f->g[S_QKV] = a->dqkv;
         f->g[S_ATTY] = a->datty;
         f->g[S_FCH] = a->dfch;

@@ -205,6 +205,12 @@ static int check_layout(const loom_model_config *c, const loom_model_layout *in,
         return loom_errf(err, "model layout: tensor-parallel degree %d must divide n_head (%d), "
                               "n_kv_head (%d) and d_ff (%d)",
                          out->tp, c->n_head, c->n_kv_head, c->d_ff);
+    if (out->tp == 1) out->sp = 0; /* nothing to shard */
+    if (out->sp && (c->head != LOOM_HEAD_LM || c->n_expert > 0 || out->cp > 1 ||
+                    out->l0 != 0 || (out->l1 != 0 && out->l1 != c->n_layer)))
+        return loom_errf(err, "model layout: sequence parallelism (parallel.sp) needs the LM "
+                              "head, dense layers (no model.moe), one pipeline stage and no "
+                              "context parallelism");
     if (out->l0 < 0 || out->l1 > c->n_layer || out->l0 >= out->l1)
         return loom_errf(err, "model layout: layer range [%d, %d) is not a non-empty part of "
                               "the model's %d layers", out->l0, out->l1, c->n_layer);
@@ -255,6 +261,10 @@ static int create(const loom_model_config *cfg, const loom_model_layout *layout,
     loom_model_layout lay;
     if (check_layout(cfg, layout, &lay, err) != 0) return -1;
     if (B <= 0 || T <= 0) return loom_errf(err, "model: batch size and sequence length must be positive");
+    if (lay.sp && ((int64_t)B * T) % lay.tp != 0)
+        return loom_errf(err, "model layout: sequence parallelism shards a micro-batch's %d x %d "
+                              "rows over tp = %d: their number must be divisible by tp", B, T,
+                         lay.tp);
     if (T > cfg->max_seq_len)
         return loom_errf(err, "model: sequence length %d exceeds model.max_seq_len %d", T,
                          cfg->max_seq_len);
@@ -664,7 +674,8 @@ static void embed_rows(loom_model *m, int bwd, float *x, const int32_t *inputs, 
 
 static void embed(loom_model *m, loom_acts *a, const int32_t *inputs, int B, int T, int bwd) {
     const int C = m->cfg.d_model;
-    float *x = bwd ? a->dres : a->encoded;
+    /* the whole rows (under sequence parallelism the scratch around the shard's move) */
+    float *x = bwd ? a->dres_full : a->sp_partial;
     if (a->n_runs && loom_model_global(m, LOOM_P_WPE)) { /* doc_mask: positions per document */
         for (int r = 0; r < a->n_runs; r++) {
             const size_t row = (size_t)a->run_row[r];
@@ -698,6 +709,27 @@ static void stage_point(loom_model *m, int point, int dir, float *buf, int64_t n
 /* a point of the vocab-parallel embedding and head (tp > 1 only) */
 static void vocab_point(loom_model *m, int point, int dir, int site, float *buf, int64_t n) {
     if (m->has_cp && m->lay.tp > 1) m->cp.fn(m->cp.ctx, point, dir, -1, site, buf, n);
+}
+
+/* The embedding's ROW_OUT and the head's COL_IN: under sequence parallelism the move between
+ * the whole rows and this view's shard (in -> out), else the vocab-parallel point in place
+ * (in and out are then one buffer). */
+static void shard_point(loom_model *m, int point, int dir, int site, float *in, int64_t n_in,
+                        float *out, int64_t n_out) {
+    if (!m->lay.sp) {
+        LOOM_CHECK(in == out);
+        vocab_point(m, point, dir, site, out, n_out);
+        return;
+    }
+    LOOM_CHECK(m->has_cp && m->cp.move);
+    m->cp.move(m->cp.ctx, point, dir, -1, site, in, n_in, out, n_out);
+}
+
+int loom_model_grad_tp_partial(const loom_model *m, const loom_tensor_info *t) {
+    if (!m->lay.sp || t->split_group == LOOM_SPLIT_TP) return 0;
+    if (t->layer < 0) return t->kind == LOOM_P_LNF_W || t->kind == LOOM_P_LNF_B;
+    return t->kind == LOOM_L_LN1_W || t->kind == LOOM_L_LN1_B || t->kind == LOOM_L_LN2_W ||
+           t->kind == LOOM_L_LN2_B;
 }
 
 /* Vocab-parallel cross-entropy of the view's logits (N rows of its Vl columns): the global row
@@ -741,14 +773,19 @@ float loom_model_forward_acts(loom_model *m, loom_acts *a, const int32_t *inputs
     LOOM_CHECK(!a->n_runs || (a->docs_B == B && a->docs_T == T));
     const int U_FINAL = m->n_units - 1;
     const int vp = m->lay.tp > 1; /* vocab-parallel embedding and head */
+    /* the rows of the norm / residual regions: this view's shard under sequence parallelism */
+    LOOM_CHECK(!m->lay.sp || BT % m->lay.tp == 0);
+    const int64_t BTs = m->lay.sp ? BT / m->lay.tp : BT;
     if (m->lay.has_embedding) { /* a later pipeline stage gets a->encoded at STAGE_IN */
         acquire(m, 0, 0);
         embed(m, a, inputs, B, T, 0);
-        /* vocab-parallel (tp > 1): the embedding's output is a partial sum over the tp ranks */
-        vocab_point(m, LOOM_CP_ROW_OUT, 0, LOOM_SITE_EMBED, a->encoded, BT * C);
+        /* vocab-parallel (tp > 1): the embedding's output is a partial sum over the tp ranks
+         * (reduce-scattered to the shard under sequence parallelism) */
+        shard_point(m, LOOM_CP_ROW_OUT, 0, LOOM_SITE_EMBED, a->sp_partial, BT * C, a->encoded,
+                    BTs * C);
         release(m, 0, 0);
     }
-    stage_point(m, LOOM_CP_STAGE_IN, 0, a->encoded, BT * C);
+    stage_point(m, LOOM_CP_STAGE_IN, 0, a->encoded, BTs * C);
     block_frame f;
     for (int l = m->lay.l0; l < m->lay.l1; l++) {
         acts_frame(m, a, l, B, T, &f);
@@ -757,7 +794,7 @@ float loom_model_forward_acts(loom_model *m, loom_acts *a, const int32_t *inputs
         release(m, l - m->lay.l0 + 1, 0);
     }
     float *residual = f.s[S_RES3];
-    stage_point(m, LOOM_CP_STAGE_OUT, 0, residual, BT * C);
+    stage_point(m, LOOM_CP_STAGE_OUT, 0, residual, BTs * C);
     a->valid = 0;
     if (!m->lay.has_head) { /* a pipeline stage before the last: no head, no loss */
         a->has_targets = targets != NULL;
@@ -767,16 +804,16 @@ float loom_model_forward_acts(loom_model *m, loom_acts *a, const int32_t *inputs
     acquire(m, U_FINAL, 0);
     if (tied) acquire(m, 0, 0); /* the tied head reads wte */
     model_norm_fwd(m, a->lnf, a->lnf_mean, a->lnf_rstd, residual, PARAM(m, LOOM_P_LNF_W),
-             PARAM(m, LOOM_P_LNF_B), BT);
+             PARAM(m, LOOM_P_LNF_B), BTs);
     if (cls) {
         m->be->mean_pool_forward(a->pooled, a->lnf, B, T, C);
         m->be->matmul_forward(a->logits, a->pooled, PARAM(m, LOOM_P_CLS_W),
                               PARAM(m, LOOM_P_CLS_B), B, C, c->num_classes);
     } else if (!a->chunk) { /* with tp > 1 this view's Vl columns of the logits (chunked:
                              * mean_loss computes them chunk by chunk) */
-        vocab_point(m, LOOM_CP_COL_IN, 0, LOOM_SITE_HEAD, a->lnf, BT * C);
+        shard_point(m, LOOM_CP_COL_IN, 0, LOOM_SITE_HEAD, a->lnf, BTs * C, a->lnf_full, BT * C);
         const float *head = gpt2 ? PARAM(m, LOOM_P_WTE) : PARAM(m, LOOM_P_LM_HEAD);
-        m->be->matmul_forward(a->logits, a->lnf, head, NULL, BT, C, m->Vl);
+        m->be->matmul_forward(a->logits, a->lnf_full, head, NULL, BT, C, m->Vl);
     }
     a->has_targets = targets != NULL;
     a->valid = 0;
@@ -860,9 +897,10 @@ void loom_model_backward_acts(loom_model *m, loom_acts *a, float dscale) {
     memset(m->have_grads, 0, (size_t)m->n_units);
     const int cls = c->head == LOOM_HEAD_CLASSIFY, tied = gpt2 && !cls;
     const int vp = m->lay.tp > 1; /* vocab-parallel embedding and head */
+    const int64_t BTs = m->lay.sp ? BT / m->lay.tp : BT; /* the norm / residual regions' rows */
     acquire(m, U_FINAL, 1);
     if (tied) acquire(m, 0, 1);
-    memset(a->dln, 0, (size_t)BT * C * sizeof(float));
+    memset(a->dln_full, 0, (size_t)BT * C * sizeof(float));
     if (cls) { /* logits (B,K) become dlogits; pooled <- mean over T */
         const int K = c->num_classes;
         m->be->crossentropy_softmax_backward(a->logits, a->targets, B, K, dscale);
@@ -889,25 +927,27 @@ void loom_model_backward_acts(loom_model *m, loom_acts *a, float dscale) {
             m->be->crossentropy_softmax_backward(a->logits, a->targets, BT, V, dscale);
         const float *head = gpt2 ? PARAM(m, LOOM_P_WTE) : PARAM(m, LOOM_P_LM_HEAD);
         float *dhead = gpt2 ? GRAD(m, LOOM_P_WTE) : GRAD(m, LOOM_P_LM_HEAD);
-        m->be->matmul_backward(a->dln, dhead, NULL, a->logits, a->lnf, head, BT, C, m->Vl);
-        vocab_point(m, LOOM_CP_COL_IN, 1, LOOM_SITE_HEAD, a->dln, BT * C);
+        m->be->matmul_backward(a->dln_full, dhead, NULL, a->logits, a->lnf_full, head, BT, C,
+                               m->Vl);
+        shard_point(m, LOOM_CP_COL_IN, 1, LOOM_SITE_HEAD, a->dln_full, BT * C, a->dln, BTs * C);
     }
     block_frame f;
     acts_frame(m, a, m->lay.l1 - 1, B, T, &f);
     const float *last = f.s[S_RES3];
-    memset(a->dres, 0, (size_t)BT * C * sizeof(float));
+    memset(a->dres, 0, (size_t)BTs * C * sizeof(float));
     norm_bwd(m, a->dres, GRAD(m, LOOM_P_LNF_W), GRAD(m, LOOM_P_LNF_B), a->dln, last,
-             PARAM(m, LOOM_P_LNF_W), a->lnf_mean, a->lnf_rstd, BT);
+             PARAM(m, LOOM_P_LNF_W), a->lnf_mean, a->lnf_rstd, BTs);
     if (tied) release(m, 0, 1);
     release(m, U_FINAL, 1);
     grads_ready(m, U_FINAL);
-    stage_point(m, LOOM_CP_STAGE_OUT, 1, a->dres, BT * C);
+    stage_point(m, LOOM_CP_STAGE_OUT, 1, a->dres, BTs * C);
 
     layers_backward(m, a, dscale);
-    stage_point(m, LOOM_CP_STAGE_IN, 1, a->dres, BT * C);
+    stage_point(m, LOOM_CP_STAGE_IN, 1, a->dres, BTs * C);
     if (m->lay.has_embedding) {
         ensure_grads(m, 0);
-        vocab_point(m, LOOM_CP_ROW_OUT, 1, LOOM_SITE_EMBED, a->dres, BT * C);
+        shard_point(m, LOOM_CP_ROW_OUT, 1, LOOM_SITE_EMBED, a->dres, BTs * C, a->dres_full,
+                    BT * C);
         embed(m, a, a->inputs, B, T, 1);
     }
     /* a last stage without the embedding holds the tied head's wte in unit 0 */

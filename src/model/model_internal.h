@@ -12,6 +12,10 @@
 enum {
     S_X, S_LN1, S_LN1_MEAN, S_LN1_RSTD, S_QKV, S_ATT, S_ATTY, S_RES2, S_LN2, S_LN2_MEAN,
     S_LN2_RSTD, S_FCH, S_FCH_ACT, S_RES3,
+    /* sequence parallelism: the whole rows of LN1 / LN2 gathered for the column-parallel
+     * linears, and the row-parallel linears' whole partial outputs before their reduce-scatter
+     * (one scratch each, not kept per layer); without it they are S_LN1, S_LN2, S_RES2, S_RES3 */
+    S_LN1G, S_LN2G, S_RES2P, S_RES3P,
     /* MoE layers (src/model/moe.c; sized 0 in a dense model): router probabilities (N,E), their
      * log-sum-exp (N), the routing (int32: N*k experts, N*k rows, -1 = dropped), the rows of this
      * view's experts, expert-major (X, H = first matmul, A = activation, Y = output), the outputs
@@ -39,6 +43,10 @@ struct loom_acts {
     float *losses;        /* (B,T) */
     float *pooled, *dpooled; /* (B,C) classify */
     float *vmax, *vsums;  /* (B,T), (B,T,2) vocab-parallel cross-entropy (tp > 1, LM head) */
+    /* sequence parallelism: whole-row scratch (B*T, C) (without it the shard buffers): the
+     * gathered rows, the row-parallel partial sums, the final norm's gathered output (kept for
+     * the head's backward), and the whole rows' gradients */
+    float *sp_gather, *sp_partial, *lnf_full, *dres_full, *dln_full;
     /* backward scratch (stacked only): gradients of the slots */
     float *dres;          /* (B,T,C) the residual stream's (S_X, S_RES2, S_RES3) */
     float *dln;           /* (B,T,C) S_LN1, S_LN2 */

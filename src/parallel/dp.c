@@ -155,11 +155,26 @@ static void progress(loom_dp *dp) {
     }
 }
 
+/* Sequence parallelism: the norms' gradients in unit u's buffer are this tp rank's partial
+ * sums (its rows only): sum them over the tp group before the dp reduction takes them (once per
+ * contribution: every micro-batch's bucket at zero 2/3, the accumulated buffer at zero 0/1). */
+static void reduce_tp_partial(loom_dp *dp, int u, float *buf) {
+    if (!loom_model_get_layout(dp->m)->sp) return;
+    const int nt = loom_model_num_tensors(dp->m);
+    for (int i = 0; i < nt; i++) {
+        const loom_tensor_info *t = loom_model_tensor(dp->m, i);
+        if (t->unit == u && loom_model_grad_tp_partial(dp->m, t))
+            loom_allreduce_sum(dp->mesh, LOOM_GROUP_TP, buf + (t->offset - dp->uoff[u]),
+                               t->numel, LOOM_F32);
+    }
+}
+
 static void hook_grads_ready(void *ctx, int u) {
     loom_dp *dp = ctx;
     progress(dp);
     if (dp->zero < 2) {
         if (!dp->last) return;
+        reduce_tp_partial(dp, u, dp->grads + dp->uoff[u]);
         /* zero 0 and 1 both reduce-scatter; zero 0 all-gathers the result back later */
         for (int s = dp->useg[u]; s < dp->useg[u] + dp->unseg[u]; s++)
             dp->ureq[s] = loom_ireduce_scatter_sum(dp->mesh, (loom_group)dp->sgroup[s],
@@ -171,6 +186,7 @@ static void hook_grads_ready(void *ctx, int u) {
     const int b = bucket_of(dp, u);
     LOOM_CHECK(dp->gunit[b] < 0);
     float *tmp = dp->gtmp[b];
+    reduce_tp_partial(dp, u, dp->gbucket[b]);
     for (int s = dp->useg[u], k = 0; s < dp->useg[u] + dp->unseg[u]; s++, k++) {
         dp->greq[b][k] = loom_ireduce_scatter_sum(dp->mesh, (loom_group)dp->sgroup[s],
                                                   dp->gbucket[b] + (dp->goff[s] - dp->uoff[u]),

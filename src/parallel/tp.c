@@ -47,8 +47,29 @@ void loom_tp_point(void *ctx, int point, int dir, int layer, int site, float *bu
     else if (point == LOOM_CP_VOCAB_SUM && dir == 0) tp_allreduce(tp, buf, n, 0);
 }
 
+void loom_tp_move(void *ctx, int point, int dir, int layer, int site, const float *in,
+                  int64_t n_in, float *out, int64_t n_out) {
+    loom_tp *tp = ctx;
+    (void)layer;
+    (void)site;
+    LOOM_CHECK(point == LOOM_CP_COL_IN || point == LOOM_CP_ROW_OUT);
+    /* COL_IN forward and ROW_OUT backward gather the shards into the whole rows; COL_IN
+     * backward and ROW_OUT forward reduce-scatter the whole rows' partial sums to the shards */
+    const int gather = (point == LOOM_CP_COL_IN) == (dir == 0);
+    const double t0 = loom_now();
+    if (gather) {
+        LOOM_CHECK(n_out == n_in * tp->size);
+        loom_allgather(tp->mesh, LOOM_GROUP_TP, in, out, (size_t)n_out, LOOM_F32);
+    } else {
+        LOOM_CHECK(n_in == n_out * tp->size);
+        loom_reduce_scatter_sum(tp->mesh, LOOM_GROUP_TP, in, out, (size_t)n_in, LOOM_F32);
+    }
+    tp->seconds += loom_now() - t0;
+    tp->calls++;
+}
+
 loom_comm_points loom_tp_comm_points(loom_tp *tp) {
-    return (loom_comm_points){.ctx = tp, .fn = loom_tp_point};
+    return (loom_comm_points){.ctx = tp, .fn = loom_tp_point, .move = loom_tp_move};
 }
 
 double loom_tp_comm_seconds(const loom_tp *tp) { return tp->seconds; }

@@ -56,6 +56,9 @@ static const loom_config_key train_only_keys[] = {
                                       "auto (= parallel.pp) or a number dividing the rows per dp "
                                       "rank"},
     {"parallel.pp_schedule", "1f1b", "pipeline schedule: gpipe | 1f1b"},
+    {"parallel.sp", "false", "sequence parallelism with parallel.tp > 1: the norm and residual "
+                             "regions sharded along the sequence (all-gather / reduce-scatter "
+                             "instead of the all-reduces)"},
     {"parallel.check_replicas", "false", "after every step, check that the dp replicas' "
                                          "parameters are bit-identical (zero 0-2), and the "
                                          "pipeline's two tied wte copies"},
@@ -117,7 +120,8 @@ int loom_trainer_read_settings(const loom_config *c, settings *s, loom_err *err)
         loom_config_get_int(c, "eval.batches", &s->eval_batches, err) ||
         loom_config_get_int(c, "checkpoint.every", &s->ckpt_every, err) ||
         loom_config_get_int(c, "parallel.zero", &s->zero, err) ||
-        loom_config_get_bool(c, "parallel.check_replicas", &s->check_replicas, err))
+        loom_config_get_bool(c, "parallel.check_replicas", &s->check_replicas, err) ||
+        loom_config_get_bool(c, "parallel.sp", &s->sp, err))
         return -1;
     const char *mb = loom_config_get(c, "parallel.microbatches");
     if (mb && strcmp(mb, "auto") != 0) {

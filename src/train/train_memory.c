@@ -195,7 +195,7 @@ int loom_trainer_check_memory(const trainer *t, loom_err *err) {
      * layers for micro-batch rows, and as many activation arenas as its schedule keeps in
      * flight (gpipe: every micro-batch; 1f1b: min(m, pp - stage)) */
     loom_model_layout lay = {.tp = t->tp_size, .tp_rank = t->tp_rank, .cp = t->cp_size,
-                             .cp_rank = t->cp_rank};
+                             .cp_rank = t->cp_rank, .sp = (int)t->s.sp};
     const int pipe = t->pp_size > 1 || t->microbatches > 1;
     const int64_t rows = pipe ? t->local_B / t->microbatches : t->local_B;
     int64_t arenas = 1;

@@ -355,15 +355,18 @@ int loom_trainer_create_engine(trainer *t, loom_err *err) {
      * sequence (the whole model at tp = cp = 1), and with a pipeline its stage's layers for
      * micro-batches of local_B / microbatches rows */
     loom_model_layout lay = {.tp = t->tp_size, .tp_rank = t->tp_rank, .cp = t->cp_size,
-                             .cp_rank = t->cp_rank};
+                             .cp_rank = t->cp_rank, .sp = (int)t->s.sp};
+    if (t->s.sp && t->tp_size == 1)
+        return loom_errf(err, "parallel.sp = true: sequence parallelism shards the tensor-parallel "
+                              "group's rows; it needs parallel.tp > 1 (got parallel.tp = 1)");
     const int pipe = t->pp_size > 1 || t->microbatches > 1;
     const int64_t rows = pipe ? t->local_B / t->microbatches : t->local_B;
     if (loom_trainer_moe_setup(t, &lay, err)) return -1; /* its experts (ep) */
     if (pipe) loom_pp_stage_layers(t->mc.n_layer, t->pp_size, t->pp_rank, &lay.l0, &lay.l1);
     if (loom_model_create_view(&t->mc, &lay, (int)rows, (int)t->local_T,
                                pipe ? LOOM_MODEL_HOOKS_ONLY : LOOM_MODEL_NO_ARENAS, &t->model, err))
-        return loom_err_prefix(err, "parallel.tp = %d, parallel.cp = %d", t->tp_size,
-                               t->cp_size);
+        return loom_err_prefix(err, "parallel.tp = %d, parallel.cp = %d, parallel.sp = %s",
+                               t->tp_size, t->cp_size, t->s.sp ? "true" : "false");
     loom_comm_points cp = {0};
     if (t->tp_size > 1) {
         t->tp = loom_tp_create(t->mesh);

@@ -18,6 +18,7 @@
 typedef struct settings {
     const char *run_dir, *train_dir, *val_dir;
     int shuffle, follow, check_replicas;
+    int sp;                   /* parallel.sp: sequence parallelism (with tp > 1) */
     int64_t windows_per_doc, pad_id;
     int64_t steps, seed, B, T, accum, threads, log_every, eval_every, eval_batches;
     int64_t ckpt_every, zero, max_skipped;

@@ -1,5 +1,6 @@
-# Tensor parallelism through `mpirun ... loom train`: TP = 2 and 4 follow the single-process
-# loss curve for 20 steps within 1e-5 relative, GPT-2 and Llama with grouped-query attention
+# Tensor parallelism through `mpirun ... loom train`: TP = 2 and 4, sequence parallelism
+# (parallel.sp) off and on, follow the single-process loss curve for 20 steps within 1e-5
+# relative, GPT-2 and Llama with grouped-query attention
 # (8 query heads, 4 kv heads: at tp = 4 each rank holds 2 query heads and 1 kv head), and
 # DP 2 x TP 2 with ZeRO 1 and 3 (the embedding and head vocab-parallel: GPT-2's tied wte
 # split by rows). Also: the step's tp communication time in metrics.jsonl, parameter bytes
@@ -16,13 +17,14 @@ for flavor in gpt2 llama; do
   ARGS=("${COMMON[@]}" --set model.d_model=64 --set model.n_head=8)
   [ $flavor = llama ] && ARGS+=(--set model.n_kv_head=4) || ARGS+=(--set model.n_kv_head=8)
   "$LOOM_BIN" train "$WORK/$flavor.yaml" "${ARGS[@]}" 2>"$WORK/log" || { cat "$WORK/log"; fail "$flavor single"; }
-  runs=("2 tp=2" "4 tp=4" "4 tp=2,zero=1" "4 tp=2,zero=3")
+  runs=("2 tp=2" "4 tp=4" "4 tp=2,zero=1" "4 tp=2,zero=3"
+        "2 tp=2,sp=true" "4 tp=4,sp=true" "4 tp=2,zero=1,sp=true" "4 tp=2,zero=3,sp=true")
   for spec in "${runs[@]}"; do
     np=${spec%% *}; kv=${spec#* }
     name=$(echo "$kv" | tr ',=' '_-')
     set_args=()
     for p in ${kv//,/ }; do
-      case $p in tp=*) set_args+=(--set parallel.$p);; zero=*) set_args+=(--set parallel.$p);; esac
+      case $p in tp=*|zero=*|sp=*) set_args+=(--set parallel.$p);; esac
     done
     run=$WORK/$flavor/$name
     $MPIRUN -np "$np" "$LOOM_BIN" train "$WORK/$flavor.yaml" "${ARGS[@]}" "${set_args[@]}" \
@@ -69,6 +71,18 @@ for tp in (2, 4):
 PY
   pass "$flavor: parameter bytes per rank drop with tp as the formula says"
 
+  # sequence parallelism keeps the norm / residual regions' activations for 1/tp of the rows:
+  # the rank's memory (parameters, gradients, moments, activation arena) must drop
+  python3 - "$WORK/$flavor" <<'PY' || fail "$flavor: sequence parallelism does not save activation memory"
+import json, sys
+d = sys.argv[1]
+mem = lambda run: json.loads(open(f"{d}/{run}/metrics.jsonl").readline())["mem_bytes"]
+for tp in (2, 4):
+    off, on = mem(f"tp-{tp}"), mem(f"tp-{tp}_sp-true")
+    print(f"tp={tp}: memory per rank {off} bytes, with sp {on} ({on / off:.3f})")
+    assert on < off
+PY
+
   # checkpoints reshard across tp: saved at tp = 2 (step 10), resumed at tp = 1; saved at
   # tp = 1, resumed at tp = 2: steps 11..20 continue the uninterrupted runs
   $MPIRUN -np 2 "$LOOM_BIN" train "$WORK/$flavor.yaml" "${ARGS[@]}" --set parallel.tp=2 \
@@ -88,4 +102,10 @@ PY
   compare_losses "$WORK/$flavor/single" "$WORK/$flavor/rs_b" 1e-5 11 || fail "$flavor: tp=1 -> tp=2 diverged"
   pass "$flavor: saved at tp=1, resumed at tp=2: steps 11..20 continue the single process"
 done
+# sequence parallelism: the layouts it does not support are clear errors
+expect_fail "sp without tp" "parallel.sp.*parallel.tp > 1" "$LOOM_BIN" train "$WORK/gpt2.yaml" \
+  --set parallel.sp=true --set run.dir="$WORK/sp_err1"
+expect_fail "sp with pp" "sequence parallelism.*one pipeline stage" $MPIRUN -np 4 "$LOOM_BIN" \
+  train "$WORK/gpt2.yaml" --set parallel.sp=true --set parallel.tp=2 --set parallel.pp=2 \
+  --set run.dir="$WORK/sp_err2"
 echo "all tensor-parallel training tests passed"

@@ -22,6 +22,7 @@ enum { TP = 2, B = 2, T = 7 };
 typedef struct group {
     pthread_barrier_t bar;
     float *slot[TP];
+    const float *cslot[TP]; /* the moves' inputs */
     float *sum;
     int64_t sum_cap;
     int calls[TP][LOOM_CP_COUNT][2]; /* per view, point, direction */
@@ -58,6 +59,27 @@ static void tp_point(void *ctx, int point, int dir, int layer, int site, float *
         allreduce(v, buf, n, 1);
 }
 
+/* sequence parallelism's moves between a view's row shard and the whole rows: all-gather (the
+ * views' shards in rank order) or reduce-scatter (this view's rows of the sum) */
+static void tp_move(void *ctx, int point, int dir, int layer, int site, const float *in,
+                    int64_t n_in, float *out, int64_t n_out) {
+    view_ctx *v = ctx;
+    group *g = v->g;
+    (void)layer;
+    (void)site;
+    g->calls[v->rank][point][dir]++;
+    g->cslot[v->rank] = in;
+    pthread_barrier_wait(&g->bar);
+    if (n_out == TP * n_in) {
+        for (int r = 0; r < TP; r++) memcpy(out + r * n_in, g->cslot[r], (size_t)n_in * sizeof(float));
+    } else {
+        assert_true(n_in == TP * n_out);
+        for (int64_t i = 0; i < n_out; i++)
+            out[i] = g->cslot[0][v->rank * n_out + i] + g->cslot[1][v->rank * n_out + i];
+    }
+    pthread_barrier_wait(&g->bar);
+}
+
 typedef struct run {
     loom_model *m;
     view_ctx vc;
@@ -82,14 +104,14 @@ static double maxabs(const float *a, size_t n) {
     return m;
 }
 
-static void check_views(const loom_model_config *cfg) {
+static void check_views(const loom_model_config *cfg, int sp) {
     loom_err err = {{0}};
     loom_model *whole = NULL, *view[TP] = {0};
     if (loom_model_create(cfg, NULL, B, T, &whole, &err)) fail_msg("%s", err.msg);
     loom_model_init_weights(whole, 5);
     size_t view_params = 0;
     for (int r = 0; r < TP; r++) {
-        const loom_model_layout lay = {.tp = TP, .tp_rank = r};
+        const loom_model_layout lay = {.tp = TP, .tp_rank = r, .sp = sp};
         if (loom_model_create(cfg, &lay, B, T, &view[r], &err)) fail_msg("%s", err.msg);
         loom_model_init_weights(view[r], 5);
         view_params += loom_model_num_params(view[r]);
@@ -130,7 +152,7 @@ static void check_views(const loom_model_config *cfg) {
         const size_t nl = (size_t)B * T * (size_t)vl; /* the view's vocabulary columns */
         rv[r] = (run){.m = view[r], .vc = {&g, r}, .x = x, .y = y,
                       .logits = malloc(nl * sizeof(float)), .nlog = nl};
-        const loom_comm_points cp = {.ctx = &rv[r].vc, .fn = tp_point};
+        const loom_comm_points cp = {.ctx = &rv[r].vc, .fn = tp_point, .move = tp_move};
         loom_model_set_comm_points(view[r], &cp);
     }
     for (int r = 0; r < TP; r++) assert_int_equal(pthread_create(&th[r], NULL, run_view, &rv[r]), 0);
@@ -148,7 +170,9 @@ static void check_views(const loom_model_config *cfg) {
                             : p == LOOM_CP_VOCAB_MAX || p == LOOM_CP_VOCAB_SUM ? 1
                                                                               : cfg->n_layer;
             const int per_bwd = p == LOOM_CP_VOCAB_MAX || p == LOOM_CP_VOCAB_SUM ? 0 : per;
-            if (g.calls[r][p][0] != per || g.calls[r][p][1] != per_bwd)
+            /* sequence parallelism gathers each layer's two norm outputs again in backward */
+            const int again = sp && p == LOOM_CP_COL_IN ? 2 * cfg->n_layer : 0;
+            if (g.calls[r][p][0] != per + again || g.calls[r][p][1] != per_bwd)
                 fail_msg("view %d: point %s called %d/%d times (fwd/bwd), want %d/%d", r,
                          loom_comm_point_name(p), g.calls[r][p][0], g.calls[r][p][1], per,
                          per_bwd);
@@ -184,8 +208,15 @@ static void check_views(const loom_model_config *cfg) {
             const loom_tensor_info *w = loom_model_tensor(whole, i);
             const double s = fmax(maxabs(gw + w->offset, w->numel), 1e-3 * gall);
             const float *gv = loom_model_grads(view[r]) + t->offset;
+            /* sequence parallelism: the norms' gradients are partial sums over the views */
+            const int partial = loom_model_grad_tp_partial(view[r], t);
+            assert_int_equal(partial, sp && t->split_dim < 0 && strstr(t->name, "ln") != NULL);
+            if (partial && r > 0) continue;
             for (size_t k = 0; k < t->numel; k++) {
-                const double d = fabs((double)gv[k] - gw[w->offset + (size_t)loom_tensor_global_index(t, (int64_t)k)]) / s;
+                double gk = gv[k];
+                for (int q = 1; partial && q < TP; q++)
+                    gk += loom_model_grads(view[q])[loom_model_tensor(view[q], i)->offset + k];
+                const double d = fabs(gk - gw[w->offset + (size_t)loom_tensor_global_index(t, (int64_t)k)]) / s;
                 if (d > worst) {
                     worst = d;
                     where = t->name;
@@ -209,12 +240,24 @@ static const loom_model_config LLAMA = {
 
 static void test_gpt2(void **state) {
     (void)state;
-    check_views(&GPT2);
+    check_views(&GPT2, 0);
 }
 
 static void test_llama_gqa(void **state) {
     (void)state;
-    check_views(&LLAMA);
+    check_views(&LLAMA, 0);
+}
+
+/* sequence parallelism: the norm / residual regions hold half the rows of each view; the moves
+ * gather and reduce-scatter them; the norms' gradients summed over the views equal the whole's */
+static void test_gpt2_sp(void **state) {
+    (void)state;
+    check_views(&GPT2, 1);
+}
+
+static void test_llama_sp(void **state) {
+    (void)state;
+    check_views(&LLAMA, 1);
 }
 
 static void test_layout_checked(void **state) {
@@ -270,6 +313,8 @@ static void test_stage_views(void **state) {
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_gpt2),
+        cmocka_unit_test(test_gpt2_sp),
+        cmocka_unit_test(test_llama_sp),
         cmocka_unit_test(test_llama_gqa),
         cmocka_unit_test(test_layout_checked),
         cmocka_unit_test(test_stage_views),
