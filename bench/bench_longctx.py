@@ -1,10 +1,13 @@
 #!/usr/bin/env python3
-"""Long-context training memory: peak RSS of `loom train` on the byte-tiny model at sequence
-lengths T (default 4096, 16384, 65536), batch 1, flash attention, for the long-context knobs
-(model.recompute none | full, model.loss_chunk 0 | 4096), a few optimizer steps each.
+"""Long-context training memory: peak RSS of `loom train` on the byte-tiny model (--config)
+at sequence lengths T (default 4096, 16384, 65536), batch 1 (--B), flash attention, for the
+long-context knobs (model.recompute none | full, model.loss_chunk 0 | 4096 (--chunk);
+--variants), a few optimizer steps each.
 
-    python3 bench/bench_longctx.py [--T 4096,16384,65536] [--steps 1] [--write]
+    python3 bench/bench_longctx.py [--T 4096,16384,65536] [--steps 1] [--write] [--doc-mask]
            [--full-only T,...]  (only recompute full + loss_chunk at these lengths)
+    python3 bench/bench_longctx.py --config gpt2-small --T 1024 --full-only "" --chunk 256 \
+           --variants none:0,none:C   (the logits' share of peak memory on gpt2-small)
 
 Each configuration runs in its own process (`loom train` from configs/byte-tiny.yaml with
 --set training.seq_len=T --set model.max_seq_len=T ...) under a small wrapper that reports the
@@ -36,13 +39,13 @@ WRAP = ("import resource, subprocess, sys\n"
         "sys.exit(rc)\n")
 
 
-def build_data(loom, work, max_T):
+def build_data(loom, work, max_T, rows):
     corpus = os.path.join(work, "corpus")
     os.makedirs(corpus)
     random.seed(11)
     words = ("the quick brown fox jumps over a lazy dog while seven wizards quietly hex "
              "jolly boxing judges").split()
-    need = 2 * (max_T + 1) + 4096
+    need = (rows + 1) * (max_T + 1) + 4096
     with open(os.path.join(corpus, "a.txt"), "w") as f:
         n = 0
         while n < need:
@@ -58,15 +61,16 @@ def build_data(loom, work, max_T):
     return os.path.join(work, "data", "train")
 
 
-def run_one(loom, work, data, T, recompute, chunk, steps, threads, doc_mask):
+def run_one(loom, work, data, T, recompute, chunk, steps, threads, doc_mask, config, B):
     run_dir = os.path.join(work, f"run_{T}_{recompute}_{chunk}")
     sets = {"data.train": data, "data.val": "", "run.dir": run_dir,
-            "training.seq_len": T, "model.max_seq_len": T, "training.batch_size": 1,
+            "training.seq_len": T, "model.max_seq_len": T, "training.batch_size": B,
             "training.steps": steps, "training.warmup": 0, "checkpoint.every": 0,
             "eval.every": 0, "training.peak_flops": 1e11, "training.threads": threads,
             "model.attention": "flash", "model.recompute": recompute,
             "model.loss_chunk": chunk, "model.doc_mask": "true" if doc_mask else "false"}
-    cmd = [sys.executable, "-c", WRAP, loom, "train", os.path.join(REPO, "configs/byte-tiny.yaml")]
+    cmd = [sys.executable, "-c", WRAP, loom, "train",
+           os.path.join(REPO, "configs", config + ".yaml")]
     for k, v in sets.items():
         cmd += ["--set", f"{k}={v}"]
     p = subprocess.run(cmd, capture_output=True, text=True)
@@ -86,6 +90,11 @@ def main():
     ap.add_argument("--full-only", default="65536",
                     help="lengths measured only with recompute full + loss_chunk 4096")
     ap.add_argument("--steps", type=int, default=1)
+    ap.add_argument("--config", default="byte-tiny", help="configs/NAME.yaml")
+    ap.add_argument("--B", type=int, default=1, help="training.batch_size")
+    ap.add_argument("--chunk", type=int, default=4096, help="model.loss_chunk when on")
+    ap.add_argument("--variants", default="none:0,none:C,full:0,full:C",
+                    help="recompute:loss_chunk settings at the other lengths (C = --chunk)")
     ap.add_argument("--threads", type=int, default=0)
     ap.add_argument("--doc-mask", action="store_true",
                     help="model.doc_mask: attention inside each generated document (50-400 "
@@ -99,13 +108,15 @@ def main():
     other = OtherWork()
     results = []
     with tempfile.TemporaryDirectory(prefix="loom-bench-longctx.") as work:
-        data = build_data(loom, work, max(Ts))
+        data = build_data(loom, work, max(Ts), a.B * a.steps)
         for T in Ts:
-            variants = [("full", 4096)] if T in full_only else \
-                [("none", 0), ("none", 4096), ("full", 0), ("full", 4096)]
+            variants = [("full", a.chunk)] if T in full_only else \
+                [(v.split(":")[0], a.chunk if v.split(":")[1] == "C" else int(v.split(":")[1]))
+                 for v in a.variants.split(",")]
             for rc, ch in variants:
                 log(f"T={T} recompute={rc} loss_chunk={ch} ...")
-                r = run_one(loom, work, data, T, rc, ch, a.steps, a.threads, a.doc_mask)
+                r = run_one(loom, work, data, T, rc, ch, a.steps, a.threads, a.doc_mask, a.config,
+                            a.B)
                 log(f"  {r}")
                 results.append(r)
     other_s, avail_s = other.result()
@@ -117,13 +128,15 @@ def main():
         same = [b for b in ok if b["recompute"] == r["recompute"] and b["chunk"] == r["chunk"]]
         if len(same) > 1:
             return min(same, key=lambda b: b["T"])
-        pool = [b for b in ok if b["recompute"] == "full" and b["chunk"] == 4096]
+        pool = [b for b in ok if b["recompute"] == "full" and b["chunk"] == a.chunk]
         return min(pool, key=lambda b: b["T"]) if pool and len(same) == 1 and \
             r["T"] > min(b["T"] for b in pool) else None
     lines = [f"{HEADING} ({__import__('time').strftime('%Y-%m-%d')})", "",
              f"`python3 bench/bench_longctx.py --T {a.T} --full-only {a.full_only} --steps "
-             f"{a.steps}{' --doc-mask' if a.doc_mask else ''}`: `loom train configs/byte-tiny.yaml` (gpt2 flavor, 4 layers, C=256, "
-             f"4 heads, V=256, 3.2M parameters) at batch 1 and sequence length T "
+             f"{a.steps}{' --doc-mask' if a.doc_mask else ''} --config {a.config} --B {a.B} --chunk "
+             f"{a.chunk} --variants {a.variants}`: `loom train configs/{a.config}.yaml` "
+             + ("(gpt2 flavor, 4 layers, C=256, 4 heads, V=256, 3.2M parameters)"
+                if a.config == "byte-tiny" else "") + f" at batch {a.B} and sequence length T "
              f"(`--set training.seq_len=T --set model.max_seq_len=T`), flash attention"
              + (" with model.doc_mask (documents of 50-400 generated words, about 0.3-2.4 K "
                 "tokens: the activation arenas are those of full causal attention, the "
