@@ -353,9 +353,12 @@ const char *loom_comm_point_name(int point);
  * copied. */
 typedef struct loom_attn_hook {
     void *ctx;
-    void (*forward)(void *ctx, int layer, float *out, float *lse, const float *qkv, int B, int T);
+    /* gdocs: with model.doc_mask (loom_model_set_docs_global), the document ids of the whole
+     * sequences (B, cp * T); NULL: no document mask */
+    void (*forward)(void *ctx, int layer, float *out, float *lse, const float *qkv, int B, int T,
+                    const int32_t *gdocs);
     void (*backward)(void *ctx, int layer, float *dqkv, const float *dout, const float *qkv,
-                     const float *out, const float *lse, int B, int T);
+                     const float *out, const float *lse, int B, int T, const int32_t *gdocs);
 } loom_attn_hook;
 void loom_model_set_attention(loom_model *m, const loom_attn_hook *h);
 /* The global position of local row t of a T-row sequence of this view (t with cp = 1). */
@@ -430,6 +433,13 @@ void loom_model_recompute_layer(loom_model *m, loom_acts *a, int layer);
  * document and positions (RoPE, learned) restart at 0 where a document starts. docs NULL: one
  * document per row (the default). Needs model.doc_mask. */
 void loom_model_set_docs(loom_model *m, loom_acts *a, const int32_t *docs, int B, int T);
+/* loom_model_set_docs for a context-parallel view (layout.cp > 1): gdocs (B, cp * T) are the
+ * document ids of the B WHOLE sequences, T the rows of the view's forward. The view takes the
+ * ids of its two chunks, each document's positions counted from where it starts in the whole
+ * sequence (possibly in another rank's chunk), and hands the whole sequences' ids to the
+ * attention hook (which masks across ranks with them). gdocs NULL: one document per row. */
+void loom_model_set_docs_global(loom_model *m, loom_acts *a, const int32_t *gdocs, int B,
+                                int Tg);
 /* Overwrites layer `layer`'s kept activations with `value` (what a dropped layer holds before
  * its recompute; tests use it to check that backward reads only recomputed values). */
 void loom_acts_poison_layer(const loom_model *m, loom_acts *a, int layer, float value);

@@ -147,9 +147,10 @@ static void rope(loom_model *m, block_frame *f, float *x, int bwd) {
     if (f->n_runs && !f->kcache) { /* model.doc_mask: each document from position 0 */
         for (int r = 0; r < f->n_runs; r++) {
             float *d = x + (int64_t)f->run_row[r] * m->QKV;
-            fn(d, 1, f->run_len[r], m->H, m->D, m->QKV, m->rope_cos, m->rope_sin, 0);
+            const int p0 = f->run_pos[r]; /* 0 unless a cp chunk starts inside the document */
+            fn(d, 1, f->run_len[r], m->H, m->D, m->QKV, m->rope_cos, m->rope_sin, p0);
             fn(d + m->H * m->D, 1, f->run_len[r], m->KVH, m->D, m->QKV, m->rope_cos, m->rope_sin,
-               0);
+               p0);
         }
         return;
     }
@@ -238,7 +239,8 @@ static void op_forward(loom_model *m, block_frame *f, int l, const block_op *op)
             be->attention_decode(s[op->out], s[op->in], f->kcache, f->vcache, f->pos0 + 1, m->H,
                                  m->KVH, m->D, f->scores);
         } else if (m->has_attn) { /* context parallelism: parallel/ attends across ranks */
-            m->attn.forward(m->attn.ctx, l, s[op->out], s[op->aux0], s[op->in], f->B, f->T);
+            m->attn.forward(m->attn.ctx, l, s[op->out], s[op->aux0], s[op->in], f->B, f->T,
+                            f->n_runs ? f->gdocs : NULL);
         } else if (m->cfg.attention == LOOM_ATTN_FLASH) { /* S_ATT keeps the lse (B,H,T) */
             LOOM_CHECK(m->lay.cp <= 1); /* a cp view attends only through its hook */
             const loom_attn_dims dims = flash_attention_dims_qkv(f->B, f->T, m->H, m->KVH, m->D);
@@ -312,7 +314,7 @@ static void op_backward(loom_model *m, block_frame *f, int l, const block_op *op
         memset(g[op->in], 0, (size_t)N * (size_t)m->QKV * sizeof(float));
         if (m->has_attn) {
             m->attn.backward(m->attn.ctx, l, g[op->in], g[op->out], s[op->in], s[op->out],
-                             s[op->aux0], f->B, f->T);
+                             s[op->aux0], f->B, f->T, f->n_runs ? f->gdocs : NULL);
         } else if (m->cfg.attention == LOOM_ATTN_FLASH) { /* recomputes the tiles from q, k, v, lse */
             const loom_attn_dims dims = flash_attention_dims_qkv(f->B, f->T, m->H, m->KVH, m->D);
             const loom_attn_mask mask = attn_mask(f);
@@ -521,6 +523,11 @@ loom_acts *loom_acts_create(const loom_model *m, int B, int T, int for_training)
         a->docs = loom_calloc((size_t)B * (size_t)T, sizeof(int32_t));
         a->run_row = loom_calloc((size_t)B * (size_t)T, sizeof(int32_t));
         a->run_len = loom_calloc((size_t)B * (size_t)T, sizeof(int32_t));
+        a->run_pos = loom_calloc((size_t)B * (size_t)T, sizeof(int32_t));
+        if (m->lay.cp > 1) {
+            a->gdocs = loom_calloc((size_t)B * (size_t)T * (size_t)m->lay.cp, sizeof(int32_t));
+            a->gdocs_cp = m->lay.cp;
+        }
     }
     return a;
 }
@@ -533,11 +540,16 @@ void loom_acts_free(loom_acts *a) {
     free(a->docs);
     free(a->run_row);
     free(a->run_len);
+    free(a->run_pos);
+    free(a->gdocs);
     free(a);
 }
 
 size_t loom_acts_bytes(const loom_acts *a) {
-    const size_t ints = (a->docs ? 5 : 2) * (size_t)a->maxB * (size_t)a->maxT;
+    /* inputs, targets; documents: ids, run rows, lengths, positions (and the whole sequences'
+     * ids of a cp view: cp times the rows) */
+    const size_t ints = (a->docs ? 6 + (a->gdocs ? (size_t)a->gdocs_cp : 0) : 2) *
+                        (size_t)a->maxB * (size_t)a->maxT;
     return a->floats * sizeof(float) + ints * sizeof(int32_t);
 }
 
@@ -579,6 +591,8 @@ void acts_frame(const loom_model *m, const loom_acts *a, int l, int B, int T, bl
         f->docs = a->docs;
         f->run_row = a->run_row;
         f->run_len = a->run_len;
+        f->run_pos = a->run_pos;
+        f->gdocs = a->gdocs;
         f->n_runs = a->n_runs;
     }
 }
@@ -590,7 +604,7 @@ void loom_model_set_docs(loom_model *m, loom_acts *a, const int32_t *docs, int B
     LOOM_CHECK(a != NULL);
     a->n_runs = 0;
     if (!docs) return;
-    LOOM_CHECK(m->lay.cp <= 1); /* the cp attention hook takes no document ids yet */
+    LOOM_CHECK(m->lay.cp <= 1); /* a cp view takes the whole sequences: set_docs_global */
     LOOM_CHECK(m->cfg.doc_mask && a->docs && B > 0 && B <= a->maxB && T > 0 && T <= a->maxT);
     int n = 0;
     for (int64_t b = 0; b < B; b++) {
@@ -601,10 +615,52 @@ void loom_model_set_docs(loom_model *m, loom_acts *a, const int32_t *docs, int B
                 id++;
                 a->run_row[n] = (int32_t)i;
                 a->run_len[n] = 0;
+                a->run_pos[n] = 0;
                 n++;
             }
             a->run_len[n - 1]++;
             a->docs[i] = id;
+        }
+    }
+    a->n_runs = n;
+    a->docs_B = B;
+    a->docs_T = T;
+}
+
+void loom_model_set_docs_global(loom_model *m, loom_acts *a, const int32_t *gdocs, int B,
+                                int Tg) {
+    if (!a) a = m->acts;
+    LOOM_CHECK(a != NULL);
+    a->n_runs = 0;
+    if (!gdocs) return;
+    const int cp = m->lay.cp;
+    LOOM_CHECK(cp > 1 && Tg % (2 * cp) == 0);
+    const int T = Tg / cp;
+    LOOM_CHECK(m->cfg.doc_mask && a->gdocs && B > 0 && B <= a->maxB && T <= a->maxT);
+    int start[2], len[2], pos[2];
+    const int nc = model_row_runs(m, T, start, len, pos);
+    int n = 0;
+    for (int64_t b = 0; b < B; b++) {
+        /* the whole sequence's ids renumbered from 0 (a new id where the id changes) */
+        const int32_t *g = gdocs + b * Tg;
+        int32_t *w = a->gdocs + b * Tg;
+        for (int64_t t = 0; t < Tg; t++) w[t] = t == 0 ? 0 : w[t - 1] + (g[t] != g[t - 1]);
+        for (int c = 0; c < nc; c++) {
+            /* where the document of the chunk's first position started */
+            int64_t doc0 = pos[c];
+            while (doc0 > 0 && w[doc0 - 1] == w[pos[c]]) doc0--;
+            for (int64_t j = 0; j < len[c]; j++) {
+                const int64_t gt = pos[c] + j, i = b * T + start[c] + j;
+                if (j == 0 || w[gt] != w[gt - 1]) { /* a run starts: the chunk's or a document's */
+                    if (j > 0) doc0 = gt;
+                    a->run_row[n] = (int32_t)i;
+                    a->run_len[n] = 0;
+                    a->run_pos[n] = (int32_t)(gt - doc0);
+                    n++;
+                }
+                a->run_len[n - 1]++;
+                a->docs[i] = w[gt];
+            }
         }
     }
     a->n_runs = n;

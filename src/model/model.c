@@ -427,7 +427,10 @@ size_t loom_model_activation_bytes(const loom_model *m) {
     const size_t rope = m->cfg.flavor == LOOM_FLAVOR_GPT2
                             ? 0
                             : 2 * (size_t)m->cfg.max_seq_len * (size_t)(m->D / 2) * sizeof(float);
-    const size_t ints = (m->cfg.doc_mask ? 5 : 2) * BT; /* inputs, targets; documents */
+    /* inputs, targets; documents (ids, run rows, lengths, positions; a cp view also the whole
+     * sequences' ids) */
+    const size_t ints =
+        (m->cfg.doc_mask ? 6 + (m->lay.cp > 1 ? (size_t)m->lay.cp : 0) : 2) * BT;
     return m->act_floats * sizeof(float) + ints * sizeof(int32_t) + rope;
 }
 
@@ -679,7 +682,8 @@ static void embed(loom_model *m, loom_acts *a, const int32_t *inputs, int B, int
     if (a->n_runs && loom_model_global(m, LOOM_P_WPE)) { /* doc_mask: positions per document */
         for (int r = 0; r < a->n_runs; r++) {
             const size_t row = (size_t)a->run_row[r];
-            embed_rows(m, bwd, x + row * (size_t)C, inputs + row, 1, a->run_len[r], 0);
+            embed_rows(m, bwd, x + row * (size_t)C, inputs + row, 1, a->run_len[r],
+                       a->run_pos[r]);
         }
         return;
     }

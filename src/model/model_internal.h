@@ -65,6 +65,10 @@ struct loom_acts {
     int32_t *docs;        /* (B,T) run ids of the documents, restarting at 0 per row */
     int32_t *run_row;     /* first row (b*T + t) of each document run */
     int32_t *run_len;     /* its length */
+    int32_t *run_pos;     /* the position of its first row (0, or with context parallelism
+                           * where the row sits in a document begun in an earlier chunk) */
+    int32_t *gdocs;       /* context parallelism: (B, cp*T) ids of the whole sequences */
+    int gdocs_cp;         /* its cp */
     int n_runs;           /* 0: no documents set (one per row) */
     int docs_B, docs_T;   /* the shape they were set for */
 };
@@ -88,7 +92,8 @@ typedef struct block_frame {
     const struct block_seg *seg;
     int nseg;
     /* documents (model.doc_mask): (B,T) run ids and the runs, NULL / 0 when none */
-    const int32_t *docs, *run_row, *run_len;
+    const int32_t *docs, *run_row, *run_len, *run_pos;
+    const int32_t *gdocs;   /* context parallelism: the whole sequences' ids (B, cp*T) */
     int n_runs;
 } block_frame;
 

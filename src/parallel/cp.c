@@ -169,14 +169,24 @@ static void head_to_seq(loom_cp *c, const float *src, int64_t W, int qkv, float 
     }
 }
 
+/* causal, and with documents inside each document of the whole sequences (B, P*T) */
+static loom_attn_mask whole_mask(const loom_cp *c, const int32_t *gdocs, int T) {
+    loom_attn_mask mask = {.causal = 1};
+    if (gdocs) {
+        mask.q_doc = mask.k_doc = gdocs;
+        mask.q_doc_bs = mask.k_doc_bs = (int64_t)c->P * T;
+    }
+    return mask;
+}
+
 static void ulysses_forward(void *ctx, int layer, float *out, float *lse, const float *qkv,
-                            int B, int T) {
+                            int B, int T, const int32_t *gdocs) {
     loom_cp *c = ctx;
     (void)layer;
     const int Hh = c->H / c->P, KVh = c->KVH / c->P;
     seq_to_head(c, qkv, c->QKV, 1, c->qkv_h, B, T);
     const loom_attn_dims dims = flash_attention_dims_qkv(B, c->P * T, Hh, KVh, c->D);
-    const loom_attn_mask mask = {.causal = 1};
+    const loom_attn_mask mask = whole_mask(c, gdocs, T);
     const float *q = c->qkv_h, *k = q + Hh * c->D, *v = k + KVh * c->D;
     /* lse: (B, H/P, P*T) = the B*H*T floats the model keeps for this layer */
     LOOM_CHECK(c->be->flash_attention_forward(c->out_h, lse, q, k, v, &dims, &mask) == 0);
@@ -185,7 +195,7 @@ static void ulysses_forward(void *ctx, int layer, float *out, float *lse, const 
 
 static void ulysses_backward(void *ctx, int layer, float *dqkv, const float *dout,
                              const float *qkv, const float *out, const float *lse, int B,
-                             int T) {
+                             int T, const int32_t *gdocs) {
     loom_cp *c = ctx;
     (void)layer;
     const int Hh = c->H / c->P, KVh = c->KVH / c->P;
@@ -196,7 +206,7 @@ static void ulysses_backward(void *ctx, int layer, float *dqkv, const float *dou
     const int64_t Tg = (int64_t)c->P * T;
     memset(c->dqkv_h, 0, (size_t)(B * Tg * (hq + 2 * hk)) * sizeof(float));
     const loom_attn_dims dims = flash_attention_dims_qkv(B, (int)Tg, Hh, KVh, c->D);
-    const loom_attn_mask mask = {.causal = 1};
+    const loom_attn_mask mask = whole_mask(c, gdocs, T);
     const float *q = c->qkv_h;
     float *dq = c->dqkv_h;
     LOOM_CHECK(c->be->flash_attention_backward(dq, dq + hq, dq + hq + hk, c->dout_h, q, q + hq,
@@ -266,8 +276,21 @@ static float *chunk_lse(const loom_cp *c, const float *lse, int B, int T, int qi
     return (float *)lse + (int64_t)qi * B * c->H * (T / 2);
 }
 
+/* the mask of query chunk qg against key chunk kg (global chunk numbers): causal by their
+ * global positions, and with documents by the whole sequences' ids at those positions */
+static loom_attn_mask block_mask(const loom_cp *c, const int32_t *gdocs, int T, int qg, int kg) {
+    const int64_t half = T / 2;
+    loom_attn_mask mask = {.causal = 1, .q_pos0 = qg * half, .k_pos0 = kg * half};
+    if (gdocs) {
+        mask.q_doc = gdocs + qg * half;
+        mask.k_doc = gdocs + kg * half;
+        mask.q_doc_bs = mask.k_doc_bs = (int64_t)c->P * T;
+    }
+    return mask;
+}
+
 static void ring_forward(void *ctx, int layer, float *out, float *lse, const float *qkv, int B,
-                         int T) {
+                         int T, const int32_t *gdocs) {
     loom_cp *c = ctx;
     (void)layer;
     const int P = c->P, r = c->r, next = (r + 1) % P, prev = (r + P - 1) % P;
@@ -290,8 +313,7 @@ static void ring_forward(void *ctx, int layer, float *out, float *lse, const flo
             for (int ki = 0; ki < 2; ki++) {
                 const int qg = chunk_of(P, r, qi), kg = chunk_of(P, src, ki);
                 if (kg > qg) continue; /* wholly in the causal future */
-                const loom_attn_mask mask = {.causal = 1, .q_pos0 = qg * half,
-                                             .k_pos0 = kg * half};
+                const loom_attn_mask mask = block_mask(c, gdocs, T, qg, kg);
                 const float *q = qkv + qi * half * c->QKV;
                 const float *k = c->kv[cur] + ki * half * 2 * c->KD, *v = k + c->KD;
                 LOOM_CHECK(c->be->flash_attention_forward(c->blk_out, c->blk_lse, q, k, v, &dims,
@@ -304,7 +326,8 @@ static void ring_forward(void *ctx, int layer, float *out, float *lse, const flo
 }
 
 static void ring_backward(void *ctx, int layer, float *dqkv, const float *dout, const float *qkv,
-                          const float *out, const float *lse, int B, int T) {
+                          const float *out, const float *lse, int B, int T,
+                          const int32_t *gdocs) {
     loom_cp *c = ctx;
     (void)layer;
     const int P = c->P, r = c->r, next = (r + 1) % P, prev = (r + P - 1) % P;
@@ -334,8 +357,7 @@ static void ring_backward(void *ctx, int layer, float *dqkv, const float *dout, 
             for (int ki = 0; ki < 2; ki++) {
                 const int qg = chunk_of(P, r, qi), kg = chunk_of(P, src, ki);
                 if (kg > qg) continue;
-                const loom_attn_mask mask = {.causal = 1, .q_pos0 = qg * half,
-                                             .k_pos0 = kg * half};
+                const loom_attn_mask mask = block_mask(c, gdocs, T, qg, kg);
                 const int64_t qoff = qi * half * c->QKV, koff = ki * half * 2 * c->KD;
                 const float *k = c->kv[cur] + koff;
                 float *dk = part + koff;

@@ -113,7 +113,12 @@ static int next_train_batch(trainer *t, void *ctx, loom_err *err) {
  * number of valid targets and, for classify, of correct predictions. */
 static double forward_global(trainer *t, int64_t *global_valid, int64_t *global_correct) {
     if (t->pp) return loom_trainer_pp_forward(t, global_valid, global_correct);
-    if (t->g_doc) /* model.doc_mask: this rank's rows' documents (cp = pp = 1) */
+    if (t->g_doc && t->cp_size > 1) /* model.doc_mask: the whole rows' documents (pp = 1) */
+        loom_model_set_docs_global(t->model, NULL,
+                                   t->g_doc + (size_t)t->dp_rank * (size_t)t->local_B *
+                                                  (size_t)t->s.T,
+                                   (int)t->local_B, (int)t->s.T);
+    else if (t->g_doc) /* this rank's rows' documents */
         loom_model_set_docs(t->model, NULL, local_rows(t, t->g_doc, NULL), (int)t->local_B,
                             (int)t->local_T);
     const float loss = loom_model_forward(t->model, local_rows(t, t->g_inp, t->l_inp),
@@ -326,11 +331,10 @@ int loom_trainer_build_mesh(trainer *t, loom_err *err) {
     if (loom_cp_kind_from_config(t->cfg, &t->cp_kind, err) ||
         loom_cp_check(&t->mc, l->tp, t->cp_size, t->cp_kind, t->s.T, err))
         return -1;
-    if ((t->cp_size > 1 || l->pp > 1) && t->mc.doc_mask)
-        return loom_errf(err, "config: model.doc_mask with parallel.cp = %d, parallel.pp = %d: "
-                              "document masking is not built into context or pipeline "
-                              "parallelism yet (neither passes document ids on); use cp = pp = 1",
-                         t->cp_size, l->pp);
+    if (l->pp > 1 && t->mc.doc_mask)
+        return loom_errf(err, "config: model.doc_mask with parallel.pp = %d: document masking is "
+                              "not built into pipeline parallelism yet (it passes no document "
+                              "ids on); use pp = 1", l->pp);
     t->dp_rank = loom_mesh_rank(t->mesh, LOOM_GROUP_DP);
     t->dp_size = loom_mesh_size(t->mesh, LOOM_GROUP_DP);
     t->world_rank = loom_mesh_rank(t->mesh, LOOM_GROUP_WORLD);

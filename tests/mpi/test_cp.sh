@@ -1,6 +1,7 @@
 # Context parallelism through `mpirun ... loom train`: parallel.cp = 2 and 4, cp_kind ulysses
 # and ring, alone and with data parallelism (dp = 2, ZeRO 1 and 3), GPT-2 and Llama (grouped
-# kv heads) flavors, and with tensor parallelism (tp = 2 x cp = 2): 20-step loss trajectories
+# kv heads) flavors, with tensor parallelism (tp = 2 x cp = 2) and with document masking
+# (documents crossing chunks and ranks): 20-step loss trajectories
 # equal the single-process run within 1e-5 relative, and the replicas over dp x cp stay
 # bit-identical. Bad layouts are clear errors;
 # a rank killed during training ends the job within the collective timeout + 30 s; checkpoints
@@ -98,6 +99,56 @@ for r in "$SAVE" "$WORK/cp_save4"; do
   compare "$WORK/gpt2_single" "$r" 1e-5 || fail "$r: resumed run differs from one process"
 done
 pass "saved at cp=2 ring, resumed at one process and at cp=4 ulysses zero 3: 20 steps equal one process"
+
+# with document masking (model.doc_mask): short documents (3-24 bytes) packed into windows of
+# 32, so documents cross the chunk boundaries and ranks (at cp = 4 a chunk is 4 positions);
+# ulysses and ring at cp 2 and 4 (with dp 2 at cp 2) equal one process with the mask, both
+# flavors; the control without the mask differs
+mkdir -p "$WORK/short/corpus"
+python3 - "$WORK/short/corpus" <<'PY'
+import random, sys, os
+random.seed(11)
+letters = "abcdefghij klmnop"
+with open(os.path.join(sys.argv[1], "docs.txt"), "w") as fh:
+    fh.write("\n%\n".join("".join(random.choice(letters) for _ in range(random.randint(3, 24)))
+                          for _ in range(1500)))
+PY
+cat > "$WORK/short/recipe.yaml" <<YAML
+name: short
+sources:
+  - name: docs
+    kind: text
+    path: $WORK/short/corpus
+    split: "\n%\n"
+tokenizer: byte
+seq_len: 32
+val_fraction: 0.1
+output: $WORK/short/data
+shard_tokens: 100000
+YAML
+"$LOOM_BIN" data build "$WORK/short/recipe.yaml" >/dev/null 2>&1 || fail "short-document data build"
+for flavor in gpt2 llama; do
+  kvh=4; [ $flavor = llama ] && kvh=2
+  FLAVOR=$flavor KVH=$kvh make_config "$WORK/short" "$WORK/short/$flavor.yaml" "$WORK/short/${flavor}_single"
+  "$LOOM_BIN" train "$WORK/short/$flavor.yaml" "${COMMON[@]}" --set model.doc_mask=true 2>"$WORK/log" \
+    || { cat "$WORK/log"; fail "$flavor doc_mask single process"; }
+  "$LOOM_BIN" train "$WORK/short/$flavor.yaml" "${COMMON[@]}" --set run.dir="$WORK/short/${flavor}_nomask" \
+    2>"$WORK/log" || { cat "$WORK/log"; fail "$flavor single process without the mask"; }
+  if compare "$WORK/short/${flavor}_single" "$WORK/short/${flavor}_nomask" 1e-3 >/dev/null; then
+    fail "$flavor: the mask makes no difference on this data: the test cannot tell"
+  fi
+  for spec in "ulysses 2 2" "ring 4 4" "ring 4 2" "ulysses 4 2"; do
+    set -- $spec; kind=$1; np=$2; cp=$3
+    [ $kind = ulysses ] && [ $cp = 4 ] && [ $kvh = 2 ] && continue
+    run=$WORK/short/${flavor}_${kind}_np${np}_cp$cp
+    $MPIRUN -np $np "$LOOM_BIN" train "$WORK/short/$flavor.yaml" "${COMMON[@]}" --set run.dir="$run" \
+      --set model.doc_mask=true --set parallel.cp=$cp --set parallel.cp_kind=$kind \
+      --set parallel.zero=1 2>"$WORK/log" || { cat "$WORK/log"; fail "$flavor $kind cp=$cp doc_mask failed"; }
+    compare "$WORK/short/${flavor}_single" "$run" 1e-5 \
+      || fail "$flavor $kind np=$np cp=$cp doc_mask: loss differs from one process"
+    pass "$flavor $kind cp=$cp dp=$((np / cp)) with doc_mask: 20 steps equal the single process"
+  done
+done
 
 # bad layouts are clear errors naming the keys
 expect_fail "ulysses with n_kv_head 2 at cp 4" "parallel.cp_kind = ulysses: parallel.cp = 4 must divide model.n_head \(4\) and model.n_kv_head \(2\)" \
