@@ -150,6 +150,19 @@ for flavor in gpt2 llama; do
   done
 done
 
+# with the other long-context knobs: activation checkpointing (the attention hook runs again
+# in the recompute, on every cp rank alike) and the chunked loss, on the masked documents
+for spec in "ring full" "ulysses selective"; do
+  set -- $spec; kind=$1; rc=$2
+  run=$WORK/short/llama_${kind}_$rc
+  $MPIRUN -np 2 "$LOOM_BIN" train "$WORK/short/llama.yaml" "${COMMON[@]}" --set run.dir="$run" \
+    --set model.doc_mask=true --set parallel.cp=2 --set parallel.cp_kind=$kind \
+    --set model.recompute=$rc --set model.loss_chunk=16 2>"$WORK/log" \
+    || { cat "$WORK/log"; fail "llama $kind cp=2 recompute=$rc failed"; }
+  compare "$WORK/short/llama_single" "$run" 1e-5 || fail "llama $kind cp=2 recompute=$rc differs"
+  pass "llama $kind cp=2 with doc_mask, recompute $rc, loss_chunk 16: 20 steps equal one process"
+done
+
 # bad layouts are clear errors naming the keys
 expect_fail "ulysses with n_kv_head 2 at cp 4" "parallel.cp_kind = ulysses: parallel.cp = 4 must divide model.n_head \(4\) and model.n_kv_head \(2\)" \
   $MPIRUN -np 4 "$LOOM_BIN" train "$WORK/llama.yaml" --set parallel.cp=4 --set run.dir="$WORK/bad1"
