@@ -989,6 +989,11 @@ int loom_hf_export(const char *ckpt, const char *out_dir, const loom_hf_export_o
                        "layout to export to", ckpt);
         goto done;
     }
+    if (c->n_expert > 0) {
+        loom_errf(err, "%s: a mixture-of-experts model (model.moe.experts = %d) has no "
+                       "GPT2LMHeadModel / LlamaForCausalLM layout to export to", ckpt, c->n_expert);
+        goto done;
+    }
     if (hf_dir_prepare(out_dir, err)) goto done;
     int eos = -1;
     if (hf_write_tokenizer(out_dir, rd, c, &eos, err)) goto done;
