@@ -72,6 +72,9 @@ int loom_pp_stages(const loom_pp *p);
  * reset, and on its own sends to complete before reusing their buffers. */
 double loom_pp_bubble_seconds(const loom_pp *p);
 double loom_pp_send_wait_seconds(const loom_pp *p);
+/* Seconds inside loom_pp_run's training batches (the pipeline's time: its bubble fraction is
+ * loom_pp_bubble_seconds / this) since the last reset. */
+double loom_pp_run_seconds(const loom_pp *p);
 void loom_pp_stats_reset(loom_pp *p);
 /* Activation arenas: how many this stage has held at once (its peak, what 1f1b bounds by
  * p - s and gpipe does not), and their bytes. */

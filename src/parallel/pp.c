@@ -45,7 +45,7 @@ struct loom_pp {
     int cur, cur_slot;            /* the micro-batch running and its arena */
     int run_train, run_M;
 
-    double bubble_s, send_wait_s;
+    double bubble_s, send_wait_s, run_s;
     int64_t runs;                 /* training batches run */
     int64_t fail_run;             /* test hook: fail inside this training batch, -1 none */
     char fail_mode[16];
@@ -354,6 +354,7 @@ static void backward(loom_pp *p, run_ctx *r, int i) {
 void loom_pp_run(loom_pp *p, const int32_t *inputs, const int32_t *targets, int train,
                  float dscale, int first_batch, int last_batch, loom_pp_result *res) {
     memset(res, 0, sizeof *res);
+    const double t_run = loom_now();
     run_ctx r = {inputs, targets, train, first_batch, last_batch, dscale, res, 0};
     p->run_M = p->M;
     p->run_train = train;
@@ -383,6 +384,7 @@ void loom_pp_run(loom_pp *p, const int32_t *inputs, const int32_t *targets, int 
         wait_send(p, &p->ar[i].fsend, "stream");
         wait_send(p, &p->ar[i].bsend, "gradient");
     }
+    if (train) p->run_s += loom_now() - t_run;
 }
 
 /* ---- stats ---------------------------------------------------------------------------------- */
@@ -391,7 +393,8 @@ int loom_pp_stage(const loom_pp *p) { return p->stage; }
 int loom_pp_stages(const loom_pp *p) { return p->P; }
 double loom_pp_bubble_seconds(const loom_pp *p) { return p->bubble_s; }
 double loom_pp_send_wait_seconds(const loom_pp *p) { return p->send_wait_s; }
-void loom_pp_stats_reset(loom_pp *p) { p->bubble_s = p->send_wait_s = 0; }
+double loom_pp_run_seconds(const loom_pp *p) { return p->run_s; }
+void loom_pp_stats_reset(loom_pp *p) { p->bubble_s = p->send_wait_s = p->run_s = 0; }
 int loom_pp_peak_arenas(const loom_pp *p) { return p->peak_busy; }
 
 size_t loom_pp_activation_bytes(const loom_pp *p) {

@@ -408,7 +408,7 @@ int loom_train(loom_config *cfg, loom_err *err) {
     loom_metrics *mx = NULL;
     train_obs *obs = NULL;
     double *per_rank = NULL, *pp_ranks = NULL;
-    enum { PP_METRICS = 5 };
+    enum { PP_METRICS = 6 };
     struct sigaction old_int, old_term;
     if (loom_trainer_read_settings(cfg, &t.s, err)) return -1;
     /* training.init_from: the model.* keys come from the source (init_from.c) */
@@ -586,7 +586,7 @@ int loom_train(loom_config *cfg, loom_err *err) {
             double pm[PP_METRICS] = {loom_pp_bubble_seconds(t.pp),
                                      (double)loom_pp_activation_bytes(t.pp),
                                      (double)loom_pp_peak_arenas(t.pp), (double)mem.param_bytes,
-                                     (double)loom_pp_stage(t.pp)};
+                                     (double)loom_pp_stage(t.pp), loom_pp_run_seconds(t.pp)};
             loom_allgather(t.mesh, LOOM_GROUP_WORLD, pm, pp_ranks,
                            PP_METRICS * (size_t)t.world_size, LOOM_F64);
         }
@@ -643,6 +643,7 @@ int loom_train(loom_config *cfg, loom_err *err) {
                 loom_metrics_reals(mx, "pp_peak_arenas", pp_ranks + 2, t.world_size, PP_METRICS);
                 loom_metrics_reals(mx, "pp_param_bytes", pp_ranks + 3, t.world_size, PP_METRICS);
                 loom_metrics_reals(mx, "pp_stage", pp_ranks + 4, t.world_size, PP_METRICS);
+                loom_metrics_reals(mx, "pp_run_s", pp_ranks + 5, t.world_size, PP_METRICS);
             }
             train_obs_metrics(obs, mx);
             if (loom_metrics_end(mx, err)) goto done;

@@ -23,9 +23,10 @@ got = [int(x) for x in rows[-1]['pp_peak_arenas']]
 stage = [int(x) for x in rows[-1]['pp_stage']]
 want = [M if sched == 'gpipe' else min(M, P - s) for s in stage]
 print(f"peak activation arenas per rank {got} (stages {stage}), {sched} wants {want}")
-b = rows[-1]['pp_bubble_s']
-print(f"bubble (s waited on receives) per rank at the last step: {[round(x, 4) for x in b]}")
-sys.exit(0 if got == want and all(x >= 0 for x in b) else 1)
+b, r = rows[-1]['pp_bubble_s'], rows[-1]['pp_run_s']
+print(f"bubble (s waited on receives) per rank at the last step: {[round(x, 4) for x in b]} "
+      f"of {[round(x, 4) for x in r]} s in the pipeline")
+sys.exit(0 if got == want and all(0 <= x <= y and y > 0 for x, y in zip(b, r)) else 1)
 PY
 }
 
