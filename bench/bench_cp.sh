@@ -9,14 +9,17 @@
 # bench/bench_cp_bw.c with loom's own isend/irecv (ring) or all-to-all (ulysses) on this
 # machine). The attention share of the bytes is computed from the shapes.
 #   bash bench/bench_cp.sh [--write]   (--write replaces the section in bench/RESULTS.md)
-#   TS="1024 4096" STEPS=6 WARM=2 bash bench/bench_cp.sh     (a quick look)
+#   TS="1024 4096" STEPS=4 WARM=1 bash bench/bench_cp.sh     (a quick look)
+# RECOMPUTE=full sets model.recompute (default none). Time: a step at T = 65,536 is minutes on
+# one thread (attention is quadratic), so the default list takes about an hour.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 LOOM=${LOOM_BIN:-build/loom}
 BUILD=${BUILD:-build}
 TS=${TS:-4096 16384 65536}
-STEPS=${STEPS:-6}
-WARM=${WARM:-2}
+STEPS=${STEPS:-4}
+WARM=${WARM:-1}
+RECOMPUTE=${RECOMPUTE:-none}
 W=$(mktemp -d /tmp/loom-bench-cp.XXXXXX)
 trap 'rm -rf "$W"' EXIT
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
@@ -32,7 +35,8 @@ cut -d' ' -f1-3 /proc/loadavg >"$W/load_before"
 for T in $TS; do
   COMMON=(--set training.steps=$STEPS --set checkpoint.every=0 --set data.val=
           --set training.log_every=1000 --set training.batch_size=1 --set training.seq_len=$T
-          --set model.max_seq_len=$T --set training.threads=1 --set training.memory_limit=off)
+          --set model.max_seq_len=$T --set training.threads=1 --set training.memory_limit=off
+          --set model.recompute=$RECOMPUTE)
   OMP_NUM_THREADS=1 "$LOOM" train configs/byte-tiny.yaml "${COMMON[@]}" --set run.dir="$W/T${T}_cp1" \
     2>"$W/log" || { cat "$W/log" >&2; exit 1; }
   for kind in ulysses ring; do
@@ -42,9 +46,10 @@ for T in $TS; do
   echo "T=$T done" >&2
 done
 cut -d' ' -f1-3 /proc/loadavg >"$W/load_after"
-python3 - "$W" "$WARM" "$TS" "${1:-}" <<'PY'
+python3 - "$W" "$WARM" "$TS" "${1:-}" "$RECOMPUTE" <<'PY'
 import datetime, json, os, statistics, sys
 w, warm, ts, write = sys.argv[1], int(sys.argv[2]), [int(t) for t in sys.argv[3].split()], sys.argv[4] == "--write"
+recompute = sys.argv[5]
 bw = json.load(open(f"{w}/bw.json"))
 load_before, load_after = (open(f"{w}/load_{k}").read().strip() for k in ("before", "after"))
 # byte-tiny: L 4, C 256, H 4 (= KVH), D 64; B 1; cp 2
@@ -66,7 +71,7 @@ def stats(d):
     return out
 busy = float(load_before.split()[0]) > 0.5 or float(load_after.split()[0]) > 3.0
 lines = [f"## Context parallelism ({datetime.date.today()})", "",
-         f"`bash bench/bench_cp.sh`: byte-tiny (B 1), {os.cpu_count()} cores; one process x 1 thread "
+         f"`bash bench/bench_cp.sh`: byte-tiny (B 1, recompute {recompute}), {os.cpu_count()} cores; one process x 1 thread "
          "against `mpirun -np 2` x 1 thread with `parallel.cp=2`. Medians over the steps after "
          f"the first {warm}. Bandwidth measured with loom's own calls between 2 ranks of this "
          f"machine (bench/bench_cp_bw.c, 32 MiB): send/recv {bw['p2p_GBps']:.2f} GB/s per direction, "
