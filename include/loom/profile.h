@@ -27,9 +27,10 @@ int loom_prof_parse_steps(const char *text, const char *key, int64_t *first, int
                           loom_err *err);
 /* 1 when armed and step is in the window: starts recording and opens the "step N" span. */
 int loom_prof_step_begin(int64_t step);
-/* Closes the step span (model_flops: the step's model FLOPs, kept as its arg) and stops
- * recording. */
-void loom_prof_step_end(double model_flops);
+/* Closes the step span and stops recording. Its args: model_flops, the step's model FLOPs of
+ * the model replica this rank belongs to, and replica_ranks, the ranks that share that work
+ * (tp x pp x cp; their op spans sum to model_flops). */
+void loom_prof_step_end(double model_flops, int replica_ranks);
 /* 1 once the last step of the window has been recorded (the parts can be written). */
 int loom_prof_window_done(int64_t step);
 

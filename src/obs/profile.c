@@ -26,6 +26,7 @@ typedef struct event {
 typedef struct recorder {
     int armed, rank;
     int64_t first, last, step;
+    int replica;            /* the current step's replica_ranks */
     double peak, origin;
     event *ev;
     size_t n, cap, dropped;
@@ -95,12 +96,15 @@ int loom_prof_step_begin(int64_t step) {
     return 1;
 }
 
-void loom_prof_step_end(double model_flops) {
+void loom_prof_step_end(double model_flops, int replica_ranks) {
     if (!loom_prof_recording) return;
+    R.replica = replica_ranks;
     while (R.depth > 1) loom_prof_end(0, 0, NULL); /* spans left open by an error path */
     char s[40];
     snprintf(s, sizeof s, "step %lld", (long long)R.step);
+    event *st = R.depth == 1 && R.stack[0] != SIZE_MAX ? &R.ev[R.stack[0]] : NULL;
     loom_prof_end(model_flops, 0, s);
+    if (st) st->bytes = replica_ranks; /* a step span's bytes field holds replica_ranks */
     loom_prof_recording = 0;
 }
 
@@ -222,7 +226,8 @@ int loom_prof_write_part(const char *run_dir, loom_err *err) {
                       e->bytes);
             if (!strcmp(e->cat, "comm")) sb_printf(&b, ",\"wait_s\":%.9g", e->wait);
         } else if (!strcmp(e->cat, "step")) {
-            sb_printf(&b, "%s\"model_flops\":%.17g", sep, e->flops);
+            sb_printf(&b, "%s\"model_flops\":%.17g,\"replica_ranks\":%.0f", sep, e->flops,
+                      e->bytes);
         } else if (e->flops > 0 || e->bytes > 0) {
             sb_printf(&b, "%s\"flops\":%.17g,\"bytes\":%.17g", sep, e->flops, e->bytes);
             if (dur > 0 && e->flops > 0) {

@@ -44,7 +44,8 @@ struct train_obs {
     int cand, count;        /* the straggler candidate and its consecutive slow steps */
     int straggler;          /* named: rank, or -1 */
     double lag, lag_s;      /* busy / median, busy - median (seconds) */
-    double model_flops;     /* this rank's model FLOPs per step */
+    double model_flops;     /* the model FLOPs per step of this rank's model replica */
+    int replica;            /* ranks sharing that replica's work: tp x pp x cp */
     int stop;
     /* rank 0's sinks */
     loom_prom *prom;
@@ -171,6 +172,8 @@ int train_obs_create(trainer *t, double peak, train_obs **out, loom_err *err) {
     }
     o->model_flops = loom_model_flops_per_token(t->model, (int)t->s.T) * (double)t->local_B *
                      (double)t->s.T * (double)t->s.accum;
+    o->replica = loom_mesh_size(t->mesh, LOOM_GROUP_TP) * loom_mesh_size(t->mesh, LOOM_GROUP_PP) *
+                 loom_mesh_size(t->mesh, LOOM_GROUP_CP);
     const char *steps = loom_config_get(t->cfg, "profile.steps");
     if (steps && steps[0]) {
         int64_t a, b;
@@ -423,7 +426,7 @@ static int flush_profile(train_obs *o, trainer *t, loom_err *err) {
 
 int train_obs_step_end(train_obs *o, trainer *t, loom_err *err) {
     if (!o->armed || o->flushed) return 0;
-    loom_prof_step_end(o->model_flops);
+    loom_prof_step_end(o->model_flops, o->replica);
     if (loom_prof_window_done(t->step) && o->recorded) return flush_profile(o, t, err);
     return 0;
 }

@@ -104,8 +104,12 @@ static int next_batch(trainer *t, loom_loader *l, loom_windows *w, loom_err *err
 /* loom_trainer_batch_fn of the training loop: the next batch of data.train */
 static int next_train_batch(trainer *t, void *ctx, loom_err *err) {
     (void)ctx;
+    const double t0 = loom_now(); /* data wait: per-rank timing and the profiler's span */
+    loom_prof_begin("data_wait", "data");
     if (next_batch(t, t->train_ld, t->train_w, err))
         return loom_err_prefix(err, "data.train %s", t->s.train_dir);
+    loom_prof_end(0, 0, NULL);
+    t->data_wait_s += loom_now() - t0;
     return 0;
 }
 
@@ -147,15 +151,13 @@ int loom_trainer_step(trainer *t, loom_trainer_batch_fn next, void *ctx, double 
     double loss = 0;
     if (t->lora) loom_lora_zero_grad(t->lora); /* LoRA: the adapters' gradients of this step */
     if (t->pp) { /* pipeline parallelism: the batches' micro-batches through the stages */
+        loom_prof_begin("pipeline", "phase");
         if (loom_trainer_pp_grads(t, next, ctx, &loss, err)) return -1;
+        loom_prof_end(0, 0, NULL);
     } else
     for (int64_t micro = 0; micro < t->s.accum; micro++) {
         /* every rank reads the whole global batch (token ids: cheap) and uses its rows */
-        const double td = loom_now();
-        loom_prof_begin("data_wait", "data");
         if (next(t, ctx, err)) return -1;
-        loom_prof_end(0, 0, NULL);
-        t->data_wait_s += loom_now() - td;
         int64_t valid = 0;
         loom_prof_begin("forward", "phase");
         loss += forward_global(t, &valid, NULL);

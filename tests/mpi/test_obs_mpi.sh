@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Observability under mpirun -np 2: the profiler's trace has a track per rank (pid 0 and 1),
-# with the collectives (kind, group, bytes) on their lanes; metrics.jsonl has both ranks'
+# with the collectives (kind, group, bytes) on their lanes (dp, and tp / pp runs); metrics.jsonl has both ranks'
 # compute / exposed communication / data wait and memory high-water; a rank slowed
 # artificially (LOOM_TEST_SLOW_RANK=RANK:MS sleeps in its every step) is named as the
 # straggler after 3 steps slower than the median by obs.straggler_ratio.
@@ -26,6 +26,16 @@ for pid in (0, 1):
 print("ok: both ranks' collectives (kind, group, bytes) on their own lanes")
 PY
 pass "2-rank profile: one trace, a track per rank"
+
+# tensor and pipeline parallelism: the profiling op table wraps every op the views call (the
+# vocab-parallel ones included); a replica's ops, spread over its ranks, sum to its FLOPs
+for par in tp pp; do
+  run_mpi 2 "$WORK/out" "$LOOM_BIN" train "$WORK/c.yaml" "${COMMON[@]}" --set run.dir="$WORK/prof_$par" \
+    --set training.steps=4 --set profile.steps=2-3 --set parallel.$par=2
+  [ $RC -eq 0 ] || { cat "$WORK/out"; fail "profiled $par=2 run: exit $RC"; }
+  python3 "$LOOM_SRC/tests/e2e/trace_check.py" "$WORK/prof_$par" 2 2 || fail "$par=2 trace"
+done
+pass "profiles of tp=2 and pp=2: traces nest, FLOPs add up over the replica's ranks"
 
 LOOM_TEST_SLOW_RANK=1:150 run_mpi 2 "$WORK/out" -x LOOM_TEST_SLOW_RANK "$LOOM_BIN" train "$WORK/c.yaml" \
   "${COMMON[@]}" --set run.dir="$WORK/slow" --set training.steps=6
