@@ -55,4 +55,53 @@ pass "pp 2, batch 4, grad_accum 2 (2 micro-batches a pass) = one process, batch 
   --set run.dir="$WORK/gpt2/m4" 2>"$WORK/log" || { cat "$WORK/log"; fail "m4"; }
 compare_losses "$WORK/gpt2/single" "$WORK/gpt2/m4" 1e-5 || fail "microbatches 4 at pp 1 differs"
 pass "pp 1, microbatches 4 = one process"
+
+# the classify head on the last stage (mean pooling, one label per sequence; accuracy from its
+# logits), pp 2: losses, val loss and val accuracy of the single process
+mkdir -p "$WORK/bin/files"
+python3 - "$WORK/bin" <<'PY'
+import json, os, random, sys
+random.seed(3)
+root = sys.argv[1]
+with open(os.path.join(root, "labels.jsonl"), "w") as lab:
+    for i in range(36):
+        cls = ["noise", "text", "ramp"][i % 3]
+        n = random.randint(100, 900)
+        if cls == "noise": data = bytes(random.getrandbits(8) for _ in range(n))
+        elif cls == "text": data = " ".join(random.choice(["alpha", "beta", "gamma"]) for _ in range(n // 6)).encode()
+        else: data = bytes((j * 7) % 256 for j in range(n))
+        open(os.path.join(root, "files", f"f{i:03d}.bin"), "wb").write(data)
+        lab.write(json.dumps({"path": f"f{i:03d}.bin", "label": cls}) + "\n")
+PY
+cat > "$WORK/bin/recipe.yaml" <<YAML
+name: bin
+sources:
+  - name: files
+    kind: binary
+    path: $WORK/bin/files
+    labels: $WORK/bin/labels.jsonl
+tokenizer: byte
+seq_len: 64
+val_fraction: 0.2
+output: $WORK/bin/data
+YAML
+"$LOOM_BIN" data build "$WORK/bin/recipe.yaml" 2>/dev/null || fail "labelled data build"
+CLS=(--set model.head=classify --set model.num_classes=3 --set model.vocab_size=257
+     --set data.train="$WORK/bin/data/train" --set data.val="$WORK/bin/data/val"
+     --set training.seq_len=64 --set training.steps=8 --set training.schedule_steps=8
+     --set training.batch_size=4 --set eval.every=4 --set checkpoint.every=0 --set model.n_layer=4)
+"$LOOM_BIN" train "$WORK/gpt2.yaml" "${CLS[@]}" --set run.dir="$WORK/cls_single" 2>"$WORK/log" || { cat "$WORK/log"; fail "classify single"; }
+$MPIRUN -np 2 "$LOOM_BIN" train "$WORK/gpt2.yaml" "${CLS[@]}" --set parallel.pp=2 \
+  --set run.dir="$WORK/cls_pp2" 2>"$WORK/log" || { cat "$WORK/log"; fail "classify pp 2"; }
+compare_losses "$WORK/cls_single" "$WORK/cls_pp2" 1e-5 || fail "classify pp 2: loss differs"
+python3 - "$WORK/cls_single" "$WORK/cls_pp2" <<'PY' || fail "classify pp 2: validation differs"
+import json, sys
+a, b = ([(r["val_loss"], r["val_accuracy"]) for r in map(json.loads, open(d + "/metrics.jsonl"))
+         if "val_loss" in r] for d in sys.argv[1:3])
+print(f"validation (loss, accuracy): one process {a}, pp 2 {b}")
+ok = len(a) == len(b) == 2 and all(abs(x[0] - y[0]) <= 1e-5 * abs(x[0]) and x[1] == y[1]
+                                     for x, y in zip(a, b))
+sys.exit(0 if ok else 1)
+PY
+pass "classify head, pp 2: 8 steps, val loss and accuracy equal the single process"
 echo "all pipeline x data x tensor parallel tests passed"
