@@ -49,4 +49,17 @@ for flavor in gpt2 llama; do
     done
   done
 done
+
+# under ASan/UBSan with leak detection (the sanitized binary): pp 2 with evaluation and a
+# checkpoint, then resumed at pp 4 with gpipe
+ASAN_ARGS=(--set training.steps=3 --set training.schedule_steps=4 --set checkpoint.every=3
+           --set eval.every=2 --set run.dir="$WORK/asan")
+$MPIRUN -np 2 -x ASAN_OPTIONS -x LSAN_OPTIONS "$LOOM_ASAN_BIN" train "$WORK/gpt2.yaml" "${COMMON[@]}" \
+  "${ASAN_ARGS[@]}" --set parallel.pp=2 >"$WORK/asan.log" 2>&1 || { cat "$WORK/asan.log"; fail "asan pp 2"; }
+$MPIRUN -np 4 -x ASAN_OPTIONS -x LSAN_OPTIONS "$LOOM_ASAN_BIN" train "$WORK/gpt2.yaml" "${COMMON[@]}" \
+  "${ASAN_ARGS[@]}" --set training.steps=4 --set parallel.pp=4 --set parallel.pp_schedule=gpipe \
+  >>"$WORK/asan.log" 2>&1 || { cat "$WORK/asan.log"; fail "asan pp 4 resume"; }
+grep -q "resumed from" "$WORK/asan.log" || { cat "$WORK/asan.log"; fail "asan: pp 4 did not resume"; }
+! grep -qE "Sanitizer|runtime error" "$WORK/asan.log" || { cat "$WORK/asan.log"; fail "asan: a sanitizer report"; }
+pass "pp 2 -> pp 4 under ASan/UBSan with leak detection: clean"
 echo "all pipeline-parallel training tests passed"
