@@ -239,14 +239,19 @@ static void route_tokens(loom_model *m, block_frame *f, int l, const float *x, i
 /* rows sent to each member (sn) and received from each (rn), and the expert-major offsets of the
  * received rows: roff[el] = first row of local expert el, then rows from member 0, 1, ... */
 typedef struct plan {
-    int64_t sn[64], rn[64];  /* per member, rows */
-    int64_t roff[1024];      /* per local expert */
+    int64_t *sn, *rn;        /* (ep) per member, rows */
+    int64_t *roff;           /* (El + 1) per local expert */
+    int64_t *tmp;            /* (2 ep + 2 E) scratch of the exchanges */
     int64_t rows;            /* rows this view's experts run */
 } plan;
 
 static void make_plan(const loom_model *m, const route *r, plan *pl) {
     const int El = m->El, ep = m->ep;
-    LOOM_CHECK(ep <= 64 && El <= 1023);
+    int64_t *mem = loom_malloc((size_t)(4 * ep + 2 * m->E + El + 1) * sizeof(int64_t));
+    pl->sn = mem;
+    pl->rn = mem + ep;
+    pl->tmp = mem + 2 * ep;
+    pl->roff = mem + 4 * ep + 2 * m->E;
     pl->rows = 0;
     for (int i = 0; i < ep; i++) {
         pl->sn[i] = pl->rn[i] = 0;
@@ -282,9 +287,9 @@ static void permute(const loom_model *m, const route *r, const plan *pl, float *
         }
 }
 
-static void exchange(loom_model *m, const float *send, const int64_t *sn, float *recv,
-                     const int64_t *rn, int64_t w) {
-    int64_t s[64], q[64];
+static void exchange(loom_model *m, const plan *pl, const float *send, const int64_t *sn,
+                     float *recv, const int64_t *rn, int64_t w) {
+    int64_t *s = pl->tmp, *q = pl->tmp + m->ep;
     for (int i = 0; i < m->ep; i++) {
         s[i] = sn[i] * w;
         q[i] = rn[i] * w;
@@ -357,18 +362,18 @@ void moe_forward(loom_model *m, block_frame *f, int l, int in, int out) {
                 if (r.pos[t * K + j] >= 0)
                     memcpy(X + (int64_t)r.pos[t * K + j] * C, x + t * C, (size_t)C * sizeof(float));
     } else { /* rows to the experts' members, counts first */
-        int64_t sc[1024], rc[1024];
-        LOOM_CHECK(E <= 1024);
+        int64_t *sc = loom_malloc(2 * (size_t)E * sizeof(int64_t)), *rc = sc + E;
         for (int e = 0; e < E; e++) sc[e] = r.cnt[e];
         m->moe_comm.counts(m->moe_comm.ctx, sc, rc, m->El);
         for (int e = 0; e < E; e++) r.rcnt[e] = (int32_t)rc[e];
+        free(sc);
         make_plan(m, &r, &pl);
         float *send = f->moe_t0, *recv = f->moe_t1;
         for (int64_t t = 0; t < N; t++)
             for (int64_t j = 0; j < K; j++)
                 if (r.pos[t * K + j] >= 0)
                     memcpy(send + (int64_t)r.pos[t * K + j] * C, x + t * C, (size_t)C * sizeof(float));
-        exchange(m, send, pl.sn, recv, pl.rn, C);
+        exchange(m, &pl, send, pl.sn, recv, pl.rn, C);
         permute(m, &r, &pl, X, recv, C, 1);
         YB = f->s[S_MOE_YB];
     }
@@ -383,7 +388,7 @@ void moe_forward(loom_model *m, block_frame *f, int l, int in, int out) {
     }
     if (m->ep > 1) { /* the outputs back to the tokens' members */
         permute(m, &r, &pl, f->moe_t1, Y, C, 0);
-        exchange(m, f->moe_t1, pl.rn, YB, pl.sn, C);
+        exchange(m, &pl, f->moe_t1, pl.rn, YB, pl.sn, C);
     }
     memset(y, 0, (size_t)(N * C) * sizeof(float));
     for (int64_t t = 0; t < N; t++)
@@ -404,6 +409,7 @@ void moe_forward(loom_model *m, block_frame *f, int l, int in, int out) {
                    gpt2 ? ew(m, LOOM_L_MOE_SH_PROJ_B, l, s, C) : NULL, N);
         for (int64_t i = 0; i < N * C; i++) y[i] += ys[i];
     }
+    free(pl.sn); /* the plan's one allocation */
 }
 
 void moe_backward(loom_model *m, block_frame *f, int l, int in, int out) {
@@ -448,7 +454,7 @@ void moe_backward(loom_model *m, block_frame *f, int l, int in, int out) {
         }
     float *dY = f->g[S_MOE_Y], *dX = f->g[S_MOE_X];
     if (m->ep > 1) {
-        exchange(m, dYB, pl.sn, f->moe_t1, pl.rn, C);
+        exchange(m, &pl, dYB, pl.sn, f->moe_t1, pl.rn, C);
         permute(m, &r, &pl, dY, f->moe_t1, C, 1);
     }
     for (int el = 0; el < m->El; el++) {
@@ -464,7 +470,7 @@ void moe_backward(loom_model *m, block_frame *f, int l, int in, int out) {
     const float *dXB = dX;
     if (m->ep > 1) { /* the rows' input gradients back to the tokens' members */
         permute(m, &r, &pl, f->moe_t1, dX, C, 0);
-        exchange(m, f->moe_t1, pl.rn, f->moe_t0, pl.sn, C);
+        exchange(m, &pl, f->moe_t1, pl.rn, f->moe_t0, pl.sn, C);
         dXB = f->moe_t0;
     }
     for (int64_t t = 0; t < N; t++)
@@ -501,4 +507,5 @@ void moe_backward(loom_model *m, block_frame *f, int l, int in, int out) {
     free(dp);
     m->be->matmul_backward(dx, LG(m, LOOM_L_MOE_ROUTER_W, l), NULL, dl, x,
                            LP(m, LOOM_L_MOE_ROUTER_W, l), N, (int)C, (int)E);
+    free(pl.sn);
 }
