@@ -8,10 +8,12 @@ want_test=0
 [ "${1:-}" = "--test" ] && want_test=1
 
 pkgs=(build-essential cmake pkg-config libopenblas-openmp-dev libyaml-dev libjansson-dev
-      libssl-dev libpcre2-dev libzstd-dev libxxhash-dev libopenmpi-dev openmpi-bin fortunes fortunes-min)
+      libssl-dev libpcre2-dev libzstd-dev libxxhash-dev libopenmpi-dev openmpi-bin fortunes fortunes-min
+      libmicrohttpd-dev libcurl4-openssl-dev)
 [ $want_test = 1 ] && pkgs+=(file zstd libcmocka-dev python3 python3-pip slurmctld slurmd slurm-client munge)
 [ $want_test = 1 ] && pkgs+=(clang libclang-rt-14-dev)   # tests/fuzz: clang with libFuzzer
 [ $want_test = 1 ] && pkgs+=(strace util-linux)           # tests/e2e: fsync order (strace), flock(1)
+[ $want_test = 1 ] && pkgs+=(curl)                         # tests/e2e: loom serve with a real client
 [ $want_test = 1 ] && pkgs+=(prometheus)                  # tests/e2e/test_prometheus: a real scraper, promtool
 [ $want_test = 1 ] && pkgs+=(chromium)                    # tests/e2e/test_report: renders report.html headless
 

@@ -10,7 +10,8 @@ static void usage(FILE *f) {
     fprintf(f,
             "usage: loom <command> [args]\n"
             "  train CONFIG.yaml [--set section.key=value ...]   train (resumes from run.dir)\n"
-            "  generate CKPT_DIR --prompt TEXT [--tokens N --temperature T --top-k K --seed S]\n"
+            "  generate CKPT_DIR --prompt TEXT | --prompts FILE [--tokens N --temperature T ...]\n"
+            "  serve CKPT_DIR [--host H --port P ...]             OpenAI-compatible HTTP server\n"
             "  eval CKPT --data DIR [--batches N] [--format json]  loss / accuracy + confusion matrix\n"
             "  data build|inspect|verify ...                       datasets: build shards, show, check\n"
             "  tokenizer train|encode|decode ...                   byte-level BPE (HF compatible)\n"
@@ -34,6 +35,7 @@ int main(int argc, char **argv) {
     }
     if (!strcmp(cmd, "train")) return loom_cli_train(argc - 1, argv + 1);
     if (!strcmp(cmd, "generate")) return loom_cli_generate(argc - 1, argv + 1);
+    if (!strcmp(cmd, "serve")) return loom_cli_serve(argc - 1, argv + 1);
     if (!strcmp(cmd, "data")) return loom_cli_data(argc - 1, argv + 1);
     if (!strcmp(cmd, "tokenizer")) return loom_cli_tokenizer(argc - 1, argv + 1);
     if (!strcmp(cmd, "eval")) return loom_cli_eval(argc - 1, argv + 1);

@@ -1,0 +1,36 @@
+/* loom serve: an OpenAI-compatible HTTP server over the batched inference engine
+ * (src/infer/server.c, libmicrohttpd; docs/inference.md). Endpoints: POST /v1/completions,
+ * POST /v1/chat/completions (both with "stream": true as server-sent events), GET /v1/models,
+ * GET /health. Requests are untrusted: body size, prompt and output tokens and concurrent
+ * requests are limited, and every malformed request gets a 4xx with an OpenAI-style error. */
+#ifndef LOOM_SERVE_H
+#define LOOM_SERVE_H
+
+#include <stddef.h>
+
+#include "loom/base.h"
+#include "loom/infer.h"
+#include "loom/model.h"
+#include "loom/tokenizer.h"
+
+typedef struct loom_serve_opts {
+    const char *host;          /* address to bind (default 127.0.0.1) */
+    int port;                  /* 0: any free port (printed, and written to port_file) */
+    const char *port_file;     /* NULL, or a file that gets the bound port */
+    const char *model_id;      /* the id /v1/models lists and requests name */
+    size_t max_body;           /* bytes of a request body (default 1 MiB) -> 413 */
+    int max_prompt_tokens;     /* default: the model's context -> 400 */
+    int max_output_tokens;     /* max_tokens cap (default: the model's context) -> 400 */
+    int max_concurrent;        /* generation requests in flight (default 64) -> 429 */
+    int max_connections;       /* open connections (default 2048) */
+    int timeout_s;             /* idle connection timeout (default 120 s) */
+    int drain_s;               /* on SIGTERM: how long in-flight requests get (default 300 s) */
+    loom_engine_opts engine;
+} loom_serve_opts;
+
+/* Serves until SIGTERM or SIGINT: then it stops accepting connections, lets the requests in
+ * flight finish (up to drain_s), and returns 0. Errors (bind, bad options) name the problem. */
+int loom_serve_run(loom_model *m, const loom_tokenizer *tok, const loom_serve_opts *o,
+                   loom_err *err);
+
+#endif

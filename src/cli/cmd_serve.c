@@ -1,0 +1,108 @@
+/* loom serve CKPT_DIR [--host H] [--port P] [--port-file F] [--model-id ID] [--max-body BYTES]
+ *   [--max-prompt-tokens N] [--max-tokens N] [--max-concurrent N] [--batch N]
+ *   [--kv-budget-mb M] [--timeout S] [--drain S]
+ * An OpenAI-compatible server over the batched engine (docs/inference.md). */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cli/cli.h"
+#include "loom/serve.h"
+#include "loom/train.h"
+
+static int parse_num(const char *flag, const char *s, long long lo, long long hi, long long *out) {
+    char *end;
+    errno = 0;
+    long long v = strtoll(s, &end, 10);
+    if (errno || end == s || *end || v < lo || v > hi) {
+        fprintf(stderr, "loom: error: %s '%s' is not an integer in [%lld, %lld]\n", flag, s, lo, hi);
+        return -1;
+    }
+    *out = v;
+    return 0;
+}
+
+int loom_cli_serve(int argc, char **argv) {
+    const char *ckpt = NULL;
+    loom_serve_opts o;
+    memset(&o, 0, sizeof o);
+    o.port = 8080;
+    long long v;
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i], *val = i + 1 < argc ? argv[i + 1] : NULL;
+        if (a[0] != '-') {
+            if (ckpt) goto usage;
+            ckpt = a;
+            continue;
+        }
+        if (!val) goto usage;
+        i++;
+        if (!strcmp(a, "--host")) o.host = val;
+        else if (!strcmp(a, "--port-file")) o.port_file = val;
+        else if (!strcmp(a, "--model-id")) {
+            if (!val[0] || strlen(val) > 256) {
+                fprintf(stderr, "loom: error: --model-id must be 1 to 256 bytes\n");
+                return 2;
+            }
+            o.model_id = val;
+        }
+#define NUM(flag, lo, hi, dst)                          \
+    else if (!strcmp(a, flag)) {                        \
+        if (parse_num(a, val, lo, hi, &v)) return 2;    \
+        dst = v;                                        \
+    }
+        NUM("--port", 0, 65535, o.port)
+        NUM("--max-body", 64, 1LL << 30, o.max_body)
+        NUM("--max-prompt-tokens", 1, 1 << 24, o.max_prompt_tokens)
+        NUM("--max-tokens", 1, 1 << 24, o.max_output_tokens)
+        NUM("--max-concurrent", 1, 1 << 20, o.max_concurrent)
+        NUM("--max-connections", 1, 1 << 20, o.max_connections)
+        NUM("--batch", 1, 4096, o.engine.max_batch)
+        NUM("--kv-budget-mb", 1, 1LL << 24, o.engine.kv_budget_bytes)
+        NUM("--timeout", 1, 86400, o.timeout_s)
+        NUM("--drain", 1, 86400, o.drain_s)
+#undef NUM
+        else goto usage;
+    }
+    if (!ckpt) goto usage;
+    o.engine.kv_budget_bytes <<= 20;
+    if (!o.model_id) { /* the run directory's name */
+        const char *b = ckpt + strlen(ckpt);
+        while (b > ckpt && b[-1] == '/') b--;
+        const char *e = b;
+        while (b > ckpt && b[-1] != '/') b--;
+        static char id[257];
+        snprintf(id, sizeof id, "%.*s", (int)(e - b > 256 ? 256 : e - b), b);
+        o.model_id = id[0] ? id : "loom";
+    }
+    loom_err err = {{0}};
+    loom_model *m = NULL;
+    loom_run_data *run = NULL;
+    loom_tokenizer *tok = NULL;
+    int rc = 1;
+    if (loom_load_model_ex(ckpt, 1, 0, &m, NULL, &run, &err)) goto fail;
+    if (loom_model_get_config(m)->head != LOOM_HEAD_LM) {
+        loom_errf(&err, "%s: a classification model does not generate text", ckpt);
+        goto fail;
+    }
+    if (loom_run_data_tokenizer(run, &tok, &err)) goto fail;
+    if (loom_tokenizer_vocab_size(tok) > (uint32_t)loom_model_get_config(m)->vocab_size) {
+        loom_errf(&err, "%s: the tokenizer has more ids than model.vocab_size", run->where);
+        goto fail;
+    }
+    if (loom_serve_run(m, tok, &o, &err)) goto fail;
+    rc = 0;
+fail:
+    if (rc) fprintf(stderr, "loom: error: %s\n", err.msg);
+    loom_tokenizer_free(tok);
+    loom_run_data_free(run);
+    loom_model_free(m);
+    return rc;
+usage:
+    fprintf(stderr, "usage: loom serve CKPT_DIR [--host H (127.0.0.1)] [--port P (8080; 0: any)] "
+                    "[--port-file F] [--model-id ID] [--max-body BYTES] [--max-prompt-tokens N] "
+                    "[--max-tokens N] [--max-concurrent N] [--max-connections N] [--batch N] "
+                    "[--kv-budget-mb M] [--timeout S] [--drain S]\n");
+    return 2;
+}

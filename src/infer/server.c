@@ -1,0 +1,763 @@
+/* loom serve: OpenAI-compatible endpoints over the batched engine (docs/inference.md).
+ *
+ * Threads: libmicrohttpd runs a thread per connection (a handler may block: a non-streaming
+ * request waits for its job, a streaming one's content reader waits for the next text); one
+ * engine thread owns the engine, takes queued jobs between steps and steps while anything
+ * runs. A job is shared by its connection and the engine thread (a reference each); a client
+ * that goes away cancels its job. The main thread waits for SIGTERM/SIGINT, then stops
+ * accepting, lets the requests in flight finish, and stops. */
+#define _GNU_SOURCE
+#include "loom/serve.h"
+
+#include <errno.h>
+#include <jansson.h>
+#include <microhttpd.h>
+#include <netinet/in.h>
+#include <arpa/inet.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <time.h>
+#include <unistd.h>
+
+typedef struct job {
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    int refs;                   /* connection + engine */
+    struct job *next;           /* the submission queue / the engine's in-flight list */
+    /* request (set by the handler before queueing) */
+    int32_t *prompt;
+    int n_prompt;
+    loom_gen_params p;
+    char *stop_mem[16];
+    int chat, stream;
+    /* progress (under mu) */
+    char *buf;                  /* text not yet taken by the reader */
+    size_t blen, bcap;
+    char *all;                  /* the whole text (non-streaming) */
+    size_t alen, acap;
+    int done, finish, n_gen;
+    char err[sizeof(loom_err)];   /* set when the engine refused the request */
+    atomic_int cancelled;
+    int64_t engine_id;
+} job;
+
+typedef struct server {
+    loom_model *m;
+    const loom_tokenizer *tok;
+    loom_serve_opts o;
+    int maxT;
+    loom_engine *eng;
+    pthread_t eng_thread;
+    pthread_mutex_t mu;         /* the queue, stop */
+    pthread_cond_t cv;
+    job *queue, *queue_tail;
+    int stop;
+    atomic_int active;          /* generation requests in flight (the 429 limit) */
+    atomic_int open_requests;   /* requests being handled (drain waits for 0) */
+    atomic_int draining;
+    atomic_llong next_id;
+    time_t created;
+} server;
+
+/* ---- jobs ------------------------------------------------------------------------------- */
+
+static job *job_new(void) {
+    job *j = loom_calloc(1, sizeof *j);
+    pthread_mutex_init(&j->mu, NULL);
+    pthread_cond_init(&j->cv, NULL);
+    j->refs = 2;
+    return j;
+}
+
+static void job_unref(job *j) {
+    pthread_mutex_lock(&j->mu);
+    const int left = --j->refs;
+    pthread_mutex_unlock(&j->mu);
+    if (left) return;
+    free(j->prompt);
+    for (int i = 0; i < 16; i++) free(j->stop_mem[i]);
+    free(j->buf);
+    free(j->all);
+    pthread_mutex_destroy(&j->mu);
+    pthread_cond_destroy(&j->cv);
+    free(j);
+}
+
+static void grow_append(char **b, size_t *len, size_t *cap, const char *s, size_t n) {
+    if (*len + n + 1 > *cap) {
+        size_t c = *cap ? *cap : 256;
+        while (c < *len + n + 1) c *= 2;
+        char *nb = realloc(*b, c);
+        LOOM_CHECK(nb != NULL);
+        *b = nb;
+        *cap = c;
+    }
+    memcpy(*b + *len, s, n);
+    *len += n;
+    (*b)[*len] = 0;
+}
+
+/* engine thread: new text of a job */
+static void on_text(void *ctx, int64_t id, int32_t token, const char *text, size_t len, int fin) {
+    (void)id;
+    (void)token;
+    (void)fin;
+    job *j = ctx;
+    if (!len) return;
+    pthread_mutex_lock(&j->mu);
+    if (j->stream) grow_append(&j->buf, &j->blen, &j->bcap, text, len);
+    else grow_append(&j->all, &j->alen, &j->acap, text, len);
+    pthread_cond_broadcast(&j->cv);
+    pthread_mutex_unlock(&j->mu);
+}
+
+static void job_finish(job *j, int finish, int n_gen, const char *err) {
+    pthread_mutex_lock(&j->mu);
+    j->done = 1;
+    j->finish = finish;
+    j->n_gen = n_gen;
+    if (err) snprintf(j->err, sizeof j->err, "%s", err);
+    pthread_cond_broadcast(&j->cv);
+    pthread_mutex_unlock(&j->mu);
+}
+
+static void *engine_main(void *arg) {
+    server *S = arg;
+    job *inflight = NULL;
+    for (;;) {
+        pthread_mutex_lock(&S->mu);
+        while (!S->queue && !inflight && !S->stop) pthread_cond_wait(&S->cv, &S->mu);
+        job *q = S->queue;
+        S->queue = S->queue_tail = NULL;
+        const int stop = S->stop;
+        pthread_mutex_unlock(&S->mu);
+        if (stop) { /* whatever is left (past the drain time) ends with an error */
+            while (q) {
+                job *j = q;
+                q = q->next;
+                job_finish(j, LOOM_FINISH_NONE, 0, "the server shut down");
+                job_unref(j);
+            }
+            while (inflight) {
+                job *j = inflight;
+                inflight = j->next;
+                loom_engine_cancel(S->eng, j->engine_id);
+                job_finish(j, LOOM_FINISH_NONE, 0, "the server shut down");
+                job_unref(j);
+            }
+            break;
+        }
+        while (q) { /* join between steps */
+            job *j = q;
+            q = q->next;
+            loom_err err = {{0}};
+            if (loom_engine_submit(S->eng, j->prompt, j->n_prompt, &j->p, on_text, j,
+                                   &j->engine_id, &err)) {
+                job_finish(j, LOOM_FINISH_NONE, 0, err.msg);
+                job_unref(j);
+                continue;
+            }
+            j->next = inflight;
+            inflight = j;
+        }
+        for (job *j = inflight; j; j = j->next)
+            if (atomic_load(&j->cancelled)) loom_engine_cancel(S->eng, j->engine_id);
+        if (loom_engine_pending(S->eng) > 0) loom_engine_step(S->eng);
+        job **pp = &inflight;
+        while (*pp) {
+            job *j = *pp;
+            int n = 0, fin = 0;
+            if (loom_engine_result(S->eng, j->engine_id, NULL, &n, NULL, NULL, &fin) == 0) {
+                loom_engine_release(S->eng, j->engine_id);
+                *pp = j->next;
+                job_finish(j, fin, n, NULL);
+                job_unref(j);
+            } else {
+                pp = &j->next;
+            }
+        }
+    }
+    return NULL;
+}
+
+static void enqueue(server *S, job *j) {
+    pthread_mutex_lock(&S->mu);
+    j->next = NULL;
+    if (S->queue_tail) S->queue_tail->next = j;
+    else S->queue = j;
+    S->queue_tail = j;
+    pthread_cond_signal(&S->cv);
+    pthread_mutex_unlock(&S->mu);
+}
+
+/* ---- connections ----------------------------------------------------------------------- */
+
+enum { EP_NONE, EP_HEALTH, EP_MODELS, EP_COMPLETIONS, EP_CHAT };
+
+typedef struct conn {
+    server *S;
+    int ep;
+    char *body;
+    size_t len, cap;
+    int too_big;
+    job *j;                     /* a generation in flight */
+    int counted;                /* holds a slot of S->active */
+    /* streaming */
+    char *out;                  /* SSE bytes not yet handed to MHD */
+    size_t olen, ooff, ocap;
+    int sent_role, finished;
+    char id[48];
+    time_t created;
+} conn;
+
+static enum MHD_Result send_json(struct MHD_Connection *c, unsigned status, json_t *o) {
+    char *s = json_dumps(o, JSON_COMPACT);
+    json_decref(o);
+    if (!s) return MHD_NO;
+    struct MHD_Response *r = MHD_create_response_from_buffer(strlen(s), s, MHD_RESPMEM_MUST_FREE);
+    MHD_add_response_header(r, "Content-Type", "application/json");
+    const enum MHD_Result rc = MHD_queue_response(c, status, r);
+    MHD_destroy_response(r);
+    return rc;
+}
+
+static enum MHD_Result send_error(struct MHD_Connection *c, unsigned status, const char *type,
+                                  const char *param, const char *fmt, ...)
+    __attribute__((format(printf, 5, 6)));
+static enum MHD_Result send_error(struct MHD_Connection *c, unsigned status, const char *type,
+                                  const char *param, const char *fmt, ...) {
+    char msg[512];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    size_t n;
+    char *clean = loom_utf8_sanitize(msg, strlen(msg), &n);
+    json_t *e = json_pack("{s:s%,s:s,s:o,s:o}", "message", clean, n, "type", type, "param",
+                          param ? json_string(param) : json_null(), "code", json_null());
+    free(clean);
+    return send_json(c, status, json_pack("{s:o}", "error", e));
+}
+
+static json_t *json_text(const char *s, size_t n) {
+    size_t k;
+    char *clean = loom_utf8_sanitize(s, n, &k);
+    json_t *t = json_stringn(clean, k);
+    free(clean);
+    return t;
+}
+
+/* the chat template: "role: content\n" per message, then "assistant:" (docs/inference.md) */
+static int chat_prompt(json_t *msgs, char **out, const char **bad) {
+    char *b = NULL;
+    size_t len = 0, cap = 0;
+    size_t i;
+    json_t *m;
+    if (!json_is_array(msgs) || json_array_size(msgs) == 0) {
+        *bad = "'messages' must be a non-empty array";
+        return -1;
+    }
+    json_array_foreach(msgs, i, m) {
+        json_t *role = json_object_get(m, "role"), *content = json_object_get(m, "content");
+        if (!json_is_object(m) || !json_is_string(role) || !json_is_string(content)) {
+            free(b);
+            *bad = "each message must be an object with string 'role' and 'content'";
+            return -1;
+        }
+        grow_append(&b, &len, &cap, json_string_value(role), json_string_length(role));
+        grow_append(&b, &len, &cap, ": ", 2);
+        grow_append(&b, &len, &cap, json_string_value(content), json_string_length(content));
+        grow_append(&b, &len, &cap, "\n", 1);
+    }
+    grow_append(&b, &len, &cap, "assistant:", 10);
+    *out = b;
+    return 0;
+}
+
+static int get_number(json_t *req, const char *key, double lo, double hi, double *v,
+                      const char **bad) {
+    json_t *x = json_object_get(req, key);
+    if (!x || json_is_null(x)) return 0;
+    if (!json_is_number(x)) {
+        *bad = key;
+        return -1;
+    }
+    const double d = json_number_value(x);
+    if (!(d >= lo && d <= hi)) {
+        *bad = key;
+        return -1;
+    }
+    *v = d;
+    return 0;
+}
+
+static int get_int(json_t *req, const char *key, long long lo, long long hi, long long *v,
+                   const char **bad) {
+    json_t *x = json_object_get(req, key);
+    if (!x || json_is_null(x)) return 0;
+    if (!json_is_integer(x) || json_integer_value(x) < lo || json_integer_value(x) > hi) {
+        *bad = key;
+        return -1;
+    }
+    *v = json_integer_value(x);
+    return 0;
+}
+
+static void sse_append(conn *k, json_t *o) {
+    char *s = json_dumps(o, JSON_COMPACT);
+    json_decref(o);
+    LOOM_CHECK(s != NULL);
+    grow_append(&k->out, &k->olen, &k->ocap, "data: ", 6);
+    grow_append(&k->out, &k->olen, &k->ocap, s, strlen(s));
+    grow_append(&k->out, &k->olen, &k->ocap, "\n\n", 2);
+    free(s);
+}
+
+static json_t *stream_chunk(conn *k, const char *text, size_t n, int finish) {
+    server *S = k->S;
+    json_t *choice;
+    if (k->ep == EP_CHAT) {
+        json_t *delta = json_object();
+        if (!k->sent_role) {
+            json_object_set_new(delta, "role", json_string("assistant"));
+            k->sent_role = 1;
+        }
+        if (n || !finish) json_object_set_new(delta, "content", json_text(text, n));
+        choice = json_pack("{s:i,s:o,s:o}", "index", 0, "delta", delta, "finish_reason",
+                           finish ? json_string(loom_finish_reason_name(finish)) : json_null());
+    } else {
+        choice = json_pack("{s:i,s:o,s:o,s:o}", "index", 0, "text", json_text(text, n),
+                           "logprobs", json_null(), "finish_reason",
+                           finish ? json_string(loom_finish_reason_name(finish)) : json_null());
+    }
+    return json_pack("{s:s,s:s,s:I,s:s,s:[o]}", "id", k->id, "object",
+                     k->ep == EP_CHAT ? "chat.completion.chunk" : "text_completion", "created",
+                     (json_int_t)k->created, "model", S->o.model_id, "choices", choice);
+}
+
+/* MHD's content reader for a streaming response: blocks until the job has text or is done */
+static ssize_t stream_reader(void *cls, uint64_t pos, char *buf, size_t max) {
+    (void)pos;
+    conn *k = cls;
+    job *j = k->j;
+    while (k->ooff == k->olen) {
+        k->ooff = k->olen = 0;
+        if (k->finished) return MHD_CONTENT_READER_END_OF_STREAM;
+        pthread_mutex_lock(&j->mu);
+        while (!j->done && j->blen == 0) pthread_cond_wait(&j->cv, &j->mu);
+        char *text = j->buf;
+        size_t n = j->blen;
+        j->buf = NULL;
+        j->blen = j->bcap = 0;
+        const int done = j->done, fin = j->finish;
+        pthread_mutex_unlock(&j->mu);
+        if (n || (!done && !k->sent_role)) sse_append(k, stream_chunk(k, text ? text : "", n, 0));
+        free(text);
+        if (done) {
+            if (j->err[0]) {
+                json_t *e = json_pack("{s:{s:s,s:s}}", "error", "message", j->err, "type",
+                                      "invalid_request_error");
+                sse_append(k, e);
+            } else {
+                sse_append(k, stream_chunk(k, "", 0, fin));
+            }
+            grow_append(&k->out, &k->olen, &k->ocap, "data: [DONE]\n\n", 14);
+            k->finished = 1;
+        }
+    }
+    size_t n = k->olen - k->ooff;
+    if (n > max) n = max;
+    memcpy(buf, k->out + k->ooff, n);
+    k->ooff += n;
+    return (ssize_t)n;
+}
+
+static enum MHD_Result handle_generation(server *S, conn *k, struct MHD_Connection *c) {
+    json_error_t je;
+    json_t *req = json_loadb(k->body ? k->body : "", k->len, JSON_REJECT_DUPLICATES, &je);
+    if (!req)
+        return send_error(c, MHD_HTTP_BAD_REQUEST, "invalid_request_error", NULL,
+                          "malformed JSON body: %s (line %d, column %d)", je.text, je.line,
+                          je.column);
+    enum MHD_Result rc;
+    const char *bad = NULL;
+    char *prompt_text = NULL;
+    job *j = NULL;
+    if (!json_is_object(req)) {
+        rc = send_error(c, MHD_HTTP_BAD_REQUEST, "invalid_request_error", NULL,
+                        "the body must be a JSON object");
+        goto out;
+    }
+    json_t *model = json_object_get(req, "model");
+    if (model && !json_is_string(model)) {
+        rc = send_error(c, MHD_HTTP_BAD_REQUEST, "invalid_request_error", "model",
+                        "'model' must be a string");
+        goto out;
+    }
+    if (model && strcmp(json_string_value(model), S->o.model_id)) {
+        rc = send_error(c, MHD_HTTP_NOT_FOUND, "invalid_request_error", "model",
+                        "the model '%s' does not exist (this server has '%s')",
+                        json_string_value(model), S->o.model_id);
+        goto out;
+    }
+    if (k->ep == EP_CHAT) {
+        if (chat_prompt(json_object_get(req, "messages"), &prompt_text, &bad)) {
+            rc = send_error(c, MHD_HTTP_BAD_REQUEST, "invalid_request_error", "messages", "%s", bad);
+            goto out;
+        }
+    } else {
+        json_t *p = json_object_get(req, "prompt");
+        if (json_is_array(p) && json_array_size(p) == 1) p = json_array_get(p, 0);
+        if (!json_is_string(p)) {
+            rc = send_error(c, MHD_HTTP_BAD_REQUEST, "invalid_request_error", "prompt",
+                            "'prompt' must be a string (or an array of one string)");
+            goto out;
+        }
+        prompt_text = loom_malloc(json_string_length(p) + 1);
+        memcpy(prompt_text, json_string_value(p), json_string_length(p) + 1);
+    }
+    loom_gen_params gp = loom_gen_params_default();
+    double temperature = 1.0, top_p = 1.0, rep = 1.0;
+    long long max_tokens = k->ep == EP_CHAT ? S->o.max_output_tokens : 16, top_k = 0, seed = 0,
+              n_choices = 1;
+    json_t *mt = json_object_get(req, "max_completion_tokens");
+    const char *mt_key = mt && !json_is_null(mt) ? "max_completion_tokens" : "max_tokens";
+    if (get_number(req, "temperature", 0, 2, &temperature, &bad) ||
+        get_number(req, "top_p", 0, 1, &top_p, &bad) ||
+        get_number(req, "repetition_penalty", 0.01, 100, &rep, &bad) ||
+        get_int(req, mt_key, 0, 1LL << 30, &max_tokens, &bad) ||
+        get_int(req, "top_k", 0, 1 << 24, &top_k, &bad) ||
+        get_int(req, "seed", -(1LL << 62), 1LL << 62, &seed, &bad) ||
+        get_int(req, "n", 1, 1, &n_choices, &bad)) {
+        rc = send_error(c, MHD_HTTP_BAD_REQUEST, "invalid_request_error", bad,
+                        "'%s' has the wrong type or is out of range%s", bad,
+                        !strcmp(bad, "n") ? " (only n = 1 is supported)" : "");
+        goto out;
+    }
+    json_t *stream = json_object_get(req, "stream");
+    if (stream && !json_is_boolean(stream) && !json_is_null(stream)) {
+        rc = send_error(c, MHD_HTTP_BAD_REQUEST, "invalid_request_error", "stream",
+                        "'stream' must be a boolean");
+        goto out;
+    }
+    if (max_tokens > S->o.max_output_tokens) {
+        rc = send_error(c, MHD_HTTP_BAD_REQUEST, "invalid_request_error", mt_key,
+                        "'%s' is %lld, over this server's limit of %d", mt_key, max_tokens,
+                        S->o.max_output_tokens);
+        goto out;
+    }
+    j = job_new();
+    json_t *stop = json_object_get(req, "stop");
+    if (json_is_string(stop)) {
+        j->stop_mem[0] = strdup(json_string_value(stop));
+        gp.n_stop = 1;
+    } else if (json_is_array(stop) && json_array_size(stop) <= 16) {
+        size_t i;
+        json_t *s;
+        json_array_foreach(stop, i, s) {
+            if (!json_is_string(s) || json_string_length(s) == 0 || json_string_length(s) > 1024) {
+                bad = "stop";
+                break;
+            }
+            j->stop_mem[gp.n_stop++] = strdup(json_string_value(s));
+        }
+    } else if (stop && !json_is_null(stop)) {
+        bad = "stop";
+    }
+    if (json_is_string(stop) && (json_string_length(stop) == 0 || json_string_length(stop) > 1024))
+        bad = "stop";
+    if (bad) {
+        rc = send_error(c, MHD_HTTP_BAD_REQUEST, "invalid_request_error", "stop",
+                        "'stop' must be a non-empty string or an array of up to 16 of them "
+                        "(each at most 1024 bytes)");
+        goto out;
+    }
+    gp.stop = (const char *const *)j->stop_mem;
+    gp.max_tokens = (int)max_tokens;
+    gp.temperature = (float)temperature;
+    gp.top_p = (float)top_p;
+    gp.top_k = (int)top_k;
+    gp.repetition_penalty = (float)rep;
+    gp.seed = (uint64_t)seed;
+    loom_ids ids = {0};
+    loom_err err = {{0}};
+    const size_t plen = strlen(prompt_text);
+    if (plen == 0 || loom_tokenizer_encode(S->tok, prompt_text, plen, &ids, &err) || ids.n == 0) {
+        loom_ids_free(&ids);
+        rc = send_error(c, MHD_HTTP_BAD_REQUEST, "invalid_request_error", "prompt",
+                        "the prompt is empty or cannot be encoded");
+        goto out;
+    }
+    if (ids.n > (size_t)S->o.max_prompt_tokens) {
+        rc = send_error(c, MHD_HTTP_BAD_REQUEST, "invalid_request_error", "prompt",
+                        "the prompt has %zu tokens, over the limit of %d", ids.n,
+                        S->o.max_prompt_tokens);
+        loom_ids_free(&ids);
+        goto out;
+    }
+    if ((long long)ids.n + max_tokens > S->maxT + 1LL) {
+        rc = send_error(c, MHD_HTTP_BAD_REQUEST, "invalid_request_error", mt_key,
+                        "this model's maximum context length is %d tokens; the prompt has %zu "
+                        "and %lld were asked for", S->maxT, ids.n, max_tokens);
+        loom_ids_free(&ids);
+        goto out;
+    }
+    if (atomic_fetch_add(&S->active, 1) >= S->o.max_concurrent) {
+        atomic_fetch_sub(&S->active, 1);
+        loom_ids_free(&ids);
+        rc = send_error(c, MHD_HTTP_TOO_MANY_REQUESTS, "rate_limit_error", NULL,
+                        "too many requests in flight (limit %d); retry later",
+                        S->o.max_concurrent);
+        goto out;
+    }
+    k->counted = 1;
+    j->prompt = ids.ids;
+    j->n_prompt = (int)ids.n;
+    j->p = gp;
+    j->chat = k->ep == EP_CHAT;
+    j->stream = stream && json_is_true(stream);
+    k->j = j;
+    snprintf(k->id, sizeof k->id, "%s-%lld", j->chat ? "chatcmpl" : "cmpl",
+             (long long)atomic_fetch_add(&S->next_id, 1));
+    k->created = time(NULL);
+    j = NULL; /* the connection's now */
+    enqueue(S, k->j);
+    if (k->j->stream) {
+        struct MHD_Response *r = MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, 4096,
+                                                                   stream_reader, k, NULL);
+        MHD_add_response_header(r, "Content-Type", "text/event-stream");
+        MHD_add_response_header(r, "Cache-Control", "no-cache");
+        rc = MHD_queue_response(c, MHD_HTTP_OK, r);
+        MHD_destroy_response(r);
+        goto out;
+    }
+    job *jj = k->j;
+    pthread_mutex_lock(&jj->mu);
+    while (!jj->done) pthread_cond_wait(&jj->cv, &jj->mu);
+    pthread_mutex_unlock(&jj->mu);
+    if (jj->err[0]) {
+        rc = send_error(c, MHD_HTTP_BAD_REQUEST, "invalid_request_error", NULL, "%s", jj->err);
+        goto out;
+    }
+    json_t *choice;
+    const char *fin = loom_finish_reason_name(jj->finish);
+    if (jj->chat)
+        choice = json_pack("{s:i,s:{s:s,s:o},s:s}", "index", 0, "message", "role", "assistant",
+                           "content", json_text(jj->all ? jj->all : "", jj->alen), "finish_reason",
+                           fin);
+    else
+        choice = json_pack("{s:i,s:o,s:o,s:s}", "index", 0, "text",
+                           json_text(jj->all ? jj->all : "", jj->alen), "logprobs", json_null(),
+                           "finish_reason", fin);
+    json_t *usage = json_pack("{s:i,s:i,s:i}", "prompt_tokens", jj->n_prompt, "completion_tokens",
+                              jj->n_gen, "total_tokens", jj->n_prompt + jj->n_gen);
+    rc = send_json(c, MHD_HTTP_OK,
+                   json_pack("{s:s,s:s,s:I,s:s,s:[o],s:o}", "id", k->id, "object",
+                             jj->chat ? "chat.completion" : "text_completion", "created",
+                             (json_int_t)k->created, "model", S->o.model_id, "choices", choice,
+                             "usage", usage));
+out:
+    if (j) { /* never queued: both references are ours */
+        job_unref(j);
+        job_unref(j);
+    }
+    free(prompt_text);
+    json_decref(req);
+    return rc;
+}
+
+static enum MHD_Result handler(void *cls, struct MHD_Connection *c, const char *url,
+                               const char *method, const char *version, const char *upload,
+                               size_t *upload_size, void **con_cls) {
+    (void)version;
+    server *S = cls;
+    conn *k = *con_cls;
+    if (!k) { /* the first call: headers only */
+        k = loom_calloc(1, sizeof *k);
+        k->S = S;
+        *con_cls = k;
+        atomic_fetch_add(&S->open_requests, 1);
+        if (!strcmp(url, "/health")) k->ep = EP_HEALTH;
+        else if (!strcmp(url, "/v1/models")) k->ep = EP_MODELS;
+        else if (!strcmp(url, "/v1/completions")) k->ep = EP_COMPLETIONS;
+        else if (!strcmp(url, "/v1/chat/completions")) k->ep = EP_CHAT;
+        const char *cl = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Content-Length");
+        if (cl) {
+            char *end;
+            errno = 0;
+            const unsigned long long n = strtoull(cl, &end, 10);
+            if (errno || end == cl || n > S->o.max_body) k->too_big = 1;
+        }
+        if (k->too_big) /* refused before its body is read */
+            return send_error(c, MHD_HTTP_CONTENT_TOO_LARGE, "invalid_request_error", NULL,
+                              "the request body is over the limit of %zu bytes", S->o.max_body);
+        return MHD_YES;
+    }
+    if (*upload_size) { /* body bytes: kept up to the limit, the rest dropped */
+        if (!k->too_big && k->len + *upload_size > S->o.max_body) {
+            k->too_big = 1;
+        }
+        if (!k->too_big) {
+            if (k->len + *upload_size + 1 > k->cap) {
+                size_t nc = k->cap ? k->cap : 4096;
+                while (nc < k->len + *upload_size + 1) nc *= 2;
+                char *nb = realloc(k->body, nc);
+                LOOM_CHECK(nb != NULL);
+                k->body = nb;
+                k->cap = nc;
+            }
+            memcpy(k->body + k->len, upload, *upload_size);
+            k->len += *upload_size;
+        }
+        *upload_size = 0;
+        return MHD_YES;
+    }
+    const int is_get = !strcmp(method, "GET"), is_post = !strcmp(method, "POST");
+    switch (k->ep) {
+    case EP_NONE:
+        return send_error(c, MHD_HTTP_NOT_FOUND, "invalid_request_error", NULL,
+                          "no endpoint %s %s", method, url);
+    case EP_HEALTH:
+        if (!is_get) break;
+        if (atomic_load(&S->draining))
+            return send_json(c, MHD_HTTP_SERVICE_UNAVAILABLE, json_pack("{s:s}", "status", "draining"));
+        return send_json(c, MHD_HTTP_OK, json_pack("{s:s}", "status", "ok"));
+    case EP_MODELS:
+        if (!is_get) break;
+        return send_json(c, MHD_HTTP_OK,
+                         json_pack("{s:s,s:[{s:s,s:s,s:I,s:s,s:i}]}", "object", "list", "data",
+                                   "id", S->o.model_id, "object", "model", "created",
+                                   (json_int_t)S->created, "owned_by", "loom", "max_model_len",
+                                   S->maxT));
+    default:
+        if (!is_post) break;
+        if (k->too_big)
+            return send_error(c, MHD_HTTP_CONTENT_TOO_LARGE, "invalid_request_error", NULL,
+                              "the request body is over the limit of %zu bytes", S->o.max_body);
+        if (atomic_load(&S->draining))
+            return send_error(c, MHD_HTTP_SERVICE_UNAVAILABLE, "server_error", NULL,
+                              "the server is shutting down");
+        return handle_generation(S, k, c);
+    }
+    return send_error(c, MHD_HTTP_METHOD_NOT_ALLOWED, "invalid_request_error", NULL,
+                      "%s is not allowed on %s", method, url);
+}
+
+static void completed(void *cls, struct MHD_Connection *c, void **con_cls,
+                      enum MHD_RequestTerminationCode toe) {
+    (void)c;
+    server *S = cls;
+    conn *k = *con_cls;
+    if (!k) return;
+    if (k->j) {
+        if (toe != MHD_REQUEST_TERMINATED_COMPLETED_OK) atomic_store(&k->j->cancelled, 1);
+        job_unref(k->j);
+    }
+    if (k->counted) atomic_fetch_sub(&S->active, 1);
+    free(k->body);
+    free(k->out);
+    free(k);
+    *con_cls = NULL;
+    atomic_fetch_sub(&S->open_requests, 1);
+}
+
+int loom_serve_run(loom_model *m, const loom_tokenizer *tok, const loom_serve_opts *o,
+                   loom_err *err) {
+    server *S = loom_calloc(1, sizeof *S);
+    S->m = m;
+    S->tok = tok;
+    S->o = *o;
+    S->maxT = loom_model_get_config(m)->max_seq_len;
+    S->created = time(NULL);
+    if (!S->o.host) S->o.host = "127.0.0.1";
+    if (!S->o.model_id) S->o.model_id = "loom";
+    if (!S->o.max_body) S->o.max_body = (size_t)1 << 20;
+    if (S->o.max_prompt_tokens <= 0 || S->o.max_prompt_tokens > S->maxT)
+        S->o.max_prompt_tokens = S->maxT;
+    if (S->o.max_output_tokens <= 0) S->o.max_output_tokens = S->maxT;
+    if (S->o.max_concurrent <= 0) S->o.max_concurrent = 64;
+    if (S->o.max_connections <= 0) S->o.max_connections = 2048;
+    if (S->o.timeout_s <= 0) S->o.timeout_s = 120;
+    if (S->o.drain_s <= 0) S->o.drain_s = 300;
+    if (S->o.engine.max_batch <= 0) S->o.engine.max_batch = 16;
+    struct sockaddr_in addr;
+    memset(&addr, 0, sizeof addr);
+    addr.sin_family = AF_INET;
+    addr.sin_port = htons((uint16_t)S->o.port);
+    if (inet_pton(AF_INET, S->o.host, &addr.sin_addr) != 1) {
+        free(S);
+        return loom_errf(err, "--host '%s' is not an IPv4 address", o->host);
+    }
+    if (loom_engine_create(m, tok, &S->o.engine, &S->eng, err)) {
+        free(S);
+        return -1;
+    }
+    pthread_mutex_init(&S->mu, NULL);
+    pthread_cond_init(&S->cv, NULL);
+    /* SIGTERM/SIGINT are taken by sigwait below: blocked in every thread started from here */
+    sigset_t sigs, old;
+    sigemptyset(&sigs);
+    sigaddset(&sigs, SIGTERM);
+    sigaddset(&sigs, SIGINT);
+    pthread_sigmask(SIG_BLOCK, &sigs, &old);
+    signal(SIGPIPE, SIG_IGN);
+    int rc = 0;
+    struct MHD_Daemon *d = NULL;
+    if (pthread_create(&S->eng_thread, NULL, engine_main, S)) {
+        rc = loom_errf(err, "cannot start the engine thread");
+        goto done_nothread;
+    }
+    d = MHD_start_daemon(MHD_USE_THREAD_PER_CONNECTION | MHD_USE_POLL_INTERNAL_THREAD |
+                             MHD_USE_ITC,
+                         0, NULL, NULL, handler, S, MHD_OPTION_SOCK_ADDR, (struct sockaddr *)&addr,
+                         MHD_OPTION_CONNECTION_LIMIT, (unsigned)S->o.max_connections,
+                         MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)S->o.timeout_s,
+                         MHD_OPTION_THREAD_STACK_SIZE, (size_t)(512 * 1024),
+                         MHD_OPTION_NOTIFY_COMPLETED, completed, S, MHD_OPTION_END);
+    if (!d) {
+        rc = loom_errf(err, "cannot listen on %s:%d (%s)", S->o.host, S->o.port,
+                       errno ? strerror(errno) : "address in use or not available");
+        goto done;
+    }
+    const union MHD_DaemonInfo *info = MHD_get_daemon_info(d, MHD_DAEMON_INFO_BIND_PORT);
+    const int port = info ? (int)info->port : S->o.port;
+    if (S->o.port_file) {
+        char b[32];
+        const int n = snprintf(b, sizeof b, "%d\n", port);
+        if (loom_write_file_atomic(S->o.port_file, b, (size_t)n, err)) {
+            rc = -1;
+            goto done;
+        }
+    }
+    fprintf(stderr, "loom: serving '%s' on http://%s:%d (/v1/completions, /v1/chat/completions, "
+                    "/v1/models, /health)\n", S->o.model_id, S->o.host, port);
+    int sig = 0;
+    sigwait(&sigs, &sig);
+    fprintf(stderr, "loom: %s: finishing %d request(s) in flight, then exiting\n",
+            sig == SIGTERM ? "SIGTERM" : "SIGINT", atomic_load(&S->open_requests));
+    atomic_store(&S->draining, 1);
+    const MHD_socket ls = MHD_quiesce_daemon(d); /* no new connections */
+    if (ls != MHD_INVALID_SOCKET) close(ls);
+    const double t0 = loom_now();
+    while (atomic_load(&S->open_requests) > 0 && loom_now() - t0 < S->o.drain_s) usleep(20000);
+done:
+    /* the engine first (it ends any job still running), then the connections */
+    pthread_mutex_lock(&S->mu);
+    S->stop = 1;
+    pthread_cond_signal(&S->cv);
+    pthread_mutex_unlock(&S->mu);
+    pthread_join(S->eng_thread, NULL);
+    if (d) MHD_stop_daemon(d);
+done_nothread:
+    pthread_sigmask(SIG_SETMASK, &old, NULL);
+    loom_engine_free(S->eng);
+    pthread_mutex_destroy(&S->mu);
+    pthread_cond_destroy(&S->cv);
+    free(S);
+    return rc;
+}
