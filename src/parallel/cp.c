@@ -218,6 +218,14 @@ static void ulysses_backward(void *ctx, int layer, float *dqkv, const float *dou
 
 enum { TAG_KV = 101, TAG_DKV = 102 };
 
+/* Lets MPI advance the messages in flight (non-blocking transfers progress only inside MPI
+ * calls): called between the block computations of a step, so the exchange overlaps them
+ * instead of running in the final wait. A completed request is freed and its slot cleared. */
+static void poke(loom_comm_req **req, int n) {
+    for (int i = 0; i < n; i++)
+        if (req[i] && loom_comm_test(req[i])) req[i] = NULL;
+}
+
 /* the K|V columns of the local rows (B, T, 2 KD) */
 static void pack_kv(const loom_cp *c, const float *qkv, float *kv, int64_t rows) {
     #pragma omp parallel for schedule(static)
@@ -319,6 +327,7 @@ static void ring_forward(void *ctx, int layer, float *out, float *lse, const flo
                 LOOM_CHECK(c->be->flash_attention_forward(c->blk_out, c->blk_lse, q, k, v, &dims,
                                                           &mask) == 0);
                 merge(c, out, chunk_lse(c, lse, B, T, qi), c->blk_out, c->blk_lse, B, T, qi);
+                poke(req, 2);
             }
         if (s < P - 1) loom_comm_waitall(2, req, "ring attention K/V exchange");
         cur = 1 - cur;
@@ -365,6 +374,7 @@ static void ring_backward(void *ctx, int layer, float *dqkv, const float *dout, 
                                dqkv + qoff, dk, dk + c->KD, dout + qi * half * c->HD, qkv + qoff,
                                k, k + c->KD, out + qi * half * c->HD,
                                chunk_lse(c, lse, B, T, qi), &dims, &mask) == 0);
+                poke(req, 4);
             }
         loom_comm_waitall(4, req, "ring attention K/V exchange (backward)");
         /* the block's gradient so far: what came with it (none at its first stop) + ours */
