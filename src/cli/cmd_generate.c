@@ -10,6 +10,7 @@
 #include <string.h>
 
 #include "cli/cli.h"
+#include "loom/chat.h"
 #include "loom/infer.h"
 #include "loom/tokenizer.h"
 #include "loom/train.h"
@@ -138,12 +139,13 @@ int loom_cli_generate(int argc, char **argv) {
     const char *ckpt = NULL, *prompt = "\n", *prompts_file = NULL;
     long n_tokens = 200, top_k = 40, seed = 1, batch = 16, kv_mb = 0;
     double temperature = 0.8, top_p = 1.0, rep = 1.0;
-    int recompute = 0, stats = 0, n_stop = 0, fmt_ids = 0;
-    const char *stops[16];
+    int recompute = 0, stats = 0, n_stop = 0, fmt_ids = 0, chat = 0;
+    const char *stops[17], *template_spec = "chatml", *system = NULL;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (!strcmp(a, "--no-kv-cache")) { recompute = 1; continue; }
         if (!strcmp(a, "--stats")) { stats = 1; continue; }
+        if (!strcmp(a, "--chat")) { chat = 1; continue; }
         if (a[0] != '-') {
             if (ckpt) goto usage;
             ckpt = a;
@@ -153,6 +155,8 @@ int loom_cli_generate(int argc, char **argv) {
         i++;
         if (!strcmp(a, "--prompt")) prompt = v;
         else if (!strcmp(a, "--prompts")) prompts_file = v;
+        else if (!strcmp(a, "--template")) template_spec = v;
+        else if (!strcmp(a, "--system")) system = v;
         else if (!strcmp(a, "--format")) {
             if (strcmp(v, "text") && strcmp(v, "ids")) {
                 fprintf(stderr, "loom: error: --format '%s': expected text or ids\n", v);
@@ -194,6 +198,9 @@ int loom_cli_generate(int argc, char **argv) {
     int n_prompts = 0;
     int64_t *ids = NULL;
     loom_ids enc = {0};
+    loom_chat_template *tpl = NULL;
+    char **rendered = NULL, *stop = NULL; /* --chat: each prompt as a user turn + the opening */
+    int n_rendered = 0;
     int rc = 1;
     if (prompts_file && read_prompts(prompts_file, &prompts, &n_prompts, &err)) goto fail;
     if (prompts_file && recompute) {
@@ -214,9 +221,19 @@ int loom_cli_generate(int argc, char **argv) {
         goto fail;
     }
     const int T = mc->max_seq_len;
+    if (chat) { /* the chat template the model was fine-tuned with (docs/finetune.md) */
+        if (loom_chat_template_load(template_spec, &tpl, &err)) goto fail;
+        n_rendered = prompts_file ? n_prompts : 1;
+        rendered = loom_calloc((size_t)n_rendered, sizeof *rendered);
+        for (int i = 0; i < n_rendered; i++) {
+            free(stop);
+            loom_chat_prompt(tpl, system, prompts_file ? prompts[i] : prompt, &rendered[i], &stop);
+        }
+        if (stop[0] && n_stop < 17) stops[n_stop++] = stop; /* the assistant's end of turn */
+    }
     if (recompute) { /* the reference path without a cache: one prompt */
         int trunc = 0;
-        if (encode_prompt(tok, prompt, T, &enc, &trunc, &err)) goto fail;
+        if (encode_prompt(tok, chat ? rendered[0] : prompt, T, &enc, &trunc, &err)) goto fail;
         loom_sampler s = {.temperature = (float)temperature, .top_k = (int)top_k,
                           .rng = {.seed = (uint64_t)seed, .stream = 0x67656e, .counter = 0}};
         int32_t *out = loom_malloc((enc.n + (size_t)n_tokens) * sizeof(int32_t));
@@ -250,7 +267,8 @@ int loom_cli_generate(int argc, char **argv) {
     int n_trunc = 0;
     for (int i = 0; i < np; i++) {
         int trunc = 0;
-        if (encode_prompt(tok, prompts_file ? prompts[i] : prompt, T, &enc, &trunc, &err)) goto fail;
+        const char *pi = chat ? rendered[i] : prompts_file ? prompts[i] : prompt;
+        if (encode_prompt(tok, pi, T, &enc, &trunc, &err)) goto fail;
         n_trunc += trunc;
         /* each prompt its own RNG stream: the seed, then the prompt's index */
         gp.seed = (uint64_t)seed + (uint64_t)i * 0x9E3779B97F4A7C15ull;
@@ -260,7 +278,7 @@ int loom_cli_generate(int argc, char **argv) {
             if (prompts_file) loom_errf(&err, "%s: prompt %d: %s", prompts_file, i + 1, msg);
             goto fail;
         }
-        if (!prompts_file && !fmt_ids) { /* echo the prompt as given (what the model saw) */
+        if (!prompts_file && !fmt_ids && !chat) { /* echo the prompt as given (what the model saw) */
             print_ids(tok, enc.ids, (int)enc.n);
             fflush(stdout);
         }
@@ -318,6 +336,10 @@ int loom_cli_generate(int argc, char **argv) {
 fail:
     if (rc) fprintf(stderr, "loom: error: %s\n", err.msg);
     loom_ids_free(&enc);
+    for (int i = 0; i < n_rendered; i++) free(rendered[i]);
+    free(rendered);
+    free(stop);
+    loom_chat_template_free(tpl);
     for (int i = 0; i < n_prompts; i++) free(prompts[i]);
     free(prompts);
     free(ids);
@@ -329,6 +351,8 @@ fail:
 usage:
     fprintf(stderr, "usage: loom generate CKPT_DIR (--prompt TEXT | --prompts FILE) [--tokens N "
                     "--temperature T --top-k K --top-p P --repetition-penalty R --stop S ... "
-                    "--seed S --batch N --kv-budget-mb M] [--format text|ids] [--stats] [--no-kv-cache]\n");
+                    "--seed S --batch N --kv-budget-mb M] [--format text|ids] [--stats] [--no-kv-cache]\n"
+                    "       [--chat [--template chatml|llama3|FILE] [--system TEXT]]: the prompt as a user "
+                    "turn, the reply up to the end of the assistant's turn\n");
     return 2;
 }
