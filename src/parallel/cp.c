@@ -107,31 +107,53 @@ static segs out_segs(const loom_cp *c, int j) {
     return (segs){1, {j * hq, 0, 0}, {hq, 0, 0}, hq};
 }
 
-/* src (B, T, W) sequence-sharded -> dst (B, P*T, width) head-sharded (this rank's group) */
-static void seq_to_head(loom_cp *c, const float *src, int64_t W, int qkv, float *dst, int B,
-                        int T) {
+/* One tensor of a sequence-to-head exchange: src (B, T, W) sequence-sharded (q|k|v rows, or
+ * out rows) -> dst (B, P*T, W/P) head-sharded (this rank's head group). */
+typedef struct s2h {
+    const float *src;
+    int64_t W;
+    int qkv;
+    float *dst;
+} s2h;
+
+/* Several tensors in ONE all-to-all: each destination's block holds, per row, the head-group
+ * columns of every tensor in turn. */
+static void seq_to_head(loom_cp *c, const s2h *x, int n, int B, int T) {
     const int P = c->P;
-    const int64_t half = T / 2, Tg = (int64_t)P * T;
-    const segs s0 = qkv ? qkv_segs(c, 0) : out_segs(c, 0);
-    const int64_t Wh = s0.width, blk = (int64_t)B * T * Wh;
+    const int64_t half = T / 2, Tg = (int64_t)P * T, BT = (int64_t)B * T;
+    int64_t Wr = 0; /* floats of one row of a block: the tensors' head-group widths */
+    for (int k = 0; k < n; k++) Wr += (x[k].qkv ? qkv_segs(c, 0) : out_segs(c, 0)).width;
+    const int64_t blk = BT * Wr;
     for (int j = 0; j < P; j++) {
-        const segs s = qkv ? qkv_segs(c, j) : out_segs(c, j);
-        #pragma omp parallel for schedule(static)
-        for (int64_t bt = 0; bt < (int64_t)B * T; bt++) {
-            float *d = c->send + j * blk + bt * Wh;
-            for (int k = 0; k < s.n; k++) {
-                memcpy(d, src + bt * W + s.off[k], (size_t)s.w[k] * sizeof(float));
-                d += s.w[k];
+        int64_t col = 0;
+        for (int k = 0; k < n; k++) {
+            const segs s = x[k].qkv ? qkv_segs(c, j) : out_segs(c, j);
+            const float *src = x[k].src;
+            const int64_t W = x[k].W;
+            #pragma omp parallel for schedule(static)
+            for (int64_t bt = 0; bt < BT; bt++) {
+                float *d = c->send + j * blk + bt * Wr + col;
+                for (int g = 0; g < s.n; g++) {
+                    memcpy(d, src + bt * W + s.off[g], (size_t)s.w[g] * sizeof(float));
+                    d += s.w[g];
+                }
             }
+            col += s.width;
         }
     }
     loom_alltoall(c->mesh, LOOM_GROUP_CP, c->send, c->recv, (size_t)blk, LOOM_F32);
     for (int i = 0; i < P; i++) {
-        #pragma omp parallel for schedule(static)
-        for (int64_t bt = 0; bt < (int64_t)B * T; bt++) {
-            const int64_t b = bt / T, t = bt % T;
-            memcpy(dst + (b * Tg + global_row(P, i, half, t)) * Wh, c->recv + i * blk + bt * Wh,
-                   (size_t)Wh * sizeof(float));
+        int64_t col = 0;
+        for (int k = 0; k < n; k++) {
+            const int64_t Wh = (x[k].qkv ? qkv_segs(c, 0) : out_segs(c, 0)).width;
+            float *dst = x[k].dst;
+            #pragma omp parallel for schedule(static)
+            for (int64_t bt = 0; bt < BT; bt++) {
+                const int64_t b = bt / T, t = bt % T;
+                memcpy(dst + (b * Tg + global_row(P, i, half, t)) * Wh,
+                       c->recv + i * blk + bt * Wr + col, (size_t)Wh * sizeof(float));
+            }
+            col += Wh;
         }
     }
 }
@@ -184,7 +206,8 @@ static void ulysses_forward(void *ctx, int layer, float *out, float *lse, const 
     loom_cp *c = ctx;
     (void)layer;
     const int Hh = c->H / c->P, KVh = c->KVH / c->P;
-    seq_to_head(c, qkv, c->QKV, 1, c->qkv_h, B, T);
+    const s2h x = {qkv, c->QKV, 1, c->qkv_h};
+    seq_to_head(c, &x, 1, B, T);
     const loom_attn_dims dims = flash_attention_dims_qkv(B, c->P * T, Hh, KVh, c->D);
     const loom_attn_mask mask = whole_mask(c, gdocs, T);
     const float *q = c->qkv_h, *k = q + Hh * c->D, *v = k + KVh * c->D;
@@ -200,9 +223,11 @@ static void ulysses_backward(void *ctx, int layer, float *dqkv, const float *dou
     (void)layer;
     const int Hh = c->H / c->P, KVh = c->KVH / c->P;
     const int64_t hq = Hh * c->D, hk = KVh * c->D;
-    seq_to_head(c, qkv, c->QKV, 1, c->qkv_h, B, T);
-    seq_to_head(c, out, c->HD, 0, c->out_h, B, T);
-    seq_to_head(c, dout, c->HD, 0, c->dout_h, B, T);
+    /* the forward's q|k|v and output again (nothing head-sharded is kept), and the output's
+     * gradient: one all-to-all */
+    const s2h x[3] = {{qkv, c->QKV, 1, c->qkv_h}, {out, c->HD, 0, c->out_h},
+                      {dout, c->HD, 0, c->dout_h}};
+    seq_to_head(c, x, 3, B, T);
     const int64_t Tg = (int64_t)c->P * T;
     memset(c->dqkv_h, 0, (size_t)(B * Tg * (hq + 2 * hk)) * sizeof(float));
     const loom_attn_dims dims = flash_attention_dims_qkv(B, (int)Tg, Hh, KVh, c->D);
@@ -432,8 +457,9 @@ int loom_cp_create(loom_model *m, loom_mesh *mesh, int kind, int B, int T, loom_
     loom_attn_hook h = {.ctx = c};
     if (kind == LOOM_CPKIND_ULYSSES) {
         /* head-sharded tensors: P*T rows of width/P = the local rows' floats */
-        c->send = loom_alloc_aligned(rows * (size_t)c->QKV * f);
-        c->recv = loom_alloc_aligned(rows * (size_t)c->QKV * f);
+        /* the largest exchange: backward's q|k|v, out and dout together */
+        c->send = loom_alloc_aligned(rows * (size_t)(c->QKV + 2 * c->HD) * f);
+        c->recv = loom_alloc_aligned(rows * (size_t)(c->QKV + 2 * c->HD) * f);
         c->qkv_h = loom_alloc_aligned(rows * (size_t)c->QKV * f);
         c->dqkv_h = loom_alloc_aligned(rows * (size_t)c->QKV * f);
         c->out_h = loom_alloc_aligned(rows * (size_t)c->HD * f);
