@@ -112,6 +112,9 @@ static void read_fail_hook(loom_pp *p) {
 
 static void fail_hook(loom_pp *p) {
     if (!p->run_train || p->runs != p->fail_run) return;
+    fprintf(stderr, "loom: rank %d: LOOM_TEST_PP_FAIL: %s inside pipeline batch %lld\n",
+            loom_mesh_rank(p->mesh, LOOM_GROUP_WORLD), p->fail_mode, (long long)p->runs);
+    fflush(stderr);
     if (!strcmp(p->fail_mode, "kill")) raise(SIGKILL);
     if (!strcmp(p->fail_mode, "hang"))
         for (;;) pause(); /* until the job is ended */
