@@ -18,8 +18,8 @@ cleanup() { for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done; wait 
 trap cleanup EXIT
 
 # a long run (each step sleeps 40 ms: the test hook), stopped by SIGTERM once checked
-LOOM_TEST_SLOW_RANK=0:40 "$LOOM_BIN" train "$WORK/c.yaml" --set training.steps=3000 \
-  --set training.schedule_steps=3000 --set eval.every=0 --set checkpoint.every=0 \
+LOOM_TEST_SLOW_RANK=0:40 "$LOOM_BIN" train "$WORK/c.yaml" --set training.steps=6000 \
+  --set training.schedule_steps=6000 --set eval.every=0 --set checkpoint.every=0 \
   --set obs.prometheus_port=$PORT >"$WORK/train.out" 2>&1 &
 TRAIN=$!
 PIDS+=($TRAIN)
@@ -31,7 +31,7 @@ try:
 except Exception as e:
     sys.stdout.write(''); sys.exit(1)" "$1"; }
 
-for i in $(seq 1 120); do
+for i in $(seq 1 240); do
   get "http://127.0.0.1:$PORT/metrics" >"$WORK/scrape.txt" 2>/dev/null && grep -q '^loom_loss ' "$WORK/scrape.txt" && break
   kill -0 $TRAIN 2>/dev/null || { cat "$WORK/train.out"; fail "training ended before serving metrics"; }
   sleep 0.5
@@ -65,7 +65,7 @@ prometheus --config.file="$WORK/prom.yml" --storage.tsdb.path="$WORK/tsdb" \
   --web.listen-address=127.0.0.1:$PPORT >"$WORK/prom.out" 2>&1 &
 PIDS+=($!)
 ok=0
-for i in $(seq 1 120); do
+for i in $(seq 1 240); do
   if get "http://127.0.0.1:$PPORT/api/v1/query?query=loom_loss%5B1m%5D" >"$WORK/q.json" 2>/dev/null &&
      python3 - "$WORK/q.json" <<'PY'
 import json, sys

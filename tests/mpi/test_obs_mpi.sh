@@ -37,35 +37,34 @@ for par in tp pp; do
 done
 pass "profiles of tp=2 and pp=2: traces nest, FLOPs add up over the replica's ranks"
 
-LOOM_TEST_SLOW_RANK=1:150 run_mpi 2 "$WORK/out" -x LOOM_TEST_SLOW_RANK "$LOOM_BIN" train "$WORK/c.yaml" \
+LOOM_TEST_SLOW_RANK=1:300 run_mpi 2 "$WORK/out" -x LOOM_TEST_SLOW_RANK "$LOOM_BIN" train "$WORK/c.yaml" \
   "${COMMON[@]}" --set run.dir="$WORK/slow" --set training.steps=6
 [ $RC -eq 0 ] || { cat "$WORK/out"; fail "slowed run: exit $RC"; }
 grep -q "rank 1 is a straggler" "$WORK/out" || { cat "$WORK/out"; fail "the straggler was not named in the log"; }
-python3 - "$WORK/slow/metrics.jsonl" <<'PY' || fail "straggler in metrics.jsonl"
+python3 - "$WORK/slow/metrics.jsonl" "$WORK/slow/alerts.jsonl" <<'PY' || fail "straggler in metrics.jsonl"
 import json, sys
 rows = [json.loads(l) for l in open(sys.argv[1])]
 for r in rows:
     for k in ("compute_s", "comm_exposed_s", "data_wait_s", "rss_hwm_bytes", "arena_bytes"):
         assert len(r[k]) == 2, (k, r)
-    assert r["compute_s"][1] >= 0.15, r  # the 150 ms sleep is compute time of rank 1
+    assert r["compute_s"][1] >= 0.3, r  # the 300 ms sleep is compute time of rank 1
 # rank 0 waits for rank 1 in the collectives: its exposed communication holds the lag
 assert sum(r["comm_exposed_s"][0] for r in rows) > sum(r["comm_exposed_s"][1] for r in rows)
-named = [r["step"] for r in rows if r.get("straggler_rank") == 1]
-assert named and named[0] == 3 and named == list(range(3, 7)), named
+# named after 3 consecutive slow steps: step 3 at the earliest (a step where the machine's
+# load stalled rank 0 as long would restart the count), never rank 0
+named = [r["step"] for r in rows if "straggler_rank" in r]
+assert named and min(named) >= 3, named
+assert all(r["straggler_rank"] == 1 for r in rows if "straggler_rank" in r), rows
 for r in rows:
-    if r["step"] >= 3:
-        assert r["straggler_lag"] > 1.2 and r["straggler_lag_ms"] > 50, r  # busy 150 ms vs a median of (150 + ~1) / 2
-assert all("straggler_rank" not in r for r in rows if r["step"] < 3)
-print("ok: rank 1 named from step 3 on (3 steps slower than the median), with its lag")
+    if "straggler_rank" in r:
+        # busy 300 ms against a median of (300 + rank 0's few ms) / 2
+        assert r["straggler_lag"] > 1.2 and r["straggler_lag_ms"] > 100, r
+al = [json.loads(l) for l in open(sys.argv[2])]
+st = [a for a in al if a["metric"] == "straggler_lag"]
+assert st and st[0]["step"] == min(named) and st[0]["action"] == "log" and st[0]["value"] > 1.2, al
+print(f"ok: rank 1 named at steps {named}, with its lag; the default rule 'straggler_lag > 0 -> log' fired at step {min(named)}")
 PY
 pass "straggler: the slowed rank named with its lag"
-python3 - "$WORK/slow/alerts.jsonl" <<'PY' || fail "the default straggler rule"
-import json, sys
-al = [json.loads(l) for l in open(sys.argv[1])]
-st = [a for a in al if a["metric"] == "straggler_lag"]
-assert len(st) == 1 and st[0]["step"] == 3 and st[0]["action"] == "log" and st[0]["value"] > 1.2, al
-print("ok: the default rule 'straggler_lag > 0 -> log' fired once, at step 3")
-PY
 
 # an alert with action stop ends both ranks after a checkpoint, with exit status 3
 LOOM_TEST_INJECT_NAN=1:3 run_mpi 2 "$WORK/out" -x LOOM_TEST_INJECT_NAN "$LOOM_BIN" train "$WORK/c.yaml" \
