@@ -929,40 +929,94 @@ int hf_write_tokenizer(const char *out_dir, const loom_run_data *rd, const loom_
     return 0;
 }
 
-/* PEFT's layout of the adapters (Llama): adapter_model.safetensors with
- * base_model.model.model.layers.<l>.<module>.lora_A.weight (r, in) / lora_B.weight (out, r),
- * and adapter_config.json. The directory's own weights are then the base model's. */
+/* PEFT's layout of the adapters: adapter_model.safetensors with
+ * base_model.model.<prefix>.<module>.lora_A.weight (r, in) / lora_B.weight (out, r), and
+ * adapter_config.json; the directory's own weights are then the base model's. Llama: one PEFT
+ * module per target. GPT-2: q, k and v are column blocks of the fused c_attn, which PEFT adapts
+ * as one matrix: its adapter is A = [A_q; A_k; A_v] (the targeted ones, rank n*r) and
+ * B = blockdiag-by-rows (B_q in q's rows and columns of its A block, ...), an exact
+ * representation of the separate adapters, with rank_pattern / alpha_pattern n*r, n*alpha
+ * (the same scale alpha/r). */
 static int hf_write_peft(const char *out_dir, loom_model *m, loom_lora *l, loom_err *err) {
-    static const char *const mods[LOOM_LORA_NT] = {"self_attn.q_proj", "self_attn.k_proj",
-                                                   "self_attn.v_proj", "self_attn.o_proj",
-                                                   "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj"};
+    static const char *const llama_mods[LOOM_LORA_NT] = {
+        "self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj",
+        "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj"};
+    static const char *const gpt2_mods[LOOM_LORA_NT] = {"attn.c_attn", "attn.c_attn", "attn.c_attn",
+                                                        "attn.c_proj", "mlp.c_fc", NULL,
+                                                        "mlp.c_proj"};
+    const loom_model_config *c = loom_model_get_config(m);
+    const int gpt2 = c->flavor == LOOM_FLAVOR_GPT2, r = loom_lora_rank(l);
+    const unsigned tg = loom_lora_targets(l);
+    const int nqkv = !!(tg & LOOM_LORA_Q) + !!(tg & LOOM_LORA_K) + !!(tg & LOOM_LORA_V);
     const int nt = loom_lora_num_tensors(l);
-    loom_st_tensor *ts = loom_calloc((size_t)nt, sizeof *ts);
-    char (*names)[160] = loom_calloc((size_t)nt, sizeof *names);
+    loom_st_tensor *ts = loom_calloc((size_t)nt + 1, sizeof *ts);
+    char (*names)[160] = loom_calloc((size_t)nt + 1, sizeof *names);
+    float **own = loom_calloc((size_t)nt + 1, sizeof *own);
     const float *p = loom_lora_params(l);
+    int k = 0;
     for (int i = 0; i < nt; i++) {
         const loom_lora_tensor *x = loom_lora_tensor_at(l, i);
-        snprintf(names[i], sizeof names[i], "base_model.model.model.layers.%d.%s.lora_%c.weight",
-                 x->layer, mods[x->target], x->is_b ? 'B' : 'A');
-        ts[i] = (loom_st_tensor){names[i], p + x->offset, 2, {x->rows, x->cols}};
+        const char *mod = gpt2 ? gpt2_mods[x->target] : llama_mods[x->target];
+        if (gpt2 && x->target <= 2) {
+            if (x->is_b || x->target != (tg & LOOM_LORA_Q ? 0 : tg & LOOM_LORA_K ? 1 : 2)) continue;
+            /* the first targeted of q, k, v writes c_attn's fused A and B for all of them */
+            const int64_t C = c->d_model, R = (int64_t)nqkv * r;
+            for (int b = 0; b < 2; b++) {
+                float *d = loom_calloc((size_t)(b ? 3 * C * R : R * C), sizeof *d);
+                int j = 0;
+                for (int t = 0; t < 3; t++) {
+                    if (!(tg & (1u << t))) continue;
+                    for (int q = 0; q < nt; q++) {
+                        const loom_lora_tensor *y = loom_lora_tensor_at(l, q);
+                        if (y->layer != x->layer || y->target != t || y->is_b != b) continue;
+                        const float *sp = p + y->offset;
+                        if (!b) memcpy(d + (int64_t)j * r * C, sp, (size_t)(r * C) * sizeof *d);
+                        else
+                            for (int64_t o = 0; o < C; o++)
+                                memcpy(d + (t * C + o) * R + (int64_t)j * r, sp + o * r,
+                                       (size_t)r * sizeof *d);
+                    }
+                    j++;
+                }
+                own[k] = d;
+                snprintf(names[k], sizeof names[k],
+                         "base_model.model.transformer.h.%d.attn.c_attn.lora_%c.weight", x->layer,
+                         b ? 'B' : 'A');
+                ts[k] = (loom_st_tensor){names[k], d, 2, {b ? 3 * C : R, b ? R : C}};
+                k++;
+            }
+            continue;
+        }
+        snprintf(names[k], sizeof names[k], "base_model.model.%s.%d.%s.lora_%c.weight",
+                 gpt2 ? "transformer.h" : "model.layers", x->layer, mod, x->is_b ? 'B' : 'A');
+        ts[k] = (loom_st_tensor){names[k], p + x->offset, 2, {x->rows, x->cols}};
+        k++;
     }
     static const char *const meta[] = {"format", "pt", NULL};
     char path[4400];
     int rc = loom_path_fmt(path, sizeof path, err, "%s/adapter_model.safetensors", out_dir);
-    if (!rc) rc = loom_safetensors_write(path, ts, nt, meta, err);
+    if (!rc) rc = loom_safetensors_write(path, ts, k, meta, err);
+    for (int i = 0; i < k; i++) free(own[i]);
+    free(own);
     free(ts);
     free(names);
     if (rc) return -1;
     json_t *tm = json_array();
-    for (int t = 0; t < LOOM_LORA_NT; t++)
-        if (loom_lora_targets(l) & (1u << t))
-            json_array_append_new(tm, json_string(strchr(mods[t], '.') + 1));
+    for (int t = 0; t < LOOM_LORA_NT; t++) {
+        if (!(tg & (1u << t))) continue;
+        if (gpt2 && t <= 2 && t != (tg & LOOM_LORA_Q ? 0 : tg & LOOM_LORA_K ? 1 : 2)) continue;
+        const char *mod = gpt2 ? gpt2_mods[t] : strchr(llama_mods[t], '.') + 1;
+        json_array_append_new(tm, json_string(gpt2 && t <= 2 ? "c_attn" : mod));
+    }
+    const double alpha = float_as_double(loom_lora_alpha(l));
     json_t *cfgj = json_pack("{s:s, s:s, s:i, s:f, s:f, s:o, s:s, s:b, s:n, s:b}", "peft_type",
-                             "LORA", "task_type", "CAUSAL_LM", "r", loom_lora_rank(l),
-                             "lora_alpha", float_as_double(loom_lora_alpha(l)), "lora_dropout",
-                             0.0, "target_modules", tm, "bias", "none", "fan_in_fan_out", 0,
-                             "base_model_name_or_path", "inference_mode", 1);
-    (void)m;
+                             "LORA", "task_type", "CAUSAL_LM", "r", r, "lora_alpha", alpha,
+                             "lora_dropout", 0.0, "target_modules", tm, "bias", "none",
+                             "fan_in_fan_out", gpt2, "base_model_name_or_path", "inference_mode", 1);
+    if (gpt2 && nqkv) { /* the fused c_attn adapter's rank and alpha */
+        json_object_set_new(cfgj, "rank_pattern", json_pack("{s:i}", "c_attn", nqkv * r));
+        json_object_set_new(cfgj, "alpha_pattern", json_pack("{s:f}", "c_attn", alpha * nqkv));
+    }
     return write_json(out_dir, "adapter_config.json", cfgj, err);
 }
 
@@ -979,11 +1033,7 @@ int loom_hf_export(const char *ckpt, const char *out_dir, const loom_hf_export_o
     if (loom_load_model_lora(ckpt, 1, 0, &m, &cfg, &rd, o && o->merge_lora ? NULL : &lora, err))
         return -1;
     const loom_model_config *c = loom_model_get_config(m);
-    if (lora && c->flavor == LOOM_FLAVOR_GPT2) {
-        loom_errf(err, "%s: PEFT adapter files for GPT-2's fused c_attn are not written by this "
-                       "loom; export with --merge-lora (merged weights)", ckpt);
-        goto done;
-    }
+
     if (c->head != LOOM_HEAD_LM) {
         loom_errf(err, "%s: a classifier (model.head = classify) has no Hugging Face causal-LM "
                        "layout to export to", ckpt);

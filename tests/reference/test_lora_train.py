@@ -195,6 +195,23 @@ finetune:
         got2 = mm(torch.tensor(ids)).logits.numpy()
     check("merged export (from_pretrained) vs the unmerged adapters", rel_max(got2, want), 1e-5)
 
+    # GPT-2: q and v are column blocks of HF's fused c_attn; PEFT gets one exact adapter for it
+    cfg2 = transformers.GPT2Config(vocab_size=256, n_embd=32, n_layer=2, n_head=4, n_positions=64)
+    transformers.GPT2LMHeadModel(cfg2).save_pretrained(f"{work}/base2")
+    c2 = config("g", 3, 3).replace("a", "a")
+    txt = open(c2).read().replace(f"{work}/base\n", f"{work}/base2\n").replace(
+        "[q, k, v, o, gate, up, down]", "[q, v, o, fc_proj]")
+    open(c2, "w").write(txt)
+    run([LOOM, "train", c2], env=env)
+    out3 = f"{work}/hf_gpt2"
+    run([LOOM, "export", "--hf", f"{work}/g", out3])
+    want3 = loom_logits(f"{work}/g", ids, 256)
+    import peft
+    pm3 = peft.PeftModel.from_pretrained(transformers.AutoModelForCausalLM.from_pretrained(out3), out3).eval()
+    with torch.no_grad():
+        got3 = pm3(torch.tensor(ids)).logits.numpy()
+    check("gpt2: PEFT (fused c_attn adapter) logits vs loom", rel_max(got3, want3), 1e-5)
+
 
 if __name__ == "__main__":
     main()
