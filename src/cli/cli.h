@@ -4,6 +4,7 @@
 int loom_cli_train(int argc, char **argv);
 int loom_cli_generate(int argc, char **argv);
 int loom_cli_serve(int argc, char **argv);
+int loom_cli_synth(int argc, char **argv);
 int loom_cli_data(int argc, char **argv);
 int loom_cli_tokenizer(int argc, char **argv);
 int loom_cli_eval(int argc, char **argv);

@@ -12,6 +12,7 @@ static void usage(FILE *f) {
             "  train CONFIG.yaml [--set section.key=value ...]   train (resumes from run.dir)\n"
             "  generate CKPT_DIR --prompt TEXT | --prompts FILE [--tokens N --temperature T ...]\n"
             "  serve CKPT_DIR [--host H --port P ...]             OpenAI-compatible HTTP server\n"
+            "  synth PIPELINE.yaml [--threads N] [--quiet]         synthetic data: generate, validate, regenerate\n"
             "  eval CKPT --data DIR [--batches N] [--format json]  loss / accuracy + confusion matrix\n"
             "  data build|inspect|verify ...                       datasets: build shards, show, check\n"
             "  tokenizer train|encode|decode ...                   byte-level BPE (HF compatible)\n"
@@ -36,6 +37,7 @@ int main(int argc, char **argv) {
     if (!strcmp(cmd, "train")) return loom_cli_train(argc - 1, argv + 1);
     if (!strcmp(cmd, "generate")) return loom_cli_generate(argc - 1, argv + 1);
     if (!strcmp(cmd, "serve")) return loom_cli_serve(argc - 1, argv + 1);
+    if (!strcmp(cmd, "synth")) return loom_cli_synth(argc - 1, argv + 1);
     if (!strcmp(cmd, "data")) return loom_cli_data(argc - 1, argv + 1);
     if (!strcmp(cmd, "tokenizer")) return loom_cli_tokenizer(argc - 1, argv + 1);
     if (!strcmp(cmd, "eval")) return loom_cli_eval(argc - 1, argv + 1);

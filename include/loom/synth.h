@@ -1,0 +1,18 @@
+/* loom synth: synthetic-data pipelines (src/synth/, docs/synth.md): seeds -> a prompt
+ * template -> a generator (the local checkpoint through the batched engine, or an
+ * OpenAI-compatible endpoint over HTTP) -> validators in order -> regeneration of failures with
+ * the validator's message -> accepted samples as JSONL with their lineage, and a summary. */
+#ifndef LOOM_SYNTH_H
+#define LOOM_SYNTH_H
+
+#include "loom/base.h"
+
+typedef struct loom_synth_opts {
+    int quiet;          /* no progress line */
+    int threads;        /* validator threads (default 2) */
+} loom_synth_opts;
+
+/* Runs the pipeline file. 0, or -1 with an error naming the file and key. */
+int loom_synth_run(const char *pipeline_path, const loom_synth_opts *o, loom_err *err);
+
+#endif

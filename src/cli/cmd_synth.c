@@ -1,0 +1,35 @@
+/* loom synth PIPELINE.yaml [--threads N] [--quiet]: a synthetic-data pipeline (docs/synth.md). */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cli/cli.h"
+#include "loom/synth.h"
+
+int loom_cli_synth(int argc, char **argv) {
+    const char *path = NULL;
+    loom_synth_opts o = {0};
+    for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "--quiet")) o.quiet = 1;
+        else if (!strcmp(argv[i], "--threads") && i + 1 < argc) {
+            char *end;
+            const long t = strtol(argv[++i], &end, 10);
+            if (*end || t < 1 || t > 1024) {
+                fprintf(stderr, "loom: error: --threads '%s' is not an integer in [1, 1024]\n", argv[i]);
+                return 2;
+            }
+            o.threads = (int)t;
+        } else if (argv[i][0] != '-' && !path) path = argv[i];
+        else goto usage;
+    }
+    if (!path) goto usage;
+    loom_err err = {{0}};
+    if (loom_synth_run(path, &o, &err)) {
+        fprintf(stderr, "loom: error: %s\n", err.msg);
+        return 1;
+    }
+    return 0;
+usage:
+    fprintf(stderr, "usage: loom synth PIPELINE.yaml [--threads N] [--quiet]\n");
+    return 2;
+}

@@ -1,0 +1,1182 @@
+/* loom synth: a synthetic-data pipeline (docs/synth.md).
+ *
+ * Rounds: every (seed, sample) item starts at attempt 1; each round generates the prompts of
+ * all pending items at once (the local engine batches them; the HTTP generator sends them over
+ * `concurrency` connections), then runs the validators in order on every output (threads);
+ * an item whose output fails gets another attempt with the failing validator's message added
+ * to its prompt, up to max_attempts. Sampling seeds derive from (pipeline seed, item, attempt),
+ * and the output is written in item order, so it does not depend on the thread count. */
+#define _GNU_SOURCE
+#include "loom/synth.h"
+
+#include <curl/curl.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <jansson.h>
+#include <poll.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+#include <yaml.h>
+#include <zstd.h>
+
+#define PCRE2_CODE_UNIT_WIDTH 8
+#include <pcre2.h>
+
+#include "loom/infer.h"
+#include "loom/tokenizer.h"
+#include "loom/train.h"
+
+/* ---- YAML -> JSON (the pipeline file) ------------------------------------------------- */
+
+static json_t *yaml_node_json(yaml_document_t *d, yaml_node_t *n, int depth, long *budget) {
+    if (!n || depth > 64 || --*budget < 0) return NULL;
+    switch (n->type) {
+    case YAML_SCALAR_NODE: {
+        const char *v = (const char *)n->data.scalar.value;
+        const size_t len = n->data.scalar.length;
+        if (n->data.scalar.style == YAML_PLAIN_SCALAR_STYLE) {
+            char *end;
+            if (len && len < 32) {
+                errno = 0;
+                long long i = strtoll(v, &end, 10);
+                if (!errno && *end == 0) return json_integer(i);
+                double x = strtod(v, &end);
+                if (*end == 0 && end != v) return json_real(x);
+            }
+            if (!strcmp(v, "true")) return json_true();
+            if (!strcmp(v, "false")) return json_false();
+            if (!strcmp(v, "null") || !strcmp(v, "~") || len == 0) return json_null();
+        }
+        return json_stringn(v, len);
+    }
+    case YAML_SEQUENCE_NODE: {
+        json_t *a = json_array();
+        for (yaml_node_item_t *it = n->data.sequence.items.start; it < n->data.sequence.items.top; it++) {
+            json_t *x = yaml_node_json(d, yaml_document_get_node(d, *it), depth + 1, budget);
+            if (!x) {
+                json_decref(a);
+                return NULL;
+            }
+            json_array_append_new(a, x);
+        }
+        return a;
+    }
+    case YAML_MAPPING_NODE: {
+        json_t *o = json_object();
+        for (yaml_node_pair_t *p = n->data.mapping.pairs.start; p < n->data.mapping.pairs.top; p++) {
+            yaml_node_t *k = yaml_document_get_node(d, p->key);
+            json_t *x = k && k->type == YAML_SCALAR_NODE
+                            ? yaml_node_json(d, yaml_document_get_node(d, p->value), depth + 1, budget)
+                            : NULL;
+            if (!x || json_object_get(o, (const char *)k->data.scalar.value)) {
+                json_decref(x);
+                json_decref(o);
+                return NULL;
+            }
+            json_object_set_new(o, (const char *)k->data.scalar.value, x);
+        }
+        return o;
+    }
+    default: return NULL;
+    }
+}
+
+static json_t *load_yaml(const char *path, loom_err *err) {
+    char *text = NULL;
+    size_t len = 0;
+    if (loom_read_file(path, (size_t)16 << 20, &text, &len, err)) return NULL;
+    yaml_parser_t p;
+    yaml_document_t d;
+    yaml_parser_initialize(&p);
+    yaml_parser_set_input_string(&p, (const unsigned char *)text, len);
+    json_t *out = NULL;
+    if (!yaml_parser_load(&p, &d)) {
+        loom_errf(err, "%s:%zu:%zu: %s", path, p.problem_mark.line + 1, p.problem_mark.column + 1,
+                  p.problem ? p.problem : "malformed YAML");
+    } else {
+        long budget = 1000000;
+        yaml_node_t *root = yaml_document_get_root_node(&d);
+        out = root ? yaml_node_json(&d, root, 0, &budget) : NULL;
+        if (!out || !json_is_object(out)) {
+            json_decref(out);
+            out = NULL;
+            loom_errf(err, "%s: expected a mapping at the top (no duplicate keys, at most 64 "
+                           "levels and 10^6 nodes)", path);
+        }
+        yaml_document_delete(&d);
+    }
+    yaml_parser_delete(&p);
+    free(text);
+    return out;
+}
+
+/* ---- small helpers ---------------------------------------------------------------------- */
+
+typedef struct sbuf {
+    char *s;
+    size_t n, cap;
+} sbuf;
+
+static void sb_add(sbuf *b, const char *s, size_t n) {
+    if (b->n + n + 1 > b->cap) {
+        size_t c = b->cap ? b->cap : 256;
+        while (c < b->n + n + 1) c *= 2;
+        char *ns = realloc(b->s, c);
+        LOOM_CHECK(ns != NULL);
+        b->s = ns;
+        b->cap = c;
+    }
+    memcpy(b->s + b->n, s, n);
+    b->n += n;
+    b->s[b->n] = 0;
+}
+static void sb_str(sbuf *b, const char *s) { sb_add(b, s, strlen(s)); }
+
+static uint64_t fnv1a(const char *s, size_t n) {
+    uint64_t h = 1469598103934665603ull;
+    for (size_t i = 0; i < n; i++) h = (h ^ (unsigned char)s[i]) * 1099511628211ull;
+    return h;
+}
+
+/* ---- seeds ---------------------------------------------------------------------------- */
+
+typedef struct seeds {
+    char **v;
+    size_t *len;
+    int n, cap;
+} seeds;
+
+static void seeds_add(seeds *s, const char *t, size_t n) {
+    if (s->n == s->cap) {
+        s->cap = s->cap ? 2 * s->cap : 64;
+        s->v = realloc(s->v, (size_t)s->cap * sizeof *s->v);
+        s->len = realloc(s->len, (size_t)s->cap * sizeof *s->len);
+        LOOM_CHECK(s->v && s->len);
+    }
+    s->v[s->n] = loom_malloc(n + 1);
+    memcpy(s->v[s->n], t, n);
+    s->v[s->n][n] = 0;
+    s->len[s->n++] = n;
+}
+
+static int ends_with(const char *s, const char *suf) {
+    const size_t a = strlen(s), b = strlen(suf);
+    return a >= b && !strcmp(s + a - b, suf);
+}
+
+static int read_maybe_zst(const char *path, char **out, size_t *len, loom_err *err) {
+    if (loom_read_file(path, (size_t)1 << 31, out, len, err)) return -1;
+    if (!ends_with(path, ".zst")) return 0;
+    ZSTD_DStream *z = ZSTD_createDStream();
+    ZSTD_initDStream(z);
+    sbuf b = {0};
+    ZSTD_inBuffer in = {*out, *len, 0};
+    char tmp[1 << 16];
+    int rc = 0;
+    while (in.pos < in.size) {
+        ZSTD_outBuffer ob = {tmp, sizeof tmp, 0};
+        const size_t r = ZSTD_decompressStream(z, &ob, &in);
+        if (ZSTD_isError(r)) {
+            rc = loom_errf(err, "%s: zstd: %s", path, ZSTD_getErrorName(r));
+            break;
+        }
+        sb_add(&b, tmp, ob.pos);
+        if (b.n > ((size_t)1 << 31)) {
+            rc = loom_errf(err, "%s: decompresses to over 2 GiB", path);
+            break;
+        }
+    }
+    ZSTD_freeDStream(z);
+    free(*out);
+    if (rc) {
+        free(b.s);
+        return -1;
+    }
+    *out = b.s ? b.s : calloc(1, 1);
+    *len = b.n;
+    return 0;
+}
+
+/* seeds: [{path, field (jsonl, default text), split (text, default "\n"), limit}] */
+static int load_seeds(const char *where, json_t *list, seeds *s, loom_err *err) {
+    if (!json_is_array(list) || json_array_size(list) == 0)
+        return loom_errf(err, "%s: 'seeds' must be a non-empty list of {path: ...}", where);
+    size_t i;
+    json_t *src;
+    json_array_foreach(list, i, src) {
+        json_t *p = json_object_get(src, "path");
+        if (!json_is_string(p)) return loom_errf(err, "%s: seeds[%zu].path must be a string", where, i);
+        const char *path = json_string_value(p);
+        json_t *f = json_object_get(src, "field"), *sp = json_object_get(src, "split"),
+               *lim = json_object_get(src, "limit");
+        if ((f && !json_is_string(f)) || (sp && (!json_is_string(sp) || !json_string_length(sp))) ||
+            (lim && !json_is_integer(lim)))
+            return loom_errf(err, "%s: seeds[%zu]: field and split must be strings, limit an integer",
+                             where, i);
+        const long long limit = lim ? json_integer_value(lim) : -1;
+        const int before = s->n;
+        char *buf = NULL;
+        size_t len = 0;
+        if (read_maybe_zst(path, &buf, &len, err)) return -1;
+        const int jsonl = ends_with(path, ".jsonl") || ends_with(path, ".jsonl.zst");
+        const char *sep = sp ? json_string_value(sp) : "\n";
+        const size_t sl = strlen(sep);
+        size_t pos = 0;
+        int line = 0;
+        while (pos < len && (limit < 0 || s->n - before < limit)) {
+            const char *hit = jsonl ? memchr(buf + pos, '\n', len - pos) : memmem(buf + pos, len - pos, sep, sl);
+            const size_t e = hit ? (size_t)(hit - buf) : len;
+            line++;
+            if (e > pos) {
+                if (jsonl) {
+                    json_error_t je;
+                    json_t *o = json_loadb(buf + pos, e - pos, JSON_REJECT_DUPLICATES, &je);
+                    json_t *t = o ? json_object_get(o, f ? json_string_value(f) : "text") : NULL;
+                    if (!json_is_string(t)) {
+                        json_decref(o);
+                        free(buf);
+                        return loom_errf(err, "%s:%d: %s", path, line,
+                                         o ? "the seed field is missing or not a string" : je.text);
+                    }
+                    seeds_add(s, json_string_value(t), json_string_length(t));
+                    json_decref(o);
+                } else {
+                    seeds_add(s, buf + pos, e - pos);
+                }
+            }
+            pos = e + (jsonl ? 1 : sl);
+        }
+        free(buf);
+        if (s->n == before) return loom_errf(err, "%s: seeds[%zu] (%s) gives no seeds", where, i, path);
+    }
+    return 0;
+}
+
+/* ---- templates ------------------------------------------------------------------------ */
+
+/* {seed} -> the seed text; {feedback} -> the regeneration note ("" at attempt 1); {{ -> { */
+static void render(sbuf *out, const char *tpl, const char *seed, size_t seed_len, const char *fb) {
+    for (const char *p = tpl; *p;) {
+        if (!strncmp(p, "{seed}", 6)) {
+            sb_add(out, seed, seed_len);
+            p += 6;
+        } else if (!strncmp(p, "{feedback}", 10)) {
+            sb_str(out, fb);
+            p += 10;
+        } else if (!strncmp(p, "{{", 2) || !strncmp(p, "}}", 2)) {
+            sb_add(out, p, 1);
+            p += 2;
+        } else {
+            sb_add(out, p, 1);
+            p++;
+        }
+    }
+}
+
+/* ---- validators ----------------------------------------------------------------------- */
+
+enum { V_LENGTH, V_REGEX, V_JSON, V_COMMAND, V_UNIQUE };
+
+typedef struct validator {
+    int kind;
+    char name[64];
+    long long min, max;          /* length (bytes) */
+    pcre2_code *re;              /* regex */
+    json_t *schema;              /* json (NULL: parse only) */
+    char **argv;                 /* command */
+    int argc;
+    double timeout_s;
+} validator;
+
+/* a JSON-schema subset: type, enum, properties, required, additionalProperties (false),
+ * items, minLength/maxLength, minimum/maximum, minItems/maxItems */
+static int schema_check(json_t *s, json_t *x, const char *path, char *msg, size_t n) {
+    if (!json_is_object(s)) return 0;
+    json_t *t = json_object_get(s, "type");
+    if (json_is_string(t)) {
+        const char *ty = json_string_value(t);
+        int ok = !strcmp(ty, "object") ? json_is_object(x)
+               : !strcmp(ty, "array") ? json_is_array(x)
+               : !strcmp(ty, "string") ? json_is_string(x)
+               : !strcmp(ty, "integer") ? json_is_integer(x)
+               : !strcmp(ty, "number") ? json_is_number(x)
+               : !strcmp(ty, "boolean") ? json_is_boolean(x)
+               : !strcmp(ty, "null") ? json_is_null(x) : 1;
+        if (!ok) {
+            snprintf(msg, n, "%s: expected %s", path, ty);
+            return -1;
+        }
+    }
+    json_t *en = json_object_get(s, "enum");
+    if (json_is_array(en)) {
+        size_t i;
+        json_t *v;
+        int found = 0;
+        json_array_foreach(en, i, v) found |= json_equal(v, x);
+        if (!found) {
+            snprintf(msg, n, "%s: not one of the allowed values", path);
+            return -1;
+        }
+    }
+    if (json_is_string(x)) {
+        json_t *a = json_object_get(s, "minLength"), *b = json_object_get(s, "maxLength");
+        const long long l = (long long)json_string_length(x);
+        if ((json_is_integer(a) && l < json_integer_value(a)) || (json_is_integer(b) && l > json_integer_value(b))) {
+            snprintf(msg, n, "%s: string length %lld out of range", path, l);
+            return -1;
+        }
+    }
+    if (json_is_number(x)) {
+        json_t *a = json_object_get(s, "minimum"), *b = json_object_get(s, "maximum");
+        const double v = json_number_value(x);
+        if ((json_is_number(a) && v < json_number_value(a)) || (json_is_number(b) && v > json_number_value(b))) {
+            snprintf(msg, n, "%s: %g out of range", path, v);
+            return -1;
+        }
+    }
+    if (json_is_object(x)) {
+        json_t *req = json_object_get(s, "required"), *props = json_object_get(s, "properties");
+        size_t i;
+        json_t *v;
+        json_array_foreach(req, i, v) {
+            if (json_is_string(v) && !json_object_get(x, json_string_value(v))) {
+                snprintf(msg, n, "%s: missing required key '%s'", path, json_string_value(v));
+                return -1;
+            }
+        }
+        const char *k;
+        json_object_foreach(x, k, v) {
+            json_t *ps = json_is_object(props) ? json_object_get(props, k) : NULL;
+            if (!ps && json_is_false(json_object_get(s, "additionalProperties"))) {
+                snprintf(msg, n, "%s: unexpected key '%s'", path, k);
+                return -1;
+            }
+            char sub[256];
+            snprintf(sub, sizeof sub, "%s.%s", path, k);
+            if (ps && schema_check(ps, v, sub, msg, n)) return -1;
+        }
+    }
+    if (json_is_array(x)) {
+        json_t *a = json_object_get(s, "minItems"), *b = json_object_get(s, "maxItems");
+        const long long l = (long long)json_array_size(x);
+        if ((json_is_integer(a) && l < json_integer_value(a)) || (json_is_integer(b) && l > json_integer_value(b))) {
+            snprintf(msg, n, "%s: %lld items out of range", path, l);
+            return -1;
+        }
+        json_t *it = json_object_get(s, "items");
+        size_t i;
+        json_t *v;
+        json_array_foreach(x, i, v) {
+            char sub[256];
+            snprintf(sub, sizeof sub, "%s[%zu]", path, i);
+            if (it && schema_check(it, v, sub, msg, n)) return -1;
+        }
+    }
+    return 0;
+}
+
+/* runs argv with the sample on stdin; the verdict is the exit status, the message its stderr */
+static int run_command(const validator *v, const char *text, size_t len, char *msg, size_t n) {
+    int in[2], er[2];
+    if (pipe(in) || pipe(er)) {
+        snprintf(msg, n, "cannot create pipes: %s", strerror(errno));
+        return -1;
+    }
+    const pid_t pid = fork();
+    if (pid < 0) {
+        snprintf(msg, n, "cannot fork: %s", strerror(errno));
+        close(in[0]), close(in[1]), close(er[0]), close(er[1]);
+        return -1;
+    }
+    if (pid == 0) {
+        dup2(in[0], 0);
+        dup2(er[1], 2);
+        const int dn = open("/dev/null", O_WRONLY);
+        if (dn >= 0) dup2(dn, 1);
+        close(in[0]), close(in[1]), close(er[0]), close(er[1]);
+        execvp(v->argv[0], v->argv);
+        fprintf(stderr, "cannot run %s: %s", v->argv[0], strerror(errno));
+        _exit(127);
+    }
+    close(in[0]);
+    close(er[1]);
+    fcntl(in[1], F_SETFL, O_NONBLOCK);
+    fcntl(er[0], F_SETFL, O_NONBLOCK);
+    size_t sent = 0, got = 0;
+    const double t0 = loom_now();
+    int in_open = 1, er_open = 1, timed_out = 0;
+    if (len == 0) close(in[1]), in_open = 0;
+    char ebuf[1024];
+    while (er_open) {
+        struct pollfd p[2] = {{er[0], POLLIN, 0}, {in_open ? in[1] : -1, POLLOUT, 0}};
+        const double left = v->timeout_s - (loom_now() - t0);
+        if (left <= 0) {
+            timed_out = 1;
+            break;
+        }
+        if (poll(p, 2, (int)(left * 1000) + 1) < 0 && errno != EINTR) break;
+        if (in_open && (p[1].revents & (POLLOUT | POLLERR | POLLHUP))) {
+            const ssize_t w = write(in[1], text + sent, len - sent);
+            if (w > 0) sent += (size_t)w;
+            if (w < 0 && errno != EAGAIN) sent = len;
+            if (sent == len) close(in[1]), in_open = 0;
+        }
+        if (p[0].revents & (POLLIN | POLLHUP | POLLERR)) {
+            char tmp[512];
+            const ssize_t r = read(er[0], tmp, sizeof tmp);
+            if (r <= 0) {
+                er_open = 0;
+            } else {
+                const size_t keep = got + (size_t)r < sizeof ebuf - 1 ? (size_t)r : sizeof ebuf - 1 - got;
+                memcpy(ebuf + got, tmp, keep);
+                got += keep;
+            }
+        }
+    }
+    if (in_open) close(in[1]);
+    close(er[0]);
+    int status = 0;
+    if (timed_out) kill(pid, SIGKILL);
+    waitpid(pid, &status, 0);
+    ebuf[got] = 0;
+    while (got && (ebuf[got - 1] == '\n' || ebuf[got - 1] == '\r')) ebuf[--got] = 0;
+    if (timed_out) {
+        snprintf(msg, n, "timed out after %g s", v->timeout_s);
+        return -1;
+    }
+    if (WIFEXITED(status) && WEXITSTATUS(status) == 0) return 0;
+    snprintf(msg, n, "%.400s", got ? ebuf : "rejected (non-zero exit)");
+    return -1;
+}
+
+static int validate(const validator *v, const char *text, size_t len, char *msg, size_t n) {
+    msg[0] = 0;
+    switch (v->kind) {
+    case V_LENGTH:
+        if ((long long)len < v->min || (v->max >= 0 && (long long)len > v->max)) {
+            snprintf(msg, n, "length %zu is outside [%lld, %lld]", len, v->min, v->max);
+            return -1;
+        }
+        return 0;
+    case V_REGEX: {
+        pcre2_match_data *md = pcre2_match_data_create_from_pattern(v->re, NULL);
+        const int r = pcre2_match(v->re, (PCRE2_SPTR)text, len, 0, 0, md, NULL);
+        pcre2_match_data_free(md);
+        if (r < 0) {
+            snprintf(msg, n, "does not match the pattern");
+            return -1;
+        }
+        return 0;
+    }
+    case V_JSON: {
+        json_error_t je;
+        json_t *x = json_loadb(text, len, JSON_DECODE_ANY | JSON_REJECT_DUPLICATES, &je);
+        if (!x) {
+            snprintf(msg, n, "not JSON: %s at column %d", je.text, je.column);
+            return -1;
+        }
+        const int r = v->schema ? schema_check(v->schema, x, "$", msg, n) : 0;
+        json_decref(x);
+        return r;
+    }
+    case V_COMMAND: return run_command(v, text, len, msg, n);
+    default: return 0;
+    }
+}
+
+/* ---- generators ----------------------------------------------------------------------- */
+
+typedef struct gen_cfg {
+    int http;
+    char url[1024];
+    char model[256];
+    char checkpoint[1024];
+    int max_tokens, top_k, concurrency, retries, chat;
+    double temperature, top_p, timeout_s;
+    char *stop[16];
+    int n_stop;
+} gen_cfg;
+
+typedef struct item {
+    int seed_idx, sample;
+    int attempt;
+    int done, accepted;
+    char *prompt;               /* this attempt's prompt */
+    char *text;                 /* this attempt's output */
+    size_t tlen;
+    int gen_ok;
+    char gen_err[1536];
+    int failed_validator;       /* -1: all passed */
+    char vmsg[1024];
+    json_t *results;            /* this attempt's validator results */
+    int tokens;
+} item;
+
+/* ---- HTTP (libcurl) ---- */
+
+static size_t curl_sink(char *p, size_t sz, size_t nm, void *ud) {
+    sbuf *b = ud;
+    if (b->n + sz * nm > ((size_t)64 << 20)) return 0;
+    sb_add(b, p, sz * nm);
+    return sz * nm;
+}
+
+static void http_one(const gen_cfg *g, item *it, uint64_t seed) {
+    json_t *req = json_pack("{s:s,s:i,s:f,s:f,s:I}", "model", g->model, "max_tokens", g->max_tokens,
+                            "temperature", g->temperature, "top_p", g->top_p, "seed",
+                            (json_int_t)(seed & 0x3fffffffffffffffull));
+    if (g->top_k) json_object_set_new(req, "top_k", json_integer(g->top_k));
+    if (g->n_stop) {
+        json_t *a = json_array();
+        for (int i = 0; i < g->n_stop; i++) json_array_append_new(a, json_string(g->stop[i]));
+        json_object_set_new(req, "stop", a);
+    }
+    size_t pl;
+    char *clean = loom_utf8_sanitize(it->prompt, strlen(it->prompt), &pl);
+    if (g->chat)
+        json_object_set_new(req, "messages", json_pack("[{s:s,s:s%}]", "role", "user", "content", clean, pl));
+    else
+        json_object_set_new(req, "prompt", json_stringn(clean, pl));
+    free(clean);
+    char *body = json_dumps(req, JSON_COMPACT);
+    json_decref(req);
+    char url[1200];
+    snprintf(url, sizeof url, "%s%s", g->url, g->chat ? "/chat/completions" : "/completions");
+    it->gen_ok = 0;
+    for (int attempt = 0; attempt <= g->retries; attempt++) {
+        if (attempt) usleep((useconds_t)(100000u << (attempt < 6 ? attempt : 6)));
+        CURL *c = curl_easy_init();
+        sbuf resp = {0};
+        struct curl_slist *h = curl_slist_append(NULL, "Content-Type: application/json");
+        curl_easy_setopt(c, CURLOPT_URL, url);
+        curl_easy_setopt(c, CURLOPT_HTTPHEADER, h);
+        curl_easy_setopt(c, CURLOPT_POSTFIELDS, body);
+        curl_easy_setopt(c, CURLOPT_WRITEFUNCTION, curl_sink);
+        curl_easy_setopt(c, CURLOPT_WRITEDATA, &resp);
+        curl_easy_setopt(c, CURLOPT_TIMEOUT_MS, (long)(g->timeout_s * 1000));
+        curl_easy_setopt(c, CURLOPT_NOSIGNAL, 1L);
+        const CURLcode rc = curl_easy_perform(c);
+        long status = 0;
+        curl_easy_getinfo(c, CURLINFO_RESPONSE_CODE, &status);
+        curl_slist_free_all(h);
+        curl_easy_cleanup(c);
+        if (rc != CURLE_OK) {
+            snprintf(it->gen_err, sizeof it->gen_err, "%s: %s", url, curl_easy_strerror(rc));
+            free(resp.s);
+            continue; /* connection errors and timeouts are retried */
+        }
+        json_t *r = resp.s ? json_loads(resp.s, 0, NULL) : NULL;
+        free(resp.s);
+        if (status != 200) {
+            json_t *m = json_object_get(json_object_get(r, "error"), "message");
+            snprintf(it->gen_err, sizeof it->gen_err, "%s: HTTP %ld%s%s", url, status,
+                     json_is_string(m) ? ": " : "", json_is_string(m) ? json_string_value(m) : "");
+            json_decref(r);
+            if (status == 429 || status >= 500) continue; /* retried; other 4xx are final */
+            break;
+        }
+        json_t *ch = json_array_get(json_object_get(r, "choices"), 0);
+        json_t *t = g->chat ? json_object_get(json_object_get(ch, "message"), "content")
+                            : json_object_get(ch, "text");
+        if (!json_is_string(t)) {
+            snprintf(it->gen_err, sizeof it->gen_err, "%s: no choices[0] text in the response", url);
+            json_decref(r);
+            continue;
+        }
+        it->tlen = json_string_length(t);
+        it->text = loom_malloc(it->tlen + 1);
+        memcpy(it->text, json_string_value(t), it->tlen + 1);
+        it->tokens = (int)json_integer_value(json_object_get(json_object_get(r, "usage"), "completion_tokens"));
+        it->gen_ok = 1;
+        json_decref(r);
+        break;
+    }
+    free(body);
+}
+
+typedef struct http_pool {
+    const gen_cfg *g;
+    item **items;
+    int n;
+    int next;
+    uint64_t seed;
+    pthread_mutex_t mu;
+} http_pool;
+
+/* the sampling seed of an item's attempt (62 bits: it travels as a JSON integer) */
+static uint64_t item_seed(uint64_t seed, const item *it) {
+    return 0x3fffffffffffffffull & loom_mix64(seed ^ loom_mix64((uint64_t)it->seed_idx * 1000003ull + (uint64_t)it->sample) ^
+                      ((uint64_t)it->attempt << 48));
+}
+
+static void *http_worker(void *arg) {
+    http_pool *p = arg;
+    for (;;) {
+        pthread_mutex_lock(&p->mu);
+        const int i = p->next < p->n ? p->next++ : -1;
+        pthread_mutex_unlock(&p->mu);
+        if (i < 0) break;
+        http_one(p->g, p->items[i], item_seed(p->seed, p->items[i]));
+    }
+    return NULL;
+}
+
+/* ---- the pipeline ----------------------------------------------------------------------- */
+
+typedef struct pipeline {
+    const char *path;
+    json_t *root;
+    seeds sd;
+    char *template_name;
+    const char *tpl;
+    const char *feedback;
+    gen_cfg g;
+    validator *v;
+    int nv;
+    int max_attempts, samples;
+    uint64_t seed;
+    const char *output, *summary, *rejected;
+} pipeline;
+
+static const char *jstr(json_t *o, const char *k, const char *def) {
+    json_t *x = json_object_get(o, k);
+    return json_is_string(x) ? json_string_value(x) : def;
+}
+
+static int jint(pipeline *P, json_t *o, const char *where, const char *k, long long def,
+                long long lo, long long hi, long long *out, loom_err *err) {
+    json_t *x = json_object_get(o, k);
+    if (!x) {
+        *out = def;
+        return 0;
+    }
+    if (!json_is_integer(x) || json_integer_value(x) < lo || json_integer_value(x) > hi)
+        return loom_errf(err, "%s: %s%s must be an integer in [%lld, %lld]", P->path, where, k, lo, hi);
+    *out = json_integer_value(x);
+    return 0;
+}
+
+static int jnum(pipeline *P, json_t *o, const char *where, const char *k, double def, double lo,
+                double hi, double *out, loom_err *err) {
+    json_t *x = json_object_get(o, k);
+    if (!x) {
+        *out = def;
+        return 0;
+    }
+    if (!json_is_number(x) || !(json_number_value(x) >= lo && json_number_value(x) <= hi))
+        return loom_errf(err, "%s: %s%s must be a number in [%g, %g]", P->path, where, k, lo, hi);
+    *out = json_number_value(x);
+    return 0;
+}
+
+static int check_keys(pipeline *P, json_t *o, const char *where, const char *const *known, loom_err *err) {
+    const char *k;
+    json_t *v;
+    json_object_foreach(o, k, v) {
+        int ok = 0;
+        for (int i = 0; known[i]; i++) ok |= !strcmp(k, known[i]);
+        if (!ok) return loom_errf(err, "%s: unknown key '%s%s'", P->path, where, k);
+    }
+    return 0;
+}
+
+static int parse_pipeline(pipeline *P, loom_err *err) {
+    json_t *r = P->root;
+    static const char *const top[] = {"name", "seed", "seeds", "templates", "template", "feedback",
+                                      "generator", "validators", "max_attempts", "samples_per_seed",
+                                      "output", "summary", "rejected", NULL};
+    if (check_keys(P, r, "", top, err)) return -1;
+    if (load_seeds(P->path, json_object_get(r, "seeds"), &P->sd, err)) return -1;
+    long long v = 0;
+    if (jint(P, r, "", "seed", 1, 0, (1LL << 62), &v, err)) return -1;
+    P->seed = (uint64_t)v;
+    if (jint(P, r, "", "max_attempts", 3, 1, 100, &v, err)) return -1;
+    P->max_attempts = (int)v;
+    if (jint(P, r, "", "samples_per_seed", 1, 1, 1000, &v, err)) return -1;
+    P->samples = (int)v;
+    json_t *tpls = json_object_get(r, "templates");
+    const char *tname = jstr(r, "template", NULL);
+    if (!json_is_object(tpls) || !tname)
+        return loom_errf(err, "%s: 'templates' (a mapping of name: text) and 'template' (the name "
+                              "to use) are required", P->path);
+    json_t *t = json_object_get(tpls, tname);
+    if (json_is_object(t) && json_is_string(json_object_get(t, "chat"))) {
+        P->g.chat = 1;
+        t = json_object_get(t, "chat");
+    }
+    if (!json_is_string(t))
+        return loom_errf(err, "%s: template '%s' is not in 'templates' (a string, or {chat: string})",
+                         P->path, tname);
+    P->template_name = strdup(tname);
+    P->tpl = json_string_value(t);
+    if (!strstr(P->tpl, "{seed}"))
+        return loom_errf(err, "%s: templates.%s has no {seed} placeholder", P->path, tname);
+    P->feedback = jstr(r, "feedback", "\n(An earlier answer was rejected: {message}. Write a corrected one.)\n");
+    P->output = jstr(r, "output", NULL);
+    if (!P->output) return loom_errf(err, "%s: 'output' (the JSONL file of accepted samples) is required", P->path);
+    P->summary = jstr(r, "summary", NULL);
+    P->rejected = jstr(r, "rejected", NULL);
+    /* generator */
+    json_t *g = json_object_get(r, "generator");
+    static const char *const gk[] = {"kind", "url", "model", "checkpoint", "max_tokens", "temperature",
+                                     "top_p", "top_k", "stop", "concurrency", "timeout_s", "retries",
+                                     "batch", NULL};
+    if (!json_is_object(g)) return loom_errf(err, "%s: 'generator' (a mapping) is required", P->path);
+    if (check_keys(P, g, "generator.", gk, err)) return -1;
+    const char *kind = jstr(g, "kind", "");
+    if (!strcmp(kind, "http")) {
+        P->g.http = 1;
+        const char *url = jstr(g, "url", NULL);
+        if (!url || strncmp(url, "http", 4) || strlen(url) >= sizeof P->g.url)
+            return loom_errf(err, "%s: generator.url must be an http(s) URL ending at /v1", P->path);
+        snprintf(P->g.url, sizeof P->g.url, "%s", url);
+        size_t ul = strlen(P->g.url);
+        while (ul && P->g.url[ul - 1] == '/') P->g.url[--ul] = 0;
+        snprintf(P->g.model, sizeof P->g.model, "%s", jstr(g, "model", "loom"));
+    } else if (!strcmp(kind, "local")) {
+        const char *ck = jstr(g, "checkpoint", NULL);
+        if (!ck) return loom_errf(err, "%s: generator.checkpoint is required for kind local", P->path);
+        snprintf(P->g.checkpoint, sizeof P->g.checkpoint, "%s", ck);
+        snprintf(P->g.model, sizeof P->g.model, "%s", ck);
+    } else {
+        return loom_errf(err, "%s: generator.kind must be local or http", P->path);
+    }
+    if (jint(P, g, "generator.", "max_tokens", 64, 1, 1 << 20, &v, err)) return -1;
+    P->g.max_tokens = (int)v;
+    if (jint(P, g, "generator.", "top_k", 0, 0, 1 << 24, &v, err)) return -1;
+    P->g.top_k = (int)v;
+    if (jint(P, g, "generator.", "concurrency", 8, 1, 1024, &v, err)) return -1;
+    P->g.concurrency = (int)v;
+    if (jint(P, g, "generator.", "retries", 3, 0, 20, &v, err)) return -1;
+    P->g.retries = (int)v;
+    if (jnum(P, g, "generator.", "temperature", 1.0, 0, 2, &P->g.temperature, err) ||
+        jnum(P, g, "generator.", "top_p", 1.0, 0, 1, &P->g.top_p, err) ||
+        jnum(P, g, "generator.", "timeout_s", 60, 0.001, 86400, &P->g.timeout_s, err))
+        return -1;
+    json_t *st = json_object_get(g, "stop");
+    if (json_is_string(st)) st = json_pack("[O]", st);
+    else json_incref(st);
+    size_t i;
+    json_t *x;
+    json_array_foreach(st, i, x) {
+        if (!json_is_string(x) || !json_string_length(x) || P->g.n_stop == 16) {
+            json_decref(st);
+            return loom_errf(err, "%s: generator.stop must be up to 16 non-empty strings", P->path);
+        }
+        P->g.stop[P->g.n_stop++] = strdup(json_string_value(x));
+    }
+    json_decref(st);
+    /* validators */
+    json_t *vl = json_object_get(r, "validators");
+    if (vl && !json_is_array(vl)) return loom_errf(err, "%s: 'validators' must be a list", P->path);
+    P->nv = (int)json_array_size(vl);
+    P->v = loom_calloc((size_t)P->nv + 1, sizeof *P->v);
+    json_array_foreach(vl, i, x) {
+        validator *d = &P->v[i];
+        char where[64];
+        snprintf(where, sizeof where, "validators[%zu].", i);
+        const char *k = jstr(x, "kind", "");
+        snprintf(d->name, sizeof d->name, "%s", jstr(x, "name", k));
+        if (!strcmp(k, "length")) {
+            static const char *const kk[] = {"kind", "name", "min", "max", NULL};
+            if (check_keys(P, x, where, kk, err) || jint(P, x, where, "min", 0, 0, 1LL << 40, &d->min, err) ||
+                jint(P, x, where, "max", -1, -1, 1LL << 40, &d->max, err))
+                return -1;
+            d->kind = V_LENGTH;
+        } else if (!strcmp(k, "regex")) {
+            static const char *const kk[] = {"kind", "name", "pattern", NULL};
+            const char *pat = jstr(x, "pattern", NULL);
+            if (check_keys(P, x, where, kk, err)) return -1;
+            if (!pat) return loom_errf(err, "%s: %spattern is required", P->path, where);
+            int ec;
+            PCRE2_SIZE eo;
+            d->re = pcre2_compile((PCRE2_SPTR)pat, PCRE2_ZERO_TERMINATED, PCRE2_UTF | PCRE2_MATCH_INVALID_UTF, &ec, &eo, NULL);
+            if (!d->re) {
+                PCRE2_UCHAR m[256];
+                pcre2_get_error_message(ec, m, sizeof m);
+                return loom_errf(err, "%s: %spattern: %s at offset %zu", P->path, where, (char *)m, (size_t)eo);
+            }
+            d->kind = V_REGEX;
+        } else if (!strcmp(k, "json")) {
+            static const char *const kk[] = {"kind", "name", "schema", NULL};
+            if (check_keys(P, x, where, kk, err)) return -1;
+            d->schema = json_incref(json_object_get(x, "schema"));
+            d->kind = V_JSON;
+        } else if (!strcmp(k, "command")) {
+            static const char *const kk[] = {"kind", "name", "command", "timeout_s", NULL};
+            if (check_keys(P, x, where, kk, err) ||
+                jnum(P, x, where, "timeout_s", 10, 0.001, 86400, &d->timeout_s, err))
+                return -1;
+            json_t *c = json_object_get(x, "command");
+            if (!json_is_array(c) || json_array_size(c) == 0)
+                return loom_errf(err, "%s: %scommand must be a non-empty list (argv)", P->path, where);
+            d->argc = (int)json_array_size(c);
+            d->argv = loom_calloc((size_t)d->argc + 1, sizeof(char *));
+            size_t j;
+            json_t *a;
+            json_array_foreach(c, j, a) {
+                if (!json_is_string(a)) return loom_errf(err, "%s: %scommand[%zu] is not a string", P->path, where, j);
+                d->argv[j] = strdup(json_string_value(a));
+            }
+            d->kind = V_COMMAND;
+        } else if (!strcmp(k, "unique")) {
+            static const char *const kk[] = {"kind", "name", NULL};
+            if (check_keys(P, x, where, kk, err)) return -1;
+            d->kind = V_UNIQUE;
+        } else {
+            return loom_errf(err, "%s: %skind '%s': expected length, regex, json, command or unique",
+                             P->path, where, k);
+        }
+    }
+    return 0;
+}
+
+/* the local generator: every pending prompt through the engine at once */
+typedef struct local_gen {
+    loom_model *m;
+    loom_tokenizer *tok;
+    loom_engine *eng;
+} local_gen;
+
+static int local_generate(pipeline *P, local_gen *L, item **items, int n, loom_err *err) {
+    int64_t *ids = loom_calloc((size_t)n, sizeof *ids);
+    loom_gen_params gp = loom_gen_params_default();
+    gp.max_tokens = P->g.max_tokens;
+    gp.temperature = (float)P->g.temperature;
+    gp.top_p = (float)P->g.top_p;
+    gp.top_k = P->g.top_k;
+    gp.stop = (const char *const *)P->g.stop;
+    gp.n_stop = P->g.n_stop;
+    const int T = loom_model_get_config(L->m)->max_seq_len;
+    int rc = 0;
+    for (int i = 0; i < n; i++) {
+        loom_ids enc = {0};
+        if (loom_tokenizer_encode(L->tok, items[i]->prompt, strlen(items[i]->prompt), &enc, err)) {
+            loom_ids_free(&enc);
+            rc = -1;
+            break;
+        }
+        int np = (int)enc.n, off = 0;
+        if (np == 0) {
+            items[i]->gen_ok = 0;
+            snprintf(items[i]->gen_err, sizeof items[i]->gen_err, "empty prompt");
+            ids[i] = -1;
+            loom_ids_free(&enc);
+            continue;
+        }
+        if (np > T - 1) off = np - (T - 1), np = T - 1; /* the prompt's end */
+        gp.seed = item_seed(P->seed, items[i]);
+        gp.max_tokens = P->g.max_tokens < T - np + 1 ? P->g.max_tokens : T - np + 1;
+        if (loom_engine_submit(L->eng, enc.ids + off, np, &gp, NULL, NULL, &ids[i], err)) {
+            loom_ids_free(&enc);
+            rc = -1;
+            break;
+        }
+        loom_ids_free(&enc);
+    }
+    while (rc == 0 && loom_engine_step(L->eng) > 0) {}
+    for (int i = 0; rc == 0 && i < n; i++) {
+        if (ids[i] < 0) continue;
+        const char *text;
+        size_t len;
+        int ntok;
+        LOOM_CHECK(loom_engine_result(L->eng, ids[i], NULL, &ntok, &text, &len, NULL) == 0);
+        items[i]->text = loom_malloc(len + 1);
+        memcpy(items[i]->text, text, len);
+        items[i]->text[len] = 0;
+        items[i]->tlen = len;
+        items[i]->tokens = ntok;
+        items[i]->gen_ok = 1;
+        loom_engine_release(L->eng, ids[i]);
+    }
+    free(ids);
+    return rc;
+}
+
+/* validation in parallel */
+typedef struct vpool {
+    pipeline *P;
+    item **items;
+    int n, next;
+    pthread_mutex_t mu;
+} vpool;
+
+static void validate_item(pipeline *P, item *it) {
+    it->results = json_array();
+    it->failed_validator = -1;
+    if (!it->gen_ok) {
+        it->failed_validator = P->nv; /* the generator */
+        snprintf(it->vmsg, sizeof it->vmsg, "generation failed: %.900s", it->gen_err);
+        return;
+    }
+    for (int k = 0; k < P->nv; k++) {
+        if (P->v[k].kind == V_UNIQUE) continue; /* checked in item order, after the others */
+        char msg[512];
+        const int bad = validate(&P->v[k], it->text, it->tlen, msg, sizeof msg);
+        size_t ml;
+        char *cm = loom_utf8_sanitize(msg, strlen(msg), &ml);
+        json_array_append_new(it->results, json_pack("{s:s,s:b,s:s%}", "validator", P->v[k].name,
+                                                     "ok", !bad, "message", cm, ml));
+        free(cm);
+        if (bad) {
+            it->failed_validator = k;
+            snprintf(it->vmsg, sizeof it->vmsg, "%.60s: %.500s", P->v[k].name, msg);
+            return;
+        }
+    }
+}
+
+static void *vworker(void *arg) {
+    vpool *p = arg;
+    for (;;) {
+        pthread_mutex_lock(&p->mu);
+        const int i = p->next < p->n ? p->next++ : -1;
+        pthread_mutex_unlock(&p->mu);
+        if (i < 0) break;
+        validate_item(p->P, p->items[i]);
+    }
+    return NULL;
+}
+
+static void run_pool(void *(*fn)(void *), void *arg, int threads) {
+    pthread_t *t = loom_calloc((size_t)threads, sizeof *t);
+    for (int i = 0; i < threads; i++) LOOM_CHECK(pthread_create(&t[i], NULL, fn, arg) == 0);
+    for (int i = 0; i < threads; i++) pthread_join(t[i], NULL);
+    free(t);
+}
+
+int loom_synth_run(const char *path, const loom_synth_opts *o, loom_err *err) {
+    pipeline P;
+    memset(&P, 0, sizeof P);
+    P.path = path;
+    int rc = -1;
+    local_gen L = {0};
+    item *items = NULL;
+    int n_items = 0;
+    FILE *out = NULL, *rej = NULL;
+    uint64_t *hashes = NULL;
+    size_t n_hash = 0, cap_hash = 0;
+    P.root = load_yaml(path, err);
+    if (!P.root || parse_pipeline(&P, err)) goto done;
+    const int threads = o && o->threads > 0 ? o->threads : 2;
+    if (P.g.http) {
+        curl_global_init(CURL_GLOBAL_DEFAULT);
+    } else {
+        loom_run_data *run = NULL;
+        if (loom_load_model_ex(P.g.checkpoint, 1, 0, &L.m, NULL, &run, err) ||
+            loom_run_data_tokenizer(run, &L.tok, err)) {
+            loom_run_data_free(run);
+            goto done;
+        }
+        loom_run_data_free(run);
+        if (loom_engine_create(L.m, L.tok, NULL, &L.eng, err)) goto done;
+    }
+    n_items = P.sd.n * P.samples;
+    items = loom_calloc((size_t)n_items, sizeof *items);
+    for (int i = 0; i < n_items; i++) {
+        items[i].seed_idx = i / P.samples;
+        items[i].sample = i % P.samples;
+    }
+    /* exact duplicates are checked against the seeds and the accepted pool */
+    for (int s = 0; s < P.sd.n; s++) {
+        if (n_hash == cap_hash) hashes = realloc(hashes, (cap_hash = cap_hash ? 2 * cap_hash : 256) * sizeof *hashes);
+        hashes[n_hash++] = fnv1a(P.sd.v[s], P.sd.len[s]);
+    }
+    long long *rejected_by = loom_calloc((size_t)P.nv + 1, sizeof(long long));
+    long long *accepted_at = loom_calloc((size_t)P.max_attempts + 1, sizeof(long long));
+    long long tokens = 0, generated = 0;
+    const double t0 = loom_now();
+    item **pend = loom_calloc((size_t)n_items, sizeof *pend);
+    for (int attempt = 1; attempt <= P.max_attempts; attempt++) {
+        int np = 0;
+        for (int i = 0; i < n_items; i++) {
+            item *it = &items[i];
+            if (it->done) continue;
+            it->attempt = attempt;
+            sbuf fb = {0}, pr = {0};
+            if (attempt > 1) {
+                size_t pl = it->tlen > 200 ? 200 : it->tlen;
+                for (const char *p = P.feedback; *p;) {
+                    if (!strncmp(p, "{message}", 9)) sb_str(&fb, it->vmsg), p += 9;
+                    else if (!strncmp(p, "{previous}", 10)) sb_add(&fb, it->text ? it->text : "", it->text ? pl : 0), p += 10;
+                    else sb_add(&fb, p, 1), p++;
+                }
+            }
+            render(&pr, P.tpl, P.sd.v[it->seed_idx], P.sd.len[it->seed_idx], fb.s ? fb.s : "");
+            if (attempt > 1 && !strstr(P.tpl, "{feedback}")) sb_str(&pr, fb.s); /* appended */
+            free(fb.s);
+            free(it->prompt);
+            free(it->text);
+            it->text = NULL;
+            it->tlen = 0;
+            json_decref(it->results);
+            it->results = NULL;
+            it->prompt = pr.s ? pr.s : strdup("");
+            pend[np++] = it;
+        }
+        if (np == 0) break;
+        if (P.g.http) {
+            http_pool hp = {.g = &P.g, .items = pend, .n = np, .seed = P.seed};
+            pthread_mutex_init(&hp.mu, NULL);
+            run_pool(http_worker, &hp, P.g.concurrency < np ? P.g.concurrency : np);
+            pthread_mutex_destroy(&hp.mu);
+        } else if (local_generate(&P, &L, pend, np, err)) {
+            goto done_counts;
+        }
+        vpool vp = {.P = &P, .items = pend, .n = np};
+        pthread_mutex_init(&vp.mu, NULL);
+        run_pool(vworker, &vp, threads < np ? threads : np);
+        pthread_mutex_destroy(&vp.mu);
+        for (int k = 0; k < np; k++) { /* in item order: duplicates, verdicts */
+            item *it = pend[k];
+            generated++;
+            tokens += it->tokens;
+            if (it->failed_validator < 0) {
+                const uint64_t h = fnv1a(it->text, it->tlen);
+                for (int v = 0; v < P.nv; v++) {
+                    if (P.v[v].kind != V_UNIQUE) continue;
+                    int dup = 0;
+                    for (size_t j = 0; j < n_hash && !dup; j++) dup = hashes[j] == h;
+                    json_array_append_new(it->results, json_pack("{s:s,s:b,s:s}", "validator", P.v[v].name,
+                                                                 "ok", !dup, "message", dup ? "an exact duplicate" : ""));
+                    if (dup) {
+                        it->failed_validator = v;
+                        snprintf(it->vmsg, sizeof it->vmsg, "%s: an exact duplicate of a seed or an earlier sample", P.v[v].name);
+                        break;
+                    }
+                }
+            }
+            if (it->failed_validator < 0) {
+                it->done = it->accepted = 1;
+                accepted_at[attempt]++;
+                if (n_hash == cap_hash) hashes = realloc(hashes, (cap_hash = cap_hash ? 2 * cap_hash : 256) * sizeof *hashes);
+                hashes[n_hash++] = fnv1a(it->text, it->tlen);
+            } else {
+                rejected_by[it->failed_validator]++;
+                if (attempt == P.max_attempts) it->done = 1;
+            }
+        }
+        if (!o || !o->quiet) {
+            long long acc = 0;
+            for (int a = 1; a <= attempt; a++) acc += accepted_at[a];
+            const double dt = loom_now() - t0;
+            fprintf(stderr, "%ssynth: attempt %d/%d: %lld/%d accepted, %lld generations, %.1f samples/s%s",
+                    isatty(2) ? "\r" : "", attempt, P.max_attempts, acc, n_items, generated,
+                    dt > 0 ? (double)generated / dt : 0.0, isatty(2) ? "" : "\n");
+        }
+    }
+    if (!o || !o->quiet) {
+        if (isatty(2)) fputc('\n', stderr);
+    }
+    /* output: accepted records in item order (temp file, then rename) */
+    char tmp[4200];
+    snprintf(tmp, sizeof tmp, "%s.tmp", P.output);
+    out = fopen(tmp, "w");
+    if (!out) {
+        loom_errf(err, "%s: cannot write: %s", tmp, strerror(errno));
+        goto done_counts;
+    }
+    if (P.rejected) {
+        rej = fopen(P.rejected, "w");
+        if (!rej) {
+            loom_errf(err, "%s: cannot write: %s", P.rejected, strerror(errno));
+            goto done_counts;
+        }
+    }
+    long long accepted = 0;
+    for (int i = 0; i < n_items; i++) {
+        item *it = &items[i];
+        FILE *f = it->accepted ? out : rej;
+        if (!f) continue;
+        accepted += it->accepted;
+        char hex[17];
+        snprintf(hex, sizeof hex, "%016llx", (unsigned long long)fnv1a(P.sd.v[it->seed_idx], P.sd.len[it->seed_idx]));
+        size_t tl;
+        char *ct = loom_utf8_sanitize(it->text ? it->text : "", it->tlen, &tl);
+        json_t *rec = json_pack("{s:s%,s:s,s:i,s:i,s:s,s:{s:s,s:s},s:i,s:O}", "text", ct, tl, "seed_hash", hex,
+                                "seed_index", it->seed_idx, "sample", it->sample, "template", P.template_name,
+                                "generator", "kind", P.g.http ? "http" : "local", "model", P.g.model,
+                                "attempt", it->attempt, "validators", it->results ? it->results : json_array());
+        free(ct);
+        if (!it->accepted) json_object_set_new(rec, "rejected_by", json_string(it->vmsg));
+        char *line = json_dumps(rec, JSON_COMPACT);
+        fprintf(f, "%s\n", line);
+        free(line);
+        json_decref(rec);
+    }
+    if (fflush(out) || fsync(fileno(out)) || fclose(out)) {
+        out = NULL;
+        loom_errf(err, "%s: write failed: %s", tmp, strerror(errno));
+        goto done_counts;
+    }
+    out = NULL;
+    if (rename(tmp, P.output)) {
+        loom_errf(err, "%s: cannot rename into place: %s", P.output, strerror(errno));
+        goto done_counts;
+    }
+    {
+        const double dt = loom_now() - t0;
+        json_t *rb = json_object(), *hist = json_object();
+        for (int v = 0; v < P.nv; v++) json_object_set_new(rb, P.v[v].name, json_integer(rejected_by[v]));
+        json_object_set_new(rb, "generator", json_integer(rejected_by[P.nv]));
+        for (int a = 1; a <= P.max_attempts; a++) {
+            char k[16];
+            snprintf(k, sizeof k, "%d", a);
+            json_object_set_new(hist, k, json_integer(accepted_at[a]));
+        }
+        json_t *sum = json_pack("{s:i,s:I,s:I,s:I,s:o,s:o,s:f,s:f,s:f}", "items", n_items, "accepted",
+                                (json_int_t)accepted, "rejected", (json_int_t)(n_items - accepted),
+                                "generations", (json_int_t)generated, "rejected_by", rb,
+                                "accepted_at_attempt", hist, "seconds", dt, "tokens_per_s",
+                                dt > 0 ? (double)tokens / dt : 0.0, "samples_per_s",
+                                dt > 0 ? (double)generated / dt : 0.0);
+        char *s = json_dumps(sum, JSON_COMPACT);
+        fprintf(stderr, "synth: %s\n", s);
+        if (P.summary && loom_write_file_atomic(P.summary, s, strlen(s), err)) {
+            free(s);
+            json_decref(sum);
+            goto done_counts;
+        }
+        free(s);
+        json_decref(sum);
+    }
+    rc = 0;
+done_counts:
+    free(rejected_by);
+    free(accepted_at);
+    free(pend);
+done:
+    if (out) fclose(out);
+    if (rej) fclose(rej);
+    for (int i = 0; i < n_items; i++) {
+        free(items[i].prompt);
+        free(items[i].text);
+        json_decref(items[i].results);
+    }
+    free(items);
+    free(hashes);
+    for (int i = 0; i < P.sd.n; i++) free(P.sd.v[i]);
+    free(P.sd.v);
+    free(P.sd.len);
+    for (int i = 0; i < P.nv; i++) {
+        if (P.v[i].re) pcre2_code_free(P.v[i].re);
+        json_decref(P.v[i].schema);
+        for (int j = 0; j < P.v[i].argc; j++) free(P.v[i].argv[j]);
+        free(P.v[i].argv);
+    }
+    free(P.v);
+    for (int i = 0; i < P.g.n_stop; i++) free(P.g.stop[i]);
+    free(P.template_name);
+    json_decref(P.root);
+    loom_engine_free(L.eng);
+    loom_tokenizer_free(L.tok);
+    loom_model_free(L.m);
+    if (P.g.http) curl_global_cleanup();
+    return rc;
+}
