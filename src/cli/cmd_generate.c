@@ -11,6 +11,7 @@
 
 #include "cli/cli.h"
 #include "loom/chat.h"
+#include "loom/comm.h"
 #include "loom/infer.h"
 #include "loom/tokenizer.h"
 #include "loom/train.h"
@@ -135,7 +136,7 @@ static void print_ids(const loom_tokenizer *tok, const int32_t *ids, int n) {
     }
 }
 
-int loom_cli_generate(int argc, char **argv) {
+static int generate_main(int argc, char **argv) {
     const char *ckpt = NULL, *prompt = "\n", *prompts_file = NULL;
     long n_tokens = 200, top_k = 40, seed = 1, batch = 16, kv_mb = 0;
     double temperature = 0.8, top_p = 1.0, rep = 1.0;
@@ -189,6 +190,7 @@ int loom_cli_generate(int argc, char **argv) {
         } else goto usage;
     }
     if (!ckpt) goto usage;
+    if (!prompts_file && loom_comm_world_rank() > 0) return 0; /* one prompt: rank 0 runs it */
     loom_err err = {{0}};
     loom_model *m = NULL;
     loom_run_data *run = NULL;
@@ -265,8 +267,13 @@ int loom_cli_generate(int argc, char **argv) {
     const int np = prompts_file ? n_prompts : 1;
     ids = loom_calloc((size_t)np, sizeof *ids);
     int n_trunc = 0;
+    /* under mpirun each rank is a replica and takes prompts i with i % world == rank; the
+     * seeds depend on i only, so the output does not depend on the number of ranks */
+    const int rank = loom_comm_world_rank(), world = loom_comm_world_size();
     for (int i = 0; i < np; i++) {
         int trunc = 0;
+        ids[i] = -1;
+        if (i % world != rank) continue;
         const char *pi = chat ? rendered[i] : prompts_file ? prompts[i] : prompt;
         if (encode_prompt(tok, pi, T, &enc, &trunc, &err)) goto fail;
         n_trunc += trunc;
@@ -290,10 +297,13 @@ int loom_cli_generate(int argc, char **argv) {
     while (loom_engine_step(eng) > 0) {}
     const double dt = loom_now() - t0;
     int64_t total = 0;
+    char *lines = NULL; /* this rank's JSON lines (--prompts) */
+    size_t lines_len = 0, lines_cap = 0;
     for (int i = 0; i < np; i++) {
         const char *text;
         size_t len;
         int n, fin;
+        if (ids[i] < 0) continue;
         LOOM_CHECK(loom_engine_result(eng, ids[i], NULL, &n, &text, &len, &fin) == 0);
         total += n;
         if (!prompts_file && fmt_ids) {
@@ -321,10 +331,55 @@ int loom_cli_generate(int argc, char **argv) {
         json_object_set_new(o, "tokens", json_integer(n));
         json_object_set_new(o, "finish_reason", json_string(loom_finish_reason_name(fin)));
         char *line = json_dumps(o, JSON_COMPACT | JSON_ENSURE_ASCII);
-        puts(line);
+        const size_t ll = strlen(line);
+        if (lines_len + ll + 2 > lines_cap) {
+            lines_cap = (lines_len + ll + 2) * 2;
+            char *nl = realloc(lines, lines_cap);
+            LOOM_CHECK(nl != NULL);
+            lines = nl;
+        }
+        memcpy(lines + lines_len, line, ll);
+        lines_len += ll;
+        lines[lines_len++] = '\n';
         free(line);
         json_decref(o);
     }
+    if (prompts_file && world == 1 && lines_len) fwrite(lines, 1, lines_len, stdout);
+    if (prompts_file && world > 1) {
+        /* gather every rank's lines to rank 0, which prints them in prompt order */
+        loom_mesh_spec spec;
+        loom_mesh *mesh = NULL;
+        loom_mesh_spec_default(&spec);
+        spec.timeout_s = 86400; /* ranks wait for the slowest one's generation */
+        if (loom_mesh_create(&spec, NULL, &mesh, &err)) loom_comm_fail_all(&err);
+        int64_t mine = (int64_t)lines_len, longest = 0;
+        int64_t *lens = loom_calloc((size_t)world, sizeof *lens);
+        loom_allgather(mesh, LOOM_GROUP_WORLD, &mine, lens, (size_t)world, LOOM_I64); /* total count */
+        for (int r = 0; r < world; r++) longest = lens[r] > longest ? lens[r] : longest;
+        char *send = loom_calloc((size_t)longest + 1, 1);
+        char *all = loom_malloc((size_t)world * ((size_t)longest + 1));
+        if (lines_len) memcpy(send, lines, lines_len);
+        loom_allgather(mesh, LOOM_GROUP_WORLD, send, all, (size_t)world * ((size_t)longest + 1),
+                       LOOM_U8);
+        if (rank == 0) {
+            /* rank r holds prompts r, r + world, ... in order: one line from each in turn */
+            size_t *at = loom_calloc((size_t)world, sizeof *at);
+            for (int i = 0; i < np; i++) {
+                const int r = i % world;
+                const char *b = all + (size_t)r * ((size_t)longest + 1);
+                const char *e = memchr(b + at[r], '\n', (size_t)lens[r] - at[r]);
+                LOOM_CHECK(e != NULL);
+                fwrite(b + at[r], 1, (size_t)(e - (b + at[r])) + 1, stdout);
+                at[r] = (size_t)(e - b) + 1;
+            }
+            free(at);
+        }
+        free(send);
+        free(all);
+        free(lens);
+        loom_mesh_free(mesh);
+    }
+    free(lines);
     if (stats) {
         loom_engine_stats st;
         loom_engine_get_stats(eng, &st);
@@ -334,6 +389,7 @@ int loom_cli_generate(int argc, char **argv) {
     }
     rc = 0;
 fail:
+    if (rc && prompts_file && loom_comm_world_size() > 1) loom_comm_fail(&err); /* ends the job */
     if (rc) fprintf(stderr, "loom: error: %s\n", err.msg);
     loom_ids_free(&enc);
     for (int i = 0; i < n_rendered; i++) free(rendered[i]);
@@ -355,4 +411,15 @@ usage:
                     "       [--chat [--template chatml|llama3|FILE] [--system TEXT]]: the prompt as a user "
                     "turn, the reply up to the end of the assistant's turn\n");
     return 2;
+}
+
+int loom_cli_generate(int argc, char **argv) {
+    loom_err err = {{0}};
+    if (loom_comm_init(&argc, &argv, &err)) {
+        fprintf(stderr, "loom: error: %s\n", err.msg);
+        return 1;
+    }
+    const int rc = generate_main(argc, argv);
+    loom_comm_finalize();
+    return rc;
 }

@@ -500,6 +500,10 @@ static enum MHD_Result handle_generation(server *S, conn *k, struct MHD_Connecti
         loom_ids_free(&ids);
         goto out;
     }
+    json_t *given = json_object_get(req, mt_key);
+    if (k->ep == EP_CHAT && (!given || json_is_null(given))) /* chat default: up to the context */
+        max_tokens = S->maxT + 1LL - (long long)ids.n < max_tokens ? S->maxT + 1LL - (long long)ids.n
+                                                                  : max_tokens;
     if ((long long)ids.n + max_tokens > S->maxT + 1LL) {
         rc = send_error(c, MHD_HTTP_BAD_REQUEST, "invalid_request_error", mt_key,
                         "this model's maximum context length is %d tokens; the prompt has %zu "

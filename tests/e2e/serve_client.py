@@ -43,6 +43,9 @@ check(rc.choices[0].message.role == "assistant" and rc.usage.completion_tokens =
 sc = list(client.chat.completions.create(model=model, messages=msgs, max_tokens=10, temperature=0, stream=True))
 check("".join(c.choices[0].delta.content or "" for c in sc) == ctext, "streamed chat = the same text")
 check(sc[0].choices[0].delta.role == "assistant", "the first chat chunk has the role")
+rd = client.chat.completions.create(model=model, messages=msgs, temperature=0)
+check(rd.choices[0].finish_reason == "length" and rd.usage.prompt_tokens + rd.usage.completion_tokens == 129,
+      f"chat without max_tokens runs to the context: {rd.usage}")
 # the chat template is documented: "role: content\n" ... "assistant:"
 r2 = client.completions.create(model=model, prompt="system: be brief\nuser: the lazy\nassistant:",
                                max_tokens=10, temperature=0)
