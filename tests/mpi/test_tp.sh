@@ -2,8 +2,8 @@
 # (parallel.sp) off and on, follow the single-process loss curve for 20 steps within 1e-5
 # relative, GPT-2 and Llama with grouped-query attention
 # (8 query heads, 4 kv heads: at tp = 4 each rank holds 2 query heads and 1 kv head), and
-# DP 2 x TP 2 with ZeRO 1 and 3 (the embedding and head vocab-parallel: GPT-2's tied wte
-# split by rows). Also: the step's tp communication time in metrics.jsonl, parameter bytes
+# DP 2 x TP 2 with ZeRO 1 and 3, and SP with model.recompute full and selective (the embedding
+# and head vocab-parallel: GPT-2's tied wte split by rows). Also: the step's tp communication time in metrics.jsonl, parameter bytes
 # per rank against the formula, and checkpoints saved at tp = 2 resumed at tp = 1 and back.
 # One thread per rank, --oversubscribe.
 source "$(dirname "$0")/lib.sh"
@@ -18,13 +18,14 @@ for flavor in gpt2 llama; do
   [ $flavor = llama ] && ARGS+=(--set model.n_kv_head=4) || ARGS+=(--set model.n_kv_head=8)
   "$LOOM_BIN" train "$WORK/$flavor.yaml" "${ARGS[@]}" 2>"$WORK/log" || { cat "$WORK/log"; fail "$flavor single"; }
   runs=("2 tp=2" "4 tp=4" "4 tp=2,zero=1" "4 tp=2,zero=3"
-        "2 tp=2,sp=true" "4 tp=4,sp=true" "4 tp=2,zero=1,sp=true" "4 tp=2,zero=3,sp=true")
+        "2 tp=2,sp=true" "4 tp=4,sp=true" "4 tp=2,zero=1,sp=true" "4 tp=2,zero=3,sp=true"
+        "2 tp=2,sp=true,recompute=full" "2 tp=2,sp=true,recompute=selective")
   for spec in "${runs[@]}"; do
     np=${spec%% *}; kv=${spec#* }
     name=$(echo "$kv" | tr ',=' '_-')
     set_args=()
     for p in ${kv//,/ }; do
-      case $p in tp=*|zero=*|sp=*) set_args+=(--set parallel.$p);; esac
+      case $p in tp=*|zero=*|sp=*) set_args+=(--set parallel.$p);; recompute=*) set_args+=(--set model.$p);; esac
     done
     run=$WORK/$flavor/$name
     $MPIRUN -np "$np" "$LOOM_BIN" train "$WORK/$flavor.yaml" "${ARGS[@]}" "${set_args[@]}" \
