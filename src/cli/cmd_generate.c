@@ -329,6 +329,13 @@ static int generate_main(int argc, char **argv) {
         json_object_set_new(o, "text", json_stringn(ts, sl));
         free(ts);
         json_object_set_new(o, "tokens", json_integer(n));
+        if (fmt_ids) { /* --format ids: the generated ids too */
+            const int32_t *gt;
+            LOOM_CHECK(loom_engine_result(eng, ids[i], &gt, NULL, NULL, NULL, NULL) == 0);
+            json_t *a = json_array();
+            for (int j = 0; j < n; j++) json_array_append_new(a, json_integer(gt[j]));
+            json_object_set_new(o, "ids", a);
+        }
         json_object_set_new(o, "finish_reason", json_string(loom_finish_reason_name(fin)));
         char *line = json_dumps(o, JSON_COMPACT | JSON_ENSURE_ASCII);
         const size_t ll = strlen(line);
