@@ -14,6 +14,7 @@ pkgs=(build-essential cmake pkg-config libopenblas-openmp-dev libyaml-dev libjan
 [ $want_test = 1 ] && pkgs+=(clang libclang-rt-14-dev)   # tests/fuzz: clang with libFuzzer
 [ $want_test = 1 ] && pkgs+=(strace util-linux)           # tests/e2e: fsync order (strace), flock(1)
 [ $want_test = 1 ] && pkgs+=(curl)                         # tests/e2e: loom serve with a real client
+[ $want_test = 1 ] && pkgs+=(bsdutils)                  # tests/e2e/test_progress: script(1), a pseudo-terminal
 [ $want_test = 1 ] && pkgs+=(prometheus)                  # tests/e2e/test_prometheus: a real scraper, promtool
 [ $want_test = 1 ] && pkgs+=(chromium)                    # tests/e2e/test_report: renders report.html headless
 

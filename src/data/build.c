@@ -47,6 +47,7 @@
 
 #if defined(__has_include)
 #include "loom/chat.h"
+#include "loom/progress.h"
 #if __has_include("loom/tokenizer.h")
 #include "loom/tokenizer.h"
 #define LOOM_HAVE_BPE 1
@@ -929,6 +930,24 @@ static int chat_tokenize(build *b, int si, const loom_docs *docs, uint64_t *ntok
     return 0;
 }
 
+/* not a terminal: a plain progress line at most this often (a long source in a log) */
+#define BUILD_PLAIN_EVERY_S 30.0
+
+/* one source's progress line: phase, documents (of total when known), bytes, tokens, rate, ETA
+ * (from the bytes when the total is known, else the elapsed time) */
+static void build_progress(loom_progress *pg, int force, const char *name, const char *phase,
+                           uint64_t docs, uint64_t docs_total, uint64_t bytes,
+                           uint64_t bytes_total, uint64_t toks, double t0) {
+    const double el = loom_now() - t0;
+    char eta[48], dn[48] = "";
+    loom_progress_eta(eta, sizeof eta, el, (double)bytes, (double)bytes_total);
+    if (docs_total) snprintf(dn, sizeof dn, "/%llu", (unsigned long long)docs_total);
+    loom_progress_show(pg, force, "data build: source '%s': %s %llu%s docs | %.1f MB | %llu tokens "
+                       "| %.1f MB/s | %s", name, phase, (unsigned long long)docs, dn,
+                       (double)bytes / 1e6, (unsigned long long)toks,
+                       el > 0 ? (double)bytes / 1e6 / el : 0.0, eta);
+}
+
 static int build_source(build *b, int si, loom_err *err) {
     src_state *st = &b->src[si];
     const loom_recipe_source *s = &b->r.sources[si];
@@ -941,7 +960,15 @@ static int build_source(build *b, int si, loom_err *err) {
     int32_t **ids = NULL;    /* bpe: (docs.n) token arrays */
     uint8_t **masks = NULL;  /* chat: (docs.n) loss masks */
     st->rot = b->next_shard[0]; /* the same rotation for both splits and the BPE counts */
+    loom_progress pg;
+    loom_progress_init(&pg, BUILD_PLAIN_EVERY_S);
+    const int pg_on = b->rank == 0;
     if (read_source(b, si, &docs, err) != 0) goto done;
+    if (pg_on && !st->reuse) {
+        uint64_t bytes = 0;
+        for (size_t i = 0; i < docs.n; i++) bytes += docs.v[i].len;
+        build_progress(&pg, 0, s->name, "read", docs.n, 0, bytes, 0, 0, t0);
+    }
     if (st->reuse) { /* read only for the cross-source dedup set */
         rc = reuse_source(b, si, err);
         goto done;
@@ -970,6 +997,9 @@ static int build_source(build *b, int si, loom_err *err) {
                 before += docs.v[i].len;
             }
         }
+        uint64_t my_docs = 0, my_bytes = 0, done_docs = 0, done_bytes = 0, done_toks = 0;
+        for (size_t i = 0; i < docs.n; i++)
+            if (!mine || mine[i]) my_docs++, my_bytes += docs.v[i].len;
         #pragma omp parallel for schedule(dynamic, 16)
         for (size_t i = 0; i < docs.n; i++) {
             if (mine && !mine[i]) {
@@ -989,7 +1019,19 @@ static int build_source(build *b, int si, loom_err *err) {
             free(text);
             ids[i] = v.ids;
             ntok[i] = v.n;
+            if (pg_on) {
+                #pragma omp critical(loom_build_progress)
+                {
+                    done_docs++, done_bytes += docs.v[i].len, done_toks += v.n;
+                    if (loom_progress_due(&pg))
+                        build_progress(&pg, 0, s->name, "tokenize", done_docs, my_docs,
+                                       done_bytes, my_bytes, done_toks, t0);
+                }
+            }
         }
+        if (pg_on)
+            build_progress(&pg, 0, s->name, "tokenize", done_docs, my_docs, done_bytes, my_bytes,
+                           done_toks, t0);
         free(mine);
         if (failed) {
             *err = first;
@@ -1025,6 +1067,11 @@ static int build_source(build *b, int si, loom_err *err) {
     int labelled = st->labels != NULL;
     for (int sp = 0; sp < 2; sp++)
         if (write_split(b, si, sp, &ds[sp], ids, labelled, err) != 0) goto done;
+    if (pg_on && pg.tty) { /* the finished source's last update (a terminal only) */
+        build_progress(&pg, 1, s->name, "written", docs.n, docs.n, in_bytes, in_bytes,
+                       st->split[0].tokens + st->split[1].tokens, t0);
+        loom_progress_end(&pg);
+    }
     double dt = loom_now() - t0;
     if (b->rank == 0)
         loom_log("data build: source '%s': built %zu document(s), %llu tokens -> train %llu + val %llu "

@@ -29,6 +29,7 @@
 #include <pcre2.h>
 
 #include "loom/infer.h"
+#include "loom/progress.h"
 #include "loom/tokenizer.h"
 #include "loom/train.h"
 
@@ -992,6 +993,8 @@ int loom_synth_run(const char *path, const loom_synth_opts *o, loom_err *err) {
     long long *accepted_at = loom_calloc((size_t)P.max_attempts + 1, sizeof(long long));
     long long tokens = 0, generated = 0;
     const double t0 = loom_now();
+    loom_progress pg;
+    loom_progress_init(&pg, 0);
     item **pend = loom_calloc((size_t)n_items, sizeof *pend);
     for (int attempt = 1; attempt <= P.max_attempts; attempt++) {
         int np = 0;
@@ -1062,18 +1065,21 @@ int loom_synth_run(const char *path, const loom_synth_opts *o, loom_err *err) {
                 if (attempt == P.max_attempts) it->done = 1;
             }
         }
-        if (!o || !o->quiet) {
-            long long acc = 0;
+        if (!o || !o->quiet) { /* forced: one line per round (plain), the latest (terminal) */
+            long long acc = 0, n_rej = 0, decided = 0;
             for (int a = 1; a <= attempt; a++) acc += accepted_at[a];
+            for (int v = 0; v <= P.nv; v++) n_rej += rejected_by[v];
+            for (int i = 0; i < n_items; i++) decided += items[i].done;
             const double dt = loom_now() - t0;
-            fprintf(stderr, "%ssynth: attempt %d/%d: %lld/%d accepted, %lld generations, %.1f samples/s%s",
-                    isatty(2) ? "\r" : "", attempt, P.max_attempts, acc, n_items, generated,
-                    dt > 0 ? (double)generated / dt : 0.0, isatty(2) ? "" : "\n");
+            char eta[48];
+            loom_progress_eta(eta, sizeof eta, dt, (double)decided, (double)n_items);
+            loom_progress_show(&pg, 1, "synth: attempt %d/%d: %lld/%d accepted, %lld rejected, "
+                               "%lld generations, %.1f samples/s, %s", attempt, P.max_attempts,
+                               acc, n_items, n_rej, generated,
+                               dt > 0 ? (double)generated / dt : 0.0, eta);
         }
     }
-    if (!o || !o->quiet) {
-        if (isatty(2)) fputc('\n', stderr);
-    }
+    loom_progress_end(&pg);
     /* output: accepted records in item order (temp file, then rename) */
     char tmp[4200];
     snprintf(tmp, sizeof tmp, "%s.tmp", P.output);

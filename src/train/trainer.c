@@ -21,6 +21,7 @@
 #include "loom/parallel.h"
 #include "loom/schedule.h"
 #include "loom/profile.h"
+#include "loom/progress.h"
 #include "loom/pp.h"
 #include "loom/tp.h"
 #include "loom/windows.h"
@@ -298,17 +299,17 @@ static int open_data(trainer *t, loom_err *err) {
     return 0;
 }
 
-static void progress(const trainer *t, double loss, double lr, double tps, double mfu,
-                     double elapsed, int64_t first_step) {
+/* the progress line: on a terminal updated in place (rate-limited, every step offered), else a
+ * plain line every train.log_every steps and at the last (force) */
+static void progress(const trainer *t, loom_progress *pg, int force, double loss, double lr,
+                     double tps, double mfu, double elapsed, int64_t first_step) {
+    if (!force && !loom_progress_due(pg)) return;
     const int64_t done = t->step - first_step, left = t->s.steps - t->step;
     const double eta = done > 0 ? elapsed / (double)done * (double)left : 0;
-    const int tty = isatty(STDERR_FILENO);
     char mfu_s[32] = "-"; /* no peak: MFU is not reported */
     if (mfu >= 0) snprintf(mfu_s, sizeof mfu_s, "%.1f%%", 100 * mfu);
-    fprintf(stderr, "%sstep %lld/%lld | loss %.4f | lr %.2e | %.0f tok/s | mfu %s | eta %.0fs%s",
-            tty ? "\r" : "", (long long)t->step, (long long)t->s.steps, loss, lr, tps, mfu_s,
-            eta, tty ? "   " : "\n");
-    fflush(stderr);
+    loom_progress_show(pg, force, "step %lld/%lld | loss %.4f | lr %.2e | %.0f tok/s | mfu %s | eta %.0fs",
+                       (long long)t->step, (long long)t->s.steps, loss, lr, tps, mfu_s, eta);
 }
 
 /* the mesh from parallel.*; data and tensor parallelism are implemented in the trainer so far */
@@ -511,6 +512,8 @@ int loom_train(loom_config *cfg, loom_err *err) {
     if (t.mc.doc_mask) t.g_doc = loom_malloc((size_t)BT * sizeof(int32_t));
     const int64_t first_step = t.step;
     const double t_start = loom_now();
+    loom_progress pg;
+    loom_progress_init(&pg, 0);
     install_stop_handlers(&old_int, &old_term);
     handlers = 1;
     per_rank = loom_calloc(3 * (size_t)t.world_size, sizeof(double));
@@ -653,8 +656,8 @@ int loom_train(loom_config *cfg, loom_err *err) {
                                        vloss, (double)rss_bytes(), skipped,
                                        t.skipped_steps};
             if (train_obs_publish(obs, &row, err)) goto done;
-            if (t.step % t.s.log_every == 0 || last)
-                progress(&t, loss, lr, tps, mfu, loom_now() - t_start, first_step);
+            progress(&t, &pg, (t.step % t.s.log_every == 0 && !pg.tty) || last, loss, lr, tps,
+                     mfu, loom_now() - t_start, first_step);
         }
         /* the stop decision must be the same on every rank */
         double stops[2] = {g_stop_signal, train_obs_stop_requested(obs)};
@@ -693,7 +696,7 @@ int loom_train(loom_config *cfg, loom_err *err) {
             goto done;
         }
     }
-    if (rank0 && isatty(STDERR_FILENO)) fputc('\n', stderr);
+    if (rank0) loom_progress_end(&pg);
     if (train_obs_finish(obs, &t, err)) goto done;
     rc = 0;
     goto done;
