@@ -1029,8 +1029,8 @@ static int build_source(build *b, int si, loom_err *err) {
                 }
             }
         }
-        if (pg_on)
-            build_progress(&pg, 0, s->name, "tokenize", done_docs, my_docs, done_bytes, my_bytes,
+        if (pg_on) /* the phase's last count (a terminal) */
+            build_progress(&pg, pg.tty, s->name, "tokenize", done_docs, my_docs, done_bytes, my_bytes,
                            done_toks, t0);
         free(mine);
         if (failed) {

@@ -410,6 +410,7 @@ int loom_train(loom_config *cfg, loom_err *err) {
     int64_t consecutive_skips = 0; /* not saved: a resumed run starts counting again */
     loom_metrics *mx = NULL;
     train_obs *obs = NULL;
+    loom_progress pg = {0}; /* width 0: loom_progress_end is a no-op until it draws */
     double *per_rank = NULL, *pp_ranks = NULL;
     enum { PP_METRICS = 6 };
     struct sigaction old_int, old_term;
@@ -512,7 +513,6 @@ int loom_train(loom_config *cfg, loom_err *err) {
     if (t.mc.doc_mask) t.g_doc = loom_malloc((size_t)BT * sizeof(int32_t));
     const int64_t first_step = t.step;
     const double t_start = loom_now();
-    loom_progress pg;
     loom_progress_init(&pg, 0);
     install_stop_handlers(&old_int, &old_term);
     handlers = 1;
@@ -603,6 +603,7 @@ int loom_train(loom_config *cfg, loom_err *err) {
             if (eval_loss(&t, &vloss, &vacc, err)) goto done;
             loom_prof_end(0, 0, NULL);
             if (rank0 && (!isatty(STDERR_FILENO) || last)) {
+                loom_progress_end(&pg); /* a terminal: the log line below the progress line */
                 if (t.classify)
                     loom_log("step %lld: val loss %.4f, val accuracy %.4f", (long long)t.step,
                              vloss, vacc);
@@ -696,13 +697,14 @@ int loom_train(loom_config *cfg, loom_err *err) {
             goto done;
         }
     }
-    if (rank0) loom_progress_end(&pg);
+    loom_progress_end(&pg);
     if (train_obs_finish(obs, &t, err)) goto done;
     rc = 0;
     goto done;
 stopped:
     if (train_obs_finish(obs, &t, err)) rc = -1;
 done:
+    loom_progress_end(&pg); /* a terminal: the error or the shell prompt on the next line */
     if (handlers) {
         sigaction(SIGINT, &old_int, NULL);
         sigaction(SIGTERM, &old_term, NULL);

@@ -73,6 +73,11 @@ no_cr() { ! grep -q $'\r' "$1" || { cat -A "$1" >&2; fail "$1: a carriage return
 L="$LOOM_BIN"
 in_tty build "$L data build $WORK/recipe.yaml"
 has_updates build.tty "data build: source 'corpus': (read|written) [0-9]+(/[0-9]+)? docs \| [0-9.]+ MB \| [0-9]+ tokens \| [0-9.]+ MB/s \| (eta|elapsed) [0-9]"
+# a BPE tokenizer: the tokenize phase (documents of the total, ETA)
+"$LOOM_BIN" tokenizer train --vocab-size 280 --out tok.json corpus.txt >/dev/null 2>&1 || fail "tokenizer train"
+sed "s|^tokenizer: byte|tokenizer: {type: bpe, path: $WORK/tok.json}|; s|^output: .*|output: $WORK/bpe|" recipe.yaml > bpe.yaml
+in_tty bpe "$L data build $WORK/bpe.yaml"
+has_updates bpe.tty "data build: source 'corpus': tokenize [0-9]+/200 docs \| [0-9.]+ MB \| [0-9]+ tokens \| [0-9.]+ MB/s \| eta [0-9]"
 rm -rf data
 expect_ok "data build without a terminal" "$L" data build recipe.yaml
 no_cr "$WORK/err.txt"
