@@ -39,6 +39,15 @@ void loom_set_fatal_hook(void (*hook)(const char *msg));
 void *loom_malloc_at(size_t n, const char *file, int line);
 void *loom_calloc_at(size_t n, size_t size, const char *file, int line);
 void *loom_realloc_at(void *p, size_t n, const char *file, int line);
+
+/* A growing text buffer: loom_sbuf_printf appends formatted text, doubling the allocation as
+ * needed (aborts on allocation failure, as loom_realloc does). Start as {NULL, 0, 0} or with
+ * an initial allocation; the owner frees p. */
+typedef struct loom_sbuf {
+    char *p;
+    size_t len, cap;
+} loom_sbuf;
+void loom_sbuf_printf(loom_sbuf *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 char *loom_strdup(const char *s);
 /* 64-byte aligned, zeroed; free with free(). For arenas. */
 void *loom_alloc_aligned(size_t n);

@@ -73,6 +73,22 @@ void *loom_realloc_at(void *p, size_t n, const char *file, int line) {
     return q;
 }
 
+void loom_sbuf_printf(loom_sbuf *b, const char *fmt, ...) {
+    for (;;) {
+        va_list ap;
+        va_start(ap, fmt);
+        const int n = b->p ? vsnprintf(b->p + b->len, b->cap - b->len, fmt, ap) : -2;
+        va_end(ap);
+        LOOM_CHECK(n >= 0 || n == -2);
+        if (n >= 0 && (size_t)n < b->cap - b->len) {
+            b->len += (size_t)n;
+            return;
+        }
+        b->cap = 2 * b->cap + (n > 0 ? (size_t)n : 0) + 256;
+        b->p = loom_realloc(b->p, b->cap);
+    }
+}
+
 char *loom_strdup(const char *s) {
     size_t n = strlen(s) + 1;
     char *p = loom_malloc(n);

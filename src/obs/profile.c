@@ -169,75 +169,58 @@ void loom_prof_comm(const char *kind, const char *group, double bytes, double t0
 
 /* ---- the part file ------------------------------------------------------------------------ */
 
-typedef struct sbuf {
-    char *p;
-    size_t len, cap;
-} sbuf;
-
-static void sb_printf(sbuf *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-static void sb_printf(sbuf *b, const char *fmt, ...) {
-    for (;;) {
-        va_list ap;
-        va_start(ap, fmt);
-        const int n = vsnprintf(b->p + b->len, b->cap - b->len, fmt, ap);
-        va_end(ap);
-        LOOM_CHECK(n >= 0);
-        if ((size_t)n < b->cap - b->len) {
-            b->len += (size_t)n;
-            return;
-        }
-        b->cap = 2 * b->cap + (size_t)n + 64;
-        b->p = loom_realloc(b->p, b->cap);
-    }
-}
+typedef loom_sbuf sbuf;
 
 static double us(double t) { return (t - R.origin) * 1e6; }
 
 int loom_prof_write_part(const char *run_dir, loom_err *err) {
     sbuf b = {loom_malloc(1 << 16), 0, 1 << 16};
-    sb_printf(&b, "{\"rank\":%d,\"peak_flops\":%.17g,\"dropped\":%zu,\"events\":[\n", R.rank,
+    loom_sbuf_printf(&b, "{\"rank\":%d,\"peak_flops\":%.17g,\"dropped\":%zu,\"events\":[\n", R.rank,
               R.peak, R.dropped);
-    sb_printf(&b, "{\"name\":\"process_name\",\"ph\":\"M\",\"pid\":%d,\"tid\":0,"
+    loom_sbuf_printf(&b, "{\"name\":\"process_name\",\"ph\":\"M\",\"pid\":%d,\"tid\":0,"
                   "\"args\":{\"name\":\"rank %d\"}},\n", R.rank, R.rank);
-    sb_printf(&b, "{\"name\":\"process_sort_index\",\"ph\":\"M\",\"pid\":%d,\"tid\":0,"
+    loom_sbuf_printf(&b, "{\"name\":\"process_sort_index\",\"ph\":\"M\",\"pid\":%d,\"tid\":0,"
                   "\"args\":{\"sort_index\":%d}},\n", R.rank, R.rank);
-    sb_printf(&b, "{\"name\":\"thread_name\",\"ph\":\"M\",\"pid\":%d,\"tid\":0,"
+    loom_sbuf_printf(&b, "{\"name\":\"thread_name\",\"ph\":\"M\",\"pid\":%d,\"tid\":0,"
                   "\"args\":{\"name\":\"main\"}}", R.rank);
     int lanes = 0;
     for (size_t i = 0; i < R.n; i++)
         if (R.ev[i].tid > lanes) lanes = R.ev[i].tid;
     for (int l = 1; l <= lanes; l++)
-        sb_printf(&b, ",\n{\"name\":\"thread_name\",\"ph\":\"M\",\"pid\":%d,\"tid\":%d,"
+        loom_sbuf_printf(&b, ",\n{\"name\":\"thread_name\",\"ph\":\"M\",\"pid\":%d,\"tid\":%d,"
                       "\"args\":{\"name\":\"collectives %d\"}}", R.rank, l, l);
     for (size_t i = 0; i < R.n; i++) {
         const event *e = &R.ev[i];
         if (e->t1 < e->t0) continue; /* never closed */
         const double dur = e->t1 - e->t0;
-        sb_printf(&b, ",\n{\"name\":\"%s\",\"cat\":\"%s\",\"ph\":\"X\",\"pid\":%d,\"tid\":%d,"
+        loom_sbuf_printf(&b,
+            ",\n{\"name\":\"%s\",\"cat\":\"%s\",\"ph\":\"X\",\"pid\":%d,\"tid\":%d,"
                       "\"ts\":%.3f,\"dur\":%.3f,\"args\":{", e->name, e->cat, R.rank, e->tid,
                   us(e->t0), dur * 1e6);
         const char *sep = "";
         if (e->shape[0]) {
-            sb_printf(&b, "\"shape\":\"%s\"", e->shape);
+            loom_sbuf_printf(&b, "\"shape\":\"%s\"", e->shape);
             sep = ",";
         }
         if (!strcmp(e->cat, "comm") || !strcmp(e->cat, "wait")) {
-            sb_printf(&b, "%s\"group\":\"%s\",\"bytes\":%.17g", sep, e->group ? e->group : "",
+            loom_sbuf_printf(&b,
+                "%s\"group\":\"%s\",\"bytes\":%.17g", sep, e->group ? e->group : "",
                       e->bytes);
-            if (!strcmp(e->cat, "comm")) sb_printf(&b, ",\"wait_s\":%.9g", e->wait);
+            if (!strcmp(e->cat, "comm")) loom_sbuf_printf(&b, ",\"wait_s\":%.9g", e->wait);
         } else if (!strcmp(e->cat, "step")) {
-            sb_printf(&b, "%s\"model_flops\":%.17g,\"replica_ranks\":%.0f", sep, e->flops,
+            loom_sbuf_printf(&b, "%s\"model_flops\":%.17g,\"replica_ranks\":%.0f", sep, e->flops,
                       e->bytes);
         } else if (e->flops > 0 || e->bytes > 0) {
-            sb_printf(&b, "%s\"flops\":%.17g,\"bytes\":%.17g", sep, e->flops, e->bytes);
+            loom_sbuf_printf(&b, "%s\"flops\":%.17g,\"bytes\":%.17g", sep, e->flops, e->bytes);
             if (dur > 0 && e->flops > 0) {
-                sb_printf(&b, ",\"flops_per_s\":%.6g", e->flops / dur);
-                if (R.peak > 0) sb_printf(&b, ",\"peak_frac\":%.6g", e->flops / dur / R.peak);
+                loom_sbuf_printf(&b, ",\"flops_per_s\":%.6g", e->flops / dur);
+                if (R.peak > 0) loom_sbuf_printf(&b,
+                    ",\"peak_frac\":%.6g", e->flops / dur / R.peak);
             }
         }
-        sb_printf(&b, "}}");
+        loom_sbuf_printf(&b, "}}");
     }
-    sb_printf(&b, "\n]}\n");
+    loom_sbuf_printf(&b, "\n]}\n");
     char path[4200];
     loom_pathf(path, sizeof path, "%s/trace.rank_%05d.json", run_dir, R.rank);
     const int rc = loom_write_file_atomic(path, b.p, b.len, err);

@@ -14,39 +14,19 @@
 #include "loom/config.h"
 
 /* ---- output buffer ---------------------------------------------------------------------- */
-typedef struct sbuf {
-    char *p;
-    size_t len, cap;
-} sbuf;
-
-static void put(sbuf *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-static void put(sbuf *b, const char *fmt, ...) {
-    for (;;) {
-        va_list ap;
-        va_start(ap, fmt);
-        const int n = vsnprintf(b->p + b->len, b->cap - b->len, fmt, ap);
-        va_end(ap);
-        LOOM_CHECK(n >= 0);
-        if ((size_t)n < b->cap - b->len) {
-            b->len += (size_t)n;
-            return;
-        }
-        b->cap = 2 * b->cap + (size_t)n + 256;
-        b->p = loom_realloc(b->p, b->cap);
-    }
-}
+typedef loom_sbuf sbuf;
 
 /* text as HTML (also safe inside attribute values) */
 static void esc(sbuf *b, const char *s, size_t n) {
     for (size_t i = 0; i < n; i++) {
         const unsigned char c = (unsigned char)s[i];
-        if (c == '<') put(b, "&lt;");
-        else if (c == '>') put(b, "&gt;");
-        else if (c == '&') put(b, "&amp;");
-        else if (c == '"') put(b, "&quot;");
-        else if (c == '\'') put(b, "&#39;");
-        else if (c < 0x20 && c != '\n' && c != '\t') put(b, " ");
-        else put(b, "%c", c);
+        if (c == '<') loom_sbuf_printf(b, "&lt;");
+        else if (c == '>') loom_sbuf_printf(b, "&gt;");
+        else if (c == '&') loom_sbuf_printf(b, "&amp;");
+        else if (c == '"') loom_sbuf_printf(b, "&quot;");
+        else if (c == '\'') loom_sbuf_printf(b, "&#39;");
+        else if (c < 0x20 && c != '\n' && c != '\t') loom_sbuf_printf(b, " ");
+        else loom_sbuf_printf(b, "%c", c);
     }
 }
 static void escs(sbuf *b, const char *s) { esc(b, s, strlen(s)); }
@@ -125,62 +105,67 @@ static int chart(sbuf *b, const char *id, const char *title, const char *ylabel,
     const double pw = W - L - R, ph = H - T - B;
 #define PX(x) (L + ((x) - x0) / (x1 - x0) * pw)
 #define PY(y) (T + (1 - ((y) - y0) / (y1 - y0)) * ph)
-    put(b, "<figure class=\"plot\" id=\"plot-%s\"><svg width=\"%d\" height=\"%d\" viewBox=\"0 0 "
+    loom_sbuf_printf(b,
+        "<figure class=\"plot\" id=\"plot-%s\"><svg width=\"%d\" height=\"%d\" viewBox=\"0 0 "
            "%d %d\" role=\"img\" aria-label=\"", id, W, H, W, H);
     escs(b, title);
-    put(b, "\"><rect x=\"0\" y=\"0\" width=\"%d\" height=\"%d\" fill=\"#fff\"/>", W, H);
-    put(b, "<text x=\"%d\" y=\"20\" font-size=\"15\" font-weight=\"bold\">", L);
+    loom_sbuf_printf(b,
+        "\"><rect x=\"0\" y=\"0\" width=\"%d\" height=\"%d\" fill=\"#fff\"/>", W, H);
+    loom_sbuf_printf(b, "<text x=\"%d\" y=\"20\" font-size=\"15\" font-weight=\"bold\">", L);
     escs(b, title);
-    put(b, "</text>");
+    loom_sbuf_printf(b, "</text>");
     /* grid + ticks */
     const double ys = nice_step(y1 - y0, 5), xs = nice_step(x1 - x0, 6);
     for (double v = ceil(y0 / ys) * ys; v <= y1; v += ys) {
         char t[32];
         fmt_num(t, sizeof t, fabs(v) < 1e-12 * ys ? 0 : v);
-        put(b, "<line x1=\"%d\" x2=\"%d\" y1=\"%.1f\" y2=\"%.1f\" stroke=\"#e4e4e4\"/>"
+        loom_sbuf_printf(b, "<line x1=\"%d\" x2=\"%d\" y1=\"%.1f\" y2=\"%.1f\" stroke=\"#e4e4e4\"/>"
                "<text x=\"%d\" y=\"%.1f\" font-size=\"11\" text-anchor=\"end\">%s</text>",
             L, W - R, PY(v), PY(v), L - 6, PY(v) + 4, t);
     }
     for (double v = ceil(x0 / xs) * xs; v <= x1; v += xs) {
         char t[32];
         fmt_num(t, sizeof t, v);
-        put(b, "<line x1=\"%.1f\" x2=\"%.1f\" y1=\"%d\" y2=\"%d\" stroke=\"#e4e4e4\"/>"
+        loom_sbuf_printf(b, "<line x1=\"%.1f\" x2=\"%.1f\" y1=\"%d\" y2=\"%d\" stroke=\"#e4e4e4\"/>"
                "<text x=\"%.1f\" y=\"%d\" font-size=\"11\" text-anchor=\"middle\">%s</text>",
             PX(v), PX(v), T, H - B, PX(v), H - B + 15, t);
     }
-    put(b, "<rect x=\"%d\" y=\"%d\" width=\"%.0f\" height=\"%.0f\" fill=\"none\" "
+    loom_sbuf_printf(b, "<rect x=\"%d\" y=\"%d\" width=\"%.0f\" height=\"%.0f\" fill=\"none\" "
            "stroke=\"#999\"/>", L, T, pw, ph);
-    put(b, "<text x=\"%.0f\" y=\"%d\" font-size=\"12\" text-anchor=\"middle\">step</text>",
+    loom_sbuf_printf(b,
+        "<text x=\"%.0f\" y=\"%d\" font-size=\"12\" text-anchor=\"middle\">step</text>",
         L + pw / 2, H - 6);
-    put(b, "<text x=\"14\" y=\"%.0f\" font-size=\"12\" text-anchor=\"middle\" "
+    loom_sbuf_printf(b, "<text x=\"14\" y=\"%.0f\" font-size=\"12\" text-anchor=\"middle\" "
            "transform=\"rotate(-90 14 %.0f)\">", T + ph / 2, T + ph / 2);
     escs(b, ylabel);
-    put(b, "</text>");
+    loom_sbuf_printf(b, "</text>");
     /* the lines (long series: every k-th point, the last one kept) */
     for (int k = 0; k < ns; k++) {
         const char *col = palette[k % 10];
         const int stride = s[k].n > 1500 ? (s[k].n + 1499) / 1500 : 1;
         const int single = finite_points(&s[k]) == 1;
-        put(b, "<polyline class=\"series\" fill=\"none\" stroke=\"%s\" stroke-width=\"1.5\" "
+        loom_sbuf_printf(b,
+            "<polyline class=\"series\" fill=\"none\" stroke=\"%s\" stroke-width=\"1.5\" "
                "points=\"", col);
         for (int i = 0; i < s[k].n; i++) {
             if (i % stride && i != s[k].n - 1) continue;
-            if (isfinite(s[k].y[i])) put(b, "%.1f,%.1f ", PX(s[k].x[i]), PY(s[k].y[i]));
+            if (isfinite(s[k].y[i])) loom_sbuf_printf(b,
+                "%.1f,%.1f ", PX(s[k].x[i]), PY(s[k].y[i]));
         }
-        put(b, "\"/>");
+        loom_sbuf_printf(b, "\"/>");
         if (single || s[k].n <= 60) /* markers where points are few (val loss) */
             for (int i = 0; i < s[k].n; i++)
                 if (isfinite(s[k].y[i]))
-                    put(b, "<circle cx=\"%.1f\" cy=\"%.1f\" r=\"2.5\" fill=\"%s\"/>",
+                    loom_sbuf_printf(b, "<circle cx=\"%.1f\" cy=\"%.1f\" r=\"2.5\" fill=\"%s\"/>",
                         PX(s[k].x[i]), PY(s[k].y[i]), col);
         /* legend */
         const int lx = L + 10 + (k % 4) * 165, ly = T + 14 + (k / 4) * 16;
-        put(b, "<rect x=\"%d\" y=\"%d\" width=\"12\" height=\"3\" fill=\"%s\"/>"
+        loom_sbuf_printf(b, "<rect x=\"%d\" y=\"%d\" width=\"12\" height=\"3\" fill=\"%s\"/>"
                "<text x=\"%d\" y=\"%d\" font-size=\"11\">", lx, ly - 4, col, lx + 16, ly);
         escs(b, s[k].name);
-        put(b, "</text>");
+        loom_sbuf_printf(b, "</text>");
     }
-    put(b, "</svg></figure>\n");
+    loom_sbuf_printf(b, "</svg></figure>\n");
 #undef PX
 #undef PY
     return 1;
@@ -263,11 +248,11 @@ static void manifest_summary(sbuf *b, const char *what, const char *dir) {
     loom_pathf(path, sizeof path, "%s/manifest.jsonl", dir);
     int bad = 0;
     json_t *rows = read_jsonl(path, &bad);
-    put(b, "<tr><td>%s</td><td><code>", what);
+    loom_sbuf_printf(b, "<tr><td>%s</td><td><code>", what);
     escs(b, dir);
-    put(b, "</code></td>");
+    loom_sbuf_printf(b, "</code></td>");
     if (!rows) {
-        put(b, "<td colspan=\"3\">manifest.jsonl not found</td></tr>\n");
+        loom_sbuf_printf(b, "<td colspan=\"3\">manifest.jsonl not found</td></tr>\n");
         return;
     }
     double tokens = 0, docs = 0;
@@ -285,17 +270,18 @@ static void manifest_summary(sbuf *b, const char *what, const char *dir) {
         json_object_set_new(by_source, src, json_real((isfinite(prev) ? prev : 0) +
                                                       (isfinite(t) ? t : 0)));
     }
-    put(b, "<td>%zu</td><td>%.0f</td><td>%.0f</td><td>", json_array_size(rows), tokens, docs);
+    loom_sbuf_printf(b,
+        "<td>%zu</td><td>%.0f</td><td>%.0f</td><td>", json_array_size(rows), tokens, docs);
     const char *k;
     json_t *v;
     int first = 1;
     json_object_foreach(by_source, k, v) {
-        put(b, "%s", first ? "" : ", ");
+        loom_sbuf_printf(b, "%s", first ? "" : ", ");
         escs(b, k);
-        put(b, " %.0f", json_number_value(v));
+        loom_sbuf_printf(b, " %.0f", json_number_value(v));
         first = 0;
     }
-    put(b, "</td></tr>\n");
+    loom_sbuf_printf(b, "</td></tr>\n");
     json_decref(by_source);
     json_decref(rows);
 }
@@ -307,15 +293,17 @@ static void profile_section(sbuf *b, const char *run_dir) {
     json_t *s = json_load_file(path, 0, NULL);
     if (!json_is_object(s)) {
         json_decref(s);
-        put(b, "<h2>Profile</h2><p>profile_summary.json is not readable.</p>\n");
+        loom_sbuf_printf(b, "<h2>Profile</h2><p>profile_summary.json is not readable.</p>\n");
         return;
     }
     const double peak = num_or_nan(json_object_get(s, "peak_flops_per_rank"));
     const double total = num_or_nan(json_object_get(s, "op_seconds"));
-    put(b, "<h2 id=\"profile\">Profile</h2><p>From <code>trace.json</code> (open it in Perfetto "
+    loom_sbuf_printf(b,
+        "<h2 id=\"profile\">Profile</h2><p>From <code>trace.json</code> (open it in Perfetto "
            "or chrome://tracing). Top ops by time over all ranks");
-    if (isfinite(peak) && peak > 0) put(b, "; peak %.1f GFLOP/s per rank", peak / 1e9);
-    put(b, ".</p>\n<table class=\"ops\"><tr><th>op</th><th>calls</th><th>ms</th><th>share of "
+    if (isfinite(peak) && peak > 0) loom_sbuf_printf(b, "; peak %.1f GFLOP/s per rank", peak / 1e9);
+    loom_sbuf_printf(b,
+        ".</p>\n<table class=\"ops\"><tr><th>op</th><th>calls</th><th>ms</th><th>share of "
            "op time</th><th>GFLOP/s</th><th>of peak</th><th>GB/s</th></tr>\n");
     size_t i;
     json_t *o;
@@ -324,23 +312,25 @@ static void profile_section(sbuf *b, const char *run_dir) {
         const double sec = num_or_nan(json_object_get(o, "seconds"));
         const double fl = num_or_nan(json_object_get(o, "flops"));
         const double by = num_or_nan(json_object_get(o, "bytes"));
-        put(b, "<tr><td>");
+        loom_sbuf_printf(b, "<tr><td>");
         escs(b, json_string_value(json_object_get(o, "name")) ? json_string_value(
                                                                    json_object_get(o, "name"))
                                                              : "?");
-        put(b, "</td><td>%lld</td><td>%.3f</td><td>%.1f%%</td><td>%.2f</td><td>",
+        loom_sbuf_printf(b, "</td><td>%lld</td><td>%.3f</td><td>%.1f%%</td><td>%.2f</td><td>",
             (long long)json_integer_value(json_object_get(o, "calls")), sec * 1e3,
             total > 0 ? 100 * sec / total : 0, sec > 0 ? fl / sec / 1e9 : 0);
-        if (isfinite(peak) && peak > 0 && fl > 0 && sec > 0) put(b, "%.1f%%", 100 * fl / sec / peak);
-        put(b, "</td><td>%.2f</td></tr>\n", sec > 0 ? by / sec / 1e9 : 0);
+        if (isfinite(peak) && peak > 0 && fl > 0 && sec > 0) loom_sbuf_printf(b,
+            "%.1f%%", 100 * fl / sec / peak);
+        loom_sbuf_printf(b, "</td><td>%.2f</td></tr>\n", sec > 0 ? by / sec / 1e9 : 0);
     }
-    put(b, "</table>\n");
+    loom_sbuf_printf(b, "</table>\n");
     /* compute / exposed communication / data wait per rank, as a stacked bar */
     json_t *ranks = json_object_get(s, "per_rank");
     const int nr = (int)json_array_size(ranks);
     if (nr > 0) {
         const int W = 760, row = 22, L = 70, H = 40 + nr * row + 24;
-        put(b, "<figure class=\"plot\" id=\"plot-profile-split\"><svg width=\"%d\" height=\"%d\" "
+        loom_sbuf_printf(b,
+            "<figure class=\"plot\" id=\"plot-profile-split\"><svg width=\"%d\" height=\"%d\" "
                "viewBox=\"0 0 %d %d\" role=\"img\" aria-label=\"time split per rank\">"
                "<rect x=\"0\" y=\"0\" width=\"%d\" height=\"%d\" fill=\"#fff\"/>"
                "<text x=\"%d\" y=\"20\" font-size=\"15\" font-weight=\"bold\">Profiled steps: "
@@ -356,33 +346,38 @@ static void profile_section(sbuf *b, const char *run_dir) {
         }
         json_array_foreach(ranks, i, o) {
             const int y = 34 + (int)i * row;
-            put(b, "<text x=\"%d\" y=\"%d\" font-size=\"11\" text-anchor=\"end\">rank %zu</text>",
+            loom_sbuf_printf(b,
+                "<text x=\"%d\" y=\"%d\" font-size=\"11\" text-anchor=\"end\">rank %zu</text>",
                 L - 6, y + 13, i);
             double x = L;
             for (int k = 0; k < 3; k++) {
                 const double v = fmax(0, num_or_nan(json_object_get(o, names[k])));
                 const double w = most > 0 ? v / most * (W - L - 20) : 0;
-                put(b, "<rect x=\"%.1f\" y=\"%d\" width=\"%.1f\" height=\"16\" fill=\"%s\"/>", x,
+                loom_sbuf_printf(b,
+                    "<rect x=\"%.1f\" y=\"%d\" width=\"%.1f\" height=\"16\" fill=\"%s\"/>", x,
                     y, w, palette[k]);
                 x += w;
             }
         }
         for (int k = 0; k < 3; k++)
-            put(b, "<rect x=\"%d\" y=\"%d\" width=\"12\" height=\"8\" fill=\"%s\"/><text x=\"%d\" "
+            loom_sbuf_printf(b,
+                "<rect x=\"%d\" y=\"%d\" width=\"12\" height=\"8\" fill=\"%s\"/><text x=\"%d\" "
                    "y=\"%d\" font-size=\"11\">%s</text>", L + k * 200, H - 16, palette[k],
                 L + k * 200 + 16, H - 8, labels[k]);
-        put(b, "</svg></figure>\n");
-        put(b, "<table><tr><th>rank</th><th>steps</th><th>step s</th><th>compute s</th><th>"
+        loom_sbuf_printf(b, "</svg></figure>\n");
+        loom_sbuf_printf(b,
+            "<table><tr><th>rank</th><th>steps</th><th>step s</th><th>compute s</th><th>"
                "exposed comm s</th><th>data wait s</th></tr>\n");
         json_array_foreach(ranks, i, o) {
-            put(b, "<tr><td>%zu</td><td>%lld</td><td>%.4f</td><td>%.4f</td><td>%.4f</td><td>%.4f"
+            loom_sbuf_printf(b,
+                "<tr><td>%zu</td><td>%lld</td><td>%.4f</td><td>%.4f</td><td>%.4f</td><td>%.4f"
                    "</td></tr>\n", i, (long long)json_integer_value(json_object_get(o, "steps")),
                 num_or_nan(json_object_get(o, "step_s")),
                 num_or_nan(json_object_get(o, "compute_s")),
                 num_or_nan(json_object_get(o, "comm_exposed_s")),
                 num_or_nan(json_object_get(o, "data_wait_s")));
         }
-        put(b, "</table>\n");
+        loom_sbuf_printf(b, "</table>\n");
     }
     json_decref(s);
 }
@@ -502,40 +497,45 @@ static void trace_section(sbuf *b, const char *run_dir) {
     const int rows = depth_max + 1 + lanes_max, rh = 16, L = 90, W = 1500, R = 10;
     const int group = rows * rh + 10, T = 40, H = T + (max_pid + 1) * group + 30;
     const double pw = W - L - R, span_us = w1 - w0 > 0 ? w1 - w0 : 1;
-    put(b, "<h2 id=\"trace\">Trace</h2><p>");
+    loom_sbuf_printf(b, "<h2 id=\"trace\">Trace</h2><p>");
     escs(b, which);
-    put(b, " of <code>trace.json</code>, %.3f ms, a row group per rank (main thread: step, "
+    loom_sbuf_printf(b,
+        " of <code>trace.json</code>, %.3f ms, a row group per rank (main thread: step, "
            "phases, ops, waits by nesting depth; then the lanes of collectives). Hover a span "
            "for its name, duration and FLOPs. Open the file in Perfetto or chrome://tracing for "
            "every step.</p>\n", span_us / 1e3);
-    put(b, "<figure class=\"plot\" id=\"plot-trace\"><svg width=\"%d\" height=\"%d\" viewBox=\"0 "
+    loom_sbuf_printf(b,
+        "<figure class=\"plot\" id=\"plot-trace\"><svg width=\"%d\" height=\"%d\" viewBox=\"0 "
            "0 %d %d\" role=\"img\" aria-label=\"trace timeline\"><rect x=\"0\" y=\"0\" "
            "width=\"%d\" height=\"%d\" fill=\"#fff\"/>", W, H, W, H, W, H);
     const double tick = nice_step(span_us / 1e3, 8);
     for (double v = 0; v <= span_us / 1e3 + 1e-9; v += tick) {
         const double x = L + v * 1e3 / span_us * pw;
-        put(b, "<line x1=\"%.1f\" x2=\"%.1f\" y1=\"%d\" y2=\"%d\" stroke=\"#eee\"/><text x=\"%.1f\" "
+        loom_sbuf_printf(b,
+            "<line x1=\"%.1f\" x2=\"%.1f\" y1=\"%d\" y2=\"%d\" stroke=\"#eee\"/><text x=\"%.1f\" "
                "y=\"%d\" font-size=\"10\" text-anchor=\"middle\">%.4g ms</text>", x, x, T - 6, H - 24,
             x, T - 10, v);
     }
     for (int p = 0; p <= max_pid; p++)
-        put(b, "<text x=\"6\" y=\"%d\" font-size=\"12\" font-weight=\"bold\">rank %d</text>",
+        loom_sbuf_printf(b,
+            "<text x=\"6\" y=\"%d\" font-size=\"12\" font-weight=\"bold\">rank %d</text>",
             T + p * group + 12, p);
     for (size_t k = 0; k < n; k++) {
         const span *s = &sp[k];
         const int row = s->tid == 0 ? s->depth : depth_max + (s->tid < 4 ? s->tid : 4);
         const double x = L + (s->t0 - w0) / span_us * pw, w = fmax(0.5, (s->t1 - s->t0) / span_us * pw);
         const int y = T + s->pid * group + row * rh;
-        put(b, "<rect x=\"%.2f\" y=\"%d\" width=\"%.2f\" height=\"%d\" fill=\"%s\" stroke=\"#fff\" "
+        loom_sbuf_printf(b,
+            "<rect x=\"%.2f\" y=\"%d\" width=\"%.2f\" height=\"%d\" fill=\"%s\" stroke=\"#fff\" "
                "stroke-width=\"0.3\"><title>", x, y, w, rh - 2, cat_color(s->cat, s->name));
         escs(b, s->name);
-        put(b, " (%s) %.1f us", s->cat, s->t1 - s->t0);
-        if (s->flops > 0) put(b, ", %.4g FLOP", s->flops);
-        put(b, "</title></rect>");
+        loom_sbuf_printf(b, " (%s) %.1f us", s->cat, s->t1 - s->t0);
+        if (s->flops > 0) loom_sbuf_printf(b, ", %.4g FLOP", s->flops);
+        loom_sbuf_printf(b, "</title></rect>");
         if (w > 7.0 * (double)strlen(s->name)) {
-            put(b, "<text x=\"%.1f\" y=\"%d\" font-size=\"10\">", x + 2, y + rh - 5);
+            loom_sbuf_printf(b, "<text x=\"%.1f\" y=\"%d\" font-size=\"10\">", x + 2, y + rh - 5);
             escs(b, s->name);
-            put(b, "</text>");
+            loom_sbuf_printf(b, "</text>");
         }
     }
     const char *keys[][2] = {{"step", "step"}, {"phase", "phase"}, {"matmul", "op"},
@@ -544,10 +544,11 @@ static void trace_section(sbuf *b, const char *run_dir) {
                              {"collective", "comm"}, {"checkpoint", "ckpt"}};
     const char *kname[] = {"", "", "matmul", "attention", "adamw", "x", "", "", "", ""};
     for (int k = 0; k < 10; k++)
-        put(b, "<rect x=\"%d\" y=\"%d\" width=\"12\" height=\"10\" fill=\"%s\"/><text x=\"%d\" "
+        loom_sbuf_printf(b,
+            "<rect x=\"%d\" y=\"%d\" width=\"12\" height=\"10\" fill=\"%s\"/><text x=\"%d\" "
                "y=\"%d\" font-size=\"11\">%s</text>", L + k * 140, H - 16,
             cat_color(keys[k][1], kname[k]), L + k * 140 + 16, H - 7, keys[k][0]);
-    put(b, "</svg></figure>\n");
+    loom_sbuf_printf(b, "</svg></figure>\n");
     free(sp);
     json_decref(doc);
 }
@@ -563,16 +564,18 @@ int loom_report(const char *run_dir, const char *out_path, loom_err *err) {
     loom_pathf(outp, sizeof outp, "%s", out_path ? out_path : "");
     if (!out_path) loom_pathf(outp, sizeof outp, "%s/report.html", run_dir);
     sbuf b = {loom_malloc(1 << 16), 0, 1 << 16};
-    put(&b, "<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\"><title>loom report: ");
+    loom_sbuf_printf(&b,
+        "<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\"><title>loom report: ");
     escs(&b, run_dir);
-    put(&b, "</title><style>body{font-family:sans-serif;margin:24px;max-width:1600px;color:#222}"
+    loom_sbuf_printf(&b,
+        "</title><style>body{font-family:sans-serif;margin:24px;max-width:1600px;color:#222}"
             "figure{display:inline-block;margin:6px;border:1px solid #ddd}"
             "table{border-collapse:collapse;margin:8px 0}td,th{border:1px solid #ccc;"
             "padding:3px 8px;font-size:13px;text-align:left}pre{background:#f6f6f6;padding:8px;"
             "font-size:12px;overflow:auto;max-height:480px}</style></head><body>\n");
-    put(&b, "<h1>loom run <code>");
+    loom_sbuf_printf(&b, "<h1>loom run <code>");
     escs(&b, run_dir);
-    put(&b, "</code></h1>\n");
+    loom_sbuf_printf(&b, "</code></h1>\n");
     /* summary */
     const size_t n = json_array_size(rows);
     json_t *last = n ? json_array_get(rows, n - 1) : NULL;
@@ -588,16 +591,18 @@ int loom_report(const char *run_dir, const char *out_path, loom_err *err) {
         const double m = num_or_nan(json_object_get(r, "mfu"));
         if (isfinite(m)) mfu += m, n_mfu++;
     }
-    put(&b, "<table class=\"summary\"><tr><th>steps logged</th><td>%zu</td></tr>", n);
+    loom_sbuf_printf(&b, "<table class=\"summary\"><tr><th>steps logged</th><td>%zu</td></tr>", n);
     if (last)
-        put(&b, "<tr><th>last step</th><td>%lld</td></tr><tr><th>last loss</th><td>%.5g</td></tr>",
+        loom_sbuf_printf(&b,
+            "<tr><th>last step</th><td>%lld</td></tr><tr><th>last loss</th><td>%.5g</td></tr>",
             (long long)json_integer_value(json_object_get(last, "step")),
             num_or_nan(json_object_get(last, "loss")));
-    if (isfinite(best_val)) put(&b, "<tr><th>best val loss</th><td>%.5g</td></tr>", best_val);
-    if (n_tps) put(&b, "<tr><th>mean tokens/s</th><td>%.1f</td></tr>", tps / n_tps);
-    if (n_mfu) put(&b, "<tr><th>mean MFU</th><td>%.2f%%</td></tr>", 100 * mfu / n_mfu);
-    if (bad) put(&b, "<tr><th>unreadable metrics lines</th><td>%d</td></tr>", bad);
-    put(&b, "</table>\n<h2 id=\"plots\">Training</h2>\n");
+    if (isfinite(best_val)) loom_sbuf_printf(&b,
+        "<tr><th>best val loss</th><td>%.5g</td></tr>", best_val);
+    if (n_tps) loom_sbuf_printf(&b, "<tr><th>mean tokens/s</th><td>%.1f</td></tr>", tps / n_tps);
+    if (n_mfu) loom_sbuf_printf(&b, "<tr><th>mean MFU</th><td>%.2f%%</td></tr>", 100 * mfu / n_mfu);
+    if (bad) loom_sbuf_printf(&b, "<tr><th>unreadable metrics lines</th><td>%d</td></tr>", bad);
+    loom_sbuf_printf(&b, "</table>\n<h2 id=\"plots\">Training</h2>\n");
     /* plots */
     series s[16];
     int drawn = 0;
@@ -633,28 +638,31 @@ int loom_report(const char *run_dir, const char *out_path, loom_err *err) {
     }
     drawn += chart(&b, "rank_step", "Per-rank step time (busy: compute + data wait)", "ms", s, k);
     free_series(s, k);
-    if (!drawn) put(&b, "<p>No numeric metrics to plot.</p>\n");
+    if (!drawn) loom_sbuf_printf(&b, "<p>No numeric metrics to plot.</p>\n");
     /* alerts */
     loom_pathf(path, sizeof path, "%s/alerts.jsonl", run_dir);
     int abad = 0;
     json_t *alerts = read_jsonl(path, &abad);
-    put(&b, "<h2 id=\"alerts\">Alerts</h2>\n");
+    loom_sbuf_printf(&b, "<h2 id=\"alerts\">Alerts</h2>\n");
     if (!alerts || json_array_size(alerts) == 0) {
-        put(&b, "<p>No alert fired.</p>\n");
+        loom_sbuf_printf(&b, "<p>No alert fired.</p>\n");
     } else {
-        put(&b, "<table class=\"alerts\"><tr><th>step</th><th>rule</th><th>value</th><th>"
+        loom_sbuf_printf(&b,
+            "<table class=\"alerts\"><tr><th>step</th><th>rule</th><th>value</th><th>"
                 "reference</th><th>action</th></tr>\n");
         json_array_foreach(alerts, i, r) {
-            put(&b, "<tr><td>%lld</td><td>", (long long)json_integer_value(json_object_get(r, "step")));
+            loom_sbuf_printf(&b,
+                "<tr><td>%lld</td><td>", (long long)json_integer_value(json_object_get(r, "step")));
             const char *rule = json_string_value(json_object_get(r, "rule"));
             escs(&b, rule ? rule : "?");
-            put(&b, "</td><td>%.6g</td><td>%.6g</td><td>", num_or_nan(json_object_get(r, "value")),
+            loom_sbuf_printf(&b,
+                "</td><td>%.6g</td><td>%.6g</td><td>", num_or_nan(json_object_get(r, "value")),
                 num_or_nan(json_object_get(r, "reference")));
             const char *act = json_string_value(json_object_get(r, "action"));
             escs(&b, act ? act : "?");
-            put(&b, "</td></tr>\n");
+            loom_sbuf_printf(&b, "</td></tr>\n");
         }
-        put(&b, "</table>\n");
+        loom_sbuf_printf(&b, "</table>\n");
     }
     json_decref(alerts);
     /* profile */
@@ -667,29 +675,30 @@ int loom_report(const char *run_dir, const char *out_path, loom_err *err) {
     loom_err e2;
     const int have_cfg = loom_path_exists(path) &&
                          !loom_read_file(path, (size_t)1 << 24, &cfg_text, &cfg_len, &e2);
-    put(&b, "<h2 id=\"data\">Data</h2>\n");
+    loom_sbuf_printf(&b, "<h2 id=\"data\">Data</h2>\n");
     loom_config *cfg = loom_config_new();
     if (have_cfg && !loom_config_load_yaml(cfg, path, &e2)) {
-        put(&b, "<table class=\"data\"><tr><th>split</th><th>directory</th><th>shards</th><th>"
+        loom_sbuf_printf(&b,
+            "<table class=\"data\"><tr><th>split</th><th>directory</th><th>shards</th><th>"
                 "tokens</th><th>documents</th><th>tokens per source</th></tr>\n");
         const char *tr = loom_config_get(cfg, "data.train"), *va = loom_config_get(cfg, "data.val");
         if (tr && tr[0]) manifest_summary(&b, "train", tr);
         if (va && va[0]) manifest_summary(&b, "val", va);
-        put(&b, "</table>\n");
+        loom_sbuf_printf(&b, "</table>\n");
     } else {
-        put(&b, "<p>No readable config.yaml: the dataset is unknown.</p>\n");
+        loom_sbuf_printf(&b, "<p>No readable config.yaml: the dataset is unknown.</p>\n");
     }
     loom_config_free(cfg);
-    put(&b, "<h2 id=\"config\">Config</h2>\n");
+    loom_sbuf_printf(&b, "<h2 id=\"config\">Config</h2>\n");
     if (have_cfg) {
-        put(&b, "<pre class=\"config\">");
+        loom_sbuf_printf(&b, "<pre class=\"config\">");
         esc(&b, cfg_text, cfg_len);
-        put(&b, "</pre>\n");
+        loom_sbuf_printf(&b, "</pre>\n");
     } else {
-        put(&b, "<p>config.yaml not found.</p>\n");
+        loom_sbuf_printf(&b, "<p>config.yaml not found.</p>\n");
     }
     free(cfg_text);
-    put(&b, "</body></html>\n");
+    loom_sbuf_printf(&b, "</body></html>\n");
     const int rc = loom_write_file_atomic(outp, b.p, b.len, err);
     if (rc == 0) loom_log("report: %s (%d plots)", outp, drawn);
     free(b.p);
