@@ -105,7 +105,21 @@ void *loom_alloc_aligned(size_t n) {
     return p;
 }
 
+/* One line is formatted into one buffer and written with one call: stderr is unbuffered, and
+ * under mpirun the ranks' streams are merged, so a line written in pieces can be split by
+ * another rank's line. Longer lines fall back to pieces. */
 static void vlog(const char *level, const char *fmt, va_list ap) {
+    char line[2048];
+    int n = snprintf(line, sizeof line, "loom%s: ", level);
+    va_list aq;
+    va_copy(aq, ap);
+    int m = vsnprintf(line + n, sizeof line - (size_t)n, fmt, aq);
+    va_end(aq);
+    if (m >= 0 && (size_t)n + (size_t)m + 1 < sizeof line) {
+        line[n + m] = '\n';
+        fwrite(line, 1, (size_t)(n + m + 1), stderr);
+        return;
+    }
     fprintf(stderr, "loom%s: ", level);
     vfprintf(stderr, fmt, ap);
     fputc('\n', stderr);
