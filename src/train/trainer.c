@@ -630,7 +630,8 @@ int loom_train(loom_config *cfg, loom_err *err) {
             /* the activation arenas: the model's own, or the pipeline's micro-batches' */
             loom_metrics_int(mx, "act_bytes", t.pp ? (int64_t)loom_pp_activation_bytes(t.pp)
                                                    : (int64_t)loom_model_arena_bytes(t.model));
-            loom_metrics_int(mx, "rss_bytes", rss_bytes());
+            const int64_t rss = rss_bytes(); /* read once: the sinks must agree */
+            loom_metrics_int(mx, "rss_bytes", rss);
             loom_metrics_real(mx, "step_ms", dt * 1e3);
             if (vloss >= 0) loom_metrics_real(mx, "val_loss", vloss);
             if (vloss >= 0 && t.classify) loom_metrics_real(mx, "val_accuracy", vacc);
@@ -654,7 +655,7 @@ int loom_train(loom_config *cfg, loom_err *err) {
             train_obs_metrics(obs, mx);
             if (loom_metrics_end(mx, err)) goto done;
             const train_obs_row row = {t.step, loss, lr, (double)gnorm, tps, mfu, dt * 1e3,
-                                       vloss, (double)rss_bytes(), skipped,
+                                       vloss, (double)rss, skipped,
                                        t.skipped_steps};
             if (train_obs_publish(obs, &row, err)) goto done;
             progress(&t, &pg, (t.step % t.s.log_every == 0 && !pg.tty) || last, loss, lr, tps,
