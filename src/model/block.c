@@ -384,7 +384,9 @@ static int64_t slot_floats(const loom_model *m, int k, int64_t B, int64_t T) {
     const int64_t Ns = m->lay.sp ? N / m->lay.tp : N; /* the sequence-sharded regions' rows */
     switch (k) {
     case S_LN1: case S_RES2: case S_LN2: case S_RES3: return Ns * C;
-    case S_LN1_MEAN: case S_LN1_RSTD: case S_LN2_MEAN: case S_LN2_RSTD: return Ns;
+    case S_LN1_RSTD: case S_LN2_RSTD: return Ns;
+    case S_LN1_MEAN: case S_LN2_MEAN: /* LayerNorm's; RMSNorm (llama) keeps no mean */
+        return m->cfg.flavor == LOOM_FLAVOR_GPT2 ? Ns : 0;
     case S_LN1G: case S_LN2G: case S_RES2P: case S_RES3P: return 0; /* scratch or aliases */
     case S_QKV: return N * m->QKV;
     case S_ATT: /* flash: the per-row log-sum-exp; sdpa: the probabilities */
@@ -452,7 +454,7 @@ static size_t layout_acts(const loom_model *m, struct loom_acts *a, float *base,
     /* a pipeline stage before the last has no head: none of its buffers */
     const int64_t hd = m->lay.has_head;
     TAKE(a ? &a->lnf : &dummy, hd * BTs * C);
-    TAKE(a ? &a->lnf_mean : &dummy, hd * BTs);
+    TAKE(a ? &a->lnf_mean : &dummy, m->cfg.flavor == LOOM_FLAVOR_GPT2 ? hd * BTs : 0);
     TAKE(a ? &a->lnf_rstd : &dummy, hd * BTs);
     if (sp) { /* whole-row scratch; without sequence parallelism these are the shard buffers */
         TAKE(a ? &a->sp_gather : &dummy, BT * C);

@@ -411,7 +411,7 @@ int loom_train(loom_config *cfg, loom_err *err) {
     loom_metrics *mx = NULL;
     train_obs *obs = NULL;
     loom_progress pg = {0}; /* width 0: loom_progress_end is a no-op until it draws */
-    double *per_rank = NULL, *pp_ranks = NULL;
+    double *per_rank = NULL, *pp_ranks = NULL, *tp_act = NULL;
     enum { PP_METRICS = 6 };
     struct sigaction old_int, old_term;
     if (loom_trainer_read_settings(cfg, &t.s, err)) return -1;
@@ -507,6 +507,13 @@ int loom_train(loom_config *cfg, loom_err *err) {
                  (unsigned long long)(t.classify ? loom_windows_per_epoch(t.train_w)
                                                  : loom_loader_num_samples(t.train_ld)),
                  (long long)t.s.T);
+    }
+    if (t.tp && !t.pp) { /* every rank's activation arena (its share of the heads, columns,
+                          * vocabulary rows and, with sp, rows): fixed, gathered once */
+        const double mine_act = (double)loom_model_arena_bytes(t.model);
+        tp_act = loom_calloc((size_t)t.world_size, sizeof(double));
+        loom_allgather(t.mesh, LOOM_GROUP_WORLD, &mine_act, tp_act, (size_t)t.world_size,
+                       LOOM_F64);
     }
     t.g_inp = loom_malloc((size_t)BT * sizeof(int32_t));
     t.g_tgt = loom_malloc((size_t)BT * sizeof(int32_t));
@@ -639,6 +646,7 @@ int loom_train(loom_config *cfg, loom_err *err) {
             loom_metrics_int(mx, "grad_bytes", (int64_t)mem.grad_bytes);
             loom_metrics_int(mx, "optim_bytes", (int64_t)mem.optim_bytes);
             if (t.tp) loom_metrics_real(mx, "tp_comm_s", tp_comm_s);
+            if (tp_act) loom_metrics_reals(mx, "tp_act_bytes", tp_act, t.world_size, 1);
             if (t.world_size > 1) {
                 loom_metrics_reals(mx, "comm_s", per_rank, t.world_size, 3);
                 loom_metrics_reals(mx, "comm_bytes", per_rank + 1, t.world_size, 3);
@@ -713,6 +721,7 @@ done:
     train_obs_free(obs);
     free(per_rank);
     free(pp_ranks);
+    free(tp_act);
     free(t.g_inp);
     free(t.g_tgt);
     free(t.g_doc);
