@@ -31,7 +31,8 @@ int loom_train_engine_create(loom_config *cfg, loom_train_engine **out, loom_err
 void loom_train_engine_free(loom_train_engine *e);
 /* One optimizer step on training.grad_accum global micro-batches: inputs (accum, B, T) token
  * ids, targets (accum, B, T) next tokens (-1 = ignored) or, for a classify head, (accum, B)
- * labels. Out of range ids are refused. *loss: mean of the micro-batches' mean losses; *lr:
+ * labels. Out of range ids are refused. *loss: the step's loss summed over its valid targets /
+ * their count (the mean of one batch of accum x B rows; so is the gradient); *lr:
  * the rate of the schedule this step used; *grad_norm: the global norm before clipping. */
 int loom_train_engine_step(loom_train_engine *e, const int32_t *inputs, const int32_t *targets,
                            double *loss, double *lr, double *grad_norm, loom_err *err);

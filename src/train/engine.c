@@ -43,6 +43,7 @@ int loom_train_engine_create(loom_config *cfg, loom_train_engine **out, loom_err
     const size_t BT = (size_t)t->s.B * (size_t)t->s.T;
     t->g_inp = loom_malloc(BT * sizeof(int32_t));
     t->g_tgt = loom_malloc(BT * sizeof(int32_t));
+    loom_trainer_accum_alloc(t);
     *out = e;
     return 0;
 fail:
@@ -54,6 +55,7 @@ void loom_train_engine_free(loom_train_engine *e) {
     if (!e) return;
     free(e->t.g_inp);
     free(e->t.g_tgt);
+    loom_trainer_accum_free(&e->t);
     loom_pp_free(e->t.pp);
     loom_dp_free(e->t.dp);
     loom_cp_free(e->t.cp);

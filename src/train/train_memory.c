@@ -214,8 +214,10 @@ int loom_trainer_check_memory(const trainer *t, loom_err *err) {
                             loom_mesh_rank(t->mesh, t->red_group), (int)t->s.zero, &dm);
     const double acts = (double)arenas * (double)loom_model_activation_bytes(layout);
     loom_model_free(layout);
-    /* the trainer's global batch buffers (inputs and targets, B x T int32 each) */
-    const double batch = 2.0 * (double)t->s.B * (double)t->s.T * sizeof(int32_t);
+    /* the trainer's global batch buffers (inputs and targets, B x T int32 each; grad_accum
+     * of each more when accumulating: train_accum.c) */
+    const double batch = 2.0 * (double)t->s.B * (double)t->s.T * sizeof(int32_t) *
+                         (double)(t->s.accum > 1 ? 1 + t->s.accum : 1);
     const double per_rank =
         (double)dm.param_bytes + (double)dm.grad_bytes + (double)dm.optim_bytes + acts + batch;
     const double need = per_rank * node_ranks;

@@ -31,14 +31,15 @@ static void reduce(trainer *t, const loom_pp_result *r, double v[3]) {
 
 int loom_trainer_pp_grads(trainer *t, loom_trainer_batch_fn next, void *ctx, double *loss,
                           loom_err *err) {
-    double sum = 0;
+    double sum = 0, count = 0; /* the step's loss summed over its valid targets, and those */
     const int ty = t->classify ? 1 : (int)t->s.T;
+    int64_t total = 0; /* grad_accum > 1: the step's batches first, for their valid targets */
+    if (t->s.accum > 1 && loom_trainer_accum_fetch(t, next, ctx, &total, err)) return -1;
     for (int64_t a = 0; a < t->s.accum; a++) {
-        const double td = loom_now();
-        if (next(t, ctx, err)) return -1;
-        t->data_wait_s += loom_now() - td;
-        const int64_t valid = global_valid(t);
-        float dscale = valid > 0 ? 1.0f / (float)(valid * t->s.accum) : 0.0f;
+        if (t->s.accum > 1) loom_trainer_accum_use(t, a);
+        else if (next(t, ctx, err)) return -1; /* (next counts its own data wait) */
+        else total = global_valid(t);
+        float dscale = total > 0 ? 1.0f / (float)total : 0.0f;
         if (t->inject_nan) dscale = NAN;
         loom_pp_result r;
         loom_pp_run(t->pp, rows(t, t->g_inp, (int)t->s.T), rows(t, t->g_tgt, ty), 1, dscale,
@@ -46,9 +47,10 @@ int loom_trainer_pp_grads(trainer *t, loom_trainer_batch_fn next, void *ctx, dou
         double v[3];
         reduce(t, &r, v);
         if (t->inject_nan) v[0] = NAN;
-        sum += v[1] > 0 ? v[0] / v[1] : 0.0;
+        sum += v[0];
+        count += v[1];
     }
-    *loss = sum; /* the caller divides by grad_accum */
+    *loss = count > 0 ? sum / count : 0.0;
     return 0;
 }
 

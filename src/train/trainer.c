@@ -155,23 +155,33 @@ int loom_trainer_step(trainer *t, loom_trainer_batch_fn next, void *ctx, double 
         loom_prof_begin("pipeline", "phase");
         if (loom_trainer_pp_grads(t, next, ctx, &loss, err)) return -1;
         loom_prof_end(0, 0, NULL);
-    } else
-    for (int64_t micro = 0; micro < t->s.accum; micro++) {
-        /* every rank reads the whole global batch (token ids: cheap) and uses its rows */
-        if (next(t, ctx, err)) return -1;
-        int64_t valid = 0;
-        loom_prof_begin("forward", "phase");
-        loss += forward_global(t, &valid, NULL);
-        loom_prof_end(0, 0, NULL);
-        loom_dp_begin_micro(t->dp, micro == 0, micro == t->s.accum - 1);
-        const float dscale = valid > 0 ? 1.0f / (float)(valid * t->s.accum) : 0.0f;
-        loom_prof_begin("backward", "phase");
-        loom_model_backward(t->model, t->inject_nan ? NAN : dscale);
-        loom_prof_end(0, 0, NULL);
+    } else {
+        /* grad_accum > 1: the step's micro-batches first, for its count of valid targets */
+        int64_t total = 0;
+        if (t->s.accum > 1 && loom_trainer_accum_fetch(t, next, ctx, &total, err)) return -1;
+        double sum = 0; /* the step's loss summed over its valid targets */
+        for (int64_t micro = 0; micro < t->s.accum; micro++) {
+            /* every rank reads the whole global batch (token ids: cheap) and uses its rows */
+            if (t->s.accum > 1) loom_trainer_accum_use(t, micro);
+            else if (next(t, ctx, err)) return -1;
+            int64_t valid = 0;
+            loom_prof_begin("forward", "phase");
+            const double mean = forward_global(t, &valid, NULL);
+            loom_prof_end(0, 0, NULL);
+            if (t->s.accum == 1) {
+                loss = mean;
+                total = valid;
+            } else sum += mean * (double)valid;
+            loom_dp_begin_micro(t->dp, micro == 0, micro == t->s.accum - 1);
+            const float dscale = total > 0 ? 1.0f / (float)total : 0.0f;
+            loom_prof_begin("backward", "phase");
+            loom_model_backward(t->model, t->inject_nan ? NAN : dscale);
+            loom_prof_end(0, 0, NULL);
+        }
+        if (t->s.accum > 1) loss = total > 0 ? sum / (double)total : 0.0;
     }
     loom_prof_begin("optimizer", "phase");
     t->inject_nan = 0;
-    loss /= (double)t->s.accum;
     float gnorm = loom_dp_finish_grads(t->dp, t->lora ? 0.0f : (float)t->s.grad_clip);
     if (t->lora) gnorm = loom_trainer_lora_finish(t); /* LoRA: the adapters' norm and clip */
     const double lr = loom_schedule_lr(&t->s.sched, t->step);
@@ -518,6 +528,7 @@ int loom_train(loom_config *cfg, loom_err *err) {
     t.g_inp = loom_malloc((size_t)BT * sizeof(int32_t));
     t.g_tgt = loom_malloc((size_t)BT * sizeof(int32_t));
     if (t.mc.doc_mask) t.g_doc = loom_malloc((size_t)BT * sizeof(int32_t));
+    loom_trainer_accum_alloc(&t);
     const int64_t first_step = t.step;
     const double t_start = loom_now();
     loom_progress_init(&pg, 0);
@@ -725,6 +736,7 @@ done:
     free(t.g_inp);
     free(t.g_tgt);
     free(t.g_doc);
+    loom_trainer_accum_free(&t);
     loom_metrics_close(mx);
     loom_loader_free(t.train_ld);
     loom_windows_free(t.train_w);

@@ -58,6 +58,8 @@ typedef struct trainer {
     int num_classes;          /* classes in the dataset (classify) */
     int32_t *g_inp, *g_tgt;   /* (B,T) the global batch; classify: g_tgt holds (B) labels */
     int32_t *g_doc;           /* (B,T) its document ids (model.doc_mask), else NULL */
+    int32_t *acc_inp, *acc_tgt, *acc_doc; /* (accum, ...) the step's micro-batches of g_inp,
+                               * g_tgt, g_doc (grad_accum > 1, train_accum.c), else NULL */
     int64_t step;             /* steps completed (optimizer steps + skipped steps) */
     int64_t skipped_steps;    /* steps skipped for a non-finite loss or gradient norm, in all */
     int inject_nan;           /* LOOM_TEST_INJECT_NAN names this rank and step (a test hook) */
@@ -81,12 +83,14 @@ int loom_trainer_build_mesh(trainer *t, loom_err *err);
 int loom_trainer_create_engine(trainer *t, loom_err *err);
 /* Fills t->g_inp / t->g_tgt with the next global micro-batch. */
 typedef int (*loom_trainer_batch_fn)(trainer *t, void *ctx, loom_err *err);
-/* One optimizer step: training.grad_accum micro-batches from next (forward on this rank's rows,
- * backward with the loss scaled by 1 / (global valid targets * grad_accum), the DP reductions),
+/* One optimizer step: training.grad_accum micro-batches from next (all read first when
+ * grad_accum > 1; forward on this rank's rows, backward with the loss scaled by 1 / (the
+ * step's global valid targets, over every micro-batch and rank), the DP reductions),
  * the global gradient norm clipped to training.grad_clip, the lr of the schedule at t->step,
  * AdamW through the DP engine, unless the loss or the norm is not finite on any rank: then
- * *skipped = 1, t->skipped_steps++ and nothing is updated. Then t->step++. *loss: the mean of
- * the micro-batches' global mean losses; *lr: the rate of the schedule; *grad_norm: the norm
+ * *skipped = 1, t->skipped_steps++ and nothing is updated. Then t->step++. *loss: the step's
+ * loss summed over its valid targets / their count (= one batch of grad_accum x batch_size
+ * rows); *lr: the rate of the schedule; *grad_norm: the norm
  * before clipping. t->inject_nan (test hook) poisons this step's backward and is cleared.
  * Collective over the world. */
 int loom_trainer_step(trainer *t, loom_trainer_batch_fn next, void *ctx, double *loss, double *lr,
@@ -94,12 +98,23 @@ int loom_trainer_step(trainer *t, loom_trainer_batch_fn next, void *ctx, double 
 
 /* Pipeline parallelism (src/train/train_pp.c), when t->pp is set: one optimizer step's
  * training.grad_accum batches, each cut into t->microbatches micro-batches through the stages
- * (backward scaled by 1 / (the global batch's valid targets x grad_accum), the same gradient
- * as one process), *loss the sum of the batches' global mean losses; and the forward of one
- * batch for evaluation (the global mean loss, valid targets, correct predictions). */
+ * (backward scaled by 1 / (the step's global valid targets), the same gradient as one
+ * process), *loss the step's loss (sum over its valid targets / their count); and the forward
+ * of one batch for evaluation (the global mean loss, valid targets, correct predictions). */
 int loom_trainer_pp_grads(trainer *t, loom_trainer_batch_fn next, void *ctx, double *loss,
                           loom_err *err);
 double loom_trainer_pp_forward(trainer *t, int64_t *global_valid, int64_t *global_correct);
+
+/* ---- gradient accumulation (train_accum.c) ----------------------------------------------
+ * alloc (after g_inp/g_tgt/g_doc): the step's micro-batch buffers when grad_accum > 1; fetch:
+ * reads the step's grad_accum global micro-batches from next and counts their valid targets
+ * (targets >= 0 of the global batches: over every dp rank); use: micro-batch `micro` into
+ * g_inp / g_tgt / g_doc. */
+void loom_trainer_accum_alloc(trainer *t);
+void loom_trainer_accum_free(trainer *t);
+int loom_trainer_accum_fetch(trainer *t, loom_trainer_batch_fn next, void *ctx, int64_t *valid,
+                             loom_err *err);
+void loom_trainer_accum_use(trainer *t, int64_t micro);
 
 /* ---- mixture of experts (train_moe.c) ---------------------------------------------------
  * setup: this rank's expert range into lay (ep from the mesh) and the routing-group check;

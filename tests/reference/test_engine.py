@@ -10,8 +10,10 @@ For both flavors and every ZeRO stage (0, 1, 2, 3), 10 optimizer steps on fixed 
 against float64 PyTorch: torch.optim.AdamW (decay on matrices and embeddings only),
 torch.nn.utils.clip_grad_norm_, and the schedule written out here (linear warmup, then cosine to
 min_lr at training.steps). gpt2 clips every step (grad_clip 1.0 under norms of 1.5-3); llama
-(GQA) runs with training.grad_accum = 2 (each micro-batch's loss scaled by 1 / (its valid
-targets * 2), as the trainer does) and a clip that is on but never reached (both checked).
+(GQA) runs with training.grad_accum = 2 on micro-batches with different numbers of valid
+targets (the step's loss and gradient are those of one batch of both: the sum over every valid
+target / their count, as the trainer does) and a clip that is on but never reached (both
+checked).
 
 Tolerances (loom fp32 against the fp64 reference), per step:
   loss, pre-clip grad norm   |d| / |ref|                          <= 1e-5
@@ -145,8 +147,9 @@ class Engine:
 
 
 def pattern_batches(rng, accum, B, T, V):
-    """accum micro-batches of learnable sequences x[t+1] = (5 x[t] + 3) mod V, a few targets
-    masked with -1 (so micro-batches have different valid counts)."""
+    """accum micro-batches of learnable sequences x[t+1] = (5 x[t] + 3) mod V, some targets
+    masked with -1 (so micro-batches have different valid counts: with accum 2, the second
+    has a row and a half fewer, which a mean of per-micro-batch means would over-weigh)."""
     seq = np.zeros((accum, B, T + 1), dtype=np.int64)
     seq[:, :, 0] = rng.integers(0, V, size=(accum, B))
     for t in range(T):
@@ -154,7 +157,8 @@ def pattern_batches(rng, accum, B, T, V):
     x, y = seq[:, :, :-1].copy(), seq[:, :, 1:].copy()
     y[0, 0, :2] = -1
     if accum > 1:
-        y[1, B - 1, 3:8] = -1
+        y[1, B - 1, 3:] = -1
+        y[1, 0, : T // 2] = -1
     return x, y
 
 
@@ -172,10 +176,12 @@ def run_torch(cfg, init, batches, tr):
         opt.zero_grad(set_to_none=True)
         accum = x.shape[0]
         loss = 0.0
+        total = int((y >= 0).sum())  # the step's valid targets, over every micro-batch
         for k in range(accum):
-            _, l = ref(torch.from_numpy(x[k]), torch.from_numpy(y[k]))
-            (l / accum).backward()
-            loss += l.item() / accum
+            _, l = ref(torch.from_numpy(x[k]), torch.from_numpy(y[k]))  # mean over y[k] >= 0
+            share = int((y[k] >= 0).sum()) / total
+            (l * share).backward()
+            loss += l.item() * share
         for n in ref.names:  # largest |gradient| each tensor saw, before clipping
             gmax[n] = max(gmax.get(n, 0.0), float(ref.get_parameter(n).grad.abs().max()))
         norm = torch.nn.utils.clip_grad_norm_(ref.parameters(), tr["clip"]).item()
