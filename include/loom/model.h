@@ -166,6 +166,10 @@ typedef struct loom_tensor_info {
     /* this view's box: elements [box_off[d], box_off[d] + box_len[d]) of each dimension */
     int64_t box_off[4];
     int64_t box_len[4];
+    /* tp ranks holding this same box of a tp-split tensor: 1, or tp / n_kv_head for k_w, v_w
+     * (k_b, v_b) when n_kv_head < tp (each kv head replicated over that many consecutive tp
+     * ranks, whose gradients are partial sums over them) */
+    int tp_replicas;
 } loom_tensor_info;
 
 /* The flat index in the global tensor of element k (row-major in the box) of t's box. */
@@ -300,6 +304,10 @@ typedef struct loom_comm_points {
 /* 1 when tensor t's gradient is a partial sum over the tp group that the caller must reduce
  * (sequence parallelism: the norms' weights see only the view's rows). */
 int loom_model_grad_tp_partial(const loom_model *m, const loom_tensor_info *t);
+/* 1 when this tp rank is the one that counts tensor t's box once for the whole tp group (the
+ * gradient norm, checkpoint writes): every rank for a box it alone holds, tp rank 0 for a
+ * replicated tensor, the first of the tp ranks sharing a replicated kv head's box. */
+int loom_model_tp_owner(const loom_model *m, const loom_tensor_info *t);
 /* NULL: none. The struct is copied. */
 void loom_model_set_comm_points(loom_model *m, const loom_comm_points *cp);
 

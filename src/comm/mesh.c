@@ -101,9 +101,11 @@ int loom_mesh_validate(const loom_mesh_spec *s, int world, const loom_mesh_dims 
             return loom_errf(err, "parallel.tp=%d does not divide model.n_head=%d (each "
                                   "tensor-parallel rank needs a whole number of heads)",
                              r.tp, d->n_head);
-        if (d->n_kv_head > 0 && d->n_kv_head % r.tp != 0)
-            return loom_errf(err, "parallel.tp=%d does not divide model.n_kv_head=%d (each "
-                                  "tensor-parallel rank needs a whole number of key/value heads)",
+        if (d->n_kv_head > 0 &&
+            (d->n_kv_head >= r.tp ? d->n_kv_head % r.tp : r.tp % d->n_kv_head) != 0)
+            return loom_errf(err, "parallel.tp=%d neither divides model.n_kv_head=%d nor is a "
+                                  "multiple of it (each tensor-parallel rank needs a whole number "
+                                  "of key/value heads, or one shared by tp / n_kv_head ranks)",
                              r.tp, d->n_kv_head);
         if (d->n_layer > 0 && d->n_layer % r.pp != 0)
             return loom_errf(err, "parallel.pp=%d does not divide model.n_layer=%d (every "

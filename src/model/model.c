@@ -46,10 +46,17 @@ static int add_tensor(loom_model *m, size_t *off, int layer, int kind, int prese
     t->split_group = split_dim >= 0 ? LOOM_SPLIT_TP : LOOM_SPLIT_NONE;
     t->reduce_group = LOOM_REDUCE_DP;
     t->numel = 1;
+    /* grouped-query attention with fewer kv heads than tp ranks: k and v split over n_kv_head
+     * parts, part j held by tp ranks [j·rep, (j+1)·rep) (their query heads all read kv head j) */
+    const int kv = layer >= 0 && (kind == LOOM_L_K_W || kind == LOOM_L_V_W ||
+                                  kind == LOOM_L_K_B || kind == LOOM_L_V_B);
+    t->tp_replicas = kv && m->cfg.n_kv_head < m->lay.tp ? m->lay.tp / m->cfg.n_kv_head : 1;
+    const int rep = t->tp_replicas;
     for (int d = 0; d < ndim; d++) {
         t->box_len[d] = t->shape[d];
         if (d == split_dim) /* even splits (heads, columns) or the vocabulary's uneven one */
-            split_range(t->shape[d], m->lay.tp, m->lay.tp_rank, &t->box_off[d], &t->box_len[d]);
+            split_range(t->shape[d], m->lay.tp / rep, m->lay.tp_rank / rep, &t->box_off[d],
+                        &t->box_len[d]);
         t->numel *= (size_t)t->box_len[d];
     }
     t->offset = *off;
@@ -201,10 +208,12 @@ static int check_layout(const loom_model_config *c, const loom_model_layout *in,
         return loom_errf(err, "model layout: tensor-parallel degree %d exceeds vocab_size %d "
                               "(the vocabulary is split over the tp ranks)", out->tp,
                          c->vocab_size);
-    if (c->n_head % out->tp || c->n_kv_head % out->tp || c->d_ff % out->tp)
-        return loom_errf(err, "model layout: tensor-parallel degree %d must divide n_head (%d), "
-                              "n_kv_head (%d) and d_ff (%d)",
-                         out->tp, c->n_head, c->n_kv_head, c->d_ff);
+    /* n_kv_head < tp: each kv head replicated over tp / n_kv_head ranks (Megatron-LM's) */
+    if (c->n_head % out->tp || c->d_ff % out->tp ||
+        (c->n_kv_head >= out->tp ? c->n_kv_head % out->tp : out->tp % c->n_kv_head))
+        return loom_errf(err, "model layout: tensor-parallel degree %d must divide n_head (%d) "
+                              "and d_ff (%d), and divide n_kv_head (%d) or be a multiple of it",
+                         out->tp, c->n_head, c->d_ff, c->n_kv_head);
     if (out->tp == 1) out->sp = 0; /* nothing to shard */
     if (out->sp && (c->head != LOOM_HEAD_LM || c->n_expert > 0 || out->cp > 1 ||
                     out->l0 != 0 || (out->l1 != 0 && out->l1 != c->n_layer)))
@@ -234,6 +243,11 @@ static int check_layout(const loom_model_config *c, const loom_model_layout *in,
     if (out->cp > 1 && c->head != LOOM_HEAD_LM)
         return loom_errf(err, "model.head: context parallelism (parallel.cp = %d) needs the lm "
                               "head (the classify head pools over the whole sequence)", out->cp);
+    if (out->cp > 1 && c->n_kv_head < out->tp)
+        return loom_errf(err, "model.n_kv_head: context parallelism (parallel.cp = %d) needs "
+                              "parallel.tp (%d) to divide model.n_kv_head (%d): key/value heads "
+                              "replicated over tp ranks are not split over cp",
+                         out->cp, out->tp, c->n_kv_head);
     out->has_embedding = out->l0 == 0;
     out->has_head = out->l1 == c->n_layer;
     return 0;
@@ -285,7 +299,7 @@ static int create(const loom_model_config *cfg, const loom_model_layout *layout,
     const int tp = lay.tp;
     m->D = (int)(C / Hg);
     m->H = (int)(Hg / tp);
-    m->KVH = (int)(KVHg / tp);
+    m->KVH = KVHg >= tp ? (int)(KVHg / tp) : 1; /* else one kv head, shared with other ranks */
     m->F = (int)(Fg / tp);
     m->QKV = (m->H + 2 * m->KVH) * m->D;
     m->FFI = gpt2 ? m->F : 2 * m->F;
@@ -734,6 +748,11 @@ int loom_model_grad_tp_partial(const loom_model *m, const loom_tensor_info *t) {
     if (t->layer < 0) return t->kind == LOOM_P_LNF_W || t->kind == LOOM_P_LNF_B;
     return t->kind == LOOM_L_LN1_W || t->kind == LOOM_L_LN1_B || t->kind == LOOM_L_LN2_W ||
            t->kind == LOOM_L_LN2_B;
+}
+
+int loom_model_tp_owner(const loom_model *m, const loom_tensor_info *t) {
+    if (t->split_group != LOOM_SPLIT_TP) return m->lay.tp_rank == 0;
+    return t->tp_replicas <= 1 || m->lay.tp_rank % t->tp_replicas == 0;
 }
 
 /* Vocab-parallel cross-entropy of the view's logits (N rows of its Vl columns): the global row

@@ -25,6 +25,8 @@ struct loom_dp {
     int zero, rank, size;
     int U;
     size_t n;              /* parameters in the model */
+    float *kv_full;        /* a whole k_w / v_w (KVH*D, C) when kv heads are replicated over tp
+                            * ranks (n_kv_head < tp): where their partial gradients are summed */
     size_t *uoff, *ucnt;   /* (U) unit ranges in the arena */
     int nseg;              /* segments in all */
     int *useg, *unseg;     /* (U) first segment of unit u, and how many */
@@ -155,17 +157,37 @@ static void progress(loom_dp *dp) {
     }
 }
 
+/* A kv head replicated over tp / n_kv_head consecutive tp ranks (n_kv_head < tp): each of them
+ * holds the gradient of its own query heads' part only. Summed over those ranks by placing the
+ * box in a zeroed whole tensor, all-reducing that over the tp group (the other kv heads' ranks
+ * add their own rows: every row sums exactly its sharers' parts) and taking the box back: one
+ * all-reduce of the whole (KVH*D, C) per tensor, which is less than tp boxes since KVH < tp. */
+static void reduce_kv_replicas(loom_dp *dp, const loom_tensor_info *t, float *g) {
+    size_t whole = 1, row = 1;
+    for (int d = 0; d < t->ndim; d++) whole *= (size_t)t->shape[d];
+    for (int d = 1; d < t->ndim; d++) row *= (size_t)t->shape[d];
+    LOOM_CHECK(t->split_dim == 0 && t->numel == (size_t)t->box_len[0] * row);
+    memset(dp->kv_full, 0, whole * sizeof(float));
+    float *box = dp->kv_full + (size_t)t->box_off[0] * row;
+    memcpy(box, g, t->numel * sizeof(float));
+    loom_allreduce_sum(dp->mesh, LOOM_GROUP_TP, dp->kv_full, whole, LOOM_F32);
+    memcpy(g, box, t->numel * sizeof(float));
+}
+
 /* Sequence parallelism: the norms' gradients in unit u's buffer are this tp rank's partial
  * sums (its rows only): sum them over the tp group before the dp reduction takes them (once per
  * contribution: every micro-batch's bucket at zero 2/3, the accumulated buffer at zero 0/1). */
 static void reduce_tp_partial(loom_dp *dp, int u, float *buf) {
-    if (!loom_model_get_layout(dp->m)->sp) return;
+    if (!loom_model_get_layout(dp->m)->sp && !dp->kv_full) return;
     const int nt = loom_model_num_tensors(dp->m);
     for (int i = 0; i < nt; i++) {
         const loom_tensor_info *t = loom_model_tensor(dp->m, i);
-        if (t->unit == u && loom_model_grad_tp_partial(dp->m, t))
-            loom_allreduce_sum(dp->mesh, LOOM_GROUP_TP, buf + (t->offset - dp->uoff[u]),
-                               t->numel, LOOM_F32);
+        if (t->unit != u) continue;
+        float *g = buf + (t->offset - dp->uoff[u]);
+        if (loom_model_grad_tp_partial(dp->m, t))
+            loom_allreduce_sum(dp->mesh, LOOM_GROUP_TP, g, t->numel, LOOM_F32);
+        else if (t->tp_replicas > 1)
+            reduce_kv_replicas(dp, t, g);
     }
 }
 
@@ -216,6 +238,14 @@ int loom_dp_create(loom_model *m, loom_mesh *mesh, int zero, uint64_t seed, floa
     dp->eps = eps;
     dp->wd = weight_decay;
     const int U = dp->U;
+    size_t kv_whole = 0; /* the largest replicated kv tensor's whole size (reduce_kv_replicas) */
+    for (int i = 0; i < loom_model_num_tensors(m); i++) {
+        const loom_tensor_info *t = loom_model_tensor(m, i);
+        size_t whole = 1;
+        for (int d = 0; d < t->ndim; d++) whole *= (size_t)t->shape[d];
+        if (t->tp_replicas > 1 && whole > kv_whole) kv_whole = whole;
+    }
+    if (kv_whole) dp->kv_full = loom_alloc_aligned(kv_whole * sizeof(float));
     dp->uoff = loom_calloc((size_t)U, sizeof(size_t));
     dp->ucnt = loom_calloc((size_t)U, sizeof(size_t));
     dp->useg = loom_calloc((size_t)U, sizeof(int));
@@ -314,6 +344,7 @@ void loom_dp_free(loom_dp *dp) {
         free(dp->gtmp[b]);
         free(dp->pbuf[b]);
     }
+    free(dp->kv_full);
     free(dp->params);
     free(dp->pshard);
     free(dp->grads);
@@ -357,7 +388,7 @@ static double grad_sum_squares(const loom_dp *dp) {
     const int nt = loom_model_num_tensors(dp->m);
     for (int i = 0; i < nt; i++) {
         const loom_tensor_info *t = loom_model_tensor(dp->m, i);
-        if (t->split_group != LOOM_SPLIT_TP && lay->tp_rank != 0) continue; /* tp replica */
+        if (!loom_model_tp_owner(dp->m, t)) continue; /* a tp replica: counted elsewhere */
         if (dp->is_copy && dp->is_copy(dp->copy_ctx, t)) continue; /* counted elsewhere */
         const int sg = seg_of(dp, t);
         const size_t lo = dp->goff[sg] + dp->soff[sg], hi = lo + dp->slen[sg];
@@ -541,7 +572,7 @@ static void push_piece(loom_dp_piece **arr, int *n, int *cap, loom_dp_piece p) {
  * rank of a tensor-parallel view: only tp rank 0 writes it (a checkpoint's boxes of one tensor must not overlap); every rank loads it. */
 static int skip_replica(const loom_dp *dp, const loom_tensor_info *t, int for_load) {
     if (!for_load && dp->is_copy && dp->is_copy(dp->copy_ctx, t)) return 1; /* written elsewhere */
-    return !for_load && t->split_group != LOOM_SPLIT_TP && loom_model_get_layout(dp->m)->tp_rank != 0;
+    return !for_load && !loom_model_tp_owner(dp->m, t);
 }
 
 /* Whole (unsharded) copies are written by one rank of the group that replicates them: dense

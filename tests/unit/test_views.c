@@ -2,7 +2,9 @@
  * each) with communication points that sum the views' partials (what tensor parallelism's
  * all-reduce does), equal the whole model: the weights of every box, the logits, the loss and
  * every gradient (each view's box of each tensor against the same elements of the whole
- * model's), for GPT-2 and for Llama with grouped-query attention. Also: the layout is checked
+ * model's), for GPT-2 and for Llama with grouped-query attention, also with one kv head shared
+ * by both views (n_kv_head 1 < tp: k and v's gradients summed over the views). Also: the
+ * layout is checked
  * (degrees that do not divide, ranks, layer ranges, experts) and a pipeline stage's view holds
  * its layers only.
  * Tolerances: logits and loss max|d| / max|whole| <= 1e-5 (the partial sums add in another
@@ -209,8 +211,14 @@ static void check_views(const loom_model_config *cfg, int sp) {
             const double s = fmax(maxabs(gw + w->offset, w->numel), 1e-3 * gall);
             const float *gv = loom_model_grads(view[r]) + t->offset;
             /* sequence parallelism: the norms' gradients are partial sums over the views */
-            const int partial = loom_model_grad_tp_partial(view[r], t);
-            assert_int_equal(partial, sp && t->split_dim < 0 && strstr(t->name, "ln") != NULL);
+            const int sp_part = loom_model_grad_tp_partial(view[r], t);
+            assert_int_equal(sp_part, sp && t->split_dim < 0 && strstr(t->name, "ln") != NULL);
+            /* one kv head shared by both views (n_kv_head 1): k and v's gradients are each
+             * view's query heads' parts, summed over the views (dp.c's reduce_kv_replicas) */
+            const int shared = t->tp_replicas > 1;
+            assert_int_equal(shared, cfg->n_kv_head < TP && (strstr(t->name, ".k_") || strstr(t->name, ".v_")));
+            assert_int_equal(loom_model_tp_owner(view[r], t), t->split_dim < 0 || shared ? r == 0 : 1);
+            const int partial = sp_part || shared;
             if (partial && r > 0) continue;
             for (size_t k = 0; k < t->numel; k++) {
                 double gk = gv[k];
@@ -238,6 +246,17 @@ static const loom_model_config LLAMA = {
     .n_kv_head = 2, .d_model = 32, .d_ff = 48, .norm_eps = 1e-5f, .rope_theta = 10000.0f,
     .init_std = 0.1f};
 
+/* one kv head, replicated over the two views (each holds all of k_w, v_w) */
+static const loom_model_config LLAMA_KV1 = {
+    .flavor = LOOM_FLAVOR_LLAMA, .vocab_size = 41, .max_seq_len = 8, .n_layer = 2, .n_head = 4,
+    .n_kv_head = 1, .d_model = 32, .d_ff = 48, .norm_eps = 1e-5f, .rope_theta = 10000.0f,
+    .init_std = 0.1f};
+/* 6 heads, 2 kv heads: tp 3 neither divides 2 nor is a multiple of it */
+static const loom_model_config LLAMA_H6 = {
+    .flavor = LOOM_FLAVOR_LLAMA, .vocab_size = 41, .max_seq_len = 8, .n_layer = 2, .n_head = 6,
+    .n_kv_head = 2, .d_model = 24, .d_ff = 48, .norm_eps = 1e-5f, .rope_theta = 10000.0f,
+    .init_std = 0.1f};
+
 static void test_gpt2(void **state) {
     (void)state;
     check_views(&GPT2, 0);
@@ -260,13 +279,34 @@ static void test_llama_sp(void **state) {
     check_views(&LLAMA, 1);
 }
 
+static void test_llama_kv_shared(void **state) {
+    (void)state;
+    check_views(&LLAMA_KV1, 0);
+    check_views(&LLAMA_KV1, 1);
+}
+
 static void test_layout_checked(void **state) {
     (void)state;
     loom_model *m = NULL;
     loom_model_layout lay = {.tp = 3};
     TU_ASSERT_ERR(loom_model_create(&LLAMA, &lay, 1, 4, &m, TU_ERR), "degree 3", "n_head (4)");
-    lay = (loom_model_layout){.tp = 4}; /* divides n_head but not n_kv_head = 2 */
-    TU_ASSERT_ERR(loom_model_create(&LLAMA, &lay, 1, 4, &m, TU_ERR), "n_kv_head (2)");
+    lay = (loom_model_layout){.tp = 3}; /* divides n_head, neither divides n_kv_head nor is a
+                                         * multiple of it */
+    TU_ASSERT_ERR(loom_model_create(&LLAMA_H6, &lay, 1, 4, &m, TU_ERR), "n_kv_head (2)");
+    lay = (loom_model_layout){.tp = 4, .cp = 2}; /* shared kv heads are not split over cp */
+    TU_ASSERT_ERR(loom_model_create(&LLAMA, &lay, 1, 4, &m, TU_ERR), "context parallelism");
+    assert_null(m);
+    /* tp 4, 2 kv heads: tp ranks 2 and 3 share kv head 1 (rows 8..15 of k_w) */
+    lay = (loom_model_layout){.tp = 4, .tp_rank = 3};
+    loom_err err = {{0}};
+    if (loom_model_create(&LLAMA, &lay, 1, 4, &m, &err)) fail_msg("%s", err.msg);
+    const loom_tensor_info *k = loom_model_layer_tensor(m, 0, LOOM_L_K_W);
+    assert_int_equal(k->tp_replicas, 2);
+    assert_int_equal(k->box_off[0], 8);
+    assert_int_equal(k->box_len[0], 8);
+    assert_false(loom_model_tp_owner(m, k));
+    loom_model_free(m);
+    m = NULL;
     lay = (loom_model_layout){.tp = 2, .tp_rank = 2};
     TU_ASSERT_ERR(loom_model_create(&LLAMA, &lay, 1, 4, &m, TU_ERR), "tp rank 2 of degree 2");
     lay = (loom_model_layout){.l0 = 1, .l1 = 1};
@@ -316,6 +356,7 @@ int main(void) {
         cmocka_unit_test(test_gpt2_sp),
         cmocka_unit_test(test_llama_sp),
         cmocka_unit_test(test_llama_gqa),
+        cmocka_unit_test(test_llama_kv_shared),
         cmocka_unit_test(test_layout_checked),
         cmocka_unit_test(test_stage_views),
     };
