@@ -16,6 +16,12 @@
 /* out (N,OC) = inp (N,IC) @ weight(OC,IC)^T + bias(OC); bias may be NULL. */
 void matmul_forward(float *out, const float *inp, const float *weight, const float *bias,
                     int64_t N, int IC, int OC);
+/* The same product without packing the weights (src/kernels/matmul_rows.c): each output one
+ * dot product whatever N is. matmul_forward takes it for N <= LOOM_MATMUL_ROWS_MAX rows (a
+ * decode step), where sgemm's copy of the weight matrix costs more than the product. */
+#define LOOM_MATMUL_ROWS_MAX 16
+void matmul_rows_forward(float *out, const float *inp, const float *weight, const float *bias,
+                         int64_t N, int IC, int OC);
 /* dinp (N,IC) += dout (N,OC) @ weight (OC,IC); dweight (OC,IC) += dout^T @ inp;
  * dbias (OC) += sum_n dout. Any of dinp/dweight/dbias may be NULL. */
 void matmul_backward(float *dinp, float *dweight, float *dbias, const float *dout,

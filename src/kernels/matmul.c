@@ -8,6 +8,10 @@
 
 void matmul_forward(float *out, const float *inp, const float *weight, const float *bias,
                     int64_t N, int IC, int OC) {
+    if (N <= LOOM_MATMUL_ROWS_MAX) { /* a few rows: stream the weights, do not pack them */
+        matmul_rows_forward(out, inp, weight, bias, N, IC, OC);
+        return;
+    }
     float beta = 0.0f;
     if (bias) {
         /* seed each output row with the bias, then sgemm accumulates onto it */
