@@ -39,6 +39,12 @@ int loom_prof_window_done(int64_t step);
  * NULL) become its args. */
 void loom_prof_begin(const char *name, const char *cat);
 void loom_prof_end(double flops, double bytes, const char *shape);
+/* loom_prof_end with a shape of n (<= LOOM_PROF_MAX_DIMS) integers named by keys, a string
+ * literal of space-separated names ("N IC OC"): kept as numbers while recording and written
+ * as "N=64 IC=32 OC=96" with the trace, so an op span costs no formatting. */
+#define LOOM_PROF_MAX_DIMS 6
+void loom_prof_end_dims(double flops, double bytes, const char *keys, const int64_t *dims,
+                        int n);
 /* A collective that ran from t0 to t1 (loom_now() seconds) of which `waited` seconds were
  * spent blocked in a wait: a span on a collective lane, and a "wait:<kind>" span of tid 0 when
  * waited > 0. kind and group: string literals. */

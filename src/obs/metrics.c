@@ -4,7 +4,6 @@
 #include <errno.h>
 #include <math.h>
 #include <jansson.h>
-#include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -12,26 +11,8 @@
 struct loom_metrics {
     FILE *f;
     char *path;
-    char *line;   /* the line being built */
-    size_t len, cap;
+    loom_sbuf line; /* the line being built (its allocation kept from line to line) */
 };
-
-static void append(loom_metrics *m, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-static void append(loom_metrics *m, const char *fmt, ...) {
-    for (;;) {
-        va_list ap;
-        va_start(ap, fmt);
-        const int n = vsnprintf(m->line + m->len, m->cap - m->len, fmt, ap);
-        va_end(ap);
-        LOOM_CHECK(n >= 0);
-        if ((size_t)n < m->cap - m->len) {
-            m->len += (size_t)n;
-            return;
-        }
-        m->cap = 2 * m->cap + (size_t)n;
-        m->line = loom_realloc(m->line, m->cap);
-    }
-}
 
 typedef struct row_ref {
     int64_t step;
@@ -120,28 +101,29 @@ int loom_metrics_open(const char *path, int64_t keep_upto_step, loom_metrics **o
     loom_metrics *m = loom_calloc(1, sizeof *m);
     m->f = f;
     m->path = loom_strdup(path);
-    m->cap = 1024;
-    m->line = loom_malloc(m->cap);
+    m->line = (loom_sbuf){loom_malloc(1024), 0, 1024};
     *out = m;
     return 0;
 }
 
 void loom_metrics_begin(loom_metrics *m) {
-    m->len = 0;
-    m->line[0] = 0;
+    m->line.len = 0;
+    m->line.p[0] = 0;
 }
 
-static void key(loom_metrics *m, const char *k) { append(m, "%s\"%s\":", m->len ? "," : "{", k); }
+static void key(loom_metrics *m, const char *k) {
+    loom_sbuf_printf(&m->line, "%s\"%s\":", m->line.len ? "," : "{", k);
+}
 
 void loom_metrics_int(loom_metrics *m, const char *k, int64_t v) {
     key(m, k);
-    append(m, "%lld", (long long)v);
+    loom_sbuf_printf(&m->line, "%lld", (long long)v);
 }
 
 /* JSON has no NaN or infinity: a value that is not finite is null */
 static void real(loom_metrics *m, const char *sep, double v) {
-    if (isfinite(v)) append(m, "%s%.17g", sep, v);
-    else append(m, "%snull", sep);
+    if (isfinite(v)) loom_sbuf_printf(&m->line, "%s%.17g", sep, v);
+    else loom_sbuf_printf(&m->line, "%snull", sep);
 }
 
 void loom_metrics_real(loom_metrics *m, const char *k, double v) {
@@ -152,12 +134,12 @@ void loom_metrics_real(loom_metrics *m, const char *k, double v) {
 void loom_metrics_reals(loom_metrics *m, const char *k, const double *v, int n, int stride) {
     key(m, k);
     for (int i = 0; i < n; i++) real(m, i ? "," : "[", v[(size_t)i * (size_t)stride]);
-    append(m, "%s", n ? "]" : "[]");
+    loom_sbuf_printf(&m->line, "%s", n ? "]" : "[]");
 }
 
 int loom_metrics_end(loom_metrics *m, loom_err *err) {
-    append(m, "%s\n", m->len ? "}" : "{}");
-    int bad = fwrite(m->line, 1, m->len, m->f) != m->len || fflush(m->f) != 0;
+    loom_sbuf_printf(&m->line, "%s\n", m->line.len ? "}" : "{}");
+    const int bad = fwrite(m->line.p, 1, m->line.len, m->f) != m->line.len || fflush(m->f) != 0;
     if (bad) return loom_errf(err, "%s: write failed: %s", m->path, strerror(errno));
     return 0;
 }
@@ -172,6 +154,6 @@ void loom_metrics_close(loom_metrics *m) {
     if (!m) return;
     fclose(m->f);
     free(m->path);
-    free(m->line);
+    free(m->line.p);
     free(m);
 }

@@ -20,7 +20,10 @@ typedef struct event {
     double t0, t1;  /* loom_now() seconds */
     double flops, bytes, wait;
     int tid;
-    char shape[40];
+    int nd;             /* shape: nd integers named by keys ("N IC OC"), formatted at write */
+    const char *keys;
+    int64_t dims[LOOM_PROF_MAX_DIMS];
+    char shape[40];     /* or a text shape (loom_prof_end's) */
 } event;
 
 typedef struct recorder {
@@ -132,6 +135,20 @@ void loom_prof_end(double flops, double bytes, const char *shape) {
     if (shape) snprintf(e->shape, sizeof e->shape, "%s", shape);
 }
 
+void loom_prof_end_dims(double flops, double bytes, const char *keys, const int64_t *dims,
+                        int n) {
+    if (!loom_prof_recording || R.depth == 0) return;
+    const size_t i = R.stack[--R.depth];
+    if (i == SIZE_MAX) return;
+    event *e = &R.ev[i];
+    e->t1 = loom_now();
+    e->flops = flops;
+    e->bytes = bytes;
+    e->keys = keys;
+    e->nd = n < LOOM_PROF_MAX_DIMS ? n : LOOM_PROF_MAX_DIMS;
+    memcpy(e->dims, dims, (size_t)e->nd * sizeof *dims);
+}
+
 void loom_prof_comm(const char *kind, const char *group, double bytes, double t0, double t1,
                     double waited) {
     if (!loom_prof_recording) return;
@@ -200,6 +217,16 @@ int loom_prof_write_part(const char *run_dir, loom_err *err) {
         const char *sep = "";
         if (e->shape[0]) {
             loom_sbuf_printf(&b, "\"shape\":\"%s\"", e->shape);
+            sep = ",";
+        } else if (e->nd > 0) { /* "N=64 IC=32 OC=96" from the keys "N IC OC" */
+            loom_sbuf_printf(&b, "\"shape\":\"");
+            const char *k = e->keys;
+            for (int d = 0; d < e->nd; d++) {
+                const size_t kl = strcspn(k, " ");
+                loom_sbuf_printf(&b, "%s%.*s=%lld", d ? " " : "", (int)kl, k, (long long)e->dims[d]);
+                k += kl + (k[kl] == ' ');
+            }
+            loom_sbuf_printf(&b, "\"");
             sep = ",";
         }
         if (!strcmp(e->cat, "comm") || !strcmp(e->cat, "wait")) {

@@ -1,7 +1,9 @@
 /* The Prometheus endpoint: one thread that accepts on 127.0.0.1:port, reads a request (up to
- * 8 KiB, 2 s), and answers with the text last published. One connection at a time: a scrape
- * is a few KiB, and the trainer never waits for it (publish only swaps a buffer under a
- * mutex). */
+ * 8 KiB, 2 s), and answers with the exposition of the data last published. One connection at
+ * a time: a scrape is a few KiB. The trainer never waits for a scrape and never formats text
+ * for one: publish copies its snapshot into a buffer under a mutex, and a scrape copies it out
+ * under the same mutex and renders it on this thread, so the text is made only when asked
+ * for (a scrape every 15 s costs nothing at the steps between). */
 #define _GNU_SOURCE
 #include "loom/obs_sinks.h"
 
@@ -20,8 +22,9 @@ struct loom_prom {
     int fd;
     pthread_t thread;
     pthread_mutex_t mu;
-    char *text;
-    size_t len;
+    loom_prom_render_fn render;
+    void *data;         /* the last published snapshot (under mu) */
+    size_t len, cap;
     int stop; /* read and set with __atomic builtins */
 };
 
@@ -65,15 +68,21 @@ static void respond(loom_prom *p, int c) {
     }
     pthread_mutex_lock(&p->mu);
     const size_t len = p->len;
-    char *body = loom_malloc(len + 1);
-    if (len) memcpy(body, p->text, len);
+    char *snap = loom_malloc(len + 1);
+    if (len) memcpy(snap, p->data, len);
     pthread_mutex_unlock(&p->mu);
+    loom_sbuf text = {snap, len, len + 1};
+    if (p->render) {
+        text = (loom_sbuf){NULL, 0, 0};
+        if (len) p->render(snap, len, &text);
+        free(snap);
+    }
     int n = snprintf(head, sizeof head, "HTTP/1.1 200 OK\r\nContent-Type: text/plain; "
                      "version=0.0.4; charset=utf-8\r\nContent-Length: %zu\r\nConnection: "
-                     "close\r\n\r\n", len);
+                     "close\r\n\r\n", text.len);
     send_all(c, head, (size_t)n);
-    send_all(c, body, len);
-    free(body);
+    send_all(c, text.p, text.len);
+    free(text.p);
 }
 
 static void *serve(void *arg) {
@@ -90,7 +99,8 @@ static void *serve(void *arg) {
     return NULL;
 }
 
-int loom_prom_start(int port, const char *what, loom_prom **out, loom_err *err) {
+int loom_prom_start(int port, const char *what, loom_prom_render_fn render, loom_prom **out,
+                    loom_err *err) {
     *out = NULL;
     if (port < 1 || port > 65535)
         return loom_errf(err, "%s: port %d is not in 1..65535", what, port);
@@ -110,6 +120,7 @@ int loom_prom_start(int port, const char *what, loom_prom **out, loom_err *err) 
     }
     loom_prom *p = loom_calloc(1, sizeof *p);
     p->fd = fd;
+    p->render = render;
     pthread_mutex_init(&p->mu, NULL);
     if (pthread_create(&p->thread, NULL, serve, p)) {
         close(fd);
@@ -121,16 +132,15 @@ int loom_prom_start(int port, const char *what, loom_prom **out, loom_err *err) 
     return 0;
 }
 
-void loom_prom_publish(loom_prom *p, const char *text, size_t len) {
-    char *copy = loom_malloc(len + 1);
-    memcpy(copy, text, len);
-    copy[len] = 0;
+void loom_prom_publish(loom_prom *p, const void *data, size_t len) {
     pthread_mutex_lock(&p->mu);
-    char *old = p->text;
-    p->text = copy;
+    if (len > p->cap) { /* once, or when the snapshot grows */
+        p->cap = len;
+        p->data = loom_realloc(p->data, p->cap);
+    }
+    if (len) memcpy(p->data, data, len);
     p->len = len;
     pthread_mutex_unlock(&p->mu);
-    free(old);
 }
 
 void loom_prom_stop(loom_prom *p) {
@@ -139,6 +149,6 @@ void loom_prom_stop(loom_prom *p) {
     pthread_join(p->thread, NULL);
     close(p->fd);
     pthread_mutex_destroy(&p->mu);
-    free(p->text);
+    free(p->data);
     free(p);
 }

@@ -19,6 +19,7 @@
 struct loom_tb {
     FILE *f;
     char *path;
+    char buf[1 << 16]; /* the stream's buffer: records reach the file at loom_tb_flush/close */
 };
 
 /* ---- CRC-32C (Castagnoli, reflected polynomial 0x82F63B78), one table built on first use --- */
@@ -115,6 +116,7 @@ int loom_tb_open(const char *dir, loom_tb **out, loom_err *err) {
     loom_tb *w = loom_calloc(1, sizeof *w);
     w->f = f;
     w->path = loom_strdup(path);
+    setvbuf(f, w->buf, _IOFBF, sizeof w->buf);
     pbuf ev = {.n = 0};
     struct timespec ts;
     clock_gettime(CLOCK_REALTIME, &ts);
@@ -132,7 +134,8 @@ int loom_tb_scalar(loom_tb *w, int64_t step, double wall_time, const char *tag, 
                    loom_err *err) {
     size_t tl = strlen(tag);
     if (tl > 200) tl = 200;
-    pbuf val = {.n = 0}, sum = {.n = 0}, ev = {.n = 0};
+    pbuf val, sum, ev; /* not zeroed: only the first n bytes are used */
+    val.n = sum.n = ev.n = 0;
     put_bytes(&val, 1, tag, tl);
     put_float(&val, 2, value);
     put_bytes(&sum, 1, val.b, val.n);

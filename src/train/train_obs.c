@@ -5,10 +5,10 @@
 #include "train/train_obs.h"
 
 #include <math.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -33,7 +33,19 @@ const int loom_obs_config_nkeys = (int)(sizeof loom_obs_config_keys /
                                         sizeof loom_obs_config_keys[0]);
 
 /* per-rank fields gathered every step */
-enum { F_STEP, F_DATA, F_COMM, F_COMPUTE, F_RSS, F_HWM, F_ARENA, NF };
+enum { F_STEP, F_DATA, F_COMM, F_COMPUTE, F_HWM, F_ARENA, NF };
+
+/* What the Prometheus endpoint serves: the last step's values, copied by rank 0 after each
+ * step (one memcpy under the endpoint's lock) and formatted by the endpoint's thread only
+ * when a scrape asks for them. */
+typedef struct prom_snap {
+    train_obs_row row;
+    double val_loss, lag;
+    int64_t alerts_fired;
+    int straggler, world;
+    double all[];           /* (world, NF) */
+} prom_snap;
+static void prom_render(const void *data, size_t len, loom_sbuf *b);
 
 struct train_obs {
     int rank, world, rank0;
@@ -49,42 +61,28 @@ struct train_obs {
     int stop;
     /* rank 0's sinks */
     loom_prom *prom;
+    prom_snap *snap;
+    size_t snap_bytes;
     loom_tb *tb;
-    char *text;             /* the Prometheus exposition being built */
-    size_t len, cap;
+    double tb_flushed;      /* loom_now() of the last TensorBoard flush */
+    double t_start;         /* loom_now() at train_obs_create: elapsed_s */
     double val_loss;        /* the last validation loss (NAN: none yet) */
     int64_t alerts_fired;
     loom_alerts *alerts;    /* parsed on every rank (the same errors everywhere), used by rank 0 */
 };
 
-static void out(train_obs *o, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-static void out(train_obs *o, const char *fmt, ...) {
-    for (;;) {
-        va_list ap;
-        va_start(ap, fmt);
-        const int n = vsnprintf(o->text + o->len, o->cap - o->len, fmt, ap);
-        va_end(ap);
-        LOOM_CHECK(n >= 0);
-        if ((size_t)n < o->cap - o->len) {
-            o->len += (size_t)n;
-            return;
-        }
-        o->cap = 2 * o->cap + (size_t)n + 256;
-        o->text = loom_realloc(o->text, o->cap);
-    }
-}
-
 /* one metric family without labels; a value that is not finite is written as NaN */
-static void family(train_obs *o, const char *name, const char *type, const char *help, double v) {
-    out(o, "# HELP %s %s\n# TYPE %s %s\n", name, help, name, type);
-    if (isfinite(v)) out(o, "%s %.17g\n", name, v);
-    else out(o, "%s NaN\n", name);
+static void family(loom_sbuf *b, const char *name, const char *type, const char *help, double v) {
+    loom_sbuf_printf(b, "# HELP %s %s\n# TYPE %s %s\n", name, help, name, type);
+    if (isfinite(v)) loom_sbuf_printf(b, "%s %.17g\n", name, v);
+    else loom_sbuf_printf(b, "%s NaN\n", name);
 }
 
 /* one per-rank family: value f of every rank, labelled rank="r" */
-static void per_rank(train_obs *o, const char *name, const char *help, int f) {
-    out(o, "# HELP %s %s\n# TYPE %s gauge\n", name, help, name);
-    for (int r = 0; r < o->world; r++) out(o, "%s{rank=\"%d\"} %.17g\n", name, r, o->all[r * NF + f]);
+static void per_rank(loom_sbuf *b, const prom_snap *s, const char *name, const char *help, int f) {
+    loom_sbuf_printf(b, "# HELP %s %s\n# TYPE %s gauge\n", name, help, name);
+    for (int r = 0; r < s->world; r++)
+        loom_sbuf_printf(b, "%s{rank=\"%d\"} %.17g\n", name, r, s->all[r * NF + f]);
 }
 
 /* the alert rules of the config (alerts, obs.default_alerts) */
@@ -157,9 +155,14 @@ int train_obs_create(trainer *t, double peak, train_obs **out, loom_err *err) {
         loom_config_get_bool(t->cfg, "obs.tensorboard", &tb, err))
         return -1;
     o->val_loss = NAN;
-    if (o->rank0 && port > 0 &&
-        loom_prom_start((int)port, "config key 'obs.prometheus_port'", &o->prom, err))
-        return -1;
+    o->t_start = loom_now();
+    if (o->rank0 && port > 0) {
+        o->snap_bytes = sizeof *o->snap + (size_t)o->world * NF * sizeof(double);
+        o->snap = loom_calloc(1, o->snap_bytes);
+        if (loom_prom_start((int)port, "config key 'obs.prometheus_port'", prom_render,
+                            &o->prom, err))
+            return -1;
+    }
     if (o->rank0 && tb) {
         char dir[4200];
         loom_pathf(dir, sizeof dir, "%s/tb", t->s.run_dir);
@@ -215,18 +218,12 @@ void train_obs_step_begin(train_obs *o, trainer *t) {
     injected_delay(o->rank);
 }
 
-/* VmRSS and VmHWM (the high-water mark) of this process, bytes */
-static void rss(double *now, double *hwm) {
-    *now = *hwm = 0;
-    FILE *f = fopen("/proc/self/status", "r");
-    if (!f) return;
-    char line[256];
-    while (fgets(line, sizeof line, f)) {
-        long long kb;
-        if (sscanf(line, "VmRSS: %lld kB", &kb) == 1) *now = (double)kb * 1024;
-        else if (sscanf(line, "VmHWM: %lld kB", &kb) == 1) *hwm = (double)kb * 1024;
-    }
-    fclose(f);
+/* The resident-set high-water mark of this process (VmHWM), bytes: one getrusage call, not
+ * /proc/self/status's text read and parsed every step. */
+static double rss_hwm(void) {
+    struct rusage ru;
+    if (getrusage(RUSAGE_SELF, &ru)) return 0;
+    return (double)ru.ru_maxrss * 1024; /* kB on Linux */
 }
 
 static int cmp_double(const void *a, const void *b) {
@@ -241,7 +238,7 @@ int train_obs_after_step(train_obs *o, trainer *t, double dt, const loom_comm_st
     o->mine[F_DATA] = t->data_wait_s;
     o->mine[F_COMM] = cs->total_wait_s;
     o->mine[F_COMPUTE] = fmax(0.0, dt - t->data_wait_s - cs->total_wait_s);
-    rss(&o->mine[F_RSS], &o->mine[F_HWM]);
+    o->mine[F_HWM] = rss_hwm();
     o->mine[F_ARENA] = (double)arena_bytes;
     loom_allgather(t->mesh, LOOM_GROUP_WORLD, o->mine, o->all, NF * (size_t)o->world, LOOM_F64);
     /* the straggler: busy time (compute + data wait: what a rank spends not waiting for the
@@ -292,6 +289,7 @@ void train_obs_metrics(train_obs *o, loom_metrics *mx) {
     for (int r = 0; r < w; r++)
         if (o->all[r * NF + F_STEP] > 0) share += o->all[r * NF + F_COMM] / o->all[r * NF + F_STEP];
     loom_metrics_real(mx, "comm_exposed_share", share / w);
+    loom_metrics_real(mx, "elapsed_s", loom_now() - o->t_start);
     if (o->straggler >= 0) {
         loom_metrics_int(mx, "straggler_rank", o->straggler);
         loom_metrics_real(mx, "straggler_lag", o->lag);
@@ -299,56 +297,71 @@ void train_obs_metrics(train_obs *o, loom_metrics *mx) {
     }
 }
 
-static void prometheus(train_obs *o, const train_obs_row *row) {
-    o->len = 0;
-    family(o, "loom_last_step", "gauge", "Steps completed.", (double)row->step);
-    family(o, "loom_loss", "gauge", "Training loss of the last step (mean over the global "
+/* the endpoint's render callback (its thread, on a private copy of the snapshot) */
+static void prom_render(const void *data, size_t len, loom_sbuf *b) {
+    const prom_snap *s = data;
+    if (len < sizeof *s || len < sizeof *s + (size_t)s->world * NF * sizeof(double)) return;
+    const train_obs_row *row = &s->row;
+    family(b, "loom_last_step", "gauge", "Steps completed.", (double)row->step);
+    family(b, "loom_loss", "gauge", "Training loss of the last step (mean over the global "
                                     "batch).", row->loss);
-    if (isfinite(o->val_loss))
-        family(o, "loom_val_loss", "gauge", "Last validation loss.", o->val_loss);
-    family(o, "loom_learning_rate", "gauge", "Learning rate of the last step.", row->lr);
-    family(o, "loom_grad_norm", "gauge", "Global gradient norm before clipping.", row->grad_norm);
-    family(o, "loom_tokens_per_second", "gauge", "Training throughput of the last step.",
+    if (isfinite(s->val_loss))
+        family(b, "loom_val_loss", "gauge", "Last validation loss.", s->val_loss);
+    family(b, "loom_learning_rate", "gauge", "Learning rate of the last step.", row->lr);
+    family(b, "loom_grad_norm", "gauge", "Global gradient norm before clipping.", row->grad_norm);
+    family(b, "loom_tokens_per_second", "gauge", "Training throughput of the last step.",
            row->tokens_per_s);
     if (row->mfu >= 0)
-        family(o, "loom_mfu_ratio", "gauge", "Model FLOPs utilization against the measured "
+        family(b, "loom_mfu_ratio", "gauge", "Model FLOPs utilization against the measured "
                                              "peak.", row->mfu);
-    family(o, "loom_step_seconds", "gauge", "Wall time of the last step on rank 0.",
+    family(b, "loom_step_seconds", "gauge", "Wall time of the last step on rank 0.",
            row->step_ms * 1e-3);
-    family(o, "loom_rss_bytes", "gauge", "Resident set size of rank 0.", row->rss_bytes);
-    family(o, "loom_skipped_steps_total", "counter", "Steps skipped for a non-finite loss or "
+    family(b, "loom_rss_bytes", "gauge", "Resident set size of rank 0.", row->rss_bytes);
+    family(b, "loom_skipped_steps_total", "counter", "Steps skipped for a non-finite loss or "
                                                      "gradient norm.", (double)row->skipped_total);
-    family(o, "loom_alerts_total", "counter", "Alert rules fired in this run.",
-           (double)o->alerts_fired);
+    family(b, "loom_alerts_total", "counter", "Alert rules fired in this run.",
+           (double)s->alerts_fired);
     double share = 0, cmax = 0, hwm = 0;
-    for (int r = 0; r < o->world; r++) {
-        const double *a = o->all + r * NF;
+    for (int r = 0; r < s->world; r++) {
+        const double *a = s->all + r * NF;
         if (a[F_STEP] > 0) share += a[F_COMM] / a[F_STEP];
         if (a[F_COMPUTE] > cmax) cmax = a[F_COMPUTE];
         if (a[F_HWM] > hwm) hwm = a[F_HWM];
     }
-    family(o, "loom_comm_exposed_ratio", "gauge", "Share of the step spent waiting for "
-                                                  "collectives, mean over ranks.", share / o->world);
-    family(o, "loom_compute_seconds", "gauge", "Busiest rank's compute time of the last step.",
+    family(b, "loom_comm_exposed_ratio", "gauge", "Share of the step spent waiting for "
+                                                  "collectives, mean over ranks.", share / s->world);
+    family(b, "loom_compute_seconds", "gauge", "Busiest rank's compute time of the last step.",
            cmax);
-    family(o, "loom_rss_high_water_bytes", "gauge", "Largest resident-set high-water mark over "
+    family(b, "loom_rss_high_water_bytes", "gauge", "Largest resident-set high-water mark over "
                                                     "the ranks.", hwm);
-    family(o, "loom_straggler_rank", "gauge", "The rank named as a straggler, -1 when none.",
-           (double)o->straggler);
-    family(o, "loom_straggler_lag_ratio", "gauge", "Straggler's busy time over the median "
-                                                   "rank's (0 when none).", o->lag);
-    per_rank(o, "loom_rank_step_seconds", "Wall time of the last step per rank.", F_STEP);
-    per_rank(o, "loom_rank_compute_seconds", "Compute time of the last step per rank.",
+    family(b, "loom_straggler_rank", "gauge", "The rank named as a straggler, -1 when none.",
+           (double)s->straggler);
+    family(b, "loom_straggler_lag_ratio", "gauge", "Straggler's busy time over the median "
+                                                   "rank's (0 when none).", s->lag);
+    per_rank(b, s, "loom_rank_step_seconds", "Wall time of the last step per rank.", F_STEP);
+    per_rank(b, s, "loom_rank_compute_seconds", "Compute time of the last step per rank.",
              F_COMPUTE);
-    per_rank(o, "loom_rank_comm_exposed_seconds", "Time blocked in collectives in the last step "
+    per_rank(b, s, "loom_rank_comm_exposed_seconds", "Time blocked in collectives in the last step "
                                                   "per rank.", F_COMM);
-    per_rank(o, "loom_rank_data_wait_seconds", "Time getting batches in the last step per rank.",
+    per_rank(b, s, "loom_rank_data_wait_seconds", "Time getting batches in the last step per rank.",
              F_DATA);
-    per_rank(o, "loom_rank_rss_high_water_bytes", "Resident-set high-water mark per rank.",
+    per_rank(b, s, "loom_rank_rss_high_water_bytes", "Resident-set high-water mark per rank.",
              F_HWM);
-    per_rank(o, "loom_rank_arena_bytes", "Parameter, gradient, optimizer and activation arenas "
+    per_rank(b, s, "loom_rank_arena_bytes", "Parameter, gradient, optimizer and activation arenas "
                                          "per rank.", F_ARENA);
-    loom_prom_publish(o->prom, o->text, o->len);
+}
+
+/* rank 0: the snapshot the endpoint formats when scraped */
+static void prometheus(train_obs *o, const train_obs_row *row) {
+    prom_snap *s = o->snap;
+    s->row = *row;
+    s->val_loss = o->val_loss;
+    s->lag = o->lag;
+    s->alerts_fired = o->alerts_fired;
+    s->straggler = o->straggler;
+    s->world = o->world;
+    memcpy(s->all, o->all, (size_t)o->world * NF * sizeof *s->all);
+    loom_prom_publish(o->prom, s, o->snap_bytes);
 }
 
 static int tensorboard(train_obs *o, const train_obs_row *row, loom_err *err) {
@@ -379,6 +392,10 @@ static int tensorboard(train_obs *o, const train_obs_row *row, loom_err *err) {
     if (loom_tb_scalar(o->tb, row->step, wall, "comm_exposed_share", (float)(share / o->world),
                        err))
         return -1;
+    /* buffered: the records reach the file every 2 s (and at the end), not a write per step */
+    const double now = loom_now();
+    if (now - o->tb_flushed < 2.0) return 0;
+    o->tb_flushed = now;
     return loom_tb_flush(o->tb, err);
 }
 
@@ -442,7 +459,7 @@ void train_obs_free(train_obs *o) {
     loom_prom_stop(o->prom);
     loom_alerts_free(o->alerts);
     loom_tb_close(o->tb);
-    free(o->text);
+    free(o->snap);
     free(o->all);
     free(o);
 }
