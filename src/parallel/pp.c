@@ -97,7 +97,7 @@ static void take(loom_pp *p, inbox *b, int peer, int tag_base, float *buf, const
  * LOOM_TEST_PP_FAIL="RANK:BATCH:kill" makes world rank RANK SIGKILL itself inside its BATCH-th
  * training batch (1-based), at the point where it would send its first input gradient back
  * (a neighbour is then waiting in a pipeline receive); "RANK:BATCH:hang" makes it wait there
- * forever. tests/mpi/test_pp_3d.sh checks that the job ends, naming the rank. */
+ * forever. tests/mpi/test_pp_errors.sh checks that the job ends, naming the rank. */
 static void read_fail_hook(loom_pp *p) {
     p->fail_run = -1;
     const char *f = getenv("LOOM_TEST_PP_FAIL");

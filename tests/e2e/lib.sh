@@ -99,6 +99,53 @@ checkpoint:
 YAML
 }
 
+# make_labelled_recipe DIR [FILES [STEPS]]: FILES (default 36) binary files of three classes in
+# turn (noise: random bytes; text: words; ramp: a byte ramp), 100..900 bytes each, in DIR/files,
+# their labels in DIR/labels.jsonl, and DIR/recipe.yaml building them (byte tokens, seq_len 64,
+# val_fraction 0.2) into DIR/data/{train,val}; STEPS, e.g. "[dedup_exact]", the source's
+# processing steps. Sets LABELLED_ARGS: the --set options that train a classify head on it.
+make_labelled_recipe() {
+  local d=$1 files=${2:-36} steps=${3:-}
+  mkdir -p "$d/files"
+  python3 - "$d" "$files" <<'PY'
+import json, os, random, sys
+random.seed(3)
+root, files = sys.argv[1], int(sys.argv[2])
+with open(os.path.join(root, "labels.jsonl"), "w") as lab:
+    for i in range(files):
+        cls = ["noise", "text", "ramp"][i % 3]
+        n = random.randint(100, 900)
+        if cls == "noise": data = bytes(random.getrandbits(8) for _ in range(n))
+        elif cls == "text": data = " ".join(random.choice(["alpha", "beta", "gamma"]) for _ in range(n // 6)).encode()
+        else: data = bytes((j * 7) % 256 for j in range(n))
+        open(os.path.join(root, "files", f"f{i:03d}.bin"), "wb").write(data)
+        lab.write(json.dumps({"path": f"f{i:03d}.bin", "label": cls}) + "\n")
+PY
+  cat > "$d/recipe.yaml" <<YAML
+name: bin
+sources:
+  - name: files
+    kind: binary
+    path: $d/files
+    labels: $d/labels.jsonl
+${steps:+    steps: $steps}
+tokenizer: byte
+seq_len: 64
+val_fraction: 0.2
+output: $d/data
+YAML
+  LABELLED_ARGS=(--set model.head=classify --set model.num_classes=3 --set model.vocab_size=257
+                 --set data.train="$d/data/train" --set data.val="$d/data/val"
+                 --set training.seq_len=64)
+}
+
+# make_labelled_dataset DIR [FILES]: make_labelled_recipe, built with loom (DIR/data/{train,val})
+make_labelled_dataset() {
+  make_labelled_recipe "$@"
+  "$LOOM_BIN" data build "$1/recipe.yaml" >/dev/null 2>&1 \
+    || { "$LOOM_BIN" data build "$1/recipe.yaml"; fail "labelled data build"; }
+}
+
 # losses of a run, one per line, exactly as written
 losses() { python3 -c "
 import json,sys

@@ -44,34 +44,7 @@ cp "$WORK/manifest.orig" "$M"
 expect_ok "verify after restoring the manifest" "$LOOM_ASAN_BIN" data verify "$WORK/data"
 # labelled data: every label must be one of dataset.json's classes (classification training
 # refuses a dataset whose class list lost a class)
-mkdir -p "$WORK/bin/files"
-python3 - "$WORK/bin" <<'PY'
-import json, os, random, sys
-random.seed(5)
-root = sys.argv[1]
-with open(os.path.join(root, "labels.jsonl"), "w") as lab:
-    for i in range(24):
-        cls = ["noise", "ramp", "text"][i % 3]
-        n = random.randint(100, 600)
-        if cls == "noise": data = bytes(random.getrandbits(8) for _ in range(n))
-        elif cls == "ramp": data = bytes((j * 7) % 256 for j in range(n))
-        else: data = " ".join(random.choice(["alpha", "beta"]) for _ in range(n // 6)).encode()
-        open(os.path.join(root, "files", f"f{i:03d}.bin"), "wb").write(data)
-        lab.write(json.dumps({"path": f"f{i:03d}.bin", "label": cls}) + "\n")
-PY
-cat > "$WORK/bin/recipe.yaml" <<YAML
-name: bin
-sources:
-  - name: files
-    kind: binary
-    path: $WORK/bin/files
-    labels: $WORK/bin/labels.jsonl
-tokenizer: byte
-seq_len: 64
-val_fraction: 0.2
-output: $WORK/bin/data
-YAML
-"$LOOM_BIN" data build "$WORK/bin/recipe.yaml" 2>/dev/null || fail "labelled data build"
+make_labelled_dataset "$WORK/bin" 24
 expect_ok "verify a labelled dataset" "$LOOM_ASAN_BIN" data verify "$WORK/bin/data/train"
 grep -q "labelled document(s), every label one of the 3 classes" "$WORK/out.txt" || fail "labels not checked"
 DS=$WORK/bin/data/train/dataset.json
@@ -85,8 +58,7 @@ LABEL_RULE="document [0-9]+ has label 2, but .*/bin/data/train/dataset.json list
 expect_fail "verify: a label beyond dataset.json's classes" "$LABEL_RULE" \
   "$LOOM_ASAN_BIN" data verify "$WORK/bin/data/train"
 expect_fail "train (classify): a label beyond dataset.json's classes" "$LABEL_RULE" \
-  "$LOOM_ASAN_BIN" train "$WORK/c.yaml" --set model.head=classify --set model.num_classes=3 \
-  --set model.vocab_size=257 --set data.train="$WORK/bin/data/train" --set data.val= \
-  --set training.seq_len=64 --set training.steps=2 --set run.dir="$WORK/cls"
+  "$LOOM_ASAN_BIN" train "$WORK/c.yaml" "${LABELLED_ARGS[@]}" --set data.val= \
+  --set training.steps=2 --set run.dir="$WORK/cls"
 cp "$WORK/ds.orig" "$DS"
 echo "all verify-rule tests passed"

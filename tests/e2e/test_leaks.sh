@@ -29,34 +29,7 @@ expect_ok "data build (text)" "$L" data build "$WORK/recipe.yaml"
 expect_ok "data build again (cached)" "$L" data build "$WORK/recipe.yaml"
 expect_ok "data inspect" "$L" data inspect "$WORK/data"
 expect_ok "data verify --inputs" "$L" data verify --inputs "$WORK/data"
-mkdir -p bin/files
-python3 - bin <<'PY'
-import json, os, random, sys
-random.seed(3)
-root = sys.argv[1]
-with open(os.path.join(root, "labels.jsonl"), "w") as lab:
-    for i in range(24):
-        cls = ["noise", "text", "ramp"][i % 3]
-        n = random.randint(100, 600)
-        if cls == "noise": data = bytes(random.getrandbits(8) for _ in range(n))
-        elif cls == "text": data = " ".join(random.choice(["alpha", "beta"]) for _ in range(n // 6)).encode()
-        else: data = bytes((j * 7) % 256 for j in range(n))
-        open(os.path.join(root, "files", f"f{i:03d}.bin"), "wb").write(data)
-        lab.write(json.dumps({"path": f"f{i:03d}.bin", "label": cls}) + "\n")
-PY
-cat > bin/recipe.yaml <<YAML
-name: bin
-sources:
-  - name: files
-    kind: binary
-    path: $WORK/bin/files
-    labels: $WORK/bin/labels.jsonl
-    steps: [dedup_exact]
-tokenizer: byte
-seq_len: 64
-val_fraction: 0.2
-output: $WORK/bin/data
-YAML
+make_labelled_recipe "$WORK/bin" 24 "[dedup_exact]"
 expect_ok "data build (labelled binary)" "$L" data build bin/recipe.yaml
 
 # ---- tokenizer: train, info, encode, decode --------------------------------------------------

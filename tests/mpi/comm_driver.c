@@ -23,6 +23,7 @@
 #define _GNU_SOURCE
 #include "loom/comm.h"
 #include "loom/kernels.h"
+#include "driver_expect.h"
 
 #include <errno.h>
 #include <math.h>
@@ -30,17 +31,6 @@
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
-
-static int g_fail;
-#define EXPECT(cond, ...)                                                     \
-    do {                                                                      \
-        if (!(cond)) {                                                        \
-            fprintf(stderr, "rank %d: FAIL %s:%d: ", loom_comm_world_rank(), __FILE__, __LINE__); \
-            fprintf(stderr, __VA_ARGS__);                                     \
-            fputc('\n', stderr);                                              \
-            g_fail = 1;                                                       \
-        }                                                                     \
-    } while (0)
 
 typedef struct opts {
     loom_mesh_spec spec;

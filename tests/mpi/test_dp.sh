@@ -107,37 +107,8 @@ compare "$REF" "$WORK/reshard_b" 1e-5 11 || fail "dp=2 -> dp=4 resume diverged"
 pass "saved at dp=2 zero 1, resumed at dp=4 zero 3: steps 11..20 continue the dp=2 run"
 
 # the classify head under data parallelism: labelled windows sliced per rank like LM samples
-mkdir -p "$WORK/bin/files"
-python3 - "$WORK/bin" <<'PY'
-import json, os, random, sys
-random.seed(3)
-root = sys.argv[1]
-with open(os.path.join(root, "labels.jsonl"), "w") as lab:
-    for i in range(36):
-        cls = ["noise", "text", "ramp"][i % 3]
-        n = random.randint(100, 900)
-        if cls == "noise": data = bytes(random.getrandbits(8) for _ in range(n))
-        elif cls == "text": data = " ".join(random.choice(["alpha", "beta", "gamma"]) for _ in range(n // 6)).encode()
-        else: data = bytes((j * 7) % 256 for j in range(n))
-        open(os.path.join(root, "files", f"f{i:03d}.bin"), "wb").write(data)
-        lab.write(json.dumps({"path": f"f{i:03d}.bin", "label": cls}) + "\n")
-PY
-cat > "$WORK/bin/recipe.yaml" <<YAML
-name: bin
-sources:
-  - name: files
-    kind: binary
-    path: $WORK/bin/files
-    labels: $WORK/bin/labels.jsonl
-tokenizer: byte
-seq_len: 64
-val_fraction: 0.2
-output: $WORK/bin/data
-YAML
-"$LOOM_BIN" data build "$WORK/bin/recipe.yaml" 2>/dev/null || fail "labelled data build"
-CLS=(--set model.head=classify --set model.num_classes=3 --set model.vocab_size=257
-     --set data.train="$WORK/bin/data/train" --set data.val="$WORK/bin/data/val"
-     --set training.seq_len=64 --set training.steps=8 --set training.schedule_steps=8
+make_labelled_dataset "$WORK/bin"
+CLS=("${LABELLED_ARGS[@]}" --set training.steps=8 --set training.schedule_steps=8
      --set training.batch_size=4 --set eval.every=4 --set checkpoint.every=0)
 "$LOOM_BIN" train "$WORK/c.yaml" "${CLS[@]}" --set run.dir="$WORK/cls_single" 2>/dev/null || fail "classify single"
 for z in 1 3; do

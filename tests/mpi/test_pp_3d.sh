@@ -32,6 +32,7 @@ for flavor in gpt2 llama; do
   run 4 dp2_pp2_zero1 $flavor --set parallel.pp=2 --set parallel.dp=2 --set parallel.zero=1
   run 4 tp2_pp2 $flavor --set parallel.pp=2 --set parallel.tp=2 --set parallel.pp_schedule=gpipe
   run 8 dp2_tp2_pp2 $flavor --set parallel.pp=2 --set parallel.tp=2 --set parallel.dp=2 --set parallel.zero=1
+  grep -q "dp=2 tp=2 pp=2" "$WORK/log" || { cat "$WORK/log"; fail "$flavor: the 8 ranks' layout is not in the log"; }
 done
 run 4 dp2_pp2_zero3_gpipe gpt2 --set parallel.pp=2 --set parallel.dp=2 --set parallel.zero=3 \
   --set parallel.pp_schedule=gpipe --set parallel.microbatches=4
@@ -58,37 +59,8 @@ pass "pp 1, microbatches 4 = one process"
 
 # the classify head on the last stage (mean pooling, one label per sequence; accuracy from its
 # logits), pp 2: losses, val loss and val accuracy of the single process
-mkdir -p "$WORK/bin/files"
-python3 - "$WORK/bin" <<'PY'
-import json, os, random, sys
-random.seed(3)
-root = sys.argv[1]
-with open(os.path.join(root, "labels.jsonl"), "w") as lab:
-    for i in range(36):
-        cls = ["noise", "text", "ramp"][i % 3]
-        n = random.randint(100, 900)
-        if cls == "noise": data = bytes(random.getrandbits(8) for _ in range(n))
-        elif cls == "text": data = " ".join(random.choice(["alpha", "beta", "gamma"]) for _ in range(n // 6)).encode()
-        else: data = bytes((j * 7) % 256 for j in range(n))
-        open(os.path.join(root, "files", f"f{i:03d}.bin"), "wb").write(data)
-        lab.write(json.dumps({"path": f"f{i:03d}.bin", "label": cls}) + "\n")
-PY
-cat > "$WORK/bin/recipe.yaml" <<YAML
-name: bin
-sources:
-  - name: files
-    kind: binary
-    path: $WORK/bin/files
-    labels: $WORK/bin/labels.jsonl
-tokenizer: byte
-seq_len: 64
-val_fraction: 0.2
-output: $WORK/bin/data
-YAML
-"$LOOM_BIN" data build "$WORK/bin/recipe.yaml" 2>/dev/null || fail "labelled data build"
-CLS=(--set model.head=classify --set model.num_classes=3 --set model.vocab_size=257
-     --set data.train="$WORK/bin/data/train" --set data.val="$WORK/bin/data/val"
-     --set training.seq_len=64 --set training.steps=8 --set training.schedule_steps=8
+make_labelled_dataset "$WORK/bin"
+CLS=("${LABELLED_ARGS[@]}" --set training.steps=8 --set training.schedule_steps=8
      --set training.batch_size=4 --set eval.every=4 --set checkpoint.every=0 --set model.n_layer=4)
 "$LOOM_BIN" train "$WORK/gpt2.yaml" "${CLS[@]}" --set run.dir="$WORK/cls_single" 2>"$WORK/log" || { cat "$WORK/log"; fail "classify single"; }
 $MPIRUN -np 2 "$LOOM_BIN" train "$WORK/gpt2.yaml" "${CLS[@]}" --set parallel.pp=2 \

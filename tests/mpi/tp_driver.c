@@ -16,21 +16,11 @@
 #include "loom/backend.h"
 #include "loom/comm.h"
 #include "loom/tp.h"
+#include "driver_expect.h"
 
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
-
-static int g_fail;
-#define EXPECT(cond, ...)                                                                    \
-    do {                                                                                     \
-        if (!(cond)) {                                                                       \
-            fprintf(stderr, "rank %d: FAIL %s:%d: ", loom_comm_world_rank(), __FILE__, __LINE__); \
-            fprintf(stderr, __VA_ARGS__);                                                    \
-            fputc('\n', stderr);                                                             \
-            g_fail = 1;                                                                      \
-        }                                                                                    \
-    } while (0)
 
 enum { N = 6, C = 8, F = 24 }; /* rows, model width, hidden width (divisible by 1, 2, 3, 4) */
 
@@ -48,61 +38,84 @@ static double rel(const float *a, const float *b, size_t n) {
     return m > 0 ? d / m : d;
 }
 
+/* One Megatron pair, set up alike for both checks: the whole weights, input and output
+ * gradient (the same on every rank), the plain pair's forward and backward on them, and this
+ * tp rank's boxes: W1 rows [f0, f0 + Fl), b1 the same, W2 columns [f0, f0 + Fl). */
+typedef struct pair {
+    int tp, r, Fl, f0;
+    float X[N * C], W1[F * C], b1[F], W2[C * F], b2[C], dY[N * C];
+    float H[N * F], Y[N * C], dH[N * F], dX[N * C], dW1[F * C], db1[F], dW2[C * F], db2[C];
+    const float *W1l, *b1l; /* this rank's rows of W1, b1 (views) */
+    float W2l[C * F];       /* its columns of W2, (C, Fl) */
+} pair;
+
+static void pair_init(pair *p, loom_mesh *mesh) {
+    const loom_backend *be = loom_backend_cpu();
+    memset(p, 0, sizeof *p);
+    p->tp = loom_mesh_size(mesh, LOOM_GROUP_TP);
+    p->r = loom_mesh_rank(mesh, LOOM_GROUP_TP);
+    p->Fl = F / p->tp;
+    p->f0 = p->r * p->Fl;
+    fill(p->X, N * C, 1), fill(p->W1, F * C, 2), fill(p->b1, F, 3), fill(p->W2, C * F, 4);
+    fill(p->b2, C, 5), fill(p->dY, N * C, 6);
+    be->matmul_forward(p->H, p->X, p->W1, p->b1, N, C, F);
+    be->matmul_forward(p->Y, p->H, p->W2, p->b2, N, F, C);
+    be->matmul_backward(p->dH, p->dW2, p->db2, p->dY, p->H, p->W2, N, F, C);
+    be->matmul_backward(p->dX, p->dW1, p->db1, p->dH, p->X, p->W1, N, C, F);
+    p->W1l = p->W1 + (size_t)p->f0 * C;
+    p->b1l = p->b1 + p->f0;
+    for (int i = 0; i < C; i++)
+        memcpy(p->W2l + i * p->Fl, p->W2 + i * F + p->f0, (size_t)p->Fl * sizeof(float));
+}
+
+/* the rank's weight gradients against the plain pair's same boxes (b2 replicated: whole) */
+static void check_weight_grads(const pair *p, const char *what, const float *dW1l,
+                               const float *db1l, const float *dW2l, const float *db2l) {
+    const int Fl = p->Fl, f0 = p->f0;
+    EXPECT(rel(dW1l, p->dW1 + (size_t)f0 * C, (size_t)Fl * C) <= 1e-5, "%s W1 rows gradient", what);
+    EXPECT(rel(db1l, p->db1 + f0, (size_t)Fl) <= 1e-5, "%s b1 gradient", what);
+    float dW2box[C * F];
+    for (int i = 0; i < C; i++)
+        memcpy(dW2box + i * Fl, p->dW2 + i * F + f0, (size_t)Fl * sizeof(float));
+    EXPECT(rel(dW2l, dW2box, (size_t)C * Fl) <= 1e-5, "%s W2 columns gradient", what);
+    EXPECT(rel(db2l, p->db2, C) <= 1e-5, "%s b2 gradient (replicated, whole on every rank)", what);
+}
+
 static void check_linear(loom_mesh *mesh) {
     const loom_backend *be = loom_backend_cpu();
-    const int tp = loom_mesh_size(mesh, LOOM_GROUP_TP), r = loom_mesh_rank(mesh, LOOM_GROUP_TP);
-    const int Fl = F / tp, f0 = r * Fl;
-    float X[N * C], W1[F * C], b1[F], W2[C * F], b2[C], dY[N * C];
-    fill(X, N * C, 1), fill(W1, F * C, 2), fill(b1, F, 3), fill(W2, C * F, 4), fill(b2, C, 5);
-    fill(dY, N * C, 6);
-
-    /* the plain pair on the whole weights */
-    float H[N * F], Y[N * C], dH[N * F] = {0}, dX[N * C] = {0}, dW1[F * C] = {0}, db1[F] = {0},
-          dW2[C * F] = {0}, db2[C] = {0};
-    be->matmul_forward(H, X, W1, b1, N, C, F);
-    be->matmul_forward(Y, H, W2, b2, N, F, C);
-    be->matmul_backward(dH, dW2, db2, dY, H, W2, N, F, C);
-    be->matmul_backward(dX, dW1, db1, dH, X, W1, N, C, F);
-
-    /* this rank's boxes: W1 rows [f0, f0 + Fl), b1 the same, W2 columns [f0, f0 + Fl) */
-    float *W1l = W1 + (size_t)f0 * C, *b1l = b1 + f0;
-    float W2l[C * F];
-    for (int i = 0; i < C; i++) memcpy(W2l + i * Fl, W2 + i * F + f0, (size_t)Fl * sizeof(float));
+    pair p;
+    pair_init(&p, mesh);
+    const int tp = p.tp, r = p.r, Fl = p.Fl;
     loom_tp *t = loom_tp_create(mesh);
     const loom_comm_points cp = loom_tp_comm_points(t);
     float x[N * C], hl[N * F], y[N * C], part[N * C];
-    memcpy(x, X, sizeof x);
+    memcpy(x, p.X, sizeof x);
     cp.fn(cp.ctx, LOOM_CP_COL_IN, 0, 0, LOOM_SITE_FFN, x, N * C);
-    be->matmul_forward(hl, x, W1l, b1l, N, C, Fl);
+    be->matmul_forward(hl, x, p.W1l, p.b1l, N, C, Fl);
     /* the row-parallel bias is added once: by tp rank 0, before the all-reduce */
-    be->matmul_forward(y, hl, W2l, r == 0 ? b2 : NULL, N, Fl, C);
+    be->matmul_forward(y, hl, p.W2l, r == 0 ? p.b2 : NULL, N, Fl, C);
     memcpy(part, y, sizeof part);
     cp.fn(cp.ctx, LOOM_CP_ROW_OUT, 0, 0, LOOM_SITE_FFN, y, N * C);
-    EXPECT(rel(y, Y, N * C) <= 1e-5, "forward output: rel %.3g", rel(y, Y, N * C));
-    if (tp > 1) EXPECT(rel(part, Y, N * C) > 1e-2, "partial output already whole: rel %.3g",
-                       rel(part, Y, N * C));
+    EXPECT(rel(y, p.Y, N * C) <= 1e-5, "forward output: rel %.3g", rel(y, p.Y, N * C));
+    if (tp > 1) EXPECT(rel(part, p.Y, N * C) > 1e-2, "partial output already whole: rel %.3g",
+                       rel(part, p.Y, N * C));
 
     float dy[N * C], dhl[N * F] = {0}, dx[N * C] = {0}, dW1l[F * C] = {0}, db1l[F] = {0},
           dW2l[C * F] = {0}, db2l[C] = {0};
-    memcpy(dy, dY, sizeof dy);
+    memcpy(dy, p.dY, sizeof dy);
     cp.fn(cp.ctx, LOOM_CP_ROW_OUT, 1, 0, LOOM_SITE_FFN, dy, N * C);
-    be->matmul_backward(dhl, dW2l, db2l, dy, hl, W2l, N, Fl, C);
-    be->matmul_backward(dx, dW1l, db1l, dhl, x, W1l, N, C, Fl);
+    be->matmul_backward(dhl, dW2l, db2l, dy, hl, p.W2l, N, Fl, C);
+    be->matmul_backward(dx, dW1l, db1l, dhl, x, p.W1l, N, C, Fl);
     cp.fn(cp.ctx, LOOM_CP_COL_IN, 1, 0, LOOM_SITE_FFN, dx, N * C);
-    EXPECT(rel(dx, dX, N * C) <= 1e-5, "input gradient: rel %.3g", rel(dx, dX, N * C));
-    EXPECT(rel(dW1l, dW1 + (size_t)f0 * C, (size_t)Fl * C) <= 1e-5, "W1 rows gradient");
-    EXPECT(rel(db1l, db1 + f0, (size_t)Fl) <= 1e-5, "b1 gradient");
-    float dW2box[C * F];
-    for (int i = 0; i < C; i++) memcpy(dW2box + i * Fl, dW2 + i * F + f0, (size_t)Fl * sizeof(float));
-    EXPECT(rel(dW2l, dW2box, (size_t)C * Fl) <= 1e-5, "W2 columns gradient");
-    EXPECT(rel(db2l, db2, C) <= 1e-5, "b2 gradient (replicated, whole on every rank)");
+    EXPECT(rel(dx, p.dX, N * C) <= 1e-5, "input gradient: rel %.3g", rel(dx, p.dX, N * C));
+    check_weight_grads(&p, "tp", dW1l, db1l, dW2l, db2l);
     EXPECT(loom_tp_comm_calls(t) == (tp > 1 ? 2 : 0), "tp collectives: %lld calls",
            (long long)loom_tp_comm_calls(t));
     loom_tp_free(t);
     if (!g_fail)
         printf("rank %d: tp=%d column- then row-parallel linear equals the plain one "
                "(output rel %.2e, input grad rel %.2e)\n",
-               loom_comm_world_rank(), tp, rel(y, Y, N * C), rel(dx, dX, N * C));
+               loom_comm_world_rank(), tp, rel(y, p.Y, N * C), rel(dx, p.dX, N * C));
 }
 
 /* Sequence parallelism: the same pair with the rows sharded around it. Rank r holds rows
@@ -112,47 +125,31 @@ static void check_linear(loom_mesh *mesh) {
  * and its boxes' weight gradients, must equal the plain pair's. */
 static void check_linear_sp(loom_mesh *mesh) {
     const loom_backend *be = loom_backend_cpu();
-    const int tp = loom_mesh_size(mesh, LOOM_GROUP_TP), r = loom_mesh_rank(mesh, LOOM_GROUP_TP);
+    pair p;
+    pair_init(&p, mesh);
+    const int tp = p.tp, r = p.r, Fl = p.Fl;
     if (N % tp != 0) return; /* the rows must split evenly */
-    const int Fl = F / tp, f0 = r * Fl, Nl = N / tp, n0 = r * Nl;
-    float X[N * C], W1[F * C], b1[F], W2[C * F], b2[C], dY[N * C];
-    fill(X, N * C, 1), fill(W1, F * C, 2), fill(b1, F, 3), fill(W2, C * F, 4), fill(b2, C, 5);
-    fill(dY, N * C, 6);
-    float H[N * F], Y[N * C], dH[N * F] = {0}, dX[N * C] = {0}, dW1[F * C] = {0}, db1[F] = {0},
-          dW2[C * F] = {0}, db2[C] = {0};
-    be->matmul_forward(H, X, W1, b1, N, C, F);
-    be->matmul_forward(Y, H, W2, b2, N, F, C);
-    be->matmul_backward(dH, dW2, db2, dY, H, W2, N, F, C);
-    be->matmul_backward(dX, dW1, db1, dH, X, W1, N, C, F);
-
-    float *W1l = W1 + (size_t)f0 * C, *b1l = b1 + f0;
-    float W2l[C * F];
-    for (int i = 0; i < C; i++) memcpy(W2l + i * Fl, W2 + i * F + f0, (size_t)Fl * sizeof(float));
+    const int Nl = N / tp, n0 = r * Nl;
     loom_tp *t = loom_tp_create(mesh);
     const loom_comm_points cp = loom_tp_comm_points(t);
     float xs[N * C], x[N * C], hl[N * F], part[N * C], ys[N * C];
-    memcpy(xs, X + (size_t)n0 * C, (size_t)Nl * C * sizeof(float));
+    memcpy(xs, p.X + (size_t)n0 * C, (size_t)Nl * C * sizeof(float));
     cp.move(cp.ctx, LOOM_CP_COL_IN, 0, 0, LOOM_SITE_FFN, xs, (int64_t)Nl * C, x, N * C);
-    be->matmul_forward(hl, x, W1l, b1l, N, C, Fl);
-    be->matmul_forward(part, hl, W2l, r == 0 ? b2 : NULL, N, Fl, C);
+    be->matmul_forward(hl, x, p.W1l, p.b1l, N, C, Fl);
+    be->matmul_forward(part, hl, p.W2l, r == 0 ? p.b2 : NULL, N, Fl, C);
     cp.move(cp.ctx, LOOM_CP_ROW_OUT, 0, 0, LOOM_SITE_FFN, part, N * C, ys, (int64_t)Nl * C);
-    EXPECT(rel(ys, Y + (size_t)n0 * C, (size_t)Nl * C) <= 1e-5, "sp forward rows: rel %.3g",
-           rel(ys, Y + (size_t)n0 * C, (size_t)Nl * C));
+    EXPECT(rel(ys, p.Y + (size_t)n0 * C, (size_t)Nl * C) <= 1e-5, "sp forward rows: rel %.3g",
+           rel(ys, p.Y + (size_t)n0 * C, (size_t)Nl * C));
 
     float dys[N * C], dy[N * C], dhl[N * F] = {0}, dx[N * C] = {0}, dxs[N * C], dW1l[F * C] = {0},
           db1l[F] = {0}, dW2l[C * F] = {0}, db2l[C] = {0};
-    memcpy(dys, dY + (size_t)n0 * C, (size_t)Nl * C * sizeof(float));
+    memcpy(dys, p.dY + (size_t)n0 * C, (size_t)Nl * C * sizeof(float));
     cp.move(cp.ctx, LOOM_CP_ROW_OUT, 1, 0, LOOM_SITE_FFN, dys, (int64_t)Nl * C, dy, N * C);
-    be->matmul_backward(dhl, dW2l, db2l, dy, hl, W2l, N, Fl, C);
-    be->matmul_backward(dx, dW1l, db1l, dhl, x, W1l, N, C, Fl);
+    be->matmul_backward(dhl, dW2l, db2l, dy, hl, p.W2l, N, Fl, C);
+    be->matmul_backward(dx, dW1l, db1l, dhl, x, p.W1l, N, C, Fl);
     cp.move(cp.ctx, LOOM_CP_COL_IN, 1, 0, LOOM_SITE_FFN, dx, N * C, dxs, (int64_t)Nl * C);
-    EXPECT(rel(dxs, dX + (size_t)n0 * C, (size_t)Nl * C) <= 1e-5, "sp input gradient rows");
-    EXPECT(rel(dW1l, dW1 + (size_t)f0 * C, (size_t)Fl * C) <= 1e-5, "sp W1 rows gradient");
-    EXPECT(rel(db1l, db1 + f0, (size_t)Fl) <= 1e-5, "sp b1 gradient");
-    float dW2box[C * F];
-    for (int i = 0; i < C; i++) memcpy(dW2box + i * Fl, dW2 + i * F + f0, (size_t)Fl * sizeof(float));
-    EXPECT(rel(dW2l, dW2box, (size_t)C * Fl) <= 1e-5, "sp W2 columns gradient");
-    EXPECT(rel(db2l, db2, C) <= 1e-5, "sp b2 gradient");
+    EXPECT(rel(dxs, p.dX + (size_t)n0 * C, (size_t)Nl * C) <= 1e-5, "sp input gradient rows");
+    check_weight_grads(&p, "sp", dW1l, db1l, dW2l, db2l);
     EXPECT(loom_tp_comm_calls(t) == 4, "sp collectives: %lld calls", (long long)loom_tp_comm_calls(t));
     loom_tp_free(t);
     if (!g_fail)
