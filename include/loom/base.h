@@ -60,6 +60,17 @@ void loom_warn(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
  * Pure functions of (seed, stream, counter): the same element of the same tensor gets the
  * same value whatever the layout or the order of evaluation. */
 uint64_t loom_rng_u64(uint64_t seed, uint64_t stream, uint64_t counter);
+/* The same draw in two parts, for many counters of one (seed, stream):
+ * loom_rng_at(loom_rng_key(seed, stream), counter) == loom_rng_u64(seed, stream, counter). */
+uint64_t loom_rng_key(uint64_t seed, uint64_t stream);
+static inline uint64_t loom_rng_splitmix(uint64_t z) { /* splitmix64's finalizer: one round */
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
+    return z ^ (z >> 31);
+}
+static inline uint64_t loom_rng_at(uint64_t key, uint64_t counter) {
+    return loom_rng_splitmix(key ^ (counter * 0x9e3779b97f4a7c15ULL + 0x2545f4914f6cdd1dULL));
+}
 /* uniform in [0, 1) with 24 random bits */
 float loom_rng_uniform(uint64_t seed, uint64_t stream, uint64_t counter);
 /* standard normal (Box-Muller over two counter draws) */

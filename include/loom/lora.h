@@ -49,6 +49,21 @@ float *loom_lora_grads(loom_lora *l);
 void loom_lora_zero_grad(loom_lora *l);
 int loom_lora_num_tensors(const loom_lora *l);
 const loom_lora_tensor *loom_lora_tensor_at(const loom_lora *l, int i);
+/* Adapter dropout (PEFT's lora_dropout): while on, each adapter's input x is replaced by
+ * x * keep / (1 - p) before A, keep = 1 where the element's draw u >= p, with
+ * u = loom_rng_uniform(seed, stream, counter) (24 bits), stream = (key << 16) | (layer << 3) |
+ * target, counter = (global row * T + global position) * in + feature (T: the whole
+ * sequence's length, in: the adapter's input width): a pure function of the element, so any
+ * data-parallel or context-parallel layout and a recomputed forward draw the same mask, and
+ * backward draws it again. set_dropout: p in [0, 1) (0 = none, the default), seed (the run's);
+ * off until dropout_key turns it on for the forwards and backwards that follow (training
+ * arenas only) with that key (the trainer's: the step) and row0 (the model's first row among
+ * the step's rows: micro-batch * batch_size + data-parallel rank * its rows). Layers at most
+ * LOOM_LORA_DROP_MAX_LAYERS; keys below 2^48. */
+#define LOOM_LORA_DROP_MAX_LAYERS 8192
+int loom_lora_set_dropout(loom_lora *l, float p, uint64_t seed, loom_err *err);
+float loom_lora_dropout(const loom_lora *l);
+void loom_lora_dropout_key(loom_lora *l, int on, uint64_t key, int64_t row0);
 /* W += (alpha / r) B A for every adapter, into base (the model's parameter arena layout). */
 void loom_lora_merge(const loom_lora *l, const loom_model *m, float *base);
 

@@ -142,17 +142,13 @@ void loom_warn(const char *fmt, ...) {
 /* ---- RNG: a keyed mix of (seed, stream, counter), three rounds of splitmix64's
  * finalizer interleaved with distinct odd constants. Statistically strong enough for
  * initialization, sampling and permutations; not cryptographic. */
-static inline uint64_t mix64(uint64_t z) {
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
-    return z ^ (z >> 31);
+uint64_t loom_rng_key(uint64_t seed, uint64_t stream) {
+    const uint64_t z = loom_rng_splitmix(seed + 0x9e3779b97f4a7c15ULL);
+    return loom_rng_splitmix(z ^ (stream * 0xd1342543de82ef95ULL + 0x632be59bd9b4e019ULL));
 }
 
 uint64_t loom_rng_u64(uint64_t seed, uint64_t stream, uint64_t counter) {
-    uint64_t z = mix64(seed + 0x9e3779b97f4a7c15ULL);
-    z = mix64(z ^ (stream * 0xd1342543de82ef95ULL + 0x632be59bd9b4e019ULL));
-    z = mix64(z ^ (counter * 0x9e3779b97f4a7c15ULL + 0x2545f4914f6cdd1dULL));
-    return z;
+    return loom_rng_at(loom_rng_key(seed, stream), counter); /* (base.h: the last round) */
 }
 
 float loom_rng_uniform(uint64_t seed, uint64_t stream, uint64_t counter) {
@@ -176,7 +172,7 @@ float loom_rng_next_uniform(loom_rng *r) {
 uint64_t loom_hash_str(const char *s) {
     uint64_t h = 0xcbf29ce484222325ULL;
     for (; *s; s++) h = (h ^ (unsigned char)*s) * 0x100000001b3ULL;
-    return mix64(h);
+    return loom_rng_splitmix(h);
 }
 
 /* ---- hashing ---- */

@@ -196,7 +196,7 @@ static void op_forward(loom_model *m, block_frame *f, int l, const block_op *op)
                            bias_here ? param(m, op->b, l) : NULL, N, width(m, op->iw),
                            width(m, op->ow));
         if (m->lora)
-            lora_linear_forward(m, l, lora_site(op->w), s[op->out], s[op->in], N, width(m, op->ow));
+            lora_linear_forward(m, f, l, lora_site(op->w), s[op->out], s[op->in], width(m, op->ow));
         break;
     }
     case OP_ROPE:
@@ -303,7 +303,7 @@ static void op_backward(loom_model *m, block_frame *f, int l, const block_op *op
                             m->lora ? NULL : grad(m, op->b, l), g[op->out], s[op->in],
                             param(m, op->w, l), N, iw, width(m, op->ow));
         if (m->lora)
-            lora_linear_backward(m, l, lora_site(op->w), g[op->in], g[op->out], s[op->in], N,
+            lora_linear_backward(m, f, l, lora_site(op->w), g[op->in], g[op->out], s[op->in],
                                  width(m, op->ow));
         break;
     }

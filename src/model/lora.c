@@ -1,7 +1,9 @@
 /* LoRA adapters on the block's linears (include/loom/lora.h). The block calls
  * lora_linear_forward after a linear's GEMM (adds scale * (x A^T) B^T into the output columns
  * of each adapted target) and lora_linear_backward after its backward GEMM (the adapters'
- * gradients and their part of the input gradient; x A^T is recomputed, not kept). */
+ * gradients and their part of the input gradient; x A^T is recomputed, not kept). With
+ * adapter dropout on, x is first replaced by its dropped copy (drop_input), drawn again from
+ * the counter-based RNG in backward rather than kept. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -32,6 +34,14 @@ struct loom_lora {
     int nt;
     float *h, *dh, *tmp; /* scratch (N, r), (N, r), (N, max out or in) */
     int64_t scratch_n;
+    /* adapter dropout (loom_lora_set_dropout, loom_lora_dropout_key) */
+    float drop;          /* p in [0, 1); 0 = none */
+    uint64_t drop_seed, drop_key;
+    int drop_on;         /* applies to the next forwards/backwards */
+    int64_t drop_row0;   /* the global row of the model's first row */
+    float *xd, *dxd;     /* scratch (N, max in): the dropped input, its gradient */
+    uint8_t *keep;       /* scratch (N, max in): 1 where the input element is kept */
+    int64_t drop_n;
 };
 
 static const char *const NAMES[LOOM_LORA_NT] = {"q", "k", "v", "o", "gate", "up", "down"};
@@ -147,6 +157,9 @@ void loom_lora_free(loom_lora *l) {
     free(l->h);
     free(l->dh);
     free(l->tmp);
+    free(l->xd);
+    free(l->dxd);
+    free(l->keep);
     free(l);
 }
 
@@ -176,14 +189,83 @@ static void scratch(loom_lora *l, int64_t N) {
     l->scratch_n = N;
 }
 
-void lora_linear_forward(loom_model *m, int layer, int site, float *out, const float *in,
-                         int64_t N, int64_t ow) {
+int loom_lora_set_dropout(loom_lora *l, float p, uint64_t seed, loom_err *err) {
+    if (!(p >= 0.0f && p < 1.0f))
+        return loom_errf(err, "finetune.lora.dropout = %g: expected 0 <= p < 1", (double)p);
+    if (p > 0 && l->m->cfg.n_layer > LOOM_LORA_DROP_MAX_LAYERS)
+        return loom_errf(err, "finetune.lora.dropout with %d layers: at most %d are supported",
+                         l->m->cfg.n_layer, LOOM_LORA_DROP_MAX_LAYERS);
+    l->drop = p;
+    l->drop_seed = seed;
+    l->drop_on = 0;
+    return 0;
+}
+
+float loom_lora_dropout(const loom_lora *l) { return l->drop; }
+
+void loom_lora_dropout_key(loom_lora *l, int on, uint64_t key, int64_t row0) {
+    l->drop_on = on && l->drop > 0;
+    l->drop_key = key;
+    l->drop_row0 = row0;
+}
+
+static int dropping(const loom_lora *l, const block_frame *f) {
+    return l->drop_on && f->train && !f->seg && !f->kcache;
+}
+
+/* xd = the adapter input of (layer, target t) after dropout: x * keep / (1 - p), keep (also in
+ * l->keep) when the element's uniform draw is >= p (docs/finetune.md, "Adapter dropout", gives
+ * the keying) */
+static void drop_input(loom_lora *l, const loom_model *m, const block_frame *f, int layer,
+                       int t, const float *x, int64_t in) {
+    const int64_t N = (int64_t)f->B * f->T;
+    if (N > l->drop_n) { /* grows once to the largest batch of rows, then reused */
+        int64_t w = 0;
+        for (int k = 0; k < LOOM_LORA_NT; k++)
+            if (l->slot[k].in > w) w = l->slot[k].in;
+        free(l->xd);
+        free(l->dxd);
+        free(l->keep);
+        l->xd = loom_alloc_aligned((size_t)N * (size_t)w * sizeof(float));
+        l->dxd = loom_alloc_aligned((size_t)N * (size_t)w * sizeof(float));
+        l->keep = loom_malloc((size_t)N * (size_t)w);
+        l->drop_n = N;
+    }
+    const uint64_t stream = (l->drop_key << 16) | ((uint64_t)layer << 3) | (uint64_t)t;
+    const uint64_t key = loom_rng_key(l->drop_seed, stream);
+    const float p = l->drop, keep_scale = 1.0f / (1.0f - l->drop);
+    const int64_t Tg = (int64_t)f->T * m->lay.cp; /* the whole sequence's length */
+#pragma omp parallel for schedule(static)
+    for (int64_t i = 0; i < N; i++) {
+        const int64_t row = l->drop_row0 + i / f->T;
+        const int64_t pos = loom_model_row_position(m, f->T, (int)(i % f->T));
+        const uint64_t c0 = (uint64_t)(row * Tg + pos) * (uint64_t)in;
+        const float *xi = x + i * in;
+        float *o = l->xd + i * in;
+        uint8_t *k = l->keep + i * in;
+        for (int64_t j = 0; j < in; j++) {
+            /* loom_rng_uniform's 24 bits of loom_rng_u64(seed, stream, c0 + j) */
+            const float u = (float)(loom_rng_at(key, c0 + (uint64_t)j) >> 40) * 0x1p-24f;
+            k[j] = u >= p;
+            o[j] = k[j] ? xi[j] * keep_scale : 0.0f;
+        }
+    }
+}
+
+void lora_linear_forward(loom_model *m, const block_frame *f, int layer, int site, float *out,
+                         const float *x, int64_t ow) {
     loom_lora *l = m->lora;
     const loom_backend *be = m->be;
+    const int64_t N = (int64_t)f->B * f->T;
     for (int t = 0; t < LOOM_LORA_NT; t++) {
         const lora_slot *s = &l->slot[t];
         if (!s->on || s->site != site) continue;
         scratch(l, N);
+        const float *in = x;
+        if (dropping(l, f)) {
+            drop_input(l, m, f, layer, t, x, s->in);
+            in = l->xd;
+        }
         const float *A = l->params + (size_t)layer * l->layer_floats + s->a_off;
         const float *B = l->params + (size_t)layer * l->layer_floats + s->b_off;
         be->matmul_forward(l->h, in, A, NULL, N, (int)s->in, l->r);        /* h = x A^T  (N, r) */
@@ -196,14 +278,21 @@ void lora_linear_forward(loom_model *m, int layer, int site, float *out, const f
     }
 }
 
-void lora_linear_backward(loom_model *m, int layer, int site, float *din, const float *dout,
-                          const float *in, int64_t N, int64_t ow) {
+void lora_linear_backward(loom_model *m, const block_frame *f, int layer, int site, float *din,
+                          const float *dout, const float *x, int64_t ow) {
     loom_lora *l = m->lora;
     const loom_backend *be = m->be;
+    const int64_t N = (int64_t)f->B * f->T;
     for (int t = 0; t < LOOM_LORA_NT; t++) {
         const lora_slot *s = &l->slot[t];
         if (!s->on || s->site != site) continue;
         scratch(l, N);
+        const int drop = dropping(l, f);
+        const float *in = x;
+        if (drop) { /* the forward's dropped input, drawn again */
+            drop_input(l, m, f, layer, t, x, s->in);
+            in = l->xd;
+        }
         const size_t base = (size_t)layer * l->layer_floats;
         const float *A = l->params + base + s->a_off, *B = l->params + base + s->b_off;
         float *dA = l->grads + base + s->a_off, *dB = l->grads + base + s->b_off;
@@ -216,7 +305,19 @@ void lora_linear_backward(loom_model *m, int layer, int site, float *din, const 
         be->matmul_backward(NULL, dB, NULL, l->tmp, l->h, B, N, l->r, (int)s->out); /* dB += dy^T h */
         memset(l->dh, 0, (size_t)N * (size_t)l->r * sizeof(float));
         be->matmul_backward(l->dh, NULL, NULL, l->tmp, l->h, B, N, l->r, (int)s->out); /* dh = dy B */
-        be->matmul_backward(din, dA, NULL, l->dh, in, A, N, (int)s->in, l->r); /* dA += dh^T x, dx += dh A */
+        if (!drop) {
+            /* dA += dh^T x, dx += dh A */
+            be->matmul_backward(din, dA, NULL, l->dh, in, A, N, (int)s->in, l->r);
+            continue;
+        }
+        /* dA += dh^T xd; dxd = dh A, and dx += dxd where kept, scaled as in forward */
+        memset(l->dxd, 0, (size_t)N * (size_t)s->in * sizeof(float));
+        be->matmul_backward(l->dxd, dA, NULL, l->dh, in, A, N, (int)s->in, l->r);
+        const float keep_scale = 1.0f / (1.0f - l->drop);
+        const int64_t n = N * s->in;
+#pragma omp parallel for schedule(static)
+        for (int64_t i = 0; i < n; i++)
+            if (l->keep[i]) din[i] += l->dxd[i] * keep_scale;
     }
 }
 

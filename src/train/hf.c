@@ -1011,7 +1011,8 @@ static int hf_write_peft(const char *out_dir, loom_model *m, loom_lora *l, loom_
     const double alpha = float_as_double(loom_lora_alpha(l));
     json_t *cfgj = json_pack("{s:s, s:s, s:i, s:f, s:f, s:o, s:s, s:b, s:n, s:b}", "peft_type",
                              "LORA", "task_type", "CAUSAL_LM", "r", r, "lora_alpha", alpha,
-                             "lora_dropout", 0.0, "target_modules", tm, "bias", "none",
+                             "lora_dropout", float_as_double(loom_lora_dropout(l)),
+                             "target_modules", tm, "bias", "none",
                              "fan_in_fan_out", gpt2, "base_model_name_or_path", "inference_mode", 1);
     if (gpt2 && nqkv) { /* the fused c_attn adapter's rank and alpha */
         json_object_set_new(cfgj, "rank_pattern", json_pack("{s:i}", "c_attn", nqkv * r));

@@ -24,15 +24,19 @@ static int load_lora(const loom_ckpt *ck, const loom_config *cfg, loom_model *m,
     int rank;
     float alpha;
     unsigned targets;
+    float dropout;
     loom_lora *l = NULL;
     char where[4300];
     snprintf(where, sizeof where, "%s/lora.safetensors", loom_ckpt_dir(ck));
-    if (loom_lora_settings(cfg, loom_model_get_config(m)->flavor, &rank, &alpha, &targets, err))
+    if (loom_lora_settings(cfg, loom_model_get_config(m)->flavor, &rank, &alpha, &targets,
+                           &dropout, err))
         return loom_err_prefix(err, "%s/config.yaml", loom_ckpt_dir(ck));
     if (!rank)
         return loom_errf(err, "%s: adapters, but the checkpoint's config has finetune.lora.rank 0",
                          where);
+    /* (dropout is recorded for the PEFT export; it is off outside training) */
     if (loom_lora_attach(m, rank, alpha, targets, 0, &l, err) ||
+        loom_lora_set_dropout(l, dropout, 0, err) ||
         loom_lora_restore(l, data, len, where, NULL, NULL, err)) {
         loom_lora_free(l);
         return -1;

@@ -45,7 +45,8 @@ static const loom_config_key train_only_keys[] = {
                                       "(MemAvailable, cgroup limit), off, or bytes"},
     {"finetune.lora.rank", "0", "LoRA adapters' rank (0 = off: every weight is trained)"},
     {"finetune.lora.alpha", "16", "LoRA scale numerator: the adapters add (alpha / rank) B A x"},
-    {"finetune.lora.dropout", "0", "dropout on the adapters' input (only 0 is implemented)"},
+    {"finetune.lora.dropout", "0",
+     "dropout probability on the adapters' input, in [0, 1) (training steps only)"},
     {"finetune.lora.targets", "[q, v]", "the adapted linears: q, k, v, o, gate, up, down "
                                         "(gpt2: q, k, v, o, fc, fc_proj)"},
     {"eval.every", "100", "validation loss every N steps (0 = only at the end)"},

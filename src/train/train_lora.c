@@ -16,7 +16,7 @@
 #define LORA_FILE "lora.safetensors"
 
 int loom_lora_settings(const loom_config *cfg, int flavor, int *rank, float *alpha,
-                       unsigned *targets, loom_err *err) {
+                       unsigned *targets, float *dropout, loom_err *err) {
     int64_t r;
     double a, drop;
     *rank = 0;
@@ -31,9 +31,9 @@ int loom_lora_settings(const loom_config *cfg, int flavor, int *rank, float *alp
     if (!(a > 0))
         return loom_errf(err, "config key 'finetune.lora.alpha' (%s) must be positive",
                          loom_config_origin(cfg, "finetune.lora.alpha"));
-    if (drop != 0)
-        return loom_errf(err, "config key 'finetune.lora.dropout' = %g (%s): only 0 is "
-                              "implemented (adapter dropout is not built yet)", drop,
+    if (!(drop >= 0 && drop < 1))
+        return loom_errf(err, "config key 'finetune.lora.dropout' = %g (%s): expected a "
+                              "probability in [0, 1)", drop,
                          loom_config_origin(cfg, "finetune.lora.dropout"));
     char **items = NULL;
     int n = 0;
@@ -56,6 +56,7 @@ int loom_lora_settings(const loom_config *cfg, int flavor, int *rank, float *alp
     *rank = (int)r;
     *alpha = (float)a;
     *targets = bits;
+    *dropout = (float)drop;
     return 0;
 }
 
@@ -63,9 +64,18 @@ int loom_trainer_lora_setup(trainer *t, loom_err *err) {
     int rank;
     float alpha;
     unsigned targets;
-    if (loom_lora_settings(t->cfg, t->mc.flavor, &rank, &alpha, &targets, err)) return -1;
+    float dropout;
+    if (loom_lora_settings(t->cfg, t->mc.flavor, &rank, &alpha, &targets, &dropout, err))
+        return -1;
     if (!rank) return 0;
-    if (loom_lora_attach(t->model, rank, alpha, targets, (uint64_t)t->s.seed, &t->lora, err))
+    if (dropout > 0 && t->pp)
+        return loom_errf(err, "config key 'finetune.lora.dropout' = %g with parallel.microbatches "
+                              "= %lld: adapter dropout is keyed by the global batch row, which "
+                              "micro-batches through the pipeline engine do not pass on; use "
+                              "training.grad_accum instead", (double)dropout,
+                         (long long)t->microbatches);
+    if (loom_lora_attach(t->model, rank, alpha, targets, (uint64_t)t->s.seed, &t->lora, err) ||
+        loom_lora_set_dropout(t->lora, dropout, (uint64_t)t->s.seed, err))
         return -1;
     loom_dp_freeze(t->dp);
     const size_t n = loom_lora_num_params(t->lora);
@@ -89,11 +99,19 @@ void loom_trainer_lora_free(trainer *t) {
     t->lora = NULL;
 }
 
+void loom_trainer_lora_micro(trainer *t, int64_t micro) {
+    /* keyed by the step, and the row in the step's grad_accum x batch_size rows: batch B x
+     * accum a draws the masks of batch a*B, on any number of data-parallel ranks */
+    loom_lora_dropout_key(t->lora, micro >= 0, (uint64_t)t->step,
+                          micro * t->s.B + (int64_t)t->dp_rank * t->local_B);
+}
+
 float loom_trainer_lora_finish(trainer *t) {
     const size_t n = loom_lora_num_params(t->lora);
     float *g = loom_lora_grads(t->lora);
-    /* each rank's gradient is of its rows' share of the global mean loss: the sum is the mean */
-    loom_allreduce_sum(t->mesh, LOOM_GROUP_DP, g, (int64_t)n, LOOM_F32);
+    /* each rank's gradient is of its rows' (with context parallelism: its positions') share of
+     * the global mean loss: the sum over the group the loss is reduced in is the mean */
+    loom_allreduce_sum(t->mesh, t->red_group, g, (int64_t)n, LOOM_F32);
     double ss = 0;
     for (size_t i = 0; i < n; i++) ss += (double)g[i] * g[i];
     const float norm = (float)sqrt(ss);

@@ -165,6 +165,7 @@ int loom_trainer_step(trainer *t, loom_trainer_batch_fn next, void *ctx, double 
             if (t->s.accum > 1) loom_trainer_accum_use(t, micro);
             else if (next(t, ctx, err)) return -1;
             int64_t valid = 0;
+            if (t->lora) loom_trainer_lora_micro(t, micro); /* adapter dropout's key */
             loom_prof_begin("forward", "phase");
             const double mean = forward_global(t, &valid, NULL);
             loom_prof_end(0, 0, NULL);
@@ -177,6 +178,7 @@ int loom_trainer_step(trainer *t, loom_trainer_batch_fn next, void *ctx, double 
             loom_prof_begin("backward", "phase");
             loom_model_backward(t->model, t->inject_nan ? NAN : dscale);
             loom_prof_end(0, 0, NULL);
+            if (t->lora) loom_trainer_lora_micro(t, -1); /* off: evaluation has none */
         }
         if (t->s.accum > 1) loss = total > 0 ? sum / (double)total : 0.0;
     }

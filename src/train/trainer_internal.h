@@ -147,13 +147,18 @@ int loom_trainer_load_checkpoint(trainer *t, const char *dir, loom_err *err);
 int loom_trainer_init_from_config(loom_config *cfg, loom_err *err);
 int loom_trainer_init_from_load(trainer *t, loom_err *err);
 
-/* finetune.lora (train_lora.c): rank 0 = off. setup attaches the adapters to the model and
+/* finetune.lora (train_lora.c): rank 0 = off. settings: the keys, checked (dropout in
+ * [0, 1)). setup attaches the adapters to the model and
  * freezes the dp engine; finish sums their gradients over dp, clips them by their norm (which
  * it returns); step runs AdamW on them; save/load handle lora.safetensors. */
 int loom_lora_settings(const loom_config *cfg, int flavor, int *rank, float *alpha,
-                       unsigned *targets, loom_err *err);
+                       unsigned *targets, float *dropout, loom_err *err);
 int loom_trainer_lora_setup(trainer *t, loom_err *err);
 void loom_trainer_lora_free(trainer *t);
+/* micro >= 0: adapter dropout on for the coming forward/backward of micro-batch `micro` of
+ * this step (keyed by the step and the row of this rank's first row among the step's rows);
+ * micro < 0: off */
+void loom_trainer_lora_micro(trainer *t, int64_t micro);
 float loom_trainer_lora_finish(trainer *t);
 void loom_trainer_lora_step(trainer *t, float lr);
 int loom_trainer_lora_save(trainer *t, char **buf, size_t *len, loom_err *err);
