@@ -1,6 +1,7 @@
 # Grouped-query attention with fewer kv heads than tp ranks (Llama, 8 query heads): each kv
 # head is replicated over tp / n_kv_head consecutive tp ranks, whose k/v gradients are summed
-# over them. n_kv_head 2 at tp 4 (sp off and on) and n_kv_head 1 at DP 2 x TP 2 with ZeRO 3:
+# over them. n_kv_head 2 at tp 4 (sp off and on), n_kv_head 1 at DP 2 x TP 2 with ZeRO 3 (sp off
+# and on) and at TP 2 x PP 2:
 # 20 steps' losses within 1e-5 (relative) of the single process, gradient norms within 1e-4
 # (each replicated kv head counted once); checkpoints saved at tp 4 resume at tp 1 and tp 2
 # (kv heads no longer replicated), and one saved at tp 1 resumes at tp 4, continuing the
@@ -26,7 +27,8 @@ for kv in 2 1; do
 done
 runs=("2 4 --set parallel.tp=4" "2 4 --set parallel.tp=4 --set parallel.sp=true"
       "1 4 --set parallel.tp=2 --set parallel.zero=3"
-      "1 4 --set parallel.tp=2 --set parallel.zero=3 --set parallel.sp=true")
+      "1 4 --set parallel.tp=2 --set parallel.zero=3 --set parallel.sp=true"
+      "1 4 --set parallel.tp=2 --set parallel.pp=2")
 for spec in "${runs[@]}"; do
   read -r kv np rest <<<"$spec"
   run=$WORK/kv$kv/$(echo "$rest" | sed 's/--set parallel\.//g' | tr ' =' '_-')
