@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """CPU seconds per training step of every `loom train` process of one run (each MPI rank),
 sampled from /proc: a figure that, unlike wall time, hardly depends on how busy the machine
-is (a rank blocked in a message sleeps). Started beside a run, it polls every 0.1 s for the
+is (a rank blocked in a message sleeps). Started beside a run, it polls every 0.05 s for the
 processes whose command line holds `run.dir=RUN_DIR` (argv[0] ending in `loom`), records each
 one's utime + stime whenever RUN_DIR/metrics.jsonl gains a line (rank 0 writes one line per
 step; the ranks meet at the step's gradient reduction, so the moments are step boundaries
@@ -42,29 +42,40 @@ def cpu_of(pid):
         return None
 
 
+def lines(path):
+    try:
+        with open(path) as f:
+            return sum(1 for line in f if line.strip())
+    except OSError:
+        return 0
+
+
 def main():
     run_dir, out = sys.argv[1], sys.argv[2]
     metrics = os.path.join(run_dir, "metrics.jsonl")
-    pids, cpu, seen, t0 = [], [], 0, time.time()
+    pids, cpu, seen, t0, last = [], [], 0, time.time(), None
     while True:
-        time.sleep(0.1)
-        now = loom_pids(run_dir)
-        if not pids:
-            pids = now
-            if not pids and time.time() - t0 > 600:
-                break
-            continue
-        if not now:
+        time.sleep(0.05)
+        if seen == 0:  # every rank is there before the first step ends
+            now = loom_pids(run_dir)
+            if not now and not pids:
+                if time.time() - t0 > 600:
+                    break
+                continue
+            if now and now != pids:
+                pids, last = now, None
+        c = [cpu_of(p) for p in pids]
+        if all(x is None for x in c):
             break
-        try:
-            with open(metrics) as f:
-                n = sum(1 for line in f if line.strip())
-        except OSError:
-            n = 0
+        last = [x if x is not None else y for x, y in zip(c, last or c)]
+        n = lines(metrics)
         if n > seen:
-            c = [cpu_of(p) for p in pids]
-            cpu += [c] * (n - seen)
+            cpu += [last] * (n - seen)
             seen = n
+    # a last line written just before the exit: the CPU seen last (within 0.05 s of the exit)
+    n = lines(metrics)
+    if pids and last and n > seen:
+        cpu += [last] * (n - seen)
     with open(out, "w") as f:
         json.dump({"pids": pids, "cpu": cpu}, f)
 
