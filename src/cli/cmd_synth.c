@@ -4,9 +4,10 @@
 #include <string.h>
 
 #include "cli/cli.h"
+#include "loom/comm.h"
 #include "loom/synth.h"
 
-int loom_cli_synth(int argc, char **argv) {
+static int synth_main(int argc, char **argv) {
     const char *path = NULL;
     loom_synth_opts o = {0};
     for (int i = 1; i < argc; i++) {
@@ -32,4 +33,16 @@ int loom_cli_synth(int argc, char **argv) {
 usage:
     fprintf(stderr, "usage: loom synth PIPELINE.yaml [--threads N] [--quiet]\n");
     return 2;
+}
+
+/* under mpirun the ranks share the pipeline's items (docs/synth.md) */
+int loom_cli_synth(int argc, char **argv) {
+    loom_err err = {{0}};
+    if (loom_comm_init(&argc, &argv, &err)) {
+        fprintf(stderr, "loom: error: %s\n", err.msg);
+        return 1;
+    }
+    const int rc = synth_main(argc, argv);
+    loom_comm_finalize();
+    return rc;
 }

@@ -28,6 +28,7 @@
 #define PCRE2_CODE_UNIT_WIDTH 8
 #include <pcre2.h>
 
+#include "loom/comm.h"
 #include "loom/infer.h"
 #include "loom/progress.h"
 #include "loom/tokenizer.h"
@@ -498,7 +499,7 @@ typedef struct gen_cfg {
     char url[1024];
     char model[256];
     char checkpoint[1024];
-    int max_tokens, top_k, concurrency, retries, chat;
+    int max_tokens, top_k, concurrency, retries, chat, batch;
     double temperature, top_p, timeout_s;
     char *stop[16];
     int n_stop;
@@ -756,6 +757,8 @@ static int parse_pipeline(pipeline *P, loom_err *err) {
     P->g.concurrency = (int)v;
     if (jint(P, g, "generator.", "retries", 3, 0, 20, &v, err)) return -1;
     P->g.retries = (int)v;
+    if (jint(P, g, "generator.", "batch", 16, 1, 4096, &v, err)) return -1;
+    P->g.batch = (int)v;
     if (jnum(P, g, "generator.", "temperature", 1.0, 0, 2, &P->g.temperature, err) ||
         jnum(P, g, "generator.", "top_p", 1.0, 0, 1, &P->g.top_p, err) ||
         jnum(P, g, "generator.", "timeout_s", 60, 0.001, 86400, &P->g.timeout_s, err))
@@ -952,6 +955,118 @@ static void run_pool(void *(*fn)(void *), void *arg, int threads) {
     free(t);
 }
 
+/* ---- spreading over MPI ranks ------------------------------------------------------------
+ * Every rank holds every item. A round's pending items (the same list on every rank) are cut
+ * into blocks of generator.batch in item order; block b belongs to rank b % world, which
+ * generates (a local block is one engine batch of its own, so its batch, and with it every
+ * float, is the same whatever the number of ranks) and validates it. The ranks then exchange
+ * their items' outcomes (allgather), and every rank runs the order-dependent checks
+ * (duplicates) over all items in item order, so all ranks agree; rank 0 writes. */
+
+static void put_u32(sbuf *b, uint32_t v) { sb_add(b, (const char *)&v, 4); }
+static void put_bytes(sbuf *b, const char *s, size_t n) {
+    put_u32(b, (uint32_t)n);
+    if (n) sb_add(b, s, n);
+}
+
+typedef struct rdr {
+    const char *p;
+    size_t n, at;
+} rdr;
+static uint32_t get_u32(rdr *r) {
+    uint32_t v;
+    LOOM_CHECK(r->at + 4 <= r->n);
+    memcpy(&v, r->p + r->at, 4);
+    r->at += 4;
+    return v;
+}
+static const char *get_bytes(rdr *r, size_t *n) {
+    *n = get_u32(r);
+    LOOM_CHECK(r->at + *n <= r->n);
+    const char *s = r->p + r->at;
+    r->at += *n;
+    return s;
+}
+
+static int owner_of(const pipeline *P, int k, int world) { return (k / P->g.batch) % world; }
+
+/* one item's outcome (after generation and the per-item validators) */
+static void pack_item(sbuf *b, uint32_t k, const item *it) {
+    put_u32(b, k);
+    put_u32(b, (uint32_t)it->tokens);
+    put_u32(b, (uint32_t)it->gen_ok);
+    put_u32(b, (uint32_t)(it->failed_validator + 1));
+    put_bytes(b, it->text, it->text ? it->tlen : 0);
+    put_bytes(b, it->gen_err, strlen(it->gen_err));
+    put_bytes(b, it->vmsg, strlen(it->vmsg));
+    char *res = json_dumps(it->results, JSON_COMPACT);
+    put_bytes(b, res, strlen(res));
+    free(res);
+}
+
+static void unpack_item(rdr *r, item **pend, int np) {
+    const uint32_t k = get_u32(r);
+    LOOM_CHECK(k < (uint32_t)np);
+    item *it = pend[k];
+    it->tokens = (int)get_u32(r);
+    it->gen_ok = (int)get_u32(r);
+    it->failed_validator = (int)get_u32(r) - 1;
+    size_t n;
+    const char *s = get_bytes(r, &n);
+    free(it->text);
+    it->text = loom_malloc(n + 1);
+    if (n) memcpy(it->text, s, n);
+    it->text[n] = 0;
+    it->tlen = n;
+    s = get_bytes(r, &n);
+    snprintf(it->gen_err, sizeof it->gen_err, "%.*s", (int)n, s);
+    s = get_bytes(r, &n);
+    snprintf(it->vmsg, sizeof it->vmsg, "%.*s", (int)n, s);
+    s = get_bytes(r, &n);
+    json_decref(it->results);
+    it->results = json_loadb(s, n, 0, NULL);
+    LOOM_CHECK(it->results != NULL);
+}
+
+/* every rank's items to every rank (mesh: NULL with one rank) */
+static void exchange_items(loom_mesh *mesh, int rank, int world, item **pend, int np,
+                           const pipeline *P) {
+    sbuf b = {0};
+    for (int k = 0; k < np; k++)
+        if (owner_of(P, k, world) == rank) pack_item(&b, (uint32_t)k, pend[k]);
+    int64_t mine = (int64_t)b.n, longest = 0;
+    int64_t *lens = loom_calloc((size_t)world, sizeof *lens);
+    loom_allgather(mesh, LOOM_GROUP_WORLD, &mine, lens, (size_t)world, LOOM_I64);
+    for (int r = 0; r < world; r++) longest = lens[r] > longest ? lens[r] : longest;
+    char *send = loom_calloc((size_t)longest + 1, 1);
+    char *all = loom_malloc((size_t)world * ((size_t)longest + 1));
+    if (b.n) memcpy(send, b.s, b.n);
+    loom_allgather(mesh, LOOM_GROUP_WORLD, send, all, (size_t)world * ((size_t)longest + 1), LOOM_U8);
+    for (int r = 0; r < world; r++) {
+        if (r == rank) continue;
+        rdr rd = {all + (size_t)r * ((size_t)longest + 1), (size_t)lens[r], 0};
+        while (rd.at < rd.n) unpack_item(&rd, pend, np);
+    }
+    free(send);
+    free(all);
+    free(lens);
+    free(b.s);
+}
+
+/* the local generator, loaded on first use */
+static int local_open(pipeline *P, local_gen *L, loom_err *err) {
+    if (L->eng) return 0;
+    loom_run_data *run = NULL;
+    if (loom_load_model_ex(P->g.checkpoint, 1, 0, &L->m, NULL, &run, err) ||
+        loom_run_data_tokenizer(run, &L->tok, err)) {
+        loom_run_data_free(run);
+        return -1;
+    }
+    loom_run_data_free(run);
+    loom_engine_opts eo = {.max_batch = P->g.batch};
+    return loom_engine_create(L->m, L->tok, &eo, &L->eng, err);
+}
+
 int loom_synth_run(const char *path, const loom_synth_opts *o, loom_err *err) {
     pipeline P;
     memset(&P, 0, sizeof P);
@@ -963,20 +1078,19 @@ int loom_synth_run(const char *path, const loom_synth_opts *o, loom_err *err) {
     FILE *out = NULL, *rej = NULL;
     uint64_t *hashes = NULL;
     size_t n_hash = 0, cap_hash = 0;
+    loom_mesh *mesh = NULL;
+    const int rank = loom_comm_world_rank(), world = loom_comm_world_size();
+    const int quiet = (o && o->quiet) || rank > 0;
+    int uniform = 1; /* an error every rank meets alike (the pipeline file) */
     P.root = load_yaml(path, err);
     if (!P.root || parse_pipeline(&P, err)) goto done;
     const int threads = o && o->threads > 0 ? o->threads : 2;
-    if (P.g.http) {
-        curl_global_init(CURL_GLOBAL_DEFAULT);
-    } else {
-        loom_run_data *run = NULL;
-        if (loom_load_model_ex(P.g.checkpoint, 1, 0, &L.m, NULL, &run, err) ||
-            loom_run_data_tokenizer(run, &L.tok, err)) {
-            loom_run_data_free(run);
-            goto done;
-        }
-        loom_run_data_free(run);
-        if (loom_engine_create(L.m, L.tok, NULL, &L.eng, err)) goto done;
+    if (P.g.http) curl_global_init(CURL_GLOBAL_DEFAULT);
+    if (world > 1) {
+        loom_mesh_spec spec;
+        loom_mesh_spec_default(&spec);
+        spec.timeout_s = 86400; /* ranks wait for the slowest one's round */
+        if (loom_mesh_create(&spec, NULL, &mesh, err)) goto done;
     }
     n_items = P.sd.n * P.samples;
     items = loom_calloc((size_t)n_items, sizeof *items);
@@ -996,6 +1110,8 @@ int loom_synth_run(const char *path, const loom_synth_opts *o, loom_err *err) {
     loom_progress pg;
     loom_progress_init(&pg, 0);
     item **pend = loom_calloc((size_t)n_items, sizeof *pend);
+    item **mine = loom_calloc((size_t)n_items, sizeof *mine);
+    uniform = 0;
     for (int attempt = 1; attempt <= P.max_attempts; attempt++) {
         int np = 0;
         for (int i = 0; i < n_items; i++) {
@@ -1018,24 +1134,38 @@ int loom_synth_run(const char *path, const loom_synth_opts *o, loom_err *err) {
             free(it->text);
             it->text = NULL;
             it->tlen = 0;
+            it->tokens = 0;
+            it->gen_ok = 0;
+            it->gen_err[0] = 0;
+            it->vmsg[0] = 0;
             json_decref(it->results);
             it->results = NULL;
             it->prompt = pr.s ? pr.s : strdup("");
             pend[np++] = it;
         }
         if (np == 0) break;
-        if (P.g.http) {
-            http_pool hp = {.g = &P.g, .items = pend, .n = np, .seed = P.seed};
+        /* this rank's blocks */
+        int nm = 0;
+        for (int k = 0; k < np; k++)
+            if (owner_of(&P, k, world) == rank) mine[nm++] = pend[k];
+        if (P.g.http && nm) {
+            http_pool hp = {.g = &P.g, .items = mine, .n = nm, .seed = P.seed};
             pthread_mutex_init(&hp.mu, NULL);
-            run_pool(http_worker, &hp, P.g.concurrency < np ? P.g.concurrency : np);
+            run_pool(http_worker, &hp, P.g.concurrency < nm ? P.g.concurrency : nm);
             pthread_mutex_destroy(&hp.mu);
-        } else if (local_generate(&P, &L, pend, np, err)) {
-            goto done_counts;
+        } else if (nm) {
+            if (local_open(&P, &L, err)) goto done_counts;
+            for (int b = 0; b < nm; b += P.g.batch) /* one engine batch per block */
+                if (local_generate(&P, &L, mine + b, nm - b < P.g.batch ? nm - b : P.g.batch, err))
+                    goto done_counts;
         }
-        vpool vp = {.P = &P, .items = pend, .n = np};
-        pthread_mutex_init(&vp.mu, NULL);
-        run_pool(vworker, &vp, threads < np ? threads : np);
-        pthread_mutex_destroy(&vp.mu);
+        if (nm) {
+            vpool vp = {.P = &P, .items = mine, .n = nm};
+            pthread_mutex_init(&vp.mu, NULL);
+            run_pool(vworker, &vp, threads < nm ? threads : nm);
+            pthread_mutex_destroy(&vp.mu);
+        }
+        if (world > 1) exchange_items(mesh, rank, world, pend, np, &P);
         for (int k = 0; k < np; k++) { /* in item order: duplicates, verdicts */
             item *it = pend[k];
             generated++;
@@ -1065,7 +1195,7 @@ int loom_synth_run(const char *path, const loom_synth_opts *o, loom_err *err) {
                 if (attempt == P.max_attempts) it->done = 1;
             }
         }
-        if (!o || !o->quiet) { /* forced: one line per round (plain), the latest (terminal) */
+        if (!quiet) { /* forced: one line per round (plain), the latest (terminal) */
             long long acc = 0, n_rej = 0, decided = 0;
             for (int a = 1; a <= attempt; a++) acc += accepted_at[a];
             for (int v = 0; v <= P.nv; v++) n_rej += rejected_by[v];
@@ -1080,6 +1210,10 @@ int loom_synth_run(const char *path, const loom_synth_opts *o, loom_err *err) {
         }
     }
     loom_progress_end(&pg);
+    if (rank > 0) { /* rank 0 writes */
+        rc = 0;
+        goto done_counts;
+    }
     /* output: accepted records in item order (temp file, then rename) */
     char tmp[4200];
     snprintf(tmp, sizeof tmp, "%s.tmp", P.output);
@@ -1136,12 +1270,12 @@ int loom_synth_run(const char *path, const loom_synth_opts *o, loom_err *err) {
             snprintf(k, sizeof k, "%d", a);
             json_object_set_new(hist, k, json_integer(accepted_at[a]));
         }
-        json_t *sum = json_pack("{s:i,s:I,s:I,s:I,s:o,s:o,s:f,s:f,s:f}", "items", n_items, "accepted",
+        json_t *sum = json_pack("{s:i,s:I,s:I,s:I,s:o,s:o,s:f,s:f,s:f,s:i}", "items", n_items, "accepted",
                                 (json_int_t)accepted, "rejected", (json_int_t)(n_items - accepted),
                                 "generations", (json_int_t)generated, "rejected_by", rb,
                                 "accepted_at_attempt", hist, "seconds", dt, "tokens_per_s",
                                 dt > 0 ? (double)tokens / dt : 0.0, "samples_per_s",
-                                dt > 0 ? (double)generated / dt : 0.0);
+                                dt > 0 ? (double)generated / dt : 0.0, "ranks", world);
         char *s = json_dumps(sum, JSON_COMPACT);
         fprintf(stderr, "synth: %s\n", s);
         if (P.summary && loom_write_file_atomic(P.summary, s, strlen(s), err)) {
@@ -1157,6 +1291,7 @@ done_counts:
     free(rejected_by);
     free(accepted_at);
     free(pend);
+    free(mine);
 done:
     if (out) fclose(out);
     if (rej) fclose(rej);
@@ -1183,6 +1318,12 @@ done:
     loom_engine_free(L.eng);
     loom_tokenizer_free(L.tok);
     loom_model_free(L.m);
+    loom_mesh_free(mesh);
     if (P.g.http) curl_global_cleanup();
+    /* under mpirun a failure on one rank ends the job (the others wait in a collective) */
+    if (rc && world > 1) {
+        if (uniform) loom_comm_fail_all(err);
+        loom_comm_fail(err);
+    }
     return rc;
 }
