@@ -1,7 +1,7 @@
 /* Chat templates: OpenAI-format conversations (system | user | assistant | tool messages,
  * assistant tool_calls) rendered as text with a loss mask that trains only on what the
  * assistant says (its content, its tool calls and its end-of-turn marker). Built in: chatml
- * and llama3; or a JSON template file with {content} placeholders. See docs/finetune.md.
+ * and llama3 (and plain: "role: content" lines, no special tokens); or a JSON template file with {content} placeholders. See docs/finetune.md.
  * (src/data/chat.c) */
 #ifndef LOOM_CHAT_H
 #define LOOM_CHAT_H
@@ -24,7 +24,7 @@ typedef struct loom_chat_template {
     char *args_key;                  /* the tool call JSON's arguments key */
 } loom_chat_template;
 
-/* "chatml", "llama3", or the path of a JSON template file:
+/* "plain", "chatml", "llama3", or the path of a JSON template file:
  *   {"bos": "", "system": "...{content}...", "user": ..., "assistant": ..., "tool": ...,
  *    "tool_call": "<tool_call>\n{content}\n</tool_call>", "tool_call_separator": "\n",
  *    "arguments_key": "arguments"}
@@ -62,5 +62,12 @@ int loom_chat_encode(const loom_chat_doc *d, const loom_tokenizer *tok, loom_ids
  * end-of-turn marker (its post text without trailing whitespace). Both malloc'd. */
 int loom_chat_prompt(const loom_chat_template *t, const char *system, const char *user,
                      char **prompt, char **stop);
+
+/* The same for a whole conversation (OpenAI messages, as loom_chat_render takes, but with no
+ * assistant message needed): every message, then the assistant's opening. -1 with the reason
+ * in why on a malformed conversation. The server's /v1/chat/completions and loom synth's chat
+ * form build their prompts with it. */
+int loom_chat_prompt_messages(const loom_chat_template *t, struct json_t *messages,
+                              char **prompt, char **stop, char *why, size_t why_size);
 
 #endif

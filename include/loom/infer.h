@@ -108,6 +108,18 @@ typedef struct loom_engine_stats {
 } loom_engine_stats;
 void loom_engine_get_stats(const loom_engine *e, loom_engine_stats *s);
 
+/* Request set-up from prompt text (src/infer/request.c), shared by loom generate and synth:
+ * encodes text with tok into ids and keeps its last `keep` tokens (a prompt longer than the
+ * context keeps its end; *truncated, when not NULL, says whether tokens were dropped). A text
+ * that encodes to no tokens is an error. */
+struct loom_ids;
+int loom_prompt_encode(const struct loom_tokenizer *tok, const char *text, size_t len, int keep,
+                       struct loom_ids *ids, int *truncated, loom_err *err);
+/* loom_prompt_encode, then loom_engine_submit */
+int loom_engine_submit_text(loom_engine *e, const struct loom_tokenizer *tok, const char *text,
+                            size_t len, int keep, const loom_gen_params *p, loom_engine_cb cb,
+                            void *ctx, int64_t *id, int *truncated, loom_err *err);
+
 /* s[0..n) as valid UTF-8 (malloc'd, NUL-terminated, length in *out_len): every byte that is
  * not part of a well-formed sequence (overlong, surrogate, > U+10FFFF, NUL) becomes U+FFFD */
 char *loom_utf8_sanitize(const char *s, size_t n, size_t *out_len);

@@ -10,6 +10,7 @@
 typedef struct loom_synth_opts {
     int quiet;          /* no progress line */
     int threads;        /* validator threads (default 2) */
+    int no_cache;       /* ignore and do not write the pipeline's cache */
 } loom_synth_opts;
 
 /* Runs the pipeline file. 0, or -1 with an error naming the file and key. */

@@ -112,21 +112,12 @@ static int read_prompts(const char *path, char ***out, int *n_out, loom_err *err
     return 0;
 }
 
-/* encodes a prompt, keeping its last max_len tokens */
+/* encodes a prompt (empty: a newline), keeping its last max_len tokens */
 static int encode_prompt(const loom_tokenizer *tok, const char *text, int max_len, loom_ids *ids,
                          int *truncated, loom_err *err) {
     size_t np = strlen(text);
     if (np == 0) text = "\n", np = 1;
-    ids->n = 0;
-    if (loom_tokenizer_encode(tok, text, np, ids, err)) return -1;
-    if (ids->n == 0 || ids->n > (size_t)1 << 30) return loom_errf(err, "a prompt encodes to %zu tokens", ids->n);
-    *truncated = 0;
-    if (ids->n > (size_t)max_len) {
-        memmove(ids->ids, ids->ids + (ids->n - (size_t)max_len), (size_t)max_len * sizeof(int32_t));
-        ids->n = (size_t)max_len;
-        *truncated = 1;
-    }
-    return 0;
+    return loom_prompt_encode(tok, text, np, max_len, ids, truncated, err);
 }
 
 static void print_ids(const loom_tokenizer *tok, const int32_t *ids, int n) {

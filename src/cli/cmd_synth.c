@@ -1,4 +1,4 @@
-/* loom synth PIPELINE.yaml [--threads N] [--quiet]: a synthetic-data pipeline (docs/synth.md). */
+/* loom synth PIPELINE.yaml [--threads N] [--quiet] [--no-cache]: a synthetic-data pipeline (docs/synth.md). */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -12,6 +12,7 @@ static int synth_main(int argc, char **argv) {
     loom_synth_opts o = {0};
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--quiet")) o.quiet = 1;
+        else if (!strcmp(argv[i], "--no-cache")) o.no_cache = 1;
         else if (!strcmp(argv[i], "--threads") && i + 1 < argc) {
             char *end;
             const long t = strtol(argv[++i], &end, 10);
@@ -31,7 +32,7 @@ static int synth_main(int argc, char **argv) {
     }
     return 0;
 usage:
-    fprintf(stderr, "usage: loom synth PIPELINE.yaml [--threads N] [--quiet]\n");
+    fprintf(stderr, "usage: loom synth PIPELINE.yaml [--threads N] [--quiet] [--no-cache]\n");
     return 2;
 }
 

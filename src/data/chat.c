@@ -47,6 +47,12 @@ static loom_chat_template *from_strings(const char *name, const char *bos, const
 }
 
 int loom_chat_template_load(const char *spec, loom_chat_template **out, loom_err *err) {
+    if (!strcmp(spec, "plain")) { /* no special tokens: for models trained on plain text */
+        static const char *const roles[4] = {"system: {content}\n", "user: {content}\n",
+                                             "assistant: {content}\n", "tool: {content}\n"};
+        *out = from_strings("plain", "", roles, "{content}", "\n", "arguments");
+        return 0;
+    }
     if (!strcmp(spec, "chatml")) {
         static const char *const roles[4] = {
             "<|im_start|>system\n{content}<|im_end|>\n", "<|im_start|>user\n{content}<|im_end|>\n",
@@ -67,7 +73,7 @@ int loom_chat_template_load(const char *spec, loom_chat_template **out, loom_err
     char *buf;
     size_t len;
     if (loom_read_file(spec, (size_t)1 << 20, &buf, &len, err))
-        return loom_err_prefix(err, "chat template (chatml, llama3 or a JSON file)");
+        return loom_err_prefix(err, "chat template (plain, chatml, llama3 or a JSON file)");
     json_error_t je;
     json_t *o = json_loadb(buf, len, JSON_REJECT_DUPLICATES, &je);
     free(buf);
@@ -222,8 +228,9 @@ static int tool_calls(const loom_chat_template *t, json_t *calls, int k, int aft
     return 0;
 }
 
-int loom_chat_render(const loom_chat_template *t, json_t *messages, loom_chat_doc *d, char *why,
-                     size_t ws) {
+/* every message of a conversation into d; the number of assistant messages in *assistants */
+static int render_messages(const loom_chat_template *t, json_t *messages, loom_chat_doc *d,
+                           int *assistants_out, char *why, size_t ws) {
     if (!json_is_array(messages) || json_array_size(messages) == 0) {
         snprintf(why, ws, "\"messages\" must be a non-empty list");
         return -1;
@@ -259,6 +266,14 @@ int loom_chat_render(const loom_chat_template *t, json_t *messages, loom_chat_do
         }
         puts_(d, t->post[r], r == LOOM_ROLE_ASSISTANT);
     }
+    *assistants_out = assistants;
+    return 0;
+}
+
+int loom_chat_render(const loom_chat_template *t, json_t *messages, loom_chat_doc *d, char *why,
+                     size_t ws) {
+    int assistants;
+    if (render_messages(t, messages, d, &assistants, why, ws)) return -1;
     if (!assistants) {
         snprintf(why, ws, "no assistant message (nothing to train on)");
         return -1;
@@ -286,6 +301,17 @@ int loom_chat_encode(const loom_chat_doc *d, const loom_tokenizer *tok, loom_ids
     return 0;
 }
 
+/* the assistant's end-of-turn marker: its post text without trailing whitespace */
+static char *end_of_turn(const loom_chat_template *t) {
+    const char *post = t->post[LOOM_ROLE_ASSISTANT];
+    size_t n = strlen(post);
+    while (n > 0 && (post[n - 1] == '\n' || post[n - 1] == ' ')) n--;
+    char *stop = loom_malloc(n + 1);
+    memcpy(stop, post, n);
+    stop[n] = 0;
+    return stop;
+}
+
 int loom_chat_prompt(const loom_chat_template *t, const char *system, const char *user,
                      char **prompt, char **stop) {
     loom_chat_doc d = {0};
@@ -301,11 +327,21 @@ int loom_chat_prompt(const loom_chat_template *t, const char *system, const char
     puts_(&d, t->pre[LOOM_ROLE_ASSISTANT], 0);
     *prompt = d.text ? d.text : loom_strdup("");
     free(d.seg);
-    const char *post = t->post[LOOM_ROLE_ASSISTANT];
-    size_t n = strlen(post);
-    while (n > 0 && (post[n - 1] == '\n' || post[n - 1] == ' ')) n--;
-    *stop = loom_malloc(n + 1);
-    memcpy(*stop, post, n);
-    (*stop)[n] = 0;
+    *stop = end_of_turn(t);
+    return 0;
+}
+
+int loom_chat_prompt_messages(const loom_chat_template *t, json_t *messages, char **prompt,
+                              char **stop, char *why, size_t ws) {
+    loom_chat_doc d = {0};
+    int assistants;
+    if (render_messages(t, messages, &d, &assistants, why, ws)) {
+        loom_chat_doc_free(&d);
+        return -1;
+    }
+    puts_(&d, t->pre[LOOM_ROLE_ASSISTANT], 0);
+    *prompt = d.text ? d.text : loom_strdup("");
+    free(d.seg);
+    *stop = end_of_turn(t);
     return 0;
 }

@@ -13,12 +13,14 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <jansson.h>
+#include <math.h>
 #include <poll.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -28,6 +30,8 @@
 #define PCRE2_CODE_UNIT_WIDTH 8
 #include <pcre2.h>
 
+#include "loom/chat.h"
+#include "loom/checkpoint.h"
 #include "loom/comm.h"
 #include "loom/infer.h"
 #include "loom/progress.h"
@@ -144,6 +148,372 @@ static uint64_t fnv1a(const char *s, size_t n) {
     uint64_t h = 1469598103934665603ull;
     for (size_t i = 0; i < n; i++) h = (h ^ (unsigned char)s[i]) * 1099511628211ull;
     return h;
+}
+
+/* ---- MinHash near-duplicates (docs/synth.md) ------------------------------------------------
+ * A text's shingles are its byte k-grams (k = `shingle`; a text shorter than k is one
+ * shingle), each hashed with FNV-1a 64 and taken mod p = 2^61 - 1. Permutation i maps x to
+ * (a_i x + b_i) mod p, with a_i = 1 + s mod (p - 1) and b_i = s' mod p from a SplitMix64 stream
+ * seeded with 0x6d696e68617368 ("minhash"), drawn a_0, b_0, a_1, b_1, ...; the signature holds
+ * each permutation's minimum over the shingles. Two texts' Jaccard similarity is estimated as
+ * the fraction of equal signature entries. LSH: the signature is cut into `bands` bands of
+ * perms / bands rows; texts that agree on a whole band are candidates, and a candidate whose
+ * estimate reaches `threshold` makes the text a near duplicate. */
+#define MH_P ((1ull << 61) - 1)
+
+static uint64_t splitmix64(uint64_t *s) {
+    uint64_t z = (*s += 0x9E3779B97F4A7C15ull);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+}
+
+typedef struct mh_index {
+    int perms, bands, rows, shingle;
+    double threshold;
+    uint64_t *a, *b;
+    uint64_t *sig;              /* the pool's signatures, n x perms */
+    int *origin;                /* >= 0: an item index; < 0: seed -1 - origin */
+    int n, cap;
+    uint64_t *bkey;             /* buckets (open addressing): band key -> first node */
+    int *bhead;
+    size_t bcap, bn;
+    int *nidx, *nnext;          /* nodes: pool index, next node */
+    size_t nn, ncap;
+    int *stamp;                 /* per pool entry: the query that saw it last */
+    int query;
+} mh_index;
+
+static void mh_init(mh_index *m) {
+    m->rows = m->perms / m->bands;
+    m->a = loom_malloc((size_t)m->perms * sizeof *m->a);
+    m->b = loom_malloc((size_t)m->perms * sizeof *m->b);
+    uint64_t s = 0x6d696e68617368ull;
+    for (int i = 0; i < m->perms; i++) {
+        m->a[i] = 1 + splitmix64(&s) % (MH_P - 1);
+        m->b[i] = splitmix64(&s) % MH_P;
+    }
+    m->bcap = 1024;
+    m->bkey = loom_calloc(m->bcap, sizeof *m->bkey);
+    m->bhead = loom_malloc(m->bcap * sizeof *m->bhead);
+    for (size_t i = 0; i < m->bcap; i++) m->bhead[i] = -1;
+}
+
+static void mh_free(mh_index *m) {
+    free(m->a), free(m->b), free(m->sig), free(m->origin), free(m->bkey), free(m->bhead);
+    free(m->nidx), free(m->nnext), free(m->stamp);
+}
+
+static void mh_signature(const mh_index *m, const char *t, size_t n, uint64_t *sig) {
+    for (int i = 0; i < m->perms; i++) sig[i] = UINT64_MAX;
+    const size_t k = (size_t)m->shingle;
+    const size_t count = n < k ? (n ? 1 : 0) : n - k + 1;
+    for (size_t s = 0; s < count; s++) {
+        const uint64_t x = fnv1a(t + s, n < k ? n : k) % MH_P;
+        for (int i = 0; i < m->perms; i++) {
+            const uint64_t h = (uint64_t)(((unsigned __int128)m->a[i] * x + m->b[i]) % MH_P);
+            if (h < sig[i]) sig[i] = h;
+        }
+    }
+}
+
+static uint64_t mh_band_key(const mh_index *m, const uint64_t *sig, int band) {
+    uint64_t h = loom_mix64(0x62616e64ull + (uint64_t)band);
+    for (int r = 0; r < m->rows; r++) h = loom_mix64(h ^ sig[band * m->rows + r]);
+    return h ? h : 1; /* 0 marks an empty bucket */
+}
+
+static size_t mh_slot(const mh_index *m, uint64_t key) {
+    size_t i = (size_t)key & (m->bcap - 1);
+    while (m->bkey[i] && m->bkey[i] != key) i = (i + 1) & (m->bcap - 1);
+    return i;
+}
+
+static void mh_add(mh_index *m, const uint64_t *sig, int origin) {
+    if (m->n == m->cap) {
+        m->cap = m->cap ? 2 * m->cap : 256;
+        m->sig = realloc(m->sig, (size_t)m->cap * (size_t)m->perms * sizeof *m->sig);
+        m->origin = realloc(m->origin, (size_t)m->cap * sizeof *m->origin);
+        m->stamp = realloc(m->stamp, (size_t)m->cap * sizeof *m->stamp);
+        LOOM_CHECK(m->sig && m->origin && m->stamp);
+    }
+    const int idx = m->n++;
+    memcpy(m->sig + (size_t)idx * (size_t)m->perms, sig, (size_t)m->perms * sizeof *sig);
+    m->origin[idx] = origin;
+    m->stamp[idx] = 0;
+    for (int band = 0; band < m->bands; band++) {
+        if (2 * (m->bn + 1) > m->bcap) { /* grow and rehash */
+            const size_t oc = m->bcap;
+            uint64_t *ok = m->bkey;
+            int *oh = m->bhead;
+            m->bcap *= 2;
+            m->bkey = loom_calloc(m->bcap, sizeof *m->bkey);
+            m->bhead = loom_malloc(m->bcap * sizeof *m->bhead);
+            for (size_t i = 0; i < m->bcap; i++) m->bhead[i] = -1;
+            for (size_t i = 0; i < oc; i++) {
+                if (!ok[i]) continue;
+                const size_t s = mh_slot(m, ok[i]);
+                m->bkey[s] = ok[i];
+                m->bhead[s] = oh[i];
+            }
+            free(ok);
+            free(oh);
+        }
+        const uint64_t key = mh_band_key(m, sig, band);
+        const size_t s = mh_slot(m, key);
+        if (!m->bkey[s]) m->bkey[s] = key, m->bn++;
+        if (m->nn == m->ncap) {
+            m->ncap = m->ncap ? 2 * m->ncap : 1024;
+            m->nidx = realloc(m->nidx, m->ncap * sizeof *m->nidx);
+            m->nnext = realloc(m->nnext, m->ncap * sizeof *m->nnext);
+            LOOM_CHECK(m->nidx && m->nnext);
+        }
+        m->nidx[m->nn] = idx;
+        m->nnext[m->nn] = m->bhead[s];
+        m->bhead[s] = (int)m->nn++;
+    }
+}
+
+/* the candidate with the highest estimated similarity (-1: no candidate) */
+static int mh_query(mh_index *m, const uint64_t *sig, double *best) {
+    int bi = -1;
+    *best = 0;
+    m->query++;
+    for (int band = 0; band < m->bands; band++) {
+        const size_t s = mh_slot(m, mh_band_key(m, sig, band));
+        if (!m->bkey[s]) continue;
+        for (int nd = m->bhead[s]; nd >= 0; nd = m->nnext[nd]) {
+            const int idx = m->nidx[nd];
+            if (m->stamp[idx] == m->query) continue;
+            m->stamp[idx] = m->query;
+            const uint64_t *o = m->sig + (size_t)idx * (size_t)m->perms;
+            int eq = 0;
+            for (int i = 0; i < m->perms; i++) eq += o[i] == sig[i];
+            const double j = (double)eq / m->perms;
+            if (bi < 0 || j > *best || (j == *best && idx < bi)) *best = j, bi = idx;
+        }
+    }
+    return bi;
+}
+
+/* ---- the content-hash cache (docs/synth.md) -------------------------------------------------
+ * DIR/generations.jsonl: {"k": key, "text" | "hex": output, "tokens": n}, key = SHA-256 of
+ * (the generator's identity and settings, the sampling seed unless greedy, the prompt);
+ * DIR/validations.jsonl: {"k": key, "ok", "message"[, "score"]}, key = SHA-256 of (the
+ * validator's settings and what they name: the command's files, the scoring checkpoint; the
+ * output). Appended by rank 0 after every round (flushed, fsynced), so an interrupted run
+ * resumes from its last round; a torn last line is skipped. Entries are never rewritten: a
+ * changed setting makes new keys. */
+typedef struct cache {
+    int on;
+    char dir[4096];
+    json_t *gen, *val;
+    FILE *fg, *fv;
+    long long gen_hits, gen_runs, val_hits, val_runs, skipped;
+    int torn[2];                /* the file ends without a newline (generations, validations) */
+} cache;
+
+static void sha_hex_parts(char hex[65], const char *a, const char *b, size_t bn) {
+    const size_t an = strlen(a);
+    char *buf = loom_malloc(an + 1 + bn + 1);
+    memcpy(buf, a, an);
+    buf[an] = '\n';
+    if (bn) memcpy(buf + an + 1, b, bn);
+    loom_sha256_hex(buf, an + 1 + bn, hex);
+    free(buf);
+}
+
+static int cache_load(cache *c, const char *name, json_t *into, int *torn, loom_err *err) {
+    char path[4200];
+    snprintf(path, sizeof path, "%s/%s", c->dir, name);
+    if (access(path, F_OK)) return 0;
+    char *text = NULL;
+    size_t len = 0;
+    if (loom_read_file(path, (size_t)1 << 34, &text, &len, err)) return -1;
+    for (size_t pos = 0; pos < len;) {
+        const char *nl = memchr(text + pos, '\n', len - pos);
+        const size_t e = nl ? (size_t)(nl - text) : len;
+        json_t *o = json_loadb(text + pos, e - pos, 0, NULL);
+        json_t *k = json_object_get(o, "k");
+        if (nl && json_is_string(k)) json_object_set(into, json_string_value(k), o);
+        else c->skipped++;
+        json_decref(o);
+        pos = e + 1;
+    }
+    *torn = len > 0 && text[len - 1] != '\n';
+    free(text);
+    return 0;
+}
+
+static FILE *cache_append(const cache *c, const char *name, loom_err *err) {
+    char path[4200];
+    snprintf(path, sizeof path, "%s/%s", c->dir, name);
+    FILE *f = fopen(path, "a");
+    if (!f) loom_errf(err, "%s: cannot append: %s", path, strerror(errno));
+    return f;
+}
+
+static int cache_open(cache *c, int writer, loom_err *err) {
+    c->gen = json_object();
+    c->val = json_object();
+    if (writer && loom_mkdirs(c->dir, err)) return -1;
+    if (cache_load(c, "generations.jsonl", c->gen, &c->torn[0], err) ||
+        cache_load(c, "validations.jsonl", c->val, &c->torn[1], err))
+        return -1;
+    if (writer && (!(c->fg = cache_append(c, "generations.jsonl", err)) ||
+                   !(c->fv = cache_append(c, "validations.jsonl", err))))
+        return -1;
+    if (c->fg && c->torn[0]) fputc('\n', c->fg); /* appends start on a line of their own */
+    if (c->fv && c->torn[1]) fputc('\n', c->fv);
+    return 0;
+}
+
+static void cache_close(cache *c) {
+    if (c->fg) fclose(c->fg);
+    if (c->fv) fclose(c->fv);
+    json_decref(c->gen);
+    json_decref(c->val);
+}
+
+static void cache_put(cache *c, json_t *table, FILE *f, json_t *entry) {
+    json_object_set(table, json_string_value(json_object_get(entry, "k")), entry);
+    if (!f) return;
+    char *line = json_dumps(entry, JSON_COMPACT);
+    fprintf(f, "%s\n", line);
+    free(line);
+}
+
+static int cache_sync(cache *c, loom_err *err) {
+    FILE *fs[2] = {c->fg, c->fv};
+    for (int i = 0; i < 2; i++)
+        if (fs[i] && (fflush(fs[i]) || fsync(fileno(fs[i]))))
+            return loom_errf(err, "%s: cache write failed: %s", c->dir, strerror(errno));
+    return 0;
+}
+
+/* a text as a cache value: "text" when it is valid UTF-8, "hex" otherwise */
+static void text_to_json(json_t *o, const char *t, size_t n) {
+    size_t ml;
+    char *clean = loom_utf8_sanitize(t, n, &ml);
+    if (ml == n && !memcmp(clean, t, n)) {
+        json_object_set_new(o, "text", json_stringn(t, n));
+    } else {
+        char *h = loom_malloc(2 * n + 1);
+        for (size_t i = 0; i < n; i++) snprintf(h + 2 * i, 3, "%02x", (unsigned char)t[i]);
+        json_object_set_new(o, "hex", json_stringn(h, 2 * n));
+        free(h);
+    }
+    free(clean);
+}
+
+static int text_from_json(json_t *o, char **t, size_t *n) {
+    json_t *s = json_object_get(o, "text"), *h = json_object_get(o, "hex");
+    if (json_is_string(s)) {
+        *n = json_string_length(s);
+        *t = loom_malloc(*n + 1);
+        memcpy(*t, json_string_value(s), *n + 1);
+        return 0;
+    }
+    if (!json_is_string(h) || json_string_length(h) % 2) return -1;
+    *n = json_string_length(h) / 2;
+    *t = loom_malloc(*n + 1);
+    const char *x = json_string_value(h);
+    for (size_t i = 0; i < *n; i++) {
+        unsigned v;
+        if (sscanf(x + 2 * i, "%2x", &v) != 1) {
+            free(*t);
+            return -1;
+        }
+        (*t)[i] = (char)v;
+    }
+    (*t)[*n] = 0;
+    return 0;
+}
+
+/* ---- the scoring model: mean log-likelihood of the output (docs/synth.md) -------------------
+ * The output's tokens (after `prefix`'s, which are context only) through a loom checkpoint's
+ * forward; the score is the mean of log p(token | the tokens before it) over the output's
+ * tokens that have a token before them. Loaded on first use; one forward at a time. */
+typedef struct scorer {
+    char ckpt[1024];
+    char *prefix;
+    pthread_mutex_t mu;
+    int loaded, failed;
+    loom_err err;
+    loom_model *m;
+    loom_tokenizer *tok;
+    int T, V;
+    int32_t *in, *tg;
+} scorer;
+
+static int score_text(scorer *s, const char *text, size_t len, double *score, char *msg, size_t n) {
+    pthread_mutex_lock(&s->mu);
+    int rc = -1;
+    if (!s->loaded && !s->failed) {
+        loom_run_data *run = NULL;
+        if (loom_load_model_ex(s->ckpt, 1, 0, &s->m, NULL, &run, &s->err) ||
+            loom_run_data_tokenizer(run, &s->tok, &s->err)) {
+            s->failed = 1;
+        } else {
+            const loom_model_config *c = loom_model_get_config(s->m);
+            s->T = c->max_seq_len;
+            s->V = c->vocab_size;
+            s->in = loom_malloc((size_t)(s->T + 1) * sizeof *s->in);
+            s->tg = loom_malloc((size_t)(s->T + 1) * sizeof *s->tg);
+            s->loaded = 1;
+        }
+        loom_run_data_free(run);
+    }
+    if (s->failed) {
+        snprintf(msg, n, "the scoring model: %.400s", s->err.msg);
+        goto out;
+    }
+    loom_ids a = {0}, b = {0};
+    loom_err e = {{0}};
+    if ((s->prefix[0] && loom_tokenizer_encode(s->tok, s->prefix, strlen(s->prefix), &a, &e)) ||
+        loom_tokenizer_encode(s->tok, text, len, &b, &e)) {
+        snprintf(msg, n, "cannot tokenize: %.400s", e.msg);
+        loom_ids_free(&a), loom_ids_free(&b);
+        goto out;
+    }
+    /* the sequence: prefix + output, at most T + 1 tokens (the output's first ones) */
+    int total = 0;
+    for (size_t i = 0; i < a.n && total < s->T + 1; i++) s->in[total++] = a.ids[i];
+    const int n_prefix = total;
+    for (size_t i = 0; i < b.n && total < s->T + 1; i++) s->in[total++] = b.ids[i];
+    loom_ids_free(&a), loom_ids_free(&b);
+    const int first = n_prefix > 1 ? n_prefix : 1; /* the first scored position */
+    if (total - first < 1) {
+        snprintf(msg, n, "too short to score (%d tokens)", total - n_prefix);
+        goto out;
+    }
+    const int T = total - 1;
+    for (int t = 0; t < T; t++) s->tg[t] = s->in[t + 1];
+    loom_model_forward(s->m, s->in, NULL, 1, T);
+    const float *lg = loom_model_logits(s->m);
+    double sum = 0;
+    for (int t = first - 1; t < T; t++) { /* log softmax at the target */
+        const float *row = lg + (size_t)t * (size_t)s->V;
+        float mx = row[0];
+        for (int v = 1; v < s->V; v++) mx = row[v] > mx ? row[v] : mx;
+        double z = 0;
+        for (int v = 0; v < s->V; v++) z += exp((double)row[v] - mx);
+        sum += (double)row[s->tg[t]] - mx - log(z);
+    }
+    *score = sum / (T - (first - 1));
+    rc = 0;
+out:
+    pthread_mutex_unlock(&s->mu);
+    return rc;
+}
+
+static void scorer_free(scorer *s) {
+    if (!s) return;
+    loom_model_free(s->m);
+    loom_tokenizer_free(s->tok);
+    free(s->in), free(s->tg), free(s->prefix);
+    pthread_mutex_destroy(&s->mu);
+    free(s);
 }
 
 /* ---- seeds ---------------------------------------------------------------------------- */
@@ -283,7 +653,7 @@ static void render(sbuf *out, const char *tpl, const char *seed, size_t seed_len
 
 /* ---- validators ----------------------------------------------------------------------- */
 
-enum { V_LENGTH, V_REGEX, V_JSON, V_COMMAND, V_UNIQUE };
+enum { V_LENGTH, V_REGEX, V_JSON, V_COMMAND, V_UNIQUE, V_NEARDUP, V_SCORE };
 
 typedef struct validator {
     int kind;
@@ -294,6 +664,10 @@ typedef struct validator {
     char **argv;                 /* command */
     int argc;
     double timeout_s;
+    mh_index *mh;                /* near_duplicate */
+    scorer *sc;                  /* score */
+    double smin, smax;           /* score: the accepted range */
+    char key[65];                /* the cache key of the settings (command, score) */
 } validator;
 
 /* a JSON-schema subset: type, enum, properties, required, additionalProperties (false),
@@ -501,8 +875,9 @@ typedef struct gen_cfg {
     char checkpoint[1024];
     int max_tokens, top_k, concurrency, retries, chat, batch;
     double temperature, top_p, timeout_s;
-    char *stop[16];
+    char *stop[17];             /* + the chat template's end of turn (local) */
     int n_stop;
+    loom_chat_template *chat_tpl; /* local chat form: generator.chat_template */
 } gen_cfg;
 
 typedef struct item {
@@ -518,6 +893,10 @@ typedef struct item {
     char vmsg[1024];
     json_t *results;            /* this attempt's validator results */
     int tokens;
+    int gen_hit;                /* the output came from the cache */
+    char gkey[65];              /* its generation's cache key ("" without a cache) */
+    json_t *vfresh;             /* validation results to add to the cache */
+    int val_hits, val_runs;
 } item;
 
 /* ---- HTTP (libcurl) ---- */
@@ -644,6 +1023,8 @@ typedef struct pipeline {
     int max_attempts, samples;
     uint64_t seed;
     const char *output, *summary, *rejected;
+    char *gen_id;               /* the generator's identity and settings (cache keys) */
+    cache C;
 } pipeline;
 
 static const char *jstr(json_t *o, const char *k, const char *def) {
@@ -688,11 +1069,85 @@ static int check_keys(pipeline *P, json_t *o, const char *where, const char *con
     return 0;
 }
 
+/* what identifies a checkpoint's weights: its COMPLETE marker (the SHA-256 of its manifest,
+ * which holds every file's SHA-256) */
+static int ckpt_identity(const char *path, char out[65], loom_err *err) {
+    char dir[4096], marker[4200];
+    if (loom_ckpt_resolve(path, dir, sizeof dir, err)) return -1;
+    snprintf(marker, sizeof marker, "%s/COMPLETE", dir);
+    char *text = NULL;
+    size_t len = 0;
+    if (loom_read_file(marker, 4096, &text, &len, err)) return -1;
+    loom_sha256_hex(text, len, out);
+    free(text);
+    return 0;
+}
+
+/* a validator's settings (its YAML minus the name) and what they name (the files among a
+ * command's arguments, by content; the scoring checkpoint's identity) -> v->key */
+static int validator_key(pipeline *P, validator *v, json_t *node, loom_err *err) {
+    json_t *o = json_deep_copy(node);
+    json_object_del(o, "name");
+    json_t *files = json_array();
+    for (int i = 0; i < v->argc; i++) {
+        struct stat st;
+        char hex[65];
+        loom_err e2 = {{0}};
+        if (stat(v->argv[i], &st) || !S_ISREG(st.st_mode) || loom_sha256_file(v->argv[i], hex, &e2))
+            continue;
+        json_array_append_new(files, json_pack("[s,s]", v->argv[i], hex));
+    }
+    json_object_set_new(o, "files", files);
+    if (v->sc) {
+        char id[65];
+        if (ckpt_identity(v->sc->ckpt, id, err)) {
+            json_decref(o);
+            char m[sizeof err->msg];
+            snprintf(m, sizeof m, "%s", err->msg);
+            return loom_errf(err, "%s: score validator '%s': %s", P->path, v->name, m);
+        }
+        json_object_set_new(o, "checkpoint_id", json_string(id));
+        json_object_del(o, "min"); /* the threshold is applied to the cached score */
+        json_object_del(o, "max");
+    }
+    char *str = json_dumps(o, JSON_COMPACT | JSON_SORT_KEYS);
+    loom_sha256_hex(str, strlen(str), v->key);
+    free(str);
+    json_decref(o);
+    return 0;
+}
+
+/* the generator's identity and every setting that shapes its output */
+static int generator_identity(pipeline *P, loom_err *err) {
+    json_t *g = json_pack("{s:s,s:s,s:i,s:f,s:f,s:i,s:b}", "kind", P->g.http ? "http" : "local",
+                          "model", P->g.model, "max_tokens", P->g.max_tokens, "temperature",
+                          P->g.temperature, "top_p", P->g.top_p, "top_k", P->g.top_k, "chat", P->g.chat);
+    json_t *st = json_array();
+    for (int i = 0; i < P->g.n_stop; i++) json_array_append_new(st, json_string(P->g.stop[i]));
+    json_object_set_new(g, "stop", st);
+    if (P->g.chat_tpl) json_object_set_new(g, "chat_template", json_string(jstr(json_object_get(P->root, "generator"), "chat_template", "plain")));
+    if (P->g.http) {
+        json_object_set_new(g, "url", json_string(P->g.url));
+    } else if (P->C.on) {
+        char id[65];
+        if (ckpt_identity(P->g.checkpoint, id, err)) {
+            json_decref(g);
+            char m[sizeof err->msg];
+            snprintf(m, sizeof m, "%s", err->msg);
+            return loom_errf(err, "%s: generator.checkpoint: %s", P->path, m);
+        }
+        json_object_set_new(g, "checkpoint_id", json_string(id));
+    }
+    P->gen_id = json_dumps(g, JSON_COMPACT | JSON_SORT_KEYS);
+    json_decref(g);
+    return 0;
+}
+
 static int parse_pipeline(pipeline *P, loom_err *err) {
     json_t *r = P->root;
     static const char *const top[] = {"name", "seed", "seeds", "templates", "template", "feedback",
                                       "generator", "validators", "max_attempts", "samples_per_seed",
-                                      "output", "summary", "rejected", NULL};
+                                      "output", "summary", "rejected", "cache", NULL};
     if (check_keys(P, r, "", top, err)) return -1;
     if (load_seeds(P->path, json_object_get(r, "seeds"), &P->sd, err)) return -1;
     long long v = 0;
@@ -724,11 +1179,17 @@ static int parse_pipeline(pipeline *P, loom_err *err) {
     if (!P->output) return loom_errf(err, "%s: 'output' (the JSONL file of accepted samples) is required", P->path);
     P->summary = jstr(r, "summary", NULL);
     P->rejected = jstr(r, "rejected", NULL);
+    json_t *cj = json_object_get(r, "cache");
+    if (cj && !json_is_false(cj) && !(json_is_string(cj) && json_string_length(cj)))
+        return loom_errf(err, "%s: 'cache' must be a directory or false", P->path);
+    P->C.on = !json_is_false(cj);
+    if (json_is_string(cj)) snprintf(P->C.dir, sizeof P->C.dir, "%s", json_string_value(cj));
+    else snprintf(P->C.dir, sizeof P->C.dir, "%s.cache", P->output);
     /* generator */
     json_t *g = json_object_get(r, "generator");
     static const char *const gk[] = {"kind", "url", "model", "checkpoint", "max_tokens", "temperature",
                                      "top_p", "top_k", "stop", "concurrency", "timeout_s", "retries",
-                                     "batch", NULL};
+                                     "batch", "chat_template", NULL};
     if (!json_is_object(g)) return loom_errf(err, "%s: 'generator' (a mapping) is required", P->path);
     if (check_keys(P, g, "generator.", gk, err)) return -1;
     const char *kind = jstr(g, "kind", "");
@@ -776,6 +1237,22 @@ static int parse_pipeline(pipeline *P, loom_err *err) {
         P->g.stop[P->g.n_stop++] = strdup(json_string_value(x));
     }
     json_decref(st);
+    const char *ct = jstr(g, "chat_template", NULL);
+    if (ct && P->g.http)
+        return loom_errf(err, "%s: generator.chat_template is for kind local (an HTTP server applies "
+                              "its own template)", P->path);
+    if (P->g.chat && !P->g.http) { /* the chat form through the shared chat template code */
+        if (loom_chat_template_load(ct ? ct : "plain", &P->g.chat_tpl, err)) {
+            char m[sizeof err->msg];
+            snprintf(m, sizeof m, "%s", err->msg);
+            return loom_errf(err, "%s: generator.chat_template: %s", P->path, m);
+        }
+        char *pr = NULL, *eot = NULL;
+        loom_chat_prompt(P->g.chat_tpl, NULL, "", &pr, &eot);
+        free(pr);
+        if (eot[0] && P->g.n_stop < 16) P->g.stop[P->g.n_stop++] = eot; /* its end of turn */
+        else free(eot);
+    }
     /* validators */
     json_t *vl = json_object_get(r, "validators");
     if (vl && !json_is_array(vl)) return loom_errf(err, "%s: 'validators' must be a list", P->path);
@@ -833,12 +1310,49 @@ static int parse_pipeline(pipeline *P, loom_err *err) {
             static const char *const kk[] = {"kind", "name", NULL};
             if (check_keys(P, x, where, kk, err)) return -1;
             d->kind = V_UNIQUE;
+        } else if (!strcmp(k, "near_duplicate")) {
+            static const char *const kk[] = {"kind", "name", "shingle", "permutations", "bands",
+                                             "threshold", NULL};
+            long long sh = 0, pe = 0, ba = 1;
+            double th = 0;
+            if (check_keys(P, x, where, kk, err) || jint(P, x, where, "shingle", 5, 1, 1024, &sh, err) ||
+                jint(P, x, where, "permutations", 128, 1, 4096, &pe, err) ||
+                jint(P, x, where, "bands", 16, 1, 4096, &ba, err) ||
+                jnum(P, x, where, "threshold", 0.8, 0, 1, &th, err))
+                return -1;
+            if (pe % ba)
+                return loom_errf(err, "%s: %sbands (%lld) must divide permutations (%lld)", P->path,
+                                 where, ba, pe);
+            d->mh = loom_calloc(1, sizeof *d->mh);
+            d->mh->shingle = (int)sh, d->mh->perms = (int)pe, d->mh->bands = (int)ba;
+            d->mh->threshold = th;
+            mh_init(d->mh);
+            d->kind = V_NEARDUP;
+        } else if (!strcmp(k, "score")) {
+            static const char *const kk[] = {"kind", "name", "checkpoint", "min", "max", "prefix", NULL};
+            const char *ck = jstr(x, "checkpoint", NULL), *pre = jstr(x, "prefix", "");
+            if (check_keys(P, x, where, kk, err)) return -1;
+            if (!ck) return loom_errf(err, "%s: %scheckpoint (a loom checkpoint) is required", P->path, where);
+            if (!json_is_number(json_object_get(x, "min")))
+                return loom_errf(err, "%s: %smin (the lowest mean log-likelihood accepted) is required",
+                                 P->path, where);
+            if (jnum(P, x, where, "min", 0, -1e9, 0, &d->smin, err) ||
+                jnum(P, x, where, "max", 0, -1e9, 0, &d->smax, err))
+                return -1;
+            if (json_object_get(x, "prefix") && !json_is_string(json_object_get(x, "prefix")))
+                return loom_errf(err, "%s: %sprefix must be a string", P->path, where);
+            d->sc = loom_calloc(1, sizeof *d->sc);
+            snprintf(d->sc->ckpt, sizeof d->sc->ckpt, "%s", ck);
+            d->sc->prefix = strdup(pre);
+            pthread_mutex_init(&d->sc->mu, NULL);
+            d->kind = V_SCORE;
         } else {
-            return loom_errf(err, "%s: %skind '%s': expected length, regex, json, command or unique",
-                             P->path, where, k);
+            return loom_errf(err, "%s: %skind '%s': expected length, regex, json, command, unique, "
+                                  "near_duplicate or score", P->path, where, k);
         }
+        if ((d->kind == V_COMMAND || d->kind == V_SCORE) && validator_key(P, d, x, err)) return -1;
     }
-    return 0;
+    return generator_identity(P, err);
 }
 
 /* the local generator: every pending prompt through the engine at once */
@@ -848,7 +1362,7 @@ typedef struct local_gen {
     loom_engine *eng;
 } local_gen;
 
-static int local_generate(pipeline *P, local_gen *L, item **items, int n, loom_err *err) {
+static void local_generate(pipeline *P, local_gen *L, item **items, int n) {
     int64_t *ids = loom_calloc((size_t)n, sizeof *ids);
     loom_gen_params gp = loom_gen_params_default();
     gp.max_tokens = P->g.max_tokens;
@@ -858,34 +1372,29 @@ static int local_generate(pipeline *P, local_gen *L, item **items, int n, loom_e
     gp.stop = (const char *const *)P->g.stop;
     gp.n_stop = P->g.n_stop;
     const int T = loom_model_get_config(L->m)->max_seq_len;
-    int rc = 0;
     for (int i = 0; i < n; i++) {
-        loom_ids enc = {0};
-        if (loom_tokenizer_encode(L->tok, items[i]->prompt, strlen(items[i]->prompt), &enc, err)) {
-            loom_ids_free(&enc);
-            rc = -1;
-            break;
-        }
-        int np = (int)enc.n, off = 0;
-        if (np == 0) {
-            items[i]->gen_ok = 0;
-            snprintf(items[i]->gen_err, sizeof items[i]->gen_err, "empty prompt");
-            ids[i] = -1;
-            loom_ids_free(&enc);
-            continue;
-        }
-        if (np > T - 1) off = np - (T - 1), np = T - 1; /* the prompt's end */
+        /* the prompt's end, leaving room for a token; the engine stops at the context */
         gp.seed = item_seed(P->seed, items[i]);
-        gp.max_tokens = P->g.max_tokens < T - np + 1 ? P->g.max_tokens : T - np + 1;
-        if (loom_engine_submit(L->eng, enc.ids + off, np, &gp, NULL, NULL, &ids[i], err)) {
-            loom_ids_free(&enc);
-            rc = -1;
-            break;
+        loom_err e2 = {{0}};
+        char *chat = NULL, *eot = NULL, why[256];
+        if (P->g.chat_tpl) { /* a user message, as the server renders /v1/chat/completions */
+            json_t *msgs = json_pack("[{s:s,s:s}]", "role", "user", "content", items[i]->prompt);
+            if (!msgs || loom_chat_prompt_messages(P->g.chat_tpl, msgs, &chat, &eot, why, sizeof why))
+                loom_errf(&e2, "chat prompt: %s", msgs ? why : "not UTF-8");
+            json_decref(msgs);
+            free(eot);
         }
-        loom_ids_free(&enc);
+        const char *pt = chat ? chat : items[i]->prompt;
+        if (e2.msg[0] || loom_engine_submit_text(L->eng, L->tok, pt, strlen(pt), T - 1, &gp, NULL,
+                                                 NULL, &ids[i], NULL, &e2)) {
+            items[i]->gen_ok = 0;
+            snprintf(items[i]->gen_err, sizeof items[i]->gen_err, "%.1000s", e2.msg);
+            ids[i] = -1;
+        }
+        free(chat);
     }
-    while (rc == 0 && loom_engine_step(L->eng) > 0) {}
-    for (int i = 0; rc == 0 && i < n; i++) {
+    while (loom_engine_step(L->eng) > 0) {}
+    for (int i = 0; i < n; i++) {
         if (ids[i] < 0) continue;
         const char *text;
         size_t len;
@@ -900,7 +1409,6 @@ static int local_generate(pipeline *P, local_gen *L, item **items, int n, loom_e
         loom_engine_release(L->eng, ids[i]);
     }
     free(ids);
-    return rc;
 }
 
 /* validation in parallel */
@@ -920,17 +1428,49 @@ static void validate_item(pipeline *P, item *it) {
         return;
     }
     for (int k = 0; k < P->nv; k++) {
-        if (P->v[k].kind == V_UNIQUE) continue; /* checked in item order, after the others */
-        char msg[512];
-        const int bad = validate(&P->v[k], it->text, it->tlen, msg, sizeof msg);
+        const validator *v = &P->v[k];
+        if (v->kind == V_UNIQUE || v->kind == V_NEARDUP) continue; /* in item order, after these */
+        char msg[512] = "", vk[65] = "";
+        int bad;
+        double score = NAN;
+        json_t *hit = NULL;
+        if (P->C.on && (v->kind == V_COMMAND || v->kind == V_SCORE)) {
+            sha_hex_parts(vk, v->key, it->text, it->tlen);
+            hit = json_object_get(P->C.val, vk);
+        }
+        if (hit) {
+            it->val_hits++;
+            bad = !json_is_true(json_object_get(hit, "ok"));
+            snprintf(msg, sizeof msg, "%s", jstr(hit, "message", ""));
+            json_t *sj = json_object_get(hit, "score");
+            if (json_is_number(sj)) score = json_number_value(sj);
+        } else {
+            bad = v->kind == V_SCORE ? score_text(v->sc, it->text, it->tlen, &score, msg, sizeof msg) != 0
+                                     : validate(v, it->text, it->tlen, msg, sizeof msg) != 0;
+            if (vk[0] && !(v->kind == V_SCORE && v->sc->failed)) {
+                size_t ml;
+                char *cm = loom_utf8_sanitize(msg, strlen(msg), &ml);
+                json_t *e = json_pack("{s:s,s:b,s:s%}", "k", vk, "ok", !bad, "message", cm, ml);
+                free(cm);
+                if (!isnan(score)) json_object_set_new(e, "score", json_real(score));
+                if (!it->vfresh) it->vfresh = json_array();
+                json_array_append_new(it->vfresh, e);
+                it->val_runs++;
+            }
+        }
+        if (v->kind == V_SCORE && !bad) { /* the threshold applies to the (cached) score */
+            bad = !(score >= v->smin && score <= v->smax);
+            if (bad) snprintf(msg, sizeof msg, "mean log-likelihood %.4f is outside [%g, %g]", score, v->smin, v->smax);
+        }
         size_t ml;
         char *cm = loom_utf8_sanitize(msg, strlen(msg), &ml);
-        json_array_append_new(it->results, json_pack("{s:s,s:b,s:s%}", "validator", P->v[k].name,
-                                                     "ok", !bad, "message", cm, ml));
+        json_t *res = json_pack("{s:s,s:b,s:s%}", "validator", v->name, "ok", !bad, "message", cm, ml);
         free(cm);
+        if (!isnan(score)) json_object_set_new(res, "score", json_real(score));
+        json_array_append_new(it->results, res);
         if (bad) {
             it->failed_validator = k;
-            snprintf(it->vmsg, sizeof it->vmsg, "%.60s: %.500s", P->v[k].name, msg);
+            snprintf(it->vmsg, sizeof it->vmsg, "%.60s: %.500s", v->name, msg);
             return;
         }
     }
@@ -990,6 +1530,17 @@ static const char *get_bytes(rdr *r, size_t *n) {
 
 static int owner_of(const pipeline *P, int k, int world) { return (k / P->g.batch) % world; }
 
+/* an item's position in the round's pending list (items are pending in item order) */
+static int pend_pos(item **pend, int np, const item *it) {
+    int lo = 0, hi = np - 1;
+    while (lo < hi) {
+        const int mid = (lo + hi) / 2;
+        if (pend[mid] < it) lo = mid + 1;
+        else hi = mid;
+    }
+    return lo;
+}
+
 /* one item's outcome (after generation and the per-item validators) */
 static void pack_item(sbuf *b, uint32_t k, const item *it) {
     put_u32(b, k);
@@ -1002,6 +1553,13 @@ static void pack_item(sbuf *b, uint32_t k, const item *it) {
     char *res = json_dumps(it->results, JSON_COMPACT);
     put_bytes(b, res, strlen(res));
     free(res);
+    put_u32(b, (uint32_t)it->gen_hit);
+    put_bytes(b, it->gkey, strlen(it->gkey));
+    res = it->vfresh ? json_dumps(it->vfresh, JSON_COMPACT) : NULL;
+    put_bytes(b, res, res ? strlen(res) : 0);
+    free(res);
+    put_u32(b, (uint32_t)it->val_hits);
+    put_u32(b, (uint32_t)it->val_runs);
 }
 
 static void unpack_item(rdr *r, item **pend, int np) {
@@ -1026,6 +1584,14 @@ static void unpack_item(rdr *r, item **pend, int np) {
     json_decref(it->results);
     it->results = json_loadb(s, n, 0, NULL);
     LOOM_CHECK(it->results != NULL);
+    it->gen_hit = (int)get_u32(r);
+    s = get_bytes(r, &n);
+    snprintf(it->gkey, sizeof it->gkey, "%.*s", (int)n, s);
+    s = get_bytes(r, &n);
+    json_decref(it->vfresh);
+    it->vfresh = n ? json_loadb(s, n, 0, NULL) : NULL;
+    it->val_hits = (int)get_u32(r);
+    it->val_runs = (int)get_u32(r);
 }
 
 /* every rank's items to every rank (mesh: NULL with one rank) */
@@ -1085,6 +1651,11 @@ int loom_synth_run(const char *path, const loom_synth_opts *o, loom_err *err) {
     P.root = load_yaml(path, err);
     if (!P.root || parse_pipeline(&P, err)) goto done;
     const int threads = o && o->threads > 0 ? o->threads : 2;
+    signal(SIGPIPE, SIG_IGN); /* a command validator that exits without reading its input */
+    if (o && o->no_cache) P.C.on = 0;
+    if (P.C.on && cache_open(&P.C, rank == 0, err)) goto done;
+    if (P.C.skipped && rank == 0)
+        fprintf(stderr, "loom: warning: %s: %lld torn or malformed cache lines skipped\n", P.C.dir, P.C.skipped);
     if (P.g.http) curl_global_init(CURL_GLOBAL_DEFAULT);
     if (world > 1) {
         loom_mesh_spec spec;
@@ -1103,6 +1674,15 @@ int loom_synth_run(const char *path, const loom_synth_opts *o, loom_err *err) {
         if (n_hash == cap_hash) hashes = realloc(hashes, (cap_hash = cap_hash ? 2 * cap_hash : 256) * sizeof *hashes);
         hashes[n_hash++] = fnv1a(P.sd.v[s], P.sd.len[s]);
     }
+    for (int v = 0; v < P.nv; v++) { /* near duplicates: against the seeds and the pool */
+        if (P.v[v].kind != V_NEARDUP) continue;
+        uint64_t *sig = loom_malloc((size_t)P.v[v].mh->perms * sizeof *sig);
+        for (int s = 0; s < P.sd.n; s++) {
+            mh_signature(P.v[v].mh, P.sd.v[s], P.sd.len[s], sig);
+            mh_add(P.v[v].mh, sig, -1 - s);
+        }
+        free(sig);
+    }
     long long *rejected_by = loom_calloc((size_t)P.nv + 1, sizeof(long long));
     long long *accepted_at = loom_calloc((size_t)P.max_attempts + 1, sizeof(long long));
     long long tokens = 0, generated = 0;
@@ -1111,6 +1691,7 @@ int loom_synth_run(const char *path, const loom_synth_opts *o, loom_err *err) {
     loom_progress_init(&pg, 0);
     item **pend = loom_calloc((size_t)n_items, sizeof *pend);
     item **mine = loom_calloc((size_t)n_items, sizeof *mine);
+    item **gen = loom_calloc((size_t)n_items, sizeof *gen);
     uniform = 0;
     for (int attempt = 1; attempt <= P.max_attempts; attempt++) {
         int np = 0;
@@ -1140,24 +1721,51 @@ int loom_synth_run(const char *path, const loom_synth_opts *o, loom_err *err) {
             it->vmsg[0] = 0;
             json_decref(it->results);
             it->results = NULL;
+            json_decref(it->vfresh);
+            it->vfresh = NULL;
+            it->gen_hit = it->val_hits = it->val_runs = 0;
+            it->gkey[0] = 0;
             it->prompt = pr.s ? pr.s : strdup("");
             pend[np++] = it;
         }
         if (np == 0) break;
-        /* this rank's blocks */
-        int nm = 0;
-        for (int k = 0; k < np; k++)
-            if (owner_of(&P, k, world) == rank) mine[nm++] = pend[k];
-        if (P.g.http && nm) {
-            http_pool hp = {.g = &P.g, .items = mine, .n = nm, .seed = P.seed};
+        /* this rank's blocks; outputs in the cache are taken from it */
+        int nm = 0, ng = 0;
+        for (int k = 0; k < np; k++) {
+            if (owner_of(&P, k, world) != rank) continue;
+            item *it = pend[k];
+            mine[nm++] = it;
+            if (P.C.on) {
+                sbuf kb = {0};
+                char sd[32];
+                snprintf(sd, sizeof sd, "%llu", (unsigned long long)item_seed(P.seed, it));
+                sb_str(&kb, P.g.temperature > 0 ? sd : "greedy");
+                sb_add(&kb, "\n", 1);
+                sb_str(&kb, it->prompt);
+                sha_hex_parts(it->gkey, P.gen_id, kb.s, kb.n);
+                free(kb.s);
+                json_t *hit = json_object_get(P.C.gen, it->gkey);
+                if (hit && !text_from_json(hit, &it->text, &it->tlen)) {
+                    it->tokens = (int)json_integer_value(json_object_get(hit, "tokens"));
+                    it->gen_ok = it->gen_hit = 1;
+                    continue;
+                }
+            }
+            gen[ng++] = it;
+        }
+        if (P.g.http && ng) {
+            http_pool hp = {.g = &P.g, .items = gen, .n = ng, .seed = P.seed};
             pthread_mutex_init(&hp.mu, NULL);
-            run_pool(http_worker, &hp, P.g.concurrency < nm ? P.g.concurrency : nm);
+            run_pool(http_worker, &hp, P.g.concurrency < ng ? P.g.concurrency : ng);
             pthread_mutex_destroy(&hp.mu);
-        } else if (nm) {
+        } else if (ng) {
             if (local_open(&P, &L, err)) goto done_counts;
-            for (int b = 0; b < nm; b += P.g.batch) /* one engine batch per block */
-                if (local_generate(&P, &L, mine + b, nm - b < P.g.batch ? nm - b : P.g.batch, err))
-                    goto done_counts;
+            /* one engine batch per block (the block's items not in the cache) */
+            for (int a = 0, b; a < ng; a = b) {
+                const int blk = (int)(pend_pos(pend, np, gen[a]) / P.g.batch);
+                for (b = a + 1; b < ng && (int)(pend_pos(pend, np, gen[b]) / P.g.batch) == blk; b++) {}
+                local_generate(&P, &L, gen + a, b - a);
+            }
         }
         if (nm) {
             vpool vp = {.P = &P, .items = mine, .n = nm};
@@ -1165,23 +1773,72 @@ int loom_synth_run(const char *path, const loom_synth_opts *o, loom_err *err) {
             run_pool(vworker, &vp, threads < nm ? threads : nm);
             pthread_mutex_destroy(&vp.mu);
         }
+        for (int v = 0; v < P.nv; v++)
+            if (P.v[v].sc && P.v[v].sc->failed) {
+                loom_errf(err, "%s: validator '%s': %s", path, P.v[v].name, P.v[v].sc->err.msg);
+                goto done_counts;
+            }
         if (world > 1) exchange_items(mesh, rank, world, pend, np, &P);
+        for (int k = 0; P.C.on && k < np; k++) { /* new outputs and verdicts into the cache */
+            item *it = pend[k];
+            P.C.gen_hits += it->gen_hit;
+            P.C.gen_runs += !it->gen_hit;
+            P.C.val_hits += it->val_hits;
+            P.C.val_runs += it->val_runs;
+            if (it->gen_ok && !it->gen_hit && it->gkey[0]) {
+                json_t *e = json_pack("{s:s,s:i}", "k", it->gkey, "tokens", it->tokens);
+                text_to_json(e, it->text, it->tlen);
+                cache_put(&P.C, P.C.gen, P.C.fg, e);
+                json_decref(e);
+            }
+            size_t j;
+            json_t *e;
+            json_array_foreach(it->vfresh, j, e) cache_put(&P.C, P.C.val, P.C.fv, e);
+        }
+        if (P.C.on && rank == 0 && cache_sync(&P.C, err)) goto done_counts;
         for (int k = 0; k < np; k++) { /* in item order: duplicates, verdicts */
             item *it = pend[k];
             generated++;
             tokens += it->tokens;
             if (it->failed_validator < 0) {
                 const uint64_t h = fnv1a(it->text, it->tlen);
-                for (int v = 0; v < P.nv; v++) {
-                    if (P.v[v].kind != V_UNIQUE) continue;
-                    int dup = 0;
-                    for (size_t j = 0; j < n_hash && !dup; j++) dup = hashes[j] == h;
-                    json_array_append_new(it->results, json_pack("{s:s,s:b,s:s}", "validator", P.v[v].name,
-                                                                 "ok", !dup, "message", dup ? "an exact duplicate" : ""));
-                    if (dup) {
-                        it->failed_validator = v;
-                        snprintf(it->vmsg, sizeof it->vmsg, "%s: an exact duplicate of a seed or an earlier sample", P.v[v].name);
-                        break;
+                for (int v = 0; v < P.nv && it->failed_validator < 0; v++) {
+                    if (P.v[v].kind == V_UNIQUE) {
+                        int dup = 0;
+                        for (size_t j = 0; j < n_hash && !dup; j++) dup = hashes[j] == h;
+                        json_array_append_new(it->results, json_pack("{s:s,s:b,s:s}", "validator", P.v[v].name,
+                                                                     "ok", !dup, "message", dup ? "an exact duplicate" : ""));
+                        if (dup) {
+                            it->failed_validator = v;
+                            snprintf(it->vmsg, sizeof it->vmsg, "%s: an exact duplicate of a seed or an earlier sample", P.v[v].name);
+                        }
+                    } else if (P.v[v].kind == V_NEARDUP) {
+                        mh_index *mh = P.v[v].mh;
+                        uint64_t *sig = loom_malloc((size_t)mh->perms * sizeof *sig);
+                        mh_signature(mh, it->text, it->tlen, sig);
+                        double best;
+                        const int idx = mh_query(mh, sig, &best);
+                        free(sig);
+                        const int near = idx >= 0 && best >= mh->threshold;
+                        char what[96] = "", msg[200] = "";
+                        if (idx >= 0) {
+                            const int og = mh->origin[idx];
+                            if (og < 0) snprintf(what, sizeof what, "seed %d", -1 - og);
+                            else snprintf(what, sizeof what, "the sample %d of seed %d", items[og].sample, items[og].seed_idx);
+                        }
+                        if (near)
+                            snprintf(msg, sizeof msg, "a near duplicate of %s (estimated Jaccard similarity %.3f >= %g)",
+                                     what, best, mh->threshold);
+                        json_t *res = json_pack("{s:s,s:b,s:s}", "validator", P.v[v].name, "ok", !near, "message", msg);
+                        if (idx >= 0) {
+                            json_object_set_new(res, "similarity", json_real(best));
+                            json_object_set_new(res, "nearest", json_string(what));
+                        }
+                        json_array_append_new(it->results, res);
+                        if (near) {
+                            it->failed_validator = v;
+                            snprintf(it->vmsg, sizeof it->vmsg, "%s: %s", P.v[v].name, msg);
+                        }
                     }
                 }
             }
@@ -1190,6 +1847,13 @@ int loom_synth_run(const char *path, const loom_synth_opts *o, loom_err *err) {
                 accepted_at[attempt]++;
                 if (n_hash == cap_hash) hashes = realloc(hashes, (cap_hash = cap_hash ? 2 * cap_hash : 256) * sizeof *hashes);
                 hashes[n_hash++] = fnv1a(it->text, it->tlen);
+                for (int v = 0; v < P.nv; v++) {
+                    if (P.v[v].kind != V_NEARDUP) continue;
+                    uint64_t *sig = loom_malloc((size_t)P.v[v].mh->perms * sizeof *sig);
+                    mh_signature(P.v[v].mh, it->text, it->tlen, sig);
+                    mh_add(P.v[v].mh, sig, (int)(it - items));
+                    free(sig);
+                }
             } else {
                 rejected_by[it->failed_validator]++;
                 if (attempt == P.max_attempts) it->done = 1;
@@ -1276,6 +1940,11 @@ int loom_synth_run(const char *path, const loom_synth_opts *o, loom_err *err) {
                                 "accepted_at_attempt", hist, "seconds", dt, "tokens_per_s",
                                 dt > 0 ? (double)tokens / dt : 0.0, "samples_per_s",
                                 dt > 0 ? (double)generated / dt : 0.0, "ranks", world);
+        if (P.C.on)
+            json_object_set_new(sum, "cache", json_pack("{s:s,s:I,s:I,s:I,s:I}", "dir", P.C.dir,
+                                "generation_hits", (json_int_t)P.C.gen_hits, "generations_run",
+                                (json_int_t)P.C.gen_runs, "validation_hits", (json_int_t)P.C.val_hits,
+                                "validations_run", (json_int_t)P.C.val_runs));
         char *s = json_dumps(sum, JSON_COMPACT);
         fprintf(stderr, "synth: %s\n", s);
         if (P.summary && loom_write_file_atomic(P.summary, s, strlen(s), err)) {
@@ -1292,6 +1961,7 @@ done_counts:
     free(accepted_at);
     free(pend);
     free(mine);
+    free(gen);
 done:
     if (out) fclose(out);
     if (rej) fclose(rej);
@@ -1299,6 +1969,7 @@ done:
         free(items[i].prompt);
         free(items[i].text);
         json_decref(items[i].results);
+        json_decref(items[i].vfresh);
     }
     free(items);
     free(hashes);
@@ -1310,9 +1981,15 @@ done:
         json_decref(P.v[i].schema);
         for (int j = 0; j < P.v[i].argc; j++) free(P.v[i].argv[j]);
         free(P.v[i].argv);
+        if (P.v[i].mh) mh_free(P.v[i].mh);
+        free(P.v[i].mh);
+        scorer_free(P.v[i].sc);
     }
+    if (P.C.on) cache_close(&P.C);
+    free(P.gen_id);
     free(P.v);
     for (int i = 0; i < P.g.n_stop; i++) free(P.g.stop[i]);
+    loom_chat_template_free(P.g.chat_tpl);
     free(P.template_name);
     json_decref(P.root);
     loom_engine_free(L.eng);

@@ -40,6 +40,7 @@ validators:
 max_attempts: 3
 samples_per_seed: 2
 output: $WORK/$1.jsonl
+cache: ${CACHE:-false}
 rejected: $WORK/$1.rejected.jsonl
 summary: $WORK/$1.summary.json
 YAML
@@ -82,6 +83,19 @@ n2=$(($(grep -c . requests.log) - n1))
 gens=$(python3 -c "import json; print(json.load(open('http.summary.json'))['generations'])")
 [ "$n2" = "$gens" ] && [ "$n1" = "$gens" ] || fail "requests: one process $n1, two ranks $n2, generations $gens"
 pass "mpirun -np 2 synth (http) = one process; $n2 requests for $gens generations (none sent twice)"
+# the cache under mpirun: rank 0 writes what every rank generated; one process then finds it all
+CACHE=$WORK/cache pipeline local "  kind: local
+  checkpoint: $WORK/run" "[aeiou].*[aeiou]"
+run_mpi 2 cache2.log "$LOOM_BIN" synth local.yaml --quiet
+[ $RC = 0 ] || { cat cache2.log >&2; fail "mpirun -np 2 synth with a cache: exit $RC"; }
+cmp -s local.jsonl local1.jsonl || fail "-np 2 with a cache: output differs"
+expect_ok "one process on the cache of two ranks" "$LOOM_BIN" synth local.yaml --quiet
+cmp -s local.jsonl local1.jsonl || fail "the cached rerun: output differs"
+python3 -c "
+import json; s = json.load(open('local.summary.json')); c = s['cache']
+assert c['generations_run'] == 0 and c['generation_hits'] == s['generations'], s
+" || fail "the rerun generated: $(cat local.summary.json)"
+pass "a cache written under -np 2 serves a one-process rerun entirely"
 # an error in the pipeline ends the whole job with the message
 sed 's/^template: t/template: nope/' http.yaml > bad.yaml
 must_fail_within "a bad pipeline under mpirun" 60 "bad.yaml: template 'nope'" 2 "$LOOM_BIN" synth bad.yaml
