@@ -25,6 +25,8 @@ typedef struct loom_serve_opts {
     int max_connections;       /* open connections (default 2048) */
     int timeout_s;             /* idle connection timeout (default 120 s) */
     int drain_s;               /* on SIGTERM: how long in-flight requests get (default 300 s) */
+    const char *chat_template; /* /v1/chat/completions prompts: plain (default), chatml, llama3
+                                * or a JSON template file (include/loom/chat.h) */
     loom_engine_opts engine;
 } loom_serve_opts;
 

@@ -1,6 +1,6 @@
 /* loom serve CKPT_DIR [--host H] [--port P] [--port-file F] [--model-id ID] [--max-body BYTES]
  *   [--max-prompt-tokens N] [--max-tokens N] [--max-concurrent N] [--batch N]
- *   [--kv-budget-mb M] [--timeout S] [--drain S]
+ *   [--kv-budget-mb M] [--timeout S] [--drain S] [--template plain|chatml|llama3|FILE]
  * An OpenAI-compatible server over the batched engine (docs/inference.md). */
 #include <errno.h>
 #include <stdio.h>
@@ -40,6 +40,7 @@ int loom_cli_serve(int argc, char **argv) {
         i++;
         if (!strcmp(a, "--host")) o.host = val;
         else if (!strcmp(a, "--port-file")) o.port_file = val;
+        else if (!strcmp(a, "--template")) o.chat_template = val;
         else if (!strcmp(a, "--model-id")) {
             if (!val[0] || strlen(val) > 256) {
                 fprintf(stderr, "loom: error: --model-id must be 1 to 256 bytes\n");
@@ -103,6 +104,7 @@ usage:
     fprintf(stderr, "usage: loom serve CKPT_DIR [--host H (127.0.0.1)] [--port P (8080; 0: any)] "
                     "[--port-file F] [--model-id ID] [--max-body BYTES] [--max-prompt-tokens N] "
                     "[--max-tokens N] [--max-concurrent N] [--max-connections N] [--batch N] "
-                    "[--kv-budget-mb M] [--timeout S] [--drain S]\n");
+                    "[--kv-budget-mb M] [--timeout S] [--drain S] "
+                    "[--template plain|chatml|llama3|FILE (plain): the chat template]\n");
     return 2;
 }

@@ -8,6 +8,7 @@
  * accepting, lets the requests in flight finish, and stops. */
 #define _GNU_SOURCE
 #include "loom/serve.h"
+#include "loom/chat.h"
 
 #include <errno.h>
 #include <jansson.h>
@@ -51,6 +52,7 @@ typedef struct server {
     const loom_tokenizer *tok;
     loom_serve_opts o;
     int maxT;
+    loom_chat_template *chat_tpl; /* builds /v1/chat/completions prompts (--template) */
     loom_engine *eng;
     pthread_t eng_thread;
     pthread_mutex_t mu;         /* the queue, stop */
@@ -252,33 +254,6 @@ static json_t *json_text(const char *s, size_t n) {
     return t;
 }
 
-/* the chat template: "role: content\n" per message, then "assistant:" (docs/inference.md) */
-static int chat_prompt(json_t *msgs, char **out, const char **bad) {
-    char *b = NULL;
-    size_t len = 0, cap = 0;
-    size_t i;
-    json_t *m;
-    if (!json_is_array(msgs) || json_array_size(msgs) == 0) {
-        *bad = "'messages' must be a non-empty array";
-        return -1;
-    }
-    json_array_foreach(msgs, i, m) {
-        json_t *role = json_object_get(m, "role"), *content = json_object_get(m, "content");
-        if (!json_is_object(m) || !json_is_string(role) || !json_is_string(content)) {
-            free(b);
-            *bad = "each message must be an object with string 'role' and 'content'";
-            return -1;
-        }
-        grow_append(&b, &len, &cap, json_string_value(role), json_string_length(role));
-        grow_append(&b, &len, &cap, ": ", 2);
-        grow_append(&b, &len, &cap, json_string_value(content), json_string_length(content));
-        grow_append(&b, &len, &cap, "\n", 1);
-    }
-    grow_append(&b, &len, &cap, "assistant:", 10);
-    *out = b;
-    return 0;
-}
-
 static int get_number(json_t *req, const char *key, double lo, double hi, double *v,
                       const char **bad) {
     json_t *x = json_object_get(req, key);
@@ -386,7 +361,8 @@ static enum MHD_Result handle_generation(server *S, conn *k, struct MHD_Connecti
                           je.column);
     enum MHD_Result rc;
     const char *bad = NULL;
-    char *prompt_text = NULL;
+    char *prompt_text = NULL, *chat_stop = NULL;
+    char why[256];
     job *j = NULL;
     if (!json_is_object(req)) {
         rc = send_error(c, MHD_HTTP_BAD_REQUEST, "invalid_request_error", NULL,
@@ -406,8 +382,10 @@ static enum MHD_Result handle_generation(server *S, conn *k, struct MHD_Connecti
         goto out;
     }
     if (k->ep == EP_CHAT) {
-        if (chat_prompt(json_object_get(req, "messages"), &prompt_text, &bad)) {
-            rc = send_error(c, MHD_HTTP_BAD_REQUEST, "invalid_request_error", "messages", "%s", bad);
+        /* the chat template (loom_chat_prompt_messages, shared with generate --chat and synth) */
+        if (loom_chat_prompt_messages(S->chat_tpl, json_object_get(req, "messages"), &prompt_text,
+                                      &chat_stop, why, sizeof why)) {
+            rc = send_error(c, MHD_HTTP_BAD_REQUEST, "invalid_request_error", "messages", "%s", why);
             goto out;
         }
     } else {
@@ -477,6 +455,8 @@ static enum MHD_Result handle_generation(server *S, conn *k, struct MHD_Connecti
                         "(each at most 1024 bytes)");
         goto out;
     }
+    if (chat_stop && chat_stop[0] && gp.n_stop < 16) /* the assistant's end of turn */
+        j->stop_mem[gp.n_stop++] = strdup(chat_stop);
     gp.stop = (const char *const *)j->stop_mem;
     gp.max_tokens = (int)max_tokens;
     gp.temperature = (float)temperature;
@@ -571,6 +551,7 @@ out:
         job_unref(j);
     }
     free(prompt_text);
+    free(chat_stop);
     json_decref(req);
     return rc;
 }
@@ -697,7 +678,12 @@ int loom_serve_run(loom_model *m, const loom_tokenizer *tok, const loom_serve_op
         free(S);
         return loom_errf(err, "--host '%s' is not an IPv4 address", o->host);
     }
+    if (loom_chat_template_load(S->o.chat_template ? S->o.chat_template : "plain", &S->chat_tpl, err)) {
+        free(S);
+        return -1;
+    }
     if (loom_engine_create(m, tok, &S->o.engine, &S->eng, err)) {
+        loom_chat_template_free(S->chat_tpl);
         free(S);
         return -1;
     }
@@ -760,6 +746,7 @@ done:
 done_nothread:
     pthread_sigmask(SIG_SETMASK, &old, NULL);
     loom_engine_free(S->eng);
+    loom_chat_template_free(S->chat_tpl);
     pthread_mutex_destroy(&S->mu);
     pthread_cond_destroy(&S->cv);
     free(S);

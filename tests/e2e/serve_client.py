@@ -46,8 +46,8 @@ check(sc[0].choices[0].delta.role == "assistant", "the first chat chunk has the 
 rd = client.chat.completions.create(model=model, messages=msgs, temperature=0)
 check(rd.choices[0].finish_reason == "length" and rd.usage.prompt_tokens + rd.usage.completion_tokens == 129,
       f"chat without max_tokens runs to the context: {rd.usage}")
-# the chat template is documented: "role: content\n" ... "assistant:"
-r2 = client.completions.create(model=model, prompt="system: be brief\nuser: the lazy\nassistant:",
+# the default chat template (plain) is documented: "role: content\n" ... "assistant: "
+r2 = client.completions.create(model=model, prompt="system: be brief\nuser: the lazy\nassistant: ",
                                max_tokens=10, temperature=0)
 check(r2.choices[0].text == ctext, "chat = completion of the documented template")
 # sampling: seeded requests repeat, stop strings cut
