@@ -179,6 +179,23 @@ static loom_attn_mask attn_mask(const block_frame *f) {
     return mk;
 }
 
+/* Decoding with a KV cache (one layer's kc, vc: (positions, KVH*D)): appends the keys and
+ * values of n fused q|k|v rows at positions pos0.., then attends each row causally to the
+ * cache up to its own position. Single-sequence decoding (n = 1) and the engine's ragged
+ * segments both come here. */
+static void attend_cache(loom_model *m, float *out, const float *qkv, float *kc, float *vc,
+                         int pos0, int n, float *scores) {
+    const int kv = m->KVH * m->D, HD = m->H * m->D;
+    for (int r = 0; r < n; r++) {
+        const float *row = qkv + (int64_t)r * m->QKV;
+        memcpy(kc + (size_t)(pos0 + r) * kv, row + HD, (size_t)kv * sizeof(float));
+        memcpy(vc + (size_t)(pos0 + r) * kv, row + HD + kv, (size_t)kv * sizeof(float));
+    }
+    for (int r = 0; r < n; r++)
+        m->be->attention_decode(out + (int64_t)r * HD, qkv + (int64_t)r * m->QKV, kc, vc,
+                                pos0 + r + 1, m->H, m->KVH, m->D, scores);
+}
+
 static void op_forward(loom_model *m, block_frame *f, int l, const block_op *op) {
     const int64_t N = (int64_t)f->B * f->T;
     const int C = m->cfg.d_model, gpt2 = m->cfg.flavor == LOOM_FLAVOR_GPT2;
@@ -215,29 +232,16 @@ static void op_forward(loom_model *m, block_frame *f, int l, const block_op *op)
         rope(m, f, s[op->in], 0);
         break;
     case OP_ATTN:
-        if (f->seg) { /* ragged: append each segment's keys and values, attend causally */
-            const int kv = m->KVH * m->D, HD = m->H * m->D;
+        if (f->seg) { /* ragged: each segment against its own cache */
             for (int i = 0; i < f->nseg; i++) {
                 const block_seg *g = &f->seg[i];
-                float *kc = g->k + (size_t)l * g->layer_stride;
-                float *vc = g->v + (size_t)l * g->layer_stride;
-                for (int r = 0; r < g->n; r++) {
-                    const float *row = s[op->in] + (int64_t)(g->row0 + r) * m->QKV;
-                    memcpy(kc + (size_t)(g->pos0 + r) * kv, row + HD, (size_t)kv * sizeof(float));
-                    memcpy(vc + (size_t)(g->pos0 + r) * kv, row + HD + kv,
-                           (size_t)kv * sizeof(float));
-                }
-                for (int r = 0; r < g->n; r++)
-                    be->attention_decode(s[op->out] + (int64_t)(g->row0 + r) * HD,
-                                         s[op->in] + (int64_t)(g->row0 + r) * m->QKV, kc, vc,
-                                         g->pos0 + r + 1, m->H, m->KVH, m->D, f->scores);
+                attend_cache(m, s[op->out] + (int64_t)g->row0 * m->H * m->D,
+                             s[op->in] + (int64_t)g->row0 * m->QKV,
+                             g->k + (size_t)l * g->layer_stride, g->v + (size_t)l * g->layer_stride,
+                             g->pos0, g->n, f->scores);
             }
-        } else if (f->kcache) { /* decode: one row; append its keys and values, attend to the cache */
-            const int kv = m->KVH * m->D, HD = m->H * m->D;
-            memcpy(f->kcache + (size_t)f->pos0 * kv, s[op->in] + HD, (size_t)kv * sizeof(float));
-            memcpy(f->vcache + (size_t)f->pos0 * kv, s[op->in] + HD + kv, (size_t)kv * sizeof(float));
-            be->attention_decode(s[op->out], s[op->in], f->kcache, f->vcache, f->pos0 + 1, m->H,
-                                 m->KVH, m->D, f->scores);
+        } else if (f->kcache) { /* decode: one row against the cache */
+            attend_cache(m, s[op->out], s[op->in], f->kcache, f->vcache, f->pos0, 1, f->scores);
         } else if (m->has_attn) { /* context parallelism: parallel/ attends across ranks */
             m->attn.forward(m->attn.ctx, l, s[op->out], s[op->aux0], s[op->in], f->B, f->T,
                             f->n_runs ? f->gdocs : NULL);
