@@ -83,6 +83,7 @@ static event *push(void) {
             return NULL;
         }
         R.cap = R.cap ? 2 * R.cap : 4096;
+        if (R.cap > MAX_EVENTS) R.cap = MAX_EVENTS;
         R.ev = loom_realloc(R.ev, R.cap * sizeof *R.ev);
     }
     event *e = &R.ev[R.n++];
@@ -109,6 +110,16 @@ void loom_prof_step_end(double model_flops, int replica_ranks) {
     loom_prof_end(model_flops, 0, s);
     if (st) st->bytes = replica_ranks; /* a step span's bytes field holds replica_ranks */
     loom_prof_recording = 0;
+    if (R.step == R.first && R.n < MAX_EVENTS) {
+        /* the window's first step tells how many events a step makes: room for the rest of the
+         * window at once (+25%), so recording never grows the array in the middle of a step */
+        const double want = 1.25 * (double)R.n * (double)(R.last - R.first + 1);
+        const size_t cap = want < (double)MAX_EVENTS ? (size_t)want : MAX_EVENTS;
+        if (cap > R.cap) {
+            R.ev = loom_realloc(R.ev, cap * sizeof *R.ev);
+            R.cap = cap;
+        }
+    }
 }
 
 int loom_prof_window_done(int64_t step) { return R.armed && step >= R.last; }

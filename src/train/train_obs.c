@@ -290,6 +290,10 @@ void train_obs_metrics(train_obs *o, loom_metrics *mx) {
         if (o->all[r * NF + F_STEP] > 0) share += o->all[r * NF + F_COMM] / o->all[r * NF + F_STEP];
     loom_metrics_real(mx, "comm_exposed_share", share / w);
     loom_metrics_real(mx, "elapsed_s", loom_now() - o->t_start);
+    struct rusage ru; /* this process's CPU time: on a shared machine, what it used of it */
+    if (getrusage(RUSAGE_SELF, &ru) == 0)
+        loom_metrics_real(mx, "cpu_s", (double)ru.ru_utime.tv_sec + 1e-6 * ru.ru_utime.tv_usec +
+                                       (double)ru.ru_stime.tv_sec + 1e-6 * ru.ru_stime.tv_usec);
     if (o->straggler >= 0) {
         loom_metrics_int(mx, "straggler_rank", o->straggler);
         loom_metrics_real(mx, "straggler_lag", o->lag);

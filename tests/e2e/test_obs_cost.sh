@@ -5,7 +5,8 @@
 #   - never reads /proc/self/status (the memory high-water mark is one getrusage call);
 #   - writes the TensorBoard event file on a cadence (every 2 s and at the end), not once per
 #     step;
-#   - has metrics rows with elapsed_s (seconds since the loop began), increasing;
+#   - has metrics rows with elapsed_s (seconds since the loop began) and cpu_s (the process's
+#     CPU seconds), increasing;
 #   - still writes op spans with their shapes ("N=64 IC=32 OC=96": kept as numbers while
 #     recording, formatted with the trace).
 source "$(dirname "$0")/lib.sh"
@@ -41,6 +42,8 @@ rows = [json.loads(l) for l in open(run + "/metrics.jsonl")]
 assert len(rows) == steps, len(rows)
 el = [r["elapsed_s"] for r in rows]
 assert all(b > a for a, b in zip(el, el[1:])) and el[0] > 0, el
+cpu = [r["cpu_s"] for r in rows]
+assert all(b >= a for a, b in zip(cpu, cpu[1:])) and cpu[-1] > cpu[0] > 0, cpu
 # the file_version record at open, one flush per 2 s of the run, the end (a write per step
 # before: steps + 1)
 assert tb_writes <= 3 + el[-1] / 2 and tb_writes < steps, \
