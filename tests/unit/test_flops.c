@@ -3,6 +3,9 @@
  * dlsym(RTLD_NEXT)), and the count must equal loom_model_flops_per_token * B * T exactly, with
  * causal attention at the closed form 12 * L * H * D * pairs(T) per sequence, pairs(T) =
  * 2048 q (q + 1) + r T for T = 64 q + r (T(T+64)/2 when 64 divides T: about half of T^2).
+ * Linears over <= LOOM_MATMUL_ROWS_MAX rows (T = 1 here) skip sgemm for matmul_rows_forward:
+ * this file defines that too (a plain loop that counts its FLOPs; being defined here, the
+ * library's is not linked in).
  * model.attention = sdpa: its attention runs through sgemm, so every FLOP is counted here;
  * flash attention (its own tile kernels) is counted by the same formula, the model's FLOPs. */
 #include "testutil.h"
@@ -33,6 +36,17 @@ void cblas_sgemm(OPENBLAS_CONST enum CBLAS_ORDER Order, OPENBLAS_CONST enum CBLA
     }
     __atomic_add_fetch(&g_flops, (int64_t)2 * M * N * K, __ATOMIC_RELAXED);
     f(Order, TransA, TransB, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+}
+
+void matmul_rows_forward(float *out, const float *inp, const float *weight, const float *bias,
+                         int64_t N, int IC, int OC) {
+    __atomic_add_fetch(&g_flops, (int64_t)2 * N * IC * OC, __ATOMIC_RELAXED);
+    for (int64_t n = 0; n < N; n++)
+        for (int o = 0; o < OC; o++) {
+            float s = bias ? bias[o] : 0.0f;
+            for (int i = 0; i < IC; i++) s += inp[n * IC + i] * weight[(int64_t)o * IC + i];
+            out[n * OC + o] = s;
+        }
 }
 
 static int64_t closed_form_pairs(int64_t T) {
