@@ -17,6 +17,7 @@ pkgs=(build-essential cmake pkg-config libopenblas-openmp-dev libyaml-dev libjan
 [ $want_test = 1 ] && pkgs+=(bsdutils)                  # tests/e2e/test_progress: script(1), a pseudo-terminal
 [ $want_test = 1 ] && pkgs+=(prometheus)                  # tests/e2e/test_prometheus: a real scraper, promtool
 [ $want_test = 1 ] && pkgs+=(chromium)                    # tests/e2e/test_report: renders report.html headless
+[ $want_test = 1 ] && pkgs+=(time)                        # bench/bench_synth.sh: CPU seconds (GNU time)
 
 missing=()
 for p in "${pkgs[@]}"; do
