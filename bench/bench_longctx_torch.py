@@ -66,6 +66,14 @@ def child_cpu(pid):
     return proc_cpu(int(kids[0])) if kids else None
 
 
+def lines(path):
+    try:
+        with open(path) as f:
+            return sum(1 for line in f if line.strip())
+    except OSError:
+        return 0
+
+
 def run_loom(loom, data, work, T, recompute, chunk, steps):
     """one `loom train` run under a wrapper that prints its peak RSS (getrusage of the
     children): (metrics rows, CPU seconds at each metrics line, peak RSS bytes)"""
@@ -85,18 +93,20 @@ def run_loom(loom, data, work, T, recompute, chunk, steps):
     with open(errf, "w") as ef:
         p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=ef, text=True, env=ENV1)
         cpu_at = []  # CPU seconds when metrics.jsonl reached 1, 2, ... lines
-        seen = 0
+        seen, last = 0, None
         while p.poll() is None:
             time.sleep(0.1)
             c = child_cpu(p.pid)
-            try:
-                n = sum(1 for l in open(metrics) if l.strip())
-            except OSError:
-                n = 0
-            if n > seen and c is not None:
-                cpu_at += [c] * (n - seen)
+            last = c if c is not None else last
+            n = lines(metrics)
+            if n > seen and last is not None:
+                cpu_at += [last] * (n - seen)
                 seen = n
         out = p.stdout.read()
+    # a last line written just before the exit: the CPU seen last (within 0.1 s of the exit)
+    n = lines(metrics)
+    if n > seen and last is not None:
+        cpu_at += [last] * (n - seen)
     if p.returncode != 0:
         raise RuntimeError(f"loom train failed ({p.returncode}): {open(errf).read()[-1500:]}")
     rows = [json.loads(l) for l in open(metrics) if l.strip()]
@@ -105,7 +115,9 @@ def run_loom(loom, data, work, T, recompute, chunk, steps):
 
 def loom_result(rows, cpu_at, warmup, rss):
     meas = rows[warmup:]
-    cpu = [cpu_at[i] - cpu_at[i - 1] for i in range(max(warmup, 1), len(cpu_at))]
+    # CPU of step i: between metrics lines i-1 and i; with no warm-up, the first step's is
+    # counted from the process's start (its start-up, well under a second, included)
+    cpu = [cpu_at[i] - (cpu_at[i - 1] if i else 0.0) for i in range(warmup, len(cpu_at))]
     return {"step_s": statistics.median(r["step_ms"] for r in meas) / 1e3,
             "cpu_s": statistics.median(cpu) if cpu else None, "rss": rss,
             "act": meas[-1]["act_bytes"], "loss": meas[-1]["loss"]}

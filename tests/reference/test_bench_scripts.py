@@ -6,7 +6,11 @@
   bench_train.py: fewer than 10 measured steps are refused; an MFU above 100% (a peak given far
     too low) is printed as it is, with a warning, never clamped; the load is recorded and the
     machine called quiet only when other processes used under 5% of the CPU time.
-(bench_dp.sh's bytes on the wire: tests/mpi/test_dp_wire.sh.)
+  bench_longctx_torch.py: loom and PyTorch side by side at a long(ish) T: every row has a
+    step time and the CPU seconds per step (also with no warm-up step: the only step's CPU
+    counts from the process's start), PyTorch's peak RSS above loom's by at least torch's import.
+(bench_dp.sh's bytes on the wire: tests/mpi/test_dp_wire.sh; bench_cp.sh:
+tests/mpi/test_bench_cp.sh.)
 """
 import hashlib
 import os
@@ -74,6 +78,20 @@ check("WARNING: an MFU above 100%" in r.stdout, "train: MFU above 100% comes wit
 check(re.search(r"other processes used \d+ of the \d+ CPU-seconds", r.stdout) is not None
       and ("a quiet machine" in r.stdout or "NOT a quiet machine" in r.stdout),
       "train: the load and the quiet/not-quiet verdict are printed")
+
+# ---- long-context benchmark, loom against PyTorch ------------------------------------------
+for warm in ("0",):  # (no warm-up: the case whose CPU was once missing)
+    r = run(["bench/bench_longctx_torch.py", "--T", "1024", "--rounds", "1", "--steps", "1",
+             "--warmup", warm, "--variants", "loom none,torch eager"], timeout=600)
+    check(r.returncode == 0, f"bench_longctx_torch.py --warmup {warm} exits 0 {r.stderr[-800:]}")
+    rows = dict(re.findall(r"^\| 1024 \| (loom none|torch eager) \| (.*)$", r.stdout, re.M))
+    cells = {k: [c.strip() for c in v.split("|")] for k, v in rows.items()}
+    check(sorted(cells) == ["loom none", "torch eager"], f"longctx --warmup {warm}: both rows: {rows}")
+    check(all(re.fullmatch(r"[\d.]+", c[0]) and float(c[0]) > 0 and re.fullmatch(r"[\d.]+", c[3])
+              and float(c[3]) > 0 for c in cells.values()),
+          f"longctx --warmup {warm}: step s and CPU s/step in every row: {cells}")
+    check(len(cells) == 2 and float(cells["torch eager"][5]) > float(cells["loom none"][5]) + 0.2,
+          f"longctx --warmup {warm}: PyTorch's peak RSS includes its import: {cells}")
 
 if failures:
     sys.exit(f"{len(failures)} failure(s)")
