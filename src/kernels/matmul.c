@@ -27,6 +27,10 @@ static void sgemm1(char ta, char tb, int64_t M, int64_t N, int64_t K, float alph
                 A, (blasint)lda, B, (blasint)ldb, beta, C, (blasint)ldc);
 }
 
+/* below this many multiply-adds (about 40 us on one core) one thread does the whole product:
+ * a fork/join costs more than it saves, most of all on a loaded machine */
+#define SPLIT_MIN 4194304.0
+
 /* C (M,N) = alpha * op(A) op(B) + beta * C, row-major; op = transpose when ta/tb is 'T'.
  * On several threads each OpenMP thread computes one block of C (rows when M >= N, else
  * columns; 16-aligned) with a single-threaded dnnl_sgemm (oneDNN runs one thread inside a
@@ -36,7 +40,7 @@ static void sgemm(char ta, char tb, int64_t M, int64_t N, int64_t K, float alpha
                   const float *A, int64_t lda, const float *B, int64_t ldb, float beta, float *C,
                   int64_t ldc) {
     int nt = omp_in_parallel() ? 1 : omp_get_max_threads();
-    if (nt <= 1 || (double)M * (double)N * (double)K < 262144.0) {
+    if (nt <= 1 || (double)M * (double)N * (double)K < SPLIT_MIN) {
         sgemm1(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
         return;
     }

@@ -95,11 +95,11 @@ static void test_shapes(void **state) {
         int64_t N;
         int IC, OC;
     } shapes[] = {
-        {200, 48, 96},  /* out rows split; dinp rows; dweight (96,48) rows */
-        {37, 120, 300}, /* out columns (300 > 37); dinp columns; dweight rows */
-        {130, 250, 20}, /* out rows; dinp columns (250 > 130); dweight columns */
-        {17, 33, 1000}, /* out columns: 3 threads over 1000 columns, 16-aligned blocks */
-        {3, 5, 7},      /* below the split threshold: one call */
+        {600, 96, 160},  /* out rows split; dinp rows; dweight (160,96) rows */
+        {37, 250, 700},  /* out columns (700 > 37); dinp columns; dweight rows */
+        {300, 500, 40},  /* out rows; dinp columns (500 > 300); dweight columns */
+        {17, 260, 1000}, /* out columns: 3 threads over 1000 columns, 16-aligned blocks */
+        {3, 5, 7},       /* below the split threshold (2^22 multiply-adds): one call */
     };
     for (size_t k = 0; k < sizeof shapes / sizeof shapes[0]; k++)
         for (int t = 1; t <= 3; t++)
