@@ -76,21 +76,70 @@ void matmul_forward(float *out, const float *inp, const float *weight, const flo
     sgemm('N', 'T', N, OC, IC, 1.0f, inp, IC, weight, IC, beta, out, OC);
 }
 
+/* Sums of columns [o0, o1) of dout (N, OC) over the rows, in row order, added to dbias. Each
+ * column is its own chain of float adds from 0, so the vector width never changes a bit: the
+ * AVX-512 version below gives exactly the bits of this one and is chosen by the CPU alone. */
+static void colsum_plain(float *dbias, const float *dout, int64_t N, int OC, int o0, int o1) {
+    float acc[256];
+    for (int o = o0; o < o1; o++) acc[o - o0] = 0.0f;
+    for (int64_t n = 0; n < N; n++) {
+        const float *row = dout + n * OC;
+        for (int o = o0; o < o1; o++) acc[o - o0] += row[o];
+    }
+    for (int o = o0; o < o1; o++) dbias[o] += acc[o - o0];
+}
+
+#if defined(__x86_64__)
+#include <immintrin.h>
+/* 16 zmm accumulators hold a 256-column slice in registers (the plain loop, compiled for the
+ * portable baseline, loaded and stored its partial sums for every row: 1.7% of a byte-tiny
+ * step). Columns past o1 are masked off. */
+__attribute__((target("avx512f"))) static void colsum_avx512(float *dbias, const float *dout,
+                                                             int64_t N, int OC, int o0, int o1) {
+    for (int c0 = o0; c0 < o1; c0 += 256) {
+        __m512 acc[16];
+        __mmask16 km[16];
+        int nv = (o1 - c0 + 15) / 16;
+        if (nv > 16) nv = 16;
+        for (int v = 0; v < 16; v++) {
+            int left = o1 - c0 - 16 * v;
+            km[v] = left >= 16 ? (__mmask16)0xFFFF
+                    : left > 0 ? (__mmask16)((1u << left) - 1u)
+                               : (__mmask16)0;
+            acc[v] = _mm512_setzero_ps();
+        }
+        for (int64_t n = 0; n < N; n++) {
+            const float *row = dout + n * OC + c0;
+            for (int v = 0; v < nv; v++)
+                acc[v] = _mm512_add_ps(acc[v], _mm512_maskz_loadu_ps(km[v], row + 16 * v));
+        }
+        for (int v = 0; v < nv; v++) {
+            float *d = dbias + c0 + 16 * v;
+            _mm512_mask_storeu_ps(d, km[v], _mm512_add_ps(_mm512_maskz_loadu_ps(km[v], d), acc[v]));
+        }
+    }
+}
+#endif
+
 /* dbias (OC) += sum_n dout (N,OC): each thread owns a fixed slice of columns and sums the
- * rows in order, so the result does not depend on the thread count. */
+ * rows in order, so the result does not depend on the thread count (or the CPU). */
 static void bias_backward(float *dbias, const float *dout, int64_t N, int OC) {
     enum { COLS = 256 }; /* a slice of columns; its partial sums stay in registers/L1 */
+#if defined(__x86_64__)
+    __builtin_cpu_init();
+    const int avx512 = __builtin_cpu_supports("avx512f");
+#endif
     int nchunks = (OC + COLS - 1) / COLS;
 #pragma omp parallel for schedule(static) if (N * OC >= LOOM_PAR_MIN)
     for (int c = 0; c < nchunks; c++) {
         int o0 = c * COLS, o1 = o0 + COLS < OC ? o0 + COLS : OC;
-        float acc[COLS];
-        for (int o = o0; o < o1; o++) acc[o - o0] = 0.0f;
-        for (int64_t n = 0; n < N; n++) {
-            const float *row = dout + n * OC;
-            for (int o = o0; o < o1; o++) acc[o - o0] += row[o];
+#if defined(__x86_64__)
+        if (avx512) {
+            colsum_avx512(dbias, dout, N, OC, o0, o1);
+            continue;
         }
-        for (int o = o0; o < o1; o++) dbias[o] += acc[o - o0];
+#endif
+        colsum_plain(dbias, dout, N, OC, o0, o1);
     }
 }
 

@@ -3,7 +3,8 @@
  * thread (rows when M >= N, else columns, 16-aligned), so each shape below takes both splits
  * across its three products (out (N,OC), dinp (N,IC), dweight (OC,IC)), with sizes that are
  * not multiples of 16 or of the thread count, and blocks of a thread that gets nothing. The
- * backward accumulates (+=) onto nonzero gradients; bias seeded or absent; dinp NULL. */
+ * backward accumulates (+=) onto nonzero gradients; bias seeded or absent; dinp NULL. dbias:
+ * bitwise the in-order column sums on any thread count and vector width. */
 #include "testutil.h"
 
 #include <math.h>
@@ -107,7 +108,40 @@ static void test_shapes(void **state) {
                 check_shape(shapes[k].N, shapes[k].IC, shapes[k].OC, t, bias);
 }
 
+/* dbias is each column's float sum in row order, added to dbias: exactly those bits on every
+ * thread count and whichever vector width the CPU gets (AVX-512 or the plain loop), column
+ * counts that end inside a 16-wide vector and a 256-column slice included. */
+static void test_dbias_bits(void **state) {
+    (void)state;
+    static const int ocs[] = {1, 15, 17, 256, 300, 769};
+    for (size_t k = 0; k < sizeof ocs / sizeof ocs[0]; k++) {
+        const int OC = ocs[k], IC = 4;
+        const int64_t N = 333;
+        uint64_t s = 7u + (uint64_t)OC;
+        float *x = rnd((size_t)N * IC, &s), *w = rnd((size_t)OC * IC, &s);
+        float *dy = rnd((size_t)N * OC, &s), *db0 = rnd((size_t)OC, &s);
+        float *want = malloc((size_t)OC * sizeof *want), *db = malloc((size_t)OC * sizeof *db);
+        assert_true(want && db);
+        for (int o = 0; o < OC; o++) {
+            float a = 0.0f;
+            for (int64_t n = 0; n < N; n++) a += dy[n * OC + o];
+            want[o] = db0[o] + a;
+        }
+        for (int t = 1; t <= 3; t++) {
+            omp_set_num_threads(t);
+            memcpy(db, db0, (size_t)OC * sizeof *db);
+            matmul_backward(NULL, NULL, db, dy, x, w, N, IC, OC);
+            for (int o = 0; o < OC; o++)
+                if (memcmp(&db[o], &want[o], sizeof(float)) != 0)
+                    fail_msg("OC=%d threads=%d: dbias[%d] = %.9g, the in-order sum is %.9g", OC,
+                             t, o, db[o], want[o]);
+        }
+        free(x), free(w), free(dy), free(db0), free(want), free(db);
+    }
+}
+
 int main(void) {
-    const struct CMUnitTest tests[] = {cmocka_unit_test(test_shapes)};
+    const struct CMUnitTest tests[] = {cmocka_unit_test(test_shapes),
+                                       cmocka_unit_test(test_dbias_bits)};
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
