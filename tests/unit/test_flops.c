@@ -1,5 +1,6 @@
-/* The FLOP count of MFU is what the kernels execute: every cblas_sgemm call of a forward and
- * backward is counted (this file defines cblas_sgemm, which forwards to OpenBLAS's through
+/* The FLOP count of MFU is what the kernels execute: every cblas_sgemm and dnnl_sgemm call
+ * (the linears go through oneDNN, attention through OpenBLAS) of a forward and backward is
+ * counted (this file defines both, each forwarding to the library's through
  * dlsym(RTLD_NEXT)), and the count must equal loom_model_flops_per_token * B * T exactly, with
  * causal attention at the closed form 12 * L * H * D * pairs(T) per sequence, pairs(T) =
  * 2048 q (q + 1) + r T for T = 64 q + r (T(T+64)/2 when 64 divides T: about half of T^2).
@@ -12,6 +13,7 @@
 
 #include <cblas.h>
 #include <dlfcn.h>
+#include <dnnl.h>
 
 #include "loom/kernels.h"
 #include "loom/model.h"
@@ -36,6 +38,23 @@ void cblas_sgemm(OPENBLAS_CONST enum CBLAS_ORDER Order, OPENBLAS_CONST enum CBLA
     }
     __atomic_add_fetch(&g_flops, (int64_t)2 * M * N * K, __ATOMIC_RELAXED);
     f(Order, TransA, TransB, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+}
+
+dnnl_status_t dnnl_sgemm(char transa, char transb, dnnl_dim_t M, dnnl_dim_t N, dnnl_dim_t K,
+                         float alpha, const float *A, dnnl_dim_t lda, const float *B,
+                         dnnl_dim_t ldb, float beta, float *C, dnnl_dim_t ldc) {
+    typedef dnnl_status_t (*fn_t)(char, char, dnnl_dim_t, dnnl_dim_t, dnnl_dim_t, float,
+                                  const float *, dnnl_dim_t, const float *, dnnl_dim_t, float,
+                                  float *, dnnl_dim_t);
+    static fn_t real;
+    fn_t f = __atomic_load_n(&real, __ATOMIC_ACQUIRE);
+    if (!f) {
+        f = (fn_t)dlsym(RTLD_NEXT, "dnnl_sgemm");
+        if (!f) abort();
+        __atomic_store_n(&real, f, __ATOMIC_RELEASE);
+    }
+    __atomic_add_fetch(&g_flops, (int64_t)2 * M * N * K, __ATOMIC_RELAXED);
+    return f(transa, transb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
 }
 
 void matmul_rows_forward(float *out, const float *inp, const float *weight, const float *bias,
