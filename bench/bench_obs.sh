@@ -122,6 +122,8 @@ def instr_per_step(out, which):
             if line.startswith("summary:") or line.startswith("totals:"):
                 return int(line.split()[1])
     parts = {int(f.rsplit(".", 1)[1]): count(f) for f in glob.glob(out + ".*")}
+    if any(s + 1 not in parts for s in which):
+        return 0, 0
     return st.mean(parts[s + 1] for s in which), count(out)
 
 cg = {}
@@ -129,6 +131,8 @@ if callgrind:
     for k in ("off", "sinks", "profile"):
         cg[k] = instr_per_step(f"{w}/cg_{k}.out", (2, 3))
     cg["base"] = instr_per_step(f"{w}/cg_base.out", (1,))
+    if not cg["base"][0]:
+        sys.exit("callgrind: no count for byte-tiny's step 1")
 
 busy = float(load_before.split()[0]) > 0.5 or float(load_after.split()[0]) > 2.5
 lines = [f"## Observability overhead ({datetime.date.today()})", "",
