@@ -759,8 +759,11 @@ static int schema_check(json_t *s, json_t *x, const char *path, char *msg, size_
 
 /* runs argv with the sample on stdin; the verdict is the exit status, the message its stderr */
 static int run_command(const validator *v, const char *text, size_t len, char *msg, size_t n) {
+    /* close-on-exec: validators run on several threads, and a pipe another thread's child
+     * inherited would keep this child's stdin open (no EOF) until that child exits: two
+     * such children wait for each other until the timeout. dup2 clears the flag on 0-2. */
     int in[2], er[2];
-    if (pipe(in) || pipe(er)) {
+    if (pipe2(in, O_CLOEXEC) || pipe2(er, O_CLOEXEC)) {
         snprintf(msg, n, "cannot create pipes: %s", strerror(errno));
         return -1;
     }
@@ -773,7 +776,7 @@ static int run_command(const validator *v, const char *text, size_t len, char *m
     if (pid == 0) {
         dup2(in[0], 0);
         dup2(er[1], 2);
-        const int dn = open("/dev/null", O_WRONLY);
+        const int dn = open("/dev/null", O_WRONLY | O_CLOEXEC);
         if (dn >= 0) dup2(dn, 1);
         close(in[0]), close(in[1]), close(er[0]), close(er[1]);
         execvp(v->argv[0], v->argv);
