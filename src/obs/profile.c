@@ -135,26 +135,27 @@ void loom_prof_begin(const char *name, const char *cat) {
     e->t0 = loom_now();
 }
 
-void loom_prof_end(double flops, double bytes, const char *shape) {
-    if (!loom_prof_recording || R.depth == 0) return;
+/* closes the innermost open span: its event, or NULL when none is recorded */
+static event *close_span(double flops, double bytes) {
+    if (!loom_prof_recording || R.depth == 0) return NULL;
     const size_t i = R.stack[--R.depth];
-    if (i == SIZE_MAX) return;
+    if (i == SIZE_MAX) return NULL;
     event *e = &R.ev[i];
     e->t1 = loom_now();
     e->flops = flops;
     e->bytes = bytes;
-    if (shape) snprintf(e->shape, sizeof e->shape, "%s", shape);
+    return e;
+}
+
+void loom_prof_end(double flops, double bytes, const char *shape) {
+    event *e = close_span(flops, bytes);
+    if (e && shape) snprintf(e->shape, sizeof e->shape, "%s", shape);
 }
 
 void loom_prof_end_dims(double flops, double bytes, const char *keys, const int64_t *dims,
                         int n) {
-    if (!loom_prof_recording || R.depth == 0) return;
-    const size_t i = R.stack[--R.depth];
-    if (i == SIZE_MAX) return;
-    event *e = &R.ev[i];
-    e->t1 = loom_now();
-    e->flops = flops;
-    e->bytes = bytes;
+    event *e = close_span(flops, bytes);
+    if (!e) return;
     e->keys = keys;
     e->nd = n < LOOM_PROF_MAX_DIMS ? n : LOOM_PROF_MAX_DIMS;
     memcpy(e->dims, dims, (size_t)e->nd * sizeof *dims);
