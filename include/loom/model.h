@@ -262,7 +262,7 @@ void loom_model_set_hooks(loom_model *m, const loom_model_hooks *h);
  * place (same size). With no comm points set (or fn NULL) nothing happens: a view of degree 1
  * needs none. Tensor parallelism: ROW_OUT forward = all-reduce (sum) of the partial sums,
  * COL_IN backward = all-reduce of the partial input gradient, VOCAB_MAX / VOCAB_SUM forward =
- * all-reduce max / sum, every other point a no-op. */
+ * all-reduce max / sum, VOCAB_GATHER (decoding) = all-gather, every other point a no-op. */
 enum {
     LOOM_CP_STAGE_IN,   /* residual stream (B,T,C) entering the stage's first layer */
     LOOM_CP_ATTN_IN,    /* attention's input, after ln1 (B,T,C) */
@@ -279,6 +279,11 @@ enum {
     LOOM_CP_VOCAB_MAX,  /* each row's max over this view's logits (B*T): all-reduce max */
     LOOM_CP_VOCAB_SUM,  /* per row (sum of exp(logit - global max), target logit or 0) over
                          * this view's logits (B*T, 2): all-reduce sum */
+    /* decoding (loom_model_decode_batch, tp > 1 only), through loom_comm_points.move: */
+    LOOM_CP_VOCAB_GATHER, /* the head's logits of this view's vocabulary rows, padded to
+                           * (K, ceil(V/tp)), all-gathered in tp rank order into
+                           * (tp, K, ceil(V/tp)) so that every rank samples from the whole
+                           * logits (n_out = tp * n_in) */
     LOOM_CP_COUNT
 };
 /* Sites. With tp > 1 the embedding and the head are vocab-parallel too: the embedding's output
@@ -497,7 +502,11 @@ const float *loom_model_decode(loom_model *m, loom_kv_cache *c, int32_t token);
  * token), with its own KV cache in caller memory: k and v each (L, cap, KVH*D) floats,
  * cap >= pos0 + n, positions [0, pos0) filled by earlier steps. The step appends the rows'
  * keys and values and attends causally, so every row sees exactly what a full forward over
- * its sequence would. The linears run once over all rows (one GEMM per weight per step). */
+ * its sequence would. The linears run once over all rows (one GEMM per weight per step).
+ * A tensor-parallel view (layout tp > 1, no sp) decodes too, with its tp group's points set
+ * (parallel/tp.c): its caches hold its KVH/tp kv heads (KVH and D of the view), and the
+ * logits it returns are the whole vocabulary's, gathered at LOOM_CP_VOCAB_GATHER, the same
+ * bits on every rank of the group. */
 typedef struct loom_decode_seg {
     float *k, *v;      /* (L, cap, KVH*D) each */
     int cap;           /* positions the cache holds */

@@ -10,6 +10,7 @@
  *   COL_IN   forward: identity            backward: all-reduce (sum) of the input gradient
  *   ROW_OUT  forward: all-reduce (sum)    backward: identity
  *   VOCAB_MAX / VOCAB_SUM  forward: all-reduce max / sum (vocab-parallel cross-entropy)
+ *   VOCAB_GATHER  forward (decoding, through move): all-gather of the views' logits
  *
  * The embedding and the head are vocab-parallel (wte / lm_head split by rows): the embedding's
  * partial output goes through ROW_OUT, the head's input through COL_IN, and the loss is
@@ -36,7 +37,8 @@ void loom_tp_point(void *ctx, int point, int dir, int layer, int site, float *bu
 /* The loom_comm_points move callback (sequence parallelism, model layout sp): COL_IN forward
  * and ROW_OUT backward all-gather the tp ranks' row shards (in, n_in) into the whole rows
  * (out, n_out = tp * n_in); COL_IN backward and ROW_OUT forward reduce-scatter the whole rows'
- * partial sums into this rank's shard. Same bytes as the all-reduce they replace. */
+ * partial sums into this rank's shard. Same bytes as the all-reduce they replace. Decoding's
+ * VOCAB_GATHER (forward) all-gathers the views' padded logits the same way. */
 void loom_tp_move(void *ctx, int point, int dir, int layer, int site, const float *in,
                   int64_t n_in, float *out, int64_t n_out);
 /* {tp, loom_tp_point, loom_tp_move}: what loom_model_set_comm_points takes. */

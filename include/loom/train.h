@@ -86,6 +86,13 @@ struct loom_lora;
 int loom_load_model_lora(const char *path, int B, int T_train, loom_model **out,
                          loom_config **cfg_out, loom_run_data **data_out,
                          struct loom_lora **lora_out, loom_err *err);
+/* loom_load_model_lora for the view `layout` of the model (NULL: the whole model), e.g. tensor
+ * parallelism's tp rank r of tp: each tensor's box of that view is read from the checkpoint's
+ * pieces, whatever layout they were saved with. A layout the model's config does not allow
+ * (tp not dividing n_head, ...) is an error naming the checkpoint. */
+int loom_load_model_view(const char *path, const loom_model_layout *layout, int B, int T_train,
+                         loom_model **out, loom_config **cfg_out, loom_run_data **data_out,
+                         struct loom_lora **lora_out, loom_err *err);
 
 typedef struct loom_tokenizer loom_tokenizer;
 typedef struct loom_dataset loom_dataset;

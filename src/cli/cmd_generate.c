@@ -1,8 +1,11 @@
 /* loom generate CKPT_DIR --prompt TEXT | --prompts FILE [--tokens N --temperature T --top-k K
- *   --top-p P --repetition-penalty R --stop S ... --seed S --batch N --kv-budget-mb M]
+ *   --top-p P --repetition-penalty R --stop S ... --seed S --batch N --kv-budget-mb M --tp T]
  * Generation runs through the batched engine (src/infer/engine.c): --prompts gives many
  * prompts (one per line, or JSONL with a "prompt" key) that run batched, one JSON line out per
- * prompt, in input order. */
+ * prompt, in input order. Under mpirun the world's N ranks are N / T replicas (data-parallel
+ * groups) of T tensor-parallel ranks each (--tp T, default 1): each replica takes prompts
+ * i % (N / T), and the T ranks of a replica hold a tp view of the model and step their engines
+ * together (docs/inference.md). */
 #include <errno.h>
 #include <jansson.h>
 #include <stdio.h>
@@ -15,6 +18,7 @@
 #include "loom/comm.h"
 #include "loom/infer.h"
 #include "loom/tokenizer.h"
+#include "loom/tp.h"
 #include "loom/train.h"
 
 /* CPU seconds of this process (all its threads): on a loaded machine the wall clock counts
@@ -138,7 +142,7 @@ static void print_ids(const loom_tokenizer *tok, const int32_t *ids, int n) {
 
 static int generate_main(int argc, char **argv) {
     const char *ckpt = NULL, *prompt = "\n", *prompts_file = NULL;
-    long n_tokens = 200, top_k = 40, seed = 1, batch = 16, kv_mb = 0;
+    long n_tokens = 200, top_k = 40, seed = 1, batch = 16, kv_mb = 0, tp = 1;
     double temperature = 0.8, top_p = 1.0, rep = 1.0;
     int recompute = 0, stats = 0, n_stop = 0, fmt_ids = 0, chat = 0;
     const char *stops[17], *template_spec = "chatml", *system = NULL;
@@ -181,6 +185,8 @@ static int generate_main(int argc, char **argv) {
             if (parse_long(a, v, 1, 4096, &batch)) return 2;
         } else if (!strcmp(a, "--kv-budget-mb")) {
             if (parse_long(a, v, 1, 1L << 24, &kv_mb)) return 2;
+        } else if (!strcmp(a, "--tp")) {
+            if (parse_long(a, v, 1, 4096, &tp)) return 2;
         } else if (!strcmp(a, "--temperature")) {
             if (parse_float(a, v, 0, 100, &temperature)) return 2;
         } else if (!strcmp(a, "--top-p")) {
@@ -190,8 +196,33 @@ static int generate_main(int argc, char **argv) {
         } else goto usage;
     }
     if (!ckpt) goto usage;
-    if (!prompts_file && loom_comm_world_rank() > 0) return 0; /* one prompt: rank 0 runs it */
+    /* the world's ranks: dp replicas of tp ranks each, tp innermost (rank = dp_idx * tp +
+     * tp_idx); each replica a group that steps together */
+    const int rank = loom_comm_world_rank(), world = loom_comm_world_size();
+    if (world % tp) {
+        if (rank == 0)
+            fprintf(stderr, "loom: error: --tp %ld does not divide the %d ranks of the job "
+                            "(mpirun -np must be a multiple of --tp)\n", tp, world);
+        return 2;
+    }
+    const int dp = world / (int)tp, dp_idx = rank / (int)tp, tp_idx = rank % (int)tp;
     loom_err err = {{0}};
+    loom_mesh *mesh = NULL;
+    loom_tp *tpc = NULL;
+    if (tp > 1) {
+        loom_mesh_spec spec;
+        loom_mesh_spec_default(&spec);
+        spec.tp = (int)tp;
+        if (loom_mesh_create(&spec, NULL, &mesh, &err)) loom_comm_fail_all(&err);
+        LOOM_CHECK(loom_mesh_rank(mesh, LOOM_GROUP_TP) == tp_idx &&
+                   loom_mesh_rank(mesh, LOOM_GROUP_DP) == dp_idx);
+        tpc = loom_tp_create(mesh);
+    }
+    if (!prompts_file && dp_idx > 0) { /* one prompt: the first replica runs it */
+        loom_tp_free(tpc);
+        loom_mesh_free(mesh);
+        return 0;
+    }
     loom_model *m = NULL;
     loom_run_data *run = NULL;
     loom_tokenizer *tok = NULL;
@@ -209,7 +240,18 @@ static int generate_main(int argc, char **argv) {
         loom_errf(&err, "--no-kv-cache runs one --prompt, not --prompts");
         goto fail;
     }
-    if (loom_load_model_ex(ckpt, 1, 0, &m, NULL, &run, &err)) goto fail;
+    if (tp > 1 && recompute) {
+        loom_errf(&err, "--no-kv-cache runs the whole model in one process, not with --tp");
+        goto fail;
+    }
+    /* --tp: this rank's tensor-parallel view, its boxes read from the checkpoint */
+    const loom_model_layout lay = {.tp = (int)tp, .tp_rank = tp_idx};
+    if (loom_load_model_view(ckpt, tp > 1 ? &lay : NULL, 1, 0, &m, NULL, &run, NULL, &err))
+        goto fail;
+    if (tpc) {
+        const loom_comm_points pts = loom_tp_comm_points(tpc);
+        loom_model_set_comm_points(m, &pts);
+    }
     const loom_model_config *mc = loom_model_get_config(m);
     if (mc->head != LOOM_HEAD_LM) {
         loom_errf(&err, "%s: a classification model does not generate text (use loom eval)", ckpt);
@@ -267,13 +309,13 @@ static int generate_main(int argc, char **argv) {
     const int np = prompts_file ? n_prompts : 1;
     ids = loom_calloc((size_t)np, sizeof *ids);
     int n_trunc = 0;
-    /* under mpirun each rank is a replica and takes prompts i with i % world == rank; the
-     * seeds depend on i only, so the output does not depend on the number of ranks */
-    const int rank = loom_comm_world_rank(), world = loom_comm_world_size();
+    /* under mpirun each replica (dp group) takes prompts i with i % dp == dp_idx, every rank of
+     * its tp group the same ones in the same order; the seeds depend on i only, so the output
+     * does not depend on the number of ranks */
     for (int i = 0; i < np; i++) {
         int trunc = 0;
         ids[i] = -1;
-        if (i % world != rank) continue;
+        if (i % dp != dp_idx) continue;
         const char *pi = chat ? rendered[i] : prompts_file ? prompts[i] : prompt;
         if (encode_prompt(tok, pi, T, &enc, &trunc, &err)) goto fail;
         n_trunc += trunc;
@@ -285,12 +327,12 @@ static int generate_main(int argc, char **argv) {
             if (prompts_file) loom_errf(&err, "%s: prompt %d: %s", prompts_file, i + 1, msg);
             goto fail;
         }
-        if (!prompts_file && !fmt_ids && !chat) { /* echo the prompt as given (what the model saw) */
+        if (!prompts_file && !fmt_ids && !chat && tp_idx == 0) { /* echo the prompt as given */
             print_ids(tok, enc.ids, (int)enc.n);
             fflush(stdout);
         }
     }
-    if (n_trunc)
+    if (n_trunc && tp_idx == 0)
         fprintf(stderr, "loom: warning: %d prompt(s) longer than the context of %d tokens keep "
                         "their last %d tokens\n", n_trunc, T, T);
     const double t0 = loom_now(), c0 = cpu_seconds();
@@ -304,6 +346,7 @@ static int generate_main(int argc, char **argv) {
         size_t len;
         int n, fin;
         if (ids[i] < 0) continue;
+        if (tp_idx > 0) continue; /* the replica's tp rank 0 prints (its peers hold the same) */
         LOOM_CHECK(loom_engine_result(eng, ids[i], NULL, &n, &text, &len, &fin) == 0);
         total += n;
         if (!prompts_file && fmt_ids) {
@@ -355,24 +398,25 @@ static int generate_main(int argc, char **argv) {
     if (prompts_file && world > 1) {
         /* gather every rank's lines to rank 0, which prints them in prompt order */
         loom_mesh_spec spec;
-        loom_mesh *mesh = NULL;
+        loom_mesh *wmesh = NULL;
         loom_mesh_spec_default(&spec);
         spec.timeout_s = 86400; /* ranks wait for the slowest one's generation */
-        if (loom_mesh_create(&spec, NULL, &mesh, &err)) loom_comm_fail_all(&err);
+        if (loom_mesh_create(&spec, NULL, &wmesh, &err)) loom_comm_fail_all(&err);
         int64_t mine = (int64_t)lines_len, longest = 0;
         int64_t *lens = loom_calloc((size_t)world, sizeof *lens);
-        loom_allgather(mesh, LOOM_GROUP_WORLD, &mine, lens, (size_t)world, LOOM_I64); /* total count */
+        loom_allgather(wmesh, LOOM_GROUP_WORLD, &mine, lens, (size_t)world, LOOM_I64); /* total count */
         for (int r = 0; r < world; r++) longest = lens[r] > longest ? lens[r] : longest;
         char *send = loom_calloc((size_t)longest + 1, 1);
         char *all = loom_malloc((size_t)world * ((size_t)longest + 1));
         if (lines_len) memcpy(send, lines, lines_len);
-        loom_allgather(mesh, LOOM_GROUP_WORLD, send, all, (size_t)world * ((size_t)longest + 1),
+        loom_allgather(wmesh, LOOM_GROUP_WORLD, send, all, (size_t)world * ((size_t)longest + 1),
                        LOOM_U8);
         if (rank == 0) {
-            /* rank r holds prompts r, r + world, ... in order: one line from each in turn */
+            /* replica d's tp rank 0 (world rank d * tp) holds prompts d, d + dp, ... in order:
+             * one line from each in turn */
             size_t *at = loom_calloc((size_t)world, sizeof *at);
             for (int i = 0; i < np; i++) {
-                const int r = i % world;
+                const int r = (i % dp) * (int)tp;
                 const char *b = all + (size_t)r * ((size_t)longest + 1);
                 const char *e = memchr(b + at[r], '\n', (size_t)lens[r] - at[r]);
                 LOOM_CHECK(e != NULL);
@@ -384,10 +428,20 @@ static int generate_main(int argc, char **argv) {
         free(send);
         free(all);
         free(lens);
-        loom_mesh_free(mesh);
+        loom_mesh_free(wmesh);
     }
     free(lines);
-    if (stats) {
+    if (stats) { /* what this rank holds: its view (tp > 1) and its cache */
+        loom_engine_stats st;
+        loom_engine_get_stats(eng, &st);
+        fprintf(stderr, "loom: rank %d (replica %d, tp rank %d of %ld): parameters %.2f MiB "
+                        "(%zu floats), KV cache %.2f MiB (%zu bytes) at its peak of a %.2f MiB budget\n",
+                rank, dp_idx, tp_idx, tp,
+                (double)loom_model_num_params(m) * sizeof(float) / (1 << 20),
+                loom_model_num_params(m), (double)st.kv_peak / (1 << 20), st.kv_peak,
+                (double)st.kv_budget / (1 << 20));
+    }
+    if (stats && tp_idx == 0) {
         loom_engine_stats st;
         loom_engine_get_stats(eng, &st);
         fprintf(stderr, "loom: generated %lld tokens in %.3f s (%.1f tokens/s, KV cache, %d "
@@ -397,7 +451,8 @@ static int generate_main(int argc, char **argv) {
     }
     rc = 0;
 fail:
-    if (rc && prompts_file && loom_comm_world_size() > 1) loom_comm_fail(&err); /* ends the job */
+    /* ends the job (the replica's peers, and the other replicas, would wait for this rank) */
+    if (rc && (prompts_file || tp > 1) && world > 1) loom_comm_fail(&err);
     if (rc) fprintf(stderr, "loom: error: %s\n", err.msg);
     loom_ids_free(&enc);
     for (int i = 0; i < n_rendered; i++) free(rendered[i]);
@@ -411,11 +466,14 @@ fail:
     loom_tokenizer_free(tok);
     loom_run_data_free(run);
     loom_model_free(m);
+    loom_tp_free(tpc);
+    loom_mesh_free(mesh);
     return rc;
 usage:
     fprintf(stderr, "usage: loom generate CKPT_DIR (--prompt TEXT | --prompts FILE) [--tokens N "
                     "--temperature T --top-k K --top-p P --repetition-penalty R --stop S ... "
                     "--seed S --batch N --kv-budget-mb M] [--format text|ids] [--stats] [--no-kv-cache]\n"
+                    "       [--tp T]: under mpirun -np N, N / T replicas of T tensor-parallel ranks\n"
                     "       [--chat [--template chatml|llama3|FILE] [--system TEXT]]: the prompt as a user "
                     "turn, the reply up to the end of the assistant's turn\n");
     return 2;

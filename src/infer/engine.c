@@ -6,7 +6,10 @@
  * forward (loom_model_decode_batch) over the pending token of every decoding sequence and the
  * next chunk of every prefilling prompt, at most max_step_tokens rows (decode rows first);
  * (3) each sequence whose logits came back samples its next token with its own parameters and
- * RNG; finished ones release their cache and leave. docs/inference.md. */
+ * RNG; finished ones release their cache and leave. A tensor-parallel view steps the same way:
+ * the ranks of its tp group submit the same requests in the same order and step together
+ * (their forwards meet at the model's communication points), and since each gets the whole
+ * logits bit for bit alike, each samples the same tokens. docs/inference.md. */
 #define _GNU_SOURCE
 #include <stdlib.h>
 #include <string.h>
@@ -62,8 +65,11 @@ int loom_engine_create(loom_model *m, const loom_tokenizer *tok, const loom_engi
     if (c->head != LOOM_HEAD_LM)
         return loom_errf(err, "a classification model does not generate text");
     const loom_model_layout *lay = loom_model_get_layout(m);
-    if (lay->tp > 1 || !lay->has_embedding || !lay->has_head)
-        return loom_errf(err, "the inference engine needs the whole model (tp = 1, every layer)");
+    /* a tensor-parallel view (tp > 1) decodes with its group's communication points: every
+     * rank of the group gets the whole logits, so the group's engines step alike */
+    if (!lay->has_embedding || !lay->has_head || lay->sp || lay->cp > 1)
+        return loom_errf(err, "the inference engine needs every layer of the model, without "
+                              "sequence or context parallelism (a tp view is fine)");
     loom_engine *e = loom_calloc(1, sizeof *e);
     e->m = m;
     e->tok = tok;

@@ -2,7 +2,14 @@
  * positions with its own KV cache. Each layer walks the block definition (src/model/block.c)
  * once over all rows: the linears are one GEMM over every row of the step, rope and attention
  * work per segment (block_frame.seg), so a segment's rows get what a full forward over its
- * sequence gives (tests/unit/test_engine.c). */
+ * sequence gives (tests/unit/test_engine.c).
+ *
+ * A tensor-parallel view (tp > 1, docs/inference.md) runs the same walk over its heads and
+ * columns, with the model's communication points: the vocab-parallel embedding's partial sums
+ * through ROW_OUT, each row-parallel linear's through ROW_OUT (the block), and the head's
+ * logits of the view's vocabulary rows gathered through VOCAB_GATHER, so that every rank of
+ * the tp group returns the whole logits, bit for bit the same on each (tests/unit/
+ * test_decode_tp.c). Its KV caches hold the view's kv heads only. */
 #include <stdlib.h>
 #include <string.h>
 
@@ -22,6 +29,9 @@ struct loom_decode_ws {
     float *last;            /* (max_logits, C) the rows that want logits */
     float *lastn;           /* (max_logits, C) their final norm */
     float *logits;          /* (max_logits, V) */
+    float *vhead;           /* tp > 1: (max_logits, Vl) this view's logits */
+    float *vsend;           /* tp > 1: (max_logits, Vp) the same padded to Vp = ceil(V/tp) */
+    float *vall;            /* tp > 1: (tp, max_logits, Vp) every view's, gathered */
     float *scores;          /* (H * maxT) */
     block_seg *seg;         /* (max_rows) */
     float *moe;             /* the MoE op's slots for max_rows rows (an MoE model) */
@@ -36,14 +46,17 @@ size_t loom_model_kv_floats_per_pos(const loom_model *m) {
 loom_decode_ws *loom_decode_ws_create(const loom_model *m, int max_rows, int max_logits) {
     const loom_model_config *c = &m->cfg;
     LOOM_CHECK(c->head == LOOM_HEAD_LM && max_rows > 0 && max_logits > 0);
-    LOOM_CHECK(m->lay.tp == 1 && m->lay.has_embedding && m->lay.has_head);
+    /* the whole layer range and the whole rows (no sequence or context parallelism) */
+    LOOM_CHECK(!m->lay.sp && m->lay.cp <= 1 && m->lay.has_embedding && m->lay.has_head);
     loom_decode_ws *w = loom_calloc(1, sizeof *w);
     w->max_rows = max_rows;
     w->max_logits = max_logits;
-    const int64_t R = max_rows, C = c->d_model, K = max_logits;
+    const int64_t R = max_rows, C = c->d_model, K = max_logits, tp = m->lay.tp;
+    const int64_t Vp = tp > 1 ? (c->vocab_size + tp - 1) / tp : 0; /* 0: no gather buffers */
     const int64_t sizes[] = {R * C, R * C, R * C, R * C, R, R, R * m->QKV, R * m->H * m->D,
                              R * m->FFI, R * m->F, K * C, K * C, K * c->vocab_size,
-                             (int64_t)m->H * c->max_seq_len};
+                             (int64_t)m->H * c->max_seq_len, tp > 1 ? K * m->Vl : 0, K * Vp,
+                             tp * K * Vp};
     enum { NS = sizeof sizes / sizeof sizes[0] };
     int64_t at = 0;
     for (int i = 0; i < NS; i++) at += (sizes[i] + 15) & ~(int64_t)15;
@@ -51,7 +64,7 @@ loom_decode_ws *loom_decode_ws_create(const loom_model *m, int max_rows, int max
     w->mem = loom_alloc_aligned((size_t)at * sizeof(float));
     float **dst[NS] = {&w->res[0], &w->res[1], &w->res[2], &w->h, &w->mean, &w->rstd,
                        &w->qkv, &w->att, &w->fch, &w->fact, &w->last, &w->lastn, &w->logits,
-                       &w->scores};
+                       &w->scores, &w->vhead, &w->vsend, &w->vall};
     at = 0;
     for (int i = 0; i < NS; i++) {
         *dst[i] = w->mem + at;
@@ -107,9 +120,10 @@ const float *loom_model_decode_batch(loom_model *m, loom_decode_ws *w, const int
     }
     for (int r = 0; r < rows; r++) LOOM_CHECK(tokens[r] >= 0 && tokens[r] < V);
     for (int i = 0; i < nseg; i++)
-        m->be->embedding_forward(w->res[0] + (int64_t)w->seg[i].row0 * C, tokens + w->seg[i].row0,
-                                 PARAM(m, LOOM_P_WTE), PARAM(m, LOOM_P_WPE), 1, segs[i].n, C,
-                                 segs[i].pos0);
+        model_embed_rows(m, 0, w->res[0] + (int64_t)w->seg[i].row0 * C, tokens + w->seg[i].row0,
+                         1, segs[i].n, segs[i].pos0);
+    /* vocab-parallel (tp > 1): each view's rows of wte gave a partial sum */
+    model_vocab_point(m, LOOM_CP_ROW_OUT, 0, LOOM_SITE_EMBED, w->res[0], (int64_t)rows * C);
     block_frame f;
     memset(&f, 0, sizeof f);
     f.B = 1;
@@ -144,7 +158,31 @@ const float *loom_model_decode_batch(loom_model *m, loom_decode_ws *w, const int
     if (k == 0) return w->logits;
     model_norm_fwd(m, w->lastn, w->mean, w->rstd, w->last, PARAM(m, LOOM_P_LNF_W),
                    PARAM(m, LOOM_P_LNF_B), k);
-    m->be->matmul_forward(w->logits, w->lastn,
-                          gpt2 ? PARAM(m, LOOM_P_WTE) : PARAM(m, LOOM_P_LM_HEAD), NULL, k, C, V);
+    const float *head = gpt2 ? PARAM(m, LOOM_P_WTE) : PARAM(m, LOOM_P_LM_HEAD);
+    const int tp = m->lay.tp;
+    if (tp == 1) {
+        m->be->matmul_forward(w->logits, w->lastn, head, NULL, k, C, V);
+        return w->logits;
+    }
+    /* the head is column-parallel over the vocabulary: this view's Vl logits of each row,
+     * padded to Vp, gathered from every view, and put in place in the whole rows */
+    model_vocab_point(m, LOOM_CP_COL_IN, 0, LOOM_SITE_HEAD, w->lastn, (int64_t)k * C);
+    m->be->matmul_forward(w->vhead, w->lastn, head, NULL, k, C, m->Vl);
+    const int Vp = (V + tp - 1) / tp;
+    for (int i = 0; i < k; i++) {
+        memcpy(w->vsend + (int64_t)i * Vp, w->vhead + (int64_t)i * m->Vl,
+               (size_t)m->Vl * sizeof(float));
+        memset(w->vsend + (int64_t)i * Vp + m->Vl, 0, (size_t)(Vp - m->Vl) * sizeof(float));
+    }
+    LOOM_CHECK(m->has_cp && m->cp.move); /* a tp view decodes with its group's points */
+    m->cp.move(m->cp.ctx, LOOM_CP_VOCAB_GATHER, 0, -1, LOOM_SITE_HEAD, w->vsend, (int64_t)k * Vp,
+               w->vall, (int64_t)tp * k * Vp);
+    for (int r = 0; r < tp; r++) { /* view r holds rows [v0, v0 + vl) (model.c's split) */
+        const int q = V / tp, rem = V % tp;
+        const int vl = q + (r < rem), v0 = r * q + (r < rem ? r : rem);
+        for (int i = 0; i < k; i++)
+            memcpy(w->logits + (int64_t)i * V + v0, w->vall + ((int64_t)r * k + i) * Vp,
+                   (size_t)vl * sizeof(float));
+    }
     return w->logits;
 }

@@ -635,7 +635,7 @@ static float mean_loss(const loom_model *m, loom_acts *a, const int32_t *targets
 
 static const char *const cp_names[LOOM_CP_COUNT] = {
     "stage_in", "attn_in", "col_in", "row_out", "attn_out", "ffn_in", "ffn_out", "stage_out",
-    "vocab_max", "vocab_sum"};
+    "vocab_max", "vocab_sum", "vocab_gather"};
 
 const char *loom_comm_point_name(int point) {
     return point >= 0 && point < LOOM_CP_COUNT ? cp_names[point] : "?";
@@ -671,8 +671,8 @@ int64_t loom_model_row_position(const loom_model *m, int T, int t) {
 /* One embedding kernel call over rows of B x T tokens at positions pos0.. (forward into out,
  * backward from dout). With tp > 1 the vocab-parallel ops: this view's rows of wte, wpe added
  * by tp rank 0 only in forward (its gradient whole on every rank). */
-static void embed_rows(loom_model *m, int bwd, float *x, const int32_t *inputs, int B, int T,
-                       int pos0) {
+void model_embed_rows(loom_model *m, int bwd, float *x, const int32_t *inputs, int B, int T,
+                      int pos0) {
     const int C = m->cfg.d_model;
     if (m->lay.tp > 1 && bwd)
         m->be->embedding_shard_backward(GRAD(m, LOOM_P_WTE), GRAD(m, LOOM_P_WPE), x, inputs,
@@ -696,7 +696,7 @@ static void embed(loom_model *m, loom_acts *a, const int32_t *inputs, int B, int
     if (a->n_runs && loom_model_global(m, LOOM_P_WPE)) { /* doc_mask: positions per document */
         for (int r = 0; r < a->n_runs; r++) {
             const size_t row = (size_t)a->run_row[r];
-            embed_rows(m, bwd, x + row * (size_t)C, inputs + row, 1, a->run_len[r],
+            model_embed_rows(m, bwd, x + row * (size_t)C, inputs + row, 1, a->run_len[r],
                        a->run_pos[r]);
         }
         return;
@@ -704,13 +704,13 @@ static void embed(loom_model *m, loom_acts *a, const int32_t *inputs, int B, int
     int start[2], len[2], pos[2];
     const int n = model_row_runs(m, T, start, len, pos);
     if (n == 1) {
-        embed_rows(m, bwd, x, inputs, B, T, 0);
+        model_embed_rows(m, bwd, x, inputs, B, T, 0);
         return;
     }
     for (int b = 0; b < B; b++)
         for (int i = 0; i < n; i++) {
             const size_t row = (size_t)b * (size_t)T + (size_t)start[i];
-            embed_rows(m, bwd, x + row * (size_t)C, inputs + row, 1, len[i], pos[i]);
+            model_embed_rows(m, bwd, x + row * (size_t)C, inputs + row, 1, len[i], pos[i]);
         }
 }
 
@@ -725,7 +725,7 @@ static void stage_point(loom_model *m, int point, int dir, float *buf, int64_t n
 }
 
 /* a point of the vocab-parallel embedding and head (tp > 1 only) */
-static void vocab_point(loom_model *m, int point, int dir, int site, float *buf, int64_t n) {
+void model_vocab_point(loom_model *m, int point, int dir, int site, float *buf, int64_t n) {
     if (m->has_cp && m->lay.tp > 1) m->cp.fn(m->cp.ctx, point, dir, -1, site, buf, n);
 }
 
@@ -736,7 +736,7 @@ static void shard_point(loom_model *m, int point, int dir, int site, float *in, 
                         float *out, int64_t n_out) {
     if (!m->lay.sp) {
         LOOM_CHECK(in == out);
-        vocab_point(m, point, dir, site, out, n_out);
+        model_vocab_point(m, point, dir, site, out, n_out);
         return;
     }
     LOOM_CHECK(m->has_cp && m->cp.move);
@@ -767,9 +767,9 @@ static float vocab_parallel_loss(loom_model *m, loom_acts *a, const int32_t *tar
         if (targets[i] >= 0) a->valid++;
     }
     m->be->crossentropy_shard_max(a->vmax, a->logits, N, m->Vl);
-    vocab_point(m, LOOM_CP_VOCAB_MAX, 0, LOOM_SITE_HEAD, a->vmax, N);
+    model_vocab_point(m, LOOM_CP_VOCAB_MAX, 0, LOOM_SITE_HEAD, a->vmax, N);
     m->be->crossentropy_shard_sums(a->vsums, a->logits, a->vmax, targets, m->V0, N, m->Vl);
-    vocab_point(m, LOOM_CP_VOCAB_SUM, 0, LOOM_SITE_HEAD, a->vsums, 2 * N);
+    model_vocab_point(m, LOOM_CP_VOCAB_SUM, 0, LOOM_SITE_HEAD, a->vsums, 2 * N);
     double sum = 0.0;
     for (int64_t i = 0; i < N; i++) {
         a->losses[i] = targets[i] < 0 ? 0.0f

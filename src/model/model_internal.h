@@ -212,4 +212,11 @@ int model_row_runs(const loom_model *m, int T, int start[2], int len[2], int pos
 void model_norm_fwd(const loom_model *m, float *out, float *mean, float *rstd, const float *in,
                     const float *w, const float *b, int64_t N);
 
+/* The embedding of B x T tokens at positions pos0.. into x (bwd: its backward from x); with
+ * tp > 1 the vocab-parallel kernels (this view's rows of wte, wpe added by tp rank 0). */
+void model_embed_rows(loom_model *m, int bwd, float *x, const int32_t *inputs, int B, int T,
+                      int pos0);
+/* A point of the vocab-parallel embedding and head (tp > 1 only; nothing without points). */
+void model_vocab_point(loom_model *m, int point, int dir, int site, float *buf, int64_t n);
+
 #endif

@@ -85,10 +85,12 @@ void loom_tp_move(void *ctx, int point, int dir, int layer, int site, const floa
     loom_tp *tp = ctx;
     (void)layer;
     (void)site;
-    LOOM_CHECK(point == LOOM_CP_COL_IN || point == LOOM_CP_ROW_OUT);
+    LOOM_CHECK(point == LOOM_CP_COL_IN || point == LOOM_CP_ROW_OUT ||
+               (point == LOOM_CP_VOCAB_GATHER && dir == 0));
     /* COL_IN forward and ROW_OUT backward gather the shards into the whole rows; COL_IN
-     * backward and ROW_OUT forward reduce-scatter the whole rows' partial sums to the shards */
-    const int gather = (point == LOOM_CP_COL_IN) == (dir == 0);
+     * backward and ROW_OUT forward reduce-scatter the whole rows' partial sums to the shards;
+     * decoding's VOCAB_GATHER gathers each view's (padded) logits */
+    const int gather = point == LOOM_CP_VOCAB_GATHER || (point == LOOM_CP_COL_IN) == (dir == 0);
     fail_hook(tp);
     const double t0 = loom_now();
     if (gather) {

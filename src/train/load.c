@@ -58,6 +58,12 @@ int loom_load_model_ex(const char *path, int B, int T_train, loom_model **out,
 int loom_load_model_lora(const char *path, int B, int T_train, loom_model **out,
                          loom_config **cfg_out, loom_run_data **data_out, loom_lora **lora_out,
                          loom_err *err) {
+    return loom_load_model_view(path, NULL, B, T_train, out, cfg_out, data_out, lora_out, err);
+}
+
+int loom_load_model_view(const char *path, const loom_model_layout *layout, int B, int T_train,
+                         loom_model **out, loom_config **cfg_out, loom_run_data **data_out,
+                         loom_lora **lora_out, loom_err *err) {
     char dir[4096], where[4200];
     loom_ckpt *ck = NULL;
     loom_config *cfg = NULL;
@@ -87,9 +93,13 @@ int loom_load_model_lora(const char *path, int B, int T_train, loom_model **out,
     if (loom_model_config_from(cfg, (int)T, &mc, err)) goto done;
     /* inference: the parameters only (no gradients, no optimizer state; activations come with
      * the first forward, forward-only, and decoding needs none) */
-    if (loom_model_create_view(&mc, NULL, B, T_train ? (int)T : mc.max_seq_len, LOOM_MODEL_INFER,
-                               &m, err))
+    /* a view (tensor parallelism) takes its box of each tensor, whatever layout the
+     * checkpoint was saved with */
+    if (loom_model_create_view(&mc, layout, B, T_train ? (int)T : mc.max_seq_len,
+                               LOOM_MODEL_INFER, &m, err)) {
+        if (layout) loom_err_prefix(err, "%s", dir);
         goto done;
+    }
     if (loom_pieces_load_params(ck, m, err)) goto done;
     if (load_lora(ck, cfg, m, lora_out, err)) goto done;
     if (data_out && loom_run_data_read(ck, cfg, data_out, err)) goto done;

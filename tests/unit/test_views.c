@@ -170,6 +170,7 @@ static void check_views(const loom_model_config *cfg, int sp) {
             const int per = p == LOOM_CP_STAGE_IN || p == LOOM_CP_STAGE_OUT ? 1
                             : p == LOOM_CP_COL_IN || p == LOOM_CP_ROW_OUT   ? 2 * cfg->n_layer + 1
                             : p == LOOM_CP_VOCAB_MAX || p == LOOM_CP_VOCAB_SUM ? 1
+                            : p == LOOM_CP_VOCAB_GATHER ? 0 /* decoding's */
                                                                               : cfg->n_layer;
             const int per_bwd = p == LOOM_CP_VOCAB_MAX || p == LOOM_CP_VOCAB_SUM ? 0 : per;
             /* sequence parallelism gathers each layer's two norm outputs again in backward */
