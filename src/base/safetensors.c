@@ -556,20 +556,25 @@ int loom_safetensors_locate(const loom_st_file *f, const char *name, uint64_t *f
     return 0;
 }
 
+/* the entry's shape must be exactly (ndim, shape); the error names the file and the tensor */
+static int check_shape(const loom_st_file *f, const char *name, const st_entry *e, int ndim,
+                       const int64_t *shape, loom_err *err) {
+    int same = ndim == e->ndim;
+    for (int d = 0; same && d < ndim; d++) same = shape[d] == e->shape[d];
+    if (same) return 0;
+    char want[256], have[256];
+    fmt_shape(have, sizeof have, e->ndim, e->shape);
+    if (ndim >= 0 && ndim <= ST_MAX_NDIM) fmt_shape(want, sizeof want, ndim, shape);
+    else snprintf(want, sizeof want, "(%d dimensions)", ndim);
+    return loom_errf(err, "%s: tensor '%.200s' has shape %s, expected %s", f->path, name, have,
+                     want);
+}
+
 int loom_safetensors_read_into(const loom_st_file *f, const char *name, float *dst, int ndim,
                                const int64_t *shape, loom_err *err) {
     const st_entry *e = find_f32(f, name, err);
     if (!e) return -1;
-    int same = ndim == e->ndim;
-    for (int d = 0; same && d < ndim; d++) same = shape[d] == e->shape[d];
-    if (!same) {
-        char want[256], have[256];
-        fmt_shape(have, sizeof have, e->ndim, e->shape);
-        if (ndim >= 0 && ndim <= ST_MAX_NDIM) fmt_shape(want, sizeof want, ndim, shape);
-        else snprintf(want, sizeof want, "(%d dimensions)", ndim);
-        return loom_errf(err, "%s: tensor '%.200s' has shape %s, expected %s", f->path, name,
-                         have, want);
-    }
+    if (check_shape(f, name, e, ndim, shape, err)) return -1;
     size_t bytes = (size_t)(e->end - e->begin);
     if (!f->data)
         return loom_errf(err, "%s: tensor '%.200s': only the header was parsed", f->path, name);
@@ -629,16 +634,7 @@ int loom_safetensors_read_as_f32(const loom_st_file *f, const char *name, float 
     if (!f16 && !bf16 && !f64)
         return loom_errf(err, "%s: tensor '%.200s' has dtype %s; loom reads F32, F16, BF16 and F64",
                          f->path, name, dt);
-    int same = ndim == e->ndim;
-    for (int d = 0; same && d < ndim; d++) same = shape[d] == e->shape[d];
-    if (!same) {
-        char want[256], have[256];
-        fmt_shape(have, sizeof have, e->ndim, e->shape);
-        if (ndim >= 0 && ndim <= ST_MAX_NDIM) fmt_shape(want, sizeof want, ndim, shape);
-        else snprintf(want, sizeof want, "(%d dimensions)", ndim);
-        return loom_errf(err, "%s: tensor '%.200s' has shape %s, expected %s", f->path, name,
-                         have, want);
-    }
+    if (check_shape(f, name, e, ndim, shape, err)) return -1;
     if (!f->data)
         return loom_errf(err, "%s: tensor '%.200s': only the header was parsed", f->path, name);
     const size_t size = DTYPES[e->dtype].size, n = (size_t)(e->end - e->begin) / size;

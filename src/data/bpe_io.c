@@ -5,21 +5,10 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "base/json_util.h"
 #include "data/bpe_internal.h"
 
 /* ---- shared building steps ---------------------------------------------------------------- */
-static int load_json_file(const char *path, json_t **out, loom_err *err) {
-    char *buf;
-    size_t len;
-    if (loom_read_file(path, BPE_MAX_FILE, &buf, &len, err)) return -1;
-    json_error_t je;
-    json_t *root = json_loadb(buf, len, JSON_REJECT_DUPLICATES, &je);
-    free(buf);
-    if (!root)
-        return loom_errf(err, "%s: invalid JSON at line %d, column %d: %s", path, je.line, je.column, je.text);
-    *out = root;
-    return 0;
-}
 
 /* Fills t->tok and t->vocab from a {"token": id} object. */
 static int read_vocab(loom_tokenizer *t, const char *path, const char *key, json_t *vocab,
@@ -213,7 +202,7 @@ static int load_json_root(json_t *root, const char *path, loom_tokenizer **out, 
 
 int loom_tokenizer_load_json(const char *path, loom_tokenizer **out, loom_err *err) {
     json_t *root = NULL;
-    if (load_json_file(path, &root, err)) return -1;
+    if (loom_json_object_file(path, BPE_MAX_FILE, &root, err)) return -1;
     return load_json_root(root, path, out, err);
 }
 
@@ -272,7 +261,7 @@ int loom_tokenizer_load_vocab_merges(const char *vocab_path, const char *merges_
     loom_tokenizer *t = NULL;
     char *buf = NULL;
     size_t len;
-    if (load_json_file(vocab_path, &root, err)) return -1;
+    if (loom_json_object_file(vocab_path, BPE_MAX_FILE, &root, err)) return -1;
     if (bpe_new(&t, err)) goto fail;
     if (read_vocab(t, vocab_path, "vocab", root, NULL, err)) goto fail;
     if (loom_read_file(merges_path, BPE_MAX_FILE, &buf, &len, err)) goto fail;

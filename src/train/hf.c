@@ -23,6 +23,7 @@
 #include <sys/stat.h>
 #include <dirent.h>
 
+#include "base/json_util.h"
 #include "loom/checkpoint.h"
 #include "loom/ckpt_pieces.h"
 #include "loom/config.h"
@@ -41,23 +42,6 @@
 #define HF_ARCH_LLAMA "LlamaForCausalLM"
 
 /* ---- JSON helpers ---------------------------------------------------------------------- */
-static int load_json(const char *path, json_t **out, loom_err *err) {
-    char *buf;
-    size_t len;
-    if (loom_read_file(path, HF_MAX_JSON, &buf, &len, err)) return -1;
-    json_error_t je;
-    json_t *o = json_loadb(buf, len, JSON_REJECT_DUPLICATES, &je);
-    free(buf);
-    if (!o)
-        return loom_errf(err, "%s: invalid JSON at line %d, column %d: %s", path, je.line,
-                         je.column, je.text);
-    if (!json_is_object(o)) {
-        json_decref(o);
-        return loom_errf(err, "%s: not a JSON object", path);
-    }
-    *out = o;
-    return 0;
-}
 
 /* an integer key in [lo, hi]; absent or null: dflt, or an error when required */
 static int j_int(json_t *o, const char *path, const char *key, int required, int64_t dflt,
@@ -135,7 +119,7 @@ int hf_read_config(const char *dir, hf_cfg *hc, loom_err *err) {
     int rc = -1;
     memset(hc, 0, sizeof *hc);
     if (loom_path_fmt(path, sizeof path, err, "%s/config.json", dir)) return -1;
-    if (load_json(path, &o, err)) return -1;
+    if (loom_json_object_file(path, HF_MAX_JSON, &o, err)) return -1;
     const char *arch = NULL, *model_type = NULL;
     json_t *archs = json_object_get(o, "architectures");
     if (archs && !json_is_null(archs)) {
@@ -454,7 +438,7 @@ static int weights_open(const char *dir, hf_weights *w, loom_err *err) {
     loom_pathf(path, sizeof path, "%s/model.safetensors.index.json", dir);
     if (loom_path_exists(path)) {
         json_t *idx;
-        if (load_json(path, &idx, err)) return -1;
+        if (loom_json_object_file(path, HF_MAX_JSON, &idx, err)) return -1;
         json_t *wm = json_object_get(idx, "weight_map");
         if (!json_is_object(wm) || json_object_size(wm) == 0) {
             json_decref(idx);

@@ -38,6 +38,23 @@ expect_fail() {
   pass "$what (exit $rc): $(head -c 300 "$WORK/err.txt" | tr '\n' ' ')"
 }
 
+# start_server PORTFILE LOG cmd args...: runs a server (loom serve --port-file, or the stand-in
+# tests/e2e/fake_openai.py) in the background with stderr in LOG, kills it at exit (the work
+# folder is kept when KEEP is set), and waits up to 60 s for its port in PORTFILE. SERVER_PID is
+# its pid. Prefix the command with `env VAR=...` for a server-only environment.
+start_server() {
+  local portfile=$1 log=$2; shift 2
+  "$@" 2>"$log" &
+  SERVER_PID=$!
+  trap 'kill $SERVER_PID 2>/dev/null || true; [ -n "${KEEP:-}" ] || rm -rf "$WORK"' EXIT
+  for _ in $(seq 600); do
+    [ -s "$portfile" ] && return 0
+    kill -0 $SERVER_PID 2>/dev/null || break
+    sleep 0.1
+  done
+  cat "$log" >&2; fail "the server ($1) did not start"
+}
+
 # make_dataset DIR: a small text corpus -> DIR/data/{train,val}
 make_dataset() {
   local d=$1

@@ -14,13 +14,10 @@ make_config "$WORK" "$WORK/m.yaml" "$WORK/run"
 expect_ok "train" "$LOOM_BIN" train "$WORK/m.yaml" --set training.steps=30 --set model.max_seq_len=128
 expected=$("$LOOM_BIN" generate "$WORK/run" --prompt "the quick" --tokens 12 --temperature 0)
 expected=${expected#the quick}
-ASAN_OPTIONS=detect_leaks=1:abort_on_error=0:log_path=$WORK/asan \
+start_server "$WORK/port" "$WORK/serve.log" env ASAN_OPTIONS=detect_leaks=1:abort_on_error=0:log_path=$WORK/asan \
   "$LOOM_ASAN_BIN" serve "$WORK/run" --port 0 --port-file "$WORK/port" --model-id tiny \
-  --max-body 8192 --max-concurrent 2 --max-tokens 100 --max-connections 1100 2> "$WORK/serve.log" &
-pid=$!
-trap 'kill $pid 2>/dev/null || true; rm -rf "$WORK"' EXIT
-for _ in $(seq 600); do [ -s "$WORK/port" ] && break; sleep 0.1; done
-[ -s "$WORK/port" ] || { cat "$WORK/serve.log" >&2; fail "the server did not start"; }
+  --max-body 8192 --max-concurrent 2 --max-tokens 100 --max-connections 1100
+pid=$SERVER_PID
 port=$(cat "$WORK/port")
 grep -q "127.0.0.1:$port" "$WORK/serve.log" || fail "not bound to 127.0.0.1: $(cat "$WORK/serve.log")"
 code=$(curl -s -o /dev/null -w '%{http_code}' "http://127.0.0.1:$port/health")

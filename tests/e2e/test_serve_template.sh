@@ -11,11 +11,7 @@ cd "$WORK"
 make_dataset "$WORK"
 make_config "$WORK" m.yaml "$WORK/run"
 expect_ok "train" "$LOOM_BIN" train m.yaml --set training.steps=10 --set eval.every=0 --set model.max_seq_len=256
-"$LOOM_ASAN_BIN" serve "$WORK/run" --port 0 --port-file port --model-id t --template chatml 2> serve.log &
-pid=$!
-trap 'kill $pid 2>/dev/null || true; [ -n "${KEEP:-}" ] || rm -rf "$WORK"' EXIT
-for _ in $(seq 600); do [ -s port ] && break; sleep 0.1; done
-[ -s port ] || { cat serve.log >&2; fail "the server did not start"; }
+start_server port serve.log "$LOOM_ASAN_BIN" serve "$WORK/run" --port 0 --port-file port --model-id t --template chatml
 python3 - "$(cat port)" <<'PY' || fail "chat template"
 import json, sys, urllib.request, urllib.error
 base = f"http://127.0.0.1:{sys.argv[1]}/v1"

@@ -41,12 +41,7 @@ expect_ok "data build" "$LOOM_BIN" data build recipe.yaml
 make_config "$WORK" m.yaml "$WORK/run"
 expect_ok "train on arithmetic" "$LOOM_BIN" train m.yaml --set training.steps=300 --set model.max_seq_len=128 --set training.batch_size=8 --set data.val= \
   --set training.lr=1e-2 --set eval.every=0
-"$LOOM_BIN" serve "$WORK/run" --port 0 --port-file port --model-id arith --max-concurrent 3 \
-  2> serve.log &
-pid=$!
-trap 'kill $pid 2>/dev/null || true; [ -n "${KEEP:-}" ] || rm -rf "$WORK"' EXIT
-for _ in $(seq 600); do [ -s port ] && break; sleep 0.1; done
-[ -s port ] || { cat serve.log >&2; fail "the server did not start"; }
+start_server port serve.log "$LOOM_BIN" serve "$WORK/run" --port 0 --port-file port --model-id arith --max-concurrent 3
 write_pipeline() { # $1 = generator block, $2 = output name
   cat > "$2.yaml" <<YAML
 name: arith

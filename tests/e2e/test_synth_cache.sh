@@ -9,9 +9,7 @@
 # (docs/synth.md), and the exact Jaccard similarities of the shingle sets separate the two.
 source "$(dirname "$0")/lib.sh"
 cd "$WORK"
-python3 "$LOOM_SRC/tests/e2e/fake_openai.py" port requests.log &
-srv=$!
-trap 'kill $srv 2>/dev/null || true; [ -n "${KEEP:-}" ] || rm -rf "$WORK"' EXIT
+start_server port fake.log python3 "$LOOM_SRC/tests/e2e/fake_openai.py" port requests.log
 python3 - <<'PY'
 import random
 r = random.Random(3)
@@ -28,8 +26,6 @@ for i in range(24):
         seeds.append(f"NEW {i} " + r.choice(W))
 open("seeds.txt", "w").write("\n".join(seeds) + "\n")
 PY
-for _ in $(seq 300); do [ -s port ] && break; sleep 0.1; done
-[ -s port ] || fail "the stand-in server did not start"
 pipeline() { # $1: the command validator's tag
   cat > p.yaml <<YAML
 name: cache

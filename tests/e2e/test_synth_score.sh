@@ -10,9 +10,7 @@ make_dataset "$WORK"
 make_config "$WORK" m.yaml "$WORK/run"
 expect_ok "train" "$LOOM_BIN" train m.yaml --set training.steps=60 --set eval.every=0 --set model.max_seq_len=64
 expect_ok "export" "$LOOM_BIN" export --hf "$WORK/run" "$WORK/hf"
-python3 "$LOOM_SRC/tests/e2e/fake_openai.py" port requests.log &
-srv=$!
-trap 'kill $srv 2>/dev/null || true; [ -n "${KEEP:-}" ] || rm -rf "$WORK"' EXIT
+start_server port fake.log python3 "$LOOM_SRC/tests/e2e/fake_openai.py" port requests.log
 python3 - <<'PY'
 import random
 r = random.Random(4)
@@ -25,8 +23,6 @@ for i in range(12):
         seeds.append("COPY " + " ".join("".join(r.choice("QXZ#%&@") for _ in range(4)) for _ in range(8)))
 open("seeds.txt", "w").write("\n".join(seeds) + "\n")
 PY
-for _ in $(seq 300); do [ -s port ] && break; sleep 0.1; done
-[ -s port ] || fail "the stand-in server did not start"
 pipeline() { # $1: min, $2: prefix
   cat > p.yaml <<YAML
 name: score

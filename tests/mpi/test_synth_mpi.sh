@@ -72,11 +72,7 @@ for np in 2 3; do
   pass "mpirun -np $np synth (local engine) = one process: $(grep -c . local.jsonl) accepted"
 done
 # an HTTP generator: each rank sends its share of the requests
-python3 "$LOOM_SRC/tests/e2e/fake_openai.py" port requests.log &
-srv=$!
-trap 'kill $srv 2>/dev/null || true; rm -rf "$WORK"' EXIT
-for _ in $(seq 300); do [ -s port ] && break; sleep 0.1; done
-[ -s port ] || fail "the stand-in server did not start"
+start_server port fake.log python3 "$LOOM_SRC/tests/e2e/fake_openai.py" port requests.log
 pipeline http "  kind: http
   url: http://127.0.0.1:$(cat port)/v1
   concurrency: 2" "^[i-z]"

@@ -162,6 +162,17 @@ def expect(what, cond, detail=""):
     return cond
 
 
+def finish(what="all checks passed"):
+    """The test's summary: every failure listed and 1, or WHAT and 0 (the exit status)."""
+    if FAILURES:
+        print(f"\n{len(FAILURES)} FAILURE(S):")
+        for f in FAILURES:
+            print("  " + f)
+        return 1
+    print("\n" + what)
+    return 0
+
+
 def rel_max(a, ref):
     """max |a - ref| / max |ref| (1 when ref is all zeros), in float64."""
     a = np.asarray(a, dtype=np.float64)

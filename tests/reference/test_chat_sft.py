@@ -24,7 +24,7 @@ import numpy as np
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from loomlib import FAILURES, check, expect  # noqa: E402
+from loomlib import check, expect, finish  # noqa: E402
 
 import transformers  # noqa: E402
 from tokenizers import Tokenizer, models, pre_tokenizers, decoders, trainers  # noqa: E402
@@ -287,10 +287,7 @@ def main():
         test_trainer_mask(work, tokp, data)
         test_padding(work, convs)
         test_errors(work)
-    if FAILURES:
-        print("FAILED:\n  " + "\n  ".join(FAILURES))
-        sys.exit(1)
-    print("all ok")
+    sys.exit(finish())
 
 
 if __name__ == "__main__":

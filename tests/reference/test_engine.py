@@ -44,7 +44,7 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import torch_ref  # noqa: E402
-from loomlib import FAILURES, check, expect, rel_max  # noqa: E402
+from loomlib import check, expect, finish, rel_max  # noqa: E402
 
 TOL_STEP = 1e-5          # loss and pre-clip grad norm, |d| / |ref| per step
 TOL_LR = 1e-12           # lr, |d| / ref per step
@@ -325,13 +325,7 @@ def main():
     torch.set_num_threads(2)
     for name, (model, accum, clip, clips) in MODELS.items():
         check_flavor(name, model, dict(TRAINING, clip=clip, clip_expect=clips), accum)
-    if FAILURES:
-        print(f"\n{len(FAILURES)} FAILURE(S):")
-        for f in FAILURES:
-            print("  " + f)
-        return 1
-    print("\nall training-engine checks passed")
-    return 0
+    return finish("all training-engine checks passed")
 
 
 if __name__ == "__main__":

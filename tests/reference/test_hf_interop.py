@@ -26,7 +26,7 @@ import numpy as np
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from loomlib import FAILURES, check, expect, rel_max  # noqa: E402
+from loomlib import check, expect, finish, rel_max  # noqa: E402
 
 import transformers  # noqa: E402
 from safetensors.numpy import load_file, save_file  # noqa: E402
@@ -283,10 +283,7 @@ def main():
         test_flavor(work, "llama", tok)
         test_byte(work)
         test_errors(work, gpt2_src)
-    if FAILURES:
-        print("FAILED:\n  " + "\n  ".join(FAILURES))
-        sys.exit(1)
-    print("all ok")
+    sys.exit(finish())
 
 
 if __name__ == "__main__":

@@ -13,7 +13,7 @@ import tempfile
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from loomlib import FAILURES, expect  # noqa: E402
+from loomlib import expect, finish  # noqa: E402
 
 import transformers  # noqa: E402
 
@@ -77,9 +77,7 @@ def main():
                 expect(f"{flavor} {p!r}: {N} greedy tokens equal transformers'", row["ids"] == want,
                        f"{row['ids'][:16]}... vs {want[:16]}...")
             print(f"{flavor}: {same} of {len(prompts)} prompts equal transformers for {N} tokens")
-    if FAILURES:
-        sys.exit(1)
-    print("all ok")
+    sys.exit(finish())
 
 
 if __name__ == "__main__":

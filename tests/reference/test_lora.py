@@ -19,7 +19,7 @@ import numpy as np
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from loomlib import FAILURES, check, expect, rel_max  # noqa: E402
+from loomlib import check, expect, finish, rel_max  # noqa: E402
 
 import transformers  # noqa: E402
 
@@ -212,10 +212,7 @@ def main():
     with tempfile.TemporaryDirectory() as work:
         run_case("llama", work, ["q", "k", "v", "o", "gate", "up", "down"], 4, 8.0)
         run_case("gpt2", work, ["q", "v", "fc_proj"], 3, 6.0)
-    if FAILURES:
-        print("FAILED:\n  " + "\n  ".join(FAILURES))
-        sys.exit(1)
-    print("all ok")
+    sys.exit(finish())
 
 
 if __name__ == "__main__":

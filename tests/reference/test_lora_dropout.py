@@ -27,7 +27,7 @@ import numpy as np
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from loomlib import FAILURES, check, expect, rel_max  # noqa: E402
+from loomlib import check, expect, finish, rel_max  # noqa: E402
 from test_lora import B_, BITS, L, T_, Err, P, arr, loom_model  # noqa: E402
 
 import peft  # noqa: E402
@@ -168,10 +168,7 @@ def main():
                f"max|d|/max = {rel_max(got, off):.3g}")
         L.loom_lora_free(lora)
         L.loom_model_free(m)
-    if FAILURES:
-        print("FAILED:\n  " + "\n  ".join(FAILURES))
-        sys.exit(1)
-    print("all ok")
+    sys.exit(finish())
 
 
 if __name__ == "__main__":

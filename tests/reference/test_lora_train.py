@@ -23,7 +23,7 @@ import numpy as np
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from loomlib import FAILURES, check, expect, rel_max  # noqa: E402
+from loomlib import check, expect, finish, rel_max  # noqa: E402
 
 import transformers  # noqa: E402
 from safetensors.numpy import load_file  # noqa: E402
@@ -79,10 +79,7 @@ def main():
             shutil.rmtree(work, ignore_errors=True)
         else:
             print("kept", work)
-    if FAILURES:
-        print("FAILED:\n  " + "\n  ".join(FAILURES))
-        sys.exit(1)
-    print("all ok")
+    sys.exit(finish())
 
 
 def body(work):

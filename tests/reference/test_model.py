@@ -30,7 +30,7 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import torch_ref  # noqa: E402
-from loomlib import FAILURES, check, expect, rel_max  # noqa: E402
+from loomlib import check, expect, finish, rel_max  # noqa: E402
 
 TOL_LOGITS = 1e-5
 TOL_LOSS = 1e-6
@@ -418,13 +418,7 @@ def main():
         check_init(cfg)
         check_forward_backward(cfg, seed=1234)
     check_bad_configs()
-    if FAILURES:
-        print(f"\n{len(FAILURES)} FAILURE(S):")
-        for f in FAILURES:
-            print("  " + f)
-        return 1
-    print("\nall model reference checks passed")
-    return 0
+    return finish("all model reference checks passed")
 
 
 if __name__ == "__main__":

@@ -31,7 +31,7 @@ import torch.nn.functional as F
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import test_model as tm  # noqa: E402
 import torch_ref  # noqa: E402
-from loomlib import FAILURES, check, expect, rel_max  # noqa: E402
+from loomlib import check, expect, finish, rel_max  # noqa: E402
 
 TOL_LOGITS, TOL_LOSS, TOL_GRAD = 1e-5, 1e-6, 2e-5
 LIB = tm.LIB
@@ -344,13 +344,7 @@ def main():
             expect(f"refuses {what}", False)
         except RuntimeError as e:
             expect(f"refuses {what}: {e}", "moe" in str(e))
-    if FAILURES:
-        print(f"\n{len(FAILURES)} FAILURE(S):")
-        for f in FAILURES:
-            print("  " + f)
-        return 1
-    print("\nall MoE reference checks passed")
-    return 0
+    return finish("all MoE reference checks passed")
 
 
 if __name__ == "__main__":
