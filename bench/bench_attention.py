@@ -82,7 +82,7 @@ def flash_bytes(T, threads):
     """lse + per-thread scratch of flash_attention_* (sizes as in flash_attention.c)"""
     fwd = 3 * 64 * D + 64 * 64 + 3 * 64
     # + the fused path's per-task (H/KVH, T) row sums and packed scaled Q and dO, (H/KVH, T, D) each
-    bwd = 7 * 64 * D + 2 * 64 * 64 + 64 + (H // KVH) * T * (1 + 2 * D)
+    bwd = 12 * 64 * D + 2 * 64 * 64 + 64 + (H // KVH) * T * (1 + 2 * D)  # 2 key tiles per sweep
     return 4 * (B * H * T + max(fwd, bwd) * threads)
 
 

@@ -177,6 +177,16 @@ T512 static void gemm512(float *c, int64_t ldc, const float *a, int64_t as, int6
             float *cp = c + r0 * ldc + n0;
             const float *ap = a + r0 * as;
             const float *bp = b + n0;
+            /* the next row block's C rows (acc) and A rows (row-major A): they come from L2
+             * or L3 (dq rows, K read in place), and the FMA chains wait for the loads of C */
+            for (int r = r0 + 6; r < r0 + 12 && r < M; r++) {
+                if (acc)
+                    for (int v = 0; v < nv; v++)
+                        _mm_prefetch((const char *)(c + r * ldc + n0 + 16 * v), _MM_HINT_T0);
+                if (ak == 1 && n0 == 0)
+                    for (int x = 0; x < K; x += 16)
+                        _mm_prefetch((const char *)(a + r * as + x), _MM_HINT_T0);
+            }
             switch (rr) {
             case 1: MKR(1) break;
             case 2: MKR(2) break;
@@ -545,6 +555,11 @@ static int is_blas(const attn_ops *o) {
 #endif
 }
 
+/* Key tiles per sweep of the fused backward over the query tiles: each query tile's Qs, dO
+ * and dq rows are then brought in once for KJ key tiles (they come from L3: a sweep covers
+ * (H/KVH) * Tq * D * 3 floats, megabytes at long T). */
+enum { KJ = 2 };
+
 /* Everything a backward task reads, and its per-thread scratch. */
 typedef struct {
     const attn_ops *ops;
@@ -554,9 +569,11 @@ typedef struct {
     const float *dout, *q, *k, *v, *out, *lse;
     float scale;
     int G, nqt, nkt;
-    /* scratch: t1, t2 (D x max(BQ,BK)), qs (BQ x D), s, dp (BQ x BK), acc1, acc2, pk, pk2
-     * (max(BQ,BK) x D), delta (BQ) */
-    float *t1, *t2, *qs, *s, *dp, *acc1, *acc2, *pk, *pk2, *delta;
+    /* scratch: qs (BQ x D), s, dp (BQ x BK), pk (max(BQ,BK) x D), delta (BQ); per key tile
+     * of a sweep (KJ of them), kts: Kᵀ, Vᵀ (D x BK), scale K and the dK, dV accumulators
+     * (BK x D); t1, t2 (D x max(BQ,BK)): q_tile_task's transposes, the first key tile's Kᵀ
+     * and Vᵀ (the two passes run one after the other) */
+    float *t1, *t2, *qs, *s, *dp, *pk, *delta, *kts;
     /* fused path only: delta of every query row of the task's group, (G, Tq); the group's
      * scaled queries and output gradients packed once per task, (G, Tq, D) each, so the
      * inner loop over (query head, query tile) copies nothing */
@@ -566,21 +583,19 @@ typedef struct {
 enum { BM = BQ > BK ? BQ : BK };
 
 static size_t bwd_scratch_floats(int D) {
-    return (size_t)2 * D * BM + (size_t)BQ * D + (size_t)2 * BQ * BK + (size_t)4 * BM * D + BQ;
+    return (size_t)BQ * D + (size_t)2 * BQ * BK + (size_t)BM * D + BQ + (size_t)KJ * 5 * BM * D;
 }
 
 static void bwd_ctx_scratch(bwd_ctx *x, float *buf) {
     const size_t dt = (size_t)x->d.D * BM;
-    x->t1 = buf;
-    x->t2 = x->t1 + dt;
-    x->qs = x->t2 + dt;
+    x->qs = buf;
     x->s = x->qs + (size_t)BQ * x->d.D;
     x->dp = x->s + (size_t)BQ * BK;
-    x->acc1 = x->dp + (size_t)BQ * BK;
-    x->acc2 = x->acc1 + dt;
-    x->pk = x->acc2 + dt;
-    x->pk2 = x->pk + dt;
-    x->delta = x->pk2 + dt;
+    x->pk = x->dp + (size_t)BQ * BK;
+    x->delta = x->pk + dt;
+    x->kts = x->delta + BQ;
+    x->t1 = x->kts;
+    x->t2 = x->kts + dt;
 }
 
 /* dq rows of (b, h, query tile at i0): the C operand of the dq product, which adds
@@ -589,37 +604,52 @@ static float *dq_rows(const bwd_ctx *x, int b, int h, int i0) {
     return x->dq + b * x->d.q_bs + i0 * x->d.q_ts + (int64_t)h * x->d.D;
 }
 
-/* The key tile jt of (b, kv head): dk/dv rows += the sum over the group's query heads and the
- * query tiles (in that order) of dSᵀ Qs and Pᵀ dO. With with_dq, each pair's dS (scale K_j)
- * is also added to dq (the fused backward: dq rows then receive their key tiles in ascending
- * order, exactly as q_tile_task adds them). */
-static void kv_tile_task(bwd_ctx *x, int b, int kvh, int jt, int with_dq) {
+/* One key tile of a sweep: its scratch and mask state. */
+typedef struct {
+    float *kt, *vt, *ks, *dkacc, *dvacc; /* Kᵀ, Vᵀ (D x BK), scale K, dK, dV (BK x D) */
+    int j0, n, any;
+    const int32_t *kd;
+} key_slot;
+
+/* The key tiles jt0 .. jt0+nj-1 (nj <= KJ) of (b, kv head): dk/dv rows += the sum over the
+ * group's query heads and the query tiles (in that order) of dSᵀ Qs and Pᵀ dO. With with_dq,
+ * each pair's dS (scale K_j) is also added to dq (the fused backward: dq rows then receive
+ * their key tiles in ascending order, exactly as q_tile_task adds them). Every key tile gets
+ * the same products in the same order for any nj. */
+static void kv_tile_task(bwd_ctx *x, int b, int kvh, int jt0, int nj, int with_dq) {
     const attn_ops *ops = x->ops;
     const loom_attn_dims *d = &x->d;
     const loom_attn_mask *mk = &x->mk;
     const int D = d->D;
-    const int j0 = jt * BK, n = d->Tk - j0 < BK ? d->Tk - j0 : BK;
-    const float *kb = x->k + b * d->k_bs + j0 * d->k_ts + (int64_t)kvh * D;
-    const float *vb = x->v + b * d->v_bs + j0 * d->v_ts + (int64_t)kvh * D;
-    const int32_t *kd = mk->k_doc ? mk->k_doc + b * mk->k_doc_bs + j0 : NULL;
-    float *kt = x->t1, *vt = x->t2, *dkacc = x->acc1, *dvacc = x->acc2;
-    memset(dkacc, 0, (size_t)n * D * sizeof(float));
-    memset(dvacc, 0, (size_t)n * D * sizeof(float));
-    int any = 0;
+    const size_t dt = (size_t)D * BM;
+    key_slot ks[KJ];
+    for (int u = 0; u < nj; u++) {
+        key_slot *k = &ks[u];
+        float *base = x->kts + (size_t)u * 5 * dt;
+        k->kt = base;
+        k->vt = base + dt;
+        k->ks = base + 2 * dt;
+        k->dkacc = base + 3 * dt;
+        k->dvacc = base + 4 * dt;
+        k->j0 = (jt0 + u) * BK;
+        k->n = d->Tk - k->j0 < BK ? d->Tk - k->j0 : BK;
+        k->any = 0;
+        k->kd = mk->k_doc ? mk->k_doc + b * mk->k_doc_bs + k->j0 : NULL;
+        memset(k->dkacc, 0, (size_t)k->n * D * sizeof(float));
+        memset(k->dvacc, 0, (size_t)k->n * D * sizeof(float));
+    }
     for (int h = kvh * x->G; h < (kvh + 1) * x->G; h++) {
         for (int it = 0; it < x->nqt; it++) {
             const int i0 = it * BQ, m = d->Tq - i0 < BQ ? d->Tq - i0 : BQ;
             const int32_t *qd = mk->q_doc ? mk->q_doc + b * mk->q_doc_bs + i0 : NULL;
             doc_range qr = {0, 0};
             if (qd) qr = doc_range_of(qd, m);
-            int cls = tile_class(mk, i0, m, j0, n, qd, qr, kd);
-            if (cls == TILE_SKIP) continue;
-            if (!any) {
-                transpose_scaled(kt, BK, kb, d->k_ts, n, D, 1.0f);
-                transpose_scaled(vt, BK, vb, d->v_ts, n, D, 1.0f);
-                if (with_dq) copy_scaled(x->pk2, kb, d->k_ts, n, D, x->scale);
-                any = 1;
+            int cls[KJ], vis = 0;
+            for (int u = 0; u < nj; u++) {
+                cls[u] = tile_class(mk, i0, m, ks[u].j0, ks[u].n, qd, qr, ks[u].kd);
+                vis |= cls[u] != TILE_SKIP;
             }
+            if (!vis) continue;
             const float *qb = x->q + b * d->q_bs + i0 * d->q_ts + (int64_t)h * D;
             const float *dob = x->dout + b * d->o_bs + i0 * d->o_ts + (int64_t)h * D;
             const float *lb = x->lse + ((int64_t)b * d->H + h) * d->Tq + i0;
@@ -638,26 +668,43 @@ static void kv_tile_task(bwd_ctx *x, int b, int kvh, int jt, int with_dq) {
                 dop = x->pk;
                 delta = x->delta;
             }
-            ops->gemm(x->s, BK, qs, D, 1, kt, BK, m, n, D, 0);
-            if (cls == TILE_PARTIAL) mask_tile(x->s, mk, i0, m, j0, n, qd, kd);
-            ops->gemm(x->dp, BK, dop, D, 1, vt, BK, m, n, D, 0);
-            ops->bwd_tile(x->s, x->dp, m, n, lb, delta);
-            /* dV += Pᵀ dO, dK += dSᵀ (scale Q) */
-            if (x->dv) ops->gemm(dvacc, D, x->s, 1, BK, dop, D, n, D, m, 1);
-            if (x->dk) ops->gemm(dkacc, D, x->dp, 1, BK, qs, D, n, D, m, 1);
-            if (with_dq) /* dq += dS (scale K_j) */
-                ops->gemm(dq_rows(x, b, h, i0), d->q_ts, x->dp, BK, 1, x->pk2, D, m, D, n, 1);
+            for (int u = 0; u < nj; u++) {
+                if (cls[u] == TILE_SKIP) continue;
+                key_slot *k = &ks[u];
+                const int j0 = k->j0, n = k->n;
+                if (!k->any) {
+                    const float *kb = x->k + b * d->k_bs + j0 * d->k_ts + (int64_t)kvh * D;
+                    const float *vb = x->v + b * d->v_bs + j0 * d->v_ts + (int64_t)kvh * D;
+                    transpose_scaled(k->kt, BK, kb, d->k_ts, n, D, 1.0f);
+                    transpose_scaled(k->vt, BK, vb, d->v_ts, n, D, 1.0f);
+                    if (with_dq) copy_scaled(k->ks, kb, d->k_ts, n, D, x->scale);
+                    k->any = 1;
+                }
+                ops->gemm(x->s, BK, qs, D, 1, k->kt, BK, m, n, D, 0);
+                if (cls[u] == TILE_PARTIAL) mask_tile(x->s, mk, i0, m, j0, n, qd, k->kd);
+                ops->gemm(x->dp, BK, dop, D, 1, k->vt, BK, m, n, D, 0);
+                ops->bwd_tile(x->s, x->dp, m, n, lb, delta);
+                /* dV += Pᵀ dO, dK += dSᵀ (scale Q) */
+                if (x->dv) ops->gemm(k->dvacc, D, x->s, 1, BK, dop, D, n, D, m, 1);
+                if (x->dk) ops->gemm(k->dkacc, D, x->dp, 1, BK, qs, D, n, D, m, 1);
+                if (with_dq) /* dq += dS (scale K_j) */
+                    ops->gemm(dq_rows(x, b, h, i0), d->q_ts, x->dp, BK, 1, k->ks, D, m, D, n,
+                              1);
+            }
         }
     }
-    if (!any) return;
-    for (int r = 0; r < n; r++) {
-        if (x->dk) {
-            float *dkr = x->dk + b * d->k_bs + (j0 + r) * d->k_ts + (int64_t)kvh * D;
-            for (int e = 0; e < D; e++) dkr[e] += dkacc[(int64_t)r * D + e];
-        }
-        if (x->dv) {
-            float *dvr = x->dv + b * d->v_bs + (j0 + r) * d->v_ts + (int64_t)kvh * D;
-            for (int e = 0; e < D; e++) dvr[e] += dvacc[(int64_t)r * D + e];
+    for (int u = 0; u < nj; u++) {
+        const key_slot *k = &ks[u];
+        if (!k->any) continue;
+        for (int r = 0; r < k->n; r++) {
+            if (x->dk) {
+                float *dkr = x->dk + b * d->k_bs + (k->j0 + r) * d->k_ts + (int64_t)kvh * D;
+                for (int e = 0; e < D; e++) dkr[e] += k->dkacc[(int64_t)r * D + e];
+            }
+            if (x->dv) {
+                float *dvr = x->dv + b * d->v_bs + (k->j0 + r) * d->v_ts + (int64_t)kvh * D;
+                for (int e = 0; e < D; e++) dvr[e] += k->dvacc[(int64_t)r * D + e];
+            }
         }
     }
 }
@@ -719,8 +766,7 @@ int flash_attention_backward(float *dq, float *dk, float *dv, const float *dout,
     bwd_ctx x0 = {ops, *dims, *mask, dq, dk, dv, dout, q, k, v, out, lse,
                   1.0f / sqrtf((float)dims->D), dims->H / dims->KVH,
                   (dims->Tq + BQ - 1) / BQ, (dims->Tk + BK - 1) / BK,
-                  NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL,
-                  NULL};
+                  NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL};
     const int64_t nbk = (int64_t)dims->B * dims->KVH;
     const int64_t nkv_task = (dk || dv) ? nbk * x0.nkt : 0;
     const int64_t nq_task = dq ? (int64_t)dims->B * dims->H * x0.nqt : 0;
@@ -759,7 +805,8 @@ int flash_attention_backward(float *dq, float *dk, float *dv, const float *dout,
                                     x.scale);
                         pack_rows(x.do_all + go * d->D, dout + oo, d->o_ts, d->Tq, d->D);
                     }
-                    for (int jt = 0; jt < x.nkt; jt++) kv_tile_task(&x, b, kvh, jt, 1);
+                    for (int jt = 0; jt < x.nkt; jt += KJ)
+                        kv_tile_task(&x, b, kvh, jt, x.nkt - jt < KJ ? x.nkt - jt : KJ, 1);
                 }
             } else {
                 /* dK/dV by key tile, the earliest first (the most queries under a causal
@@ -767,7 +814,7 @@ int flash_attention_backward(float *dq, float *dk, float *dv, const float *dout,
 #pragma omp for schedule(dynamic, 1)
                 for (int64_t task = 0; task < nkv_task; task++)
                     kv_tile_task(&x, (int)(task / x.nkt / dims->KVH),
-                                 (int)(task / x.nkt % dims->KVH), (int)(task % x.nkt), 0);
+                                 (int)(task / x.nkt % dims->KVH), (int)(task % x.nkt), 1, 0);
 #pragma omp for schedule(dynamic, 1)
                 for (int64_t task = 0; task < nq_task; task++)
                     q_tile_task(&x, (int)(task / x.nqt / dims->H), (int)(task / x.nqt % dims->H),
