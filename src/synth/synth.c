@@ -1363,6 +1363,8 @@ typedef struct local_gen {
     loom_model *m;
     loom_tokenizer *tok;
     loom_engine *eng;
+    int tp, tp_rank;              /* the tp view this rank holds (tp 1: the whole model) */
+    loom_comm_points tp_points;   /* its tp group's points (tp > 1) */
 } local_gen;
 
 static void local_generate(pipeline *P, local_gen *L, item **items, int n) {
@@ -1500,11 +1502,13 @@ static void run_pool(void *(*fn)(void *), void *arg, int threads) {
 
 /* ---- spreading over MPI ranks ------------------------------------------------------------
  * Every rank holds every item. A round's pending items (the same list on every rank) are cut
- * into blocks of generator.batch in item order; block b belongs to rank b % world, which
- * generates (a local block is one engine batch of its own, so its batch, and with it every
- * float, is the same whatever the number of ranks) and validates it. The ranks then exchange
- * their items' outcomes (allgather), and every rank runs the order-dependent checks
- * (duplicates) over all items in item order, so all ranks agree; rank 0 writes. */
+ * into blocks of generator.batch in item order; block b belongs to replica b % (world / tp)
+ * (with --tp, a replica is tp consecutive ranks; else each rank), which generates (a local
+ * block is one engine batch of its own, so its batch, and with it every float, is the same
+ * whatever the number of ranks; a replica's tp ranks step that batch together) and validates
+ * it (its tp rank 0). The ranks then exchange their items' outcomes (allgather), and every
+ * rank runs the order-dependent checks (duplicates) over all items in item order, so all ranks
+ * agree; rank 0 writes. */
 
 static void put_u32(sbuf *b, uint32_t v) { sb_add(b, (const char *)&v, 4); }
 static void put_bytes(sbuf *b, const char *s, size_t n) {
@@ -1531,7 +1535,8 @@ static const char *get_bytes(rdr *r, size_t *n) {
     return s;
 }
 
-static int owner_of(const pipeline *P, int k, int world) { return (k / P->g.batch) % world; }
+/* the replica (of `replicas`) that owns pending item k */
+static int owner_of(const pipeline *P, int k, int replicas) { return (k / P->g.batch) % replicas; }
 
 /* an item's position in the round's pending list (items are pending in item order) */
 static int pend_pos(item **pend, int np, const item *it) {
@@ -1597,12 +1602,14 @@ static void unpack_item(rdr *r, item **pend, int np) {
     it->val_runs = (int)get_u32(r);
 }
 
-/* every rank's items to every rank (mesh: NULL with one rank) */
-static void exchange_items(loom_mesh *mesh, int rank, int world, item **pend, int np,
+/* every rank's items to every rank (mesh: NULL with one rank); a replica's tp rank 0 sends
+ * its items */
+static void exchange_items(loom_mesh *mesh, int rank, int world, int tp, item **pend, int np,
                            const pipeline *P) {
     sbuf b = {0};
     for (int k = 0; k < np; k++)
-        if (owner_of(P, k, world) == rank) pack_item(&b, (uint32_t)k, pend[k]);
+        if (rank % tp == 0 && owner_of(P, k, world / tp) == rank / tp)
+            pack_item(&b, (uint32_t)k, pend[k]);
     int64_t mine = (int64_t)b.n, longest = 0;
     int64_t *lens = loom_calloc((size_t)world, sizeof *lens);
     loom_allgather(mesh, LOOM_GROUP_WORLD, &mine, lens, (size_t)world, LOOM_I64);
@@ -1626,12 +1633,16 @@ static void exchange_items(loom_mesh *mesh, int rank, int world, item **pend, in
 static int local_open(pipeline *P, local_gen *L, loom_err *err) {
     if (L->eng) return 0;
     loom_run_data *run = NULL;
-    if (loom_load_model_ex(P->g.checkpoint, 1, 0, &L->m, NULL, &run, err) ||
+    /* with --tp this rank's view (docs/inference.md), stepped with its tp group */
+    const loom_model_layout lay = {.tp = L->tp, .tp_rank = L->tp_rank};
+    if (loom_load_model_view(P->g.checkpoint, L->tp > 1 ? &lay : NULL, 1, 0, &L->m, NULL, &run,
+                             NULL, err) ||
         loom_run_data_tokenizer(run, &L->tok, err)) {
         loom_run_data_free(run);
         return -1;
     }
     loom_run_data_free(run);
+    if (L->tp > 1) loom_model_set_comm_points(L->m, &L->tp_points);
     loom_engine_opts eo = {.max_batch = P->g.batch};
     return loom_engine_create(L->m, L->tok, &eo, &L->eng, err);
 }
@@ -1660,6 +1671,20 @@ int loom_synth_run(const char *path, const loom_synth_opts *o, loom_err *err) {
     if (P.C.skipped && rank == 0)
         fprintf(stderr, "loom: warning: %s: %lld torn or malformed cache lines skipped\n", P.C.dir, P.C.skipped);
     if (P.g.http) curl_global_init(CURL_GLOBAL_DEFAULT);
+    const int tp = o && o->tp > 1 ? o->tp : 1, replicas = world / tp, replica = rank / tp;
+    if (world % tp) {
+        loom_errf(err, "--tp %d does not divide the %d ranks of the job (mpirun -np must be a "
+                       "multiple of --tp)", tp, world);
+        goto done;
+    }
+    if (tp > 1 && P.g.http) {
+        loom_errf(err, "%s: --tp splits the local generator's model, but generator.kind is "
+                       "http", path);
+        goto done;
+    }
+    L.tp = tp;
+    L.tp_rank = rank % tp;
+    if (tp > 1) L.tp_points = o->tp_points;
     if (world > 1) {
         loom_mesh_spec spec;
         loom_mesh_spec_default(&spec);
@@ -1735,9 +1760,9 @@ int loom_synth_run(const char *path, const loom_synth_opts *o, loom_err *err) {
         /* this rank's blocks; outputs in the cache are taken from it */
         int nm = 0, ng = 0;
         for (int k = 0; k < np; k++) {
-            if (owner_of(&P, k, world) != rank) continue;
+            if (owner_of(&P, k, replicas) != replica) continue;
             item *it = pend[k];
-            mine[nm++] = it;
+            if (L.tp_rank == 0) mine[nm++] = it; /* a replica's tp rank 0 validates */
             if (P.C.on) {
                 sbuf kb = {0};
                 char sd[32];
@@ -1781,7 +1806,7 @@ int loom_synth_run(const char *path, const loom_synth_opts *o, loom_err *err) {
                 loom_errf(err, "%s: validator '%s': %s", path, P.v[v].name, P.v[v].sc->err.msg);
                 goto done_counts;
             }
-        if (world > 1) exchange_items(mesh, rank, world, pend, np, &P);
+        if (world > 1) exchange_items(mesh, rank, world, tp, pend, np, &P);
         for (int k = 0; P.C.on && k < np; k++) { /* new outputs and verdicts into the cache */
             item *it = pend[k];
             P.C.gen_hits += it->gen_hit;
