@@ -120,10 +120,10 @@ T512 static INL __m512 exp512(__m512 x) {
     p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
     p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
     __m512 y = _mm512_add_ps(_mm512_fmadd_ps(_mm512_mul_ps(p, r), r, r), _mm512_set1_ps(1.0f));
-    __m512i e = _mm512_add_epi32(_mm512_cvtps_epi32(nn), _mm512_set1_epi32(127));
-    __m512 scale = _mm512_castsi512_ps(_mm512_slli_epi32(e, 23));
+    /* y * 2^nn in one instruction (the same bits as building 2^nn and multiplying: checked
+     * over every float) */
     __mmask16 keep = _mm512_cmp_ps_mask(xc, lo, _CMP_GT_OQ);
-    return _mm512_maskz_mul_ps(keep, y, scale);
+    return _mm512_maskz_scalef_ps(keep, y, nn);
 }
 
 /* The register-blocked core: R (<= 6) rows of C by NV (<= 4) vectors of 16 columns, the last
@@ -166,6 +166,25 @@ T512 static INL void mk512(float *c, int64_t ldc, const float *a, int64_t as, in
     default: MK(R, 4); break;                                                                  \
     }
 
+/* Prefetches the rows r0 .. r0+5 of a strided C that is accumulated into and of a strided
+ * row-major A, views of the caller's tensors (dq rows, K read in place) that come from L3 or
+ * memory, while the row block before them computes: each block's FMA chains would otherwise
+ * wait for their loads of C. The tiles in scratch (ld = their width) stay cached and are not
+ * prefetched. Out of line so that gemm512's inner loop keeps its registers. */
+T512 static __attribute__((noinline)) void prefetch_next_rows(const float *c, int64_t ldc,
+                                                              const float *a, int64_t as,
+                                                              int64_t ak, int r0, int M, int N,
+                                                              int K, int n0, int nv, int acc) {
+    const int pfc = acc && ldc > N, pfa = ak == 1 && as > K && n0 == 0;
+    for (int r = r0; r < r0 + 6 && r < M; r++) {
+        if (pfc)
+            for (int v = 0; v < nv; v++)
+                _mm_prefetch((const char *)(c + r * ldc + n0 + 16 * v), _MM_HINT_T0);
+        if (pfa)
+            for (int x = 0; x < K; x += 16) _mm_prefetch((const char *)(a + r * as + x), _MM_HINT_T0);
+    }
+}
+
 T512 static void gemm512(float *c, int64_t ldc, const float *a, int64_t as, int64_t ak,
                          const float *b, int64_t ldb, int M, int N, int K, int acc) {
     for (int n0 = 0; n0 < N; n0 += 64) {
@@ -177,16 +196,7 @@ T512 static void gemm512(float *c, int64_t ldc, const float *a, int64_t as, int6
             float *cp = c + r0 * ldc + n0;
             const float *ap = a + r0 * as;
             const float *bp = b + n0;
-            /* the next row block's C rows (acc) and A rows (row-major A): they come from L2
-             * or L3 (dq rows, K read in place), and the FMA chains wait for the loads of C */
-            for (int r = r0 + 6; r < r0 + 12 && r < M; r++) {
-                if (acc)
-                    for (int v = 0; v < nv; v++)
-                        _mm_prefetch((const char *)(c + r * ldc + n0 + 16 * v), _MM_HINT_T0);
-                if (ak == 1 && n0 == 0)
-                    for (int x = 0; x < K; x += 16)
-                        _mm_prefetch((const char *)(a + r * as + x), _MM_HINT_T0);
-            }
+            prefetch_next_rows(c, ldc, a, as, ak, r0 + 6, M, N, K, n0, nv, acc);
             switch (rr) {
             case 1: MKR(1) break;
             case 2: MKR(2) break;
