@@ -9,6 +9,7 @@
 #include <stddef.h>
 
 #include "loom/base.h"
+#include "loom/comm.h"
 #include "loom/infer.h"
 #include "loom/model.h"
 #include "loom/tokenizer.h"
@@ -28,6 +29,10 @@ typedef struct loom_serve_opts {
     const char *chat_template; /* /v1/chat/completions prompts: plain (default), chatml, llama3
                                 * or a JSON template file (include/loom/chat.h) */
     loom_engine_opts engine;
+    /* Tensor parallelism: the mesh whose tp group holds the model's views (its points set on
+     * the model), NULL without. Its tp rank 0 serves and drives the group's engines; on the
+     * other tp ranks loom_serve_run replays the leader's engine operations until it stops. */
+    struct loom_mesh *tp_mesh;
 } loom_serve_opts;
 
 /* Serves until SIGTERM or SIGINT: then it stops accepting connections, lets the requests in

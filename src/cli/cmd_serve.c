@@ -1,14 +1,17 @@
 /* loom serve CKPT_DIR [--host H] [--port P] [--port-file F] [--model-id ID] [--max-body BYTES]
  *   [--max-prompt-tokens N] [--max-tokens N] [--max-concurrent N] [--batch N]
- *   [--kv-budget-mb M] [--timeout S] [--drain S] [--template plain|chatml|llama3|FILE]
- * An OpenAI-compatible server over the batched engine (docs/inference.md). */
+ *   [--kv-budget-mb M] [--timeout S] [--drain S] [--template plain|chatml|llama3|FILE] [--tp T]
+ * An OpenAI-compatible server over the batched engine (docs/inference.md). With --tp T under
+ * `mpirun -np T` the model is split over the T ranks: rank 0 serves, the others follow. */
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "cli/cli.h"
+#include "loom/comm.h"
 #include "loom/serve.h"
+#include "loom/tp.h"
 #include "loom/train.h"
 
 static int parse_num(const char *flag, const char *s, long long lo, long long hi, long long *out) {
@@ -23,8 +26,9 @@ static int parse_num(const char *flag, const char *s, long long lo, long long hi
     return 0;
 }
 
-int loom_cli_serve(int argc, char **argv) {
+static int serve_main(int argc, char **argv) {
     const char *ckpt = NULL;
+    long long tp = 1;
     loom_serve_opts o;
     memset(&o, 0, sizeof o);
     o.port = 8080;
@@ -63,6 +67,7 @@ int loom_cli_serve(int argc, char **argv) {
         NUM("--kv-budget-mb", 1, 1LL << 24, o.engine.kv_budget_bytes)
         NUM("--timeout", 1, 86400, o.timeout_s)
         NUM("--drain", 1, 86400, o.drain_s)
+        NUM("--tp", 1, 4096, tp)
 #undef NUM
         else goto usage;
     }
@@ -81,8 +86,38 @@ int loom_cli_serve(int argc, char **argv) {
     loom_model *m = NULL;
     loom_run_data *run = NULL;
     loom_tokenizer *tok = NULL;
+    loom_mesh *mesh = NULL;
+    loom_tp *tpc = NULL;
     int rc = 1;
-    if (loom_load_model_ex(ckpt, 1, 0, &m, NULL, &run, &err)) goto fail;
+    const int world = loom_comm_world_size(), rank = loom_comm_world_rank();
+    if (tp > 1 && world != tp) { /* one server: one replica */
+        if (rank == 0)
+            fprintf(stderr, "loom: error: loom serve --tp %lld serves one model split over %lld "
+                            "ranks: run it under mpirun -np %lld (this job has %d)\n", tp, tp,
+                    tp, world);
+        return 2;
+    }
+    if (tp == 1 && world > 1) {
+        if (rank == 0)
+            fprintf(stderr, "loom: error: loom serve under mpirun needs --tp (the model split "
+                            "over the ranks); for replicas, start one server per process\n");
+        return 2;
+    }
+    const loom_model_layout lay = {.tp = (int)tp, .tp_rank = rank};
+    if (tp > 1) {
+        loom_mesh_spec spec;
+        loom_mesh_spec_default(&spec);
+        spec.tp = (int)tp;
+        if (loom_mesh_create(&spec, NULL, &mesh, &err)) loom_comm_fail_all(&err);
+        tpc = loom_tp_create(mesh);
+        o.tp_mesh = mesh;
+    }
+    if (loom_load_model_view(ckpt, tp > 1 ? &lay : NULL, 1, 0, &m, NULL, &run, NULL, &err))
+        goto fail;
+    if (tpc) {
+        const loom_comm_points pts = loom_tp_comm_points(tpc);
+        loom_model_set_comm_points(m, &pts);
+    }
     if (loom_model_get_config(m)->head != LOOM_HEAD_LM) {
         loom_errf(&err, "%s: a classification model does not generate text", ckpt);
         goto fail;
@@ -95,16 +130,33 @@ int loom_cli_serve(int argc, char **argv) {
     if (loom_serve_run(m, tok, &o, &err)) goto fail;
     rc = 0;
 fail:
+    /* an error before serving is every rank's alike (the checkpoint); a rank's own (the
+     * port) ends the job */
+    if (rc && world > 1) loom_comm_fail(&err);
     if (rc) fprintf(stderr, "loom: error: %s\n", err.msg);
     loom_tokenizer_free(tok);
     loom_run_data_free(run);
     loom_model_free(m);
+    loom_tp_free(tpc);
+    loom_mesh_free(mesh);
     return rc;
 usage:
     fprintf(stderr, "usage: loom serve CKPT_DIR [--host H (127.0.0.1)] [--port P (8080; 0: any)] "
                     "[--port-file F] [--model-id ID] [--max-body BYTES] [--max-prompt-tokens N] "
                     "[--max-tokens N] [--max-concurrent N] [--max-connections N] [--batch N] "
                     "[--kv-budget-mb M] [--timeout S] [--drain S] "
-                    "[--template plain|chatml|llama3|FILE (plain): the chat template]\n");
+                    "[--template plain|chatml|llama3|FILE (plain): the chat template] "
+                    "[--tp T: under mpirun -np T, the model split over the T ranks]\n");
     return 2;
+}
+
+int loom_cli_serve(int argc, char **argv) {
+    loom_err err = {{0}};
+    if (loom_comm_init(&argc, &argv, &err)) {
+        fprintf(stderr, "loom: error: %s\n", err.msg);
+        return 1;
+    }
+    const int rc = serve_main(argc, argv);
+    loom_comm_finalize();
+    return rc;
 }

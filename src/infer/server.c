@@ -4,8 +4,15 @@
  * request waits for its job, a streaming one's content reader waits for the next text); one
  * engine thread owns the engine, takes queued jobs between steps and steps while anything
  * runs. A job is shared by its connection and the engine thread (a reference each); a client
- * that goes away cancels its job. The main thread waits for SIGTERM/SIGINT, then stops
- * accepting, lets the requests in flight finish, and stops. */
+ * that goes away cancels its job. The engine loop runs on the main thread (the one that may
+ * call MPI); a signal thread waits for SIGTERM/SIGINT, then stops accepting, lets the requests
+ * in flight finish, and stops the loop.
+ *
+ * Tensor parallelism (opts.tp_mesh, docs/inference.md): tp rank 0 serves and drives; before
+ * each engine step it broadcasts to its tp group what it did to its engine since the last one
+ * (submits with their prompt and parameters, cancellations, releases), and the other tp ranks
+ * (loom_serve_run's follower loop) replay it on theirs and step with it, so every engine of the
+ * group holds the same requests and their forwards meet at the model's communication points. */
 #define _GNU_SOURCE
 #include "loom/serve.h"
 #include "loom/chat.h"
@@ -49,6 +56,13 @@ typedef struct job {
 
 typedef struct server {
     loom_model *m;
+    loom_mesh *mesh;            /* tp > 1: the tp group's mesh (tp rank 0 drives) */
+    int tp;
+    int followers_wait;         /* tp > 1: the followers are in their loop until TP_STOP */
+    char *log;                  /* tp > 1: engine operations since the last broadcast */
+    size_t loglen, logcap;
+    int sig_pipe[2];            /* SIGTERM, SIGINT: the handler writes, the signal thread reads */
+    struct MHD_Daemon *daemon;
     const loom_tokenizer *tok;
     loom_serve_opts o;
     int maxT;
@@ -128,11 +142,181 @@ static void job_finish(job *j, int finish, int n_gen, const char *err) {
     pthread_mutex_unlock(&j->mu);
 }
 
-static void *engine_main(void *arg) {
-    server *S = arg;
+/* ---- the engine's operations, replicated over the tp group ------------------------------- */
+
+enum { TP_SUBMIT = 1, TP_CANCEL, TP_RELEASE, TP_STEP, TP_STOP };
+/* how long the leader waits, idle, before it sends the followers an empty message (they wait
+ * in a broadcast, which the mesh's timeout would otherwise end) */
+enum { TP_HEARTBEAT_S = 10 };
+
+static void log_add(server *S, const void *p, size_t n) {
+    if (S->loglen + n > S->logcap) {
+        size_t c = S->logcap ? S->logcap : 4096;
+        while (c < S->loglen + n) c *= 2;
+        char *nb = realloc(S->log, c);
+        LOOM_CHECK(nb != NULL);
+        S->log = nb;
+        S->logcap = c;
+    }
+    memcpy(S->log + S->loglen, p, n);
+    S->loglen += n;
+}
+static void log_i64(server *S, int64_t v) { log_add(S, &v, sizeof v); }
+
+/* the log to the followers (two broadcasts: its length, its bytes), then empty */
+static void log_send(server *S) {
+    int64_t n = (int64_t)S->loglen;
+    loom_broadcast(S->mesh, LOOM_GROUP_TP, &n, 1, LOOM_I64, 0);
+    if (n) loom_broadcast(S->mesh, LOOM_GROUP_TP, S->log, (size_t)n, LOOM_U8, 0);
+    S->loglen = 0;
+}
+
+static int eng_submit(server *S, job *j, loom_err *err) {
+    if (loom_engine_submit(S->eng, j->prompt, j->n_prompt, &j->p, on_text, j, &j->engine_id, err))
+        return -1; /* the engine is unchanged: nothing to replay */
+    if (S->tp <= 1) return 0;
+    const loom_gen_params *p = &j->p;
+    log_i64(S, TP_SUBMIT);
+    log_i64(S, j->engine_id);
+    log_i64(S, j->n_prompt);
+    log_add(S, j->prompt, (size_t)j->n_prompt * sizeof(int32_t));
+    const int64_t iv[] = {p->max_tokens, p->top_k, (int64_t)p->seed, p->n_stop, p->ignore_eos};
+    const float fv[] = {p->temperature, p->top_p, p->repetition_penalty};
+    log_add(S, iv, sizeof iv);
+    log_add(S, fv, sizeof fv);
+    for (int i = 0; i < p->n_stop; i++) {
+        const int64_t l = (int64_t)strlen(p->stop[i]);
+        log_i64(S, l);
+        log_add(S, p->stop[i], (size_t)l);
+    }
+    return 0;
+}
+
+static void eng_op(server *S, int op, int64_t id) {
+    if (op == TP_CANCEL) loom_engine_cancel(S->eng, id);
+    else loom_engine_release(S->eng, id);
+    if (S->tp <= 1) return;
+    log_i64(S, op);
+    log_i64(S, id);
+}
+
+static void eng_step(server *S) {
+    if (S->tp > 1) {
+        log_i64(S, TP_STEP);
+        log_send(S);
+    }
+    loom_engine_step(S->eng);
+}
+
+/* the followers leave their loop (once) */
+static void tp_stop(server *S) {
+    if (S->tp <= 1 || !S->followers_wait) return;
+    log_i64(S, TP_STOP);
+    log_send(S);
+    S->followers_wait = 0;
+}
+
+typedef struct rdr {
+    const char *p;
+    size_t n, at;
+} rdr;
+static const void *rd_take(rdr *r, size_t n) {
+    LOOM_CHECK(r->at + n <= r->n); /* the leader's own encoding: a broken invariant */
+    const char *p = r->p + r->at;
+    r->at += n;
+    return p;
+}
+static int64_t rd_i64(rdr *r) {
+    int64_t v;
+    memcpy(&v, rd_take(r, sizeof v), sizeof v);
+    return v;
+}
+
+/* A tp rank > 0: replays the leader's operations on its engine until TP_STOP. */
+static void follow(server *S) {
+    char *buf = NULL;
+    size_t cap = 0;
+    for (int stop = 0; !stop;) {
+        int64_t n = 0;
+        loom_broadcast(S->mesh, LOOM_GROUP_TP, &n, 1, LOOM_I64, 0);
+        if (n == 0) continue; /* a heartbeat */
+        if ((size_t)n > cap) {
+            cap = (size_t)n;
+            free(buf);
+            buf = loom_malloc(cap);
+        }
+        loom_broadcast(S->mesh, LOOM_GROUP_TP, buf, (size_t)n, LOOM_U8, 0);
+        rdr r = {buf, (size_t)n, 0};
+        while (r.at < r.n && !stop) {
+            const int64_t op = rd_i64(&r);
+            if (op == TP_SUBMIT) {
+                const int64_t id = rd_i64(&r), np = rd_i64(&r);
+                LOOM_CHECK(np > 0 && np <= S->maxT);
+                int32_t *prompt = loom_malloc((size_t)np * sizeof(int32_t));
+                memcpy(prompt, rd_take(&r, (size_t)np * sizeof(int32_t)), (size_t)np * sizeof(int32_t));
+                int64_t iv[5];
+                float fv[3];
+                memcpy(iv, rd_take(&r, sizeof iv), sizeof iv);
+                memcpy(fv, rd_take(&r, sizeof fv), sizeof fv);
+                loom_gen_params p = loom_gen_params_default();
+                p.max_tokens = (int)iv[0];
+                p.top_k = (int)iv[1];
+                p.seed = (uint64_t)iv[2];
+                p.n_stop = (int)iv[3];
+                p.ignore_eos = (int)iv[4];
+                p.temperature = fv[0];
+                p.top_p = fv[1];
+                p.repetition_penalty = fv[2];
+                LOOM_CHECK(p.n_stop >= 0 && p.n_stop <= 16);
+                char *stop_mem[16] = {0};
+                for (int i = 0; i < p.n_stop; i++) {
+                    const int64_t l = rd_i64(&r);
+                    stop_mem[i] = loom_malloc((size_t)l + 1);
+                    memcpy(stop_mem[i], rd_take(&r, (size_t)l), (size_t)l);
+                    stop_mem[i][l] = 0;
+                }
+                p.stop = (const char *const *)stop_mem;
+                loom_err err = {{0}};
+                int64_t got = -1;
+                /* the leader's engine took it: this one, in the same state, must too */
+                if (loom_engine_submit(S->eng, prompt, (int)np, &p, NULL, NULL, &got, &err) ||
+                    got != id)
+                    loom_comm_abort(1, "loom serve: tp follower: request %lld not replayed as "
+                                       "the leader ran it (%s)", (long long)id, err.msg);
+                for (int i = 0; i < p.n_stop; i++) free(stop_mem[i]);
+                free(prompt);
+            } else if (op == TP_CANCEL) {
+                loom_engine_cancel(S->eng, rd_i64(&r));
+            } else if (op == TP_RELEASE) {
+                loom_engine_release(S->eng, rd_i64(&r));
+            } else if (op == TP_STEP) {
+                loom_engine_step(S->eng);
+            } else {
+                LOOM_CHECK(op == TP_STOP);
+                stop = 1;
+            }
+        }
+    }
+    free(buf);
+}
+
+static void engine_main(server *S) {
     job *inflight = NULL;
     for (;;) {
         pthread_mutex_lock(&S->mu);
+        if (S->tp > 1) { /* idle: a heartbeat to the followers now and then */
+            while (!S->queue && !inflight && !S->stop) {
+                struct timespec until;
+                clock_gettime(CLOCK_REALTIME, &until);
+                until.tv_sec += TP_HEARTBEAT_S;
+                if (pthread_cond_timedwait(&S->cv, &S->mu, &until) == ETIMEDOUT &&
+                    !S->queue && !S->stop) {
+                    pthread_mutex_unlock(&S->mu);
+                    log_send(S);
+                    pthread_mutex_lock(&S->mu);
+                }
+            }
+        }
         while (!S->queue && !inflight && !S->stop) pthread_cond_wait(&S->cv, &S->mu);
         job *q = S->queue;
         S->queue = S->queue_tail = NULL;
@@ -152,14 +336,14 @@ static void *engine_main(void *arg) {
                 job_finish(j, LOOM_FINISH_NONE, 0, "the server shut down");
                 job_unref(j);
             }
+            tp_stop(S);
             break;
         }
         while (q) { /* join between steps */
             job *j = q;
             q = q->next;
             loom_err err = {{0}};
-            if (loom_engine_submit(S->eng, j->prompt, j->n_prompt, &j->p, on_text, j,
-                                   &j->engine_id, &err)) {
+            if (eng_submit(S, j, &err)) {
                 job_finish(j, LOOM_FINISH_NONE, 0, err.msg);
                 job_unref(j);
                 continue;
@@ -168,14 +352,14 @@ static void *engine_main(void *arg) {
             inflight = j;
         }
         for (job *j = inflight; j; j = j->next)
-            if (atomic_load(&j->cancelled)) loom_engine_cancel(S->eng, j->engine_id);
-        if (loom_engine_pending(S->eng) > 0) loom_engine_step(S->eng);
+            if (atomic_load(&j->cancelled)) eng_op(S, TP_CANCEL, j->engine_id);
+        if (loom_engine_pending(S->eng) > 0) eng_step(S);
         job **pp = &inflight;
         while (*pp) {
             job *j = *pp;
             int n = 0, fin = 0;
             if (loom_engine_result(S->eng, j->engine_id, NULL, &n, NULL, NULL, &fin) == 0) {
-                loom_engine_release(S->eng, j->engine_id);
+                eng_op(S, TP_RELEASE, j->engine_id);
                 *pp = j->next;
                 job_finish(j, fin, n, NULL);
                 job_unref(j);
@@ -184,7 +368,6 @@ static void *engine_main(void *arg) {
             }
         }
     }
-    return NULL;
 }
 
 static void enqueue(server *S, job *j) {
@@ -651,12 +834,46 @@ static void completed(void *cls, struct MHD_Connection *c, void **con_cls,
     atomic_fetch_sub(&S->open_requests, 1);
 }
 
+/* SIGTERM / SIGINT: the handler (whichever thread takes the signal: under MPI the library's own
+ * threads may, so masking the signals in ours cannot route them) hands the signal to the
+ * signal thread through a pipe. A signal handler has no context argument: the pipe's write
+ * end is the one process-wide variable, set while a server runs. */
+static volatile sig_atomic_t sig_fd = -1;
+
+static void on_signal(int sig) {
+    const unsigned char b = (unsigned char)sig;
+    if (sig_fd >= 0 && write(sig_fd, &b, 1) < 0) {} /* async-signal-safe */
+}
+
+/* the signal thread: SIGTERM/SIGINT, then stop accepting, drain, and stop the engine loop */
+static void *signal_main(void *arg) {
+    server *S = arg;
+    unsigned char b = 0;
+    while (read(S->sig_pipe[0], &b, 1) < 0 && errno == EINTR) {}
+    const int sig = b;
+    fprintf(stderr, "loom: %s: finishing %d request(s) in flight, then exiting\n",
+            sig == SIGTERM ? "SIGTERM" : "SIGINT", atomic_load(&S->open_requests));
+    atomic_store(&S->draining, 1);
+    const MHD_socket ls = MHD_quiesce_daemon(S->daemon); /* no new connections */
+    if (ls != MHD_INVALID_SOCKET) close(ls);
+    const double t0 = loom_now();
+    while (atomic_load(&S->open_requests) > 0 && loom_now() - t0 < S->o.drain_s) usleep(20000);
+    /* the engine loop ends any job still running */
+    pthread_mutex_lock(&S->mu);
+    S->stop = 1;
+    pthread_cond_signal(&S->cv);
+    pthread_mutex_unlock(&S->mu);
+    return NULL;
+}
+
 int loom_serve_run(loom_model *m, const loom_tokenizer *tok, const loom_serve_opts *o,
                    loom_err *err) {
     server *S = loom_calloc(1, sizeof *S);
     S->m = m;
     S->tok = tok;
     S->o = *o;
+    S->mesh = o->tp_mesh;
+    S->tp = S->mesh ? loom_mesh_size(S->mesh, LOOM_GROUP_TP) : 1;
     S->maxT = loom_model_get_config(m)->max_seq_len;
     S->created = time(NULL);
     if (!S->o.host) S->o.host = "127.0.0.1";
@@ -670,51 +887,60 @@ int loom_serve_run(loom_model *m, const loom_tokenizer *tok, const loom_serve_op
     if (S->o.timeout_s <= 0) S->o.timeout_s = 120;
     if (S->o.drain_s <= 0) S->o.drain_s = 300;
     if (S->o.engine.max_batch <= 0) S->o.engine.max_batch = 16;
+    if (S->tp > 1 && loom_mesh_rank(S->mesh, LOOM_GROUP_TP) > 0) { /* a follower */
+        int rc = loom_engine_create(m, tok, &S->o.engine, &S->eng, err);
+        if (rc == 0) follow(S);
+        loom_engine_free(S->eng);
+        free(S);
+        return rc;
+    }
     struct sockaddr_in addr;
     memset(&addr, 0, sizeof addr);
     addr.sin_family = AF_INET;
     addr.sin_port = htons((uint16_t)S->o.port);
+    int rc = 0;
+    S->followers_wait = S->tp > 1;
     if (inet_pton(AF_INET, S->o.host, &addr.sin_addr) != 1) {
-        free(S);
-        return loom_errf(err, "--host '%s' is not an IPv4 address", o->host);
+        rc = loom_errf(err, "--host '%s' is not an IPv4 address", o->host);
+        goto out;
     }
     if (loom_chat_template_load(S->o.chat_template ? S->o.chat_template : "plain", &S->chat_tpl, err)) {
-        free(S);
-        return -1;
+        rc = -1;
+        goto out;
     }
     if (loom_engine_create(m, tok, &S->o.engine, &S->eng, err)) {
-        loom_chat_template_free(S->chat_tpl);
-        free(S);
-        return -1;
+        S->followers_wait = 0; /* theirs failed alike: they have left */
+        rc = -1;
+        goto out;
     }
     pthread_mutex_init(&S->mu, NULL);
     pthread_cond_init(&S->cv, NULL);
-    /* SIGTERM/SIGINT are taken by sigwait below: blocked in every thread started from here */
-    sigset_t sigs, old;
-    sigemptyset(&sigs);
-    sigaddset(&sigs, SIGTERM);
-    sigaddset(&sigs, SIGINT);
-    pthread_sigmask(SIG_BLOCK, &sigs, &old);
+    /* SIGTERM/SIGINT go to the signal thread (on_signal) */
+    struct sigaction sa, old_term, old_int;
+    LOOM_CHECK(pipe(S->sig_pipe) == 0);
+    sig_fd = S->sig_pipe[1];
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = on_signal;
+    sa.sa_flags = SA_RESTART;
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGTERM, &sa, &old_term);
+    sigaction(SIGINT, &sa, &old_int);
     signal(SIGPIPE, SIG_IGN);
-    int rc = 0;
-    struct MHD_Daemon *d = NULL;
-    if (pthread_create(&S->eng_thread, NULL, engine_main, S)) {
-        rc = loom_errf(err, "cannot start the engine thread");
-        goto done_nothread;
-    }
-    d = MHD_start_daemon(MHD_USE_THREAD_PER_CONNECTION | MHD_USE_POLL_INTERNAL_THREAD |
-                             MHD_USE_ITC,
-                         0, NULL, NULL, handler, S, MHD_OPTION_SOCK_ADDR, (struct sockaddr *)&addr,
-                         MHD_OPTION_CONNECTION_LIMIT, (unsigned)S->o.max_connections,
-                         MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)S->o.timeout_s,
-                         MHD_OPTION_THREAD_STACK_SIZE, (size_t)(512 * 1024),
-                         MHD_OPTION_NOTIFY_COMPLETED, completed, S, MHD_OPTION_END);
-    if (!d) {
+    pthread_t sig_thread;
+    S->daemon = MHD_start_daemon(MHD_USE_THREAD_PER_CONNECTION | MHD_USE_POLL_INTERNAL_THREAD |
+                                     MHD_USE_ITC,
+                                 0, NULL, NULL, handler, S, MHD_OPTION_SOCK_ADDR,
+                                 (struct sockaddr *)&addr, MHD_OPTION_CONNECTION_LIMIT,
+                                 (unsigned)S->o.max_connections, MHD_OPTION_CONNECTION_TIMEOUT,
+                                 (unsigned)S->o.timeout_s, MHD_OPTION_THREAD_STACK_SIZE,
+                                 (size_t)(512 * 1024), MHD_OPTION_NOTIFY_COMPLETED, completed, S,
+                                 MHD_OPTION_END);
+    if (!S->daemon) {
         rc = loom_errf(err, "cannot listen on %s:%d (%s)", S->o.host, S->o.port,
                        errno ? strerror(errno) : "address in use or not available");
         goto done;
     }
-    const union MHD_DaemonInfo *info = MHD_get_daemon_info(d, MHD_DAEMON_INFO_BIND_PORT);
+    const union MHD_DaemonInfo *info = MHD_get_daemon_info(S->daemon, MHD_DAEMON_INFO_BIND_PORT);
     const int port = info ? (int)info->port : S->o.port;
     if (S->o.port_file) {
         char b[32];
@@ -724,31 +950,29 @@ int loom_serve_run(loom_model *m, const loom_tokenizer *tok, const loom_serve_op
             goto done;
         }
     }
+    if (pthread_create(&sig_thread, NULL, signal_main, S)) {
+        rc = loom_errf(err, "cannot start the signal thread");
+        goto done;
+    }
     fprintf(stderr, "loom: serving '%s' on http://%s:%d (/v1/completions, /v1/chat/completions, "
-                    "/v1/models, /health)\n", S->o.model_id, S->o.host, port);
-    int sig = 0;
-    sigwait(&sigs, &sig);
-    fprintf(stderr, "loom: %s: finishing %d request(s) in flight, then exiting\n",
-            sig == SIGTERM ? "SIGTERM" : "SIGINT", atomic_load(&S->open_requests));
-    atomic_store(&S->draining, 1);
-    const MHD_socket ls = MHD_quiesce_daemon(d); /* no new connections */
-    if (ls != MHD_INVALID_SOCKET) close(ls);
-    const double t0 = loom_now();
-    while (atomic_load(&S->open_requests) > 0 && loom_now() - t0 < S->o.drain_s) usleep(20000);
+                    "/v1/models, /health)%s\n", S->o.model_id, S->o.host, port,
+            S->tp > 1 ? " over a tensor-parallel group" : "");
+    engine_main(S); /* until the signal thread stops it */
+    pthread_join(sig_thread, NULL);
 done:
-    /* the engine first (it ends any job still running), then the connections */
-    pthread_mutex_lock(&S->mu);
-    S->stop = 1;
-    pthread_cond_signal(&S->cv);
-    pthread_mutex_unlock(&S->mu);
-    pthread_join(S->eng_thread, NULL);
-    if (d) MHD_stop_daemon(d);
-done_nothread:
-    pthread_sigmask(SIG_SETMASK, &old, NULL);
-    loom_engine_free(S->eng);
-    loom_chat_template_free(S->chat_tpl);
+    if (S->daemon) MHD_stop_daemon(S->daemon);
+    sigaction(SIGTERM, &old_term, NULL);
+    sigaction(SIGINT, &old_int, NULL);
+    sig_fd = -1;
+    close(S->sig_pipe[0]);
+    close(S->sig_pipe[1]);
     pthread_mutex_destroy(&S->mu);
     pthread_cond_destroy(&S->cv);
+out:
+    tp_stop(S); /* the loop never ran (an error): the followers still wait for it */
+    loom_engine_free(S->eng);
+    loom_chat_template_free(S->chat_tpl);
+    free(S->log);
     free(S);
     return rc;
 }
