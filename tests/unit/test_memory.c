@@ -35,6 +35,9 @@ static void check_estimate(const loom_model_config *cfg, int zero) {
     assert_int_equal(est.param_bytes, real.param_bytes);
     assert_int_equal(est.grad_bytes, real.grad_bytes);
     assert_int_equal(est.optim_bytes, real.optim_bytes);
+    /* one process: the reduced gradients are the gradient buffer itself at zero 0/1 */
+    if (zero < 2)
+        assert_int_equal(real.grad_bytes, sizeof(float) * loom_model_num_params(m));
     /* parameters + AdamW moments at least: 3 x 4 bytes per parameter */
     assert_true(est.param_bytes + est.optim_bytes >= 12 * loom_model_num_params(m));
     /* half of the dp ranks hold about half the moments at zero >= 1 */
