@@ -2,7 +2,12 @@
  * reading the weight matrix once, in place. sgemm packs the whole weight matrix into its own
  * layout on every call; at a few rows that copy costs more than the product itself (a decode
  * step at batch 1 spent half its time in OpenBLAS's sgemm_incopy). Here each block of 4 weight
- * rows is read once and multiplied with every input row while it is in L1.
+ * rows is read once and multiplied with every input row while it is in L1 (or L2). The next
+ * block's rows are prefetched while this one computes, spread over its passes over the input
+ * rows (one row per pass of four input rows at 16 rows), so that memory streams all the time
+ * rather than in bursts during the first pass. A block of 4 weight rows x 4 input rows sums
+ * its 16 vectors of partial sums in one transposing tree (mr_hsum16), the same pairs as
+ * mr_hsum's tree for each of them, so the bits are those of 16 mr_hsum calls.
  *
  * Every output element is one dot product computed the same way whatever N is and whichever
  * block it falls in (vector partial sums over IC in order, a fixed reduction tree, then the
@@ -44,13 +49,39 @@ static inline float LOOM_KV(mr_hsum)(mr_vec a) {
     return t[0];
 }
 
+#ifndef LOOM_MR_HSUM16
+#define LOOM_MR_HSUM16
+typedef int32_t mr_ivec __attribute__((vector_size(64)));
+#endif
+
+/* a[0..15] -> lane 4 * (j % 4) + j / 4 holds the sum of a[j], each by mr_hsum's tree: level
+ * one adds lanes (l, l+8) of two vectors at once, level two (l, l+4), three (l, l+2), four
+ * (l, l+1); float addition commutes exactly, so only the pairs matter. */
+static inline __attribute__((always_inline)) void LOOM_KV(mr_hsum16)(const mr_vec *a, mr_vec *sum) {
+    const mr_ivec l1 = {0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21, 22, 23};
+    const mr_ivec l2 = {0, 1, 2, 3, 8, 9, 10, 11, 16, 17, 18, 19, 24, 25, 26, 27};
+    const mr_ivec l3 = {0, 1, 16, 17, 4, 5, 20, 21, 8, 9, 24, 25, 12, 13, 28, 29};
+    const mr_ivec l4 = {0, 2, 16, 18, 4, 6, 20, 22, 8, 10, 24, 26, 12, 14, 28, 30};
+    mr_vec p[8], q[4], r[2];
+    for (int m = 0; m < 8; m++)
+        p[m] = __builtin_shuffle(a[2 * m], a[2 * m + 1], l1) +
+               __builtin_shuffle(a[2 * m], a[2 * m + 1], l1 + 8);
+    for (int m = 0; m < 4; m++)
+        q[m] = __builtin_shuffle(p[2 * m], p[2 * m + 1], l2) +
+               __builtin_shuffle(p[2 * m], p[2 * m + 1], l2 + 4);
+    for (int m = 0; m < 2; m++)
+        r[m] = __builtin_shuffle(q[2 * m], q[2 * m + 1], l3) +
+               __builtin_shuffle(q[2 * m], q[2 * m + 1], l3 + 2);
+    *sum = __builtin_shuffle(r[0], r[1], l4) + __builtin_shuffle(r[0], r[1], l4 + 1);
+}
+
 /* OB weight rows by NB input rows; OB, NB are constants where it is inlined. pf, when not
- * NULL, is the next block's weights (OB rows): each step over IC asks for the cache line of
- * each of its rows at the same offset, so the next block streams in from memory while this
- * one computes (one block ahead: 4 rows of IC floats). */
+ * NULL, is a later block's weights (OB rows): each step over IC asks for the cache line of
+ * each row r with bit r set in pmask at the same offset, so that block streams in from memory
+ * while this one computes. */
 static inline __attribute__((always_inline)) void LOOM_KV(mr_block)(
-    float *out, const float *inp, const float *w, const float *bias, const float *pf, int IC,
-    int OC, int OB, int NB) {
+    float *out, const float *inp, const float *w, const float *bias, const float *pf,
+    int pmask, int IC, int OC, int OB, int NB) {
     mr_vec acc[4][4];
     for (int r = 0; r < OB; r++)
         for (int n = 0; n < NB; n++) acc[r][n] = (mr_vec){0};
@@ -58,11 +89,28 @@ static inline __attribute__((always_inline)) void LOOM_KV(mr_block)(
     for (int i = 0; i < ICv; i += MR_W) {
         mr_vec wv[4], xv[4];
         if (pf)
-            for (int r = 0; r < OB; r++) __builtin_prefetch(pf + (int64_t)r * IC + i, 0, 2);
+            for (int r = 0; r < OB; r++)
+                if (pmask >> r & 1) __builtin_prefetch(pf + (int64_t)r * IC + i, 0, 2);
         for (int r = 0; r < OB; r++) wv[r] = *(const mr_vec *)(w + (int64_t)r * IC + i);
         for (int n = 0; n < NB; n++) xv[n] = *(const mr_vec *)(inp + (int64_t)n * IC + i);
         for (int r = 0; r < OB; r++)
             for (int n = 0; n < NB; n++) acc[r][n] += wv[r] * xv[n];
+    }
+    if (OB == 4 && NB == 4) {
+        mr_vec a[16], sum;
+        for (int r = 0; r < 4; r++)
+            for (int n = 0; n < 4; n++) a[4 * r + n] = acc[r][n];
+        LOOM_KV(mr_hsum16)(a, &sum); /* lane 4 * n + r: output (n, r) */
+        float t[16];
+        memcpy(t, &sum, sizeof t);
+        for (int n = 0; n < 4; n++)
+            for (int r = 0; r < 4; r++) {
+                float s = t[4 * n + r];
+                const float *wr = w + (int64_t)r * IC, *xr = inp + (int64_t)n * IC;
+                for (int i = ICv; i < IC; i++) s += wr[i] * xr[i];
+                out[(int64_t)n * OC + r] = bias ? s + bias[r] : s;
+            }
+        return;
     }
     for (int r = 0; r < OB; r++)
         for (int n = 0; n < NB; n++) {
@@ -82,25 +130,24 @@ static void LOOM_KV(matmul_rows_forward)(float *out, const float *inp, const flo
         const float *w = weight + (int64_t)o * IC;
         const float *bb = bias ? bias + o : NULL;
         if (o + 4 <= OC) {
-            /* the next block's rows, while there is a whole next block */
+            /* the next block's rows, while there is a whole next block; with G groups of 4
+             * input rows, group g prefetches the rows r with r % G == g */
             const float *pf = o + 8 <= OC ? w + 4 * (int64_t)IC : NULL;
-            int64_t n = 0;
-            if (N >= 4) {
-                LOOM_KV(mr_block)(out + o, inp, w, bb, pf, IC, OC, 4, 4);
-                n = 4;
-            } else {
-                LOOM_KV(mr_block)(out + o, inp, w, bb, pf, IC, OC, 4, 1);
-                n = 1;
+            const int G = N >= 4 ? (int)(N / 4) : 0;
+            for (int g = 0; g < G; g++) {
+                int mask = 0;
+                for (int r = 0; r < 4; r++) mask |= (r % G == g) << r;
+                LOOM_KV(mr_block)(out + 4 * g * (int64_t)OC + o, inp + 4 * g * (int64_t)IC, w,
+                                  bb, pf, mask, IC, OC, 4, 4);
             }
-            for (; n + 4 <= N; n += 4)
-                LOOM_KV(mr_block)(out + n * OC + o, inp + n * IC, w, bb, NULL, IC, OC, 4, 4);
-            for (; n < N; n++)
-                LOOM_KV(mr_block)(out + n * OC + o, inp + n * IC, w, bb, NULL, IC, OC, 4, 1);
+            for (int64_t n = 4 * (int64_t)G; n < N; n++)
+                LOOM_KV(mr_block)(out + n * OC + o, inp + n * IC, w, bb, n == 0 ? pf : NULL,
+                                  0xF, IC, OC, 4, 1);
         } else {
             for (int r = o; r < OC; r++)
                 for (int64_t n = 0; n < N; n++)
                     LOOM_KV(mr_block)(out + n * OC + r, inp + n * IC, weight + (int64_t)r * IC,
-                                      bias ? bias + r : NULL, NULL, IC, OC, 1, 1);
+                                      bias ? bias + r : NULL, NULL, 0, IC, OC, 1, 1);
         }
     }
 }
