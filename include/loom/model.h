@@ -514,6 +514,13 @@ typedef struct loom_decode_seg {
     int want_logits;   /* 1: next-token logits of the segment's last row */
 } loom_decode_seg;
 typedef struct loom_decode_ws loom_decode_ws;
+/* --weights bf16 (src/model/weights_bf16.c, docs/inference.md): rounds the linears' weight
+ * matrices and the head matrix to bf16 once, holds them so (their fp32 pages released) and
+ * runs them widened to fp32. After it only loom_model_decode_batch may run the model. A whole
+ * dense language model (tp = 1, no MoE, no LoRA) or an error. Idempotent. */
+int loom_model_set_weights_bf16(loom_model *m, loom_err *err);
+int loom_model_weights_bf16(const loom_model *m);
+
 /* scratch for steps of up to max_rows rows and max_logits segments wanting logits */
 loom_decode_ws *loom_decode_ws_create(const loom_model *m, int max_rows, int max_logits);
 void loom_decode_ws_free(loom_decode_ws *w);

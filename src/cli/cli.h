@@ -12,4 +12,8 @@ int loom_cli_peak(int argc, char **argv);
 int loom_cli_import(int argc, char **argv);
 int loom_cli_export(int argc, char **argv);
 int loom_cli_report(int argc, char **argv);
+/* --weights fp32|bf16 (cli_weights.c): 0 and *bf16 set, or -1 after a message on stderr */
+int cli_parse_weights(const char *v, int *bf16);
+/* this process's resident memory (/proc/self/statm), MiB; 0 when unknown */
+double cli_resident_mib(void);
 #endif

@@ -1,5 +1,6 @@
 /* loom generate CKPT_DIR --prompt TEXT | --prompts FILE [--tokens N --temperature T --top-k K
- *   --top-p P --repetition-penalty R --stop S ... --seed S --batch N --kv-budget-mb M --tp T]
+ *   --top-p P --repetition-penalty R --stop S ... --seed S --batch N --kv-budget-mb M --tp T
+ *   --weights fp32|bf16]
  * Generation runs through the batched engine (src/infer/engine.c): --prompts gives many
  * prompts (one per line, or JSONL with a "prompt" key) that run batched, one JSON line out per
  * prompt, in input order. Under mpirun the world's N ranks are N / T replicas (data-parallel
@@ -144,7 +145,7 @@ static int generate_main(int argc, char **argv) {
     const char *ckpt = NULL, *prompt = "\n", *prompts_file = NULL;
     long n_tokens = 200, top_k = 40, seed = 1, batch = 16, kv_mb = 0, tp = 1;
     double temperature = 0.8, top_p = 1.0, rep = 1.0;
-    int recompute = 0, stats = 0, n_stop = 0, fmt_ids = 0, chat = 0;
+    int recompute = 0, stats = 0, n_stop = 0, fmt_ids = 0, chat = 0, wbf16 = 0;
     const char *stops[17], *template_spec = "chatml", *system = NULL;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
@@ -161,6 +162,9 @@ static int generate_main(int argc, char **argv) {
         if (!strcmp(a, "--prompt")) prompt = v;
         else if (!strcmp(a, "--prompts")) prompts_file = v;
         else if (!strcmp(a, "--template")) template_spec = v;
+        else if (!strcmp(a, "--weights")) {
+            if (cli_parse_weights(v, &wbf16)) return 2;
+        }
         else if (!strcmp(a, "--system")) system = v;
         else if (!strcmp(a, "--format")) {
             if (strcmp(v, "text") && strcmp(v, "ids")) {
@@ -244,6 +248,10 @@ static int generate_main(int argc, char **argv) {
         loom_errf(&err, "--no-kv-cache runs the whole model in one process, not with --tp");
         goto fail;
     }
+    if (wbf16 && recompute) {
+        loom_errf(&err, "--weights bf16 runs through the KV-cache engine, not --no-kv-cache");
+        goto fail;
+    }
     /* --tp: this rank's tensor-parallel view, its boxes read from the checkpoint */
     const loom_model_layout lay = {.tp = (int)tp, .tp_rank = tp_idx};
     if (loom_load_model_view(ckpt, tp > 1 ? &lay : NULL, 1, 0, &m, NULL, &run, NULL, &err))
@@ -252,6 +260,7 @@ static int generate_main(int argc, char **argv) {
         const loom_comm_points pts = loom_tp_comm_points(tpc);
         loom_model_set_comm_points(m, &pts);
     }
+    if (wbf16 && loom_model_set_weights_bf16(m, &err)) goto fail;
     const loom_model_config *mc = loom_model_get_config(m);
     if (mc->head != LOOM_HEAD_LM) {
         loom_errf(&err, "%s: a classification model does not generate text (use loom eval)", ckpt);
@@ -448,6 +457,8 @@ static int generate_main(int argc, char **argv) {
                         "prompts, batch %d, %lld steps; %.3f s of CPU: %.1f tokens per CPU second)\n",
                 (long long)total, dt, dt > 0 ? (double)total / dt : 0.0, np, st.max_running,
                 (long long)st.steps, cpu, cpu > 0 ? (double)total / cpu : 0.0);
+        fprintf(stderr, "loom: weights %s; resident memory %.1f MiB\n", wbf16 ? "bf16" : "fp32",
+                cli_resident_mib());
     }
     rc = 0;
 fail:

@@ -33,6 +33,7 @@ static int serve_main(int argc, char **argv) {
     memset(&o, 0, sizeof o);
     o.port = 8080;
     long long v;
+    int wbf16 = 0;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *val = i + 1 < argc ? argv[i + 1] : NULL;
         if (a[0] != '-') {
@@ -45,7 +46,9 @@ static int serve_main(int argc, char **argv) {
         if (!strcmp(a, "--host")) o.host = val;
         else if (!strcmp(a, "--port-file")) o.port_file = val;
         else if (!strcmp(a, "--template")) o.chat_template = val;
-        else if (!strcmp(a, "--model-id")) {
+        else if (!strcmp(a, "--weights")) {
+            if (cli_parse_weights(val, &wbf16)) return 2;
+        } else if (!strcmp(a, "--model-id")) {
             if (!val[0] || strlen(val) > 256) {
                 fprintf(stderr, "loom: error: --model-id must be 1 to 256 bytes\n");
                 return 2;
@@ -122,6 +125,7 @@ static int serve_main(int argc, char **argv) {
         loom_errf(&err, "%s: a classification model does not generate text", ckpt);
         goto fail;
     }
+    if (wbf16 && loom_model_set_weights_bf16(m, &err)) goto fail;
     if (loom_run_data_tokenizer(run, &tok, &err)) goto fail;
     if (loom_tokenizer_vocab_size(tok) > (uint32_t)loom_model_get_config(m)->vocab_size) {
         loom_errf(&err, "%s: the tokenizer has more ids than model.vocab_size", run->where);
@@ -144,7 +148,7 @@ usage:
     fprintf(stderr, "usage: loom serve CKPT_DIR [--host H (127.0.0.1)] [--port P (8080; 0: any)] "
                     "[--port-file F] [--model-id ID] [--max-body BYTES] [--max-prompt-tokens N] "
                     "[--max-tokens N] [--max-concurrent N] [--max-connections N] [--batch N] "
-                    "[--kv-budget-mb M] [--timeout S] [--drain S] "
+                    "[--kv-budget-mb M] [--timeout S] [--drain S] [--weights fp32|bf16] "
                     "[--template plain|chatml|llama3|FILE (plain): the chat template] "
                     "[--tp T: under mpirun -np T, the model split over the T ranks]\n");
     return 2;

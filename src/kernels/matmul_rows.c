@@ -12,7 +12,14 @@
  * Every output element is one dot product computed the same way whatever N is and whichever
  * block it falls in (vector partial sums over IC in order, a fixed reduction tree, then the
  * IC tail, then the bias): a row's result does not depend on the other rows of the step nor
- * on the thread count. */
+ * on the thread count.
+ *
+ * matmul_rows_bf16_forward: the same with the weights held as bfloat16 (the upper 16 bits of
+ * an fp32, inference's --weights bf16): each weight is widened to the fp32 it stands for
+ * exactly as it is loaded, and everything else (products, sums, their order) is the fp32
+ * kernel's, so the result is the fp32 kernel's on the weights rounded to bf16. It takes any
+ * N, in chunks of 16 rows (a prefill re-reads the half-size weights once per 16 rows). It is
+ * compiled from this file into its own object by matmul_rows_bf16.c. */
 #ifndef LOOM_KV
 #include <string.h>
 
@@ -25,7 +32,6 @@
 LOOM_DISPATCH(matmul_rows_forward, (float *out, const float *inp, const float *weight,
                                     const float *bias, int64_t N, int IC, int OC),
               (out, inp, weight, bias, N, IC, OC))
-
 #else /* one level of the kernels (isa_variants.h) */
 
 #ifndef LOOM_MR_TYPES
@@ -33,8 +39,30 @@ LOOM_DISPATCH(matmul_rows_forward, (float *out, const float *inp, const float *w
 /* one vector of partial sums: 16 lanes (one zmm, two ymm, four xmm by level); unaligned */
 typedef float mr_vec __attribute__((vector_size(64), aligned(4)));
 typedef float mr_half __attribute__((vector_size(32), aligned(4)));
+typedef uint16_t mr_hvec __attribute__((vector_size(32), aligned(2)));
+typedef uint32_t mr_uvec __attribute__((vector_size(64)));
 enum { MR_W = 16 };
 #endif
+
+/* MR_W weights from element at of w: fp32 (bf = 0) or bf16 widened (bf = 1) */
+static inline __attribute__((always_inline)) void LOOM_KV(mr_loadw)(mr_vec *f, const void *w,
+                                                                     int bf, int64_t at) {
+    if (bf) {
+        const mr_uvec u = __builtin_convertvector(*(const mr_hvec *)((const uint16_t *)w + at),
+                                                  mr_uvec) << 16;
+        memcpy(f, &u, sizeof *f);
+    } else {
+        *f = *(const mr_vec *)((const float *)w + at);
+    }
+}
+static inline __attribute__((always_inline)) float LOOM_KV(mr_w1)(const void *w, int bf,
+                                                                  int64_t at) {
+    if (!bf) return ((const float *)w)[at];
+    const uint32_t u = (uint32_t)((const uint16_t *)w)[at] << 16;
+    float x;
+    memcpy(&x, &u, sizeof x);
+    return x;
+}
 
 /* the lanes of a in a fixed tree: (l, l+8), then (l, l+4), (l, l+2), (l, l+1) */
 static inline float LOOM_KV(mr_hsum)(mr_vec a) {
@@ -80,8 +108,9 @@ static inline __attribute__((always_inline)) void LOOM_KV(mr_hsum16)(const mr_ve
  * each row r with bit r set in pmask at the same offset, so that block streams in from memory
  * while this one computes. */
 static inline __attribute__((always_inline)) void LOOM_KV(mr_block)(
-    float *out, const float *inp, const float *w, const float *bias, const float *pf,
-    int pmask, int IC, int OC, int OB, int NB) {
+    float *out, const float *inp, const void *w, const float *bias, const void *pf,
+    int pmask, int IC, int OC, int OB, int NB, int bf) {
+    const int es = bf ? 2 : 4; /* bytes per weight */
     mr_vec acc[4][4];
     for (int r = 0; r < OB; r++)
         for (int n = 0; n < NB; n++) acc[r][n] = (mr_vec){0};
@@ -90,8 +119,9 @@ static inline __attribute__((always_inline)) void LOOM_KV(mr_block)(
         mr_vec wv[4], xv[4];
         if (pf)
             for (int r = 0; r < OB; r++)
-                if (pmask >> r & 1) __builtin_prefetch(pf + (int64_t)r * IC + i, 0, 2);
-        for (int r = 0; r < OB; r++) wv[r] = *(const mr_vec *)(w + (int64_t)r * IC + i);
+                if (pmask >> r & 1)
+                    __builtin_prefetch((const char *)pf + ((int64_t)r * IC + i) * es, 0, 2);
+        for (int r = 0; r < OB; r++) LOOM_KV(mr_loadw)(&wv[r], w, bf, (int64_t)r * IC + i);
         for (int n = 0; n < NB; n++) xv[n] = *(const mr_vec *)(inp + (int64_t)n * IC + i);
         for (int r = 0; r < OB; r++)
             for (int n = 0; n < NB; n++) acc[r][n] += wv[r] * xv[n];
@@ -106,50 +136,78 @@ static inline __attribute__((always_inline)) void LOOM_KV(mr_block)(
         for (int n = 0; n < 4; n++)
             for (int r = 0; r < 4; r++) {
                 float s = t[4 * n + r];
-                const float *wr = w + (int64_t)r * IC, *xr = inp + (int64_t)n * IC;
-                for (int i = ICv; i < IC; i++) s += wr[i] * xr[i];
+                const float *xr = inp + (int64_t)n * IC;
+                for (int i = ICv; i < IC; i++)
+                    s += LOOM_KV(mr_w1)(w, bf, (int64_t)r * IC + i) * xr[i];
                 out[(int64_t)n * OC + r] = bias ? s + bias[r] : s;
             }
         return;
     }
     for (int r = 0; r < OB; r++)
         for (int n = 0; n < NB; n++) {
-            const float *wr = w + (int64_t)r * IC, *xr = inp + (int64_t)n * IC;
+            const float *xr = inp + (int64_t)n * IC;
             float s = LOOM_KV(mr_hsum)(acc[r][n]);
-            for (int i = ICv; i < IC; i++) s += wr[i] * xr[i];
+            for (int i = ICv; i < IC; i++) s += LOOM_KV(mr_w1)(w, bf, (int64_t)r * IC + i) * xr[i];
             out[(int64_t)n * OC + r] = bias ? s + bias[r] : s;
         }
 }
 
-static void LOOM_KV(matmul_rows_forward)(float *out, const float *inp, const float *weight,
-                                         const float *bias, int64_t N, int IC, int OC) {
-    const int nblk = (OC + 3) / 4;
-#pragma omp parallel for schedule(static) if ((int64_t)OC * IC * N >= 4 * LOOM_PAR_MIN)
-    for (int b = 0; b < nblk; b++) {
+/* block b (weight rows 4b..4b+3) against every input row; bf a constant where inlined (each
+ * parallel loop below calls it, so the outlined OpenMP body is specialised) */
+static inline __attribute__((always_inline)) void LOOM_KV(mr_rows4)(
+    float *out, const float *inp, const void *weight, const float *bias, int64_t N, int IC,
+    int OC, int b, int bf) {
+    const int es = bf ? 2 : 4;
+    {
         const int o = 4 * b;
-        const float *w = weight + (int64_t)o * IC;
+        const char *w = (const char *)weight + (int64_t)o * IC * es;
         const float *bb = bias ? bias + o : NULL;
         if (o + 4 <= OC) {
             /* the next block's rows, while there is a whole next block; with G groups of 4
              * input rows, group g prefetches the rows r with r % G == g */
-            const float *pf = o + 8 <= OC ? w + 4 * (int64_t)IC : NULL;
+            const char *pf = o + 8 <= OC ? w + 4 * (int64_t)IC * es : NULL;
             const int G = N >= 4 ? (int)(N / 4) : 0;
             for (int g = 0; g < G; g++) {
                 int mask = 0;
                 for (int r = 0; r < 4; r++) mask |= (r % G == g) << r;
                 LOOM_KV(mr_block)(out + 4 * g * (int64_t)OC + o, inp + 4 * g * (int64_t)IC, w,
-                                  bb, pf, mask, IC, OC, 4, 4);
+                                  bb, pf, mask, IC, OC, 4, 4, bf);
             }
             for (int64_t n = 4 * (int64_t)G; n < N; n++)
                 LOOM_KV(mr_block)(out + n * OC + o, inp + n * IC, w, bb, n == 0 ? pf : NULL,
-                                  0xF, IC, OC, 4, 1);
+                                  0xF, IC, OC, 4, 1, bf);
         } else {
             for (int r = o; r < OC; r++)
                 for (int64_t n = 0; n < N; n++)
-                    LOOM_KV(mr_block)(out + n * OC + r, inp + n * IC, weight + (int64_t)r * IC,
-                                      bias ? bias + r : NULL, NULL, 0, IC, OC, 1, 1);
+                    LOOM_KV(mr_block)(out + n * OC + r, inp + n * IC,
+                                      (const char *)weight + (int64_t)r * IC * es,
+                                      bias ? bias + r : NULL, NULL, 0, IC, OC, 1, 1, bf);
         }
     }
 }
+
+#ifndef LOOM_MR_BF16_FILE
+static void LOOM_KV(matmul_rows_forward)(float *out, const float *inp, const float *weight,
+                                         const float *bias, int64_t N, int IC, int OC) {
+#pragma omp parallel for schedule(static) if ((int64_t)OC * IC * N >= 4 * LOOM_PAR_MIN)
+    for (int b = 0; b < (OC + 3) / 4; b++)
+        LOOM_KV(mr_rows4)(out, inp, weight, bias, N, IC, OC, b, 0);
+}
+
+#else /* matmul_rows_bf16.c: its own object (test_flops interposes matmul_rows_forward) */
+static void LOOM_KV(matmul_rows_bf16_forward)(float *out, const float *inp,
+                                              const uint16_t *weight, const float *bias,
+                                              int64_t N, int IC, int OC) {
+    for (int64_t n0 = 0; n0 < N; n0 += LOOM_MATMUL_ROWS_MAX) {
+        const int64_t n = N - n0 < LOOM_MATMUL_ROWS_MAX ? N - n0 : LOOM_MATMUL_ROWS_MAX;
+        float *o = out + n0 * OC;
+        const float *x = inp + n0 * IC;
+#pragma omp parallel for schedule(static) if ((int64_t)OC * IC * n >= 4 * LOOM_PAR_MIN)
+        for (int b = 0; b < (OC + 3) / 4; b++)
+            LOOM_KV(mr_rows4)(o, x, weight, bias, n, IC, OC, b, 1);
+    }
+}
+
+#endif
 
 #endif

@@ -82,6 +82,7 @@ void loom_kv_cache_reset(loom_kv_cache *c) { c->len = 0; }
 int loom_kv_cache_len(const loom_kv_cache *c) { return c->len; }
 
 const float *loom_model_decode(loom_model *m, loom_kv_cache *kc, int32_t token) {
+    LOOM_CHECK(m->wbf16 == NULL); /* bf16 weights: the batched decode only */
     const loom_model_config *c = &m->cfg;
     const int C = c->d_model, V = c->vocab_size;
     const int gpt2 = c->flavor == LOOM_FLAVOR_GPT2, pos = kc->len;

@@ -14,6 +14,7 @@
 #include <string.h>
 
 #include "loom/backend.h"
+#include "loom/kernels.h"
 #include "model/model_internal.h"
 
 struct loom_decode_ws {
@@ -119,7 +120,18 @@ const float *loom_model_decode_batch(loom_model *m, loom_decode_ws *w, const int
         LOOM_CHECK(rows <= w->max_rows && nlog <= w->max_logits);
     }
     for (int r = 0; r < rows; r++) LOOM_CHECK(tokens[r] >= 0 && tokens[r] < V);
-    for (int i = 0; i < nseg; i++)
+    const int emb_bf16 = m->wbf16 && gpt2; /* gpt2's wte is the head, held in bf16 */
+    for (int i = 0; i < nseg && emb_bf16; i++) { /* what embedding_forward does, widening wte */
+        const float *wpe = PARAM(m, LOOM_P_WPE);
+        for (int t = 0; t < segs[i].n; t++) {
+            const int r = w->seg[i].row0 + t;
+            const uint16_t *e = m->wbf16_head + (int64_t)tokens[r] * C;
+            const float *p = wpe + (int64_t)(segs[i].pos0 + t) * C;
+            float *y = w->res[0] + (int64_t)r * C;
+            for (int j = 0; j < C; j++) y[j] = loom_bf16_widen(e[j]) + p[j];
+        }
+    }
+    for (int i = 0; i < nseg && !emb_bf16; i++)
         model_embed_rows(m, 0, w->res[0] + (int64_t)w->seg[i].row0 * C, tokens + w->seg[i].row0,
                          1, segs[i].n, segs[i].pos0);
     /* vocab-parallel (tp > 1): each view's rows of wte gave a partial sum */
@@ -161,7 +173,10 @@ const float *loom_model_decode_batch(loom_model *m, loom_decode_ws *w, const int
     const float *head = gpt2 ? PARAM(m, LOOM_P_WTE) : PARAM(m, LOOM_P_LM_HEAD);
     const int tp = m->lay.tp;
     if (tp == 1) {
-        m->be->matmul_forward(w->logits, w->lastn, head, NULL, k, C, V);
+        if (m->wbf16) /* --weights bf16 (weights_bf16.c; tp = 1 only) */
+            matmul_rows_bf16_forward(w->logits, w->lastn, m->wbf16_head, NULL, k, C, V);
+        else
+            m->be->matmul_forward(w->logits, w->lastn, head, NULL, k, C, V);
         return w->logits;
     }
     /* the head is column-parallel over the vocabulary: this view's Vl logits of each row,

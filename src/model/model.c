@@ -452,6 +452,8 @@ void loom_model_free(loom_model *m) {
     if (!m) return;
     free(m->params);
     free(m->grads);
+    free(m->wbf16);
+    free(m->wbf16_lin);
     loom_acts_free(m->acts);
     free(m->rope_cos);
     free(m->rope_sin);
@@ -783,6 +785,7 @@ static float vocab_parallel_loss(loom_model *m, loom_acts *a, const int32_t *tar
 float loom_model_forward_acts(loom_model *m, loom_acts *a, const int32_t *inputs,
                               const int32_t *targets, int B, int T) {
     LOOM_CHECK(B > 0 && B <= a->maxB && T > 0 && T <= a->maxT);
+    LOOM_CHECK(m->wbf16 == NULL); /* bf16 weights: the batched decode only (weights_bf16.c) */
     const loom_model_config *c = &m->cfg;
     const int C = c->d_model, V = c->vocab_size;
     const int64_t BT = (int64_t)B * T;

@@ -178,6 +178,13 @@ struct loom_model {
     loom_moe_stats moe_stats;
     int *moe_slot;        /* (L) index into moe_stats of an MoE layer, -1 for a dense one */
     float *rope_cos;      /* (maxT, D/2) */
+    /* --weights bf16 (weights_bf16.c): NULL, or the arena of the bf16 copies of the linears'
+     * weights, (L, 4) of them by LoRA site (0 q|k|v, 1 attn_proj, 2 fc1, 3 fc_proj), and the
+     * head's; their fp32 pages are released */
+    uint16_t *wbf16;
+    const uint16_t **wbf16_lin;
+    const uint16_t *wbf16_head;
+    size_t wbf16_bytes;
     float *rope_sin;
 };
 

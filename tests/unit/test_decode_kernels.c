@@ -5,6 +5,9 @@
  *  - matmul_forward at N <= LOOM_MATMUL_ROWS_MAX gives each row bitwise what that row alone
  *    gives (a sequence's logits do not depend on what else is in the engine's step), and
  *    neither kernel depends on the thread count;
+ *  - matmul_rows_bf16_forward (bf16 weights, --weights bf16) gives bit for bit what
+ *    matmul_rows_forward gives on the weights rounded to bf16 and widened back, for N below,
+ *    at and above 16 rows; loom_bf16_round rounds to nearest, ties to even;
  *  - attention_decode (rows streamed in order, all heads at once) agrees with a double
  *    softmax-attention over the cache, grouped heads and a head size off the vector width
  *    included, bitwise the same on 1 and 2 threads. */
@@ -78,6 +81,43 @@ static void test_matmul_rows_independent(void **state) {
     }
     free(w);
     free(bias);
+}
+
+static void test_matmul_rows_bf16(void **state) {
+    (void)state;
+    /* rounding: 1 + 2^-8 is halfway between bf16 1 and 1 + 2^-7: to the even one (1); 1 + 3 *
+     * 2^-8 halfway between 1 + 2^-7 and 1 + 2^-6: to 1 + 2^-6; just above halfway rounds up */
+    assert_int_equal(loom_bf16_round(1.0f + 0x1p-8f), 0x3f80);
+    assert_int_equal(loom_bf16_round(1.0f + 3 * 0x1p-8f), 0x3f82);
+    assert_int_equal(loom_bf16_round(1.0f + 0x1p-8f + 0x1p-20f), 0x3f81);
+    assert_int_equal(loom_bf16_round(-2.0f), 0xc000);
+    assert_true(isnan(loom_bf16_widen(loom_bf16_round(NAN))));
+    assert_true(isfinite(loom_bf16_widen(loom_bf16_round(3.0e38f)))); /* not rounded to inf */
+    const int Ns[] = {1, 3, 4, 16, 17, 37}, ICs[] = {16, 40, 768}, OCs[] = {5, 13, 64};
+    for (size_t a = 0; a < sizeof Ns / sizeof *Ns; a++)
+        for (size_t b = 0; b < sizeof ICs / sizeof *ICs; b++)
+            for (size_t c = 0; c < sizeof OCs / sizeof *OCs; c++) {
+                const int N = Ns[a], IC = ICs[b], OC = OCs[c];
+                float *x = rand_buf((size_t)N * IC, 7 + a), *w = rand_buf((size_t)OC * IC, 8 + b);
+                float *bias = rand_buf(OC, 9);
+                uint16_t *h = malloc((size_t)OC * IC * sizeof *h);
+                for (size_t i = 0; i < (size_t)OC * IC; i++) {
+                    h[i] = loom_bf16_round(w[i]);
+                    w[i] = loom_bf16_widen(h[i]);
+                }
+                float *r = malloc((size_t)N * OC * sizeof *r), *o = malloc((size_t)N * OC * sizeof *o);
+                matmul_rows_forward(r, x, w, bias, N, IC, OC);
+                matmul_rows_bf16_forward(o, x, h, bias, N, IC, OC);
+                if (memcmp(r, o, (size_t)N * OC * sizeof *r))
+                    fail_msg("N=%d IC=%d OC=%d: bf16 kernel differs from fp32 on rounded weights",
+                             N, IC, OC);
+                free(x);
+                free(w);
+                free(bias);
+                free(h);
+                free(r);
+                free(o);
+            }
 }
 
 static void test_matmul_rows_threads(void **state) {
@@ -159,6 +199,7 @@ int main(void) {
         cmocka_unit_test(test_matmul_rows_reference),
         cmocka_unit_test(test_matmul_rows_independent),
         cmocka_unit_test(test_matmul_rows_threads),
+        cmocka_unit_test(test_matmul_rows_bf16),
         cmocka_unit_test(test_attention_decode),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
