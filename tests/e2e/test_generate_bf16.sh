@@ -1,0 +1,59 @@
+#!/usr/bin/env bash
+# --weights bf16 (docs/inference.md "Weights in bf16"), through the CLI (ASan build): generate
+# runs batched with bf16 weights for both flavors, each prompt's greedy output equal to that
+# prompt generated alone with bf16 weights, and --stats names the weights and the resident
+# memory (the memory drop is checked in tests/reference/test_infer_bf16.py); bad values and combinations are errors naming the option; serve answers a
+# completion with bf16 weights. (The numerics against PyTorch: tests/reference/test_infer_bf16.py.)
+source "$(dirname "$0")/lib.sh"
+L=$LOOM_ASAN_BIN
+cd "$WORK"
+make_dataset "$WORK"
+printf 'the quick\nbrown fox jumps\na\nlazy dog over the\n' > prompts.txt
+for flavor in gpt2 llama; do
+  kvh=4; [ $flavor = llama ] && kvh=2
+  FLAVOR=$flavor KVH=$kvh make_config "$WORK" "$WORK/$flavor.yaml" "$WORK/run_$flavor"
+  expect_ok "train ($flavor)" "$LOOM_BIN" train "$WORK/$flavor.yaml" --set training.steps=5
+  R=$WORK/run_$flavor
+  expect_ok "generate --weights bf16 ($flavor, batch 4)" "$L" generate "$R" --prompts prompts.txt \
+    --tokens 10 --temperature 0 --batch 4 --weights bf16 --format ids --stats
+  grep -q "weights bf16; resident memory" "$WORK/err.txt" || fail "no weights line: $(cat "$WORK/err.txt")"
+  cp "$WORK/out.txt" batched.jsonl
+  n=0
+  while IFS= read -r p; do
+    printf '%s\n' "$p" > one.txt
+    "$LOOM_BIN" generate "$R" --prompts one.txt --tokens 10 --temperature 0 --batch 1 \
+      --weights bf16 --format ids > alone.jsonl || fail "$flavor: alone run failed"
+    python3 - batched.jsonl alone.jsonl "$n" <<'PY' || fail "$flavor prompt $n: batched differs from alone (bf16)"
+import json, sys
+rows = [json.loads(l) for l in open(sys.argv[1])]
+alone = json.loads(open(sys.argv[2]).readline())
+assert len(rows) == 4 and rows[int(sys.argv[3])]["ids"] == alone["ids"], (rows[int(sys.argv[3])], alone)
+PY
+    n=$((n + 1))
+  done < prompts.txt
+  pass "$flavor: every prompt of the bf16 batch equals it alone"
+done
+expect_fail "--weights fp16" "--weights 'fp16': expected fp32 or bf16" \
+  "$L" generate "$WORK/run_gpt2" --prompt hi --weights fp16
+expect_fail "--weights bf16 --no-kv-cache" "--weights bf16 runs through the KV-cache engine" \
+  "$L" generate "$WORK/run_gpt2" --prompt hi --weights bf16 --no-kv-cache
+expect_fail "serve --weights int8" "--weights 'int8': expected fp32 or bf16" \
+  "$L" serve "$WORK/run_gpt2" --weights int8
+# serve with bf16 weights: one completion
+"$L" serve "$WORK/run_gpt2" --port 0 --port-file "$WORK/port" --weights bf16 2> serve.err &
+SPID=$!
+for _ in $(seq 1 300); do [ -s "$WORK/port" ] && break; sleep 0.1; done
+[ -s "$WORK/port" ] || { cat serve.err >&2; fail "serve did not start"; }
+PORT=$(cat "$WORK/port")
+python3 - "$PORT" <<'PY' || { kill $SPID; cat serve.err >&2; fail "serve --weights bf16: no completion"; }
+import json, sys, urllib.request
+req = urllib.request.Request(f"http://127.0.0.1:{sys.argv[1]}/v1/completions",
+    data=json.dumps({"prompt": "the quick", "max_tokens": 5, "temperature": 0}).encode(),
+    headers={"Content-Type": "application/json"})
+r = json.load(urllib.request.urlopen(req, timeout=60))
+assert r["choices"][0]["text"] is not None and r["usage"]["completion_tokens"] >= 1, r
+PY
+kill -TERM $SPID
+wait $SPID || true
+crashed serve.err && { cat serve.err >&2; fail "serve crashed"; }
+pass "serve --weights bf16 answers a completion"
