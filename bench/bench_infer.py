@@ -8,8 +8,16 @@ exported to Hugging Face layout (`loom export --hf`). Prompts: 16 lines of 16 ra
   batch 16: `loom generate --prompts (16 lines) --batch 16` / `generate()` on a (16, 16) batch
   batch 1:  `loom generate --prompts (line 0) --batch 1`    / `generate()` on a (1, 16) batch
 
-transformers: float32, use_cache=True, do_sample=False, max_new_tokens=TOKENS, the model loaded
-once per thread count and warmed up with one untimed generate; loom: a fresh process per run
+transformers: use_cache=True, do_sample=False, max_new_tokens=TOKENS, the model loaded once per
+thread count and configuration and warmed up with one untimed generate: float32 eager, and with
+--hf-compile torch.compile(mode="reduce-overhead") with a static cache; with --bf16 the same in
+bfloat16 (dtype=torch.bfloat16), and loom also with --weights bf16. The peer of each loom row
+is the fastest transformers configuration (per column); the fp32-only peer is reported too.
+With --bf16 the quality cost of bf16 weights is measured on the same weights: max |logit diff|
+(over the 64-token greedy continuation of every prompt, relative to the largest |logit|) of
+PyTorch with the matrices rounded to bf16 against fp32 (tests/reference/test_infer_bf16.py
+shows loom --weights bf16 computes that rounded model to ~1e-6), and the greedy agreement of
+loom fp32 and loom bf16 over 64 tokens. loom: a fresh process per run
 (its own timing covers the engine's steps, not loading). Both include prefill. Runs alternate
 (loom, transformers, loom, ...), REPEAT of each, for each thread count (torch.set_num_threads /
 OMP_NUM_THREADS). Two rates per run: generated tokens over wall time, and over the CPU time of
@@ -17,7 +25,7 @@ the process (all threads) during generation, which on a loaded machine leaves ou
 other processes held the cores. Medians; ratios loom / transformers.
 
   python3 bench/bench_infer.py [--config gpt2-small] [--tokens 64] [--repeat 5]
-                               [--threads 1,2] [--write]
+                               [--threads 1,2] [--hf-compile] [--bf16] [--write]
 """
 import argparse
 import datetime
@@ -41,10 +49,10 @@ def sh(args, **kw):
     return r
 
 
-def loom_run(ckpt, prompts, batch, tokens, threads):
+def loom_run(ckpt, prompts, batch, tokens, threads, weights="fp32"):
     env = dict(os.environ, OMP_NUM_THREADS=str(threads))
     r = sh([LOOM, "generate", ckpt, "--prompts", prompts, "--tokens", str(tokens),
-            "--temperature", "0", "--batch", str(batch), "--stats"], env=env)
+            "--temperature", "0", "--batch", str(batch), "--stats", "--weights", weights], env=env)
     m = STATS.search(r.stderr)
     if not m:
         sys.exit(f"no --stats line in: {r.stderr[-500:]}")
@@ -53,12 +61,13 @@ def loom_run(ckpt, prompts, batch, tokens, threads):
 
 
 class HF:
-    def __init__(self, d, threads, compiled=False):
+    def __init__(self, d, threads, compiled=False, bf16=False):
         import torch
         import transformers
         self.torch = torch
         torch.set_num_threads(threads)
-        self.m = transformers.AutoModelForCausalLM.from_pretrained(d, dtype=torch.float32).eval()
+        dt = torch.bfloat16 if bf16 else torch.float32
+        self.m = transformers.AutoModelForCausalLM.from_pretrained(d, dtype=dt).eval()
         self.kw = {}
         if compiled:  # a static cache and the compiled forward (recompiles per batch shape)
             self.m.forward = torch.compile(self.m.forward, mode="reduce-overhead")
@@ -76,6 +85,45 @@ class HF:
         return n / wall, n / cpu
 
 
+def quality(ckpt, hfdir, prompts_file, ids, threads):
+    """bf16 weights' cost: PyTorch logits with the matrices rounded (what loom --weights bf16
+    computes) against fp32 along each prompt's 64-token greedy continuation, and loom fp32 vs
+    loom bf16 greedy tokens over 64 tokens"""
+    import json
+
+    import torch
+    import transformers
+    torch.set_num_threads(threads)
+    m32 = transformers.AutoModelForCausalLM.from_pretrained(hfdir, dtype=torch.float32).eval()
+    mbf = transformers.AutoModelForCausalLM.from_pretrained(hfdir, dtype=torch.float32).eval()
+    with torch.no_grad():
+        for name, p in mbf.named_parameters():
+            if p.dim() == 2 and not name.endswith("wpe.weight") and "embed_tokens" not in name:
+                p.copy_(p.to(torch.bfloat16).to(torch.float32))
+    env = dict(os.environ, OMP_NUM_THREADS=str(threads))
+    maxT = getattr(m32.config, "n_positions", None) or m32.config.max_position_embeddings
+    n_new = min(64, maxT - max(len(p) for p in ids))
+    outs = {}
+    for w in ("fp32", "bf16"):
+        r = sh([LOOM, "generate", ckpt, "--prompts", prompts_file, "--tokens", str(n_new),
+                "--temperature", "0", "--batch", "16", "--format", "ids", "--weights", w], env=env)
+        outs[w] = [json.loads(l)["ids"] for l in r.stdout.splitlines()]
+    worst = 0.0
+    with torch.no_grad():
+        for p, g in zip(ids, outs["fp32"]):
+            x = torch.tensor([p + g])
+            a, b = m32(x).logits[0], mbf(x).logits[0]
+            worst = max(worst, float((a - b).abs().max() / a.abs().max()))
+    same = sum(a == b for a, b in zip(outs["fp32"], outs["bf16"]))
+    agree = []
+    for a, b in zip(outs["fp32"], outs["bf16"]):
+        k = 0
+        while k < min(len(a), len(b)) and a[k] == b[k]:
+            k += 1
+        agree.append(k)
+    return worst, same, len(ids), statistics.mean(agree), min(agree), n_new
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--config", default="gpt2-small")
@@ -84,6 +132,8 @@ def main():
     ap.add_argument("--threads", default="1")
     ap.add_argument("--hf-compile", action="store_true",
                     help="also transformers with torch.compile and a static cache")
+    ap.add_argument("--bf16", action="store_true",
+                    help="also loom --weights bf16 and transformers in bfloat16, and the quality cost")
     ap.add_argument("--write", action="store_true")
     a = ap.parse_args()
     threads = [int(t) for t in a.threads.split(",")]
@@ -107,58 +157,86 @@ def main():
     load0 = open("/proc/loadavg").read().split()[:3]
     res = {}  # (threads, batch, who) -> [(wall, cpu)]
     hfs = ["hf", "hfc"] if a.hf_compile else ["hf"]
+    if a.bf16:
+        hfs += ["hfb", "hfbc"] if a.hf_compile else ["hfb"]
+    looms = ["loom", "loomb"] if a.bf16 else ["loom"]
     for t in threads:
-        models = {"hf": HF(f"{w}/hf", t)}
-        models["hf"].run(ids[:1], 4)  # warm-up, untimed
-        if a.hf_compile:
-            models["hfc"] = HF(f"{w}/hf", t, compiled=True)
-            for b in (16, 1):  # compiles for both shapes, untimed
+        models = {}
+        for h in hfs:
+            models[h] = HF(f"{w}/hf", t, compiled=h.endswith("c"), bf16=h.startswith("hfb"))
+            for b in (16, 1):  # warm-up (compiles for both shapes), untimed
                 c0 = time.perf_counter()
-                models["hfc"].run(ids[:b], a.tokens)
-                print(f"threads {t} batch {b}: torch.compile warm-up {time.perf_counter() - c0:.0f} s",
+                models[h].run(ids[:b], a.tokens if h.endswith("c") else 4)
+                print(f"threads {t} batch {b}: {h} warm-up {time.perf_counter() - c0:.0f} s",
                       file=sys.stderr, flush=True)
         for r in range(a.repeat):
             for b in (16, 1):
-                res.setdefault((t, b, "loom"), []).append(
-                    loom_run(ckpt, f"{w}/p{b}.txt", b, a.tokens, t))
-                for h in hfs:
-                    res.setdefault((t, b, h), []).append(models[h].run(ids[:b], a.tokens))
+                for k in looms + hfs:  # interleaved: every configuration once per round
+                    if k.startswith("loom"):
+                        v = loom_run(ckpt, f"{w}/p{b}.txt", b, a.tokens, t,
+                                     "bf16" if k == "loomb" else "fp32")
+                    else:
+                        v = models[k].run(ids[:b], a.tokens)
+                    res.setdefault((t, b, k), []).append(v)
                 print(f"threads {t} batch {b} run {r + 1}: " +
                       " ".join(f"{k} {res[(t, b, k)][-1][0]:.1f}/{res[(t, b, k)][-1][1]:.1f}"
-                               for k in ["loom"] + hfs), file=sys.stderr, flush=True)
+                               for k in looms + hfs), file=sys.stderr, flush=True)
         del models
+    qual = quality(ckpt, f"{w}/hf", f"{w}/p16.txt", ids, threads[0]) if a.bf16 else None
     load1 = open("/proc/loadavg").read().split()[:3]
     med = lambda t, b, who, k: statistics.median(x[k] for x in res[(t, b, who)])
+    names = {"hf": "fp32 eager", "hfc": "fp32 compiled", "hfb": "bf16 eager",
+             "hfbc": "bf16 compiled"}
     out = [f"## Generation vs transformers ({datetime.date.today()})", "",
            f"`python3 bench/bench_infer.py --threads {a.threads} --repeat {a.repeat} --tokens "
-           f"{a.tokens}{' --hf-compile' if a.hf_compile else ''}`: {a.config} (one training step), greedy, {a.tokens} new tokens after "
+           f"{a.tokens}{' --hf-compile' if a.hf_compile else ''}{' --bf16' if a.bf16 else ''}"
+           f"{' --write' if a.write else ''}` ({datetime.datetime.now():%Y-%m-%d %H:%M}): "
+           f"{a.config} (one training step), greedy, {a.tokens} new tokens after "
            "16-token prompts; loom `generate --prompts` (16 prompts at `--batch 16`, one at "
-           "`--batch 1`) against transformers `generate(do_sample=False, use_cache=True)` in "
-           "float32 on the same weights (`loom export --hf`), same thread count, prefill "
-           f"included. Runs alternate loom / transformers, {a.repeat} of each; medians. "
+           "`--batch 1`) against transformers `generate(do_sample=False, use_cache=True)` on the "
+           "same weights (`loom export --hf`), same thread count, prefill included. Runs "
+           f"interleaved (every configuration once per round), {a.repeat} rounds; medians. "
            "Wall: generated tokens over wall time; CPU: over the CPU seconds of the process "
-           "during generation (on a loaded machine the comparable figure).", "",
-           "| threads | batch | loom tok/s (wall) | HF tok/s (wall) | loom/HF (wall) | "
-           "loom tok/CPU-s | HF tok/CPU-s | loom/HF (CPU) |",
-           "|---:|---:|---:|---:|---:|---:|---:|---:|"]
-    if a.hf_compile:
-        out[-4] += (" HF: the faster of eager and `torch.compile(mode=\"reduce-overhead\")` with "
-                    "`cache_implementation=\"static\"` (compiled before timing) per column; "
-                    "both are listed below the table.")
-    best = lambda t, b, k: max(hfs, key=lambda h: med(t, b, h, k))
+           "during generation (on a loaded machine the comparable figure). HF: the fastest of "
+           f"the configurations run ({', '.join(names[h] for h in hfs)}; compiled = "
+           "`torch.compile(mode=\"reduce-overhead\")` with `cache_implementation=\"static\"`, "
+           "compiled before timing), per column; every configuration is listed below the table. "
+           "loom fp32 is bit-identical to the default; bf16 is `--weights bf16` "
+           "(docs/inference.md).", "",
+           "| threads | batch | loom weights | loom tok/s (wall) | HF best tok/s (wall) | "
+           "loom/HF (wall) | loom tok/CPU-s | HF best tok/CPU-s | loom/HF (CPU) | "
+           "loom/HF fp32 best (CPU) |",
+           "|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|"]
+    fp32s = [h for h in hfs if not h.startswith("hfb")]
+    best = lambda t, b, k, pool: max(pool, key=lambda h: med(t, b, h, k))
     for t in threads:
         for b in (1, 16):
-            lw, lc = med(t, b, "loom", 0), med(t, b, "loom", 1)
-            hw, hc = med(t, b, best(t, b, 0), 0), med(t, b, best(t, b, 1), 1)
-            out.append(f"| {t} | {b} | {lw:.1f} | {hw:.1f} | {lw / hw:.2f}x | {lc:.1f} | "
-                       f"{hc:.1f} | {lc / hc:.2f}x |")
-    if a.hf_compile:
+            for lk in looms:
+                lw, lc = med(t, b, lk, 0), med(t, b, lk, 1)
+                bw, bc = best(t, b, 0, hfs), best(t, b, 1, hfs)
+                hw, hc = med(t, b, bw, 0), med(t, b, bc, 1)
+                fc = med(t, b, best(t, b, 1, fp32s), 1)
+                out.append(f"| {t} | {b} | {'bf16' if lk == 'loomb' else 'fp32'} | {lw:.1f} | "
+                           f"{hw:.1f} ({names[bw]}) | {lw / hw:.2f}x | {lc:.1f} | {hc:.1f} "
+                           f"({names[bc]}) | {lc / hc:.2f}x | {lc / fc:.2f}x |")
+    out.append("")
+    for t in threads:
+        for b in (1, 16):
+            out.append(f"- {t} thread(s), batch {b}: " + "; ".join(
+                f"HF {names[h]} {med(t, b, h, 0):.1f} tok/s, {med(t, b, h, 1):.1f} tok/CPU-s"
+                for h in hfs) + "; " + "; ".join(
+                f"loom {'bf16' if k == 'loomb' else 'fp32'} {med(t, b, k, 0):.1f} tok/s, "
+                f"{med(t, b, k, 1):.1f} tok/CPU-s" for k in looms) + ".")
+    if qual:
+        worst, same, n, mean_agree, min_agree, n_new = qual
         out.append("")
-        for t in threads:
-            for b in (1, 16):
-                out.append(f"- {t} thread(s), batch {b}: HF eager {med(t, b, 'hf', 0):.1f} tok/s, "
-                           f"{med(t, b, 'hf', 1):.1f} tok/CPU-s; compiled {med(t, b, 'hfc', 0):.1f} "
-                           f"tok/s, {med(t, b, 'hfc', 1):.1f} tok/CPU-s.")
+        out.append(f"Quality cost of `--weights bf16` on these weights (a one-step checkpoint, "
+                   f"not a trained language model): max |logit diff| / max |logit| "
+                   f"{worst:.2e} (PyTorch, matrices rounded vs fp32, over each prompt and its "
+                   f"{n_new}-token greedy continuation); loom bf16 vs loom fp32 greedy, {n_new} "
+                   f"tokens: "
+                   f"{same} of {n} prompts identical, on average the first {mean_agree:.1f} "
+                   f"tokens agree (fewest {min_agree}).")
     out.append("")
     out.append(f"Load average (1, 5, 15 min) before: {' '.join(load0)}; after: {' '.join(load1)} "
                f"({os.cpu_count()} CPUs).")
