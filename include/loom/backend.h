@@ -152,9 +152,11 @@ typedef struct loom_backend {
                                         float dscale);
 
     /* optimizer: AdamW on n contiguous parameters (decoupled decay, bias correction with
-     * t = step >= 1); sum of squares in double (deterministic); x *= s */
+     * t = step >= 1) on the gradients g * grad_scale (clipping; 1 for none); sum of squares
+     * in double (deterministic); x *= s */
     void (*adamw_update)(float *p, const float *g, float *m, float *v, int64_t n, float lr,
-                         float beta1, float beta2, float eps, float weight_decay, int64_t step);
+                         float beta1, float beta2, float eps, float weight_decay, int64_t step,
+                         float grad_scale);
     double (*sum_squares)(const float *x, int64_t n);
     void (*scale_inplace)(float *x, int64_t n, float s);
 } loom_backend;

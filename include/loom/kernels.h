@@ -175,9 +175,11 @@ void crossentropy_shard_backward(float *logits, const int32_t *targets, const fl
                                  const float *sums, int v0, int64_t N, int Vl, float dscale);
 
 /* AdamW step on n contiguous parameters, decoupled weight decay (p -= lr*wd*p), bias
- * correction with t = step (>= 1). */
+ * correction with t = step (>= 1), on the gradients g * grad_scale (each product rounded to
+ * float: bitwise scale_inplace(g, grad_scale) and then the step; 1 for none). */
 void adamw_update(float *p, const float *g, float *m, float *v, int64_t n, float lr,
-                  float beta1, float beta2, float eps, float weight_decay, int64_t step);
+                  float beta1, float beta2, float eps, float weight_decay, int64_t step,
+                  float grad_scale);
 /* sum of squares in double, deterministic for a given thread count */
 double sum_squares(const float *x, int64_t n);
 /* x *= s */

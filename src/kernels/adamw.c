@@ -7,8 +7,9 @@
 #include "kernels/isa_variants.h"
 
 LOOM_DISPATCH(adamw_update, (float *p, const float *g, float *m, float *v, int64_t n, float lr,
-                             float beta1, float beta2, float eps, float weight_decay, int64_t step),
-              (p, g, m, v, n, lr, beta1, beta2, eps, weight_decay, step))
+                             float beta1, float beta2, float eps, float weight_decay, int64_t step,
+                             float grad_scale),
+              (p, g, m, v, n, lr, beta1, beta2, eps, weight_decay, step, grad_scale))
 LOOM_DISPATCH_RET(double, sum_squares, (const float *x, int64_t n),
                   (x, n))
 LOOM_DISPATCH(scale_inplace, (float *x, int64_t n, float s),
@@ -19,9 +20,14 @@ LOOM_DISPATCH(scale_inplace, (float *x, int64_t n, float s),
 /* Mirrors torch.optim.AdamW's single-tensor step: scalars computed in double and rounded to
  * float as torch's Python scalars are, the same operation order:
  *   p *= 1 - lr*wd;  m = lerp(m, g, 1-b1);  v = b2 v + (1-b2) g^2;
- *   p -= (lr / (1-b1^t)) * m / (sqrt(v) / sqrt(1-b2^t) + eps) */
+ *   p -= (lr / (1-b1^t)) * m / (sqrt(v) / sqrt(1-b2^t) + eps)
+ * with g = g[i] * grad_scale rounded to float first: the bits of scale_inplace(g, grad_scale)
+ * followed by the step (gradient clipping without a pass of its own over the gradients; GCC
+ * fuses a product into an FMA only when every use of it is an addition, and g has a product
+ * among its uses; tests/unit/test_backend.c checks the bits). */
 static void LOOM_KV(adamw_update)(float *p, const float *g, float *m, float *v, int64_t n, float lr,
-                  float beta1, float beta2, float eps, float weight_decay, int64_t step) {
+                  float beta1, float beta2, float eps, float weight_decay, int64_t step,
+                  float grad_scale) {
     const float decay = (float)(1.0 - (double)lr * (double)weight_decay);
     const float w1 = (float)(1.0 - (double)beta1), w2 = (float)(1.0 - (double)beta2);
     const double bc1 = 1.0 - pow((double)beta1, (double)step);
@@ -30,7 +36,7 @@ static void LOOM_KV(adamw_update)(float *p, const float *g, float *m, float *v, 
     const float bc2_sqrt = (float)sqrt(bc2);
 #pragma omp parallel for simd schedule(static) if (n >= LOOM_PAR_MIN)
     for (int64_t i = 0; i < n; i++) {
-        float gi = g[i];
+        float gi = g[i] * grad_scale;
         float pi = p[i] * decay;
         float mi = m[i] + w1 * (gi - m[i]);
         float vi = v[i] * beta2 + w2 * gi * gi;

@@ -63,6 +63,7 @@ struct loom_dp {
     int first, last;
     int64_t step;
     float beta1, beta2, eps, wd;
+    float grad_scale;      /* gradient clipping's factor, applied by the next step's AdamW */
 
     /* what other strategies add (loom_dp_set_grad_sync, loom_dp_set_copies) */
     void (*sync_fn)(void *ctx, loom_dp *dp);
@@ -237,6 +238,7 @@ int loom_dp_create(loom_model *m, loom_mesh *mesh, int zero, uint64_t seed, floa
     dp->beta2 = beta2;
     dp->eps = eps;
     dp->wd = weight_decay;
+    dp->grad_scale = 1.0f;
     const int U = dp->U;
     size_t kv_whole = 0; /* the largest replicated kv tensor's whole size (reduce_kv_replicas) */
     for (int i = 0; i < loom_model_num_tensors(m); i++) {
@@ -418,7 +420,6 @@ float loom_dp_finish_grads(loom_dp *dp, float max_norm) {
     if (dp->sync_fn) dp->sync_fn(dp->sync_ctx, dp);
     /* every reduced element lives on exactly one dp rank: the norm is a sum over dp ranks,
      * and over the tp group's views and the pipeline's stages (below) */
-    const loom_backend *be = loom_model_backend(dp->m);
     double ss = grad_sum_squares(dp);
     loom_allreduce_sum(dp->mesh, dp->group, &ss, 1, LOOM_F64);
     if (loom_model_get_layout(dp->m)->tp > 1)
@@ -426,9 +427,11 @@ float loom_dp_finish_grads(loom_dp *dp, float max_norm) {
     if (dp->norm_group != LOOM_GROUP_WORLD)
         loom_allreduce_sum(dp->mesh, dp->norm_group, &ss, 1, LOOM_F64);
     const double norm = sqrt(ss);
-    if (max_norm > 0.0f && norm > (double)max_norm)
-        be->scale_inplace(dp->gshard, (int64_t)dp->nshard,
-                          (float)((double)max_norm / (norm + 1e-6)));
+    /* clipping scales the gradients inside the AdamW step (the same bits as scaling them
+     * here, without a pass of its own over them) */
+    dp->grad_scale = max_norm > 0.0f && norm > (double)max_norm
+                         ? (float)((double)max_norm / (norm + 1e-6))
+                         : 1.0f;
     if (dp->zero == 0) /* every rank gets the whole reduced gradient, bit-identical */
         for (int s = 0; s < dp->nseg; s++)
             loom_allgather(dp->mesh, (loom_group)dp->sgroup[s], dp->gshard + dp->sbase[s],
@@ -450,7 +453,7 @@ static void update_range(loom_dp *dp, int u, size_t lo, size_t hi, float *p, con
         if (a >= b) continue;
         be->adamw_update(p + (a - lo), g + (a - lo), mm + (a - lo), vv + (a - lo),
                          (int64_t)(b - a), lr, dp->beta1, dp->beta2, dp->eps,
-                         t->decay ? dp->wd : 0.0f, dp->step);
+                         t->decay ? dp->wd : 0.0f, dp->step, dp->grad_scale);
     }
 }
 

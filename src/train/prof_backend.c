@@ -217,8 +217,8 @@ OP(crossentropy_shard_backward,
 /* ---- optimizer ---- */
 OP(adamw_update,
    (float *p, const float *g, float *m, float *v, int64_t n, float lr, float beta1, float beta2,
-    float eps, float weight_decay, int64_t step),
-   (p, g, m, v, n, lr, beta1, beta2, eps, weight_decay, step),
+    float eps, float weight_decay, int64_t step, float grad_scale),
+   (p, g, m, v, n, lr, beta1, beta2, eps, weight_decay, step, grad_scale),
    14.0 * (double)n, 28.0 * (double)n, "n", n)
 OP_RET(double, sum_squares, (const float *x, int64_t n), (x, n),
        2.0 * (double)n, 4.0 * (double)n, "n", n)

@@ -128,7 +128,7 @@ void loom_trainer_lora_step(trainer *t, float lr) {
     /* adapters are matrices: AdamW's decoupled weight decay applies to all of them */
     be->adamw_update(loom_lora_params(t->lora), loom_lora_grads(t->lora), t->lora_m, t->lora_v,
                      (int64_t)loom_lora_num_params(t->lora), lr, (float)t->s.beta1,
-                     (float)t->s.beta2, (float)t->s.eps, (float)t->s.weight_decay, step);
+                     (float)t->s.beta2, (float)t->s.eps, (float)t->s.weight_decay, step, 1.0f);
     loom_dp_set_optimizer_step(t->dp, step);
 }
 

@@ -69,7 +69,7 @@ KERNELS = {
     "residual_forward": (None, [_P, _P, _P, _L]),
     "crossentropy_forward": (None, [_P, _P, _P, _L, _I]),
     "crossentropy_softmax_backward": (None, [_P, _P, _L, _I, _F]),
-    "adamw_update": (None, [_P, _P, _P, _P, _L, _F, _F, _F, _F, _F, _L]),
+    "adamw_update": (None, [_P, _P, _P, _P, _L, _F, _F, _F, _F, _F, _L, _F]),
     "sum_squares": (ctypes.c_double, [_P, _L]),
     "scale_inplace": (None, [_P, _L, _F]),
     "loom_isa_detect": (_I, []),

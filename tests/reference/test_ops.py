@@ -324,7 +324,7 @@ def test_adamw():
     p, m, v = p0.copy(), np.zeros(n, np.float32), np.zeros(n, np.float32)
     for step in range(1, 4):
         L.adamw_update(fptr(p), fptr(grads[step - 1]), fptr(m), fptr(v), n, lr, b1, b2, eps,
-                       wd, step)
+                       wd, step, 1.0)
     for dtype, tol, tag in ((torch.float64, 2e-6, "float64"), (torch.float32, 1e-6, "float32")):
         pt = torch.nn.Parameter(torch.tensor(p0, dtype=dtype))
         opt = torch.optim.AdamW([pt], lr=lr, betas=(b1, b2), eps=eps, weight_decay=wd)
@@ -424,7 +424,8 @@ def level_outputs():
     p, gr = r(3000), r(3000) * 0.1
     m, v = np.zeros_like(p), np.zeros_like(p)
     for step in (1, 2):
-        L.adamw_update(fptr(p), fptr(gr), fptr(m), fptr(v), p.size, 1e-2, 0.9, 0.95, 1e-8, 0.1, step)
+        L.adamw_update(fptr(p), fptr(gr), fptr(m), fptr(v), p.size, 1e-2, 0.9, 0.95, 1e-8, 0.1, step,
+                       1.0)
     out["adamw_update"] = p
     out["sum_squares"] = np.array([L.sum_squares(fptr(x), x.size)])
     return out
