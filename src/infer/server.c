@@ -171,6 +171,11 @@ static void log_send(server *S) {
     S->loglen = 0;
 }
 
+/* every field of loom_gen_params travels with a submit (eng_submit, follow): a new field must
+ * be added to both */
+_Static_assert(sizeof(void *) != 8 || sizeof(loom_gen_params) == 48,
+               "loom_gen_params changed: send the new field to the tp followers");
+
 static int eng_submit(server *S, job *j, loom_err *err) {
     if (loom_engine_submit(S->eng, j->prompt, j->n_prompt, &j->p, on_text, j, &j->engine_id, err))
         return -1; /* the engine is unchanged: nothing to replay */

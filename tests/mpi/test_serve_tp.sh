@@ -29,6 +29,10 @@ trap 'kill $MPI_PID 2>/dev/null || true; [ -n "${KEEP:-}" ] || rm -rf "$WORK"' E
 for _ in $(seq 600); do [ -s tp.port ] && break; kill -0 $MPI_PID 2>/dev/null || break; sleep 0.1; done
 [ -s tp.port ] || { cat tp.log >&2; fail "the tp server did not start"; }
 grep -q "over a tensor-parallel group" tp.log || fail "no tp serving line: $(cat tp.log)"
+for r in 0 1; do # each rank's view: its parameters, and its one kv head of 2 layers x 8 floats x K, V
+  grep -q "rank $r (tp rank $r of 2): parameters .* floats), KV cache 128 bytes per position" tp.log \
+    || fail "rank $r's memory line: $(cat tp.log)"
+done
 python3 "$CLIENT" "$(cat tp.port)" m > tp.jsonl || { cat tp.log >&2; fail "client against -np 2 --tp 2"; }
 cmp -s one.jsonl tp.jsonl || { diff one.jsonl tp.jsonl >&2; fail "the tp 2 server answers differently"; }
 pass "mpirun -np 2 serve --tp 2: 17 requests answered as one process answers them (after a cancelled stream and 12 concurrent requests)"
