@@ -40,6 +40,8 @@ import time
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 LOOM = os.environ.get("LOOM_BIN", os.path.join(REPO, "build", "loom"))
 STATS = re.compile(r"generated (\d+) tokens in ([\d.]+) s .*?; ([\d.]+) s of CPU")
+RSS = re.compile(r"resident memory ([\d.]+) MiB")
+RESIDENT = {}  # weights -> resident MiB at the end of each loom run
 
 
 def sh(args, **kw):
@@ -57,6 +59,9 @@ def loom_run(ckpt, prompts, batch, tokens, threads, weights="fp32"):
     if not m:
         sys.exit(f"no --stats line in: {r.stderr[-500:]}")
     n, wall, cpu = int(m[1]), float(m[2]), float(m[3])
+    rss = RSS.search(r.stderr)
+    if rss:
+        RESIDENT.setdefault(weights, []).append(float(rss[1]))
     return n / wall, n / cpu
 
 
@@ -108,12 +113,15 @@ def quality(ckpt, hfdir, prompts_file, ids, threads):
         r = sh([LOOM, "generate", ckpt, "--prompts", prompts_file, "--tokens", str(n_new),
                 "--temperature", "0", "--batch", "16", "--format", "ids", "--weights", w], env=env)
         outs[w] = [json.loads(l)["ids"] for l in r.stdout.splitlines()]
-    worst = 0.0
+    mhf = transformers.AutoModelForCausalLM.from_pretrained(hfdir, dtype=torch.bfloat16).eval()
+    worst = worst_hf = 0.0
     with torch.no_grad():
         for p, g in zip(ids, outs["fp32"]):
             x = torch.tensor([p + g])
             a, b = m32(x).logits[0], mbf(x).logits[0]
+            c = mhf(x).logits[0].float()
             worst = max(worst, float((a - b).abs().max() / a.abs().max()))
+            worst_hf = max(worst_hf, float((a - c).abs().max() / a.abs().max()))
     same = sum(a == b for a, b in zip(outs["fp32"], outs["bf16"]))
     agree = []
     for a, b in zip(outs["fp32"], outs["bf16"]):
@@ -121,7 +129,7 @@ def quality(ckpt, hfdir, prompts_file, ids, threads):
         while k < min(len(a), len(b)) and a[k] == b[k]:
             k += 1
         agree.append(k)
-    return worst, same, len(ids), statistics.mean(agree), min(agree), n_new
+    return worst, same, len(ids), statistics.mean(agree), min(agree), n_new, worst_hf
 
 
 def main():
@@ -227,8 +235,13 @@ def main():
                 for h in hfs) + "; " + "; ".join(
                 f"loom {'bf16' if k == 'loomb' else 'fp32'} {med(t, b, k, 0):.1f} tok/s, "
                 f"{med(t, b, k, 1):.1f} tok/CPU-s" for k in looms) + ".")
+    if len(RESIDENT) == 2:
+        out.append("")
+        out.append(f"Resident memory of `loom generate` at the end of a run (largest over the "
+                   f"runs, KV cache and workspace included): fp32 weights "
+                   f"{max(RESIDENT['fp32']):.0f} MiB, bf16 {max(RESIDENT['bf16']):.0f} MiB.")
     if qual:
-        worst, same, n, mean_agree, min_agree, n_new = qual
+        worst, same, n, mean_agree, min_agree, n_new, worst_hf = qual
         out.append("")
         out.append(f"Quality cost of `--weights bf16` on these weights (a one-step checkpoint, "
                    f"not a trained language model): max |logit diff| / max |logit| "
@@ -236,7 +249,9 @@ def main():
                    f"{n_new}-token greedy continuation); loom bf16 vs loom fp32 greedy, {n_new} "
                    f"tokens: "
                    f"{same} of {n} prompts identical, on average the first {mean_agree:.1f} "
-                   f"tokens agree (fewest {min_agree}).")
+                   f"tokens agree (fewest {min_agree}). For comparison, transformers in "
+                   f"bfloat16 (activations and arithmetic in bf16 too): max |logit diff| / "
+                   f"max |logit| {worst_hf:.2e} on the same sequences.")
     out.append("")
     out.append(f"Load average (1, 5, 15 min) before: {' '.join(load0)}; after: {' '.join(load1)} "
                f"({os.cpu_count()} CPUs).")
