@@ -8,8 +8,8 @@
 # a repetition penalty (so that the outputs use many tokens) and sampled with a seed
 # (temperature 1, no top-k: every logit of the whole vocabulary counts). A checkpoint saved by
 # a tp 2 training run generates the same at tp 1 and tp 2. Errors: -np not a multiple of --tp,
-# --tp not dividing the heads, --no-kv-cache with --tp; each ends the job non-zero with the
-# message. --stats reports each rank's parameters and KV cache (half of the single process's).
+# --tp not dividing the heads, --no-kv-cache or --weights bf16 with --tp; each ends the job
+# non-zero with the message. --stats reports each rank's parameters and KV cache (half of the single process's).
 source "$(dirname "$0")/lib.sh"
 cd "$WORK"
 make_dataset "$WORK"
@@ -96,3 +96,5 @@ must_fail_within "--tp 3 with 4 heads" 60 "tensor-parallel degree 3 must divide 
   "$LOOM_BIN" generate l "${GEN[@]}" --tp 3
 must_fail_within "--no-kv-cache --tp 2" 60 "no-kv-cache runs the whole model in one process, not with --tp" 2 \
   "$LOOM_BIN" generate l --prompt hi --no-kv-cache --tp 2
+must_fail_within "--weights bf16 --tp 2" 60 "weights bf16 needs a whole language model \(tp = 1\)" 2 \
+  "$LOOM_BIN" generate l "${GEN[@]}" --weights bf16 --tp 2
