@@ -4,11 +4,15 @@
 # duplicates: some rejected here) over all items in item order, and rank 0 writes. The accepted samples (the whole
 # output file, lineage included) equal the single-process run's, with sampling on (temperature
 # 0.9): the local engine (each rank a replica, each block one engine batch) and an HTTP
-# generator (each rank its share of the requests; every request sent once in all).
+# generator (each rank its share of the requests; every request sent once in all). With --tp 2
+# (-np 2: one replica of two tensor-parallel ranks; -np 4: two replicas) a replica's ranks hold
+# tp views of the checkpoint (Llama, grouped-query attention), generate its blocks together and
+# its tp rank 0 validates them: the same files again. -np not a multiple of --tp, and --tp with
+# an HTTP generator, end the job with the message.
 source "$(dirname "$0")/lib.sh"
 cd "$WORK"
 make_dataset "$WORK"
-make_config "$WORK" m.yaml "$WORK/run"
+FLAVOR=llama KVH=2 make_config "$WORK" m.yaml "$WORK/run"
 "$LOOM_BIN" train m.yaml --set training.steps=40 --set eval.every=0 \
   --set model.max_seq_len=128 >/dev/null 2>&1 || fail "train"
 python3 - <<'PY'
@@ -71,6 +75,15 @@ for np in 2 3; do
   grep -q "\"ranks\":$np" local.summary.json || fail "-np $np: summary: $(cat local.summary.json)"
   pass "mpirun -np $np synth (local engine) = one process: $(grep -c . local.jsonl) accepted"
 done
+for np in 2 4; do
+  run_mpi $np tp$np.log "$LOOM_BIN" synth local.yaml --quiet --tp 2
+  [ $RC = 0 ] || { cat tp$np.log >&2; fail "mpirun -np $np synth --tp 2: exit $RC"; }
+  cmp -s local.jsonl local1.jsonl || { diff local1.jsonl local.jsonl >&2; fail "-np $np --tp 2: accepted samples differ from one process"; }
+  cmp -s local.rejected.jsonl local1.rejected.jsonl || fail "-np $np --tp 2: rejected items differ"
+  pass "mpirun -np $np synth --tp 2 ($((np / 2)) replica(s)) = one process: $(grep -c . local.jsonl) accepted"
+done
+must_fail_within "synth -np 3 --tp 2" 60 "tp 2 does not divide the 3 ranks" 3 \
+  "$LOOM_BIN" synth local.yaml --quiet --tp 2
 # an HTTP generator: each rank sends its share of the requests
 start_server port fake.log python3 "$LOOM_SRC/tests/e2e/fake_openai.py" port requests.log
 pipeline http "  kind: http
@@ -99,6 +112,8 @@ import json; s = json.load(open('local.summary.json')); c = s['cache']
 assert c['generations_run'] == 0 and c['generation_hits'] == s['generations'], s
 " || fail "the rerun generated: $(cat local.summary.json)"
 pass "a cache written under -np 2 serves a one-process rerun entirely"
+must_fail_within "synth --tp 2 with an http generator" 60 "generator.kind is http" 2 \
+  "$LOOM_BIN" synth http.yaml --quiet --tp 2
 # an error in the pipeline ends the whole job with the message
 sed 's/^template: t/template: nope/' http.yaml > bad.yaml
 must_fail_within "a bad pipeline under mpirun" 60 "bad.yaml: template 'nope'" 2 "$LOOM_BIN" synth bad.yaml
