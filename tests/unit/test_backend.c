@@ -6,10 +6,14 @@
  *    are bitwise those of the plain cpu table;
  *  - model.backend: cpu selects loom_backend_cpu(); an unknown name is an error naming the key;
  *  - clipping runs inside the AdamW step (no scale_inplace pass): adamw_update with grad_scale s
- *    gives bitwise the parameters and moments of scale_inplace(g, s) and then the step. */
+ *    gives bitwise the parameters and moments of scale_inplace(g, s) and then the step; and
+ *    the same bits for a parameter whether it is updated alone or inside a long call. */
 #include "testutil.h"
 
+#include <math.h>
+
 #include "loom/backend.h"
+#include "loom/kernels.h"
 #include "loom/comm.h"
 #include "loom/config.h"
 #include "loom/model.h"
@@ -384,6 +388,43 @@ static void test_adamw_grad_scale(void **state) {
         assert_memory_equal(m[0], m[1], sizeof(float) * (size_t)n);
         assert_memory_equal(v[0], v[1], sizeof(float) * (size_t)n);
     }
+    /* at a level with FMA: exactly the scalar loop's contractions (src/kernels/adamw.c), in
+     * the vectorized loop too: m = fma(g - m, 1-b1, m), v = fma(v, b2, (1-b2) g g),
+     * p = fma(-(m / (sqrt(v) / sqrt(1-b2^t) + eps)), lr / (1-b1^t), p decay) */
+    const loom_isa isa = loom_isa_active();
+    if (isa == LOOM_ISA_AVX2 || isa == LOOM_ISA_AVX512) {
+        memcpy(p[0], p[1], sizeof(float) * (size_t)n);
+        memcpy(m[0], m[1], sizeof(float) * (size_t)n);
+        memcpy(v[0], v[1], sizeof(float) * (size_t)n);
+        const float lr = 3e-4f, b1 = 0.9f, b2 = 0.95f, eps = 1e-8f, wd = 0.1f, gs = 0.5f;
+        const int64_t t = 7;
+        const float decay = (float)(1.0 - (double)lr * (double)wd);
+        const float w1 = (float)(1.0 - (double)b1), w2 = (float)(1.0 - (double)b2);
+        const float ss = (float)((double)lr / (1.0 - pow((double)b1, (double)t)));
+        const float bc2 = (float)sqrt(1.0 - pow((double)b2, (double)t));
+        for (int64_t i = 0; i < n; i++) {
+            const float gi = g[i] * gs, pi = p[0][i] * decay;
+            const float w2g = w2 * gi, gg = w2g * gi;
+            const float mi = fmaf(gi - m[0][i], w1, m[0][i]), vi = fmaf(v[0][i], b2, gg);
+            const float sq = sqrtf(vi), den = sq / bc2 + eps, q = mi / den;
+            p[0][i] = fmaf(-q, ss, pi);
+            m[0][i] = mi;
+            v[0][i] = vi;
+        }
+        CPU->adamw_update(p[1], g, m[1], v[1], n, lr, b1, b2, eps, wd, t, gs);
+        assert_memory_equal(p[0], p[1], sizeof(float) * (size_t)n);
+        assert_memory_equal(m[0], m[1], sizeof(float) * (size_t)n);
+        assert_memory_equal(v[0], v[1], sizeof(float) * (size_t)n);
+    }
+    /* a parameter's bits do not depend on where it sits in the call (the vectorized loop and
+     * its scalar remainder): one call over n against n calls of one element */
+    for (int64_t i = 0; i < n; i++)
+        CPU->adamw_update(p[0] + i, g + i, m[0] + i, v[0] + i, 1, 3e-4f, 0.9f, 0.95f, 1e-8f,
+                          0.1f, 5, 0.5f);
+    CPU->adamw_update(p[1], g, m[1], v[1], n, 3e-4f, 0.9f, 0.95f, 1e-8f, 0.1f, 5, 0.5f);
+    assert_memory_equal(p[0], p[1], sizeof(float) * (size_t)n);
+    assert_memory_equal(m[0], m[1], sizeof(float) * (size_t)n);
+    assert_memory_equal(v[0], v[1], sizeof(float) * (size_t)n);
     free(buf);
 }
 
