@@ -1,0 +1,128 @@
+# End to end tool use: a tiny byte-level Llama, pretrained briefly on unrelated text (random
+# init), fine-tuned (training.init_from) on generated calculator conversations (kind: chat with a
+# short template file, loss mask on the assistant's tool call), must then emit a well-formed
+# call with the right tool AND both arguments on held-out prompts whose numbers never occur in
+# the fine-tuning data (tests/e2e/tooluse.py): FT_MIN of them at least, against BASE_MAX at most
+# for the base model on the same prompts. The user path throughout: loom data build, loom
+# train, loom generate --chat --template FILE --prompts, the calls parsed by Python's json.
+source "$(dirname "$0")/lib.sh"
+H="$LOOM_SRC/tests/e2e/tooluse.py"
+N_HELD=100 FT_MIN=${FT_MIN:-40} BASE_MAX=5
+PT_STEPS=${PT_STEPS:-400} FT_STEPS=${FT_STEPS:-1000}
+t_start=$(date +%s)
+
+python3 "$H" gen "$WORK/calc" 40000 $N_HELD 1
+python3 "$H" text "$WORK/text" 20000 5
+# a short template: the call's JSON is most of what the assistant is trained on
+cat > "$WORK/tpl.json" <<'JSON'
+{"bos": "", "system": "S:{content}\n", "user": "U:{content}\n", "assistant": "A:{content}\n",
+ "tool": "T:{content}\n", "tool_call": "{content}", "tool_call_separator": "\n"}
+JSON
+cat > "$WORK/text.yaml" <<YAML
+name: text
+sources:
+  - name: text
+    kind: text
+    path: $WORK/text/text.txt
+    split: "\n%\n"
+tokenizer: byte
+seq_len: 96
+output: $WORK/textdata
+YAML
+cat > "$WORK/calc.yaml" <<YAML
+name: calc
+sources:
+  - name: calc
+    kind: chat
+    path: $WORK/calc/train.jsonl
+    template: $WORK/tpl.json
+    pack: false
+tokenizer: byte
+seq_len: 96
+shard_tokens: 960000
+output: $WORK/calcdata
+YAML
+expect_ok "build the pretraining text" "$LOOM_BIN" data build "$WORK/text.yaml"
+expect_ok "build the tool-use conversations (kind: chat, template file)" "$LOOM_BIN" data build "$WORK/calc.yaml"
+
+cat > "$WORK/base.yaml" <<YAML
+run:
+  dir: $WORK/base
+data:
+  train: $WORK/textdata/train
+model:
+  flavor: llama
+  vocab_size: 256
+  d_model: 128
+  n_layer: 2
+  n_head: 4
+  n_kv_head: 4
+  d_ff: 256
+training:
+  steps: $PT_STEPS
+  batch_size: 32
+  seq_len: 96
+  lr: 3e-3
+  warmup: 50
+  schedule: cosine
+  weight_decay: 0
+  grad_clip: 1.0
+  seed: 1
+eval:
+  every: 0
+checkpoint:
+  every: $PT_STEPS
+YAML
+# the fine-tuning run: no model section, the model is the base's
+cat > "$WORK/ft.yaml" <<YAML
+run:
+  dir: $WORK/ft
+data:
+  train: $WORK/calcdata/train
+training:
+  init_from: $WORK/base
+  steps: $FT_STEPS
+  batch_size: 32
+  seq_len: 96
+  lr: 3e-3
+  warmup: 50
+  schedule: cosine
+  weight_decay: 0
+  grad_clip: 1.0
+  seed: 1
+eval:
+  every: 0
+checkpoint:
+  every: $FT_STEPS
+YAML
+
+# correct CKPT NAME: greedy replies to the held-out prompts -> the number of correct calls
+correct() {
+  "$LOOM_BIN" generate "$1" --chat --template "$WORK/tpl.json" --prompts "$WORK/calc/heldout.txt" \
+    --temperature 0 --tokens 64 > "$WORK/$2.jsonl" 2>"$WORK/$2.err" \
+    || { cat "$WORK/$2.err" >&2; fail "generate ($2)"; }
+  python3 "$H" score "$WORK/$2.jsonl" "$WORK/calc/expected.jsonl" > "$WORK/$2.score" \
+    || { cat "$WORK/$2.score" >&2; fail "score ($2)"; }
+  sed -n 's/^correct \([0-9]*\) of .*/\1/p' "$WORK/$2.score"
+}
+
+t0=$(date +%s)
+expect_ok "pretrain the base ($PT_STEPS steps of text, random init)" "$LOOM_BIN" train "$WORK/base.yaml"
+t1=$(date +%s)
+base=$(correct "$WORK/base" base)
+cat "$WORK/base.score"
+expect_ok "fine-tune it on the tool calls ($FT_STEPS steps, init_from)" "$LOOM_BIN" train "$WORK/ft.yaml"
+grep -q "initialized from $WORK/base" "$WORK/err.txt" || fail "the fine-tuning did not start from the base"
+t2=$(date +%s)
+ft=$(correct "$WORK/ft" ft)
+cat "$WORK/ft.score"
+t3=$(date +%s)
+last_loss=$(tail -n 1 "$WORK/ft/metrics.jsonl" | python3 -c 'import json,sys; print(round(json.load(sys.stdin)["loss"], 4))')
+echo "tool use: base $base of $N_HELD correct calls, fine-tuned $ft of $N_HELD" \
+     "(pretrain ${PT_STEPS} steps $((t1 - t0)) s, fine-tune ${FT_STEPS} steps $((t2 - t1)) s, final loss $last_loss;" \
+     "whole test $((t3 - t_start)) s, OMP_NUM_THREADS=$OMP_NUM_THREADS, load $(cut -d' ' -f1-3 /proc/loadavg))"
+[ "$base" -le $BASE_MAX ] || fail "the base model made $base correct calls (at most $BASE_MAX expected)"
+pass "base model: $base of $N_HELD correct calls (<= $BASE_MAX)"
+[ "$ft" -ge "$FT_MIN" ] || fail "the fine-tuned model made $ft correct calls of $N_HELD (at least $FT_MIN expected)"
+pass "fine-tuned model: $ft of $N_HELD correct calls (>= $FT_MIN)"
+echo "all tool-use tests passed"

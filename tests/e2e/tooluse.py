@@ -1,0 +1,122 @@
+"""The calculator tool-use task of tests/e2e/test_tooluse.sh.
+
+  tooluse.py gen DIR N_TRAIN N_HELDOUT SEED
+      DIR/train.jsonl   N_TRAIN conversations (OpenAI messages): a user asks for a calculation
+                        in one of several phrasings, the assistant answers with one tool call
+                        {"name": add|sub|mul|div, "arguments": {"a": A, "b": B}};
+      DIR/heldout.txt   N_HELDOUT user prompts, one a line (for loom generate --chat --prompts);
+      DIR/expected.jsonl the call each held-out prompt must produce.
+      A random tenth of 10..999 is held out: the held-out prompts use only numbers that no
+      training conversation contains, so a correct call needs the model to copy the digits
+      from the prompt (no number can be recalled from training).
+  tooluse.py score OUT.jsonl EXPECTED.jsonl
+      OUT.jsonl is loom generate --prompts output (one {"text": ...} line a prompt). A reply is
+      correct when its first line parses as JSON (Python's json) and equals the expected call:
+      the tool name and both arguments, exactly. Prints "correct K of N" and a few wrong replies.
+  tooluse.py text DIR N SEED
+      DIR/text.txt: unrelated text (sentences about animals, places and numbers), documents
+      separated by a line "%", to pretrain the base model on.
+"""
+import json
+import os
+import random
+import sys
+
+TOOLS = {
+    "add": ["what is {a} plus {b}?", "add {a} and {b}", "{a} + {b} = ?", "compute the sum of {a} and {b}"],
+    "sub": ["what is {a} minus {b}?", "from {a} subtract {b}", "{a} - {b} = ?", "the difference of {a} and {b}"],
+    "mul": ["what is {a} times {b}?", "multiply {a} by {b}", "{a} * {b} = ?", "the product of {a} and {b}"],
+    "div": ["what is {a} divided by {b}?", "divide {a} by {b}", "{a} / {b} = ?", "split {a} into {b} parts"],
+}
+
+
+def split_numbers(rng):
+    """(training numbers by length, held-out numbers): a random tenth of 10..999 is held out; the
+    training conversations draw 1, 2 and 3-digit numbers equally often (short ones too, which
+    makes copying quicker to learn), the held-out prompts any held-out number."""
+    nums = list(range(10, 1000))
+    rng.shuffle(nums)
+    held = set(nums[:99])
+    by_len = [[n for n in range(lo, hi) if n not in held] for lo, hi in ((0, 10), (10, 100), (100, 1000))]
+    return by_len, [sorted(held)]
+
+
+def example(rng, nums):
+    name = rng.choice(sorted(TOOLS))
+    a, b = rng.choice(rng.choice(nums)), rng.choice(rng.choice(nums))
+    prompt = rng.choice(TOOLS[name]).format(a=a, b=b)
+    return prompt, {"name": name, "arguments": {"a": a, "b": b}}
+
+
+def gen(out, n_train, n_heldout, seed):
+    rng = random.Random(seed)
+    train_nums, held_nums = split_numbers(rng)
+    os.makedirs(out, exist_ok=True)
+    with open(os.path.join(out, "train.jsonl"), "w") as f:
+        for i in range(n_train):
+            prompt, call = example(rng, train_nums)
+            tc = {"id": f"call{i}", "type": "function",
+                  "function": {"name": call["name"], "arguments": json.dumps(call["arguments"])}}
+            msgs = [{"role": "user", "content": prompt},
+                    {"role": "assistant", "content": None, "tool_calls": [tc]}]
+            f.write(json.dumps({"messages": msgs}) + "\n")
+    with open(os.path.join(out, "heldout.txt"), "w") as p, \
+            open(os.path.join(out, "expected.jsonl"), "w") as e:
+        for _ in range(n_heldout):
+            prompt, call = example(rng, held_nums)
+            p.write(prompt + "\n")
+            e.write(json.dumps(call) + "\n")
+
+
+def text(out, n, seed):
+    rng = random.Random(seed)
+    animals = "cat dog horse heron otter fox badger owl wren beetle".split()
+    plural = {"fox": "foxes"}
+    places = "river hill forest meadow harbor village valley garden".split()
+    verbs = "saw counted followed painted found carried".split()
+    os.makedirs(out, exist_ok=True)
+    with open(os.path.join(out, "text.txt"), "w") as f:
+        for d in range(n):
+            sents, seen = [], []
+            for _ in range(rng.randint(2, 4)):
+                k, what = rng.randint(0, 999), rng.choice(animals)
+                what = plural.get(what, what + "s")
+                sents.append(f"the {rng.choice(animals)} {rng.choice(verbs)} {k} {what} near the "
+                             f"{rng.choice(places)}.")
+                seen.append(f"{k} {what}")
+            rng.shuffle(seen)
+            sents.append("in all: " + ", ".join(seen) + ".")
+            f.write(" ".join(sents) + "\n%\n")
+
+
+def score(out_path, expected_path):
+    expected = [json.loads(l) for l in open(expected_path)]
+    outs = [json.loads(l) for l in open(out_path)]
+    assert len(outs) == len(expected), f"{len(outs)} replies for {len(expected)} prompts"
+    correct, wrong = 0, []
+    for o in sorted(outs, key=lambda o: o["index"]):
+        want = expected[o["index"]]
+        reply = o["text"].split("\n")[0]
+        try:
+            got = json.loads(reply)
+        except ValueError:
+            got = None
+        if got == want:
+            correct += 1
+        else:
+            wrong.append(f"{o['prompt']!r} -> {reply!r}")
+    print(f"correct {correct} of {len(expected)}")
+    for w in wrong[:5]:
+        print("  wrong:", w)
+
+
+if __name__ == "__main__":
+    cmd = sys.argv[1]
+    if cmd == "gen":
+        gen(sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5]))
+    elif cmd == "text":
+        text(sys.argv[2], int(sys.argv[3]), int(sys.argv[4]))
+    elif cmd == "score":
+        score(sys.argv[2], sys.argv[3])
+    else:
+        sys.exit(f"unknown command {cmd}")
