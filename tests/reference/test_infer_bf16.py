@@ -6,7 +6,8 @@ Tiny random GPT2LMHeadModel (tied head: its wte is rounded, so the input embeddi
 LlamaForCausalLM (GQA, untied: lm_head rounded, embed_tokens kept), perturbed parameters,
 imported with `loom import --hf`. Through libloom (ctypes): the checkpoint loaded,
 loom_model_set_weights_bf16, a prompt prefilled and 64 tokens decoded greedily by
-loom_model_decode_batch. At every step loom's logits must equal the reference's next-token
+loom_model_decode_batch; then a 72-token prompt (its prefill runs the bf16 kernel in chunks of
+16 rows) and 8 steps. At every step loom's logits must equal the reference's next-token
 logits on the same prefix to TOL (max |d| / max |ref|; fp32 summation order is all that
 differs, observed ~1e-6), and the 64 tokens must equal the reference's greedy generate. The
 same logits against the fp32 (unrounded) model must differ by more than 10 x TOL (the rounding
@@ -123,6 +124,35 @@ def rss():
         return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
 
 
+def decode(L, m, model, ref, prompt, steps):
+    """prefill then greedy steps through loom_model_decode_batch; the generated tokens, the
+    worst max|d|/max|ref| against ref and the smallest against the fp32 model"""
+    fpp = L.loom_model_kv_floats_per_pos(m)
+    cap = len(prompt) + steps
+    k = np.zeros(cap * fpp, np.float32)
+    v = np.zeros(cap * fpp, np.float32)
+    ws = L.loom_decode_ws_create(m, len(prompt), 1)
+    V = model.config.vocab_size
+    toks, pos, worst, worst32 = list(prompt), 0, 0.0, float("inf")
+    feed = list(prompt)
+    for _ in range(steps):
+        seg = Seg(k.ctypes.data, v.ctypes.data, cap, pos, len(feed), 1)
+        arr = (ctypes.c_int32 * len(feed))(*feed)
+        lp = L.loom_model_decode_batch(m, ws, arr, ctypes.byref(seg), 1)
+        got = np.ctypeslib.as_array(lp, shape=(V,)).copy()
+        pos += len(feed)
+        with torch.no_grad():
+            r = ref(torch.tensor([toks])).logits[0, -1].numpy()
+            r32 = model(torch.tensor([toks])).logits[0, -1].numpy()
+        worst = max(worst, float(np.abs(got - r).max() / np.abs(r).max()))
+        worst32 = min(worst32, float(np.abs(got - r32).max() / np.abs(r32).max()))
+        t = int(np.argmax(got))
+        toks.append(t)
+        feed = [t]
+    L.loom_decode_ws_free(ws)
+    return toks[len(prompt):], worst, worst32
+
+
 def main():
     L = api()
     with tempfile.TemporaryDirectory() as work:
@@ -144,31 +174,15 @@ def main():
                                    do_sample=False, pad_token_id=0, eos_token_id=None)
             want = out[0, len(prompt):].tolist()
             m = load(L, ck, bf16=True)
-            fpp = L.loom_model_kv_floats_per_pos(m)
-            cap = len(prompt) + N
-            k = np.zeros(cap * fpp, np.float32)
-            v = np.zeros(cap * fpp, np.float32)
-            ws = L.loom_decode_ws_create(m, len(prompt), 1)
-            V = model.config.vocab_size
-            toks, pos, worst, worst32 = list(prompt), 0, 0.0, float("inf")
-            feed = list(prompt)
-            for step in range(N):
-                seg = Seg(k.ctypes.data, v.ctypes.data, cap, pos, len(feed), 1)
-                arr = (ctypes.c_int32 * len(feed))(*feed)
-                lp = L.loom_model_decode_batch(m, ws, arr, ctypes.byref(seg), 1)
-                got = np.ctypeslib.as_array(lp, shape=(V,)).copy()
-                pos += len(feed)
-                with torch.no_grad():
-                    r = ref(torch.tensor([toks])).logits[0, -1].numpy()
-                    r32 = model(torch.tensor([toks])).logits[0, -1].numpy()
-                worst = max(worst, float(np.abs(got - r).max() / np.abs(r).max()))
-                worst32 = min(worst32, float(np.abs(got - r32).max() / np.abs(r32).max()))
-                t = int(np.argmax(got))
-                toks.append(t)
-                feed = [t]
-            L.loom_decode_ws_free(ws)
+            gen, worst, worst32 = decode(L, m, model, ref, prompt, N)
+            # a prompt of 72 tokens: its prefill runs the kernel in chunks of 16 rows
+            long_prompt = list((b"0123456789abcdef" * 5)[:72])
+            _, worst_long, _ = decode(L, m, model, ref, long_prompt, 8)
             L.loom_model_free(m)
-            gen = toks[len(prompt):]
+            print(f"{flavor}: 72-token prompt (chunked prefill) + 8 steps: max |logit diff| / "
+                  f"max |logit| {worst_long:.2e}")
+            expect(f"{flavor}: long-prompt logits equal the bf16-rounded reference to {TOL}",
+                   worst_long <= TOL, f"{worst_long:.3e}")
             print(f"{flavor}: max |logit diff| / max |logit| vs the bf16-rounded reference "
                   f"{worst:.2e} (tol {TOL:.0e}); vs fp32 weights at least {worst32:.2e}; "
                   f"{sum(a == b for a, b in zip(gen, want))} of {N} tokens equal")
