@@ -3,7 +3,9 @@
 # runs batched with bf16 weights for both flavors, each prompt's greedy output equal to that
 # prompt generated alone with bf16 weights, and --stats names the weights and the resident
 # memory (the memory drop is checked in tests/reference/test_infer_bf16.py); bad values and combinations are errors naming the option; serve answers a
-# completion with bf16 weights. (The numerics against PyTorch: tests/reference/test_infer_bf16.py.)
+# completion with bf16 weights; synth's generator.weights: bf16 runs, is part of the cache key
+# (an unchanged rerun generates nothing, the same pipeline with fp32 generates again), and a bad
+# value is an error naming the key. (The numerics against PyTorch: tests/reference/test_infer_bf16.py.)
 source "$(dirname "$0")/lib.sh"
 L=$LOOM_ASAN_BIN
 cd "$WORK"
@@ -57,3 +59,38 @@ kill -TERM $SPID
 wait $SPID || true
 crashed serve.err && { cat serve.err >&2; fail "serve crashed"; }
 pass "serve --weights bf16 answers a completion"
+# synth: generator.weights
+printf 'the quick\nbrown fox\nlazy dog\n' > seeds.txt
+synth_yaml() { # $1: weights
+  cat > p.yaml <<YAML
+name: bf16
+seeds:
+  - path: $WORK/seeds.txt
+templates:
+  t: "{seed}"
+template: t
+generator:
+  kind: local
+  checkpoint: $WORK/run_gpt2
+  weights: $1
+  max_tokens: 6
+  temperature: 0
+validators:
+  - kind: length
+max_attempts: 1
+output: $WORK/synth.jsonl
+summary: $WORK/summary.json
+YAML
+}
+generations() { python3 -c "import json; print(json.load(open('$WORK/summary.json'))['cache']['generations_run'])"; }
+synth_yaml bf16
+expect_ok "synth generator.weights: bf16" "$L" synth p.yaml --quiet
+[ "$(grep -c '"text"' synth.jsonl)" = 3 ] || fail "synth bf16: expected 3 records: $(cat synth.jsonl)"
+[ "$(generations)" = 3 ] || fail "synth bf16: generations $(generations), expected 3"
+expect_ok "synth bf16 again (cached)" "$L" synth p.yaml --quiet
+[ "$(generations)" = 0 ] || fail "synth bf16 rerun: generations $(generations), expected 0 (cache)"
+synth_yaml fp32
+expect_ok "synth generator.weights: fp32" "$L" synth p.yaml --quiet
+[ "$(generations)" = 3 ] || fail "synth fp32 after bf16: generations $(generations), expected 3 (weights in the cache key)"
+synth_yaml fp16
+expect_fail "synth generator.weights: fp16" "generator.weights must be fp32 or bf16" "$L" synth p.yaml --quiet
