@@ -61,6 +61,10 @@ typedef struct loom_backend {
                            int64_t N, int IC, int OC);
     void (*matmul_backward)(float *dinp, float *dweight, float *dbias, const float *dout,
                             const float *inp, const float *weight, int64_t N, int IC, int OC);
+    /* the forward with bf16 weights (--weights bf16, include/loom/bf16.h), widened exactly to
+     * fp32 and computed as in fp32; any N (inference only; NULL where not supported) */
+    void (*matmul_bf16_forward)(float *out, const float *inp, const uint16_t *weight,
+                                const float *bias, int64_t N, int IC, int OC);
 
     /* norms over the last dim; mean/rstd (N) saved for backward */
     void (*layernorm_forward)(float *out, float *mean, float *rstd, const float *inp,

@@ -26,9 +26,6 @@ void matmul_rows_forward(float *out, const float *inp, const float *weight, cons
  * are read: matmul_rows_forward on the weights rounded to bf16, bit for bit. Any N. */
 void matmul_rows_bf16_forward(float *out, const float *inp, const uint16_t *weight,
                               const float *bias, int64_t N, int IC, int OC);
-/* fp32 -> bf16 to nearest, ties to even (NaN stays NaN); bf16 -> fp32 exactly */
-uint16_t loom_bf16_round(float x);
-float loom_bf16_widen(uint16_t h);
 /* dinp (N,IC) += dout (N,OC) @ weight (OC,IC); dweight (OC,IC) += dout^T @ inp;
  * dbias (OC) += sum_n dout. Any of dinp/dweight/dbias may be NULL. */
 void matmul_backward(float *dinp, float *dweight, float *dbias, const float *dout,

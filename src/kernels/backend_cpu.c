@@ -24,6 +24,7 @@ static const loom_backend cpu = {
     .name = "cpu",
     .matmul_forward = matmul_forward,
     .matmul_backward = matmul_backward,
+    .matmul_bf16_forward = matmul_rows_bf16_forward,
     .layernorm_forward = layernorm_forward,
     .layernorm_backward = layernorm_backward,
     .rmsnorm_forward = rmsnorm_forward,

@@ -170,7 +170,8 @@ static inline __attribute__((always_inline)) void LOOM_KV(mr_rows4)(
             const int G = N >= 4 ? (int)(N / 4) : 0, two = o + 12 <= OC;
             for (int g = 0; g < G; g++) {
                 int mask = 0;
-                for (int r = 0; r < 4; r++) mask |= (r % G == g) << r | (two && r % G == g) << (r + 4);
+                for (int r = 0; r < 4; r++)
+                    mask |= (r % G == g) << r | (two && r % G == g) << (r + 4);
                 LOOM_KV(mr_block)(out + 4 * g * (int64_t)OC + o, inp + 4 * g * (int64_t)IC, w,
                                   bb, pf, mask, IC, OC, 4, 4, bf);
             }

@@ -13,21 +13,6 @@ LOOM_DISPATCH(matmul_rows_bf16_forward, (float *out, const float *inp, const uin
                                          const float *bias, int64_t N, int IC, int OC),
               (out, inp, weight, bias, N, IC, OC))
 
-uint16_t loom_bf16_round(float x) {
-    uint32_t u;
-    memcpy(&u, &x, sizeof u);
-    if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40); /* quiet NaN */
-    u += 0x7fffu + ((u >> 16) & 1u); /* to nearest, ties to even */
-    return (uint16_t)(u >> 16);
-}
-
-float loom_bf16_widen(uint16_t h) {
-    const uint32_t u = (uint32_t)h << 16;
-    float x;
-    memcpy(&x, &u, sizeof x);
-    return x;
-}
-
 #else
 #define LOOM_MR_BF16_FILE
 #include "kernels/matmul_rows.c"

@@ -6,7 +6,6 @@
 #include <string.h>
 
 #include "loom/backend.h"
-#include "loom/kernels.h"
 #include "model/model_internal.h"
 
 enum { OP_NORM, OP_POINT, OP_LINEAR, OP_ROPE, OP_ATTN, OP_ACT, OP_RESIDUAL, OP_MOE };
@@ -211,9 +210,10 @@ static void op_forward(loom_model *m, block_frame *f, int l, const block_op *op)
     case OP_LINEAR: {
         const int bias_here = !op->row_parallel || m->lay.tp_rank == 0;
         if (m->wbf16) { /* --weights bf16 (weights_bf16.c) */
-            matmul_rows_bf16_forward(s[op->out], s[op->in], m->wbf16_lin[4 * l + lora_site(op->w)],
-                                     bias_here ? param(m, op->b, l) : NULL, N, width(m, op->iw),
-                                     width(m, op->ow));
+            be->matmul_bf16_forward(s[op->out], s[op->in],
+                                    m->wbf16_lin[4 * l + lora_site(op->w)],
+                                    bias_here ? param(m, op->b, l) : NULL, N, width(m, op->iw),
+                                    width(m, op->ow));
             break;
         }
         be->matmul_forward(s[op->out], s[op->in], param(m, op->w, l),

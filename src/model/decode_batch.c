@@ -14,7 +14,7 @@
 #include <string.h>
 
 #include "loom/backend.h"
-#include "loom/kernels.h"
+#include "loom/bf16.h"
 #include "model/model_internal.h"
 
 struct loom_decode_ws {
@@ -174,7 +174,7 @@ const float *loom_model_decode_batch(loom_model *m, loom_decode_ws *w, const int
     const int tp = m->lay.tp;
     if (tp == 1) {
         if (m->wbf16) /* --weights bf16 (weights_bf16.c; tp = 1 only) */
-            matmul_rows_bf16_forward(w->logits, w->lastn, m->wbf16_head, NULL, k, C, V);
+            m->be->matmul_bf16_forward(w->logits, w->lastn, m->wbf16_head, NULL, k, C, V);
         else
             m->be->matmul_forward(w->logits, w->lastn, head, NULL, k, C, V);
         return w->logits;

@@ -14,7 +14,8 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
-#include "loom/kernels.h"
+#include "loom/backend.h"
+#include "loom/bf16.h"
 #include "model/model_internal.h"
 
 /* rounds n floats at src into dst, then releases src's whole pages */
@@ -33,6 +34,8 @@ int loom_model_set_weights_bf16(loom_model *m, loom_err *err) {
         !m->params)
         return loom_errf(err, "--weights bf16 needs a whole language model (tp = 1)");
     if (m->E > 0) return loom_errf(err, "--weights bf16 does not support MoE layers yet");
+    if (!m->be->matmul_bf16_forward)
+        return loom_errf(err, "--weights bf16: the %s backend has no bf16 matmul", m->be->name);
     if (m->lora) return loom_errf(err, "--weights bf16 does not support LoRA adapters");
     const int L = c->n_layer, C = c->d_model;
     const size_t sz[4] = {(size_t)m->QKV * C, (size_t)C * m->H * m->D, (size_t)m->FFI * C,
@@ -53,7 +56,8 @@ int loom_model_set_weights_bf16(loom_model *m, loom_err *err) {
             at += (sz[k] + 31) & ~(size_t)31;
         }
     }
-    const float *hw = c->flavor == LOOM_FLAVOR_GPT2 ? PARAM(m, LOOM_P_WTE) : PARAM(m, LOOM_P_LM_HEAD);
+    const float *hw =
+        c->flavor == LOOM_FLAVOR_GPT2 ? PARAM(m, LOOM_P_WTE) : PARAM(m, LOOM_P_LM_HEAD);
     LOOM_CHECK(hw != NULL);
     round_release(arena + at, hw, head);
     m->wbf16_head = arena + at;

@@ -16,6 +16,7 @@
 #include <math.h>
 #include <omp.h>
 
+#include "loom/bf16.h"
 #include "loom/kernels.h"
 
 static float frand(uint64_t *s) {
