@@ -7,8 +7,8 @@
 # train, loom generate --chat --template FILE --prompts, the calls parsed by Python's json.
 source "$(dirname "$0")/lib.sh"
 H="$LOOM_SRC/tests/e2e/tooluse.py"
-N_HELD=100 FT_MIN=${FT_MIN:-40} BASE_MAX=5
-PT_STEPS=${PT_STEPS:-400} FT_STEPS=${FT_STEPS:-1000}
+N_HELD=100 FT_MIN=${FT_MIN:-60} BASE_MAX=5
+PT_STEPS=${PT_STEPS:-400} FT_STEPS=${FT_STEPS:-1500}
 t_start=$(date +%s)
 
 python3 "$H" gen "$WORK/calc" 40000 $N_HELD 1
