@@ -13,9 +13,12 @@ const loom_config_key *loom_train_schema(int *n);
 /* Applies the schema to cfg (defaults, unknown keys rejected), writes the resolved config
  * to <run.dir>/config.yaml, resumes from the newest complete checkpoint under
  * <run.dir>/ckpt when there is one, and trains to training.steps. Returns 0, -1 on an error,
- * or LOOM_TRAIN_EXIT_ALERT_STOP when an alert rule with action stop ended the run after a
- * checkpoint (err says which; `loom train` exits with that status). */
+ * LOOM_TRAIN_EXIT_ALERT_STOP when an alert rule with action stop ended the run after a
+ * checkpoint, or LOOM_TRAIN_EXIT_SIGNAL + N when signal N (SIGINT, SIGTERM) stopped it after a
+ * checkpoint (the shells' status for a signal: 130, 143). Both stops are agreed by every rank,
+ * so they end without an MPI abort; err says which; `loom train` exits with that status. */
 #define LOOM_TRAIN_EXIT_ALERT_STOP 3
+#define LOOM_TRAIN_EXIT_SIGNAL 128
 int loom_train(loom_config *cfg, loom_err *err);
 
 /* ---- the training engine, without a run --------------------------------------------------

@@ -36,6 +36,14 @@ int loom_cli_train(int argc, char **argv) {
         rc = trc;
         goto out;
     }
+    if (trc > LOOM_TRAIN_EXIT_SIGNAL) {
+        /* a signal, agreed by every rank after a checkpoint: an orderly end on every rank, no
+         * abort (under srun --kill-on-bad-exit an aborting rank could kill the one that was
+         * writing the message); rank 0 says it once */
+        if (loom_comm_world_rank() == 0) fprintf(stderr, "loom: %s\n", err.msg);
+        rc = trc;
+        goto out;
+    }
     if (trc) goto fail;
     rc = 0;
     goto out;

@@ -716,7 +716,8 @@ int loom_train(loom_config *cfg, loom_err *err) {
             loom_errf(err, "interrupted by signal %d at step %lld; checkpoint saved in %s "
                            "(run the same command to continue)",
                       (int)stop, (long long)t.step, t.ckpt_root);
-            goto done;
+            rc = LOOM_TRAIN_EXIT_SIGNAL + (int)stop;
+            goto stopped;
         }
     }
     loom_progress_end(&pg);

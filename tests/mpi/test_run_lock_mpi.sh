@@ -22,13 +22,17 @@ must_fail_within "a second 2-rank job on the same run.dir" 60 \
   2 "$LOOM_BIN" train "$WORK/c.yaml" "${LONG[@]}"
 kill -0 $PID 2>/dev/null || { cat "$WORK/log_a"; fail "the first job died"; }
 # SIGTERM to the ranks (children of mpirun, itself the child of timeout): each finishes its
-# step, they agree to stop, checkpoint, and end
+# step, they agree to stop, checkpoint, and end in order
 MPIRUN_PID=$(pgrep -P $PID | head -1)
 RANKS=$(pgrep -P "$MPIRUN_PID" | xargs)
 [ -n "$RANKS" ] || fail "cannot find the first job's ranks"
 kill -TERM $RANKS
 rc=0; wait $PID || rc=$?
 grep -q "interrupted by signal 15 at step" "$WORK/log_a" || { cat "$WORK/log_a"; fail "the first job was not interrupted cleanly (exit $rc)"; }
+# an agreed stop, not an abort: exit 128 + 15, the message once (rank 0), no MPI_Abort
+[ $rc -eq 143 ] || { cat "$WORK/log_a"; fail "the interrupted job exited $rc, not 128 + 15"; }
+[ "$(grep -o "interrupted by signal 15" "$WORK/log_a" | wc -l)" = 1 ] || { cat "$WORK/log_a"; fail "the message is not said once"; }
+! grep -q "MPI_ABORT" "$WORK/log_a" || { cat "$WORK/log_a"; fail "the interrupted job aborted"; }
 S=$(sed -n 's/.*interrupted by signal 15 at step \([0-9]*\).*/\1/p' "$WORK/log_a" | head -1)
 python3 - "$WORK/run/metrics.jsonl" "$S" <<'PY' || fail "metrics of the first job"
 import json, sys

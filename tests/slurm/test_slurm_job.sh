@@ -151,7 +151,7 @@ grep -q "allreduce #4 on world (2 ranks) did not complete within 2 s; ranks stil
 pass "collective timeout under srun fails the job (${JOB_SECS}s): $(grep -m1 'did not complete' "$WORK/tmo.out")"
 wait_job train COMPLETED 150
 wait_job ref COMPLETED 60
-python3 - "$WORK" "$STEPS" <<'PY' || fail "train: the requeued run did not resume exactly"
+python3 - "$WORK" "$STEPS" <<'PY' || { cat "$WORK/train.out" >&2; fail "train: the requeued run did not resume exactly"; }
 import json, re, sys
 w, steps = sys.argv[1], int(sys.argv[2])
 log = open(f"{w}/train.out").read()
