@@ -24,11 +24,9 @@ import numpy as np
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from hf_tiny import tiny_model  # noqa: E402
 from loomlib import FAILURES, expect, lib  # noqa: E402
 
-import transformers  # noqa: E402
-
-transformers.logging.set_verbosity_error()
 LOOM = os.environ.get("LOOM_BIN") or os.path.join(os.path.dirname(__file__), "../../build/loom")
 torch.set_num_threads(2)
 N = 64
@@ -71,27 +69,6 @@ def load(L, ck, bf16):
     if bf16 and L.loom_model_set_weights_bf16(m, ctypes.byref(err)):
         raise RuntimeError(err.msg.decode())
     return m
-
-
-def hf_model(flavor, big=False):
-    if flavor == "gpt2":
-        cfg = transformers.GPT2Config(vocab_size=8192 if big else 256, n_embd=256 if big else 48,
-                                      n_layer=4 if big else 2, n_head=4, n_positions=128,
-                                      layer_norm_epsilon=1e-5, bos_token_id=0, eos_token_id=0,
-                                      attn_pdrop=0, embd_pdrop=0, resid_pdrop=0)
-        m = transformers.GPT2LMHeadModel(cfg)
-    else:
-        cfg = transformers.LlamaConfig(vocab_size=256, hidden_size=48, intermediate_size=80,
-                                       num_hidden_layers=2, num_attention_heads=6,
-                                       num_key_value_heads=2, max_position_embeddings=128,
-                                       rms_norm_eps=1e-5, rope_theta=10000.0, bos_token_id=0,
-                                       eos_token_id=0, tie_word_embeddings=False)
-        m = transformers.LlamaForCausalLM(cfg)
-    g = torch.Generator().manual_seed(2)
-    with torch.no_grad():
-        for p in m.parameters():
-            p.add_(0.3 * torch.randn(p.shape, generator=g))
-    return m.eval()
 
 
 def rounded_names(flavor, model):
@@ -158,9 +135,9 @@ def main():
     with tempfile.TemporaryDirectory() as work:
         for flavor in ("gpt2", "llama"):
             torch.manual_seed(0)
-            model = hf_model(flavor)
+            model = tiny_model(flavor)
             ck = import_ck(model, work, flavor)
-            ref = hf_model(flavor)
+            ref = tiny_model(flavor)
             ref.load_state_dict(model.state_dict())
             names = rounded_names(flavor, ref)
             with torch.no_grad():
@@ -194,7 +171,7 @@ def main():
                    f"{gen[:16]}... vs {want[:16]}...")
         # memory: a larger gpt2, fp32 then bf16, resident bytes in this process
         torch.manual_seed(1)
-        big = hf_model("gpt2", big=True)
+        big = tiny_model("gpt2", big=True)
         conv = sum(p.numel() for n, p in big.named_parameters() if n in rounded_names("gpt2", big))
         ck = import_ck(big, work, "big")
         del big

@@ -13,34 +13,12 @@ import tempfile
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from hf_tiny import tiny_model  # noqa: E402
 from loomlib import expect, finish  # noqa: E402
 
-import transformers  # noqa: E402
-
-transformers.logging.set_verbosity_error()
 LOOM = os.environ.get("LOOM_BIN") or os.path.join(os.path.dirname(__file__), "../../build/loom")
 torch.set_num_threads(2)
 N = 64
-
-
-def hf_model(flavor):
-    if flavor == "gpt2":
-        cfg = transformers.GPT2Config(vocab_size=256, n_embd=48, n_layer=2, n_head=4, n_positions=128,
-                                      layer_norm_epsilon=1e-5, bos_token_id=0, eos_token_id=0,
-                                      attn_pdrop=0, embd_pdrop=0, resid_pdrop=0)
-        m = transformers.GPT2LMHeadModel(cfg)
-    else:
-        cfg = transformers.LlamaConfig(vocab_size=256, hidden_size=48, intermediate_size=80,
-                                       num_hidden_layers=2, num_attention_heads=6,
-                                       num_key_value_heads=2, max_position_embeddings=128,
-                                       rms_norm_eps=1e-5, rope_theta=10000.0, bos_token_id=0,
-                                       eos_token_id=0, tie_word_embeddings=False)
-        m = transformers.LlamaForCausalLM(cfg)
-    g = torch.Generator().manual_seed(2)
-    with torch.no_grad():
-        for p in m.parameters():
-            p.add_(0.3 * torch.randn(p.shape, generator=g))
-    return m.eval()
 
 
 def main():
@@ -52,7 +30,7 @@ def main():
             f.write("\n".join(prompts) + "\n")
         for flavor in ("gpt2", "llama"):
             torch.manual_seed(0)
-            model = hf_model(flavor)
+            model = tiny_model(flavor)
             src = os.path.join(work, f"hf_{flavor}")
             model.save_pretrained(src, safe_serialization=True)
             ck = os.path.join(work, f"ck_{flavor}")
