@@ -48,6 +48,8 @@ typedef struct loom_sbuf {
     size_t len, cap;
 } loom_sbuf;
 void loom_sbuf_printf(loom_sbuf *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+/* appends n bytes (any bytes: no terminator is kept) */
+void loom_sbuf_append(loom_sbuf *b, const void *p, size_t n);
 char *loom_strdup(const char *s);
 /* 64-byte aligned, zeroed; free with free(). For arenas. */
 void *loom_alloc_aligned(size_t n);

@@ -89,6 +89,17 @@ void loom_sbuf_printf(loom_sbuf *b, const char *fmt, ...) {
     }
 }
 
+void loom_sbuf_append(loom_sbuf *b, const void *p, size_t n) {
+    if (b->len + n > b->cap) {
+        size_t c = b->cap ? b->cap : 256;
+        while (c < b->len + n) c *= 2;
+        b->p = loom_realloc(b->p, c);
+        b->cap = c;
+    }
+    if (n) memcpy(b->p + b->len, p, n);
+    b->len += n;
+}
+
 char *loom_strdup(const char *s) {
     size_t n = strlen(s) + 1;
     char *p = loom_malloc(n);

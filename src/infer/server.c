@@ -59,8 +59,7 @@ typedef struct server {
     loom_mesh *mesh;            /* tp > 1: the tp group's mesh (tp rank 0 drives) */
     int tp;
     int followers_wait;         /* tp > 1: the followers are in their loop until TP_STOP */
-    char *log;                  /* tp > 1: engine operations since the last broadcast */
-    size_t loglen, logcap;
+    loom_sbuf log;              /* tp > 1: engine operations since the last broadcast */
     int sig_pipe[2];            /* SIGTERM, SIGINT: the handler writes, the signal thread reads */
     struct MHD_Daemon *daemon;
     const loom_tokenizer *tok;
@@ -149,26 +148,15 @@ enum { TP_SUBMIT = 1, TP_CANCEL, TP_RELEASE, TP_STEP, TP_STOP };
  * in a broadcast, which the mesh's timeout would otherwise end) */
 enum { TP_HEARTBEAT_S = 10 };
 
-static void log_add(server *S, const void *p, size_t n) {
-    if (S->loglen + n > S->logcap) {
-        size_t c = S->logcap ? S->logcap : 4096;
-        while (c < S->loglen + n) c *= 2;
-        char *nb = realloc(S->log, c);
-        LOOM_CHECK(nb != NULL);
-        S->log = nb;
-        S->logcap = c;
-    }
-    memcpy(S->log + S->loglen, p, n);
-    S->loglen += n;
-}
+static void log_add(server *S, const void *p, size_t n) { loom_sbuf_append(&S->log, p, n); }
 static void log_i64(server *S, int64_t v) { log_add(S, &v, sizeof v); }
 
 /* the log to the followers (two broadcasts: its length, its bytes), then empty */
 static void log_send(server *S) {
-    int64_t n = (int64_t)S->loglen;
+    int64_t n = (int64_t)S->log.len;
     loom_broadcast(S->mesh, LOOM_GROUP_TP, &n, 1, LOOM_I64, 0);
-    if (n) loom_broadcast(S->mesh, LOOM_GROUP_TP, S->log, (size_t)n, LOOM_U8, 0);
-    S->loglen = 0;
+    if (n) loom_broadcast(S->mesh, LOOM_GROUP_TP, S->log.p, (size_t)n, LOOM_U8, 0);
+    S->log.len = 0;
 }
 
 /* every field of loom_gen_params travels with a submit (eng_submit, follow): a new field must
@@ -977,7 +965,7 @@ out:
     tp_stop(S); /* the loop never ran (an error): the followers still wait for it */
     loom_engine_free(S->eng);
     loom_chat_template_free(S->chat_tpl);
-    free(S->log);
+    free(S->log.p);
     free(S);
     return rc;
 }
