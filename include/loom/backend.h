@@ -65,6 +65,13 @@ typedef struct loom_backend {
      * fp32 and computed as in fp32; any N (inference only; NULL where not supported) */
     void (*matmul_bf16_forward)(float *out, const float *inp, const uint16_t *weight,
                                 const float *bias, int64_t N, int IC, int OC);
+    /* bf16 compute (--compute bf16): dst (n) = src rounded to bf16 (to nearest, ties to
+     * even), and the forward of bf16 activations x bf16 weights, fp32 accumulation in
+     * VDPBF16PS's order (kernels.h matmul_dotbf16_forward); any N (inference only; NULL where
+     * not supported) */
+    void (*bf16_round)(uint16_t *dst, const float *src, int64_t n);
+    void (*matmul_dotbf16_forward)(float *out, const uint16_t *inp, const uint16_t *weight,
+                                   const float *bias, int64_t N, int IC, int OC);
 
     /* norms over the last dim; mean/rstd (N) saved for backward */
     void (*layernorm_forward)(float *out, float *mean, float *rstd, const float *inp,

@@ -26,6 +26,18 @@ void matmul_rows_forward(float *out, const float *inp, const float *weight, cons
  * are read: matmul_rows_forward on the weights rounded to bf16, bit for bit. Any N. */
 void matmul_rows_bf16_forward(float *out, const float *inp, const uint16_t *weight,
                               const float *bias, int64_t N, int IC, int OC);
+/* bf16 compute (--compute bf16, src/kernels/matmul_dotbf16.c): out (N,OC) = inp (N,IC) @
+ * weight (OC,IC)^T + bias (may be NULL), inp and weight bf16, fp32 accumulation in the order
+ * of AVX-512 BF16's VDPBF16PS (16 lanes over pairs of IC; per pair the odd product, then the
+ * even one; a fixed reduction tree), the same bits whatever N and at every level (but for
+ * values below fp32's normal range, which VDPBF16PS flushes to zero). Any N. */
+void matmul_dotbf16_forward(float *out, const uint16_t *inp, const uint16_t *weight,
+                            const float *bias, int64_t N, int IC, int OC);
+/* 1 when matmul_dotbf16_forward runs VDPBF16PS now (the avx512 level on a CPU with
+ * avx512_bf16), 0 when it runs the portable code */
+int matmul_dotbf16_vdp(void);
+/* dst[i] = loom_bf16_round(src[i]) (to nearest, ties to even; include/loom/bf16.h), n values */
+void bf16_round_rows(uint16_t *dst, const float *src, int64_t n);
 /* dinp (N,IC) += dout (N,OC) @ weight (OC,IC); dweight (OC,IC) += dout^T @ inp;
  * dbias (OC) += sum_n dout. Any of dinp/dweight/dbias may be NULL. */
 void matmul_backward(float *dinp, float *dweight, float *dbias, const float *dout,
