@@ -61,6 +61,11 @@ typedef struct loom_backend {
                            int64_t N, int IC, int OC);
     void (*matmul_backward)(float *dinp, float *dweight, float *dbias, const float *dout,
                             const float *inp, const float *weight, int64_t N, int IC, int OC);
+    /* the same with dinp overwritten (=), not accumulated: a fresh gradient buffer needs no
+     * zeroing pass first (dweight, dbias still +=) */
+    void (*matmul_backward_set)(float *dinp, float *dweight, float *dbias, const float *dout,
+                                const float *inp, const float *weight, int64_t N, int IC,
+                                int OC);
     /* the forward with bf16 weights (--weights bf16, include/loom/bf16.h), widened exactly to
      * fp32 and computed as in fp32; any N (inference only; NULL where not supported) */
     void (*matmul_bf16_forward)(float *out, const float *inp, const uint16_t *weight,
@@ -88,6 +93,7 @@ typedef struct loom_backend {
     /* activations: GELU (tanh) over n floats; SwiGLU inp (N,2F) = [gate | up] -> out (N,F) */
     void (*gelu_forward)(float *out, const float *inp, int64_t n);
     void (*gelu_backward)(float *dinp, const float *inp, const float *dout, int64_t n);
+    void (*gelu_backward_set)(float *dinp, const float *inp, const float *dout, int64_t n); /* = */
     void (*swiglu_forward)(float *out, const float *inp, int64_t N, int F);
     void (*swiglu_backward)(float *dinp, const float *inp, const float *dout, int64_t N, int F);
 

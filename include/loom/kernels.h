@@ -42,6 +42,10 @@ void bf16_round_rows(uint16_t *dst, const float *src, int64_t n);
  * dbias (OC) += sum_n dout. Any of dinp/dweight/dbias may be NULL. */
 void matmul_backward(float *dinp, float *dweight, float *dbias, const float *dout,
                      const float *inp, const float *weight, int64_t N, int IC, int OC);
+/* The same with dinp OVERWRITTEN (dinp = dout @ weight): what zeroing dinp first and then
+ * matmul_backward gives, without the pass over dinp. dweight and dbias still accumulate. */
+void matmul_backward_set(float *dinp, float *dweight, float *dbias, const float *dout,
+                         const float *inp, const float *weight, int64_t N, int IC, int OC);
 
 /* LayerNorm over the last dim. mean/rstd (N) are saved for backward. */
 void layernorm_forward(float *out, float *mean, float *rstd, const float *inp,
@@ -59,6 +63,8 @@ void rmsnorm_backward(float *dinp, float *dweight, const float *dout, const floa
 /* GELU, tanh approximation (GPT-2's "gelu_new"). */
 void gelu_forward(float *out, const float *inp, int64_t n);
 void gelu_backward(float *dinp, const float *inp, const float *dout, int64_t n);
+/* dinp = (not +=) GELU'(inp) * dout: zeroing dinp and gelu_backward, without the zeroing */
+void gelu_backward_set(float *dinp, const float *inp, const float *dout, int64_t n);
 
 /* SwiGLU: inp (N, 2F) holds [gate | up] per row; out (N,F) = silu(gate) * up. */
 void swiglu_forward(float *out, const float *inp, int64_t N, int F);

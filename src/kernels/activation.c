@@ -12,6 +12,8 @@ LOOM_DISPATCH(gelu_forward, (float *out, const float *inp, int64_t n),
               (out, inp, n))
 LOOM_DISPATCH(gelu_backward, (float *dinp, const float *inp, const float *dout, int64_t n),
               (dinp, inp, dout, n))
+LOOM_DISPATCH(gelu_backward_set, (float *dinp, const float *inp, const float *dout, int64_t n),
+              (dinp, inp, dout, n))
 LOOM_DISPATCH(swiglu_forward, (float *out, const float *inp, int64_t N, int F),
               (out, inp, N, F))
 LOOM_DISPATCH(swiglu_backward, (float *dinp, const float *inp, const float *dout, int64_t N, int F),
@@ -22,7 +24,7 @@ LOOM_DISPATCH(residual_forward, (float *out, const float *a, const float *b, int
 #else /* one level of the kernels (isa_variants.h) */
 
 static void LOOM_KV(gelu_forward)(float *out, const float *inp, int64_t n) {
-#pragma omp parallel for simd schedule(static) if (n >= LOOM_PAR_MIN)
+#pragma omp parallel for simd schedule(static) if (parallel: n >= LOOM_PAR_MIN)
     for (int64_t i = 0; i < n; i++) {
         float x = inp[i];
         float u = GELU_K * (x + GELU_C * x * x * x);
@@ -30,18 +32,26 @@ static void LOOM_KV(gelu_forward)(float *out, const float *inp, int64_t n) {
     }
 }
 
+/* d GELU(x) / dx */
+static inline float LOOM_KV(gelu_grad)(float x) {
+    float u = GELU_K * (x + GELU_C * x * x * x);
+    float t = loom_tanhf(u);
+    float du = GELU_K * (1.0f + 3.0f * GELU_C * x * x);
+    /* sech^2 directly: 1 - t*t would leave ~1e-7 where the true value is ~0, and x*du
+     * grows like x^3, so the tails would carry a visible error */
+    return 0.5f * (1.0f + t) + 0.5f * x * loom_sech2f(u) * du;
+}
+
 static void LOOM_KV(gelu_backward)(float *dinp, const float *inp, const float *dout, int64_t n) {
-#pragma omp parallel for simd schedule(static) if (n >= LOOM_PAR_MIN)
-    for (int64_t i = 0; i < n; i++) {
-        float x = inp[i];
-        float u = GELU_K * (x + GELU_C * x * x * x);
-        float t = loom_tanhf(u);
-        float du = GELU_K * (1.0f + 3.0f * GELU_C * x * x);
-        /* sech^2 directly: 1 - t*t would leave ~1e-7 where the true value is ~0, and x*du
-         * grows like x^3, so the tails would carry a visible error */
-        float g = 0.5f * (1.0f + t) + 0.5f * x * loom_sech2f(u) * du;
-        dinp[i] += g * dout[i];
-    }
+#pragma omp parallel for simd schedule(static) if (parallel: n >= LOOM_PAR_MIN)
+    for (int64_t i = 0; i < n; i++) dinp[i] += LOOM_KV(gelu_grad)(inp[i]) * dout[i];
+}
+
+/* dinp = (not +=): the caller need not zero dinp first */
+static void LOOM_KV(gelu_backward_set)(float *dinp, const float *inp, const float *dout,
+                                       int64_t n) {
+#pragma omp parallel for simd schedule(static) if (parallel: n >= LOOM_PAR_MIN)
+    for (int64_t i = 0; i < n; i++) dinp[i] = LOOM_KV(gelu_grad)(inp[i]) * dout[i];
 }
 
 /* inp (N, 2F) rows [gate | up]; out (N, F) = silu(gate) * up */
@@ -71,7 +81,7 @@ static void LOOM_KV(swiglu_backward)(float *dinp, const float *inp, const float 
 }
 
 static void LOOM_KV(residual_forward)(float *out, const float *a, const float *b, int64_t n) {
-#pragma omp parallel for simd schedule(static) if (n >= LOOM_PAR_MIN)
+#pragma omp parallel for simd schedule(static) if (parallel: n >= LOOM_PAR_MIN)
     for (int64_t i = 0; i < n; i++) out[i] = a[i] + b[i];
 }
 

@@ -50,7 +50,7 @@ static void LOOM_KV(adamw_update)(float *p, const float *g, float *m, float *v, 
     const double bc2 = 1.0 - pow((double)beta2, (double)step);
     const float step_size = (float)((double)lr / bc1);
     const float bc2_sqrt = (float)sqrt(bc2);
-#pragma omp parallel for simd schedule(static) if (n >= LOOM_PAR_MIN)
+#pragma omp parallel for simd schedule(static) if (parallel: n >= LOOM_PAR_MIN)
     for (int64_t i = 0; i < n; i++) {
         float gi = g[i] * grad_scale;
         float pi = p[i] * decay;
@@ -86,7 +86,7 @@ static double LOOM_KV(sum_squares)(const float *x, int64_t n) {
 }
 
 static void LOOM_KV(scale_inplace)(float *x, int64_t n, float s) {
-#pragma omp parallel for simd schedule(static) if (n >= LOOM_PAR_MIN)
+#pragma omp parallel for simd schedule(static) if (parallel: n >= LOOM_PAR_MIN)
     for (int64_t i = 0; i < n; i++) x[i] *= s;
 }
 

@@ -308,9 +308,9 @@ static void op_backward(loom_model *m, block_frame *f, int l, const block_op *op
                                                                    : LOOM_SITE_FFN);
             point2(m, f, &again, 0, l);
         }
-        memset(g[op->in], 0, (size_t)N * (size_t)iw * sizeof(float));
-        /* with LoRA adapters the base weights are frozen: no gradient for them */
-        be->matmul_backward(g[op->in], m->lora ? NULL : grad(m, op->w, l),
+        /* g[in] is this op's alone (no other op adds to it): overwritten, not zeroed first;
+         * with LoRA adapters the base weights are frozen: no gradient for them */
+        be->matmul_backward_set(g[op->in], m->lora ? NULL : grad(m, op->w, l),
                             m->lora ? NULL : grad(m, op->b, l), g[op->out], s[op->in],
                             param(m, op->w, l), N, iw, width(m, op->ow));
         if (m->lora)
@@ -350,9 +350,12 @@ static void op_backward(loom_model *m, block_frame *f, int l, const block_op *op
         }
         break;
     case OP_ACT:
+        if (gpt2) { /* overwrites g[in]: no zeroing pass */
+            be->gelu_backward_set(g[op->in], s[op->in], g[op->out], N * m->F);
+            break;
+        }
         memset(g[op->in], 0, (size_t)N * (size_t)m->FFI * sizeof(float));
-        if (gpt2) be->gelu_backward(g[op->in], s[op->in], g[op->out], N * m->F);
-        else be->swiglu_backward(g[op->in], s[op->in], g[op->out], N, m->F);
+        be->swiglu_backward(g[op->in], s[op->in], g[op->out], N, m->F);
         break;
     case OP_RESIDUAL: /* out = out + in: both see the residual stream's gradient (one buffer) */
         LOOM_CHECK(g[op->in] == g[op->out]);

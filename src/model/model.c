@@ -926,13 +926,13 @@ void loom_model_backward_acts(loom_model *m, loom_acts *a, float dscale) {
     const int64_t BTs = m->lay.sp ? BT / m->lay.tp : BT; /* the norm / residual regions' rows */
     acquire(m, U_FINAL, 1);
     if (tied) acquire(m, 0, 1);
-    memset(a->dln_full, 0, (size_t)BT * C * sizeof(float));
     if (cls) { /* logits (B,K) become dlogits; pooled <- mean over T */
         const int K = c->num_classes;
         m->be->crossentropy_softmax_backward(a->logits, a->targets, B, K, dscale);
         memset(a->dpooled, 0, (size_t)B * C * sizeof(float));
         m->be->matmul_backward(a->dpooled, GRAD(m, LOOM_P_CLS_W), GRAD(m, LOOM_P_CLS_B),
                                a->logits, a->pooled, PARAM(m, LOOM_P_CLS_W), B, C, K);
+        memset(a->dln_full, 0, (size_t)BT * C * sizeof(float));
         m->be->mean_pool_backward(a->dln, a->dpooled, B, T, C);
     } else if (a->chunk) { /* model.loss_chunk (tp = 1): each chunk's logits again, then its
                             * dlogits, d(lnf) and d(head): no (B,T,V) buffer */
@@ -942,8 +942,8 @@ void loom_model_backward_acts(loom_model *m, loom_acts *a, float dscale) {
             const int64_t n = BT - r0 < a->chunk ? BT - r0 : a->chunk;
             m->be->matmul_forward(a->logits, a->lnf + r0 * C, head, NULL, n, C, V);
             m->be->crossentropy_softmax_backward(a->logits, a->targets + r0, n, V, dscale);
-            m->be->matmul_backward(a->dln + r0 * C, dhead, NULL, a->logits, a->lnf + r0 * C,
-                                   head, n, C, V);
+            m->be->matmul_backward_set(a->dln + r0 * C, dhead, NULL, a->logits,
+                                       a->lnf + r0 * C, head, n, C, V); /* rows r0.. set */
         }
     } else { /* logits (B,T,V) become dlogits in place (tp > 1: this view's columns) */
         if (vp)
@@ -953,8 +953,8 @@ void loom_model_backward_acts(loom_model *m, loom_acts *a, float dscale) {
             m->be->crossentropy_softmax_backward(a->logits, a->targets, BT, V, dscale);
         const float *head = gpt2 ? PARAM(m, LOOM_P_WTE) : PARAM(m, LOOM_P_LM_HEAD);
         float *dhead = gpt2 ? GRAD(m, LOOM_P_WTE) : GRAD(m, LOOM_P_LM_HEAD);
-        m->be->matmul_backward(a->dln_full, dhead, NULL, a->logits, a->lnf_full, head, BT, C,
-                               m->Vl);
+        m->be->matmul_backward_set(a->dln_full, dhead, NULL, a->logits, a->lnf_full, head, BT,
+                                   C, m->Vl); /* overwritten: no zeroing pass first */
         shard_point(m, LOOM_CP_COL_IN, 1, LOOM_SITE_HEAD, a->dln_full, BT * C, a->dln, BTs * C);
     }
     block_frame f;

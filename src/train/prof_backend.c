@@ -67,6 +67,14 @@ OP(matmul_backward,
    4.0 * ((double)N * OC + (double)N * IC + (double)IC * OC + (dinp ? 2.0 * (double)N * IC : 0) +
           (dweight ? 2.0 * (double)IC * OC : 0)),
    "N IC OC", N, IC, OC)
+OP(matmul_backward_set,
+   (float *dinp, float *dweight, float *dbias, const float *dout, const float *inp,
+    const float *weight, int64_t N, int IC, int OC),
+   (dinp, dweight, dbias, dout, inp, weight, N, IC, OC),
+   ((dinp ? 2.0 : 0.0) + (dweight ? 2.0 : 0.0)) * (double)N * IC * OC,
+   4.0 * ((double)N * OC + (double)N * IC + (double)IC * OC + (dinp ? (double)N * IC : 0) +
+          (dweight ? 2.0 * (double)IC * OC : 0)),
+   "N IC OC", N, IC, OC)
 
 /* ---- norms and activations ---- */
 OP(layernorm_forward,
@@ -97,6 +105,9 @@ OP(gelu_forward, (float *out, const float *inp, int64_t n), (out, inp, n),
 OP(gelu_backward, (float *dinp, const float *inp, const float *dout, int64_t n),
    (dinp, inp, dout, n),
    20.0 * (double)n, 16.0 * (double)n, "n", n)
+OP(gelu_backward_set, (float *dinp, const float *inp, const float *dout, int64_t n),
+   (dinp, inp, dout, n),
+   20.0 * (double)n, 12.0 * (double)n, "n", n)
 OP(swiglu_forward, (float *out, const float *inp, int64_t N, int F), (out, inp, N, F),
    8.0 * (double)N * F, 12.0 * (double)N * F, "N F", N, F)
 OP(swiglu_backward, (float *dinp, const float *inp, const float *dout, int64_t N, int F),
@@ -227,8 +238,9 @@ OP(scale_inplace, (float *x, int64_t n, float s), (x, n, s),
 
 /* every wrapped op */
 #define WRAPPED(X)                                                                              \
-    X(matmul_forward) X(matmul_backward) X(layernorm_forward) X(layernorm_backward)             \
-    X(rmsnorm_forward) X(rmsnorm_backward) X(gelu_forward) X(gelu_backward) X(swiglu_forward)   \
+    X(matmul_forward) X(matmul_backward) X(matmul_backward_set) X(layernorm_forward)            \
+    X(layernorm_backward) X(rmsnorm_forward) X(rmsnorm_backward) X(gelu_forward)                \
+    X(gelu_backward) X(gelu_backward_set) X(swiglu_forward)                                     \
     X(swiglu_backward) X(rope_tables) X(rope_forward) X(rope_backward) X(attention_forward)     \
     X(attention_backward) X(flash_attention_forward) X(flash_attention_backward)                \
     X(attention_decode) X(embedding_forward) X(embedding_backward) X(embedding_shard_forward)   \

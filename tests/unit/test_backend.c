@@ -7,7 +7,9 @@
  *  - model.backend: cpu selects loom_backend_cpu(); an unknown name is an error naming the key;
  *  - clipping runs inside the AdamW step (no scale_inplace pass): adamw_update with grad_scale s
  *    gives bitwise the parameters and moments of scale_inplace(g, s) and then the step; and
- *    the same bits for a parameter whether it is updated alone or inside a long call. */
+ *    the same bits for a parameter whether it is updated alone or inside a long call;
+ *  - matmul_backward_set / gelu_backward_set (dinp overwritten) give the bits of zeroing dinp
+ *    and the accumulating op. */
 #include "testutil.h"
 
 #include <math.h>
@@ -27,7 +29,7 @@ enum {
     C_MATMUL_F, C_MATMUL_B, C_LN_F, C_LN_B, C_RMS_F, C_RMS_B, C_GELU_F, C_GELU_B, C_SWIGLU_F,
     C_SWIGLU_B, C_ROPE_T, C_ROPE_F, C_ROPE_B, C_SDPA_F, C_SDPA_B, C_FLASH_F, C_FLASH_B,
     C_DECODE, C_EMB_F, C_EMB_B, C_POOL_F, C_POOL_B, C_RESID, C_CE_F, C_CE_B, C_ADAMW, C_SUMSQ,
-    C_SCALE, C_COUNT
+    C_SCALE, C_MATMUL_BS, C_GELU_BS, C_COUNT
 };
 static const char *const op_names[C_COUNT] = {
     "matmul_forward", "matmul_backward", "layernorm_forward", "layernorm_backward",
@@ -36,7 +38,8 @@ static const char *const op_names[C_COUNT] = {
     "attention_backward", "flash_attention_forward", "flash_attention_backward",
     "attention_decode", "embedding_forward", "embedding_backward", "mean_pool_forward",
     "mean_pool_backward", "residual_forward", "crossentropy_forward",
-    "crossentropy_softmax_backward", "adamw_update", "sum_squares", "scale_inplace"};
+    "crossentropy_softmax_backward", "adamw_update", "sum_squares", "scale_inplace",
+    "matmul_backward_set", "gelu_backward_set"};
 static long calls[C_COUNT];
 #define CPU loom_backend_cpu()
 
@@ -49,6 +52,11 @@ static void s_matmul_b(float *di, float *dw, float *db, const float *d, const fl
                        const float *w, int64_t N, int IC, int OC) {
     calls[C_MATMUL_B]++;
     CPU->matmul_backward(di, dw, db, d, i, w, N, IC, OC);
+}
+static void s_matmul_bs(float *di, float *dw, float *db, const float *d, const float *i,
+                        const float *w, int64_t N, int IC, int OC) {
+    calls[C_MATMUL_BS]++;
+    CPU->matmul_backward_set(di, dw, db, d, i, w, N, IC, OC);
 }
 static void s_ln_f(float *o, float *mean, float *rstd, const float *i, const float *w,
                    const float *b, int64_t N, int C, float eps) {
@@ -77,6 +85,10 @@ static void s_gelu_f(float *o, const float *i, int64_t n) {
 static void s_gelu_b(float *di, const float *i, const float *d, int64_t n) {
     calls[C_GELU_B]++;
     CPU->gelu_backward(di, i, d, n);
+}
+static void s_gelu_bs(float *di, const float *i, const float *d, int64_t n) {
+    calls[C_GELU_BS]++;
+    CPU->gelu_backward_set(di, i, d, n);
 }
 static void s_swiglu_f(float *o, const float *i, int64_t N, int F) {
     calls[C_SWIGLU_F]++;
@@ -173,6 +185,7 @@ static void s_scale(float *x, int64_t n, float s) {
 static const loom_backend counting = {
     .name = "counting",
     .matmul_forward = s_matmul_f, .matmul_backward = s_matmul_b,
+    .matmul_backward_set = s_matmul_bs, .gelu_backward_set = s_gelu_bs,
     .layernorm_forward = s_ln_f, .layernorm_backward = s_ln_b,
     .rmsnorm_forward = s_rms_f, .rmsnorm_backward = s_rms_b,
     .gelu_forward = s_gelu_f, .gelu_backward = s_gelu_b,
@@ -297,11 +310,14 @@ static void test_model_calls_through_table(void **state) {
 
         /* each op this configuration uses went through the table, and no other */
         int want[C_COUNT] = {0};
-        const int always[] = {C_MATMUL_F, C_MATMUL_B, C_EMB_F, C_EMB_B, C_RESID, C_CE_F,
+        const int always[] = {C_MATMUL_F, C_MATMUL_BS, C_EMB_F, C_EMB_B, C_RESID, C_CE_F,
                               C_CE_B, C_ADAMW, C_SUMSQ};
         for (size_t i = 0; i < sizeof always / sizeof always[0]; i++) want[always[i]] = 1;
         want[gpt2 ? C_LN_F : C_RMS_F] = want[gpt2 ? C_LN_B : C_RMS_B] = 1;
-        want[gpt2 ? C_GELU_F : C_SWIGLU_F] = want[gpt2 ? C_GELU_B : C_SWIGLU_B] = 1;
+        /* a fresh gradient buffer is overwritten (the _set ops), not zeroed and accumulated
+         * into: the classifier head's matmul_backward and llama's swiglu_backward remain */
+        want[gpt2 ? C_GELU_F : C_SWIGLU_F] = want[gpt2 ? C_GELU_BS : C_SWIGLU_B] = 1;
+        if (cls) want[C_MATMUL_B] = 1;
         if (!gpt2) want[C_ROPE_T] = want[C_ROPE_F] = want[C_ROPE_B] = 1;
         want[sdpa ? C_SDPA_F : C_FLASH_F] = want[sdpa ? C_SDPA_B : C_FLASH_B] = 1;
         if (!cls) want[C_DECODE] = 1;
@@ -321,9 +337,62 @@ static void test_model_calls_through_table(void **state) {
         result_free(&got);
     }
     /* scale_inplace stays in the table for other callers; the trainer's gradient clipping
-     * runs inside adamw_update (above: no configuration calls scale_inplace) */
+     * runs inside adamw_update (above: no configuration calls scale_inplace); gelu_backward
+     * (+=) too: the block overwrites its fresh buffer with gelu_backward_set */
     for (int o = 0; o < C_COUNT; o++)
-        if (!seen[o] && o != C_SCALE) fail_msg("%s never called through the table", op_names[o]);
+        if (!seen[o] && o != C_SCALE && o != C_GELU_B)
+            fail_msg("%s never called through the table", op_names[o]);
+}
+
+/* The _set ops overwrite dinp: on a dinp full of NaN they give bitwise what zeroing it and
+ * the accumulating op give (sizes on both sides of the one-thread GEMM threshold and the
+ * elementwise threading threshold); the weight and bias gradients still accumulate. */
+static void test_backward_set(void **state) {
+    (void)state;
+    const int shapes[3][3] = {{37, 19, 23}, {2048, 256, 64}, {300, 1024, 256}};
+    for (int s = 0; s < 3; s++) {
+        const int64_t N = shapes[s][0];
+        const int IC = shapes[s][1], OC = shapes[s][2];
+        float *dout = malloc((size_t)(N * OC) * 4), *inp = malloc((size_t)(N * IC) * 4);
+        float *w = malloc((size_t)OC * IC * 4);
+        float *di[2], *dw[2], *db[2];
+        for (int k = 0; k < 2; k++) {
+            di[k] = malloc((size_t)(N * IC) * 4);
+            dw[k] = malloc((size_t)OC * IC * 4);
+            db[k] = malloc((size_t)OC * 4);
+        }
+        for (int64_t i = 0; i < N * OC; i++) dout[i] = (float)loom_rng_normal(1, 1, (uint64_t)i);
+        for (int64_t i = 0; i < N * IC; i++) inp[i] = (float)loom_rng_normal(1, 2, (uint64_t)i);
+        for (int64_t i = 0; i < (int64_t)OC * IC; i++)
+            w[i] = (float)loom_rng_normal(1, 3, (uint64_t)i);
+        for (int k = 0; k < 2; k++) {
+            for (int64_t i = 0; i < (int64_t)OC * IC; i++) dw[k][i] = 0.5f;
+            for (int i = 0; i < OC; i++) db[k][i] = -0.25f;
+        }
+        memset(di[0], 0, (size_t)(N * IC) * 4);
+        for (int64_t i = 0; i < N * IC; i++) di[1][i] = NAN;
+        CPU->matmul_backward(di[0], dw[0], db[0], dout, inp, w, N, IC, OC);
+        CPU->matmul_backward_set(di[1], dw[1], db[1], dout, inp, w, N, IC, OC);
+        assert_memory_equal(di[1], di[0], (size_t)(N * IC) * 4);
+        assert_memory_equal(dw[1], dw[0], (size_t)OC * IC * 4);
+        assert_memory_equal(db[1], db[0], (size_t)OC * 4);
+        assert_true(dw[0][0] != 0.5f); /* accumulated onto what was there */
+
+        const int64_t n = N * IC;
+        memset(di[0], 0, (size_t)n * 4);
+        for (int64_t i = 0; i < n; i++) di[1][i] = NAN;
+        CPU->gelu_backward(di[0], inp, dout, n < N * OC ? n : N * OC);
+        CPU->gelu_backward_set(di[1], inp, dout, n < N * OC ? n : N * OC);
+        assert_memory_equal(di[1], di[0], (size_t)(n < N * OC ? n : N * OC) * 4);
+        for (int k = 0; k < 2; k++) {
+            free(di[k]);
+            free(dw[k]);
+            free(db[k]);
+        }
+        free(dout);
+        free(inp);
+        free(w);
+    }
 }
 
 static void test_backend_key(void **state) {
@@ -432,6 +501,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_model_calls_through_table),
         cmocka_unit_test(test_adamw_grad_scale),
+        cmocka_unit_test(test_backward_set),
         cmocka_unit_test(test_backend_key),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
