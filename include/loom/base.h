@@ -48,7 +48,8 @@ typedef struct loom_sbuf {
     size_t len, cap;
 } loom_sbuf;
 void loom_sbuf_printf(loom_sbuf *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-/* appends n bytes (any bytes: no terminator is kept) */
+/* appends n bytes (any bytes), then keeps a terminating 0 after them (not counted in len),
+ * as loom_sbuf_printf does */
 void loom_sbuf_append(loom_sbuf *b, const void *p, size_t n);
 char *loom_strdup(const char *s);
 /* 64-byte aligned, zeroed; free with free(). For arenas. */

@@ -90,14 +90,15 @@ void loom_sbuf_printf(loom_sbuf *b, const char *fmt, ...) {
 }
 
 void loom_sbuf_append(loom_sbuf *b, const void *p, size_t n) {
-    if (b->len + n > b->cap) {
+    if (b->len + n + 1 > b->cap) {
         size_t c = b->cap ? b->cap : 256;
-        while (c < b->len + n) c *= 2;
+        while (c < b->len + n + 1) c *= 2;
         b->p = loom_realloc(b->p, c);
         b->cap = c;
     }
     if (n) memcpy(b->p + b->len, p, n);
     b->len += n;
+    b->p[b->len] = 0;
 }
 
 char *loom_strdup(const char *s) {

@@ -16,4 +16,6 @@ int loom_cli_report(int argc, char **argv);
 int cli_parse_weights(const char *v, int *bf16);
 /* this process's resident memory (/proc/self/statm), MiB; 0 when unknown */
 double cli_resident_mib(void);
+/* loom_comm_init, body(argc, argv), loom_comm_finalize; body's exit code (1 when init fails) */
+int cli_with_comm(int argc, char **argv, int (*body)(int argc, char **argv));
 #endif

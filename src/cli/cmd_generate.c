@@ -98,9 +98,7 @@ static int read_prompts(const char *path, char ***out, int *n_out, loom_err *err
         }
         if (n == cap) {
             cap = cap ? 2 * cap : 64;
-            char **nv = realloc(v, (size_t)cap * sizeof *nv);
-            LOOM_CHECK(nv != NULL);
-            v = nv;
+            v = loom_realloc(v, (size_t)cap * sizeof *v);
         }
         v[n++] = text;
         p = e + 1;
@@ -393,9 +391,7 @@ static int generate_main(int argc, char **argv) {
         const size_t ll = strlen(line);
         if (lines_len + ll + 2 > lines_cap) {
             lines_cap = (lines_len + ll + 2) * 2;
-            char *nl = realloc(lines, lines_cap);
-            LOOM_CHECK(nl != NULL);
-            lines = nl;
+            lines = loom_realloc(lines, lines_cap);
         }
         memcpy(lines + lines_len, line, ll);
         lines_len += ll;
@@ -490,13 +486,4 @@ usage:
     return 2;
 }
 
-int loom_cli_generate(int argc, char **argv) {
-    loom_err err = {{0}};
-    if (loom_comm_init(&argc, &argv, &err)) {
-        fprintf(stderr, "loom: error: %s\n", err.msg);
-        return 1;
-    }
-    const int rc = generate_main(argc, argv);
-    loom_comm_finalize();
-    return rc;
-}
+int loom_cli_generate(int argc, char **argv) { return cli_with_comm(argc, argv, generate_main); }

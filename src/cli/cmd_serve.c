@@ -159,13 +159,4 @@ usage:
     return 2;
 }
 
-int loom_cli_serve(int argc, char **argv) {
-    loom_err err = {{0}};
-    if (loom_comm_init(&argc, &argv, &err)) {
-        fprintf(stderr, "loom: error: %s\n", err.msg);
-        return 1;
-    }
-    const int rc = serve_main(argc, argv);
-    loom_comm_finalize();
-    return rc;
-}
+int loom_cli_serve(int argc, char **argv) { return cli_with_comm(argc, argv, serve_main); }

@@ -60,13 +60,4 @@ usage:
 }
 
 /* under mpirun the ranks share the pipeline's items (docs/synth.md) */
-int loom_cli_synth(int argc, char **argv) {
-    loom_err err = {{0}};
-    if (loom_comm_init(&argc, &argv, &err)) {
-        fprintf(stderr, "loom: error: %s\n", err.msg);
-        return 1;
-    }
-    const int rc = synth_main(argc, argv);
-    loom_comm_finalize();
-    return rc;
-}
+int loom_cli_synth(int argc, char **argv) { return cli_with_comm(argc, argv, synth_main); }

@@ -42,7 +42,7 @@ typedef struct tok_args {
 /* Parses the tokenizer selection and common options; returns 0, or 2 on a usage error. */
 static int parse_tok_args(int argc, char **argv, tok_args *a) {
     memset(a, 0, sizeof *a);
-    a->specials = calloc((size_t)argc + 1, sizeof *a->specials);
+    a->specials = loom_calloc((size_t)argc + 1, sizeof *a->specials);
     for (int i = 1; i < argc; i++) {
         const char *k = argv[i];
         int has = i + 1 < argc;
@@ -236,8 +236,8 @@ static int cmd_info(int argc, char **argv) {
 static int cmd_train(int argc, char **argv) {
     loom_bpe_train_opts o = {0};
     const char *outp = NULL, *vocab_out = NULL, *merges_out = NULL;
-    const char **specials = calloc((size_t)argc + 1, sizeof *specials);
-    const char **files = calloc((size_t)argc + 1, sizeof *files);
+    const char **specials = loom_calloc((size_t)argc + 1, sizeof *specials);
+    const char **files = loom_calloc((size_t)argc + 1, sizeof *files);
     int n_files = 0, rc = 2, have_vocab = 0;
     uint64_t v;
     for (int i = 1; i < argc; i++) {

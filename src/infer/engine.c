@@ -34,8 +34,8 @@ typedef struct req {
     loom_rng rng;
     loom_engine_cb cb;
     void *ctx;
-    char *text;             /* decoded output (with a tokenizer) */
-    size_t tlen, tcap, emitted;
+    loom_sbuf text;         /* decoded output (with a tokenizer) */
+    size_t emitted;         /* bytes of text already passed to cb */
     int finish;
 } req;
 
@@ -103,7 +103,7 @@ static void req_free(req *r) {
     free(r->v);
     for (int i = 0; r->stop && i < r->p.n_stop; i++) free(r->stop[i]);
     free(r->stop);
-    free(r->text);
+    free(r->text.p);
     free(r);
 }
 
@@ -180,9 +180,7 @@ int loom_engine_submit(loom_engine *e, const int32_t *prompt, int n_prompt,
     r->p.stop = (const char *const *)r->stop;
     if (e->n == e->capn) {
         e->capn = e->capn ? 2 * e->capn : 16;
-        req **nr = realloc(e->reqs, (size_t)e->capn * sizeof *nr);
-        LOOM_CHECK(nr != NULL);
-        e->reqs = nr;
+        e->reqs = loom_realloc(e->reqs, (size_t)e->capn * sizeof *e->reqs);
     }
     e->reqs[e->n++] = r;
     e->st.waiting++;
@@ -218,23 +216,9 @@ static void finish(loom_engine *e, req *r, int reason, int32_t token) {
     release_cache(e, r);
     r->state = R_DONE;
     r->finish = reason;
-    if (r->cb) r->cb(r->ctx, r->id, token, r->text ? r->text + r->emitted : "",
-                     r->tlen - r->emitted, reason);
-    r->emitted = r->tlen;
-}
-
-static void text_append(req *r, const char *s, size_t n) {
-    if (r->tlen + n + 1 > r->tcap) {
-        size_t nc = r->tcap ? r->tcap : 64;
-        while (nc < r->tlen + n + 1) nc *= 2;
-        char *t = realloc(r->text, nc);
-        LOOM_CHECK(t != NULL);
-        r->text = t;
-        r->tcap = nc;
-    }
-    memcpy(r->text + r->tlen, s, n);
-    r->tlen += n;
-    r->text[r->tlen] = 0;
+    if (r->cb) r->cb(r->ctx, r->id, token, r->text.p ? r->text.p + r->emitted : "",
+                     r->text.len - r->emitted, reason);
+    r->emitted = r->text.len;
 }
 
 /* bytes at the end of s[0..n) that start a UTF-8 sequence not yet complete */
@@ -248,18 +232,22 @@ static size_t utf8_incomplete_tail(const char *s, size_t n) {
     return 0;
 }
 
+#define REPLACEMENT_CHAR "\xEF\xBF\xBD" /* U+FFFD in UTF-8 */
+
 /* Appends the text of token t; returns 1 when a stop string ended the output (cut there). */
 static int add_text(loom_engine *e, req *r, int32_t t) {
     if (!e->tok) return 0;
-    const size_t before = r->tlen;
+    const size_t before = r->text.len;
     if (t >= e->tok_vocab) {
-        text_append(r, "\xEF\xBF\xBD", 3); /* an id the tokenizer does not have: U+FFFD */
+        loom_sbuf_append(&r->text, REPLACEMENT_CHAR, 3); /* an id the tokenizer does not have */
     } else {
         char *s = NULL;
         size_t len = 0;
         loom_err err = {{0}};
-        if (loom_tokenizer_decode(e->tok, &t, 1, &s, &len, &err)) text_append(r, "\xEF\xBF\xBD", 3);
-        else text_append(r, s, len);
+        if (loom_tokenizer_decode(e->tok, &t, 1, &s, &len, &err))
+            loom_sbuf_append(&r->text, REPLACEMENT_CHAR, 3);
+        else
+            loom_sbuf_append(&r->text, s, len);
         free(s);
     }
     if (r->p.n_stop == 0) return 0;
@@ -267,24 +255,24 @@ static int add_text(loom_engine *e, req *r, int32_t t) {
     const size_t from = before > r->max_stop ? before - r->max_stop + 1 : 0;
     size_t best = (size_t)-1;
     for (int i = 0; i < r->p.n_stop; i++) {
-        const char *hit = memmem(r->text + from, r->tlen - from, r->stop[i], strlen(r->stop[i]));
-        if (hit && (size_t)(hit - r->text) < best) best = (size_t)(hit - r->text);
+        const char *hit = memmem(r->text.p + from, r->text.len - from, r->stop[i], strlen(r->stop[i]));
+        if (hit && (size_t)(hit - r->text.p) < best) best = (size_t)(hit - r->text.p);
     }
     if (best == (size_t)-1) return 0;
     if (best < r->emitted) best = r->emitted; /* never happens: the held-back tail covers it */
-    r->tlen = best;
-    r->text[best] = 0;
+    r->text.len = best;
+    r->text.p[best] = 0;
     return 1;
 }
 
 /* how much of the text is final: not an incomplete UTF-8 tail, not a possible stop prefix */
 static size_t safe_len(const req *r) {
-    size_t safe = r->tlen - utf8_incomplete_tail(r->text, r->tlen);
+    size_t safe = r->text.len - utf8_incomplete_tail(r->text.p, r->text.len);
     for (int i = 0; i < r->p.n_stop; i++) {
         const size_t l = strlen(r->stop[i]);
         for (size_t k = l - 1; k >= 1; k--) { /* longest proper prefix of stop at the end */
-            if (k <= r->tlen && !memcmp(r->text + r->tlen - k, r->stop[i], k)) {
-                if (r->tlen - k < safe) safe = r->tlen - k;
+            if (k <= r->text.len && !memcmp(r->text.p + r->text.len - k, r->stop[i], k)) {
+                if (r->text.len - k < safe) safe = r->text.len - k;
                 break;
             }
         }
@@ -312,7 +300,7 @@ static void on_token(loom_engine *e, req *r, const float *logits) {
     }
     if (r->cb) {
         const size_t safe = e->tok ? safe_len(r) : r->emitted;
-        r->cb(r->ctx, r->id, t, r->text ? r->text + r->emitted : "", safe - r->emitted, 0);
+        r->cb(r->ctx, r->id, t, r->text.p ? r->text.p + r->emitted : "", safe - r->emitted, 0);
         r->emitted = safe;
     }
 }
@@ -393,8 +381,8 @@ int loom_engine_result(const loom_engine *e, int64_t id, const int32_t **tokens,
     if (!r || r->state != R_DONE) return -1;
     if (tokens) *tokens = r->toks + r->n_prompt;
     if (n) *n = r->n_gen;
-    if (text) *text = r->text ? r->text : "";
-    if (len) *len = r->tlen;
+    if (text) *text = r->text.p ? r->text.p : "";
+    if (len) *len = r->text.len;
     if (fin) *fin = r->finish;
     return 0;
 }

@@ -44,10 +44,8 @@ typedef struct job {
     char *stop_mem[16];
     int chat, stream;
     /* progress (under mu) */
-    char *buf;                  /* text not yet taken by the reader */
-    size_t blen, bcap;
-    char *all;                  /* the whole text (non-streaming) */
-    size_t alen, acap;
+    loom_sbuf buf;              /* text not yet taken by the reader */
+    loom_sbuf all;              /* the whole text (non-streaming) */
     int done, finish, n_gen;
     char err[sizeof(loom_err)];   /* set when the engine refused the request */
     atomic_int cancelled;
@@ -96,25 +94,11 @@ static void job_unref(job *j) {
     if (left) return;
     free(j->prompt);
     for (int i = 0; i < 16; i++) free(j->stop_mem[i]);
-    free(j->buf);
-    free(j->all);
+    free(j->buf.p);
+    free(j->all.p);
     pthread_mutex_destroy(&j->mu);
     pthread_cond_destroy(&j->cv);
     free(j);
-}
-
-static void grow_append(char **b, size_t *len, size_t *cap, const char *s, size_t n) {
-    if (*len + n + 1 > *cap) {
-        size_t c = *cap ? *cap : 256;
-        while (c < *len + n + 1) c *= 2;
-        char *nb = realloc(*b, c);
-        LOOM_CHECK(nb != NULL);
-        *b = nb;
-        *cap = c;
-    }
-    memcpy(*b + *len, s, n);
-    *len += n;
-    (*b)[*len] = 0;
 }
 
 /* engine thread: new text of a job */
@@ -125,8 +109,7 @@ static void on_text(void *ctx, int64_t id, int32_t token, const char *text, size
     job *j = ctx;
     if (!len) return;
     pthread_mutex_lock(&j->mu);
-    if (j->stream) grow_append(&j->buf, &j->blen, &j->bcap, text, len);
-    else grow_append(&j->all, &j->alen, &j->acap, text, len);
+    loom_sbuf_append(j->stream ? &j->buf : &j->all, text, len);
     pthread_cond_broadcast(&j->cv);
     pthread_mutex_unlock(&j->mu);
 }
@@ -386,8 +369,8 @@ typedef struct conn {
     job *j;                     /* a generation in flight */
     int counted;                /* holds a slot of S->active */
     /* streaming */
-    char *out;                  /* SSE bytes not yet handed to MHD */
-    size_t olen, ooff, ocap;
+    loom_sbuf out;              /* SSE bytes not yet handed to MHD */
+    size_t ooff;                /* of out, bytes handed already */
     int sent_role, finished;
     char id[48];
     time_t created;
@@ -463,9 +446,9 @@ static void sse_append(conn *k, json_t *o) {
     char *s = json_dumps(o, JSON_COMPACT);
     json_decref(o);
     LOOM_CHECK(s != NULL);
-    grow_append(&k->out, &k->olen, &k->ocap, "data: ", 6);
-    grow_append(&k->out, &k->olen, &k->ocap, s, strlen(s));
-    grow_append(&k->out, &k->olen, &k->ocap, "\n\n", 2);
+    loom_sbuf_append(&k->out, "data: ", 6);
+    loom_sbuf_append(&k->out, s, strlen(s));
+    loom_sbuf_append(&k->out, "\n\n", 2);
     free(s);
 }
 
@@ -496,15 +479,14 @@ static ssize_t stream_reader(void *cls, uint64_t pos, char *buf, size_t max) {
     (void)pos;
     conn *k = cls;
     job *j = k->j;
-    while (k->ooff == k->olen) {
-        k->ooff = k->olen = 0;
+    while (k->ooff == k->out.len) {
+        k->ooff = k->out.len = 0;
         if (k->finished) return MHD_CONTENT_READER_END_OF_STREAM;
         pthread_mutex_lock(&j->mu);
-        while (!j->done && j->blen == 0) pthread_cond_wait(&j->cv, &j->mu);
-        char *text = j->buf;
-        size_t n = j->blen;
-        j->buf = NULL;
-        j->blen = j->bcap = 0;
+        while (!j->done && j->buf.len == 0) pthread_cond_wait(&j->cv, &j->mu);
+        char *text = j->buf.p;
+        size_t n = j->buf.len;
+        j->buf = (loom_sbuf){0};
         const int done = j->done, fin = j->finish;
         pthread_mutex_unlock(&j->mu);
         if (n || (!done && !k->sent_role)) sse_append(k, stream_chunk(k, text ? text : "", n, 0));
@@ -517,13 +499,13 @@ static ssize_t stream_reader(void *cls, uint64_t pos, char *buf, size_t max) {
             } else {
                 sse_append(k, stream_chunk(k, "", 0, fin));
             }
-            grow_append(&k->out, &k->olen, &k->ocap, "data: [DONE]\n\n", 14);
+            loom_sbuf_append(&k->out, "data: [DONE]\n\n", 14);
             k->finished = 1;
         }
     }
-    size_t n = k->olen - k->ooff;
+    size_t n = k->out.len - k->ooff;
     if (n > max) n = max;
-    memcpy(buf, k->out + k->ooff, n);
+    memcpy(buf, k->out.p + k->ooff, n);
     k->ooff += n;
     return (ssize_t)n;
 }
@@ -708,11 +690,11 @@ static enum MHD_Result handle_generation(server *S, conn *k, struct MHD_Connecti
     const char *fin = loom_finish_reason_name(jj->finish);
     if (jj->chat)
         choice = json_pack("{s:i,s:{s:s,s:o},s:s}", "index", 0, "message", "role", "assistant",
-                           "content", json_text(jj->all ? jj->all : "", jj->alen), "finish_reason",
+                           "content", json_text(jj->all.p ? jj->all.p : "", jj->all.len), "finish_reason",
                            fin);
     else
         choice = json_pack("{s:i,s:o,s:o,s:s}", "index", 0, "text",
-                           json_text(jj->all ? jj->all : "", jj->alen), "logprobs", json_null(),
+                           json_text(jj->all.p ? jj->all.p : "", jj->all.len), "logprobs", json_null(),
                            "finish_reason", fin);
     json_t *usage = json_pack("{s:i,s:i,s:i}", "prompt_tokens", jj->n_prompt, "completion_tokens",
                               jj->n_gen, "total_tokens", jj->n_prompt + jj->n_gen);
@@ -767,9 +749,7 @@ static enum MHD_Result handler(void *cls, struct MHD_Connection *c, const char *
             if (k->len + *upload_size + 1 > k->cap) {
                 size_t nc = k->cap ? k->cap : 4096;
                 while (nc < k->len + *upload_size + 1) nc *= 2;
-                char *nb = realloc(k->body, nc);
-                LOOM_CHECK(nb != NULL);
-                k->body = nb;
+                k->body = loom_realloc(k->body, nc);
                 k->cap = nc;
             }
             memcpy(k->body + k->len, upload, *upload_size);
@@ -821,7 +801,7 @@ static void completed(void *cls, struct MHD_Connection *c, void **con_cls,
     }
     if (k->counted) atomic_fetch_sub(&S->active, 1);
     free(k->body);
-    free(k->out);
+    free(k->out.p);
     free(k);
     *con_cls = NULL;
     atomic_fetch_sub(&S->open_requests, 1);

@@ -124,25 +124,7 @@ static json_t *load_yaml(const char *path, loom_err *err) {
 
 /* ---- small helpers ---------------------------------------------------------------------- */
 
-typedef struct sbuf {
-    char *s;
-    size_t n, cap;
-} sbuf;
-
-static void sb_add(sbuf *b, const char *s, size_t n) {
-    if (b->n + n + 1 > b->cap) {
-        size_t c = b->cap ? b->cap : 256;
-        while (c < b->n + n + 1) c *= 2;
-        char *ns = realloc(b->s, c);
-        LOOM_CHECK(ns != NULL);
-        b->s = ns;
-        b->cap = c;
-    }
-    memcpy(b->s + b->n, s, n);
-    b->n += n;
-    b->s[b->n] = 0;
-}
-static void sb_str(sbuf *b, const char *s) { sb_add(b, s, strlen(s)); }
+static void sb_str(loom_sbuf *b, const char *s) { loom_sbuf_append(b, s, strlen(s)); }
 
 static uint64_t fnv1a(const char *s, size_t n) {
     uint64_t h = 1469598103934665603ull;
@@ -232,10 +214,9 @@ static size_t mh_slot(const mh_index *m, uint64_t key) {
 static void mh_add(mh_index *m, const uint64_t *sig, int origin) {
     if (m->n == m->cap) {
         m->cap = m->cap ? 2 * m->cap : 256;
-        m->sig = realloc(m->sig, (size_t)m->cap * (size_t)m->perms * sizeof *m->sig);
-        m->origin = realloc(m->origin, (size_t)m->cap * sizeof *m->origin);
-        m->stamp = realloc(m->stamp, (size_t)m->cap * sizeof *m->stamp);
-        LOOM_CHECK(m->sig && m->origin && m->stamp);
+        m->sig = loom_realloc(m->sig, (size_t)m->cap * (size_t)m->perms * sizeof *m->sig);
+        m->origin = loom_realloc(m->origin, (size_t)m->cap * sizeof *m->origin);
+        m->stamp = loom_realloc(m->stamp, (size_t)m->cap * sizeof *m->stamp);
     }
     const int idx = m->n++;
     memcpy(m->sig + (size_t)idx * (size_t)m->perms, sig, (size_t)m->perms * sizeof *sig);
@@ -264,9 +245,8 @@ static void mh_add(mh_index *m, const uint64_t *sig, int origin) {
         if (!m->bkey[s]) m->bkey[s] = key, m->bn++;
         if (m->nn == m->ncap) {
             m->ncap = m->ncap ? 2 * m->ncap : 1024;
-            m->nidx = realloc(m->nidx, m->ncap * sizeof *m->nidx);
-            m->nnext = realloc(m->nnext, m->ncap * sizeof *m->nnext);
-            LOOM_CHECK(m->nidx && m->nnext);
+            m->nidx = loom_realloc(m->nidx, m->ncap * sizeof *m->nidx);
+            m->nnext = loom_realloc(m->nnext, m->ncap * sizeof *m->nnext);
         }
         m->nidx[m->nn] = idx;
         m->nnext[m->nn] = m->bhead[s];
@@ -527,9 +507,8 @@ typedef struct seeds {
 static void seeds_add(seeds *s, const char *t, size_t n) {
     if (s->n == s->cap) {
         s->cap = s->cap ? 2 * s->cap : 64;
-        s->v = realloc(s->v, (size_t)s->cap * sizeof *s->v);
-        s->len = realloc(s->len, (size_t)s->cap * sizeof *s->len);
-        LOOM_CHECK(s->v && s->len);
+        s->v = loom_realloc(s->v, (size_t)s->cap * sizeof *s->v);
+        s->len = loom_realloc(s->len, (size_t)s->cap * sizeof *s->len);
     }
     s->v[s->n] = loom_malloc(n + 1);
     memcpy(s->v[s->n], t, n);
@@ -547,7 +526,7 @@ static int read_maybe_zst(const char *path, char **out, size_t *len, loom_err *e
     if (!ends_with(path, ".zst")) return 0;
     ZSTD_DStream *z = ZSTD_createDStream();
     ZSTD_initDStream(z);
-    sbuf b = {0};
+    loom_sbuf b = {0};
     ZSTD_inBuffer in = {*out, *len, 0};
     char tmp[1 << 16];
     int rc = 0;
@@ -558,8 +537,8 @@ static int read_maybe_zst(const char *path, char **out, size_t *len, loom_err *e
             rc = loom_errf(err, "%s: zstd: %s", path, ZSTD_getErrorName(r));
             break;
         }
-        sb_add(&b, tmp, ob.pos);
-        if (b.n > ((size_t)1 << 31)) {
+        loom_sbuf_append(&b, tmp, ob.pos);
+        if (b.len > ((size_t)1 << 31)) {
             rc = loom_errf(err, "%s: decompresses to over 2 GiB", path);
             break;
         }
@@ -567,11 +546,11 @@ static int read_maybe_zst(const char *path, char **out, size_t *len, loom_err *e
     ZSTD_freeDStream(z);
     free(*out);
     if (rc) {
-        free(b.s);
+        free(b.p);
         return -1;
     }
-    *out = b.s ? b.s : calloc(1, 1);
-    *len = b.n;
+    *out = b.p ? b.p : loom_calloc(1, 1);
+    *len = b.len;
     return 0;
 }
 
@@ -633,19 +612,19 @@ static int load_seeds(const char *where, json_t *list, seeds *s, loom_err *err) 
 /* ---- templates ------------------------------------------------------------------------ */
 
 /* {seed} -> the seed text; {feedback} -> the regeneration note ("" at attempt 1); {{ -> { */
-static void render(sbuf *out, const char *tpl, const char *seed, size_t seed_len, const char *fb) {
+static void render(loom_sbuf *out, const char *tpl, const char *seed, size_t seed_len, const char *fb) {
     for (const char *p = tpl; *p;) {
         if (!strncmp(p, "{seed}", 6)) {
-            sb_add(out, seed, seed_len);
+            loom_sbuf_append(out, seed, seed_len);
             p += 6;
         } else if (!strncmp(p, "{feedback}", 10)) {
             sb_str(out, fb);
             p += 10;
         } else if (!strncmp(p, "{{", 2) || !strncmp(p, "}}", 2)) {
-            sb_add(out, p, 1);
+            loom_sbuf_append(out, p, 1);
             p += 2;
         } else {
-            sb_add(out, p, 1);
+            loom_sbuf_append(out, p, 1);
             p++;
         }
     }
@@ -906,9 +885,9 @@ typedef struct item {
 /* ---- HTTP (libcurl) ---- */
 
 static size_t curl_sink(char *p, size_t sz, size_t nm, void *ud) {
-    sbuf *b = ud;
-    if (b->n + sz * nm > ((size_t)64 << 20)) return 0;
-    sb_add(b, p, sz * nm);
+    loom_sbuf *b = ud;
+    if (b->len + sz * nm > ((size_t)64 << 20)) return 0;
+    loom_sbuf_append(b, p, sz * nm);
     return sz * nm;
 }
 
@@ -937,7 +916,7 @@ static void http_one(const gen_cfg *g, item *it, uint64_t seed) {
     for (int attempt = 0; attempt <= g->retries; attempt++) {
         if (attempt) usleep((useconds_t)(100000u << (attempt < 6 ? attempt : 6)));
         CURL *c = curl_easy_init();
-        sbuf resp = {0};
+        loom_sbuf resp = {0};
         struct curl_slist *h = curl_slist_append(NULL, "Content-Type: application/json");
         curl_easy_setopt(c, CURLOPT_URL, url);
         curl_easy_setopt(c, CURLOPT_HTTPHEADER, h);
@@ -953,11 +932,11 @@ static void http_one(const gen_cfg *g, item *it, uint64_t seed) {
         curl_easy_cleanup(c);
         if (rc != CURLE_OK) {
             snprintf(it->gen_err, sizeof it->gen_err, "%s: %s", url, curl_easy_strerror(rc));
-            free(resp.s);
+            free(resp.p);
             continue; /* connection errors and timeouts are retried */
         }
-        json_t *r = resp.s ? json_loads(resp.s, 0, NULL) : NULL;
-        free(resp.s);
+        json_t *r = resp.p ? json_loads(resp.p, 0, NULL) : NULL;
+        free(resp.p);
         if (status != 200) {
             json_t *m = json_object_get(json_object_get(r, "error"), "message");
             snprintf(it->gen_err, sizeof it->gen_err, "%s: HTTP %ld%s%s", url, status,
@@ -1516,10 +1495,10 @@ static void run_pool(void *(*fn)(void *), void *arg, int threads) {
  * rank runs the order-dependent checks (duplicates) over all items in item order, so all ranks
  * agree; rank 0 writes. */
 
-static void put_u32(sbuf *b, uint32_t v) { sb_add(b, (const char *)&v, 4); }
-static void put_bytes(sbuf *b, const char *s, size_t n) {
+static void put_u32(loom_sbuf *b, uint32_t v) { loom_sbuf_append(b, (const char *)&v, 4); }
+static void put_bytes(loom_sbuf *b, const char *s, size_t n) {
     put_u32(b, (uint32_t)n);
-    if (n) sb_add(b, s, n);
+    if (n) loom_sbuf_append(b, s, n);
 }
 
 typedef struct rdr {
@@ -1556,7 +1535,7 @@ static int pend_pos(item **pend, int np, const item *it) {
 }
 
 /* one item's outcome (after generation and the per-item validators) */
-static void pack_item(sbuf *b, uint32_t k, const item *it) {
+static void pack_item(loom_sbuf *b, uint32_t k, const item *it) {
     put_u32(b, k);
     put_u32(b, (uint32_t)it->tokens);
     put_u32(b, (uint32_t)it->gen_ok);
@@ -1612,17 +1591,17 @@ static void unpack_item(rdr *r, item **pend, int np) {
  * its items */
 static void exchange_items(loom_mesh *mesh, int rank, int world, int tp, item **pend, int np,
                            const pipeline *P) {
-    sbuf b = {0};
+    loom_sbuf b = {0};
     for (int k = 0; k < np; k++)
         if (rank % tp == 0 && owner_of(P, k, world / tp) == rank / tp)
             pack_item(&b, (uint32_t)k, pend[k]);
-    int64_t mine = (int64_t)b.n, longest = 0;
+    int64_t mine = (int64_t)b.len, longest = 0;
     int64_t *lens = loom_calloc((size_t)world, sizeof *lens);
     loom_allgather(mesh, LOOM_GROUP_WORLD, &mine, lens, (size_t)world, LOOM_I64);
     for (int r = 0; r < world; r++) longest = lens[r] > longest ? lens[r] : longest;
     char *send = loom_calloc((size_t)longest + 1, 1);
     char *all = loom_malloc((size_t)world * ((size_t)longest + 1));
-    if (b.n) memcpy(send, b.s, b.n);
+    if (b.len) memcpy(send, b.p, b.len);
     loom_allgather(mesh, LOOM_GROUP_WORLD, send, all, (size_t)world * ((size_t)longest + 1), LOOM_U8);
     for (int r = 0; r < world; r++) {
         if (r == rank) continue;
@@ -1632,7 +1611,7 @@ static void exchange_items(loom_mesh *mesh, int rank, int world, int tp, item **
     free(send);
     free(all);
     free(lens);
-    free(b.s);
+    free(b.p);
 }
 
 /* the local generator, loaded on first use */
@@ -1706,7 +1685,7 @@ int loom_synth_run(const char *path, const loom_synth_opts *o, loom_err *err) {
     }
     /* exact duplicates are checked against the seeds and the accepted pool */
     for (int s = 0; s < P.sd.n; s++) {
-        if (n_hash == cap_hash) hashes = realloc(hashes, (cap_hash = cap_hash ? 2 * cap_hash : 256) * sizeof *hashes);
+        if (n_hash == cap_hash) hashes = loom_realloc(hashes, (cap_hash = cap_hash ? 2 * cap_hash : 256) * sizeof *hashes);
         hashes[n_hash++] = fnv1a(P.sd.v[s], P.sd.len[s]);
     }
     for (int v = 0; v < P.nv; v++) { /* near duplicates: against the seeds and the pool */
@@ -1734,18 +1713,18 @@ int loom_synth_run(const char *path, const loom_synth_opts *o, loom_err *err) {
             item *it = &items[i];
             if (it->done) continue;
             it->attempt = attempt;
-            sbuf fb = {0}, pr = {0};
+            loom_sbuf fb = {0}, pr = {0};
             if (attempt > 1) {
                 size_t pl = it->tlen > 200 ? 200 : it->tlen;
                 for (const char *p = P.feedback; *p;) {
                     if (!strncmp(p, "{message}", 9)) sb_str(&fb, it->vmsg), p += 9;
-                    else if (!strncmp(p, "{previous}", 10)) sb_add(&fb, it->text ? it->text : "", it->text ? pl : 0), p += 10;
-                    else sb_add(&fb, p, 1), p++;
+                    else if (!strncmp(p, "{previous}", 10)) loom_sbuf_append(&fb, it->text ? it->text : "", it->text ? pl : 0), p += 10;
+                    else loom_sbuf_append(&fb, p, 1), p++;
                 }
             }
-            render(&pr, P.tpl, P.sd.v[it->seed_idx], P.sd.len[it->seed_idx], fb.s ? fb.s : "");
-            if (attempt > 1 && !strstr(P.tpl, "{feedback}")) sb_str(&pr, fb.s); /* appended */
-            free(fb.s);
+            render(&pr, P.tpl, P.sd.v[it->seed_idx], P.sd.len[it->seed_idx], fb.p ? fb.p : "");
+            if (attempt > 1 && !strstr(P.tpl, "{feedback}")) sb_str(&pr, fb.p); /* appended */
+            free(fb.p);
             free(it->prompt);
             free(it->text);
             it->text = NULL;
@@ -1760,7 +1739,7 @@ int loom_synth_run(const char *path, const loom_synth_opts *o, loom_err *err) {
             it->vfresh = NULL;
             it->gen_hit = it->val_hits = it->val_runs = 0;
             it->gkey[0] = 0;
-            it->prompt = pr.s ? pr.s : strdup("");
+            it->prompt = pr.p ? pr.p : loom_strdup("");
             pend[np++] = it;
         }
         if (np == 0) break;
@@ -1771,14 +1750,14 @@ int loom_synth_run(const char *path, const loom_synth_opts *o, loom_err *err) {
             item *it = pend[k];
             if (L.tp_rank == 0) mine[nm++] = it; /* a replica's tp rank 0 validates */
             if (P.C.on) {
-                sbuf kb = {0};
+                loom_sbuf kb = {0};
                 char sd[32];
                 snprintf(sd, sizeof sd, "%llu", (unsigned long long)item_seed(P.seed, it));
                 sb_str(&kb, P.g.temperature > 0 ? sd : "greedy");
-                sb_add(&kb, "\n", 1);
+                loom_sbuf_append(&kb, "\n", 1);
                 sb_str(&kb, it->prompt);
-                sha_hex_parts(it->gkey, P.gen_id, kb.s, kb.n);
-                free(kb.s);
+                sha_hex_parts(it->gkey, P.gen_id, kb.p, kb.len);
+                free(kb.p);
                 json_t *hit = json_object_get(P.C.gen, it->gkey);
                 if (hit && !text_from_json(hit, &it->text, &it->tlen)) {
                     it->tokens = (int)json_integer_value(json_object_get(hit, "tokens"));
@@ -1880,7 +1859,7 @@ int loom_synth_run(const char *path, const loom_synth_opts *o, loom_err *err) {
             if (it->failed_validator < 0) {
                 it->done = it->accepted = 1;
                 accepted_at[attempt]++;
-                if (n_hash == cap_hash) hashes = realloc(hashes, (cap_hash = cap_hash ? 2 * cap_hash : 256) * sizeof *hashes);
+                if (n_hash == cap_hash) hashes = loom_realloc(hashes, (cap_hash = cap_hash ? 2 * cap_hash : 256) * sizeof *hashes);
                 hashes[n_hash++] = fnv1a(it->text, it->tlen);
                 for (int v = 0; v < P.nv; v++) {
                     if (P.v[v].kind != V_NEARDUP) continue;
