@@ -409,6 +409,18 @@ static int tile_class(const loom_attn_mask *mk, int i0, int m, int j0, int n, co
     return full ? TILE_FULL : TILE_PARTIAL;
 }
 
+/* The diagonal tiles of a causal mask (query and key tile at the same positions): query r sees
+ * key c only for c <= r, so about half of each tile product is masked out. Their products run
+ * in strips of TRI rows that skip the columns (or the inner products' terms) a strip cannot
+ * see: what is skipped is either overwritten by the mask (-inf) afterwards or an exact 0
+ * (P and dS of an invisible pair) that the full product would have added to a sum, so the
+ * results keep their bits. Each strip's extent is whole 16-float vectors. At T = 256 four of
+ * the ten visible tile pairs per head are diagonal. */
+enum { TRI = 16 };
+static inline int diagonal(const loom_attn_mask *mk, int cls, int i0, int j0) {
+    return cls == TILE_PARTIAL && mk->causal && mk->q_pos0 + i0 == mk->k_pos0 + j0;
+}
+
 /* Visibility of key j0+c to query i0+r (partial tiles only). */
 static inline int visible(const loom_attn_mask *mk, int i0, int r, int j0, int c,
                           const int32_t *qd, const int32_t *kd) {
@@ -527,8 +539,16 @@ int flash_attention_forward(float *out, float *lse, const float *q, const float 
                     const int32_t *kd = kdb ? kdb + j0 : NULL;
                     int cls = tile_class(&mk, i0, m, j0, n, qd, qr, kd);
                     if (cls == TILE_SKIP) continue;
-                    /* Sᵀ (n x m) = K_j Qsᵀ */
-                    ops->gemm(st, BQ, kb + j0 * d.k_ts, d.k_ts, 1, qst, BQ, n, m, D, 0);
+                    const int tri = diagonal(&mk, cls, i0, j0);
+                    /* Sᵀ (n x m) = K_j Qsᵀ; on a diagonal tile keys r0.. only against
+                     * queries r0.. (the rest is masked below) */
+                    if (!tri)
+                        ops->gemm(st, BQ, kb + j0 * d.k_ts, d.k_ts, 1, qst, BQ, n, m, D, 0);
+                    else
+                        for (int r0 = 0; r0 < n && r0 < m; r0 += TRI)
+                            ops->gemm(st + (int64_t)r0 * BQ + r0, BQ,
+                                      kb + (j0 + r0) * d.k_ts, d.k_ts, 1, qst + r0, BQ,
+                                      n - r0 < TRI ? n - r0 : TRI, m - r0, D, 0);
                     if (cls == TILE_PARTIAL) mask_tile_t(st, &mk, i0, m, j0, n, qd, kd);
                     ops->softmax(st, n, m, mrow, lrow, alpha);
                     for (int r = 0; r < m; r++) {
@@ -538,7 +558,15 @@ int flash_attention_forward(float *out, float *lse, const float *q, const float 
                     }
                     /* acc (m x D) += P V_j, P(i, j) = st[j*BQ + i] */
                     pack_rows(vp, vb + j0 * d.v_ts, d.v_ts, n, D);
-                    ops->gemm(acc, D, st, 1, BQ, vp, D, m, D, n, 1);
+                    if (!tri)
+                        ops->gemm(acc, D, st, 1, BQ, vp, D, m, D, n, 1);
+                    else /* queries r0 .. r0+TRI-1 see keys up to r0+TRI-1 at most */
+                        for (int r0 = 0; r0 < m; r0 += TRI) {
+                            const int rr = m - r0 < TRI ? m - r0 : TRI;
+                            const int kk = n < r0 + rr ? n : r0 + rr;
+                            ops->gemm(acc + (int64_t)r0 * D, D, st + r0, 1, BQ, vp, D, rr, D,
+                                      kk, 1);
+                        }
                 }
                 float *ob = out + b * d.o_bs + i0 * d.o_ts + (int64_t)h * D;
                 float *lb = lse ? lse + ((int64_t)b * d.H + h) * d.Tq + i0 : NULL;
@@ -621,6 +649,40 @@ typedef struct {
     const int32_t *kd;
 } key_slot;
 
+/* kv_tile_task's five products for a diagonal tile pair (see TRI), in strips: S and dP rows
+ * r0.. over keys < r0+TRI only (the rest of S is then masked; the rest of dP is never read);
+ * dV, dK rows (keys) r0.. over queries r0.. only; dq rows r0.. over keys < r0+TRI. */
+static void tri_pair(bwd_ctx *x, const key_slot *k, int b, int h, int i0, int m,
+                     const int32_t *qd, const float *qs, const float *dop, const float *lb,
+                     const float *delta, int with_dq) {
+    const attn_ops *ops = x->ops;
+    const int D = x->d.D, n = k->n;
+    for (int r0 = 0; r0 < m; r0 += TRI) {
+        const int rr = m - r0 < TRI ? m - r0 : TRI, nn = n < r0 + TRI ? n : r0 + TRI;
+        ops->gemm(x->s + (int64_t)r0 * BK, BK, qs + (int64_t)r0 * D, D, 1, k->kt, BK, rr, nn,
+                  D, 0);
+        ops->gemm(x->dp + (int64_t)r0 * BK, BK, dop + (int64_t)r0 * D, D, 1, k->vt, BK, rr, nn,
+                  D, 0);
+    }
+    mask_tile(x->s, &x->mk, i0, m, k->j0, n, qd, k->kd);
+    ops->bwd_tile(x->s, x->dp, m, n, lb, delta);
+    for (int r0 = 0; r0 < n && r0 < m; r0 += TRI) {
+        const int rr = n - r0 < TRI ? n - r0 : TRI;
+        if (x->dv)
+            ops->gemm(k->dvacc + (int64_t)r0 * D, D, x->s + (int64_t)r0 * BK + r0, 1, BK,
+                      dop + (int64_t)r0 * D, D, rr, D, m - r0, 1);
+        if (x->dk)
+            ops->gemm(k->dkacc + (int64_t)r0 * D, D, x->dp + (int64_t)r0 * BK + r0, 1, BK,
+                      qs + (int64_t)r0 * D, D, rr, D, m - r0, 1);
+    }
+    if (with_dq)
+        for (int r0 = 0; r0 < m; r0 += TRI) {
+            const int rr = m - r0 < TRI ? m - r0 : TRI, kk = n < r0 + rr ? n : r0 + rr;
+            ops->gemm(dq_rows(x, b, h, i0) + (int64_t)r0 * x->d.q_ts, x->d.q_ts,
+                      x->dp + (int64_t)r0 * BK, BK, 1, k->ks, D, rr, D, kk, 1);
+        }
+}
+
 /* The key tiles jt0 .. jt0+nj-1 (nj <= KJ) of (b, kv head): dk/dv rows += the sum over the
  * group's query heads and the query tiles (in that order) of dSᵀ Qs and Pᵀ dO. With with_dq,
  * each pair's dS (scale K_j) is also added to dq (the fused backward: dq rows then receive
@@ -689,6 +751,10 @@ static void kv_tile_task(bwd_ctx *x, int b, int kvh, int jt0, int nj, int with_d
                     transpose_scaled(k->vt, BK, vb, d->v_ts, n, D, 1.0f);
                     if (with_dq) copy_scaled(k->ks, kb, d->k_ts, n, D, x->scale);
                     k->any = 1;
+                }
+                if (diagonal(mk, cls[u], i0, j0)) {
+                    tri_pair(x, k, b, h, i0, m, qd, qs, dop, lb, delta, with_dq);
+                    continue;
                 }
                 ops->gemm(x->s, BK, qs, D, 1, k->kt, BK, m, n, D, 0);
                 if (cls[u] == TILE_PARTIAL) mask_tile(x->s, mk, i0, m, j0, n, qd, k->kd);
