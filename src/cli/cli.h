@@ -14,6 +14,11 @@ int loom_cli_export(int argc, char **argv);
 int loom_cli_report(int argc, char **argv);
 /* --weights fp32|bf16 (cli_weights.c): 0 and *bf16 set, or -1 after a message on stderr */
 int cli_parse_weights(const char *v, int *bf16);
+/* --compute fp32|bf16: 0 and *bf16 set, or -1 after a message on stderr */
+int cli_parse_compute(const char *v, int *bf16);
+/* --compute bf16 multiplies bf16 weights: it sets *wbf16; an explicit --weights fp32
+ * (weights_given and !*wbf16) with it is an error (-1 after a message on stderr) */
+int cli_compute_weights(int cbf16, int weights_given, int *wbf16);
 /* this process's resident memory (/proc/self/statm), MiB; 0 when unknown */
 double cli_resident_mib(void);
 /* loom_comm_init, body(argc, argv), loom_comm_finalize; body's exit code (1 when init fails) */

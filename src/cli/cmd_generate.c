@@ -1,6 +1,6 @@
 /* loom generate CKPT_DIR --prompt TEXT | --prompts FILE [--tokens N --temperature T --top-k K
  *   --top-p P --repetition-penalty R --stop S ... --seed S --batch N --kv-budget-mb M --tp T
- *   --weights fp32|bf16]
+ *   --weights fp32|bf16 --compute fp32|bf16]
  * Generation runs through the batched engine (src/infer/engine.c): --prompts gives many
  * prompts (one per line, or JSONL with a "prompt" key) that run batched, one JSON line out per
  * prompt, in input order. Under mpirun the world's N ranks are N / T replicas (data-parallel
@@ -144,6 +144,7 @@ static int generate_main(int argc, char **argv) {
     long n_tokens = 200, top_k = 40, seed = 1, batch = 16, kv_mb = 0, tp = 1;
     double temperature = 0.8, top_p = 1.0, rep = 1.0;
     int recompute = 0, stats = 0, n_stop = 0, fmt_ids = 0, chat = 0, wbf16 = 0;
+    int cbf16 = 0, weights_given = 0;
     const char *stops[17], *template_spec = "chatml", *system = NULL;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
@@ -162,6 +163,9 @@ static int generate_main(int argc, char **argv) {
         else if (!strcmp(a, "--template")) template_spec = v;
         else if (!strcmp(a, "--weights")) {
             if (cli_parse_weights(v, &wbf16)) return 2;
+            weights_given = 1;
+        } else if (!strcmp(a, "--compute")) {
+            if (cli_parse_compute(v, &cbf16)) return 2;
         }
         else if (!strcmp(a, "--system")) system = v;
         else if (!strcmp(a, "--format")) {
@@ -198,6 +202,7 @@ static int generate_main(int argc, char **argv) {
         } else goto usage;
     }
     if (!ckpt) goto usage;
+    if (cli_compute_weights(cbf16, weights_given, &wbf16)) return 2;
     /* the world's ranks: dp replicas of tp ranks each, tp innermost (rank = dp_idx * tp +
      * tp_idx); each replica a group that steps together */
     const int rank = loom_comm_world_rank(), world = loom_comm_world_size();
@@ -247,7 +252,8 @@ static int generate_main(int argc, char **argv) {
         goto fail;
     }
     if (wbf16 && recompute) {
-        loom_errf(&err, "--weights bf16 runs through the KV-cache engine, not --no-kv-cache");
+        loom_errf(&err, "--%s bf16 runs through the KV-cache engine, not --no-kv-cache",
+                  cbf16 ? "compute" : "weights");
         goto fail;
     }
     /* --tp: this rank's tensor-parallel view, its boxes read from the checkpoint */
@@ -259,6 +265,7 @@ static int generate_main(int argc, char **argv) {
         loom_model_set_comm_points(m, &pts);
     }
     if (wbf16 && loom_model_set_weights_bf16(m, &err)) goto fail;
+    if (cbf16 && loom_model_set_compute_bf16(m, &err)) goto fail;
     const loom_model_config *mc = loom_model_get_config(m);
     if (mc->head != LOOM_HEAD_LM) {
         loom_errf(&err, "%s: a classification model does not generate text (use loom eval)", ckpt);
@@ -453,8 +460,8 @@ static int generate_main(int argc, char **argv) {
                         "prompts, batch %d, %lld steps; %.3f s of CPU: %.1f tokens per CPU second)\n",
                 (long long)total, dt, dt > 0 ? (double)total / dt : 0.0, np, st.max_running,
                 (long long)st.steps, cpu, cpu > 0 ? (double)total / cpu : 0.0);
-        fprintf(stderr, "loom: weights %s; resident memory %.1f MiB\n", wbf16 ? "bf16" : "fp32",
-                cli_resident_mib());
+        fprintf(stderr, "loom: weights %s%s; resident memory %.1f MiB\n",
+                wbf16 ? "bf16" : "fp32", cbf16 ? ", compute bf16" : "", cli_resident_mib());
     }
     rc = 0;
 fail:
@@ -481,6 +488,8 @@ usage:
                     "--temperature T --top-k K --top-p P --repetition-penalty R --stop S ... "
                     "--seed S --batch N --kv-budget-mb M] [--format text|ids] [--stats] [--no-kv-cache]\n"
                     "       [--tp T]: under mpirun -np N, N / T replicas of T tensor-parallel ranks\n"
+                    "       [--weights fp32|bf16] [--compute fp32|bf16]: the linears' weights held "
+                    "in bf16; their products in bf16 too (docs/inference.md)\n"
                     "       [--chat [--template chatml|llama3|FILE] [--system TEXT]]: the prompt as a user "
                     "turn, the reply up to the end of the assistant's turn\n");
     return 2;

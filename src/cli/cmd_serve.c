@@ -33,7 +33,7 @@ static int serve_main(int argc, char **argv) {
     memset(&o, 0, sizeof o);
     o.port = 8080;
     long long v;
-    int wbf16 = 0;
+    int wbf16 = 0, cbf16 = 0, weights_given = 0;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *val = i + 1 < argc ? argv[i + 1] : NULL;
         if (a[0] != '-') {
@@ -48,6 +48,9 @@ static int serve_main(int argc, char **argv) {
         else if (!strcmp(a, "--template")) o.chat_template = val;
         else if (!strcmp(a, "--weights")) {
             if (cli_parse_weights(val, &wbf16)) return 2;
+            weights_given = 1;
+        } else if (!strcmp(a, "--compute")) {
+            if (cli_parse_compute(val, &cbf16)) return 2;
         } else if (!strcmp(a, "--model-id")) {
             if (!val[0] || strlen(val) > 256) {
                 fprintf(stderr, "loom: error: --model-id must be 1 to 256 bytes\n");
@@ -75,6 +78,7 @@ static int serve_main(int argc, char **argv) {
         else goto usage;
     }
     if (!ckpt) goto usage;
+    if (cli_compute_weights(cbf16, weights_given, &wbf16)) return 2;
     o.engine.kv_budget_bytes <<= 20;
     if (!o.model_id) { /* the run directory's name */
         const char *b = ckpt + strlen(ckpt);
@@ -131,6 +135,7 @@ static int serve_main(int argc, char **argv) {
         goto fail;
     }
     if (wbf16 && loom_model_set_weights_bf16(m, &err)) goto fail;
+    if (cbf16 && loom_model_set_compute_bf16(m, &err)) goto fail;
     if (loom_run_data_tokenizer(run, &tok, &err)) goto fail;
     if (loom_tokenizer_vocab_size(tok) > (uint32_t)loom_model_get_config(m)->vocab_size) {
         loom_errf(&err, "%s: the tokenizer has more ids than model.vocab_size", run->where);
@@ -154,7 +159,7 @@ usage:
                     "[--port-file F] [--model-id ID] [--max-body BYTES] [--max-prompt-tokens N] "
                     "[--max-tokens N] [--max-concurrent N] [--max-connections N] [--batch N] "
                     "[--kv-budget-mb M] [--timeout S] [--drain S] [--weights fp32|bf16] "
-                    "[--template plain|chatml|llama3|FILE (plain): the chat template] "
+                    "[--compute fp32|bf16] [--template plain|chatml|llama3|FILE (plain): the chat template] "
                     "[--tp T: under mpirun -np T, the model split over the T ranks]\n");
     return 2;
 }

@@ -38,6 +38,8 @@ struct loom_decode_ws {
     float *moe;             /* the MoE op's slots for max_rows rows (an MoE model) */
     float *moe_slot[S_COUNT];
     size_t moe_floats;
+    uint16_t *xbf;          /* --compute bf16: (max(max_rows, max_logits), widest input) */
+    size_t xbf_n;
 };
 
 size_t loom_model_kv_floats_per_pos(const loom_model *m) {
@@ -92,12 +94,13 @@ void loom_decode_ws_free(loom_decode_ws *w) {
     free(w->mem);
     free(w->seg);
     free(w->moe);
+    free(w->xbf);
     free(w);
 }
 
 size_t loom_decode_ws_bytes(const loom_decode_ws *w) {
     return ((size_t)w->floats + w->moe_floats) * sizeof(float) +
-           (size_t)w->max_rows * sizeof(block_seg);
+           (size_t)w->max_rows * sizeof(block_seg) + w->xbf_n * sizeof(uint16_t);
 }
 
 const float *loom_model_decode_batch(loom_model *m, loom_decode_ws *w, const int32_t *tokens,
@@ -120,6 +123,13 @@ const float *loom_model_decode_batch(loom_model *m, loom_decode_ws *w, const int
         LOOM_CHECK(rows <= w->max_rows && nlog <= w->max_logits);
     }
     for (int r = 0; r < rows; r++) LOOM_CHECK(tokens[r] >= 0 && tokens[r] < V);
+    if (m->cbf16 && !w->xbf) { /* --compute bf16: the rounded input rows of a linear */
+        int wide = C > m->H * m->D ? C : m->H * m->D;
+        wide = wide > m->F ? wide : m->F;
+        const int R = w->max_rows > w->max_logits ? w->max_rows : w->max_logits;
+        w->xbf_n = (size_t)R * (size_t)wide;
+        w->xbf = loom_alloc_aligned(w->xbf_n * sizeof(uint16_t));
+    }
     const int emb_bf16 = m->wbf16 && gpt2; /* gpt2's wte is the head, held in bf16 */
     for (int i = 0; i < nseg && emb_bf16; i++) { /* what embedding_forward does, widening wte */
         const float *wpe = PARAM(m, LOOM_P_WPE);
@@ -143,6 +153,7 @@ const float *loom_model_decode_batch(loom_model *m, loom_decode_ws *w, const int
     f.seg = w->seg;
     f.nseg = nseg;
     f.scores = w->scores;
+    f.xbf16 = w->xbf;
     f.s[S_LN1] = f.s[S_LN2] = w->h; /* ln1 is dead once q|k|v is computed */
     f.s[S_LN1_MEAN] = f.s[S_LN2_MEAN] = w->mean;
     f.s[S_LN1_RSTD] = f.s[S_LN2_RSTD] = w->rstd;
@@ -173,7 +184,10 @@ const float *loom_model_decode_batch(loom_model *m, loom_decode_ws *w, const int
     const float *head = gpt2 ? PARAM(m, LOOM_P_WTE) : PARAM(m, LOOM_P_LM_HEAD);
     const int tp = m->lay.tp;
     if (tp == 1) {
-        if (m->wbf16) /* --weights bf16 (weights_bf16.c; tp = 1 only) */
+        if (m->cbf16) { /* --compute bf16: the final norm's rows rounded, bf16 x bf16 */
+            m->be->bf16_round(w->xbf, w->lastn, (int64_t)k * C);
+            m->be->matmul_dotbf16_forward(w->logits, w->xbf, m->wbf16_head, NULL, k, C, V);
+        } else if (m->wbf16) /* --weights bf16 (weights_bf16.c; tp = 1 only) */
             m->be->matmul_bf16_forward(w->logits, w->lastn, m->wbf16_head, NULL, k, C, V);
         else
             m->be->matmul_forward(w->logits, w->lastn, head, NULL, k, C, V);

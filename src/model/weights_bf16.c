@@ -67,3 +67,14 @@ int loom_model_set_weights_bf16(loom_model *m, loom_err *err) {
 }
 
 int loom_model_weights_bf16(const loom_model *m) { return m->wbf16 != NULL; }
+
+int loom_model_set_compute_bf16(loom_model *m, loom_err *err) {
+    if (!m->be->bf16_round || !m->be->matmul_dotbf16_forward)
+        return loom_errf(err, "--compute bf16: the %s backend has no bf16 x bf16 matmul",
+                         m->be->name);
+    if (loom_model_set_weights_bf16(m, err)) return -1;
+    m->cbf16 = 1;
+    return 0;
+}
+
+int loom_model_compute_bf16(const loom_model *m) { return m->cbf16; }

@@ -857,6 +857,7 @@ typedef struct gen_cfg {
     char checkpoint[1024];
     int max_tokens, top_k, concurrency, retries, chat, batch;
     int bf16;                   /* generator.weights: bf16 (local; docs/inference.md) */
+    int cbf16;                  /* generator.compute: bf16 (local; implies weights bf16) */
     double temperature, top_p, timeout_s;
     char *stop[17];             /* + the chat template's end of turn (local) */
     int n_stop;
@@ -1110,6 +1111,7 @@ static int generator_identity(pipeline *P, loom_err *err) {
     json_object_set_new(g, "stop", st);
     if (P->g.chat_tpl) json_object_set_new(g, "chat_template", json_string(jstr(json_object_get(P->root, "generator"), "chat_template", "plain")));
     if (P->g.bf16) json_object_set_new(g, "weights", json_string("bf16"));
+    if (P->g.cbf16) json_object_set_new(g, "compute", json_string("bf16"));
     if (P->g.http) {
         json_object_set_new(g, "url", json_string(P->g.url));
     } else if (P->C.on) {
@@ -1173,7 +1175,7 @@ static int parse_pipeline(pipeline *P, loom_err *err) {
     json_t *g = json_object_get(r, "generator");
     static const char *const gk[] = {"kind", "url", "model", "checkpoint", "max_tokens", "temperature",
                                      "top_p", "top_k", "stop", "concurrency", "timeout_s", "retries",
-                                     "batch", "chat_template", "weights", NULL};
+                                     "batch", "chat_template", "weights", "compute", NULL};
     if (!json_is_object(g)) return loom_errf(err, "%s: 'generator' (a mapping) is required", P->path);
     if (check_keys(P, g, "generator.", gk, err)) return -1;
     const char *kind = jstr(g, "kind", "");
@@ -1195,6 +1197,14 @@ static int parse_pipeline(pipeline *P, loom_err *err) {
         if (strcmp(wt, "fp32") && strcmp(wt, "bf16"))
             return loom_errf(err, "%s: generator.weights must be fp32 or bf16", P->path);
         P->g.bf16 = !strcmp(wt, "bf16");
+        const char *cm = jstr(g, "compute", "fp32");
+        if (strcmp(cm, "fp32") && strcmp(cm, "bf16"))
+            return loom_errf(err, "%s: generator.compute must be fp32 or bf16", P->path);
+        P->g.cbf16 = !strcmp(cm, "bf16");
+        if (P->g.cbf16 && json_object_get(g, "weights") && !P->g.bf16)
+            return loom_errf(err, "%s: generator.compute bf16 multiplies bf16 weights: it "
+                                  "cannot run with generator.weights fp32", P->path);
+        P->g.bf16 |= P->g.cbf16;
     } else {
         return loom_errf(err, "%s: generator.kind must be local or http", P->path);
     }
@@ -1629,6 +1639,7 @@ static int local_open(pipeline *P, local_gen *L, loom_err *err) {
     loom_run_data_free(run);
     if (L->tp > 1) loom_model_set_comm_points(L->m, &L->tp_points);
     if (P->g.bf16 && loom_model_set_weights_bf16(L->m, err)) return -1;
+    if (P->g.cbf16 && loom_model_set_compute_bf16(L->m, err)) return -1;
     loom_engine_opts eo = {.max_batch = P->g.batch};
     return loom_engine_create(L->m, L->tok, &eo, &L->eng, err);
 }
