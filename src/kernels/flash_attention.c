@@ -67,13 +67,21 @@ typedef void (*bwd_tile_t_fn)(float *st, float *dpt, int n, int m, const float *
 typedef void (*row_dot_fn)(float *delta, const float *a, int64_t ats, const float *b,
                            int64_t bts, int m, int D);
 
+/* dst (D x ld) = scale * transpose of rows x D rows of src (stride ts) */
+typedef void (*transpose_fn)(float *dst, int ld, const float *src, int64_t ts, int rows, int D,
+                             float scale);
+
 typedef struct {
     gemm_fn gemm;
     softmax_fn softmax;
     bwd_tile_fn bwd_tile;
     bwd_tile_t_fn bwd_tile_t;
     row_dot_fn row_dot;
+    transpose_fn transpose;
 } attn_ops;
+
+static void transpose_scaled(float *dst, int ld, const float *src, int64_t ts, int rows, int D,
+                             float scale);
 
 /* ---- portable C: the tile operations in plain C, compiled per level (below, after #else) --- */
 
@@ -88,10 +96,12 @@ static inline float lse_base(float l) {
 
 #ifdef LOOM_NATIVE
 #define FLASH_PORTABLE_OPS(lvl)                                                                \
-    {gemm_c_native, softmax_c_native, bwd_tile_c_native, bwd_tile_t_c_native, row_dot_c_native}
+    {gemm_c_native, softmax_c_native, bwd_tile_c_native, bwd_tile_t_c_native, row_dot_c_native,   \
+     transpose_scaled}
 #else
 #define FLASH_PORTABLE_OPS(lvl)                                                                \
-    {gemm_c_##lvl, softmax_c_##lvl, bwd_tile_c_##lvl, bwd_tile_t_c_##lvl, row_dot_c_##lvl}
+    {gemm_c_##lvl, softmax_c_##lvl, bwd_tile_c_##lvl, bwd_tile_t_c_##lvl, row_dot_c_##lvl,        \
+     transpose_scaled}
 #endif
 static const attn_ops ops_portable = FLASH_PORTABLE_OPS(base);
 static const attn_ops ops_portable_avx2 = FLASH_PORTABLE_OPS(avx2);
@@ -292,8 +302,59 @@ T512 static void row_dot512(float *delta, const float *a, int64_t ats, const flo
     }
 }
 
+/* 16 x 16 floats transposed in registers: pairs of rows interleaved by 32 and 64 bits, then
+ * 128-bit lanes exchanged twice. */
+T512 static INL void tr16x16(__m512 r[16]) {
+    __m512 t[16];
+    for (int i = 0; i < 8; i++) {
+        t[2 * i] = _mm512_unpacklo_ps(r[2 * i], r[2 * i + 1]);
+        t[2 * i + 1] = _mm512_unpackhi_ps(r[2 * i], r[2 * i + 1]);
+    }
+    for (int i = 0; i < 4; i++) {
+        const __m512d a = _mm512_castps_pd(t[4 * i]), b = _mm512_castps_pd(t[4 * i + 1]);
+        const __m512d c = _mm512_castps_pd(t[4 * i + 2]), e = _mm512_castps_pd(t[4 * i + 3]);
+        r[4 * i] = _mm512_castpd_ps(_mm512_unpacklo_pd(a, c));
+        r[4 * i + 1] = _mm512_castpd_ps(_mm512_unpackhi_pd(a, c));
+        r[4 * i + 2] = _mm512_castpd_ps(_mm512_unpacklo_pd(b, e));
+        r[4 * i + 3] = _mm512_castpd_ps(_mm512_unpackhi_pd(b, e));
+    }
+    for (int j = 0; j < 4; j++) {
+        t[j] = _mm512_shuffle_f32x4(r[j], r[j + 4], 0x88);
+        t[j + 4] = _mm512_shuffle_f32x4(r[j], r[j + 4], 0xdd);
+        t[j + 8] = _mm512_shuffle_f32x4(r[j + 8], r[j + 12], 0x88);
+        t[j + 12] = _mm512_shuffle_f32x4(r[j + 8], r[j + 12], 0xdd);
+    }
+    for (int j = 0; j < 4; j++) {
+        r[j] = _mm512_shuffle_f32x4(t[j], t[j + 8], 0x88);
+        r[j + 8] = _mm512_shuffle_f32x4(t[j], t[j + 8], 0xdd);
+        r[j + 4] = _mm512_shuffle_f32x4(t[j + 4], t[j + 12], 0x88);
+        r[j + 12] = _mm512_shuffle_f32x4(t[j + 4], t[j + 12], 0xdd);
+    }
+}
+
+/* transpose_scaled in 16 x 16 blocks (the scalar loop's strided stores were the largest part
+ * of the kernels' own time outside the tile products at T = 256); the same products scale * x,
+ * so the same bits. Edges that are not whole blocks go element by element. */
+T512 static void transpose512(float *dst, int ld, const float *src, int64_t ts, int rows, int D,
+                              float scale) {
+    const __m512 vs = _mm512_set1_ps(scale);
+    const int R16 = rows / 16 * 16, D16 = D / 16 * 16;
+    for (int r0 = 0; r0 < R16; r0 += 16)
+        for (int d0 = 0; d0 < D16; d0 += 16) {
+            __m512 v[16];
+            for (int i = 0; i < 16; i++)
+                v[i] = _mm512_mul_ps(vs, _mm512_loadu_ps(src + (r0 + i) * ts + d0));
+            tr16x16(v);
+            for (int i = 0; i < 16; i++) _mm512_storeu_ps(dst + (int64_t)(d0 + i) * ld + r0, v[i]);
+        }
+    for (int r = 0; r < rows; r++) {
+        const float *sr = src + r * ts;
+        for (int d = r < R16 ? D16 : 0; d < D; d++) dst[(int64_t)d * ld + r] = scale * sr[d];
+    }
+}
+
 static const attn_ops ops_avx512 = {gemm512, softmax512, bwd_tile512, bwd_tile_t512,
-                                     row_dot512};
+                                     row_dot512, transpose512};
 
 /* The tile products through OpenBLAS instead of gemm512 (LOOM_ATTN_ISA_AVX512_BLAS): kept to
  * measure the hand-written microkernel against (bench/bench_attention.py). Called inside the
@@ -308,7 +369,7 @@ static void gemm_blas(float *c, int64_t ldc, const float *a, int64_t as, int64_t
 }
 
 static const attn_ops ops_avx512_blas = {gemm_blas, softmax512, bwd_tile512, bwd_tile_t512,
-                                         row_dot512};
+                                         row_dot512, transpose512};
 #endif /* LOOM_HAVE_X86 */
 
 int flash_attention_have_avx512(void) {
@@ -428,9 +489,26 @@ static inline int visible(const loom_attn_mask *mk, int i0, int r, int j0, int c
     return qd ? vis && qd[r] == kd[c] : vis;
 }
 
+/* A causal mask without documents: key c of the tile is visible to query r iff
+ * c <= r + off, off = (q_pos0 + i0) - (k_pos0 + j0); the masked entries of a row are then one
+ * run, filled without testing each (the element-wise test was a third of the forward's own
+ * time at T = 256). */
+static inline int64_t causal_off(const loom_attn_mask *mk, int i0, int j0) {
+    return mk->q_pos0 + i0 - (mk->k_pos0 + j0);
+}
+static inline int clampi(int64_t x, int lo, int hi) {
+    return x < lo ? lo : x > hi ? hi : (int)x;
+}
+
 /* Sets the invisible entries of a partial tile s (m x n, ld BK) to -inf. */
 static void mask_tile(float *s, const loom_attn_mask *mk, int i0, int m, int j0, int n,
                       const int32_t *qd, const int32_t *kd) {
+    if (mk->causal && !qd) { /* row r: keys from r + off + 1 on */
+        const int64_t off = causal_off(mk, i0, j0);
+        for (int r = 0; r < m; r++)
+            for (int c = clampi(r + off + 1, 0, n); c < n; c++) s[(int64_t)r * BK + c] = -INFINITY;
+        return;
+    }
     for (int r = 0; r < m; r++)
         for (int c = 0; c < n; c++)
             if (!visible(mk, i0, r, j0, c, qd, kd)) s[(int64_t)r * BK + c] = -INFINITY;
@@ -439,6 +517,14 @@ static void mask_tile(float *s, const loom_attn_mask *mk, int i0, int m, int j0,
 /* The same on a transposed tile st (n x m, ld BQ). */
 static void mask_tile_t(float *st, const loom_attn_mask *mk, int i0, int m, int j0, int n,
                         const int32_t *qd, const int32_t *kd) {
+    if (mk->causal && !qd) { /* key c: queries before c - off */
+        const int64_t off = causal_off(mk, i0, j0);
+        for (int c = 0; c < n; c++) {
+            const int e = clampi(c - off, 0, m);
+            for (int r = 0; r < e; r++) st[(int64_t)c * BQ + r] = -INFINITY;
+        }
+        return;
+    }
     for (int c = 0; c < n; c++)
         for (int r = 0; r < m; r++)
             if (!visible(mk, i0, r, j0, c, qd, kd)) st[(int64_t)c * BQ + r] = -INFINITY;
@@ -450,7 +536,7 @@ static void copy_scaled(float *dst, const float *src, int64_t ts, int rows, int 
         for (int d = 0; d < D; d++) dst[(int64_t)r * D + d] = scale * src[r * ts + d];
 }
 
-/* dst (D x ld) = scale * transpose of rows x D rows of src (stride ts) */
+/* dst (D x ld) = scale * transpose of rows x D rows of src (stride ts): the portable ops' */
 static void transpose_scaled(float *dst, int ld, const float *src, int64_t ts, int rows, int D,
                              float scale) {
     for (int r = 0; r < rows; r++) {
@@ -528,7 +614,7 @@ int flash_attention_forward(float *out, float *lse, const float *q, const float 
                 const int32_t *kdb = mk.k_doc ? mk.k_doc + b * mk.k_doc_bs : NULL;
                 doc_range qr = {0, 0};
                 if (qd) qr = doc_range_of(qd, m);
-                transpose_scaled(qst, BQ, qb, d.q_ts, m, D, scale);
+                ops->transpose(qst, BQ, qb, d.q_ts, m, D, scale);
                 for (int r = 0; r < m; r++) {
                     mrow[r] = -INFINITY;
                     lrow[r] = 0.0f;
@@ -747,8 +833,8 @@ static void kv_tile_task(bwd_ctx *x, int b, int kvh, int jt0, int nj, int with_d
                 if (!k->any) {
                     const float *kb = x->k + b * d->k_bs + j0 * d->k_ts + (int64_t)kvh * D;
                     const float *vb = x->v + b * d->v_bs + j0 * d->v_ts + (int64_t)kvh * D;
-                    transpose_scaled(k->kt, BK, kb, d->k_ts, n, D, 1.0f);
-                    transpose_scaled(k->vt, BK, vb, d->v_ts, n, D, 1.0f);
+                    ops->transpose(k->kt, BK, kb, d->k_ts, n, D, 1.0f);
+                    ops->transpose(k->vt, BK, vb, d->v_ts, n, D, 1.0f);
                     if (with_dq) copy_scaled(k->ks, kb, d->k_ts, n, D, x->scale);
                     k->any = 1;
                 }
@@ -805,8 +891,8 @@ static void q_tile_task(bwd_ctx *x, int b, int h, int it) {
     doc_range qr = {0, 0};
     if (qd) qr = doc_range_of(qd, m);
     float *qst = x->t1, *dot = x->t2, *st = x->s, *dpt = x->dp;
-    transpose_scaled(qst, BQ, qb, d->q_ts, m, D, x->scale);
-    transpose_scaled(dot, BQ, dob, d->o_ts, m, D, 1.0f);
+    ops->transpose(qst, BQ, qb, d->q_ts, m, D, x->scale);
+    ops->transpose(dot, BQ, dob, d->o_ts, m, D, 1.0f);
     ops->row_dot(x->delta, dob, d->o_ts, ob, d->o_ts, m, D);
     for (int jt = 0; jt < x->nkt; jt++) {
         const int j0 = jt * BK, n = d->Tk - j0 < BK ? d->Tk - j0 : BK;
