@@ -125,32 +125,11 @@ def loom_result(rows, cpu_at, warmup, rss):
 
 def torch_worker(T, steps, warmup, compile_):
     import resource
-    import torch
     import bench_train
-    torch.set_num_threads(1)
-    torch.manual_seed(0)
     _, cfg, _, _ = bench_train.read_config("byte-tiny")
     cfg = dict(cfg, max_seq_len=T)
-    import torch_ref
-    model = torch_ref.Ref(cfg, dtype=torch.float32)
-    fwd = torch.compile(model) if compile_ else model
-    opt = torch.optim.AdamW(model.param_groups(0.1), lr=3e-4, betas=(0.9, 0.95), eps=1e-8,
-                            fused=True)
-    g = torch.Generator().manual_seed(1)
-    V = cfg["vocab_size"]
-    out = []
-    for i in range(warmup + steps):
-        x = torch.randint(0, V, (1, T), generator=g)
-        y = torch.randint(0, V, (1, T), generator=g)
-        t0, c0 = time.perf_counter(), time.process_time()
-        opt.zero_grad(set_to_none=True)
-        _, loss = fwd(x, y)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
-        lv = loss.item()
-        if i >= warmup:
-            out.append((time.perf_counter() - t0, time.process_time() - c0, lv))
+    out = [s for i, s in enumerate(bench_train.torch_steps(cfg, 1, T, warmup + steps, 1, compile_))
+           if i >= warmup]
     rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
     print(json.dumps({"steps": out, "rss": rss}))
 

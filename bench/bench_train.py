@@ -173,7 +173,9 @@ def bench_loom(loom, cfg_path, data, warmup, measured, peak, threads):
             "losses": [r["loss"] for r in rows], "wall_s": wall, "steps": len(rows)}
 
 
-def bench_torch(cfg, B, T, warmup, measured, threads, compile_):
+def torch_steps(cfg, B, T, n, threads, compile_):
+    """n training steps of PyTorch on random (B, T) tokens (clipping, fused AdamW; eager or
+    torch.compile): yields (wall s, CPU s of this process, loss) per step"""
     torch.set_num_threads(threads)
     torch.manual_seed(0)
     model = torch_ref.Ref(cfg, dtype=torch.float32)
@@ -184,19 +186,23 @@ def bench_torch(cfg, B, T, warmup, measured, threads, compile_):
                             fused=True)
     g = torch.Generator().manual_seed(1)
     V = cfg["vocab_size"]
-    times, losses = [], []
-    t_first = None
-    for i in range(warmup + measured):
+    for _ in range(n):
         x = torch.randint(0, V, (B, T), generator=g)
         y = torch.randint(0, V, (B, T), generator=g)
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         opt.zero_grad(set_to_none=True)
         _, loss = fwd(x, y)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
         lv = loss.item()
-        dt = time.perf_counter() - t0
+        yield time.perf_counter() - t0, time.process_time() - c0, lv
+
+
+def bench_torch(cfg, B, T, warmup, measured, threads, compile_):
+    times, losses = [], []
+    t_first = None
+    for i, (dt, _, lv) in enumerate(torch_steps(cfg, B, T, warmup + measured, threads, compile_)):
         if i == 0:
             t_first = dt
         if i >= warmup:
