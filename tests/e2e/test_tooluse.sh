@@ -45,56 +45,41 @@ YAML
 expect_ok "build the pretraining text" "$LOOM_BIN" data build "$WORK/text.yaml"
 expect_ok "build the tool-use conversations (kind: chat, template file)" "$LOOM_BIN" data build "$WORK/calc.yaml"
 
-cat > "$WORK/base.yaml" <<YAML
+# run_yaml NAME DATA STEPS MODEL_SECTION TRAINING_LINE: a training run's YAML (one schedule for both)
+run_yaml() {
+  cat <<YAML
 run:
-  dir: $WORK/base
+  dir: $WORK/$1
 data:
-  train: $WORK/textdata/train
-model:
+  train: $WORK/$2/train
+$4
+training:
+  $5
+  steps: $3
+  batch_size: 32
+  seq_len: 96
+  lr: 3e-3
+  warmup: 50
+  schedule: cosine
+  weight_decay: 0
+  grad_clip: 1.0
+  seed: 1
+eval:
+  every: 0
+checkpoint:
+  every: $3
+YAML
+}
+# the base: a byte Llama from random init; the fine-tuning run has no model section (the base's)
+run_yaml base textdata "$PT_STEPS" "model:
   flavor: llama
   vocab_size: 256
   d_model: 128
   n_layer: 2
   n_head: 4
   n_kv_head: 4
-  d_ff: 256
-training:
-  steps: $PT_STEPS
-  batch_size: 32
-  seq_len: 96
-  lr: 3e-3
-  warmup: 50
-  schedule: cosine
-  weight_decay: 0
-  grad_clip: 1.0
-  seed: 1
-eval:
-  every: 0
-checkpoint:
-  every: $PT_STEPS
-YAML
-# the fine-tuning run: no model section, the model is the base's
-cat > "$WORK/ft.yaml" <<YAML
-run:
-  dir: $WORK/ft
-data:
-  train: $WORK/calcdata/train
-training:
-  init_from: $WORK/base
-  steps: $FT_STEPS
-  batch_size: 32
-  seq_len: 96
-  lr: 3e-3
-  warmup: 50
-  schedule: cosine
-  weight_decay: 0
-  grad_clip: 1.0
-  seed: 1
-eval:
-  every: 0
-checkpoint:
-  every: $FT_STEPS
-YAML
+  d_ff: 256" "" > "$WORK/base.yaml"
+run_yaml ft calcdata "$FT_STEPS" "" "init_from: $WORK/base" > "$WORK/ft.yaml"
 
 # correct CKPT NAME: greedy replies to the held-out prompts -> the number of correct calls
 correct() {
