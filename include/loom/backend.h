@@ -124,6 +124,12 @@ typedef struct loom_backend {
                                     const float *q, const float *k, const float *v,
                                     const float *out, const float *lse,
                                     const loom_attn_dims *dims, const loom_attn_mask *mask);
+    /* the same with dq, dk, dv overwritten (=), not accumulated: no zeroing pass first */
+    int (*flash_attention_backward_set)(float *dq, float *dk, float *dv, const float *dout,
+                                        const float *q, const float *k, const float *v,
+                                        const float *out, const float *lse,
+                                        const loom_attn_dims *dims,
+                                        const loom_attn_mask *mask);
 
     /* decoding: one query row q (H*D) against cached rows 0..n-1 of kcache, vcache
      * (n, KVH*D); out (H*D); scratch H*n floats */

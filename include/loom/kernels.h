@@ -135,6 +135,14 @@ int flash_attention_backward(float *dq, float *dk, float *dv, const float *dout,
                              const float *q, const float *k, const float *v, const float *out,
                              const float *lse, const loom_attn_dims *dims,
                              const loom_attn_mask *mask, int isa);
+/* The same with dq, dk, dv OVERWRITTEN (=): the bits of zeroing them and then
+ * flash_attention_backward, without the caller's single-threaded zeroing pass (each task
+ * zeroes the rows it owns). Only the rows of the views are written (gaps between them are
+ * left alone). */
+int flash_attention_backward_set(float *dq, float *dk, float *dv, const float *dout,
+                                 const float *q, const float *k, const float *v,
+                                 const float *out, const float *lse, const loom_attn_dims *dims,
+                                 const loom_attn_mask *mask, int isa);
 
 /* 1 if the AVX-512 path can run on this CPU. */
 int flash_attention_have_avx512(void);

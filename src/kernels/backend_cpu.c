@@ -20,6 +20,14 @@ static int cpu_flash_backward(float *dq, float *dk, float *dv, const float *dout
                                     LOOM_ATTN_ISA_AUTO);
 }
 
+static int cpu_flash_backward_set(float *dq, float *dk, float *dv, const float *dout,
+                                  const float *q, const float *k, const float *v,
+                                  const float *out, const float *lse, const loom_attn_dims *dims,
+                                  const loom_attn_mask *mask) {
+    return flash_attention_backward_set(dq, dk, dv, dout, q, k, v, out, lse, dims, mask,
+                                        LOOM_ATTN_ISA_AUTO);
+}
+
 static const loom_backend cpu = {
     .name = "cpu",
     .matmul_forward = matmul_forward,
@@ -44,6 +52,7 @@ static const loom_backend cpu = {
     .attention_backward = attention_backward,
     .flash_attention_forward = cpu_flash_forward,
     .flash_attention_backward = cpu_flash_backward,
+    .flash_attention_backward_set = cpu_flash_backward_set,
     .attention_decode = attention_decode,
     .embedding_forward = embedding_forward,
     .embedding_backward = embedding_backward,

@@ -693,6 +693,7 @@ typedef struct {
     const float *dout, *q, *k, *v, *out, *lse;
     float scale;
     int G, nqt, nkt;
+    int set; /* dq, dk, dv overwritten (flash_attention_backward_set), not accumulated into */
     /* scratch: qs (BQ x D), s, dp (BQ x BK), pk (max(BQ,BK) x D), delta (BQ); per key tile
      * of a sweep (KJ of them), kts: Kᵀ, Vᵀ (D x BK), scale K and the dK, dV accumulators
      * (BK x D); t1, t2 (D x max(BQ,BK)): q_tile_task's transposes, the first key tile's Kᵀ
@@ -857,15 +858,19 @@ static void kv_tile_task(bwd_ctx *x, int b, int kvh, int jt0, int nj, int with_d
     }
     for (int u = 0; u < nj; u++) {
         const key_slot *k = &ks[u];
-        if (!k->any) continue;
+        if (!k->any && !x->set) continue; /* (set: the accumulators hold zeros) */
         for (int r = 0; r < k->n; r++) {
             if (x->dk) {
                 float *dkr = x->dk + b * d->k_bs + (k->j0 + r) * d->k_ts + (int64_t)kvh * D;
-                for (int e = 0; e < D; e++) dkr[e] += k->dkacc[(int64_t)r * D + e];
+                const float *a = k->dkacc + (int64_t)r * D;
+                if (x->set) memcpy(dkr, a, (size_t)D * sizeof(float));
+                else for (int e = 0; e < D; e++) dkr[e] += a[e];
             }
             if (x->dv) {
                 float *dvr = x->dv + b * d->v_bs + (k->j0 + r) * d->v_ts + (int64_t)kvh * D;
-                for (int e = 0; e < D; e++) dvr[e] += k->dvacc[(int64_t)r * D + e];
+                const float *a = k->dvacc + (int64_t)r * D;
+                if (x->set) memcpy(dvr, a, (size_t)D * sizeof(float));
+                else for (int e = 0; e < D; e++) dvr[e] += a[e];
             }
         }
     }
@@ -891,6 +896,8 @@ static void q_tile_task(bwd_ctx *x, int b, int h, int it) {
     doc_range qr = {0, 0};
     if (qd) qr = doc_range_of(qd, m);
     float *qst = x->t1, *dot = x->t2, *st = x->s, *dpt = x->dp;
+    if (x->set) /* this task's dq rows, zeroed before their key tiles add to them */
+        for (int r = 0; r < m; r++) memset(dq_rows(x, b, h, i0 + r), 0, (size_t)D * sizeof(float));
     ops->transpose(qst, BQ, qb, d->q_ts, m, D, x->scale);
     ops->transpose(dot, BQ, dob, d->o_ts, m, D, 1.0f);
     ops->row_dot(x->delta, dob, d->o_ts, ob, d->o_ts, m, D);
@@ -918,16 +925,15 @@ static int use_fused(int64_t nbk, int nthreads) {
     return nbk >= nthreads && (nbk % nthreads == 0 || nbk >= 4 * (int64_t)nthreads);
 }
 
-int flash_attention_backward(float *dq, float *dk, float *dv, const float *dout,
-                             const float *q, const float *k, const float *v, const float *out,
-                             const float *lse, const loom_attn_dims *dims,
-                             const loom_attn_mask *mask, int isa) {
+static int backward(float *dq, float *dk, float *dv, const float *dout, const float *q,
+                    const float *k, const float *v, const float *out, const float *lse,
+                    const loom_attn_dims *dims, const loom_attn_mask *mask, int isa, int set) {
     if (check_args(dims, mask)) return -1;
     const attn_ops *ops = pick_ops(isa);
     if (!ops) return -2;
     bwd_ctx x0 = {ops, *dims, *mask, dq, dk, dv, dout, q, k, v, out, lse,
                   1.0f / sqrtf((float)dims->D), dims->H / dims->KVH,
-                  (dims->Tq + BQ - 1) / BQ, (dims->Tk + BK - 1) / BK,
+                  (dims->Tq + BQ - 1) / BQ, (dims->Tk + BK - 1) / BK, set,
                   NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL};
     const int64_t nbk = (int64_t)dims->B * dims->KVH;
     const int64_t nkv_task = (dk || dv) ? nbk * x0.nkt : 0;
@@ -965,6 +971,9 @@ int flash_attention_backward(float *dq, float *dk, float *dv, const float *dout,
                                          d->Tq - i0 < BQ ? d->Tq - i0 : BQ, d->D);
                         copy_scaled(x.qs_all + go * d->D, q + qo, d->q_ts, d->Tq, d->D,
                                     x.scale);
+                        if (set) /* the group's dq rows: this task alone adds to them */
+                            for (int t = 0; t < d->Tq; t++)
+                                memset(dq + qo + t * d->q_ts, 0, (size_t)d->D * sizeof(float));
                         pack_rows(x.do_all + go * d->D, dout + oo, d->o_ts, d->Tq, d->D);
                     }
                     for (int jt = 0; jt < x.nkt; jt += KJ)
@@ -986,6 +995,22 @@ int flash_attention_backward(float *dq, float *dk, float *dv, const float *dout,
         free(buf);
     }
     return fail ? -3 : 0;
+}
+
+int flash_attention_backward(float *dq, float *dk, float *dv, const float *dout,
+                             const float *q, const float *k, const float *v, const float *out,
+                             const float *lse, const loom_attn_dims *dims,
+                             const loom_attn_mask *mask, int isa) {
+    return backward(dq, dk, dv, dout, q, k, v, out, lse, dims, mask, isa, 0);
+}
+
+/* Each task zeroes (dq) or overwrites (dk, dv) the rows it owns: the zeroing pass a caller
+ * would run first, done in parallel and just before the rows are used. */
+int flash_attention_backward_set(float *dq, float *dk, float *dv, const float *dout,
+                                 const float *q, const float *k, const float *v,
+                                 const float *out, const float *lse, const loom_attn_dims *dims,
+                                 const loom_attn_mask *mask, int isa) {
+    return backward(dq, dk, dv, dout, q, k, v, out, lse, dims, mask, isa, 1);
 }
 
 #else /* one level of the portable tile operations (isa_variants.h) */

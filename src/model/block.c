@@ -332,19 +332,23 @@ static void op_backward(loom_model *m, block_frame *f, int l, const block_op *op
         if (!gpt2) rope(m, f, g[op->in], 1);
         break;
     case OP_ATTN:
-        memset(g[op->in], 0, (size_t)N * (size_t)m->QKV * sizeof(float));
-        if (m->has_attn) {
-            m->attn.backward(m->attn.ctx, l, g[op->in], g[op->out], s[op->in], s[op->out],
-                             s[op->aux0], f->B, f->T, f->n_runs ? f->gdocs : NULL);
-        } else if (m->cfg.attention == LOOM_ATTN_FLASH) { /* recomputes the tiles from q, k, v, lse */
+        if (!m->has_attn && m->cfg.attention == LOOM_ATTN_FLASH) { /* recomputes the tiles
+                                                                    * from q, k, v, lse */
             const loom_attn_dims dims = flash_attention_dims_qkv(f->B, f->T, m->H, m->KVH, m->D);
             const loom_attn_mask mask = attn_mask(f);
             const int HD = m->H * m->D, KD = m->KVH * m->D;
             const float *q = s[op->in];
             float *dq = g[op->in];
-            LOOM_CHECK(be->flash_attention_backward(dq, dq + HD, dq + HD + KD, g[op->out], q,
-                                                    q + HD, q + HD + KD, s[op->out], s[op->aux0],
-                                                    &dims, &mask) == 0);
+            /* dq|dk|dv fill the fused rows exactly: overwritten, no zeroing pass first */
+            LOOM_CHECK(be->flash_attention_backward_set(dq, dq + HD, dq + HD + KD, g[op->out],
+                                                        q, q + HD, q + HD + KD, s[op->out],
+                                                        s[op->aux0], &dims, &mask) == 0);
+            break;
+        }
+        memset(g[op->in], 0, (size_t)N * (size_t)m->QKV * sizeof(float));
+        if (m->has_attn) {
+            m->attn.backward(m->attn.ctx, l, g[op->in], g[op->out], s[op->in], s[op->out],
+                             s[op->aux0], f->B, f->T, f->n_runs ? f->gdocs : NULL);
         } else if (f->n_runs) {
             int64_t at = 0;
             for (int r = 0; r < f->n_runs; r++) {

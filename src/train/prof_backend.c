@@ -162,6 +162,15 @@ OP_RET(int, flash_attention_backward,
        4.0 * ((double)dims->B * dims->Tq * dims->H * dims->D * 5 +
               6.0 * dims->B * dims->Tk * dims->KVH * dims->D + (double)dims->B * dims->H * dims->Tq),
        "B Tq Tk H KVH D", dims->B, dims->Tq, dims->Tk, dims->H, dims->KVH, dims->D)
+OP_RET(int, flash_attention_backward_set,
+       (float *dq, float *dk, float *dv, const float *dout, const float *q, const float *k,
+        const float *v, const float *out, const float *lse, const loom_attn_dims *dims,
+        const loom_attn_mask *mask),
+       (dq, dk, dv, dout, q, k, v, out, lse, dims, mask),
+       8.0 * dims->D * attn_pairs(dims, mask) * dims->B * dims->H,
+       4.0 * ((double)dims->B * dims->Tq * dims->H * dims->D * 4 +
+              4.0 * dims->B * dims->Tk * dims->KVH * dims->D + (double)dims->B * dims->H * dims->Tq),
+       "B Tq Tk H KVH D", dims->B, dims->Tq, dims->Tk, dims->H, dims->KVH, dims->D)
 OP(attention_decode,
    (float *out, const float *q, const float *kcache, const float *vcache, int n, int H, int KVH,
     int D, float *scratch),
@@ -243,6 +252,7 @@ OP(scale_inplace, (float *x, int64_t n, float s), (x, n, s),
     X(gelu_backward) X(gelu_backward_set) X(swiglu_forward)                                     \
     X(swiglu_backward) X(rope_tables) X(rope_forward) X(rope_backward) X(attention_forward)     \
     X(attention_backward) X(flash_attention_forward) X(flash_attention_backward)                \
+    X(flash_attention_backward_set)                                                             \
     X(attention_decode) X(embedding_forward) X(embedding_backward) X(embedding_shard_forward)   \
     X(embedding_shard_backward) X(mean_pool_forward) X(mean_pool_backward) X(residual_forward)  \
     X(crossentropy_forward) X(crossentropy_softmax_backward) X(crossentropy_shard_max)          \

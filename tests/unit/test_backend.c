@@ -8,11 +8,12 @@
  *  - clipping runs inside the AdamW step (no scale_inplace pass): adamw_update with grad_scale s
  *    gives bitwise the parameters and moments of scale_inplace(g, s) and then the step; and
  *    the same bits for a parameter whether it is updated alone or inside a long call;
- *  - matmul_backward_set / gelu_backward_set (dinp overwritten) give the bits of zeroing dinp
- *    and the accumulating op. */
+ *  - matmul_backward_set / gelu_backward_set / flash_attention_backward_set (the input
+ *    gradients overwritten) give the bits of zeroing them and the accumulating op. */
 #include "testutil.h"
 
 #include <math.h>
+#include <omp.h>
 
 #include "loom/backend.h"
 #include "loom/kernels.h"
@@ -29,7 +30,7 @@ enum {
     C_MATMUL_F, C_MATMUL_B, C_LN_F, C_LN_B, C_RMS_F, C_RMS_B, C_GELU_F, C_GELU_B, C_SWIGLU_F,
     C_SWIGLU_B, C_ROPE_T, C_ROPE_F, C_ROPE_B, C_SDPA_F, C_SDPA_B, C_FLASH_F, C_FLASH_B,
     C_DECODE, C_EMB_F, C_EMB_B, C_POOL_F, C_POOL_B, C_RESID, C_CE_F, C_CE_B, C_ADAMW, C_SUMSQ,
-    C_SCALE, C_MATMUL_BS, C_GELU_BS, C_COUNT
+    C_SCALE, C_MATMUL_BS, C_GELU_BS, C_FLASH_BS, C_COUNT
 };
 static const char *const op_names[C_COUNT] = {
     "matmul_forward", "matmul_backward", "layernorm_forward", "layernorm_backward",
@@ -39,7 +40,7 @@ static const char *const op_names[C_COUNT] = {
     "attention_decode", "embedding_forward", "embedding_backward", "mean_pool_forward",
     "mean_pool_backward", "residual_forward", "crossentropy_forward",
     "crossentropy_softmax_backward", "adamw_update", "sum_squares", "scale_inplace",
-    "matmul_backward_set", "gelu_backward_set"};
+    "matmul_backward_set", "gelu_backward_set", "flash_attention_backward_set"};
 static long calls[C_COUNT];
 #define CPU loom_backend_cpu()
 
@@ -133,6 +134,12 @@ static int s_flash_b(float *dq, float *dk, float *dv, const float *d, const floa
     calls[C_FLASH_B]++;
     return CPU->flash_attention_backward(dq, dk, dv, d, q, k, v, o, lse, dims, mask);
 }
+static int s_flash_bs(float *dq, float *dk, float *dv, const float *d, const float *q,
+                      const float *k, const float *v, const float *o, const float *lse,
+                      const loom_attn_dims *dims, const loom_attn_mask *mask) {
+    calls[C_FLASH_BS]++;
+    return CPU->flash_attention_backward_set(dq, dk, dv, d, q, k, v, o, lse, dims, mask);
+}
 static void s_decode(float *o, const float *q, const float *kc, const float *vc, int n, int H,
                      int KVH, int D, float *scr) {
     calls[C_DECODE]++;
@@ -193,6 +200,7 @@ static const loom_backend counting = {
     .rope_tables = s_rope_t, .rope_forward = s_rope_f, .rope_backward = s_rope_b,
     .attention_forward = s_sdpa_f, .attention_backward = s_sdpa_b,
     .flash_attention_forward = s_flash_f, .flash_attention_backward = s_flash_b,
+    .flash_attention_backward_set = s_flash_bs,
     .attention_decode = s_decode,
     .embedding_forward = s_emb_f, .embedding_backward = s_emb_b,
     .mean_pool_forward = s_pool_f, .mean_pool_backward = s_pool_b,
@@ -319,7 +327,7 @@ static void test_model_calls_through_table(void **state) {
         want[gpt2 ? C_GELU_F : C_SWIGLU_F] = want[gpt2 ? C_GELU_BS : C_SWIGLU_B] = 1;
         if (cls) want[C_MATMUL_B] = 1;
         if (!gpt2) want[C_ROPE_T] = want[C_ROPE_F] = want[C_ROPE_B] = 1;
-        want[sdpa ? C_SDPA_F : C_FLASH_F] = want[sdpa ? C_SDPA_B : C_FLASH_B] = 1;
+        want[sdpa ? C_SDPA_F : C_FLASH_F] = want[sdpa ? C_SDPA_B : C_FLASH_BS] = 1;
         if (!cls) want[C_DECODE] = 1;
         if (cls) want[C_POOL_F] = want[C_POOL_B] = 1;
         for (int o = 0; o < C_COUNT; o++) {
@@ -338,9 +346,10 @@ static void test_model_calls_through_table(void **state) {
     }
     /* scale_inplace stays in the table for other callers; the trainer's gradient clipping
      * runs inside adamw_update (above: no configuration calls scale_inplace); gelu_backward
-     * (+=) too: the block overwrites its fresh buffer with gelu_backward_set */
+     * (+=) and flash_attention_backward (+=, context parallelism's ring sums chunks with it)
+     * too: the block overwrites its fresh buffers with the _set ops */
     for (int o = 0; o < C_COUNT; o++)
-        if (!seen[o] && o != C_SCALE && o != C_GELU_B)
+        if (!seen[o] && o != C_SCALE && o != C_GELU_B && o != C_FLASH_B)
             fail_msg("%s never called through the table", op_names[o]);
 }
 
@@ -393,6 +402,51 @@ static void test_backward_set(void **state) {
         free(inp);
         free(w);
     }
+
+    /* flash attention on fused q|k|v rows (GQA, T and D not multiples of the tile and the
+     * vector), causal, with and without documents, on 1 thread (the fused backward) and 3
+     * (the two passes): the _set op on NaN-filled gradients gives the bits of zeroing them
+     * and the accumulating op */
+    enum { FB = 2, FT = 100, FH = 4, FKVH = 2, FD = 24 };
+    const int R = (FH + 2 * FKVH) * FD, HD = FH * FD, KD = FKVH * FD;
+    const size_t nq = (size_t)FB * FT * R, no = (size_t)FB * FT * HD;
+    float *qkv = malloc(nq * 4), *o = malloc(no * 4), *dout = malloc(no * 4);
+    float *lse = malloc((size_t)FB * FH * FT * 4), *g[2] = {malloc(nq * 4), malloc(nq * 4)};
+    int32_t docs[FB * FT];
+    for (size_t i = 0; i < nq; i++) qkv[i] = (float)loom_rng_normal(2, 1, (uint64_t)i);
+    for (size_t i = 0; i < no; i++) dout[i] = (float)loom_rng_normal(2, 2, (uint64_t)i);
+    for (int i = 0; i < FB * FT; i++) docs[i] = i % FT < 37 ? 0 : 1;
+    const loom_attn_dims dims = flash_attention_dims_qkv(FB, FT, FH, FKVH, FD);
+    const int threads = omp_get_max_threads();
+    for (int withdocs = 0; withdocs < 2; withdocs++) {
+        loom_attn_mask mk = {.causal = 1};
+        if (withdocs) {
+            mk.q_doc = mk.k_doc = docs;
+            mk.q_doc_bs = mk.k_doc_bs = FT;
+        }
+        assert_int_equal(CPU->flash_attention_forward(o, lse, qkv, qkv + HD, qkv + HD + KD,
+                                                      &dims, &mk), 0);
+        for (int nt = 1; nt <= 3; nt += 2) {
+            omp_set_num_threads(nt);
+            memset(g[0], 0, nq * 4);
+            for (size_t i = 0; i < nq; i++) g[1][i] = NAN;
+            assert_int_equal(CPU->flash_attention_backward(g[0], g[0] + HD, g[0] + HD + KD,
+                                                           dout, qkv, qkv + HD, qkv + HD + KD,
+                                                           o, lse, &dims, &mk), 0);
+            assert_int_equal(CPU->flash_attention_backward_set(g[1], g[1] + HD,
+                                                               g[1] + HD + KD, dout, qkv,
+                                                               qkv + HD, qkv + HD + KD, o, lse,
+                                                               &dims, &mk), 0);
+            assert_memory_equal(g[1], g[0], nq * 4);
+        }
+        omp_set_num_threads(threads);
+    }
+    free(qkv);
+    free(o);
+    free(dout);
+    free(lse);
+    free(g[0]);
+    free(g[1]);
 }
 
 static void test_backend_key(void **state) {
