@@ -70,11 +70,16 @@ typedef struct loom_backend {
      * fp32 and computed as in fp32; any N (inference only; NULL where not supported) */
     void (*matmul_bf16_forward)(float *out, const float *inp, const uint16_t *weight,
                                 const float *bias, int64_t N, int IC, int OC);
-    /* bf16 compute (--compute bf16): dst (n) = src rounded to bf16 (to nearest, ties to
-     * even), and the forward of bf16 activations x bf16 weights, fp32 accumulation in
-     * VDPBF16PS's order (kernels.h matmul_dotbf16_forward); any N (inference only; NULL where
-     * not supported) */
-    void (*bf16_round)(uint16_t *dst, const float *src, int64_t n);
+    /* bf16 compute (--compute bf16; kernels.h matmul_dotbf16_forward): bf16 activations x
+     * bf16 weights, fp32 accumulation in VDPBF16PS's order, both operands in the backend's
+     * packed layouts: the weights packed once (from fp32, rounded, or from bf16; their size in
+     * elements; a row back in fp32), the activations rounded into theirs (N rows of IC; their
+     * size); any N (inference only; NULL where not supported) */
+    int64_t (*dotbf16_pack_elems)(int OC, int IC);
+    void (*dotbf16_pack)(uint16_t *dst, const void *w, int w_bf16, int OC, int IC);
+    void (*dotbf16_unpack_row)(float *dst, const uint16_t *packed, int OC, int IC, int row);
+    int64_t (*dotbf16_act_elems)(int64_t N, int IC);
+    void (*bf16_round)(uint16_t *dst, const float *src, int64_t N, int IC);
     void (*matmul_dotbf16_forward)(float *out, const uint16_t *inp, const uint16_t *weight,
                                    const float *bias, int64_t N, int IC, int OC);
 

@@ -27,17 +27,30 @@ void matmul_rows_forward(float *out, const float *inp, const float *weight, cons
 void matmul_rows_bf16_forward(float *out, const float *inp, const uint16_t *weight,
                               const float *bias, int64_t N, int IC, int OC);
 /* bf16 compute (--compute bf16, src/kernels/matmul_dotbf16.c): out (N,OC) = inp (N,IC) @
- * weight (OC,IC)^T + bias (may be NULL), inp and weight bf16, fp32 accumulation in the order
- * of AVX-512 BF16's VDPBF16PS (16 lanes over pairs of IC; per pair the odd product, then the
- * even one; a fixed reduction tree), the same bits whatever N and at every level (but for
- * values below fp32's normal range, which VDPBF16PS flushes to zero). Any N. */
+ * weight (OC,IC)^T + bias (may be NULL), inp and weight bf16 in their packed layouts (below),
+ * fp32 accumulation in the order of AVX-512 BF16's VDPBF16PS: each output one fp32 chain over
+ * the pairs of IC in order, per pair the odd product, then the even one (IC odd: a zero last
+ * element), then the bias. The same bits whatever N and at every level (but for values below
+ * fp32's normal range, which VDPBF16PS flushes to zero). Any N. */
 void matmul_dotbf16_forward(float *out, const uint16_t *inp, const uint16_t *weight,
                             const float *bias, int64_t N, int IC, int OC);
 /* 1 when matmul_dotbf16_forward runs VDPBF16PS now (the avx512 level on a CPU with
  * avx512_bf16), 0 when it runs the portable code */
 int matmul_dotbf16_vdp(void);
-/* dst[i] = loom_bf16_round(src[i]) (to nearest, ties to even; include/loom/bf16.h), n values */
-void bf16_round_rows(uint16_t *dst, const float *src, int64_t n);
+/* the weights' layout: blocks of 16 rows (the last padded with zero rows), in each block the
+ * pairs of IC (IC odd: a zero last element) one after the other, each pair of the 16 rows
+ * together. dotbf16_pack_elems: its size in bf16 elements; dotbf16_pack: an (OC,IC) matrix,
+ * fp32 (w_bf16 = 0: rounded to nearest even, loom_bf16_round) or bf16 (w_bf16 = 1), into it;
+ * dotbf16_unpack_row: row `row` of a packed matrix back, widened to fp32 (IC floats). */
+int64_t dotbf16_pack_elems(int OC, int IC);
+void dotbf16_pack(uint16_t *dst, const void *w, int w_bf16, int OC, int IC);
+void dotbf16_unpack_row(float *dst, const uint16_t *packed, int OC, int IC, int row);
+/* the activations' layout: groups of 16 rows (the last padded with zero rows), in each group
+ * the pairs of IC one after the other, each pair of the 16 rows together. dotbf16_act_elems:
+ * its size; bf16_round_rows: N rows of IC floats rounded to bf16 (loom_bf16_round: to
+ * nearest, ties to even) into it. */
+int64_t dotbf16_act_elems(int64_t N, int IC);
+void bf16_round_rows(uint16_t *dst, const float *src, int64_t N, int IC);
 /* dinp (N,IC) += dout (N,OC) @ weight (OC,IC); dweight (OC,IC) += dout^T @ inp;
  * dbias (OC) += sum_n dout. Any of dinp/dweight/dbias may be NULL. */
 void matmul_backward(float *dinp, float *dweight, float *dbias, const float *dout,

@@ -520,10 +520,12 @@ typedef struct loom_decode_ws loom_decode_ws;
  * dense language model (tp = 1, no MoE, no LoRA) or an error. Idempotent. */
 int loom_model_set_weights_bf16(loom_model *m, loom_err *err);
 int loom_model_weights_bf16(const loom_model *m);
-/* --compute bf16 (docs/inference.md "Compute in bf16"): bf16 weights (as
- * loom_model_set_weights_bf16, which it calls) and the linears' and the head's input rows
- * rounded to bf16, multiplied with fp32 accumulation (VDPBF16PS where the CPU has it). The
- * same conditions and errors as loom_model_set_weights_bf16. Idempotent. */
+/* --compute bf16 (docs/inference.md "Compute in bf16"): the same matrices as
+ * loom_model_set_weights_bf16 rounded to bf16 (or taken from its copies when it ran before),
+ * held in the backend's packed layout (their fp32 pages released), and the linears' and the
+ * head's input rows rounded to bf16 and multiplied with them, fp32 accumulation (VDPBF16PS
+ * where the CPU has it). loom_model_weights_bf16 is then 1 too. The same conditions as
+ * loom_model_set_weights_bf16. Idempotent. */
 int loom_model_set_compute_bf16(loom_model *m, loom_err *err);
 int loom_model_compute_bf16(const loom_model *m);
 

@@ -264,7 +264,7 @@ static int generate_main(int argc, char **argv) {
         const loom_comm_points pts = loom_tp_comm_points(tpc);
         loom_model_set_comm_points(m, &pts);
     }
-    if (wbf16 && loom_model_set_weights_bf16(m, &err)) goto fail;
+    if (wbf16 && !cbf16 && loom_model_set_weights_bf16(m, &err)) goto fail;
     if (cbf16 && loom_model_set_compute_bf16(m, &err)) goto fail;
     const loom_model_config *mc = loom_model_get_config(m);
     if (mc->head != LOOM_HEAD_LM) {

@@ -134,7 +134,7 @@ static int serve_main(int argc, char **argv) {
         loom_errf(&err, "%s: a classification model does not generate text", ckpt);
         goto fail;
     }
-    if (wbf16 && loom_model_set_weights_bf16(m, &err)) goto fail;
+    if (wbf16 && !cbf16 && loom_model_set_weights_bf16(m, &err)) goto fail;
     if (cbf16 && loom_model_set_compute_bf16(m, &err)) goto fail;
     if (loom_run_data_tokenizer(run, &tok, &err)) goto fail;
     if (loom_tokenizer_vocab_size(tok) > (uint32_t)loom_model_get_config(m)->vocab_size) {

@@ -1,31 +1,33 @@
 /* bf16 compute (--compute bf16, docs/inference.md "Compute in bf16"): the linear layer with
- * bf16 activations and bf16 weights, fp32 accumulation, and the rounding of activations.
+ * bf16 activations and bf16 weights, fp32 accumulation, in the layouts AVX-512 BF16's
+ * VDPBF16PS wants, made once per matrix (weights, at load) and once per call (activations).
  *
- * matmul_dotbf16_forward: out (N,OC) = inp (N,IC) @ weight (OC,IC)^T + bias, both operands
- * bf16, row-major (the layout of --weights bf16's arena: no packing). Each output is one dot
- * product computed the same way whatever N is and whichever block it falls in: 16 fp32 lanes,
- * lane l taking elements 2l and 2l+1 of every step of 32 along IC (the last step zero-padded),
- * each step adding to the lane first the product of the odd element, then that of the even
- * one, each addition rounded to nearest-even. That is what AVX-512 BF16's VDPBF16PS does (Intel
- * SDM: "srcdest.fp32[i] += src1.bf16[2i+1] * src2.bf16[2i+1]; srcdest.fp32[i] +=
- * src1.bf16[2i+0] * src2.bf16[2i+0]"; checked on Zen 4). The lanes are then summed in a fixed
- * tree ((l, l+8), (l, l+4), (l, l+2), (l, l+1), as matmul_rows.c), then the bias is added.
+ * VDPBF16PS acc, a, b: for each of 16 fp32 lanes l, acc[l] += a[2l+1] * b[2l+1], then
+ * acc[l] += a[2l] * b[2l], each addition rounded to nearest-even (Intel SDM; checked on Zen 4).
+ * Here lane l is an output column and a is one pair of an activation row broadcast to all
+ * lanes, so each output is ONE fp32 chain over the pairs of IC in order:
+ *     acc = 0; for p: acc += x[2p+1] * w[2p+1]; acc += x[2p] * w[2p];  out = acc (+ bias)
+ * (IC odd: a last pair with a zero second element). That is the contract of
+ * matmul_dotbf16_forward: the same bits whatever N is, whatever rows share the call, at every
+ * level. On a CPU with avx512_bf16 at the avx512 level VDPBF16PS computes it (twice fp32's
+ * multiply rate); elsewhere portable code, compiled per level (isa_variants.h), widens each
+ * bf16 to the fp32 it stands for and adds the two products in the same order (a product of two
+ * bf16 is exact in fp32, so mul + add and FMA agree). The two give the same bits except where a
+ * value falls out of fp32's normal range: VDPBF16PS treats bf16 subnormal inputs as zero and
+ * flushes subnormal results to zero (below 2^-126, 1.2e-38), the portable code does not.
  *
- * Two implementations compute that: on a CPU with avx512_bf16 at the avx512 level, the
- * VDPBF16PS one (twice fp32's multiply rate); elsewhere a portable one, compiled per level
- * (isa_variants.h), that widens each bf16 to the fp32 it stands for and adds the two products
- * in the same order (a product of two bf16 is exact in fp32, so mul + add and FMA agree). The
- * two give the same bits, except where a value falls out of fp32's normal range: VDPBF16PS
- * treats bf16 subnormal inputs as zero and flushes subnormal results to zero (below 2^-126,
- * 1.2e-38), the portable code does not.
+ * Layouts (P = pairs of IC = (IC + 1) / 2):
+ *  - weights (dotbf16_pack): blocks of 16 output rows (the last padded with zero rows); block
+ *    j, pair p holds (w[16j+l][2p], w[16j+l][2p+1]) for l = 0..15: one 64-byte vector, so a
+ *    block streams from memory in order;
+ *  - activations (bf16_round_rows): groups of 16 rows (the last padded with zero rows); group
+ *    g, pair p holds (x[16g+n][2p], x[16g+n][2p+1]) for n = 0..15: one 64-byte line, each pair
+ *    a 32-bit operand VDPBF16PS broadcasts from memory.
  *
- * The loops are matmul_rows.c's: blocks of 4 weight rows x 4 input rows (16 dot products at
- * once, one transposing reduction), the next blocks' weight rows prefetched while one
- * computes; the input rows in chunks (a prefill's rows in chunks of about 256 KiB of bf16, so
- * each weight block is read once per chunk and the chunk's rows stay in L2).
- *
- * bf16_round_rows: n floats rounded to bf16 to nearest, ties to even (loom_bf16_round, torch's
- * .to(bfloat16)), vectorized. */
+ * The loop: a tile of up to 4 weight blocks x up to 16 rows of a group, 16 fp32 accumulators
+ * (16 columns x 1 row each), one weight vector and one broadcast per VDPBF16PS; no reduction
+ * at the end. Threads split the weight blocks; a weight block is read once per call for up to
+ * LOOM_DB_GROUPS_PER_PASS groups (a prefill re-reads it once per pass of that many groups). */
 #ifndef LOOM_KV
 #include <string.h>
 
@@ -58,7 +60,39 @@
 #pragma GCC pop_options
 #endif
 
-LOOM_DISPATCH(bf16_round_rows, (uint16_t *dst, const float *src, int64_t n), (dst, src, n))
+LOOM_DISPATCH(bf16_round_rows, (uint16_t *dst, const float *src, int64_t N, int IC),
+              (dst, src, N, IC))
+
+int64_t dotbf16_pack_elems(int OC, int IC) {
+    return ((int64_t)OC + 15) / 16 * 16 * (((int64_t)IC + 1) & ~(int64_t)1);
+}
+
+int64_t dotbf16_act_elems(int64_t N, int IC) {
+    return (N + 15) / 16 * 16 * (((int64_t)IC + 1) & ~(int64_t)1);
+}
+
+void dotbf16_pack(uint16_t *dst, const void *w, int w_bf16, int OC, int IC) {
+    const int64_t P = ((int64_t)IC + 1) / 2, nb = ((int64_t)OC + 15) / 16;
+    for (int64_t j = 0; j < nb; j++)
+        for (int l = 0; l < 16; l++) {
+            const int64_t o = 16 * j + l;
+            uint16_t *d = dst + j * P * 32 + 2 * l;
+            for (int64_t i = 0; i < 2 * P; i++) {
+                uint16_t h = 0;
+                if (o < OC && i < IC)
+                    h = w_bf16 ? ((const uint16_t *)w)[o * IC + i]
+                               : loom_bf16_round(((const float *)w)[o * IC + i]);
+                d[(i / 2) * 32 + (i & 1)] = h;
+            }
+        }
+}
+
+void dotbf16_unpack_row(float *dst, const uint16_t *packed, int OC, int IC, int row) {
+    (void)OC;
+    const int64_t P = ((int64_t)IC + 1) / 2, j = row / 16, l = row % 16;
+    const uint16_t *s = packed + j * P * 32 + 2 * l;
+    for (int64_t i = 0; i < IC; i++) dst[i] = loom_bf16_widen(s[(i / 2) * 32 + (i & 1)]);
+}
 
 int matmul_dotbf16_vdp(void) {
 #if defined(LOOM_NATIVE)
@@ -103,223 +137,173 @@ void matmul_dotbf16_forward(float *out, const uint16_t *inp, const uint16_t *wei
 #define LOOM_DB_TYPES
 typedef float db_vec __attribute__((vector_size(64)));
 typedef uint32_t db_uvec __attribute__((vector_size(64)));
-typedef int32_t db_ivec __attribute__((vector_size(64)));
 typedef uint16_t db_hvec __attribute__((vector_size(32)));
-enum { DB_K = 32 }; /* bf16 elements per step: 16 lanes of pairs */
-/* chunk of input rows: about this many bytes of bf16 (a prefill's rows stay in L2) */
-#define LOOM_DB_CHUNK_BYTES (256 * 1024)
+/* a weight vector: as loaded (VDPBF16PS) and split into its even and odd elements (portable) */
+typedef struct db_w {
+    db_uvec raw;
+    db_vec even, odd;
+} db_w;
+/* groups of 16 rows per pass over a weight block (their activations: 16 * IC * 2 bytes each,
+ * in L2 while the pass reads them once per weight block) */
+#define LOOM_DB_GROUPS_PER_PASS 16
+/* how far ahead (in pairs) a tile asks for its weight blocks' lines */
+#ifndef LOOM_DB_PF
+#define LOOM_DB_PF 24
+#endif
 #endif
 
-/* 32 bf16 at p as 16 lanes of pairs (element 2l in the low half of lane l) */
-static inline __attribute__((always_inline)) void LOOM_KV(db_load)(db_uvec *v,
-                                                                   const uint16_t *p) {
-    memcpy(v, p, sizeof *v);
-}
-
-/* the first m (0 < m < 32) bf16 at p, the rest zero */
-static inline __attribute__((always_inline)) void LOOM_KV(db_load_tail)(db_uvec *v,
-                                                                        const uint16_t *p, int m) {
-#ifdef LOOM_DB_VDP
-    *v = (db_uvec)_mm512_maskz_loadu_epi16((__mmask32)((1u << m) - 1u), p);
-#else
-    uint16_t t[DB_K] = {0};
-    memcpy(t, p, (size_t)m * sizeof *t);
-    memcpy(v, t, sizeof *v);
+static inline __attribute__((always_inline)) void LOOM_KV(db_loadw)(db_w *w, const uint16_t *p) {
+    memcpy(&w->raw, p, sizeof w->raw);
+#ifndef LOOM_DB_VDP
+    const db_uvec e = w->raw << 16, o = w->raw & 0xffff0000u;
+    memcpy(&w->even, &e, sizeof e);
+    memcpy(&w->odd, &o, sizeof o);
 #endif
 }
 
-/* acc + (x[2l+1] * w[2l+1]) + (x[2l] * w[2l]) per lane l, each addition rounded */
+/* *acc += x's odd element * w's odd elements, then += x's even element * w's even elements */
 static inline __attribute__((always_inline)) void LOOM_KV(db_dot)(db_vec *acc,
-                                                                  const db_uvec *x,
-                                                                  const db_uvec *w) {
+                                                                  const uint16_t *xpair,
+                                                                  const db_w *w) {
 #ifdef LOOM_DB_VDP
-    *acc = (db_vec)_mm512_dpbf16_ps((__m512)*acc, (__m512bh)*x, (__m512bh)*w);
+    uint32_t u;
+    memcpy(&u, xpair, sizeof u);
+    *acc = (db_vec)_mm512_dpbf16_ps((__m512)*acc, (__m512bh)_mm512_set1_epi32((int)u),
+                                    (__m512bh)w->raw);
 #else
-    const db_uvec xo = *x & 0xffff0000u, wo = *w & 0xffff0000u, xe = *x << 16, we = *w << 16;
-    db_vec fxo, fwo, fxe, fwe;
-    memcpy(&fxo, &xo, sizeof fxo);
-    memcpy(&fwo, &wo, sizeof fwo);
-    memcpy(&fxe, &xe, sizeof fxe);
-    memcpy(&fwe, &we, sizeof fwe);
-    *acc += fxo * fwo; /* exact product: contracted to an FMA or not, the same bits */
-    *acc += fxe * fwe;
+    uint32_t u;
+    memcpy(&u, xpair, sizeof u);
+    const uint32_t ub = u & 0xffff0000u, ua = u << 16;
+    float xo, xe;
+    memcpy(&xo, &ub, sizeof xo);
+    memcpy(&xe, &ua, sizeof xe);
+    *acc += xo * w->odd; /* exact products: contracted to an FMA or not, the same bits */
+    *acc += xe * w->even;
 #endif
 }
 
-/* the lanes of a in the fixed tree (l, l+8), (l, l+4), (l, l+2), (l, l+1) */
-static inline float LOOM_KV(db_hsum)(const db_vec *a) {
-    float t[16];
-    memcpy(t, a, sizeof t);
-    for (int s = 8; s > 0; s /= 2)
-        for (int l = 0; l < s; l++) t[l] += t[l + s];
-    return t[0];
-}
-
-/* the same tree over 16 vectors at once: lane 4 * (j % 4) + j / 4 of *sum gets a[j]'s sum.
- * Each level adds the pairs of lanes db_hsum adds (float addition commutes exactly). */
-static inline __attribute__((always_inline)) void LOOM_KV(db_hsum16)(const db_vec *a,
-                                                                     db_vec *sum) {
-    const db_ivec s1 = {0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21, 22, 23};
-    const db_ivec s2 = {0, 1, 2, 3, 8, 9, 10, 11, 16, 17, 18, 19, 24, 25, 26, 27};
-    const db_ivec s3 = {0, 1, 16, 17, 4, 5, 20, 21, 8, 9, 24, 25, 12, 13, 28, 29};
-    const db_ivec s4 = {0, 2, 16, 18, 4, 6, 20, 22, 8, 10, 24, 26, 12, 14, 28, 30};
-    db_vec p[8], q[4], r[2];
-    for (int m = 0; m < 8; m++) /* lanes 0-7: a[2m]'s (l, l+8); 8-15: a[2m+1]'s */
-        p[m] = __builtin_shuffle(a[2 * m], a[2 * m + 1], s1) +
-               __builtin_shuffle(a[2 * m], a[2 * m + 1], s1 + 8);
-    for (int m = 0; m < 4; m++) /* four lanes for each of a[4m..4m+3]: (l, l+4) */
-        q[m] = __builtin_shuffle(p[2 * m], p[2 * m + 1], s2) +
-               __builtin_shuffle(p[2 * m], p[2 * m + 1], s2 + 4);
-    for (int m = 0; m < 2; m++) /* two lanes each: (l, l+2) */
-        r[m] = __builtin_shuffle(q[2 * m], q[2 * m + 1], s3) +
-               __builtin_shuffle(q[2 * m], q[2 * m + 1], s3 + 2);
-    *sum = __builtin_shuffle(r[0], r[1], s4) + __builtin_shuffle(r[0], r[1], s4 + 1);
-}
-
-/* the same tree over 4 vectors: lane 4j of *sum gets a[j]'s sum (the other lanes: junk) */
-static inline __attribute__((always_inline)) void LOOM_KV(db_hsum4)(const db_vec *a0,
-                                                                    const db_vec *a1,
-                                                                    const db_vec *a2,
-                                                                    const db_vec *a3,
-                                                                    db_vec *sum) {
-    const db_ivec s1 = {0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21, 22, 23};
-    const db_ivec s2 = {0, 1, 2, 3, 8, 9, 10, 11, 16, 17, 18, 19, 24, 25, 26, 27};
-    const db_ivec s3 = {2, 3, 2, 3, 6, 7, 6, 7, 10, 11, 10, 11, 14, 15, 14, 15};
-    const db_ivec s4 = {1, 1, 1, 1, 5, 5, 5, 5, 9, 9, 9, 9, 13, 13, 13, 13};
-    const db_vec p0 = __builtin_shuffle(*a0, *a1, s1) + __builtin_shuffle(*a0, *a1, s1 + 8);
-    const db_vec p1 = __builtin_shuffle(*a2, *a3, s1) + __builtin_shuffle(*a2, *a3, s1 + 8);
-    const db_vec q = __builtin_shuffle(p0, p1, s2) + __builtin_shuffle(p0, p1, s2 + 4);
-    const db_vec r = q + __builtin_shuffle(q, s3);
-    *sum = r + __builtin_shuffle(r, s4);
-}
-
-/* OB weight rows (w, IC apart) by NB input rows (x, IC apart) -> out (OC apart); OB, NB
- * constants where inlined. pf (when not NULL): the next weight block, then the one after;
- * each step asks for the line of row r (0-3 the next block, 4-7 the one after) for each bit
- * r of pmask, at the same offset. */
-static inline __attribute__((always_inline)) void LOOM_KV(db_block)(
-    float *out, const uint16_t *x, const uint16_t *w, const float *bias, const uint16_t *pf,
-    int pmask, int IC, int OC, int OB, int NB) {
-    db_vec acc[4][4];
-    for (int r = 0; r < OB; r++)
-        for (int n = 0; n < NB; n++) acc[r][n] = (db_vec){0};
-    const int ICv = IC - IC % DB_K;
-    for (int i = 0; i < ICv; i += DB_K) {
-        if (pf)
-            for (int r = 0; r < 8; r++)
-                if (pmask >> r & 1) __builtin_prefetch(pf + (int64_t)r * IC + i, 0, 2);
-        db_uvec wv[4], xv[4];
-        for (int r = 0; r < OB; r++) LOOM_KV(db_load)(&wv[r], w + (int64_t)r * IC + i);
-        for (int n = 0; n < NB; n++) LOOM_KV(db_load)(&xv[n], x + (int64_t)n * IC + i);
-        for (int r = 0; r < OB; r++)
-            for (int n = 0; n < NB; n++) LOOM_KV(db_dot)(&acc[r][n], &xv[n], &wv[r]);
+/* OB weight blocks (wb, P * 32 apart) x NB rows of one activation group (xg) -> out (the
+ * group's row 0; rows OC apart) at columns col0 + 16 * b + l. Only rows < nr and columns < OC are stored. OB, NB
+ * constants where inlined; OB * NB <= 16. */
+static inline __attribute__((always_inline)) void LOOM_KV(db_tile)(
+    float *out, const uint16_t *xg, const uint16_t *wb, const float *bias, int64_t P, int OC,
+    int col0, int nr, int OB, int NB) {
+    db_vec acc[16]; /* acc[NB * b + n]: columns of block b, row n */
+    for (int k = 0; k < OB * NB; k++) acc[k] = (db_vec){0};
+    for (int64_t p = 0; p < P; p++) {
+        db_w w[4];
+        for (int b = 0; b < OB; b++) {
+            __builtin_prefetch(wb + (b * P + p + LOOM_DB_PF) * 32, 0, 3);
+            LOOM_KV(db_loadw)(&w[b], wb + (b * P + p) * 32);
+        }
+        for (int n = 0; n < NB; n++)
+            for (int b = 0; b < OB; b++) LOOM_KV(db_dot)(&acc[NB * b + n], xg + p * 32 + 2 * n, &w[b]);
     }
-    if (ICv < IC) {
-        const int m = IC - ICv;
-        db_uvec wv[4], xv[4];
-        for (int r = 0; r < OB; r++) LOOM_KV(db_load_tail)(&wv[r], w + (int64_t)r * IC + ICv, m);
-        for (int n = 0; n < NB; n++) LOOM_KV(db_load_tail)(&xv[n], x + (int64_t)n * IC + ICv, m);
-        for (int r = 0; r < OB; r++)
-            for (int n = 0; n < NB; n++) LOOM_KV(db_dot)(&acc[r][n], &xv[n], &wv[r]);
-    }
-    if (OB == 4 && NB == 4) {
-        db_vec a[16], sum;
-        for (int r = 0; r < 4; r++)
-            for (int n = 0; n < 4; n++) a[4 * r + n] = acc[r][n];
-        LOOM_KV(db_hsum16)(a, &sum); /* lane 4 * n + r: output (n, r) */
-        float t[16];
-        memcpy(t, &sum, sizeof t);
-        for (int n = 0; n < 4; n++)
-            for (int r = 0; r < 4; r++)
-                out[(int64_t)n * OC + r] = bias ? t[4 * n + r] + bias[r] : t[4 * n + r];
-        return;
-    }
-    if (OB == 4 || NB == 4) { /* 4 x 1 (a row alone), 1 x 4 (the last weight rows) */
-        for (int j = 0; j < (OB == 4 ? NB : OB); j++) {
-            db_vec sum;
-            if (OB == 4)
-                LOOM_KV(db_hsum4)(&acc[0][j], &acc[1][j], &acc[2][j], &acc[3][j], &sum);
-            else
-                LOOM_KV(db_hsum4)(&acc[j][0], &acc[j][1], &acc[j][2], &acc[j][3], &sum);
-            float t[16];
-            memcpy(t, &sum, sizeof t);
-            for (int k = 0; k < 4; k++) {
-                const int r = OB == 4 ? k : j, n = OB == 4 ? j : k;
-                out[(int64_t)n * OC + r] = bias ? t[4 * k] + bias[r] : t[4 * k];
+    for (int b = 0; b < OB; b++) {
+        const int c0 = col0 + 16 * b;
+        if (c0 >= OC) break;
+        const int nc = OC - c0 < 16 ? OC - c0 : 16;
+        db_vec bv = (db_vec){0};
+        if (bias) {
+            if (nc == 16) memcpy(&bv, bias + c0, sizeof bv);
+            else {
+                float t[16] = {0};
+                memcpy(t, bias + c0, (size_t)nc * sizeof *t);
+                memcpy(&bv, t, sizeof bv);
             }
         }
-        return;
-    }
-    for (int r = 0; r < OB; r++)
-        for (int n = 0; n < NB; n++) {
-            const float s = LOOM_KV(db_hsum)(&acc[r][n]);
-            out[(int64_t)n * OC + r] = bias ? s + bias[r] : s;
+        for (int n = 0; n < NB && n < nr; n++) {
+            const db_vec v = bias ? acc[NB * b + n] + bv : acc[NB * b + n];
+            if (nc == 16) memcpy(out + (int64_t)n * OC + c0, &v, sizeof v);
+            else memcpy(out + (int64_t)n * OC + c0, &v, (size_t)nc * sizeof(float));
         }
+    }
 }
 
-/* weight rows 4b..4b+3 against the N input rows */
-static inline __attribute__((always_inline)) void LOOM_KV(db_rows4)(
-    float *out, const uint16_t *inp, const uint16_t *weight, const float *bias, int64_t N,
-    int IC, int OC, int b) {
-    const int o = 4 * b;
-    const uint16_t *w = weight + (int64_t)o * IC;
-    const float *bb = bias ? bias + o : NULL;
-    if (o + 4 > OC) { /* the last rows, fewer than 4 */
-        for (int r = o; r < OC; r++) {
-            const uint16_t *wr = weight + (int64_t)r * IC;
-            const float *br = bias ? bias + r : NULL;
-            int64_t n = 0;
-            for (; n + 4 <= N; n += 4)
-                LOOM_KV(db_block)(out + n * OC + r, inp + n * IC, wr, br, NULL, 0, IC, OC, 1, 4);
-            for (; n < N; n++)
-                LOOM_KV(db_block)(out + n * OC + r, inp + n * IC, wr, br, NULL, 0, IC, OC, 1, 1);
+/* weight blocks [4s, 4s + 4) against nr (1..16) rows of one group; the tile shape by nr */
+static inline __attribute__((always_inline)) void LOOM_KV(db_super)(
+    float *out, const uint16_t *xg, const uint16_t *weight, const float *bias, int64_t P,
+    int OC, int nblk, int s, int nr) {
+    const int j0 = 4 * s, nb = nblk - j0 < 4 ? nblk - j0 : 4;
+    const uint16_t *wb = weight + (int64_t)j0 * P * 32;
+#define DB_T(ob, NB) LOOM_KV(db_tile)(out, xg, wb + (int64_t)j * P * 32, bias, P, OC, \
+                                      16 * (j0 + j), nr, ob, NB)
+    if (nr > 8) {
+        for (int j = 0; j < nb; j++) DB_T(1, 16);
+    } else if (nr > 4) {
+        int j = 0;
+        for (; j + 2 <= nb; j += 2) DB_T(2, 8);
+        for (; j < nb; j++) DB_T(1, 8);
+    } else if (nb == 4) {
+        const int j = 0;
+        if (nr > 2) DB_T(4, 4);
+        else if (nr == 2) DB_T(4, 2);
+        else DB_T(4, 1);
+    } else {
+        for (int j = 0; j < nb; j++) {
+            if (nr > 2) DB_T(1, 4);
+            else if (nr == 2) DB_T(1, 2);
+            else DB_T(1, 1);
         }
-        return;
     }
-    /* the next block's rows while there is a whole next block (and the one after); with G
-     * groups of 4 input rows, group g asks for the rows r with r % G == g */
-    const uint16_t *pf = o + 8 <= OC ? w + 4 * (int64_t)IC : NULL;
-    const int64_t G = N / 4;
-    const int two = o + 12 <= OC;
-    for (int64_t g = 0; g < G; g++) {
-        int mask = 0;
-        for (int r = 0; r < 4; r++)
-            if (r % G == g) mask |= 1 << r | two << (r + 4);
-        LOOM_KV(db_block)(out + 4 * g * OC + o, inp + 4 * g * IC, w, bb, mask ? pf : NULL, mask,
-                          IC, OC, 4, 4);
-    }
-    for (int64_t n = 4 * G; n < N; n++)
-        LOOM_KV(db_block)(out + n * OC + o, inp + n * IC, w, bb, n == 0 ? pf : NULL,
-                          two ? 0xFF : 0xF, IC, OC, 4, 1);
+#undef DB_T
 }
 
 static void LOOM_KV(matmul_dotbf16_forward)(float *out, const uint16_t *inp,
                                             const uint16_t *weight, const float *bias,
                                             int64_t N, int IC, int OC) {
-    int64_t chunk = (LOOM_DB_CHUNK_BYTES / ((int64_t)IC * 2)) & ~(int64_t)3;
-    if (chunk < 16) chunk = 16;
-    for (int64_t n0 = 0; n0 < N; n0 += chunk) {
-        const int64_t n = N - n0 < chunk ? N - n0 : chunk;
-        float *o = out + n0 * OC;
-        const uint16_t *x = inp + n0 * IC;
-#pragma omp parallel for schedule(static) if ((int64_t)OC * IC * n >= 4 * LOOM_PAR_MIN)
-        for (int b = 0; b < (OC + 3) / 4; b++) LOOM_KV(db_rows4)(o, x, weight, bias, n, IC, OC, b);
+    const int64_t P = ((int64_t)IC + 1) / 2, G = (N + 15) / 16;
+    const int nblk = (OC + 15) / 16, nsup = (nblk + 3) / 4;
+    for (int64_t g0 = 0; g0 < G; g0 += LOOM_DB_GROUPS_PER_PASS) {
+        const int64_t g1 = G - g0 < LOOM_DB_GROUPS_PER_PASS ? G : g0 + LOOM_DB_GROUPS_PER_PASS;
+        const int64_t rows = (N < 16 * g1 ? N : 16 * g1) - 16 * g0;
+#pragma omp parallel for schedule(static) if ((int64_t)OC * IC * rows >= 4 * LOOM_PAR_MIN)
+        for (int s = 0; s < nsup; s++)
+            for (int64_t g = g0; g < g1; g++) {
+                const int nr = N - 16 * g < 16 ? (int)(N - 16 * g) : 16;
+                LOOM_KV(db_super)(out + 16 * g * OC, inp + g * P * 32, weight, bias, P, OC,
+                                  nblk, s, nr);
+            }
     }
 }
 
 #ifndef LOOM_DB_EXTRA /* the rounding: integer operations, the same bits at every level */
-static void LOOM_KV(bf16_round_rows)(uint16_t *dst, const float *src, int64_t n) {
-    int64_t i = 0;
-    for (; i + 16 <= n; i += 16) {
-        db_uvec u;
-        memcpy(&u, src + i, sizeof u);
-        const db_uvec nan = (db_uvec)((u & 0x7fffffffu) > 0x7f800000u);
-        const db_uvec r = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
-        const db_uvec q = (u >> 16) | 0x40u; /* a NaN stays a quiet NaN */
-        const db_hvec h = __builtin_convertvector((r & ~nan) | (q & nan), db_hvec);
-        memcpy(dst + i, &h, sizeof h);
+/* 16 floats -> 16 bf16 (loom_bf16_round) */
+static inline __attribute__((always_inline)) void LOOM_KV(db_round16)(uint16_t *dst,
+                                                                      const float *src) {
+    db_uvec u;
+    memcpy(&u, src, sizeof u);
+    const db_uvec nan = (db_uvec)((u & 0x7fffffffu) > 0x7f800000u);
+    const db_uvec r = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
+    const db_uvec q = (u >> 16) | 0x40u; /* a NaN stays a quiet NaN */
+    const db_hvec h = __builtin_convertvector((r & ~nan) | (q & nan), db_hvec);
+    memcpy(dst, &h, sizeof h);
+}
+
+static void LOOM_KV(bf16_round_rows)(uint16_t *dst, const float *src, int64_t N, int IC) {
+    const int64_t P = ((int64_t)IC + 1) / 2, G = (N + 15) / 16;
+    uint16_t row[32];
+    for (int64_t g = 0; g < G; g++) {
+        uint16_t *d = dst + g * P * 32;
+        for (int n = 0; n < 16; n++) {
+            const int64_t r = 16 * g + n;
+            if (r >= N) { /* padding rows: zeros */
+                for (int64_t p = 0; p < P; p++) memset(d + p * 32 + 2 * n, 0, 2 * sizeof *d);
+                continue;
+            }
+            const float *s = src + r * IC;
+            int64_t i = 0;
+            for (; i + 32 <= IC; i += 32) { /* 16 pairs: 16 lines of the group, 4 bytes each */
+                LOOM_KV(db_round16)(row, s + i);
+                LOOM_KV(db_round16)(row + 16, s + i + 16);
+                for (int k = 0; k < 16; k++) memcpy(d + (i / 2 + k) * 32 + 2 * n, row + 2 * k, 4);
+            }
+            for (; i < 2 * P; i += 2) {
+                d[(i / 2) * 32 + 2 * n] = loom_bf16_round(s[i]);
+                d[(i / 2) * 32 + 2 * n + 1] = i + 1 < IC ? loom_bf16_round(s[i + 1]) : 0;
+            }
+        }
     }
-    for (; i < n; i++) dst[i] = loom_bf16_round(src[i]);
 }
 #endif
 

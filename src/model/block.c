@@ -212,7 +212,7 @@ static void op_forward(loom_model *m, block_frame *f, int l, const block_op *op)
         if (m->cbf16) { /* --compute bf16 (weights_bf16.c): the rows rounded, then bf16 x bf16 */
             const int IC = width(m, op->iw);
             LOOM_CHECK(f->xbf16 != NULL);
-            be->bf16_round(f->xbf16, s[op->in], N * IC);
+            be->bf16_round(f->xbf16, s[op->in], N, IC);
             be->matmul_dotbf16_forward(s[op->out], f->xbf16,
                                        m->wbf16_lin[4 * l + lora_site(op->w)],
                                        bias_here ? param(m, op->b, l) : NULL, N, IC,

@@ -127,7 +127,7 @@ const float *loom_model_decode_batch(loom_model *m, loom_decode_ws *w, const int
         int wide = C > m->H * m->D ? C : m->H * m->D;
         wide = wide > m->F ? wide : m->F;
         const int R = w->max_rows > w->max_logits ? w->max_rows : w->max_logits;
-        w->xbf_n = (size_t)R * (size_t)wide;
+        w->xbf_n = (size_t)m->be->dotbf16_act_elems(R, wide);
         w->xbf = loom_alloc_aligned(w->xbf_n * sizeof(uint16_t));
     }
     const int emb_bf16 = m->wbf16 && gpt2; /* gpt2's wte is the head, held in bf16 */
@@ -135,9 +135,14 @@ const float *loom_model_decode_batch(loom_model *m, loom_decode_ws *w, const int
         const float *wpe = PARAM(m, LOOM_P_WPE);
         for (int t = 0; t < segs[i].n; t++) {
             const int r = w->seg[i].row0 + t;
-            const uint16_t *e = m->wbf16_head + (int64_t)tokens[r] * C;
             const float *p = wpe + (int64_t)(segs[i].pos0 + t) * C;
             float *y = w->res[0] + (int64_t)r * C;
+            if (m->cbf16) { /* the head in the backend's packed layout */
+                m->be->dotbf16_unpack_row(y, m->wbf16_head, V, C, tokens[r]);
+                for (int j = 0; j < C; j++) y[j] += p[j];
+                continue;
+            }
+            const uint16_t *e = m->wbf16_head + (int64_t)tokens[r] * C;
             for (int j = 0; j < C; j++) y[j] = loom_bf16_widen(e[j]) + p[j];
         }
     }
@@ -185,7 +190,7 @@ const float *loom_model_decode_batch(loom_model *m, loom_decode_ws *w, const int
     const int tp = m->lay.tp;
     if (tp == 1) {
         if (m->cbf16) { /* --compute bf16: the final norm's rows rounded, bf16 x bf16 */
-            m->be->bf16_round(w->xbf, w->lastn, (int64_t)k * C);
+            m->be->bf16_round(w->xbf, w->lastn, k, C);
             m->be->matmul_dotbf16_forward(w->logits, w->xbf, m->wbf16_head, NULL, k, C, V);
         } else if (m->wbf16) /* --weights bf16 (weights_bf16.c; tp = 1 only) */
             m->be->matmul_bf16_forward(w->logits, w->lastn, m->wbf16_head, NULL, k, C, V);

@@ -95,8 +95,8 @@ typedef struct block_frame {
     const int32_t *docs, *run_row, *run_len, *run_pos;
     const int32_t *gdocs;   /* context parallelism: the whole sequences' ids (B, cp*T) */
     int n_runs;
-    /* --compute bf16: scratch for a linear's input rows rounded to bf16 (rows x the widest
-     * input); set by the batched decode */
+    /* --compute bf16: scratch for a linear's input rows rounded to bf16 (the backend's
+     * activation layout for the rows and the widest input); set by the batched decode */
     uint16_t *xbf16;
 } block_frame;
 
@@ -188,8 +188,9 @@ struct loom_model {
     const uint16_t **wbf16_lin;
     const uint16_t *wbf16_head;
     size_t wbf16_bytes;
-    /* --compute bf16 (weights_bf16.c): the linears (and the head) round their input rows to
-     * bf16 and multiply them with the bf16 weights (backend matmul_dotbf16_forward) */
+    /* --compute bf16 (weights_bf16.c): the bf16 matrices above are in the backend's packed
+     * layout (dotbf16_pack), and the linears (and the head) round their input rows to bf16
+     * and multiply them with those (backend matmul_dotbf16_forward) */
     int cbf16;
     float *rope_sin;
 };

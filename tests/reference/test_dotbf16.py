@@ -1,9 +1,10 @@
 """bf16 compute's kernels (src/kernels/matmul_dotbf16.c) against PyTorch doing the same thing.
 
-bf16_round_rows must give torch's .to(bfloat16) bit for bit (random values over a wide
-exponent range, ties, +-0, infinities, NaN, subnormals, values near the largest bf16).
-matmul_dotbf16_forward (bf16 activations x bf16 weights, fp32 accumulation) must equal torch's
-fp32 matmul of the same bf16 values widened to fp32 (plus the bias) to
+bf16_round_rows (into the kernel's activation layout, read back here) must give torch's
+.to(bfloat16) bit for bit (random values over a wide exponent range, ties, +-0, infinities,
+NaN, subnormals, values near the largest bf16). matmul_dotbf16_forward (bf16 activations x
+bf16 weights packed by dotbf16_pack from fp32, fp32 accumulation) must equal torch's fp32
+matmul of the same bf16 values widened to fp32 (plus the bias) to
     |loom - torch| <= TOL * (sum_i |x_i w_i| + |bias|),   TOL = 1e-6 (observed ~1e-7)
 (fp32 summation order is all that differs: both sum exact products in fp32), on shapes with IC
 not a multiple of 2 or 32, odd OC, 1..17 rows and prefill-sized row counts, at every
@@ -37,20 +38,34 @@ def widen(h):
     return (h.astype(np.uint32) << 16).view(np.float32)
 
 
+def act_rows(h, N, IC):
+    """the (N, IC) rows back from the activation layout (16-row groups of pairs)"""
+    P = (IC + 1) // 2
+    G = (N + 15) // 16
+    a = h.reshape(G, P, 16, 2).transpose(0, 2, 1, 3).reshape(G * 16, 2 * P)
+    return a[:N, :IC]
+
+
+def round_rows(x):
+    N, IC = x.shape
+    h = np.empty(L.dotbf16_act_elems(N, IC), np.uint16)
+    L.bf16_round_rows(hptr(h), fptr(np.ascontiguousarray(x)), N, IC)
+    return h
+
+
 def test_round(g):
     x = (g.standard_normal(5000) * np.exp2(g.integers(-40, 40, 5000))).astype(np.float32)
     special = np.array([1 + 2**-8, 1 + 3 * 2**-8, -(1 + 2**-8), 0.0, -0.0, np.inf, -np.inf,
                         3.0e38, -3.3e38, 2**-130, -(2**-127) * 1.999, 2**-149, 3.3895e38],
                        np.float32)
     x[: len(special)] = special
-    got = np.empty(x.size, np.uint16)
-    L.bf16_round_rows(hptr(got), fptr(x), x.size)
+    x = x.reshape(40, 125)
+    got = act_rows(round_rows(x), 40, 125)
     want = torch_bf16_bits(x)
     expect("bf16_round_rows == torch .to(bfloat16), bit for bit", np.array_equal(got, want),
            f"{int((got != want).sum())} differ")
-    nan = np.array([np.nan, -np.nan] * 9, np.float32)
-    hn = np.empty(nan.size, np.uint16)
-    L.bf16_round_rows(hptr(hn), fptr(nan), nan.size)
+    nan = np.array([[np.nan, -np.nan] * 9], np.float32)
+    hn = act_rows(round_rows(nan), 1, nan.size)
     expect("NaN stays NaN", bool(np.isnan(widen(hn)).all()))
 
 
@@ -63,9 +78,9 @@ def test_matmul(g, level_name):
         x = g.standard_normal((N, IC)).astype(np.float32)
         w = (g.standard_normal((OC, IC)) * 0.3).astype(np.float32)
         bias = g.standard_normal(OC).astype(np.float32) if (N + IC) % 2 else None
-        xb = np.empty((N, IC), np.uint16)
-        L.bf16_round_rows(hptr(xb), fptr(x), x.size)
-        wb = torch_bf16_bits(w)
+        xb = round_rows(x)
+        wb = np.empty(L.dotbf16_pack_elems(OC, IC), np.uint16)
+        L.dotbf16_pack(hptr(wb), fptr(w), 0, OC, IC)
         out = np.empty((N, OC), np.float32)
         L.matmul_dotbf16_forward(fptr(out), hptr(xb), hptr(wb), fptr(bias), N, IC, OC)
         tx = torch.from_numpy(x).to(torch.bfloat16).float()
