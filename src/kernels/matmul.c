@@ -36,11 +36,21 @@ static void sgemm1(char ta, char tb, int64_t M, int64_t N, int64_t K, float alph
  * columns; 16-aligned) with a single-threaded dnnl_sgemm (oneDNN runs one thread inside a
  * parallel region): no reduction over K, one fork/join per product. oneDNN's own threading
  * was up to 3x slower on some byte-tiny shapes on two threads (bench/bench_gemm.c ":split"). */
-static void sgemm(char ta, char tb, int64_t M, int64_t N, int64_t K, float alpha,
-                  const float *A, int64_t lda, const float *B, int64_t ldb, float beta, float *C,
-                  int64_t ldc) {
+/* rows [r0, r1) of C (N columns, ldc apart) = the bias (N floats) in every row */
+static void seed_rows(float *C, int64_t ldc, const float *bias, int64_t N, int64_t r0,
+                      int64_t r1) {
+    for (int64_t r = r0; r < r1; r++) memcpy(C + r * ldc, bias, (size_t)N * sizeof(float));
+}
+
+/* seed: NULL, or C is first set to this row (N floats) in every row (then beta must be 1):
+ * inside the product's own parallel region, each thread its block of rows just before its
+ * product (one fork/join instead of two, and the block still cached) */
+static void sgemm_seeded(char ta, char tb, int64_t M, int64_t N, int64_t K, float alpha,
+                         const float *A, int64_t lda, const float *B, int64_t ldb, float beta,
+                         float *C, int64_t ldc, const float *seed) {
     int nt = omp_in_parallel() ? 1 : omp_get_max_threads();
     if (nt <= 1 || (double)M * (double)N * (double)K < SPLIT_MIN) {
+        if (seed) seed_rows(C, ldc, seed, N, 0, M);
         sgemm1(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
         return;
     }
@@ -49,6 +59,14 @@ static void sgemm(char ta, char tb, int64_t M, int64_t N, int64_t K, float alpha
 #pragma omp parallel num_threads(nt)
     {
         int64_t x0 = omp_get_thread_num() * per, x1 = x0 + per < n ? x0 + per : n;
+        if (seed) { /* the thread's rows (a row split) or an even share of them */
+            const int64_t s0 = rows ? x0 : omp_get_thread_num() * ((M + nt - 1) / nt);
+            const int64_t s1 = rows ? x1 : s0 + (M + nt - 1) / nt;
+            seed_rows(C, ldc, seed, N, s0 < M ? s0 : M, s1 < M ? s1 : M);
+            if (!rows) {
+#pragma omp barrier
+            }
+        }
         if (x0 < x1) {
             if (rows) /* rows x0..x1 of op(A) and C */
                 sgemm1(ta, tb, x1 - x0, N, K, alpha, A + x0 * (ta == 'N' ? lda : 1), lda, B,
@@ -60,20 +78,21 @@ static void sgemm(char ta, char tb, int64_t M, int64_t N, int64_t K, float alpha
     }
 }
 
+static void sgemm(char ta, char tb, int64_t M, int64_t N, int64_t K, float alpha,
+                  const float *A, int64_t lda, const float *B, int64_t ldb, float beta, float *C,
+                  int64_t ldc) {
+    sgemm_seeded(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, NULL);
+}
+
 void matmul_forward(float *out, const float *inp, const float *weight, const float *bias,
                     int64_t N, int IC, int OC) {
     if (N <= LOOM_MATMUL_ROWS_MAX) { /* a few rows: stream the weights, do not pack them */
         matmul_rows_forward(out, inp, weight, bias, N, IC, OC);
         return;
     }
-    float beta = 0.0f;
-    if (bias) {
-        /* seed each output row with the bias, then sgemm accumulates onto it */
-#pragma omp parallel for schedule(static) if (N * OC >= LOOM_PAR_MIN)
-        for (int64_t n = 0; n < N; n++) memcpy(out + n * OC, bias, (size_t)OC * sizeof(float));
-        beta = 1.0f;
-    }
-    sgemm('N', 'T', N, OC, IC, 1.0f, inp, IC, weight, IC, beta, out, OC);
+    /* with a bias, each output row is seeded with it, then sgemm accumulates onto it */
+    sgemm_seeded('N', 'T', N, OC, IC, 1.0f, inp, IC, weight, IC, bias ? 1.0f : 0.0f, out, OC,
+                 bias);
 }
 
 /* Sums of columns [o0, o1) of dout (N, OC) over the rows, in row order, added to dbias. Each
