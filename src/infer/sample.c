@@ -118,8 +118,14 @@ int32_t loom_sample_params(const loom_gen_params *p, loom_rng *rng, const float 
                            const int32_t *history, int n_history, void *scratch) {
     cand *c = scratch;
     unsigned char *seen = (unsigned char *)(c + V);
-    for (int i = 0; i < V; i++) c[i] = (cand){logits[i], i};
     const float pen = p->repetition_penalty;
+    if (p->temperature <= 0.0f && !(pen > 0.0f && pen != 1.0f && n_history > 0)) {
+        int best = 0; /* greedy, no penalty: the first largest logit, as below without a copy */
+        for (int i = 1; i < V; i++)
+            if (logits[i] > logits[best]) best = i;
+        return best;
+    }
+    for (int i = 0; i < V; i++) c[i] = (cand){logits[i], i};
     if (pen > 0.0f && pen != 1.0f && n_history > 0) {
         /* once per distinct token (Hugging Face's RepetitionPenaltyLogitsProcessor) */
         memset(seen, 0, (size_t)V);

@@ -53,11 +53,9 @@ static void LOOM_KV(attention_decode)(float *out, const float *q, const float *k
             float *s = scratch + (int64_t)h * n;
             float mx = -INFINITY;
             for (int j = 0; j < n; j++) mx = s[j] > mx ? s[j] : mx;
-            float sum = 0.0f;
-            for (int j = 0; j < n; j++) {
-                s[j] = loom_expf(s[j] - mx);
-                sum += s[j];
-            }
+            for (int j = 0; j < n; j++) s[j] = loom_expf(s[j] - mx); /* vectorized */
+            float sum = 0.0f; /* in order of j, apart (one loop would run the exps scalar) */
+            for (int j = 0; j < n; j++) sum += s[j];
             const float inv = 1.0f / sum;
             for (int j = 0; j < n; j++) s[j] *= inv;
         }
