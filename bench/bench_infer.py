@@ -11,13 +11,16 @@ exported to Hugging Face layout (`loom export --hf`). Prompts: 16 lines of 16 ra
 transformers: use_cache=True, do_sample=False, max_new_tokens=TOKENS, the model loaded once per
 thread count and configuration and warmed up with one untimed generate: float32 eager, and with
 --hf-compile torch.compile(mode="reduce-overhead") with a static cache; with --bf16 the same in
-bfloat16 (dtype=torch.bfloat16), and loom also with --weights bf16. The peer of each loom row
-is the fastest transformers configuration (per column); the fp32-only peer is reported too.
-With --bf16 the quality cost of bf16 weights is measured on the same weights: max |logit diff|
-(over the 64-token greedy continuation of every prompt, relative to the largest |logit|) of
-PyTorch with the matrices rounded to bf16 against fp32 (tests/reference/test_infer_bf16.py
-shows loom --weights bf16 computes that rounded model to ~1e-6), and the greedy agreement of
-loom fp32 and loom bf16 over 64 tokens. loom: a fresh process per run
+bfloat16 (dtype=torch.bfloat16), and loom also with --weights bf16 and with --compute bf16
+(bf16 weights and bf16 activations into the linears, fp32 accumulation: docs/inference.md). The
+peer of each loom row is the fastest transformers configuration (per column); the fp32-only
+peer is reported too. With --bf16 the quality cost of both bf16 modes is measured on the same
+weights: max |logit diff| (over the 64-token greedy continuation of every prompt, relative to
+the largest |logit|) against fp32 of PyTorch with the matrices rounded to bf16 (what loom
+--weights bf16 computes to ~1e-6: tests/reference/test_infer_bf16.py), and of the same with
+the linears' and the head's inputs rounded to bf16 too (what loom --compute bf16 computes:
+tests/reference/test_infer_bf16c.py), and the greedy agreement of each loom mode with loom
+fp32 over 64 tokens. loom: a fresh process per run
 (its own timing covers the engine's steps, not loading). Both include prefill. Runs alternate
 (loom, transformers, loom, ...), REPEAT of each, for each thread count (torch.set_num_threads /
 OMP_NUM_THREADS). Two rates per run: generated tokens over wall time, and over the CPU time of
@@ -41,7 +44,11 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 LOOM = os.environ.get("LOOM_BIN", os.path.join(REPO, "build", "loom"))
 STATS = re.compile(r"generated (\d+) tokens in ([\d.]+) s .*?; ([\d.]+) s of CPU")
 RSS = re.compile(r"resident memory ([\d.]+) MiB")
-RESIDENT = {}  # weights -> resident MiB at the end of each loom run
+RESIDENT = {}  # mode -> resident MiB at the end of each loom run
+MODES = {"fp32": ["--weights", "fp32"], "bf16": ["--weights", "bf16"],
+         "bf16c": ["--compute", "bf16"]}  # loom's modes: the flags
+LOOMS = {"loom": "fp32", "loomb": "bf16", "loomc": "bf16c"}  # configuration -> mode
+LABEL = {"fp32": "fp32", "bf16": "bf16 weights", "bf16c": "bf16 compute"}
 
 
 def sh(args, **kw):
@@ -51,17 +58,17 @@ def sh(args, **kw):
     return r
 
 
-def loom_run(ckpt, prompts, batch, tokens, threads, weights="fp32"):
+def loom_run(ckpt, prompts, batch, tokens, threads, mode="fp32"):
     env = dict(os.environ, OMP_NUM_THREADS=str(threads))
     r = sh([LOOM, "generate", ckpt, "--prompts", prompts, "--tokens", str(tokens),
-            "--temperature", "0", "--batch", str(batch), "--stats", "--weights", weights], env=env)
+            "--temperature", "0", "--batch", str(batch), "--stats", *MODES[mode]], env=env)
     m = STATS.search(r.stderr)
     if not m:
         sys.exit(f"no --stats line in: {r.stderr[-500:]}")
     n, wall, cpu = int(m[1]), float(m[2]), float(m[3])
     rss = RSS.search(r.stderr)
     if rss:
-        RESIDENT.setdefault(weights, []).append(float(rss[1]))
+        RESIDENT.setdefault(mode, []).append(float(rss[1]))
     return n / wall, n / cpu
 
 
@@ -91,9 +98,10 @@ class HF:
 
 
 def quality(ckpt, hfdir, prompts_file, ids, threads):
-    """bf16 weights' cost: PyTorch logits with the matrices rounded (what loom --weights bf16
-    computes) against fp32 along each prompt's 64-token greedy continuation, and loom fp32 vs
-    loom bf16 greedy tokens over 64 tokens"""
+    """the bf16 modes' cost: PyTorch logits with the matrices rounded (what loom --weights bf16
+    computes), and with the linears' inputs rounded too (--compute bf16), against fp32 along
+    each prompt's 64-token greedy continuation; loom fp32 vs each loom bf16 mode's greedy
+    tokens over 64 tokens"""
     import json
 
     import torch
@@ -105,31 +113,40 @@ def quality(ckpt, hfdir, prompts_file, ids, threads):
         for name, p in mbf.named_parameters():
             if p.dim() == 2 and not name.endswith("wpe.weight") and "embed_tokens" not in name:
                 p.copy_(p.to(torch.bfloat16).to(torch.float32))
+    mbc = transformers.AutoModelForCausalLM.from_pretrained(hfdir, dtype=torch.float32).eval()
+    mbc.load_state_dict(mbf.state_dict())
+    for mod in mbc.modules():  # the inputs of the linears and the head rounded to bf16
+        if isinstance(mod, (torch.nn.Linear, transformers.pytorch_utils.Conv1D)):
+            mod.register_forward_pre_hook(
+                lambda _, a: (a[0].to(torch.bfloat16).to(torch.float32),) + tuple(a[1:]))
     env = dict(os.environ, OMP_NUM_THREADS=str(threads))
     maxT = getattr(m32.config, "n_positions", None) or m32.config.max_position_embeddings
     n_new = min(64, maxT - max(len(p) for p in ids))
     outs = {}
-    for w in ("fp32", "bf16"):
+    for mode in MODES:
         r = sh([LOOM, "generate", ckpt, "--prompts", prompts_file, "--tokens", str(n_new),
-                "--temperature", "0", "--batch", "16", "--format", "ids", "--weights", w], env=env)
-        outs[w] = [json.loads(l)["ids"] for l in r.stdout.splitlines()]
+                "--temperature", "0", "--batch", "16", "--format", "ids", *MODES[mode]], env=env)
+        outs[mode] = [json.loads(l)["ids"] for l in r.stdout.splitlines()]
     mhf = transformers.AutoModelForCausalLM.from_pretrained(hfdir, dtype=torch.bfloat16).eval()
-    worst = worst_hf = 0.0
+    worst = {"bf16": 0.0, "bf16c": 0.0, "hf": 0.0}
     with torch.no_grad():
         for p, g in zip(ids, outs["fp32"]):
             x = torch.tensor([p + g])
-            a, b = m32(x).logits[0], mbf(x).logits[0]
-            c = mhf(x).logits[0].float()
-            worst = max(worst, float((a - b).abs().max() / a.abs().max()))
-            worst_hf = max(worst_hf, float((a - c).abs().max() / a.abs().max()))
-    same = sum(a == b for a, b in zip(outs["fp32"], outs["bf16"]))
-    agree = []
-    for a, b in zip(outs["fp32"], outs["bf16"]):
-        k = 0
-        while k < min(len(a), len(b)) and a[k] == b[k]:
-            k += 1
-        agree.append(k)
-    return worst, same, len(ids), statistics.mean(agree), min(agree), n_new, worst_hf
+            a = m32(x).logits[0]
+            for k, m in (("bf16", mbf), ("bf16c", mbc), ("hf", mhf)):
+                d = m(x).logits[0].float()
+                worst[k] = max(worst[k], float((a - d).abs().max() / a.abs().max()))
+    agree = {}
+    for mode in ("bf16", "bf16c"):
+        ks = []
+        for a, b in zip(outs["fp32"], outs[mode]):
+            k = 0
+            while k < min(len(a), len(b)) and a[k] == b[k]:
+                k += 1
+            ks.append(k)
+        same = sum(a == b for a, b in zip(outs["fp32"], outs[mode]))
+        agree[mode] = (same, statistics.mean(ks), min(ks))
+    return worst, agree, len(ids), n_new
 
 
 def main():
@@ -141,7 +158,8 @@ def main():
     ap.add_argument("--hf-compile", action="store_true",
                     help="also transformers with torch.compile and a static cache")
     ap.add_argument("--bf16", action="store_true",
-                    help="also loom --weights bf16 and transformers in bfloat16, and the quality cost")
+                    help="also loom --weights bf16, loom --compute bf16 and transformers in "
+                         "bfloat16, and the quality cost")
     ap.add_argument("--write", action="store_true")
     a = ap.parse_args()
     threads = [int(t) for t in a.threads.split(",")]
@@ -167,7 +185,7 @@ def main():
     hfs = ["hf", "hfc"] if a.hf_compile else ["hf"]
     if a.bf16:
         hfs += ["hfb", "hfbc"] if a.hf_compile else ["hfb"]
-    looms = ["loom", "loomb"] if a.bf16 else ["loom"]
+    looms = ["loom", "loomb", "loomc"] if a.bf16 else ["loom"]
     for t in threads:
         models = {}
         for h in hfs:
@@ -181,8 +199,7 @@ def main():
             for b in (16, 1):
                 for k in looms + hfs:  # interleaved: every configuration once per round
                     if k.startswith("loom"):
-                        v = loom_run(ckpt, f"{w}/p{b}.txt", b, a.tokens, t,
-                                     "bf16" if k == "loomb" else "fp32")
+                        v = loom_run(ckpt, f"{w}/p{b}.txt", b, a.tokens, t, LOOMS[k])
                     else:
                         v = models[k].run(ids[:b], a.tokens)
                     res.setdefault((t, b, k), []).append(v)
@@ -209,9 +226,9 @@ def main():
            f"the configurations run ({', '.join(names[h] for h in hfs)}; compiled = "
            "`torch.compile(mode=\"reduce-overhead\")` with `cache_implementation=\"static\"`, "
            "compiled before timing), per column; every configuration is listed below the table. "
-           "loom fp32 is bit-identical to the default; bf16 is `--weights bf16` "
-           "(docs/inference.md).", "",
-           "| threads | batch | loom weights | loom tok/s (wall) | HF best tok/s (wall) | "
+           "loom fp32 is bit-identical to the default; bf16 weights is `--weights bf16`, bf16 "
+           "compute `--compute bf16` (docs/inference.md).", "",
+           "| threads | batch | loom | loom tok/s (wall) | HF best tok/s (wall) | "
            "loom/HF (wall) | loom tok/CPU-s | HF best tok/CPU-s | loom/HF (CPU) | "
            "loom/HF fp32 best (CPU) |",
            "|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|"]
@@ -224,7 +241,7 @@ def main():
                 bw, bc = best(t, b, 0, hfs), best(t, b, 1, hfs)
                 hw, hc = med(t, b, bw, 0), med(t, b, bc, 1)
                 fc = med(t, b, best(t, b, 1, fp32s), 1)
-                out.append(f"| {t} | {b} | {'bf16' if lk == 'loomb' else 'fp32'} | {lw:.1f} | "
+                out.append(f"| {t} | {b} | {LABEL[LOOMS[lk]]} | {lw:.1f} | "
                            f"{hw:.1f} ({names[bw]}) | {lw / hw:.2f}x | {lc:.1f} | {hc:.1f} "
                            f"({names[bc]}) | {lc / hc:.2f}x | {lc / fc:.2f}x |")
     out.append("")
@@ -233,25 +250,26 @@ def main():
             out.append(f"- {t} thread(s), batch {b}: " + "; ".join(
                 f"HF {names[h]} {med(t, b, h, 0):.1f} tok/s, {med(t, b, h, 1):.1f} tok/CPU-s"
                 for h in hfs) + "; " + "; ".join(
-                f"loom {'bf16' if k == 'loomb' else 'fp32'} {med(t, b, k, 0):.1f} tok/s, "
+                f"loom {LABEL[LOOMS[k]]} {med(t, b, k, 0):.1f} tok/s, "
                 f"{med(t, b, k, 1):.1f} tok/CPU-s" for k in looms) + ".")
-    if len(RESIDENT) == 2:
+    if len(RESIDENT) >= 2:
         out.append("")
-        out.append(f"Resident memory of `loom generate` at the end of a run (largest over the "
-                   f"runs, KV cache and workspace included): fp32 weights "
-                   f"{max(RESIDENT['fp32']):.0f} MiB, bf16 {max(RESIDENT['bf16']):.0f} MiB.")
+        out.append("Resident memory of `loom generate` at the end of a run (largest over the "
+                   "runs, KV cache and workspace included): " + ", ".join(
+                       f"{LABEL[k]} {max(v):.0f} MiB" for k, v in RESIDENT.items()) + ".")
     if qual:
-        worst, same, n, mean_agree, min_agree, n_new, worst_hf = qual
+        worst, agree, n, n_new = qual
         out.append("")
-        out.append(f"Quality cost of `--weights bf16` on these weights (a one-step checkpoint, "
-                   f"not a trained language model): max |logit diff| / max |logit| "
-                   f"{worst:.2e} (PyTorch, matrices rounded vs fp32, over each prompt and its "
-                   f"{n_new}-token greedy continuation); loom bf16 vs loom fp32 greedy, {n_new} "
-                   f"tokens: "
-                   f"{same} of {n} prompts identical, on average the first {mean_agree:.1f} "
-                   f"tokens agree (fewest {min_agree}). For comparison, transformers in "
-                   f"bfloat16 (activations and arithmetic in bf16 too): max |logit diff| / "
-                   f"max |logit| {worst_hf:.2e} on the same sequences.")
+        out.append(f"Quality cost of the bf16 modes on these weights (a one-step checkpoint, "
+                   f"not a trained language model), max |logit diff| / max |logit| against "
+                   f"fp32 over each prompt and its {n_new}-token greedy continuation (PyTorch "
+                   f"computing what each mode computes): `--weights bf16` {worst['bf16']:.2e}, "
+                   f"`--compute bf16` {worst['bf16c']:.2e}; greedy tokens against loom fp32, "
+                   f"{n_new} tokens: " + "; ".join(
+                       f"{LABEL[k]} {agree[k][0]} of {n} prompts identical, on average the "
+                       f"first {agree[k][1]:.1f} tokens agree (fewest {agree[k][2]})"
+                       for k in ("bf16", "bf16c")) + f". For comparison, transformers in "
+                   f"bfloat16 (all arithmetic in bf16): {worst['hf']:.2e}.")
     out.append("")
     out.append(f"Load average (1, 5, 15 min) before: {' '.join(load0)}; after: {' '.join(load1)} "
                f"({os.cpu_count()} CPUs).")
