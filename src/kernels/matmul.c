@@ -143,10 +143,11 @@ __attribute__((target("avx512f"))) static void colsum_avx512(float *dbias, const
 /* dbias (OC) += sum_n dout (N,OC): each thread owns a fixed slice of columns and sums the
  * rows in order, so the result does not depend on the thread count (or the CPU). */
 static void bias_backward(float *dbias, const float *dout, int64_t N, int OC) {
-    /* a slice of columns; its partial sums stay in registers/L1. 64, not 256: byte-tiny's
-     * OC = 256 was one slice, so one thread summed it while the other waited (768: 2 slices
-     * against 1) */
-    enum { COLS = 64 };
+    /* a slice of columns; its partial sums stay in registers/L1. 256 columns (1 KiB of each
+     * row) when there are at least 4 such slices; else 64, so that the threads share the
+     * work: byte-tiny's OC = 256 was one 256-column slice (one thread summed it while the
+     * other waited) and 768 three. The slice width never changes a bit. */
+    const int COLS = OC >= 4 * 256 ? 256 : 64;
 #if defined(__x86_64__)
     __builtin_cpu_init();
     const int avx512 = __builtin_cpu_supports("avx512f");
