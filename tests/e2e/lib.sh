@@ -55,6 +55,27 @@ start_server() {
   cat "$log" >&2; fail "the server ($1) did not start"
 }
 
+# serve_completion "what" LOOM serve CKPT args...: that server (on a free port) answers one
+# greedy /v1/completions request with at least one token, then stops on SIGTERM without a crash
+# report
+serve_completion() {
+  local what=$1; shift
+  rm -f "$WORK/port"
+  start_server "$WORK/port" "$WORK/serve.err" "$@" --port 0 --port-file "$WORK/port"
+  python3 - "$(cat "$WORK/port")" <<'PY' || { cat "$WORK/serve.err" >&2; fail "$what: no completion"; }
+import json, sys, urllib.request
+req = urllib.request.Request(f"http://127.0.0.1:{sys.argv[1]}/v1/completions",
+    data=json.dumps({"prompt": "the quick", "max_tokens": 5, "temperature": 0}).encode(),
+    headers={"Content-Type": "application/json"})
+r = json.load(urllib.request.urlopen(req, timeout=60))
+assert r["choices"][0]["text"] is not None and r["usage"]["completion_tokens"] >= 1, r
+PY
+  kill -TERM "$SERVER_PID"
+  wait "$SERVER_PID" || true
+  crashed "$WORK/serve.err" && { cat "$WORK/serve.err" >&2; fail "$what: the server crashed"; }
+  pass "$what answers a completion"
+}
+
 # make_dataset DIR: a small text corpus -> DIR/data/{train,val}
 make_dataset() {
   local d=$1

@@ -42,23 +42,7 @@ expect_fail "--weights bf16 --no-kv-cache" "--weights bf16 runs through the KV-c
 expect_fail "serve --weights int8" "--weights 'int8': expected fp32 or bf16" \
   "$L" serve "$WORK/run_gpt2" --weights int8
 # serve with bf16 weights: one completion
-"$L" serve "$WORK/run_gpt2" --port 0 --port-file "$WORK/port" --weights bf16 2> serve.err &
-SPID=$!
-for _ in $(seq 1 300); do [ -s "$WORK/port" ] && break; sleep 0.1; done
-[ -s "$WORK/port" ] || { cat serve.err >&2; fail "serve did not start"; }
-PORT=$(cat "$WORK/port")
-python3 - "$PORT" <<'PY' || { kill $SPID; cat serve.err >&2; fail "serve --weights bf16: no completion"; }
-import json, sys, urllib.request
-req = urllib.request.Request(f"http://127.0.0.1:{sys.argv[1]}/v1/completions",
-    data=json.dumps({"prompt": "the quick", "max_tokens": 5, "temperature": 0}).encode(),
-    headers={"Content-Type": "application/json"})
-r = json.load(urllib.request.urlopen(req, timeout=60))
-assert r["choices"][0]["text"] is not None and r["usage"]["completion_tokens"] >= 1, r
-PY
-kill -TERM $SPID
-wait $SPID || true
-crashed serve.err && { cat serve.err >&2; fail "serve crashed"; }
-pass "serve --weights bf16 answers a completion"
+serve_completion "serve --weights bf16" "$L" serve "$WORK/run_gpt2" --weights bf16
 # synth: generator.weights
 printf 'the quick\nbrown fox\nlazy dog\n' > seeds.txt
 synth_yaml() { # $1: weights

@@ -103,7 +103,8 @@ def rss():
 
 def decode(L, m, model, ref, prompt, steps):
     """prefill then greedy steps through loom_model_decode_batch; the generated tokens, the
-    worst max|d|/max|ref| against ref and the smallest against the fp32 model"""
+    worst max|d|/max|ref| against ref and the smallest against model (here the fp32 model;
+    test_infer_bf16c.py: the --weights bf16 one)"""
     fpp = L.loom_model_kv_floats_per_pos(m)
     cap = len(prompt) + steps
     k = np.zeros(cap * fpp, np.float32)

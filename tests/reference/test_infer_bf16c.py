@@ -40,7 +40,7 @@ import transformers
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from hf_tiny import tiny_model  # noqa: E402
 from loomlib import FAILURES, expect  # noqa: E402
-from test_infer_bf16 import LOOM, Err, Seg, api, import_ck, rounded_names  # noqa: E402
+from test_infer_bf16 import LOOM, Err, Seg, api, decode, import_ck, rounded_names  # noqa: E402
 
 torch.set_num_threads(2)
 N = 64
@@ -71,34 +71,6 @@ def reference(flavor, model):
             mod.register_forward_pre_hook(round_input)
             hooked += 1
     return ref.eval(), wonly.eval(), hooked
-
-
-def decode(L, m, ref, wonly, prompt, steps):
-    """prefill then greedy steps; tokens, worst max|d|/max|ref| vs ref, smallest vs wonly"""
-    fpp = L.loom_model_kv_floats_per_pos(m)
-    cap = len(prompt) + steps
-    k = np.zeros(cap * fpp, np.float32)
-    v = np.zeros(cap * fpp, np.float32)
-    ws = L.loom_decode_ws_create(m, len(prompt), 1)
-    V = ref.config.vocab_size
-    toks, pos, worst, least_w = list(prompt), 0, 0.0, float("inf")
-    feed = list(prompt)
-    for _ in range(steps):
-        seg = Seg(k.ctypes.data, v.ctypes.data, cap, pos, len(feed), 1)
-        arr = (ctypes.c_int32 * len(feed))(*feed)
-        lp = L.loom_model_decode_batch(m, ws, arr, ctypes.byref(seg), 1)
-        got = np.ctypeslib.as_array(lp, shape=(V,)).copy()
-        pos += len(feed)
-        with torch.no_grad():
-            r = ref(torch.tensor([toks])).logits[0, -1].numpy()
-            rw = wonly(torch.tensor([toks])).logits[0, -1].numpy()
-        worst = max(worst, float(np.abs(got - r).max() / np.abs(r).max()))
-        least_w = min(least_w, float(np.abs(got - rw).max() / np.abs(rw).max()))
-        t = int(np.argmax(got))
-        toks.append(t)
-        feed = [t]
-    L.loom_decode_ws_free(ws)
-    return toks[len(prompt):], worst, least_w
 
 
 def prefills(L, m, ref, wonly):
@@ -166,7 +138,7 @@ def main():
                                         ctypes.byref(err)) or \
                         L.loom_model_set_compute_bf16(m, ctypes.byref(err)):
                     raise RuntimeError(err.msg.decode())
-                gen, worst, _ = decode(L, m, ref, wonly, prompt, N)
+                gen, worst, _ = decode(L, m, wonly, ref, prompt, N)
                 e_ref, e_w = prefills(L, m, ref, wonly)
                 L.loom_model_free(m)
                 tag = f"{flavor} ({kern})"
