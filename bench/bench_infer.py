@@ -275,14 +275,9 @@ def main():
                f"({os.cpu_count()} CPUs).")
     text = "\n".join(out) + "\n"
     print(text)
-    if a.write:
-        p = os.path.join(REPO, "bench/RESULTS.md")
-        s = open(p).read()
-        s2 = re.sub(r"## Generation vs transformers \(.*?\)\n.*?(?=\n## |\Z)", text.rstrip("\n") + "\n",
-                    s, flags=re.S)
-        if s2 == s:
-            s2 = s.rstrip("\n") + "\n\n" + text
-        open(p, "w").write(s2)
+    if a.write:  # our section of the shared RESULTS.md (bench/results_md.py)
+        from results_md import replace_section
+        replace_section(text, "## Generation vs transformers (", os.path.join(REPO, "bench/RESULTS.md"))
     subprocess.run(["rm", "-rf", w])
 
 

@@ -20,7 +20,6 @@ import http.client
 import json
 import os
 import random
-import re
 import statistics
 import subprocess
 import sys
@@ -30,13 +29,8 @@ import time
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 LOOM = os.environ.get("LOOM_BIN", os.path.join(REPO, "build", "loom"))
-
-
-def sh(args, **kw):
-    r = subprocess.run(args, cwd=REPO, capture_output=True, text=True, **kw)
-    if r.returncode:
-        sys.exit(f"{' '.join(args)}: exit {r.returncode}\n{r.stderr[-2000:]}")
-    return r
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from bench_infer import STATS, sh  # noqa: E402  (the same command runner and stats line)
 
 
 def cpu_seconds(pid):
@@ -115,7 +109,7 @@ def main():
         f.write("\n".join(prompts[: a.clients]) + "\n")
     r = sh([LOOM, "generate", ckpt, "--prompts", f"{w}/p.txt", "--tokens", str(a.tokens),
             "--temperature", "0", "--batch", "16", "--stats"], env=env)
-    m = re.search(r"generated (\d+) tokens in ([\d.]+) s .*?; ([\d.]+) s of CPU", r.stderr)
+    m = STATS.search(r.stderr)
     off_wall, off_cpu = int(m[1]) / float(m[2]), int(m[1]) / float(m[3])
     load1 = open("/proc/loadavg").read().split()[:3]
     n = len(lat)
@@ -138,14 +132,9 @@ def main():
            f"({os.cpu_count()} CPUs)."]
     text = "\n".join(out) + "\n"
     print(text)
-    if a.write:
-        p = os.path.join(REPO, "bench/RESULTS.md")
-        s = open(p).read()
-        s2 = re.sub(r"## Server throughput \(.*?\)\n.*?(?=\n## |\Z)", text.rstrip("\n") + "\n", s,
-                    flags=re.S)
-        if s2 == s:
-            s2 = s.rstrip("\n") + "\n\n" + text
-        open(p, "w").write(s2)
+    if a.write:  # our section of the shared RESULTS.md (bench/results_md.py)
+        from results_md import replace_section
+        replace_section(text, "## Server throughput (", os.path.join(REPO, "bench/RESULTS.md"))
     subprocess.run(["rm", "-rf", w])
 
 
