@@ -529,7 +529,8 @@ int loom_model_weights_bf16(const loom_model *m);
 int loom_model_set_compute_bf16(loom_model *m, loom_err *err);
 int loom_model_compute_bf16(const loom_model *m);
 
-/* scratch for steps of up to max_rows rows and max_logits segments wanting logits */
+/* scratch for steps of up to max_rows rows and max_logits segments wanting logits (with
+ * --compute bf16: create it after loom_model_set_compute_bf16) */
 loom_decode_ws *loom_decode_ws_create(const loom_model *m, int max_rows, int max_logits);
 void loom_decode_ws_free(loom_decode_ws *w);
 size_t loom_decode_ws_bytes(const loom_decode_ws *w);

@@ -74,6 +74,12 @@ loom_decode_ws *loom_decode_ws_create(const loom_model *m, int max_rows, int max
         at += (sizes[i] + 15) & ~(int64_t)15;
     }
     w->seg = loom_calloc((size_t)max_rows, sizeof *w->seg);
+    if (m->cbf16) { /* --compute bf16: the rounded input rows of a linear, or of the head */
+        const int64_t wide = C > m->H * m->D ? (C > m->F ? C : m->F)
+                                             : (m->H * m->D > m->F ? m->H * m->D : m->F);
+        w->xbf_n = (size_t)m->be->dotbf16_act_elems((int)(R > K ? R : K), (int)wide);
+        w->xbf = loom_alloc_aligned(w->xbf_n * sizeof(uint16_t));
+    }
     if (m->E > 0) { /* MoE layers route the step's rows dropless, as decoding does */
         LOOM_CHECK(m->ep == 1);
         size_t n = 0;
@@ -123,13 +129,7 @@ const float *loom_model_decode_batch(loom_model *m, loom_decode_ws *w, const int
         LOOM_CHECK(rows <= w->max_rows && nlog <= w->max_logits);
     }
     for (int r = 0; r < rows; r++) LOOM_CHECK(tokens[r] >= 0 && tokens[r] < V);
-    if (m->cbf16 && !w->xbf) { /* --compute bf16: the rounded input rows of a linear */
-        int wide = C > m->H * m->D ? C : m->H * m->D;
-        wide = wide > m->F ? wide : m->F;
-        const int R = w->max_rows > w->max_logits ? w->max_rows : w->max_logits;
-        w->xbf_n = (size_t)m->be->dotbf16_act_elems(R, wide);
-        w->xbf = loom_alloc_aligned(w->xbf_n * sizeof(uint16_t));
-    }
+    LOOM_CHECK(!m->cbf16 || w->xbf); /* the workspace predates loom_model_set_compute_bf16 */
     const int emb_bf16 = m->wbf16 && gpt2; /* gpt2's wte is the head, held in bf16 */
     for (int i = 0; i < nseg && emb_bf16; i++) { /* what embedding_forward does, widening wte */
         const float *wpe = PARAM(m, LOOM_P_WPE);
