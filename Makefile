@@ -9,9 +9,15 @@ all: build
 # NATIVE=1: -march=native (runs only on CPUs like this one); default: portable x86-64 with
 # run-time kernel dispatch (docs/build.md).
 NATIVE ?=
+# TESTS: AUTO builds the tests when their packages are installed, ON requires them (make test),
+# OFF leaves them out. TARGET: what to build (all: loom, loom-asan, the tests; make run: loom).
+TESTS ?= AUTO
+TARGET ?= all
+CONFIGURE = cmake -S . -B $(BUILD) -DCMAKE_BUILD_TYPE=Release -DLOOM_TESTS=$(TESTS) \
+	-DLOOM_NATIVE=$(if $(filter 1 ON on yes,$(NATIVE)),ON,OFF) >/dev/null
 build:
-	@cmake -S . -B $(BUILD) -DCMAKE_BUILD_TYPE=Release -DLOOM_NATIVE=$(if $(filter 1 ON on yes,$(NATIVE)),ON,OFF) >/dev/null
-	@cmake --build $(BUILD) -j $(JOBS)
+	@$(CONFIGURE)
+	@cmake --build $(BUILD) -j $(JOBS) --target $(TARGET)
 
 setup:
 	@bash scripts/setup.sh
@@ -20,15 +26,19 @@ setup-test:
 	@bash scripts/setup.sh --test
 
 # Train the default model on the default data for a few minutes, then sample from it.
-run: setup build
-	@bash scripts/run_default.sh
+# Needs only what `scripts/setup.sh` installs (no test packages): the loom binary alone.
+run: setup
+	@$(MAKE) --no-print-directory build TARGET=loom
+	@LOOM=$(BUILD)/loom bash scripts/run_default.sh
 
 # LOOM_TEST_SKIP=cat,... (unit reference e2e mpi slurm fuzz) is the only way to skip tests.
-test: setup-test build
+test: setup-test
+	@$(MAKE) --no-print-directory build TESTS=ON
 	@cd $(BUILD) && ctest --output-on-failure -j 2
 	@if [ -n "$$LOOM_TEST_SKIP" ]; then echo "make test: LOOM_TEST_SKIP=$$LOOM_TEST_SKIP: the tests listed as (Skipped) did not run (fully)"; fi
 
-bench: setup-test build
+bench: setup-test
+	@$(MAKE) --no-print-directory build TESTS=ON
 	@python3 bench/bench_train.py
 
 clean:
