@@ -54,6 +54,10 @@ void loom_sbuf_append(loom_sbuf *b, const void *p, size_t n);
 char *loom_strdup(const char *s);
 /* 64-byte aligned, zeroed; free with free(). For arenas. */
 void *loom_alloc_aligned(size_t n);
+/* How many allocations loom_malloc/_calloc/_realloc/_strdup/_alloc_aligned have made in this
+ * process (all threads). The step loop must not allocate (DESIGN section 3):
+ * tests/unit/test_step_alloc.c checks that this does not move across training steps. */
+uint64_t loom_alloc_calls(void);
 
 /* Logging to stderr with a level prefix. */
 void loom_log(const char *fmt, ...) __attribute__((format(printf, 1, 2)));

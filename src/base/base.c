@@ -55,19 +55,26 @@ void loom_panic(const char *file, int line, const char *fmt, ...) {
     abort();
 }
 
+static uint64_t alloc_calls;
+static void count_alloc(void) { __atomic_fetch_add(&alloc_calls, 1, __ATOMIC_RELAXED); }
+uint64_t loom_alloc_calls(void) { return __atomic_load_n(&alloc_calls, __ATOMIC_RELAXED); }
+
 void *loom_malloc_at(size_t n, const char *file, int line) {
+    count_alloc();
     void *p = malloc(n ? n : 1);
     if (!p) loom_panic(file, line, "out of memory allocating %zu bytes", n);
     return p;
 }
 
 void *loom_calloc_at(size_t n, size_t size, const char *file, int line) {
+    count_alloc();
     void *p = calloc(n ? n : 1, size ? size : 1);
     if (!p) loom_panic(file, line, "out of memory allocating %zu x %zu bytes", n, size);
     return p;
 }
 
 void *loom_realloc_at(void *p, size_t n, const char *file, int line) {
+    count_alloc();
     void *q = realloc(p, n ? n : 1);
     if (!q) loom_panic(file, line, "out of memory reallocating %zu bytes", n);
     return q;
@@ -109,6 +116,7 @@ char *loom_strdup(const char *s) {
 }
 
 void *loom_alloc_aligned(size_t n) {
+    count_alloc();
     size_t size = (n + 63) & ~(size_t)63;
     void *p = NULL;
     if (posix_memalign(&p, 64, size ? size : 64) != 0)

@@ -180,6 +180,9 @@ struct loom_model {
     loom_moe_comm moe_comm;
     loom_moe_stats moe_stats;
     int *moe_slot;        /* (L) index into moe_stats of an MoE layer, -1 for a dense one */
+    int64_t *moe_scr;     /* the MoE op's scratch, sized at moe_init so that no call allocates:
+                           * (moe_scratch_words(m)) route counts, the plan, exchange counts, and
+                           * the backward's per-expert sums (doubles stored in int64 words) */
     float *rope_cos;      /* (maxT, D/2) */
     /* --weights bf16 (weights_bf16.c): NULL, or the arena of the bf16 copies of the linears'
      * weights, (L, 4) of them by LoRA site (0 q|k|v, 1 attn_proj, 2 fc1, 3 fc_proj), and the

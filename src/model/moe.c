@@ -27,6 +27,17 @@
 
 static int gpt2_of(const loom_model *m) { return m->cfg.flavor == LOOM_FLAVOR_GPT2; }
 
+/* The op's scratch (m->moe_scr), in 64-bit words; the parts live at the same time:
+ *   [SCR_PLAN]  the dispatch plan: 4 ep + 2 E + El + 1 (make_plan)
+ *   [SCR_ROUTE] route_tokens' per-expert counts and mean probabilities: 3 E
+ *   [SCR_CNT]   the exchanged per-expert counts: 2 E
+ *   [SCR_BWD]   the router backward's f_e and d p: 2 E */
+static int64_t scr_plan(const loom_model *m) { return 0; }
+static int64_t scr_route(const loom_model *m) { return 4 * (int64_t)m->ep + 2 * m->E + m->El + 1; }
+static int64_t scr_cnt(const loom_model *m) { return scr_route(m) + 3 * (int64_t)m->E; }
+static int64_t scr_bwd(const loom_model *m) { return scr_cnt(m) + 2 * (int64_t)m->E; }
+static int64_t moe_scratch_words(const loom_model *m) { return scr_bwd(m) + 2 * (int64_t)m->E; }
+
 void moe_init(loom_model *m) {
     const loom_model_config *c = &m->cfg;
     if (c->n_expert <= 0) return;
@@ -55,6 +66,7 @@ void moe_init(loom_model *m) {
     st->tokens = loom_calloc(n, sizeof(double));
     for (int l = 0; l < c->n_layer; l++)
         if (m->moe_slot[l] >= 0) st->layer[m->moe_slot[l]] = l;
+    m->moe_scr = loom_calloc((size_t)moe_scratch_words(m), sizeof(int64_t));
 }
 
 void moe_free(loom_model *m) {
@@ -67,6 +79,7 @@ void moe_free(loom_model *m) {
     free(st->z_sum);
     free(st->tokens);
     free(m->moe_slot);
+    free(m->moe_scr);
 }
 
 loom_moe_stats *loom_model_moe_stats(loom_model *m) { return m->E > 0 ? &m->moe_stats : NULL; }
@@ -180,8 +193,8 @@ static void route_tokens(loom_model *m, block_frame *f, int l, const float *x, i
     const int counted = f->train && !f->recompute && m->moe_slot[l] >= 0;
     loom_moe_stats *st = &m->moe_stats;
     const int si = m->moe_slot[l];
-    int64_t *all = loom_calloc((size_t)E, sizeof(int64_t)), *fill = loom_calloc((size_t)E, sizeof(int64_t));
-    double *pm = loom_calloc((size_t)E, sizeof(double));
+    int64_t *all = m->moe_scr + scr_route(m), *fill = all + E;
+    double *pm = (double *)(fill + E);
     for (int e = 0; e < E; e++) r.cnt[e] = 0;
     for (int64_t g0 = 0; g0 < N; g0 += G) {
         const int64_t g1 = g0 + G < N ? g0 + G : N, Gg = g1 - g0;
@@ -229,9 +242,6 @@ static void route_tokens(loom_model *m, block_frame *f, int l, const float *x, i
     for (int64_t t = 0; t < N; t++)
         for (int j = 0; j < K; j++)
             if (r.pos[t * K + j] >= 0) r.pos[t * K + j] = (int32_t)next[r.e[t * K + j]]++;
-    free(all);
-    free(fill);
-    free(pm);
 }
 
 /* ---- the exchange (expert parallelism) ---------------------------------------------------- */
@@ -247,7 +257,7 @@ typedef struct plan {
 
 static void make_plan(const loom_model *m, const route *r, plan *pl) {
     const int El = m->El, ep = m->ep;
-    int64_t *mem = loom_malloc((size_t)(4 * ep + 2 * m->E + El + 1) * sizeof(int64_t));
+    int64_t *mem = m->moe_scr + scr_plan(m); /* 4 ep + 2 E + El + 1 words */
     pl->sn = mem;
     pl->rn = mem + ep;
     pl->tmp = mem + 2 * ep;
@@ -362,11 +372,10 @@ void moe_forward(loom_model *m, block_frame *f, int l, int in, int out) {
                 if (r.pos[t * K + j] >= 0)
                     memcpy(X + (int64_t)r.pos[t * K + j] * C, x + t * C, (size_t)C * sizeof(float));
     } else { /* rows to the experts' members, counts first */
-        int64_t *sc = loom_malloc(2 * (size_t)E * sizeof(int64_t)), *rc = sc + E;
+        int64_t *sc = m->moe_scr + scr_cnt(m), *rc = sc + E;
         for (int e = 0; e < E; e++) sc[e] = r.cnt[e];
         m->moe_comm.counts(m->moe_comm.ctx, sc, rc, m->El);
         for (int e = 0; e < E; e++) r.rcnt[e] = (int32_t)rc[e];
-        free(sc);
         make_plan(m, &r, &pl);
         float *send = f->moe_t0, *recv = f->moe_t1;
         for (int64_t t = 0; t < N; t++)
@@ -409,7 +418,6 @@ void moe_forward(loom_model *m, block_frame *f, int l, int in, int out) {
                    gpt2 ? ew(m, LOOM_L_MOE_SH_PROJ_B, l, s, C) : NULL, N);
         for (int64_t i = 0; i < N * C; i++) y[i] += ys[i];
     }
-    free(pl.sn); /* the plan's one allocation */
 }
 
 void moe_backward(loom_model *m, block_frame *f, int l, int in, int out) {
@@ -485,7 +493,7 @@ void moe_backward(loom_model *m, block_frame *f, int l, int in, int out) {
     float *dl = f->g[S_MOE_PROB];
     const int64_t G = c->group_tokens > 0 ? c->group_tokens : f->T;
     const double aux = (double)c->aux_loss_coef * f->dscale, zc = (double)c->z_loss_coef * f->dscale;
-    double *fe = loom_calloc((size_t)E, sizeof(double)), *dp = loom_calloc((size_t)E, sizeof(double));
+    double *fe = (double *)(m->moe_scr + scr_bwd(m)), *dp = fe + E;
     for (int64_t g0 = 0; g0 < N; g0 += G) {
         const int64_t g1 = g0 + G < N ? g0 + G : N, Gg = g1 - g0;
         memset(fe, 0, (size_t)E * sizeof(double));
@@ -503,9 +511,6 @@ void moe_backward(loom_model *m, block_frame *f, int l, int in, int out) {
                 dl[t * E + e] = (float)(pt[e] * (dp[e] - sum) + zc * 2.0 * lse[t] * pt[e]);
         }
     }
-    free(fe);
-    free(dp);
     m->be->matmul_backward(dx, LG(m, LOOM_L_MOE_ROUTER_W, l), NULL, dl, x,
                            LP(m, LOOM_L_MOE_ROUTER_W, l), N, (int)C, (int)E);
-    free(pl.sn);
 }
