@@ -59,6 +59,11 @@ void *loom_alloc_aligned(size_t n);
  * tests/unit/test_step_alloc.c checks that this does not move across training steps. */
 uint64_t loom_alloc_calls(void);
 
+/* Parses all of s as a decimal integer in [lo, hi] into *out: no leading space, nothing after
+ * the digits, no overflow. Returns 0, or -1 (then *out is untouched). For untrusted text
+ * (metadata in files, config values); atoi is never used on such input. */
+int loom_parse_i64(const char *s, int64_t lo, int64_t hi, int64_t *out);
+
 /* Logging to stderr with a level prefix. */
 void loom_log(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 void loom_warn(const char *fmt, ...) __attribute__((format(printf, 1, 2)));

@@ -35,10 +35,14 @@ typedef struct loom_lora_tensor {
 } loom_lora_tensor;
 
 /* Attaches adapters to m (a whole model: tp 1, every layer, no MoE feed-forward when an MLP
- * target is chosen): the block then adds them and m's base weights get no gradients. */
+ * target is chosen): the block then adds them and m's base weights get no gradients. The model
+ * owns the adapters: loom_model_free frees them with it, in whatever order its users let go of
+ * them; *out is a borrowed handle, valid until the model or loom_lora_free frees them. */
 int loom_lora_attach(loom_model *m, int rank, float alpha, unsigned targets, uint64_t seed,
                      loom_lora **out, loom_err *err);
-/* Detaches and frees. */
+/* Detaches the adapters from their model and frees them, before the model (merging them and
+ * dropping them, or an error while loading them). NULL is a no-op. Never after the model is
+ * freed: that freed them already. */
 void loom_lora_free(loom_lora *l);
 int loom_lora_rank(const loom_lora *l);
 float loom_lora_alpha(const loom_lora *l);

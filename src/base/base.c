@@ -2,6 +2,7 @@
 #define _GNU_SOURCE
 #include "loom/base.h"
 
+#include <ctype.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <libgen.h>
@@ -106,6 +107,16 @@ void loom_sbuf_append(loom_sbuf *b, const void *p, size_t n) {
     if (n) memcpy(b->p + b->len, p, n);
     b->len += n;
     b->p[b->len] = 0;
+}
+
+int loom_parse_i64(const char *s, int64_t lo, int64_t hi, int64_t *out) {
+    if (!s || !s[0] || isspace((unsigned char)s[0])) return -1;
+    errno = 0;
+    char *end;
+    const long long v = strtoll(s, &end, 10);
+    if (errno == ERANGE || *end || v < lo || v > hi) return -1;
+    *out = (int64_t)v;
+    return 0;
 }
 
 char *loom_strdup(const char *s) {

@@ -602,13 +602,7 @@ static int type_error(const entry *x, const char *what, loom_err *err) {
 int loom_config_get_int(const loom_config *c, const char *key, int64_t *out, loom_err *err) {
     const entry *x = NULL;
     if (lookup(c, key, &x, err)) return -1;
-    const char *s = x->value;
-    if (!s[0] || isspace((unsigned char)s[0])) return type_error(x, "an integer", err);
-    errno = 0;
-    char *end;
-    long long v = strtoll(s, &end, 10);
-    if (errno == ERANGE || *end) return type_error(x, "an integer", err);
-    *out = (int64_t)v;
+    if (loom_parse_i64(x->value, INT64_MIN, INT64_MAX, out)) return type_error(x, "an integer", err);
     return 0;
 }
 

@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "loom/backend.h"
+#include "loom/lora.h"
 #include "model/model_internal.h"
 
 
@@ -450,6 +451,7 @@ size_t loom_model_activation_bytes(const loom_model *m) {
 
 void loom_model_free(loom_model *m) {
     if (!m) return;
+    loom_lora_free(m->lora); /* the model owns its adapters (include/loom/lora.h) */
     free(m->params);
     free(m->grads);
     free(m->wbf16);

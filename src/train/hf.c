@@ -1046,8 +1046,7 @@ int loom_hf_export(const char *ckpt, const char *out_dir, const loom_hf_export_o
         write_json(out_dir, "config.json", hf_config_json(c, eos), err))
         goto done;
     rc = 0;
-done:
-    loom_lora_free(lora);
+done: /* lora: m's own, freed with it */
     free_tensors(ts, n);
     hf_map_free(&map);
     loom_run_data_free(rd);

@@ -92,8 +92,8 @@ int loom_trainer_lora_setup(trainer *t, loom_err *err) {
     return 0;
 }
 
+/* the adapters themselves belong to t->model (loom_model_free frees them) */
 void loom_trainer_lora_free(trainer *t) {
-    loom_lora_free(t->lora);
     free(t->lora_m);
     free(t->lora_v);
     t->lora = NULL;
@@ -171,7 +171,13 @@ int loom_lora_restore(loom_lora *l, const char *data, size_t len, const char *wh
         loom_errf(err, "%s: not a loom LoRA file (format loom-lora-1 with rank and targets)", where);
         goto done;
     }
-    if (atoi(rs) != loom_lora_rank(l) || strtoul(tg, NULL, 10) != loom_lora_targets(l)) {
+    int64_t rank, targets;
+    if (loom_parse_i64(rs, 1, INT32_MAX, &rank) || loom_parse_i64(tg, 0, UINT32_MAX, &targets)) {
+        loom_errf(err, "%s: metadata rank '%s' / targets '%s' are not integers in range", where, rs,
+                  tg);
+        goto done;
+    }
+    if (rank != loom_lora_rank(l) || (unsigned)targets != loom_lora_targets(l)) {
         loom_errf(err, "%s: adapters of rank %s and targets %s, but finetune.lora asks for rank "
                        "%d and targets %u", where, rs, tg, loom_lora_rank(l), loom_lora_targets(l));
         goto done;
