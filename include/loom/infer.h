@@ -12,8 +12,9 @@ typedef struct loom_sampler {
     loom_rng rng;
 } loom_sampler;
 
-/* Draws a token id from logits (V). scratch must hold V floats + V ints (see below). */
-int loom_sample(loom_sampler *s, const float *logits, int V, float *scratch_p, int *scratch_i);
+/* Draws a token id from logits (V): loom_sample_params (below) with s's temperature and top-k.
+ * scratch: loom_sample_scratch_bytes(V) bytes, the caller's (so threads may sample at once). */
+int loom_sample(loom_sampler *s, const float *logits, int V, void *scratch);
 
 /* Generates n_new tokens after prompt (n_prompt >= 1) into out (n_prompt + n_new ids, the
  * prompt copied first), decoding incrementally with a KV cache. T is the model's position

@@ -5,43 +5,19 @@
 #include <stdlib.h>
 #include <string.h>
 
-static const float *g_sort_p;
-static int by_prob_desc(const void *a, const void *b) {
-    const float pa = g_sort_p[*(const int *)a], pb = g_sort_p[*(const int *)b];
-    if (pa != pb) return pa > pb ? -1 : 1;
-    return *(const int *)a - *(const int *)b;
-}
-
-int loom_sample(loom_sampler *s, const float *logits, int V, float *p, int *idx) {
-    int best = 0;
-    for (int i = 1; i < V; i++)
-        if (logits[i] > logits[best]) best = i;
-    if (s->temperature <= 0.0f) return best;
-    const float maxv = logits[best];
-    for (int i = 0; i < V; i++) p[i] = (logits[i] - maxv) / s->temperature;
-    int n = V;
-    for (int i = 0; i < V; i++) idx[i] = i;
-    if (s->top_k > 0 && s->top_k < V) {
-        g_sort_p = p;
-        qsort(idx, (size_t)V, sizeof(int), by_prob_desc);
-        n = s->top_k;
-    }
-    double sum = 0;
-    for (int j = 0; j < n; j++) sum += exp((double)p[idx[j]]);
-    const double r = (double)loom_rng_next_uniform(&s->rng) * sum;
-    double acc = 0;
-    for (int j = 0; j < n; j++) {
-        acc += exp((double)p[idx[j]]);
-        if (r < acc) return idx[j];
-    }
-    return idx[n - 1];
+/* One sampler: loom_sample is loom_sample_params with temperature and top-k only (no global
+ * state, so threads may sample at once; top-k by selection, not a sort of the vocabulary). */
+int loom_sample(loom_sampler *s, const float *logits, int V, void *scratch) {
+    loom_gen_params p = loom_gen_params_default();
+    p.temperature = s->temperature;
+    p.top_k = s->top_k;
+    return loom_sample_params(&p, &s->rng, logits, V, NULL, 0, scratch);
 }
 
 int loom_generate(loom_model *m, int T, const int32_t *prompt, int n_prompt, int n_new,
                   loom_sampler *s, int32_t *out) {
     const int V = loom_model_get_config(m)->vocab_size;
-    float *p = loom_malloc((size_t)V * sizeof(float));
-    int *idx = loom_malloc((size_t)V * sizeof(int));
+    void *scratch = loom_malloc(loom_sample_scratch_bytes(V));
     loom_kv_cache *kc = loom_kv_cache_create(m);
     memcpy(out, prompt, (size_t)n_prompt * sizeof(int32_t));
     int n = n_prompt;
@@ -50,7 +26,7 @@ int loom_generate(loom_model *m, int T, const int32_t *prompt, int n_prompt, int
     const float *logits = NULL;
     for (int i = start; i < n; i++) logits = loom_model_decode(m, kc, out[i]);
     for (int i = 0; i < n_new; i++) {
-        const int32_t next = loom_sample(s, logits, V, p, idx);
+        const int32_t next = loom_sample(s, logits, V, scratch);
         out[n++] = next;
         if (i + 1 == n_new) break;
         if (loom_kv_cache_len(kc) == T) {
@@ -63,25 +39,22 @@ int loom_generate(loom_model *m, int T, const int32_t *prompt, int n_prompt, int
         logits = loom_model_decode(m, kc, next);
     }
     loom_kv_cache_free(kc);
-    free(p);
-    free(idx);
+    free(scratch);
     return n;
 }
 
 int loom_generate_recompute(loom_model *m, int T, const int32_t *prompt, int n_prompt, int n_new,
                             loom_sampler *s, int32_t *out) {
     const int V = loom_model_get_config(m)->vocab_size;
-    float *p = loom_malloc((size_t)V * sizeof(float));
-    int *idx = loom_malloc((size_t)V * sizeof(int));
+    void *scratch = loom_malloc(loom_sample_scratch_bytes(V));
     memcpy(out, prompt, (size_t)n_prompt * sizeof(int32_t));
     int n = n_prompt;
     for (int i = 0; i < n_new; i++) {
         const int ctx = n < T ? n : T;
-        out[n] = loom_sample(s, loom_model_next_logits(m, out + n - ctx, ctx), V, p, idx);
+        out[n] = loom_sample(s, loom_model_next_logits(m, out + n - ctx, ctx), V, scratch);
         n++;
     }
-    free(p);
-    free(idx);
+    free(scratch);
     return n;
 }
 
