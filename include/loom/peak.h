@@ -1,8 +1,9 @@
 /* The machine's fp32 peak FLOP/s, the denominator of MFU (src/train/peak.c: it runs BLAS, so it
  * sits in the train layer beside its only user). docs/training.md, "MFU and the peak".
  *
- * The peak is measured once per machine, by `loom peak` or on first use when the machine is
- * idle, and cached in $LOOM_CACHE_DIR/peak_flops.json (else ~/.cache/loom/peak_flops.json),
+ * The peak is measured once per machine, by `loom peak` or by the first `loom train` that finds
+ * none (busy or not: a busy machine's figure is flagged and replaced by a later idle one), and
+ * cached in $LOOM_CACHE_DIR/peak_flops.json (else ~/.cache/loom/peak_flops.json),
  * keyed by hostname, CPU model and thread count. Nothing else ever changes the cached value:
  * training throughput never raises it. $LOOM_PEAK_FLOPS (tests set it) replaces the whole
  * probe: with it set, nothing is measured and the cache is neither read nor written. */
@@ -35,12 +36,19 @@ int loom_machine_idle(int threads, double *load1, int *ncpu);
 
 /* The peak to use at `threads` OpenMP threads (<= 0: omp_get_max_threads()):
  *   $LOOM_PEAK_FLOPS when set (a positive number; anything else is an error);
- *   else the cached measurement of this machine;
- *   else, when may_measure and the machine is idle, a measurement now (cached);
- *   else none (source NONE, flops 0, note says why and what to run).
- * The trainer passes may_measure 0 in a multi-rank run (the other ranks would share the cores).
- * Fails only on a bad $LOOM_PEAK_FLOPS. */
+ *   else, when may_measure, a measurement now (logged, cached) if nothing is cached, or if the
+ *     cached figure was measured on a busy machine and this one is idle now;
+ *   else the cached measurement of this machine (a busy one's with a note);
+ *   else none (source NONE, flops 0, note says what to run).
+ * A multi-rank trainer passes may_measure 0 and, on NONE, measures on every rank at once
+ * (loom_peak_measure_now) and stores the result (loom_peak_store). Fails only on a bad
+ * $LOOM_PEAK_FLOPS. */
 int loom_peak_get(int threads, int may_measure, loom_peak *out, loom_err *err);
+/* Measures now (about budget_s seconds, <= 0: 2 s), whatever the load; nothing cached. */
+void loom_peak_measure_now(int threads, double budget_s, loom_peak *out);
+/* Caches a measurement (pk->threads, flops, idle, load1, ncpu, measured_at) under this machine's
+ * key unless that would replace an idle machine's figure by a busy one's (*stored says which). */
+int loom_peak_store(const loom_peak *pk, int *stored, loom_err *err);
 
 /* Measures now (`loom peak`), for about budget_s seconds (<= 0: 2 s), whatever the load, and
  * caches the result unless that would replace a measurement made on an idle machine by one

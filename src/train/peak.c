@@ -220,6 +220,44 @@ static void busy_note(loom_peak *pk) {
              "machine", pk->flops / 1e9, pk->threads, pk->load1, pk->ncpu);
 }
 
+/* Stores pk (a measurement) under this machine's key, unless that would replace an entry
+ * measured on an idle machine by one measured on a busy machine. *stored says which. */
+static int store_measured(const loom_peak *pk, int *stored, loom_peak *kept, loom_err *err) {
+    *stored = 0;
+    char *path = loom_peak_cache_path();
+    if (!path) return loom_errf(err, "neither $LOOM_CACHE_DIR nor $HOME is set: no place for the "
+                                     "peak FLOP/s cache");
+    char host[256], *cpu;
+    char *key = cache_key(pk->threads, host, sizeof host, &cpu);
+    json_t *root = load_cache(path);
+    loom_peak old;
+    memset(&old, 0, sizeof old);
+    const int had = read_entry(json_object_get(root, key), &old);
+    int rc = 0;
+    if (had && old.idle && !pk->idle) {
+        if (kept) *kept = old;
+    } else {
+        store(root, key, pk, host, cpu);
+        rc = save_cache(path, root, err);
+        *stored = rc == 0;
+    }
+    json_decref(root);
+    free(path);
+    free(key);
+    free(cpu);
+    return rc;
+}
+
+void loom_peak_measure_now(int threads, double budget_s, loom_peak *out) {
+    if (threads <= 0) threads = omp_get_max_threads();
+    measure_into(out, threads, budget_s);
+    if (!out->idle) busy_note(out);
+}
+
+int loom_peak_store(const loom_peak *pk, int *stored, loom_err *err) {
+    return store_measured(pk, stored, NULL, err);
+}
+
 int loom_peak_get(int threads, int may_measure, loom_peak *out, loom_err *err) {
     if (threads <= 0) threads = omp_get_max_threads();
     memset(out, 0, sizeof *out);
@@ -237,41 +275,42 @@ int loom_peak_get(int threads, int may_measure, loom_peak *out, loom_err *err) {
     char *path = loom_peak_cache_path();
     json_t *root = path ? load_cache(path) : NULL;
     json_t *ent = root ? json_object_get(root, key) : NULL;
-    if (read_entry(ent, out)) {
+    loom_peak cached;
+    memset(&cached, 0, sizeof cached);
+    const int have = read_entry(ent, &cached);
+    if (ent && !have) loom_warn("%s: ignoring the entry for '%s' (an older or damaged one)", path, key);
+    double load1;
+    int ncpu;
+    const int idle_now = loom_machine_idle(threads, &load1, &ncpu);
+    /* measure when nothing usable is cached, or when only a busy machine's figure is and this
+     * one is idle now (it replaces it) */
+    if (may_measure && (!have || (!cached.idle && idle_now))) {
+        loom_log("measuring the peak fp32 GEMM FLOP/s of this machine at %d threads for MFU (%s; "
+                 "about %.0f s, once: it is cached)", threads,
+                 have ? "the cached figure was measured on a busy machine" : "none is cached",
+                 PEAK_DEFAULT_BUDGET_S);
+        measure_into(out, threads, 0);
+        loom_log("measured the peak fp32 GEMM FLOP/s of this machine at %d threads: %.1f "
+                 "GFLOP/s (1-minute load %.2f on %d CPUs%s)", threads, out->flops / 1e9,
+                 out->load1, out->ncpu, out->idle ? "" : ": busy");
+        if (!out->idle) busy_note(out);
+        if (root) { /* replaces nothing measured on an idle machine (see the condition) */
+            loom_err werr;
+            store(root, key, out, host, cpu);
+            if (save_cache(path, root, &werr)) loom_warn("peak FLOP/s cache not written: %s", werr.msg);
+        }
+    } else if (have) {
+        *out = cached;
+        out->threads = threads;
         out->source = LOOM_PEAK_CACHE;
         if (!out->idle) busy_note(out);
     } else {
-        if (ent) loom_warn("%s: ignoring the entry for '%s' (an older or damaged one)", path, key);
-        double load1;
-        int ncpu;
-        const int idle = loom_machine_idle(threads, &load1, &ncpu);
-        if (may_measure && idle) {
-            measure_into(out, threads, 0);
-            loom_log("measured the peak fp32 GEMM FLOP/s of this machine at %d threads: %.1f "
-                     "GFLOP/s (1-minute load %.2f on %d CPUs)", threads, out->flops / 1e9,
-                     out->load1, out->ncpu);
-            if (!out->idle) busy_note(out); /* became busy while measuring */
-            if (root) {
-                loom_err werr;
-                store(root, key, out, host, cpu);
-                if (save_cache(path, root, &werr))
-                    loom_warn("peak FLOP/s cache not written: %s", werr.msg);
-            }
-        } else {
-            out->source = LOOM_PEAK_NONE;
-            out->load1 = load1;
-            out->ncpu = ncpu;
-            snprintf(out->note, sizeof out->note,
-                     "no peak FLOP/s is cached for this machine at %d threads and %s, so none is "
-                     "measured and MFU is not reported: run `loom peak --threads %d` on an idle "
-                     "machine, or set training.peak_flops", threads,
-                     !may_measure ? "other ranks share it" : "it is busy", threads);
-            if (may_measure) {
-                size_t n = strlen(out->note);
-                snprintf(out->note + n, sizeof out->note - n, " (1-minute load %.2f on %d CPUs)",
-                         load1, ncpu);
-            }
-        }
+        out->source = LOOM_PEAK_NONE;
+        out->load1 = load1;
+        out->ncpu = ncpu;
+        snprintf(out->note, sizeof out->note,
+                 "no peak FLOP/s is cached for this machine at %d threads: run `loom peak "
+                 "--threads %d` on an idle machine, or set training.peak_flops", threads, threads);
     }
     json_decref(root);
     free(path);
@@ -292,28 +331,16 @@ int loom_peak_measure(int threads, double budget_s, loom_peak *out, int *stored,
     char *path = loom_peak_cache_path();
     if (!path) return loom_errf(err, "neither $LOOM_CACHE_DIR nor $HOME is set: no place for the "
                                      "peak FLOP/s cache");
-    char host[256], *cpu;
-    char *key = cache_key(threads, host, sizeof host, &cpu);
-    json_t *root = load_cache(path);
-    loom_peak old;
-    memset(&old, 0, sizeof old);
-    const int had = read_entry(json_object_get(root, key), &old);
+    free(path);
     measure_into(out, threads, budget_s);
     if (!out->idle) busy_note(out);
-    int rc = 0;
-    if (had && old.idle && !out->idle) {
+    loom_peak old;
+    memset(&old, 0, sizeof old);
+    const int rc = store_measured(out, stored, &old, err);
+    if (rc == 0 && !*stored)
         snprintf(out->note, sizeof out->note,
                  "the machine is busy (1-minute load %.2f on %d CPUs): %.1f GFLOP/s not stored; "
                  "the cache keeps %.1f GFLOP/s, measured on an idle machine", out->load1,
                  out->ncpu, out->flops / 1e9, old.flops / 1e9);
-    } else {
-        store(root, key, out, host, cpu);
-        rc = save_cache(path, root, err);
-        *stored = rc == 0;
-    }
-    json_decref(root);
-    free(path);
-    free(key);
-    free(cpu);
     return rc;
 }

@@ -489,18 +489,60 @@ int loom_train(loom_config *cfg, loom_err *err) {
         if (loom_metrics_open(path, t.step, &mx, err)) goto done;
     }
 
-    /* the per-rank peak FLOP/s for MFU (rank 0 only: it alone reports), 0 = none; never changed
-     * by what training achieves (docs/training.md, "MFU and the peak") */
+    /* the per-rank peak FLOP/s for MFU (rank 0 reports it), 0 = none; never changed by what
+     * training achieves (docs/training.md, "MFU and the peak"). With none cached, a
+     * single-process run measures it here; a multi-rank run measures on every rank at once
+     * (each on its own cores, as training runs) and uses the ranks' mean. */
     double peak = 0;
     char peak_from[64] = "training.peak_flops";
-    if (rank0 && t.s.peak_flops > 0) peak = t.s.peak_flops;
-    else if (rank0) {
+    if (t.s.peak_flops > 0) {
+        if (rank0) peak = t.s.peak_flops;
+    } else {
         loom_peak pk;
-        if (loom_peak_get(threads, t.world_size == 1, &pk, err)) goto done;
-        peak = pk.flops;
-        snprintf(peak_from, sizeof peak_from, "%s", pk.source == LOOM_PEAK_ENV ? "LOOM_PEAK_FLOPS"
-                 : pk.source == LOOM_PEAK_CACHE ? "the peak cache" : "measured now");
-        if (pk.note[0]) loom_warn("%s", pk.note);
+        memset(&pk, 0, sizeof pk);
+        int32_t need = 0;
+        if (rank0) {
+            if (loom_peak_get(threads, t.world_size == 1, &pk, err)) goto done;
+            need = t.world_size > 1 && pk.source == LOOM_PEAK_NONE;
+        }
+        if (t.world_size > 1) loom_broadcast(t.mesh, LOOM_GROUP_WORLD, &need, 1, LOOM_I32, 0);
+        if (need) {
+            const int node_ranks = loom_comm_node_ranks(); /* collective */
+            if (rank0)
+                loom_log("measuring the peak fp32 GEMM FLOP/s at %d threads on all %d ranks at "
+                         "once for MFU (none is cached; about 2 s, once)", threads, t.world_size);
+            loom_peak mine;
+            loom_peak_measure_now(threads, 0, &mine);
+            double sums[2] = {mine.flops, mine.idle && node_ranks * threads <= mine.ncpu};
+            loom_allreduce_sum(t.mesh, LOOM_GROUP_WORLD, sums, 2, LOOM_F64);
+            if (rank0) {
+                pk = mine;
+                pk.flops = sums[0] / t.world_size;
+                pk.idle = sums[1] == t.world_size;
+                pk.source = LOOM_PEAK_MEASURED;
+                pk.note[0] = 0;
+                loom_log("measured the peak fp32 GEMM FLOP/s per rank: %.1f GFLOP/s (the mean of "
+                         "%d ranks%s)", pk.flops / 1e9, t.world_size,
+                         pk.idle ? "" : "; the node was busy or its ranks share cores");
+                if (!pk.idle)
+                    snprintf(pk.note, sizeof pk.note,
+                             "the peak (%.1f GFLOP/s per rank) was measured while the node was "
+                             "busy or its ranks shared cores: it is likely low, so MFU reads "
+                             "high; run `loom peak --threads %d` on an idle node",
+                             pk.flops / 1e9, threads);
+                int stored;
+                loom_err werr;
+                if (loom_peak_store(&pk, &stored, &werr))
+                    loom_warn("peak FLOP/s cache not written: %s", werr.msg);
+            }
+        }
+        if (rank0) {
+            peak = pk.flops;
+            snprintf(peak_from, sizeof peak_from, "%s",
+                     pk.source == LOOM_PEAK_ENV ? "LOOM_PEAK_FLOPS"
+                     : pk.source == LOOM_PEAK_CACHE ? "the peak cache" : "measured now");
+            if (pk.note[0]) loom_warn("%s", pk.note);
+        }
     }
     int mfu_warned = 0;
     const double flops_tok = loom_model_flops_per_token(t.model, (int)t.s.T);

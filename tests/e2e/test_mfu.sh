@@ -70,3 +70,30 @@ make_config "$WORK" "$WORK/c3.yaml" "$WORK/run_bad"
 LOOM_PEAK_FLOPS=fast expect_fail "train with LOOM_PEAK_FLOPS=fast" "LOOM_PEAK_FLOPS='fast' is not a positive number" \
   "$LOOM_ASAN_BIN" train "$WORK/c3.yaml" "${RUN[@]}"
 [ ! -e "$LOOM_CACHE_DIR/peak_flops.json" ] || fail "a cache was written"
+
+# 4. nothing cached, nothing configured (a new user's first run): the trainer measures the peak
+#    before the first step, says so, caches it, and every metrics.jsonl row has mfu; the next
+#    run takes it from the cache without measuring
+unset LOOM_PEAK_FLOPS
+export LOOM_CACHE_DIR="$WORK/cache_new"
+make_config "$WORK" "$WORK/c4.yaml" "$WORK/run_first"
+expect_ok "a first run with no peak anywhere" "$LOOM_BIN" train "$WORK/c4.yaml" "${RUN[@]}"
+grep -q "measuring the peak fp32 GEMM FLOP/s" "$WORK/err.txt" || { cat "$WORK/err.txt" >&2; fail "the first run did not say it measures the peak"; }
+[ -s "$LOOM_CACHE_DIR/peak_flops.json" ] || fail "the measured peak was not cached"
+python3 - "$WORK/run_first/metrics.jsonl" "$LOOM_CACHE_DIR/peak_flops.json" <<'PY' || fail "no mfu in a first run's metrics"
+import json, sys
+rows = [json.loads(l) for l in open(sys.argv[1])]
+cache = json.load(open(sys.argv[2]))
+(ent,) = cache.values()
+assert len(rows) == 4, rows
+for r in rows:
+    assert r["mfu"] > 0 and r["peak_flops"] == ent["flops"], (r, ent)
+PY
+make_config "$WORK" "$WORK/c5.yaml" "$WORK/run_second"
+first_idle=$(python3 -c 'import json,sys; print(int(list(json.load(open(sys.argv[1])).values())[0]["idle"]))' "$LOOM_CACHE_DIR/peak_flops.json")
+expect_ok "a second run" "$LOOM_BIN" train "$WORK/c5.yaml" "${RUN[@]}"
+if [ "$first_idle" = 1 ]; then # (a busy machine's figure is measured again once the machine is idle)
+  grep -q "measuring the peak" "$WORK/err.txt" && fail "the second run measured again"
+  grep -q "(the peak cache)" "$WORK/err.txt" || fail "the second run does not use the cached peak"
+fi
+pass "a first run measures and caches the peak (mfu in every row); the next uses the cache"

@@ -73,3 +73,20 @@ LOOM_TEST_INJECT_NAN=1:3 run_mpi 2 "$WORK/out" -x LOOM_TEST_INJECT_NAN "$LOOM_BI
 [ "$(grep -c "stopped by an alert rule" "$WORK/out")" = 2 ] || { cat "$WORK/out"; fail "both ranks should report the stop"; }
 [ -f "$WORK/stop/ckpt/step_0000003/COMPLETE" ] || fail "alert stop: no checkpoint at step 3"
 pass "alert stop under mpirun -np 2: checkpoint, exit status 3"
+
+# MFU with no peak anywhere: a 2-rank run measures it on both ranks at once before the first
+# step (rank 0 says so and caches the mean; on 2 oversubscribed cores it is flagged), and every
+# metrics.jsonl row has mfu
+run_mpi 2 "$WORK/out" env -u LOOM_PEAK_FLOPS LOOM_CACHE_DIR="$WORK/peak_cache" "$LOOM_BIN" train \
+  "$WORK/c.yaml" "${COMMON[@]}" --set run.dir="$WORK/mfu" --set training.steps=3 --set training.peak_flops=0
+[ $RC -eq 0 ] || { cat "$WORK/out"; fail "2-rank run without a peak: exit $RC"; }
+grep -q "measuring the peak fp32 GEMM FLOP/s at 1 threads on all 2 ranks" "$WORK/out" || { cat "$WORK/out"; fail "the 2-rank run did not measure the peak"; }
+python3 - "$WORK/mfu/metrics.jsonl" "$WORK/peak_cache/peak_flops.json" <<'PY' || fail "mfu missing in a 2-rank run"
+import json, sys
+rows = [json.loads(l) for l in open(sys.argv[1])]
+(ent,) = json.load(open(sys.argv[2])).values()
+assert len(rows) == 3, rows
+for r in rows:
+    assert r["mfu"] > 0 and abs(r["peak_flops"] - 2 * ent["flops"]) <= 1e-6 * r["peak_flops"], (r, ent)
+PY
+pass "a 2-rank run with no peak measures it on every rank, caches it, reports mfu"

@@ -1,5 +1,5 @@
-/* The peak FLOP/s for MFU: $LOOM_PEAK_FLOPS stops all measuring, a first use measures only on an
- * idle machine, `loom peak` keeps an idle measurement over a busy one, old or corrupt cache
+/* The peak FLOP/s for MFU: $LOOM_PEAK_FLOPS stops all measuring, a first use measures (on a busy
+ * machine too: that figure is flagged and replaced by a later idle first use), `loom peak` keeps an idle measurement over a busy one, old or corrupt cache
  * entries are not trusted, nothing raises a cached value. The GEMM probe and the load average
  * are replaced by fakes (no test measures this machine's peak), except one short call of the
  * probe itself that checks it returns a plausible number. */
@@ -118,23 +118,61 @@ static void test_first_use_idle_measures_once(void **state) {
     assert_int_equal(g_probe_calls, 1);
 }
 
-static void test_first_use_busy_measures_nothing(void **state) {
+/* a first use measures even on a busy machine (so every run reports MFU), flags the figure,
+ * and an idle first use later replaces it; with may_measure 0 (the multi-rank trainer, which
+ * measures on all ranks itself) nothing is measured */
+static void test_first_use_busy_measures_flagged(void **state) {
     (void)state;
-    busy();
     loom_err err = {{0}};
     loom_peak pk;
-    assert_int_equal(loom_peak_get(1, 1, &pk, &err), 0);
+    assert_int_equal(loom_peak_get(1, 0, &pk, &err), 0);
     assert_int_equal(pk.source, LOOM_PEAK_NONE);
     assert_true(pk.flops == 0);
     assert_non_null(strstr(pk.note, "loom peak"));
-    assert_non_null(strstr(pk.note, "busy"));
-    /* a multi-rank run never measures, idle or not */
-    g_load = 0.0;
-    assert_int_equal(loom_peak_get(1, 0, &pk, &err), 0);
-    assert_int_equal(pk.source, LOOM_PEAK_NONE);
-    assert_non_null(strstr(pk.note, "other ranks"));
     assert_int_equal(g_probe_calls, 0);
     assert_false(loom_path_exists(g_cache));
+    busy();
+    assert_int_equal(loom_peak_get(1, 1, &pk, &err), 0);
+    assert_int_equal(pk.source, LOOM_PEAK_MEASURED);
+    assert_true(pk.flops == 1e10);
+    assert_int_equal(pk.idle, 0);
+    assert_non_null(strstr(pk.note, "busy"));
+    assert_int_equal(g_probe_calls, 1);
+    json_t *root = load_cache();
+    assert_true(json_is_false(json_object_get(only_entry(root), "idle")));
+    json_decref(root);
+    /* still busy: the flagged figure is used, not measured again */
+    assert_int_equal(loom_peak_get(1, 1, &pk, &err), 0);
+    assert_int_equal(pk.source, LOOM_PEAK_CACHE);
+    assert_non_null(strstr(pk.note, "busy machine"));
+    assert_int_equal(g_probe_calls, 1);
+    /* a multi-rank run uses it too */
+    assert_int_equal(loom_peak_get(1, 0, &pk, &err), 0);
+    assert_int_equal(pk.source, LOOM_PEAK_CACHE);
+    /* idle now: measured again, replacing it */
+    g_load = 0.0;
+    assert_int_equal(loom_peak_get(1, 1, &pk, &err), 0);
+    assert_int_equal(pk.source, LOOM_PEAK_MEASURED);
+    assert_int_equal(pk.idle, 1);
+    assert_string_equal(pk.note, "");
+    assert_int_equal(g_probe_calls, 2);
+    root = load_cache();
+    assert_true(json_is_true(json_object_get(only_entry(root), "idle")));
+    json_decref(root);
+    /* loom_peak_store (the multi-rank trainer's) never replaces an idle figure by a busy one */
+    loom_peak busy_pk = pk;
+    busy_pk.idle = 0;
+    busy_pk.flops = 5e9;
+    int stored = 1;
+    assert_int_equal(loom_peak_store(&busy_pk, &stored, &err), 0);
+    assert_int_equal(stored, 0);
+    assert_int_equal(loom_peak_get(1, 1, &pk, &err), 0);
+    assert_true(pk.flops == 1e10);
+    busy_pk.idle = 1;
+    assert_int_equal(loom_peak_store(&busy_pk, &stored, &err), 0);
+    assert_int_equal(stored, 1);
+    assert_int_equal(loom_peak_get(1, 1, &pk, &err), 0);
+    assert_true(pk.flops == 5e9);
 }
 
 static void test_loom_peak_idle_beats_busy(void **state) {
@@ -189,11 +227,9 @@ static void test_untrusted_cache(void **state) {
     json_object_del(ent, "idle");
     assert_int_equal(json_dump_file(root, g_cache, 0), 0);
     json_decref(root);
-    busy();
-    assert_int_equal(loom_peak_get(1, 1, &pk, &err), 0);
+    assert_int_equal(loom_peak_get(1, 0, &pk, &err), 0); /* not used */
     assert_int_equal(pk.source, LOOM_PEAK_NONE);
-    g_load = 0.0;
-    assert_int_equal(loom_peak_get(1, 1, &pk, &err), 0);
+    assert_int_equal(loom_peak_get(1, 1, &pk, &err), 0); /* measured again */
     assert_int_equal(pk.source, LOOM_PEAK_MEASURED);
     assert_true(pk.flops == 1e10);
 
@@ -234,7 +270,7 @@ int main(void) {
         cmocka_unit_test_setup_teardown(test_env_override_measures_nothing, setup, teardown),
         cmocka_unit_test_setup_teardown(test_env_bad_is_an_error, setup, teardown),
         cmocka_unit_test_setup_teardown(test_first_use_idle_measures_once, setup, teardown),
-        cmocka_unit_test_setup_teardown(test_first_use_busy_measures_nothing, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_first_use_busy_measures_flagged, setup, teardown),
         cmocka_unit_test_setup_teardown(test_loom_peak_idle_beats_busy, setup, teardown),
         cmocka_unit_test_setup_teardown(test_untrusted_cache, setup, teardown),
         cmocka_unit_test_setup_teardown(test_idle_rule, setup, teardown),
