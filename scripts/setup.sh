@@ -8,7 +8,7 @@ want_test=0
 [ "${1:-}" = "--test" ] && want_test=1
 
 pkgs=(build-essential cmake pkg-config libopenblas-openmp-dev libdnnl-dev libyaml-dev libjansson-dev
-      libssl-dev libpcre2-dev libzstd-dev libxxhash-dev libopenmpi-dev openmpi-bin fortunes fortunes-min
+      libssl-dev libpcre2-dev libicu-dev libzstd-dev libxxhash-dev libopenmpi-dev openmpi-bin fortunes fortunes-min
       libmicrohttpd-dev libcurl4-openssl-dev)
 [ $want_test = 1 ] && pkgs+=(file zstd libcmocka-dev python3 python3-pip slurmctld slurmd slurm-client munge)
 [ $want_test = 1 ] && pkgs+=(clang libclang-rt-14-dev)   # tests/fuzz: clang with libFuzzer

@@ -33,7 +33,9 @@ void loom_ids_free(loom_ids *v);
  * like added tokens). n_specials may be 0. */
 int loom_tokenizer_byte(const char *const *specials, int n_specials, loom_tokenizer **out,
                         loom_err *err);
-/* A Hugging Face tokenizer.json with a BPE model and a ByteLevel pre-tokenizer. */
+/* A Hugging Face tokenizer.json with a BPE model: byte-level (GPT-2, Llama 3, Qwen) or
+ * SentencePiece-style (Metaspace or Prepend/Replace, byte_fallback: Mistral, Gemma); the
+ * normalizers, pre-tokenizers and decoders docs/tokenizers.md lists. */
 int loom_tokenizer_load_json(const char *path, loom_tokenizer **out, loom_err *err);
 /* The same from the text of a tokenizer.json in memory (name is used in messages). */
 int loom_tokenizer_load_json_text(const char *text, size_t len, const char *name,
@@ -66,6 +68,16 @@ const char *loom_tokenizer_id(const loom_tokenizer *t);
  * docs/tokenizers.md). Thread-safe. Fails only on absurd sizes (> 2^31 ids per call). */
 int loom_tokenizer_encode(const loom_tokenizer *t, const void *text, size_t len, loom_ids *out,
                           loom_err *err);
+/* Flags of the _ex calls. LOOM_TOK_CONTINUE: the text (or the ids) continue an earlier text, so
+ * what a tokenizer does only at the start of a text is not done at offset 0: no prefix space
+ * (ByteLevel add_prefix_space), no Metaspace/Prepend "▁" for the first piece, no Strip or
+ * Metaspace first-token rule in decoding. Encoding a text in parts (a chat conversation's
+ * segments) or decoding one token at a time (generation) uses it after the first part. */
+#define LOOM_TOK_CONTINUE 1u
+int loom_tokenizer_encode_ex(const loom_tokenizer *t, const void *text, size_t len, unsigned flags,
+                             loom_ids *out, loom_err *err);
+int loom_tokenizer_decode_ex(const loom_tokenizer *t, const int32_t *ids, size_t n, unsigned flags,
+                             char **out, size_t *out_len, loom_err *err);
 /* Bytes of ids[0..n) (added tokens give their content): *out is malloc'd, NUL-terminated
  * (one extra byte), owned by the caller. An id outside the vocabulary is an error naming it.
  * decode(encode(x)) == x for every byte string x (unless add_prefix_space is set). */

@@ -130,7 +130,7 @@ static void print_ids(const loom_tokenizer *tok, const int32_t *ids, int n) {
         char *text = NULL;
         size_t len = 0;
         loom_err e2 = {{0}};
-        if (ids[i] < 0 || (uint32_t)ids[i] >= tv || loom_tokenizer_decode(tok, ids + i, 1, &text, &len, &e2)) {
+        if (ids[i] < 0 || (uint32_t)ids[i] >= tv || loom_tokenizer_decode_ex(tok, ids + i, 1, LOOM_TOK_CONTINUE, &text, &len, &e2)) {
             fputs("\xEF\xBF\xBD", stdout);
             continue;
         }

@@ -520,6 +520,68 @@ static void encode_word(void *vctx, const uint8_t *w, size_t n) {
     if (sym != buf) free(sym);
 }
 
+/* The same for a tokenizer whose vocabulary is spelled in characters (no ByteLevel step, e.g.
+ * SentencePiece-style BPE): HF's merge_word over the piece's characters. A byte that does not
+ * start a valid UTF-8 character (loom's extension: HF never sees one) is a character of its
+ * own that no vocabulary entry spells, so it takes the byte-fallback or unknown path. */
+static void encode_word_chars(void *vctx, const uint8_t *w, size_t n) {
+    enc_ctx *c = vctx;
+    const loom_tokenizer *t = c->t;
+    loom_ids *out = c->out;
+    if (!n) return;
+    uint64_t h = 0;
+    int cacheable = n < BPE_CACHE_MAX_WORD;
+    if (cacheable) {
+        h = bpe_hash_bytes(w, n) | 1;
+        if (cache_get(t, h, w, n, out)) return;
+    }
+    if (t->ignore_merges) {
+        int32_t id = bpe_strmap_get(&t->vocab, (const char *)w, n);
+        if (id >= 0) {
+            ids_push(out, id);
+            return;
+        }
+    }
+    int32_t buf[BPE_CACHE_MAX_WORD];
+    int32_t *sym = n <= BPE_CACHE_MAX_WORD ? buf : loom_malloc(n * sizeof *sym);
+    size_t k = 0;
+    int32_t unk = -1;
+    for (size_t i = 0; i < n;) {
+        size_t l = w[i] < 0x80 ? 1 : bpe_utf8_len(w + i, n - i, NULL);
+        int32_t id = w[i] < 0x80 ? t->char_id[w[i]] : l ? bpe_strmap_get(&t->vocab, (const char *)w + i, l) : -1;
+        if (!l) l = 1;
+        if (id >= 0) {
+            if (unk >= 0) sym[k++] = unk, unk = -1;
+            sym[k++] = id;
+            i += l;
+            continue;
+        }
+        if (t->byte_fallback) {
+            int ok = 1;
+            for (size_t j = 0; j < l; j++) ok &= t->fb_id[w[i + j]] >= 0;
+            if (ok) { /* a pending unknown is not flushed by byte-fallback tokens (as HF) */
+                for (size_t j = 0; j < l; j++) sym[k++] = t->fb_id[w[i + j]];
+                i += l;
+                continue;
+            }
+        }
+        if (t->unk_id >= 0) {
+            if (unk >= 0 && !t->fuse_unk) sym[k++] = unk;
+            unk = t->unk_id;
+        }
+        i += l;
+    }
+    if (unk >= 0) sym[k++] = unk;
+    k = bpe_merge_word(t, sym, k);
+    if (k) {
+        ids_reserve(out, k);
+        memcpy(out->ids + out->n, sym, k * sizeof *sym);
+        out->n += k;
+    }
+    if (cacheable) cache_put(t, h, w, n, sym, k);
+    if (sym != buf) free(sym);
+}
+
 static void byte_piece(void *vctx, const uint8_t *w, size_t n) {
     enc_ctx *c = vctx;
     ids_reserve(c->out, n);
@@ -534,16 +596,17 @@ typedef struct seg_ctx {
     void *fn_ctx;
     loom_ids *out;   /* where added tokens' ids go (NULL: report them as pieces) */
     loom_err *err;
+    int cont;        /* LOOM_TOK_CONTINUE: the text continues earlier text */
 } seg_ctx;
 
-static int plain_segment(seg_ctx *c, const uint8_t *s, size_t n) {
+static int plain_segment(seg_ctx *c, const uint8_t *s, size_t n, size_t off) {
     const loom_tokenizer *t = c->t;
     if (!n) return 0;
     if (t->kind == LOOM_TOKENIZER_BYTE) {
         c->fn(c->fn_ctx, s, n);
         return 0;
     }
-    if (t->add_prefix_space && s[0] != ' ') {
+    if (t->add_prefix_space && s[0] != ' ' && !(c->cont && off == 0)) {
         /* HF ByteLevel adds one space in front of every split that does not start with one */
         uint8_t *tmp = loom_malloc(n + 1);
         tmp[0] = ' ';
@@ -555,9 +618,30 @@ static int plain_segment(seg_ctx *c, const uint8_t *s, size_t n) {
     return bpe_pretokenize(t, c->md, s, n, c->fn, c->fn_ctx, c->err);
 }
 
-/* HF extracts special tokens first, then the other added tokens in what is left; each pass
- * takes the leftmost match, the longest at that position. */
-static int split_added(seg_ctx *c, const uint8_t *s, size_t n, int special_pass) {
+static int split_added(seg_ctx *c, const uint8_t *s, size_t n, int pass, size_t off);
+
+/* What lies between the added tokens of one pass. The plain GPT-2 form: its second pass, then
+ * the ByteLevel pre-tokenizer. General tokenizers: the first pass's segments are normalized
+ * and searched for the normalized added tokens; the second pass's go through the
+ * pre-tokenizers. off: the segment's offset in the encoded text (0 = its start). */
+static int between_added(seg_ctx *c, const uint8_t *s, size_t n, int pass, size_t off) {
+    const loom_tokenizer *t = c->t;
+    if (!n) return 0;
+    if (!t->general) return pass == 0 ? split_added(c, s, n, 1, off) : plain_segment(c, s, n, off);
+    if (pass == 1) return bpe_pretok_run(t, c->md, 0, s, n, off == 0, c->cont, c->fn, c->fn_ctx, c->err);
+    uint8_t *ns;
+    size_t nl;
+    if (bpe_normalize(t, s, n, !(c->cont && off == 0), &ns, &nl, c->err)) return -1;
+    int rc = split_added(c, ns ? ns : s, nl, 1, off);
+    free(ns);
+    return rc;
+}
+
+/* HF extracts the added tokens that are not normalized first (on the raw text), then the
+ * normalized ones in what is left (after normalization); each pass takes the leftmost match,
+ * the longest at that position. The plain GPT-2 form keeps loom's original order: special
+ * tokens, then the others. */
+static int split_added(seg_ctx *c, const uint8_t *s, size_t n, int pass, size_t off) {
     const loom_tokenizer *t = c->t;
     size_t seg = 0, i = 0;
     while (i < n) {
@@ -569,38 +653,42 @@ static int split_added(seg_ctx *c, const uint8_t *s, size_t n, int special_pass)
         size_t best_len = 0;
         for (int a = 0; a < t->n_added; a++) {
             const bpe_added *ad = &t->added[a];
-            if (ad->special != special_pass || ad->len <= best_len || ad->len > n - i) continue;
+            const int in_pass = t->general ? ad->normalized == pass : ad->special != pass;
+            if (!in_pass || ad->len <= best_len || ad->len > n - i) continue;
             if (!memcmp(s + i, ad->content, ad->len)) best = a, best_len = ad->len;
         }
         if (best < 0) {
             i++;
             continue;
         }
-        if (i > seg) {
-            int rc = special_pass ? split_added(c, s + seg, i - seg, 0) : plain_segment(c, s + seg, i - seg);
-            if (rc) return rc;
-        }
+        if (i > seg && between_added(c, s + seg, i - seg, pass, off + seg)) return -1;
         if (c->out) ids_push(c->out, t->added[best].id);
         else c->fn(c->fn_ctx, s + i, best_len);
         i += best_len;
         seg = i;
     }
-    if (n > seg) return special_pass ? split_added(c, s + seg, n - seg, 0) : plain_segment(c, s + seg, n - seg);
+    if (n > seg) return between_added(c, s + seg, n - seg, pass, off + seg);
     return 0;
+}
+
+int loom_tokenizer_encode_ex(const loom_tokenizer *t, const void *text, size_t len, unsigned flags,
+                             loom_ids *out, loom_err *err) {
+    if (len > ((size_t)1 << 31)) return loom_errf(err, "tokenizer: input of %zu bytes is too large for one encode call (limit 2 GiB)", len);
+    enc_ctx ec = {t, out};
+    bpe_piece_fn fn = t->kind == LOOM_TOKENIZER_BYTE ? byte_piece : t->general && !t->byte_level ? encode_word_chars : encode_word;
+    seg_ctx c = {t, NULL, fn, &ec, out, err, (flags & LOOM_TOK_CONTINUE) != 0};
+    if (t->kind == LOOM_TOKENIZER_BPE && (t->use_regex || t->general)) {
+        c.md = pcre2_match_data_create(1, NULL);
+        LOOM_CHECK(c.md != NULL);
+    }
+    int rc = split_added(&c, text, len, 0, 0);
+    if (c.md) pcre2_match_data_free(c.md);
+    return rc;
 }
 
 int loom_tokenizer_encode(const loom_tokenizer *t, const void *text, size_t len, loom_ids *out,
                           loom_err *err) {
-    if (len > ((size_t)1 << 31)) return loom_errf(err, "tokenizer: input of %zu bytes is too large for one encode call (limit 2 GiB)", len);
-    enc_ctx ec = {t, out};
-    seg_ctx c = {t, NULL, t->kind == LOOM_TOKENIZER_BYTE ? byte_piece : encode_word, &ec, out, err};
-    if (t->kind == LOOM_TOKENIZER_BPE && t->use_regex) {
-        c.md = pcre2_match_data_create(1, NULL);
-        LOOM_CHECK(c.md != NULL);
-    }
-    int rc = split_added(&c, text, len, 1);
-    if (c.md) pcre2_match_data_free(c.md);
-    return rc;
+    return loom_tokenizer_encode_ex(t, text, len, 0, out, err);
 }
 
 typedef struct dbg_ctx {
@@ -616,19 +704,19 @@ static void dbg_piece(void *v, const uint8_t *p, size_t n) {
 
 long loom_bpe_debug_pieces(const loom_tokenizer *t, const char *text, size_t len, size_t *ends,
                            size_t max) {
-    if (t->add_prefix_space) return -1; /* offsets would not refer to text */
+    if (t->add_prefix_space || t->general) return -1; /* offsets would not refer to text */
     dbg_ctx d = {ends, max, 0, (const uint8_t *)text};
     loom_err err;
-    seg_ctx c = {t, NULL, dbg_piece, &d, NULL, &err};
+    seg_ctx c = {t, NULL, dbg_piece, &d, NULL, &err, 0};
     c.md = pcre2_match_data_create(1, NULL);
-    int rc = split_added(&c, (const uint8_t *)text, len, 1);
+    int rc = split_added(&c, (const uint8_t *)text, len, 0, 0);
     pcre2_match_data_free(c.md);
     return rc ? -1 : (long)d.n;
 }
 
 /* ---- decode ---------------------------------------------------------------------------------- */
-int loom_tokenizer_decode(const loom_tokenizer *t, const int32_t *ids, size_t n, char **out,
-                          size_t *out_len, loom_err *err) {
+int loom_tokenizer_decode_ex(const loom_tokenizer *t, const int32_t *ids, size_t n, unsigned flags,
+                             char **out, size_t *out_len, loom_err *err) {
     size_t total = 0;
     for (size_t i = 0; i < n; i++) {
         if (ids[i] < 0 || (uint32_t)ids[i] >= t->vocab_size || !t->tok[ids[i]].raw)
@@ -636,17 +724,45 @@ int loom_tokenizer_decode(const loom_tokenizer *t, const int32_t *ids, size_t n,
                              (int)ids[i], i, t->vocab_size);
         total += t->tok[ids[i]].raw_len;
     }
+    const int at_start = !(flags & LOOM_TOK_CONTINUE);
+    /* a Metaspace decoder treats the first token of a text apart (its replacement is dropped) */
+    char *first = NULL;
+    size_t first_len = 0;
+    if (at_start && n && t->general && t->dec_meta_first) {
+        const bpe_token *tk = &t->tok[ids[0]];
+        bpe_decode_token(t, tk->str, tk->str_len, 1, &first, &first_len);
+        total += first_len;
+    }
     char *buf = loom_malloc(total + 1);
     size_t k = 0;
     for (size_t i = 0; i < n; i++) {
         const bpe_token *tk = &t->tok[ids[i]];
+        if (i == 0 && first) {
+            memcpy(buf, first, first_len);
+            k = first_len;
+            continue;
+        }
         memcpy(buf + k, tk->raw, tk->raw_len);
         k += tk->raw_len;
+    }
+    free(first);
+    if (at_start && t->general && (t->strip_start || t->strip_stop)) { /* a Strip decoder after Fuse */
+        const size_t cl = t->strip_char_len;
+        size_t a = 0, b = k;
+        for (int i = 0; i < t->strip_start && a + cl <= b && !memcmp(buf + a, t->strip_char, cl); i++) a += cl;
+        for (int i = 0; i < t->strip_stop && b >= a + cl && !memcmp(buf + b - cl, t->strip_char, cl); i++) b -= cl;
+        memmove(buf, buf + a, b - a);
+        k = b - a;
     }
     buf[k] = 0;
     *out = buf;
     *out_len = k;
     return 0;
+}
+
+int loom_tokenizer_decode(const loom_tokenizer *t, const int32_t *ids, size_t n, char **out,
+                          size_t *out_len, loom_err *err) {
+    return loom_tokenizer_decode_ex(t, ids, n, 0, out, out_len, err);
 }
 
 /* ---- queries ---------------------------------------------------------------------------------- */
@@ -734,6 +850,12 @@ int bpe_finish(loom_tokenizer *t, loom_err *err) {
         }
         if (ok) t->fallback_id[b][0] = f[0], t->fallback_id[b][1] = f[1];
     }
+    for (int b = 0; b < 256; b++) {
+        char code[8];
+        snprintf(code, sizeof code, "<0x%02X>", b);
+        t->fb_id[b] = bpe_strmap_get(&t->vocab, code, strlen(code));
+        if (b < 128) t->char_id[b] = bpe_strmap_get(&t->vocab, (const char *)&(char){(char)b}, 1);
+    }
     memset(t->added_first, 0, sizeof t->added_first);
     for (int a = 0; a < t->n_added; a++) {
         bpe_added *ad = &t->added[a];
@@ -751,6 +873,15 @@ int bpe_finish(loom_tokenizer *t, loom_err *err) {
             tk->str_len = (uint32_t)ad->len;
         }
     }
+    if (t->general) /* what each token decodes to, through the file's decoders (added tokens too, as HF) */
+        for (uint32_t i = 0; i < t->vocab_size; i++) {
+            bpe_token *tk = &t->tok[i];
+            if (!tk->str) continue;
+            if (tk->raw != tk->str) free(tk->raw);
+            size_t rl;
+            bpe_decode_token(t, tk->str, tk->str_len, 0, &tk->raw, &rl);
+            tk->raw_len = (uint32_t)rl;
+        }
     if (t->kind == LOOM_TOKENIZER_BPE) {
         t->cache = loom_calloc(BPE_CACHE_STRIPES, sizeof *t->cache);
         for (int i = 0; i < BPE_CACHE_STRIPES; i++) {
@@ -778,6 +909,7 @@ void loom_tokenizer_free(loom_tokenizer *t) {
     for (int a = 0; a < t->n_added; a++) free(t->added[a].content);
     free(t->added);
     if (t->re) pcre2_code_free(t->re);
+    bpe_pipeline_free(t);
     if (t->cache) {
         for (int i = 0; i < BPE_CACHE_STRIPES; i++) {
             pthread_mutex_destroy(&t->cache[i].mu);

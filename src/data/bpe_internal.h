@@ -24,6 +24,8 @@
     "'s|'t|'re|'ve|'m|'ll|'d| ?\\p{L}+| ?\\p{N}+| ?[^" BPE_WS "\\p{L}\\p{N}]+|[" BPE_WS        \
     "]+(?![^" BPE_WS "])|[" BPE_WS "]+"
 
+typedef void (*bpe_piece_fn_t)(void *ctx, const uint8_t *p, size_t n);
+
 /* ---- hashing ---------------------------------------------------------------------------- */
 static inline uint64_t bpe_hash_bytes(const void *p, size_t n) {
     const uint8_t *s = (const uint8_t *)p;
@@ -83,6 +85,60 @@ size_t bpe_bytes_to_spelling(const uint8_t *s, size_t n, char *out);
  * (RFC 3629: no overlongs, no surrogates, nothing above U+10FFFF). */
 size_t bpe_utf8_len(const uint8_t *s, size_t n, uint32_t *cp);
 
+/* ---- the Hugging Face pipeline around the model (bpe_pipeline.c) --------------------------
+ * A tokenizer.json that is not the plain GPT-2 form (one ByteLevel pre-tokenizer, no
+ * normalizer, a ByteLevel or no decoder) is "general": its normalizers, pre-tokenizers and
+ * decoders are these steps, applied as `tokenizers` applies them (docs/tokenizers.md). */
+enum { NORM_NFC, NORM_NFD, NORM_NFKC, NORM_NFKD, NORM_PREPEND, NORM_REPLACE };
+typedef struct bpe_norm {
+    int kind;
+    char *a, *b;   /* Prepend: a; Replace: a -> b */
+    size_t al, bl;
+} bpe_norm;
+
+enum { PT_BYTELEVEL, PT_SPLIT, PT_METASPACE, PT_DIGITS };
+enum { SPLIT_REMOVED, SPLIT_ISOLATED, SPLIT_MERGED_PREV, SPLIT_MERGED_NEXT, SPLIT_CONTIGUOUS };
+enum { PREPEND_ALWAYS, PREPEND_FIRST, PREPEND_NEVER };
+typedef struct bpe_pretok {
+    int kind;
+    int add_prefix_space, use_regex;  /* ByteLevel */
+    pcre2_code *re;                   /* Split (a literal String pattern compiled as a literal) */
+    int jit, behavior, invert;
+    char rep[8];                      /* Metaspace replacement (UTF-8 of one character) */
+    size_t rep_len;
+    int prepend, split;               /* Metaspace prepend_scheme, split */
+    int individual;                   /* Digits individual_digits */
+} bpe_pretok;
+
+enum { DEC_BYTELEVEL, DEC_REPLACE, DEC_BYTEFALLBACK, DEC_FUSE, DEC_STRIP, DEC_METASPACE };
+typedef struct bpe_dec {
+    int kind;
+    char *a, *b;                      /* Replace a -> b; Strip / Metaspace: a = the character */
+    size_t al, bl;
+    int start, stop;                  /* Strip */
+    int prepend;                      /* Metaspace prepend_scheme */
+    int whole;                        /* after Fuse: applies to the whole text */
+} bpe_dec;
+
+/* Loads normalizer, pre_tokenizer and decoder of a tokenizer.json into t (sets t->general
+ * unless the file is the plain GPT-2 form). The JSON values are borrowed. */
+struct json_t;
+int bpe_pipeline_load(loom_tokenizer *t, const char *path, struct json_t *norm, struct json_t *pt,
+                      struct json_t *dec, loom_err *err);
+void bpe_pipeline_free(loom_tokenizer *t);
+/* Normalizes s[0..n) into *out (malloc'd, or NULL when nothing changed: then the input is the
+ * result). split_start: the segment starts a split (Prepend applies). */
+int bpe_normalize(const loom_tokenizer *t, const uint8_t *s, size_t n, int split_start,
+                  uint8_t **out, size_t *out_len, loom_err *err);
+/* Runs pre-tokenizer k.. on a piece; each final piece goes to fn. at0: the piece starts at
+ * offset 0 of the encoded text; cont: the text continues earlier text (LOOM_TOK_CONTINUE). */
+int bpe_pretok_run(const loom_tokenizer *t, pcre2_match_data *md, int k, const uint8_t *s, size_t n,
+                   int at0, int cont, bpe_piece_fn_t fn, void *ctx, loom_err *err);
+/* The bytes the decoder chain gives for token string s (per-token steps only, not the first
+ * token's Metaspace rule): malloc'd into *out. */
+void bpe_decode_token(const loom_tokenizer *t, const char *s, size_t n, int first, char **out,
+                      size_t *out_len);
+
 /* ---- the tokenizer ---------------------------------------------------------------------- */
 typedef struct bpe_token {
     char *str;          /* vocabulary spelling (UTF-8), NULL when the id is unused */
@@ -98,6 +154,7 @@ typedef struct bpe_added {
     size_t len;
     int32_t id;
     int special;
+    int normalized;     /* matched after normalization (general tokenizers) */
 } bpe_added;
 
 typedef struct bpe_cache_entry {
@@ -131,6 +188,20 @@ struct loom_tokenizer {
     /* options (HF names) */
     int add_prefix_space, use_regex, ignore_merges, byte_fallback, fuse_unk;
     int32_t unk_id;           /* -1 when no unk token */
+    /* general tokenizers (bpe_pipeline.c): not the plain GPT-2 form */
+    int general;
+    int byte_level;           /* pieces go through the ByteLevel byte alphabet (else characters) */
+    int n_norm, n_pt, n_dec;
+    bpe_norm *norm;
+    bpe_pretok *pt;
+    bpe_dec *dec;
+    int dec_meta_first;       /* a Metaspace decoder drops the replacement in the first token */
+    int strip_start, strip_stop; /* a Strip decoder after Fuse: characters strip_char at the ends */
+    char strip_char[8];
+    size_t strip_char_len;
+    char *j_norm, *j_pt, *j_dec; /* their JSON (compact), written back by bpe_json_text */
+    int32_t char_id[128];     /* char mode: ids of the ASCII characters, -1 when absent */
+    int32_t fb_id[256];       /* ids of "<0xXX>", -1 when absent */
     pcre2_code *re;
     int jit;
     bpe_cache_stripe *cache;  /* (BPE_CACHE_STRIPES), NULL for byte tokenizers */
@@ -147,7 +218,7 @@ void bpe_set_token(loom_tokenizer *t, int32_t id, char *str, size_t len, int in_
 char *bpe_json_text(const loom_tokenizer *t, int compact);
 
 /* Pre-tokenization callback: one piece of the input at a time. */
-typedef void (*bpe_piece_fn)(void *ctx, const uint8_t *p, size_t n);
+typedef bpe_piece_fn_t bpe_piece_fn;
 /* Splits text (no added tokens inside) as the ByteLevel pre-tokenizer does: valid UTF-8 runs
  * through the regex, invalid byte runs as pieces of their own. Returns 0 or -1 (regex
  * failure, message in err). md: match data from pcre2_match_data_create(1, NULL). */

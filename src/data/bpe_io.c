@@ -96,13 +96,16 @@ static int read_added(loom_tokenizer *t, const char *path, json_t *added, loom_e
             if (json_is_true(json_object_get(a, unsupported[u])))
                 return loom_errf(err, "%s: added_tokens[%zu] (\"%.80s\") sets %s=true, which loom does not support",
                                  path, i, json_string_value(c), unsupported[u]);
-        json_t *sp = json_object_get(a, "special");
+        json_t *sp = json_object_get(a, "special"), *nz = json_object_get(a, "normalized");
+        if (nz && !json_is_boolean(nz) && !json_is_null(nz))
+            return loom_errf(err, "%s: added_tokens[%zu].normalized must be true or false", path, i);
         bpe_added *ad = &t->added[t->n_added];
         ad->len = json_string_length(c);
         ad->content = loom_malloc(ad->len + 1);
         memcpy(ad->content, json_string_value(c), ad->len + 1);
         ad->id = (int32_t)json_integer_value(json_object_get(a, "id"));
         ad->special = json_is_true(sp);
+        ad->normalized = json_is_boolean(nz) ? json_is_true(nz) : !ad->special; /* HF's default */
         for (int j = 0; j < t->n_added; j++)
             if (t->added[j].id == ad->id || (t->added[j].len == ad->len && !memcmp(t->added[j].content, ad->content, ad->len))) {
                 free(ad->content);
@@ -123,19 +126,6 @@ static int opt_bool(const char *path, json_t *obj, const char *where, const char
     }
     if (!json_is_boolean(v)) return loom_errf(err, "%s: %s.%s must be true or false", path, where, key);
     *out = json_is_true(v);
-    return 0;
-}
-
-static int read_pre_tokenizer(loom_tokenizer *t, const char *path, json_t *pt, loom_err *err) {
-    if (!json_is_object(pt))
-        return loom_errf(err, "%s: 'pre_tokenizer' must be a ByteLevel pre-tokenizer (loom supports byte-level BPE only)", path);
-    const char *type = json_string_value(json_object_get(pt, "type"));
-    if (!type || strcmp(type, "ByteLevel") != 0)
-        return loom_errf(err, "%s: pre_tokenizer type '%s' is not supported (loom supports ByteLevel)", path,
-                         type ? type : "(missing)");
-    if (opt_bool(path, pt, "pre_tokenizer", "add_prefix_space", 0, &t->add_prefix_space, err) ||
-        opt_bool(path, pt, "pre_tokenizer", "use_regex", 1, &t->use_regex, err))
-        return -1;
     return 0;
 }
 
@@ -225,22 +215,9 @@ static int load_json_root(json_t *root, const char *path, loom_tokenizer **out, 
         goto fail;
     }
     if (bpe_new(&t, err)) goto fail;
-    json_t *norm = json_object_get(root, "normalizer");
-    if (norm && !json_is_null(norm)) {
-        const char *type = json_string_value(json_object_get(norm, "type"));
-        loom_errf(err, "%s: normalizer '%s' is not supported (loom supports byte-level BPE without a normalizer)",
-                  path, type ? type : "?");
+    if (bpe_pipeline_load(t, path, json_object_get(root, "normalizer"), json_object_get(root, "pre_tokenizer"),
+                          json_object_get(root, "decoder"), err))
         goto fail;
-    }
-    if (read_pre_tokenizer(t, path, json_object_get(root, "pre_tokenizer"), err)) goto fail;
-    json_t *dec = json_object_get(root, "decoder");
-    if (dec && !json_is_null(dec)) {
-        const char *type = json_string_value(json_object_get(dec, "type"));
-        if (!type || strcmp(type, "ByteLevel") != 0) {
-            loom_errf(err, "%s: decoder '%s' is not supported (loom decodes byte-level)", path, type ? type : "?");
-            goto fail;
-        }
-    }
     if (read_model(t, path, root, err)) goto fail;
     json_decref(root);
     if (bpe_finish(t, err)) {
@@ -362,15 +339,23 @@ char *bpe_json_text(const loom_tokenizer *t, int compact) {
         json_object_set_new(o, "single_word", json_false());
         json_object_set_new(o, "lstrip", json_false());
         json_object_set_new(o, "rstrip", json_false());
-        json_object_set_new(o, "normalized", json_boolean(!ad->special));
+        json_object_set_new(o, "normalized", json_boolean(t->general ? ad->normalized : !ad->special));
         json_object_set_new(o, "special", json_boolean(ad->special));
         json_array_append_new(added, o);
     }
     json_object_set_new(root, "added_tokens", added);
-    json_object_set_new(root, "normalizer", json_null());
-    json_object_set_new(root, "pre_tokenizer", byte_level_obj(t->add_prefix_space, 1, t->use_regex));
-    json_object_set_new(root, "post_processor", byte_level_obj(1, 1, 1));
-    json_object_set_new(root, "decoder", byte_level_obj(1, 1, 1));
+    if (t->general) { /* the file's own steps, as loaded (compact JSON); no post-processor:
+                         * loom's encode adds no BOS/EOS, and neither does `tokenizers` then */
+        json_object_set_new(root, "normalizer", t->j_norm ? json_loads(t->j_norm, JSON_DECODE_ANY, NULL) : json_null());
+        json_object_set_new(root, "pre_tokenizer", t->j_pt ? json_loads(t->j_pt, JSON_DECODE_ANY, NULL) : json_null());
+        json_object_set_new(root, "post_processor", t->byte_level ? byte_level_obj(1, 1, 1) : json_null());
+        json_object_set_new(root, "decoder", t->j_dec ? json_loads(t->j_dec, JSON_DECODE_ANY, NULL) : json_null());
+    } else {
+        json_object_set_new(root, "normalizer", json_null());
+        json_object_set_new(root, "pre_tokenizer", byte_level_obj(t->add_prefix_space, 1, t->use_regex));
+        json_object_set_new(root, "post_processor", byte_level_obj(1, 1, 1));
+        json_object_set_new(root, "decoder", byte_level_obj(1, 1, 1));
+    }
     json_t *model = json_object();
     json_object_set_new(model, "type", json_string("BPE"));
     json_object_set_new(model, "dropout", json_null());
@@ -427,6 +412,9 @@ int loom_tokenizer_save_json(const loom_tokenizer *t, const char *path, loom_err
 int loom_tokenizer_save_vocab_merges(const loom_tokenizer *t, const char *vocab_path,
                                      const char *merges_path, loom_err *err) {
     if (t->kind != LOOM_TOKENIZER_BPE) return loom_errf(err, "%s: a byte tokenizer has no vocab.json", vocab_path);
+    if (t->general)
+        return loom_errf(err, "%s: this tokenizer has normalizers or pre-tokenizers that vocab.json + merges.txt cannot "
+                              "describe; save it as tokenizer.json", vocab_path);
     for (uint32_t m = 0; m < t->n_merges; m++)
         for (int j = 0; j < 2; j++)
             if (memchr(t->tok[t->merges[m][j]].str, ' ', t->tok[t->merges[m][j]].str_len))
@@ -468,7 +456,7 @@ char *loom_tokenizer_hf_json(const loom_tokenizer *t) {
 
 int loom_tokenizer_is_plain_bytes(const loom_tokenizer *t) {
     if (t->kind == LOOM_TOKENIZER_BYTE) return t->vocab_size == 256;
-    if (t->vocab_size != 256 || t->n_added != 0 || t->n_merges != 0 || t->add_prefix_space ||
+    if (t->general || t->vocab_size != 256 || t->n_added != 0 || t->n_merges != 0 || t->add_prefix_space ||
         t->byte_fallback)
         return 0;
     for (int b = 0; b < 256; b++)

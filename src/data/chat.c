@@ -288,7 +288,10 @@ int loom_chat_encode(const loom_chat_doc *d, const loom_tokenizer *tok, loom_ids
     LOOM_CHECK(ids->n == 0);
     for (size_t s = 0; s < d->n_seg; s++) {
         const size_t before = ids->n;
-        if (loom_tokenizer_encode(tok, d->text + start, (size_t)d->seg[s].end - start, ids, err)) {
+        /* the segments after the first continue the text: no start-of-text prefix (Metaspace,
+         * Prepend, add_prefix_space) at their beginning, as when the whole text is encoded */
+        if (loom_tokenizer_encode_ex(tok, d->text + start, (size_t)d->seg[s].end - start, s ? LOOM_TOK_CONTINUE : 0,
+                                     ids, err)) {
             free(*mask);
             *mask = NULL;
             return -1;

@@ -244,7 +244,7 @@ static int add_text(loom_engine *e, req *r, int32_t t) {
         char *s = NULL;
         size_t len = 0;
         loom_err err = {{0}};
-        if (loom_tokenizer_decode(e->tok, &t, 1, &s, &len, &err))
+        if (loom_tokenizer_decode_ex(e->tok, &t, 1, LOOM_TOK_CONTINUE, &s, &len, &err)) /* continues the prompt */
             loom_sbuf_append(&r->text, REPLACEMENT_CHAR, 3);
         else
             loom_sbuf_append(&r->text, s, len);

@@ -45,7 +45,7 @@ printf '#include <stdint.h>\n#include <stddef.h>\nint LLVMFuzzerTestOneInput(con
 "$cc" -fsanitize=fuzzer,address,undefined "$work/probe.c" -o "$work/probe" >"$work/probe.log" 2>&1 ||
     missing "$cc cannot link a libFuzzer target: $(head -c 400 "$work/probe.log")"
 
-pkgs="yaml-0.1 jansson libcrypto libpcre2-8 libzstd"
+pkgs="yaml-0.1 jansson libcrypto libpcre2-8 icu-uc libzstd"
 pkg_cflags=$(pkg-config --cflags $pkgs) || fail "pkg-config: missing one of $pkgs (run scripts/setup.sh)"
 pkg_libs=$(pkg-config --libs $pkgs) || fail "pkg-config: missing one of $pkgs"
 # mpi.h only (ckpt_pieces.h includes the parallel/comm headers); nothing calls MPI

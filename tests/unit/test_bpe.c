@@ -136,13 +136,14 @@ static void test_hostile_json(void **state) {
          "added_tokens[1]", "repeats"},
         {"addobj.json", VOCAB, MERGES, "[3]", PRE, "", "", "added_tokens[0]", NULL},
         {"pre.json", VOCAB, MERGES, ADDED, "{\"type\": \"Whitespace\"}", "", "", "Whitespace", "not supported"},
-        {"prenull.json", VOCAB, MERGES, ADDED, "null", "", "", "pre_tokenizer", NULL},
+        {"prenull.json", VOCAB, MERGES, ADDED, "null", "", "", NULL, NULL}, /* no pre-tokenizer: characters */
         {"prebool.json", VOCAB, MERGES, ADDED, "{\"type\": \"ByteLevel\", \"use_regex\": 3}", "", "", "use_regex", NULL},
         {"dropout.json", VOCAB, MERGES, ADDED, PRE, ", \"dropout\": 0.1", "", "dropout", NULL},
         {"prefix.json", VOCAB, MERGES, ADDED, PRE, ", \"continuing_subword_prefix\": \"##\"", "", "continuing_subword_prefix", NULL},
         {"unk.json", VOCAB, MERGES, ADDED, PRE, ", \"unk_token\": \"<unk>\"", "", "unk_token", "not in"},
         {"wp.json", VOCAB, MERGES, ADDED, PRE, ", \"type\": \"WordPiece\"", "", "WordPiece", NULL},
-        {"norm.json", VOCAB, MERGES, ADDED, PRE, "", ", \"normalizer\": {\"type\": \"NFC\"}", "NFC", NULL},
+        {"norm.json", VOCAB, MERGES, ADDED, PRE, "", ", \"normalizer\": {\"type\": \"Lowercase\"}", "Lowercase", NULL},
+        {"normnfc.json", VOCAB, MERGES, ADDED, PRE, "", ", \"normalizer\": {\"type\": \"NFC\"}", NULL, NULL},
         {"dec.json", VOCAB, MERGES, ADDED, PRE, "", ", \"decoder\": {\"type\": \"WordPiece\"}", "decoder", NULL},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
