@@ -110,6 +110,17 @@ typedef struct loom_backend {
                          const float *cos_t, const float *sin_t, int pos0);
     void (*rope_backward)(float *dx, int64_t B, int T, int nh, int D, int64_t row_stride,
                           const float *cos_t, const float *sin_t, int pos0);
+    /* RoPE scalings: the tables from D/2 inverse frequencies, times scale */
+    void (*rope_tables_freq)(float *cos_t, float *sin_t, int max_T, int D,
+                             const float *inv_freq, float scale);
+    /* q/k norms: RMSNorm of nh heads of D floats per row (rows row_stride apart), w (D);
+     * rstd (N, rstd_stride); backward sets din, dw += */
+    void (*headnorm_forward)(float *out, float *rstd, const float *in, const float *w,
+                             int64_t N, int nh, int D, int64_t row_stride, int64_t rstd_stride,
+                             float eps);
+    void (*headnorm_backward)(float *din, float *dw, const float *dout, const float *in,
+                              const float *w, const float *rstd, int64_t N, int nh, int D,
+                              int64_t row_stride, int64_t rstd_stride);
 
     /* materialized causal attention (sdpa, the reference): qkv (B,T,(H+2*KVH)*D), out
      * (B,T,H*D), att (B,H,T,T) probabilities; backward: dqkv +=, scratch B*H*T*T floats */

@@ -73,6 +73,14 @@ void rmsnorm_forward(float *out, float *rstd, const float *inp, const float *wei
 void rmsnorm_backward(float *dinp, float *dweight, const float *dout, const float *inp,
                       const float *weight, const float *rstd, int64_t N, int C);
 
+/* RMSNorm of each of nh heads of D floats in N rows row_stride floats apart, w (D) shared by
+ * the heads, rstd (N, rstd_stride); out may be in. Backward SETS din, dw += (may be NULL). */
+void headnorm_forward(float *out, float *rstd, const float *in, const float *w, int64_t N,
+                      int nh, int D, int64_t row_stride, int64_t rstd_stride, float eps);
+void headnorm_backward(float *din, float *dw, const float *dout, const float *in, const float *w,
+                       const float *rstd, int64_t N, int nh, int D, int64_t row_stride,
+                       int64_t rstd_stride);
+
 /* GELU, tanh approximation (GPT-2's "gelu_new"). */
 void gelu_forward(float *out, const float *inp, int64_t n);
 void gelu_backward(float *dinp, const float *inp, const float *dout, int64_t n);
@@ -87,6 +95,9 @@ void swiglu_backward(float *dinp, const float *inp, const float *dout, int64_t N
  * i < D/2 pairs with i + D/2, angle = pos * theta^(-2i/D).
  * cos/sin tables are (max_T, D/2), filled by rope_tables. */
 void rope_tables(float *cos_t, float *sin_t, int max_T, int D, float theta);
+/* the same tables from D/2 given inverse frequencies (RoPE scalings), times scale */
+void rope_tables_freq(float *cos_t, float *sin_t, int max_T, int D, const float *inv_freq,
+                      float scale);
 /* Rotates x in place. x points at the first head of row 0; rows are `row_stride` floats
  * apart, B*T rows, row (b,t) has position pos0 + t; nh heads of D floats each. */
 void rope_forward(float *x, int64_t B, int T, int nh, int D, int64_t row_stride,

@@ -20,10 +20,11 @@ enum {
 };
 #define LOOM_LORA_NT 7
 
-/* "q", "k", "v", "o", "gate", "up", "down"; gpt2 spellings "fc" (= gate: the first MLP
- * matrix) and "fc_proj" (= down). -1 for an unknown name. */
-int loom_lora_target_bit(const char *name, int flavor);
-const char *loom_lora_target_name(int t, int flavor); /* t in [0, LOOM_LORA_NT) */
+/* "q", "k", "v", "o", "gate", "up", "down"; with an ungated MLP (gelu_mlp: arch.mlp
+ * LOOM_MLP_GELU, gpt2) the spellings "fc" (= gate: the first MLP matrix) and "fc_proj"
+ * (= down). -1 for an unknown name. */
+int loom_lora_target_bit(const char *name, int gelu_mlp);
+const char *loom_lora_target_name(int t, int gelu_mlp); /* t in [0, LOOM_LORA_NT) */
 
 typedef struct loom_lora loom_lora;
 typedef struct loom_lora_tensor {

@@ -1,9 +1,12 @@
-/* loom model: one configurable decoder covering GPT-2 and Llama.
+/* loom model: one configurable decoder whose block reads an architecture descriptor
+ * (loom_arch, docs/architectures.md): the norm, positions, MLP, biases, q/k norms, RoPE
+ * variant, head width and tied head are features, never a family name. The named
+ * descriptors (src/model/arch.c) include:
  *
- * GPT-2 flavor: LayerNorm (with bias), learned positions (wpe), GELU (tanh), biases on
- * every linear, tied embeddings (the LM head is wte).
- * Llama flavor: RMSNorm, RoPE (rotate-half), SwiGLU, grouped-query attention, no biases,
- * untied LM head.
+ * gpt2: LayerNorm (with bias), learned positions (wpe), GELU (tanh), biases on every linear,
+ * tied embeddings (the LM head is wte).
+ * llama: RMSNorm, RoPE (rotate-half), SwiGLU, grouped-query attention, no biases, untied LM
+ * head.
  *
  * Parameters, gradients and activations each live in one arena; loom_model_tensor() gives
  * the typed views. */
@@ -14,10 +17,42 @@
 #include <stdint.h>
 #include "loom/base.h"
 
-typedef enum loom_flavor { LOOM_FLAVOR_GPT2 = 0, LOOM_FLAVOR_LLAMA = 1 } loom_flavor;
+/* flavor: GPT2 and LLAMA name the built-in descriptors (the config is then read only up to
+ * `recompute`, the layout before descriptors existed); ARCH: the descriptor is cfg.arch. */
+typedef enum loom_flavor { LOOM_FLAVOR_GPT2 = 0, LOOM_FLAVOR_LLAMA = 1, LOOM_FLAVOR_ARCH = 2 }
+    loom_flavor;
+
+enum { LOOM_NORM_LAYER = 0, LOOM_NORM_RMS = 1 };        /* LayerNorm has a bias */
+enum { LOOM_POS_LEARNED = 0, LOOM_POS_ROPE = 1 };       /* wpe, or rotate-half RoPE */
+enum { LOOM_MLP_GELU = 0, LOOM_MLP_SWIGLU = 1 };        /* fc -> GELU(tanh) -> fc_proj, or
+                                                         * silu(gate) * up -> fc_proj */
+enum { LOOM_QK_NORM_NONE = 0, LOOM_QK_NORM_HEAD = 1 };  /* RMSNorm of each q and k head over
+                                                         * its D floats, before RoPE */
+/* RoPE's inverse frequencies (Hugging Face's rope_type): default theta^(-2i/D); linear
+ * divides them by factor; llama3 divides the low frequencies by factor and blends the middle
+ * band (low_freq_factor, high_freq_factor, original_max); yarn blends interpolation and
+ * extrapolation over [beta_slow, beta_fast] rotations and scales cos/sin by attn_factor. */
+enum { LOOM_ROPE_DEFAULT = 0, LOOM_ROPE_LINEAR = 1, LOOM_ROPE_LLAMA3 = 2, LOOM_ROPE_YARN = 3 };
+
+typedef struct loom_arch {
+    char name[16];     /* the named descriptor it starts from ("gpt2", "llama", "qwen2", ...) */
+    int norm;          /* LOOM_NORM_* */
+    int pos;           /* LOOM_POS_* */
+    int mlp;           /* LOOM_MLP_* */
+    int qkv_bias;      /* biases on q, k and v */
+    int o_bias;        /* a bias on the attention output projection */
+    int mlp_bias;      /* biases on the MLP's linears */
+    int tied;          /* the LM head is wte */
+    int head_dim;      /* D; 0: d_model / n_head */
+    int qk_norm;       /* LOOM_QK_NORM_* (weights q_norm_w, k_norm_w (D)) */
+    int rope_type;     /* LOOM_ROPE_* */
+    float rope_factor, rope_low_freq, rope_high_freq; /* linear, llama3, yarn */
+    float rope_beta_fast, rope_beta_slow, rope_attn_factor; /* yarn (attn_factor 0: HF's) */
+    int rope_orig_max; /* llama3, yarn: the original context length */
+} loom_arch;
 
 typedef struct loom_model_config {
-    int flavor;        /* loom_flavor */
+    int flavor;        /* loom_flavor: a built-in descriptor, or ARCH (the descriptor below) */
     int vocab_size;    /* V */
     int max_seq_len;   /* maxT: position limit */
     int n_layer;       /* L */
@@ -55,7 +90,19 @@ typedef struct loom_model_config {
     int loss_chunk;    /* > 0: the LM head's logits, softmax, loss and gradients in chunks of
                         * this many rows (tokens) in training arenas: no (B,T,V) logits */
     int recompute;     /* loom_recompute: what backward recomputes instead of keeping */
+    /* the architecture (flavor LOOM_FLAVOR_ARCH; with GPT2 / LLAMA it is not read and the
+     * model uses the built-in descriptor). loom_model_get_config's always holds the one used. */
+    loom_arch arch;
 } loom_model_config;
+
+/* The built-in descriptor called name (gpt2, llama, qwen2, qwen3, ...), or NULL. */
+const loom_arch *loom_arch_named(const char *name);
+/* The names of the built-in descriptors, ", "-separated (for messages). */
+const char *loom_arch_names(void);
+/* The descriptor a config uses: its built-in one, or &c->arch for LOOM_FLAVOR_ARCH. */
+const loom_arch *loom_config_arch(const loom_model_config *c);
+/* The head width D of a config. */
+int loom_config_head_dim(const loom_model_config *c);
 
 /* Activation checkpointing: NONE keeps every layer's activations; FULL keeps only the
  * residual stream entering each layer and re-runs the block's forward in backward; SELECTIVE
@@ -125,6 +172,9 @@ enum {  /* per-layer tensors, named layers.<l>.<name> */
     LOOM_L_MOE_FC_B,        /* (E, F)                 gpt2 */
     LOOM_L_MOE_PROJ_W,      /* (E, C, F) */
     LOOM_L_MOE_PROJ_B,      /* (E, C)                 gpt2 */
+    /* arch.qk_norm (in the arena after v_b): */
+    LOOM_L_Q_NORM_W,        /* (D) the RMSNorm weight of every query head */
+    LOOM_L_K_NORM_W,        /* (D) of every key head */
     LOOM_L_COUNT
 };
 /* Q, K and V (and gate and up) are separate tensors, so a head (column) split of each is one

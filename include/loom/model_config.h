@@ -13,4 +13,8 @@ extern const int loom_model_config_nkeys;
 int loom_model_config_from(const loom_config *c, int default_seq_len, loom_model_config *out,
                            loom_err *err);
 
+/* Writes model.flavor (a->name, a built-in descriptor) and the model.arch.* keys where a
+ * differs from it (what loom_model_config_from reads back as a). */
+void loom_arch_config_set(loom_config *c, const loom_arch *a, const char *origin);
+
 #endif

@@ -6,6 +6,54 @@
 #include "loom/kernels.h"
 enum { NORM_COLS = 64 }; /* column slice for the weight-gradient sums */
 
+/* RMSNorm of each of nh heads of D floats in N rows row_stride floats apart (q or k heads of
+ * fused q|k|v rows): out = in * rstd * w, w (D) shared by the heads; rstd (N, rstd_stride),
+ * head h of row n at rstd[n * rstd_stride + h]. out may be in. Statistics in double. */
+void headnorm_forward(float *out, float *rstd, const float *in, const float *w, int64_t N,
+                      int nh, int D, int64_t row_stride, int64_t rstd_stride, float eps) {
+#pragma omp parallel for schedule(static) if (N * nh * D >= LOOM_PAR_MIN)
+    for (int64_t n = 0; n < N; n++)
+        for (int h = 0; h < nh; h++) {
+            const float *x = in + n * row_stride + (int64_t)h * D;
+            float *y = out + n * row_stride + (int64_t)h * D;
+            double s = 0.0;
+            for (int i = 0; i < D; i++) s += (double)x[i] * x[i];
+            const float rs = (float)(1.0 / sqrt(s / D + eps));
+            for (int i = 0; i < D; i++) y[i] = x[i] * rs * w[i];
+            if (rstd) rstd[n * rstd_stride + h] = rs;
+        }
+}
+
+/* Its backward: din (same layout as in) is SET, dw (D) accumulated (+=, each column summed
+ * over rows then heads in order: independent of the thread count); dw may be NULL. */
+void headnorm_backward(float *din, float *dw, const float *dout, const float *in, const float *w,
+                       const float *rstd, int64_t N, int nh, int D, int64_t row_stride,
+                       int64_t rstd_stride) {
+#pragma omp parallel for schedule(static) if (N * nh * D >= LOOM_PAR_MIN)
+    for (int64_t n = 0; n < N; n++)
+        for (int h = 0; h < nh; h++) {
+            const int64_t o = n * row_stride + (int64_t)h * D;
+            const float *x = in + o, *dy = dout + o;
+            float *dx = din + o;
+            const float rs = rstd[n * rstd_stride + h];
+            double b = 0.0;
+            for (int i = 0; i < D; i++) b += dy[i] * w[i] * (x[i] * rs);
+            const float mb = (float)(b / D);
+            for (int i = 0; i < D; i++) dx[i] = rs * (dy[i] * w[i] - x[i] * rs * mb);
+        }
+    if (!dw) return;
+#pragma omp parallel for schedule(static) if (N * nh * D >= LOOM_PAR_MIN)
+    for (int i = 0; i < D; i++) {
+        float a = 0.0f;
+        for (int64_t n = 0; n < N; n++)
+            for (int h = 0; h < nh; h++) {
+                const int64_t o = n * row_stride + (int64_t)h * D + i;
+                a += dout[o] * (in[o] * rstd[n * rstd_stride + h]);
+            }
+        dw[i] += a;
+    }
+}
+
 #define LOOM_KSELF "kernels/norm.c"
 #include "kernels/isa_variants.h"
 

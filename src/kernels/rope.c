@@ -19,6 +19,20 @@ void rope_tables(float *cos_t, float *sin_t, int max_T, int D, float theta) {
     }
 }
 
+/* cos_t, sin_t (max_T, D/2) from given inverse frequencies (RoPE scalings, model/arch.c):
+ * the angle float(pos) * inv_freq[i] in float32 as HF forms it, cos/sin in double, times
+ * scale (yarn's attention factor; 1 leaves the tables unscaled). */
+void rope_tables_freq(float *cos_t, float *sin_t, int max_T, int D, const float *inv_freq,
+                      float scale) {
+    int half = D / 2;
+    for (int i = 0; i < half; i++)
+        for (int t = 0; t < max_T; t++) {
+            float ang = (float)t * inv_freq[i];
+            cos_t[(int64_t)t * half + i] = (float)cos((double)ang) * scale;
+            sin_t[(int64_t)t * half + i] = (float)sin((double)ang) * scale;
+        }
+}
+
 #define LOOM_KSELF "kernels/rope.c"
 #include "kernels/isa_variants.h"
 

@@ -8,7 +8,7 @@
 #include "loom/backend.h"
 #include "model/model_internal.h"
 
-enum { OP_NORM, OP_POINT, OP_LINEAR, OP_ROPE, OP_ATTN, OP_ACT, OP_RESIDUAL, OP_MOE };
+enum { OP_NORM, OP_POINT, OP_LINEAR, OP_QKNORM, OP_ROPE, OP_ATTN, OP_ACT, OP_RESIDUAL, OP_MOE };
 /* widths of a linear's input / output */
 enum { W_C, W_QKV, W_HD, W_FFI, W_F };
 /* the first MLP matrix: gpt2 fc_w, llama gate_w|up_w */
@@ -32,11 +32,13 @@ typedef struct block_op {
 #define LINEAR(i, o, w_, b_, iw_, ow_, row) {OP_LINEAR, i, o, 0, 0, w_, b_, iw_, ow_, row, 0, 0}
 
 static const block_op BLOCK[] = {
-    /* attention: RES2 = X + attn_proj(attention(rope(qkv(ln1(X))))) */
+    /* attention: RES2 = X + attn_proj(attention(rope(qknorm(qkv(ln1(X)))))) */
     NORM(S_X, S_LN1, S_LN1_MEAN, S_LN1_RSTD, LOOM_L_LN1_W, LOOM_L_LN1_B),
     POINT(LOOM_CP_ATTN_IN, S_LN1, LOOM_SITE_ATTN),
     POINT2(LOOM_CP_COL_IN, S_LN1, S_LN1G, LOOM_SITE_ATTN),
-    LINEAR(S_LN1G, S_QKV, LOOM_L_Q_W, LOOM_L_Q_B, W_C, W_QKV, 0),
+    LINEAR(S_LN1G, S_QKVR, LOOM_L_Q_W, LOOM_L_Q_B, W_C, W_QKV, 0),
+    /* arch.qk_norm: RMSNorm of each q and k head (v copied) */
+    {OP_QKNORM, S_QKVR, S_QKV, S_QKN_RSTD, 0, LOOM_L_Q_NORM_W, LOOM_L_K_NORM_W, 0, 0, 0, 0, 0},
     {OP_ROPE, S_QKV, S_QKV, 0, 0, P_NONE, P_NONE, 0, 0, 0, 0, 0},
     {OP_ATTN, S_QKV, S_ATTY, S_ATT, 0, P_NONE, P_NONE, 0, 0, 0, 0, 0},
     LINEAR(S_ATTY, S_RES2P, LOOM_L_ATTN_PROJ_W, LOOM_L_ATTN_PROJ_B, W_HD, W_C, 1),
@@ -119,6 +121,14 @@ static void point2(loom_model *m, block_frame *f, const block_op *op, int dir, i
 static void alias_whole_slots(const loom_model *m, block_frame *f) {
     static const int pairs[4][2] = {{S_LN1G, S_LN1}, {S_LN2G, S_LN2}, {S_RES2P, S_RES2},
                                     {S_RES3P, S_RES3}};
+    /* without q/k norms the linear writes q|k|v where attention reads it; with them a frame
+     * without its own S_QKVR (decoding) norms in place */
+    if (m->cfg.arch.qk_norm == LOOM_QK_NORM_NONE) {
+        f->s[S_QKVR] = f->s[S_QKV];
+        f->g[S_QKVR] = f->g[S_QKV];
+    } else if (!f->s[S_QKVR]) {
+        f->s[S_QKVR] = f->s[S_QKV];
+    }
     if (m->lay.sp) return;
     for (int i = 0; i < 4; i++) {
         f->s[pairs[i][0]] = f->s[pairs[i][1]];
@@ -129,6 +139,8 @@ static void alias_whole_slots(const loom_model *m, block_frame *f) {
 /* An MoE layer runs OP_MOE instead of the dense feed-forward's ops (its linears, activation
  * and tensor-parallel points); a dense layer skips OP_MOE. */
 static int skipped(const loom_model *m, int l, const block_op *op) {
+    if (op->kind == OP_QKNORM) return m->cfg.arch.qk_norm == LOOM_QK_NORM_NONE;
+    if (op->kind == OP_ROPE) return m->cfg.arch.pos != LOOM_POS_ROPE;
     const int moe = loom_model_layer_is_moe(m, l);
     if (op->kind == OP_MOE) return !moe;
     if (!moe) return 0;
@@ -198,7 +210,7 @@ static void attend_cache(loom_model *m, float *out, const float *qkv, float *kc,
 
 static void op_forward(loom_model *m, block_frame *f, int l, const block_op *op) {
     const int64_t N = (int64_t)f->B * f->T;
-    const int C = m->cfg.d_model, gpt2 = m->cfg.flavor == LOOM_FLAVOR_GPT2;
+    const int C = m->cfg.d_model, gated = m->cfg.arch.mlp == LOOM_MLP_SWIGLU;
     float **s = f->s;
     const loom_backend *be = m->be;
     switch (op->kind) {
@@ -233,8 +245,21 @@ static void op_forward(loom_model *m, block_frame *f, int l, const block_op *op)
             lora_linear_forward(m, f, l, lora_site(op->w), s[op->out], s[op->in], width(m, op->ow));
         break;
     }
+    case OP_QKNORM: { /* q heads, then k heads, of each row; v copied unless in place */
+        const int HD = m->H * m->D, KD = m->KVH * m->D;
+        float *o = s[op->out];
+        const float *x = s[op->in];
+        be->headnorm_forward(o, s[op->aux0], x, param(m, op->w, l), N, m->H, m->D, m->QKV,
+                             m->H + m->KVH, m->cfg.norm_eps);
+        be->headnorm_forward(o + HD, s[op->aux0] + m->H, x + HD, param(m, op->b, l), N, m->KVH,
+                             m->D, m->QKV, m->H + m->KVH, m->cfg.norm_eps);
+        if (o != x)
+            for (int64_t r = 0; r < N; r++)
+                memcpy(o + r * m->QKV + HD + KD, x + r * m->QKV + HD + KD,
+                       (size_t)KD * sizeof(float));
+        break;
+    }
     case OP_ROPE:
-        if (gpt2) break;
         if (f->seg) { /* ragged: each segment at its own positions */
             for (int i = 0; i < f->nseg; i++) {
                 const block_seg *g = &f->seg[i];
@@ -283,7 +308,7 @@ static void op_forward(loom_model *m, block_frame *f, int l, const block_op *op)
         }
         break;
     case OP_ACT:
-        if (gpt2) be->gelu_forward(s[op->out], s[op->in], N * m->F);
+        if (!gated) be->gelu_forward(s[op->out], s[op->in], N * m->F);
         else be->swiglu_forward(s[op->out], s[op->in], N, m->F);
         break;
     case OP_RESIDUAL:
@@ -295,12 +320,12 @@ static void op_forward(loom_model *m, block_frame *f, int l, const block_op *op)
 
 static void op_backward(loom_model *m, block_frame *f, int l, const block_op *op) {
     const int64_t N = (int64_t)f->B * f->T;
-    const int C = m->cfg.d_model, gpt2 = m->cfg.flavor == LOOM_FLAVOR_GPT2;
+    const int C = m->cfg.d_model, gated = m->cfg.arch.mlp == LOOM_MLP_SWIGLU;
     float **s = f->s, **g = f->g;
     const loom_backend *be = m->be;
     switch (op->kind) {
     case OP_NORM: /* accumulates into the residual stream's gradient */
-        if (gpt2)
+        if (m->cfg.arch.norm == LOOM_NORM_LAYER)
             be->layernorm_backward(g[op->in], grad(m, op->w, l), grad(m, op->b, l), g[op->out],
                                    s[op->in], param(m, op->w, l), s[op->aux0], s[op->aux1],
                                    rows(m, f, op->in), C);
@@ -328,8 +353,23 @@ static void op_backward(loom_model *m, block_frame *f, int l, const block_op *op
                                  width(m, op->ow));
         break;
     }
+    case OP_QKNORM: { /* g[in] is this op's alone: q, k set by the norms' backward, v copied */
+        const int HD = m->H * m->D, KD = m->KVH * m->D;
+        float *dx = g[op->in];
+        const float *dy = g[op->out], *x = s[op->in];
+        LOOM_CHECK(dx != dy && x != s[op->out]);
+        be->headnorm_backward(dx, grad(m, op->w, l), dy, x, param(m, op->w, l),
+                              s[op->aux0], N, m->H, m->D, m->QKV, m->H + m->KVH);
+        be->headnorm_backward(dx + HD, grad(m, op->b, l), dy + HD, x + HD,
+                              param(m, op->b, l), s[op->aux0] + m->H, N, m->KVH, m->D, m->QKV,
+                              m->H + m->KVH);
+        for (int64_t r = 0; r < N; r++)
+            memcpy(dx + r * m->QKV + HD + KD, dy + r * m->QKV + HD + KD,
+                   (size_t)KD * sizeof(float));
+        break;
+    }
     case OP_ROPE:
-        if (!gpt2) rope(m, f, g[op->in], 1);
+        rope(m, f, g[op->in], 1);
         break;
     case OP_ATTN:
         if (!m->has_attn && m->cfg.attention == LOOM_ATTN_FLASH) { /* recomputes the tiles
@@ -364,7 +404,7 @@ static void op_backward(loom_model *m, block_frame *f, int l, const block_op *op
         }
         break;
     case OP_ACT:
-        if (gpt2) { /* overwrites g[in]: no zeroing pass */
+        if (!gated) { /* overwrites g[in]: no zeroing pass */
             be->gelu_backward_set(g[op->in], s[op->in], g[op->out], N * m->F);
             break;
         }
@@ -413,8 +453,10 @@ static int64_t slot_floats(const loom_model *m, int k, int64_t B, int64_t T) {
     switch (k) {
     case S_LN1: case S_RES2: case S_LN2: case S_RES3: return Ns * C;
     case S_LN1_RSTD: case S_LN2_RSTD: return Ns;
-    case S_LN1_MEAN: case S_LN2_MEAN: /* LayerNorm's; RMSNorm (llama) keeps no mean */
-        return m->cfg.flavor == LOOM_FLAVOR_GPT2 ? Ns : 0;
+    case S_LN1_MEAN: case S_LN2_MEAN: /* LayerNorm's; RMSNorm keeps no mean */
+        return m->cfg.arch.norm == LOOM_NORM_LAYER ? Ns : 0;
+    case S_QKVR: return m->cfg.arch.qk_norm ? N * m->QKV : 0;
+    case S_QKN_RSTD: return m->cfg.arch.qk_norm ? N * (m->H + m->KVH) : 0;
     case S_LN1G: case S_LN2G: case S_RES2P: case S_RES3P: return 0; /* scratch or aliases */
     case S_QKV: return N * m->QKV;
     case S_ATT: /* flash: the per-row log-sum-exp; sdpa: the probabilities */
@@ -482,7 +524,7 @@ static size_t layout_acts(const loom_model *m, struct loom_acts *a, float *base,
     /* a pipeline stage before the last has no head: none of its buffers */
     const int64_t hd = m->lay.has_head;
     TAKE(a ? &a->lnf : &dummy, hd * BTs * C);
-    TAKE(a ? &a->lnf_mean : &dummy, m->cfg.flavor == LOOM_FLAVOR_GPT2 ? hd * BTs : 0);
+    TAKE(a ? &a->lnf_mean : &dummy, m->cfg.arch.norm == LOOM_NORM_LAYER ? hd * BTs : 0);
     TAKE(a ? &a->lnf_rstd : &dummy, hd * BTs);
     if (sp) { /* whole-row scratch; without sequence parallelism these are the shard buffers */
         TAKE(a ? &a->sp_gather : &dummy, BT * C);
@@ -509,6 +551,7 @@ static size_t layout_acts(const loom_model *m, struct loom_acts *a, float *base,
             TAKE(a ? &a->dln_full : &dummy, BT * C);
         }
         TAKE(a ? &a->dqkv : &dummy, slot_floats(m, S_QKV, B, T));
+        TAKE(a ? &a->dqkvr : &dummy, slot_floats(m, S_QKVR, B, T));
         TAKE(a ? &a->datty : &dummy, slot_floats(m, S_ATTY, B, T));
         TAKE(a ? &a->dfch : &dummy, slot_floats(m, S_FCH, B, T));
         TAKE(a ? &a->dfch_act : &dummy, slot_floats(m, S_FCH_ACT, B, T));
@@ -608,6 +651,7 @@ void acts_frame(const loom_model *m, const loom_acts *a, int l, int B, int T, bl
             f->g[S_RES2P] = f->g[S_RES3P] = a->dres_full;
         }
         f->g[S_QKV] = a->dqkv;
+        f->g[S_QKVR] = m->cfg.arch.qk_norm ? a->dqkvr : a->dqkv;
         f->g[S_ATTY] = a->datty;
         f->g[S_FCH] = a->dfch;
         f->g[S_FCH_ACT] = a->dfch_act;

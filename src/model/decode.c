@@ -85,7 +85,7 @@ const float *loom_model_decode(loom_model *m, loom_kv_cache *kc, int32_t token) 
     LOOM_CHECK(m->wbf16 == NULL); /* bf16 weights: the batched decode only */
     const loom_model_config *c = &m->cfg;
     const int C = c->d_model, V = c->vocab_size;
-    const int gpt2 = c->flavor == LOOM_FLAVOR_GPT2, pos = kc->len;
+    const int pos = kc->len;
     LOOM_CHECK(c->head == LOOM_HEAD_LM && !m->has_hooks && m->params != NULL);
     LOOM_CHECK(token >= 0 && token < V && pos < kc->maxT);
 
@@ -116,8 +116,7 @@ const float *loom_model_decode(loom_model *m, loom_kv_cache *kc, int32_t token) 
     }
     model_norm_fwd(m, kc->h, kc->stat, kc->stat + 1, kc->res[x], PARAM(m, LOOM_P_LNF_W),
                    PARAM(m, LOOM_P_LNF_B), 1);
-    m->be->matmul_forward(kc->logits, kc->h,
-                          gpt2 ? PARAM(m, LOOM_P_WTE) : PARAM(m, LOOM_P_LM_HEAD), NULL, 1, C, V);
+    m->be->matmul_forward(kc->logits, kc->h, HEAD_W(m), NULL, 1, C, V);
     kc->len++;
     return kc->logits;
 }

@@ -113,7 +113,6 @@ const float *loom_model_decode_batch(loom_model *m, loom_decode_ws *w, const int
                                      const loom_decode_seg *segs, int nseg) {
     const loom_model_config *c = &m->cfg;
     const int C = c->d_model, V = c->vocab_size;
-    const int gpt2 = c->flavor == LOOM_FLAVOR_GPT2;
     LOOM_CHECK(c->head == LOOM_HEAD_LM && !m->has_hooks && m->params != NULL);
     LOOM_CHECK(nseg > 0 && nseg <= w->max_rows);
     const size_t kv = (size_t)m->KVH * (size_t)m->D;
@@ -130,20 +129,23 @@ const float *loom_model_decode_batch(loom_model *m, loom_decode_ws *w, const int
     }
     for (int r = 0; r < rows; r++) LOOM_CHECK(tokens[r] >= 0 && tokens[r] < V);
     LOOM_CHECK(!m->cbf16 || w->xbf); /* the workspace predates loom_model_set_compute_bf16 */
-    const int emb_bf16 = m->wbf16 && gpt2; /* gpt2's wte is the head, held in bf16 */
+    const int emb_bf16 = m->wbf16 && c->arch.tied; /* the tied wte is the head, in bf16 */
     for (int i = 0; i < nseg && emb_bf16; i++) { /* what embedding_forward does, widening wte */
-        const float *wpe = PARAM(m, LOOM_P_WPE);
+        const float *wpe = PARAM(m, LOOM_P_WPE); /* NULL with RoPE */
         for (int t = 0; t < segs[i].n; t++) {
             const int r = w->seg[i].row0 + t;
-            const float *p = wpe + (int64_t)(segs[i].pos0 + t) * C;
+            const float *p = wpe ? wpe + (int64_t)(segs[i].pos0 + t) * C : NULL;
             float *y = w->res[0] + (int64_t)r * C;
             if (m->cbf16) { /* the head in the backend's packed layout */
                 m->be->dotbf16_unpack_row(y, m->wbf16_head, V, C, tokens[r]);
-                for (int j = 0; j < C; j++) y[j] += p[j];
+                for (int j = 0; j < C && p; j++) y[j] += p[j];
                 continue;
             }
             const uint16_t *e = m->wbf16_head + (int64_t)tokens[r] * C;
-            for (int j = 0; j < C; j++) y[j] = loom_bf16_widen(e[j]) + p[j];
+            if (p)
+                for (int j = 0; j < C; j++) y[j] = loom_bf16_widen(e[j]) + p[j];
+            else
+                for (int j = 0; j < C; j++) y[j] = loom_bf16_widen(e[j]);
         }
     }
     for (int i = 0; i < nseg && !emb_bf16; i++)
@@ -186,7 +188,7 @@ const float *loom_model_decode_batch(loom_model *m, loom_decode_ws *w, const int
     if (k == 0) return w->logits;
     model_norm_fwd(m, w->lastn, w->mean, w->rstd, w->last, PARAM(m, LOOM_P_LNF_W),
                    PARAM(m, LOOM_P_LNF_B), k);
-    const float *head = gpt2 ? PARAM(m, LOOM_P_WTE) : PARAM(m, LOOM_P_LM_HEAD);
+    const float *head = HEAD_W(m);
     const int tp = m->lay.tp;
     if (tp == 1) {
         if (m->cbf16) { /* --compute bf16: the final norm's rows rounded, bf16 x bf16 */

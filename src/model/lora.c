@@ -46,8 +46,8 @@ struct loom_lora {
 
 static const char *const NAMES[LOOM_LORA_NT] = {"q", "k", "v", "o", "gate", "up", "down"};
 
-int loom_lora_target_bit(const char *name, int flavor) {
-    if (flavor == LOOM_FLAVOR_GPT2) {
+int loom_lora_target_bit(const char *name, int gelu_mlp) {
+    if (gelu_mlp) {
         if (!strcmp(name, "fc")) return LOOM_LORA_GATE;
         if (!strcmp(name, "fc_proj")) return LOOM_LORA_DOWN;
         if (!strcmp(name, "gate") || !strcmp(name, "up") || !strcmp(name, "down")) return -1;
@@ -59,15 +59,15 @@ int loom_lora_target_bit(const char *name, int flavor) {
     return -1;
 }
 
-const char *loom_lora_target_name(int t, int flavor) {
-    if (flavor == LOOM_FLAVOR_GPT2 && t == 4) return "fc";
-    if (flavor == LOOM_FLAVOR_GPT2 && t == 6) return "fc_proj";
+const char *loom_lora_target_name(int t, int gelu_mlp) {
+    if (gelu_mlp && t == 4) return "fc";
+    if (gelu_mlp && t == 6) return "fc_proj";
     return NAMES[t];
 }
 
 int loom_lora_attach(loom_model *m, int rank, float alpha, unsigned targets, uint64_t seed,
                      loom_lora **out, loom_err *err) {
-    const int gpt2 = m->cfg.flavor == LOOM_FLAVOR_GPT2;
+    const int gpt2 = m->cfg.arch.mlp == LOOM_MLP_GELU; /* fc, fc_proj */
     if (rank < 1 || rank > 4096) return loom_errf(err, "finetune.lora.rank = %d: expected 1..4096", rank);
     if (!(alpha > 0)) return loom_errf(err, "finetune.lora.alpha must be positive");
     if (!targets) return loom_errf(err, "finetune.lora.targets is empty");
@@ -118,7 +118,7 @@ int loom_lora_attach(loom_model *m, int rank, float alpha, unsigned targets, uin
             for (int b = 0; b < 2; b++) {
                 loom_lora_tensor *x = &l->t[l->nt++];
                 snprintf(x->name, sizeof x->name, "layers.%d.%s.lora_%c", layer,
-                         loom_lora_target_name(t, m->cfg.flavor), b ? 'B' : 'A');
+                         loom_lora_target_name(t, gpt2), b ? 'B' : 'A');
                 x->layer = layer;
                 x->target = t;
                 x->is_b = b;

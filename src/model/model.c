@@ -18,7 +18,8 @@ static const char *const layer_names[LOOM_L_COUNT] = {
     "ln1_w", "ln1_b", "q_w",  "k_w",  "v_w",   "q_b",  "k_b",   "v_b",       "attn_proj_w",
     "attn_proj_b", "ln2_w", "ln2_b", "fc_w", "gate_w", "up_w", "fc_b", "fc_proj_w", "fc_proj_b",
     "moe_router_w", "moe_shared_fc_w", "moe_shared_fc_b", "moe_shared_proj_w",
-    "moe_shared_proj_b", "moe_fc_w", "moe_fc_b", "moe_proj_w", "moe_proj_b"};
+    "moe_shared_proj_b", "moe_fc_w", "moe_fc_b", "moe_proj_w", "moe_proj_b", "q_norm_w",
+    "k_norm_w"};
 
 /* Part r of n elements split over p: the first n % p parts get one more. */
 static void split_range(int64_t n, int p, int r, int64_t *off, int64_t *len) {
@@ -109,14 +110,14 @@ int64_t loom_tensor_global_index(const loom_tensor_info *t, int64_t k) {
 /* Checks that the parts of each fused GEMM operand are adjacent (q_w k_w v_w, q_b k_b v_b,
  * gate_w up_w), and records where each part lived in the fused checkpoint format. */
 static void set_fused_layout(loom_model *m) {
-    const int gpt2 = m->cfg.flavor == LOOM_FLAVOR_GPT2;
+    const loom_arch *a = &m->cfg.arch;
     static const int groups[3][3] = {{LOOM_L_Q_W, LOOM_L_K_W, LOOM_L_V_W},
                                      {LOOM_L_Q_B, LOOM_L_K_B, LOOM_L_V_B},
                                      {LOOM_L_GATE_W, LOOM_L_UP_W, -1}};
     static const char *const fused[3] = {"qkv_w", "qkv_b", "fc_w"};
     for (int l = m->lay.l0; l < m->lay.l1; l++)
         for (int g = 0; g < 3; g++) {
-            if ((g == 1 && !gpt2) || (g == 2 && gpt2)) continue;
+            if ((g == 1 && !a->qkv_bias) || (g == 2 && a->mlp != LOOM_MLP_SWIGLU)) continue;
             if (g == 2 && loom_model_layer_is_moe(m, l)) continue; /* no dense gate/up */
             const loom_tensor_info *first = loom_model_layer_tensor(m, l, groups[g][0]);
             int64_t rows = 0;
@@ -146,28 +147,20 @@ static int moe_layer(const loom_model_config *c, int l) {
 int loom_model_layer_is_moe(const loom_model *m, int l) { return moe_layer(&m->cfg, l); }
 
 static int check_config(const loom_model_config *c, loom_err *err) {
-    if (c->flavor != LOOM_FLAVOR_GPT2 && c->flavor != LOOM_FLAVOR_LLAMA)
-        return loom_errf(err, "model: unknown flavor %d", c->flavor);
+    if (arch_check(c, err)) return -1;
+    const loom_arch *a = loom_config_arch(c);
     if (c->vocab_size <= 0 || c->max_seq_len <= 0 || c->n_layer <= 0 || c->n_head <= 0 ||
         c->n_kv_head <= 0 || c->d_model <= 0 || c->d_ff <= 0)
         return loom_errf(err, "model: vocab_size, max_seq_len, n_layer, n_head, n_kv_head, "
                               "d_model and d_ff must all be positive");
-    if (c->d_model % c->n_head != 0)
-        return loom_errf(err, "model: d_model (%d) is not divisible by n_head (%d)", c->d_model,
-                         c->n_head);
     if (c->n_head % c->n_kv_head != 0)
         return loom_errf(err, "model: n_head (%d) is not divisible by n_kv_head (%d)",
                          c->n_head, c->n_kv_head);
-    if (c->flavor == LOOM_FLAVOR_GPT2 && c->n_kv_head != c->n_head)
-        return loom_errf(err, "model: the gpt2 flavor has n_kv_head = n_head (got %d and %d)",
-                         c->n_kv_head, c->n_head);
-    if (c->flavor == LOOM_FLAVOR_LLAMA && (c->d_model / c->n_head) % 2 != 0)
-        return loom_errf(err, "model: RoPE needs an even head dimension (d_model/n_head = %d)",
-                         c->d_model / c->n_head);
+    if (a->pos == LOOM_POS_LEARNED && c->n_kv_head != c->n_head)
+        return loom_errf(err, "model: learned positions (the gpt2 flavor) have n_kv_head = "
+                              "n_head (got %d and %d)", c->n_kv_head, c->n_head);
     if (!(c->norm_eps > 0.0f) || !(c->init_std > 0.0f))
         return loom_errf(err, "model: norm_eps and init_std must be positive");
-    if (c->flavor == LOOM_FLAVOR_LLAMA && !(c->rope_theta > 0.0f))
-        return loom_errf(err, "model: rope_theta must be positive");
     if (c->attention != LOOM_ATTN_FLASH && c->attention != LOOM_ATTN_SDPA)
         return loom_errf(err, "model: unknown attention %d", c->attention);
     if (c->doc_mask != 0 && c->doc_mask != 1)
@@ -215,6 +208,10 @@ static int check_layout(const loom_model_config *c, const loom_model_layout *in,
         return loom_errf(err, "model layout: tensor-parallel degree %d must divide n_head (%d) "
                               "and d_ff (%d), and divide n_kv_head (%d) or be a multiple of it",
                          out->tp, c->n_head, c->d_ff, c->n_kv_head);
+    if (out->tp > 1 && loom_config_arch(c)->qk_norm != LOOM_QK_NORM_NONE)
+        return loom_errf(err, "model layout: q/k norms (architecture '%.16s') are not split over "
+                              "tensor parallelism yet (parallel.tp = %d)",
+                         loom_config_arch(c)->name, out->tp);
     if (out->tp == 1) out->sp = 0; /* nothing to shard */
     if (out->sp && (c->head != LOOM_HEAD_LM || c->n_expert > 0 || out->cp > 1 ||
                     out->l0 != 0 || (out->l1 != 0 && out->l1 != c->n_layer)))
@@ -288,7 +285,15 @@ static int create(const loom_model_config *cfg, const loom_model_layout *layout,
                               "must be even (two chunks) and %d x %d within model.max_seq_len "
                               "%d", lay.cp, T, lay.cp, T, cfg->max_seq_len);
     loom_model *m = loom_calloc(1, sizeof *m);
-    m->cfg = *cfg;
+    if (cfg->flavor == LOOM_FLAVOR_ARCH) {
+        m->cfg = *cfg;
+    } else { /* a built-in descriptor: the caller's struct may end before arch (an older
+              * layout), so only what precedes it is read */
+        memcpy(&m->cfg, cfg, offsetof(loom_model_config, arch));
+        m->cfg.arch = *loom_config_arch(cfg);
+    }
+    cfg = &m->cfg;
+    const loom_arch *ar = &m->cfg.arch;
     if (!m->cfg.backend) m->cfg.backend = loom_backend_cpu();
     m->be = m->cfg.backend;
     m->lay = lay;
@@ -296,16 +301,16 @@ static int create(const loom_model_config *cfg, const loom_model_layout *layout,
     m->maxT = T;
     const int64_t V = cfg->vocab_size, C = cfg->d_model, L = cfg->n_layer, Hg = cfg->n_head,
                   KVHg = cfg->n_kv_head, Fg = cfg->d_ff, maxT = cfg->max_seq_len;
-    const int gpt2 = cfg->flavor == LOOM_FLAVOR_GPT2;
+    const int gated = ar->mlp == LOOM_MLP_SWIGLU, rms = ar->norm == LOOM_NORM_RMS;
     const int tp = lay.tp;
-    m->D = (int)(C / Hg);
+    m->D = loom_config_head_dim(cfg);
     m->H = (int)(Hg / tp);
     m->KVH = KVHg >= tp ? (int)(KVHg / tp) : 1; /* else one kv head, shared with other ranks */
     m->F = (int)(Fg / tp);
     m->QKV = (m->H + 2 * m->KVH) * m->D;
-    m->FFI = gpt2 ? m->F : 2 * m->F;
+    m->FFI = gated ? 2 * m->F : m->F;
     const int64_t HDg = Hg * m->D, KDg = KVHg * m->D;
-    const int cls = cfg->head == LOOM_HEAD_CLASSIFY, tied = gpt2 && !cls;
+    const int cls = cfg->head == LOOM_HEAD_CLASSIFY, tied = ar->tied && !cls;
     int64_t v0, vl;
     split_range(V, tp, lay.tp_rank, &v0, &vl);
     m->V0 = (int)v0;
@@ -316,38 +321,46 @@ static int create(const loom_model_config *cfg, const loom_model_layout *layout,
     for (size_t i = 0; i < (size_t)L * LOOM_L_COUNT; i++) m->lidx[i] = -1;
     for (int k = 0; k < LOOM_P_COUNT; k++) m->gidx[k] = -1;
     size_t off = 0;
-    /* the tied gpt2 head reads wte: a last stage without the embedding still holds it */
+    /* the tied head reads wte: a last stage without the embedding still holds it */
     const int want_wte = lay.has_embedding || (tied && lay.has_head);
     /* vocab-parallel: wte and lm_head split by rows over tp */
     m->gidx[LOOM_P_WTE] = add_tensor(m, &off, -1, LOOM_P_WTE, want_wte, 1, 2, V, C, 0);
-    m->gidx[LOOM_P_WPE] = add_tensor(m, &off, -1, LOOM_P_WPE, gpt2 && lay.has_embedding, 1, 2,
-                                     maxT, C, -1);
+    m->gidx[LOOM_P_WPE] = add_tensor(m, &off, -1, LOOM_P_WPE,
+                                     ar->pos == LOOM_POS_LEARNED && lay.has_embedding, 1, 2, maxT,
+                                     C, -1);
     for (int l = lay.l0; l < lay.l1; l++) {
         int *li = m->lidx + (size_t)l * LOOM_L_COUNT;
         /* column-parallel (q, k, v by heads; fc, gate, up by columns) split dim 0,
          * row-parallel (attn_proj, fc_proj) split dim 1, the rest replicated */
         li[LOOM_L_LN1_W] = add_tensor(m, &off, l, LOOM_L_LN1_W, 1, 0, 1, C, 0, -1);
-        li[LOOM_L_LN1_B] = add_tensor(m, &off, l, LOOM_L_LN1_B, gpt2, 0, 1, C, 0, -1);
+        li[LOOM_L_LN1_B] = add_tensor(m, &off, l, LOOM_L_LN1_B, !rms, 0, 1, C, 0, -1);
         li[LOOM_L_Q_W] = add_tensor(m, &off, l, LOOM_L_Q_W, 1, 1, 2, HDg, C, 0);
         li[LOOM_L_K_W] = add_tensor(m, &off, l, LOOM_L_K_W, 1, 1, 2, KDg, C, 0);
         li[LOOM_L_V_W] = add_tensor(m, &off, l, LOOM_L_V_W, 1, 1, 2, KDg, C, 0);
-        li[LOOM_L_Q_B] = add_tensor(m, &off, l, LOOM_L_Q_B, gpt2, 0, 1, HDg, 0, 0);
-        li[LOOM_L_K_B] = add_tensor(m, &off, l, LOOM_L_K_B, gpt2, 0, 1, KDg, 0, 0);
-        li[LOOM_L_V_B] = add_tensor(m, &off, l, LOOM_L_V_B, gpt2, 0, 1, KDg, 0, 0);
+        const int qb = ar->qkv_bias, ob = ar->o_bias, mb = ar->mlp_bias;
+        li[LOOM_L_Q_B] = add_tensor(m, &off, l, LOOM_L_Q_B, qb, 0, 1, HDg, 0, 0);
+        li[LOOM_L_K_B] = add_tensor(m, &off, l, LOOM_L_K_B, qb, 0, 1, KDg, 0, 0);
+        li[LOOM_L_V_B] = add_tensor(m, &off, l, LOOM_L_V_B, qb, 0, 1, KDg, 0, 0);
+        /* q/k norms: one (D) weight each, replicated */
+        const int qkn = ar->qk_norm == LOOM_QK_NORM_HEAD;
+        li[LOOM_L_Q_NORM_W] = add_tensor(m, &off, l, LOOM_L_Q_NORM_W, qkn, 0, 1, m->D, 0, -1);
+        li[LOOM_L_K_NORM_W] = add_tensor(m, &off, l, LOOM_L_K_NORM_W, qkn, 0, 1, m->D, 0, -1);
         li[LOOM_L_ATTN_PROJ_W] = add_tensor(m, &off, l, LOOM_L_ATTN_PROJ_W, 1, 1, 2, C, HDg, 1);
-        li[LOOM_L_ATTN_PROJ_B] = add_tensor(m, &off, l, LOOM_L_ATTN_PROJ_B, gpt2, 0, 1, C, 0, -1);
+        li[LOOM_L_ATTN_PROJ_B] = add_tensor(m, &off, l, LOOM_L_ATTN_PROJ_B, ob, 0, 1, C, 0, -1);
         li[LOOM_L_LN2_W] = add_tensor(m, &off, l, LOOM_L_LN2_W, 1, 0, 1, C, 0, -1);
-        li[LOOM_L_LN2_B] = add_tensor(m, &off, l, LOOM_L_LN2_B, gpt2, 0, 1, C, 0, -1);
+        li[LOOM_L_LN2_B] = add_tensor(m, &off, l, LOOM_L_LN2_B, !rms, 0, 1, C, 0, -1);
         const int dense = !moe_layer(cfg, l);
-        li[LOOM_L_FC_W] = add_tensor(m, &off, l, LOOM_L_FC_W, dense && gpt2, 1, 2, Fg, C, 0);
-        li[LOOM_L_GATE_W] = add_tensor(m, &off, l, LOOM_L_GATE_W, dense && !gpt2, 1, 2, Fg, C, 0);
-        li[LOOM_L_UP_W] = add_tensor(m, &off, l, LOOM_L_UP_W, dense && !gpt2, 1, 2, Fg, C, 0);
-        li[LOOM_L_FC_B] = add_tensor(m, &off, l, LOOM_L_FC_B, dense && gpt2, 0, 1, Fg, 0, 0);
+        li[LOOM_L_FC_W] = add_tensor(m, &off, l, LOOM_L_FC_W, dense && !gated, 1, 2, Fg, C, 0);
+        li[LOOM_L_GATE_W] = add_tensor(m, &off, l, LOOM_L_GATE_W, dense && gated, 1, 2, Fg, C, 0);
+        li[LOOM_L_UP_W] = add_tensor(m, &off, l, LOOM_L_UP_W, dense && gated, 1, 2, Fg, C, 0);
+        li[LOOM_L_FC_B] = add_tensor(m, &off, l, LOOM_L_FC_B, dense && mb && !gated, 0, 1, Fg, 0,
+                                     0);
         li[LOOM_L_FC_PROJ_W] = add_tensor(m, &off, l, LOOM_L_FC_PROJ_W, dense, 1, 2, C, Fg, 1);
-        li[LOOM_L_FC_PROJ_B] = add_tensor(m, &off, l, LOOM_L_FC_PROJ_B, dense && gpt2, 0, 1, C, 0,
+        li[LOOM_L_FC_PROJ_B] = add_tensor(m, &off, l, LOOM_L_FC_PROJ_B, dense && mb, 0, 1, C, 0,
                                           -1);
         if (!dense) { /* the router, shared experts, then the routed experts (last: one range) */
-            const int64_t E = cfg->n_expert, S = cfg->shared_experts, FI = gpt2 ? Fg : 2 * Fg;
+            const int64_t E = cfg->n_expert, S = cfg->shared_experts, FI = gated ? 2 * Fg : Fg;
+            const int gpt2 = mb && !gated; /* the expert MLPs' biases (GELU experts only) */
             li[LOOM_L_MOE_ROUTER_W] = add_moe_tensor(m, &off, l, LOOM_L_MOE_ROUTER_W, 1, 1, 2, E,
                                                      C, 0, 0);
             li[LOOM_L_MOE_SH_FC_W] = add_moe_tensor(m, &off, l, LOOM_L_MOE_SH_FC_W, S > 0, 1, 3,
@@ -371,9 +384,9 @@ static int create(const loom_model_config *cfg, const loom_model_layout *layout,
     const int head = lay.has_head;
     const int64_t K = cfg->num_classes;
     m->gidx[LOOM_P_LNF_W] = add_tensor(m, &off, -1, LOOM_P_LNF_W, head, 0, 1, C, 0, -1);
-    m->gidx[LOOM_P_LNF_B] = add_tensor(m, &off, -1, LOOM_P_LNF_B, head && gpt2, 0, 1, C, 0, -1);
-    m->gidx[LOOM_P_LM_HEAD] = add_tensor(m, &off, -1, LOOM_P_LM_HEAD, head && !gpt2 && !cls, 1,
-                                         2, V, C, 0);
+    m->gidx[LOOM_P_LNF_B] = add_tensor(m, &off, -1, LOOM_P_LNF_B, head && !rms, 0, 1, C, 0, -1);
+    m->gidx[LOOM_P_LM_HEAD] = add_tensor(m, &off, -1, LOOM_P_LM_HEAD, head && !ar->tied && !cls,
+                                         1, 2, V, C, 0);
     m->gidx[LOOM_P_CLS_W] = add_tensor(m, &off, -1, LOOM_P_CLS_W, head && cls, 1, 2, K, C, -1);
     m->gidx[LOOM_P_CLS_B] = add_tensor(m, &off, -1, LOOM_P_CLS_B, head && cls, 0, 1, K, 0, -1);
     m->n_params = off;
@@ -407,10 +420,17 @@ static int create(const loom_model_config *cfg, const loom_model_layout *layout,
         return 0;
     }
     if (training && mode != LOOM_MODEL_HOOKS_ONLY) m->acts = loom_acts_create(m, B, T, 1);
-    if (!gpt2) {
+    if (ar->pos == LOOM_POS_ROPE) {
         m->rope_cos = loom_alloc_aligned((size_t)maxT * (size_t)(m->D / 2) * sizeof(float));
         m->rope_sin = loom_alloc_aligned((size_t)maxT * (size_t)(m->D / 2) * sizeof(float));
-        m->be->rope_tables(m->rope_cos, m->rope_sin, (int)maxT, m->D, cfg->rope_theta);
+        if (ar->rope_type == LOOM_ROPE_DEFAULT) {
+            m->be->rope_tables(m->rope_cos, m->rope_sin, (int)maxT, m->D, cfg->rope_theta);
+        } else { /* a scaling: the descriptor's frequencies */
+            float *inv = loom_malloc((size_t)(m->D / 2) * sizeof(float));
+            const float scale = arch_rope_inv_freq(ar, cfg->rope_theta, m->D, inv);
+            m->be->rope_tables_freq(m->rope_cos, m->rope_sin, (int)maxT, m->D, inv, scale);
+            free(inv);
+        }
     }
     *out = m;
     return 0;
@@ -439,7 +459,7 @@ int loom_model_create_layout_view(const loom_model_config *cfg, const loom_model
 
 size_t loom_model_activation_bytes(const loom_model *m) {
     const size_t BT = (size_t)m->maxB * (size_t)m->maxT;
-    const size_t rope = m->cfg.flavor == LOOM_FLAVOR_GPT2
+    const size_t rope = m->cfg.arch.pos != LOOM_POS_ROPE
                             ? 0
                             : 2 * (size_t)m->cfg.max_seq_len * (size_t)(m->D / 2) * sizeof(float);
     /* inputs, targets; documents (ids, run rows, lengths, positions; a cp view also the whole
@@ -561,7 +581,8 @@ static float init_value(const loom_model *m, const loom_tensor_info *t, uint64_t
                         uint64_t stream, size_t k) {
     const int g = t->layer < 0;
     const int is_norm = g ? (t->kind == LOOM_P_LNF_W)
-                          : (t->kind == LOOM_L_LN1_W || t->kind == LOOM_L_LN2_W);
+                          : (t->kind == LOOM_L_LN1_W || t->kind == LOOM_L_LN2_W ||
+                             t->kind == LOOM_L_Q_NORM_W || t->kind == LOOM_L_K_NORM_W);
     if (is_norm) return 1.0f;
     if (!t->decay) return 0.0f; /* biases */
     const float std = m->cfg.init_std;
@@ -597,7 +618,7 @@ void loom_model_init_weights(loom_model *m, uint64_t seed) {
 
 void model_norm_fwd(const loom_model *m, float *out, float *mean, float *rstd, const float *in,
                     const float *w, const float *b, int64_t N) {
-    if (m->cfg.flavor == LOOM_FLAVOR_GPT2)
+    if (m->cfg.arch.norm == LOOM_NORM_LAYER)
         m->be->layernorm_forward(out, mean, rstd, in, w, b, N, m->cfg.d_model, m->cfg.norm_eps);
     else
         m->be->rmsnorm_forward(out, rstd, in, w, N, m->cfg.d_model, m->cfg.norm_eps);
@@ -606,7 +627,7 @@ void model_norm_fwd(const loom_model *m, float *out, float *mean, float *rstd, c
 static void norm_bwd(const loom_model *m, float *din, float *dw, float *db, const float *dout,
                      const float *in, const float *w, const float *mean, const float *rstd,
                      int64_t N) {
-    if (m->cfg.flavor == LOOM_FLAVOR_GPT2)
+    if (m->cfg.arch.norm == LOOM_NORM_LAYER)
         m->be->layernorm_backward(din, dw, db, dout, in, w, mean, rstd, N, m->cfg.d_model);
     else
         m->be->rmsnorm_backward(din, dw, dout, in, w, rstd, N, m->cfg.d_model);
@@ -791,7 +812,6 @@ float loom_model_forward_acts(loom_model *m, loom_acts *a, const int32_t *inputs
     const loom_model_config *c = &m->cfg;
     const int C = c->d_model, V = c->vocab_size;
     const int64_t BT = (int64_t)B * T;
-    const int gpt2 = c->flavor == LOOM_FLAVOR_GPT2;
     a->B = B;
     a->T = T;
     memcpy(a->inputs, inputs, (size_t)BT * sizeof(int32_t));
@@ -828,7 +848,7 @@ float loom_model_forward_acts(loom_model *m, loom_acts *a, const int32_t *inputs
         a->has_targets = targets != NULL;
         return 0.0f;
     }
-    const int cls = c->head == LOOM_HEAD_CLASSIFY, tied = gpt2 && !cls;
+    const int cls = c->head == LOOM_HEAD_CLASSIFY, tied = c->arch.tied && !cls;
     acquire(m, U_FINAL, 0);
     if (tied) acquire(m, 0, 0); /* the tied head reads wte */
     model_norm_fwd(m, a->lnf, a->lnf_mean, a->lnf_rstd, residual, PARAM(m, LOOM_P_LNF_W),
@@ -840,8 +860,7 @@ float loom_model_forward_acts(loom_model *m, loom_acts *a, const int32_t *inputs
     } else if (!a->chunk) { /* with tp > 1 this view's Vl columns of the logits (chunked:
                              * mean_loss computes them chunk by chunk) */
         shard_point(m, LOOM_CP_COL_IN, 0, LOOM_SITE_HEAD, a->lnf, BTs * C, a->lnf_full, BT * C);
-        const float *head = gpt2 ? PARAM(m, LOOM_P_WTE) : PARAM(m, LOOM_P_LM_HEAD);
-        m->be->matmul_forward(a->logits, a->lnf_full, head, NULL, BT, C, m->Vl);
+        m->be->matmul_forward(a->logits, a->lnf_full, HEAD_W(m), NULL, BT, C, m->Vl);
     }
     a->has_targets = targets != NULL;
     a->valid = 0;
@@ -851,7 +870,7 @@ float loom_model_forward_acts(loom_model *m, loom_acts *a, const int32_t *inputs
         loss = vocab_parallel_loss(m, a, targets, BT);
     else if (targets)
         loss = mean_loss(m, a, targets, cls ? B : BT, cls ? c->num_classes : V,
-                         cls ? NULL : gpt2 ? PARAM(m, LOOM_P_WTE) : PARAM(m, LOOM_P_LM_HEAD));
+                         cls ? NULL : HEAD_W(m));
     if (tied) release(m, 0, 0);
     release(m, U_FINAL, 0);
     return loss;
@@ -919,11 +938,9 @@ void loom_model_backward_acts(loom_model *m, loom_acts *a, float dscale) {
     const int C = c->d_model, V = c->vocab_size;
     const int B = a->B, T = a->T;
     const int64_t BT = (int64_t)B * T;
-    const int gpt2 = c->flavor == LOOM_FLAVOR_GPT2;
-
     const int U_FINAL = m->n_units - 1;
     memset(m->have_grads, 0, (size_t)m->n_units);
-    const int cls = c->head == LOOM_HEAD_CLASSIFY, tied = gpt2 && !cls;
+    const int cls = c->head == LOOM_HEAD_CLASSIFY, tied = c->arch.tied && !cls;
     const int vp = m->lay.tp > 1; /* vocab-parallel embedding and head */
     const int64_t BTs = m->lay.sp ? BT / m->lay.tp : BT; /* the norm / residual regions' rows */
     acquire(m, U_FINAL, 1);
@@ -938,8 +955,8 @@ void loom_model_backward_acts(loom_model *m, loom_acts *a, float dscale) {
         m->be->mean_pool_backward(a->dln, a->dpooled, B, T, C);
     } else if (a->chunk) { /* model.loss_chunk (tp = 1): each chunk's logits again, then its
                             * dlogits, d(lnf) and d(head): no (B,T,V) buffer */
-        const float *head = gpt2 ? PARAM(m, LOOM_P_WTE) : PARAM(m, LOOM_P_LM_HEAD);
-        float *dhead = gpt2 ? GRAD(m, LOOM_P_WTE) : GRAD(m, LOOM_P_LM_HEAD);
+        const float *head = HEAD_W(m);
+        float *dhead = HEAD_G(m);
         for (int64_t r0 = 0; r0 < BT; r0 += a->chunk) {
             const int64_t n = BT - r0 < a->chunk ? BT - r0 : a->chunk;
             m->be->matmul_forward(a->logits, a->lnf + r0 * C, head, NULL, n, C, V);
@@ -953,8 +970,8 @@ void loom_model_backward_acts(loom_model *m, loom_acts *a, float dscale) {
                                                BT, m->Vl, dscale);
         else
             m->be->crossentropy_softmax_backward(a->logits, a->targets, BT, V, dscale);
-        const float *head = gpt2 ? PARAM(m, LOOM_P_WTE) : PARAM(m, LOOM_P_LM_HEAD);
-        float *dhead = gpt2 ? GRAD(m, LOOM_P_WTE) : GRAD(m, LOOM_P_LM_HEAD);
+        const float *head = HEAD_W(m);
+        float *dhead = HEAD_G(m);
         m->be->matmul_backward_set(a->dln_full, dhead, NULL, a->logits, a->lnf_full, head, BT,
                                    C, m->Vl); /* overwritten: no zeroing pass first */
         shard_point(m, LOOM_CP_COL_IN, 1, LOOM_SITE_HEAD, a->dln_full, BT * C, a->dln, BTs * C);
@@ -1007,7 +1024,7 @@ double loom_model_flops_per_token(const loom_model *m, int T) {
     const loom_model_config *c = &m->cfg;
     const double C = c->d_model, L = c->n_layer, HD = (double)c->n_head * m->D;
     const double QKV = (double)(c->n_head + 2 * c->n_kv_head) * m->D;
-    const double FFI = c->flavor == LOOM_FLAVOR_GPT2 ? c->d_ff : 2.0 * c->d_ff;
+    const double FFI = c->arch.mlp == LOOM_MLP_SWIGLU ? 2.0 * c->d_ff : c->d_ff;
     const double head = c->head == LOOM_HEAD_CLASSIFY ? 0.0 : (double)c->vocab_size * C;
     /* an MoE layer's active weights: the router, top_k routed and the shared experts */
     double ffn = 0;

@@ -6,8 +6,28 @@
 #include "loom/model_config.h"
 
 const loom_config_key loom_model_config_keys[] = {
-    {"model.flavor", "gpt2", "gpt2 (LayerNorm, learned positions, GELU, tied head) or llama "
-                            "(RMSNorm, RoPE, SwiGLU, GQA, untied head)"},
+    {"model.flavor", "gpt2", "the named architecture (docs/architectures.md): gpt2 (LayerNorm, "
+                            "learned positions, GELU, biases, tied head), llama (RMSNorm, RoPE, "
+                            "SwiGLU, GQA, untied head), qwen2 (llama + q/k/v biases, tied) or "
+                            "qwen3 (llama + per-head q/k RMSNorm, tied); model.arch.* change "
+                            "single features"},
+    {"model.arch.norm", NULL, "layer (LayerNorm with bias) or rms (default: the flavor's)"},
+    {"model.arch.pos", NULL, "learned (wpe) or rope"},
+    {"model.arch.mlp", NULL, "gelu (fc, GELU tanh, fc_proj) or swiglu (silu(gate) * up)"},
+    {"model.arch.qkv_bias", NULL, "biases on q, k and v (true/false)"},
+    {"model.arch.o_bias", NULL, "a bias on the attention output projection"},
+    {"model.arch.mlp_bias", NULL, "biases on the MLP's linears (gelu MLP only)"},
+    {"model.arch.tied", NULL, "the LM head is the token embedding"},
+    {"model.arch.head_dim", NULL, "D: the width of a head (0: d_model / n_head)"},
+    {"model.arch.qk_norm", NULL, "none or head (RMSNorm of each q and k head before RoPE)"},
+    {"model.arch.rope_type", NULL, "default, linear, llama3 or yarn (Hugging Face's rope_type)"},
+    {"model.arch.rope_factor", NULL, "RoPE scaling factor (linear, llama3, yarn)"},
+    {"model.arch.rope_low_freq_factor", NULL, "llama3 RoPE: low_freq_factor"},
+    {"model.arch.rope_high_freq_factor", NULL, "llama3 RoPE: high_freq_factor"},
+    {"model.arch.rope_original_max", NULL, "llama3 / yarn RoPE: original_max_position_embeddings"},
+    {"model.arch.rope_beta_fast", NULL, "yarn RoPE: beta_fast (default 32)"},
+    {"model.arch.rope_beta_slow", NULL, "yarn RoPE: beta_slow (default 1)"},
+    {"model.arch.rope_attn_factor", NULL, "yarn RoPE: attention_factor (0: 0.1 ln(factor) + 1)"},
     {"model.vocab_size", "256", "V: vocabulary size (>= the dataset's)"},
     {"model.d_model", "256", "C: width of the residual stream"},
     {"model.n_layer", "4", "L: transformer blocks"},
@@ -77,16 +97,124 @@ static int get_nonneg(const loom_config *c, const char *key, float *out, loom_er
     return 0;
 }
 
+/* a model.arch.* key naming one of n choices (absent: *out unchanged) */
+static int get_choice(const loom_config *c, const char *key, const char *const *names, int n,
+                      int *out, loom_err *err) {
+    const char *v;
+    if (!loom_config_get(c, key)) return 0;
+    if (loom_config_get_str(c, key, &v, err)) return -1;
+    for (int i = 0; i < n; i++)
+        if (!strcmp(v, names[i])) {
+            *out = i;
+            return 0;
+        }
+    return loom_errf(err, "config key '%s' = '%s' (%s): expected %s%s%s%s%s%s%s", key, v,
+                     loom_config_origin(c, key), names[0], n > 1 ? " or " : "",
+                     n > 1 ? names[1] : "", n > 2 ? ", " : "", n > 2 ? names[2] : "",
+                     n > 3 ? ", " : "", n > 3 ? names[3] : "");
+}
+static int get_flag(const loom_config *c, const char *key, int *out, loom_err *err) {
+    return loom_config_get(c, key) ? loom_config_get_bool(c, key, out, err) : 0;
+}
+static int get_opt_float(const loom_config *c, const char *key, float *out, int zero_ok,
+                         loom_err *err) {
+    double v;
+    if (!loom_config_get(c, key)) return 0;
+    if (loom_config_get_double(c, key, &v, err)) return -1;
+    if (!(zero_ok ? v >= 0.0 : v > 0.0) || !(v < 1e30))
+        return loom_errf(err, "config key '%s' = %g (%s) must be %s", key, v,
+                         loom_config_origin(c, key), zero_ok ? ">= 0" : "positive");
+    *out = (float)v;
+    return 0;
+}
+
+static const char *const NORMS[] = {"layer", "rms"}, *const POSS[] = {"learned", "rope"},
+                  *const MLPS[] = {"gelu", "swiglu"}, *const QKN[] = {"none", "head"},
+                  *const ROPES[] = {"default", "linear", "llama3", "yarn"};
+
+/* model.flavor and model.arch.* -> the descriptor */
+static int arch_from(const loom_config *c, loom_model_config *out, loom_err *err) {
+    const char *flavor;
+    if (loom_config_get_str(c, "model.flavor", &flavor, err) != 0) return -1;
+    const loom_arch *named = loom_arch_named(flavor);
+    if (!named)
+        return loom_errf(err, "config key 'model.flavor' = '%s' (%s): expected one of %s", flavor,
+                         loom_config_origin(c, "model.flavor"), loom_arch_names());
+    loom_arch *a = &out->arch;
+    *a = *named;
+    if (get_choice(c, "model.arch.norm", NORMS, 2, &a->norm, err) ||
+        get_choice(c, "model.arch.pos", POSS, 2, &a->pos, err) ||
+        get_choice(c, "model.arch.mlp", MLPS, 2, &a->mlp, err) ||
+        get_flag(c, "model.arch.qkv_bias", &a->qkv_bias, err) ||
+        get_flag(c, "model.arch.o_bias", &a->o_bias, err) ||
+        get_flag(c, "model.arch.mlp_bias", &a->mlp_bias, err) ||
+        get_flag(c, "model.arch.tied", &a->tied, err) ||
+        (loom_config_get(c, "model.arch.head_dim") &&
+         get_int(c, "model.arch.head_dim", 0, 1 << 16, &a->head_dim, err)) ||
+        get_choice(c, "model.arch.qk_norm", QKN, 2, &a->qk_norm, err) ||
+        get_choice(c, "model.arch.rope_type", ROPES, 4, &a->rope_type, err) ||
+        get_opt_float(c, "model.arch.rope_factor", &a->rope_factor, 0, err) ||
+        get_opt_float(c, "model.arch.rope_low_freq_factor", &a->rope_low_freq, 0, err) ||
+        get_opt_float(c, "model.arch.rope_high_freq_factor", &a->rope_high_freq, 0, err) ||
+        (loom_config_get(c, "model.arch.rope_original_max") &&
+         get_int(c, "model.arch.rope_original_max", 1, 1 << 30, &a->rope_orig_max, err)) ||
+        get_opt_float(c, "model.arch.rope_beta_fast", &a->rope_beta_fast, 0, err) ||
+        get_opt_float(c, "model.arch.rope_beta_slow", &a->rope_beta_slow, 0, err) ||
+        get_opt_float(c, "model.arch.rope_attn_factor", &a->rope_attn_factor, 1, err))
+        return -1;
+    if (a->rope_type == LOOM_ROPE_YARN) { /* HF's defaults */
+        if (!loom_config_get(c, "model.arch.rope_beta_fast")) a->rope_beta_fast = 32.0f;
+        if (!loom_config_get(c, "model.arch.rope_beta_slow")) a->rope_beta_slow = 1.0f;
+    }
+    /* the built-in gpt2 / llama unchanged keep their flavor number (the older layout) */
+    if ((named == loom_arch_named("gpt2") || named == loom_arch_named("llama")) &&
+        !memcmp(a, named, sizeof *a))
+        out->flavor = named == loom_arch_named("gpt2") ? LOOM_FLAVOR_GPT2 : LOOM_FLAVOR_LLAMA;
+    else
+        out->flavor = LOOM_FLAVOR_ARCH;
+    return 0;
+}
+
+void loom_arch_config_set(loom_config *c, const loom_arch *a, const char *origin) {
+    const loom_arch *n = loom_arch_named(a->name);
+    LOOM_CHECK(n != NULL);
+    char b[32];
+    loom_config_set(c, "model.flavor", a->name, origin);
+#define SET_CHOICE(key, f, names) \
+    if (a->f != n->f) loom_config_set(c, key, names[a->f], origin)
+#define SET_FLAG(key, f) \
+    if (a->f != n->f) loom_config_set(c, key, a->f ? "true" : "false", origin)
+#define SET_NUM(key, f, fmt)                                  \
+    if (a->f != n->f) {                                       \
+        snprintf(b, sizeof b, fmt, a->f);                     \
+        loom_config_set(c, key, b, origin);                   \
+    }
+    SET_CHOICE("model.arch.norm", norm, NORMS);
+    SET_CHOICE("model.arch.pos", pos, POSS);
+    SET_CHOICE("model.arch.mlp", mlp, MLPS);
+    SET_FLAG("model.arch.qkv_bias", qkv_bias);
+    SET_FLAG("model.arch.o_bias", o_bias);
+    SET_FLAG("model.arch.mlp_bias", mlp_bias);
+    SET_FLAG("model.arch.tied", tied);
+    SET_NUM("model.arch.head_dim", head_dim, "%d");
+    SET_CHOICE("model.arch.qk_norm", qk_norm, QKN);
+    SET_CHOICE("model.arch.rope_type", rope_type, ROPES);
+    SET_NUM("model.arch.rope_factor", rope_factor, "%.9g");
+    SET_NUM("model.arch.rope_low_freq_factor", rope_low_freq, "%.9g");
+    SET_NUM("model.arch.rope_high_freq_factor", rope_high_freq, "%.9g");
+    SET_NUM("model.arch.rope_original_max", rope_orig_max, "%d");
+    SET_NUM("model.arch.rope_beta_fast", rope_beta_fast, "%.9g");
+    SET_NUM("model.arch.rope_beta_slow", rope_beta_slow, "%.9g");
+    SET_NUM("model.arch.rope_attn_factor", rope_attn_factor, "%.9g");
+#undef SET_CHOICE
+#undef SET_FLAG
+#undef SET_NUM
+}
+
 int loom_model_config_from(const loom_config *c, int default_seq_len, loom_model_config *out,
                            loom_err *err) {
     memset(out, 0, sizeof *out);
-    const char *flavor;
-    if (loom_config_get_str(c, "model.flavor", &flavor, err) != 0) return -1;
-    if (!strcmp(flavor, "gpt2")) out->flavor = LOOM_FLAVOR_GPT2;
-    else if (!strcmp(flavor, "llama")) out->flavor = LOOM_FLAVOR_LLAMA;
-    else
-        return loom_errf(err, "config key 'model.flavor' = '%s' (%s): expected gpt2 or llama",
-                         flavor, loom_config_origin(c, "model.flavor"));
+    if (arch_from(c, out, err)) return -1;
     const int64_t big = 1 << 24;
     if (get_int(c, "model.vocab_size", 1, big, &out->vocab_size, err) ||
         get_int(c, "model.d_model", 1, big, &out->d_model, err) ||

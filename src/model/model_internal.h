@@ -16,6 +16,10 @@ enum {
      * linears, and the row-parallel linears' whole partial outputs before their reduce-scatter
      * (one scratch each, not kept per layer); without it they are S_LN1, S_LN2, S_RES2, S_RES3 */
     S_LN1G, S_LN2G, S_RES2P, S_RES3P,
+    /* arch.qk_norm: the linear's q|k|v rows before the q/k norms (training arenas; elsewhere
+     * S_QKV itself, normed in place) and the norms' rstd (N, H + KVH); without q/k norms
+     * S_QKVR is S_QKV */
+    S_QKVR, S_QKN_RSTD,
     /* MoE layers (src/model/moe.c; sized 0 in a dense model): router probabilities (N,E), their
      * log-sum-exp (N), the routing (int32: N*k experts, N*k rows, -1 = dropped), the rows of this
      * view's experts, expert-major (X, H = first matmul, A = activation, Y = output), the outputs
@@ -51,6 +55,7 @@ struct loom_acts {
     float *dres;          /* (B,T,C) the residual stream's (S_X, S_RES2, S_RES3) */
     float *dln;           /* (B,T,C) S_LN1, S_LN2 */
     float *dqkv, *datty, *dfch, *dfch_act; /* S_QKV, S_ATTY, S_FCH, S_FCH_ACT */
+    float *dqkvr;         /* S_QKVR (q/k norms; else dqkv) */
     float *datt;          /* (B,H,T,T) attention backward scratch */
     float *moe_g[S_COUNT];/* MoE backward scratch: gradients of the S_MOE_* slots */
     float *moe_t0, *moe_t1; /* MoE exchange buffers (expert parallelism) */
@@ -216,7 +221,15 @@ static inline float *gview(const loom_model *m, const loom_tensor_info *t) {
 #define QKV_B(m, l) LP((m), LOOM_L_Q_B, (l))
 #define QKV_GW(m, l) LG((m), LOOM_L_Q_W, (l))
 #define QKV_GB(m, l) LG((m), LOOM_L_Q_B, (l))
-#define FC1_KIND(m) ((m)->cfg.flavor == LOOM_FLAVOR_GPT2 ? LOOM_L_FC_W : LOOM_L_GATE_W)
+#define FC1_KIND(m) ((m)->cfg.arch.mlp == LOOM_MLP_GELU ? LOOM_L_FC_W : LOOM_L_GATE_W)
+/* the tied head reads wte (arch.tied, LM head) */
+#define HEAD_W(m) ((m)->cfg.arch.tied ? PARAM((m), LOOM_P_WTE) : PARAM((m), LOOM_P_LM_HEAD))
+#define HEAD_G(m) ((m)->cfg.arch.tied ? GRAD((m), LOOM_P_WTE) : GRAD((m), LOOM_P_LM_HEAD))
+
+/* arch.c: checks a config's descriptor; RoPE's D/2 inverse frequencies of a descriptor,
+ * returning the factor its cos/sin tables are scaled by (yarn; else 1) */
+int arch_check(const loom_model_config *c, loom_err *err);
+float arch_rope_inv_freq(const loom_arch *a, float theta, int D, float *inv_freq);
 #define FC1_W(m, l) LP((m), FC1_KIND(m), (l))
 #define FC1_GW(m, l) LG((m), FC1_KIND(m), (l))
 
@@ -225,7 +238,7 @@ static inline float *gview(const loom_model *m, const loom_tensor_info *t) {
  * len[i], pos[i] (its global position); returns the count. */
 int model_row_runs(const loom_model *m, int T, int start[2], int len[2], int pos[2]);
 
-/* LayerNorm (gpt2) or RMSNorm (llama) of N rows; mean is unused by RMSNorm */
+/* LayerNorm or RMSNorm (arch.norm) of N rows; mean is unused by RMSNorm */
 void model_norm_fwd(const loom_model *m, float *out, float *mean, float *rstd, const float *in,
                     const float *w, const float *b, int64_t N);
 

@@ -25,7 +25,8 @@
 #include "loom/backend.h"
 #include "model/model_internal.h"
 
-static int gpt2_of(const loom_model *m) { return m->cfg.flavor == LOOM_FLAVOR_GPT2; }
+/* the experts' MLP: GELU with biases (fc_b, proj_b), or SwiGLU without (arch.mlp) */
+static int gpt2_of(const loom_model *m) { return m->cfg.arch.mlp == LOOM_MLP_GELU; }
 
 /* The op's scratch (m->moe_scr), in 64-bit words; the parts live at the same time:
  *   [SCR_PLAN]  the dispatch plan: 4 ep + 2 E + El + 1 (make_plan)

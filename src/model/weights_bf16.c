@@ -85,8 +85,7 @@ int loom_model_set_weights_bf16(loom_model *m, loom_err *err) {
             at += (sz[k] + 31) & ~(size_t)31;
         }
     }
-    const float *hw =
-        c->flavor == LOOM_FLAVOR_GPT2 ? PARAM(m, LOOM_P_WTE) : PARAM(m, LOOM_P_LM_HEAD);
+    const float *hw = HEAD_W(m);
     LOOM_CHECK(hw != NULL);
     round_release(arena + at, hw, head);
     m->wbf16_head = arena + at;
@@ -127,8 +126,7 @@ int loom_model_set_compute_bf16(loom_model *m, loom_err *err) {
             at += ((size_t)be->dotbf16_pack_elems(oc[k], ic[k]) + 31) & ~(size_t)31;
         }
     }
-    const float *hw =
-        c->flavor == LOOM_FLAVOR_GPT2 ? PARAM(m, LOOM_P_WTE) : PARAM(m, LOOM_P_LM_HEAD);
+    const float *hw = HEAD_W(m);
     LOOM_CHECK(hw != NULL);
     be->dotbf16_pack(arena + at, from_bf16 ? (const void *)m->wbf16_head : (const void *)hw,
                      from_bf16, V, C);

@@ -257,7 +257,7 @@ int loom_pp_create(loom_model *m, loom_mesh *mesh, loom_dp *dp, const loom_comm_
     p->first = p->stage == 0;
     p->last = p->stage == p->P - 1;
     p->classify = c->head == LOOM_HEAD_CLASSIFY;
-    p->tied = c->flavor == LOOM_FLAVOR_GPT2 && !p->classify && p->P > 1;
+    p->tied = c->arch.tied && !p->classify && p->P > 1;
     /* the stream at the stage points: this view's sequence shard under sequence parallelism */
     p->stream = (size_t)micro_B * (size_t)T * (size_t)p->C / (size_t)(lay->sp ? lay->tp : 1);
     p->slot = loom_calloc((size_t)p->M, sizeof(int));

@@ -60,12 +60,12 @@ int loom_trainer_init_from_config(loom_config *cfg, loom_err *err) {
         {"model.flavor", 1},  {"model.vocab_size", 1}, {"model.d_model", 1}, {"model.n_layer", 1},
         {"model.n_head", 1},  {"model.n_kv_head", 1},  {"model.d_ff", 1},
         /* GPT-2's learned positions make max_seq_len a shape; for Llama it is a limit */
-        {"model.max_seq_len", mc.flavor == LOOM_FLAVOR_GPT2},
+        {"model.max_seq_len", loom_config_arch(&mc)->pos == LOOM_POS_LEARNED},
         {"model.norm_eps", 0}, {"model.rope_theta", 0}, {"model.head", 1},
     };
     for (size_t i = 0; i < sizeof keys / sizeof keys[0]; i++) {
         const char *k = keys[i].key;
-        if (!strcmp(k, "model.flavor")) snprintf(v, sizeof v, "%s", mc.flavor == LOOM_FLAVOR_GPT2 ? "gpt2" : "llama");
+        if (!strcmp(k, "model.flavor")) snprintf(v, sizeof v, "%s", loom_config_arch(&mc)->name);
         else if (!strcmp(k, "model.vocab_size")) snprintf(v, sizeof v, "%d", mc.vocab_size);
         else if (!strcmp(k, "model.d_model")) snprintf(v, sizeof v, "%d", mc.d_model);
         else if (!strcmp(k, "model.n_layer")) snprintf(v, sizeof v, "%d", mc.n_layer);
@@ -92,6 +92,8 @@ int loom_trainer_init_from_config(loom_config *cfg, loom_err *err) {
                                   "%s: the weights would not fit; remove the key to take the "
                                   "source's", k, have, origin, src, v);
     }
+    /* the source's features beyond its named descriptor (model.arch.*) */
+    loom_arch_config_set(cfg, loom_config_arch(&mc), "training.init_from");
     return 0;
 }
 

@@ -28,7 +28,7 @@ static int load_lora(const loom_ckpt *ck, const loom_config *cfg, loom_model *m,
     loom_lora *l = NULL;
     char where[4300];
     snprintf(where, sizeof where, "%s/lora.safetensors", loom_ckpt_dir(ck));
-    if (loom_lora_settings(cfg, loom_model_get_config(m)->flavor, &rank, &alpha, &targets,
+    if (loom_lora_settings(cfg, loom_model_get_config(m)->arch.mlp == LOOM_MLP_GELU, &rank, &alpha, &targets,
                            &dropout, err))
         return loom_err_prefix(err, "%s/config.yaml", loom_ckpt_dir(ck));
     if (!rank)

@@ -15,7 +15,7 @@
 
 #define LORA_FILE "lora.safetensors"
 
-int loom_lora_settings(const loom_config *cfg, int flavor, int *rank, float *alpha,
+int loom_lora_settings(const loom_config *cfg, int gelu_mlp, int *rank, float *alpha,
                        unsigned *targets, float *dropout, loom_err *err) {
     int64_t r;
     double a, drop;
@@ -41,13 +41,13 @@ int loom_lora_settings(const loom_config *cfg, int flavor, int *rank, float *alp
     unsigned bits = 0;
     int rc = 0;
     for (int i = 0; i < n && !rc; i++) {
-        const int b = loom_lora_target_bit(items[i], flavor);
+        const int b = loom_lora_target_bit(items[i], gelu_mlp);
         if (b < 0)
             rc = loom_errf(err, "config key 'finetune.lora.targets' (%s): '%s' is not a target of "
                                 "a %s model (q, k, v, o, %s)",
                            loom_config_origin(cfg, "finetune.lora.targets"), items[i],
-                           flavor == LOOM_FLAVOR_GPT2 ? "gpt2" : "llama",
-                           flavor == LOOM_FLAVOR_GPT2 ? "fc, fc_proj" : "gate, up, down");
+                           gelu_mlp ? "gpt2" : "llama",
+                           gelu_mlp ? "fc, fc_proj" : "gate, up, down");
         bits |= (unsigned)(b > 0 ? b : 0);
     }
     loom_config_free_list(items, n);
@@ -65,7 +65,7 @@ int loom_trainer_lora_setup(trainer *t, loom_err *err) {
     float alpha;
     unsigned targets;
     float dropout;
-    if (loom_lora_settings(t->cfg, t->mc.flavor, &rank, &alpha, &targets, &dropout, err))
+    if (loom_lora_settings(t->cfg, loom_config_arch(&t->mc)->mlp == LOOM_MLP_GELU, &rank, &alpha, &targets, &dropout, err))
         return -1;
     if (!rank) return 0;
     if (dropout > 0 && t->pp)

@@ -555,7 +555,7 @@ int loom_train(loom_config *cfg, loom_err *err) {
         char layout[256];
         loom_log("model: %s, %zu parameters; %s, zero %lld, %d threads per rank, peak %.1f "
                  "GFLOP/s per rank (%s); data: %llu training samples of %lld tokens",
-                 t.mc.flavor == LOOM_FLAVOR_GPT2 ? "gpt2" : "llama",
+                 loom_config_arch(&t.mc)->name,
                  loom_model_num_params(t.model), loom_mesh_describe(t.mesh, layout, sizeof layout),
                  (long long)t.s.zero, threads, peak / 1e9, peak > 0 ? peak_from : "none",
                  (unsigned long long)(t.classify ? loom_windows_per_epoch(t.train_w)

@@ -151,7 +151,7 @@ int loom_trainer_init_from_load(trainer *t, loom_err *err);
  * [0, 1)). setup attaches the adapters to the model and
  * freezes the dp engine; finish sums their gradients over dp, clips them by their norm (which
  * it returns); step runs AdamW on them; save/load handle lora.safetensors. */
-int loom_lora_settings(const loom_config *cfg, int flavor, int *rank, float *alpha,
+int loom_lora_settings(const loom_config *cfg, int gelu_mlp, int *rank, float *alpha,
                        unsigned *targets, float *dropout, loom_err *err);
 int loom_trainer_lora_setup(trainer *t, loom_err *err);
 void loom_trainer_lora_free(trainer *t);
