@@ -93,7 +93,7 @@ static void test_matches_reference(void **state) {
     }
 }
 
-enum { TV = 16384, TK = 64, TN = 3000 };
+enum { TV = 8192, TK = 64, TN = 1000 };
 typedef struct job {
     float *lg;
     int out[TN];

@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# CI (.ci/run): the tests labelled `levels` (every reference test against PyTorch / Hugging Face,
+# and the end-to-end tests that train and compare results or learn) again at each kernel level
+# below this CPU's own, so that a test holding only on the developers' CPU fails here, not on
+# the next machine. Each level also pins the libraries' own dispatch to a CPU of that kind:
+# oneDNN (ONEDNN_MAX_CPU_ISA) and OpenBLAS (OPENBLAS_CORETYPE), as on a real AVX2-only (e.g.
+# AMD Zen 3) or baseline x86-64 node. `make test` has run everything at the CPU's own level.
+#   scripts/ci_levels.sh [BUILD_DIR]   (default build; needs a `make test` build)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+build=${1:-build}
+top=$("$build/loom" version | sed -n 's/.*this CPU supports up to \([a-z0-9-]*\)).*/\1/p')
+[ -n "$top" ] || { echo "ci_levels: FAIL: cannot read the CPU's level from '$build/loom version'"; exit 1; }
+case $top in
+avx512) levels="avx2 x86-64" ;;
+avx2) levels="x86-64" ;;
+*) levels="" ;;
+esac
+rc=0
+for isa in $levels; do
+  case $isa in
+  avx2) dnnl=AVX2 blas=Haswell ;;
+  x86-64) dnnl=SSE41 blas=Prescott ;;
+  esac
+  echo "== ci_levels: the 'levels' tests at LOOM_ISA=$isa (ONEDNN_MAX_CPU_ISA=$dnnl, OPENBLAS_CORETYPE=$blas; this CPU: $top)"
+  t0=$SECONDS
+  (cd "$build" && LOOM_ISA=$isa ONEDNN_MAX_CPU_ISA=$dnnl OPENBLAS_CORETYPE=$blas \
+     ctest -L '^levels$' -j 2 --output-on-failure) || rc=1
+  echo "== ci_levels: LOOM_ISA=$isa took $((SECONDS - t0)) s"
+done
+[ -n "$levels" ] || echo "== ci_levels: this CPU's own level ($top) is the lowest: nothing more to run"
+exit $rc
