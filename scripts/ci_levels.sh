@@ -23,10 +23,9 @@ for isa in $levels; do
   x86-64) dnnl=SSE41 blas=Prescott ;;
   esac
   echo "== ci_levels: the 'levels' tests at LOOM_ISA=$isa (ONEDNN_MAX_CPU_ISA=$dnnl, OPENBLAS_CORETYPE=$blas; this CPU: $top)"
-  t0=$SECONDS
+  # (CTest's summary, with its total time, is the last thing printed for each level)
   (cd "$build" && LOOM_ISA=$isa ONEDNN_MAX_CPU_ISA=$dnnl OPENBLAS_CORETYPE=$blas \
      ctest -L '^levels$' -j 2 --output-on-failure) || rc=1
-  echo "== ci_levels: LOOM_ISA=$isa took $((SECONDS - t0)) s"
 done
 [ -n "$levels" ] || echo "== ci_levels: this CPU's own level ($top) is the lowest: nothing more to run"
 exit $rc
