@@ -24,7 +24,13 @@ typedef struct loom_serve_opts {
     int max_output_tokens;     /* max_tokens cap (default: the model's context) -> 400 */
     int max_concurrent;        /* generation requests in flight (default 64) -> 429 */
     int max_connections;       /* open connections (default 2048) */
+    int max_per_client;        /* open connections from one client address (default: 256, at
+                                * most max_connections); over it a connection is closed at once */
     int timeout_s;             /* idle connection timeout (default 120 s) */
+    int request_timeout_s;     /* a request's line, headers and body must all arrive within this
+                                * many seconds of the connection opening (or of the previous
+                                * response on it), however steadily they trickle; else the
+                                * connection is closed (default 30 s) */
     int drain_s;               /* on SIGTERM: how long in-flight requests get (default 300 s) */
     const char *chat_template; /* /v1/chat/completions prompts: plain (default), chatml, llama3
                                 * or a JSON template file (include/loom/chat.h) */

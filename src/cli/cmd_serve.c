@@ -1,6 +1,7 @@
 /* loom serve CKPT_DIR [--host H] [--port P] [--port-file F] [--model-id ID] [--max-body BYTES]
- *   [--max-prompt-tokens N] [--max-tokens N] [--max-concurrent N] [--batch N]
- *   [--kv-budget-mb M] [--timeout S] [--drain S] [--template plain|chatml|llama3|FILE] [--tp T]
+ *   [--max-prompt-tokens N] [--max-tokens N] [--max-concurrent N] [--max-connections N]
+ *   [--max-connections-per-client N] [--batch N] [--kv-budget-mb M] [--timeout S]
+ *   [--request-timeout S] [--drain S] [--template plain|chatml|llama3|FILE] [--tp T]
  * An OpenAI-compatible server over the batched engine (docs/inference.md). With --tp T under
  * `mpirun -np T` the model is split over the T ranks: rank 0 serves, the others follow. */
 #include <errno.h>
@@ -71,7 +72,9 @@ static int serve_main(int argc, char **argv) {
         NUM("--max-connections", 1, 1 << 20, o.max_connections)
         NUM("--batch", 1, 4096, o.engine.max_batch)
         NUM("--kv-budget-mb", 1, 1LL << 24, o.engine.kv_budget_bytes)
+        NUM("--max-connections-per-client", 1, 1 << 20, o.max_per_client)
         NUM("--timeout", 1, 86400, o.timeout_s)
+        NUM("--request-timeout", 1, 86400, o.request_timeout_s)
         NUM("--drain", 1, 86400, o.drain_s)
         NUM("--tp", 1, 4096, tp)
 #undef NUM
@@ -157,8 +160,9 @@ fail:
 usage:
     fprintf(stderr, "usage: loom serve CKPT_DIR [--host H (127.0.0.1)] [--port P (8080; 0: any)] "
                     "[--port-file F] [--model-id ID] [--max-body BYTES] [--max-prompt-tokens N] "
-                    "[--max-tokens N] [--max-concurrent N] [--max-connections N] [--batch N] "
-                    "[--kv-budget-mb M] [--timeout S] [--drain S] [--weights fp32|bf16] "
+                    "[--max-tokens N] [--max-concurrent N] [--max-connections N] "
+                    "[--max-connections-per-client N] [--batch N] [--kv-budget-mb M] [--timeout S] "
+                    "[--request-timeout S] [--drain S] [--weights fp32|bf16] "
                     "[--compute fp32|bf16] [--template plain|chatml|llama3|FILE (plain): the chat template] "
                     "[--tp T: under mpirun -np T, the model split over the T ranks]\n");
     return 2;

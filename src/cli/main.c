@@ -5,6 +5,7 @@
 #include "cli/cli.h"
 #include "loom/base.h"
 #include "loom/kernels.h"
+#include "loom/signals.h"
 
 static void usage(FILE *f) {
     fprintf(f,
@@ -24,12 +25,18 @@ static void usage(FILE *f) {
 }
 
 int main(int argc, char **argv) {
+    loom_err err;
+    /* first, while this is the only thread: every thread started later inherits the blocked
+     * SIGINT/SIGTERM, which only the signal thread takes (loom/signals.h) */
+    if (loom_signals_init(&err) != 0) {
+        fprintf(stderr, "loom: error: %s\n", err.msg);
+        return 1;
+    }
     if (argc < 2) {
         usage(stderr);
         return 2;
     }
     const char *cmd = argv[1];
-    loom_err err;
     if (loom_isa_init(&err) != 0) { /* LOOM_ISA names a level this CPU or build lacks */
         fprintf(stderr, "loom: error: %s\n", err.msg);
         return 1;

@@ -3,6 +3,7 @@
 #define _GNU_SOURCE
 #include "comm_internal.h"
 #include "loom/kernels.h"
+#include "loom/signals.h"
 
 #include <errno.h>
 #include <execinfo.h>
@@ -118,6 +119,21 @@ static void on_fatal_signal(int sig, siginfo_t *si, void *uctx) {
     _exit(128 + sig);
 }
 
+/* SIGTERM / SIGINT that nothing catches (loom/signals.h: the signal thread's default action,
+ * so an ordinary thread, not a handler): the launcher tearing the job down (our parent:
+ * orted, mpirun, slurmstepd) gets a quiet exit, any other sender ends the whole job. MPI_Abort
+ * off the main thread is outside MPI_THREAD_FUNNELED but is the only way to end a job launched
+ * by srun; alarm(10) with SIGALRM's default action bounds it if it hangs. */
+static void comm_signal_hook(int sig, int from_parent) {
+    if (from_parent) _exit(128 + sig);
+    fprintf(stderr, "loom: rank %d: signal %d (%s); ending the whole job\n", g_rank, sig,
+            sig == SIGTERM ? "SIGTERM" : sig == SIGINT ? "SIGINT" : "signal");
+    fflush(stderr);
+    signal(SIGALRM, SIG_DFL);
+    alarm(10);
+    if (g_mpi) MPI_Abort(MPI_COMM_WORLD, 128 + sig);
+}
+
 /* Installs the handler for sig unless someone (a sanitizer) installed one before MPI did:
  * `before` is the disposition seen before MPI_Init. */
 static void install_handler(int sig, const struct sigaction *before) {
@@ -219,8 +235,11 @@ int loom_comm_init(int *argc, char ***argv, loom_err *err) {
         MPI_Comm_size(MPI_COMM_WORLD, &g_size);
         void *warm[4];
         (void)backtrace(warm, 4); /* loads libgcc now, not inside a handler */
-        for (int i = 0; i < 5; i++)
+        for (int i = 0; i < 5; i++) {
+            if (sigs[i] == SIGTERM && loom_signals_active()) continue; /* the hook below */
             install_handler(sigs[i], sigs[i] == SIGABRT || sigs[i] == SIGTERM ? NULL : &before[i]);
+        }
+        if (loom_signals_active()) loom_signals_set_hook(comm_signal_hook);
     } else {
         g_mpi = 1;
         MPI_Comm_rank(MPI_COMM_WORLD, &g_rank);
@@ -244,6 +263,7 @@ int loom_comm_init(int *argc, char ***argv, loom_err *err) {
 void loom_comm_finalize(void) {
     if (g_mpi && g_we_init_mpi) {
         loom_set_fatal_hook(NULL);
+        loom_signals_set_hook(NULL);
         int fin = 0;
         MPI_Finalized(&fin);
         if (!fin) MPI_Finalize();

@@ -16,8 +16,10 @@
 #define _GNU_SOURCE
 #include "loom/serve.h"
 #include "loom/chat.h"
+#include "loom/signals.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <jansson.h>
 #include <microhttpd.h>
 #include <netinet/in.h>
@@ -58,7 +60,7 @@ typedef struct server {
     int tp;
     int followers_wait;         /* tp > 1: the followers are in their loop until TP_STOP */
     loom_sbuf log;              /* tp > 1: engine operations since the last broadcast */
-    int sig_pipe[2];            /* SIGTERM, SIGINT: the handler writes, the signal thread reads */
+    int sig_pipe[2];            /* SIGTERM, SIGINT: on_signal writes, the signal thread reads */
     struct MHD_Daemon *daemon;
     const loom_tokenizer *tok;
     loom_serve_opts o;
@@ -75,7 +77,27 @@ typedef struct server {
     atomic_int draining;
     atomic_llong next_id;
     time_t created;
+    /* the request deadline (o.request_timeout_s): every open connection, under sock_mu */
+    pthread_mutex_t sock_mu;
+    struct sockrec *socks;
+    pthread_t reaper;
+    int reaper_started;
+    atomic_int reaper_stop;
 } server;
+
+/* One open connection (its socket context, MHD_OPTION_NOTIFY_CONNECTION): while its current
+ * request's line, headers or body are still arriving (`reading`), the reaper shuts its socket
+ * down once request_timeout_s have passed since `t0`, so a client that trickles a byte a
+ * second cannot hold it (the idle --timeout restarts with every byte). libmicrohttpd calls the
+ * CLOSED notification, which unlinks the record under sock_mu, before it closes the socket, so
+ * the reaper never touches a descriptor that was closed and reused. */
+typedef struct sockrec {
+    struct sockrec *prev, *next;
+    int fd;
+    double t0;      /* the connection opened, or its previous request ended */
+    int reading;    /* the current request has not fully arrived */
+    int cut;        /* shut down by the reaper */
+} sockrec;
 
 /* ---- jobs ------------------------------------------------------------------------------- */
 
@@ -714,6 +736,79 @@ out:
     return rc;
 }
 
+/* ---- the request deadline ---------------------------------------------------------------- */
+
+static sockrec *sock_of(struct MHD_Connection *c) {
+    const union MHD_ConnectionInfo *ci = MHD_get_connection_info(c, MHD_CONNECTION_INFO_SOCKET_CONTEXT);
+    return ci ? ci->socket_context : NULL;
+}
+
+/* the current request has arrived whole (reading 0), or it was answered (1: the next one's
+ * deadline starts now) */
+static void sock_reading(server *S, struct MHD_Connection *c, int reading) {
+    sockrec *r = sock_of(c);
+    if (!r) return;
+    pthread_mutex_lock(&S->sock_mu);
+    r->reading = reading;
+    if (reading) r->t0 = loom_now();
+    pthread_mutex_unlock(&S->sock_mu);
+}
+
+static void on_connection(void *cls, struct MHD_Connection *c, void **socket_context,
+                          enum MHD_ConnectionNotificationCode code) {
+    server *S = cls;
+    if (code == MHD_CONNECTION_NOTIFY_STARTED) {
+        const union MHD_ConnectionInfo *ci = MHD_get_connection_info(c, MHD_CONNECTION_INFO_CONNECTION_FD);
+        sockrec *r = loom_calloc(1, sizeof *r);
+        r->fd = ci ? ci->connect_fd : -1;
+        r->t0 = loom_now();
+        r->reading = 1;
+        pthread_mutex_lock(&S->sock_mu);
+        r->next = S->socks;
+        if (S->socks) S->socks->prev = r;
+        S->socks = r;
+        pthread_mutex_unlock(&S->sock_mu);
+        *socket_context = r;
+        return;
+    }
+    sockrec *r = *socket_context; /* CLOSED */
+    if (!r) return;
+    pthread_mutex_lock(&S->sock_mu);
+    if (r->prev) r->prev->next = r->next;
+    else S->socks = r->next;
+    if (r->next) r->next->prev = r->prev;
+    pthread_mutex_unlock(&S->sock_mu);
+    free(r);
+    *socket_context = NULL;
+}
+
+/* the reaper thread: every 200 ms, shuts down the connections past their request deadline
+ * (libmicrohttpd's thread for it then reads the end of the stream and closes it) */
+static void *reaper_main(void *arg) {
+    server *S = arg;
+    double said = 0;
+    long long cut = 0;
+    while (!atomic_load(&S->reaper_stop)) {
+        usleep(200000);
+        const double now = loom_now();
+        pthread_mutex_lock(&S->sock_mu);
+        for (sockrec *r = S->socks; r; r = r->next)
+            if (r->reading && !r->cut && r->fd >= 0 && now - r->t0 > S->o.request_timeout_s) {
+                shutdown(r->fd, SHUT_RDWR);
+                r->cut = 1;
+                cut++;
+            }
+        pthread_mutex_unlock(&S->sock_mu);
+        if (cut && now - said >= 10) { /* a line per 10 s at most, however many */
+            fprintf(stderr, "loom: serve: closed %lld connection(s) whose request did not arrive "
+                            "within --request-timeout %d s\n", cut, S->o.request_timeout_s);
+            said = now;
+            cut = 0;
+        }
+    }
+    return NULL;
+}
+
 static enum MHD_Result handler(void *cls, struct MHD_Connection *c, const char *url,
                                const char *method, const char *version, const char *upload,
                                size_t *upload_size, void **con_cls) {
@@ -736,9 +831,11 @@ static enum MHD_Result handler(void *cls, struct MHD_Connection *c, const char *
             const unsigned long long n = strtoull(cl, &end, 10);
             if (errno || end == cl || n > S->o.max_body) k->too_big = 1;
         }
-        if (k->too_big) /* refused before its body is read */
+        if (k->too_big) { /* refused before its body is read */
+            sock_reading(S, c, 0);
             return send_error(c, MHD_HTTP_CONTENT_TOO_LARGE, "invalid_request_error", NULL,
                               "the request body is over the limit of %zu bytes", S->o.max_body);
+        }
         return MHD_YES;
     }
     if (*upload_size) { /* body bytes: kept up to the limit, the rest dropped */
@@ -758,6 +855,7 @@ static enum MHD_Result handler(void *cls, struct MHD_Connection *c, const char *
         *upload_size = 0;
         return MHD_YES;
     }
+    sock_reading(S, c, 0); /* the whole request is here: no deadline while it is answered */
     const int is_get = !strcmp(method, "GET"), is_post = !strcmp(method, "POST");
     switch (k->ep) {
     case EP_NONE:
@@ -791,8 +889,8 @@ static enum MHD_Result handler(void *cls, struct MHD_Connection *c, const char *
 
 static void completed(void *cls, struct MHD_Connection *c, void **con_cls,
                       enum MHD_RequestTerminationCode toe) {
-    (void)c;
     server *S = cls;
+    sock_reading(S, c, 1); /* a next request on this connection: its deadline starts now */
     conn *k = *con_cls;
     if (!k) return;
     if (k->j) {
@@ -807,15 +905,12 @@ static void completed(void *cls, struct MHD_Connection *c, void **con_cls,
     atomic_fetch_sub(&S->open_requests, 1);
 }
 
-/* SIGTERM / SIGINT: the handler (whichever thread takes the signal: under MPI the library's own
- * threads may, so masking the signals in ours cannot route them) hands the signal to the
- * signal thread through a pipe. A signal handler has no context argument: the pipe's write
- * end is the one process-wide variable, set while a server runs. */
-static volatile sig_atomic_t sig_fd = -1;
-
-static void on_signal(int sig) {
+/* SIGTERM / SIGINT: loom's signal thread (loom/signals.h; never a computing or connection
+ * thread) calls this; it hands the signal to the server's signal thread through a pipe */
+static void on_signal(void *ctx, int sig) {
+    server *S = ctx;
     const unsigned char b = (unsigned char)sig;
-    if (sig_fd >= 0 && write(sig_fd, &b, 1) < 0) {} /* async-signal-safe */
+    if (write(S->sig_pipe[1], &b, 1) < 0) {} /* non-blocking: a full pipe has one already */
 }
 
 /* the signal thread: SIGTERM/SIGINT, then stop accepting, drain, and stop the engine loop */
@@ -858,6 +953,9 @@ int loom_serve_run(loom_model *m, const loom_tokenizer *tok, const loom_serve_op
     if (S->o.max_concurrent <= 0) S->o.max_concurrent = 64;
     if (S->o.max_connections <= 0) S->o.max_connections = 2048;
     if (S->o.timeout_s <= 0) S->o.timeout_s = 120;
+    if (S->o.request_timeout_s <= 0) S->o.request_timeout_s = 30;
+    if (S->o.max_per_client <= 0) S->o.max_per_client = 256;
+    if (S->o.max_per_client > S->o.max_connections) S->o.max_per_client = S->o.max_connections;
     if (S->o.drain_s <= 0) S->o.drain_s = 300;
     if (S->o.engine.max_batch <= 0) S->o.engine.max_batch = 16;
     if (S->tp > 1 && loom_mesh_rank(S->mesh, LOOM_GROUP_TP) > 0) { /* a follower */
@@ -888,16 +986,11 @@ int loom_serve_run(loom_model *m, const loom_tokenizer *tok, const loom_serve_op
     }
     pthread_mutex_init(&S->mu, NULL);
     pthread_cond_init(&S->cv, NULL);
-    /* SIGTERM/SIGINT go to the signal thread (on_signal) */
-    struct sigaction sa, old_term, old_int;
-    LOOM_CHECK(pipe(S->sig_pipe) == 0);
-    sig_fd = S->sig_pipe[1];
-    memset(&sa, 0, sizeof sa);
-    sa.sa_handler = on_signal;
-    sa.sa_flags = SA_RESTART;
-    sigemptyset(&sa.sa_mask);
-    sigaction(SIGTERM, &sa, &old_term);
-    sigaction(SIGINT, &sa, &old_int);
+    pthread_mutex_init(&S->sock_mu, NULL);
+    /* SIGTERM/SIGINT go to the server's signal thread (on_signal) */
+    LOOM_CHECK(pipe2(S->sig_pipe, O_CLOEXEC) == 0);
+    LOOM_CHECK(fcntl(S->sig_pipe[1], F_SETFL, O_NONBLOCK) == 0);
+    loom_signals_catch(on_signal, S);
     signal(SIGPIPE, SIG_IGN);
     pthread_t sig_thread;
     S->daemon = MHD_start_daemon(MHD_USE_THREAD_PER_CONNECTION | MHD_USE_POLL_INTERNAL_THREAD |
@@ -905,7 +998,9 @@ int loom_serve_run(loom_model *m, const loom_tokenizer *tok, const loom_serve_op
                                  0, NULL, NULL, handler, S, MHD_OPTION_SOCK_ADDR,
                                  (struct sockaddr *)&addr, MHD_OPTION_CONNECTION_LIMIT,
                                  (unsigned)S->o.max_connections, MHD_OPTION_CONNECTION_TIMEOUT,
-                                 (unsigned)S->o.timeout_s, MHD_OPTION_THREAD_STACK_SIZE,
+                                 (unsigned)S->o.timeout_s, MHD_OPTION_PER_IP_CONNECTION_LIMIT,
+                                 (unsigned)S->o.max_per_client, MHD_OPTION_NOTIFY_CONNECTION,
+                                 on_connection, S, MHD_OPTION_THREAD_STACK_SIZE,
                                  (size_t)(512 * 1024), MHD_OPTION_NOTIFY_COMPLETED, completed, S,
                                  MHD_OPTION_END);
     if (!S->daemon) {
@@ -923,6 +1018,11 @@ int loom_serve_run(loom_model *m, const loom_tokenizer *tok, const loom_serve_op
             goto done;
         }
     }
+    if (pthread_create(&S->reaper, NULL, reaper_main, S)) {
+        rc = loom_errf(err, "cannot start the connection reaper thread");
+        goto done;
+    }
+    S->reaper_started = 1;
     if (pthread_create(&sig_thread, NULL, signal_main, S)) {
         rc = loom_errf(err, "cannot start the signal thread");
         goto done;
@@ -934,9 +1034,12 @@ int loom_serve_run(loom_model *m, const loom_tokenizer *tok, const loom_serve_op
     pthread_join(sig_thread, NULL);
 done:
     if (S->daemon) MHD_stop_daemon(S->daemon);
-    sigaction(SIGTERM, &old_term, NULL);
-    sigaction(SIGINT, &old_int, NULL);
-    sig_fd = -1;
+    if (S->reaper_started) {
+        atomic_store(&S->reaper_stop, 1);
+        pthread_join(S->reaper, NULL);
+    }
+    pthread_mutex_destroy(&S->sock_mu);
+    loom_signals_catch(NULL, NULL); /* returns once no call of on_signal runs */
     close(S->sig_pipe[0]);
     close(S->sig_pipe[1]);
     pthread_mutex_destroy(&S->mu);

@@ -1,6 +1,7 @@
 /* Alert rules: parsing, rolling statistics per rule, actions, alerts.jsonl. */
 #define _GNU_SOURCE
 #include "loom/alerts.h"
+#include "loom/signals.h"
 
 #include <ctype.h>
 #include <errno.h>
@@ -308,7 +309,16 @@ static int fire(loom_alerts *a, rule *r, int64_t step, double v, double ref, loo
         env[k] = NULL;
         char *argv[] = {"/bin/sh", "-c", r->cmd, NULL};
         pid_t pid;
-        const int rc = posix_spawn(&pid, "/bin/sh", NULL, NULL, argv, env);
+        /* the mask and dispositions loom started with (SIGINT/SIGTERM are blocked here) */
+        posix_spawnattr_t attr;
+        sigset_t mask, dfl;
+        loom_signals_child_sets(&mask, &dfl);
+        posix_spawnattr_init(&attr);
+        posix_spawnattr_setsigmask(&attr, &mask);
+        posix_spawnattr_setsigdefault(&attr, &dfl);
+        posix_spawnattr_setflags(&attr, POSIX_SPAWN_SETSIGMASK | POSIX_SPAWN_SETSIGDEF);
+        const int rc = posix_spawn(&pid, "/bin/sh", NULL, &attr, argv, env);
+        posix_spawnattr_destroy(&attr);
         free(env);
         if (rc) loom_warn("alert: cannot run \"%s\": %s", r->cmd, strerror(rc));
         else {

@@ -35,6 +35,7 @@
 #include "loom/comm.h"
 #include "loom/infer.h"
 #include "loom/progress.h"
+#include "loom/signals.h"
 #include "loom/tokenizer.h"
 #include "loom/train.h"
 
@@ -753,6 +754,7 @@ static int run_command(const validator *v, const char *text, size_t len, char *m
         return -1;
     }
     if (pid == 0) {
+        loom_signals_child(); /* the mask and dispositions loom started with */
         dup2(in[0], 0);
         dup2(er[1], 2);
         const int dn = open("/dev/null", O_WRONLY | O_CLOEXEC);

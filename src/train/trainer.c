@@ -6,6 +6,7 @@
 #include <math.h>
 #include <omp.h>
 #include <signal.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -20,6 +21,7 @@
 #include "loom/peak.h"
 #include "loom/parallel.h"
 #include "loom/schedule.h"
+#include "loom/signals.h"
 #include "loom/profile.h"
 #include "loom/progress.h"
 #include "loom/pp.h"
@@ -29,18 +31,13 @@
 #include "train/train_obs.h"
 #include "train/trainer_internal.h"
 
-/* ---- interruption: SIGINT/SIGTERM finish the current step, checkpoint, and stop ---- */
-static volatile sig_atomic_t g_stop_signal;
-static void on_stop_signal(int sig) { g_stop_signal = sig; }
-
-static void install_stop_handlers(struct sigaction *old_int, struct sigaction *old_term) {
-    struct sigaction sa;
-    memset(&sa, 0, sizeof sa);
-    sa.sa_handler = on_stop_signal;
-    sigemptyset(&sa.sa_mask);
-    g_stop_signal = 0;
-    sigaction(SIGINT, &sa, old_int);
-    sigaction(SIGTERM, &sa, old_term);
+/* ---- interruption: SIGINT/SIGTERM finish the current step, checkpoint, and stop ----
+ * The signal thread (loom/signals.h) records the first one; the loop reads it at the step
+ * boundary. No handler ever runs on a computing thread. */
+static void on_stop_signal(void *ctx, int sig) {
+    atomic_int *stop = ctx;
+    int none = 0;
+    atomic_compare_exchange_strong(stop, &none, sig);
 }
 
 /* ---- test-only fault injection -----------------------------------------------------------
@@ -425,7 +422,7 @@ int loom_train(loom_config *cfg, loom_err *err) {
     loom_progress pg = {0}; /* width 0: loom_progress_end is a no-op until it draws */
     double *per_rank = NULL, *pp_ranks = NULL, *tp_act = NULL;
     enum { PP_METRICS = 6 };
-    struct sigaction old_int, old_term;
+    atomic_int stop_signal = 0;
     if (loom_trainer_read_settings(cfg, &t.s, err)) return -1;
     /* training.init_from: the model.* keys come from the source (init_from.c) */
     if (loom_trainer_init_from_config(cfg, err)) return -1;
@@ -576,7 +573,7 @@ int loom_train(loom_config *cfg, loom_err *err) {
     const int64_t first_step = t.step;
     const double t_start = loom_now();
     loom_progress_init(&pg, 0);
-    install_stop_handlers(&old_int, &old_term);
+    loom_signals_catch(on_stop_signal, &stop_signal);
     handlers = 1;
     per_rank = loom_calloc(3 * (size_t)t.world_size, sizeof(double));
     if (train_obs_create(&t, peak, &obs, err)) goto done;
@@ -725,7 +722,7 @@ int loom_train(loom_config *cfg, loom_err *err) {
                      mfu, loom_now() - t_start, first_step);
         }
         /* the stop decision must be the same on every rank */
-        double stops[2] = {g_stop_signal, train_obs_stop_requested(obs)};
+        double stops[2] = {atomic_load(&stop_signal), train_obs_stop_requested(obs)};
         loom_allreduce_max(t.mesh, LOOM_GROUP_WORLD, stops, 2, LOOM_F64);
         const double stop = stops[0], alert_stop = stops[1];
         const int give_up = consecutive_skips >= t.s.max_skipped;
@@ -770,10 +767,7 @@ stopped:
     if (train_obs_finish(obs, &t, err)) rc = -1;
 done:
     loom_progress_end(&pg); /* a terminal: the error or the shell prompt on the next line */
-    if (handlers) {
-        sigaction(SIGINT, &old_int, NULL);
-        sigaction(SIGTERM, &old_term, NULL);
-    }
+    if (handlers) loom_signals_catch(NULL, NULL);
     train_obs_free(obs);
     free(per_rank);
     free(pp_ranks);

@@ -184,6 +184,72 @@ make_labelled_dataset() {
     || { "$LOOM_BIN" data build "$1/recipe.yaml"; fail "labelled data build"; }
 }
 
+# make_fullsize DIR CONFIG STEPS: byte-tiny's shape (d 256, 4 layers, T 256, batch 8: GEMMs
+# large enough for oneDNN's real sgemm) over a small corpus built into DIR/data, STEPS steps,
+# no evaluation and no periodic checkpoints (run.dir: --set it)
+make_fullsize() {
+  local d=$1 cfg=$2 steps=$3
+  mkdir -p "$d/fs_corpus"
+  python3 - "$d/fs_corpus" <<'PY'
+import os, random, sys
+random.seed(11)
+words = "the quick brown fox jumps over a lazy dog while seven wizards quietly hex jolly".split()
+with open(os.path.join(sys.argv[1], "a.txt"), "w") as fh:
+    for _ in range(300):
+        fh.write(" ".join(random.choice(words) for _ in range(random.randint(100, 300))) + "\n%\n")
+PY
+  cat > "$d/fs_recipe.yaml" <<YAML
+name: fullsize
+sources:
+  - name: corpus
+    kind: text
+    path: $d/fs_corpus
+    split: "\n%\n"
+tokenizer: byte
+seq_len: 256
+val_fraction: 0.05
+output: $d/fs_data
+YAML
+  "$LOOM_BIN" data build "$d/fs_recipe.yaml" >/dev/null 2>&1 || { "$LOOM_BIN" data build "$d/fs_recipe.yaml"; fail "data build"; }
+  cat > "$cfg" <<YAML
+data:
+  train: $d/fs_data/train
+  val: $d/fs_data/val
+model:
+  flavor: gpt2
+  vocab_size: 256
+  d_model: 256
+  n_layer: 4
+  n_head: 4
+training:
+  steps: $steps
+  batch_size: 8
+  seq_len: 256
+  lr: 1e-3
+  warmup: 2
+  peak_flops: 1e11
+eval:
+  every: 0
+checkpoint:
+  every: 0
+YAML
+}
+
+# all_threads_block PID: every thread of PID blocks SIGINT (bit 2 of SigBlk) and SIGTERM
+# (bit 15), so the kernel can deliver them to none (loom's signal thread reads a signalfd);
+# prints the number of threads checked; in $(...), follow it with `|| exit 1`
+all_threads_block() {
+  local st blk n=0
+  for st in /proc/$1/task/*/status; do
+    blk=$(sed -n 's/^SigBlk:\s*//p' "$st" 2>/dev/null) || continue
+    [ -n "$blk" ] || continue
+    (( (16#$blk >> 1) & 1 && (16#$blk >> 14) & 1 )) \
+      || fail "thread $(basename "$(dirname "$st")") ($(cat "$(dirname "$st")/comm" 2>/dev/null)) of pid $1 takes SIGINT/SIGTERM (SigBlk $blk)"
+    n=$((n + 1))
+  done
+  echo $n
+}
+
 # losses of a run, one per line, exactly as written
 losses() { python3 -c "
 import json,sys

@@ -16,7 +16,7 @@ expected=$("$LOOM_BIN" generate "$WORK/run" --prompt "the quick" --tokens 12 --t
 expected=${expected#the quick}
 start_server "$WORK/port" "$WORK/serve.log" env ASAN_OPTIONS=detect_leaks=1:abort_on_error=0:log_path=$WORK/asan \
   "$LOOM_ASAN_BIN" serve "$WORK/run" --port 0 --port-file "$WORK/port" --model-id tiny \
-  --max-body 8192 --max-concurrent 2 --max-tokens 100 --max-connections 1100
+  --max-body 8192 --max-concurrent 2 --max-tokens 100 --max-connections 1100 --max-connections-per-client 1100
 pid=$SERVER_PID
 port=$(cat "$WORK/port")
 grep -q "127.0.0.1:$port" "$WORK/serve.log" || fail "not bound to 127.0.0.1: $(cat "$WORK/serve.log")"

@@ -1,0 +1,117 @@
+# `loom serve` against slow and greedy clients (issue 30): a connection whose request line,
+# headers or body trickle in (a byte every 0.4 s, which resets the idle --timeout every time)
+# is closed at --request-timeout; one client address cannot hold more than
+# --max-connections-per-client connections, so another client is still served; a keep-alive
+# connection's deadline restarts with each request.
+source "$(dirname "$0")/lib.sh"
+cd "$WORK"
+make_dataset "$WORK"
+make_config "$WORK" "$WORK/m.yaml" "$WORK/run"
+expect_ok "train" "$LOOM_BIN" train "$WORK/m.yaml" --set training.steps=2
+start_server "$WORK/port" "$WORK/serve.log" "$LOOM_ASAN_BIN" serve "$WORK/run" --port 0 \
+  --port-file "$WORK/port" --timeout 60 --request-timeout 3 --max-connections 32 \
+  --max-connections-per-client 4
+python3 - "$(cat "$WORK/port")" <<'PY' || { cat "$WORK/serve.log" >&2; fail "slow clients"; }
+import json, socket, sys, time
+port = int(sys.argv[1])
+FAIL = []
+
+def check(cond, what):
+    print(("ok: " if cond else "FAIL: ") + what)
+    if not cond:
+        FAIL.append(what)
+
+def conn(src="127.0.0.1"):
+    s = socket.socket()
+    s.bind((src, 0))
+    s.connect(("127.0.0.1", port))
+    return s
+
+def closed_after(s, data, every=0.4, limit=15.0):
+    """Trickles data a byte at a time; returns the seconds until the server closed the
+    connection (None: still open after limit seconds)."""
+    t0 = time.time()
+    s.settimeout(every)
+    i = 0
+    while time.time() - t0 < limit:
+        try:
+            if s.recv(4096) == b"":
+                return time.time() - t0
+        except socket.timeout:
+            pass
+        except (ConnectionResetError, BrokenPipeError):
+            return time.time() - t0
+        try:
+            s.send(data[i % len(data):i % len(data) + 1])
+        except (ConnectionResetError, BrokenPipeError):
+            return time.time() - t0
+        i += 1
+    return None
+
+def request(s, path="/health", body=None):
+    if body is None:
+        s.sendall(f"GET {path} HTTP/1.1\r\nHost: x\r\n\r\n".encode())
+    else:
+        s.sendall((f"POST {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                   f"Content-Length: {len(body)}\r\n\r\n").encode() + body)
+    s.settimeout(30)
+    buf = b""
+    while b"\r\n\r\n" not in buf:
+        d = s.recv(4096)
+        if not d:
+            return None, buf
+        buf += d
+    head, rest = buf.split(b"\r\n\r\n", 1)
+    n = int([l.split(b":")[1] for l in head.split(b"\r\n") if l.lower().startswith(b"content-length")][0])
+    while len(rest) < n:
+        rest += s.recv(4096)
+    return int(head.split()[1]), rest
+
+# a request head trickled in, a byte every 0.4 s: closed at the 3 s deadline, not at --timeout 60
+t = closed_after(conn(), b"GET /health HTTP/1.1\r\nHost: x\r\nX-Slow: " + b"a" * 200)
+check(t is not None and 2.5 <= t <= 6.5, f"a trickled request head is closed at --request-timeout 3 ({t} s)")
+# the body likewise: the head arrives at once, the body a byte at a time
+s = conn()
+body = json.dumps({"prompt": "the quick", "max_tokens": 2}).encode() + b" " * 200
+s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+          + f"Content-Length: {len(body)}\r\n\r\n".encode())
+t = closed_after(s, body)
+check(t is not None and 2.5 <= t <= 6.5, f"a trickled request body is closed at --request-timeout 3 ({t} s)")
+# a keep-alive connection: the deadline restarts with every request
+s = conn()
+st1, _ = request(s)
+time.sleep(2)
+st2, _ = request(s, "/v1/completions", json.dumps({"prompt": "the", "max_tokens": 3}).encode())
+time.sleep(2)
+st3, _ = request(s)
+check((st1, st2, st3) == (200, 200, 200), f"three requests 2 s apart on one connection: {(st1, st2, st3)}")
+s.close()
+
+# one client address holds its 4 connections; its 5th is closed at once; another address
+# (127.0.0.2, also loopback) is still served
+held = [conn() for _ in range(4)]
+time.sleep(0.3)
+s5 = conn()
+s5.settimeout(5)
+t0 = time.time()
+try:
+    got = s5.recv(100)
+except (ConnectionResetError, socket.timeout) as e:
+    got = e
+check(got == b"" or isinstance(got, ConnectionResetError), f"a 5th connection of one client is closed at once ({got!r}, {time.time() - t0:.2f} s)")
+st, _ = request(conn("127.0.0.2"))
+check(st == 200, f"another client is served while the first holds its 4 connections ({st})")
+for h in held:
+    h.close()
+time.sleep(0.5)
+st, _ = request(conn())
+check(st == 200, f"the first client is served again once it closed them ({st})")
+sys.exit(1 if FAIL else 0)
+PY
+kill -0 $SERVER_PID || fail "the server died"
+kill -TERM $SERVER_PID
+rc=0; wait $SERVER_PID || rc=$?
+[ $rc = 0 ] || { cat "$WORK/serve.log"; fail "the server exited $rc after SIGTERM"; }
+crashed "$WORK/serve.log" && { cat "$WORK/serve.log"; fail "sanitizer report"; }
+grep -q "did not arrive within --request-timeout 3 s" "$WORK/serve.log" || { cat "$WORK/serve.log"; fail "no log line for the closed connections"; }
+pass "slow and greedy clients"
