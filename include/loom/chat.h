@@ -22,15 +22,35 @@ typedef struct loom_chat_template {
     char *call_pre, *call_post;      /* around each tool call's JSON */
     char *call_sep;                  /* between the content and the calls, and between calls */
     char *args_key;                  /* the tool call JSON's arguments key */
+    char *default_system;            /* rendered as the system message when a conversation has
+                                      * none (Qwen's templates; NULL for none) */
+    unsigned roles;                  /* bit r set: role r is allowed (mistral, gemma: user and
+                                      * assistant only, as their Jinja templates raise otherwise) */
+    int tools;                       /* assistant tool_calls allowed */
 } loom_chat_template;
 
-/* "plain", "chatml", "llama3", or the path of a JSON template file:
+/* "plain", "chatml", "llama3", "mistral", "gemma", a Hugging Face tokenizer_config.json (its
+ * chat_template recognized as one of the built-ins, see loom_chat_template_detect), or the
+ * path of a JSON template file:
  *   {"bos": "", "system": "...{content}...", "user": ..., "assistant": ..., "tool": ...,
  *    "tool_call": "<tool_call>\n{content}\n</tool_call>", "tool_call_separator": "\n",
  *    "arguments_key": "arguments"}
  * every role string holds {content} exactly once. */
 int loom_chat_template_load(const char *spec, loom_chat_template **out, loom_err *err);
 void loom_chat_template_free(loom_chat_template *t);
+/* 1 when name is a built-in template (plain, chatml, llama3, mistral, gemma). */
+int loom_chat_template_is_builtin(const char *name);
+/* The built-in template that a Hugging Face Jinja chat template (the text of
+ * tokenizer_config.json's chat_template) renders like, recognized by its literal markers and
+ * never executed: "chatml", "llama3", "mistral" or "gemma", or NULL when it is none of them
+ * (*why then says what was missing or what loom cannot reproduce). *default_system: a fixed
+ * system message the template renders when a conversation has none (malloc'd, or NULL). */
+const char *loom_chat_template_detect(const char *jinja, size_t len, char **default_system, const char **why);
+/* The same for a tokenizer_config.json file (its chat_template: a string, or a list of
+ * {name, template} of which "default" is taken): the name in *name (static), the default
+ * system message in *default_system (malloc'd or NULL). -1 with an error naming the file when
+ * it has no chat_template or an unrecognized one. */
+int loom_chat_template_detect_file(const char *path, const char **name, char **default_system, loom_err *err);
 
 /* A rendered conversation: text, cut into segments, each trained on (1) or not (0). */
 typedef struct loom_chat_seg {

@@ -54,6 +54,8 @@ loom_tokenizer_kind loom_tokenizer_get_kind(const loom_tokenizer *t);
 uint32_t loom_tokenizer_vocab_size(const loom_tokenizer *t);
 /* Id of an added/special token (exact content), or -1 when there is none. */
 int32_t loom_tokenizer_special_id(const loom_tokenizer *t, const char *content);
+/* 1 when id is an added token (matched in the text before the model: specials and the like). */
+int loom_tokenizer_is_added(const loom_tokenizer *t, int32_t id);
 /* Id of any token given in its vocabulary spelling (byte-level characters for BPE), or -1. */
 int32_t loom_tokenizer_token_id(const loom_tokenizer *t, const char *token);
 /* Content hash used as tokenizer_id in shards: "byte" for a byte tokenizer without specials,

@@ -281,6 +281,11 @@ static int generate_main(int argc, char **argv) {
     const int T = mc->max_seq_len;
     if (chat) { /* the chat template the model was fine-tuned with (docs/finetune.md) */
         if (loom_chat_template_load(template_spec, &tpl, &err)) goto fail;
+        if (system && *system && !(tpl->roles & (1u << LOOM_ROLE_SYSTEM))) {
+            loom_errf(&err, "--system: template '%s' has no system role (its Hugging Face template refuses one); "
+                            "put the instructions into the prompt", tpl->name);
+            goto fail;
+        }
         n_rendered = prompts_file ? n_prompts : 1;
         rendered = loom_calloc((size_t)n_rendered, sizeof *rendered);
         for (int i = 0; i < n_rendered; i++) {
@@ -490,7 +495,7 @@ usage:
                     "       [--tp T]: under mpirun -np N, N / T replicas of T tensor-parallel ranks\n"
                     "       [--weights fp32|bf16] [--compute fp32|bf16]: the linears' weights held "
                     "in bf16; their products in bf16 too (docs/inference.md)\n"
-                    "       [--chat [--template chatml|llama3|FILE] [--system TEXT]]: the prompt as a user "
+                    "       [--chat [--template chatml|llama3|mistral|gemma|FILE] [--system TEXT]]: the prompt as a user "
                     "turn, the reply up to the end of the assistant's turn\n");
     return 2;
 }

@@ -777,6 +777,10 @@ int32_t loom_tokenizer_special_id(const loom_tokenizer *t, const char *content) 
     return -1;
 }
 
+int loom_tokenizer_is_added(const loom_tokenizer *t, int32_t id) {
+    return id >= 0 && (uint32_t)id < t->vocab_size && t->tok[id].added >= 0;
+}
+
 int32_t loom_tokenizer_token_id(const loom_tokenizer *t, const char *token) {
     int32_t id = bpe_strmap_get(&t->vocab, token, strlen(token));
     return id >= 0 ? id : loom_tokenizer_special_id(t, token);
@@ -857,6 +861,7 @@ int bpe_finish(loom_tokenizer *t, loom_err *err) {
         if (b < 128) t->char_id[b] = bpe_strmap_get(&t->vocab, (const char *)&(char){(char)b}, 1);
     }
     memset(t->added_first, 0, sizeof t->added_first);
+    for (uint32_t i = 0; i < t->vocab_size; i++) t->tok[i].added = -1;
     for (int a = 0; a < t->n_added; a++) {
         bpe_added *ad = &t->added[a];
         t->added_first[(uint8_t)ad->content[0]] = 1;

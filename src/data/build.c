@@ -439,8 +439,9 @@ static void compute_keys(build *b) {
                  b->r.val_fraction);
         kput(&k, num);
         kput(&k, s->canon);
-        if (s->kind == LOOM_SRC_CHAT && strcmp(s->chat_template, "chatml") &&
-            strcmp(s->chat_template, "llama3")) { /* a template file: its bytes */
+        if (s->kind == LOOM_SRC_CHAT && (!loom_chat_template_is_builtin(s->chat_template) ||
+                                         !strcmp(s->chat_template, "plain"))) { /* a file: its bytes ("plain"
+                                                                                  * as before: unreadable) */
             char *text = NULL, sha[65] = "unreadable";
             size_t tl = 0;
             if (loom_read_file(s->chat_template, (size_t)1 << 20, &text, &tl, NULL) == 0)

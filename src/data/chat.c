@@ -6,6 +6,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "base/json_util.h"
+
 static const char *const ROLE_NAMES[LOOM_ROLE_COUNT] = {"system", "user", "assistant", "tool"};
 
 void loom_chat_template_free(loom_chat_template *t) {
@@ -20,6 +22,7 @@ void loom_chat_template_free(loom_chat_template *t) {
     free(t->call_post);
     free(t->call_sep);
     free(t->args_key);
+    free(t->default_system);
     free(t);
 }
 
@@ -43,7 +46,125 @@ static loom_chat_template *from_strings(const char *name, const char *bos, const
     LOOM_CHECK(split_content(call, &t->call_pre, &t->call_post) == 0);
     t->call_sep = loom_strdup(sep);
     t->args_key = loom_strdup(args);
+    t->roles = (1u << LOOM_ROLE_COUNT) - 1;
+    t->tools = 1;
     return t;
+}
+
+int loom_chat_template_is_builtin(const char *name) {
+    static const char *const names[] = {"plain", "chatml", "llama3", "mistral", "gemma"};
+    for (int i = 0; i < 5; i++)
+        if (!strcmp(name, names[i])) return 1;
+    return 0;
+}
+
+/* Jinja source spells a newline inside a string literal as \n (two characters) or as itself */
+static int has_marker(const char *s, size_t n, const char *m) {
+    size_t ml = strlen(m);
+    if (ml > n) return 0;
+    for (size_t i = 0; i + ml <= n; i++)
+        if (s[i] == m[0] && !memcmp(s + i, m, ml)) return 1;
+    return 0;
+}
+
+/* s with each "\n" spelled as a newline: the two spellings compare alike */
+static char *unescape_newlines(const char *s, size_t n) {
+    char *o = loom_malloc(n + 1);
+    size_t k = 0;
+    for (size_t i = 0; i < n; i++) {
+        if (s[i] == '\\' && i + 1 < n && s[i + 1] == 'n') {
+            o[k++] = '\n';
+            i++;
+        } else {
+            o[k++] = s[i];
+        }
+    }
+    o[k] = 0;
+    return o;
+}
+
+const char *loom_chat_template_detect(const char *jinja, size_t len, char **default_system, const char **why) {
+    *default_system = NULL;
+    *why = NULL;
+    char *j = unescape_newlines(jinja, len);
+    const size_t n = strlen(j);
+    const char *name = NULL;
+    if (has_marker(j, n, "<|im_start|>") && has_marker(j, n, "<|im_end|>")) {
+        if (!has_marker(j, n, "<|im_end|>\n") || !has_marker(j, n, "<|im_start|>assistant\n"))
+            *why = "it uses chatml's markers but not chatml's '<|im_start|>ROLE\\n' ... '<|im_end|>\\n' layout";
+        else
+            name = "chatml";
+        /* Qwen: a fixed system message when the conversation has none */
+        const char *tag = "<|im_start|>system\n";
+        for (const char *p = strstr(j, tag); name && p; p = strstr(p + 1, tag)) {
+            const char *a = p + strlen(tag), *e = strstr(a, "<|im_end|>");
+            if (!e || e == a) continue;
+            size_t l = (size_t)(e - a);
+            if (memchr(a, '\'', l) || memchr(a, '"', l) || memchr(a, '{', l) || memchr(a, '}', l) ||
+                memchr(a, '\\', l) || memchr(a, '+', l))
+                continue; /* not one literal */
+            *default_system = loom_malloc(l + 1);
+            memcpy(*default_system, a, l);
+            (*default_system)[l] = 0;
+            break;
+        }
+    } else if (has_marker(j, n, "<|start_header_id|>") && has_marker(j, n, "<|eot_id|>")) {
+        if (has_marker(j, n, "Cutting Knowledge Date"))
+            *why = "it is Llama 3.1's template, which adds a dated system header loom's llama3 does not write";
+        else if (!has_marker(j, n, "<|end_header_id|>\n\n"))
+            *why = "it uses Llama 3's markers but not its '<|end_header_id|>\\n\\n' layout";
+        else
+            name = "llama3";
+    } else if (has_marker(j, n, "[INST]") && has_marker(j, n, "[/INST]")) {
+        if (!has_marker(j, n, "'[INST] '") || !has_marker(j, n, "' [/INST]'"))
+            *why = "it uses Mistral's [INST] markers but not the '[INST] ' ... ' [/INST]' spacing of loom's mistral";
+        else
+            name = "mistral";
+    } else if (has_marker(j, n, "<start_of_turn>") && has_marker(j, n, "<end_of_turn>")) {
+        if (!has_marker(j, n, "<end_of_turn>\n") || !has_marker(j, n, "model"))
+            *why = "it uses Gemma's turn markers but not its '<start_of_turn>ROLE\\n' ... '<end_of_turn>\\n' layout";
+        else
+            name = "gemma";
+    } else {
+        *why = "it has none of the markers of chatml (<|im_start|>), llama3 (<|start_header_id|>), mistral ([INST]) "
+               "or gemma (<start_of_turn>)";
+    }
+    free(j);
+    if (!name) {
+        free(*default_system);
+        *default_system = NULL;
+    }
+    return name;
+}
+
+int loom_chat_template_detect_file(const char *path, const char **name, char **default_system, loom_err *err) {
+    json_t *root = NULL;
+    *name = NULL;
+    *default_system = NULL;
+    if (loom_json_object_file(path, (size_t)64 << 20, &root, err)) return -1;
+    json_t *ct = json_object_get(root, "chat_template");
+    if (json_is_array(ct)) { /* named templates: the default one */
+        size_t i;
+        json_t *x, *found = NULL;
+        json_array_foreach(ct, i, x) {
+            const char *nm = json_string_value(json_object_get(x, "name"));
+            if (nm && !strcmp(nm, "default")) found = json_object_get(x, "template");
+        }
+        ct = found;
+    }
+    if (!json_is_string(ct)) {
+        json_decref(root);
+        return loom_errf(err, "%s: no chat_template (a string, or a list with a \"default\" entry); name the chat "
+                              "template instead: chatml, llama3, mistral, gemma, plain or a JSON template file", path);
+    }
+    const char *why;
+    *name = loom_chat_template_detect(json_string_value(ct), json_string_length(ct), default_system, &why);
+    json_decref(root);
+    if (!*name)
+        return loom_errf(err, "%s: chat_template is not one loom recognizes: %s (loom matches templates by their "
+                              "markers and never runs Jinja); name the chat template instead: chatml, llama3, "
+                              "mistral, gemma, plain or a JSON template file", path, why);
+    return 0;
 }
 
 int loom_chat_template_load(const char *spec, loom_chat_template **out, loom_err *err) {
@@ -70,6 +191,21 @@ int loom_chat_template_load(const char *spec, loom_chat_template **out, loom_err
         *out = from_strings("llama3", "<|begin_of_text|>", roles, "{content}", "\n", "parameters");
         return 0;
     }
+    if (!strcmp(spec, "mistral")) { /* Mistral-7B-Instruct v0.1/v0.2's template: user and assistant only */
+        static const char *const roles[4] = {"{content}", "[INST] {content} [/INST]", "{content}</s>", "{content}"};
+        *out = from_strings("mistral", "<s>", roles, "{content}", "\n", "arguments");
+        (*out)->roles = 1u << LOOM_ROLE_USER | 1u << LOOM_ROLE_ASSISTANT;
+        (*out)->tools = 0;
+        return 0;
+    }
+    if (!strcmp(spec, "gemma")) { /* Gemma's turns (the assistant is "model"): user and assistant only */
+        static const char *const roles[4] = {"{content}", "<start_of_turn>user\n{content}<end_of_turn>\n",
+                                             "<start_of_turn>model\n{content}<end_of_turn>\n", "{content}"};
+        *out = from_strings("gemma", "<bos>", roles, "{content}", "\n", "arguments");
+        (*out)->roles = 1u << LOOM_ROLE_USER | 1u << LOOM_ROLE_ASSISTANT;
+        (*out)->tools = 0;
+        return 0;
+    }
     char *buf;
     size_t len;
     if (loom_read_file(spec, (size_t)1 << 20, &buf, &len, err))
@@ -80,6 +216,21 @@ int loom_chat_template_load(const char *spec, loom_chat_template **out, loom_err
     if (!json_is_object(o)) {
         json_decref(o);
         return loom_errf(err, "%s: chat template: %s", spec, o ? "not a JSON object" : je.text);
+    }
+    const char *base = strrchr(spec, '/');
+    base = base ? base + 1 : spec;
+    if (json_object_get(o, "chat_template") || !strcmp(base, "tokenizer_config.json")) {
+        /* a Hugging Face tokenizer_config.json: the built-in its chat_template renders like */
+        json_decref(o);
+        const char *name;
+        char *dsys;
+        if (loom_chat_template_detect_file(spec, &name, &dsys, err)) return -1;
+        if (loom_chat_template_load(name, out, err)) {
+            free(dsys);
+            return -1;
+        }
+        (*out)->default_system = dsys;
+        return 0;
     }
     static const char *const keys[] = {"bos", "system", "user", "assistant", "tool", "tool_call",
                                        "tool_call_separator", "arguments_key"};
@@ -239,6 +390,12 @@ static int render_messages(const loom_chat_template *t, json_t *messages, loom_c
     size_t k;
     json_t *m;
     int assistants = 0;
+    const char *role0 = json_string_value(json_object_get(json_array_get(messages, 0), "role"));
+    if (t->default_system && !(role0 && !strcmp(role0, "system"))) {
+        puts_(d, t->pre[LOOM_ROLE_SYSTEM], 0);
+        puts_(d, t->default_system, 0);
+        puts_(d, t->post[LOOM_ROLE_SYSTEM], 0);
+    }
     json_array_foreach(messages, k, m) {
         const char *role = json_string_value(json_object_get(m, "role"));
         int r = -1;
@@ -247,6 +404,15 @@ static int render_messages(const loom_chat_template *t, json_t *messages, loom_c
         if (!json_is_object(m) || r < 0) {
             snprintf(why, ws, "message %zu: role '%.40s' is not system, user, assistant or tool", k,
                      role ? role : "(missing)");
+            return -1;
+        }
+        if (!(t->roles & (1u << r))) {
+            snprintf(why, ws, "message %zu: template '%s' has no %s role (its Hugging Face template refuses it)", k,
+                     t->name, ROLE_NAMES[r]);
+            return -1;
+        }
+        if (!t->tools && json_object_get(m, "tool_calls") && !json_is_null(json_object_get(m, "tool_calls"))) {
+            snprintf(why, ws, "message %zu: template '%s' has no tool-call format", k, t->name);
             return -1;
         }
         puts_(d, t->pre[r], 0);
@@ -288,9 +454,11 @@ int loom_chat_encode(const loom_chat_doc *d, const loom_tokenizer *tok, loom_ids
     LOOM_CHECK(ids->n == 0);
     for (size_t s = 0; s < d->n_seg; s++) {
         const size_t before = ids->n;
-        /* the segments after the first continue the text: no start-of-text prefix (Metaspace,
-         * Prepend, add_prefix_space) at their beginning, as when the whole text is encoded */
-        if (loom_tokenizer_encode_ex(tok, d->text + start, (size_t)d->seg[s].end - start, s ? LOOM_TOK_CONTINUE : 0,
+        /* a segment that does not follow an added token continues the text: no start-of-split
+         * prefix (Metaspace, Prepend, add_prefix_space) at its beginning, as when the whole text
+         * is encoded; after an added token a split starts there anyway */
+        const int cont = s && !(ids->n && loom_tokenizer_is_added(tok, ids->ids[ids->n - 1]));
+        if (loom_tokenizer_encode_ex(tok, d->text + start, (size_t)d->seg[s].end - start, cont ? LOOM_TOK_CONTINUE : 0,
                                      ids, err)) {
             free(*mask);
             *mask = NULL;
@@ -319,7 +487,8 @@ int loom_chat_prompt(const loom_chat_template *t, const char *system, const char
                      char **prompt, char **stop) {
     loom_chat_doc d = {0};
     puts_(&d, t->bos, 0);
-    if (system && *system) {
+    if (!(system && *system)) system = t->default_system;
+    if (system && *system && (t->roles & (1u << LOOM_ROLE_SYSTEM))) {
         puts_(&d, t->pre[LOOM_ROLE_SYSTEM], 0);
         puts_(&d, system, 0);
         puts_(&d, t->post[LOOM_ROLE_SYSTEM], 0);

@@ -1,0 +1,273 @@
+"""loom's built-in chat templates for the families (chatml for Qwen, llama3, Mistral's [INST],
+Gemma's turns), chosen from a tokenizer_config.json's chat_template by its markers (never by
+running the Jinja), against transformers' apply_chat_template on small handmade templates that
+follow the ones those models ship. Through libloom (ctypes):
+
+  - loom_chat_template_load("DIR/tokenizer_config.json") picks the expected built-in (and Qwen's
+    default system message); a list of named templates uses "default";
+  - the rendering of whole conversations (loom_chat_render, what `kind: chat` recipes train on)
+    equals apply_chat_template(messages, tokenize=False), and the prompt for the next turn
+    (loom_chat_prompt_messages: `loom serve`, `loom generate --chat`) equals
+    apply_chat_template(messages, add_generation_prompt=True);
+  - the ids of the rendering encoded segment by segment (loom_chat_encode, for the loss mask)
+    equal apply_chat_template(tokenize=True) with a family-style tokenizer trained in the test
+    (Qwen-style byte-level, Llama 3, Mistral's SentencePiece-style legacy form, Gemma);
+  - refusals: a template with no known markers, Llama 3.1's dated header, a system message for
+    mistral / gemma (whose templates raise), a tokenizer_config.json without chat_template: each
+    an error naming the file or the message.
+Exits non-zero on any mismatch.
+"""
+import ctypes
+import json
+import os
+import random
+import sys
+import tempfile
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import test_bpe_families as fam  # noqa: E402
+from test_bpe import loom, _Ids, _err, _libc, LoomTokenizer  # noqa: E402
+
+import transformers  # noqa: E402
+from tokenizers import AddedToken  # noqa: E402
+
+transformers.logging.set_verbosity_error()
+
+QWEN25 = (
+    "{%- if messages[0]['role'] == 'system' %}{{- '<|im_start|>system\\n' + messages[0]['content'] + '<|im_end|>\\n' }}"
+    "{%- else %}{{- '<|im_start|>system\\nYou are Qwen, created by Alibaba Cloud. You are a helpful assistant.<|im_end|>\\n' }}"
+    "{%- endif %}{%- for message in messages %}{%- if message.role == 'system' and loop.first %}{%- else %}"
+    "{{- '<|im_start|>' + message.role + '\\n' + message.content + '<|im_end|>' + '\\n' }}{%- endif %}{%- endfor %}"
+    "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}")
+QWEN3 = (
+    "{%- for message in messages %}{{- '<|im_start|>' + message.role + '\\n' + message.content + '<|im_end|>\\n' }}"
+    "{%- endfor %}{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}")
+LLAMA3 = (
+    "{% set loop_messages = messages %}{% for message in loop_messages %}{% set content = '<|start_header_id|>' + "
+    "message['role'] + '<|end_header_id|>\\n\\n'+ message['content'] | trim + '<|eot_id|>' %}{% if loop.index0 == 0 %}"
+    "{% set content = bos_token + content %}{% endif %}{{ content }}{% endfor %}{% if add_generation_prompt %}"
+    "{{ '<|start_header_id|>assistant<|end_header_id|>\\n\\n' }}{% endif %}")
+MISTRAL = (
+    "{{ bos_token }}{% for message in messages %}{% if (message['role'] == 'user') != (loop.index0 % 2 == 0) %}"
+    "{{ raise_exception('Conversation roles must alternate user/assistant/user/assistant/...') }}{% endif %}"
+    "{% if message['role'] == 'user' %}{{ '[INST] ' + message['content'] + ' [/INST]' }}"
+    "{% elif message['role'] == 'assistant' %}{{ message['content'] + eos_token}}"
+    "{% else %}{{ raise_exception('Only user and assistant roles are supported!') }}{% endif %}{% endfor %}")
+GEMMA = (
+    "{{ bos_token }}{% if messages[0]['role'] == 'system' %}{{ raise_exception('System role not supported') }}{% endif %}"
+    "{% for message in messages %}{% if (message['role'] == 'user') != (loop.index0 % 2 == 0) %}"
+    "{{ raise_exception('Conversation roles must alternate user/assistant/user/assistant/...') }}{% endif %}"
+    "{% if (message['role'] == 'assistant') %}{% set role = 'model' %}{% else %}{% set role = message['role'] %}{% endif %}"
+    "{{ '<start_of_turn>' + role + '\\n' + message['content'] | trim + '<end_of_turn>\\n' }}{% endfor %}"
+    "{% if add_generation_prompt %}{{'<start_of_turn>model\\n'}}{% endif %}")
+LLAMA31 = LLAMA3.replace("{% set loop_messages", "{{- 'Cutting Knowledge Date: December 2023\\n' }}{% set loop_messages")
+PHI3 = "{% for message in messages %}{{ '<|' + message['role'] + '|>\\n' + message['content'] + '<|end|>\\n' }}{% endfor %}"
+
+failures = []
+
+
+def check(cond, what):
+    if not cond:
+        failures.append(what)
+        print("FAIL:", what)
+    return cond
+
+
+class _Doc(ctypes.Structure):
+    _fields_ = [("text", ctypes.c_char_p), ("len", ctypes.c_size_t), ("cap", ctypes.c_size_t),
+                ("seg", ctypes.c_void_p), ("n_seg", ctypes.c_size_t), ("cap_seg", ctypes.c_size_t)]
+
+
+_jansson = None
+
+
+def jansson():
+    global _jansson
+    if _jansson is None:
+        loom()
+        _jansson = ctypes.CDLL("libjansson.so.4")
+        _jansson.json_loads.restype = ctypes.c_void_p
+        _jansson.json_loads.argtypes = [ctypes.c_char_p, ctypes.c_size_t, ctypes.c_void_p]
+        _jansson.json_delete.argtypes = [ctypes.c_void_p]
+        L = loom()
+        P, E = ctypes.c_void_p, ctypes.c_char_p
+        L.loom_chat_template_load.argtypes = [E, ctypes.POINTER(P), E]
+        L.loom_chat_template_free.argtypes = [P]
+        L.loom_chat_render.argtypes = [P, P, ctypes.POINTER(_Doc), E, ctypes.c_size_t]
+        L.loom_chat_prompt_messages.argtypes = [P, P, ctypes.POINTER(ctypes.c_void_p), ctypes.POINTER(ctypes.c_void_p),
+                                                E, ctypes.c_size_t]
+        L.loom_chat_encode.argtypes = [ctypes.POINTER(_Doc), P, ctypes.POINTER(_Ids), ctypes.POINTER(ctypes.c_void_p), E]
+        L.loom_chat_doc_free.argtypes = [ctypes.POINTER(_Doc)]
+    return _jansson
+
+
+def load_template(spec):
+    jansson()
+    h, e = ctypes.c_void_p(), _err()
+    rc = loom().loom_chat_template_load(spec.encode(), ctypes.byref(h), e)
+    return (h if rc == 0 else None), e.value.decode(errors="replace")
+
+
+def template_name(h):
+    return ctypes.cast(h, ctypes.POINTER(ctypes.c_char_p))[0].decode()
+
+
+def _json(messages):
+    j = jansson().json_loads(json.dumps(messages).encode(), 0, None)
+    assert j
+    return j
+
+
+def render(h, messages):
+    """(text, None) or (None, why)"""
+    j, d, why = _json(messages), _Doc(), ctypes.create_string_buffer(512)
+    rc = loom().loom_chat_render(h, j, ctypes.byref(d), why, 512)
+    text = ctypes.string_at(d.text, d.len).decode() if rc == 0 else None
+    loom().loom_chat_doc_free(ctypes.byref(d))
+    jansson().json_delete(j)
+    return (text, None) if rc == 0 else (None, why.value.decode())
+
+
+def prompt(h, messages):
+    j, p, s, why = _json(messages), ctypes.c_void_p(), ctypes.c_void_p(), ctypes.create_string_buffer(512)
+    rc = loom().loom_chat_prompt_messages(h, j, ctypes.byref(p), ctypes.byref(s), why, 512)
+    jansson().json_delete(j)
+    if rc != 0:
+        return None, why.value.decode()
+    out = ctypes.string_at(p).decode()
+    _libc.free(p)
+    _libc.free(s)
+    return out, None
+
+
+def chat_ids(h, tok, messages):
+    j, d, why = _json(messages), _Doc(), ctypes.create_string_buffer(512)
+    assert loom().loom_chat_render(h, j, ctypes.byref(d), why, 512) == 0, why.value
+    ids, mask, e = _Ids(), ctypes.c_void_p(), _err()
+    rc = loom().loom_chat_encode(ctypes.byref(d), tok.h, ctypes.byref(ids), ctypes.byref(mask), e)
+    assert rc == 0, e.value
+    out = ids.ids[: ids.n]
+    loom().loom_ids_free(ctypes.byref(ids))
+    _libc.free(mask)
+    loom().loom_chat_doc_free(ctypes.byref(d))
+    jansson().json_delete(j)
+    return out
+
+
+def conversations(rng, system):
+    words = "the cat sat on a mat and then asked why 42 is the answer to everything 你好 café 🙂".split()
+
+    def say():
+        return " ".join(rng.choice(words) for _ in range(rng.randint(1, 9)))
+    convs = []
+    for i in range(12):
+        msgs = []
+        if system and i % 2 == 0:
+            msgs.append({"role": "system", "content": "You are " + say() + "."})
+        for _ in range(rng.randint(1, 3)):
+            msgs.append({"role": "user", "content": say() + "?"})
+            msgs.append({"role": "assistant", "content": say() + "."})
+        convs.append(msgs)
+    convs.append([{"role": "user", "content": "line one\nline two"}, {"role": "assistant", "content": "ok\n\nsure"}])
+    return convs
+
+
+FAMILIES = [  # (name, jinja, expected built-in, bos, eos, tokenizer kind, system allowed)
+    ("qwen2.5", QWEN25, "chatml", None, "<|im_end|>", "qwen", True),
+    ("qwen3", QWEN3, "chatml", None, "<|im_end|>", "qwen", True),
+    ("llama3", LLAMA3, "llama3", "<|begin_of_text|>", "<|eot_id|>", "llama3", True),
+    ("mistral", MISTRAL, "mistral", "<s>", "</s>", "mistral_legacy", False),
+    ("gemma", GEMMA, "gemma", "<bos>", "<eos>", "gemma", False),
+]
+
+
+def write_config(d, chat_template, **extra):
+    os.makedirs(d, exist_ok=True)
+    p = os.path.join(d, "tokenizer_config.json")
+    with open(p, "w") as f:
+        json.dump(dict(extra, chat_template=chat_template), f)
+    return p
+
+
+def main():
+    tmp = tempfile.mkdtemp(prefix="loom_chat_tpl_")
+    rng = random.Random(11)
+    corpus = os.path.join(tmp, "train.txt")
+    with open(corpus, "w", encoding="utf-8") as f:
+        f.write(fam.english(rng, 2000) + fam.test_bpe.generated_unicode(rng, 300))
+    for name, jinja, want, bos, eos, kind, system_ok in FAMILIES:
+        cfg = write_config(os.path.join(tmp, name), jinja)
+        h, msg = load_template(cfg)
+        if not check(h is not None, f"{name}: tokenizer_config.json not recognized: {msg}"):
+            continue
+        check(template_name(h) == want, f"{name}: recognized as {template_name(h)}, expected {want}")
+        # a family-style tokenizer whose specials include the template's markers
+        hf_tok = fam.train(kind, [corpus])
+        markers = {"mistral": ["[INST]", "[/INST]"], "gemma": ["<bos>", "<eos>", "<start_of_turn>", "<end_of_turn>"]}
+        hf_tok.add_special_tokens([AddedToken(s, special=True, normalized=False) for s in markers.get(name, [])])
+        tp = os.path.join(tmp, name, "tokenizer.json")
+        hf_tok.save(tp)
+        fast = transformers.PreTrainedTokenizerFast(tokenizer_file=tp, bos_token=bos, eos_token=eos)
+        fast.chat_template = jinja
+        lm_tok = LoomTokenizer.from_json(tp)
+        bad_text = bad_prompt = bad_ids = 0
+        convs = conversations(random.Random(3), system_ok)
+        for c in convs:
+            want_text = fast.apply_chat_template(c, tokenize=False)
+            got, why = render(h, c)
+            if got != want_text:
+                bad_text += 1
+                if bad_text <= 2:
+                    print(f"  {name}: rendering differs:\n    loom {got!r}\n    hf   {want_text!r} {why or ''}")
+            want_prompt = fast.apply_chat_template(c[:-1], tokenize=False, add_generation_prompt=True)
+            gotp, why = prompt(h, c[:-1])
+            if gotp != want_prompt:
+                bad_prompt += 1
+                if bad_prompt <= 2:
+                    print(f"  {name}: prompt differs:\n    loom {gotp!r}\n    hf   {want_prompt!r} {why or ''}")
+            want_ids = list(fast.apply_chat_template(c, tokenize=True, return_dict=True)["input_ids"])
+            got_ids = chat_ids(h, lm_tok, c)
+            if got_ids != want_ids:
+                bad_ids += 1
+                if bad_ids <= 2:
+                    i = fam.first_diff(got_ids, want_ids)
+                    print(f"  {name}: ids differ at {i}: loom {got_ids[i:i + 6]} hf {want_ids[i:i + 6]} "
+                          f"({fast.convert_ids_to_tokens(want_ids[i:i + 6])})")
+        check(bad_text == 0, f"{name}: {bad_text} of {len(convs)} renderings differ from apply_chat_template")
+        check(bad_prompt == 0, f"{name}: {bad_prompt} of {len(convs)} generation prompts differ")
+        check(bad_ids == 0, f"{name}: {bad_ids} of {len(convs)} conversations' ids differ")
+        if not system_ok:
+            _, why = render(h, [{"role": "system", "content": "x"}, {"role": "user", "content": "hi"},
+                                {"role": "assistant", "content": "yo"}])
+            check(why is not None and "no system role" in why, f"{name}: a system message is not refused: {why!r}")
+        loom().loom_chat_template_free(h)
+        print(f"{name}: {want}, {len(convs)} conversations: "
+              f"{'ok' if bad_text == bad_prompt == bad_ids == 0 else 'MISMATCH'}")
+
+    # named templates: the "default" one
+    cfg = write_config(os.path.join(tmp, "named"), [{"name": "tool_use", "template": PHI3},
+                                                     {"name": "default", "template": LLAMA3}])
+    h, msg = load_template(cfg)
+    check(h is not None and template_name(h) == "llama3", f"named templates: {msg}")
+    # refusals
+    for label, tpl, needle in [("phi3", PHI3, "none of the markers"), ("llama3.1", LLAMA31, "Llama 3.1"),
+                               ("chatml-like", "{{ '<|im_start|>' + m + '<|im_end|>' }}", "layout")]:
+        cfg = write_config(os.path.join(tmp, label), tpl)
+        h, msg = load_template(cfg)
+        check(h is None and cfg in msg and needle in msg and "never runs Jinja" in msg,
+              f"{label}: expected a refusal naming {cfg} and '{needle}', got {msg!r}")
+    d = os.path.join(tmp, "nochat")
+    os.makedirs(d)
+    cfg = os.path.join(d, "tokenizer_config.json")
+    with open(cfg, "w") as f:
+        json.dump({"bos_token": "<s>"}, f)
+    h, msg = load_template(cfg)
+    check(h is None and cfg in msg and "no chat_template" in msg, f"no chat_template: {msg!r}")
+    if failures:
+        print(f"test_chat_templates: {len(failures)} failures")
+        sys.exit(1)
+    print("test_chat_templates: all checks passed")
+
+
+if __name__ == "__main__":
+    main()
