@@ -160,16 +160,10 @@ fail:
 usage:
     fprintf(stderr, "usage: loom serve CKPT_DIR [--host H (127.0.0.1)] [--port P (8080; 0: any)] "
                     "[--port-file F] [--model-id ID] [--max-body BYTES] [--max-prompt-tokens N] "
-<<<<<<< HEAD
                     "[--max-tokens N] [--max-concurrent N] [--max-connections N] "
                     "[--max-connections-per-client N] [--batch N] [--kv-budget-mb M] [--timeout S] "
                     "[--request-timeout S] [--drain S] [--weights fp32|bf16] "
-                    "[--compute fp32|bf16] [--template plain|chatml|llama3|FILE (plain): the chat template] "
-=======
-                    "[--max-tokens N] [--max-concurrent N] [--max-connections N] [--batch N] "
-                    "[--kv-budget-mb M] [--timeout S] [--drain S] [--weights fp32|bf16] "
                     "[--compute fp32|bf16] [--template plain|chatml|llama3|mistral|gemma|FILE (plain): the chat template] "
->>>>>>> ec955e1 (chat templates: built-in mistral ([INST], user/assistant only) and gemma (<start_of_turn> turns); a tokenizer_config.json as the template spec picks the built-in its chat_template matches by markers (never run), with Qwen's default system message; unknown templates, Llama 3.1's dated header and roles a template refuses are errors naming the file or message; chat segments after an added token are not encoded as continuations (SentencePiece Prepend/Metaspace); tests/reference/test_chat_templates.py: renderings, generation prompts and ids equal transformers' apply_chat_template for Qwen 2.5/3, Llama 3, Mistral, Gemma-style templates)
                     "[--tp T: under mpirun -np T, the model split over the T ranks]\n");
     return 2;
 }
