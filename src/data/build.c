@@ -1311,7 +1311,29 @@ static int up_to_date(const build *b) {
     return 1;
 }
 
+/* template: auto on a chat source: the tokenizer_config.json beside the recipe's tokenizer.json
+ * (its chat_template picks the built-in, include/loom/chat.h). */
+static int resolve_auto_templates(build *b, loom_err *err) {
+    for (int i = 0; i < b->r.n_sources; i++) {
+        loom_recipe_source *s = &b->r.sources[i];
+        if (s->kind != LOOM_SRC_CHAT || strcmp(s->chat_template, "auto")) continue;
+        if (!strcmp(b->r.tokenizer, "byte") || !b->r.tokenizer_path)
+            return loom_errf(err, "%s:%d: source '%s': template: auto takes the chat template from the "
+                                  "tokenizer_config.json beside a BPE tokenizer.json; with the byte tokenizer name "
+                                  "the template", b->r.file, s->line, s->name);
+        const char *slash = strrchr(b->r.tokenizer_path, '/');
+        size_t dl = slash ? (size_t)(slash - b->r.tokenizer_path) + 1 : 0;
+        char *p = loom_malloc(dl + sizeof "tokenizer_config.json");
+        memcpy(p, b->r.tokenizer_path, dl);
+        memcpy(p + dl, "tokenizer_config.json", sizeof "tokenizer_config.json");
+        free(s->chat_template);
+        s->chat_template = p;
+    }
+    return 0;
+}
+
 static int resolve_tokenizer(build *b, loom_err *err) {
+    if (resolve_auto_templates(b, err)) return -1;
     if (!strcmp(b->r.tokenizer, "byte")) {
         b->tok_id = "byte";
         b->vocab = BYTE_VOCAB;

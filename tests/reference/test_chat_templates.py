@@ -241,9 +241,28 @@ def main():
                                 {"role": "assistant", "content": "yo"}])
             check(why is not None and "no system role" in why, f"{name}: a system message is not refused: {why!r}")
         loom().loom_chat_template_free(h)
+        # a recipe's `template: auto` takes the tokenizer_config.json beside its tokenizer.json
+        import test_chat_sft as sft
+        data = sft.build(os.path.join(tmp, name), "auto", [{"messages": c} for c in convs], tp, template="auto",
+                         seq_len=64)
+        toks, _, mask = sft.read_shard(os.path.join(data, "shard_00000.bin"))
+        want_all = [i for c in convs for i in fast.apply_chat_template(c, tokenize=True, return_dict=True)["input_ids"]]
+        check(toks.tolist() == want_all, f"{name}: `loom data build` with template: auto: the shard's ids differ "
+                                         f"from apply_chat_template's ({len(toks)} vs {len(want_all)} tokens)")
         print(f"{name}: {want}, {len(convs)} conversations: "
               f"{'ok' if bad_text == bad_prompt == bad_ids == 0 else 'MISMATCH'}")
 
+    # template: auto without a tokenizer_config.json beside the tokenizer: an error naming it
+    import test_chat_sft as sft
+    lone = os.path.join(tmp, "lone")
+    os.makedirs(lone)
+    fam.train("gpt2", [corpus]).save(os.path.join(lone, "tokenizer.json"))
+    try:
+        sft.build(lone, "auto", [{"messages": [{"role": "user", "content": "a"}, {"role": "assistant", "content": "b"}]}],
+                  os.path.join(lone, "tokenizer.json"), template="auto")
+        check(False, "template: auto without tokenizer_config.json was accepted")
+    except RuntimeError as e:
+        check(os.path.join(lone, "tokenizer_config.json") in str(e), f"template: auto, no tokenizer_config.json: {e}")
     # named templates: the "default" one
     cfg = write_config(os.path.join(tmp, "named"), [{"name": "tool_use", "template": PHI3},
                                                      {"name": "default", "template": LLAMA3}])
