@@ -577,6 +577,17 @@ int loom_ckpt_open_ex(const char *step_dir, int (*defer)(const char *name), loom
         return loom_errf(err, "%s: path too long", step_dir);
     if (!is_regular(path))
         return loom_errf(err, "%s: incomplete checkpoint (no COMPLETE marker)", step_dir);
+    /* the markers, like the files they vouch for, are never followed through a link: a link
+     * would let a directory borrow another's commit */
+    static const char *const markers[] = {"COMPLETE", "manifest.json"};
+    for (int i = 0; i < 2; i++) {
+        char mp[CKPT_PATH];
+        struct stat st;
+        loom_pathf(mp, sizeof mp, "%s/%s", step_dir, markers[i]);
+        if (lstat(mp, &st) == 0 && !S_ISREG(st.st_mode))
+            return loom_errf(err, "%s: not a regular file (checkpoint markers may not be links)",
+                             mp);
+    }
 
     int rc = -1;
     char *marker = NULL, *text = NULL;

@@ -184,6 +184,27 @@ int loom_trainer_load_checkpoint(trainer *t, const char *dir, loom_err *err) {
                   where, (long long)ostep, (long long)skipped, (long long)step);
         goto done;
     }
+    /* informational fields (a resume may change the layout and the ZeRO stage) are still
+     * checked: a checkpoint whose state has the wrong shape is not trusted */
+    json_t *jz = json_object_get(st, "zero");
+    if (jz && (!json_is_integer(jz) || json_integer_value(jz) < 0 || json_integer_value(jz) > 3)) {
+        loom_errf(err, "%s: 'zero' must be an integer in [0, 3] (the ZeRO stage it was saved at)",
+                  where);
+        goto done;
+    }
+    static const char *const strs[] = {"layout", "loom_version"};
+    for (int i = 0; i < 2; i++) {
+        json_t *v = json_object_get(st, strs[i]);
+        if (v && !json_is_string(v)) {
+            loom_errf(err, "%s: '%s' must be a string", where, strs[i]);
+            goto done;
+        }
+    }
+    json_t *jr = json_object_get(st, "rng");
+    if (jr && (!json_is_object(jr) || !json_is_integer(json_object_get(jr, "seed")))) {
+        loom_errf(err, "%s: 'rng' must be an object with an integer 'seed'", where);
+        goto done;
+    }
     t->step = step;
     t->skipped_steps = skipped;
     loom_dp_set_optimizer_step(t->dp, ostep);

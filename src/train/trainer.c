@@ -459,6 +459,18 @@ int loom_train(loom_config *cfg, loom_err *err) {
                            "run.dir", t.s.run_dir, why);
         }
         if (lrc != 0) goto done;
+        /* a run already past training.steps: nothing to train, and nothing is touched */
+        char done_dir[4200];
+        int64_t done_step = -1;
+        if (loom_ckpt_find_latest(t.ckpt_root, done_dir, sizeof done_dir, &done_step, err))
+            goto done;
+        if (done_step > t.s.steps) {
+            loom_errf(err, "training.steps is %lld, but run.dir %.500s has a checkpoint at step "
+                           "%lld (%.1000s), past it: nothing to train. Raise training.steps to "
+                           "continue the run, or use another run.dir for a new one",
+                      (long long)t.s.steps, t.s.run_dir, (long long)done_step, done_dir);
+            goto done;
+        }
         if (loom_config_write_yaml(cfg, loom_pathf(path, sizeof path, "%s/config.yaml", t.s.run_dir),
                                    err))
             goto done;
@@ -549,11 +561,21 @@ int loom_train(loom_config *cfg, loom_err *err) {
     const size_t mem_bytes = mem.param_bytes + mem.grad_bytes + mem.optim_bytes +
                              loom_model_arena_bytes(t.model);
     if (rank0) {
-        char layout[256];
-        loom_log("model: %s, %zu parameters; %s, zero %lld, %d threads per rank, peak %.1f "
+        char layout[256], mine[64] = "";
+        /* the whole model's count: under tp/pp/ep this rank's view holds only a part of it */
+        size_t n_params = loom_model_num_params(t.model);
+        loom_model *whole = NULL;
+        loom_err werr;
+        if (t.world_size > 1 && loom_model_create_layout(&t.mc, 1, 1, &whole, &werr) == 0) {
+            if (loom_model_num_params(whole) != n_params)
+                snprintf(mine, sizeof mine, " (%zu on rank 0)", n_params);
+            n_params = loom_model_num_params(whole);
+        }
+        loom_model_free(whole);
+        loom_log("model: %s, %zu parameters%s; %s, zero %lld, %d threads per rank, peak %.1f "
                  "GFLOP/s per rank (%s); data: %llu training samples of %lld tokens",
-                 loom_config_arch(&t.mc)->name,
-                 loom_model_num_params(t.model), loom_mesh_describe(t.mesh, layout, sizeof layout),
+                 loom_config_arch(&t.mc)->name, n_params, mine,
+                 loom_mesh_describe(t.mesh, layout, sizeof layout),
                  (long long)t.s.zero, threads, peak / 1e9, peak > 0 ? peak_from : "none",
                  (unsigned long long)(t.classify ? loom_windows_per_epoch(t.train_w)
                                                  : loom_loader_num_samples(t.train_ld)),
