@@ -620,6 +620,30 @@ static int plain_segment(seg_ctx *c, const uint8_t *s, size_t n, size_t off) {
 
 static int split_added(seg_ctx *c, const uint8_t *s, size_t n, int pass, size_t off);
 
+/* Unicode White_Space (Rust's char::is_whitespace, what HF's lstrip/rstrip take) */
+static int is_ws_cp(uint32_t cp) {
+    return (cp >= 9 && cp <= 13) || cp == ' ' || cp == 0x85 || cp == 0xA0 || cp == 0x1680 ||
+           (cp >= 0x2000 && cp <= 0x200A) || cp == 0x2028 || cp == 0x2029 || cp == 0x202F || cp == 0x205F ||
+           cp == 0x3000;
+}
+
+/* length of the whitespace character at the start of s[0..n), or 0 */
+static size_t ws_len_at(const uint8_t *s, size_t n) {
+    uint32_t cp;
+    size_t l = bpe_utf8_len(s, n, &cp);
+    return l && is_ws_cp(cp) ? l : 0;
+}
+
+/* length of the whitespace character that ends s[0..n), or 0 */
+static size_t ws_len_before(const uint8_t *s, size_t n) {
+    for (size_t l = 1; l <= 4 && l <= n; l++) {
+        if (l < n && l < 4 && (s[n - l] & 0xC0) == 0x80) continue; /* a continuation byte: look further back */
+        uint32_t cp;
+        return bpe_utf8_len(s + n - l, l, &cp) == l && is_ws_cp(cp) ? l : 0;
+    }
+    return 0;
+}
+
 /* What lies between the added tokens of one pass. The plain GPT-2 form: its second pass, then
  * the ByteLevel pre-tokenizer. General tokenizers: the first pass's segments are normalized
  * and searched for the normalized added tokens; the second pass's go through the
@@ -654,17 +678,30 @@ static int split_added(seg_ctx *c, const uint8_t *s, size_t n, int pass, size_t 
         for (int a = 0; a < t->n_added; a++) {
             const bpe_added *ad = &t->added[a];
             const int in_pass = t->general ? ad->normalized == pass : ad->special != pass;
-            if (!in_pass || ad->len <= best_len || ad->len > n - i) continue;
-            if (!memcmp(s + i, ad->content, ad->len)) best = a, best_len = ad->len;
+            const char *pat = pass && ad->ncontent ? ad->ncontent : ad->content;
+            const size_t pl = pass && ad->ncontent ? ad->nlen : ad->len;
+            if (!in_pass || pl <= best_len || pl > n - i) continue;
+            if (!memcmp(s + i, pat, pl)) best = a, best_len = pl;
         }
         if (best < 0) {
             i++;
             continue;
         }
-        if (i > seg && between_added(c, s + seg, i - seg, pass, off + seg)) return -1;
+        /* lstrip / rstrip: the token's split takes the whitespace before it (not what an
+         * earlier match took) and after it */
+        size_t a0 = i, e = i + best_len;
+        if (t->added[best].lstrip)
+            while (a0 > seg) {
+                size_t l = ws_len_before(s + seg, a0 - seg);
+                if (!l) break;
+                a0 -= l;
+            }
+        if (t->added[best].rstrip)
+            for (size_t l; e < n && (l = ws_len_at(s + e, n - e)) != 0;) e += l;
+        if (a0 > seg && between_added(c, s + seg, a0 - seg, pass, off + seg)) return -1;
         if (c->out) ids_push(c->out, t->added[best].id);
-        else c->fn(c->fn_ctx, s + i, best_len);
-        i += best_len;
+        else c->fn(c->fn_ctx, s + a0, e - a0);
+        i = e;
         seg = i;
     }
     if (n > seg) return between_added(c, s + seg, n - seg, pass, off + seg);
@@ -865,6 +902,20 @@ int bpe_finish(loom_tokenizer *t, loom_err *err) {
     for (int a = 0; a < t->n_added; a++) {
         bpe_added *ad = &t->added[a];
         t->added_first[(uint8_t)ad->content[0]] = 1;
+        if (t->general && ad->normalized && t->n_norm && !ad->ncontent) {
+            /* HF matches a normalized added token by its normalized content */
+            uint8_t *nc;
+            size_t nl;
+            if (bpe_normalize(t, (const uint8_t *)ad->content, ad->len, 1, &nc, &nl, err)) return -1;
+            if (nc && nl) {
+                ad->ncontent = loom_realloc(nc, nl + 1);
+                ad->ncontent[nl] = 0;
+                ad->nlen = nl;
+                t->added_first[(uint8_t)ad->ncontent[0]] = 1;
+            } else {
+                free(nc);
+            }
+        }
         bpe_token *tk = &t->tok[ad->id];
         tk->added = (int8_t)(a < 127 ? a : 127);
         /* an added token decodes to its content */
@@ -887,6 +938,15 @@ int bpe_finish(loom_tokenizer *t, loom_err *err) {
             bpe_decode_token(t, tk->str, tk->str_len, 0, &tk->raw, &rl);
             tk->raw_len = (uint32_t)rl;
         }
+    for (int a = 0; t->general && a < t->n_added; a++) { /* HF decodes these as their normalized content */
+        bpe_added *ad = &t->added[a];
+        bpe_token *tk = &t->tok[ad->id];
+        if (!ad->ncontent || tk->in_vocab) continue;
+        if (tk->raw != tk->str) free(tk->raw);
+        size_t rl;
+        bpe_decode_token(t, ad->ncontent, ad->nlen, 0, &tk->raw, &rl);
+        tk->raw_len = (uint32_t)rl;
+    }
     if (t->kind == LOOM_TOKENIZER_BPE) {
         t->cache = loom_calloc(BPE_CACHE_STRIPES, sizeof *t->cache);
         for (int i = 0; i < BPE_CACHE_STRIPES; i++) {
@@ -911,7 +971,7 @@ void loom_tokenizer_free(loom_tokenizer *t) {
     bpe_strmap_free(&t->vocab);
     if (t->merge_map.cap) bpe_u64map_free(&t->merge_map);
     free(t->merges);
-    for (int a = 0; a < t->n_added; a++) free(t->added[a].content);
+    for (int a = 0; a < t->n_added; a++) free(t->added[a].content), free(t->added[a].ncontent);
     free(t->added);
     if (t->re) pcre2_code_free(t->re);
     bpe_pipeline_free(t);

@@ -155,6 +155,9 @@ typedef struct bpe_added {
     int32_t id;
     int special;
     int normalized;     /* matched after normalization (general tokenizers) */
+    int lstrip, rstrip; /* the match takes the whitespace before / after it (HF) */
+    char *ncontent;     /* normalized tokens: the content normalized, which is what HF matches */
+    size_t nlen;
 } bpe_added;
 
 typedef struct bpe_cache_entry {

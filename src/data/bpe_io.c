@@ -91,8 +91,8 @@ static int read_added(loom_tokenizer *t, const char *path, json_t *added, loom_e
             return loom_errf(err, "%s: added_tokens[%zu].content must be a non-empty string", path, i);
         if (strlen(json_string_value(c)) != json_string_length(c))
             return loom_errf(err, "%s: added_tokens[%zu].content contains a NUL character", path, i);
-        static const char *const unsupported[] = {"single_word", "lstrip", "rstrip"};
-        for (int u = 0; u < 3; u++)
+        static const char *const unsupported[] = {"single_word"};
+        for (int u = 0; u < 1; u++)
             if (json_is_true(json_object_get(a, unsupported[u])))
                 return loom_errf(err, "%s: added_tokens[%zu] (\"%.80s\") sets %s=true, which loom does not support",
                                  path, i, json_string_value(c), unsupported[u]);
@@ -106,6 +106,16 @@ static int read_added(loom_tokenizer *t, const char *path, json_t *added, loom_e
         ad->id = (int32_t)json_integer_value(json_object_get(a, "id"));
         ad->special = json_is_true(sp);
         ad->normalized = json_is_boolean(nz) ? json_is_true(nz) : !ad->special; /* HF's default */
+        static const char *const strips[] = {"lstrip", "rstrip"};
+        for (int u = 0; u < 2; u++) {
+            json_t *v = json_object_get(a, strips[u]);
+            if (v && !json_is_boolean(v) && !json_is_null(v)) {
+                free(ad->content);
+                return loom_errf(err, "%s: added_tokens[%zu].%s must be true or false", path, i, strips[u]);
+            }
+        }
+        ad->lstrip = json_is_true(json_object_get(a, "lstrip"));
+        ad->rstrip = json_is_true(json_object_get(a, "rstrip"));
         for (int j = 0; j < t->n_added; j++)
             if (t->added[j].id == ad->id || (t->added[j].len == ad->len && !memcmp(t->added[j].content, ad->content, ad->len))) {
                 free(ad->content);
@@ -337,8 +347,8 @@ char *bpe_json_text(const loom_tokenizer *t, int compact) {
         json_object_set_new(o, "id", json_integer(ad->id));
         json_object_set_new(o, "content", json_stringn(ad->content, ad->len));
         json_object_set_new(o, "single_word", json_false());
-        json_object_set_new(o, "lstrip", json_false());
-        json_object_set_new(o, "rstrip", json_false());
+        json_object_set_new(o, "lstrip", json_boolean(ad->lstrip));
+        json_object_set_new(o, "rstrip", json_boolean(ad->rstrip));
         json_object_set_new(o, "normalized", json_boolean(t->general ? ad->normalized : !ad->special));
         json_object_set_new(o, "special", json_boolean(ad->special));
         json_array_append_new(added, o);

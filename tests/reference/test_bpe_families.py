@@ -17,7 +17,8 @@ Kinds: GPT-2 ByteLevel; Llama 3 (Split regex + ByteLevel without regex, ignore_m
 byte_fallback, fuse_unk, Replace/ByteFallback/Fuse/Strip decoder); Llama 2 / Mistral non-legacy
 (Metaspace prepend_scheme first, split false); Gemma (Replace normalizer, Split " "
 merged_with_previous); Metaspace always + split with a Metaspace decoder; NFKC + Digits and
-Split behaviours (removed, merged_with_next, contiguous, inverted). Then hostile and unsupported
+Split behaviours (removed, merged_with_next, contiguous, inverted); each with specials, one
+normalized added token, and lstrip / rstrip markers (Phi-3 style). Then hostile and unsupported
 files give errors naming the file and the step. Exits non-zero on any mismatch.
 """
 import ctypes
@@ -122,6 +123,9 @@ def held_out(rng):
         "<s>", "</s>", "<unk>", "text with <s> inside and </s> end", "<|im_start|>user\nhi<|im_end|>\n",
         "<start_of_turn>model\nok<end_of_turn>", "<|begin_of_text|><|start_header_id|>user<|end_header_id|>\n\nhi<|eot_id|>",
         "▁already▁has▁meta", "a▁ b ▁c", "", " ", "x", "\t", "1", "🙂",
+        "hello  <|end|>\n\n<|assistant|>   answer  <|user|>\tq", "x\u3000<|end|>\u3000y <|end|><|end|>  z",
+        "  <|user|>", "<|assistant|>  ", "a <|user|> <|end|> b", "[INST] x [INST]y",
+        "<s> a</s>  <s>b", "café\u00a0<|user|>", "日本<|end|>語",
     ]
     return docs
 
@@ -216,6 +220,10 @@ def train(kind, files):
     tok.add_special_tokens([AddedToken(s, special=True, normalized=False) for s in SPECIAL
                             if tok.token_to_id(s) is None])
     tok.add_tokens([AddedToken("[INST]", special=False, normalized=True)])
+    # Phi-3-style markers that take the whitespace around them
+    tok.add_special_tokens([AddedToken("<|assistant|>", special=True, normalized=False, rstrip=True),
+                            AddedToken("<|end|>", special=True, normalized=False, lstrip=True, rstrip=True),
+                            AddedToken("<|user|>", special=True, normalized=False, lstrip=True)])
     return tok
 
 
