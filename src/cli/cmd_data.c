@@ -241,6 +241,46 @@ static int check_dataset_json(json_t *ds, const loom_dataset *d, const char *dir
             return 1;
         }
     }
+    /* the manifest's order is the sample order: the build recorded it (older builds did not) */
+    json_t *man = json_object_get(ds, "manifest");
+    if (man) {
+        json_t *order = json_object_get(man, "shards");
+        const char *msha = jstr_or(man, "sha256", "");
+        if (!json_is_array(order)) {
+            fprintf(stderr, "loom: data verify: FAILED: %s/dataset.json: manifest.shards is not "
+                    "an array\n", dir);
+            return 1;
+        }
+        const int n = loom_dataset_num_shards(d);
+        for (int k = 0; k < n && k < (int)json_array_size(order); k++) {
+            loom_manifest_entry e = loom_dataset_entry(d, k);
+            const char *want = json_string_value(json_array_get(order, (size_t)k));
+            if (!want || strcmp(want, e.shard) != 0) {
+                fprintf(stderr, "loom: data verify: FAILED: %s/manifest.jsonl:%d lists %s, but the "
+                        "build wrote %s there (%s/dataset.json records the manifest's order, which "
+                        "is the order of the samples): lines were reordered\n", dir, e.line,
+                        e.shard, want ? want : "(not a string)", dir);
+                return 1;
+            }
+        }
+        if ((int)json_array_size(order) != n) {
+            fprintf(stderr, "loom: data verify: FAILED: %s/manifest.jsonl has %d line(s), the build "
+                    "wrote %zu (%s/dataset.json)\n", dir, n, json_array_size(order), dir);
+            return 1;
+        }
+        char mpath[8500], got[65];
+        loom_err merr = {{0}};
+        snprintf(mpath, sizeof mpath, "%s/manifest.jsonl", dir);
+        if (loom_sha256_file(mpath, got, &merr) != 0) {
+            fprintf(stderr, "loom: data verify: FAILED: %s\n", merr.msg);
+            return 1;
+        }
+        if (strcmp(got, msha) != 0) {
+            fprintf(stderr, "loom: data verify: FAILED: %s: SHA-256 %s, but the build wrote %s "
+                    "(%s/dataset.json): a line was edited\n", mpath, got, msha, dir);
+            return 1;
+        }
+    }
     json_t *counts = json_object_get(ds, "counts");
     if (jint(counts, "tokens") != (long long)loom_dataset_num_tokens(d) ||
         jint(counts, "shards") != loom_dataset_num_shards(d)) {

@@ -1211,6 +1211,30 @@ static int write_dataset_json(const build *b, int sp, loom_err *err) {
     json_object_set_new(counts, "documents", json_integer((json_int_t)tot.docs));
     json_object_set_new(counts, "doc_index_entries", json_integer((json_int_t)tot.pieces));
     json_object_set_new(o, "counts", counts);
+    /* the manifest as built: its order is the sample order, so `data verify` checks it */
+    char mpath[4300], *mtext = NULL;
+    size_t mlen = 0;
+    loom_pathf(mpath, sizeof mpath, "%s/%s/manifest.jsonl", b->tmp, SPLITS[sp]);
+    if (loom_read_file(mpath, (size_t)1 << 30, &mtext, &mlen, err) != 0) {
+        json_decref(o);
+        return -1;
+    }
+    char mhex[65];
+    loom_sha256_hex(mtext, mlen, mhex);
+    json_t *order = json_array();
+    for (char *line = mtext, *nl; line < mtext + mlen; line = nl + 1) {
+        nl = memchr(line, '\n', (size_t)(mtext + mlen - line));
+        if (!nl) nl = mtext + mlen;
+        json_t *e = json_loadb(line, (size_t)(nl - line), 0, NULL);
+        const char *name = json_string_value(json_object_get(e, "shard"));
+        json_array_append_new(order, json_string(name ? name : ""));
+        json_decref(e);
+    }
+    free(mtext);
+    json_t *man = json_object();
+    json_object_set_new(man, "sha256", json_string(mhex));
+    json_object_set_new(man, "shards", order);
+    json_object_set_new(o, "manifest", man);
     json_t *tok = json_object();
     json_object_set_new(tok, "id", json_string(b->tok_id));
     json_object_set_new(tok, "vocab_size", json_integer(b->vocab));

@@ -1,7 +1,7 @@
 # `loom data verify` applies every rule `loom train` applies to a manifest: a manifest whose
 # lines of one source disagree on weight / repeat_cap, or a line whose recipe hash is no
 # SHA-256, is refused by both with the same message; verify also checks every line's recipe hash
-# against dataset.json.
+# against dataset.json, and the manifest's order and bytes against the build's (dataset.json).
 source "$(dirname "$0")/lib.sh"
 make_dataset "$WORK"
 make_config "$WORK" "$WORK/c.yaml" "$WORK/run"
@@ -42,6 +42,23 @@ expect_fail "verify: a line with another recipe's hash" \
   "$LOOM_ASAN_BIN" data verify "$WORK/data"
 cp "$WORK/manifest.orig" "$M"
 expect_ok "verify after restoring the manifest" "$LOOM_ASAN_BIN" data verify "$WORK/data"
+# the manifest's order is the sample order: the build records it in dataset.json and verify
+# checks it (swapped lines were accepted, and train then read the samples in the new order)
+python3 - "$M" <<'PY'
+import sys
+p = sys.argv[1]; lines = open(p).read().splitlines(True); lines[0], lines[1] = lines[1], lines[0]
+open(p, "w").write("".join(lines))
+PY
+expect_fail "verify: manifest lines 1 and 2 swapped" \
+  "manifest.jsonl:1 lists shard_00001.bin, but the build wrote shard_00000.bin there .*dataset.json records the manifest's order" \
+  "$LOOM_ASAN_BIN" data verify "$WORK/data"
+cp "$WORK/manifest.orig" "$M"
+edit_line 1 'r["created"] = "2001-01-01T00:00:00Z"'
+expect_fail "verify: a line edited in a field no other rule checks" "manifest.jsonl: SHA-256 [0-9a-f]{64}, but the build wrote [0-9a-f]{64} .*a line was edited" \
+  "$LOOM_ASAN_BIN" data verify "$WORK/data"
+cp "$WORK/manifest.orig" "$M"
+expect_ok "verify the restored manifest" "$LOOM_ASAN_BIN" data verify "$WORK/data"
+
 # labelled data: every label must be one of dataset.json's classes (classification training
 # refuses a dataset whose class list lost a class)
 make_labelled_dataset "$WORK/bin" 24
