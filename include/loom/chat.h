@@ -51,6 +51,10 @@ const char *loom_chat_template_detect(const char *jinja, size_t len, char **defa
  * system message in *default_system (malloc'd or NULL). -1 with an error naming the file when
  * it has no chat_template or an unrecognized one. */
 int loom_chat_template_detect_file(const char *path, const char **name, char **default_system, loom_err *err);
+/* For an import: the built-in that DIR/tokenizer_config.json's chat_template matches (*name
+ * malloc'd, *default_system malloc'd or NULL); both NULL when the file is missing, has no
+ * chat_template or an unrecognized one (the user then names the template). */
+void loom_chat_template_from_hf_dir(const char *dir, char **name, char **default_system);
 
 /* A rendered conversation: text, cut into segments, each trained on (1) or not (0). */
 typedef struct loom_chat_seg {

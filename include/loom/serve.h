@@ -32,8 +32,10 @@ typedef struct loom_serve_opts {
                                 * response on it), however steadily they trickle; else the
                                 * connection is closed (default 30 s) */
     int drain_s;               /* on SIGTERM: how long in-flight requests get (default 300 s) */
-    const char *chat_template; /* /v1/chat/completions prompts: plain (default), chatml, llama3
-                                * or a JSON template file (include/loom/chat.h) */
+    const char *chat_template; /* /v1/chat/completions prompts: plain (default), chatml, llama3,
+                                * mistral, gemma, a tokenizer_config.json or a JSON template file
+                                * (include/loom/chat.h) */
+    const char *chat_default_system; /* its default system message when it has none (NULL) */
     loom_engine_opts engine;
     /* Tensor parallelism: the mesh whose tp group holds the model's views (its points set on
      * the model), NULL without. Its tp rank 0 serves and drives the group's engines; on the

@@ -76,6 +76,9 @@ typedef struct loom_run_data {
     size_t tokenizer_json_len;
     char **classes;        /* classify: the class names in label order; NULL otherwise */
     int n_classes;
+    char *chat_template;   /* a built-in chat template the model's chat_template matched (an
+                            * import from Hugging Face records it), or NULL */
+    char *chat_default_system; /* its default system message, or NULL */
 } loom_run_data;
 void loom_run_data_free(loom_run_data *d);
 /* loom_load_model, and what the model was trained on (data_out may be NULL; caller frees). */

@@ -145,7 +145,7 @@ static int generate_main(int argc, char **argv) {
     double temperature = 0.8, top_p = 1.0, rep = 1.0;
     int recompute = 0, stats = 0, n_stop = 0, fmt_ids = 0, chat = 0, wbf16 = 0;
     int cbf16 = 0, weights_given = 0;
-    const char *stops[17], *template_spec = "chatml", *system = NULL;
+    const char *stops[17], *template_spec = NULL, *system = NULL;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (!strcmp(a, "--no-kv-cache")) { recompute = 1; continue; }
@@ -280,7 +280,12 @@ static int generate_main(int argc, char **argv) {
     }
     const int T = mc->max_seq_len;
     if (chat) { /* the chat template the model was fine-tuned with (docs/finetune.md) */
-        if (loom_chat_template_load(template_spec, &tpl, &err)) goto fail;
+        /* --template, else the one an import recorded from the model's tokenizer_config.json, else chatml */
+        if (loom_chat_template_load(template_spec ? template_spec : run->chat_template ? run->chat_template : "chatml",
+                                    &tpl, &err))
+            goto fail;
+        if (!template_spec && run->chat_template && run->chat_default_system && !tpl->default_system)
+            tpl->default_system = loom_strdup(run->chat_default_system);
         if (system && *system && !(tpl->roles & (1u << LOOM_ROLE_SYSTEM))) {
             loom_errf(&err, "--system: template '%s' has no system role (its Hugging Face template refuses one); "
                             "put the instructions into the prompt", tpl->name);

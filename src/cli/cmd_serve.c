@@ -124,6 +124,10 @@ static int serve_main(int argc, char **argv) {
     }
     if (loom_load_model_view(ckpt, tp > 1 ? &lay : NULL, 1, 0, &m, NULL, &run, NULL, &err))
         goto fail;
+    if (!o.chat_template && run->chat_template) { /* recorded by an import from the model's tokenizer_config.json */
+        o.chat_template = run->chat_template;
+        o.chat_default_system = run->chat_default_system;
+    }
     if (tpc) {
         const loom_comm_points pts = loom_tp_comm_points(tpc);
         loom_model_set_comm_points(m, &pts);

@@ -137,6 +137,19 @@ const char *loom_chat_template_detect(const char *jinja, size_t len, char **defa
     return name;
 }
 
+void loom_chat_template_from_hf_dir(const char *dir, char **name, char **default_system) {
+    *name = NULL;
+    *default_system = NULL;
+    size_t n = strlen(dir) + sizeof "/tokenizer_config.json";
+    char *path = loom_malloc(n);
+    snprintf(path, n, "%s/tokenizer_config.json", dir);
+    const char *nm;
+    loom_err err;
+    if (loom_path_exists(path) && loom_chat_template_detect_file(path, &nm, default_system, &err) == 0)
+        *name = loom_strdup(nm);
+    free(path);
+}
+
 int loom_chat_template_detect_file(const char *path, const char **name, char **default_system, loom_err *err) {
     json_t *root = NULL;
     *name = NULL;

@@ -975,7 +975,10 @@ int loom_serve_run(loom_model *m, const loom_tokenizer *tok, const loom_serve_op
         rc = loom_errf(err, "--host '%s' is not an IPv4 address", o->host);
         goto out;
     }
-    if (loom_chat_template_load(S->o.chat_template ? S->o.chat_template : "plain", &S->chat_tpl, err)) {
+    if (loom_chat_template_load(S->o.chat_template ? S->o.chat_template : "plain", &S->chat_tpl, err) == 0 &&
+        S->o.chat_default_system && !S->chat_tpl->default_system)
+        S->chat_tpl->default_system = loom_strdup(S->o.chat_default_system);
+    if (!S->chat_tpl) {
         rc = -1;
         goto out;
     }

@@ -32,6 +32,7 @@
 #include "loom/model_config.h"
 #include "loom/parallel.h"
 #include "loom/safetensors.h"
+#include "loom/chat.h"
 #include "loom/tokenizer.h"
 #include "loom/train.h"
 #include "train/hf_internal.h"
@@ -701,6 +702,7 @@ int loom_hf_import(const char *dir, const char *out_root, const loom_hf_import_o
     if (import_tokenizer(dir, o ? o->tokenizer : NULL, hc.mc.vocab_size, &rd.tokenizer_id,
                          &rd.tokenizer_json, &rd.tokenizer_json_len, err))
         goto done;
+    loom_chat_template_from_hf_dir(dir, &rd.chat_template, &rd.chat_default_system); /* when recognized */
     if (loom_model_create_view(&hc.mc, NULL, 1, 1, LOOM_MODEL_INFER, &m, err)) {
         loom_err_prefix(err, "%s/config.json", dir);
         goto done;
@@ -718,6 +720,8 @@ int loom_hf_import(const char *dir, const char *out_root, const loom_hf_import_o
 done:
     free(rd.tokenizer_id);
     free(rd.tokenizer_json);
+    free(rd.chat_template);
+    free(rd.chat_default_system);
     loom_config_free(cfg);
     loom_model_free(m);
     return rc;

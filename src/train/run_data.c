@@ -6,6 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "loom/chat.h"
 #include "loom/checkpoint.h"
 #include "loom/data.h"
 #include "loom/tokenizer.h"
@@ -24,6 +25,8 @@ void loom_run_data_free(loom_run_data *d) {
     free(d->tokenizer_id);
     free(d->tokenizer_json);
     loom_free_strings(d->classes, d->n_classes);
+    free(d->chat_template);
+    free(d->chat_default_system);
     free(d);
 }
 
@@ -90,6 +93,11 @@ char *loom_run_data_json(const loom_run_data *d, const char *train_dir) {
     json_t *o = json_pack("{s:s, s:o, s:s}", "format", DATA_FORMAT, "tokenizer", tok, "train",
                           train_dir);
     LOOM_CHECK(o != NULL);
+    if (d->chat_template) {
+        json_t *ct = json_pack("{s:s}", "name", d->chat_template);
+        if (d->chat_default_system) json_object_set_new(ct, "default_system", json_string(d->chat_default_system));
+        json_object_set_new(o, "chat_template", ct);
+    }
     if (d->classes) {
         json_t *cl = json_array();
         for (int i = 0; i < d->n_classes; i++) json_array_append_new(cl, json_string(d->classes[i]));
@@ -162,6 +170,18 @@ static int parse_data_json(loom_run_data *d, const char *text, size_t len, const
         memcpy(d->tokenizer_json, tt, tl);
         d->tokenizer_json[tl] = 0;
         d->tokenizer_json_len = tl;
+    }
+    json_t *ct = json_object_get(o, "chat_template");
+    if (ct) {
+        const char *name = json_string_value(json_object_get(ct, "name"));
+        json_t *ds = json_object_get(ct, "default_system");
+        if (!name || !loom_chat_template_is_builtin(name) || (ds && !json_is_string(ds))) {
+            loom_errf(err, "%s: 'chat_template' must be {\"name\": a built-in template, \"default_system\": text}",
+                      d->where);
+            goto done;
+        }
+        d->chat_template = loom_strdup(name);
+        if (ds) d->chat_default_system = loom_strdup(json_string_value(ds));
     }
     json_t *cl = json_object_get(o, "classes");
     if (cl && strings_of(cl, d->where, "classes", &d->classes, &d->n_classes, err)) goto done;

@@ -189,6 +189,57 @@ def write_config(d, chat_template, **extra):
     return p
 
 
+def import_check(tmp, corpus):
+    """`loom import --hf` of a directory with a family-style tokenizer.json and tokenizer_config.json:
+    the checkpoint's tokenizer encodes and decodes as HF through `loom tokenizer`, the recognized
+    chat template is recorded and `loom generate --chat` uses it."""
+    import subprocess
+    import torch
+    loom_bin = os.environ.get("LOOM_BIN") or os.path.join(os.path.dirname(os.path.abspath(__file__)), "../../build/loom")
+    text = "Hello  world, 12345 日本語 🙂 café\n  indented <|im_end|> end"
+    for kind, jinja, want in [("gemma", GEMMA, "gemma"), ("llama3", LLAMA3, "llama3"), ("qwen", QWEN25, "chatml")]:
+        d = os.path.join(tmp, f"hf_{kind}")
+        hf_tok = fam.train(kind, [corpus])
+        cfg = transformers.LlamaConfig(vocab_size=hf_tok.get_vocab_size(), hidden_size=32, intermediate_size=64,
+                                       num_hidden_layers=1, num_attention_heads=4, num_key_value_heads=2,
+                                       max_position_embeddings=64, tie_word_embeddings=False)
+        torch.manual_seed(0)
+        transformers.LlamaForCausalLM(cfg).save_pretrained(d)
+        hf_tok.save(os.path.join(d, "tokenizer.json"))
+        write_config(d, jinja)
+        out = os.path.join(tmp, f"ck_{kind}")
+        r = subprocess.run([loom_bin, "import", "--hf", d, out], capture_output=True, text=True)
+        if not check(r.returncode == 0, f"import {kind}: {r.stderr[-300:]}"):
+            continue
+        tj = os.path.join(out, "step_0000000", "tokenizer.json")
+        tf = os.path.join(tmp, f"text_{kind}.txt")
+        with open(tf, "w", encoding="utf-8") as f:
+            f.write(text)
+        r = subprocess.run([loom_bin, "tokenizer", "encode", "--tokenizer", tj, "--format", "json", tf],
+                           capture_output=True, text=True)
+        want_ids = hf_tok.encode(text, add_special_tokens=False).ids
+        check(r.returncode == 0 and json.loads(r.stdout) == want_ids,
+              f"import {kind}: loom tokenizer encode of the imported tokenizer differs from HF: {r.stdout[:200]} {r.stderr[-200:]}")
+        r = subprocess.run([loom_bin, "tokenizer", "decode", "--tokenizer", tj], input=json.dumps(want_ids),
+                           capture_output=True, text=True)
+        check(r.returncode == 0 and r.stdout == hf_tok.decode(want_ids, skip_special_tokens=False),
+              f"import {kind}: loom tokenizer decode differs from HF: {r.stdout[:100]!r}")
+        dj = json.load(open(os.path.join(out, "step_0000000", "data.json")))
+        check(dj.get("chat_template", {}).get("name") == want,
+              f"import {kind}: data.json records chat_template {dj.get('chat_template')}, expected {want}")
+        if kind == "qwen":
+            check(dj["chat_template"].get("default_system", "").startswith("You are Qwen"),
+                  f"import qwen: the default system message is not recorded: {dj['chat_template']}")
+        r = subprocess.run([loom_bin, "generate", out, "--chat", "--system", "be brief", "--prompt", "hi",
+                            "--tokens", "2", "--temperature", "0", "--format", "ids"], capture_output=True, text=True)
+        if kind == "gemma":  # the recorded template is used: Gemma's has no system role
+            check(r.returncode != 0 and "no system role" in r.stderr,
+                  f"generate --chat --system on the gemma import: rc {r.returncode} {r.stderr[-200:]}")
+        else:
+            check(r.returncode == 0, f"generate --chat on the {kind} import: {r.stderr[-300:]}")
+        print(f"import {kind}: tokenizer and chat template {want}: ok")
+
+
 def main():
     tmp = tempfile.mkdtemp(prefix="loom_chat_tpl_")
     rng = random.Random(11)
@@ -252,6 +303,7 @@ def main():
         print(f"{name}: {want}, {len(convs)} conversations: "
               f"{'ok' if bad_text == bad_prompt == bad_ids == 0 else 'MISMATCH'}")
 
+    import_check(tmp, corpus)
     # template: auto without a tokenizer_config.json beside the tokenizer: an error naming it
     import test_chat_sft as sft
     lone = os.path.join(tmp, "lone")
