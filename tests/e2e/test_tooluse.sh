@@ -89,6 +89,7 @@ correct() {
     || { cat "$WORK/$2.err" >&2; fail "generate ($2)"; }
   python3 "$H" score "$WORK/$2.jsonl" "$WORK/calc/expected.jsonl" > "$WORK/$2.score" \
     || { cat "$WORK/$2.score" >&2; fail "score ($2)"; }
+  sed -n 's/^tool \([0-9]*\) of .*/\1/p' "$WORK/$2.score" > "$WORK/$2.tool"
   sed -n 's/^correct \([0-9]*\) of .*/\1/p' "$WORK/$2.score"
 }
 
@@ -96,15 +97,17 @@ t0=$(date +%s)
 expect_ok "pretrain the base ($PT_STEPS steps of text, random init)" "$LOOM_BIN" train "$WORK/base.yaml"
 t1=$(date +%s)
 base=$(correct "$WORK/base" base)
+base_tool=$(cat "$WORK/base.tool")
 cat "$WORK/base.score"
 expect_ok "fine-tune it on the tool calls ($FT_STEPS steps, init_from)" "$LOOM_BIN" train "$WORK/ft.yaml"
 grep -q "initialized from $WORK/base" "$WORK/err.txt" || fail "the fine-tuning did not start from the base"
 t2=$(date +%s)
 ft=$(correct "$WORK/ft" ft)
+ft_tool=$(cat "$WORK/ft.tool")
 cat "$WORK/ft.score"
 t3=$(date +%s)
 last_loss=$(tail -n 1 "$WORK/ft/metrics.jsonl" | python3 -c 'import json,sys; print(round(json.load(sys.stdin)["loss"], 4))')
-echo "tool use: base $base of $N_HELD correct calls, fine-tuned $ft of $N_HELD" \
+echo "tool use: base $base of $N_HELD correct calls ($base_tool of the right tool), fine-tuned $ft of $N_HELD ($ft_tool)" \
      "(pretrain ${PT_STEPS} steps $((t1 - t0)) s, fine-tune ${FT_STEPS} steps $((t2 - t1)) s, final loss $last_loss;" \
      "whole test $((t3 - t_start)) s, OMP_NUM_THREADS=$OMP_NUM_THREADS, load $(cut -d' ' -f1-3 /proc/loadavg))"
 [ "$base" -le $BASE_MAX ] || fail "the base model made $base correct calls (at most $BASE_MAX expected)"

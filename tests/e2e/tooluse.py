@@ -12,7 +12,9 @@
   tooluse.py score OUT.jsonl EXPECTED.jsonl
       OUT.jsonl is loom generate --prompts output (one {"text": ...} line a prompt). A reply is
       correct when its first line parses as JSON (Python's json) and equals the expected call:
-      the tool name and both arguments, exactly. Prints "correct K of N" and a few wrong replies.
+      the tool name and both arguments, exactly. Prints "correct K of N", then "tool K of N":
+      the replies that are a well-formed call ({"name", "arguments": {"a": int, "b": int}}) of
+      the right tool, whatever the numbers, and a few wrong replies.
   tooluse.py text DIR N SEED
       DIR/text.txt: unrelated text (sentences about animals, places and numbers), documents
       separated by a line "%", to pretrain the base model on.
@@ -93,7 +95,7 @@ def score(out_path, expected_path):
     expected = [json.loads(l) for l in open(expected_path)]
     outs = [json.loads(l) for l in open(out_path)]
     assert len(outs) == len(expected), f"{len(outs)} replies for {len(expected)} prompts"
-    correct, wrong = 0, []
+    correct, tool, wrong = 0, 0, []
     for o in sorted(outs, key=lambda o: o["index"]):
         want = expected[o["index"]]
         reply = o["text"].split("\n")[0]
@@ -105,7 +107,12 @@ def score(out_path, expected_path):
             correct += 1
         else:
             wrong.append(f"{o['prompt']!r} -> {reply!r}")
+        args = got.get("arguments") if isinstance(got, dict) else None
+        if (isinstance(args, dict) and got.get("name") == want["name"] and set(got) == {"name", "arguments"}
+                and set(args) == {"a", "b"} and all(type(v) is int for v in args.values())):
+            tool += 1
     print(f"correct {correct} of {len(expected)}")
+    print(f"tool {tool} of {len(expected)}")
     for w in wrong[:5]:
         print("  wrong:", w)
 
