@@ -27,9 +27,12 @@ typedef struct loom_chat_template {
     unsigned roles;                  /* bit r set: role r is allowed (mistral, gemma: user and
                                       * assistant only, as their Jinja templates raise otherwise) */
     int tools;                       /* assistant tool_calls allowed */
+    char *system_prefix;             /* before the first system message's content ("" / NULL) */
+    int always_system;               /* a system message is rendered even when there is none
+                                      * (llama3.1: its dated header around an empty message) */
 } loom_chat_template;
 
-/* "plain", "chatml", "llama3", "mistral", "gemma", a Hugging Face tokenizer_config.json (its
+/* "plain", "chatml", "llama3", "llama3.1", "mistral", "gemma", a Hugging Face tokenizer_config.json (its
  * chat_template recognized as one of the built-ins, see loom_chat_template_detect), or the
  * path of a JSON template file:
  *   {"bos": "", "system": "...{content}...", "user": ..., "assistant": ..., "tool": ...,
@@ -38,11 +41,11 @@ typedef struct loom_chat_template {
  * every role string holds {content} exactly once. */
 int loom_chat_template_load(const char *spec, loom_chat_template **out, loom_err *err);
 void loom_chat_template_free(loom_chat_template *t);
-/* 1 when name is a built-in template (plain, chatml, llama3, mistral, gemma). */
+/* 1 when name is a built-in template (plain, chatml, llama3, llama3.1, mistral, gemma). */
 int loom_chat_template_is_builtin(const char *name);
 /* The built-in template that a Hugging Face Jinja chat template (the text of
  * tokenizer_config.json's chat_template) renders like, recognized by its literal markers and
- * never executed: "chatml", "llama3", "mistral" or "gemma", or NULL when it is none of them
+ * never executed: "chatml", "llama3", "llama3.1", "mistral" or "gemma", or NULL when it is none of them
  * (*why then says what was missing or what loom cannot reproduce). *default_system: a fixed
  * system message the template renders when a conversation has none (malloc'd, or NULL). */
 const char *loom_chat_template_detect(const char *jinja, size_t len, char **default_system, const char **why);

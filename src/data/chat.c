@@ -23,6 +23,7 @@ void loom_chat_template_free(loom_chat_template *t) {
     free(t->call_sep);
     free(t->args_key);
     free(t->default_system);
+    free(t->system_prefix);
     free(t);
 }
 
@@ -52,8 +53,8 @@ static loom_chat_template *from_strings(const char *name, const char *bos, const
 }
 
 int loom_chat_template_is_builtin(const char *name) {
-    static const char *const names[] = {"plain", "chatml", "llama3", "mistral", "gemma"};
-    for (int i = 0; i < 5; i++)
+    static const char *const names[] = {"plain", "chatml", "llama3", "llama3.1", "mistral", "gemma"};
+    for (int i = 0; i < 6; i++)
         if (!strcmp(name, names[i])) return 1;
     return 0;
 }
@@ -109,9 +110,16 @@ const char *loom_chat_template_detect(const char *jinja, size_t len, char **defa
             break;
         }
     } else if (has_marker(j, n, "<|start_header_id|>") && has_marker(j, n, "<|eot_id|>")) {
-        if (has_marker(j, n, "Cutting Knowledge Date"))
-            *why = "it is Llama 3.1's template, which adds a dated system header loom's llama3 does not write";
-        else if (!has_marker(j, n, "<|end_header_id|>\n\n"))
+        if (has_marker(j, n, "Cutting Knowledge Date")) {
+            if (has_marker(j, n, "strftime_now"))
+                *why = "it is Llama 3.2/3.3's template, whose system header holds today's date (strftime_now), "
+                       "which would make the rendering depend on the day; name llama3.1 (dated 26 Jul 2024) or llama3";
+            else if ((!has_marker(j, n, "\"26 Jul 2024\"") && !has_marker(j, n, "'26 Jul 2024'")) || !has_marker(j, n, "Cutting Knowledge Date: December 2023\n") ||
+                     !has_marker(j, n, "Today Date: "))
+                *why = "it is a Llama 3.1-style template with another date or header than loom's llama3.1";
+            else
+                name = "llama3.1";
+        } else if (!has_marker(j, n, "<|end_header_id|>\n\n"))
             *why = "it uses Llama 3's markers but not its '<|end_header_id|>\\n\\n' layout";
         else
             name = "llama3";
@@ -202,6 +210,14 @@ int loom_chat_template_load(const char *spec, loom_chat_template **out, loom_err
             "<|start_header_id|>assistant<|end_header_id|>\n\n{content}<|eot_id|>",
             "<|start_header_id|>ipython<|end_header_id|>\n\n{content}<|eot_id|>"};
         *out = from_strings("llama3", "<|begin_of_text|>", roles, "{content}", "\n", "parameters");
+        return 0;
+    }
+    if (!strcmp(spec, "llama3.1")) { /* Llama 3.1's: a system header always, dated as its template's default */
+        if (loom_chat_template_load("llama3", out, err)) return -1;
+        free((*out)->name);
+        (*out)->name = loom_strdup("llama3.1");
+        (*out)->system_prefix = loom_strdup("Cutting Knowledge Date: December 2023\nToday Date: 26 Jul 2024\n\n");
+        (*out)->always_system = 1;
         return 0;
     }
     if (!strcmp(spec, "mistral")) { /* Mistral-7B-Instruct v0.1/v0.2's template: user and assistant only */
@@ -404,9 +420,10 @@ static int render_messages(const loom_chat_template *t, json_t *messages, loom_c
     json_t *m;
     int assistants = 0;
     const char *role0 = json_string_value(json_object_get(json_array_get(messages, 0), "role"));
-    if (t->default_system && !(role0 && !strcmp(role0, "system"))) {
+    if ((t->default_system || t->always_system) && !(role0 && !strcmp(role0, "system"))) {
         puts_(d, t->pre[LOOM_ROLE_SYSTEM], 0);
-        puts_(d, t->default_system, 0);
+        if (t->system_prefix) puts_(d, t->system_prefix, 0);
+        if (t->default_system) puts_(d, t->default_system, 0);
         puts_(d, t->post[LOOM_ROLE_SYSTEM], 0);
     }
     json_array_foreach(messages, k, m) {
@@ -429,6 +446,7 @@ static int render_messages(const loom_chat_template *t, json_t *messages, loom_c
             return -1;
         }
         puts_(d, t->pre[r], 0);
+        if (r == LOOM_ROLE_SYSTEM && k == 0 && t->system_prefix) puts_(d, t->system_prefix, 0);
         if (r == LOOM_ROLE_ASSISTANT) {
             assistants++;
             json_t *calls = json_object_get(m, "tool_calls");
@@ -501,9 +519,10 @@ int loom_chat_prompt(const loom_chat_template *t, const char *system, const char
     loom_chat_doc d = {0};
     puts_(&d, t->bos, 0);
     if (!(system && *system)) system = t->default_system;
-    if (system && *system && (t->roles & (1u << LOOM_ROLE_SYSTEM))) {
+    if (((system && *system) || t->always_system) && (t->roles & (1u << LOOM_ROLE_SYSTEM))) {
         puts_(&d, t->pre[LOOM_ROLE_SYSTEM], 0);
-        puts_(&d, system, 0);
+        if (t->system_prefix) puts_(&d, t->system_prefix, 0);
+        if (system) puts_(&d, system, 0);
         puts_(&d, t->post[LOOM_ROLE_SYSTEM], 0);
     }
     puts_(&d, t->pre[LOOM_ROLE_USER], 0);

@@ -60,7 +60,16 @@ GEMMA = (
     "{% if (message['role'] == 'assistant') %}{% set role = 'model' %}{% else %}{% set role = message['role'] %}{% endif %}"
     "{{ '<start_of_turn>' + role + '\\n' + message['content'] | trim + '<end_of_turn>\\n' }}{% endfor %}"
     "{% if add_generation_prompt %}{{'<start_of_turn>model\\n'}}{% endif %}")
-LLAMA31 = LLAMA3.replace("{% set loop_messages", "{{- 'Cutting Knowledge Date: December 2023\\n' }}{% set loop_messages")
+LLAMA31 = (
+    "{{- bos_token }}{%- if not date_string is defined %}{%- set date_string = \"26 Jul 2024\" %}{%- endif %}"
+    "{%- if messages[0]['role'] == 'system' %}{%- set system_message = messages[0]['content']|trim %}"
+    "{%- set messages = messages[1:] %}{%- else %}{%- set system_message = \"\" %}{%- endif %}"
+    "{{- \"<|start_header_id|>system<|end_header_id|>\\n\\n\" }}{{- \"Cutting Knowledge Date: December 2023\\n\" }}"
+    "{{- \"Today Date: \" + date_string + \"\\n\\n\" }}{{- system_message }}{{- \"<|eot_id|>\" }}"
+    "{%- for message in messages %}{{- '<|start_header_id|>' + message['role'] + '<|end_header_id|>\\n\\n'+ "
+    "message['content'] | trim + '<|eot_id|>' }}{%- endfor %}"
+    "{%- if add_generation_prompt %}{{- '<|start_header_id|>assistant<|end_header_id|>\\n\\n' }}{%- endif %}")
+LLAMA32 = LLAMA31.replace('{%- set date_string = \"26 Jul 2024\" %}', '{%- set date_string = strftime_now(\"%d %b %Y\") %}')
 PHI3 = "{% for message in messages %}{{ '<|' + message['role'] + '|>\\n' + message['content'] + '<|end|>\\n' }}{% endfor %}"
 
 failures = []
@@ -176,6 +185,7 @@ FAMILIES = [  # (name, jinja, expected built-in, bos, eos, tokenizer kind, syste
     ("qwen2.5", QWEN25, "chatml", None, "<|im_end|>", "qwen", True),
     ("qwen3", QWEN3, "chatml", None, "<|im_end|>", "qwen", True),
     ("llama3", LLAMA3, "llama3", "<|begin_of_text|>", "<|eot_id|>", "llama3", True),
+    ("llama3.1", LLAMA31, "llama3.1", "<|begin_of_text|>", "<|eot_id|>", "llama3", True),
     ("mistral", MISTRAL, "mistral", "<s>", "</s>", "mistral_legacy", False),
     ("gemma", GEMMA, "gemma", "<bos>", "<eos>", "gemma", False),
 ]
@@ -321,7 +331,7 @@ def main():
     h, msg = load_template(cfg)
     check(h is not None and template_name(h) == "llama3", f"named templates: {msg}")
     # refusals
-    for label, tpl, needle in [("phi3", PHI3, "none of the markers"), ("llama3.1", LLAMA31, "Llama 3.1"),
+    for label, tpl, needle in [("phi3", PHI3, "none of the markers"), ("llama3.2", LLAMA32, "strftime_now"),
                                ("chatml-like", "{{ '<|im_start|>' + m + '<|im_end|>' }}", "layout")]:
         cfg = write_config(os.path.join(tmp, label), tpl)
         h, msg = load_template(cfg)
