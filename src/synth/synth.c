@@ -1,7 +1,7 @@
 /* loom synth: a synthetic-data pipeline (docs/synth.md).
  *
  * Rounds: every (seed, sample) item starts at attempt 1; each round generates the prompts of
- * all pending items at once (the local engine batches them; the HTTP generator sends them over
+ * all pending items (block by block: the local engine batches them; the HTTP generator sends them over
  * `concurrency` connections), then runs the validators in order on every output (threads);
  * an item whose output fails gets another attempt with the failing validator's message added
  * to its prompt, up to max_attempts. Sampling seeds derive from (pipeline seed, item, attempt),
@@ -880,6 +880,7 @@ typedef struct item {
     json_t *results;            /* this attempt's validator results */
     int tokens;
     int gen_hit;                /* the output came from the cache */
+    int cached;                 /* this attempt's outcome went into the cache */
     char gkey[65];              /* its generation's cache key ("" without a cache) */
     json_t *vfresh;             /* validation results to add to the cache */
     int val_hits, val_runs;
@@ -1497,6 +1498,21 @@ static void run_pool(void *(*fn)(void *), void *arg, int threads) {
     free(t);
 }
 
+/* an item's new generation and validator verdicts into the cache, once per attempt */
+static void cache_add(pipeline *P, item *it) {
+    if (!P->C.on || it->cached) return;
+    it->cached = 1;
+    if (it->gen_ok && !it->gen_hit && it->gkey[0]) {
+        json_t *e = json_pack("{s:s,s:i}", "k", it->gkey, "tokens", it->tokens);
+        text_to_json(e, it->text, it->tlen);
+        cache_put(&P->C, P->C.gen, P->C.fg, e);
+        json_decref(e);
+    }
+    size_t j;
+    json_t *e;
+    json_array_foreach(it->vfresh, j, e) cache_put(&P->C, P->C.val, P->C.fv, e);
+}
+
 /* ---- spreading over MPI ranks ------------------------------------------------------------
  * Every rank holds every item. A round's pending items (the same list on every rank) are cut
  * into blocks of generator.batch in item order; block b belongs to replica b % (world / tp)
@@ -1750,77 +1766,87 @@ int loom_synth_run(const char *path, const loom_synth_opts *o, loom_err *err) {
             it->results = NULL;
             json_decref(it->vfresh);
             it->vfresh = NULL;
-            it->gen_hit = it->val_hits = it->val_runs = 0;
+            it->gen_hit = it->val_hits = it->val_runs = it->cached = 0;
             it->gkey[0] = 0;
             it->prompt = pr.p ? pr.p : loom_strdup("");
             pend[np++] = it;
         }
         if (np == 0) break;
-        /* this rank's blocks; outputs in the cache are taken from it */
-        int nm = 0, ng = 0;
-        for (int k = 0; k < np; k++) {
-            if (owner_of(&P, k, replicas) != replica) continue;
-            item *it = pend[k];
-            if (L.tp_rank == 0) mine[nm++] = it; /* a replica's tp rank 0 validates */
-            if (P.C.on) {
-                loom_sbuf kb = {0};
-                char sd[32];
-                snprintf(sd, sizeof sd, "%llu", (unsigned long long)item_seed(P.seed, it));
-                sb_str(&kb, P.g.temperature > 0 ? sd : "greedy");
-                loom_sbuf_append(&kb, "\n", 1);
-                sb_str(&kb, it->prompt);
-                sha_hex_parts(it->gkey, P.gen_id, kb.p, kb.len);
-                free(kb.p);
-                json_t *hit = json_object_get(P.C.gen, it->gkey);
-                if (hit && !text_from_json(hit, &it->text, &it->tlen)) {
-                    it->tokens = (int)json_integer_value(json_object_get(hit, "tokens"));
-                    it->gen_ok = it->gen_hit = 1;
-                    continue;
+        /* this rank's blocks, one at a time: cache lookups, generation (a local block is one
+         * engine batch), validation, and (rank 0) the block's new outputs and verdicts appended
+         * to the cache and synced, so a kill loses at most the block in progress. With an HTTP
+         * generator a step is enough blocks for generator.concurrency requests in flight. */
+        const int bper = P.g.http && P.g.concurrency > P.g.batch
+                             ? (P.g.concurrency + P.g.batch - 1) / P.g.batch : 1;
+        for (int k0 = 0; k0 < np;) {
+            int nm = 0, ng = 0, k1 = k0, nb = 0;
+            while (k1 < np && nb < bper) { /* this rank's next bper blocks from k0 */
+                const int bend = (k1 / P.g.batch + 1) * P.g.batch < np ? (k1 / P.g.batch + 1) * P.g.batch : np;
+                if (owner_of(&P, k1, replicas) == replica) {
+                    for (int k = k1; k < bend; k++) {
+                        item *it = pend[k];
+                        if (L.tp_rank == 0) mine[nm++] = it; /* a replica's tp rank 0 validates */
+                        if (P.C.on) {
+                            loom_sbuf kb = {0};
+                            char sd[32];
+                            snprintf(sd, sizeof sd, "%llu", (unsigned long long)item_seed(P.seed, it));
+                            sb_str(&kb, P.g.temperature > 0 ? sd : "greedy");
+                            loom_sbuf_append(&kb, "\n", 1);
+                            sb_str(&kb, it->prompt);
+                            sha_hex_parts(it->gkey, P.gen_id, kb.p, kb.len);
+                            free(kb.p);
+                            json_t *hit = json_object_get(P.C.gen, it->gkey);
+                            if (hit && !text_from_json(hit, &it->text, &it->tlen)) {
+                                it->tokens = (int)json_integer_value(json_object_get(hit, "tokens"));
+                                it->gen_ok = it->gen_hit = 1;
+                                continue;
+                            }
+                        }
+                        gen[ng++] = it;
+                    }
+                    nb++;
+                }
+                k1 = bend;
+            }
+            if (P.g.http && ng) {
+                http_pool hp = {.g = &P.g, .items = gen, .n = ng, .seed = P.seed};
+                pthread_mutex_init(&hp.mu, NULL);
+                run_pool(http_worker, &hp, P.g.concurrency < ng ? P.g.concurrency : ng);
+                pthread_mutex_destroy(&hp.mu);
+            } else if (ng) {
+                if (local_open(&P, &L, err)) goto done_counts;
+                /* one engine batch per block (the block's items not in the cache) */
+                for (int a = 0, b; a < ng; a = b) {
+                    const int blk = (int)(pend_pos(pend, np, gen[a]) / P.g.batch);
+                    for (b = a + 1; b < ng && (int)(pend_pos(pend, np, gen[b]) / P.g.batch) == blk; b++) {}
+                    local_generate(&P, &L, gen + a, b - a);
                 }
             }
-            gen[ng++] = it;
-        }
-        if (P.g.http && ng) {
-            http_pool hp = {.g = &P.g, .items = gen, .n = ng, .seed = P.seed};
-            pthread_mutex_init(&hp.mu, NULL);
-            run_pool(http_worker, &hp, P.g.concurrency < ng ? P.g.concurrency : ng);
-            pthread_mutex_destroy(&hp.mu);
-        } else if (ng) {
-            if (local_open(&P, &L, err)) goto done_counts;
-            /* one engine batch per block (the block's items not in the cache) */
-            for (int a = 0, b; a < ng; a = b) {
-                const int blk = (int)(pend_pos(pend, np, gen[a]) / P.g.batch);
-                for (b = a + 1; b < ng && (int)(pend_pos(pend, np, gen[b]) / P.g.batch) == blk; b++) {}
-                local_generate(&P, &L, gen + a, b - a);
+            if (nm) {
+                vpool vp = {.P = &P, .items = mine, .n = nm};
+                pthread_mutex_init(&vp.mu, NULL);
+                run_pool(vworker, &vp, threads < nm ? threads : nm);
+                pthread_mutex_destroy(&vp.mu);
             }
-        }
-        if (nm) {
-            vpool vp = {.P = &P, .items = mine, .n = nm};
-            pthread_mutex_init(&vp.mu, NULL);
-            run_pool(vworker, &vp, threads < nm ? threads : nm);
-            pthread_mutex_destroy(&vp.mu);
-        }
-        for (int v = 0; v < P.nv; v++)
-            if (P.v[v].sc && P.v[v].sc->failed) {
-                loom_errf(err, "%s: validator '%s': %s", path, P.v[v].name, P.v[v].sc->err.msg);
-                goto done_counts;
+            for (int v = 0; v < P.nv; v++)
+                if (P.v[v].sc && P.v[v].sc->failed) {
+                    loom_errf(err, "%s: validator '%s': %s", path, P.v[v].name, P.v[v].sc->err.msg);
+                    goto done_counts;
+                }
+            if (P.C.on && rank == 0 && nm) { /* this block's outcomes, durable now */
+                for (int i = 0; i < nm; i++) cache_add(&P, mine[i]);
+                if (cache_sync(&P.C, err)) goto done_counts;
             }
+            k0 = k1;
+        }
         if (world > 1) exchange_items(mesh, rank, world, tp, pend, np, &P);
-        for (int k = 0; P.C.on && k < np; k++) { /* new outputs and verdicts into the cache */
+        for (int k = 0; P.C.on && k < np; k++) { /* the other ranks' outputs into the cache */
             item *it = pend[k];
             P.C.gen_hits += it->gen_hit;
             P.C.gen_runs += !it->gen_hit;
             P.C.val_hits += it->val_hits;
             P.C.val_runs += it->val_runs;
-            if (it->gen_ok && !it->gen_hit && it->gkey[0]) {
-                json_t *e = json_pack("{s:s,s:i}", "k", it->gkey, "tokens", it->tokens);
-                text_to_json(e, it->text, it->tlen);
-                cache_put(&P.C, P.C.gen, P.C.fg, e);
-                json_decref(e);
-            }
-            size_t j;
-            json_t *e;
-            json_array_foreach(it->vfresh, j, e) cache_put(&P.C, P.C.val, P.C.fv, e);
+            cache_add(&P, it);
         }
         if (P.C.on && rank == 0 && cache_sync(&P.C, err)) goto done_counts;
         for (int k = 0; k < np; k++) { /* in item order: duplicates, verdicts */
@@ -1887,16 +1913,21 @@ int loom_synth_run(const char *path, const loom_synth_opts *o, loom_err *err) {
             }
         }
         if (!quiet) { /* forced: one line per round (plain), the latest (terminal) */
-            long long acc = 0, n_rej = 0, decided = 0;
+            /* items, like the summary's accepted and rejected: rejected = failed their last
+             * attempt; the others failed so far get another (retrying) */
+            long long acc = 0, n_rej = 0, decided = 0, retry = 0;
             for (int a = 1; a <= attempt; a++) acc += accepted_at[a];
-            for (int v = 0; v <= P.nv; v++) n_rej += rejected_by[v];
-            for (int i = 0; i < n_items; i++) decided += items[i].done;
+            for (int i = 0; i < n_items; i++) {
+                decided += items[i].done;
+                n_rej += items[i].done && !items[i].accepted;
+                retry += !items[i].done && items[i].failed_validator >= 0;
+            }
             const double dt = loom_now() - t0;
             char eta[48];
             loom_progress_eta(eta, sizeof eta, dt, (double)decided, (double)n_items);
             loom_progress_show(&pg, 1, "synth: attempt %d/%d: %lld/%d accepted, %lld rejected, "
-                               "%lld generations, %.1f samples/s, %s", attempt, P.max_attempts,
-                               acc, n_items, n_rej, generated,
+                               "%lld to retry, %lld generations, %.1f samples/s, %s", attempt,
+                               P.max_attempts, acc, n_items, n_rej, retry, generated,
                                dt > 0 ? (double)generated / dt : 0.0, eta);
         }
     }
