@@ -767,7 +767,11 @@ int loom_tokenizer_decode_ex(const loom_tokenizer *t, const int32_t *ids, size_t
     size_t first_len = 0;
     if (at_start && n && t->general && t->dec_meta_first) {
         const bpe_token *tk = &t->tok[ids[0]];
-        bpe_decode_token(t, tk->str, tk->str_len, 1, &first, &first_len);
+        const char *s = tk->str;
+        size_t sl = tk->str_len;
+        for (int a = 0; a < t->n_added && !tk->in_vocab; a++) /* an added token's normalized spelling */
+            if (t->added[a].id == ids[0] && t->added[a].ncontent) s = t->added[a].ncontent, sl = t->added[a].nlen;
+        bpe_decode_token(t, s, sl, 1, &first, &first_len);
         total += first_len;
     }
     char *buf = loom_malloc(total + 1);
