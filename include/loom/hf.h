@@ -1,8 +1,10 @@
-/* Hugging Face interop: GPT2LMHeadModel and LlamaForCausalLM directories (config.json,
- * model.safetensors or sharded model-*.safetensors + model.safetensors.index.json,
- * tokenizer.json, generation_config.json) to loom checkpoints and back. Only JSON and
- * safetensors are read: nothing in a directory is ever executed or unpickled. See
- * docs/hf-interop.md. (src/train/hf.c) */
+/* Hugging Face formats (src/hf/, docs/hf-interop.md): config.json <-> loom model configs
+ * through one table row per architecture (GPT2LMHeadModel, LlamaForCausalLM,
+ * MistralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM, Phi3ForCausalLM), the tensor-name
+ * maps, the weights (model.safetensors or shards + model.safetensors.index.json), the
+ * tokenizer and PEFT adapter files. Only JSON and safetensors are read: nothing in a
+ * directory is ever executed or unpickled. loom import / export (checkpoints) are
+ * include/loom/interop.h. */
 #ifndef LOOM_HF_H
 #define LOOM_HF_H
 
@@ -10,43 +12,45 @@
 #include <stdint.h>
 
 #include "loom/base.h"
+#include "loom/config.h"
 #include "loom/model.h"
+
+struct loom_lora;
+struct loom_tokenizer;
 
 /* 1 when dir looks like a Hugging Face model directory (it holds config.json and no loom
  * checkpoint marker). */
 int loom_hf_is_dir(const char *dir);
 
-/* Reads dir/config.json into a loom model config: the architecture must be GPT2LMHeadModel
- * or LlamaForCausalLM with the options loom computes exactly (errors name the key). *arch
- * (may be NULL) receives a static string naming it. */
+/* Reads dir/config.json into a loom model config: the architecture must be one loom imports,
+ * with the options loom computes exactly (errors name the file and the key). *arch (may be
+ * NULL) receives a static string naming it. */
 int loom_hf_read_config(const char *dir, loom_model_config *mc, const char **arch,
                         loom_err *err);
 
 /* Fills the parameters of m (a whole-model view with its own parameter arena, whose config
- * must be the one loom_hf_read_config gives for dir, up to max_seq_len for GPT-2 and the
- * options that hold no weights) from dir's safetensors. Every tensor the model needs must be
- * there with its exact shape; every tensor there must be one loom maps (or a known buffer):
- * errors name the file and the tensor. F32, F16, BF16 and F64 are read (converted to F32). */
+ * must be the one loom_hf_read_config gives for dir, up to max_seq_len for learned positions
+ * and the options that hold no weights) from dir's safetensors. Every tensor the model needs
+ * must be there with its exact shape; every tensor there must be one loom maps (or a known
+ * buffer): errors name the file and the tensor. F32, F16, BF16 and F64 are read (converted
+ * to F32). */
 int loom_hf_load_params(const char *dir, loom_model *m, loom_err *err);
 
-typedef struct loom_hf_import_opts {
-    const char *tokenizer; /* NULL: dir/tokenizer.json; "byte": the byte tokenizer; else a
-                            * tokenizer.json path */
-} loom_hf_import_opts;
-/* dir -> a loom checkpoint at out_root/step_0000000 (out_root/latest points at it) with the
- * parameters, config.yaml, data.json and (BPE) tokenizer.json, loadable by generate, eval
- * and training.init_from. */
-int loom_hf_import(const char *dir, const char *out_root, const loom_hf_import_opts *o,
-                   loom_err *err);
+/* The model.* keys of an imported config (the descriptor as model.flavor + model.arch.*). */
+void loom_hf_config_set(loom_config *c, const loom_model_config *mc);
 
-typedef struct loom_hf_export_opts {
-    uint64_t max_shard_bytes; /* 0: 2 GiB. Above it the weights are split into
-                               * model-0000i-of-0000n.safetensors + model.safetensors.index.json */
-    int merge_lora;           /* LoRA checkpoints: 1 = merged weights, 0 = PEFT adapter files */
-} loom_hf_export_opts;
-/* A loom checkpoint (any path loom_ckpt_resolve takes) -> a Hugging Face directory out_dir
- * (created; refused when it exists and is not empty). */
-int loom_hf_export(const char *ckpt, const char *out_dir, const loom_hf_export_opts *o,
-                   loom_err *err);
+/* 0 when a model of this config has a Hugging Face layout to export to, else an error
+ * naming what has none (MoE, a feature no family row combines). */
+int loom_hf_export_check(const loom_model_config *c, loom_err *err);
+/* out_dir created, or an existing empty directory; a non-empty one is refused. */
+int loom_hf_dir_prepare(const char *out_dir, loom_err *err);
+/* tokenizer.json (the tokenizer's canonical file) and tokenizer_config.json; *eos = the id of
+ * <|endoftext|> or -1. */
+int loom_hf_write_tokenizer(const char *out_dir, const struct loom_tokenizer *tok, int max_len,
+                            int *eos, loom_err *err);
+/* The weights of a whole model in its family's names (sharded above max_shard bytes),
+ * generation_config.json, PEFT adapter files for lora (NULL: none) and config.json, last. */
+int loom_hf_write_model(const char *out_dir, loom_model *m, struct loom_lora *lora, int eos,
+                        uint64_t max_shard, loom_err *err);
 
 #endif

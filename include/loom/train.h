@@ -103,6 +103,8 @@ int loom_load_model_view(const char *path, const loom_model_layout *layout, int 
 typedef struct loom_tokenizer loom_tokenizer;
 typedef struct loom_dataset loom_dataset;
 /* The tokenizer the model was trained with (byte, or BPE from its tokenizer.json). */
+/* data.json's text for a checkpoint (caller frees). */
+char *loom_run_data_json(const loom_run_data *d, const char *train_dir);
 int loom_run_data_tokenizer(const loom_run_data *d, loom_tokenizer **out, loom_err *err);
 /* 0 when dataset dir (opened as ds) was tokenized with the model's tokenizer; otherwise an
  * error naming the dataset and the checkpoint's record. */

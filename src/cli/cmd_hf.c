@@ -6,7 +6,7 @@
 #include <string.h>
 
 #include "cli/cli.h"
-#include "loom/hf.h"
+#include "loom/interop.h"
 
 static int parse_size(const char *s, uint64_t *out) {
     char *end;

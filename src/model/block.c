@@ -251,8 +251,10 @@ static void op_forward(loom_model *m, block_frame *f, int l, const block_op *op)
         const float *x = s[op->in];
         be->headnorm_forward(o, s[op->aux0], x, param(m, op->w, l), N, m->H, m->D, m->QKV,
                              m->H + m->KVH, m->cfg.norm_eps);
-        be->headnorm_forward(o + HD, s[op->aux0] + m->H, x + HD, param(m, op->b, l), N, m->KVH,
-                             m->D, m->QKV, m->H + m->KVH, m->cfg.norm_eps);
+        /* a decoding frame keeps no statistics (NULL) */
+        be->headnorm_forward(o + HD, s[op->aux0] ? s[op->aux0] + m->H : NULL, x + HD,
+                             param(m, op->b, l), N, m->KVH, m->D, m->QKV, m->H + m->KVH,
+                             m->cfg.norm_eps);
         if (o != x)
             for (int64_t r = 0; r < N; r++)
                 memcpy(o + r * m->QKV + HD + KD, x + r * m->QKV + HD + KD,

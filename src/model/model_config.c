@@ -8,9 +8,9 @@
 const loom_config_key loom_model_config_keys[] = {
     {"model.flavor", "gpt2", "the named architecture (docs/architectures.md): gpt2 (LayerNorm, "
                             "learned positions, GELU, biases, tied head), llama (RMSNorm, RoPE, "
-                            "SwiGLU, GQA, untied head), qwen2 (llama + q/k/v biases, tied) or "
-                            "qwen3 (llama + per-head q/k RMSNorm, tied); model.arch.* change "
-                            "single features"},
+                            "SwiGLU, GQA, untied head), qwen2 (llama + q/k/v biases) or qwen3 "
+                            "(llama + per-head q/k RMSNorm); model.arch.* change single "
+                            "features"},
     {"model.arch.norm", NULL, "layer (LayerNorm with bias) or rms (default: the flavor's)"},
     {"model.arch.pos", NULL, "learned (wpe) or rope"},
     {"model.arch.mlp", NULL, "gelu (fc, GELU tanh, fc_proj) or swiglu (silu(gate) * up)"},
@@ -28,6 +28,8 @@ const loom_config_key loom_model_config_keys[] = {
     {"model.arch.rope_beta_fast", NULL, "yarn RoPE: beta_fast (default 32)"},
     {"model.arch.rope_beta_slow", NULL, "yarn RoPE: beta_slow (default 1)"},
     {"model.arch.rope_attn_factor", NULL, "yarn RoPE: attention_factor (0: 0.1 ln(factor) + 1)"},
+    {"model.arch.family", NULL, "the Hugging Face architecture export --hf writes (default: the "
+                                "flavor's, e.g. LlamaForCausalLM; imports set it)"},
     {"model.vocab_size", "256", "V: vocabulary size (>= the dataset's)"},
     {"model.d_model", "256", "C: width of the residual stream"},
     {"model.n_layer", "4", "L: transformer blocks"},
@@ -162,6 +164,15 @@ static int arch_from(const loom_config *c, loom_model_config *out, loom_err *err
         get_opt_float(c, "model.arch.rope_beta_slow", &a->rope_beta_slow, 0, err) ||
         get_opt_float(c, "model.arch.rope_attn_factor", &a->rope_attn_factor, 1, err))
         return -1;
+    const char *fam;
+    if (loom_config_get(c, "model.arch.family")) {
+        if (loom_config_get_str(c, "model.arch.family", &fam, err)) return -1;
+        if (strlen(fam) >= sizeof a->family)
+            return loom_errf(err, "config key 'model.arch.family' (%s) is longer than %zu bytes",
+                             loom_config_origin(c, "model.arch.family"), sizeof a->family - 1);
+        memset(a->family, 0, sizeof a->family);
+        memcpy(a->family, fam, strlen(fam));
+    }
     if (a->rope_type == LOOM_ROPE_YARN) { /* HF's defaults */
         if (!loom_config_get(c, "model.arch.rope_beta_fast")) a->rope_beta_fast = 32.0f;
         if (!loom_config_get(c, "model.arch.rope_beta_slow")) a->rope_beta_slow = 1.0f;
@@ -206,6 +217,7 @@ void loom_arch_config_set(loom_config *c, const loom_arch *a, const char *origin
     SET_NUM("model.arch.rope_beta_fast", rope_beta_fast, "%.9g");
     SET_NUM("model.arch.rope_beta_slow", rope_beta_slow, "%.9g");
     SET_NUM("model.arch.rope_attn_factor", rope_attn_factor, "%.9g");
+    if (a->family[0]) loom_config_set(c, "model.arch.family", a->family, origin);
 #undef SET_CHOICE
 #undef SET_FLAG
 #undef SET_NUM

@@ -178,8 +178,6 @@ int loom_run_data_from_dataset(const loom_dataset *ds, const char *dir, int clas
 int loom_trainer_open_run_data(trainer *t, loom_err *err);
 /* Resume: the checkpoint's record (data.json) must match t->run_data. */
 int loom_trainer_check_run_data(const trainer *t, const loom_ckpt *ck, loom_err *err);
-/* data.json's text for a checkpoint (caller frees). */
-char *loom_run_data_json(const loom_run_data *d, const char *train_dir);
 /* From an open checkpoint (data.json + tokenizer.json), or for an older checkpoint from
  * cfg's data.train. */
 int loom_run_data_read(const loom_ckpt *ck, const loom_config *cfg, loom_run_data **out,

@@ -1,0 +1,538 @@
+/* Hugging Face config.json <-> loom model configs (docs/hf-interop.md): the family table
+ * (architecture name -> descriptor and the keys read), strict JSON with size limits, every
+ * option loom cannot compute exactly an error naming the key. */
+#include <jansson.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <dirent.h>
+
+#include "base/json_util.h"
+#include "hf/hf_internal.h"
+#include "loom/config.h"
+#include "loom/hf.h"
+#include "loom/lora.h"
+#include "loom/model_config.h"
+#include "loom/safetensors.h"
+
+#define HF_MAX_JSON ((size_t)64 << 20)
+
+/* ---- JSON helpers ---------------------------------------------------------------------- */
+
+/* an integer key in [lo, hi]; absent or null: dflt, or an error when required */
+static int j_int(json_t *o, const char *path, const char *key, int required, int64_t dflt,
+                 int64_t lo, int64_t hi, int *out, loom_err *err) {
+    json_t *v = json_object_get(o, key);
+    if (!v || json_is_null(v)) {
+        if (required) return loom_errf(err, "%s: '%s' is missing", path, key);
+        *out = (int)dflt;
+        return 0;
+    }
+    if (!json_is_integer(v) || json_integer_value(v) < lo || json_integer_value(v) > hi)
+        return loom_errf(err, "%s: '%s' must be an integer in [%lld, %lld]", path, key,
+                         (long long)lo, (long long)hi);
+    *out = (int)json_integer_value(v);
+    return 0;
+}
+
+static int j_num(json_t *o, const char *path, const char *key, double dflt, double *out,
+                 loom_err *err) {
+    json_t *v = json_object_get(o, key);
+    if (!v || json_is_null(v)) {
+        *out = dflt;
+        return 0;
+    }
+    if (!json_is_number(v) || !(json_number_value(v) > 0) || !isfinite(json_number_value(v)))
+        return loom_errf(err, "%s: '%s' must be a positive number", path, key);
+    *out = json_number_value(v);
+    return 0;
+}
+
+static int j_bool(json_t *o, const char *path, const char *key, int dflt, int *out,
+                  loom_err *err) {
+    json_t *v = json_object_get(o, key);
+    if (!v || json_is_null(v)) {
+        *out = dflt;
+        return 0;
+    }
+    if (!json_is_boolean(v)) return loom_errf(err, "%s: '%s' must be true or false", path, key);
+    *out = json_is_true(v);
+    return 0;
+}
+
+/* a string key (NULL when absent or null); a non-string is an error */
+static int j_str(json_t *o, const char *path, const char *key, const char **out, loom_err *err) {
+    json_t *v = json_object_get(o, key);
+    *out = NULL;
+    if (!v || json_is_null(v)) return 0;
+    if (!json_is_string(v)) return loom_errf(err, "%s: '%s' must be a string", path, key);
+    *out = json_string_value(v);
+    return 0;
+}
+
+double hf_float_as_double(float f) {
+    char buf[32];
+    for (int p = 1; p <= 9; p++) {
+        snprintf(buf, sizeof buf, "%.*g", p, (double)f);
+        if (strtof(buf, NULL) == f) return strtod(buf, NULL);
+    }
+    return (double)f;
+}
+#define float_as_double hf_float_as_double
+
+/* ---- the family table ------------------------------------------------------------------ */
+static const hf_family FAMILIES[] = {
+    {"GPT2LMHeadModel", "gpt2", "gpt2", "transformer.", HF_MAP_GPT2, 0, 0},
+    {"LlamaForCausalLM", "llama", "llama", "model.", HF_MAP_LLAMA, 1, 0},
+    {"MistralForCausalLM", "mistral", "llama", "model.", HF_MAP_LLAMA, 0, 1},
+    {"Qwen2ForCausalLM", "qwen2", "qwen2", "model.", HF_MAP_LLAMA, 0, 1},
+    {"Qwen3ForCausalLM", "qwen3", "qwen3", "model.", HF_MAP_LLAMA, 1, 1},
+    {"Phi3ForCausalLM", "phi3", "llama", "model.", HF_MAP_PHI3, 0, 1},
+};
+enum { N_FAMILIES = sizeof FAMILIES / sizeof FAMILIES[0] };
+
+const hf_family *hf_family_find(const char *arch) {
+    for (int i = 0; i < N_FAMILIES; i++)
+        if (!strcmp(FAMILIES[i].arch, arch)) return &FAMILIES[i];
+    return NULL;
+}
+
+const char *hf_family_names(void) {
+    return "GPT2LMHeadModel, LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, "
+           "Qwen3ForCausalLM, Phi3ForCausalLM";
+}
+
+const hf_family *hf_family_of(const loom_model_config *c) {
+    const loom_arch *a = loom_config_arch(c);
+    if (a->family[0]) return hf_family_find(a->family);
+    for (int i = 0; i < N_FAMILIES; i++) /* the first row of its descriptor */
+        if (!strcmp(FAMILIES[i].descriptor, a->name)) return &FAMILIES[i];
+    return NULL;
+}
+
+int loom_hf_export_check(const loom_model_config *c, loom_err *err) {
+    const loom_arch *a = loom_config_arch(c), *n = loom_arch_named(a->name);
+    const hf_family *f = hf_family_of(c);
+    if (c->n_expert > 0)
+        return loom_errf(err, "a mixture-of-experts model (model.moe.experts = %d) has no "
+                              "Hugging Face layout loom exports to", c->n_expert);
+    if (!f || !n)
+        return loom_errf(err, "architecture '%.16s' (family '%.32s') has no Hugging Face "
+                              "layout loom exports to", a->name, a->family);
+    /* what the family's config.json can say beyond its descriptor */
+    const char *bad = NULL;
+    if (a->norm != n->norm || a->pos != n->pos || a->mlp != n->mlp || a->qk_norm != n->qk_norm ||
+        a->mlp_bias != n->mlp_bias)
+        bad = "model.arch.norm / pos / mlp / qk_norm / mlp_bias";
+    else if (f->map == HF_MAP_GPT2 &&
+             (!a->tied || !a->qkv_bias || !a->o_bias || a->head_dim || a->rope_type))
+        bad = "model.arch.tied / qkv_bias / o_bias / head_dim (GPT2LMHeadModel)";
+    else if (f->map != HF_MAP_GPT2 && f->attn_bias_key && a->qkv_bias != a->o_bias)
+        bad = "model.arch.qkv_bias != o_bias ('attention_bias' covers q, k, v and o)";
+    else if (f->map != HF_MAP_GPT2 && !f->attn_bias_key && (a->qkv_bias != n->qkv_bias ||
+                                                            a->o_bias != n->o_bias))
+        bad = "model.arch.qkv_bias / o_bias";
+    if (bad)
+        return loom_errf(err, "%s: this combination has no %s layout", bad, f->arch);
+    return 0;
+}
+
+/* ---- config.json ----------------------------------------------------------------------- */
+int loom_hf_is_dir(const char *dir) {
+    char p[4200];
+    if (loom_path_fmt(p, sizeof p, NULL, "%s/config.json", dir)) return 0;
+    if (!loom_path_exists(p)) return 0;
+    loom_pathf(p, sizeof p, "%s/COMPLETE", dir);
+    return !loom_path_exists(p);
+}
+
+/* a number key inside an object (absent or null: dflt); lo: the exclusive lower bound */
+static int j_float(json_t *o, const char *path, const char *obj, const char *key, double dflt,
+                   double lo, float *out, loom_err *err) {
+    json_t *v = json_object_get(o, key);
+    if (!v || json_is_null(v)) {
+        *out = (float)dflt;
+        return 0;
+    }
+    if (!json_is_number(v) || !(json_number_value(v) > lo) || !isfinite(json_number_value(v)))
+        return loom_errf(err, "%s: '%s%s%s' must be a number > %g", path, obj ? obj : "",
+                         obj ? "." : "", key, lo);
+    *out = (float)json_number_value(v);
+    return 0;
+}
+
+/* RoPE: transformers 5 keeps it under rope_parameters; older files use rope_theta and
+ * rope_scaling. rope_type default / linear / llama3 / yarn; any other (dynamic, longrope)
+ * is an error naming the key. */
+static int read_rope(json_t *o, const char *path, int max_pos, loom_model_config *mc,
+                     loom_err *err) {
+    loom_arch *a = &mc->arch;
+    double theta = 10000.0;
+    if (j_num(o, path, "rope_theta", 10000.0, &theta, err)) return -1;
+    static const char *const rope_keys[] = {"rope_parameters", "rope_scaling"};
+    for (int k = 0; k < 2; k++) {
+        json_t *rp = json_object_get(o, rope_keys[k]);
+        const char *rk = rope_keys[k];
+        if (!rp || json_is_null(rp)) continue;
+        if (!json_is_object(rp)) return loom_errf(err, "%s: '%s' must be an object", path, rk);
+        const char *type = json_string_value(json_object_get(rp, "rope_type"));
+        if (!type) type = json_string_value(json_object_get(rp, "type"));
+        if (!type) type = "default";
+        if (json_object_get(rp, "rope_theta") &&
+            j_num(rp, path, "rope_theta", 10000.0, &theta, err))
+            return -1;
+        float prf = 1.0f;
+        if (j_float(rp, path, rk, "partial_rotary_factor", 1.0, 0.0, &prf, err)) return -1;
+        if (prf != 1.0f)
+            return loom_errf(err, "%s: '%s.partial_rotary_factor' is %g; loom rotates the whole "
+                                  "head (1.0)", path, rk, (double)prf);
+        if (!strcmp(type, "default")) continue;
+        int orig = 0;
+        if (j_int(rp, path, "original_max_position_embeddings", 0, max_pos, 1, 1 << 30, &orig,
+                  err))
+            return -1;
+        if (!strcmp(type, "linear")) {
+            a->rope_type = LOOM_ROPE_LINEAR;
+            if (j_float(rp, path, rk, "factor", 1.0, 0.0, &a->rope_factor, err)) return -1;
+        } else if (!strcmp(type, "llama3")) {
+            a->rope_type = LOOM_ROPE_LLAMA3;
+            a->rope_orig_max = orig;
+            if (j_float(rp, path, rk, "factor", 8.0, 0.0, &a->rope_factor, err) ||
+                j_float(rp, path, rk, "low_freq_factor", 1.0, 0.0, &a->rope_low_freq, err) ||
+                j_float(rp, path, rk, "high_freq_factor", 4.0, 0.0, &a->rope_high_freq, err))
+                return -1;
+        } else if (!strcmp(type, "yarn")) {
+            a->rope_type = LOOM_ROPE_YARN;
+            a->rope_orig_max = orig;
+            float ms = 0.0f, msa = 0.0f;
+            int trunc = 1;
+            if (j_float(rp, path, rk, "factor", (double)max_pos / orig, 0.0, &a->rope_factor,
+                        err) ||
+                j_float(rp, path, rk, "beta_fast", 32.0, 0.0, &a->rope_beta_fast, err) ||
+                j_float(rp, path, rk, "beta_slow", 1.0, 0.0, &a->rope_beta_slow, err) ||
+                j_float(rp, path, rk, "attention_factor", 0.0, -1.0, &a->rope_attn_factor, err) ||
+                j_float(rp, path, rk, "mscale", 0.0, -1.0, &ms, err) ||
+                j_float(rp, path, rk, "mscale_all_dim", 0.0, -1.0, &msa, err) ||
+                j_bool(rp, path, "truncate", 1, &trunc, err))
+                return -1;
+            if (!trunc)
+                return loom_errf(err, "%s: '%s.truncate' is false; loom computes YaRN's "
+                                      "truncated correction range", path, rk);
+            if (a->rope_attn_factor == 0.0f && ms > 0.0f && msa > 0.0f) {
+                const double f = a->rope_factor;
+                const double num = f <= 1 ? 1.0 : 0.1 * ms * log(f) + 1.0;
+                const double den = f <= 1 ? 1.0 : 0.1 * msa * log(f) + 1.0;
+                a->rope_attn_factor = (float)(num / den);
+            }
+        } else {
+            return loom_errf(err, "%s: '%s.rope_type' is '%.40s'; loom computes default, "
+                                  "linear, llama3 and yarn RoPE", path, rk, type);
+        }
+    }
+    mc->rope_theta = (float)theta;
+    return 0;
+}
+
+/* the sliding-window keys: loom attends over the whole causal prefix, which equals a window
+ * only when the window covers every position the model can see */
+static int read_sliding(json_t *o, const char *path, const hf_family *f, int max_pos,
+                        loom_err *err) {
+    int win = 0, use = 1;
+    const int qwen = !strncmp(f->model_type, "qwen", 4); /* a window only with use_sliding_window */
+    if (j_int(o, path, "sliding_window", 0, 0, 0, 1 << 30, &win, err) ||
+        (qwen && j_bool(o, path, "use_sliding_window", 0, &use, err)))
+        return -1;
+    if (use && win > 0 && win < max_pos)
+        return loom_errf(err, "%s: 'sliding_window' is %d < max_position_embeddings %d; loom "
+                              "has no sliding-window attention yet (set it to null or >= %d to "
+                              "import as full attention)", path, win, max_pos, max_pos);
+    json_t *lt = json_object_get(o, "layer_types");
+    if (lt && !json_is_null(lt)) {
+        if (!json_is_array(lt)) return loom_errf(err, "%s: 'layer_types' must be a list", path);
+        for (size_t i = 0; i < json_array_size(lt); i++) {
+            const char *t = json_string_value(json_array_get(lt, i));
+            if (!t || (strcmp(t, "full_attention") &&
+                       !(!strcmp(t, "sliding_attention") && (!use || win <= 0 || win >= max_pos))))
+                return loom_errf(err, "%s: 'layer_types[%zu]' is '%.40s'; loom computes "
+                                      "full_attention layers", path, i, t ? t : "(not a string)");
+        }
+    }
+    return 0;
+}
+
+static int read_gpt2(json_t *o, const char *path, loom_model_config *mc, loom_err *err) {
+    const int64_t big = 1 << 24;
+    int n_pos = 0, n_ctx = 0, tie = 1, scale = 1, by_layer = 0, cross = 0;
+    const char *act;
+    double eps = 1e-5;
+    if (j_int(o, path, "vocab_size", 1, 0, 1, big, &mc->vocab_size, err) ||
+        j_int(o, path, "n_embd", 1, 0, 1, big, &mc->d_model, err) ||
+        j_int(o, path, "n_layer", 1, 0, 1, 4096, &mc->n_layer, err) ||
+        j_int(o, path, "n_head", 1, 0, 1, 4096, &mc->n_head, err) ||
+        j_int(o, path, "n_ctx", 0, 0, 1, big, &n_ctx, err) ||
+        j_int(o, path, "n_positions", n_ctx == 0, n_ctx, 1, big, &n_pos, err) ||
+        j_int(o, path, "n_inner", 0, 4 * (int64_t)mc->d_model, 1, big, &mc->d_ff, err) ||
+        j_num(o, path, "layer_norm_epsilon", 1e-5, &eps, err) ||
+        j_str(o, path, "activation_function", &act, err) ||
+        j_bool(o, path, "tie_word_embeddings", 1, &tie, err) ||
+        j_bool(o, path, "scale_attn_weights", 1, &scale, err) ||
+        j_bool(o, path, "scale_attn_by_inverse_layer_idx", 0, &by_layer, err) ||
+        j_bool(o, path, "add_cross_attention", 0, &cross, err))
+        return -1;
+    mc->max_seq_len = n_pos;
+    mc->n_kv_head = mc->n_head;
+    mc->norm_eps = (float)eps;
+    if (act && strcmp(act, "gelu_new") && strcmp(act, "gelu_pytorch_tanh"))
+        return loom_errf(err, "%s: 'activation_function' is '%s'; loom's GPT-2 computes gelu_new "
+                              "(the tanh approximation)", path, act);
+    if (!tie)
+        return loom_errf(err, "%s: 'tie_word_embeddings' is false; loom's GPT-2 ties the head to "
+                              "wte", path);
+    if (!scale || by_layer || cross)
+        return loom_errf(err, "%s: '%s' is not supported (loom's GPT-2 scales attention by "
+                              "1/sqrt(head_dim) and has no cross-attention)", path,
+                         !scale ? "scale_attn_weights: false"
+                                : by_layer ? "scale_attn_by_inverse_layer_idx: true"
+                                           : "add_cross_attention: true");
+    return 0;
+}
+
+/* Llama and the families that share its layout (Mistral, Qwen 2/3, Phi-3) */
+static int read_llama(json_t *o, const char *path, const hf_family *f, loom_model_config *mc,
+                      loom_err *err) {
+    const int64_t big = 1 << 24;
+    loom_arch *a = &mc->arch;
+    int attn_bias = 0, mlp_bias = 0, head_dim = 0;
+    const char *act;
+    double eps = 1e-5;
+    if (j_int(o, path, "vocab_size", 1, 0, 1, big, &mc->vocab_size, err) ||
+        j_int(o, path, "hidden_size", 1, 0, 1, big, &mc->d_model, err) ||
+        j_int(o, path, "intermediate_size", 1, 0, 1, big, &mc->d_ff, err) ||
+        j_int(o, path, "num_hidden_layers", 1, 0, 1, 4096, &mc->n_layer, err) ||
+        j_int(o, path, "num_attention_heads", 1, 0, 1, 4096, &mc->n_head, err) ||
+        j_int(o, path, "num_key_value_heads", 0, mc->n_head, 1, 4096, &mc->n_kv_head, err) ||
+        j_int(o, path, "max_position_embeddings", 1, 0, 1, big, &mc->max_seq_len, err) ||
+        j_int(o, path, "head_dim", 0, 0, 1, 1 << 16, &head_dim, err) ||
+        j_num(o, path, "rms_norm_eps", 1e-6, &eps, err) ||
+        j_str(o, path, "hidden_act", &act, err) ||
+        (f->attn_bias_key && j_bool(o, path, "attention_bias", 0, &attn_bias, err)) ||
+        j_bool(o, path, "mlp_bias", 0, &mlp_bias, err) ||
+        j_bool(o, path, "tie_word_embeddings", 0, &a->tied, err))
+        return -1;
+    if (!f->attn_bias_key && json_is_true(json_object_get(o, "attention_bias")))
+        return loom_errf(err, "%s: 'attention_bias' is true; %s has no attention biases in "
+                              "transformers", path, f->arch);
+    if (read_rope(o, path, mc->max_seq_len, mc, err)) return -1;
+    if (f->sliding_keys && read_sliding(o, path, f, mc->max_seq_len, err)) return -1;
+    mc->norm_eps = (float)eps;
+    if (act && strcmp(act, "silu") != 0)
+        return loom_errf(err, "%s: 'hidden_act' is '%s'; loom computes SwiGLU with silu for %s",
+                         path, act, f->arch);
+    if (mlp_bias)
+        return loom_errf(err, "%s: 'mlp_bias' is true; loom's gated MLP has no biases", path);
+    if (attn_bias) a->qkv_bias = a->o_bias = 1;
+    if (head_dim && (int64_t)head_dim * mc->n_head != mc->d_model) a->head_dim = head_dim;
+    if (!head_dim && mc->d_model % mc->n_head != 0)
+        return loom_errf(err, "%s: hidden_size %d is not a multiple of num_attention_heads %d "
+                              "and no 'head_dim' is given", path, mc->d_model, mc->n_head);
+    if (mc->n_head % mc->n_kv_head != 0)
+        return loom_errf(err, "%s: num_attention_heads %d is not a multiple of "
+                              "num_key_value_heads %d", path, mc->n_head, mc->n_kv_head);
+    return 0;
+}
+
+int hf_read_config(const char *dir, hf_cfg *hc, loom_err *err) {
+    char path[4200];
+    json_t *o = NULL;
+    int rc = -1;
+    memset(hc, 0, sizeof *hc);
+    if (loom_path_fmt(path, sizeof path, err, "%s/config.json", dir)) return -1;
+    if (loom_json_object_file(path, HF_MAX_JSON, &o, err)) return -1;
+    const char *arch = NULL, *model_type = NULL;
+    json_t *archs = json_object_get(o, "architectures");
+    if (archs && !json_is_null(archs)) {
+        if (!json_is_array(archs) || json_array_size(archs) != 1 ||
+            !json_is_string(json_array_get(archs, 0))) {
+            loom_errf(err, "%s: 'architectures' must be a list of one architecture name", path);
+            goto done;
+        }
+        arch = json_string_value(json_array_get(archs, 0));
+    }
+    if (j_str(o, path, "model_type", &model_type, err)) goto done;
+    const hf_family *f = arch ? hf_family_find(arch) : NULL;
+    for (int i = 0; !arch && model_type && i < N_FAMILIES; i++)
+        if (!strcmp(FAMILIES[i].model_type, model_type)) f = &FAMILIES[i];
+    if (!arch && !f) {
+        loom_errf(err, "%s: no 'architectures' (and model_type '%s'): loom imports %s", path,
+                  model_type ? model_type : "(missing)", hf_family_names());
+        goto done;
+    }
+    if (!f) {
+        loom_errf(err, "%s: architecture '%.100s' is not supported (loom imports %s)", path, arch,
+                  hf_family_names());
+        goto done;
+    }
+    hc->fam = f;
+    loom_model_config *mc = &hc->mc;
+    mc->head = LOOM_HEAD_LM;
+    mc->init_std = 0.02f;
+    mc->rope_theta = 10000.0f;
+    mc->arch = *loom_arch_named(f->descriptor);
+    if (f->map == HF_MAP_GPT2 ? read_gpt2(o, path, mc, err) : read_llama(o, path, f, mc, err))
+        goto done;
+    /* the family it exports back as, when its descriptor's first row is another one */
+    if (hf_family_of(mc) != f) snprintf(mc->arch.family, sizeof mc->arch.family, "%s", f->arch);
+    const loom_arch *named = loom_arch_named(f->descriptor);
+    mc->flavor = LOOM_FLAVOR_ARCH;
+    if (!memcmp(&mc->arch, named, sizeof *named))
+        mc->flavor = !strcmp(named->name, "gpt2") ? LOOM_FLAVOR_GPT2
+                     : !strcmp(named->name, "llama") ? LOOM_FLAVOR_LLAMA : LOOM_FLAVOR_ARCH;
+    rc = 0;
+done:
+    json_decref(o);
+    return rc;
+}
+
+int loom_hf_read_config(const char *dir, loom_model_config *mc, const char **arch,
+                        loom_err *err) {
+    hf_cfg hc;
+    if (hf_read_config(dir, &hc, err)) return -1;
+    *mc = hc.mc;
+    if (arch) *arch = hc.fam->arch;
+    return 0;
+}
+
+/* ---- import: config.yaml's model keys --------------------------------------------------- */
+static void cfg_set_int(loom_config *c, const char *key, int v) {
+    char b[32];
+    snprintf(b, sizeof b, "%d", v);
+    loom_config_set(c, key, b, "hf import");
+}
+
+static void cfg_set_float(loom_config *c, const char *key, float v) {
+    char b[32];
+    snprintf(b, sizeof b, "%.9g", float_as_double(v));
+    loom_config_set(c, key, b, "hf import");
+}
+
+void loom_hf_config_set(loom_config *c, const loom_model_config *mc) {
+    loom_arch_config_set(c, loom_config_arch(mc), "hf import");
+    cfg_set_int(c, "model.vocab_size", mc->vocab_size);
+    cfg_set_int(c, "model.d_model", mc->d_model);
+    cfg_set_int(c, "model.n_layer", mc->n_layer);
+    cfg_set_int(c, "model.n_head", mc->n_head);
+    cfg_set_int(c, "model.n_kv_head", mc->n_kv_head);
+    cfg_set_int(c, "model.d_ff", mc->d_ff);
+    cfg_set_int(c, "model.max_seq_len", mc->max_seq_len);
+    cfg_set_float(c, "model.norm_eps", mc->norm_eps);
+    cfg_set_float(c, "model.rope_theta", mc->rope_theta);
+}
+
+/* ---- export: config.json ---------------------------------------------------------------- */
+int hf_write_json(const char *dir, const char *name, json_t *o, loom_err *err) {
+    char path[4400];
+    if (loom_path_fmt(path, sizeof path, err, "%s/%s", dir, name)) {
+        json_decref(o);
+        return -1;
+    }
+    char *s = json_dumps(o, JSON_INDENT(2) | JSON_SORT_KEYS | JSON_REAL_PRECISION(9));
+    json_decref(o);
+    LOOM_CHECK(s != NULL);
+    size_t n = strlen(s);
+    s = loom_realloc(s, n + 2);
+    s[n++] = '\n';
+    int rc = loom_write_file_atomic(path, s, n, err);
+    free(s);
+    return rc;
+}
+
+static json_t *rope_json(const loom_model_config *c) {
+    const loom_arch *a = loom_config_arch(c);
+    static const char *const types[] = {"default", "linear", "llama3", "yarn"};
+    json_t *r = json_pack("{s:s, s:f}", "rope_type", types[a->rope_type], "rope_theta",
+                          float_as_double(c->rope_theta));
+    if (a->rope_type != LOOM_ROPE_DEFAULT)
+        json_object_set_new(r, "factor", json_real(float_as_double(a->rope_factor)));
+    if (a->rope_type == LOOM_ROPE_LLAMA3) {
+        json_object_set_new(r, "low_freq_factor", json_real(float_as_double(a->rope_low_freq)));
+        json_object_set_new(r, "high_freq_factor", json_real(float_as_double(a->rope_high_freq)));
+    }
+    if (a->rope_type == LOOM_ROPE_YARN) {
+        json_object_set_new(r, "beta_fast", json_real(float_as_double(a->rope_beta_fast)));
+        json_object_set_new(r, "beta_slow", json_real(float_as_double(a->rope_beta_slow)));
+        if (a->rope_attn_factor > 0.0f)
+            json_object_set_new(r, "attention_factor",
+                                json_real(float_as_double(a->rope_attn_factor)));
+    }
+    if (a->rope_type == LOOM_ROPE_LLAMA3 || a->rope_type == LOOM_ROPE_YARN)
+        json_object_set_new(r, "original_max_position_embeddings", json_integer(a->rope_orig_max));
+    return r;
+}
+
+json_t *hf_config_json(const loom_model_config *c, int eos) {
+    const hf_family *f = hf_family_of(c);
+    const loom_arch *a = loom_config_arch(c);
+    LOOM_CHECK(f != NULL); /* loom_hf_export_check passed */
+    json_t *o = json_object();
+    const int gpt2 = f->map == HF_MAP_GPT2;
+    json_t *archs = json_array();
+    json_array_append_new(archs, json_string(f->arch));
+    json_object_set_new(o, "architectures", archs);
+    json_object_set_new(o, "model_type", json_string(f->model_type));
+    json_object_set_new(o, "vocab_size", json_integer(c->vocab_size));
+    json_object_set_new(o, "dtype", json_string("float32"));
+    json_object_set_new(o, "torch_dtype", json_string("float32"));
+    json_object_set_new(o, "bos_token_id", eos >= 0 ? json_integer(eos) : json_null());
+    json_object_set_new(o, "eos_token_id", eos >= 0 ? json_integer(eos) : json_null());
+    json_object_set_new(o, "use_cache", json_true());
+    if (gpt2) {
+        json_object_set_new(o, "n_embd", json_integer(c->d_model));
+        json_object_set_new(o, "n_layer", json_integer(c->n_layer));
+        json_object_set_new(o, "n_head", json_integer(c->n_head));
+        json_object_set_new(o, "n_positions", json_integer(c->max_seq_len));
+        json_object_set_new(o, "n_ctx", json_integer(c->max_seq_len));
+        json_object_set_new(o, "n_inner", json_integer(c->d_ff));
+        json_object_set_new(o, "layer_norm_epsilon", json_real(float_as_double(c->norm_eps)));
+        json_object_set_new(o, "activation_function", json_string("gelu_new"));
+        json_object_set_new(o, "tie_word_embeddings", json_true());
+        json_object_set_new(o, "scale_attn_weights", json_true());
+        json_object_set_new(o, "scale_attn_by_inverse_layer_idx", json_false());
+        json_object_set_new(o, "reorder_and_upcast_attn", json_false());
+        json_object_set_new(o, "attn_pdrop", json_real(0));
+        json_object_set_new(o, "embd_pdrop", json_real(0));
+        json_object_set_new(o, "resid_pdrop", json_real(0));
+        json_object_set_new(o, "initializer_range", json_real(float_as_double(c->init_std)));
+        return o;
+    }
+    json_object_set_new(o, "pad_token_id", json_null()); /* Phi-3's default is outside small vocabularies */
+    json_object_set_new(o, "hidden_size", json_integer(c->d_model));
+    json_object_set_new(o, "intermediate_size", json_integer(c->d_ff));
+    json_object_set_new(o, "num_hidden_layers", json_integer(c->n_layer));
+    json_object_set_new(o, "num_attention_heads", json_integer(c->n_head));
+    json_object_set_new(o, "num_key_value_heads", json_integer(c->n_kv_head));
+    json_object_set_new(o, "head_dim", json_integer(loom_config_head_dim(c)));
+    json_object_set_new(o, "max_position_embeddings", json_integer(c->max_seq_len));
+    json_object_set_new(o, "rms_norm_eps", json_real(float_as_double(c->norm_eps)));
+    json_object_set_new(o, "rope_theta", json_real(float_as_double(c->rope_theta)));
+    json_object_set_new(o, "rope_parameters", rope_json(c));
+    json_object_set_new(o, "hidden_act", json_string("silu"));
+    if (f->attn_bias_key) json_object_set_new(o, "attention_bias", json_boolean(a->o_bias));
+    json_object_set_new(o, "attention_dropout", json_real(0));
+    if (!strcmp(f->model_type, "llama")) {
+        json_object_set_new(o, "mlp_bias", json_false());
+        json_object_set_new(o, "pretraining_tp", json_integer(1));
+    }
+    if (f->sliding_keys) json_object_set_new(o, "sliding_window", json_null());
+    if (f->sliding_keys && strcmp(f->model_type, "mistral") && strcmp(f->model_type, "phi3"))
+        json_object_set_new(o, "use_sliding_window", json_false());
+    if (f->map == HF_MAP_PHI3) {
+        json_object_set_new(o, "resid_pdrop", json_real(0));
+        json_object_set_new(o, "embd_pdrop", json_real(0));
+        json_object_set_new(o, "original_max_position_embeddings", json_integer(c->max_seq_len));
+    }
+    json_object_set_new(o, "tie_word_embeddings", json_boolean(a->tied));
+    json_object_set_new(o, "initializer_range", json_real(float_as_double(c->init_std)));
+    return o;
+}

@@ -1,0 +1,307 @@
+"""Model families through the Hugging Face interop, against `transformers` 5.24 (no network:
+every model is built here from a config, random, every parameter perturbed).
+
+Families (one tiny model each; GQA 6 query heads over 2 kv heads unless said):
+  llama          LlamaForCausalLM, tied embeddings, attention_bias (q/k/v/o biases)
+  llama3         LlamaForCausalLM, rope_type llama3 (factor 8, low 1, high 4, original 16)
+  linear         LlamaForCausalLM, rope_type linear (factor 2)
+  yarn           LlamaForCausalLM, rope_type yarn (factor 4, original 16: attention factor too)
+  mistral        MistralForCausalLM (sliding_window null), head_dim 12 != hidden / heads
+  qwen2          Qwen2ForCausalLM (q/k/v biases, no o bias), tied
+  qwen3          Qwen3ForCausalLM (per-head q/k RMSNorm, head_dim 12 != hidden / heads), tied
+  phi3           Phi3ForCausalLM (fused qkv_proj and gate_up_proj, split on import)
+
+For each: `loom import --hf` -> logits (libloom, fp32) equal transformers' (max|d| / max|ref|
+<= 1e-5); greedy tokens of `loom generate` (KV cache) equal a full-prefix greedy loop through
+libloom (no cache) and transformers' generate; one training step's gradients (libloom
+forward/backward of the mean next-token loss) equal transformers' autograd per tensor
+(max|d| / max|ref| <= 1e-4); `loom export --hf` loads with from_pretrained as the same
+architecture and gives the same logits (1e-5). Then the refusals: an option loom cannot
+compute exactly is an error naming the key.
+"""
+import ctypes
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+
+import numpy as np
+import torch
+import torch.nn.functional as Fn
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from loomlib import check, expect, finish, rel_max  # noqa: E402
+
+import transformers  # noqa: E402
+
+transformers.logging.set_verbosity_error()
+LOOM = os.environ.get("LOOM_BIN") or os.path.join(os.path.dirname(__file__), "../../build/loom")
+LIB = os.environ.get("LOOM_LIB") or os.path.join(os.path.dirname(__file__), "../../build/libloom.so")
+TOL, GTOL = 1e-5, 1e-4
+V = 272
+torch.manual_seed(0)
+torch.set_num_threads(2)
+P = ctypes.c_void_p
+
+
+class Err(ctypes.Structure):
+    _fields_ = [("msg", ctypes.c_char * 2048)]
+
+
+class TensorInfo(ctypes.Structure):  # the head of loom_tensor_info (include/loom/model.h)
+    _fields_ = [("name", ctypes.c_char * 48), ("layer", ctypes.c_int), ("kind", ctypes.c_int),
+                ("offset", ctypes.c_size_t), ("numel", ctypes.c_size_t), ("ndim", ctypes.c_int),
+                ("shape", ctypes.c_int64 * 4)]
+
+
+L = ctypes.CDLL(LIB)
+L.loom_load_model.argtypes = [ctypes.c_char_p, ctypes.c_int, ctypes.c_int, ctypes.POINTER(P), P,
+                              ctypes.POINTER(Err)]
+L.loom_model_forward.argtypes = [P, P, P, ctypes.c_int, ctypes.c_int]
+L.loom_model_forward.restype = ctypes.c_float
+L.loom_model_backward.argtypes = [P, ctypes.c_float]
+L.loom_model_zero_grad.argtypes = [P]
+L.loom_model_logits.argtypes = [P]
+L.loom_model_logits.restype = ctypes.POINTER(ctypes.c_float)
+L.loom_model_grads.argtypes = [P]
+L.loom_model_grads.restype = ctypes.POINTER(ctypes.c_float)
+L.loom_model_num_tensors.argtypes = [P]
+L.loom_model_tensor.argtypes = [P, ctypes.c_int]
+L.loom_model_tensor.restype = ctypes.POINTER(TensorInfo)
+L.loom_model_valid_targets.argtypes = [P]
+L.loom_model_valid_targets.restype = ctypes.c_int64
+L.loom_model_free.argtypes = [P]
+L.loom_hf_read_config.argtypes = [ctypes.c_char_p, P, P, ctypes.POINTER(Err)]
+L.loom_model_create.argtypes = [P, P, ctypes.c_int, ctypes.c_int, ctypes.POINTER(P),
+                                ctypes.POINTER(Err)]
+L.loom_hf_load_params.argtypes = [ctypes.c_char_p, P, ctypes.POINTER(Err)]
+
+BASE = dict(vocab_size=V, hidden_size=48, intermediate_size=80, num_hidden_layers=2,
+            num_attention_heads=6, num_key_value_heads=2, max_position_embeddings=64,
+            rms_norm_eps=1e-5, bos_token_id=0, eos_token_id=0, pad_token_id=None)
+ROPE = lambda **kw: {"rope_parameters": dict(rope_theta=10000.0, **kw)}  # noqa: E731
+FAMILIES = {
+    "llama": ("LlamaConfig", "LlamaForCausalLM",
+              dict(tie_word_embeddings=True, attention_bias=True, **ROPE(rope_type="default"))),
+    "llama3": ("LlamaConfig", "LlamaForCausalLM",
+               dict(tie_word_embeddings=False, **ROPE(rope_type="llama3", factor=8.0,
+                                                       low_freq_factor=1.0, high_freq_factor=4.0,
+                                                       original_max_position_embeddings=16))),
+    "linear": ("LlamaConfig", "LlamaForCausalLM",
+               dict(tie_word_embeddings=False, **ROPE(rope_type="linear", factor=2.0))),
+    "yarn": ("LlamaConfig", "LlamaForCausalLM",
+             dict(tie_word_embeddings=False, **ROPE(rope_type="yarn", factor=4.0,
+                                                     original_max_position_embeddings=16))),
+    "mistral": ("MistralConfig", "MistralForCausalLM",
+                dict(sliding_window=None, head_dim=12, tie_word_embeddings=False)),
+    "qwen2": ("Qwen2Config", "Qwen2ForCausalLM", dict(tie_word_embeddings=True)),
+    "qwen3": ("Qwen3Config", "Qwen3ForCausalLM", dict(head_dim=12, tie_word_embeddings=True)),
+    "phi3": ("Phi3Config", "Phi3ForCausalLM",
+             dict(tie_word_embeddings=False, resid_pdrop=0.0, embd_pdrop=0.0,
+                  attention_dropout=0.0)),
+}
+
+
+def hf_model(fam):
+    cname, mname, extra = FAMILIES[fam]
+    kw = dict(BASE)
+    kw.update(extra)
+    cfg = getattr(transformers, cname)(**kw)
+    m = getattr(transformers, mname)(cfg)
+    g = torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        for p in m.parameters():
+            p.add_(0.05 * torch.randn(p.shape, generator=g))
+    return m.eval()
+
+
+def run(*args, ok=True):
+    r = subprocess.run([LOOM, *args], capture_output=True, text=True)
+    if ok and r.returncode != 0:
+        raise RuntimeError(f"loom {' '.join(args)} failed: {r.stderr}")
+    return r
+
+
+def loom_infer(ckpt, B):
+    m = P()
+    err = Err()
+    if L.loom_load_model(ckpt.encode(), B, 0, ctypes.byref(m), None, ctypes.byref(err)) != 0:
+        raise RuntimeError(err.msg.decode())
+    return m
+
+
+def loom_logits(m, ids):
+    B, T = ids.shape
+    x = np.ascontiguousarray(ids, dtype=np.int32)
+    L.loom_model_forward(m, x.ctypes.data, None, B, T)
+    return np.ctypeslib.as_array(L.loom_model_logits(m), shape=(B * T * V,)).copy().reshape(B, T, V)
+
+
+def hf_logits(model, ids):
+    with torch.no_grad():
+        return model(torch.tensor(ids, dtype=torch.long)).logits.numpy()
+
+
+def loom_greedy_nocache(m, prompt, n):
+    seq = list(prompt)
+    for _ in range(n):
+        lg = loom_logits(m, np.array([seq]))
+        seq.append(int(np.argmax(lg[0, -1])))
+    return seq[len(prompt):]
+
+
+def hf_greedy(model, prompt, n, cache):
+    with torch.no_grad():
+        out = model.generate(torch.tensor([prompt]), max_new_tokens=n, min_new_tokens=n,
+                             do_sample=False, pad_token_id=0, eos_token_id=None, use_cache=cache)
+    return out[0, len(prompt):].tolist()
+
+
+def loom_name_grads(src_dir, ids):
+    """one forward/backward of the mean next-token loss through libloom: {loom name: grad}"""
+    err = Err()
+    cfg = ctypes.create_string_buffer(512)
+    m = P()
+    B, T = ids.shape[0], ids.shape[1] - 1
+    assert L.loom_hf_read_config(src_dir.encode(), cfg, None, ctypes.byref(err)) == 0, err.msg
+    assert L.loom_model_create(cfg, None, B, T, ctypes.byref(m), ctypes.byref(err)) == 0, err.msg
+    assert L.loom_hf_load_params(src_dir.encode(), m, ctypes.byref(err)) == 0, err.msg
+    x = np.ascontiguousarray(ids[:, :-1], dtype=np.int32)
+    y = np.ascontiguousarray(ids[:, 1:], dtype=np.int32)
+    L.loom_model_zero_grad(m)
+    loss = L.loom_model_forward(m, x.ctypes.data, y.ctypes.data, B, T)
+    L.loom_model_backward(m, 1.0 / L.loom_model_valid_targets(m))
+    g = L.loom_model_grads(m)
+    out = {}
+    for i in range(L.loom_model_num_tensors(m)):
+        t = L.loom_model_tensor(m, i).contents
+        shape = tuple(t.shape[d] for d in range(t.ndim))
+        out[t.name.decode()] = np.ctypeslib.as_array(
+            ctypes.cast(ctypes.addressof(g.contents) + 4 * t.offset, ctypes.POINTER(ctypes.c_float)),
+            shape=(t.numel,)).copy().reshape(shape)
+    L.loom_model_free(m)
+    return loss, out
+
+
+def hf_name_grads(model, fam, ids):
+    """transformers' autograd of the same loss, in loom's names and layout"""
+    model.zero_grad()
+    x = torch.tensor(ids[:, :-1], dtype=torch.long)
+    y = torch.tensor(ids[:, 1:], dtype=torch.long)
+    logits = model(x).logits
+    loss = Fn.cross_entropy(logits.reshape(-1, V).double(), y.reshape(-1))
+    loss.backward()
+    gr = {n: p.grad.detach().double().numpy() for n, p in model.named_parameters()}
+    c = model.config
+    D = getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
+    QH, KV, F = c.num_attention_heads * D, c.num_key_value_heads * D, c.intermediate_size
+    out = {"wte": gr["model.embed_tokens.weight"], "lnf_w": gr["model.norm.weight"]}
+    if "lm_head.weight" in gr and not c.tie_word_embeddings:
+        out["lm_head"] = gr["lm_head.weight"]
+    for l in range(c.num_hidden_layers):
+        p = f"model.layers.{l}."
+        o = f"layers.{l}."
+        out[o + "ln1_w"] = gr[p + "input_layernorm.weight"]
+        out[o + "ln2_w"] = gr[p + "post_attention_layernorm.weight"]
+        out[o + "attn_proj_w"] = gr[p + "self_attn.o_proj.weight"]
+        out[o + "fc_proj_w"] = gr[p + "mlp.down_proj.weight"]
+        if fam == "phi3":
+            qkv, gu = gr[p + "self_attn.qkv_proj.weight"], gr[p + "mlp.gate_up_proj.weight"]
+            out[o + "q_w"], out[o + "k_w"], out[o + "v_w"] = qkv[:QH], qkv[QH:QH + KV], qkv[QH + KV:]
+            out[o + "gate_w"], out[o + "up_w"] = gu[:F], gu[F:]
+            continue
+        for s, n in (("q", "q_w"), ("k", "k_w"), ("v", "v_w")):
+            out[o + n] = gr[p + f"self_attn.{s}_proj.weight"]
+            if p + f"self_attn.{s}_proj.bias" in gr:
+                out[o + s + "_b"] = gr[p + f"self_attn.{s}_proj.bias"]
+        if p + "self_attn.o_proj.bias" in gr:
+            out[o + "attn_proj_b"] = gr[p + "self_attn.o_proj.bias"]
+        for s in ("q", "k"):
+            if p + f"self_attn.{s}_norm.weight" in gr:
+                out[o + f"{s}_norm_w"] = gr[p + f"self_attn.{s}_norm.weight"]
+        out[o + "gate_w"] = gr[p + "mlp.gate_proj.weight"]
+        out[o + "up_w"] = gr[p + "mlp.up_proj.weight"]
+    return float(loss.detach()), out
+
+
+def test_family(work, fam):
+    print(f"{fam}:")
+    _, mname, _ = FAMILIES[fam]
+    model = hf_model(fam)
+    src = os.path.join(work, f"hf_{fam}")
+    model.save_pretrained(src)
+    ck = os.path.join(work, f"ck_{fam}")
+    run("import", "--hf", src, ck, "--tokenizer", "byte")
+    g = np.random.default_rng(5)
+    ids = g.integers(0, V, size=(2, 24))
+    m = loom_infer(ck, 2)
+    check(f"{fam} import: logits vs transformers", rel_max(loom_logits(m, ids), hf_logits(model, ids)), TOL)
+    L.loom_model_free(m)
+
+    prompt = list(b"the quick")
+    n = 12
+    m = loom_infer(ck, 1)
+    nocache = loom_greedy_nocache(m, prompt, n)
+    L.loom_model_free(m)
+    r = run("generate", ck, "--prompt", "the quick", "--tokens", str(n), "--temperature", "0",
+            "--format", "ids")
+    cached = [int(x) for x in r.stdout.split()]
+    want = hf_greedy(model, prompt, n, True)
+    expect(f"{fam} greedy: loom with KV cache == without", cached == nocache, f"{cached} vs {nocache}")
+    expect(f"{fam} greedy: loom == transformers (cache and no cache)",
+           nocache == want == hf_greedy(model, prompt, n, False), f"{nocache} vs {want}")
+
+    ids = g.integers(0, V, size=(2, 17))
+    lloss, lg = loom_name_grads(src, ids)
+    hloss, hg = hf_name_grads(model, fam, ids)
+    check(f"{fam} train step: loss vs transformers", abs(lloss - hloss) / abs(hloss), TOL)
+    expect(f"{fam} train step: the same tensors", set(lg) == set(hg),
+           f"{sorted(set(lg) ^ set(hg))}")
+    worst = max((rel_max(lg[k], hg[k]), k) for k in lg if k in hg)
+    check(f"{fam} train step: gradients vs transformers' autograd (worst {worst[1]})", worst[0], GTOL)
+
+    out = os.path.join(work, f"out_{fam}")
+    run("export", "--hf", ck, out)
+    arch = json.load(open(os.path.join(out, "config.json")))["architectures"]
+    expect(f"{fam} export: architecture {mname}", arch == [mname], str(arch))
+    back = getattr(transformers, mname).from_pretrained(out).eval()
+    check(f"{fam} export: from_pretrained logits vs the original", rel_max(hf_logits(back, ids), hf_logits(model, ids)), TOL)
+
+
+def refusals(work):
+    print("refusals:")
+    cases = [
+        ("MistralConfig", "MistralForCausalLM", dict(sliding_window=16), "'sliding_window'"),
+        ("LlamaConfig", "LlamaForCausalLM", ROPE(rope_type="dynamic", factor=2.0), "rope_type"),
+        ("Qwen2Config", "Qwen2ForCausalLM", dict(use_sliding_window=True, sliding_window=16,
+                                                 max_window_layers=0), "sliding_window"),
+        ("LlamaConfig", "LlamaForCausalLM", dict(mlp_bias=True), "'mlp_bias'"),
+        ("LlamaConfig", "LlamaForCausalLM", dict(hidden_act="gelu"), "'hidden_act'"),
+    ]
+    for i, (cname, mname, extra, key) in enumerate(cases):
+        kw = dict(BASE)
+        kw.update(extra)
+        d = os.path.join(work, f"bad_{i}")
+        getattr(transformers, mname)(getattr(transformers, cname)(**kw)).save_pretrained(d)
+        r = run("import", "--hf", d, os.path.join(work, f"bad_ck_{i}"), "--tokenizer", "byte", ok=False)
+        expect(f"{mname} {extra}: refused naming {key}", r.returncode != 0 and key in r.stderr,
+               r.stderr.strip()[:200])
+
+
+def main():
+    work = tempfile.mkdtemp(prefix="loom_hf_fam_")
+    try:
+        only = sys.argv[1:] or list(FAMILIES)
+        for fam in only:
+            test_family(work, fam)
+        if not sys.argv[1:]:
+            refusals(work)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    return finish()
+
+
+if __name__ == "__main__":
+    sys.exit(main())
