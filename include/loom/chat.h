@@ -30,9 +30,11 @@ typedef struct loom_chat_template {
     char *system_prefix;             /* before the first system message's content ("" / NULL) */
     int always_system;               /* a system message is rendered even when there is none
                                       * (llama3.1: its dated header around an empty message) */
+    char *tool_open, *tool_close;    /* around each run of consecutive tool messages (qwen: one
+                                      * user turn holds them), NULL for none */
 } loom_chat_template;
 
-/* "plain", "chatml", "llama3", "llama3.1", "mistral", "gemma", a Hugging Face tokenizer_config.json (its
+/* "plain", "chatml", "qwen", "llama3", "llama3.1", "mistral", "gemma", a Hugging Face tokenizer_config.json (its
  * chat_template recognized as one of the built-ins, see loom_chat_template_detect), or the
  * path of a JSON template file:
  *   {"bos": "", "system": "...{content}...", "user": ..., "assistant": ..., "tool": ...,
@@ -41,11 +43,11 @@ typedef struct loom_chat_template {
  * every role string holds {content} exactly once. */
 int loom_chat_template_load(const char *spec, loom_chat_template **out, loom_err *err);
 void loom_chat_template_free(loom_chat_template *t);
-/* 1 when name is a built-in template (plain, chatml, llama3, llama3.1, mistral, gemma). */
+/* 1 when name is a built-in template (plain, chatml, qwen, llama3, llama3.1, mistral, gemma). */
 int loom_chat_template_is_builtin(const char *name);
 /* The built-in template that a Hugging Face Jinja chat template (the text of
  * tokenizer_config.json's chat_template) renders like, recognized by its literal markers and
- * never executed: "chatml", "llama3", "llama3.1", "mistral" or "gemma", or NULL when it is none of them
+ * never executed: "chatml", "qwen", "llama3", "llama3.1", "mistral" or "gemma", or NULL when it is none of them
  * (*why then says what was missing or what loom cannot reproduce). *default_system: a fixed
  * system message the template renders when a conversation has none (malloc'd, or NULL). */
 const char *loom_chat_template_detect(const char *jinja, size_t len, char **default_system, const char **why);

@@ -24,6 +24,8 @@ void loom_chat_template_free(loom_chat_template *t) {
     free(t->args_key);
     free(t->default_system);
     free(t->system_prefix);
+    free(t->tool_open);
+    free(t->tool_close);
     free(t);
 }
 
@@ -53,8 +55,8 @@ static loom_chat_template *from_strings(const char *name, const char *bos, const
 }
 
 int loom_chat_template_is_builtin(const char *name) {
-    static const char *const names[] = {"plain", "chatml", "llama3", "llama3.1", "mistral", "gemma"};
-    for (int i = 0; i < 6; i++)
+    static const char *const names[] = {"plain", "chatml", "qwen", "llama3", "llama3.1", "mistral", "gemma"};
+    for (int i = 0; i < 7; i++)
         if (!strcmp(name, names[i])) return 1;
     return 0;
 }
@@ -93,8 +95,15 @@ const char *loom_chat_template_detect(const char *jinja, size_t len, char **defa
     if (has_marker(j, n, "<|im_start|>") && has_marker(j, n, "<|im_end|>")) {
         if (!has_marker(j, n, "<|im_end|>\n") || !has_marker(j, n, "<|im_start|>assistant\n"))
             *why = "it uses chatml's markers but not chatml's '<|im_start|>ROLE\\n' ... '<|im_end|>\\n' layout";
+        else if (has_marker(j, n, "<think>"))
+            *why = "it writes <think> reasoning blocks (Qwen 3), which loom's templates do not: name qwen or chatml "
+                   "to render without them";
+        else if (has_marker(j, n, "<tool_response>") &&
+                 (!has_marker(j, n, "'<|im_start|>user'") || !has_marker(j, n, "'\n<tool_response>\n'") ||
+                  !has_marker(j, n, "'\n</tool_response>'")))
+            *why = "it writes tool results in <tool_response> but not as Qwen 2.5/3's templates do";
         else
-            name = "chatml";
+            name = has_marker(j, n, "<tool_response>") ? "qwen" : "chatml";
         /* Qwen: a fixed system message when the conversation has none */
         const char *tag = "<|im_start|>system\n";
         for (const char *p = strstr(j, tag); name && p; p = strstr(p + 1, tag)) {
@@ -210,6 +219,19 @@ int loom_chat_template_load(const char *spec, loom_chat_template **out, loom_err
             "<|start_header_id|>assistant<|end_header_id|>\n\n{content}<|eot_id|>",
             "<|start_header_id|>ipython<|end_header_id|>\n\n{content}<|eot_id|>"};
         *out = from_strings("llama3", "<|begin_of_text|>", roles, "{content}", "\n", "parameters");
+        return 0;
+    }
+    if (!strcmp(spec, "qwen")) { /* chatml, tool results as Qwen 2.5/3 write them: in a user turn */
+        if (loom_chat_template_load("chatml", out, err)) return -1;
+        loom_chat_template *q = *out;
+        free(q->name);
+        q->name = loom_strdup("qwen");
+        free(q->pre[LOOM_ROLE_TOOL]);
+        free(q->post[LOOM_ROLE_TOOL]);
+        q->pre[LOOM_ROLE_TOOL] = loom_strdup("\n<tool_response>\n");
+        q->post[LOOM_ROLE_TOOL] = loom_strdup("\n</tool_response>");
+        q->tool_open = loom_strdup("<|im_start|>user");
+        q->tool_close = loom_strdup("<|im_end|>\n");
         return 0;
     }
     if (!strcmp(spec, "llama3.1")) { /* Llama 3.1's: a system header always, dated as its template's default */
@@ -445,6 +467,9 @@ static int render_messages(const loom_chat_template *t, json_t *messages, loom_c
             snprintf(why, ws, "message %zu: template '%s' has no tool-call format", k, t->name);
             return -1;
         }
+        const char *prev = k ? json_string_value(json_object_get(json_array_get(messages, k - 1), "role")) : NULL;
+        const char *next = json_string_value(json_object_get(json_array_get(messages, k + 1), "role"));
+        if (r == LOOM_ROLE_TOOL && t->tool_open && !(prev && !strcmp(prev, "tool"))) puts_(d, t->tool_open, 0);
         puts_(d, t->pre[r], 0);
         if (r == LOOM_ROLE_SYSTEM && k == 0 && t->system_prefix) puts_(d, t->system_prefix, 0);
         if (r == LOOM_ROLE_ASSISTANT) {
@@ -462,6 +487,7 @@ static int render_messages(const loom_chat_template *t, json_t *messages, loom_c
             return -1;
         }
         puts_(d, t->post[r], r == LOOM_ROLE_ASSISTANT);
+        if (r == LOOM_ROLE_TOOL && t->tool_close && !(next && !strcmp(next, "tool"))) puts_(d, t->tool_close, 0);
     }
     *assistants_out = assistants;
     return 0;

@@ -33,13 +33,26 @@ from tokenizers import AddedToken  # noqa: E402
 
 transformers.logging.set_verbosity_error()
 
-QWEN25 = (
+QWEN25 = (  # Qwen 2.5's template without its `tools` system block
     "{%- if messages[0]['role'] == 'system' %}{{- '<|im_start|>system\\n' + messages[0]['content'] + '<|im_end|>\\n' }}"
     "{%- else %}{{- '<|im_start|>system\\nYou are Qwen, created by Alibaba Cloud. You are a helpful assistant.<|im_end|>\\n' }}"
-    "{%- endif %}{%- for message in messages %}{%- if message.role == 'system' and loop.first %}{%- else %}"
-    "{{- '<|im_start|>' + message.role + '\\n' + message.content + '<|im_end|>' + '\\n' }}{%- endif %}{%- endfor %}"
+    "{%- endif %}{%- for message in messages %}"
+    "{%- if (message.role == \"user\") or (message.role == \"system\" and not loop.first) or "
+    "(message.role == \"assistant\" and not message.tool_calls) %}"
+    "{{- '<|im_start|>' + message.role + '\\n' + message.content + '<|im_end|>' + '\\n' }}"
+    "{%- elif message.role == \"assistant\" %}{{- '<|im_start|>' + message.role }}"
+    "{%- if message.content %}{{- '\\n' + message.content }}{%- endif %}"
+    "{%- for tool_call in message.tool_calls %}{%- if tool_call.function is defined %}"
+    "{%- set tool_call = tool_call.function %}{%- endif %}"
+    "{{- '\\n<tool_call>\\n{\"name\": \"' }}{{- tool_call.name }}{{- '\", \"arguments\": ' }}"
+    "{{- tool_call.arguments | tojson }}{{- '}\\n</tool_call>' }}{%- endfor %}{{- '<|im_end|>\\n' }}"
+    "{%- elif message.role == \"tool\" %}"
+    "{%- if (loop.index0 == 0) or (messages[loop.index0 - 1].role != \"tool\") %}{{- '<|im_start|>user' }}{%- endif %}"
+    "{{- '\\n<tool_response>\\n' }}{{- message.content }}{{- '\\n</tool_response>' }}"
+    "{%- if loop.last or (messages[loop.index0 + 1].role != \"tool\") %}{{- '<|im_end|>\\n' }}{%- endif %}"
+    "{%- endif %}{%- endfor %}"
     "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}")
-QWEN3 = (
+QWEN3 = (  # plain ChatML (no default system message, no tool formats)
     "{%- for message in messages %}{{- '<|im_start|>' + message.role + '\\n' + message.content + '<|im_end|>\\n' }}"
     "{%- endfor %}{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}")
 LLAMA3 = (
@@ -181,9 +194,24 @@ def conversations(rng, system):
     return convs
 
 
+def tool_conversations(rng):
+    """tool calls (one or two, with and without text) and tool results (one, or two in a row)"""
+    out = []
+    for i in range(6):
+        calls = [{"type": "function", "function": {"name": "add", "arguments": {"a": rng.randint(0, 99), "b": i}}}]
+        if i % 2:
+            calls.append({"type": "function", "function": {"name": "mul", "arguments": {"x": "é", "y": [1, 2]}}})
+        msgs = [{"role": "user", "content": f"compute {i}"},
+                {"role": "assistant", "content": "let me see" if i % 3 == 0 else "", "tool_calls": calls}]
+        msgs += [{"role": "tool", "content": str(100 + j)} for j in range(len(calls))]
+        msgs.append({"role": "assistant", "content": f"it is {i}."})
+        out.append(msgs)
+    return out
+
+
 FAMILIES = [  # (name, jinja, expected built-in, bos, eos, tokenizer kind, system allowed)
-    ("qwen2.5", QWEN25, "chatml", None, "<|im_end|>", "qwen", True),
-    ("qwen3", QWEN3, "chatml", None, "<|im_end|>", "qwen", True),
+    ("qwen2.5", QWEN25, "qwen", None, "<|im_end|>", "qwen", True),
+    ("chatml", QWEN3, "chatml", None, "<|im_end|>", "qwen", True),
     ("llama3", LLAMA3, "llama3", "<|begin_of_text|>", "<|eot_id|>", "llama3", True),
     ("llama3.1", LLAMA31, "llama3.1", "<|begin_of_text|>", "<|eot_id|>", "llama3", True),
     ("mistral", MISTRAL, "mistral", "<s>", "</s>", "mistral_legacy", False),
@@ -207,7 +235,7 @@ def import_check(tmp, corpus):
     import torch
     loom_bin = os.environ.get("LOOM_BIN") or os.path.join(os.path.dirname(os.path.abspath(__file__)), "../../build/loom")
     text = "Hello  world, 12345 日本語 🙂 café\n  indented <|im_end|> end"
-    for kind, jinja, want in [("gemma", GEMMA, "gemma"), ("llama3", LLAMA3, "llama3"), ("qwen", QWEN25, "chatml")]:
+    for kind, jinja, want in [("gemma", GEMMA, "gemma"), ("llama3", LLAMA3, "llama3"), ("qwen", QWEN25, "qwen")]:
         d = os.path.join(tmp, f"hf_{kind}")
         hf_tok = fam.train(kind, [corpus])
         cfg = transformers.LlamaConfig(vocab_size=hf_tok.get_vocab_size(), hidden_size=32, intermediate_size=64,
@@ -273,6 +301,8 @@ def main():
         lm_tok = LoomTokenizer.from_json(tp)
         bad_text = bad_prompt = bad_ids = 0
         convs = conversations(random.Random(3), system_ok)
+        if name == "qwen2.5":
+            convs += tool_conversations(random.Random(4))
         for c in convs:
             want_text = fast.apply_chat_template(c, tokenize=False)
             got, why = render(h, c)
@@ -332,7 +362,10 @@ def main():
     check(h is not None and template_name(h) == "llama3", f"named templates: {msg}")
     # refusals
     for label, tpl, needle in [("phi3", PHI3, "none of the markers"), ("llama3.2", LLAMA32, "strftime_now"),
-                               ("chatml-like", "{{ '<|im_start|>' + m + '<|im_end|>' }}", "layout")]:
+                               ("chatml-like", "{{ '<|im_start|>' + m + '<|im_end|>' }}", "layout"),
+                               ("qwen3", QWEN25.replace("{{- '<|im_start|>assistant\\n' }}",
+                                                        "{{- '<|im_start|>assistant\\n<think>\\n\\n</think>\\n\\n' }}"),
+                                "<think>")]:
         cfg = write_config(os.path.join(tmp, label), tpl)
         h, msg = load_template(cfg)
         check(h is None and cfg in msg and needle in msg and "never runs Jinja" in msg,
