@@ -32,23 +32,26 @@ typedef struct loom_chat_template {
                                       * (llama3.1: its dated header around an empty message) */
     char *tool_open, *tool_close;    /* around each run of consecutive tool messages (qwen: one
                                       * user turn holds them), NULL for none */
+    char *system_fold;               /* a leading system message is not a turn: its content and
+                                      * this separator open the first user turn (gemma3), NULL */
 } loom_chat_template;
 
-/* "plain", "chatml", "qwen", "llama3", "llama3.1", "mistral", "gemma", a Hugging Face tokenizer_config.json (its
- * chat_template recognized as one of the built-ins, see loom_chat_template_detect), or the
- * path of a JSON template file:
+/* "plain", "chatml", "qwen", "llama3", "llama3.1", "mistral", "gemma", "gemma3", a Hugging Face
+ * tokenizer_config.json (its chat_template recognized as one of the built-ins, see
+ * loom_chat_template_detect), or the path of a JSON template file:
  *   {"bos": "", "system": "...{content}...", "user": ..., "assistant": ..., "tool": ...,
  *    "tool_call": "<tool_call>\n{content}\n</tool_call>", "tool_call_separator": "\n",
  *    "arguments_key": "arguments"}
  * every role string holds {content} exactly once. */
 int loom_chat_template_load(const char *spec, loom_chat_template **out, loom_err *err);
 void loom_chat_template_free(loom_chat_template *t);
-/* 1 when name is a built-in template (plain, chatml, qwen, llama3, llama3.1, mistral, gemma). */
+/* 1 when name is a built-in template (plain, chatml, qwen, llama3, llama3.1, mistral, gemma,
+ * gemma3). */
 int loom_chat_template_is_builtin(const char *name);
 /* The built-in template that a Hugging Face Jinja chat template (the text of
  * tokenizer_config.json's chat_template) renders like, recognized by its literal markers and
- * never executed: "chatml", "qwen", "llama3", "llama3.1", "mistral" or "gemma", or NULL when it is none of them
- * (*why then says what was missing or what loom cannot reproduce). *default_system: a fixed
+ * never executed: "chatml", "qwen", "llama3", "llama3.1", "mistral", "gemma" or "gemma3", or NULL
+ * when it is none of them (*why then says what was missing or what loom cannot reproduce). *default_system: a fixed
  * system message the template renders when a conversation has none (malloc'd, or NULL). */
 const char *loom_chat_template_detect(const char *jinja, size_t len, char **default_system, const char **why);
 /* The same for a tokenizer_config.json file (its chat_template: a string, or a list of

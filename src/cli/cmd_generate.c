@@ -500,7 +500,7 @@ usage:
                     "       [--tp T]: under mpirun -np N, N / T replicas of T tensor-parallel ranks\n"
                     "       [--weights fp32|bf16] [--compute fp32|bf16]: the linears' weights held "
                     "in bf16; their products in bf16 too (docs/inference.md)\n"
-                    "       [--chat [--template chatml|qwen|llama3|llama3.1|mistral|gemma|FILE] [--system TEXT]]: the prompt as a user "
+                    "       [--chat [--template chatml|qwen|llama3|llama3.1|mistral|gemma|gemma3|FILE] [--system TEXT]]: the prompt as a user "
                     "turn, the reply up to the end of the assistant's turn\n");
     return 2;
 }

@@ -1,7 +1,7 @@
 /* loom serve CKPT_DIR [--host H] [--port P] [--port-file F] [--model-id ID] [--max-body BYTES]
  *   [--max-prompt-tokens N] [--max-tokens N] [--max-concurrent N] [--max-connections N]
  *   [--max-connections-per-client N] [--batch N] [--kv-budget-mb M] [--timeout S]
- *   [--request-timeout S] [--drain S] [--template plain|chatml|qwen|llama3|llama3.1|mistral|gemma|FILE] [--tp T]
+ *   [--request-timeout S] [--drain S] [--template plain|chatml|qwen|llama3|llama3.1|mistral|gemma|gemma3|FILE] [--tp T]
  * An OpenAI-compatible server over the batched engine (docs/inference.md). With --tp T under
  * `mpirun -np T` the model is split over the T ranks: rank 0 serves, the others follow. */
 #include <errno.h>
@@ -167,7 +167,7 @@ usage:
                     "[--max-tokens N] [--max-concurrent N] [--max-connections N] "
                     "[--max-connections-per-client N] [--batch N] [--kv-budget-mb M] [--timeout S] "
                     "[--request-timeout S] [--drain S] [--weights fp32|bf16] "
-                    "[--compute fp32|bf16] [--template plain|chatml|qwen|llama3|llama3.1|mistral|gemma|FILE (plain): the chat template] "
+                    "[--compute fp32|bf16] [--template plain|chatml|qwen|llama3|llama3.1|mistral|gemma|gemma3|FILE (plain): the chat template] "
                     "[--tp T: under mpirun -np T, the model split over the T ranks]\n");
     return 2;
 }

@@ -26,6 +26,7 @@ void loom_chat_template_free(loom_chat_template *t) {
     free(t->system_prefix);
     free(t->tool_open);
     free(t->tool_close);
+    free(t->system_fold);
     free(t);
 }
 
@@ -55,8 +56,8 @@ static loom_chat_template *from_strings(const char *name, const char *bos, const
 }
 
 int loom_chat_template_is_builtin(const char *name) {
-    static const char *const names[] = {"plain", "chatml", "qwen", "llama3", "llama3.1", "mistral", "gemma"};
-    for (int i = 0; i < 7; i++)
+    static const char *const names[] = {"plain", "chatml", "qwen", "llama3", "llama3.1", "mistral", "gemma", "gemma3"};
+    for (int i = 0; i < 8; i++)
         if (!strcmp(name, names[i])) return 1;
     return 0;
 }
@@ -140,8 +141,10 @@ const char *loom_chat_template_detect(const char *jinja, size_t len, char **defa
     } else if (has_marker(j, n, "<start_of_turn>") && has_marker(j, n, "<end_of_turn>")) {
         if (!has_marker(j, n, "<end_of_turn>\n") || !has_marker(j, n, "model"))
             *why = "it uses Gemma's turn markers but not its '<start_of_turn>ROLE\\n' ... '<end_of_turn>\\n' layout";
+        else if (has_marker(j, n, "first_user_prefix") && !has_marker(j, n, "['content'] + '\n\n'"))
+            *why = "it folds the system message into the first user turn, but not with Gemma 3's '\\n\\n'";
         else
-            name = "gemma";
+            name = has_marker(j, n, "first_user_prefix") ? "gemma3" : "gemma";
     } else {
         *why = "it has none of the markers of chatml (<|im_start|>), llama3 (<|start_header_id|>), mistral ([INST]) "
                "or gemma (<start_of_turn>)";
@@ -240,6 +243,14 @@ int loom_chat_template_load(const char *spec, loom_chat_template **out, loom_err
         (*out)->name = loom_strdup("llama3.1");
         (*out)->system_prefix = loom_strdup("Cutting Knowledge Date: December 2023\nToday Date: 26 Jul 2024\n\n");
         (*out)->always_system = 1;
+        return 0;
+    }
+    if (!strcmp(spec, "gemma3")) { /* Gemma 3: a system message opens the first user turn */
+        if (loom_chat_template_load("gemma", out, err)) return -1;
+        free((*out)->name);
+        (*out)->name = loom_strdup("gemma3");
+        (*out)->system_fold = loom_strdup("\n\n");
+        (*out)->roles |= 1u << LOOM_ROLE_SYSTEM;
         return 0;
     }
     if (!strcmp(spec, "mistral")) { /* Mistral-7B-Instruct v0.1/v0.2's template: user and assistant only */
@@ -448,6 +459,7 @@ static int render_messages(const loom_chat_template *t, json_t *messages, loom_c
         if (t->default_system) puts_(d, t->default_system, 0);
         puts_(d, t->post[LOOM_ROLE_SYSTEM], 0);
     }
+    loom_chat_doc fold = {0}; /* system_fold: the leading system message's content */
     json_array_foreach(messages, k, m) {
         const char *role = json_string_value(json_object_get(m, "role"));
         int r = -1;
@@ -456,41 +468,59 @@ static int render_messages(const loom_chat_template *t, json_t *messages, loom_c
         if (!json_is_object(m) || r < 0) {
             snprintf(why, ws, "message %zu: role '%.40s' is not system, user, assistant or tool", k,
                      role ? role : "(missing)");
-            return -1;
+            goto fail;
         }
         if (!(t->roles & (1u << r))) {
             snprintf(why, ws, "message %zu: template '%s' has no %s role (its Hugging Face template refuses it)", k,
                      t->name, ROLE_NAMES[r]);
-            return -1;
+            goto fail;
         }
         if (!t->tools && json_object_get(m, "tool_calls") && !json_is_null(json_object_get(m, "tool_calls"))) {
             snprintf(why, ws, "message %zu: template '%s' has no tool-call format", k, t->name);
-            return -1;
+            goto fail;
+        }
+        if (t->system_fold && r == LOOM_ROLE_SYSTEM) {
+            const char *r1 = json_string_value(json_object_get(json_array_get(messages, 1), "role"));
+            if (k != 0 || !r1 || strcmp(r1, "user")) {
+                snprintf(why, ws, "message %zu: template '%s' takes a system message only first and before a user message", k,
+                         t->name);
+                goto fail;
+            }
+            if (content_of(m, (int)k, 0, &fold, 0, why, ws)) {
+                goto fail;
+            }
+            put(&fold, t->system_fold, strlen(t->system_fold), 0);
+            continue;
         }
         const char *prev = k ? json_string_value(json_object_get(json_array_get(messages, k - 1), "role")) : NULL;
         const char *next = json_string_value(json_object_get(json_array_get(messages, k + 1), "role"));
         if (r == LOOM_ROLE_TOOL && t->tool_open && !(prev && !strcmp(prev, "tool"))) puts_(d, t->tool_open, 0);
         puts_(d, t->pre[r], 0);
+        if (k == 1 && fold.len) put(d, fold.text, fold.len, 0);
         if (r == LOOM_ROLE_SYSTEM && k == 0 && t->system_prefix) puts_(d, t->system_prefix, 0);
         if (r == LOOM_ROLE_ASSISTANT) {
             assistants++;
             json_t *calls = json_object_get(m, "tool_calls");
             const int has_calls = calls && !json_is_null(calls);
             size_t before = d->len;
-            if (content_of(m, (int)k, has_calls, d, 1, why, ws)) return -1;
-            if (has_calls && tool_calls(t, calls, (int)k, d->len > before, d, why, ws)) return -1;
+            if (content_of(m, (int)k, has_calls, d, 1, why, ws)) goto fail;
+            if (has_calls && tool_calls(t, calls, (int)k, d->len > before, d, why, ws)) goto fail;
             if (d->len == before) {
                 snprintf(why, ws, "message %zu: an assistant message with no content and no tool calls", k);
-                return -1;
+                goto fail;
             }
         } else if (content_of(m, (int)k, 0, d, 0, why, ws)) {
-            return -1;
+            goto fail;
         }
         puts_(d, t->post[r], r == LOOM_ROLE_ASSISTANT);
         if (r == LOOM_ROLE_TOOL && t->tool_close && !(next && !strcmp(next, "tool"))) puts_(d, t->tool_close, 0);
     }
+    loom_chat_doc_free(&fold);
     *assistants_out = assistants;
     return 0;
+fail:
+    loom_chat_doc_free(&fold);
+    return -1;
 }
 
 int loom_chat_render(const loom_chat_template *t, json_t *messages, loom_chat_doc *d, char *why,
@@ -545,6 +575,17 @@ int loom_chat_prompt(const loom_chat_template *t, const char *system, const char
     loom_chat_doc d = {0};
     puts_(&d, t->bos, 0);
     if (!(system && *system)) system = t->default_system;
+    if (t->system_fold) { /* the system text opens the user turn */
+        puts_(&d, t->pre[LOOM_ROLE_USER], 0);
+        if (system && *system) puts_(&d, system, 0), puts_(&d, t->system_fold, 0);
+        puts_(&d, user, 0);
+        puts_(&d, t->post[LOOM_ROLE_USER], 0);
+        puts_(&d, t->pre[LOOM_ROLE_ASSISTANT], 0);
+        *prompt = d.text ? d.text : loom_strdup("");
+        free(d.seg);
+        *stop = end_of_turn(t);
+        return 0;
+    }
     if (((system && *system) || t->always_system) && (t->roles & (1u << LOOM_ROLE_SYSTEM))) {
         puts_(&d, t->pre[LOOM_ROLE_SYSTEM], 0);
         if (t->system_prefix) puts_(&d, t->system_prefix, 0);

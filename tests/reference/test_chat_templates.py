@@ -73,6 +73,16 @@ GEMMA = (
     "{% if (message['role'] == 'assistant') %}{% set role = 'model' %}{% else %}{% set role = message['role'] %}{% endif %}"
     "{{ '<start_of_turn>' + role + '\\n' + message['content'] | trim + '<end_of_turn>\\n' }}{% endfor %}"
     "{% if add_generation_prompt %}{{'<start_of_turn>model\\n'}}{% endif %}")
+GEMMA3 = (
+    "{{ bos_token }}{%- if messages[0]['role'] == 'system' -%}{%- set first_user_prefix = messages[0]['content'] + '\\n\\n' -%}"
+    "{%- set loop_messages = messages[1:] -%}{%- else -%}{%- set first_user_prefix = \"\" -%}"
+    "{%- set loop_messages = messages -%}{%- endif -%}{%- for message in loop_messages -%}"
+    "{%- if (message['role'] == 'user') != (loop.index0 % 2 == 0) -%}"
+    "{{ raise_exception(\"Conversation roles must alternate user/assistant/user/assistant/...\") }}{%- endif -%}"
+    "{%- if (message['role'] == 'assistant') -%}{%- set role = \"model\" -%}{%- else -%}{%- set role = message['role'] -%}"
+    "{%- endif -%}{{ '<start_of_turn>' + role + '\\n' + (first_user_prefix if loop.first else \"\") }}"
+    "{{ message['content'] | trim }}{{ '<end_of_turn>\\n' }}{%- endfor -%}"
+    "{%- if add_generation_prompt -%}{{'<start_of_turn>model\\n'}}{%- endif -%}")
 LLAMA31 = (
     "{{- bos_token }}{%- if not date_string is defined %}{%- set date_string = \"26 Jul 2024\" %}{%- endif %}"
     "{%- if messages[0]['role'] == 'system' %}{%- set system_message = messages[0]['content']|trim %}"
@@ -216,6 +226,7 @@ FAMILIES = [  # (name, jinja, expected built-in, bos, eos, tokenizer kind, syste
     ("llama3.1", LLAMA31, "llama3.1", "<|begin_of_text|>", "<|eot_id|>", "llama3", True),
     ("mistral", MISTRAL, "mistral", "<s>", "</s>", "mistral_legacy", False),
     ("gemma", GEMMA, "gemma", "<bos>", "<eos>", "gemma", False),
+    ("gemma3", GEMMA3, "gemma3", "<bos>", "<eos>", "gemma", True),
 ]
 
 
@@ -292,7 +303,8 @@ def main():
         check(template_name(h) == want, f"{name}: recognized as {template_name(h)}, expected {want}")
         # a family-style tokenizer whose specials include the template's markers
         hf_tok = fam.train(kind, [corpus])
-        markers = {"mistral": ["[INST]", "[/INST]"], "gemma": ["<bos>", "<eos>", "<start_of_turn>", "<end_of_turn>"]}
+        markers = {"mistral": ["[INST]", "[/INST]"], "gemma": ["<bos>", "<eos>", "<start_of_turn>", "<end_of_turn>"],
+                   "gemma3": ["<bos>", "<eos>", "<start_of_turn>", "<end_of_turn>"]}
         hf_tok.add_special_tokens([AddedToken(s, special=True, normalized=False) for s in markers.get(name, [])])
         tp = os.path.join(tmp, name, "tokenizer.json")
         hf_tok.save(tp)
