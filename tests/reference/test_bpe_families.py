@@ -16,7 +16,8 @@ Kinds: GPT-2 ByteLevel; Llama 3 (Split regex + ByteLevel without regex, ignore_m
 (NFC + Split regex + ByteLevel); Mistral / Llama 2 legacy (Prepend + Replace normalizer,
 byte_fallback, fuse_unk, Replace/ByteFallback/Fuse/Strip decoder); Llama 2 / Mistral non-legacy
 (Metaspace prepend_scheme first, split false); Gemma (Replace normalizer, Split " "
-merged_with_previous); Metaspace always + split with a Metaspace decoder; NFKC + Digits and
+merged_with_previous); Metaspace always + split with a Metaspace decoder; NFD + Digits (runs) +
+Metaspace never + split with Metaspace/ByteFallback/Fuse decoders; NFKC + Digits and
 Split behaviours (removed, merged_with_next, contiguous, inverted); each with specials, one
 normalized added token, and lstrip / rstrip markers (Phi-3 style). Then hostile and unsupported
 files give errors naming the file and the step. Exits non-zero on any mismatch.
@@ -205,6 +206,13 @@ def train(kind, files):
     elif kind == "metaspace_always":
         tok.pre_tokenizer = pre_tokenizers.Metaspace(replacement=meta, prepend_scheme="always", split=True)
         tok.decoder = decoders.Metaspace(replacement=meta, prepend_scheme="always", split=True)
+    elif kind == "metaspace_never":
+        tok.normalizer = normalizers.NFD()
+        tok.pre_tokenizer = pre_tokenizers.Sequence([pre_tokenizers.Digits(individual_digits=False),
+                                                     pre_tokenizers.Metaspace(replacement=meta, prepend_scheme="never",
+                                                                              split=True)])
+        tok.decoder = decoders.Sequence([decoders.Metaspace(replacement=meta, prepend_scheme="never", split=True),
+                                         decoders.ByteFallback(), decoders.Fuse()])
     else:
         raise ValueError(kind)
     kw = {"vocab_size": 1500, "special_tokens": SPECIAL[:3] if not byte_level else ["<|endoftext|>"],
@@ -270,7 +278,8 @@ def main():
     lines = [ln for d in docs[:3] for ln in d.splitlines(keepends=True)][:400]
     docs_all = docs + lines + ["".join(docs)]
 
-    kinds = ["gpt2", "llama3", "qwen", "splits", "mistral_legacy", "metaspace_first", "gemma", "metaspace_always"]
+    kinds = ["gpt2", "llama3", "qwen", "splits", "mistral_legacy", "metaspace_first", "gemma", "metaspace_always",
+             "metaspace_never"]
     for kind in kinds:
         hf = train(kind, [corpus])
         path = os.path.join(tmp, f"{kind}.json")
