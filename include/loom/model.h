@@ -49,6 +49,8 @@ typedef struct loom_arch {
     float rope_factor, rope_low_freq, rope_high_freq; /* linear, llama3, yarn */
     float rope_beta_fast, rope_beta_slow, rope_attn_factor; /* yarn (attn_factor 0: HF's) */
     int rope_orig_max; /* llama3, yarn: the original context length */
+    int moe_renorm;    /* MoE: a token's top-k gate weights divided by their sum (Mixtral,
+                        * norm_topk_prob); 0: the router's softmax probabilities */
     char family[32];   /* the Hugging Face architecture it exports as ("" = its descriptor's;
                         * computes nothing) */
 } loom_arch;

@@ -84,12 +84,14 @@ double hf_float_as_double(float f) {
 
 /* ---- the family table ------------------------------------------------------------------ */
 static const hf_family FAMILIES[] = {
-    {"GPT2LMHeadModel", "gpt2", "gpt2", "transformer.", HF_MAP_GPT2, 0, 0},
-    {"LlamaForCausalLM", "llama", "llama", "model.", HF_MAP_LLAMA, 1, 0},
-    {"MistralForCausalLM", "mistral", "llama", "model.", HF_MAP_LLAMA, 0, 1},
-    {"Qwen2ForCausalLM", "qwen2", "qwen2", "model.", HF_MAP_LLAMA, 0, 1},
-    {"Qwen3ForCausalLM", "qwen3", "qwen3", "model.", HF_MAP_LLAMA, 1, 1},
-    {"Phi3ForCausalLM", "phi3", "llama", "model.", HF_MAP_PHI3, 0, 1},
+    {"GPT2LMHeadModel", "gpt2", "gpt2", "transformer.", HF_MAP_GPT2, 0, 0, HF_MOE_NONE},
+    {"LlamaForCausalLM", "llama", "llama", "model.", HF_MAP_LLAMA, 1, 0, HF_MOE_NONE},
+    {"MistralForCausalLM", "mistral", "llama", "model.", HF_MAP_LLAMA, 0, 1, HF_MOE_NONE},
+    {"Qwen2ForCausalLM", "qwen2", "qwen2", "model.", HF_MAP_LLAMA, 0, 1, HF_MOE_NONE},
+    {"Qwen3ForCausalLM", "qwen3", "qwen3", "model.", HF_MAP_LLAMA, 1, 1, HF_MOE_NONE},
+    {"Phi3ForCausalLM", "phi3", "llama", "model.", HF_MAP_PHI3, 0, 1, HF_MOE_NONE},
+    {"MixtralForCausalLM", "mixtral", "llama", "model.", HF_MAP_LLAMA, 0, 1, HF_MOE_MIXTRAL},
+    {"Qwen3MoeForCausalLM", "qwen3_moe", "qwen3", "model.", HF_MAP_LLAMA, 1, 1, HF_MOE_QWEN},
 };
 enum { N_FAMILIES = sizeof FAMILIES / sizeof FAMILIES[0] };
 
@@ -101,7 +103,7 @@ const hf_family *hf_family_find(const char *arch) {
 
 const char *hf_family_names(void) {
     return "GPT2LMHeadModel, LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, "
-           "Qwen3ForCausalLM, Phi3ForCausalLM";
+           "Qwen3ForCausalLM, Phi3ForCausalLM, MixtralForCausalLM, Qwen3MoeForCausalLM";
 }
 
 const hf_family *hf_family_of(const loom_model_config *c) {
@@ -115,9 +117,6 @@ const hf_family *hf_family_of(const loom_model_config *c) {
 int loom_hf_export_check(const loom_model_config *c, loom_err *err) {
     const loom_arch *a = loom_config_arch(c), *n = loom_arch_named(a->name);
     const hf_family *f = hf_family_of(c);
-    if (c->n_expert > 0)
-        return loom_errf(err, "a mixture-of-experts model (model.moe.experts = %d) has no "
-                              "Hugging Face layout loom exports to", c->n_expert);
     if (!f || !n)
         return loom_errf(err, "architecture '%.16s' (family '%.32s') has no Hugging Face "
                               "layout loom exports to", a->name, a->family);
@@ -134,6 +133,12 @@ int loom_hf_export_check(const loom_model_config *c, loom_err *err) {
     else if (f->map != HF_MAP_GPT2 && !f->attn_bias_key && (a->qkv_bias != n->qkv_bias ||
                                                             a->o_bias != n->o_bias))
         bad = "model.arch.qkv_bias / o_bias";
+    else if (c->n_expert > 0 && !f->moe)
+        bad = "model.moe.experts > 0 (a mixture-of-experts model exports as "
+              "MixtralForCausalLM or Qwen3MoeForCausalLM: model.arch.family)";
+    else if (f->moe && (c->n_expert == 0 || c->moe_every > 1 || c->shared_experts > 0 ||
+                        (f->moe == HF_MOE_MIXTRAL && !a->moe_renorm)))
+        bad = "model.moe.experts / every / shared_experts / model.arch.moe_renorm";
     if (bad)
         return loom_errf(err, "%s: this combination has no %s layout", bad, f->arch);
     return 0;
@@ -262,6 +267,48 @@ static int read_sliding(json_t *o, const char *path, const hf_family *f, int max
     return 0;
 }
 
+/* the MoE keys: every layer MoE, dropless, no router losses (transformers adds its balance
+ * loss only with output_router_logits, which is refused: loom's is normalized differently) */
+static int read_moe(json_t *o, const char *path, const hf_family *f, loom_model_config *mc,
+                    loom_err *err) {
+    const int mix = f->moe == HF_MOE_MIXTRAL;
+    int out_logits = 0, renorm = 1, step = 1;
+    float jitter = 0.0f;
+    /* transformers 5 writes num_local_experts for both; older Qwen files num_experts */
+    const char *ne = json_object_get(o, "num_local_experts") || mix ? "num_local_experts"
+                                                                    : "num_experts";
+    if (j_int(o, path, ne, 1, 0, 1, 1024, &mc->n_expert, err) ||
+        j_int(o, path, "num_experts_per_tok", 0, 2, 1, 1024, &mc->top_k, err) ||
+        j_bool(o, path, "output_router_logits", 0, &out_logits, err) ||
+        j_float(o, path, NULL, "router_jitter_noise", 0.0, -1.0, &jitter, err))
+        return -1;
+    if (!mix &&
+        (j_int(o, path, "moe_intermediate_size", 1, 0, 1, 1 << 24, &mc->d_ff, err) ||
+         j_bool(o, path, "norm_topk_prob", 0, &renorm, err) ||
+         j_int(o, path, "decoder_sparse_step", 0, 1, 1, 4096, &step, err)))
+        return -1;
+    if (mc->top_k > mc->n_expert)
+        return loom_errf(err, "%s: 'num_experts_per_tok' %d exceeds the %d experts", path,
+                         mc->top_k, mc->n_expert);
+    if (out_logits)
+        return loom_errf(err, "%s: 'output_router_logits' is true; loom's load-balancing loss "
+                              "(model.moe.aux_loss_coef) is not transformers' (import with "
+                              "false and set loom's keys)", path);
+    if (jitter != 0.0f)
+        return loom_errf(err, "%s: 'router_jitter_noise' is %g; loom's router has no jitter",
+                         path, (double)jitter);
+    json_t *mlp_only = json_object_get(o, "mlp_only_layers");
+    if (step != 1 || (mlp_only && !json_is_null(mlp_only) &&
+                      (!json_is_array(mlp_only) || json_array_size(mlp_only) > 0)))
+        return loom_errf(err, "%s: '%s' makes some layers dense; loom imports models whose "
+                              "every layer is MoE", path,
+                         step != 1 ? "decoder_sparse_step" : "mlp_only_layers");
+    mc->arch.moe_renorm = renorm;
+    mc->moe_every = 1;
+    mc->capacity_factor = mc->aux_loss_coef = mc->z_loss_coef = 0.0f;
+    return 0;
+}
+
 static int read_gpt2(json_t *o, const char *path, loom_model_config *mc, loom_err *err) {
     const int64_t big = 1 << 24;
     int n_pos = 0, n_ctx = 0, tie = 1, scale = 1, by_layer = 0, cross = 0;
@@ -325,6 +372,7 @@ static int read_llama(json_t *o, const char *path, const hf_family *f, loom_mode
         return loom_errf(err, "%s: 'attention_bias' is true; %s has no attention biases in "
                               "transformers", path, f->arch);
     if (read_rope(o, path, mc->max_seq_len, mc, err)) return -1;
+    if (f->moe && read_moe(o, path, f, mc, err)) return -1;
     if (f->sliding_keys && read_sliding(o, path, f, mc->max_seq_len, err)) return -1;
     mc->norm_eps = (float)eps;
     if (act && strcmp(act, "silu") != 0)
@@ -428,6 +476,14 @@ void loom_hf_config_set(loom_config *c, const loom_model_config *mc) {
     cfg_set_int(c, "model.max_seq_len", mc->max_seq_len);
     cfg_set_float(c, "model.norm_eps", mc->norm_eps);
     cfg_set_float(c, "model.rope_theta", mc->rope_theta);
+    if (mc->n_expert > 0) { /* dropless, no router losses: transformers' defaults */
+        cfg_set_int(c, "model.moe.experts", mc->n_expert);
+        cfg_set_int(c, "model.moe.top_k", mc->top_k);
+        cfg_set_int(c, "model.moe.every", 1);
+        loom_config_set(c, "model.moe.capacity_factor", "0", "hf import");
+        loom_config_set(c, "model.moe.aux_loss_coef", "0", "hf import");
+        loom_config_set(c, "model.moe.z_loss_coef", "0", "hf import");
+    }
 }
 
 /* ---- export: config.json ---------------------------------------------------------------- */
@@ -531,6 +587,20 @@ json_t *hf_config_json(const loom_model_config *c, int eos) {
         json_object_set_new(o, "resid_pdrop", json_real(0));
         json_object_set_new(o, "embd_pdrop", json_real(0));
         json_object_set_new(o, "original_max_position_embeddings", json_integer(c->max_seq_len));
+    }
+    if (f->moe) {
+        const int mix = f->moe == HF_MOE_MIXTRAL;
+        json_object_set_new(o, "num_local_experts", json_integer(c->n_expert));
+        json_object_set_new(o, "num_experts_per_tok", json_integer(c->top_k));
+        json_object_set_new(o, "output_router_logits", json_false());
+        json_object_set_new(o, "router_aux_loss_coef", json_real(float_as_double(c->aux_loss_coef)));
+        if (mix) json_object_set_new(o, "router_jitter_noise", json_real(0));
+        if (!mix) {
+            json_object_set_new(o, "moe_intermediate_size", json_integer(c->d_ff));
+            json_object_set_new(o, "norm_topk_prob", json_boolean(a->moe_renorm));
+            json_object_set_new(o, "decoder_sparse_step", json_integer(1));
+            json_object_set_new(o, "mlp_only_layers", json_array());
+        }
     }
     json_object_set_new(o, "tie_word_embeddings", json_boolean(a->tied));
     json_object_set_new(o, "initializer_range", json_real(float_as_double(c->init_std)));

@@ -15,6 +15,9 @@
  * gate/up; Mistral, Qwen 2/3 use it, Qwen 3 with q_norm/k_norm), Phi-3's (fused qkv_proj
  * rows [q | k | v] and gate_up_proj rows [gate | up]). */
 enum { HF_MAP_GPT2 = 0, HF_MAP_LLAMA = 1, HF_MAP_PHI3 = 2 };
+/* MoE layouts: none; Mixtral's (block_sparse_moe.gate, experts.<e>.w1/w3/w2, always
+ * renormalized top-k); Qwen's (mlp.gate, mlp.experts.<e>.gate/up/down_proj, norm_topk_prob) */
+enum { HF_MOE_NONE = 0, HF_MOE_MIXTRAL = 1, HF_MOE_QWEN = 2 };
 
 /* One row per Hugging Face architecture: its names, the loom descriptor it starts from and
  * what its config.json may switch (hf_config.c reads the rest). */
@@ -26,6 +29,7 @@ typedef struct hf_family {
     int map;                /* HF_MAP_* */
     int attn_bias_key;      /* 'attention_bias' puts biases on q, k, v and o */
     int sliding_keys;       /* 'sliding_window' (and 'use_sliding_window', 'layer_types') */
+    int moe;                /* HF_MOE_*: the MoE layout and keys */
 } hf_family;
 /* the row of an architecture name, or NULL */
 const hf_family *hf_family_find(const char *arch);
@@ -46,12 +50,15 @@ int hf_write_json(const char *dir, const char *name, json_t *o, loom_err *err);
 double hf_float_as_double(float f);
 
 /* One loom tensor as part of one HF tensor: loom = hf_flat[off + k] (transpose 0), or
- * loom[o][i] = hf[i][off + o] (transpose 1: Conv1D's (in, out) layout, a column block). */
+ * loom[o][i] = hf[i][off + o] (transpose 1: Conv1D's (in, out) layout, a column block); or,
+ * with n > 0, a part of a loom tensor as one HF tensor: loom_flat[loff + k] = hf_flat[k],
+ * k < n (the per-expert HF tensors of loom's (E, ...) expert tensors). */
 typedef struct hf_map {
     char hf[160];
     const loom_tensor_info *t;
     int transpose;
     int64_t off;
+    int64_t loff, n;
     int hf_ndim;
     int64_t hf_shape[2];
 } hf_map;

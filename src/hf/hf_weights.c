@@ -23,12 +23,12 @@
 #define HF_MAX_JSON ((size_t)64 << 20)
 
 /* ---- the tensor map -------------------------------------------------------------------- */
-static void map_add(hf_map_list *l, const loom_tensor_info *t, int transpose, int64_t off,
-                    int hf_ndim, int64_t d0, int64_t d1, const char *fmt, ...)
+static hf_map *map_add(hf_map_list *l, const loom_tensor_info *t, int transpose, int64_t off,
+                       int hf_ndim, int64_t d0, int64_t d1, const char *fmt, ...)
     __attribute__((format(printf, 8, 9)));
-static void map_add(hf_map_list *l, const loom_tensor_info *t, int transpose, int64_t off,
-                    int hf_ndim, int64_t d0, int64_t d1, const char *fmt, ...) {
-    if (!t) return;
+static hf_map *map_add(hf_map_list *l, const loom_tensor_info *t, int transpose, int64_t off,
+                       int hf_ndim, int64_t d0, int64_t d1, const char *fmt, ...) {
+    if (!t) return NULL;
     if (l->n == l->cap) {
         l->cap = l->cap ? 2 * l->cap : 64;
         l->e = loom_realloc(l->e, l->cap * sizeof *l->e);
@@ -45,7 +45,18 @@ static void map_add(hf_map_list *l, const loom_tensor_info *t, int transpose, in
     e->hf_ndim = hf_ndim;
     e->hf_shape[0] = d0;
     e->hf_shape[1] = d1;
+    return e;
 }
+
+/* an HF tensor (d0, d1) holding floats [loff, loff + d0 * d1) of loom tensor t */
+#define map_part(l, t, loff_, d0, d1, ...)                                   \
+    do {                                                                     \
+        hf_map *e_ = map_add((l), (t), 0, 0, 2, (d0), (d1), __VA_ARGS__);    \
+        if (e_) {                                                            \
+            e_->loff = (loff_);                                              \
+            e_->n = (int64_t)(d0) * (int64_t)(d1);                           \
+        }                                                                    \
+    } while (0)
 
 void hf_map_build(const loom_model *m, const hf_family *fam, const char *prefix,
                   hf_map_list *l) {
@@ -112,6 +123,22 @@ void hf_map_build(const loom_model *m, const hf_family *fam, const char *prefix,
             map_add(l, LT(LOOM_L_UP_W), 0, 0, 2, F, C, "%slayers.%d.mlp.up_proj.weight", p, i);
         }
         map_add(l, LT(LOOM_L_FC_PROJ_W), 0, 0, 2, C, F, "%slayers.%d.mlp.down_proj.weight", p, i);
+        if (!LT(LOOM_L_MOE_ROUTER_W)) continue;
+        /* an MoE layer: the router, and each expert's gate / up rows of loom's (E, 2F, C)
+         * moe_fc_w and its (C, F) block of moe_proj_w (E, C, F) */
+        const int64_t E = c->n_expert;
+        const int mix = fam->moe == HF_MOE_MIXTRAL;
+        const char *blk = mix ? "block_sparse_moe" : "mlp";
+        map_add(l, LT(LOOM_L_MOE_ROUTER_W), 0, 0, 2, E, C, "%slayers.%d.%s.gate.weight", p, i, blk);
+        for (int64_t e = 0; e < E; e++) {
+            map_part(l, LT(LOOM_L_MOE_FC_W), e * 2 * F * C, F, C, "%slayers.%d.%s.experts.%lld.%s.weight",
+                     p, i, blk, (long long)e, mix ? "w1" : "gate_proj");
+            map_part(l, LT(LOOM_L_MOE_FC_W), (e * 2 + 1) * F * C, F, C,
+                     "%slayers.%d.%s.experts.%lld.%s.weight", p, i, blk, (long long)e,
+                     mix ? "w3" : "up_proj");
+            map_part(l, LT(LOOM_L_MOE_PROJ_W), e * C * F, C, F, "%slayers.%d.%s.experts.%lld.%s.weight",
+                     p, i, blk, (long long)e, mix ? "w2" : "down_proj");
+        }
     }
 #undef LT
     map_add(l, loom_model_global(m, LOOM_P_LNF_W), 0, 0, 1, C, 0, "%snorm.weight", p);
@@ -130,6 +157,10 @@ int64_t hf_map_numel(const hf_map *e) {
 /* loom tensor <- its part of the HF tensor hf (hf_map_numel floats) */
 void hf_map_to_loom(const hf_map *e, const float *hf, float *dst) {
     const loom_tensor_info *t = e->t;
+    if (e->n) {
+        memcpy(dst + e->loff, hf, (size_t)e->n * sizeof *dst);
+        return;
+    }
     if (!e->transpose) {
         memcpy(dst, hf + e->off, t->numel * sizeof *dst);
         return;
@@ -142,6 +173,10 @@ void hf_map_to_loom(const hf_map *e, const float *hf, float *dst) {
 /* its part of the HF tensor hf <- loom tensor src */
 void hf_map_from_loom(const hf_map *e, const float *src, float *hf) {
     const loom_tensor_info *t = e->t;
+    if (e->n) {
+        memcpy(hf, src + e->loff, (size_t)e->n * sizeof *hf);
+        return;
+    }
     if (!e->transpose) {
         memcpy(hf + e->off, src, t->numel * sizeof *src);
         return;
@@ -280,6 +315,7 @@ int loom_hf_load_params(const char *dir, loom_model *m, loom_err *err) {
         {"d_model", c->d_model, hc.mc.d_model},     {"n_layer", c->n_layer, hc.mc.n_layer},
         {"n_head", c->n_head, hc.mc.n_head},        {"n_kv_head", c->n_kv_head, hc.mc.n_kv_head},
         {"d_ff", c->d_ff, hc.mc.d_ff},
+        {"moe.experts", c->n_expert, hc.mc.n_expert},
         {"max_seq_len", c->arch.pos == LOOM_POS_LEARNED ? c->max_seq_len : 0,
          c->arch.pos == LOOM_POS_LEARNED ? hc.mc.max_seq_len : 0},
         {"arch.head_dim", loom_config_head_dim(c), loom_config_head_dim(&hc.mc)},
@@ -287,7 +323,7 @@ int loom_hf_load_params(const char *dir, loom_model *m, loom_err *err) {
     const loom_arch *ma = &c->arch, *da = loom_config_arch(&hc.mc);
     if (ma->norm != da->norm || ma->pos != da->pos || ma->mlp != da->mlp ||
         ma->qkv_bias != da->qkv_bias || ma->o_bias != da->o_bias || ma->tied != da->tied ||
-        ma->qk_norm != da->qk_norm)
+        ma->qk_norm != da->qk_norm || ma->moe_renorm != da->moe_renorm)
         return loom_errf(err, "%s/config.json: the model's architecture ('%s' and its "
                               "model.arch.* features) is not the directory's (%s): the weights "
                               "would not match", dir, ma->name, hc.fam->arch);

@@ -28,6 +28,8 @@ const loom_config_key loom_model_config_keys[] = {
     {"model.arch.rope_beta_fast", NULL, "yarn RoPE: beta_fast (default 32)"},
     {"model.arch.rope_beta_slow", NULL, "yarn RoPE: beta_slow (default 1)"},
     {"model.arch.rope_attn_factor", NULL, "yarn RoPE: attention_factor (0: 0.1 ln(factor) + 1)"},
+    {"model.arch.moe_renorm", NULL, "MoE: top-k gate weights renormalized to sum 1 (Mixtral, "
+                                    "norm_topk_prob)"},
     {"model.arch.family", NULL, "the Hugging Face architecture export --hf writes (default: the "
                                 "flavor's, e.g. LlamaForCausalLM; imports set it)"},
     {"model.vocab_size", "256", "V: vocabulary size (>= the dataset's)"},
@@ -151,6 +153,7 @@ static int arch_from(const loom_config *c, loom_model_config *out, loom_err *err
         get_flag(c, "model.arch.o_bias", &a->o_bias, err) ||
         get_flag(c, "model.arch.mlp_bias", &a->mlp_bias, err) ||
         get_flag(c, "model.arch.tied", &a->tied, err) ||
+        get_flag(c, "model.arch.moe_renorm", &a->moe_renorm, err) ||
         (loom_config_get(c, "model.arch.head_dim") &&
          get_int(c, "model.arch.head_dim", 0, 1 << 16, &a->head_dim, err)) ||
         get_choice(c, "model.arch.qk_norm", QKN, 2, &a->qk_norm, err) ||
@@ -207,6 +210,7 @@ void loom_arch_config_set(loom_config *c, const loom_arch *a, const char *origin
     SET_FLAG("model.arch.o_bias", o_bias);
     SET_FLAG("model.arch.mlp_bias", mlp_bias);
     SET_FLAG("model.arch.tied", tied);
+    SET_FLAG("model.arch.moe_renorm", moe_renorm);
     SET_NUM("model.arch.head_dim", head_dim, "%d");
     SET_CHOICE("model.arch.qk_norm", qk_norm, QKN);
     SET_CHOICE("model.arch.rope_type", rope_type, ROPES);

@@ -2,7 +2,8 @@
  *
  * Forward, for the N rows of a micro-batch (docs/moe.md):
  *   router: logits = x W_r^T (N,E), p = softmax(logits), lse = logsumexp(logits);
- *   top-k:  each token's k most probable experts (ties: the lower index), weight p[t,e];
+ *   top-k:  each token's k most probable experts (ties: the lower index), weight p[t,e], or
+ *           with arch.moe_renorm p[t,e] / (the sum of its k choices' p) (Mixtral);
  *   capacity: per routing group of G consecutive tokens (model.moe.group_tokens, 0 = one
  *           sequence), at most floor(capacity_factor * k * G / E) assignments per expert, taken
  *           first choices first, in token order (capacity_factor 0, an inference arena and
@@ -38,6 +39,15 @@ static int64_t scr_route(const loom_model *m) { return 4 * (int64_t)m->ep + 2 * 
 static int64_t scr_cnt(const loom_model *m) { return scr_route(m) + 3 * (int64_t)m->E; }
 static int64_t scr_bwd(const loom_model *m) { return scr_cnt(m) + 2 * (int64_t)m->E; }
 static int64_t moe_scratch_words(const loom_model *m) { return scr_bwd(m) + 2 * (int64_t)m->E; }
+
+/* the gate weight of choice j of a token (its probabilities p (E), choices e (K)): p[e_j], or
+ * with arch.moe_renorm p[e_j] over the sum of its top k (float32, as transformers) */
+static float gate_weight(const loom_model *m, const float *p, const int32_t *e, int j) {
+    if (!m->cfg.arch.moe_renorm) return p[e[j]];
+    float S = 0.0f;
+    for (int i = 0; i < m->cfg.top_k; i++) S += p[e[i]];
+    return p[e[j]] / S;
+}
 
 void moe_init(loom_model *m) {
     const loom_model_config *c = &m->cfg;
@@ -405,7 +415,7 @@ void moe_forward(loom_model *m, block_frame *f, int l, int in, int out) {
         for (int64_t j = 0; j < K; j++) {
             const int32_t q = r.pos[t * K + j];
             if (q < 0) continue;
-            const float w = p[t * E + r.e[t * K + j]];
+            const float w = gate_weight(m, p + t * E, r.e + t * K, j);
             const float *src = YB + (int64_t)q * C;
             float *dst = y + t * C;
             for (int64_t i = 0; i < C; i++) dst[i] += w * src[i];
@@ -451,7 +461,7 @@ void moe_backward(loom_model *m, block_frame *f, int l, int in, int out) {
             const int32_t q = r.pos[t * K + j];
             dw[t * K + j] = 0;
             if (q < 0) continue;
-            const float w = p[t * E + r.e[t * K + j]];
+            const float w = gate_weight(m, p + t * E, r.e + t * K, j);
             const float *g = dy + t * C, *yq = YB + (int64_t)q * C;
             float *d = dYB + (int64_t)q * C;
             double dot = 0;
@@ -504,8 +514,18 @@ void moe_backward(loom_model *m, block_frame *f, int l, int in, int out) {
         for (int64_t t = g0; t < g1; t++) {
             const float *pt = p + t * E;
             for (int e = 0; e < E; e++) dp[e] = aux * E * fe[e];
-            for (int64_t j = 0; j < K; j++)
-                if (r.pos[t * K + j] >= 0) dp[r.e[t * K + j]] += dw[t * K + j];
+            if (c->arch.moe_renorm) { /* w_j = p_j / S over the top k: dp_j = (dw_j - sum_i dw_i w_i) / S */
+                double S = 0, sw = 0;
+                for (int64_t j = 0; j < K; j++) S += pt[r.e[t * K + j]];
+                for (int64_t j = 0; j < K; j++)
+                    if (r.pos[t * K + j] >= 0)
+                        sw += (double)dw[t * K + j] * gate_weight(m, pt, r.e + t * K, (int)j);
+                for (int64_t j = 0; j < K; j++)
+                    dp[r.e[t * K + j]] += ((r.pos[t * K + j] >= 0 ? dw[t * K + j] : 0.0) - sw) / S;
+            } else {
+                for (int64_t j = 0; j < K; j++)
+                    if (r.pos[t * K + j] >= 0) dp[r.e[t * K + j]] += dw[t * K + j];
+            }
             double sum = 0;
             for (int e = 0; e < E; e++) sum += pt[e] * dp[e];
             for (int e = 0; e < E; e++)

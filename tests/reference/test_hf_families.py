@@ -9,6 +9,9 @@ Families (one tiny model each; GQA 6 query heads over 2 kv heads unless said):
   mistral        MistralForCausalLM (sliding_window null), head_dim 12 != hidden / heads
   qwen2          Qwen2ForCausalLM (q/k/v biases, no o bias), tied
   qwen3          Qwen3ForCausalLM (per-head q/k RMSNorm, head_dim 12 != hidden / heads), tied
+  mixtral        MixtralForCausalLM (4 experts, top-2, renormalized; per-expert w1/w3/w2
+                 joined into loom's (E, 2F, C) and (E, C, F) expert tensors)
+  qwen3moe       Qwen3MoeForCausalLM (4 experts, top-2, norm_topk_prob, q/k norms, head_dim 12)
   phi3           Phi3ForCausalLM (fused qkv_proj and gate_up_proj, split on import)
 
 For each: `loom import --hf` -> logits (libloom, fp32) equal transformers' (max|d| / max|ref|
@@ -98,6 +101,12 @@ FAMILIES = {
                 dict(sliding_window=None, head_dim=12, tie_word_embeddings=False)),
     "qwen2": ("Qwen2Config", "Qwen2ForCausalLM", dict(tie_word_embeddings=True)),
     "qwen3": ("Qwen3Config", "Qwen3ForCausalLM", dict(head_dim=12, tie_word_embeddings=True)),
+    "mixtral": ("MixtralConfig", "MixtralForCausalLM",
+                dict(num_local_experts=4, num_experts_per_tok=2, sliding_window=None,
+                     tie_word_embeddings=False)),
+    "qwen3moe": ("Qwen3MoeConfig", "Qwen3MoeForCausalLM",
+                 dict(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=24,
+                      norm_topk_prob=True, head_dim=12, tie_word_embeddings=False)),
     "phi3": ("Phi3Config", "Phi3ForCausalLM",
              dict(tie_word_embeddings=False, resid_pdrop=0.0, embd_pdrop=0.0,
                   attention_dropout=0.0)),
@@ -206,7 +215,7 @@ def hf_name_grads(model, fam, ids):
         out[o + "ln1_w"] = gr[p + "input_layernorm.weight"]
         out[o + "ln2_w"] = gr[p + "post_attention_layernorm.weight"]
         out[o + "attn_proj_w"] = gr[p + "self_attn.o_proj.weight"]
-        out[o + "fc_proj_w"] = gr[p + "mlp.down_proj.weight"]
+        out[o + "fc_proj_w"] = gr.get(p + "mlp.down_proj.weight")
         if fam == "phi3":
             qkv, gu = gr[p + "self_attn.qkv_proj.weight"], gr[p + "mlp.gate_up_proj.weight"]
             out[o + "q_w"], out[o + "k_w"], out[o + "v_w"] = qkv[:QH], qkv[QH:QH + KV], qkv[QH + KV:]
@@ -221,6 +230,12 @@ def hf_name_grads(model, fam, ids):
         for s in ("q", "k"):
             if p + f"self_attn.{s}_norm.weight" in gr:
                 out[o + f"{s}_norm_w"] = gr[p + f"self_attn.{s}_norm.weight"]
+        if p + "mlp.experts.gate_up_proj" in gr:  # MoE: the router and the fused experts
+            out[o + "moe_router_w"] = gr[p + "mlp.gate.weight"]
+            out[o + "moe_fc_w"] = gr[p + "mlp.experts.gate_up_proj"]  # (E, 2F, C): gate | up
+            out[o + "moe_proj_w"] = gr[p + "mlp.experts.down_proj"]   # (E, C, F)
+            del out[o + "fc_proj_w"]
+            continue
         out[o + "gate_w"] = gr[p + "mlp.gate_proj.weight"]
         out[o + "up_w"] = gr[p + "mlp.up_proj.weight"]
     return float(loss.detach()), out
