@@ -452,7 +452,7 @@ static int score_text(scorer *s, const char *text, size_t len, double *score, ch
     loom_ids a = {0}, b = {0};
     loom_err e = {{0}};
     if ((s->prefix[0] && loom_tokenizer_encode(s->tok, s->prefix, strlen(s->prefix), &a, &e)) ||
-        loom_tokenizer_encode(s->tok, text, len, &b, &e)) {
+        loom_tokenizer_encode_ex(s->tok, text, len, s->prefix[0] ? LOOM_TOK_CONTINUE : 0, &b, &e)) { /* continues it */
         snprintf(msg, n, "cannot tokenize: %.400s", e.msg);
         loom_ids_free(&a), loom_ids_free(&b);
         goto out;
