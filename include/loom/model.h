@@ -361,7 +361,8 @@ typedef struct loom_comm_points {
                  int64_t n_in, float *out, int64_t n_out);
 } loom_comm_points;
 /* 1 when tensor t's gradient is a partial sum over the tp group that the caller must reduce
- * (sequence parallelism: the norms' weights see only the view's rows). */
+ * (sequence parallelism: the norms' weights see only the view's rows; q/k norm weights with
+ * tp > 1: each view sees its heads only). */
 int loom_model_grad_tp_partial(const loom_model *m, const loom_tensor_info *t);
 /* 1 when this tp rank is the one that counts tensor t's box once for the whole tp group (the
  * gradient norm, checkpoint writes): every rank for a box it alone holds, tp rank 0 for a

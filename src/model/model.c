@@ -208,10 +208,6 @@ static int check_layout(const loom_model_config *c, const loom_model_layout *in,
         return loom_errf(err, "model layout: tensor-parallel degree %d must divide n_head (%d) "
                               "and d_ff (%d), and divide n_kv_head (%d) or be a multiple of it",
                          out->tp, c->n_head, c->d_ff, c->n_kv_head);
-    if (out->tp > 1 && loom_config_arch(c)->qk_norm != LOOM_QK_NORM_NONE)
-        return loom_errf(err, "model layout: q/k norms (architecture '%.16s') are not split over "
-                              "tensor parallelism yet (parallel.tp = %d)",
-                         loom_config_arch(c)->name, out->tp);
     if (out->tp == 1) out->sp = 0; /* nothing to shard */
     if (out->sp && (c->head != LOOM_HEAD_LM || c->n_expert > 0 || out->cp > 1 ||
                     out->l0 != 0 || (out->l1 != 0 && out->l1 != c->n_layer)))
@@ -769,6 +765,10 @@ static void shard_point(loom_model *m, int point, int dir, int site, float *in, 
 }
 
 int loom_model_grad_tp_partial(const loom_model *m, const loom_tensor_info *t) {
+    /* q/k norm weights are shared by the heads, which tp splits: each rank's gradient is its
+     * heads' part (a replicated kv head's part from its rank's query heads) */
+    if (m->lay.tp > 1 && t->layer >= 0 && (t->kind == LOOM_L_Q_NORM_W || t->kind == LOOM_L_K_NORM_W))
+        return 1;
     if (!m->lay.sp || t->split_group == LOOM_SPLIT_TP) return 0;
     if (t->layer < 0) return t->kind == LOOM_P_LNF_W || t->kind == LOOM_P_LNF_B;
     return t->kind == LOOM_L_LN1_W || t->kind == LOOM_L_LN1_B || t->kind == LOOM_L_LN2_W ||

@@ -179,7 +179,10 @@ static void reduce_kv_replicas(loom_dp *dp, const loom_tensor_info *t, float *g)
  * sums (its rows only): sum them over the tp group before the dp reduction takes them (once per
  * contribution: every micro-batch's bucket at zero 2/3, the accumulated buffer at zero 0/1). */
 static void reduce_tp_partial(loom_dp *dp, int u, float *buf) {
-    if (!loom_model_get_layout(dp->m)->sp && !dp->kv_full) return;
+    const loom_model *m = dp->m;
+    if (!loom_model_get_layout(m)->sp && !dp->kv_full &&
+        !(loom_model_get_layout(m)->tp > 1 && loom_model_get_config(m)->arch.qk_norm))
+        return;
     const int nt = loom_model_num_tensors(dp->m);
     for (int i = 0; i < nt; i++) {
         const loom_tensor_info *t = loom_model_tensor(dp->m, i);
