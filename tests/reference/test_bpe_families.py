@@ -11,7 +11,8 @@ text):
     encodes the same, and reloads in loom with the same tokenizer id;
   - encoding in two parts with LOOM_TOK_CONTINUE at an added-token boundary equals one encode;
   - invalid UTF-8 (which HF cannot take) encodes, and decodes back exactly where the kind has no
-    prefix rules.
+    prefix rules;
+  - for the Qwen and Mistral-legacy kinds, every code point PCRE2 assigns, in context.
 Kinds: GPT-2 ByteLevel; Llama 3 (Split regex + ByteLevel without regex, ignore_merges); Qwen 2.5/3
 (NFC + Split regex + ByteLevel); Mistral / Llama 2 legacy (Prepend + Replace normalizer,
 byte_fallback, fuse_unk, Replace/ByteFallback/Fuse/Strip decoder); Llama 2 / Mistral non-legacy
@@ -127,6 +128,7 @@ def held_out(rng):
         "hello  <|end|>\n\n<|assistant|>   answer  <|user|>\tq", "x\u3000<|end|>\u3000y <|end|><|end|>  z",
         "  <|user|>", "<|assistant|>  ", "a <|user|> <|end|> b", "[INST] x [INST]y",
         "<s> a</s>  <s>b", "café\u00a0<|user|>", "日本<|end|>語",
+        "it'ſ IT'Ś x'ſt 'ﬅ 'İ A'LL 'Ll 'lL '\u212a ǅ'D ß's",
     ]
     return docs
 
@@ -265,6 +267,25 @@ def compare(kind, hf, lm, docs):
     return bad
 
 
+def every_code_point(kind, hf, lm):
+    """Every code point PCRE2's tables assign (loom classifies with them; docs/tokenizers.md), in
+    context (inside a word, before a digit, after an apostrophe, doubled, after a tab): ids equal."""
+    bm = ctypes.create_string_buffer(0x110000 // 8)
+    assert loom().loom_bpe_debug_unassigned(bm) == 0
+    un = bm.raw
+    cps = [c for c in range(0x110000) if not (0xD800 <= c <= 0xDFFF) and not (un[c >> 3] >> (c & 7)) & 1]
+
+    def ctx(c):
+        return f"x{chr(c)}y {chr(c)}1 '{chr(c)}{chr(c)}\t{chr(c)}\n"
+    bad = []
+    for i in range(0, len(cps), 256):
+        chunk = "".join(ctx(c) for c in cps[i:i + 256])
+        if hf.encode(chunk, add_special_tokens=False).ids != lm.encode(chunk):
+            bad += [c for c in cps[i:i + 256] if hf.encode(ctx(c), add_special_tokens=False).ids != lm.encode(ctx(c))]
+    check(not bad, f"{kind}: {len(bad)} of {len(cps)} code points in context differ from HF: {[hex(c) for c in bad[:12]]}")
+    return len(cps)
+
+
 def main():
     rng = random.Random(2026)
     tmp = tempfile.mkdtemp(prefix="loom_bpe_fam_")
@@ -290,6 +311,9 @@ def main():
             check(False, f"{kind}: loom does not load it: {e}")
             continue
         bad = compare(kind, hf, lm, docs_all)
+        if kind in ("qwen", "mistral_legacy"):  # NFC + Split regex + ByteLevel; Prepend/Replace + character BPE
+            n = every_code_point(kind, hf, lm)
+            print(f"{kind}: every one of {n} code points in context compared")
         # what loom writes (loom import --hf stores it) encodes the same in HF and in loom
         saved = os.path.join(tmp, f"{kind}.saved.json")
         lm.save_json(saved)
