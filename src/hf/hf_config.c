@@ -431,9 +431,9 @@ int hf_read_config(const char *dir, hf_cfg *hc, loom_err *err) {
     if (f->map == HF_MAP_GPT2 ? read_gpt2(o, path, mc, err) : read_llama(o, path, f, mc, err))
         goto done;
     /* the family it exports back as, when its descriptor's first row is another one */
+    mc->flavor = LOOM_FLAVOR_ARCH;
     if (hf_family_of(mc) != f) snprintf(mc->arch.family, sizeof mc->arch.family, "%s", f->arch);
     const loom_arch *named = loom_arch_named(f->descriptor);
-    mc->flavor = LOOM_FLAVOR_ARCH;
     if (!memcmp(&mc->arch, named, sizeof *named))
         mc->flavor = !strcmp(named->name, "gpt2") ? LOOM_FLAVOR_GPT2
                      : !strcmp(named->name, "llama") ? LOOM_FLAVOR_LLAMA : LOOM_FLAVOR_ARCH;

@@ -62,6 +62,11 @@ int loom_trainer_init_from_config(loom_config *cfg, loom_err *err) {
         /* GPT-2's learned positions make max_seq_len a shape; for Llama it is a limit */
         {"model.max_seq_len", loom_config_arch(&mc)->pos == LOOM_POS_LEARNED},
         {"model.norm_eps", 0}, {"model.rope_theta", 0}, {"model.head", 1},
+        /* mixture of experts: the experts and the routing are the source's; capacity and the
+         * router losses are training options (an HF source's: dropless, none) */
+        {"model.moe.experts", 1}, {"model.moe.top_k", 1}, {"model.moe.every", 1},
+        {"model.moe.shared_experts", 1}, {"model.moe.capacity_factor", 0},
+        {"model.moe.aux_loss_coef", 0}, {"model.moe.z_loss_coef", 0},
     };
     for (size_t i = 0; i < sizeof keys / sizeof keys[0]; i++) {
         const char *k = keys[i].key;
@@ -75,6 +80,15 @@ int loom_trainer_init_from_config(loom_config *cfg, loom_err *err) {
         else if (!strcmp(k, "model.max_seq_len")) snprintf(v, sizeof v, "%d", mc.max_seq_len);
         else if (!strcmp(k, "model.norm_eps")) snprintf(v, sizeof v, "%.9g", (double)mc.norm_eps);
         else if (!strcmp(k, "model.rope_theta")) snprintf(v, sizeof v, "%.9g", (double)mc.rope_theta);
+        else if (!strcmp(k, "model.moe.experts")) snprintf(v, sizeof v, "%d", mc.n_expert);
+        else if (!strcmp(k, "model.moe.top_k")) snprintf(v, sizeof v, "%d", mc.n_expert ? mc.top_k : 2);
+        else if (!strcmp(k, "model.moe.every")) snprintf(v, sizeof v, "%d", mc.n_expert ? mc.moe_every : 1);
+        else if (!strcmp(k, "model.moe.shared_experts")) snprintf(v, sizeof v, "%d", mc.shared_experts);
+        else if (!strcmp(k, "model.moe.capacity_factor")) snprintf(v, sizeof v, "%.9g", (double)mc.capacity_factor);
+        else if (!strcmp(k, "model.moe.aux_loss_coef"))
+            snprintf(v, sizeof v, "%.9g", mc.n_expert ? (double)mc.aux_loss_coef : 0.01);
+        else if (!strcmp(k, "model.moe.z_loss_coef"))
+            snprintf(v, sizeof v, "%.9g", mc.n_expert ? (double)mc.z_loss_coef : 0.001);
         else snprintf(v, sizeof v, "%s", mc.head == LOOM_HEAD_LM ? "lm" : "classify");
         const char *have = loom_config_get(cfg, k), *origin = loom_config_origin(cfg, k);
         const int user_set = have && origin && strcmp(origin, "default") != 0;

@@ -19,8 +19,9 @@ For each: `loom import --hf` -> logits (libloom, fp32) equal transformers' (max|
 libloom (no cache) and transformers' generate; one training step's gradients (libloom
 forward/backward of the mean next-token loss) equal transformers' autograd per tensor
 (max|d| / max|ref| <= 1e-4); `loom export --hf` loads with from_pretrained as the same
-architecture and gives the same logits (1e-5). Then the refusals: an option loom cannot
-compute exactly is an error naming the key.
+architecture and gives the same logits (1e-5); `training.init_from` the HF directory (qwen3,
+mixtral, llama3) takes its architecture (model.arch.*, model.moe.*) and trains. Then the
+refusals: an option loom cannot compute exactly is an error naming the key.
 """
 import ctypes
 import json
@@ -285,6 +286,35 @@ def test_family(work, fam):
     check(f"{fam} export: from_pretrained logits vs the original", rel_max(hf_logits(back, ids), hf_logits(model, ids)), TOL)
 
 
+def init_from(work, fam):
+    """training.init_from the family's Hugging Face directory: the source's architecture
+    (model.flavor, model.arch.*, model.moe.*) is taken, and the first step's loss is
+    transformers' loss on the same batch"""
+    src = os.path.join(work, f"hf_{fam}")
+    ds = os.path.join(work, "ds")
+    if not os.path.exists(os.path.join(ds, "data")):
+        os.makedirs(os.path.join(ds, "corpus"))
+        with open(os.path.join(ds, "corpus", "a.txt"), "w") as f:
+            for i in range(60):
+                f.write(f"document {i}: the quick brown fox jumps over {i % 7} lazy dogs\n%\n")
+        with open(os.path.join(ds, "recipe.yaml"), "w") as f:
+            f.write(f"name: fam\nsources:\n  - name: c\n    kind: text\n    path: {ds}/corpus\n"
+                    f"    split: \"\\n%\\n\"\ntokenizer: byte\nseq_len: 16\nval_fraction: 0.1\n"
+                    f"output: {ds}/data\nshard_tokens: 20000\n")
+        run("data", "build", os.path.join(ds, "recipe.yaml"))
+    cfg = os.path.join(work, f"init_{fam}.yaml")
+    with open(cfg, "w") as f:
+        f.write(f"run:\n  dir: {work}/init_run_{fam}\ndata:\n  train: {ds}/data/train\n"
+                f"  val: {ds}/data/val\ntraining:\n  init_from: {src}\n  steps: 2\n"
+                f"  batch_size: 2\n  seq_len: 16\neval:\n  every: 0\ncheckpoint:\n  every: 0\n")
+    r = run("train", cfg, ok=False)
+    ok = r.returncode == 0
+    rows = [json.loads(l) for l in open(f"{work}/init_run_{fam}/metrics.jsonl")] if ok else []
+    losses = [x["loss"] for x in rows if "loss" in x]
+    expect(f"{fam} training.init_from the HF directory trains", ok and len(losses) == 2,
+           f"{losses} {r.stderr.strip()[-300:] if not ok else ''}")
+
+
 def refusals(work):
     print("refusals:")
     cases = [
@@ -311,6 +341,8 @@ def main():
         only = sys.argv[1:] or list(FAMILIES)
         for fam in only:
             test_family(work, fam)
+        for fam in (f for f in ("qwen3", "mixtral", "llama3") if f in only):
+            init_from(work, fam)
         if not sys.argv[1:]:
             refusals(work)
     finally:
