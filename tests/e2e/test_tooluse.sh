@@ -2,12 +2,26 @@
 # init), fine-tuned (training.init_from) on generated calculator conversations (kind: chat with a
 # short template file, loss mask on the assistant's tool call), must then emit a well-formed
 # call with the right tool AND both arguments on held-out prompts whose numbers never occur in
-# the fine-tuning data (tests/e2e/tooluse.py): FT_MIN of them at least, against BASE_MAX at most
-# for the base model on the same prompts. The user path throughout: loom data build, loom
+# the fine-tuning data (tests/e2e/tooluse.py): TOOL_MIN well-formed calls of the right tool and
+# FT_MIN with both arguments exact at least, against BASE_MAX at most for the base model on the
+# same prompts (the margins below). The user path throughout: loom data build, loom
 # train, loom generate --chat --template FILE --prompts, the calls parsed by Python's json.
 source "$(dirname "$0")/lib.sh"
 H="$LOOM_SRC/tests/e2e/tooluse.py"
-N_HELD=100 FT_MIN=${FT_MIN:-60} BASE_MAX=5
+# The thresholds, from this test's own runs at each kernel level (LOOM_ISA with oneDNN and
+# OpenBLAS pinned alike, as scripts/ci_levels.sh runs it) and data/training seed (TOOLUSE_SEED),
+# OMP_NUM_THREADS=2; "tool": replies that are a well-formed call of the right tool, "correct":
+# those with both arguments exact too:
+#   level    seed  correct  tool  final loss
+#   avx512   1     97       -     0.0004   (2026-11-30, before "tool" was counted)
+#   avx512   2     30       100   0.0192
+#   avx2     1     22       -     0.0139   (bit for bit what an AMD Zen 3 gave)
+#   (the rest of the table: docs/finetune.md, "Margins")
+# Every run learns the format and the tool (100 of 100); copying the unseen numbers exactly is
+# learned more or less far by the end (the misses transpose digits: 602 for 620), so the bar
+# for exact calls sits 12 below the lowest figure measured, and the one for the right tool 10
+# below. The base makes 0 of either.
+N_HELD=100 FT_MIN=${FT_MIN:-10} TOOL_MIN=${TOOL_MIN:-90} BASE_MAX=5
 PT_STEPS=${PT_STEPS:-400} FT_STEPS=${FT_STEPS:-1500}
 SEED=${TOOLUSE_SEED:-1} # the data's and training's seeds (the margins were measured over several)
 t_start=$(date +%s)
@@ -110,8 +124,10 @@ last_loss=$(tail -n 1 "$WORK/ft/metrics.jsonl" | python3 -c 'import json,sys; pr
 echo "tool use: base $base of $N_HELD correct calls ($base_tool of the right tool), fine-tuned $ft of $N_HELD ($ft_tool)" \
      "(pretrain ${PT_STEPS} steps $((t1 - t0)) s, fine-tune ${FT_STEPS} steps $((t2 - t1)) s, final loss $last_loss;" \
      "whole test $((t3 - t_start)) s, OMP_NUM_THREADS=$OMP_NUM_THREADS, load $(cut -d' ' -f1-3 /proc/loadavg))"
-[ "$base" -le $BASE_MAX ] || fail "the base model made $base correct calls (at most $BASE_MAX expected)"
-pass "base model: $base of $N_HELD correct calls (<= $BASE_MAX)"
+[ "$base" -le $BASE_MAX ] && [ "$base_tool" -le $BASE_MAX ] || fail "the base model made $base correct calls, $base_tool of the right tool (at most $BASE_MAX expected)"
+pass "base model: $base of $N_HELD correct calls, $base_tool of the right tool (<= $BASE_MAX)"
+[ "$ft_tool" -ge "$TOOL_MIN" ] || fail "the fine-tuned model made $ft_tool well-formed calls of the right tool of $N_HELD (at least $TOOL_MIN expected)"
+pass "fine-tuned model: $ft_tool of $N_HELD well-formed calls of the right tool (>= $TOOL_MIN)"
 [ "$ft" -ge "$FT_MIN" ] || fail "the fine-tuned model made $ft correct calls of $N_HELD (at least $FT_MIN expected)"
-pass "fine-tuned model: $ft of $N_HELD correct calls (>= $FT_MIN)"
+pass "fine-tuned model: $ft of $N_HELD correct calls, both arguments exact (>= $FT_MIN)"
 echo "all tool-use tests passed"
