@@ -26,6 +26,8 @@ for isa in $levels; do
   # (CTest's summary, with its total time, is the last thing printed for each level)
   (cd "$build" && LOOM_ISA=$isa ONEDNN_MAX_CPU_ISA=$dnnl OPENBLAS_CORETYPE=$blas \
      ctest -L '^levels$' -j 2 --output-on-failure) || rc=1
+  # every test's output at this level (CTest's own log is overwritten by the next run)
+  cp "$build/Testing/Temporary/LastTest.log" "$build/Testing/Temporary/levels-$isa.log" 2>/dev/null || true
 done
 [ -n "$levels" ] || echo "== ci_levels: this CPU's own level ($top) is the lowest: nothing more to run"
 exit $rc
