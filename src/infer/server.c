@@ -18,7 +18,10 @@
 #include "loom/chat.h"
 #include "loom/signals.h"
 
+#include <ctype.h>
 #include <errno.h>
+#include <stdarg.h>
+#include <poll.h>
 #include <fcntl.h>
 #include <jansson.h>
 #include <microhttpd.h>
@@ -83,6 +86,13 @@ typedef struct server {
     pthread_t reaper;
     int reaper_started;
     atomic_int reaper_stop;
+    /* the gatekeeper (our own listen socket; see gate_main) */
+    int listen_fd;
+    pthread_t gate;
+    int gate_started;
+    atomic_int gate_stop;       /* 1: stop accepting (drain), 2: exit */
+    int gate_wake[2];           /* a byte wakes its poll */
+    double handoff_t0;          /* the accept time of the socket being handed to MHD */
 } server;
 
 /* One open connection (its socket context, MHD_OPTION_NOTIFY_CONNECTION): while its current
@@ -94,6 +104,7 @@ typedef struct server {
 typedef struct sockrec {
     struct sockrec *prev, *next;
     int fd;
+    uint32_t ip;    /* the client's IPv4 address (network order), for the per-client cap */
     double t0;      /* the connection opened, or its previous request ended */
     int reading;    /* the current request has not fully arrived */
     int cut;        /* shut down by the reaper */
@@ -759,9 +770,13 @@ static void on_connection(void *cls, struct MHD_Connection *c, void **socket_con
     server *S = cls;
     if (code == MHD_CONNECTION_NOTIFY_STARTED) {
         const union MHD_ConnectionInfo *ci = MHD_get_connection_info(c, MHD_CONNECTION_INFO_CONNECTION_FD);
+        const union MHD_ConnectionInfo *ai = MHD_get_connection_info(c, MHD_CONNECTION_INFO_CLIENT_ADDRESS);
         sockrec *r = loom_calloc(1, sizeof *r);
         r->fd = ci ? ci->connect_fd : -1;
-        r->t0 = loom_now();
+        if (ai && ai->client_addr && ai->client_addr->sa_family == AF_INET)
+            r->ip = ((const struct sockaddr_in *)ai->client_addr)->sin_addr.s_addr;
+        /* handed over by the gatekeeper (this very call): the deadline runs from the accept */
+        r->t0 = S->gate_started && pthread_equal(pthread_self(), S->gate) ? S->handoff_t0 : loom_now();
         r->reading = 1;
         pthread_mutex_lock(&S->sock_mu);
         r->next = S->socks;
@@ -905,6 +920,200 @@ static void completed(void *cls, struct MHD_Connection *c, void **con_cls,
     atomic_fetch_sub(&S->open_requests, 1);
 }
 
+/* ---- the gatekeeper ------------------------------------------------------------------------
+ * loom accepts the connections itself and hands them to libmicrohttpd (MHD_add_connection)
+ * once their request line is known to be one: libmicrohttpd closes a connection whose first
+ * line is garbage without a response (or waits for its idle timeout), and reads a chunked
+ * body's chunk sizes where the handler cannot see them. The gatekeeper polls the sockets not
+ * yet handed over and peeks (MSG_PEEK: the bytes stay for libmicrohttpd) at what arrived:
+ *  - a first line that is not `METHOD SP TARGET SP HTTP/1.x` -> 400 (JSON error), closed;
+ *  - a POST whose head says Transfer-Encoding: chunked: it waits for the first chunk's size
+ *    line, and one over --max-body -> 413 at once, closed (a later chunk over it is refused
+ *    while the body is read, as before);
+ *  - else handed over at once (a GET) or once the head (and first chunk line) are in;
+ *  - nothing complete within --request-timeout of the accept -> closed;
+ *  - over --max-connections, or over --max-connections-per-client for its address (counting
+ *    its connections here and in libmicrohttpd) -> closed at once. */
+enum { GATE_PEEK = 8192 };
+typedef struct gate_sock {
+    int fd;
+    struct sockaddr_in addr;
+    double t0;
+} gate_sock;
+
+static void gate_reply(int fd, int status, const char *reason, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+static void gate_reply(int fd, int status, const char *reason, const char *fmt, ...) {
+    char msg[400], body[800], out[1100];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    json_t *e = json_pack("{s:{s:s,s:s,s:n,s:n}}", "error", "message", msg, "type",
+                          "invalid_request_error", "param", "code");
+    char *j = e ? json_dumps(e, JSON_COMPACT) : NULL;
+    json_decref(e);
+    snprintf(body, sizeof body, "%s", j ? j : "{}");
+    free(j);
+    const int n = snprintf(out, sizeof out, "HTTP/1.1 %d %s\r\nContent-Type: application/json\r\n"
+                           "Content-Length: %zu\r\nConnection: close\r\n\r\n%s", status, reason,
+                           strlen(body), body);
+    if (send(fd, out, (size_t)n, MSG_NOSIGNAL | MSG_DONTWAIT) < 0) {} /* best effort */
+    shutdown(fd, SHUT_WR);
+    /* what was only peeked is still unread: read it, so that the close sends no reset that
+     * could overtake the answer */
+    char sink[4096];
+    for (int i = 0; i < 64 && recv(fd, sink, sizeof sink, MSG_DONTWAIT) > 0; i++) {}
+}
+
+/* what the peeked bytes say: 0 wait for more, 1 hand over, -1 refused (answered) */
+static int gate_judge(server *S, int fd, const char *b, size_t n) {
+    const char *eol = memchr(b, '\n', n);
+    if (!eol) {
+        if (n < GATE_PEEK) return 0;
+        gate_reply(fd, 400, "Bad Request", "the request line is longer than %d bytes", GATE_PEEK);
+        return -1;
+    }
+    /* METHOD SP TARGET SP HTTP/1.x (CR) LF */
+    size_t len = (size_t)(eol - b);
+    if (len && b[len - 1] == '\r') len--;
+    size_t m = 0;
+    while (m < len && m < 32 && b[m] >= 'A' && b[m] <= 'Z') m++;
+    const char *sp2 = m < len && b[m] == ' ' ? memchr(b + m + 1, ' ', len - m - 1) : NULL;
+    int ok = m > 0 && sp2 && sp2 > b + m + 1 && (size_t)(b + len - sp2 - 1) == 8 &&
+             !memcmp(sp2 + 1, "HTTP/1.", 7) && (sp2[8] == '0' || sp2[8] == '1');
+    for (const char *p = b + m + 1; ok && p < sp2; p++) ok = (unsigned char)*p > ' ' && *p != 127;
+    if (!ok) {
+        char shown[81];
+        size_t k = 0;
+        for (size_t i = 0; i < len && k < 80; i++)
+            shown[k++] = (unsigned char)b[i] >= ' ' && (unsigned char)b[i] < 127 ? b[i] : '?';
+        shown[k] = 0;
+        gate_reply(fd, 400, "Bad Request", "not an HTTP/1.x request line: '%s'", shown);
+        return -1;
+    }
+    if (m != 4 || memcmp(b, "POST", 4)) return 1;
+    /* a POST: its head, and for a chunked body the first chunk's size line */
+    const char *head_end = memmem(b, n, "\r\n\r\n", 4);
+    size_t hl = 4;
+    if (!head_end) head_end = memmem(b, n, "\n\n", 2), hl = 2;
+    if (!head_end) return n < GATE_PEEK ? 0 : 1; /* a head this long: libmicrohttpd's limits */
+    int chunked = 0;
+    for (const char *p = eol + 1; p < head_end;) {
+        const char *e = memchr(p, '\n', (size_t)(head_end - p));
+        if (!e) e = head_end;
+        static const char te[] = "transfer-encoding:";
+        if ((size_t)(e - p) > sizeof te - 1 && !strncasecmp(p, te, sizeof te - 1)) {
+            for (const char *q = p + sizeof te - 1; q + 7 <= e; q++)
+                if (!strncasecmp(q, "chunked", 7)) chunked = 1;
+        }
+        p = e + 1;
+    }
+    if (!chunked) return 1;
+    const char *c0 = head_end + hl, *ce = memchr(c0, '\n', (size_t)(b + n - c0));
+    if (!ce) return n < GATE_PEEK ? 0 : 1;
+    unsigned long long size = 0;
+    int digits = 0, over = 0;
+    for (const char *p = c0; p < ce && isxdigit((unsigned char)*p); p++, digits++) {
+        const int d = isdigit((unsigned char)*p) ? *p - '0' : (tolower((unsigned char)*p) - 'a' + 10);
+        if (size > (1ULL << 59)) over = 1;
+        else size = size * 16 + (unsigned long long)d;
+    }
+    if (digits && (over || size > S->o.max_body)) {
+        gate_reply(fd, 413, "Content Too Large", "a chunk of %.*s bytes (hex) is over the body limit "
+                   "of %zu bytes", digits > 32 ? 32 : digits, c0, S->o.max_body);
+        return -1;
+    }
+    return 1;
+}
+
+/* open connections of ip: not yet handed over (here) plus libmicrohttpd's */
+static int gate_count_ip(server *S, const gate_sock *g, int ng, uint32_t ip) {
+    int n = 0;
+    for (int i = 0; i < ng; i++) n += g[i].addr.sin_addr.s_addr == ip;
+    pthread_mutex_lock(&S->sock_mu);
+    for (sockrec *r = S->socks; r; r = r->next) n += r->ip == ip;
+    pthread_mutex_unlock(&S->sock_mu);
+    return n;
+}
+
+static int gate_count_all(server *S) {
+    int n = 0;
+    pthread_mutex_lock(&S->sock_mu);
+    for (sockrec *r = S->socks; r; r = r->next) n++;
+    pthread_mutex_unlock(&S->sock_mu);
+    return n;
+}
+
+static void *gate_main(void *arg) {
+    server *S = arg;
+    const int cap = S->o.max_connections;
+    gate_sock *g = loom_calloc((size_t)cap + 1, sizeof *g);
+    struct pollfd *p = loom_calloc((size_t)cap + 2, sizeof *p);
+    char *buf = loom_malloc(GATE_PEEK);
+    int ng = 0;
+    while (atomic_load(&S->gate_stop) < 2) {
+        if (atomic_load(&S->gate_stop) && S->listen_fd >= 0) { /* draining: refuse new ones */
+            close(S->listen_fd);
+            S->listen_fd = -1;
+        }
+        const int accepting = atomic_load(&S->gate_stop) == 0 && S->listen_fd >= 0;
+        p[0] = (struct pollfd){S->gate_wake[0], POLLIN, 0};
+        p[1] = (struct pollfd){accepting ? S->listen_fd : -1, POLLIN, 0};
+        for (int i = 0; i < ng; i++) p[2 + i] = (struct pollfd){g[i].fd, POLLIN, 0};
+        if (poll(p, (nfds_t)ng + 2, 250) < 0 && errno != EINTR) break;
+        if (p[0].revents & POLLIN) {
+            char d[16];
+            if (read(S->gate_wake[0], d, sizeof d) < 0) {}
+        }
+        const double now = loom_now();
+        /* the waiting sockets first (p[] is indexed by the list before any accept) */
+        for (int i = ng - 1; i >= 0; i--) {
+            int verdict = 0;
+            if (p[2 + i].revents & (POLLIN | POLLHUP | POLLERR)) {
+                const ssize_t k = recv(g[i].fd, buf, GATE_PEEK, MSG_PEEK | MSG_DONTWAIT);
+                if (k == 0 || (k < 0 && errno != EAGAIN && errno != EINTR)) verdict = -1; /* gone */
+                else if (k > 0) verdict = gate_judge(S, g[i].fd, buf, (size_t)k);
+            }
+            if (verdict == 0 && (now - g[i].t0 > S->o.request_timeout_s || atomic_load(&S->gate_stop)))
+                verdict = -1; /* too slow, or draining: it never sent a request */
+            if (verdict == 0) continue;
+            const gate_sock one = g[i];
+            g[i] = g[--ng];
+            if (verdict < 0) {
+                close(one.fd);
+                continue;
+            }
+            S->handoff_t0 = one.t0;
+            /* libmicrohttpd owns (and on failure closes) the socket from here */
+            MHD_add_connection(S->daemon, one.fd, (const struct sockaddr *)&one.addr, sizeof one.addr);
+        }
+        if (!accepting || !(p[1].revents & POLLIN)) continue;
+        for (;;) {
+            struct sockaddr_in a;
+            socklen_t al = sizeof a;
+            const int fd = accept4(S->listen_fd, (struct sockaddr *)&a, &al, SOCK_CLOEXEC);
+            if (fd < 0) break; /* EAGAIN: no more (the listen socket is non-blocking) */
+            if (ng >= cap || ng + gate_count_all(S) >= cap ||
+                gate_count_ip(S, g, ng, a.sin_addr.s_addr) >= S->o.max_per_client) {
+                close(fd); /* over a limit: closed at once */
+                continue;
+            }
+            g[ng++] = (gate_sock){fd, a, now};
+        }
+    }
+    for (int i = 0; i < ng; i++) close(g[i].fd);
+    free(g);
+    free(p);
+    free(buf);
+    return NULL;
+}
+
+static void gate_wakeup(server *S) {
+    const char b = 1;
+    if (write(S->gate_wake[1], &b, 1) < 0) {}
+}
+
 /* SIGTERM / SIGINT: loom's signal thread (loom/signals.h; never a computing or connection
  * thread) calls this; it hands the signal to the server's signal thread through a pipe */
 static void on_signal(void *ctx, int sig) {
@@ -922,8 +1131,8 @@ static void *signal_main(void *arg) {
     fprintf(stderr, "loom: %s: finishing %d request(s) in flight, then exiting\n",
             sig == SIGTERM ? "SIGTERM" : "SIGINT", atomic_load(&S->open_requests));
     atomic_store(&S->draining, 1);
-    const MHD_socket ls = MHD_quiesce_daemon(S->daemon); /* no new connections */
-    if (ls != MHD_INVALID_SOCKET) close(ls);
+    atomic_store(&S->gate_stop, 1); /* no new connections: the gatekeeper closes its waiting ones */
+    gate_wakeup(S);
     const double t0 = loom_now();
     while (atomic_load(&S->open_requests) > 0 && loom_now() - t0 < S->o.drain_s) usleep(20000);
     /* the engine loop ends any job still running */
@@ -937,6 +1146,7 @@ static void *signal_main(void *arg) {
 int loom_serve_run(loom_model *m, const loom_tokenizer *tok, const loom_serve_opts *o,
                    loom_err *err) {
     server *S = loom_calloc(1, sizeof *S);
+    S->listen_fd = S->gate_wake[0] = S->gate_wake[1] = -1;
     S->m = m;
     S->tok = tok;
     S->o = *o;
@@ -996,10 +1206,21 @@ int loom_serve_run(loom_model *m, const loom_tokenizer *tok, const loom_serve_op
     loom_signals_catch(on_signal, S);
     signal(SIGPIPE, SIG_IGN);
     pthread_t sig_thread;
+    /* loom's own listen socket: the gatekeeper accepts and hands connections to MHD */
+    S->listen_fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+    const int one = 1;
+    if (S->listen_fd < 0 || setsockopt(S->listen_fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one) ||
+        bind(S->listen_fd, (struct sockaddr *)&addr, sizeof addr) || listen(S->listen_fd, 1024)) {
+        rc = loom_errf(err, "cannot listen on %s:%d (%s)", S->o.host, S->o.port, strerror(errno));
+        goto done;
+    }
+    struct sockaddr_in bound;
+    socklen_t bl = sizeof bound;
+    const int port = getsockname(S->listen_fd, (struct sockaddr *)&bound, &bl) == 0
+                         ? (int)ntohs(bound.sin_port) : S->o.port;
     S->daemon = MHD_start_daemon(MHD_USE_THREAD_PER_CONNECTION | MHD_USE_POLL_INTERNAL_THREAD |
-                                     MHD_USE_ITC,
-                                 0, NULL, NULL, handler, S, MHD_OPTION_SOCK_ADDR,
-                                 (struct sockaddr *)&addr, MHD_OPTION_CONNECTION_LIMIT,
+                                     MHD_USE_ITC | MHD_USE_NO_LISTEN_SOCKET,
+                                 0, NULL, NULL, handler, S, MHD_OPTION_CONNECTION_LIMIT,
                                  (unsigned)S->o.max_connections, MHD_OPTION_CONNECTION_TIMEOUT,
                                  (unsigned)S->o.timeout_s, MHD_OPTION_PER_IP_CONNECTION_LIMIT,
                                  (unsigned)S->o.max_per_client, MHD_OPTION_NOTIFY_CONNECTION,
@@ -1007,12 +1228,19 @@ int loom_serve_run(loom_model *m, const loom_tokenizer *tok, const loom_serve_op
                                  (size_t)(512 * 1024), MHD_OPTION_NOTIFY_COMPLETED, completed, S,
                                  MHD_OPTION_END);
     if (!S->daemon) {
-        rc = loom_errf(err, "cannot listen on %s:%d (%s)", S->o.host, S->o.port,
-                       errno ? strerror(errno) : "address in use or not available");
+        rc = loom_errf(err, "cannot start the HTTP server (libmicrohttpd) on %s:%d%s%s", S->o.host,
+                       port, errno ? ": " : "", errno ? strerror(errno) : "");
         goto done;
     }
-    const union MHD_DaemonInfo *info = MHD_get_daemon_info(S->daemon, MHD_DAEMON_INFO_BIND_PORT);
-    const int port = info ? (int)info->port : S->o.port;
+    if (pipe2(S->gate_wake, O_CLOEXEC | O_NONBLOCK)) {
+        rc = loom_errf(err, "cannot create a pipe: %s", strerror(errno));
+        goto done;
+    }
+    if (pthread_create(&S->gate, NULL, gate_main, S)) {
+        rc = loom_errf(err, "cannot start the gatekeeper thread");
+        goto done;
+    }
+    S->gate_started = 1;
     if (S->o.port_file) {
         char b[32];
         const int n = snprintf(b, sizeof b, "%d\n", port);
@@ -1036,6 +1264,13 @@ int loom_serve_run(loom_model *m, const loom_tokenizer *tok, const loom_serve_op
     engine_main(S); /* until the signal thread stops it */
     pthread_join(sig_thread, NULL);
 done:
+    if (S->gate_started) {
+        atomic_store(&S->gate_stop, 2);
+        gate_wakeup(S);
+        pthread_join(S->gate, NULL);
+    }
+    if (S->listen_fd >= 0) close(S->listen_fd);
+    if (S->gate_wake[0] >= 0) close(S->gate_wake[0]), close(S->gate_wake[1]);
     if (S->daemon) MHD_stop_daemon(S->daemon);
     if (S->reaper_started) {
         atomic_store(&S->reaper_stop, 1);

@@ -2,14 +2,15 @@
 # headers or body trickle in (a byte every 0.4 s, which resets the idle --timeout every time)
 # is closed at --request-timeout; one client address cannot hold more than
 # --max-connections-per-client connections, so another client is still served; a keep-alive
-# connection's deadline restarts with each request.
+# connection's deadline restarts with each request; a garbage request line is a 400 and a chunk
+# over --max-body a 413, both at once.
 source "$(dirname "$0")/lib.sh"
 cd "$WORK"
 make_dataset "$WORK"
 make_config "$WORK" "$WORK/m.yaml" "$WORK/run"
 expect_ok "train" "$LOOM_BIN" train "$WORK/m.yaml" --set training.steps=2
 start_server "$WORK/port" "$WORK/serve.log" "$LOOM_ASAN_BIN" serve "$WORK/run" --port 0 \
-  --port-file "$WORK/port" --timeout 60 --request-timeout 3 --max-connections 32 \
+  --port-file "$WORK/port" --timeout 60 --request-timeout 3 --max-connections 32 --max-body 8192 \
   --max-connections-per-client 4
 python3 - "$(cat "$WORK/port")" <<'PY' || { cat "$WORK/serve.log" >&2; fail "slow clients"; }
 import json, socket, sys, time
@@ -87,6 +88,37 @@ st3, _ = request(s)
 check((st1, st2, st3) == (200, 200, 200), f"three requests 2 s apart on one connection: {(st1, st2, st3)}")
 s.close()
 
+# answered at once, before libmicrohttpd sees them: a garbage request line (it closed the
+# connection without a response, or waited for the idle timeout) and a chunk over --max-body
+# (it waited for the chunk's bytes until the idle timeout)
+def answer(data):
+    s = conn()
+    s.sendall(data)
+    s.settimeout(10)
+    t0, got = time.time(), b""
+    try:
+        while True:
+            d = s.recv(4096)
+            if not d:
+                break
+            got += d
+    except (socket.timeout, ConnectionResetError) as e:
+        got += repr(e).encode()
+    return got, time.time() - t0
+for data in [b"GARBAGE\r\n\r\n", b"\x00\x01\x02 zz\r\n\r\n", b"GET /health HTTP/9.9\r\n\r\n",
+             b"get /health HTTP/1.1\r\n\r\n"]:
+    got, t = answer(data)
+    check(got.startswith(b"HTTP/1.1 400 ") and b"not an HTTP/1.x request line" in got and t < 2,
+          f"{data[:20]!r}: 400 at once ({t:.2f} s): {got[:60]!r}")
+for size in [b"ffffffffffffffff", b"fffffffffffffffffffff", b"2001"]:
+    got, t = answer(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n" + size + b"\r\nab")
+    check(got.startswith(b"HTTP/1.1 413 ") and b"over the body limit of 8192 bytes" in got and t < 2,
+          f"a chunk of {size.decode()} (hex) bytes: 413 at once ({t:.2f} s): {got[:60]!r}")
+body = json.dumps({"prompt": "the", "max_tokens": 2}).encode()
+got, t = answer(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\nConnection: close\r\n\r\n"
+                + f"{len(body):x}\r\n".encode() + body + b"\r\n0\r\n\r\n")
+check(got.startswith(b"HTTP/1.1 200 ") and b"text_completion" in got, f"a chunked request within the limit is answered: {got[:40]!r}")
+
 # one client address holds its 4 connections; its 5th is closed at once; another address
 # (127.0.0.2, also loopback) is still served
 held = [conn() for _ in range(4)]
@@ -98,7 +130,9 @@ try:
     got = s5.recv(100)
 except (ConnectionResetError, socket.timeout) as e:
     got = e
-check(got == b"" or isinstance(got, ConnectionResetError), f"a 5th connection of one client is closed at once ({got!r}, {time.time() - t0:.2f} s)")
+t5 = time.time() - t0
+check((got == b"" or isinstance(got, ConnectionResetError)) and t5 < 2.5,
+      f"a 5th connection of one client is closed at once, not at the 3 s deadline ({got!r}, {t5:.2f} s)")
 st, _ = request(conn("127.0.0.2"))
 check(st == 200, f"another client is served while the first holds its 4 connections ({st})")
 for h in held:
