@@ -20,7 +20,9 @@ libloom (no cache) and transformers' generate; one training step's gradients (li
 forward/backward of the mean next-token loss) equal transformers' autograd per tensor
 (max|d| / max|ref| <= 1e-4); `loom export --hf` loads with from_pretrained as the same
 architecture and gives the same logits (1e-5); `training.init_from` the HF directory (qwen3,
-mixtral, llama3) takes its architecture (model.arch.*, model.moe.*) and trains. Then the
+mixtral, llama3) takes its architecture (model.arch.*, model.moe.*) and trains; LoRA from it
+(qwen3: q, v, gate, down; mixtral: q, k, v, o) exports as PEFT files that give loom's logits
+on the exported base (1e-5), and with --merge-lora as merged weights (1e-5). Then the
 refusals: an option loom cannot compute exactly is an error naming the key.
 """
 import ctypes
@@ -286,6 +288,37 @@ def test_family(work, fam):
     check(f"{fam} export: from_pretrained logits vs the original", rel_max(hf_logits(back, ids), hf_logits(model, ids)), TOL)
 
 
+def lora(work, fam, targets):
+    """LoRA fine-tuning from the family's directory (2 steps), then export: PEFT's adapter files
+    on the exported base give loom's logits (1e-5), and so does --merge-lora"""
+    import peft
+    cfg = os.path.join(work, f"init_{fam}.yaml")
+    lcfg = os.path.join(work, f"lora_{fam}.yaml")
+    with open(lcfg, "w") as f:
+        f.write(open(cfg).read().replace(f"init_run_{fam}", f"lora_run_{fam}") +
+                f"finetune:\n  lora:\n    rank: 4\n    alpha: 8\n    targets: [{targets}]\n")
+    r = run("train", lcfg, "--set", "training.lr=1e-2", "--set", "training.warmup=0",
+            "--set", "checkpoint.every=2", ok=False)
+    if not expect(f"{fam} LoRA ({targets}) fine-tunes", r.returncode == 0, r.stderr.strip()[-300:]):
+        return
+    ids = np.random.default_rng(9).integers(0, V, size=(2, 12))
+    m = loom_infer(f"{work}/lora_run_{fam}", 2)
+    want = loom_logits(m, ids)
+    L.loom_model_free(m)
+    out = f"{work}/lora_out_{fam}"
+    run("export", "--hf", f"{work}/lora_run_{fam}", out)
+    mname = FAMILIES[fam][1]
+    pm = peft.PeftModel.from_pretrained(getattr(transformers, mname).from_pretrained(out), out).eval()
+    check(f"{fam} LoRA export: PEFT base + adapters logits vs loom", rel_max(hf_logits(pm, ids), want), TOL)
+    base = getattr(transformers, mname).from_pretrained(f"{work}/hf_{fam}").eval()
+    moved = rel_max(want, hf_logits(base, ids))
+    expect(f"{fam} LoRA: the adapters changed the logits", moved > 1e-4, f"{moved:.2e}")
+    out2 = f"{work}/lora_merged_{fam}"
+    run("export", "--hf", f"{work}/lora_run_{fam}", out2, "--merge-lora")
+    mm = getattr(transformers, mname).from_pretrained(out2).eval()
+    check(f"{fam} LoRA export --merge-lora: logits vs loom", rel_max(hf_logits(mm, ids), want), TOL)
+
+
 def init_from(work, fam):
     """training.init_from the family's Hugging Face directory: the source's architecture
     (model.flavor, model.arch.*, model.moe.*) is taken, and the first step's loss is
@@ -343,6 +376,9 @@ def main():
             test_family(work, fam)
         for fam in (f for f in ("qwen3", "mixtral", "llama3") if f in only):
             init_from(work, fam)
+        for fam, targets in (("qwen3", "q, v, gate, down"), ("mixtral", "q, k, v, o")):
+            if fam in only:
+                lora(work, fam, targets)
         if not sys.argv[1:]:
             refusals(work)
     finally:
