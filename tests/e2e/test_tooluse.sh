@@ -16,7 +16,8 @@ H="$LOOM_SRC/tests/e2e/tooluse.py"
 #   avx512   1     97       -     0.0004   (2026-11-30, before "tool" was counted)
 #   avx512   2     30       100   0.0192
 #   avx2     1     22       -     0.0139   (bit for bit what an AMD Zen 3 gave)
-#   (the rest of the table: docs/finetune.md, "Margins")
+#   avx2     2     27       100   0.0231
+#   (also in docs/finetune.md, "Margins")
 # Every run learns the format and the tool (100 of 100); copying the unseen numbers exactly is
 # learned more or less far by the end (the misses transpose digits: 602 for 620), so the bar
 # for exact calls sits 12 below the lowest figure measured, and the one for the right tool 10
