@@ -18,12 +18,12 @@ avx2) levels="x86-64" ;;
 esac
 rc=0
 for isa in $levels; do
-  # (at x86-64 the tool-use test takes about 12 minutes, oneDNN's SSE4.1 GEMMs being some 3.5x
-  #  slower: CI leaves it out there to stay within its 30 minutes; its x86-64 margin was
-  #  measured by hand, tests/e2e/test_tooluse.sh)
+  # (at x86-64 the two learning tests take 12 and 2.5 minutes, oneDNN's SSE4.1 GEMMs being some
+  #  3.5x slower: CI leaves them out there to stay within its 30 minutes; their x86-64 margins
+  #  were measured by hand: tests/e2e/test_tooluse.sh, docs/build.md)
   case $isa in
   avx2) dnnl=AVX2 blas=Haswell skip='^$' ;;
-  x86-64) dnnl=SSE41 blas=Prescott skip='^e2e/test_tooluse$' ;;
+  x86-64) dnnl=SSE41 blas=Prescott skip='^e2e/test_(tooluse|byte_classifier)$' ;;
   esac
   echo "== ci_levels: the 'levels' tests at LOOM_ISA=$isa (ONEDNN_MAX_CPU_ISA=$dnnl, OPENBLAS_CORETYPE=$blas; this CPU: $top)"
   # (CTest's summary, with its total time, is the last thing printed for each level)
