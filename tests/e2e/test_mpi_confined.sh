@@ -49,7 +49,7 @@ mpi_inc=$(mpicc --showme:incdirs 2>/dev/null | awk '{print $1}')
 [ -n "$mpi_inc" ] && [ -f "$mpi_inc/mpi.h" ] || fail "no MPI include directory from mpicc --showme:incdirs"
 echo '#include <mpi.h>' >"$WORK/probe/uses_mpi.c"
 bdir=$(dirname "$LOOM_BIN")
-flags=$(find "$bdir" -path '*loom_static.dir/flags.make' | head -1)
+flags=$(find "$bdir" -path '*loom_objs.dir/flags.make' | head -1)
 [ -n "$flags" ] || fail "no loom_static flags.make under $bdir"
 # C_INCLUDES is what every libloom source gets; src/comm's extra directories are per file
 inc=$(sed -n 's/^C_INCLUDES = //p' "$flags")

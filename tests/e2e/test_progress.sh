@@ -90,7 +90,7 @@ expect_ok "train without a terminal" "$L" train m.yaml --set training.steps=8 --
 no_cr "$WORK/err.txt"
 [ "$(grep -c '^step [0-9]*/8 |' "$WORK/err.txt")" = 2 ] || { cat "$WORK/err.txt" >&2; fail "plain lines: not one per log_every"; }
 in_tty synth "$L synth $WORK/synth.yaml"
-has_updates synth.tty "synth: attempt [12]/2: [0-9]+/6 accepted, [0-9]+ rejected, [0-9]+ generations, [0-9.]+ samples/s, (eta|elapsed) [0-9]"
+has_updates synth.tty "synth: attempt [12]/2: [0-9]+/6 accepted, [0-9]+ rejected, ([0-9]+ to retry, )?[0-9]+ generations, [0-9.]+ samples/s, (eta|elapsed) [0-9]"
 expect_ok "synth without a terminal" "$L" synth synth.yaml
 no_cr "$WORK/err.txt"
 grep -q "^synth: attempt 1/2: " "$WORK/err.txt" || { cat "$WORK/err.txt" >&2; fail "plain synth line"; }
