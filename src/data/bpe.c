@@ -464,17 +464,35 @@ typedef struct enc_ctx {
     loom_ids *out;
 } enc_ctx;
 
+/* The word cache in front of both encoders: 1 when w's ids were appended from it; else *h is
+ * its key (0: too long to cache). */
+static int word_cached(const loom_tokenizer *t, const uint8_t *w, size_t n, loom_ids *out,
+                       uint64_t *h) {
+    *h = 0;
+    if (n >= BPE_CACHE_MAX_WORD) return 0;
+    *h = bpe_hash_bytes(w, n) | 1;
+    return cache_get(t, *h, w, n, out);
+}
+
+/* Both encoders' end: merges the k initial symbols of w, appends the result, caches it (h). */
+static void merge_and_emit(const loom_tokenizer *t, const uint8_t *w, size_t n, uint64_t h,
+                           int32_t *sym, size_t k, loom_ids *out) {
+    k = bpe_merge_word(t, sym, k);
+    if (k) {
+        ids_reserve(out, k);
+        memcpy(out->ids + out->n, sym, k * sizeof *sym);
+        out->n += k;
+    }
+    if (h) cache_put(t, h, w, n, sym, k);
+}
+
 static void encode_word(void *vctx, const uint8_t *w, size_t n) {
     enc_ctx *c = vctx;
     const loom_tokenizer *t = c->t;
     loom_ids *out = c->out;
     if (!n) return;
     uint64_t h = 0;
-    int cacheable = n < BPE_CACHE_MAX_WORD;
-    if (cacheable) {
-        h = bpe_hash_bytes(w, n) | 1;
-        if (cache_get(t, h, w, n, out)) return;
-    }
+    if (word_cached(t, w, n, out, &h)) return;
     if (t->ignore_merges) {
         char sbuf[2 * BPE_CACHE_MAX_WORD], *sp = n <= BPE_CACHE_MAX_WORD ? sbuf : loom_malloc(2 * n);
         size_t sl = bpe_bytes_to_spelling(w, n, sp);
@@ -510,13 +528,7 @@ static void encode_word(void *vctx, const uint8_t *w, size_t n) {
         /* no unk token: the character is dropped, as in HF */
     }
     if (unk >= 0) sym[k++] = unk;
-    k = bpe_merge_word(t, sym, k);
-    if (k) {
-        ids_reserve(out, k);
-        memcpy(out->ids + out->n, sym, k * sizeof *sym);
-        out->n += k;
-    }
-    if (cacheable) cache_put(t, h, w, n, sym, k);
+    merge_and_emit(t, w, n, h, sym, k, out);
     if (sym != buf) free(sym);
 }
 
@@ -530,11 +542,7 @@ static void encode_word_chars(void *vctx, const uint8_t *w, size_t n) {
     loom_ids *out = c->out;
     if (!n) return;
     uint64_t h = 0;
-    int cacheable = n < BPE_CACHE_MAX_WORD;
-    if (cacheable) {
-        h = bpe_hash_bytes(w, n) | 1;
-        if (cache_get(t, h, w, n, out)) return;
-    }
+    if (word_cached(t, w, n, out, &h)) return;
     if (t->ignore_merges) {
         int32_t id = bpe_strmap_get(&t->vocab, (const char *)w, n);
         if (id >= 0) {
@@ -572,13 +580,7 @@ static void encode_word_chars(void *vctx, const uint8_t *w, size_t n) {
         i += l;
     }
     if (unk >= 0) sym[k++] = unk;
-    k = bpe_merge_word(t, sym, k);
-    if (k) {
-        ids_reserve(out, k);
-        memcpy(out->ids + out->n, sym, k * sizeof *sym);
-        out->n += k;
-    }
-    if (cacheable) cache_put(t, h, w, n, sym, k);
+    merge_and_emit(t, w, n, h, sym, k, out);
     if (sym != buf) free(sym);
 }
 

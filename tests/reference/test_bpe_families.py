@@ -42,14 +42,11 @@ QWEN_PAT = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s
             r"\s*[\r\n]+|\s+(?!\S)|\s+")
 CONTINUE = 1
 
-failures = []
+from loomlib import expect, finish  # noqa: E402  (the shared failure list and summary)
 
 
 def check(cond, what):
-    if not cond:
-        failures.append(what)
-        print("FAIL:", what)
-    return cond
+    return expect(what, cond)
 
 
 def encode_ex(tok, data, flags):
@@ -381,10 +378,7 @@ def main():
         msg = load_error(p)
         check(msg is not None and p in msg and needle in msg,
               f"refusal of {key} {json.dumps(value)[:60]}: expected an error naming the file and '{needle}', got {msg!r}")
-    if failures:
-        print(f"test_bpe_families: {len(failures)} failures")
-        sys.exit(1)
-    print("test_bpe_families: all checks passed")
+    sys.exit(finish("test_bpe_families: all checks passed"))
 
 
 if __name__ == "__main__":

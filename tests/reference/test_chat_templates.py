@@ -95,14 +95,11 @@ LLAMA31 = (
 LLAMA32 = LLAMA31.replace('{%- set date_string = \"26 Jul 2024\" %}', '{%- set date_string = strftime_now(\"%d %b %Y\") %}')
 PHI3 = "{% for message in messages %}{{ '<|' + message['role'] + '|>\\n' + message['content'] + '<|end|>\\n' }}{% endfor %}"
 
-failures = []
+from loomlib import expect, finish  # noqa: E402  (the shared failure list and summary)
 
 
 def check(cond, what):
-    if not cond:
-        failures.append(what)
-        print("FAIL:", what)
-    return cond
+    return expect(what, cond)
 
 
 class _Doc(ctypes.Structure):
@@ -389,10 +386,7 @@ def main():
         json.dump({"bos_token": "<s>"}, f)
     h, msg = load_template(cfg)
     check(h is None and cfg in msg and "no chat_template" in msg, f"no chat_template: {msg!r}")
-    if failures:
-        print(f"test_chat_templates: {len(failures)} failures")
-        sys.exit(1)
-    print("test_chat_templates: all checks passed")
+    sys.exit(finish("test_chat_templates: all checks passed"))
 
 
 if __name__ == "__main__":
