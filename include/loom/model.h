@@ -97,6 +97,11 @@ typedef struct loom_model_config {
     /* the architecture (flavor LOOM_FLAVOR_ARCH; with GPT2 / LLAMA it is not read and the
      * model uses the built-in descriptor). loom_model_get_config's always holds the one used. */
     loom_arch arch;
+    /* MoE shared experts (after arch: the struct's older prefix stays as it was): their width
+     * (0: d_ff; Qwen2-MoE's shared_expert_intermediate_size) and, with shared_gate, a sigmoid
+     * gate per shared expert and token, sigmoid(x . moe_shared_gate_w[s]) (Qwen2-MoE) */
+    int shared_d_ff;
+    int shared_gate;
 } loom_model_config;
 
 /* The built-in descriptor called name (gpt2, llama, qwen2, qwen3, ...), or NULL. */
@@ -166,7 +171,7 @@ enum {  /* per-layer tensors, named layers.<l>.<name> */
      * the router, the shared experts (S = shared_experts, replicated), then the routed experts
      * (E = n_expert; split over ep by expert, gradients reduced over the expert-data group),
      * the routed experts last in the layer's arena range. FFI = F (gpt2) or 2F (llama: rows
-     * [gate | up]). */
+     * [gate | up]); the shared experts' F is model.moe.shared_d_ff (0: F). */
     LOOM_L_MOE_ROUTER_W,    /* (E, C) */
     LOOM_L_MOE_SH_FC_W,     /* (S, FFI, C) */
     LOOM_L_MOE_SH_FC_B,     /* (S, F)                 gpt2 */
@@ -179,6 +184,7 @@ enum {  /* per-layer tensors, named layers.<l>.<name> */
     /* arch.qk_norm (in the arena after v_b): */
     LOOM_L_Q_NORM_W,        /* (D) the RMSNorm weight of every query head */
     LOOM_L_K_NORM_W,        /* (D) of every key head */
+    LOOM_L_MOE_SH_GATE_W,   /* (S, C) model.moe.shared_gate: the shared experts' gates */
     LOOM_L_COUNT
 };
 /* Q, K and V (and gate and up) are separate tensors, so a head (column) split of each is one

@@ -92,6 +92,7 @@ static const hf_family FAMILIES[] = {
     {"Phi3ForCausalLM", "phi3", "llama", "model.", HF_MAP_PHI3, 0, 1, HF_MOE_NONE},
     {"MixtralForCausalLM", "mixtral", "llama", "model.", HF_MAP_LLAMA, 0, 1, HF_MOE_MIXTRAL},
     {"Qwen3MoeForCausalLM", "qwen3_moe", "qwen3", "model.", HF_MAP_LLAMA, 1, 1, HF_MOE_QWEN},
+    {"Qwen2MoeForCausalLM", "qwen2_moe", "qwen2", "model.", HF_MAP_LLAMA, 0, 1, HF_MOE_QWEN2},
 };
 enum { N_FAMILIES = sizeof FAMILIES / sizeof FAMILIES[0] };
 
@@ -103,7 +104,8 @@ const hf_family *hf_family_find(const char *arch) {
 
 const char *hf_family_names(void) {
     return "GPT2LMHeadModel, LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, "
-           "Qwen3ForCausalLM, Phi3ForCausalLM, MixtralForCausalLM, Qwen3MoeForCausalLM";
+           "Qwen3ForCausalLM, Phi3ForCausalLM, MixtralForCausalLM, Qwen3MoeForCausalLM, "
+           "Qwen2MoeForCausalLM";
 }
 
 const hf_family *hf_family_of(const loom_model_config *c) {
@@ -130,15 +132,21 @@ int loom_hf_export_check(const loom_model_config *c, loom_err *err) {
         bad = "model.arch.tied / qkv_bias / o_bias / head_dim (GPT2LMHeadModel)";
     else if (f->map != HF_MAP_GPT2 && f->attn_bias_key && a->qkv_bias != a->o_bias)
         bad = "model.arch.qkv_bias != o_bias ('attention_bias' covers q, k, v and o)";
-    else if (f->map != HF_MAP_GPT2 && !f->attn_bias_key && (a->qkv_bias != n->qkv_bias ||
-                                                            a->o_bias != n->o_bias))
+    else if (f->map != HF_MAP_GPT2 && !f->attn_bias_key &&
+             ((a->qkv_bias != n->qkv_bias && f->moe != HF_MOE_QWEN2) || a->o_bias != n->o_bias))
         bad = "model.arch.qkv_bias / o_bias";
     else if (c->n_expert > 0 && !f->moe)
         bad = "model.moe.experts > 0 (a mixture-of-experts model exports as "
-              "MixtralForCausalLM or Qwen3MoeForCausalLM: model.arch.family)";
-    else if (f->moe && (c->n_expert == 0 || c->moe_every > 1 || c->shared_experts > 0 ||
+              "MixtralForCausalLM, Qwen3MoeForCausalLM or Qwen2MoeForCausalLM: "
+              "model.arch.family)";
+    else if (f->moe && (c->n_expert == 0 || c->moe_every > 1 ||
                         (f->moe == HF_MOE_MIXTRAL && !a->moe_renorm)))
-        bad = "model.moe.experts / every / shared_experts / model.arch.moe_renorm";
+        bad = "model.moe.experts / every / model.arch.moe_renorm";
+    else if (f->moe && f->moe != HF_MOE_QWEN2 && (c->shared_experts > 0 || c->shared_gate))
+        bad = "model.moe.shared_experts / shared_gate (Qwen2MoeForCausalLM has a gated one)";
+    else if (f->moe == HF_MOE_QWEN2 && (c->shared_experts != 1 || !c->shared_gate))
+        bad = "model.moe.shared_experts != 1 or shared_gate false (Qwen2MoeForCausalLM has one "
+              "gated shared expert)";
     if (bad)
         return loom_errf(err, "%s: this combination has no %s layout", bad, f->arch);
     return 0;
@@ -287,6 +295,13 @@ static int read_moe(json_t *o, const char *path, const hf_family *f, loom_model_
          j_bool(o, path, "norm_topk_prob", 0, &renorm, err) ||
          j_int(o, path, "decoder_sparse_step", 0, 1, 1, 4096, &step, err)))
         return -1;
+    if (f->moe == HF_MOE_QWEN2) { /* one shared expert of its own width, sigmoid-gated */
+        if (j_int(o, path, "shared_expert_intermediate_size", 1, 0, 1, 1 << 24,
+                  &mc->shared_d_ff, err))
+            return -1;
+        mc->shared_experts = 1;
+        mc->shared_gate = 1;
+    }
     if (mc->top_k > mc->n_expert)
         return loom_errf(err, "%s: 'num_experts_per_tok' %d exceeds the %d experts", path,
                          mc->top_k, mc->n_expert);
@@ -373,6 +388,11 @@ static int read_llama(json_t *o, const char *path, const hf_family *f, loom_mode
                               "transformers", path, f->arch);
     if (read_rope(o, path, mc->max_seq_len, mc, err)) return -1;
     if (f->moe && read_moe(o, path, f, mc, err)) return -1;
+    if (f->moe == HF_MOE_QWEN2) { /* 'qkv_bias' (default true) switches q/k/v biases */
+        int qkv_bias = 1;
+        if (j_bool(o, path, "qkv_bias", 1, &qkv_bias, err)) return -1;
+        a->qkv_bias = qkv_bias;
+    }
     if (f->sliding_keys && read_sliding(o, path, f, mc->max_seq_len, err)) return -1;
     mc->norm_eps = (float)eps;
     if (act && strcmp(act, "silu") != 0)
@@ -437,6 +457,7 @@ int hf_read_config(const char *dir, hf_cfg *hc, loom_err *err) {
     if (!memcmp(&mc->arch, named, sizeof *named))
         mc->flavor = !strcmp(named->name, "gpt2") ? LOOM_FLAVOR_GPT2
                      : !strcmp(named->name, "llama") ? LOOM_FLAVOR_LLAMA : LOOM_FLAVOR_ARCH;
+    if (mc->shared_d_ff || mc->shared_gate) mc->flavor = LOOM_FLAVOR_ARCH; /* read after arch */
     rc = 0;
 done:
     json_decref(o);
@@ -483,6 +504,12 @@ void loom_hf_config_set(loom_config *c, const loom_model_config *mc) {
         loom_config_set(c, "model.moe.capacity_factor", "0", "hf import");
         loom_config_set(c, "model.moe.aux_loss_coef", "0", "hf import");
         loom_config_set(c, "model.moe.z_loss_coef", "0", "hf import");
+        if (mc->shared_experts > 0) {
+            cfg_set_int(c, "model.moe.shared_experts", mc->shared_experts);
+            cfg_set_int(c, "model.moe.shared_d_ff", mc->shared_d_ff);
+            loom_config_set(c, "model.moe.shared_gate", mc->shared_gate ? "true" : "false",
+                            "hf import");
+        }
     }
 }
 
@@ -600,6 +627,12 @@ json_t *hf_config_json(const loom_model_config *c, int eos) {
             json_object_set_new(o, "norm_topk_prob", json_boolean(a->moe_renorm));
             json_object_set_new(o, "decoder_sparse_step", json_integer(1));
             json_object_set_new(o, "mlp_only_layers", json_array());
+        }
+        if (f->moe == HF_MOE_QWEN2) {
+            json_object_set_new(o, "num_experts", json_integer(c->n_expert));
+            json_object_set_new(o, "shared_expert_intermediate_size",
+                                json_integer(c->shared_d_ff > 0 ? c->shared_d_ff : c->d_ff));
+            json_object_set_new(o, "qkv_bias", json_boolean(a->qkv_bias));
         }
     }
     json_object_set_new(o, "tie_word_embeddings", json_boolean(a->tied));

@@ -16,8 +16,10 @@
  * rows [q | k | v] and gate_up_proj rows [gate | up]). */
 enum { HF_MAP_GPT2 = 0, HF_MAP_LLAMA = 1, HF_MAP_PHI3 = 2 };
 /* MoE layouts: none; Mixtral's (block_sparse_moe.gate, experts.<e>.w1/w3/w2, always
- * renormalized top-k); Qwen's (mlp.gate, mlp.experts.<e>.gate/up/down_proj, norm_topk_prob) */
-enum { HF_MOE_NONE = 0, HF_MOE_MIXTRAL = 1, HF_MOE_QWEN = 2 };
+ * renormalized top-k); Qwen's (mlp.gate, mlp.experts.<e>.gate/up/down_proj, norm_topk_prob);
+ * Qwen2-MoE's: Qwen's plus one shared expert (mlp.shared_expert.gate/up/down_proj, width
+ * shared_expert_intermediate_size) behind a sigmoid gate (mlp.shared_expert_gate) */
+enum { HF_MOE_NONE = 0, HF_MOE_MIXTRAL = 1, HF_MOE_QWEN = 2, HF_MOE_QWEN2 = 3 };
 
 /* One row per Hugging Face architecture: its names, the loom descriptor it starts from and
  * what its config.json may switch (hf_config.c reads the rest). */

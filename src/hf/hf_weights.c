@@ -139,6 +139,17 @@ void hf_map_build(const loom_model *m, const hf_family *fam, const char *prefix,
             map_part(l, LT(LOOM_L_MOE_PROJ_W), e * C * F, C, F, "%slayers.%d.%s.experts.%lld.%s.weight",
                      p, i, blk, (long long)e, mix ? "w2" : "down_proj");
         }
+        if (LT(LOOM_L_MOE_SH_GATE_W)) { /* Qwen2-MoE's shared expert (S = 1) and its gate */
+            const int64_t SF = c->shared_d_ff > 0 ? c->shared_d_ff : F;
+            map_part(l, LT(LOOM_L_MOE_SH_FC_W), 0, SF, C,
+                     "%slayers.%d.mlp.shared_expert.gate_proj.weight", p, i);
+            map_part(l, LT(LOOM_L_MOE_SH_FC_W), SF * C, SF, C,
+                     "%slayers.%d.mlp.shared_expert.up_proj.weight", p, i);
+            map_part(l, LT(LOOM_L_MOE_SH_PROJ_W), 0, C, SF,
+                     "%slayers.%d.mlp.shared_expert.down_proj.weight", p, i);
+            map_add(l, LT(LOOM_L_MOE_SH_GATE_W), 0, 0, 2, 1, C,
+                    "%slayers.%d.mlp.shared_expert_gate.weight", p, i);
+        }
     }
 #undef LT
     map_add(l, loom_model_global(m, LOOM_P_LNF_W), 0, 0, 1, C, 0, "%snorm.weight", p);

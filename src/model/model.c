@@ -19,7 +19,7 @@ static const char *const layer_names[LOOM_L_COUNT] = {
     "attn_proj_b", "ln2_w", "ln2_b", "fc_w", "gate_w", "up_w", "fc_b", "fc_proj_w", "fc_proj_b",
     "moe_router_w", "moe_shared_fc_w", "moe_shared_fc_b", "moe_shared_proj_w",
     "moe_shared_proj_b", "moe_fc_w", "moe_fc_b", "moe_proj_w", "moe_proj_b", "q_norm_w",
-    "k_norm_w"};
+    "k_norm_w", "moe_shared_gate_w"};
 
 /* Part r of n elements split over p: the first n % p parts get one more. */
 static void split_range(int64_t n, int p, int r, int64_t *off, int64_t *len) {
@@ -180,6 +180,15 @@ static int check_config(const loom_model_config *c, loom_err *err) {
                               "model.moe.experts (%d), and model.moe.every, shared_experts, "
                               "group_tokens, capacity_factor, aux_loss_coef, z_loss_coef >= 0",
                          c->top_k, c->n_expert);
+    /* the fields after arch exist in a LOOM_FLAVOR_ARCH config only (create zeroes them
+     * otherwise) */
+    const int ext = c->flavor == LOOM_FLAVOR_ARCH;
+    if (ext && (c->shared_d_ff < 0 || (c->shared_gate != 0 && c->shared_gate != 1)))
+        return loom_errf(err, "model: model.moe.shared_d_ff must be >= 0 and shared_gate a "
+                              "boolean (got %d, %d)", c->shared_d_ff, c->shared_gate);
+    if (ext && c->n_expert > 0 && c->shared_gate && c->shared_experts < 1)
+        return loom_errf(err, "model: model.moe.shared_gate needs shared experts "
+                              "(model.moe.shared_experts >= 1)");
     if (c->head == LOOM_HEAD_CLASSIFY && c->num_classes < 2)
         return loom_errf(err, "model: the classify head needs model.num_classes >= 2 (got %d)",
                          c->num_classes);
@@ -286,7 +295,7 @@ static int create(const loom_model_config *cfg, const loom_model_layout *layout,
     } else { /* a built-in descriptor: the caller's struct may end before arch (an older
               * layout), so only what precedes it is read */
         memcpy(&m->cfg, cfg, offsetof(loom_model_config, arch));
-        m->cfg.arch = *loom_config_arch(cfg);
+        m->cfg.arch = *loom_config_arch(cfg); /* and the fields after it stay 0 */
     }
     cfg = &m->cfg;
     const loom_arch *ar = &m->cfg.arch;
@@ -356,17 +365,23 @@ static int create(const loom_model_config *cfg, const loom_model_layout *layout,
                                           -1);
         if (!dense) { /* the router, shared experts, then the routed experts (last: one range) */
             const int64_t E = cfg->n_expert, S = cfg->shared_experts, FI = gated ? 2 * Fg : Fg;
+            /* the shared experts' width (model.moe.shared_d_ff; whole on every tp rank) */
+            const int64_t SF = cfg->shared_d_ff > 0 ? cfg->shared_d_ff : Fg;
+            const int64_t SFI = gated ? 2 * SF : SF;
             const int gpt2 = mb && !gated; /* the expert MLPs' biases (GELU experts only) */
             li[LOOM_L_MOE_ROUTER_W] = add_moe_tensor(m, &off, l, LOOM_L_MOE_ROUTER_W, 1, 1, 2, E,
                                                      C, 0, 0);
             li[LOOM_L_MOE_SH_FC_W] = add_moe_tensor(m, &off, l, LOOM_L_MOE_SH_FC_W, S > 0, 1, 3,
-                                                    S, FI, C, 0);
+                                                    S, SFI, C, 0);
             li[LOOM_L_MOE_SH_FC_B] = add_moe_tensor(m, &off, l, LOOM_L_MOE_SH_FC_B, S > 0 && gpt2,
-                                                    0, 2, S, Fg, 0, 0);
+                                                    0, 2, S, SF, 0, 0);
             li[LOOM_L_MOE_SH_PROJ_W] = add_moe_tensor(m, &off, l, LOOM_L_MOE_SH_PROJ_W, S > 0, 1,
-                                                      3, S, C, Fg, 0);
+                                                      3, S, C, SF, 0);
             li[LOOM_L_MOE_SH_PROJ_B] = add_moe_tensor(m, &off, l, LOOM_L_MOE_SH_PROJ_B,
                                                       S > 0 && gpt2, 0, 2, S, C, 0, 0);
+            /* a matrix (C -> 1 per shared expert): decayed like the router */
+            li[LOOM_L_MOE_SH_GATE_W] = add_moe_tensor(m, &off, l, LOOM_L_MOE_SH_GATE_W,
+                                                      S > 0 && cfg->shared_gate, 1, 2, S, C, 0, 0);
             li[LOOM_L_MOE_FC_W] = add_moe_tensor(m, &off, l, LOOM_L_MOE_FC_W, 1, 1, 3, E, FI, C,
                                                  1);
             li[LOOM_L_MOE_FC_B] = add_moe_tensor(m, &off, l, LOOM_L_MOE_FC_B, gpt2, 0, 2, E, Fg,
@@ -1025,13 +1040,19 @@ double loom_model_flops_per_token(const loom_model *m, int T) {
     const double C = c->d_model, L = c->n_layer, HD = (double)c->n_head * m->D;
     const double QKV = (double)(c->n_head + 2 * c->n_kv_head) * m->D;
     const double FFI = c->arch.mlp == LOOM_MLP_SWIGLU ? 2.0 * c->d_ff : c->d_ff;
+    /* a shared expert: its two (gated: three) matrices of width shared_d_ff (0: d_ff), and
+     * its gate's C weights */
+    const double SHW = (c->arch.mlp == LOOM_MLP_SWIGLU ? 3.0 : 2.0) * C *
+                           (c->shared_d_ff > 0 ? c->shared_d_ff : c->d_ff) +
+                       (c->shared_gate ? C : 0.0);
     const double head = c->head == LOOM_HEAD_CLASSIFY ? 0.0 : (double)c->vocab_size * C;
     /* an MoE layer's active weights: the router, top_k routed and the shared experts */
     double ffn = 0;
     for (int l = 0; l < c->n_layer; l++)
         ffn += loom_model_layer_is_moe(m, l)
                    ? (double)c->n_expert * C +
-                         (double)(c->top_k + c->shared_experts) * (C * FFI + (double)c->d_ff * C)
+                         (double)c->top_k * (C * FFI + (double)c->d_ff * C) +
+                         (double)c->shared_experts * SHW
                    : C * FFI + (double)c->d_ff * C;
     const double matmul_params = L * (C * QKV + HD * C) + ffn + head;
     /* 6 FLOPs per weight per token (fwd 2, bwd 4), plus attention: per layer and query head,

@@ -61,6 +61,9 @@ const loom_config_key loom_model_config_keys[] = {
     {"model.moe.aux_loss_coef", "0.01", "weight of the load-balancing loss"},
     {"model.moe.z_loss_coef", "0.001", "weight of the router z-loss"},
     {"model.moe.shared_experts", "0", "experts every token goes through (besides its top_k)"},
+    {"model.moe.shared_d_ff", "0", "the shared experts' feed-forward width (0 = model.d_ff)"},
+    {"model.moe.shared_gate", "false", "each shared expert's output scaled per token by "
+                                       "sigmoid(x . w), w (C) learned (Qwen2-MoE)"},
     {"model.doc_mask", "false", "packed sequences: attention stays inside each document of the "
                                 "shards' document index, positions restart per document"},
     {"model.loss_chunk", "0", "LM head + loss in chunks of this many tokens (no B x T x V "
@@ -273,6 +276,8 @@ int loom_model_config_from(const loom_config *c, int default_seq_len, loom_model
         get_int(c, "model.moe.top_k", 1, 1024, &out->top_k, err) ||
         get_int(c, "model.moe.every", 1, 4096, &out->moe_every, err) ||
         get_int(c, "model.moe.shared_experts", 0, 64, &out->shared_experts, err) ||
+        get_int(c, "model.moe.shared_d_ff", 0, 1 << 24, &out->shared_d_ff, err) ||
+        loom_config_get_bool(c, "model.moe.shared_gate", &out->shared_gate, err) ||
         get_int(c, "model.moe.group_tokens", 0, big, &out->group_tokens, err) ||
         get_nonneg(c, "model.moe.capacity_factor", &out->capacity_factor, err) ||
         get_nonneg(c, "model.moe.aux_loss_coef", &out->aux_loss_coef, err) ||
@@ -284,6 +289,7 @@ int loom_model_config_from(const loom_config *c, int default_seq_len, loom_model
                          out->n_expert);
     if (out->n_expert == 0) { /* a dense model: the other moe keys do nothing */
         out->top_k = out->moe_every = out->shared_experts = out->group_tokens = 0;
+        out->shared_d_ff = out->shared_gate = 0;
         out->capacity_factor = out->aux_loss_coef = out->z_loss_coef = 0.0f;
     }
     if (loom_config_get_bool(c, "model.doc_mask", &out->doc_mask, err) ||
@@ -301,5 +307,7 @@ int loom_model_config_from(const loom_config *c, int default_seq_len, loom_model
         get_float(c, "model.rope_theta", &out->rope_theta, err) ||
         get_float(c, "model.init_std", &out->init_std, err))
         return -1;
+    /* the fields after arch are read with LOOM_FLAVOR_ARCH only (the older layouts end before) */
+    if (out->shared_d_ff || out->shared_gate) out->flavor = LOOM_FLAVOR_ARCH;
     return 0;
 }

@@ -24,9 +24,10 @@ enum {
      * log-sum-exp (N), the routing (int32: N*k experts, N*k rows, -1 = dropped), the rows of this
      * view's experts, expert-major (X, H = first matmul, A = activation, Y = output), the outputs
      * back in the sender's order (YB, expert parallelism only), the shared experts' H and A
-     * (S,N,.) and output (N,C), and the exchange's counts (int32) */
+     * (S,N,.) and output (N,C; with model.moe.shared_gate each one's, (S,N,C), and its gate
+     * values (S,N)), and the exchange's counts (int32) */
     S_MOE_PROB, S_MOE_LSE, S_MOE_ROUTE, S_MOE_X, S_MOE_H, S_MOE_A, S_MOE_Y, S_MOE_YB, S_MOE_SH_H,
-    S_MOE_SH_A, S_MOE_SH_Y, S_MOE_META,
+    S_MOE_SH_A, S_MOE_SH_Y, S_MOE_META, S_MOE_SH_G,
     S_COUNT
 };
 
@@ -181,6 +182,7 @@ struct loom_model {
      * view's rank in the expert group, S shared experts; the exchange (expert parallelism) */
     int E, El, ep, ep_rank, S;
     int mF, mFFI;         /* an expert's feed-forward width and first matmul width (whole) */
+    int sF, sFFI;         /* the same of a shared expert (model.moe.shared_d_ff) */
     int has_moe_comm;
     loom_moe_comm moe_comm;
     loom_moe_stats moe_stats;

@@ -60,6 +60,8 @@ void moe_init(loom_model *m) {
     /* experts are whole on every tensor-parallel rank (replicated, not split over tp) */
     m->mF = c->d_ff;
     m->mFFI = gpt2_of(m) ? c->d_ff : 2 * c->d_ff;
+    m->sF = c->shared_d_ff > 0 ? c->shared_d_ff : c->d_ff;
+    m->sFFI = gpt2_of(m) ? m->sF : 2 * m->sF;
     loom_moe_stats *st = &m->moe_stats;
     m->moe_slot = loom_malloc((size_t)c->n_layer * sizeof(int));
     for (int l = 0; l < c->n_layer; l++) {
@@ -126,9 +128,10 @@ int64_t moe_slot_floats(const loom_model *m, int k, int64_t N) {
     case S_MOE_H: return R * m->mFFI;
     case S_MOE_A: return R * m->mF;
     case S_MOE_YB: return m->ep > 1 ? N * K * C : 0;
-    case S_MOE_SH_H: return S * N * m->mFFI;
-    case S_MOE_SH_A: return S * N * m->mF;
-    case S_MOE_SH_Y: return S > 0 ? N * C : 0;
+    case S_MOE_SH_H: return S * N * m->sFFI;
+    case S_MOE_SH_A: return S * N * m->sF;
+    case S_MOE_SH_Y: return S > 0 ? (m->cfg.shared_gate ? S : 1) * N * C : 0;
+    case S_MOE_SH_G: return m->cfg.shared_gate ? S * N : 0;
     case S_MOE_META: return 2 * E + 2 * (int64_t)m->ep + 16;
     default: return 0;
     }
@@ -146,8 +149,10 @@ int64_t moe_grad_floats(const loom_model *m, int k, int64_t N) {
     case S_MOE_X: case S_MOE_H: case S_MOE_A: case S_MOE_Y: /* the expert rows' gradients */
         return moe_slot_floats(m, k, N);
     case S_MOE_YB: return moe_slot_floats(m, S_MOE_YB, N);  /* d YB; also d x back */
-    case S_MOE_SH_H: return m->S > 0 ? N * m->mFFI : 0;      /* one shared expert at a time */
-    case S_MOE_SH_A: return m->S > 0 ? N * m->mF : 0;
+    case S_MOE_SH_H: return m->S > 0 ? N * m->sFFI : 0;      /* one shared expert at a time */
+    case S_MOE_SH_A: return m->S > 0 ? N * m->sF : 0;
+    case S_MOE_SH_Y: return m->cfg.shared_gate ? N * m->cfg.d_model : 0; /* gate * dy */
+    case S_MOE_SH_G: return m->cfg.shared_gate ? N : 0;              /* d gate logits */
     default: return 0;
     }
 }
@@ -329,39 +334,43 @@ static float *eg(const loom_model *m, int kind, int l, int64_t i, int64_t per) {
     return p ? p + i * per : NULL;
 }
 
-static void act_fwd(const loom_model *m, float *a, const float *h, int64_t n) {
-    if (gpt2_of(m)) m->be->gelu_forward(a, h, n * m->mF);
-    else m->be->swiglu_forward(a, h, n, m->mF);
+/* the activation of n rows of an expert of width F (first matmul width FI = F or 2F) */
+static void act_fwd(const loom_model *m, float *a, const float *h, int64_t n, int F) {
+    if (gpt2_of(m)) m->be->gelu_forward(a, h, n * F);
+    else m->be->swiglu_forward(a, h, n, F);
 }
-static void act_bwd(const loom_model *m, float *dh, const float *h, const float *da, int64_t n) {
-    memset(dh, 0, (size_t)(n * m->mFFI) * sizeof(float));
-    if (gpt2_of(m)) m->be->gelu_backward(dh, h, da, n * m->mF);
-    else m->be->swiglu_backward(dh, h, da, n, m->mF);
+static void act_bwd(const loom_model *m, float *dh, const float *h, const float *da, int64_t n,
+                    int F) {
+    const int FI = gpt2_of(m) ? F : 2 * F;
+    memset(dh, 0, (size_t)(n * FI) * sizeof(float));
+    if (gpt2_of(m)) m->be->gelu_backward(dh, h, da, n * F);
+    else m->be->swiglu_backward(dh, h, da, n, F);
 }
 
-/* one expert (weights w1 (FFI,C), b1 (F), w2 (C,F), b2 (C)) over n rows */
-static void expert_fwd(const loom_model *m, float *y, float *h, float *a, const float *x,
+/* one expert of width F (a routed one's m->mF, a shared one's m->sF; weights w1 (FI,C),
+ * b1 (F), w2 (C,F), b2 (C)) over n rows */
+static void expert_fwd(const loom_model *m, int F, float *y, float *h, float *a, const float *x,
                        const float *w1, const float *b1, const float *w2, const float *b2,
                        int64_t n) {
     if (n == 0) return;
     const int C = m->cfg.d_model;
-    m->be->matmul_forward(h, x, w1, b1, n, C, m->mFFI);
-    act_fwd(m, a, h, n);
-    m->be->matmul_forward(y, a, w2, b2, n, m->mF, C);
+    m->be->matmul_forward(h, x, w1, b1, n, C, gpt2_of(m) ? F : 2 * F);
+    act_fwd(m, a, h, n, F);
+    m->be->matmul_forward(y, a, w2, b2, n, F, C);
 }
 
 /* its backward: dx = (not accumulated: overwritten), weight gradients accumulated */
-static void expert_bwd(const loom_model *m, float *dx, float *dh, float *da, const float *dy,
-                       const float *x, const float *h, const float *a, const float *w1,
-                       const float *w2, float *dw1, float *db1, float *dw2, float *db2,
-                       int64_t n, int accumulate_dx) {
+static void expert_bwd(const loom_model *m, int F, float *dx, float *dh, float *da,
+                       const float *dy, const float *x, const float *h, const float *a,
+                       const float *w1, const float *w2, float *dw1, float *db1, float *dw2,
+                       float *db2, int64_t n, int accumulate_dx) {
     if (n == 0) return;
     const int C = m->cfg.d_model;
-    memset(da, 0, (size_t)(n * m->mF) * sizeof(float));
-    m->be->matmul_backward(da, dw2, db2, dy, a, w2, n, m->mF, C);
-    act_bwd(m, dh, h, da, n);
+    memset(da, 0, (size_t)(n * F) * sizeof(float));
+    m->be->matmul_backward(da, dw2, db2, dy, a, w2, n, F, C);
+    act_bwd(m, dh, h, da, n, F);
     if (!accumulate_dx) memset(dx, 0, (size_t)(n * C) * sizeof(float));
-    m->be->matmul_backward(dx, dw1, db1, dh, x, w1, n, C, m->mFFI);
+    m->be->matmul_backward(dx, dw1, db1, dh, x, w1, n, C, gpt2_of(m) ? F : 2 * F);
 }
 
 void moe_forward(loom_model *m, block_frame *f, int l, int in, int out) {
@@ -400,7 +409,7 @@ void moe_forward(loom_model *m, block_frame *f, int l, int in, int out) {
     const int gpt2 = gpt2_of(m);
     for (int el = 0; el < m->El; el++) {
         const int64_t r0 = pl.roff[el], n = pl.roff[el + 1] - r0;
-        expert_fwd(m, Y + r0 * C, f->s[S_MOE_H] + r0 * m->mFFI, f->s[S_MOE_A] + r0 * m->mF,
+        expert_fwd(m, m->mF, Y + r0 * C, f->s[S_MOE_H] + r0 * m->mFFI, f->s[S_MOE_A] + r0 * m->mF,
                    X + r0 * C, ew(m, LOOM_L_MOE_FC_W, l, el, FC),
                    gpt2 ? ew(m, LOOM_L_MOE_FC_B, l, el, m->mF) : NULL,
                    ew(m, LOOM_L_MOE_PROJ_W, l, el, PC),
@@ -420,14 +429,26 @@ void moe_forward(loom_model *m, block_frame *f, int l, int in, int out) {
             float *dst = y + t * C;
             for (int64_t i = 0; i < C; i++) dst[i] += w * src[i];
         }
+    const int64_t SFC = (int64_t)m->sFFI * C, SPC = C * m->sF;
     for (int s = 0; s < m->S; s++) { /* shared experts: every token */
-        float *ys = f->s[S_MOE_SH_Y];
-        expert_fwd(m, ys, f->s[S_MOE_SH_H] + s * N * m->mFFI, f->s[S_MOE_SH_A] + s * N * m->mF, x,
-                   ew(m, LOOM_L_MOE_SH_FC_W, l, s, FC),
-                   gpt2 ? ew(m, LOOM_L_MOE_SH_FC_B, l, s, m->mF) : NULL,
-                   ew(m, LOOM_L_MOE_SH_PROJ_W, l, s, PC),
+        const int gated = c->shared_gate;
+        float *ys = f->s[S_MOE_SH_Y] + (gated ? s * N * C : 0);
+        expert_fwd(m, m->sF, ys, f->s[S_MOE_SH_H] + s * N * m->sFFI,
+                   f->s[S_MOE_SH_A] + s * N * m->sF, x, ew(m, LOOM_L_MOE_SH_FC_W, l, s, SFC),
+                   gpt2 ? ew(m, LOOM_L_MOE_SH_FC_B, l, s, m->sF) : NULL,
+                   ew(m, LOOM_L_MOE_SH_PROJ_W, l, s, SPC),
                    gpt2 ? ew(m, LOOM_L_MOE_SH_PROJ_B, l, s, C) : NULL, N);
-        for (int64_t i = 0; i < N * C; i++) y[i] += ys[i];
+        if (!gated) {
+            for (int64_t i = 0; i < N * C; i++) y[i] += ys[i];
+            continue;
+        }
+        /* model.moe.shared_gate: y += sigmoid(x . w_s) ys (float32, as transformers) */
+        float *g = f->s[S_MOE_SH_G] + s * N;
+        m->be->matmul_forward(g, x, ew(m, LOOM_L_MOE_SH_GATE_W, l, s, C), NULL, N, (int)C, 1);
+        for (int64_t t = 0; t < N; t++) {
+            g[t] = 1.0f / (1.0f + expf(-g[t]));
+            for (int64_t i = 0; i < C; i++) y[t * C + i] += g[t] * ys[t * C + i];
+        }
     }
 }
 
@@ -443,15 +464,33 @@ void moe_backward(loom_model *m, block_frame *f, int l, int in, int out) {
     plan pl;
     make_plan(m, &r, &pl);
     memset(dx, 0, (size_t)(N * C) * sizeof(float));
-    /* shared experts */
-    for (int s = 0; s < m->S; s++)
-        expert_bwd(m, dx, f->g[S_MOE_SH_H], f->g[S_MOE_SH_A], dy, x,
-                   f->s[S_MOE_SH_H] + s * N * m->mFFI, f->s[S_MOE_SH_A] + s * N * m->mF,
-                   ew(m, LOOM_L_MOE_SH_FC_W, l, s, FC), ew(m, LOOM_L_MOE_SH_PROJ_W, l, s, PC),
-                   eg(m, LOOM_L_MOE_SH_FC_W, l, s, FC),
-                   gpt2 ? eg(m, LOOM_L_MOE_SH_FC_B, l, s, m->mF) : NULL,
-                   eg(m, LOOM_L_MOE_SH_PROJ_W, l, s, PC),
+    /* shared experts (gated: d ys = g dy; d logit = <dy, ys> g (1 - g) into dx and d w_s) */
+    const int64_t SFC = (int64_t)m->sFFI * C, SPC = C * m->sF;
+    for (int s = 0; s < m->S; s++) {
+        const float *dys = dy;
+        if (c->shared_gate) {
+            const float *g = f->s[S_MOE_SH_G] + s * N, *ys = f->s[S_MOE_SH_Y] + s * N * C;
+            float *dg = f->g[S_MOE_SH_Y], *dz = f->g[S_MOE_SH_G];
+            for (int64_t t = 0; t < N; t++) {
+                double dot = 0;
+                for (int64_t i = 0; i < C; i++) {
+                    dg[t * C + i] = g[t] * dy[t * C + i];
+                    dot += (double)dy[t * C + i] * ys[t * C + i];
+                }
+                dz[t] = (float)(dot * g[t] * (1.0 - g[t]));
+            }
+            m->be->matmul_backward(dx, eg(m, LOOM_L_MOE_SH_GATE_W, l, s, C), NULL, dz, x,
+                                   ew(m, LOOM_L_MOE_SH_GATE_W, l, s, C), N, (int)C, 1);
+            dys = dg;
+        }
+        expert_bwd(m, m->sF, dx, f->g[S_MOE_SH_H], f->g[S_MOE_SH_A], dys, x,
+                   f->s[S_MOE_SH_H] + s * N * m->sFFI, f->s[S_MOE_SH_A] + s * N * m->sF,
+                   ew(m, LOOM_L_MOE_SH_FC_W, l, s, SFC), ew(m, LOOM_L_MOE_SH_PROJ_W, l, s, SPC),
+                   eg(m, LOOM_L_MOE_SH_FC_W, l, s, SFC),
+                   gpt2 ? eg(m, LOOM_L_MOE_SH_FC_B, l, s, m->sF) : NULL,
+                   eg(m, LOOM_L_MOE_SH_PROJ_W, l, s, SPC),
                    gpt2 ? eg(m, LOOM_L_MOE_SH_PROJ_B, l, s, C) : NULL, N, 1);
+    }
     /* combine: d(expert output) = w dy, d w = <dy, expert output> */
     const float *YB = m->ep > 1 ? f->s[S_MOE_YB] : f->s[S_MOE_Y];
     float *dYB = m->ep > 1 ? f->g[S_MOE_YB] : f->g[S_MOE_Y];
@@ -478,7 +517,7 @@ void moe_backward(loom_model *m, block_frame *f, int l, int in, int out) {
     }
     for (int el = 0; el < m->El; el++) {
         const int64_t r0 = pl.roff[el], n = pl.roff[el + 1] - r0;
-        expert_bwd(m, dX + r0 * C, f->g[S_MOE_H] + r0 * m->mFFI, f->g[S_MOE_A] + r0 * m->mF,
+        expert_bwd(m, m->mF, dX + r0 * C, f->g[S_MOE_H] + r0 * m->mFFI, f->g[S_MOE_A] + r0 * m->mF,
                    dY + r0 * C, f->s[S_MOE_X] + r0 * C, f->s[S_MOE_H] + r0 * m->mFFI,
                    f->s[S_MOE_A] + r0 * m->mF, ew(m, LOOM_L_MOE_FC_W, l, el, FC),
                    ew(m, LOOM_L_MOE_PROJ_W, l, el, PC), eg(m, LOOM_L_MOE_FC_W, l, el, FC),

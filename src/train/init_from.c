@@ -65,7 +65,8 @@ int loom_trainer_init_from_config(loom_config *cfg, loom_err *err) {
         /* mixture of experts: the experts and the routing are the source's; capacity and the
          * router losses are training options (an HF source's: dropless, none) */
         {"model.moe.experts", 1}, {"model.moe.top_k", 1}, {"model.moe.every", 1},
-        {"model.moe.shared_experts", 1}, {"model.moe.capacity_factor", 0},
+        {"model.moe.shared_experts", 1}, {"model.moe.shared_d_ff", 1},
+        {"model.moe.shared_gate", 1}, {"model.moe.capacity_factor", 0},
         {"model.moe.aux_loss_coef", 0}, {"model.moe.z_loss_coef", 0},
     };
     for (size_t i = 0; i < sizeof keys / sizeof keys[0]; i++) {
@@ -84,6 +85,9 @@ int loom_trainer_init_from_config(loom_config *cfg, loom_err *err) {
         else if (!strcmp(k, "model.moe.top_k")) snprintf(v, sizeof v, "%d", mc.n_expert ? mc.top_k : 2);
         else if (!strcmp(k, "model.moe.every")) snprintf(v, sizeof v, "%d", mc.n_expert ? mc.moe_every : 1);
         else if (!strcmp(k, "model.moe.shared_experts")) snprintf(v, sizeof v, "%d", mc.shared_experts);
+        else if (!strcmp(k, "model.moe.shared_d_ff")) snprintf(v, sizeof v, "%d", mc.shared_d_ff);
+        else if (!strcmp(k, "model.moe.shared_gate"))
+            snprintf(v, sizeof v, "%s", mc.shared_gate ? "true" : "false");
         else if (!strcmp(k, "model.moe.capacity_factor")) snprintf(v, sizeof v, "%.9g", (double)mc.capacity_factor);
         else if (!strcmp(k, "model.moe.aux_loss_coef"))
             snprintf(v, sizeof v, "%.9g", mc.n_expert ? (double)mc.aux_loss_coef : 0.01);

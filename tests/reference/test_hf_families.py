@@ -12,6 +12,8 @@ Families (one tiny model each; GQA 6 query heads over 2 kv heads unless said):
   mixtral        MixtralForCausalLM (4 experts, top-2, renormalized; per-expert w1/w3/w2
                  joined into loom's (E, 2F, C) and (E, C, F) expert tensors)
   qwen3moe       Qwen3MoeForCausalLM (4 experts, top-2, norm_topk_prob, q/k norms, head_dim 12)
+  qwen2moe       Qwen2MoeForCausalLM (4 experts, top-2, softmax weights not renormalized,
+                 q/k/v biases, one shared expert of its own width 40 behind a sigmoid gate)
   phi3           Phi3ForCausalLM (fused qkv_proj and gate_up_proj, split on import)
 
 For each: `loom import --hf` -> logits (libloom, fp32) equal transformers' (max|d| / max|ref|
@@ -110,6 +112,10 @@ FAMILIES = {
     "qwen3moe": ("Qwen3MoeConfig", "Qwen3MoeForCausalLM",
                  dict(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=24,
                       norm_topk_prob=True, head_dim=12, tie_word_embeddings=False)),
+    "qwen2moe": ("Qwen2MoeConfig", "Qwen2MoeForCausalLM",
+                 dict(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=24,
+                      shared_expert_intermediate_size=40, norm_topk_prob=False,
+                      tie_word_embeddings=False)),
     "phi3": ("Phi3Config", "Phi3ForCausalLM",
              dict(tie_word_embeddings=False, resid_pdrop=0.0, embd_pdrop=0.0,
                   attention_dropout=0.0)),
@@ -174,7 +180,7 @@ def hf_greedy(model, prompt, n, cache):
 def loom_name_grads(src_dir, ids):
     """one forward/backward of the mean next-token loss through libloom: {loom name: grad}"""
     err = Err()
-    cfg = ctypes.create_string_buffer(512)
+    cfg = ctypes.create_string_buffer(4096)  # a loom_model_config (240 bytes today)
     m = P()
     B, T = ids.shape[0], ids.shape[1] - 1
     assert L.loom_hf_read_config(src_dir.encode(), cfg, None, ctypes.byref(err)) == 0, err.msg
@@ -237,6 +243,12 @@ def hf_name_grads(model, fam, ids):
             out[o + "moe_router_w"] = gr[p + "mlp.gate.weight"]
             out[o + "moe_fc_w"] = gr[p + "mlp.experts.gate_up_proj"]  # (E, 2F, C): gate | up
             out[o + "moe_proj_w"] = gr[p + "mlp.experts.down_proj"]   # (E, C, F)
+            if p + "mlp.shared_expert_gate.weight" in gr:  # Qwen2-MoE: one gated shared expert
+                sh = p + "mlp.shared_expert."
+                out[o + "moe_shared_fc_w"] = np.concatenate(
+                    [gr[sh + "gate_proj.weight"], gr[sh + "up_proj.weight"]])[None]
+                out[o + "moe_shared_proj_w"] = gr[sh + "down_proj.weight"][None]
+                out[o + "moe_shared_gate_w"] = gr[p + "mlp.shared_expert_gate.weight"]
             del out[o + "fc_proj_w"]
             continue
         out[o + "gate_w"] = gr[p + "mlp.gate_proj.weight"]
@@ -357,6 +369,9 @@ def refusals(work):
                                                  max_window_layers=0), "sliding_window"),
         ("LlamaConfig", "LlamaForCausalLM", dict(mlp_bias=True), "'mlp_bias'"),
         ("LlamaConfig", "LlamaForCausalLM", dict(hidden_act="gelu"), "'hidden_act'"),
+        ("Qwen2MoeConfig", "Qwen2MoeForCausalLM",
+         dict(num_experts=4, moe_intermediate_size=24, shared_expert_intermediate_size=40,
+              decoder_sparse_step=2), "'decoder_sparse_step'"),
     ]
     for i, (cname, mname, extra, key) in enumerate(cases):
         kw = dict(BASE)
@@ -374,7 +389,7 @@ def main():
         only = sys.argv[1:] or list(FAMILIES)
         for fam in only:
             test_family(work, fam)
-        for fam in (f for f in ("qwen3", "mixtral", "llama3") if f in only):
+        for fam in (f for f in ("qwen3", "mixtral", "llama3", "qwen2moe") if f in only):
             init_from(work, fam)
         for fam, targets in (("qwen3", "q, v, gate, down"), ("mixtral", "q, k, v, o")):
             if fam in only:

@@ -79,7 +79,7 @@ B_, T_ = 2, 12
 
 def loom_model(hf_dir):
     err = Err()
-    cfg = ctypes.create_string_buffer(512)
+    cfg = ctypes.create_string_buffer(4096)  # a loom_model_config (240 bytes today)
     m = P()
     assert L.loom_hf_read_config(hf_dir.encode(), cfg, None, ctypes.byref(err)) == 0, err.msg
     assert L.loom_model_create(cfg, None, B_, T_, ctypes.byref(m), ctypes.byref(err)) == 0, err.msg
