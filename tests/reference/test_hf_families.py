@@ -18,7 +18,8 @@ Families (one tiny model each; GQA 6 query heads over 2 kv heads unless said):
 
 For each: `loom import --hf` -> logits (libloom, fp32) equal transformers' (max|d| / max|ref|
 <= 1e-5); greedy tokens of `loom generate` (KV cache) equal a full-prefix greedy loop through
-libloom (no cache) and transformers' generate; one training step's gradients (libloom
+libloom (no cache) and transformers' generate, and so do the batched engine's (three prompts
+of different lengths at once: `loom generate --prompts --batch 3`); one training step's gradients (libloom
 forward/backward of the mean next-token loss) equal transformers' autograd per tensor
 (max|d| / max|ref| <= 1e-4); `loom export --hf` loads with from_pretrained as the same
 architecture and gives the same logits (1e-5); `training.init_from` the HF directory (qwen3,
@@ -300,6 +301,24 @@ def test_family(work, fam):
     check(f"{fam} export: from_pretrained logits vs the original", rel_max(hf_logits(back, ids), hf_logits(model, ids)), TOL)
 
 
+def batched(work, fam):
+    """the batched engine (`loom generate --prompts --batch`: ragged prefill and decode steps
+    of several sequences at once) gives each prompt transformers' greedy tokens"""
+    model = getattr(transformers, FAMILIES[fam][1]).from_pretrained(os.path.join(work, f"hf_{fam}")).eval()
+    prompts = ["the quick", "ab", "a longer prompt of bytes"]
+    pf = os.path.join(work, f"prompts_{fam}.txt")
+    with open(pf, "w") as f:
+        f.write("".join(p + "\n" for p in prompts))
+    n = 10
+    r = run("generate", os.path.join(work, f"ck_{fam}"), "--prompts", pf, "--tokens", str(n),
+            "--temperature", "0", "--batch", "3", "--format", "ids")
+    rows = [json.loads(l) for l in r.stdout.splitlines()]
+    got = [x["ids"] for x in sorted(rows, key=lambda x: x["index"])]
+    want = [hf_greedy(model, list(p.encode()), n, True) for p in prompts]
+    expect(f"{fam} batched engine (3 prompts, batch 3): greedy tokens == transformers'",
+           got == want, f"{got} vs {want}")
+
+
 def lora(work, fam, targets):
     """LoRA fine-tuning from the family's directory (2 steps), then export: PEFT's adapter files
     on the exported base give loom's logits (1e-5), and so does --merge-lora"""
@@ -389,6 +408,7 @@ def main():
         only = sys.argv[1:] or list(FAMILIES)
         for fam in only:
             test_family(work, fam)
+            batched(work, fam)
         for fam in (f for f in ("qwen3", "mixtral", "llama3", "qwen2moe") if f in only):
             init_from(work, fam)
         for fam, targets in (("qwen3", "q, v, gate, down"), ("mixtral", "q, k, v, o")):
