@@ -24,6 +24,14 @@ enum {
  * LOOM_MLP_GELU, gpt2) the spellings "fc" (= gate: the first MLP matrix) and "fc_proj"
  * (= down). -1 for an unknown name. */
 int loom_lora_target_bit(const char *name, int gelu_mlp);
+/* The targets a name of finetune.lora.targets stands for (a mask; 0 for an unknown name):
+ * loom's names (loom_lora_target_bit), and PEFT's target_modules names of the Hugging Face
+ * layouts, matched as PEFT matches them (a module-name suffix): q_proj, k_proj, v_proj,
+ * o_proj, gate_proj, up_proj, down_proj (Llama, Mistral, Qwen, Mixtral's attention, OLMo,
+ * Gemma); Phi-3's fused qkv_proj (q, k, v) and gate_up_proj (gate, up); GPT-2's c_attn (q, k,
+ * v), c_fc (fc) and c_proj (o and fc_proj: both modules are named c_proj); and "all-linear"
+ * (every target of the MLP kind). */
+unsigned loom_lora_target_mask(const char *name, int gelu_mlp);
 const char *loom_lora_target_name(int t, int gelu_mlp); /* t in [0, LOOM_LORA_NT) */
 
 typedef struct loom_lora loom_lora;

@@ -59,6 +59,29 @@ int loom_lora_target_bit(const char *name, int gelu_mlp) {
     return -1;
 }
 
+unsigned loom_lora_target_mask(const char *name, int gelu_mlp) {
+    const int b = loom_lora_target_bit(name, gelu_mlp);
+    if (b > 0) return (unsigned)b;
+    const unsigned qkv = LOOM_LORA_Q | LOOM_LORA_K | LOOM_LORA_V;
+    if (!strcmp(name, "all-linear"))
+        return qkv | LOOM_LORA_O | LOOM_LORA_GATE | LOOM_LORA_DOWN | (gelu_mlp ? 0 : LOOM_LORA_UP);
+    if (gelu_mlp) { /* GPT-2's Conv1D modules */
+        if (!strcmp(name, "c_attn")) return qkv;
+        if (!strcmp(name, "c_fc")) return LOOM_LORA_GATE;
+        if (!strcmp(name, "c_proj")) return LOOM_LORA_O | LOOM_LORA_DOWN;
+        return 0;
+    }
+    static const struct { const char *hf; unsigned mask; } HF[] = {
+        {"q_proj", LOOM_LORA_Q},       {"k_proj", LOOM_LORA_K},     {"v_proj", LOOM_LORA_V},
+        {"o_proj", LOOM_LORA_O},       {"gate_proj", LOOM_LORA_GATE}, {"up_proj", LOOM_LORA_UP},
+        {"down_proj", LOOM_LORA_DOWN}, {"qkv_proj", LOOM_LORA_Q | LOOM_LORA_K | LOOM_LORA_V},
+        {"gate_up_proj", LOOM_LORA_GATE | LOOM_LORA_UP},
+    };
+    for (size_t i = 0; i < sizeof HF / sizeof HF[0]; i++)
+        if (!strcmp(name, HF[i].hf)) return HF[i].mask;
+    return 0;
+}
+
 const char *loom_lora_target_name(int t, int gelu_mlp) {
     if (gelu_mlp && t == 4) return "fc";
     if (gelu_mlp && t == 6) return "fc_proj";

@@ -48,7 +48,8 @@ static const loom_config_key train_only_keys[] = {
     {"finetune.lora.dropout", "0",
      "dropout probability on the adapters' input, in [0, 1) (training steps only)"},
     {"finetune.lora.targets", "[q, v]", "the adapted linears: q, k, v, o, gate, up, down "
-                                        "(gpt2: q, k, v, o, fc, fc_proj)"},
+                                        "(gpt2: q, k, v, o, fc, fc_proj), or PEFT's module "
+                                        "names (q_proj, ..., c_attn, ..., all-linear)"},
     {"eval.every", "100", "validation loss every N steps (0 = only at the end)"},
     {"eval.batches", "8", "validation batches per evaluation (0 = every window once)"},
     {"checkpoint.every", "0", "checkpoint every N steps (0 = no checkpoints)"},

@@ -41,14 +41,17 @@ int loom_lora_settings(const loom_config *cfg, int gelu_mlp, int *rank, float *a
     unsigned bits = 0;
     int rc = 0;
     for (int i = 0; i < n && !rc; i++) {
-        const int b = loom_lora_target_bit(items[i], gelu_mlp);
-        if (b < 0)
+        const unsigned b = loom_lora_target_mask(items[i], gelu_mlp);
+        if (!b)
             rc = loom_errf(err, "config key 'finetune.lora.targets' (%s): '%s' is not a target of "
-                                "a %s model (q, k, v, o, %s)",
+                                "a %s model (q, k, v, o, %s; or PEFT's %s, all-linear)",
                            loom_config_origin(cfg, "finetune.lora.targets"), items[i],
-                           gelu_mlp ? "gpt2" : "llama",
-                           gelu_mlp ? "fc, fc_proj" : "gate, up, down");
-        bits |= (unsigned)(b > 0 ? b : 0);
+                           gelu_mlp ? "GELU-MLP (gpt2)" : "gated-MLP",
+                           gelu_mlp ? "fc, fc_proj" : "gate, up, down",
+                           gelu_mlp ? "c_attn, c_proj, c_fc"
+                                    : "q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, "
+                                      "down_proj, qkv_proj, gate_up_proj");
+        bits |= b;
     }
     loom_config_free_list(items, n);
     if (rc) return -1;
