@@ -446,7 +446,7 @@ int loom_cp_create(loom_model *m, loom_mesh *mesh, int kind, int B, int T, loom_
     c->kind = kind;
     c->P = P;
     c->r = lay->cp_rank;
-    c->D = mc->d_model / mc->n_head;
+    c->D = loom_config_head_dim(mc); /* model.arch.head_dim, else d_model / n_head */
     c->H = mc->n_head / lay->tp;
     c->KVH = mc->n_kv_head / lay->tp;
     c->HD = (int64_t)c->H * c->D;

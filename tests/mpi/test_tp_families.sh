@@ -5,12 +5,16 @@
 # group (qwen3), a tied head over the vocab-parallel embedding with llama3 RoPE (llama3),
 # head_dim != d_model / n_head (qwen3), fused-in-HF phi3, Mixtral's renormalized top-k over
 # ep = 2, Qwen2-MoE's gated shared expert of its own width over ep = 2 (replicated: its
-# gradients summed over the data-parallel group only).
+# gradients summed over the data-parallel group only) and tp = 2; and context parallelism
+# (cp = 2, Ulysses and ring) with q/k norms and head_dim 24 != d_model / n_head (qwen3: the cp
+# engine once took d_model / n_head for the head width).
 source "$(dirname "$0")/lib.sh"
 make_dataset "$WORK"
 export OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1
-for case in qwen2:tp qwen3:tp llama3:tp phi3:tp mixtral:ep qwen2moe:ep qwen2moe:tp; do
+for case in qwen2:tp qwen3:tp llama3:tp phi3:tp mixtral:ep qwen2moe:ep qwen2moe:tp qwen3:cp qwen3:ring; do
   name=${case%%:*} par=${case#*:}
+  par_args=(--set parallel.$par=2)
+  [ $par = ring ] && par_args=(--set parallel.cp=2 --set parallel.cp_kind=ring)
   set_args=(--set data.train="$WORK/data/train" --set data.val="$WORK/data/val"
             --set model.d_model=64 --set model.n_layer=2 --set model.d_ff=96
             --set training.steps=12 --set training.schedule_steps=12 --set training.seq_len=32
@@ -20,7 +24,7 @@ for case in qwen2:tp qwen3:tp llama3:tp phi3:tp mixtral:ep qwen2moe:ep qwen2moe:
   "$LOOM_BIN" train "$LOOM_SRC/configs/$name-tiny.yaml" "${set_args[@]}" \
     --set run.dir="$WORK/${name}_${par}_1" >"$WORK/log" 2>&1 || { cat "$WORK/log"; fail "$name: one process"; }
   run_mpi 2 "$WORK/log2" "$LOOM_BIN" train "$LOOM_SRC/configs/$name-tiny.yaml" "${set_args[@]}" \
-    --set run.dir="$WORK/${name}_${par}_2" --set parallel.$par=2
+    --set run.dir="$WORK/${name}_${par}_2" "${par_args[@]}"
   [ "$RC" = 0 ] || { cat "$WORK/log2"; fail "$name: $par = 2"; }
   compare_losses "$WORK/${name}_${par}_1" "$WORK/${name}_${par}_2" 1e-5 || fail "$name: $par = 2 differs from one process"
   pass "$name: $par = 2 trains like one process"
