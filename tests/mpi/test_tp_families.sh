@@ -19,7 +19,7 @@ for case in qwen2:tp qwen3:tp llama3:tp phi3:tp mixtral:ep qwen2moe:ep qwen2moe:
             --set model.d_model=64 --set model.n_layer=2 --set model.d_ff=96
             --set training.steps=12 --set training.schedule_steps=12 --set training.seq_len=32
             --set training.batch_size=2 --set training.lr=3e-3 --set training.warmup=1
-            --set eval.every=0 --set checkpoint.every=0)
+            --set eval.every=0 --set checkpoint.every=12)
   [ $name = qwen3 ] && set_args+=(--set model.arch.head_dim=24)
   "$LOOM_BIN" train "$LOOM_SRC/configs/$name-tiny.yaml" "${set_args[@]}" \
     --set run.dir="$WORK/${name}_${par}_1" >"$WORK/log" 2>&1 || { cat "$WORK/log"; fail "$name: one process"; }
@@ -28,4 +28,16 @@ for case in qwen2:tp qwen3:tp llama3:tp phi3:tp mixtral:ep qwen2moe:ep qwen2moe:
   [ "$RC" = 0 ] || { cat "$WORK/log2"; fail "$name: $par = 2"; }
   compare_losses "$WORK/${name}_${par}_1" "$WORK/${name}_${par}_2" 1e-5 || fail "$name: $par = 2 differs from one process"
   pass "$name: $par = 2 trains like one process"
+  if [ $case = qwen3:tp ]; then # resharding: the tp = 2 checkpoint loads whole on one process
+    for r in 1 2; do
+      "$LOOM_BIN" eval "$WORK/${name}_${par}_$r" --data "$WORK/data/val" --batches 0 --format json \
+        >"$WORK/eval_$r.json" 2>"$WORK/log" || { cat "$WORK/log"; fail "$name: loom eval of run $r"; }
+    done
+    python3 - "$WORK/eval_1.json" "$WORK/eval_2.json" <<'PY' || fail "$name: the tp = 2 checkpoint evaluates differently"
+import json, sys
+a, b = (json.load(open(p))["loss"] for p in sys.argv[1:])
+assert abs(a - b) <= 1e-5 * abs(a), (a, b)
+PY
+    pass "$name: its tp = 2 checkpoint reshards onto one process (eval loss equal)"
+  fi
 done
