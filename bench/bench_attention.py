@@ -140,11 +140,11 @@ def make_variants(names, T, threads, mark=lambda: None):
                 scratch = np.zeros((B, H, T, T), np.float32)
 
                 def fwd(out=out, att=att):
-                    L.attention_forward(ptr(out), ptr(att), ptr(x), B, T, H, KVH, D)
+                    L.attention_forward(ptr(out), ptr(att), ptr(x), B, T, H, KVH, D, None)
 
                 def bwd(dx=dx, scratch=scratch, att=att):
                     L.attention_backward(ptr(dx), ptr(scratch), ptr(dout), ptr(x), ptr(att),
-                                         B, T, H, KVH, D)
+                                         B, T, H, KVH, D, None)
             else:
                 isa = {"flash": ATTN_ISA_AUTO, "flash-blas": ATTN_ISA_AVX512_BLAS,
                        "flash-avx2": ATTN_ISA_AVX2, "flash-portable": ATTN_ISA_PORTABLE}[name]

@@ -29,15 +29,23 @@ typedef struct loom_attn_dims {
     int64_t q_bs, q_ts, k_bs, k_ts, v_bs, v_ts, o_bs, o_ts; /* batch / position strides */
 } loom_attn_dims;
 
-/* Which keys each query sees. Query row i has position q_pos0 + i, key row j position
- * k_pos0 + j; key j is visible to query i iff (!causal || kpos <= qpos) and, with document
- * ids, q_doc[b*q_doc_bs + i] == k_doc[b*k_doc_bs + j]. A row that sees no key gets out = 0
- * and lse = -inf (and contributes no gradient). Zero-initialized = non-causal, no documents. */
+/* Which keys each query sees, and how its scores are formed. Query row i has position
+ * q_pos0 + i, key row j position k_pos0 + j; key j is visible to query i iff
+ * (!causal || kpos <= qpos), with a window (> 0, causal only) also qpos - kpos < window
+ * (transformers' sliding window: the query's own position and the window - 1 before it), and,
+ * with document ids, q_doc[b*q_doc_bs + i] == k_doc[b*k_doc_bs + j]. A row that sees no key
+ * gets out = 0 and lse = -inf (and contributes no gradient). The score of a pair is
+ * s = scale * q.k (scale 0: 1/sqrt(D)), then with softcap > 0 softcap * tanh(s / softcap)
+ * (Gemma 2's attention logit soft-capping), before the mask and the softmax; lse is in these
+ * scores. Zero-initialized = non-causal, no window, no documents, 1/sqrt(D), no cap. */
 typedef struct loom_attn_mask {
     int causal;
     int64_t q_pos0, k_pos0;
     const int32_t *q_doc, *k_doc; /* both NULL (no document mask) or both set */
     int64_t q_doc_bs, k_doc_bs;   /* ints between batch rows of q_doc / k_doc */
+    int64_t window;               /* sliding window (keys qpos - window < kpos); 0 = none */
+    float scale;                  /* the scores' scale; 0 = 1/sqrt(D) */
+    float softcap;                /* scores soft-capped to (-softcap, softcap); 0 = none */
 } loom_attn_mask;
 
 /* dims for the fused qkv rows (B,T,(H+2*KVH)*D) and out (B,T,H*D): pass q = qkv,
@@ -123,11 +131,14 @@ typedef struct loom_backend {
                               int64_t row_stride, int64_t rstd_stride);
 
     /* materialized causal attention (sdpa, the reference): qkv (B,T,(H+2*KVH)*D), out
-     * (B,T,H*D), att (B,H,T,T) probabilities; backward: dqkv +=, scratch B*H*T*T floats */
+     * (B,T,H*D), att (B,H,T,T) probabilities; backward: dqkv +=, scratch B*H*T*T floats.
+     * mask (may be NULL): only its window, scale and softcap are read (always causal, no
+     * documents, positions from 0) */
     void (*attention_forward)(float *out, float *att, const float *qkv, int B, int T, int H,
-                              int KVH, int D);
+                              int KVH, int D, const loom_attn_mask *mask);
     void (*attention_backward)(float *dqkv, float *scratch, const float *dout, const float *qkv,
-                               const float *att, int B, int T, int H, int KVH, int D);
+                               const float *att, int B, int T, int H, int KVH, int D,
+                               const loom_attn_mask *mask);
 
     /* flash attention (tiled online softmax): out and lse (B,H,Tq, may be NULL) overwritten;
      * backward recomputes the tiles and ACCUMULATES into dq, dk, dv (NULL skipped). Return 0,
@@ -148,9 +159,11 @@ typedef struct loom_backend {
                                         const loom_attn_mask *mask);
 
     /* decoding: one query row q (H*D) against cached rows 0..n-1 of kcache, vcache
-     * (n, KVH*D); out (H*D); scratch H*n floats */
+     * (n, KVH*D), every one visible (a window is the caller's ring of rows); out (H*D);
+     * scratch H*n floats; mask (may be NULL): only its scale and softcap are read */
     void (*attention_decode)(float *out, const float *q, const float *kcache,
-                             const float *vcache, int n, int H, int KVH, int D, float *scratch);
+                             const float *vcache, int n, int H, int KVH, int D, float *scratch,
+                             const loom_attn_mask *mask);
 
     /* out (B,T,C) = wte[tokens] (+ wpe[pos0 + t] when wpe is not NULL); backward += */
     void (*embedding_forward)(float *out, const int32_t *tokens, const float *wte,

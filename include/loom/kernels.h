@@ -108,19 +108,22 @@ void rope_backward(float *dx, int64_t B, int T, int nh, int D, int64_t row_strid
 
 /* Causal scaled-dot-product attention with grouped-query heads.
  * qkv (B,T,(H+2*KVH)*D): per row, H query heads, then KVH key heads, then KVH value heads.
- * Query head h uses kv head h / (H/KVH). Scale 1/sqrt(D).
- * out (B,T,H*D); att (B,H,T,T) saved softmax probabilities (upper triangle zero). */
+ * Query head h uses kv head h / (H/KVH). Scale 1/sqrt(D), or mask->scale; mask (NULL: plain
+ * causal) adds its window and softcap (include/loom/backend.h; documents and positions are not
+ * read). out (B,T,H*D); att (B,H,T,T) saved softmax probabilities (invisible pairs zero). */
 void attention_forward(float *out, float *att, const float *qkv,
-                       int B, int T, int H, int KVH, int D);
+                       int B, int T, int H, int KVH, int D, const loom_attn_mask *mask);
 /* attention_causal_pairs (the FLOP count of these kernels): include/loom/backend.h */
-/* dqkv (B,T,(H+2*KVH)*D) +=; scratch must hold B*H*T*T floats. */
+/* dqkv (B,T,(H+2*KVH)*D) +=; scratch must hold B*H*T*T floats; the forward's mask. */
 void attention_backward(float *dqkv, float *scratch, const float *dout, const float *qkv,
-                        const float *att, int B, int T, int H, int KVH, int D);
+                        const float *att, int B, int T, int H, int KVH, int D,
+                        const loom_attn_mask *mask);
 
 /* ---- Flash attention (flash_attention.c; docs/kernels.md "Flash attention") ---------------
  * Tiled online-softmax attention (FlashAttention-2 style) with grouped-query heads: extra
- * memory is per-thread tile scratch only (no T x T buffer). Scale 1/sqrt(D). Query head h
- * reads kv head h / (H/KVH).
+ * memory is per-thread tile scratch only (no T x T buffer). Scale 1/sqrt(D) or mask->scale,
+ * soft-capping and sliding windows as loom_attn_mask says. Query head h reads kv head
+ * h / (H/KVH).
  *
  * loom_attn_dims (strided q, k, v, out views) and loom_attn_mask (causal, positions,
  * document ids) are in include/loom/backend.h. */
@@ -172,10 +175,11 @@ int flash_attention_backward_set(float *dq, float *dk, float *dv, const float *d
 int flash_attention_have_avx512(void);
 
 /* One query row against cached keys/values (incremental decoding): q (H*D) for the newest
- * position; kcache, vcache (n, KVH*D) rows 0..n-1 (the newest included); out (H*D).
- * scratch holds H*n floats. Same scale and head grouping as attention_forward. */
+ * position; kcache, vcache (n, KVH*D) rows 0..n-1 (the newest included), all visible (in any
+ * order: a sliding window's ring); out (H*D). scratch holds H*n floats. Same scale, softcap
+ * (mask, may be NULL; nothing else of it is read) and head grouping as attention_forward. */
 void attention_decode(float *out, const float *q, const float *kcache, const float *vcache,
-                      int n, int H, int KVH, int D, float *scratch);
+                      int n, int H, int KVH, int D, float *scratch, const loom_attn_mask *mask);
 
 /* out (B,T,C) = wte[tokens] (+ wpe[pos0 + t] when wpe is not NULL). */
 void embedding_forward(float *out, const int32_t *tokens, const float *wte, const float *wpe,

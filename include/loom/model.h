@@ -51,6 +51,16 @@ typedef struct loom_arch {
     int rope_orig_max; /* llama3, yarn: the original context length */
     int moe_renorm;    /* MoE: a token's top-k gate weights divided by their sum (Mixtral,
                         * norm_topk_prob); 0: the router's softmax probabilities */
+    /* sliding-window attention: a sliding layer's query at position q sees the keys at
+     * q - sliding_window < k <= q. Layers l >= window_start slide; with window_period p > 1
+     * only p - 1 of every p of them, the last of each period attending fully (Mistral: every
+     * layer; Qwen 2: from max_window_layers on; Gemma 2: p = 2; Gemma 3: p = 6).
+     * sliding_window 0 = none */
+    int sliding_window, window_start, window_period;
+    float rope_local_theta;  /* sliding layers' RoPE base (default RoPE, no scaling); 0: the
+                              * full layers' (model.rope_theta and rope_type) */
+    float attn_softcap;      /* scores = cap * tanh(scores / cap) before the softmax; 0: none */
+    float query_pre_attn_scalar; /* the scores' scale is its ^-0.5; 0: head_dim^-0.5 */
     char family[32];   /* the Hugging Face architecture it exports as ("" = its descriptor's;
                         * computes nothing) */
 } loom_arch;
@@ -112,6 +122,9 @@ const char *loom_arch_names(void);
 const loom_arch *loom_config_arch(const loom_model_config *c);
 /* The head width D of a config. */
 int loom_config_head_dim(const loom_model_config *c);
+/* The sliding window of layer l (arch.sliding_window when the layer slides), 0 when the layer
+ * attends to every earlier position. */
+int loom_config_layer_window(const loom_model_config *c, int l);
 
 /* Activation checkpointing: NONE keeps every layer's activations; FULL keeps only the
  * residual stream entering each layer and re-runs the block's forward in backward; SELECTIVE
@@ -553,6 +566,9 @@ void loom_kv_cache_free(loom_kv_cache *c);
 void loom_kv_cache_reset(loom_kv_cache *c);
 /* positions held */
 int loom_kv_cache_len(const loom_kv_cache *c);
+/* The bytes of its K and V caches: 2 * loom_model_kv_floats(m, max_seq_len) floats (a sliding
+ * layer's ring holds its window only). */
+size_t loom_kv_cache_bytes(const loom_kv_cache *c);
 /* Runs `token` at position loom_kv_cache_len(c) (which must be < max_seq_len), appends its
  * keys and values, and returns the next-token logits (V), valid until the next call. */
 const float *loom_model_decode(loom_model *m, loom_kv_cache *c, int32_t token);
@@ -568,8 +584,18 @@ const float *loom_model_decode(loom_model *m, loom_kv_cache *c, int32_t token);
  * (parallel/tp.c): its caches hold its KVH/tp kv heads (KVH and D of the view), and the
  * logits it returns are the whole vocabulary's, gathered at LOOM_CP_VOCAB_GATHER, the same
  * bits on every rank of the group. */
+/* A sequence's KV cache with room for cap positions holds, per layer, loom_model_kv_slots
+ * rows: cap, or for a sliding-window layer min(cap, window) rows used as a ring (position p
+ * in row p % window); loom_model_kv_floats(m, cap) floats for each of K and V, layer after
+ * layer. Without sliding layers that is (L, cap, KVH*D). */
+int loom_model_kv_slots(const loom_model *m, int layer, int cap);
+size_t loom_model_kv_floats(const loom_model *m, int cap);
+/* The scores of layer l's attention (scale, soft-cap) and its window, set in *mask (the rest
+ * of it is left alone). */
+struct loom_attn_mask;
+void loom_model_attn_scores(const loom_model *m, int layer, struct loom_attn_mask *mask);
 typedef struct loom_decode_seg {
-    float *k, *v;      /* (L, cap, KVH*D) each */
+    float *k, *v;      /* loom_model_kv_floats(m, cap) each (above) */
     int cap;           /* positions the cache holds */
     int pos0, n;       /* this step's positions [pos0, pos0 + n) */
     int want_logits;   /* 1: next-token logits of the segment's last row */

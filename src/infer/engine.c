@@ -86,7 +86,8 @@ int loom_engine_create(loom_model *m, const loom_tokenizer *tok, const loom_engi
     if (e->o.max_step_tokens <= 0) e->o.max_step_tokens = e->maxT > 256 ? e->maxT : 256;
     if (e->o.max_step_tokens < e->o.max_batch) e->o.max_step_tokens = e->o.max_batch;
     if (e->o.kv_budget_bytes == 0)
-        e->o.kv_budget_bytes = (size_t)e->o.max_batch * (size_t)e->maxT * e->fpp * 2 * sizeof(float);
+        e->o.kv_budget_bytes =
+            (size_t)e->o.max_batch * loom_model_kv_floats(m, e->maxT) * 2 * sizeof(float);
     e->rows_tok = loom_calloc((size_t)e->o.max_step_tokens, sizeof(int32_t));
     e->segs = loom_calloc((size_t)e->o.max_batch, sizeof *e->segs);
     e->seg_req = loom_calloc((size_t)e->o.max_batch, sizeof *e->seg_req);
@@ -124,7 +125,8 @@ static size_t reservation(const loom_engine *e, int n_prompt, int max_tokens, in
     if (need < n_prompt) need = n_prompt;
     if (need > e->maxT) need = e->maxT;
     *cap = (int)need;
-    return (size_t)need * e->fpp * 2 * sizeof(float);
+    /* a sliding-window layer's ring holds min(cap, window) positions */
+    return loom_model_kv_floats(e->m, *cap) * 2 * sizeof(float);
 }
 
 int loom_engine_submit(loom_engine *e, const int32_t *prompt, int n_prompt,
@@ -326,7 +328,7 @@ int loom_engine_step(loom_engine *e) {
         if (r->state != R_WAITING) continue;
         if (e->st.running >= e->o.max_batch || e->st.kv_used + r->bytes > e->o.kv_budget_bytes)
             break;
-        const size_t n = (size_t)r->cap * e->fpp * sizeof(float);
+        const size_t n = loom_model_kv_floats(e->m, r->cap) * sizeof(float);
         r->k = loom_alloc_aligned(n);
         r->v = loom_alloc_aligned(n);
         r->state = R_RUNNING;

@@ -32,38 +32,49 @@ int64_t attention_causal_pairs(int T) {
 #include "kernels/isa_variants.h"
 
 LOOM_DISPATCH(attention_forward, (float *out, float *att, const float *qkv, int B, int T, int H,
-                                  int KVH, int D),
-              (out, att, qkv, B, T, H, KVH, D))
+                                  int KVH, int D, const loom_attn_mask *mask),
+              (out, att, qkv, B, T, H, KVH, D, mask))
 LOOM_DISPATCH(attention_backward, (float *dqkv, float *scratch, const float *dout,
                                    const float *qkv, const float *att, int B, int T, int H,
-                                   int KVH, int D),
-              (dqkv, scratch, dout, qkv, att, B, T, H, KVH, D))
+                                   int KVH, int D, const loom_attn_mask *mask),
+              (dqkv, scratch, dout, qkv, att, B, T, H, KVH, D, mask))
 
 #else /* one level of the kernels (isa_variants.h) */
 
-/* Row i of the probabilities: softmax over s[0..i], zero for j > i. */
-static void LOOM_KV(causal_softmax_row)(float *s, int i, int T) {
-    float mx = s[0];
+/* the first key row i sees: 0, or with a sliding window W the W - 1 before it */
+static inline int LOOM_KV(first_key)(int i, int64_t window) {
+    return window > 0 && i - window + 1 > 0 ? (int)(i - window + 1) : 0;
+}
+
+/* Row i of the probabilities: softmax over s[lo..i] (soft-capped first with cap > 0), zero
+ * for j < lo and j > i. */
+static void LOOM_KV(causal_softmax_row)(float *s, int lo, int i, int T, float cap) {
+    if (cap > 0.0f)
+        for (int j = lo; j <= i; j++) s[j] = cap * tanhf(s[j] / cap);
+    float mx = s[lo];
 #pragma omp simd reduction(max : mx)
-    for (int j = 0; j <= i; j++) mx = s[j] > mx ? s[j] : mx;
+    for (int j = lo; j <= i; j++) mx = s[j] > mx ? s[j] : mx;
     float sum = 0.0f;
 #pragma omp simd reduction(+ : sum)
-    for (int j = 0; j <= i; j++) {
+    for (int j = lo; j <= i; j++) {
         float e = loom_expf(s[j] - mx);
         s[j] = e;
         sum += e;
     }
     float inv = 1.0f / sum;
-    for (int j = 0; j <= i; j++) s[j] *= inv;
+    for (int j = lo; j <= i; j++) s[j] *= inv;
+    for (int j = 0; j < lo; j++) s[j] = 0.0f;
     for (int j = i + 1; j < T; j++) s[j] = 0.0f;
 }
 
 
 static void LOOM_KV(attention_forward)(float *out, float *att, const float *qkv,
-                       int B, int T, int H, int KVH, int D) {
+                       int B, int T, int H, int KVH, int D, const loom_attn_mask *mask) {
     const int64_t R = (int64_t)(H + 2 * KVH) * D, HD = (int64_t)H * D;
     const int group = H / KVH;
-    const float scale = 1.0f / sqrtf((float)D);
+    const float scale = mask && mask->scale > 0.0f ? mask->scale : 1.0f / sqrtf((float)D);
+    const int64_t W = mask ? mask->window : 0;
+    const float cap = mask ? mask->softcap : 0.0f;
 #pragma omp parallel for schedule(static)
     for (int64_t bh = 0; bh < (int64_t)B * H; bh++) {
         int64_t b = bh / H;
@@ -75,10 +86,14 @@ static void LOOM_KV(attention_forward)(float *out, float *att, const float *qkv,
         float *o = out + b * T * HD + (int64_t)h * D;
         for (int i0 = 0; i0 < T; i0 += ATT_BS) {
             int i1 = i0 + ATT_BS < T ? i0 + ATT_BS : T;
-            /* S[i0:i1, 0:i1] = scale * Q[i0:i1] K[0:i1]^T */
-            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, i1 - i0, i1, D, scale,
-                        q + i0 * R, (blasint)R, k, (blasint)R, 0.0f, p + (int64_t)i0 * T, T);
-            for (int i = i0; i < i1; i++) LOOM_KV(causal_softmax_row)(p + (int64_t)i * T, i, T);
+            /* S[i0:i1, k0:i1] = scale * Q[i0:i1] K[k0:i1]^T (k0: the block's first key) */
+            const int k0 = LOOM_KV(first_key)(i0, W);
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, i1 - i0, i1 - k0, D, scale,
+                        q + i0 * R, (blasint)R, k + k0 * R, (blasint)R, 0.0f,
+                        p + (int64_t)i0 * T + k0, T);
+            for (int i = i0; i < i1; i++)
+                LOOM_KV(causal_softmax_row)(p + (int64_t)i * T, LOOM_KV(first_key)(i, W), i, T,
+                                            cap);
             /* O[i0:i1] = P[i0:i1, 0:i1] V[0:i1] */
             cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, i1 - i0, D, i1, 1.0f,
                         p + (int64_t)i0 * T, T, v, (blasint)R, 0.0f, o + i0 * HD, (blasint)HD);
@@ -88,10 +103,13 @@ static void LOOM_KV(attention_forward)(float *out, float *att, const float *qkv,
 
 static void LOOM_KV(attention_backward)(float *dqkv, float *scratch, const float *dout,
                                         const float *qkv,
-                        const float *att, int B, int T, int H, int KVH, int D) {
+                        const float *att, int B, int T, int H, int KVH, int D,
+                        const loom_attn_mask *mask) {
     const int64_t R = (int64_t)(H + 2 * KVH) * D, HD = (int64_t)H * D;
     const int group = H / KVH;
-    const float scale = 1.0f / sqrtf((float)D);
+    const float scale = mask && mask->scale > 0.0f ? mask->scale : 1.0f / sqrtf((float)D);
+    const int64_t W = mask ? mask->window : 0;
+    const float cap = mask ? mask->softcap : 0.0f;
 #pragma omp parallel for schedule(static)
     for (int64_t bk = 0; bk < (int64_t)B * KVH; bk++) {
         int64_t b = bk / KVH;
@@ -112,14 +130,24 @@ static void LOOM_KV(attention_backward)(float *dqkv, float *scratch, const float
                 cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, i1 - i0, i1, D, 1.0f,
                             dO + i0 * HD, (blasint)HD, v, (blasint)R, 0.0f,
                             ds + (int64_t)i0 * T, T);
-                /* dS = P * (dP - rowsum(dP * P)), zero above the diagonal */
+                /* dS = P * (dP - rowsum(dP * P)), zero outside the visible keys; soft-capped:
+                 * times the cap's derivative 1 - tanh^2 of the raw score (recomputed) */
                 for (int i = i0; i < i1; i++) {
                     float *dsr = ds + (int64_t)i * T;
                     const float *pr = p + (int64_t)i * T;
+                    const int lo = LOOM_KV(first_key)(i, W);
                     float dot = 0.0f;
 #pragma omp simd reduction(+ : dot)
-                    for (int j = 0; j <= i; j++) dot += dsr[j] * pr[j];
-                    for (int j = 0; j <= i; j++) dsr[j] = pr[j] * (dsr[j] - dot);
+                    for (int j = lo; j <= i; j++) dot += dsr[j] * pr[j];
+                    for (int j = lo; j <= i; j++) dsr[j] = pr[j] * (dsr[j] - dot);
+                    if (cap > 0.0f)
+                        for (int j = lo; j <= i; j++) {
+                            float sc = 0.0f;
+                            for (int x = 0; x < D; x++) sc += q[i * R + x] * k[j * R + x];
+                            const float t = tanhf(sc * scale / cap);
+                            dsr[j] *= 1.0f - t * t;
+                        }
+                    for (int j = 0; j < lo; j++) dsr[j] = 0.0f;
                     for (int j = i + 1; j < T; j++) dsr[j] = 0.0f;
                 }
                 /* dQ[i0:i1] += scale * dS[i0:i1, 0:i1] K[0:i1] */

@@ -11,8 +11,9 @@
 #include "kernels/isa_variants.h"
 
 LOOM_DISPATCH(attention_decode, (float *out, const float *q, const float *kcache,
-                                 const float *vcache, int n, int H, int KVH, int D, float *scratch),
-              (out, q, kcache, vcache, n, H, KVH, D, scratch))
+                                 const float *vcache, int n, int H, int KVH, int D, float *scratch,
+                                 const loom_attn_mask *mask),
+              (out, q, kcache, vcache, n, H, KVH, D, scratch, mask))
 
 #else /* one level of the kernels (isa_variants.h) */
 
@@ -33,10 +34,12 @@ static inline float LOOM_KV(ad_dot)(const float *q, const float *k, int D) {
 
 static void LOOM_KV(attention_decode)(float *out, const float *q, const float *kcache,
                                       const float *vcache,
-                      int n, int H, int KVH, int D, float *scratch) {
+                      int n, int H, int KVH, int D, float *scratch,
+                      const loom_attn_mask *mask) {
     const int group = H / KVH;
     const int64_t row = (int64_t)KVH * D;
-    const float scale = 1.0f / sqrtf((float)D);
+    const float scale = mask && mask->scale > 0.0f ? mask->scale : 1.0f / sqrtf((float)D);
+    const float cap = mask ? mask->softcap : 0.0f;
     /* The cache rows are read in order, every head of a row at once (the rows stream from
      * memory; head by head would stride through them H times). */
 #pragma omp parallel if ((int64_t)n * row >= LOOM_PAR_MIN)
@@ -44,9 +47,11 @@ static void LOOM_KV(attention_decode)(float *out, const float *q, const float *k
 #pragma omp for schedule(static)
         for (int j = 0; j < n; j++) {
             const float *k = kcache + (int64_t)j * row;
-            for (int h = 0; h < H; h++)
-                scratch[(int64_t)h * n + j] =
+            for (int h = 0; h < H; h++) {
+                float sc =
                     LOOM_KV(ad_dot)(q + (int64_t)h * D, k + (int64_t)(h / group) * D, D) * scale;
+                scratch[(int64_t)h * n + j] = cap > 0.0f ? cap * tanhf(sc / cap) : sc;
+            }
         }
 #pragma omp for schedule(static)
         for (int h = 0; h < H; h++) { /* softmax in place: s[j] becomes the probability */

@@ -433,7 +433,35 @@ static int check_args(const loom_attn_dims *d, const loom_attn_mask *mk) {
         d->D < 1 || d->H % d->KVH != 0)
         return -1;
     if ((mk->q_doc == NULL) != (mk->k_doc == NULL)) return -1;
+    if (mk->window < 0 || (mk->window > 0 && !mk->causal)) return -1;
+    if (!(mk->scale >= 0.0f) || !isfinite(mk->scale) || !(mk->softcap >= 0.0f) ||
+        !isfinite(mk->softcap))
+        return -1;
     return 0;
+}
+
+/* the scores' scale: the mask's, else 1/sqrt(D) */
+static float score_scale(const loom_attn_mask *mk, int D) {
+    return mk->scale > 0.0f ? mk->scale : 1.0f / sqrtf((float)D);
+}
+
+/* Soft-capping of a score tile (rows x cols, ld): s = cap * tanh(s / cap); with g, also
+ * g = 1 - tanh^2, the cap's derivative, which the backward multiplies dS by. The same scalar
+ * code at every ISA level (the AVX-512 tiles call it too). */
+static void softcap_tile(float *s, int rows, int cols, int64_t ld, float cap, float *g) {
+    const float inv = 1.0f / cap;
+    for (int r = 0; r < rows; r++)
+        for (int c = 0; c < cols; c++) {
+            const float t = tanhf(s[r * ld + c] * inv);
+            s[r * ld + c] = cap * t;
+            if (g) g[r * ld + c] = 1.0f - t * t;
+        }
+}
+
+/* d *= g elementwise over a tile (rows x cols, ld): dS of the capped scores -> of the raw */
+static void softcap_grad(float *d, const float *g, int rows, int cols, int64_t ld) {
+    for (int r = 0; r < rows; r++)
+        for (int c = 0; c < cols; c++) d[r * ld + c] *= g[r * ld + c];
 }
 
 /* Visible (query, key) region of a tile pair. */
@@ -461,6 +489,10 @@ static int tile_class(const loom_attn_mask *mk, int i0, int m, int j0, int n, co
         int64_t kmin = mk->k_pos0 + j0, kmax = kmin + n - 1;
         if (kmin > qmax) return TILE_SKIP;
         full = kmax <= qmin;
+        if (mk->window > 0) { /* a tile wholly before every query's window is never touched */
+            if (qmin - kmax >= mk->window) return TILE_SKIP;
+            full = full && qmax - kmin < mk->window;
+        }
     }
     if (qd) {
         doc_range kr = doc_range_of(kd, n);
@@ -479,20 +511,24 @@ static int tile_class(const loom_attn_mask *mk, int i0, int m, int j0, int n, co
  * the ten visible tile pairs per head are diagonal. */
 enum { TRI = 16 };
 static inline int diagonal(const loom_attn_mask *mk, int cls, int i0, int j0) {
-    return cls == TILE_PARTIAL && mk->causal && mk->q_pos0 + i0 == mk->k_pos0 + j0;
+    /* soft-capped scores take whole tiles (the cap would run on what the strips skip) */
+    return cls == TILE_PARTIAL && mk->causal && mk->softcap == 0.0f &&
+           mk->q_pos0 + i0 == mk->k_pos0 + j0;
 }
 
 /* Visibility of key j0+c to query i0+r (partial tiles only). */
 static inline int visible(const loom_attn_mask *mk, int i0, int r, int j0, int c,
                           const int32_t *qd, const int32_t *kd) {
-    int vis = !mk->causal || mk->k_pos0 + j0 + c <= mk->q_pos0 + i0 + r;
+    const int64_t dq = mk->q_pos0 + i0 + r - (mk->k_pos0 + j0 + c); /* qpos - kpos */
+    int vis = !mk->causal || (dq >= 0 && (mk->window <= 0 || dq < mk->window));
     return qd ? vis && qd[r] == kd[c] : vis;
 }
 
 /* A causal mask without documents: key c of the tile is visible to query r iff
- * c <= r + off, off = (q_pos0 + i0) - (k_pos0 + j0); the masked entries of a row are then one
- * run, filled without testing each (the element-wise test was a third of the forward's own
- * time at T = 256). */
+ * c <= r + off, off = (q_pos0 + i0) - (k_pos0 + j0), and with a window W also
+ * c > r + off - W; the masked entries of a row are then one run after the visible ones (and
+ * with a window one before them), filled without testing each (the element-wise test was a
+ * third of the forward's own time at T = 256). */
 static inline int64_t causal_off(const loom_attn_mask *mk, int i0, int j0) {
     return mk->q_pos0 + i0 - (mk->k_pos0 + j0);
 }
@@ -503,10 +539,14 @@ static inline int clampi(int64_t x, int lo, int hi) {
 /* Sets the invisible entries of a partial tile s (m x n, ld BK) to -inf. */
 static void mask_tile(float *s, const loom_attn_mask *mk, int i0, int m, int j0, int n,
                       const int32_t *qd, const int32_t *kd) {
-    if (mk->causal && !qd) { /* row r: keys from r + off + 1 on */
+    if (mk->causal && !qd) { /* row r: keys from r + off + 1 on (and before r + off - W + 1) */
         const int64_t off = causal_off(mk, i0, j0);
-        for (int r = 0; r < m; r++)
+        for (int r = 0; r < m; r++) {
             for (int c = clampi(r + off + 1, 0, n); c < n; c++) s[(int64_t)r * BK + c] = -INFINITY;
+            if (mk->window > 0)
+                for (int c = 0, e = clampi(r + off - mk->window + 1, 0, n); c < e; c++)
+                    s[(int64_t)r * BK + c] = -INFINITY;
+        }
         return;
     }
     for (int r = 0; r < m; r++)
@@ -517,11 +557,14 @@ static void mask_tile(float *s, const loom_attn_mask *mk, int i0, int m, int j0,
 /* The same on a transposed tile st (n x m, ld BQ). */
 static void mask_tile_t(float *st, const loom_attn_mask *mk, int i0, int m, int j0, int n,
                         const int32_t *qd, const int32_t *kd) {
-    if (mk->causal && !qd) { /* key c: queries before c - off */
+    if (mk->causal && !qd) { /* key c: queries before c - off (and from c - off + W on) */
         const int64_t off = causal_off(mk, i0, j0);
         for (int c = 0; c < n; c++) {
             const int e = clampi(c - off, 0, m);
             for (int r = 0; r < e; r++) st[(int64_t)c * BQ + r] = -INFINITY;
+            if (mk->window > 0)
+                for (int r = clampi(c - off + mk->window, 0, m); r < m; r++)
+                    st[(int64_t)c * BQ + r] = -INFINITY;
         }
         return;
     }
@@ -589,7 +632,7 @@ int flash_attention_forward(float *out, float *lse, const float *q, const float 
     const int D = d.D, G = d.H / d.KVH;
     const int nqt = (d.Tq + BQ - 1) / BQ, nkt = (d.Tk + BK - 1) / BK;
     const int64_t ntask = (int64_t)d.B * d.H * nqt;
-    const float scale = 1.0f / sqrtf((float)D);
+    const float scale = score_scale(&mk, D);
     /* qst (D x BQ), st (BK x BQ), acc (BQ x D), vp (BK x D), m/l/alpha (BQ) */
     const size_t nscratch = (size_t)2 * BQ * D + (size_t)BK * BQ + (size_t)BK * D + 3 * BQ;
     int fail = 0;
@@ -635,6 +678,7 @@ int flash_attention_forward(float *out, float *lse, const float *q, const float 
                             ops->gemm(st + (int64_t)r0 * BQ + r0, BQ,
                                       kb + (j0 + r0) * d.k_ts, d.k_ts, 1, qst + r0, BQ,
                                       n - r0 < TRI ? n - r0 : TRI, m - r0, D, 0);
+                    if (mk.softcap > 0.0f) softcap_tile(st, n, m, BQ, mk.softcap, NULL);
                     if (cls == TILE_PARTIAL) mask_tile_t(st, &mk, i0, m, j0, n, qd, kd);
                     ops->softmax(st, n, m, mrow, lrow, alpha);
                     for (int r = 0; r < m; r++) {
@@ -699,6 +743,7 @@ typedef struct {
      * (BK x D); t1, t2 (D x max(BQ,BK)): q_tile_task's transposes, the first key tile's Kᵀ
      * and Vᵀ (the two passes run one after the other) */
     float *t1, *t2, *qs, *s, *dp, *pk, *delta, *kts;
+    float *capg; /* (BQ x BK) the soft-cap's derivative of the score tile s (or sᵀ) */
     /* fused path only: delta of every query row of the task's group, (G, Tq); the group's
      * scaled queries and output gradients packed once per task, (G, Tq, D) each, so the
      * inner loop over (query head, query tile) copies nothing */
@@ -708,7 +753,7 @@ typedef struct {
 enum { BM = BQ > BK ? BQ : BK };
 
 static size_t bwd_scratch_floats(int D) {
-    return (size_t)BQ * D + (size_t)2 * BQ * BK + (size_t)BM * D + BQ + (size_t)KJ * 5 * BM * D;
+    return (size_t)BQ * D + (size_t)3 * BQ * BK + (size_t)BM * D + BQ + (size_t)KJ * 5 * BM * D;
 }
 
 static void bwd_ctx_scratch(bwd_ctx *x, float *buf) {
@@ -721,6 +766,7 @@ static void bwd_ctx_scratch(bwd_ctx *x, float *buf) {
     x->kts = x->delta + BQ;
     x->t1 = x->kts;
     x->t2 = x->kts + dt;
+    x->capg = x->kts + (size_t)KJ * 5 * dt;
 }
 
 /* dq rows of (b, h, query tile at i0): the C operand of the dq product, which adds
@@ -844,9 +890,11 @@ static void kv_tile_task(bwd_ctx *x, int b, int kvh, int jt0, int nj, int with_d
                     continue;
                 }
                 ops->gemm(x->s, BK, qs, D, 1, k->kt, BK, m, n, D, 0);
+                if (mk->softcap > 0.0f) softcap_tile(x->s, m, n, BK, mk->softcap, x->capg);
                 if (cls[u] == TILE_PARTIAL) mask_tile(x->s, mk, i0, m, j0, n, qd, k->kd);
                 ops->gemm(x->dp, BK, dop, D, 1, k->vt, BK, m, n, D, 0);
                 ops->bwd_tile(x->s, x->dp, m, n, lb, delta);
+                if (mk->softcap > 0.0f) softcap_grad(x->dp, x->capg, m, n, BK);
                 /* dV += Pᵀ dO, dK += dSᵀ (scale Q) */
                 if (x->dv) ops->gemm(k->dvacc, D, x->s, 1, BK, dop, D, n, D, m, 1);
                 if (x->dk) ops->gemm(k->dkacc, D, x->dp, 1, BK, qs, D, n, D, m, 1);
@@ -908,9 +956,11 @@ static void q_tile_task(bwd_ctx *x, int b, int h, int it) {
         if (cls == TILE_SKIP) continue;
         /* Sᵀ = K_j Qsᵀ, dPᵀ = V_j dOᵀ (n x m) */
         ops->gemm(st, BQ, kb + j0 * d->k_ts, d->k_ts, 1, qst, BQ, n, m, D, 0);
+        if (mk->softcap > 0.0f) softcap_tile(st, n, m, BQ, mk->softcap, x->capg);
         if (cls == TILE_PARTIAL) mask_tile_t(st, mk, i0, m, j0, n, qd, kd);
         ops->gemm(dpt, BQ, vb + j0 * d->v_ts, d->v_ts, 1, dot, BQ, n, m, D, 0);
         ops->bwd_tile_t(st, dpt, n, m, lb, x->delta);
+        if (mk->softcap > 0.0f) softcap_grad(dpt, x->capg, n, m, BQ);
         /* dq += dS (scale K_j), dS(i, j) = dpt[j*BQ + i] */
         copy_scaled(x->pk, kb + j0 * d->k_ts, d->k_ts, n, D, x->scale);
         ops->gemm(dq_rows(x, b, h, i0), d->q_ts, dpt, 1, BQ, x->pk, D, m, D, n, 1);
@@ -932,9 +982,9 @@ static int backward(float *dq, float *dk, float *dv, const float *dout, const fl
     const attn_ops *ops = pick_ops(isa);
     if (!ops) return -2;
     bwd_ctx x0 = {ops, *dims, *mask, dq, dk, dv, dout, q, k, v, out, lse,
-                  1.0f / sqrtf((float)dims->D), dims->H / dims->KVH,
+                  score_scale(mask, dims->D), dims->H / dims->KVH,
                   (dims->Tq + BQ - 1) / BQ, (dims->Tk + BK - 1) / BK, set,
-                  NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL};
+                  NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL};
     const int64_t nbk = (int64_t)dims->B * dims->KVH;
     const int64_t nkv_task = (dk || dv) ? nbk * x0.nkt : 0;
     const int64_t nq_task = dq ? (int64_t)dims->B * dims->H * x0.nqt : 0;

@@ -40,6 +40,13 @@ int loom_config_head_dim(const loom_model_config *c) {
     return a->head_dim > 0 ? a->head_dim : c->n_head > 0 ? c->d_model / c->n_head : 0;
 }
 
+int loom_config_layer_window(const loom_model_config *c, int l) {
+    const loom_arch *a = loom_config_arch(c);
+    if (a->sliding_window <= 0 || l < a->window_start) return 0;
+    const int p = a->window_period > 1 ? a->window_period : 1;
+    return p > 1 && (l - a->window_start) % p == p - 1 ? 0 : a->sliding_window;
+}
+
 int arch_check(const loom_model_config *c, loom_err *err) {
     const loom_arch *a = loom_config_arch(c);
     if (c->flavor < LOOM_FLAVOR_GPT2 || c->flavor > LOOM_FLAVOR_ARCH)
@@ -74,6 +81,21 @@ int arch_check(const loom_model_config *c, loom_err *err) {
                               "rope_beta_fast / rope_beta_slow and rope_attn_factor >= 0");
     if (a->norm == LOOM_NORM_LAYER && a->qk_norm != LOOM_QK_NORM_NONE)
         return loom_errf(err, "model: q/k norms are RMSNorms (model.arch.norm: rms)");
+    if (a->sliding_window < 0 || a->window_start < 0 || a->window_period < 0)
+        return loom_errf(err, "model: model.arch.sliding_window, window_start and window_period "
+                              "must be >= 0");
+    if (!(a->rope_local_theta >= 0.0f) || !isfinite(a->rope_local_theta) ||
+        (a->rope_local_theta > 0.0f && a->pos != LOOM_POS_ROPE))
+        return loom_errf(err, "model: model.arch.rope_local_theta (the sliding layers' RoPE "
+                              "base) needs RoPE and a value >= 0");
+    if (a->rope_local_theta > 0.0f && a->sliding_window == 0)
+        return loom_errf(err, "model: model.arch.rope_local_theta is the sliding layers' RoPE "
+                              "base: it needs model.arch.sliding_window");
+    if (!(a->attn_softcap >= 0.0f) || !isfinite(a->attn_softcap))
+        return loom_errf(err, "model: model.arch.attn_softcap must be >= 0 (0: none)");
+    if (!(a->query_pre_attn_scalar >= 0.0f) || !isfinite(a->query_pre_attn_scalar))
+        return loom_errf(err, "model: model.arch.query_pre_attn_scalar must be >= 0 (0: the "
+                              "head width)");
     return 0;
 }
 

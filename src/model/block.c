@@ -150,18 +150,27 @@ static int skipped(const loom_model *m, int l, const block_op *op) {
             (op->point == LOOM_CP_COL_IN || op->point == LOOM_CP_ROW_OUT));
 }
 
-/* RoPE (forward or its inverse) on the q and k heads of the fused rows x, at each row's
- * position: f->pos0 + t, or with context parallelism each chunk's global positions */
-static void rope(loom_model *m, block_frame *f, float *x, int bwd) {
+/* layer l's RoPE tables: a sliding layer's own base (arch.rope_local_theta), else the model's */
+static void rope_tabs(const loom_model *m, int l, const float **cs, const float **sn) {
+    const int local = m->rope_cos_local && loom_config_layer_window(&m->cfg, l) > 0;
+    *cs = local ? m->rope_cos_local : m->rope_cos;
+    *sn = local ? m->rope_sin_local : m->rope_sin;
+}
+
+/* RoPE (forward or its inverse) on the q and k heads of the fused rows x of layer l, at each
+ * row's position: f->pos0 + t, or with context parallelism each chunk's global positions */
+static void rope(loom_model *m, block_frame *f, int l, float *x, int bwd) {
     const loom_backend *be = m->be;
+    const float *rc, *rs;
+    rope_tabs(m, l, &rc, &rs);
     void (*fn)(float *, int64_t, int, int, int, int64_t, const float *, const float *, int) =
         bwd ? be->rope_backward : be->rope_forward;
     if (f->n_runs && !f->kcache) { /* model.doc_mask: each document from position 0 */
         for (int r = 0; r < f->n_runs; r++) {
             float *d = x + (int64_t)f->run_row[r] * m->QKV;
             const int p0 = f->run_pos[r]; /* 0 unless a cp chunk starts inside the document */
-            fn(d, 1, f->run_len[r], m->H, m->D, m->QKV, m->rope_cos, m->rope_sin, p0);
-            fn(d + m->H * m->D, 1, f->run_len[r], m->KVH, m->D, m->QKV, m->rope_cos, m->rope_sin,
+            fn(d, 1, f->run_len[r], m->H, m->D, m->QKV, rc, rs, p0);
+            fn(d + m->H * m->D, 1, f->run_len[r], m->KVH, m->D, m->QKV, rc, rs,
                p0);
         }
         return;
@@ -169,21 +178,23 @@ static void rope(loom_model *m, block_frame *f, float *x, int bwd) {
     int start[2], len[2], pos[2];
     const int n = f->kcache ? 1 : model_row_runs(m, f->T, start, len, pos);
     if (n == 1) {
-        fn(x, f->B, f->T, m->H, m->D, m->QKV, m->rope_cos, m->rope_sin, f->pos0);
-        fn(x + m->H * m->D, f->B, f->T, m->KVH, m->D, m->QKV, m->rope_cos, m->rope_sin, f->pos0);
+        fn(x, f->B, f->T, m->H, m->D, m->QKV, rc, rs, f->pos0);
+        fn(x + m->H * m->D, f->B, f->T, m->KVH, m->D, m->QKV, rc, rs, f->pos0);
         return;
     }
     for (int b = 0; b < f->B; b++)
         for (int i = 0; i < n; i++) {
             float *r = x + ((size_t)b * (size_t)f->T + (size_t)start[i]) * (size_t)m->QKV;
-            fn(r, 1, len[i], m->H, m->D, m->QKV, m->rope_cos, m->rope_sin, pos[i]);
-            fn(r + m->H * m->D, 1, len[i], m->KVH, m->D, m->QKV, m->rope_cos, m->rope_sin, pos[i]);
+            fn(r, 1, len[i], m->H, m->D, m->QKV, rc, rs, pos[i]);
+            fn(r + m->H * m->D, 1, len[i], m->KVH, m->D, m->QKV, rc, rs, pos[i]);
         }
 }
 
-/* causal, and with documents (model.doc_mask) inside each document of the row */
-static loom_attn_mask attn_mask(const block_frame *f) {
+/* causal, and with documents (model.doc_mask) inside each document of the row; layer l's
+ * window and scores */
+static loom_attn_mask attn_mask(const loom_model *m, const block_frame *f, int l) {
     loom_attn_mask mk = {.causal = 1};
+    loom_model_attn_scores(m, l, &mk);
     if (f->n_runs) {
         mk.q_doc = mk.k_doc = f->docs;
         mk.q_doc_bs = mk.k_doc_bs = f->T;
@@ -191,21 +202,26 @@ static loom_attn_mask attn_mask(const block_frame *f) {
     return mk;
 }
 
-/* Decoding with a KV cache (one layer's kc, vc: (positions, KVH*D)): appends the keys and
- * values of n fused q|k|v rows at positions pos0.., then attends each row causally to the
- * cache up to its own position. Single-sequence decoding (n = 1) and the engine's ragged
- * segments both come here. */
-static void attend_cache(loom_model *m, float *out, const float *qkv, float *kc, float *vc,
-                         int pos0, int n, float *scores) {
+/* Decoding with a KV cache (layer l's kc, vc: (slots, KVH*D) of a cache with room for cap
+ * positions): row by row, appends the keys and values of n fused q|k|v rows at positions
+ * pos0.. and attends the row to the cache up to its own position. A sliding layer's cache is
+ * a ring of its window (slot = position % slots): written, then attended, one row at a time,
+ * so a chunk longer than the window sees only its window too. Single-sequence decoding
+ * (n = 1) and the engine's ragged segments both come here. */
+static void attend_cache(loom_model *m, int l, float *out, const float *qkv, float *kc,
+                         float *vc, int cap, int pos0, int n, float *scores) {
     const int kv = m->KVH * m->D, HD = m->H * m->D;
+    const int slots = loom_model_kv_slots(m, l, cap);
+    loom_attn_mask mk = {.causal = 1};
+    loom_model_attn_scores(m, l, &mk);
     for (int r = 0; r < n; r++) {
         const float *row = qkv + (int64_t)r * m->QKV;
-        memcpy(kc + (size_t)(pos0 + r) * kv, row + HD, (size_t)kv * sizeof(float));
-        memcpy(vc + (size_t)(pos0 + r) * kv, row + HD + kv, (size_t)kv * sizeof(float));
+        const int p = pos0 + r;
+        memcpy(kc + (size_t)(p % slots) * kv, row + HD, (size_t)kv * sizeof(float));
+        memcpy(vc + (size_t)(p % slots) * kv, row + HD + kv, (size_t)kv * sizeof(float));
+        m->be->attention_decode(out + (int64_t)r * HD, row, kc, vc, p + 1 < slots ? p + 1 : slots,
+                                m->H, m->KVH, m->D, scores, &mk);
     }
-    for (int r = 0; r < n; r++)
-        m->be->attention_decode(out + (int64_t)r * HD, qkv + (int64_t)r * m->QKV, kc, vc,
-                                pos0 + r + 1, m->H, m->KVH, m->D, scores);
 }
 
 static void op_forward(loom_model *m, block_frame *f, int l, const block_op *op) {
@@ -266,47 +282,52 @@ static void op_forward(loom_model *m, block_frame *f, int l, const block_op *op)
             for (int i = 0; i < f->nseg; i++) {
                 const block_seg *g = &f->seg[i];
                 float *r = s[op->in] + (int64_t)g->row0 * m->QKV;
-                be->rope_forward(r, 1, g->n, m->H, m->D, m->QKV, m->rope_cos, m->rope_sin,
+                const float *rc, *rs;
+                rope_tabs(m, l, &rc, &rs);
+                be->rope_forward(r, 1, g->n, m->H, m->D, m->QKV, rc, rs, g->pos0);
+                be->rope_forward(r + m->H * m->D, 1, g->n, m->KVH, m->D, m->QKV, rc, rs,
                                  g->pos0);
-                be->rope_forward(r + m->H * m->D, 1, g->n, m->KVH, m->D, m->QKV, m->rope_cos,
-                                 m->rope_sin, g->pos0);
             }
             break;
         }
-        rope(m, f, s[op->in], 0);
+        rope(m, f, l, s[op->in], 0);
         break;
     case OP_ATTN:
         if (f->seg) { /* ragged: each segment against its own cache */
             for (int i = 0; i < f->nseg; i++) {
                 const block_seg *g = &f->seg[i];
-                attend_cache(m, s[op->out] + (int64_t)g->row0 * m->H * m->D,
-                             s[op->in] + (int64_t)g->row0 * m->QKV,
-                             g->k + (size_t)l * g->layer_stride, g->v + (size_t)l * g->layer_stride,
-                             g->pos0, g->n, f->scores);
+                const size_t off = model_kv_layer_off(m, l, g->cap);
+                attend_cache(m, l, s[op->out] + (int64_t)g->row0 * m->H * m->D,
+                             s[op->in] + (int64_t)g->row0 * m->QKV, g->k + off, g->v + off,
+                             g->cap, g->pos0, g->n, f->scores);
             }
         } else if (f->kcache) { /* decode: one row against the cache */
-            attend_cache(m, s[op->out], s[op->in], f->kcache, f->vcache, f->pos0, 1, f->scores);
+            attend_cache(m, l, s[op->out], s[op->in], f->kcache, f->vcache, f->kcap, f->pos0, 1,
+                         f->scores);
         } else if (m->has_attn) { /* context parallelism: parallel/ attends across ranks */
             m->attn.forward(m->attn.ctx, l, s[op->out], s[op->aux0], s[op->in], f->B, f->T,
                             f->n_runs ? f->gdocs : NULL);
         } else if (m->cfg.attention == LOOM_ATTN_FLASH) { /* S_ATT keeps the lse (B,H,T) */
             LOOM_CHECK(m->lay.cp <= 1); /* a cp view attends only through its hook */
             const loom_attn_dims dims = flash_attention_dims_qkv(f->B, f->T, m->H, m->KVH, m->D);
-            const loom_attn_mask mask = attn_mask(f);
+            const loom_attn_mask mask = attn_mask(m, f, l);
             const float *q = s[op->in], *k = q + m->H * m->D, *v = k + m->KVH * m->D;
             LOOM_CHECK(be->flash_attention_forward(s[op->out], s[op->aux0], q, k, v, &dims,
                                                    &mask) == 0);
         } else if (f->n_runs) { /* sdpa per document: S_ATT packs each run's (H,len,len) */
+            const loom_attn_mask mask = attn_mask(m, f, l); /* (its window and scores only) */
             int64_t at = 0;
             for (int r = 0; r < f->n_runs; r++) {
                 const int64_t row = f->run_row[r], len = f->run_len[r];
                 be->attention_forward(s[op->out] + row * m->H * m->D, s[op->aux0] + at,
-                                      s[op->in] + row * m->QKV, 1, (int)len, m->H, m->KVH, m->D);
+                                      s[op->in] + row * m->QKV, 1, (int)len, m->H, m->KVH, m->D,
+                                      &mask);
                 at += (int64_t)m->H * len * len;
             }
         } else {
+            const loom_attn_mask mask = attn_mask(m, f, l);
             be->attention_forward(s[op->out], s[op->aux0], s[op->in], f->B, f->T, m->H, m->KVH,
-                                  m->D);
+                                  m->D, &mask);
         }
         break;
     case OP_ACT:
@@ -371,13 +392,13 @@ static void op_backward(loom_model *m, block_frame *f, int l, const block_op *op
         break;
     }
     case OP_ROPE:
-        rope(m, f, g[op->in], 1);
+        rope(m, f, l, g[op->in], 1);
         break;
     case OP_ATTN:
         if (!m->has_attn && m->cfg.attention == LOOM_ATTN_FLASH) { /* recomputes the tiles
                                                                     * from q, k, v, lse */
             const loom_attn_dims dims = flash_attention_dims_qkv(f->B, f->T, m->H, m->KVH, m->D);
-            const loom_attn_mask mask = attn_mask(f);
+            const loom_attn_mask mask = attn_mask(m, f, l);
             const int HD = m->H * m->D, KD = m->KVH * m->D;
             const float *q = s[op->in];
             float *dq = g[op->in];
@@ -388,6 +409,7 @@ static void op_backward(loom_model *m, block_frame *f, int l, const block_op *op
             break;
         }
         memset(g[op->in], 0, (size_t)N * (size_t)m->QKV * sizeof(float));
+        const loom_attn_mask smask = attn_mask(m, f, l); /* sdpa: its window and scores */
         if (m->has_attn) {
             m->attn.backward(m->attn.ctx, l, g[op->in], g[op->out], s[op->in], s[op->out],
                              s[op->aux0], f->B, f->T, f->n_runs ? f->gdocs : NULL);
@@ -397,12 +419,13 @@ static void op_backward(loom_model *m, block_frame *f, int l, const block_op *op
                 const int64_t row = f->run_row[r], len = f->run_len[r];
                 be->attention_backward(g[op->in] + row * m->QKV, f->datt + at,
                                        g[op->out] + row * m->H * m->D, s[op->in] + row * m->QKV,
-                                       s[op->aux0] + at, 1, (int)len, m->H, m->KVH, m->D);
+                                       s[op->aux0] + at, 1, (int)len, m->H, m->KVH, m->D,
+                                       &smask);
                 at += (int64_t)m->H * len * len;
             }
         } else {
             be->attention_backward(g[op->in], f->datt, g[op->out], s[op->in], s[op->aux0], f->B,
-                                   f->T, m->H, m->KVH, m->D);
+                                   f->T, m->H, m->KVH, m->D, &smask);
         }
         break;
     case OP_ACT:

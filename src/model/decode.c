@@ -12,7 +12,8 @@
 struct loom_kv_cache {
     int L, maxT, kv;     /* layers, positions, KVH*D floats per position */
     int len;             /* positions held */
-    float *k, *v;        /* (L, maxT, KVH*D) */
+    size_t floats;       /* of each of k, v: loom_model_kv_floats(m, maxT) */
+    float *k, *v;        /* every layer's rows (model_kv_layer_off; a sliding layer a ring) */
     /* one row of scratch */
     float *x, *h, *stat, *qkv, *att, *tmp, *fch, *fact, *logits, *scores;
     float *res[3];       /* the residual stream: layer input, after attention, layer output */
@@ -28,9 +29,9 @@ loom_kv_cache *loom_kv_cache_create(const loom_model *m) {
     kc->maxT = c->max_seq_len;
     LOOM_CHECK(m->lay.tp == 1 && m->lay.has_embedding && m->lay.has_head);
     kc->kv = m->KVH * m->D;
-    const size_t cache = (size_t)kc->L * (size_t)kc->maxT * (size_t)kc->kv;
-    kc->k = loom_alloc_aligned(cache * sizeof(float));
-    kc->v = loom_alloc_aligned(cache * sizeof(float));
+    kc->floats = loom_model_kv_floats(m, kc->maxT);
+    kc->k = loom_alloc_aligned(kc->floats * sizeof(float));
+    kc->v = loom_alloc_aligned(kc->floats * sizeof(float));
     const int C = c->d_model, HD = m->H * m->D;
     kc->x = loom_alloc_aligned((size_t)C * sizeof(float));
     kc->h = loom_alloc_aligned((size_t)C * sizeof(float));
@@ -80,6 +81,7 @@ void loom_kv_cache_free(loom_kv_cache *c) {
 
 void loom_kv_cache_reset(loom_kv_cache *c) { c->len = 0; }
 int loom_kv_cache_len(const loom_kv_cache *c) { return c->len; }
+size_t loom_kv_cache_bytes(const loom_kv_cache *c) { return 2 * c->floats * sizeof(float); }
 
 const float *loom_model_decode(loom_model *m, loom_kv_cache *kc, int32_t token) {
     LOOM_CHECK(m->wbf16 == NULL); /* bf16 weights: the batched decode only */
@@ -109,8 +111,9 @@ const float *loom_model_decode(loom_model *m, loom_kv_cache *kc, int32_t token) 
         f.s[S_X] = kc->res[x];
         f.s[S_RES2] = kc->res[(x + 1) % 3];
         f.s[S_RES3] = kc->res[(x + 2) % 3];
-        f.kcache = kc->k + (size_t)l * kc->maxT * kc->kv;
-        f.vcache = kc->v + (size_t)l * kc->maxT * kc->kv;
+        f.kcache = kc->k + model_kv_layer_off(m, l, kc->maxT);
+        f.vcache = kc->v + model_kv_layer_off(m, l, kc->maxT);
+        f.kcap = kc->maxT;
         block_forward(m, &f, l);
         x = (x + 2) % 3;
     }

@@ -10,6 +10,7 @@
  * logits of the view's vocabulary rows gathered through VOCAB_GATHER, so that every rank of
  * the tp group returns the whole logits, bit for bit the same on each (tests/unit/
  * test_decode_tp.c). Its KV caches hold the view's kv heads only. */
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -44,6 +45,30 @@ struct loom_decode_ws {
 
 size_t loom_model_kv_floats_per_pos(const loom_model *m) {
     return (size_t)m->cfg.n_layer * (size_t)m->KVH * (size_t)m->D;
+}
+
+int loom_model_kv_slots(const loom_model *m, int layer, int cap) {
+    const int w = loom_config_layer_window(&m->cfg, layer);
+    return w > 0 && w < cap ? w : cap;
+}
+
+size_t model_kv_layer_off(const loom_model *m, int l, int cap) {
+    size_t rows = 0;
+    for (int i = 0; i < l; i++) rows += (size_t)loom_model_kv_slots(m, i, cap);
+    return rows * (size_t)m->KVH * (size_t)m->D;
+}
+
+size_t loom_model_kv_floats(const loom_model *m, int cap) {
+    return model_kv_layer_off(m, m->cfg.n_layer, cap);
+}
+
+void loom_model_attn_scores(const loom_model *m, int layer, loom_attn_mask *mask) {
+    const loom_arch *a = &m->cfg.arch;
+    mask->window = loom_config_layer_window(&m->cfg, layer);
+    mask->scale = a->query_pre_attn_scalar > 0.0f
+                      ? (float)(1.0 / sqrt((double)a->query_pre_attn_scalar))
+                      : 0.0f;
+    mask->softcap = a->attn_softcap;
 }
 
 loom_decode_ws *loom_decode_ws_create(const loom_model *m, int max_rows, int max_logits) {
@@ -115,14 +140,13 @@ const float *loom_model_decode_batch(loom_model *m, loom_decode_ws *w, const int
     const int C = c->d_model, V = c->vocab_size;
     LOOM_CHECK(c->head == LOOM_HEAD_LM && !m->has_hooks && m->params != NULL);
     LOOM_CHECK(nseg > 0 && nseg <= w->max_rows);
-    const size_t kv = (size_t)m->KVH * (size_t)m->D;
     int rows = 0, nlog = 0;
     for (int i = 0; i < nseg; i++) {
         const loom_decode_seg *s = &segs[i];
         LOOM_CHECK(s->n > 0 && s->pos0 >= 0 && s->pos0 + s->n <= s->cap &&
                    s->cap <= c->max_seq_len);
-        w->seg[i] = (block_seg){.k = s->k, .v = s->v, .layer_stride = (size_t)s->cap * kv,
-                                .row0 = rows, .n = s->n, .pos0 = s->pos0};
+        w->seg[i] = (block_seg){.k = s->k, .v = s->v, .cap = s->cap, .row0 = rows, .n = s->n,
+                                .pos0 = s->pos0};
         rows += s->n;
         nlog += s->want_logits != 0;
         LOOM_CHECK(rows <= w->max_rows && nlog <= w->max_logits);

@@ -442,6 +442,12 @@ static int create(const loom_model_config *cfg, const loom_model_layout *layout,
             m->be->rope_tables_freq(m->rope_cos, m->rope_sin, (int)maxT, m->D, inv, scale);
             free(inv);
         }
+        if (ar->rope_local_theta > 0.0f) { /* the sliding layers' own base, default RoPE */
+            m->rope_cos_local = loom_alloc_aligned((size_t)maxT * (size_t)(m->D / 2) * sizeof(float));
+            m->rope_sin_local = loom_alloc_aligned((size_t)maxT * (size_t)(m->D / 2) * sizeof(float));
+            m->be->rope_tables(m->rope_cos_local, m->rope_sin_local, (int)maxT, m->D,
+                               ar->rope_local_theta);
+        }
     }
     *out = m;
     return 0;
@@ -490,6 +496,8 @@ void loom_model_free(loom_model *m) {
     loom_acts_free(m->acts);
     free(m->rope_cos);
     free(m->rope_sin);
+    free(m->rope_cos_local);
+    free(m->rope_sin_local);
     free(m->info);
     free(m->lidx);
     free(m->unit_off);

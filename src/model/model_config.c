@@ -30,6 +30,19 @@ const loom_config_key loom_model_config_keys[] = {
     {"model.arch.rope_attn_factor", NULL, "yarn RoPE: attention_factor (0: 0.1 ln(factor) + 1)"},
     {"model.arch.moe_renorm", NULL, "MoE: top-k gate weights renormalized to sum 1 (Mixtral, "
                                     "norm_topk_prob)"},
+    {"model.arch.sliding_window", NULL, "sliding-window attention: a query sees the keys less "
+                                        "than this many positions back (0: none)"},
+    {"model.arch.window_start", NULL, "the first layer that slides (Qwen's max_window_layers; "
+                                      "default 0)"},
+    {"model.arch.window_period", NULL, "p > 1: of every p layers from window_start, p - 1 slide "
+                                       "and the last attends fully (Gemma 2: 2, Gemma 3: 6); "
+                                       "0 or 1: every one slides"},
+    {"model.arch.rope_local_theta", NULL, "the sliding layers' RoPE base (default RoPE, no "
+                                          "scaling; 0: as the full layers)"},
+    {"model.arch.attn_softcap", NULL, "attention logit soft-capping: scores = cap * tanh(scores "
+                                      "/ cap) (0: none)"},
+    {"model.arch.query_pre_attn_scalar", NULL, "the attention scale is this^-0.5 (0: "
+                                               "head_dim^-0.5)"},
     {"model.arch.family", NULL, "the Hugging Face architecture export --hf writes (default: the "
                                 "flavor's, e.g. LlamaForCausalLM; imports set it)"},
     {"model.vocab_size", "256", "V: vocabulary size (>= the dataset's)"},
@@ -168,7 +181,16 @@ static int arch_from(const loom_config *c, loom_model_config *out, loom_err *err
          get_int(c, "model.arch.rope_original_max", 1, 1 << 30, &a->rope_orig_max, err)) ||
         get_opt_float(c, "model.arch.rope_beta_fast", &a->rope_beta_fast, 0, err) ||
         get_opt_float(c, "model.arch.rope_beta_slow", &a->rope_beta_slow, 0, err) ||
-        get_opt_float(c, "model.arch.rope_attn_factor", &a->rope_attn_factor, 1, err))
+        get_opt_float(c, "model.arch.rope_attn_factor", &a->rope_attn_factor, 1, err) ||
+        (loom_config_get(c, "model.arch.sliding_window") &&
+         get_int(c, "model.arch.sliding_window", 0, 1 << 30, &a->sliding_window, err)) ||
+        (loom_config_get(c, "model.arch.window_start") &&
+         get_int(c, "model.arch.window_start", 0, 1 << 20, &a->window_start, err)) ||
+        (loom_config_get(c, "model.arch.window_period") &&
+         get_int(c, "model.arch.window_period", 0, 1 << 20, &a->window_period, err)) ||
+        get_opt_float(c, "model.arch.rope_local_theta", &a->rope_local_theta, 1, err) ||
+        get_opt_float(c, "model.arch.attn_softcap", &a->attn_softcap, 1, err) ||
+        get_opt_float(c, "model.arch.query_pre_attn_scalar", &a->query_pre_attn_scalar, 1, err))
         return -1;
     const char *fam;
     if (loom_config_get(c, "model.arch.family")) {
@@ -224,6 +246,12 @@ void loom_arch_config_set(loom_config *c, const loom_arch *a, const char *origin
     SET_NUM("model.arch.rope_beta_fast", rope_beta_fast, "%.9g");
     SET_NUM("model.arch.rope_beta_slow", rope_beta_slow, "%.9g");
     SET_NUM("model.arch.rope_attn_factor", rope_attn_factor, "%.9g");
+    SET_NUM("model.arch.sliding_window", sliding_window, "%d");
+    SET_NUM("model.arch.window_start", window_start, "%d");
+    SET_NUM("model.arch.window_period", window_period, "%d");
+    SET_NUM("model.arch.rope_local_theta", rope_local_theta, "%.9g");
+    SET_NUM("model.arch.attn_softcap", attn_softcap, "%.9g");
+    SET_NUM("model.arch.query_pre_attn_scalar", query_pre_attn_scalar, "%.9g");
     if (a->family[0]) loom_config_set(c, "model.arch.family", a->family, origin);
 #undef SET_CHOICE
 #undef SET_FLAG

@@ -85,7 +85,9 @@ typedef struct block_frame {
     float *s[S_COUNT];
     float *g[S_COUNT];
     int B, T, pos0;
-    float *kcache, *vcache; /* decode: this layer's (maxT, KVH*D) caches, else NULL */
+    float *kcache, *vcache; /* decode: this layer's (slots, KVH*D) caches, else NULL */
+    int kcap;               /* decode: the positions the cache has room for (its slots:
+                             * loom_model_kv_slots(m, layer, kcap)) */
     float *scores;          /* decode scratch (H * maxT) */
     float *datt;            /* backward scratch (B,H,T,T) */
     float *moe_t0, *moe_t1; /* MoE exchange buffers (expert parallelism) */
@@ -111,10 +113,15 @@ typedef struct block_frame {
  * (positions, KVH*D) with room for pos0 + n positions. The attention op appends the rows'
  * keys and values there, then row i attends to positions [0, pos0 + i] (causal). */
 typedef struct block_seg {
-    float *k, *v;
-    size_t layer_stride;
+    float *k, *v;   /* the sequence's caches of cap positions (model_kv_layer_off) */
+    int cap;
     int row0, n, pos0;
 } block_seg;
+
+/* The KV cache layout (decode.c, decode_batch.c, the engine): one of K, V of a sequence with
+ * room for cap positions is every layer's rows one after the other, layer l's
+ * loom_model_kv_slots(m, l, cap) rows of KVH*D floats at this offset (floats). */
+size_t model_kv_layer_off(const loom_model *m, int l, int cap);
 
 /* the floats of an activation arena for B x T (stacked or not) */
 size_t acts_floats(const loom_model *m, int B, int T, int stacked);
@@ -203,6 +210,9 @@ struct loom_model {
      * and multiply them with those (backend matmul_dotbf16_forward) */
     int cbf16;
     float *rope_sin;
+    /* arch.rope_local_theta: the sliding layers' tables (maxT, D/2); NULL: they use the
+     * full layers' */
+    float *rope_cos_local, *rope_sin_local;
 };
 
 /* typed views: global tensors by LOOM_P_*, layer tensors by LOOM_L_*; NULL when absent */

@@ -192,8 +192,10 @@ static void head_to_seq(loom_cp *c, const float *src, int64_t W, int qkv, float 
 }
 
 /* causal, and with documents inside each document of the whole sequences (B, P*T) */
-static loom_attn_mask whole_mask(const loom_cp *c, const int32_t *gdocs, int T) {
+/* the layer's window and scores (loom_model_attn_scores) are every mask's */
+static loom_attn_mask whole_mask(const loom_cp *c, int layer, const int32_t *gdocs, int T) {
     loom_attn_mask mask = {.causal = 1};
+    loom_model_attn_scores(c->m, layer, &mask);
     if (gdocs) {
         mask.q_doc = mask.k_doc = gdocs;
         mask.q_doc_bs = mask.k_doc_bs = (int64_t)c->P * T;
@@ -204,12 +206,11 @@ static loom_attn_mask whole_mask(const loom_cp *c, const int32_t *gdocs, int T) 
 static void ulysses_forward(void *ctx, int layer, float *out, float *lse, const float *qkv,
                             int B, int T, const int32_t *gdocs) {
     loom_cp *c = ctx;
-    (void)layer;
     const int Hh = c->H / c->P, KVh = c->KVH / c->P;
     const s2h x = {qkv, c->QKV, 1, c->qkv_h};
     seq_to_head(c, &x, 1, B, T);
     const loom_attn_dims dims = flash_attention_dims_qkv(B, c->P * T, Hh, KVh, c->D);
-    const loom_attn_mask mask = whole_mask(c, gdocs, T);
+    const loom_attn_mask mask = whole_mask(c, layer, gdocs, T);
     const float *q = c->qkv_h, *k = q + Hh * c->D, *v = k + KVh * c->D;
     /* lse: (B, H/P, P*T) = the B*H*T floats the model keeps for this layer */
     LOOM_CHECK(c->be->flash_attention_forward(c->out_h, lse, q, k, v, &dims, &mask) == 0);
@@ -220,7 +221,6 @@ static void ulysses_backward(void *ctx, int layer, float *dqkv, const float *dou
                              const float *qkv, const float *out, const float *lse, int B,
                              int T, const int32_t *gdocs) {
     loom_cp *c = ctx;
-    (void)layer;
     const int Hh = c->H / c->P, KVh = c->KVH / c->P;
     const int64_t hq = Hh * c->D, hk = KVh * c->D;
     /* the forward's q|k|v and output again (nothing head-sharded is kept), and the output's
@@ -231,7 +231,7 @@ static void ulysses_backward(void *ctx, int layer, float *dqkv, const float *dou
     const int64_t Tg = (int64_t)c->P * T;
     memset(c->dqkv_h, 0, (size_t)(B * Tg * (hq + 2 * hk)) * sizeof(float));
     const loom_attn_dims dims = flash_attention_dims_qkv(B, (int)Tg, Hh, KVh, c->D);
-    const loom_attn_mask mask = whole_mask(c, gdocs, T);
+    const loom_attn_mask mask = whole_mask(c, layer, gdocs, T);
     const float *q = c->qkv_h;
     float *dq = c->dqkv_h;
     LOOM_CHECK(c->be->flash_attention_backward(dq, dq + hq, dq + hq + hk, c->dout_h, q, q + hq,
@@ -309,11 +309,20 @@ static float *chunk_lse(const loom_cp *c, const float *lse, int B, int T, int qi
     return (float *)lse + (int64_t)qi * B * c->H * (T / 2);
 }
 
-/* the mask of query chunk qg against key chunk kg (global chunk numbers): causal by their
- * global positions, and with documents by the whole sequences' ids at those positions */
-static loom_attn_mask block_mask(const loom_cp *c, const int32_t *gdocs, int T, int qg, int kg) {
+/* a block wholly in the causal future of its queries, or wholly before their windows */
+static int block_unseen(const loom_attn_mask *mk, int64_t half) {
+    return mk->k_pos0 > mk->q_pos0 ||
+           (mk->window > 0 && mk->q_pos0 - (mk->k_pos0 + half - 1) >= mk->window);
+}
+
+/* the mask of query chunk qg against key chunk kg (global chunk numbers): causal (and the
+ * layer's window) by their global positions, and with documents by the whole sequences' ids
+ * at those positions */
+static loom_attn_mask block_mask(const loom_cp *c, int layer, const int32_t *gdocs, int T,
+                                 int qg, int kg) {
     const int64_t half = T / 2;
     loom_attn_mask mask = {.causal = 1, .q_pos0 = qg * half, .k_pos0 = kg * half};
+    loom_model_attn_scores(c->m, layer, &mask);
     if (gdocs) {
         mask.q_doc = gdocs + qg * half;
         mask.k_doc = gdocs + kg * half;
@@ -325,7 +334,6 @@ static loom_attn_mask block_mask(const loom_cp *c, const int32_t *gdocs, int T, 
 static void ring_forward(void *ctx, int layer, float *out, float *lse, const float *qkv, int B,
                          int T, const int32_t *gdocs) {
     loom_cp *c = ctx;
-    (void)layer;
     const int P = c->P, r = c->r, next = (r + 1) % P, prev = (r + P - 1) % P;
     const int64_t half = T / 2, rows = (int64_t)B * T, n_kv = rows * 2 * c->KD;
     memset(out, 0, (size_t)(rows * c->HD) * sizeof(float));
@@ -345,8 +353,8 @@ static void ring_forward(void *ctx, int layer, float *out, float *lse, const flo
         for (int qi = 0; qi < 2; qi++)
             for (int ki = 0; ki < 2; ki++) {
                 const int qg = chunk_of(P, r, qi), kg = chunk_of(P, src, ki);
-                if (kg > qg) continue; /* wholly in the causal future */
-                const loom_attn_mask mask = block_mask(c, gdocs, T, qg, kg);
+                const loom_attn_mask mask = block_mask(c, layer, gdocs, T, qg, kg);
+                if (block_unseen(&mask, half)) continue;
                 const float *q = qkv + qi * half * c->QKV;
                 const float *k = c->kv[cur] + ki * half * 2 * c->KD, *v = k + c->KD;
                 LOOM_CHECK(c->be->flash_attention_forward(c->blk_out, c->blk_lse, q, k, v, &dims,
@@ -363,7 +371,6 @@ static void ring_backward(void *ctx, int layer, float *dqkv, const float *dout, 
                           const float *out, const float *lse, int B, int T,
                           const int32_t *gdocs) {
     loom_cp *c = ctx;
-    (void)layer;
     const int P = c->P, r = c->r, next = (r + 1) % P, prev = (r + P - 1) % P;
     const int64_t half = T / 2, rows = (int64_t)B * T, n_kv = rows * 2 * c->KD;
     pack_kv(c, qkv, c->kv[0], rows);
@@ -390,8 +397,8 @@ static void ring_backward(void *ctx, int layer, float *dqkv, const float *dout, 
         for (int qi = 0; qi < 2; qi++)
             for (int ki = 0; ki < 2; ki++) {
                 const int qg = chunk_of(P, r, qi), kg = chunk_of(P, src, ki);
-                if (kg > qg) continue;
-                const loom_attn_mask mask = block_mask(c, gdocs, T, qg, kg);
+                const loom_attn_mask mask = block_mask(c, layer, gdocs, T, qg, kg);
+                if (block_unseen(&mask, half)) continue;
                 const int64_t qoff = qi * half * c->QKV, koff = ki * half * 2 * c->KD;
                 const float *k = c->kv[cur] + koff;
                 float *dk = part + koff;

@@ -17,6 +17,16 @@ static const loom_backend *IN;
 
 /* (query, key) pairs per head and batch row the attention kernels compute */
 static double attn_pairs(const loom_attn_dims *d, const loom_attn_mask *mask) {
+    if (mask && mask->causal && mask->window > 0) { /* the window's pairs */
+        double pairs = 0;
+        for (int64_t i = 0; i < d->Tq; i++) {
+            const int64_t qp = mask->q_pos0 + i, lo = qp - mask->window + 1;
+            int64_t a = lo > mask->k_pos0 ? lo : mask->k_pos0;
+            int64_t b = qp < mask->k_pos0 + d->Tk - 1 ? qp : mask->k_pos0 + d->Tk - 1;
+            if (b >= a) pairs += (double)(b - a + 1);
+        }
+        return pairs;
+    }
     if (mask && mask->causal && d->Tq == d->Tk && mask->q_pos0 == mask->k_pos0)
         return (double)attention_causal_pairs(d->Tq);
     return (double)d->Tq * (double)d->Tk;
@@ -132,15 +142,16 @@ OP(rope_backward,
    "B T nh D", B, T, nh, D)
 
 /* ---- attention ---- */
-OP(attention_forward, (float *out, float *att, const float *qkv, int B, int T, int H, int KVH, int D),
-   (out, att, qkv, B, T, H, KVH, D),
+OP(attention_forward, (float *out, float *att, const float *qkv, int B, int T, int H, int KVH, int D,
+                       const loom_attn_mask *mask),
+   (out, att, qkv, B, T, H, KVH, D, mask),
    4.0 * (double)D * (double)attention_causal_pairs(T) * B * H,
    4.0 * ((double)B * T * (H + 2 * KVH) * D + (double)B * T * H * D + (double)B * H * T * T),
    "B T H KVH D", B, T, H, KVH, D)
 OP(attention_backward,
    (float *dqkv, float *scratch, const float *dout, const float *qkv, const float *att, int B,
-    int T, int H, int KVH, int D),
-   (dqkv, scratch, dout, qkv, att, B, T, H, KVH, D),
+    int T, int H, int KVH, int D, const loom_attn_mask *mask),
+   (dqkv, scratch, dout, qkv, att, B, T, H, KVH, D, mask),
    8.0 * (double)D * (double)attention_causal_pairs(T) * B * H,
    4.0 * (3.0 * (double)B * T * (H + 2 * KVH) * D + (double)B * T * H * D +
           3.0 * (double)B * H * T * T),
@@ -173,8 +184,8 @@ OP_RET(int, flash_attention_backward_set,
        "B Tq Tk H KVH D", dims->B, dims->Tq, dims->Tk, dims->H, dims->KVH, dims->D)
 OP(attention_decode,
    (float *out, const float *q, const float *kcache, const float *vcache, int n, int H, int KVH,
-    int D, float *scratch),
-   (out, q, kcache, vcache, n, H, KVH, D, scratch),
+    int D, float *scratch, const loom_attn_mask *mask),
+   (out, q, kcache, vcache, n, H, KVH, D, scratch, mask),
    4.0 * (double)n * H * D, 4.0 * (2.0 * (double)n * KVH * D + 2.0 * H * D),
    "n H KVH D", n, H, KVH, D)
 

@@ -36,7 +36,8 @@ class AttnMask(ctypes.Structure):
     """loom_attn_mask (include/loom/kernels.h)"""
     _fields_ = [("causal", ctypes.c_int), ("q_pos0", ctypes.c_int64), ("k_pos0", ctypes.c_int64),
                 ("q_doc", ctypes.c_void_p), ("k_doc", ctypes.c_void_p),
-                ("q_doc_bs", ctypes.c_int64), ("k_doc_bs", ctypes.c_int64)]
+                ("q_doc_bs", ctypes.c_int64), ("k_doc_bs", ctypes.c_int64),
+                ("window", ctypes.c_int64), ("scale", ctypes.c_float), ("softcap", ctypes.c_float)]
 
 
 ATTN_ISA_AUTO, ATTN_ISA_PORTABLE, ATTN_ISA_AVX512, ATTN_ISA_AVX512_BLAS, ATTN_ISA_AVX2 = 0, 1, 2, 3, 4
@@ -58,8 +59,8 @@ KERNELS = {
     "rope_tables": (None, [_P, _P, _I, _I, _F]),
     "rope_forward": (None, [_P, _L, _I, _I, _I, _L, _P, _P, _I]),
     "rope_backward": (None, [_P, _L, _I, _I, _I, _L, _P, _P, _I]),
-    "attention_forward": (None, [_P, _P, _P, _I, _I, _I, _I, _I]),
-    "attention_backward": (None, [_P, _P, _P, _P, _P, _I, _I, _I, _I, _I]),
+    "attention_forward": (None, [_P, _P, _P, _I, _I, _I, _I, _I, _MP]),
+    "attention_backward": (None, [_P, _P, _P, _P, _P, _I, _I, _I, _I, _I, _MP]),
     "flash_attention_dims_qkv": (AttnDims, [_I, _I, _I, _I, _I]),
     "flash_attention_forward": (_I, [_P, _P, _P, _P, _P, _DP, _MP, _I]),
     "flash_attention_backward": (_I, [_P, _P, _P, _P, _P, _P, _P, _P, _P, _DP, _MP, _I]),

@@ -15,7 +15,10 @@ rows with no visible key (out 0, lse -inf, no gradient); document masks (equal t
 document alone; lse equal to torch.logsumexp of the masked scores); fully masked tiles are
 skipped, not computed then zeroed (NaN keys/values there leave the result finite); fused qkv
 rows and separate Q, K, V; backward accumulates; bitwise identical results for 1, 2, 3 and 5
-threads; invalid dims refused. Prints each check; exits 1 if any fails.
+threads; invalid dims refused; sliding windows (key visible iff 0 <= qpos - kpos < W, as
+transformers' sliding_window_overlay), soft-capped scores (cap * tanh(s / cap)) and a custom
+scale, flash and loom's materialized attention, forward and backward, against PyTorch.
+Prints each check; exits 1 if any fails.
 """
 import ctypes
 import math
@@ -64,8 +67,8 @@ def dims_sep(B, Tq, Tk, H, KVH, D):
                     Tk * KVH * D, KVH * D, Tq * H * D, H * D)
 
 
-def make_mask(causal, q0=0, k0=0, qdoc=None, kdoc=None):
-    m = AttnMask(int(causal), q0, k0, None, None, 0, 0)
+def make_mask(causal, q0=0, k0=0, qdoc=None, kdoc=None, window=0, scale=0.0, softcap=0.0):
+    m = AttnMask(int(causal), q0, k0, None, None, 0, 0, window, scale, softcap)
     if qdoc is not None:
         m.q_doc, m.k_doc = qdoc.ctypes.data, kdoc.ctypes.data
         m.q_doc_bs, m.k_doc_bs = qdoc.shape[1], kdoc.shape[1]
@@ -189,11 +192,11 @@ def test_materialized(iname, isa):
         do = randn(B, T, H * D)
         out_m = np.empty((B, T, H * D), np.float32)
         att = np.empty((B, H, T, T), np.float32)
-        L.attention_forward(fptr(out_m), fptr(att), fptr(x), B, T, H, KVH, D)
+        L.attention_forward(fptr(out_m), fptr(att), fptr(x), B, T, H, KVH, D, None)
         g0 = randn(B, T, R)
         dx_m = g0.copy()
         scratch = np.empty((B, H, T, T), np.float32)
-        L.attention_backward(fptr(dx_m), fptr(scratch), fptr(do), fptr(x), fptr(att), B, T, H, KVH, D)
+        L.attention_backward(fptr(dx_m), fptr(scratch), fptr(do), fptr(x), fptr(att), B, T, H, KVH, D, None)
 
         d = L.flash_attention_dims_qkv(B, T, H, KVH, D)
         mk = make_mask(True)
@@ -363,6 +366,67 @@ def test_auto_follows_level():
     L.loom_isa_set(best, None)
 
 
+# ---- sliding windows, soft-capping and a custom scale: flash and sdpa against PyTorch --------
+def ref_window(q, k, v, dout, window, scale, cap):
+    """float64: causal, keys with qpos - kpos < window (0: all), scores scale * q.k (0:
+    1/sqrt(D)), soft-capped by cap (0: none); out, lse and the gradients"""
+    B, T, H, D = q.shape
+    G = H // k.shape[2]
+    qt, kt, vt = (torch.tensor(a, dtype=torch.float64, requires_grad=True) for a in (q, k, v))
+    s = (qt.permute(0, 2, 1, 3) @ kt.permute(0, 2, 3, 1).repeat_interleave(G, dim=1))
+    s = s * (scale if scale > 0 else 1.0 / math.sqrt(D))
+    if cap > 0:
+        s = cap * torch.tanh(s / cap)
+    back = torch.arange(T)[:, None] - torch.arange(T)[None, :]
+    vis = (back >= 0) & ((back < window) if window > 0 else True)
+    s = s.masked_fill(~vis, float("-inf"))
+    lse = torch.logsumexp(s, dim=-1)
+    o = (torch.softmax(s, dim=-1) @ vt.permute(0, 2, 1, 3).repeat_interleave(G, dim=1))
+    o = o.permute(0, 2, 1, 3)
+    o.backward(torch.tensor(dout, dtype=torch.float64))
+    return (o.detach().numpy(), lse.detach().numpy(), qt.grad.numpy(), kt.grad.numpy(),
+            vt.grad.numpy())
+
+
+def test_window_softcap(iname, isa):
+    for (B, T, H, KVH, D, W, sc, cap) in [(2, 150, 4, 2, 32, 37, 0.0, 0.0),
+                                          (1, 130, 4, 1, 16, 0, 0.3, 2.5),
+                                          (1, 140, 4, 2, 24, 45, 0.25, 3.0)]:
+        q, k, v, do = qkv(B, T, T, H, KVH, D)
+        ro, rlse, rdq, rdk, rdv = ref_window(q, k, v, do, W, sc, cap)
+        d = dims_sep(B, T, T, H, KVH, D)
+        mk = make_mask(True, window=W, scale=sc, softcap=cap)
+        out, lse = np.empty_like(q), np.empty((B, H, T), np.float32)
+        dq, dk, dv = np.zeros_like(q), np.zeros_like(k), np.zeros_like(v)
+        rc = L.flash_attention_forward(fptr(out), fptr(lse), fptr(q), fptr(k), fptr(v),
+                                       ctypes.byref(d), ctypes.byref(mk), isa)
+        rc |= L.flash_attention_backward(fptr(dq), fptr(dk), fptr(dv), fptr(do), fptr(q),
+                                         fptr(k), fptr(v), fptr(out), fptr(lse),
+                                         ctypes.byref(d), ctypes.byref(mk), isa)
+        tag = f"{iname} B{B} T{T} H{H} KVH{KVH} D{D} W{W} scale {sc} cap {cap}"
+        check_true(f"window/softcap calls return 0 {tag}", rc == 0, f"rc {rc}")
+        check(f"window flash out {tag}", out, ro)
+        check(f"window flash lse {tag}", lse, rlse)
+        check(f"window flash dq  {tag}", dq, rdq)
+        check(f"window flash dk  {tag}", dk, rdk)
+        check(f"window flash dv  {tag}", dv, rdv)
+        # loom's materialized attention (model.attention: sdpa) on fused rows, the same mask
+        x = np.concatenate([q.reshape(B, T, -1), k.reshape(B, T, -1), v.reshape(B, T, -1)], 2)
+        x = np.ascontiguousarray(x)
+        om = np.empty((B, T, H * D), np.float32)
+        att = np.empty((B, H, T, T), np.float32)
+        L.attention_forward(fptr(om), fptr(att), fptr(x), B, T, H, KVH, D, ctypes.byref(mk))
+        dx = np.zeros_like(x)
+        scratch = np.empty((B, H, T, T), np.float32)
+        dof = np.ascontiguousarray(do.reshape(B, T, -1))  # (kept alive across the call)
+        L.attention_backward(fptr(dx), fptr(scratch), fptr(dof), fptr(x), fptr(att), B, T, H,
+                             KVH, D, ctypes.byref(mk))
+        check(f"window sdpa out  {tag}", om.reshape(q.shape), ro)
+        check(f"window sdpa dq   {tag}", dx[:, :, :H * D].reshape(q.shape), rdq)
+        check(f"window sdpa dk   {tag}", dx[:, :, H * D:(H + KVH) * D].reshape(k.shape), rdk)
+        check(f"window sdpa dv   {tag}", dx[:, :, (H + KVH) * D:].reshape(v.shape), rdv)
+
+
 def test_errors():
     q, k, v, do = qkv(1, 8, 8, 4, 2, 16)
     out, lse = np.empty_like(q), np.empty((1, 4, 8), np.float32)
@@ -392,6 +456,7 @@ if __name__ == "__main__":
         test_documents(iname, isa)
         test_skip(iname, isa)
         test_threads(iname, isa)
+        test_window_softcap(iname, isa)
     test_auto_follows_level()
     test_errors()
     if len(ISAS) < 2:

@@ -221,7 +221,7 @@ def attention_case(B, T, H, KVH, D):
     qkv, dy = randn(B, T, R), randn(B, T, H * D)
     out = np.empty((B, T, H * D), np.float32)
     att = np.full((B, H, T, T), np.nan, np.float32)  # the kernel must write every entry
-    L.attention_forward(fptr(out), fptr(att), fptr(qkv), B, T, H, KVH, D)
+    L.attention_forward(fptr(out), fptr(att), fptr(qkv), B, T, H, KVH, D, None)
     xt = t64(qkv, True)
     q = xt[:, :, :H * D].view(B, T, H, D).transpose(1, 2)
     k = xt[:, :, H * D:(H + KVH) * D].view(B, T, KVH, D).transpose(1, 2)
@@ -241,7 +241,7 @@ def attention_case(B, T, H, KVH, D):
     dq = dq0.copy()
     scratch = np.full((B, H, T, T), np.nan, np.float32)
     L.attention_backward(fptr(dq), fptr(scratch), fptr(dy), fptr(qkv), fptr(att),
-                         B, T, H, KVH, D)
+                         B, T, H, KVH, D, None)
     g = dq0 + xt.grad.numpy()
     check(f"attention_backward dq ({tag})", dq[:, :, :H * D], g[:, :, :H * D], 2e-5)
     check(f"attention_backward dk ({tag})", dq[:, :, H * D:(H + KVH) * D],
@@ -355,13 +355,13 @@ def test_determinism():
     R = (H + 2 * KVH) * D
     qkv, dy = randn(B, T, R), randn(B, T, H * D)
     out, att = np.empty((B, T, H * D), np.float32), np.empty((B, H, T, T), np.float32)
-    L.attention_forward(fptr(out), fptr(att), fptr(qkv), B, T, H, KVH, D)
+    L.attention_forward(fptr(out), fptr(att), fptr(qkv), B, T, H, KVH, D, None)
     runs = []
     for _ in range(2):
         d = np.zeros((B, T, R), np.float32)
         scratch = np.empty((B, H, T, T), np.float32)
         L.attention_backward(fptr(d), fptr(scratch), fptr(dy), fptr(qkv), fptr(att),
-                             B, T, H, KVH, D)
+                             B, T, H, KVH, D, None)
         runs.append(d)
     check_true("attention_backward bitwise reproducible", np.array_equal(runs[0], runs[1]))
     N, C = 512, 192
@@ -419,7 +419,7 @@ def level_outputs():
     B, T, H, KVH, D = 1, 70, 2, 1, 16
     qkv = r(B, T, (H + 2 * KVH) * D)
     ao, att = np.empty((B, T, H * D), np.float32), np.empty((B, H, T, T), np.float32)
-    L.attention_forward(fptr(ao), fptr(att), fptr(qkv), B, T, H, KVH, D)
+    L.attention_forward(fptr(ao), fptr(att), fptr(qkv), B, T, H, KVH, D, None)
     out["attention_forward"] = ao
     p, gr = r(3000), r(3000) * 0.1
     m, v = np.zeros_like(p), np.zeros_like(p)

@@ -114,14 +114,15 @@ static void s_rope_b(float *x, int64_t b, int t, int nh, int D, int64_t rs, cons
     CPU->rope_backward(x, b, t, nh, D, rs, c, s, pos0);
 }
 static void s_sdpa_f(float *o, float *att, const float *qkv, int b, int t, int H, int KVH,
-                     int D) {
+                     int D, const loom_attn_mask *mk) {
     calls[C_SDPA_F]++;
-    CPU->attention_forward(o, att, qkv, b, t, H, KVH, D);
+    CPU->attention_forward(o, att, qkv, b, t, H, KVH, D, mk);
 }
 static void s_sdpa_b(float *dqkv, float *scr, const float *d, const float *qkv,
-                     const float *att, int b, int t, int H, int KVH, int D) {
+                     const float *att, int b, int t, int H, int KVH, int D,
+                     const loom_attn_mask *mk) {
     calls[C_SDPA_B]++;
-    CPU->attention_backward(dqkv, scr, d, qkv, att, b, t, H, KVH, D);
+    CPU->attention_backward(dqkv, scr, d, qkv, att, b, t, H, KVH, D, mk);
 }
 static int s_flash_f(float *o, float *lse, const float *q, const float *k, const float *v,
                      const loom_attn_dims *dims, const loom_attn_mask *mask) {
@@ -141,9 +142,9 @@ static int s_flash_bs(float *dq, float *dk, float *dv, const float *d, const flo
     return CPU->flash_attention_backward_set(dq, dk, dv, d, q, k, v, o, lse, dims, mask);
 }
 static void s_decode(float *o, const float *q, const float *kc, const float *vc, int n, int H,
-                     int KVH, int D, float *scr) {
+                     int KVH, int D, float *scr, const loom_attn_mask *mk) {
     calls[C_DECODE]++;
-    CPU->attention_decode(o, q, kc, vc, n, H, KVH, D, scr);
+    CPU->attention_decode(o, q, kc, vc, n, H, KVH, D, scr, mk);
 }
 static void s_emb_f(float *o, const int32_t *tok, const float *wte, const float *wpe, int b,
                     int t, int C, int pos0) {

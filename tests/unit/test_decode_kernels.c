@@ -175,9 +175,9 @@ static void test_attention_decode(void **state) {
         double *ref = malloc((size_t)H * D * sizeof *ref);
         const int saved = omp_get_max_threads();
         omp_set_num_threads(1);
-        attention_decode(o1, q, k, v, n, H, KVH, D, scr);
+        attention_decode(o1, q, k, v, n, H, KVH, D, scr, NULL);
         omp_set_num_threads(2);
-        attention_decode(o2, q, k, v, n, H, KVH, D, scr);
+        attention_decode(o2, q, k, v, n, H, KVH, D, scr, NULL);
         omp_set_num_threads(saved);
         assert_memory_equal(o1, o2, (size_t)H * D * sizeof *o1);
         attn_ref(ref, q, k, v, n, H, KVH, D);

@@ -2,8 +2,10 @@
  * strided views with gaps between rows (row strides larger than the heads they hold), exactly
  * sized buffers (a read or write past any of them is an ASan error), D = 20 (not a multiple of
  * the 16-lane vectors: masked tails), Tq and Tk not multiples of the 64-row tile, GQA, causal
- * with query/key offsets, document ids, rows that see no key (out 0, lse -inf), every ISA this
- * CPU runs. Max relative error 1e-5 (fp32 against double). */
+ * with query/key offsets, document ids, rows that see no key (out 0, lse -inf), sliding
+ * windows (qpos - kpos < W, across tile edges and with offsets and documents), soft-capped
+ * scores and a custom scale, every ISA this CPU runs. Max relative error 1e-5 (fp32 against
+ * double). */
 #include "testutil.h"
 
 #include <math.h>
@@ -14,6 +16,8 @@ typedef struct {
     int B, Tq, Tk, H, KVH, D, causal;
     int64_t q0, k0;
     int docs;
+    int64_t window;      /* 0: none */
+    float scale, softcap; /* 0: 1/sqrt(D), none */
 } cfg;
 
 static float frand(uint64_t *s) {
@@ -64,7 +68,8 @@ static void run(const cfg *c, int isa, uint64_t seed) {
     float *dq = calloc(nq, sizeof(float)), *dk = calloc(nk, sizeof(float)),
           *dv = calloc(nv, sizeof(float));
     int32_t *qdoc = NULL, *kdoc = NULL;
-    loom_attn_mask mk = {c->causal, c->q0, c->k0, NULL, NULL, 0, 0};
+    loom_attn_mask mk = {c->causal, c->q0, c->k0, NULL, NULL, 0, 0, c->window, c->scale,
+                         c->softcap};
     if (c->docs) { /* documents by absolute position: [0,40), [40,90), [90, ...) */
         qdoc = malloc((size_t)B * Tq * sizeof(int32_t));
         kdoc = malloc((size_t)B * Tk * sizeof(int32_t));
@@ -91,7 +96,8 @@ static void run(const cfg *c, int isa, uint64_t seed) {
     double *ro = calloc(nqo, sizeof(double)), *rdq = calloc(nqo, sizeof(double));
     double *rdk = calloc(nkv, sizeof(double)), *rdv = calloc(nkv, sizeof(double));
     double *p = malloc((size_t)Tk * sizeof(double)), *dp = malloc((size_t)Tk * sizeof(double));
-    const double scale = 1.0 / sqrt((double)D);
+    double *capg = malloc((size_t)Tk * sizeof(double)); /* 1 - tanh^2 of the capped scores */
+    const double scale = c->scale > 0 ? (double)c->scale : 1.0 / sqrt((double)D);
     int lse_ok = 1;
     double lse_err = 0;
     for (int b = 0; b < B; b++)
@@ -102,7 +108,8 @@ static void run(const cfg *c, int isa, uint64_t seed) {
                 const float *doi = dout + b * d.o_bs + i * o_ts + h * D;
                 double mx = -INFINITY;
                 for (int j = 0; j < Tk; j++) {
-                    int vis = !c->causal || c->k0 + j <= c->q0 + i;
+                    const int64_t back = c->q0 + i - (c->k0 + j); /* qpos - kpos */
+                    int vis = !c->causal || (back >= 0 && (c->window == 0 || back < c->window));
                     if (qdoc) vis = vis && qdoc[b * Tq + i] == kdoc[b * Tk + j];
                     p[j] = -INFINITY;
                     if (!vis) continue;
@@ -110,6 +117,12 @@ static void run(const cfg *c, int isa, uint64_t seed) {
                     double dot = 0;
                     for (int x = 0; x < D; x++) dot += (double)qi[x] * kj[x];
                     p[j] = dot * scale;
+                    capg[j] = 1.0;
+                    if (c->softcap > 0) {
+                        const double t = tanh(p[j] / c->softcap);
+                        p[j] = c->softcap * t;
+                        capg[j] = 1.0 - t * t;
+                    }
                     mx = fmax(mx, p[j]);
                 }
                 double l = lse[((size_t)b * H + h) * Tq + i];
@@ -137,7 +150,7 @@ static void run(const cfg *c, int isa, uint64_t seed) {
                 for (int j = 0; j < Tk; j++) {
                     if (p[j] == 0) continue;
                     const float *kj = k + b * d.k_bs + j * k_ts + kvh * D;
-                    double ds = p[j] * (dp[j] - delta) * scale;
+                    double ds = p[j] * (dp[j] - delta) * capg[j] * scale;
                     double *dqi = rdq + (((size_t)b * Tq + i) * H + h) * D;
                     double *dkj = rdk + (((size_t)b * Tk + j) * KVH + kvh) * D;
                     double *dvj = rdv + (((size_t)b * Tk + j) * KVH + kvh) * D;
@@ -152,10 +165,10 @@ static void run(const cfg *c, int isa, uint64_t seed) {
     double eq = view_err(dq, rdq, B, Tq, H, D, d.q_bs, q_ts);
     double ek = view_err(dk, rdk, B, Tk, KVH, D, d.k_bs, k_ts);
     double ev = view_err(dv, rdv, B, Tk, KVH, D, d.v_bs, v_ts);
-    print_message("isa %d B%d Tq%d Tk%d H%d KVH%d D%d causal %d q0 %lld k0 %lld docs %d: "
-                  "out %.2e lse %.2e dq %.2e dk %.2e dv %.2e\n",
+    print_message("isa %d B%d Tq%d Tk%d H%d KVH%d D%d causal %d q0 %lld k0 %lld docs %d "
+                  "window %lld scale %g cap %g: out %.2e lse %.2e dq %.2e dk %.2e dv %.2e\n",
                   isa, B, Tq, Tk, H, KVH, D, c->causal, (long long)c->q0, (long long)c->k0,
-                  c->docs, eo, lse_err, eq, ek, ev);
+                  c->docs, (long long)c->window, c->scale, c->softcap, eo, lse_err, eq, ek, ev);
     assert_true(lse_ok);
     assert_true(eo <= 1e-5 && lse_err <= 1e-5 && eq <= 1e-5 && ek <= 1e-5 && ev <= 1e-5);
     /* the gaps between rows are never written */
@@ -168,6 +181,7 @@ static void run(const cfg *c, int isa, uint64_t seed) {
         }
     free(p);
     free(dp);
+    free(capg);
     free(ro);
     free(rdq);
     free(rdk);
@@ -197,33 +211,52 @@ static void each_isa(const cfg *c, uint64_t seed) {
 
 static void test_self_causal(void **state) {
     (void)state;
-    cfg c = {2, 131, 131, 4, 2, 20, 1, 0, 0, 0};
+    cfg c = {2, 131, 131, 4, 2, 20, 1, 0, 0, 0, 0, 0, 0};
     each_isa(&c, 1);
 }
 
 static void test_full_mqa(void **state) {
     (void)state;
-    cfg c = {1, 70, 97, 4, 1, 33, 0, 0, 0, 0};
+    cfg c = {1, 70, 97, 4, 1, 33, 0, 0, 0, 0, 0, 0, 0};
     each_isa(&c, 2);
 }
 
 static void test_offsets(void **state) {
     (void)state;
     /* queries [61, 131) against keys [30, 160); then queries entirely before the keys */
-    cfg c = {2, 70, 130, 4, 2, 20, 1, 61, 30, 0};
+    cfg c = {2, 70, 130, 4, 2, 20, 1, 61, 30, 0, 0, 0, 0};
     each_isa(&c, 3);
-    cfg none = {1, 9, 20, 2, 2, 16, 1, 0, 50, 0};
+    cfg none = {1, 9, 20, 2, 2, 16, 1, 0, 50, 0, 0, 0, 0};
     each_isa(&none, 4);
 }
 
 static void test_documents(void **state) {
     (void)state;
-    cfg c = {2, 150, 150, 4, 2, 20, 1, 0, 0, 1};
+    cfg c = {2, 150, 150, 4, 2, 20, 1, 0, 0, 0, 0, 0, 0};
     each_isa(&c, 5);
-    cfg chunk = {2, 50, 120, 2, 1, 24, 1, 70, 0, 1};
+    cfg chunk = {2, 50, 120, 2, 1, 24, 1, 70, 0, 0, 0, 0, 0};
     each_isa(&chunk, 6);
-    cfg full = {1, 100, 100, 2, 2, 16, 0, 0, 0, 1};
+    cfg full = {1, 100, 100, 2, 2, 16, 0, 0, 0, 0, 0, 0, 0};
     each_isa(&full, 7);
+}
+
+/* sliding windows: narrower than a tile (tiles wholly outside it skipped), wider than one,
+ * with offsets (a cp chunk) and documents; soft-capping with a custom scale, with and
+ * without a window */
+static void test_window_softcap(void **state) {
+    (void)state;
+    cfg w = {2, 200, 200, 4, 2, 20, 1, 0, 0, 0, 37, 0, 0};
+    each_isa(&w, 8);
+    cfg wide = {1, 150, 150, 2, 1, 16, 1, 0, 0, 0, 70, 0, 0};
+    each_isa(&wide, 9);
+    cfg off = {2, 70, 130, 4, 2, 20, 1, 61, 30, 0, 50, 0, 0};
+    each_isa(&off, 10);
+    cfg docs = {1, 150, 150, 2, 2, 16, 1, 0, 0, 1, 29, 0, 0};
+    each_isa(&docs, 11);
+    cfg cap = {2, 131, 131, 4, 2, 20, 1, 0, 0, 0, 0, 0.3f, 2.5f};
+    each_isa(&cap, 12);
+    cfg both = {1, 140, 140, 4, 1, 24, 1, 0, 0, 0, 45, 0.25f, 3.0f};
+    each_isa(&both, 13);
 }
 
 static void test_bad_dims(void **state) {
@@ -237,13 +270,18 @@ static void test_bad_dims(void **state) {
     assert_int_equal(flash_attention_backward(x, x, x, x, x, x, x, x, x, &d, &mk, 0), -1);
     d.D = 4;
     assert_int_equal(flash_attention_forward(x, x, x, x, x, &d, &mk, 99), -2);
+    mk.window = 3; /* a window without the causal mask */
+    assert_int_equal(flash_attention_forward(x, x, x, x, x, &d, &mk, 0), -1);
+    mk.causal = 1;
+    mk.softcap = -1.0f;
+    assert_int_equal(flash_attention_forward(x, x, x, x, x, &d, &mk, 0), -1);
 }
 
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_self_causal), cmocka_unit_test(test_full_mqa),
         cmocka_unit_test(test_offsets),     cmocka_unit_test(test_documents),
-        cmocka_unit_test(test_bad_dims),
+        cmocka_unit_test(test_window_softcap), cmocka_unit_test(test_bad_dims),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
