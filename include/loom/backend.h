@@ -109,6 +109,11 @@ typedef struct loom_backend {
     void (*gelu_backward_set)(float *dinp, const float *inp, const float *dout, int64_t n); /* = */
     void (*swiglu_forward)(float *out, const float *inp, int64_t N, int F);
     void (*swiglu_backward)(float *dinp, const float *inp, const float *dout, int64_t N, int F);
+    /* GeGLU inp (N,2F) = [gate | up] -> out (N,F) = gelu_tanh(gate) * up; backward dinp += */
+    void (*geglu_forward)(float *out, const float *inp, int64_t N, int F);
+    void (*geglu_backward)(float *dinp, const float *inp, const float *dout, int64_t N, int F);
+    /* final-logit soft-capping in place: x = cap * tanh(x / cap) */
+    void (*softcap_forward)(float *x, int64_t n, float cap);
 
     /* RoPE (rotate half): tables (max_T, D/2); forward rotates x in place (B*T rows
      * row_stride floats apart, nh heads of D, row (b,t) at position pos0 + t); backward
@@ -129,6 +134,16 @@ typedef struct loom_backend {
     void (*headnorm_backward)(float *din, float *dw, const float *dout, const float *in,
                               const float *w, const float *rstd, int64_t N, int nh, int D,
                               int64_t row_stride, int64_t rstd_stride);
+    /* whole-projection q/k norms in pieces (a tp view sums the row statistics over its group
+     * between them; kernels.h) */
+    void (*rownorm_sums)(float *st, int64_t st_stride, const float *in, const float *dout,
+                         const float *w, const float *rstd, int64_t N, int n, int64_t row_stride);
+    void (*rownorm_forward)(float *out, float *rstd, const float *in, const float *w,
+                            const float *ss, int64_t N, int n, int64_t row_stride,
+                            int64_t st_stride, int n_global, float eps);
+    void (*rownorm_backward)(float *din, float *dw, const float *dout, const float *in,
+                             const float *w, const float *rstd, const float *dots, int64_t N,
+                             int n, int64_t row_stride, int64_t st_stride, int n_global);
 
     /* materialized causal attention (sdpa, the reference): qkv (B,T,(H+2*KVH)*D), out
      * (B,T,H*D), att (B,H,T,T) probabilities; backward: dqkv +=, scratch B*H*T*T floats.
@@ -192,6 +207,9 @@ typedef struct loom_backend {
                                  int64_t N, int V);
     void (*crossentropy_softmax_backward)(float *logits, const int32_t *targets, int64_t N,
                                           int V, float dscale);
+    /* the same for soft-capped logits: the gradient with respect to the raw ones (kernels.h) */
+    void (*crossentropy_softcap_backward)(float *logits, const int32_t *targets, int64_t N,
+                                          int V, float dscale, float cap);
 
     /* vocab-parallel cross-entropy over logits (N,Vl) = columns [v0, v0 + Vl): a row's local
      * max; (sum of exp(logit - mx), target logit or 0) per row with the global max mx; the
@@ -202,6 +220,9 @@ typedef struct loom_backend {
     void (*crossentropy_shard_backward)(float *logits, const int32_t *targets, const float *mx,
                                         const float *sums, int v0, int64_t N, int Vl,
                                         float dscale);
+    void (*crossentropy_shard_softcap_backward)(float *logits, const int32_t *targets,
+                                                const float *mx, const float *sums, int v0,
+                                                int64_t N, int Vl, float dscale, float cap);
 
     /* optimizer: AdamW on n contiguous parameters (decoupled decay, bias correction with
      * t = step >= 1) on the gradients g * grad_scale (clipping; 1 for none); sum of squares

@@ -81,6 +81,20 @@ void headnorm_backward(float *din, float *dw, const float *dout, const float *in
                        const float *rstd, int64_t N, int nh, int D, int64_t row_stride,
                        int64_t rstd_stride);
 
+/* Whole-projection RMSNorm of n floats per row (rows row_stride apart) in pieces, the row
+ * statistics (st_stride apart) summable over a tensor-parallel group between them:
+ * rownorm_sums = sum of x^2 (dout NULL) or of dout * w * x * rstd; rownorm_forward from the
+ * whole row's (n_global floats) sum of squares, writing rstd (may be ss; out may be in);
+ * rownorm_backward from the whole row's dots: din SET, dw (n) += (may be NULL). */
+void rownorm_sums(float *st, int64_t st_stride, const float *in, const float *dout,
+                  const float *w, const float *rstd, int64_t N, int n, int64_t row_stride);
+void rownorm_forward(float *out, float *rstd, const float *in, const float *w, const float *ss,
+                     int64_t N, int n, int64_t row_stride, int64_t st_stride, int n_global,
+                     float eps);
+void rownorm_backward(float *din, float *dw, const float *dout, const float *in, const float *w,
+                      const float *rstd, const float *dots, int64_t N, int n, int64_t row_stride,
+                      int64_t st_stride, int n_global);
+
 /* GELU, tanh approximation (GPT-2's "gelu_new"). */
 void gelu_forward(float *out, const float *inp, int64_t n);
 void gelu_backward(float *dinp, const float *inp, const float *dout, int64_t n);
@@ -90,6 +104,11 @@ void gelu_backward_set(float *dinp, const float *inp, const float *dout, int64_t
 /* SwiGLU: inp (N, 2F) holds [gate | up] per row; out (N,F) = silu(gate) * up. */
 void swiglu_forward(float *out, const float *inp, int64_t N, int F);
 void swiglu_backward(float *dinp, const float *inp, const float *dout, int64_t N, int F);
+/* GeGLU: out (N,F) = gelu_tanh(gate) * up of inp (N, 2F) [gate | up]; backward dinp +=. */
+void geglu_forward(float *out, const float *inp, int64_t N, int F);
+void geglu_backward(float *dinp, const float *inp, const float *dout, int64_t N, int F);
+/* Soft-capping in place: x = cap * tanh(x / cap). */
+void softcap_forward(float *x, int64_t n, float cap);
 
 /* Rotary embeddings, "rotate half" convention (Hugging Face Llama): for each head, element
  * i < D/2 pairs with i + D/2, angle = pos * theta^(-2i/D).
@@ -212,6 +231,10 @@ void crossentropy_forward(float *losses, const float *logits, const int32_t *tar
  * rows with target < 0 become 0. */
 void crossentropy_softmax_backward(float *logits, const int32_t *targets, int64_t N, int V,
                                    float dscale);
+/* The same for soft-capped logits (y = cap * tanh(z / cap), the logits given): dlogits with
+ * respect to z, (softmax(y) - onehot) * dscale * (1 - (y / cap)^2). */
+void crossentropy_softcap_backward(float *logits, const int32_t *targets, int64_t N, int V,
+                                   float dscale, float cap);
 
 /* Vocab-parallel cross-entropy: logits (N,Vl) are columns [v0, v0 + Vl) of the whole
  * vocabulary's. shard_max: mx (N) = each row's max over these columns. shard_sums, with mx the
@@ -224,6 +247,10 @@ void crossentropy_shard_sums(float *sums, const float *logits, const float *mx,
                              const int32_t *targets, int v0, int64_t N, int Vl);
 void crossentropy_shard_backward(float *logits, const int32_t *targets, const float *mx,
                                  const float *sums, int v0, int64_t N, int Vl, float dscale);
+/* shard_backward of soft-capped logits (as crossentropy_softcap_backward) */
+void crossentropy_shard_softcap_backward(float *logits, const int32_t *targets, const float *mx,
+                                         const float *sums, int v0, int64_t N, int Vl,
+                                         float dscale, float cap);
 
 /* AdamW step on n contiguous parameters, decoupled weight decay (p -= lr*wd*p), bias
  * correction with t = step (>= 1), on the gradients g * grad_scale (each product rounded to

@@ -24,10 +24,17 @@ typedef enum loom_flavor { LOOM_FLAVOR_GPT2 = 0, LOOM_FLAVOR_LLAMA = 1, LOOM_FLA
 
 enum { LOOM_NORM_LAYER = 0, LOOM_NORM_RMS = 1 };        /* LayerNorm has a bias */
 enum { LOOM_POS_LEARNED = 0, LOOM_POS_ROPE = 1 };       /* wpe, or rotate-half RoPE */
-enum { LOOM_MLP_GELU = 0, LOOM_MLP_SWIGLU = 1 };        /* fc -> GELU(tanh) -> fc_proj, or
-                                                         * silu(gate) * up -> fc_proj */
-enum { LOOM_QK_NORM_NONE = 0, LOOM_QK_NORM_HEAD = 1 };  /* RMSNorm of each q and k head over
-                                                         * its D floats, before RoPE */
+enum { LOOM_MLP_GELU = 0, LOOM_MLP_SWIGLU = 1, LOOM_MLP_GEGLU = 2 };
+                                                        /* fc -> GELU(tanh) -> fc_proj, or
+                                                         * silu(gate) * up -> fc_proj, or
+                                                         * gelu_tanh(gate) * up -> fc_proj */
+enum { LOOM_QK_NORM_NONE = 0, LOOM_QK_NORM_HEAD = 1, LOOM_QK_NORM_WHOLE = 2 };
+                                                        /* RMSNorm of each q and k head over
+                                                         * its D floats, or of the whole q
+                                                         * (H*D) and k (KVH*D), before RoPE */
+/* where the block's norms sit: pre (x + f(norm(x))), post (x + norm(f(x)), no pre-norms:
+ * OLMo 2) or sandwich (x + post_norm(f(pre_norm(x))): Gemma 2/3) */
+enum { LOOM_NORM_PRE = 0, LOOM_NORM_POST = 1, LOOM_NORM_SANDWICH = 2 };
 /* RoPE's inverse frequencies (Hugging Face's rope_type): default theta^(-2i/D); linear
  * divides them by factor; llama3 divides the low frequencies by factor and blends the middle
  * band (low_freq_factor, high_freq_factor, original_max); yarn blends interpolation and
@@ -44,7 +51,8 @@ typedef struct loom_arch {
     int mlp_bias;      /* biases on the MLP's linears */
     int tied;          /* the LM head is wte */
     int head_dim;      /* D; 0: d_model / n_head */
-    int qk_norm;       /* LOOM_QK_NORM_* (weights q_norm_w, k_norm_w (D)) */
+    int qk_norm;       /* LOOM_QK_NORM_* (weights q_norm_w, k_norm_w: (D) each per head,
+                        * (H*D) and (KVH*D) whole) */
     int rope_type;     /* LOOM_ROPE_* */
     float rope_factor, rope_low_freq, rope_high_freq; /* linear, llama3, yarn */
     float rope_beta_fast, rope_beta_slow, rope_attn_factor; /* yarn (attn_factor 0: HF's) */
@@ -63,6 +71,15 @@ typedef struct loom_arch {
     float query_pre_attn_scalar; /* the scores' scale is its ^-0.5; 0: head_dim^-0.5 */
     char family[32];   /* the Hugging Face architecture it exports as ("" = its descriptor's;
                         * computes nothing) */
+    int norm_place;    /* LOOM_NORM_PRE / POST / SANDWICH (post-norm weights attn_post_w,
+                        * ffn_post_w) */
+    int norm_offset;   /* Hugging Face's norm weights are w for a norm multiplying by 1 + w
+                        * (Gemma): loom stores 1 + w, import and export convert; computes
+                        * nothing */
+    int embed_scale;   /* the token embeddings times sqrt(d_model) rounded to float32 (Gemma;
+                        * not the tied head) */
+    float final_softcap; /* > 0: logits = cap * tanh(logits / cap) (Gemma 2's
+                          * final_logit_softcapping); 0: none */
 } loom_arch;
 
 typedef struct loom_model_config {
@@ -195,9 +212,13 @@ enum {  /* per-layer tensors, named layers.<l>.<name> */
     LOOM_L_MOE_PROJ_W,      /* (E, C, F) */
     LOOM_L_MOE_PROJ_B,      /* (E, C)                 gpt2 */
     /* arch.qk_norm (in the arena after v_b): */
-    LOOM_L_Q_NORM_W,        /* (D) the RMSNorm weight of every query head */
-    LOOM_L_K_NORM_W,        /* (D) of every key head */
+    LOOM_L_Q_NORM_W,        /* (D) the RMSNorm weight of every query head; whole: (H*D) */
+    LOOM_L_K_NORM_W,        /* (D) of every key head; whole: (KVH*D) */
     LOOM_L_MOE_SH_GATE_W,   /* (S, C) model.moe.shared_gate: the shared experts' gates */
+    /* arch.norm_place post / sandwich (in the arena after fc_proj_b): the RMSNorm weights of
+     * the attention's and the feed-forward's outputs */
+    LOOM_L_ATTN_POST_W,     /* (C) */
+    LOOM_L_FFN_POST_W,      /* (C) */
     LOOM_L_COUNT
 };
 /* Q, K and V (and gate and up) are separate tensors, so a head (column) split of each is one
@@ -357,6 +378,9 @@ enum {
                            * (K, ceil(V/tp)), all-gathered in tp rank order into
                            * (tp, K, ceil(V/tp)) so that every rank samples from the whole
                            * logits (n_out = tp * n_in) */
+    LOOM_CP_QKNORM_SUM, /* whole-projection q/k norms (tp > 1 only): per row the view's heads'
+                         * partial sums (N, 2) (forward: of squares; backward: of dy*w*xhat):
+                         * all-reduce sum, both directions */
     LOOM_CP_COUNT
 };
 /* Sites. With tp > 1 the embedding and the head are vocab-parallel too: the embedding's output

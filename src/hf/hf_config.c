@@ -93,6 +93,7 @@ static const hf_family FAMILIES[] = {
     {"MixtralForCausalLM", "mixtral", "llama", "model.", HF_MAP_LLAMA, 0, 1, HF_MOE_MIXTRAL},
     {"Qwen3MoeForCausalLM", "qwen3_moe", "qwen3", "model.", HF_MAP_LLAMA, 1, 1, HF_MOE_QWEN},
     {"Qwen2MoeForCausalLM", "qwen2_moe", "qwen2", "model.", HF_MAP_LLAMA, 0, 1, HF_MOE_QWEN2},
+    {"Olmo2ForCausalLM", "olmo2", "olmo2", "model.", HF_MAP_LLAMA, 1, 0, HF_MOE_NONE},
 };
 enum { N_FAMILIES = sizeof FAMILIES / sizeof FAMILIES[0] };
 
@@ -105,7 +106,7 @@ const hf_family *hf_family_find(const char *arch) {
 const char *hf_family_names(void) {
     return "GPT2LMHeadModel, LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, "
            "Qwen3ForCausalLM, Phi3ForCausalLM, MixtralForCausalLM, Qwen3MoeForCausalLM, "
-           "Qwen2MoeForCausalLM";
+           "Qwen2MoeForCausalLM, Olmo2ForCausalLM";
 }
 
 const hf_family *hf_family_of(const loom_model_config *c) {
@@ -127,6 +128,9 @@ int loom_hf_export_check(const loom_model_config *c, loom_err *err) {
     if (a->norm != n->norm || a->pos != n->pos || a->mlp != n->mlp || a->qk_norm != n->qk_norm ||
         a->mlp_bias != n->mlp_bias)
         bad = "model.arch.norm / pos / mlp / qk_norm / mlp_bias";
+    else if (a->norm_place != n->norm_place || a->norm_offset != n->norm_offset ||
+             a->embed_scale != n->embed_scale || a->final_softcap != n->final_softcap)
+        bad = "model.arch.norm_place / norm_offset / embed_scale / final_softcap";
     else if (f->map == HF_MAP_GPT2 &&
              (!a->tied || !a->qkv_bias || !a->o_bias || a->head_dim || a->rope_type))
         bad = "model.arch.tied / qkv_bias / o_bias / head_dim (GPT2LMHeadModel)";

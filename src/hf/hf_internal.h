@@ -61,6 +61,7 @@ typedef struct hf_map {
     int transpose;
     int64_t off;
     int64_t loff, n;
+    int add1;               /* a norm weight of arch.norm_offset: loom = hf + 1 (Gemma's 1 + w) */
     int hf_ndim;
     int64_t hf_shape[2];
 } hf_map;

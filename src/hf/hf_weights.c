@@ -110,11 +110,25 @@ void hf_map_build(const loom_model *m, const hf_family *fam, const char *prefix,
         map_add(l, LT(LOOM_L_Q_B), 0, 0, 1, QH, 0, "%slayers.%d.self_attn.q_proj.bias", p, i);
         map_add(l, LT(LOOM_L_K_B), 0, 0, 1, KV, 0, "%slayers.%d.self_attn.k_proj.bias", p, i);
         map_add(l, LT(LOOM_L_V_B), 0, 0, 1, KV, 0, "%slayers.%d.self_attn.v_proj.bias", p, i);
-        map_add(l, LT(LOOM_L_Q_NORM_W), 0, 0, 1, D, 0, "%slayers.%d.self_attn.q_norm.weight", p, i);
-        map_add(l, LT(LOOM_L_K_NORM_W), 0, 0, 1, D, 0, "%slayers.%d.self_attn.k_norm.weight", p, i);
+        /* q/k norms per head (D) or over the whole projections (OLMo 2: H*D, KVH*D) */
+        const int whole = c->arch.qk_norm == LOOM_QK_NORM_WHOLE;
+        map_add(l, LT(LOOM_L_Q_NORM_W), 0, 0, 1, whole ? QH : D, 0,
+                "%slayers.%d.self_attn.q_norm.weight", p, i);
+        map_add(l, LT(LOOM_L_K_NORM_W), 0, 0, 1, whole ? KV : D, 0,
+                "%slayers.%d.self_attn.k_norm.weight", p, i);
         map_add(l, LT(LOOM_L_ATTN_PROJ_W), 0, 0, 2, C, QH, "%slayers.%d.self_attn.o_proj.weight", p, i);
         map_add(l, LT(LOOM_L_ATTN_PROJ_B), 0, 0, 1, C, 0, "%slayers.%d.self_attn.o_proj.bias", p, i);
-        map_add(l, LT(LOOM_L_LN2_W), 0, 0, 1, C, 0, "%slayers.%d.post_attention_layernorm.weight", p, i);
+        if (c->arch.norm_place == LOOM_NORM_PRE) {
+            map_add(l, LT(LOOM_L_LN2_W), 0, 0, 1, C, 0, "%slayers.%d.post_attention_layernorm.weight",
+                    p, i);
+        } else { /* post (OLMo 2: no pre-norms) and sandwich (Gemma 2/3) norms */
+            map_add(l, LT(LOOM_L_ATTN_POST_W), 0, 0, 1, C, 0,
+                    "%slayers.%d.post_attention_layernorm.weight", p, i);
+            map_add(l, LT(LOOM_L_LN2_W), 0, 0, 1, C, 0, "%slayers.%d.pre_feedforward_layernorm.weight",
+                    p, i);
+            map_add(l, LT(LOOM_L_FFN_POST_W), 0, 0, 1, C, 0,
+                    "%slayers.%d.post_feedforward_layernorm.weight", p, i);
+        }
         if (phi3) {
             map_add(l, LT(LOOM_L_GATE_W), 0, 0, 2, 2 * F, C, "%slayers.%d.mlp.gate_up_proj.weight", p, i);
             map_add(l, LT(LOOM_L_UP_W), 0, F * C, 2, 2 * F, C, "%slayers.%d.mlp.gate_up_proj.weight", p, i);
@@ -154,6 +168,15 @@ void hf_map_build(const loom_model *m, const hf_family *fam, const char *prefix,
 #undef LT
     map_add(l, loom_model_global(m, LOOM_P_LNF_W), 0, 0, 1, C, 0, "%snorm.weight", p);
     map_add(l, loom_model_global(m, LOOM_P_LM_HEAD), 0, 0, 2, V, C, "lm_head.weight");
+    if (!c->arch.norm_offset) return;
+    for (int k = 0; k < l->n; k++) { /* arch.norm_offset: every norm's weight (loom's 1 + w) */
+        const loom_tensor_info *t = l->e[k].t;
+        const int g = t->layer < 0;
+        l->e[k].add1 = g ? t->kind == LOOM_P_LNF_W
+                         : (t->kind == LOOM_L_LN1_W || t->kind == LOOM_L_LN2_W ||
+                            t->kind == LOOM_L_ATTN_POST_W || t->kind == LOOM_L_FFN_POST_W ||
+                            t->kind == LOOM_L_Q_NORM_W || t->kind == LOOM_L_K_NORM_W);
+    }
 }
 
 void hf_map_free(hf_map_list *l) {
@@ -174,6 +197,9 @@ void hf_map_to_loom(const hf_map *e, const float *hf, float *dst) {
     }
     if (!e->transpose) {
         memcpy(dst, hf + e->off, t->numel * sizeof *dst);
+        /* Gemma's norms scale by 1 + w computed in float32: loom holds that float */
+        if (e->add1)
+            for (size_t k = 0; k < t->numel; k++) dst[k] = 1.0f + dst[k];
         return;
     }
     const int64_t R = t->shape[0], Cin = t->shape[1], N = e->hf_shape[1];
@@ -190,6 +216,10 @@ void hf_map_from_loom(const hf_map *e, const float *src, float *hf) {
     }
     if (!e->transpose) {
         memcpy(hf + e->off, src, t->numel * sizeof *src);
+        /* w = loom's weight - 1: exact for loom weights in [0.5, 2] (Sterbenz), so that
+         * transformers' 1 + w is loom's float again; outside it the nearest float */
+        if (e->add1)
+            for (size_t k = 0; k < t->numel; k++) hf[e->off + k] = hf[e->off + k] - 1.0f;
         return;
     }
     const int64_t R = t->shape[0], Cin = t->shape[1], N = e->hf_shape[1];
@@ -334,7 +364,8 @@ int loom_hf_load_params(const char *dir, loom_model *m, loom_err *err) {
     const loom_arch *ma = &c->arch, *da = loom_config_arch(&hc.mc);
     if (ma->norm != da->norm || ma->pos != da->pos || ma->mlp != da->mlp ||
         ma->qkv_bias != da->qkv_bias || ma->o_bias != da->o_bias || ma->tied != da->tied ||
-        ma->qk_norm != da->qk_norm || ma->moe_renorm != da->moe_renorm)
+        ma->qk_norm != da->qk_norm || ma->moe_renorm != da->moe_renorm ||
+        ma->norm_place != da->norm_place || ma->norm_offset != da->norm_offset)
         return loom_errf(err, "%s/config.json: the model's architecture ('%s' and its "
                               "model.arch.* features) is not the directory's (%s): the weights "
                               "would not match", dir, ma->name, hc.fam->arch);

@@ -1,4 +1,5 @@
-/* Elementwise ops: GELU (tanh approximation, GPT-2's gelu_new), SwiGLU, residual add. */
+/* Elementwise ops: GELU (tanh approximation, GPT-2's gelu_new), SwiGLU, GeGLU, soft-capping,
+ * residual add. */
 #ifndef LOOM_KV
 #include "kernels/kmath.h"
 #include "loom/kernels.h"
@@ -18,6 +19,11 @@ LOOM_DISPATCH(swiglu_forward, (float *out, const float *inp, int64_t N, int F),
               (out, inp, N, F))
 LOOM_DISPATCH(swiglu_backward, (float *dinp, const float *inp, const float *dout, int64_t N, int F),
               (dinp, inp, dout, N, F))
+LOOM_DISPATCH(geglu_forward, (float *out, const float *inp, int64_t N, int F),
+              (out, inp, N, F))
+LOOM_DISPATCH(geglu_backward, (float *dinp, const float *inp, const float *dout, int64_t N, int F),
+              (dinp, inp, dout, N, F))
+LOOM_DISPATCH(softcap_forward, (float *x, int64_t n, float cap), (x, n, cap))
 LOOM_DISPATCH(residual_forward, (float *out, const float *a, const float *b, int64_t n),
               (out, a, b, n))
 
@@ -78,6 +84,40 @@ static void LOOM_KV(swiglu_backward)(float *dinp, const float *inp, const float 
             du[i] += dy[i] * silu;
         }
     }
+}
+
+/* inp (N, 2F) rows [gate | up]; out (N, F) = gelu_tanh(gate) * up (GeGLU, Gemma's
+ * gelu_pytorch_tanh) */
+static void LOOM_KV(geglu_forward)(float *out, const float *inp, int64_t N, int F) {
+#pragma omp parallel for schedule(static) if (N * F >= LOOM_PAR_MIN)
+    for (int64_t n = 0; n < N; n++) {
+        const float *g = inp + n * 2 * F, *u = g + F;
+        float *y = out + n * F;
+        for (int i = 0; i < F; i++) {
+            const float x = g[i], t = GELU_K * (x + GELU_C * x * x * x);
+            y[i] = 0.5f * x * (1.0f + loom_tanhf(t)) * u[i];
+        }
+    }
+}
+
+static void LOOM_KV(geglu_backward)(float *dinp, const float *inp, const float *dout, int64_t N,
+                                    int F) {
+#pragma omp parallel for schedule(static) if (N * F >= LOOM_PAR_MIN)
+    for (int64_t n = 0; n < N; n++) {
+        const float *g = inp + n * 2 * F, *u = g + F, *dy = dout + n * F;
+        float *dg = dinp + n * 2 * F, *du = dg + F;
+        for (int i = 0; i < F; i++) {
+            const float x = g[i], t = GELU_K * (x + GELU_C * x * x * x);
+            dg[i] += dy[i] * u[i] * LOOM_KV(gelu_grad)(x);
+            du[i] += dy[i] * 0.5f * x * (1.0f + loom_tanhf(t));
+        }
+    }
+}
+
+/* x = cap * tanh(x / cap) in place (final-logit soft-capping) */
+static void LOOM_KV(softcap_forward)(float *x, int64_t n, float cap) {
+#pragma omp parallel for simd schedule(static) if (parallel: n >= LOOM_PAR_MIN)
+    for (int64_t i = 0; i < n; i++) x[i] = cap * loom_tanhf(x[i] / cap);
 }
 
 static void LOOM_KV(residual_forward)(float *out, const float *a, const float *b, int64_t n) {

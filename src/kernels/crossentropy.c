@@ -14,6 +14,10 @@ LOOM_DISPATCH(crossentropy_softmax_backward, (float *logits, const int32_t *targ
                                               int V, float dscale),
               (logits, targets, N, V, dscale))
 
+LOOM_DISPATCH(crossentropy_softcap_backward, (float *logits, const int32_t *targets, int64_t N,
+                                              int V, float dscale, float cap),
+              (logits, targets, N, V, dscale, cap))
+
 /* ---- vocab-parallel pieces (tensor parallelism): one level, plain loops ---- */
 
 void crossentropy_shard_max(float *mx, const float *logits, int64_t N, int Vl) {
@@ -57,6 +61,27 @@ void crossentropy_shard_backward(float *logits, const int32_t *targets, const fl
     }
 }
 
+void crossentropy_shard_softcap_backward(float *logits, const int32_t *targets, const float *mx,
+                                         const float *sums, int v0, int64_t N, int Vl,
+                                         float dscale, float cap) {
+#pragma omp parallel for schedule(static) if (N * Vl >= LOOM_PAR_MIN)
+    for (int64_t n = 0; n < N; n++) {
+        const int32_t t = targets[n];
+        float *x = logits + n * Vl;
+        if (t < 0) {
+            memset(x, 0, (size_t)Vl * sizeof(float));
+            continue;
+        }
+        const float k = (float)(1.0 / (double)sums[2 * n]) * dscale;
+        for (int i = 0; i < Vl; i++) {
+            const float y = x[i], c = y / cap; /* the capped logit, then its gradient */
+            float d = loom_expf(y - mx[n]) * k;
+            if (i == t - v0) d -= dscale;
+            x[i] = d * (1.0f - c * c);
+        }
+    }
+}
+
 #else /* one level of the kernels (isa_variants.h) */
 
 static float LOOM_KV(row_max)(const float *x, int V) {
@@ -87,6 +112,31 @@ static void LOOM_KV(crossentropy_forward)(float *losses, const float *logits,
         float mx = LOOM_KV(row_max)(x, V);
         double s = LOOM_KV(row_sumexp)(x, V, mx);
         losses[n] = (float)(log(s) + (double)mx - (double)x[t]);
+    }
+}
+
+/* crossentropy_softmax_backward of soft-capped logits y = cap * tanh(z / cap): the gradient
+ * with respect to the raw logits z, d * (1 - (y / cap)^2), read from y before it is
+ * overwritten (no second (N, V) buffer) */
+static void LOOM_KV(crossentropy_softcap_backward)(float *logits, const int32_t *targets,
+                                                   int64_t N, int V, float dscale, float cap) {
+#pragma omp parallel for schedule(static) if (N * V >= LOOM_PAR_MIN)
+    for (int64_t n = 0; n < N; n++) {
+        int32_t t = targets[n];
+        float *x = logits + n * V;
+        if (t < 0) {
+            memset(x, 0, (size_t)V * sizeof(float));
+            continue;
+        }
+        float mx = LOOM_KV(row_max)(x, V);
+        double s = LOOM_KV(row_sumexp)(x, V, mx);
+        float k = (float)(1.0 / s) * dscale;
+        for (int i = 0; i < V; i++) {
+            const float y = x[i], c = y / cap;
+            float d = loom_expf(y - mx) * k;
+            if (i == t) d -= dscale;
+            x[i] = d * (1.0f - c * c);
+        }
     }
 }
 

@@ -54,6 +54,63 @@ void headnorm_backward(float *din, float *dw, const float *dout, const float *in
     }
 }
 
+/* Whole-projection RMSNorm (OLMo 2's q/k norms) in pieces, so that a tensor-parallel view
+ * whose row part is n of n_global floats can sum its rows' statistics over its group between
+ * them. rownorm_sums: st[r * st_stride] = the sum over the row's n floats of x^2 (dout NULL),
+ * or of dout * w * x * rstd (the backward's; rstd[r * st_stride]); sums in double. */
+void rownorm_sums(float *st, int64_t st_stride, const float *in, const float *dout,
+                  const float *w, const float *rstd, int64_t N, int n, int64_t row_stride) {
+#pragma omp parallel for schedule(static) if (N * n >= LOOM_PAR_MIN)
+    for (int64_t r = 0; r < N; r++) {
+        const float *x = in + r * row_stride;
+        double s = 0.0;
+        if (!dout) {
+            for (int i = 0; i < n; i++) s += (double)x[i] * x[i];
+        } else {
+            const float *dy = dout + r * row_stride, rs = rstd[r * st_stride];
+            for (int i = 0; i < n; i++) s += dy[i] * w[i] * (x[i] * rs);
+        }
+        st[r * st_stride] = (float)s;
+    }
+}
+
+/* out = in * rstd * w with rstd = 1 / sqrt(ss / n_global + eps) from the whole row's sum of
+ * squares ss[r * st_stride]; rstd[r * st_stride] is written (it may be ss), out may be in. */
+void rownorm_forward(float *out, float *rstd, const float *in, const float *w, const float *ss,
+                     int64_t N, int n, int64_t row_stride, int64_t st_stride, int n_global,
+                     float eps) {
+#pragma omp parallel for schedule(static) if (N * n >= LOOM_PAR_MIN)
+    for (int64_t r = 0; r < N; r++) {
+        const float *x = in + r * row_stride;
+        float *y = out + r * row_stride;
+        const float rs = (float)(1.0 / sqrt((double)ss[r * st_stride] / n_global + eps));
+        for (int i = 0; i < n; i++) y[i] = x[i] * rs * w[i];
+        rstd[r * st_stride] = rs;
+    }
+}
+
+/* Its backward from the whole row's sums of dout * w * xhat (dots): din SET, dw (n) += (each
+ * column summed over the rows in order; may be NULL). */
+void rownorm_backward(float *din, float *dw, const float *dout, const float *in, const float *w,
+                      const float *rstd, const float *dots, int64_t N, int n, int64_t row_stride,
+                      int64_t st_stride, int n_global) {
+#pragma omp parallel for schedule(static) if (N * n >= LOOM_PAR_MIN)
+    for (int64_t r = 0; r < N; r++) {
+        const int64_t o = r * row_stride;
+        const float rs = rstd[r * st_stride], mb = dots[r * st_stride] / (float)n_global;
+        for (int i = 0; i < n; i++)
+            din[o + i] = rs * (dout[o + i] * w[i] - in[o + i] * rs * mb);
+    }
+    if (!dw) return;
+#pragma omp parallel for schedule(static) if (N * n >= LOOM_PAR_MIN)
+    for (int i = 0; i < n; i++) {
+        float a = 0.0f;
+        for (int64_t r = 0; r < N; r++)
+            a += dout[r * row_stride + i] * (in[r * row_stride + i] * rstd[r * st_stride]);
+        dw[i] += a;
+    }
+}
+
 #define LOOM_KSELF "kernels/norm.c"
 #include "kernels/isa_variants.h"
 

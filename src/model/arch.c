@@ -19,6 +19,8 @@ static const loom_arch NAMED[] = {
     LLAMA_ARCH("llama", .tied = 0),
     LLAMA_ARCH("qwen2", .qkv_bias = 1),                    /* Qwen 2 / 2.5: q, k, v biases */
     LLAMA_ARCH("qwen3", .qk_norm = LOOM_QK_NORM_HEAD),     /* per-head q/k RMSNorm */
+    /* OLMo 2: post-norms (no pre-norms), q/k RMSNorm over the whole projections */
+    LLAMA_ARCH("olmo2", .qk_norm = LOOM_QK_NORM_WHOLE, .norm_place = LOOM_NORM_POST),
 };
 enum { N_NAMED = sizeof NAMED / sizeof NAMED[0] };
 
@@ -28,7 +30,7 @@ const loom_arch *loom_arch_named(const char *name) {
     return NULL;
 }
 
-const char *loom_arch_names(void) { return "gpt2, llama, qwen2, qwen3"; }
+const char *loom_arch_names(void) { return "gpt2, llama, qwen2, qwen3, olmo2"; }
 
 const loom_arch *loom_config_arch(const loom_model_config *c) {
     if (c->flavor == LOOM_FLAVOR_GPT2 || c->flavor == LOOM_FLAVOR_LLAMA) return &NAMED[c->flavor];
@@ -52,11 +54,12 @@ int arch_check(const loom_model_config *c, loom_err *err) {
     if (c->flavor < LOOM_FLAVOR_GPT2 || c->flavor > LOOM_FLAVOR_ARCH)
         return loom_errf(err, "model: unknown flavor %d", c->flavor);
     if (a->norm < LOOM_NORM_LAYER || a->norm > LOOM_NORM_RMS || a->pos < LOOM_POS_LEARNED ||
-        a->pos > LOOM_POS_ROPE || a->mlp < LOOM_MLP_GELU || a->mlp > LOOM_MLP_SWIGLU ||
-        a->qk_norm < LOOM_QK_NORM_NONE || a->qk_norm > LOOM_QK_NORM_HEAD ||
+        a->pos > LOOM_POS_ROPE || a->mlp < LOOM_MLP_GELU || a->mlp > LOOM_MLP_GEGLU ||
+        a->qk_norm < LOOM_QK_NORM_NONE || a->qk_norm > LOOM_QK_NORM_WHOLE ||
+        a->norm_place < LOOM_NORM_PRE || a->norm_place > LOOM_NORM_SANDWICH ||
         a->rope_type < LOOM_ROPE_DEFAULT || a->rope_type > LOOM_ROPE_YARN || a->head_dim < 0)
         return loom_errf(err, "model: architecture '%.16s' has an unknown norm, positions, MLP, "
-                              "q/k norm or RoPE type", a->name);
+                              "q/k norm, norm placement or RoPE type", a->name);
     if (a->head_dim == 0 && c->n_head > 0 && c->d_model % c->n_head != 0)
         return loom_errf(err, "model: d_model (%d) is not divisible by n_head (%d) (or set "
                               "model.arch.head_dim)", c->d_model, c->n_head);
@@ -96,6 +99,23 @@ int arch_check(const loom_model_config *c, loom_err *err) {
     if (!(a->query_pre_attn_scalar >= 0.0f) || !isfinite(a->query_pre_attn_scalar))
         return loom_errf(err, "model: model.arch.query_pre_attn_scalar must be >= 0 (0: the "
                               "head width)");
+    if (a->norm == LOOM_NORM_LAYER && a->norm_place != LOOM_NORM_PRE)
+        return loom_errf(err, "model: post and sandwich norms (model.arch.norm_place) are "
+                              "RMSNorms (model.arch.norm: rms)");
+    if (a->norm_place != LOOM_NORM_PRE && c->n_expert > 0)
+        return loom_errf(err, "model: post and sandwich norms (model.arch.norm_place) are not "
+                              "supported with MoE layers (model.moe.experts > 0)");
+    if (a->mlp == LOOM_MLP_GEGLU && c->n_expert > 0)
+        return loom_errf(err, "model: GeGLU (model.arch.mlp: geglu) is not supported in MoE "
+                              "layers (model.moe.experts > 0)");
+    if (a->embed_scale && a->pos != LOOM_POS_ROPE)
+        return loom_errf(err, "model: the embedding scale (model.arch.embed_scale) needs RoPE "
+                              "positions (model.arch.pos: rope)");
+    if (!(a->final_softcap >= 0.0f) || !isfinite(a->final_softcap))
+        return loom_errf(err, "model: model.arch.final_softcap must be >= 0 (0: none)");
+    if (a->final_softcap > 0.0f && c->head != LOOM_HEAD_LM)
+        return loom_errf(err, "model: final-logit soft-capping (model.arch.final_softcap) needs "
+                              "the lm head");
     return 0;
 }
 

@@ -32,7 +32,8 @@ typedef struct block_op {
 #define LINEAR(i, o, w_, b_, iw_, ow_, row) {OP_LINEAR, i, o, 0, 0, w_, b_, iw_, ow_, row, 0, 0}
 
 static const block_op BLOCK[] = {
-    /* attention: RES2 = X + attn_proj(attention(rope(qknorm(qkv(ln1(X)))))) */
+    /* attention: RES2 = X + post(attn_proj(attention(rope(qknorm(qkv(ln1(X))))))); ln1 absent
+     * with norm_place post (S_LN1 is S_X), post absent with pre (S_ATTO is S_RES2) */
     NORM(S_X, S_LN1, S_LN1_MEAN, S_LN1_RSTD, LOOM_L_LN1_W, LOOM_L_LN1_B),
     POINT(LOOM_CP_ATTN_IN, S_LN1, LOOM_SITE_ATTN),
     POINT2(LOOM_CP_COL_IN, S_LN1, S_LN1G, LOOM_SITE_ATTN),
@@ -42,10 +43,12 @@ static const block_op BLOCK[] = {
     {OP_ROPE, S_QKV, S_QKV, 0, 0, P_NONE, P_NONE, 0, 0, 0, 0, 0},
     {OP_ATTN, S_QKV, S_ATTY, S_ATT, 0, P_NONE, P_NONE, 0, 0, 0, 0, 0},
     LINEAR(S_ATTY, S_RES2P, LOOM_L_ATTN_PROJ_W, LOOM_L_ATTN_PROJ_B, W_HD, W_C, 1),
-    POINT2(LOOM_CP_ROW_OUT, S_RES2P, S_RES2, LOOM_SITE_ATTN),
-    POINT(LOOM_CP_ATTN_OUT, S_RES2, LOOM_SITE_ATTN),
+    POINT2(LOOM_CP_ROW_OUT, S_RES2P, S_ATTO, LOOM_SITE_ATTN),
+    POINT(LOOM_CP_ATTN_OUT, S_ATTO, LOOM_SITE_ATTN),
+    /* the post-norm (RMSNorm: no mean slot, its rstd slot given twice) */
+    NORM(S_ATTO, S_RES2, S_PN1_RSTD, S_PN1_RSTD, LOOM_L_ATTN_POST_W, P_NONE),
     {OP_RESIDUAL, S_X, S_RES2, 0, 0, P_NONE, P_NONE, 0, 0, 0, 0, 0},
-    /* feed-forward: RES3 = RES2 + fc_proj(act(fc1(ln2(RES2)))) */
+    /* feed-forward: RES3 = RES2 + post(fc_proj(act(fc1(ln2(RES2))))) */
     NORM(S_RES2, S_LN2, S_LN2_MEAN, S_LN2_RSTD, LOOM_L_LN2_W, LOOM_L_LN2_B),
     POINT(LOOM_CP_FFN_IN, S_LN2, LOOM_SITE_FFN),
     POINT2(LOOM_CP_COL_IN, S_LN2, S_LN2G, LOOM_SITE_FFN),
@@ -54,8 +57,9 @@ static const block_op BLOCK[] = {
     LINEAR(S_FCH_ACT, S_RES3P, LOOM_L_FC_PROJ_W, LOOM_L_FC_PROJ_B, W_F, W_C, 1),
     /* an MoE layer: RES3 = experts(LN2) instead of the dense ops (src/model/moe.c) */
     {OP_MOE, S_LN2, S_RES3, 0, 0, P_NONE, P_NONE, 0, 0, 0, 0, 0},
-    POINT2(LOOM_CP_ROW_OUT, S_RES3P, S_RES3, LOOM_SITE_FFN),
-    POINT(LOOM_CP_FFN_OUT, S_RES3, LOOM_SITE_FFN),
+    POINT2(LOOM_CP_ROW_OUT, S_RES3P, S_FFO, LOOM_SITE_FFN),
+    POINT(LOOM_CP_FFN_OUT, S_FFO, LOOM_SITE_FFN),
+    NORM(S_FFO, S_RES3, S_PN2_RSTD, S_PN2_RSTD, LOOM_L_FFN_POST_W, P_NONE),
     {OP_RESIDUAL, S_RES2, S_RES3, 0, 0, P_NONE, P_NONE, 0, 0, 0, 0, 0},
 };
 enum { N_OPS = sizeof BLOCK / sizeof BLOCK[0] };
@@ -91,7 +95,15 @@ static void point(loom_model *m, int p, int dir, int layer, int site, float *buf
 static int sharded(int slot) {
     return slot == S_X || slot == S_LN1 || slot == S_LN1_MEAN || slot == S_LN1_RSTD ||
            slot == S_RES2 || slot == S_LN2 || slot == S_LN2_MEAN || slot == S_LN2_RSTD ||
-           slot == S_RES3;
+           slot == S_RES3 || slot == S_ATTO || slot == S_FFO || slot == S_PN1_RSTD ||
+           slot == S_PN2_RSTD;
+}
+
+/* norm placement: the block has pre-norms (ln1, ln2) / post-norms (attn_post, ffn_post) */
+static int has_pre(const loom_model *m) { return m->cfg.arch.norm_place != LOOM_NORM_POST; }
+static int has_post(const loom_model *m) { return m->cfg.arch.norm_place != LOOM_NORM_PRE; }
+static int is_post_norm(const block_op *op) {
+    return op->kind == OP_NORM && (op->w == LOOM_L_ATTN_POST_W || op->w == LOOM_L_FFN_POST_W);
 }
 
 /* rows of a slot in this frame: the shard's under sequence parallelism, else all B*T */
@@ -119,8 +131,19 @@ static void point2(loom_model *m, block_frame *f, const block_op *op, int dir, i
  * decoding frame rotates its stream buffers between layers); with it acts_frame gave them
  * their scratch. */
 static void alias_whole_slots(const loom_model *m, block_frame *f) {
-    static const int pairs[4][2] = {{S_LN1G, S_LN1}, {S_LN2G, S_LN2}, {S_RES2P, S_RES2},
-                                    {S_RES3P, S_RES3}};
+    static const int pairs[4][2] = {{S_LN1G, S_LN1}, {S_LN2G, S_LN2}, {S_RES2P, S_ATTO},
+                                    {S_RES3P, S_FFO}};
+    if (!has_post(m)) { /* the row-parallel outputs are the residual stream's slots */
+        f->s[S_ATTO] = f->s[S_RES2];
+        f->g[S_ATTO] = f->g[S_RES2];
+        f->s[S_FFO] = f->s[S_RES3];
+        f->g[S_FFO] = f->g[S_RES3];
+    }
+    if (!has_pre(m)) { /* the stream itself goes into attention and the feed-forward; their
+                        * input gradients stay apart (the absent norm's backward adds them) */
+        f->s[S_LN1] = f->s[S_X];
+        f->s[S_LN2] = f->s[S_RES2];
+    }
     /* without q/k norms the linear writes q|k|v where attention reads it; with them a frame
      * without its own S_QKVR (decoding) norms in place */
     if (m->cfg.arch.qk_norm == LOOM_QK_NORM_NONE) {
@@ -140,6 +163,7 @@ static void alias_whole_slots(const loom_model *m, block_frame *f) {
  * and tensor-parallel points); a dense layer skips OP_MOE. */
 static int skipped(const loom_model *m, int l, const block_op *op) {
     if (op->kind == OP_QKNORM) return m->cfg.arch.qk_norm == LOOM_QK_NORM_NONE;
+    if (is_post_norm(op)) return !has_post(m);
     if (op->kind == OP_ROPE) return m->cfg.arch.pos != LOOM_POS_ROPE;
     const int moe = loom_model_layer_is_moe(m, l);
     if (op->kind == OP_MOE) return !moe;
@@ -226,11 +250,12 @@ static void attend_cache(loom_model *m, int l, float *out, const float *qkv, flo
 
 static void op_forward(loom_model *m, block_frame *f, int l, const block_op *op) {
     const int64_t N = (int64_t)f->B * f->T;
-    const int C = m->cfg.d_model, gated = m->cfg.arch.mlp == LOOM_MLP_SWIGLU;
+    const int C = m->cfg.d_model, mlp = m->cfg.arch.mlp;
     float **s = f->s;
     const loom_backend *be = m->be;
     switch (op->kind) {
     case OP_NORM:
+        if (!is_post_norm(op) && !has_pre(m)) break; /* norm_place post: out is in */
         model_norm_fwd(m, s[op->out], s[op->aux0], s[op->aux1], s[op->in], param(m, op->w, l),
                        param(m, op->b, l), rows(m, f, op->in));
         break;
@@ -265,12 +290,26 @@ static void op_forward(loom_model *m, block_frame *f, int l, const block_op *op)
         const int HD = m->H * m->D, KD = m->KVH * m->D;
         float *o = s[op->out];
         const float *x = s[op->in];
-        be->headnorm_forward(o, s[op->aux0], x, param(m, op->w, l), N, m->H, m->D, m->QKV,
-                             m->H + m->KVH, m->cfg.norm_eps);
-        /* a decoding frame keeps no statistics (NULL) */
-        be->headnorm_forward(o + HD, s[op->aux0] ? s[op->aux0] + m->H : NULL, x + HD,
-                             param(m, op->b, l), N, m->KVH, m->D, m->QKV, m->H + m->KVH,
-                             m->cfg.norm_eps);
+        if (m->cfg.arch.qk_norm == LOOM_QK_NORM_WHOLE) {
+            /* the whole q (and k) of a row: the view's heads' sums of squares, summed over the
+             * tp group, then normed; st (N, 2) holds the sums, then the rstd */
+            float *st = s[op->aux0];
+            LOOM_CHECK(st != NULL);
+            be->rownorm_sums(st, 2, x, NULL, NULL, NULL, N, HD, m->QKV);
+            be->rownorm_sums(st + 1, 2, x + HD, NULL, NULL, NULL, N, KD, m->QKV);
+            if (m->lay.tp > 1) point(m, LOOM_CP_QKNORM_SUM, 0, l, LOOM_SITE_ATTN, st, 2 * N);
+            be->rownorm_forward(o, st, x, param(m, op->w, l), st, N, HD, m->QKV, 2,
+                                m->cfg.n_head * m->D, m->cfg.norm_eps);
+            be->rownorm_forward(o + HD, st + 1, x + HD, param(m, op->b, l), st + 1, N, KD,
+                                m->QKV, 2, m->cfg.n_kv_head * m->D, m->cfg.norm_eps);
+        } else {
+            be->headnorm_forward(o, s[op->aux0], x, param(m, op->w, l), N, m->H, m->D, m->QKV,
+                                 m->H + m->KVH, m->cfg.norm_eps);
+            /* a decoding frame keeps no statistics (NULL) */
+            be->headnorm_forward(o + HD, s[op->aux0] ? s[op->aux0] + m->H : NULL, x + HD,
+                                 param(m, op->b, l), N, m->KVH, m->D, m->QKV, m->H + m->KVH,
+                                 m->cfg.norm_eps);
+        }
         if (o != x)
             for (int64_t r = 0; r < N; r++)
                 memcpy(o + r * m->QKV + HD + KD, x + r * m->QKV + HD + KD,
@@ -331,7 +370,8 @@ static void op_forward(loom_model *m, block_frame *f, int l, const block_op *op)
         }
         break;
     case OP_ACT:
-        if (!gated) be->gelu_forward(s[op->out], s[op->in], N * m->F);
+        if (mlp == LOOM_MLP_GELU) be->gelu_forward(s[op->out], s[op->in], N * m->F);
+        else if (mlp == LOOM_MLP_GEGLU) be->geglu_forward(s[op->out], s[op->in], N, m->F);
         else be->swiglu_forward(s[op->out], s[op->in], N, m->F);
         break;
     case OP_RESIDUAL:
@@ -343,11 +383,17 @@ static void op_forward(loom_model *m, block_frame *f, int l, const block_op *op)
 
 static void op_backward(loom_model *m, block_frame *f, int l, const block_op *op) {
     const int64_t N = (int64_t)f->B * f->T;
-    const int C = m->cfg.d_model, gated = m->cfg.arch.mlp == LOOM_MLP_SWIGLU;
+    const int C = m->cfg.d_model, mlp = m->cfg.arch.mlp;
     float **s = f->s, **g = f->g;
     const loom_backend *be = m->be;
     switch (op->kind) {
     case OP_NORM: /* accumulates into the residual stream's gradient */
+        if (!is_post_norm(op) && !has_pre(m)) { /* absent: out was in, its gradient adds */
+            be->residual_forward(g[op->in], g[op->in], g[op->out], rows(m, f, op->in) * C);
+            break;
+        }
+        if (is_post_norm(op)) /* in (S_ATTO, S_FFO) is the post-norm's alone: zeroed first */
+            memset(g[op->in], 0, (size_t)rows(m, f, op->in) * (size_t)C * sizeof(float));
         if (m->cfg.arch.norm == LOOM_NORM_LAYER)
             be->layernorm_backward(g[op->in], grad(m, op->w, l), grad(m, op->b, l), g[op->out],
                                    s[op->in], param(m, op->w, l), s[op->aux0], s[op->aux1],
@@ -381,11 +427,26 @@ static void op_backward(loom_model *m, block_frame *f, int l, const block_op *op
         float *dx = g[op->in];
         const float *dy = g[op->out], *x = s[op->in];
         LOOM_CHECK(dx != dy && x != s[op->out]);
-        be->headnorm_backward(dx, grad(m, op->w, l), dy, x, param(m, op->w, l),
-                              s[op->aux0], N, m->H, m->D, m->QKV, m->H + m->KVH);
-        be->headnorm_backward(dx + HD, grad(m, op->b, l), dy + HD, x + HD,
-                              param(m, op->b, l), s[op->aux0] + m->H, N, m->KVH, m->D, m->QKV,
-                              m->H + m->KVH);
+        if (m->cfg.arch.qk_norm == LOOM_QK_NORM_WHOLE) {
+            /* the rows' sums of dy * w * xhat over the whole q (k), summed over the tp group
+             * (after the rstd: (N, 2) scratch) */
+            const float *st = s[op->aux0];
+            float *dots = s[op->aux0] + 2 * N;
+            const float *qw = param(m, op->w, l), *kw = param(m, op->b, l);
+            be->rownorm_sums(dots, 2, x, dy, qw, st, N, HD, m->QKV);
+            be->rownorm_sums(dots + 1, 2, x + HD, dy + HD, kw, st + 1, N, KD, m->QKV);
+            if (m->lay.tp > 1) point(m, LOOM_CP_QKNORM_SUM, 1, l, LOOM_SITE_ATTN, dots, 2 * N);
+            be->rownorm_backward(dx, grad(m, op->w, l), dy, x, qw, st, dots, N, HD, m->QKV, 2,
+                                 m->cfg.n_head * m->D);
+            be->rownorm_backward(dx + HD, grad(m, op->b, l), dy + HD, x + HD, kw, st + 1,
+                                 dots + 1, N, KD, m->QKV, 2, m->cfg.n_kv_head * m->D);
+        } else {
+            be->headnorm_backward(dx, grad(m, op->w, l), dy, x, param(m, op->w, l),
+                                  s[op->aux0], N, m->H, m->D, m->QKV, m->H + m->KVH);
+            be->headnorm_backward(dx + HD, grad(m, op->b, l), dy + HD, x + HD,
+                                  param(m, op->b, l), s[op->aux0] + m->H, N, m->KVH, m->D,
+                                  m->QKV, m->H + m->KVH);
+        }
         for (int64_t r = 0; r < N; r++)
             memcpy(dx + r * m->QKV + HD + KD, dy + r * m->QKV + HD + KD,
                    (size_t)KD * sizeof(float));
@@ -429,12 +490,13 @@ static void op_backward(loom_model *m, block_frame *f, int l, const block_op *op
         }
         break;
     case OP_ACT:
-        if (!gated) { /* overwrites g[in]: no zeroing pass */
+        if (mlp == LOOM_MLP_GELU) { /* overwrites g[in]: no zeroing pass */
             be->gelu_backward_set(g[op->in], s[op->in], g[op->out], N * m->F);
             break;
         }
         memset(g[op->in], 0, (size_t)N * (size_t)m->FFI * sizeof(float));
-        be->swiglu_backward(g[op->in], s[op->in], g[op->out], N, m->F);
+        if (mlp == LOOM_MLP_GEGLU) be->geglu_backward(g[op->in], s[op->in], g[op->out], N, m->F);
+        else be->swiglu_backward(g[op->in], s[op->in], g[op->out], N, m->F);
         break;
     case OP_RESIDUAL: /* out = out + in: both see the residual stream's gradient (one buffer) */
         LOOM_CHECK(g[op->in] == g[op->out]);
@@ -464,7 +526,9 @@ void block_recompute(loom_model *m, block_frame *f, int layer) {
      * kept rotated, so attention runs on it as the forward did */
     for (int i = 0; i < N_OPS; i++) {
         const int k = BLOCK[i].kind;
-        if ((k == OP_NORM || k == OP_ATTN || k == OP_ACT) && !skipped(m, layer, &BLOCK[i]))
+        /* (a post-norm's output is the residual stream, kept: not recomputed) */
+        if ((k == OP_NORM || k == OP_ATTN || k == OP_ACT) && !is_post_norm(&BLOCK[i]) &&
+            !skipped(m, layer, &BLOCK[i]))
             op_forward(m, f, layer, &BLOCK[i]);
     }
 }
@@ -475,13 +539,20 @@ void block_recompute(loom_model *m, block_frame *f, int layer) {
 static int64_t slot_floats(const loom_model *m, int k, int64_t B, int64_t T) {
     const int64_t N = B * T, C = m->cfg.d_model;
     const int64_t Ns = m->lay.sp ? N / m->lay.tp : N; /* the sequence-sharded regions' rows */
+    const int pre = has_pre(m), post = has_post(m);
     switch (k) {
-    case S_LN1: case S_RES2: case S_LN2: case S_RES3: return Ns * C;
-    case S_LN1_RSTD: case S_LN2_RSTD: return Ns;
+    case S_RES2: case S_RES3: return Ns * C;
+    case S_LN1: case S_LN2: return pre ? Ns * C : 0; /* norm_place post: the stream's */
+    case S_LN1_RSTD: case S_LN2_RSTD: return pre ? Ns : 0;
     case S_LN1_MEAN: case S_LN2_MEAN: /* LayerNorm's; RMSNorm keeps no mean */
         return m->cfg.arch.norm == LOOM_NORM_LAYER ? Ns : 0;
+    case S_ATTO: case S_FFO: return post ? Ns * C : 0;
+    case S_PN1_RSTD: case S_PN2_RSTD: return post ? Ns : 0;
     case S_QKVR: return m->cfg.arch.qk_norm ? N * m->QKV : 0;
-    case S_QKN_RSTD: return m->cfg.arch.qk_norm ? N * (m->H + m->KVH) : 0;
+    case S_QKN_RSTD: /* per head: (N, H + KVH); whole: (N, 2) rstd and (N, 2) backward sums */
+        return m->cfg.arch.qk_norm == LOOM_QK_NORM_WHOLE ? 4 * N
+               : m->cfg.arch.qk_norm                     ? N * (m->H + m->KVH)
+                                                         : 0;
     case S_LN1G: case S_LN2G: case S_RES2P: case S_RES3P: return 0; /* scratch or aliases */
     case S_QKV: return N * m->QKV;
     case S_ATT: /* flash: the per-row log-sum-exp; sdpa: the probabilities */
@@ -577,6 +648,7 @@ static size_t layout_acts(const loom_model *m, struct loom_acts *a, float *base,
         }
         TAKE(a ? &a->dqkv : &dummy, slot_floats(m, S_QKV, B, T));
         TAKE(a ? &a->dqkvr : &dummy, slot_floats(m, S_QKVR, B, T));
+        TAKE(a ? &a->dpost : &dummy, slot_floats(m, S_ATTO, B, T));
         TAKE(a ? &a->datty : &dummy, slot_floats(m, S_ATTY, B, T));
         TAKE(a ? &a->dfch : &dummy, slot_floats(m, S_FCH, B, T));
         TAKE(a ? &a->dfch_act : &dummy, slot_floats(m, S_FCH_ACT, B, T));
@@ -677,6 +749,7 @@ void acts_frame(const loom_model *m, const loom_acts *a, int l, int B, int T, bl
         }
         f->g[S_QKV] = a->dqkv;
         f->g[S_QKVR] = m->cfg.arch.qk_norm ? a->dqkvr : a->dqkv;
+        f->g[S_ATTO] = f->g[S_FFO] = a->dpost; /* (aliases of dres without post-norms) */
         f->g[S_ATTY] = a->datty;
         f->g[S_FCH] = a->dfch;
         f->g[S_FCH_ACT] = a->dfch_act;

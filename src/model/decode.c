@@ -16,6 +16,7 @@ struct loom_kv_cache {
     float *k, *v;        /* every layer's rows (model_kv_layer_off; a sliding layer a ring) */
     /* one row of scratch */
     float *x, *h, *stat, *qkv, *att, *tmp, *fch, *fact, *logits, *scores;
+    float *qkst;         /* the q/k norms' row statistics (per head: H + KVH; whole: 4) */
     float *res[3];       /* the residual stream: layer input, after attention, layer output */
     float *moe;          /* one row of the MoE slots (an MoE model) */
     float *moe_slot[S_COUNT];
@@ -40,6 +41,7 @@ loom_kv_cache *loom_kv_cache_create(const loom_model *m) {
     kc->res[1] = kc->tmp;
     kc->res[2] = loom_alloc_aligned((size_t)C * sizeof(float));
     kc->stat = loom_alloc_aligned(2 * sizeof(float));
+    kc->qkst = loom_alloc_aligned((size_t)(m->H + m->KVH + 4) * sizeof(float));
     kc->qkv = loom_alloc_aligned((size_t)m->QKV * sizeof(float));
     kc->att = loom_alloc_aligned((size_t)HD * sizeof(float));
     kc->fch = loom_alloc_aligned((size_t)m->FFI * sizeof(float));
@@ -69,6 +71,7 @@ void loom_kv_cache_free(loom_kv_cache *c) {
     free(c->tmp);
     free(c->res[2]);
     free(c->stat);
+    free(c->qkst);
     free(c->qkv);
     free(c->att);
     free(c->fch);
@@ -91,16 +94,18 @@ const float *loom_model_decode(loom_model *m, loom_kv_cache *kc, int32_t token) 
     LOOM_CHECK(c->head == LOOM_HEAD_LM && !m->has_hooks && m->params != NULL);
     LOOM_CHECK(token >= 0 && token < V && pos < kc->maxT);
 
-    m->be->embedding_forward(kc->res[0], &token, PARAM(m, LOOM_P_WTE), PARAM(m, LOOM_P_WPE), 1,
-                             1, C, pos);
+    model_embed_rows(m, 0, kc->res[0], &token, 1, 1, pos); /* (tp = 1: the plain kernel) */
     block_frame f;
     memset(&f, 0, sizeof f);
     f.B = f.T = 1;
     f.pos0 = pos;
     f.scores = kc->scores;
     f.s[S_LN1] = f.s[S_LN2] = kc->h; /* ln1 is dead once q|k|v is computed */
+    /* post-norms' inputs: attn_proj's and fc_proj's outputs, written after ln1 / ln2 are dead */
+    f.s[S_ATTO] = f.s[S_FFO] = kc->h;
     f.s[S_LN1_MEAN] = f.s[S_LN2_MEAN] = kc->stat;
-    f.s[S_LN1_RSTD] = f.s[S_LN2_RSTD] = kc->stat + 1;
+    f.s[S_LN1_RSTD] = f.s[S_LN2_RSTD] = f.s[S_PN1_RSTD] = f.s[S_PN2_RSTD] = kc->stat + 1;
+    f.s[S_QKN_RSTD] = kc->qkst;
     f.s[S_QKV] = kc->qkv;
     f.s[S_ATTY] = kc->att;
     f.s[S_FCH] = kc->fch;
@@ -120,6 +125,7 @@ const float *loom_model_decode(loom_model *m, loom_kv_cache *kc, int32_t token) 
     model_norm_fwd(m, kc->h, kc->stat, kc->stat + 1, kc->res[x], PARAM(m, LOOM_P_LNF_W),
                    PARAM(m, LOOM_P_LNF_B), 1);
     m->be->matmul_forward(kc->logits, kc->h, HEAD_W(m), NULL, 1, C, V);
+    model_softcap(m, kc->logits, V);
     kc->len++;
     return kc->logits;
 }

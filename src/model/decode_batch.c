@@ -25,6 +25,7 @@ struct loom_decode_ws {
     float *res[3];          /* (rows, C) the residual stream */
     float *h;               /* (rows, C) norm output */
     float *mean, *rstd;     /* (rows) */
+    float *qkst;            /* (rows, H + KVH + 4) the q/k norms' row statistics */
     float *qkv;             /* (rows, QKV) */
     float *att;             /* (rows, H*D) */
     float *fch, *fact;      /* (rows, FFI), (rows, F) */
@@ -84,7 +85,7 @@ loom_decode_ws *loom_decode_ws_create(const loom_model *m, int max_rows, int max
     const int64_t sizes[] = {R * C, R * C, R * C, R * C, R, R, R * m->QKV, R * m->H * m->D,
                              R * m->FFI, R * m->F, K * C, K * C, K * c->vocab_size,
                              (int64_t)m->H * c->max_seq_len, tp > 1 ? K * m->Vl : 0, K * Vp,
-                             tp * K * Vp};
+                             tp * K * Vp, R * (m->H + m->KVH + 4)};
     enum { NS = sizeof sizes / sizeof sizes[0] };
     int64_t at = 0;
     for (int i = 0; i < NS; i++) at += (sizes[i] + 15) & ~(int64_t)15;
@@ -92,7 +93,7 @@ loom_decode_ws *loom_decode_ws_create(const loom_model *m, int max_rows, int max
     w->mem = loom_alloc_aligned((size_t)at * sizeof(float));
     float **dst[NS] = {&w->res[0], &w->res[1], &w->res[2], &w->h, &w->mean, &w->rstd,
                        &w->qkv, &w->att, &w->fch, &w->fact, &w->last, &w->lastn, &w->logits,
-                       &w->scores, &w->vhead, &w->vsend, &w->vall};
+                       &w->scores, &w->vhead, &w->vsend, &w->vall, &w->qkst};
     at = 0;
     for (int i = 0; i < NS; i++) {
         *dst[i] = w->mem + at;
@@ -171,6 +172,9 @@ const float *loom_model_decode_batch(loom_model *m, loom_decode_ws *w, const int
             else
                 for (int j = 0; j < C; j++) y[j] = loom_bf16_widen(e[j]);
         }
+        if (c->arch.embed_scale) /* as model_embed_rows (RoPE only: no wpe) */
+            m->be->scale_inplace(w->res[0] + (int64_t)w->seg[i].row0 * C,
+                                 (int64_t)segs[i].n * C, EMBED_SCALE(m));
     }
     for (int i = 0; i < nseg && !emb_bf16; i++)
         model_embed_rows(m, 0, w->res[0] + (int64_t)w->seg[i].row0 * C, tokens + w->seg[i].row0,
@@ -186,8 +190,10 @@ const float *loom_model_decode_batch(loom_model *m, loom_decode_ws *w, const int
     f.scores = w->scores;
     f.xbf16 = w->xbf;
     f.s[S_LN1] = f.s[S_LN2] = w->h; /* ln1 is dead once q|k|v is computed */
+    f.s[S_ATTO] = f.s[S_FFO] = w->h; /* the post-norms' inputs, written after ln1 / ln2 died */
     f.s[S_LN1_MEAN] = f.s[S_LN2_MEAN] = w->mean;
-    f.s[S_LN1_RSTD] = f.s[S_LN2_RSTD] = w->rstd;
+    f.s[S_LN1_RSTD] = f.s[S_LN2_RSTD] = f.s[S_PN1_RSTD] = f.s[S_PN2_RSTD] = w->rstd;
+    f.s[S_QKN_RSTD] = w->qkst;
     f.s[S_QKV] = w->qkv;
     f.s[S_ATTY] = w->att;
     f.s[S_FCH] = w->fch;
@@ -222,6 +228,7 @@ const float *loom_model_decode_batch(loom_model *m, loom_decode_ws *w, const int
             m->be->matmul_bf16_forward(w->logits, w->lastn, m->wbf16_head, NULL, k, C, V);
         else
             m->be->matmul_forward(w->logits, w->lastn, head, NULL, k, C, V);
+        model_softcap(m, w->logits, (int64_t)k * V);
         return w->logits;
     }
     /* the head is column-parallel over the vocabulary: this view's Vl logits of each row,
@@ -244,5 +251,6 @@ const float *loom_model_decode_batch(loom_model *m, loom_decode_ws *w, const int
             memcpy(w->logits + (int64_t)i * V + v0, w->vall + ((int64_t)r * k + i) * Vp,
                    (size_t)vl * sizeof(float));
     }
+    model_softcap(m, w->logits, (int64_t)k * V);
     return w->logits;
 }

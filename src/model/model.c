@@ -19,7 +19,7 @@ static const char *const layer_names[LOOM_L_COUNT] = {
     "attn_proj_b", "ln2_w", "ln2_b", "fc_w", "gate_w", "up_w", "fc_b", "fc_proj_w", "fc_proj_b",
     "moe_router_w", "moe_shared_fc_w", "moe_shared_fc_b", "moe_shared_proj_w",
     "moe_shared_proj_b", "moe_fc_w", "moe_fc_b", "moe_proj_w", "moe_proj_b", "q_norm_w",
-    "k_norm_w", "moe_shared_gate_w"};
+    "k_norm_w", "moe_shared_gate_w", "attn_post_w", "ffn_post_w"};
 
 /* Part r of n elements split over p: the first n % p parts get one more. */
 static void split_range(int64_t n, int p, int r, int64_t *off, int64_t *len) {
@@ -117,7 +117,7 @@ static void set_fused_layout(loom_model *m) {
     static const char *const fused[3] = {"qkv_w", "qkv_b", "fc_w"};
     for (int l = m->lay.l0; l < m->lay.l1; l++)
         for (int g = 0; g < 3; g++) {
-            if ((g == 1 && !a->qkv_bias) || (g == 2 && a->mlp != LOOM_MLP_SWIGLU)) continue;
+            if ((g == 1 && !a->qkv_bias) || (g == 2 && a->mlp == LOOM_MLP_GELU)) continue;
             if (g == 2 && loom_model_layer_is_moe(m, l)) continue; /* no dense gate/up */
             const loom_tensor_info *first = loom_model_layer_tensor(m, l, groups[g][0]);
             int64_t rows = 0;
@@ -217,6 +217,11 @@ static int check_layout(const loom_model_config *c, const loom_model_layout *in,
         return loom_errf(err, "model layout: tensor-parallel degree %d must divide n_head (%d) "
                               "and d_ff (%d), and divide n_kv_head (%d) or be a multiple of it",
                          out->tp, c->n_head, c->d_ff, c->n_kv_head);
+    if (out->tp > 1 && loom_config_arch(c)->qk_norm == LOOM_QK_NORM_WHOLE &&
+        c->n_kv_head % out->tp)
+        return loom_errf(err, "model layout: whole-projection q/k norms (model.arch.qk_norm: "
+                              "whole) need parallel.tp (%d) to divide n_kv_head (%d)", out->tp,
+                         c->n_kv_head);
     if (out->tp == 1) out->sp = 0; /* nothing to shard */
     if (out->sp && (c->head != LOOM_HEAD_LM || c->n_expert > 0 || out->cp > 1 ||
                     out->l0 != 0 || (out->l1 != 0 && out->l1 != c->n_layer)))
@@ -306,7 +311,7 @@ static int create(const loom_model_config *cfg, const loom_model_layout *layout,
     m->maxT = T;
     const int64_t V = cfg->vocab_size, C = cfg->d_model, L = cfg->n_layer, Hg = cfg->n_head,
                   KVHg = cfg->n_kv_head, Fg = cfg->d_ff, maxT = cfg->max_seq_len;
-    const int gated = ar->mlp == LOOM_MLP_SWIGLU, rms = ar->norm == LOOM_NORM_RMS;
+    const int gated = ar->mlp != LOOM_MLP_GELU, rms = ar->norm == LOOM_NORM_RMS;
     const int tp = lay.tp;
     m->D = loom_config_head_dim(cfg);
     m->H = (int)(Hg / tp);
@@ -337,8 +342,9 @@ static int create(const loom_model_config *cfg, const loom_model_layout *layout,
         int *li = m->lidx + (size_t)l * LOOM_L_COUNT;
         /* column-parallel (q, k, v by heads; fc, gate, up by columns) split dim 0,
          * row-parallel (attn_proj, fc_proj) split dim 1, the rest replicated */
-        li[LOOM_L_LN1_W] = add_tensor(m, &off, l, LOOM_L_LN1_W, 1, 0, 1, C, 0, -1);
-        li[LOOM_L_LN1_B] = add_tensor(m, &off, l, LOOM_L_LN1_B, !rms, 0, 1, C, 0, -1);
+        const int pre = ar->norm_place != LOOM_NORM_POST; /* post: no ln1, ln2 */
+        li[LOOM_L_LN1_W] = add_tensor(m, &off, l, LOOM_L_LN1_W, pre, 0, 1, C, 0, -1);
+        li[LOOM_L_LN1_B] = add_tensor(m, &off, l, LOOM_L_LN1_B, pre && !rms, 0, 1, C, 0, -1);
         li[LOOM_L_Q_W] = add_tensor(m, &off, l, LOOM_L_Q_W, 1, 1, 2, HDg, C, 0);
         li[LOOM_L_K_W] = add_tensor(m, &off, l, LOOM_L_K_W, 1, 1, 2, KDg, C, 0);
         li[LOOM_L_V_W] = add_tensor(m, &off, l, LOOM_L_V_W, 1, 1, 2, KDg, C, 0);
@@ -346,14 +352,20 @@ static int create(const loom_model_config *cfg, const loom_model_layout *layout,
         li[LOOM_L_Q_B] = add_tensor(m, &off, l, LOOM_L_Q_B, qb, 0, 1, HDg, 0, 0);
         li[LOOM_L_K_B] = add_tensor(m, &off, l, LOOM_L_K_B, qb, 0, 1, KDg, 0, 0);
         li[LOOM_L_V_B] = add_tensor(m, &off, l, LOOM_L_V_B, qb, 0, 1, KDg, 0, 0);
-        /* q/k norms: one (D) weight each, replicated */
-        const int qkn = ar->qk_norm == LOOM_QK_NORM_HEAD;
-        li[LOOM_L_Q_NORM_W] = add_tensor(m, &off, l, LOOM_L_Q_NORM_W, qkn, 0, 1, m->D, 0, -1);
-        li[LOOM_L_K_NORM_W] = add_tensor(m, &off, l, LOOM_L_K_NORM_W, qkn, 0, 1, m->D, 0, -1);
+        /* q/k norms: per head one (D) weight each, replicated; whole-projection (H*D) and
+         * (KVH*D), split with the heads */
+        if (ar->qk_norm == LOOM_QK_NORM_WHOLE) {
+            li[LOOM_L_Q_NORM_W] = add_tensor(m, &off, l, LOOM_L_Q_NORM_W, 1, 0, 1, HDg, 0, 0);
+            li[LOOM_L_K_NORM_W] = add_tensor(m, &off, l, LOOM_L_K_NORM_W, 1, 0, 1, KDg, 0, 0);
+        } else {
+            const int qkn = ar->qk_norm == LOOM_QK_NORM_HEAD;
+            li[LOOM_L_Q_NORM_W] = add_tensor(m, &off, l, LOOM_L_Q_NORM_W, qkn, 0, 1, m->D, 0, -1);
+            li[LOOM_L_K_NORM_W] = add_tensor(m, &off, l, LOOM_L_K_NORM_W, qkn, 0, 1, m->D, 0, -1);
+        }
         li[LOOM_L_ATTN_PROJ_W] = add_tensor(m, &off, l, LOOM_L_ATTN_PROJ_W, 1, 1, 2, C, HDg, 1);
         li[LOOM_L_ATTN_PROJ_B] = add_tensor(m, &off, l, LOOM_L_ATTN_PROJ_B, ob, 0, 1, C, 0, -1);
-        li[LOOM_L_LN2_W] = add_tensor(m, &off, l, LOOM_L_LN2_W, 1, 0, 1, C, 0, -1);
-        li[LOOM_L_LN2_B] = add_tensor(m, &off, l, LOOM_L_LN2_B, !rms, 0, 1, C, 0, -1);
+        li[LOOM_L_LN2_W] = add_tensor(m, &off, l, LOOM_L_LN2_W, pre, 0, 1, C, 0, -1);
+        li[LOOM_L_LN2_B] = add_tensor(m, &off, l, LOOM_L_LN2_B, pre && !rms, 0, 1, C, 0, -1);
         const int dense = !moe_layer(cfg, l);
         li[LOOM_L_FC_W] = add_tensor(m, &off, l, LOOM_L_FC_W, dense && !gated, 1, 2, Fg, C, 0);
         li[LOOM_L_GATE_W] = add_tensor(m, &off, l, LOOM_L_GATE_W, dense && gated, 1, 2, Fg, C, 0);
@@ -363,6 +375,10 @@ static int create(const loom_model_config *cfg, const loom_model_layout *layout,
         li[LOOM_L_FC_PROJ_W] = add_tensor(m, &off, l, LOOM_L_FC_PROJ_W, dense, 1, 2, C, Fg, 1);
         li[LOOM_L_FC_PROJ_B] = add_tensor(m, &off, l, LOOM_L_FC_PROJ_B, dense && mb, 0, 1, C, 0,
                                           -1);
+        /* post / sandwich norms (dense layers only: arch_check refuses MoE with them) */
+        const int post = ar->norm_place != LOOM_NORM_PRE;
+        li[LOOM_L_ATTN_POST_W] = add_tensor(m, &off, l, LOOM_L_ATTN_POST_W, post, 0, 1, C, 0, -1);
+        li[LOOM_L_FFN_POST_W] = add_tensor(m, &off, l, LOOM_L_FFN_POST_W, post, 0, 1, C, 0, -1);
         if (!dense) { /* the router, shared experts, then the routed experts (last: one range) */
             const int64_t E = cfg->n_expert, S = cfg->shared_experts, FI = gated ? 2 * Fg : Fg;
             /* the shared experts' width (model.moe.shared_d_ff; whole on every tp rank) */
@@ -601,7 +617,8 @@ static float init_value(const loom_model *m, const loom_tensor_info *t, uint64_t
     const int g = t->layer < 0;
     const int is_norm = g ? (t->kind == LOOM_P_LNF_W)
                           : (t->kind == LOOM_L_LN1_W || t->kind == LOOM_L_LN2_W ||
-                             t->kind == LOOM_L_Q_NORM_W || t->kind == LOOM_L_K_NORM_W);
+                             t->kind == LOOM_L_Q_NORM_W || t->kind == LOOM_L_K_NORM_W ||
+                             t->kind == LOOM_L_ATTN_POST_W || t->kind == LOOM_L_FFN_POST_W);
     if (is_norm) return 1.0f;
     if (!t->decay) return 0.0f; /* biases */
     const float std = m->cfg.init_std;
@@ -652,6 +669,19 @@ static void norm_bwd(const loom_model *m, float *din, float *dw, float *db, cons
         m->be->rmsnorm_backward(din, dw, dout, in, w, rstd, N, m->cfg.d_model);
 }
 
+void model_softcap(const loom_model *m, float *logits, int64_t n) {
+    if (m->cfg.arch.final_softcap > 0.0f)
+        m->be->softcap_forward(logits, n, m->cfg.arch.final_softcap);
+}
+
+/* the LM head's in-place cross-entropy backward of N rows of V (soft-capped) logits */
+static void ce_backward(const loom_model *m, float *logits, const int32_t *targets, int64_t N,
+                        int V, float dscale) {
+    const float cap = m->cfg.arch.final_softcap;
+    if (cap > 0.0f) m->be->crossentropy_softcap_backward(logits, targets, N, V, dscale, cap);
+    else m->be->crossentropy_softmax_backward(logits, targets, N, V, dscale);
+}
+
 /* Cross-entropy against targets (N, < 0 ignored) of the last logits (N rows of K), or with
  * model.loss_chunk (a->chunk rows) of the LM head's logits computed chunk by chunk from lnf
  * and head: keeps the targets for backward and returns the mean over the valid ones. */
@@ -667,6 +697,7 @@ static float mean_loss(const loom_model *m, loom_acts *a, const int32_t *targets
         for (int64_t r0 = 0; r0 < N; r0 += a->chunk) {
             const int64_t n = N - r0 < a->chunk ? N - r0 : a->chunk;
             m->be->matmul_forward(a->logits, a->lnf + r0 * C, head, NULL, n, C, K);
+            model_softcap(m, a->logits, n * K);
             m->be->crossentropy_forward(a->losses + r0, a->logits, targets + r0, n, K);
         }
     } else {
@@ -679,7 +710,7 @@ static float mean_loss(const loom_model *m, loom_acts *a, const int32_t *targets
 
 static const char *const cp_names[LOOM_CP_COUNT] = {
     "stage_in", "attn_in", "col_in", "row_out", "attn_out", "ffn_in", "ffn_out", "stage_out",
-    "vocab_max", "vocab_sum", "vocab_gather"};
+    "vocab_max", "vocab_sum", "vocab_gather", "qknorm_sum"};
 
 const char *loom_comm_point_name(int point) {
     return point >= 0 && point < LOOM_CP_COUNT ? cp_names[point] : "?";
@@ -718,6 +749,11 @@ int64_t loom_model_row_position(const loom_model *m, int T, int t) {
 void model_embed_rows(loom_model *m, int bwd, float *x, const int32_t *inputs, int B, int T,
                       int pos0) {
     const int C = m->cfg.d_model;
+    const int64_t n = (int64_t)B * T * C;
+    /* arch.embed_scale: y = wte[token] * s (learned positions are not scaled: no family has
+     * both), so the gradient into wte is dy * s (x scaled in place, read only here after) */
+    const int scale = m->cfg.arch.embed_scale;
+    if (scale && bwd) m->be->scale_inplace(x, n, EMBED_SCALE(m));
     if (m->lay.tp > 1 && bwd)
         m->be->embedding_shard_backward(GRAD(m, LOOM_P_WTE), GRAD(m, LOOM_P_WPE), x, inputs,
                                         m->V0, m->Vl, B, T, C, pos0);
@@ -731,6 +767,7 @@ void model_embed_rows(loom_model *m, int bwd, float *x, const int32_t *inputs, i
     else
         m->be->embedding_forward(x, inputs, PARAM(m, LOOM_P_WTE), PARAM(m, LOOM_P_WPE), B, T, C,
                                  pos0);
+    if (scale && !bwd) m->be->scale_inplace(x, n, EMBED_SCALE(m));
 }
 
 static void embed(loom_model *m, loom_acts *a, const int32_t *inputs, int B, int T, int bwd) {
@@ -788,14 +825,17 @@ static void shard_point(loom_model *m, int point, int dir, int site, float *in, 
 }
 
 int loom_model_grad_tp_partial(const loom_model *m, const loom_tensor_info *t) {
-    /* q/k norm weights are shared by the heads, which tp splits: each rank's gradient is its
-     * heads' part (a replicated kv head's part from its rank's query heads) */
-    if (m->lay.tp > 1 && t->layer >= 0 && (t->kind == LOOM_L_Q_NORM_W || t->kind == LOOM_L_K_NORM_W))
+    /* per-head q/k norm weights are shared by the heads, which tp splits: each rank's gradient
+     * is its heads' part (a replicated kv head's part from its rank's query heads); the
+     * whole-projection ones are split with the heads (their own box) */
+    if (m->lay.tp > 1 && t->layer >= 0 && m->cfg.arch.qk_norm == LOOM_QK_NORM_HEAD &&
+        (t->kind == LOOM_L_Q_NORM_W || t->kind == LOOM_L_K_NORM_W))
         return 1;
     if (!m->lay.sp || t->split_group == LOOM_SPLIT_TP) return 0;
     if (t->layer < 0) return t->kind == LOOM_P_LNF_W || t->kind == LOOM_P_LNF_B;
     return t->kind == LOOM_L_LN1_W || t->kind == LOOM_L_LN1_B || t->kind == LOOM_L_LN2_W ||
-           t->kind == LOOM_L_LN2_B;
+           t->kind == LOOM_L_LN2_B || t->kind == LOOM_L_ATTN_POST_W ||
+           t->kind == LOOM_L_FFN_POST_W;
 }
 
 int loom_model_tp_owner(const loom_model *m, const loom_tensor_info *t) {
@@ -884,6 +924,7 @@ float loom_model_forward_acts(loom_model *m, loom_acts *a, const int32_t *inputs
                              * mean_loss computes them chunk by chunk) */
         shard_point(m, LOOM_CP_COL_IN, 0, LOOM_SITE_HEAD, a->lnf, BTs * C, a->lnf_full, BT * C);
         m->be->matmul_forward(a->logits, a->lnf_full, HEAD_W(m), NULL, BT, C, m->Vl);
+        model_softcap(m, a->logits, BT * m->Vl); /* arch.final_softcap (elementwise) */
     }
     a->has_targets = targets != NULL;
     a->valid = 0;
@@ -983,16 +1024,21 @@ void loom_model_backward_acts(loom_model *m, loom_acts *a, float dscale) {
         for (int64_t r0 = 0; r0 < BT; r0 += a->chunk) {
             const int64_t n = BT - r0 < a->chunk ? BT - r0 : a->chunk;
             m->be->matmul_forward(a->logits, a->lnf + r0 * C, head, NULL, n, C, V);
-            m->be->crossentropy_softmax_backward(a->logits, a->targets + r0, n, V, dscale);
+            model_softcap(m, a->logits, n * V);
+            ce_backward(m, a->logits, a->targets + r0, n, V, dscale);
             m->be->matmul_backward_set(a->dln + r0 * C, dhead, NULL, a->logits,
                                        a->lnf + r0 * C, head, n, C, V); /* rows r0.. set */
         }
     } else { /* logits (B,T,V) become dlogits in place (tp > 1: this view's columns) */
-        if (vp)
+        const float cap = c->arch.final_softcap;
+        if (vp && cap > 0.0f)
+            m->be->crossentropy_shard_softcap_backward(a->logits, a->targets, a->vmax, a->vsums,
+                                                       m->V0, BT, m->Vl, dscale, cap);
+        else if (vp)
             m->be->crossentropy_shard_backward(a->logits, a->targets, a->vmax, a->vsums, m->V0,
                                                BT, m->Vl, dscale);
         else
-            m->be->crossentropy_softmax_backward(a->logits, a->targets, BT, V, dscale);
+            ce_backward(m, a->logits, a->targets, BT, V, dscale);
         const float *head = HEAD_W(m);
         float *dhead = HEAD_G(m);
         m->be->matmul_backward_set(a->dln_full, dhead, NULL, a->logits, a->lnf_full, head, BT,
@@ -1047,10 +1093,10 @@ double loom_model_flops_per_token(const loom_model *m, int T) {
     const loom_model_config *c = &m->cfg;
     const double C = c->d_model, L = c->n_layer, HD = (double)c->n_head * m->D;
     const double QKV = (double)(c->n_head + 2 * c->n_kv_head) * m->D;
-    const double FFI = c->arch.mlp == LOOM_MLP_SWIGLU ? 2.0 * c->d_ff : c->d_ff;
+    const double FFI = c->arch.mlp != LOOM_MLP_GELU ? 2.0 * c->d_ff : c->d_ff;
     /* a shared expert: its two (gated: three) matrices of width shared_d_ff (0: d_ff), and
      * its gate's C weights */
-    const double SHW = (c->arch.mlp == LOOM_MLP_SWIGLU ? 3.0 : 2.0) * C *
+    const double SHW = (c->arch.mlp != LOOM_MLP_GELU ? 3.0 : 2.0) * C *
                            (c->shared_d_ff > 0 ? c->shared_d_ff : c->d_ff) +
                        (c->shared_gate ? C : 0.0);
     const double head = c->head == LOOM_HEAD_CLASSIFY ? 0.0 : (double)c->vocab_size * C;

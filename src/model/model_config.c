@@ -8,18 +8,28 @@
 const loom_config_key loom_model_config_keys[] = {
     {"model.flavor", "gpt2", "the named architecture (docs/architectures.md): gpt2 (LayerNorm, "
                             "learned positions, GELU, biases, tied head), llama (RMSNorm, RoPE, "
-                            "SwiGLU, GQA, untied head), qwen2 (llama + q/k/v biases) or qwen3 "
-                            "(llama + per-head q/k RMSNorm); model.arch.* change single "
+                            "SwiGLU, GQA, untied head), qwen2 (llama + q/k/v biases), qwen3 "
+                            "(llama + per-head q/k RMSNorm) or olmo2 (llama + post-norms + "
+                            "whole-projection q/k RMSNorm); model.arch.* change single "
                             "features"},
     {"model.arch.norm", NULL, "layer (LayerNorm with bias) or rms (default: the flavor's)"},
     {"model.arch.pos", NULL, "learned (wpe) or rope"},
-    {"model.arch.mlp", NULL, "gelu (fc, GELU tanh, fc_proj) or swiglu (silu(gate) * up)"},
+    {"model.arch.mlp", NULL, "gelu (fc, GELU tanh, fc_proj), swiglu (silu(gate) * up) or geglu "
+                            "(gelu_tanh(gate) * up)"},
     {"model.arch.qkv_bias", NULL, "biases on q, k and v (true/false)"},
     {"model.arch.o_bias", NULL, "a bias on the attention output projection"},
     {"model.arch.mlp_bias", NULL, "biases on the MLP's linears (gelu MLP only)"},
     {"model.arch.tied", NULL, "the LM head is the token embedding"},
     {"model.arch.head_dim", NULL, "D: the width of a head (0: d_model / n_head)"},
-    {"model.arch.qk_norm", NULL, "none or head (RMSNorm of each q and k head before RoPE)"},
+    {"model.arch.qk_norm", NULL, "none, head (RMSNorm of each q and k head before RoPE) or "
+                                "whole (of the whole q and k projections, OLMo 2)"},
+    {"model.arch.norm_place", NULL, "pre (x + f(norm(x))), post (x + norm(f(x)), OLMo 2) or "
+                                   "sandwich (x + norm(f(norm(x))), Gemma 2/3)"},
+    {"model.arch.norm_offset", NULL, "Hugging Face norm weights are w of a norm scaling by 1 + w "
+                                    "(Gemma): loom holds 1 + w; import / export convert"},
+    {"model.arch.embed_scale", NULL, "the token embeddings times sqrt(d_model) (Gemma)"},
+    {"model.arch.final_softcap", NULL, "final-logit soft-capping cap: logits = cap * tanh(logits "
+                                      "/ cap) (0: none)"},
     {"model.arch.rope_type", NULL, "default, linear, llama3 or yarn (Hugging Face's rope_type)"},
     {"model.arch.rope_factor", NULL, "RoPE scaling factor (linear, llama3, yarn)"},
     {"model.arch.rope_low_freq_factor", NULL, "llama3 RoPE: low_freq_factor"},
@@ -149,7 +159,9 @@ static int get_opt_float(const loom_config *c, const char *key, float *out, int 
 }
 
 static const char *const NORMS[] = {"layer", "rms"}, *const POSS[] = {"learned", "rope"},
-                  *const MLPS[] = {"gelu", "swiglu"}, *const QKN[] = {"none", "head"},
+                  *const MLPS[] = {"gelu", "swiglu", "geglu"},
+                  *const QKN[] = {"none", "head", "whole"},
+                  *const PLACES[] = {"pre", "post", "sandwich"},
                   *const ROPES[] = {"default", "linear", "llama3", "yarn"};
 
 /* model.flavor and model.arch.* -> the descriptor */
@@ -164,7 +176,11 @@ static int arch_from(const loom_config *c, loom_model_config *out, loom_err *err
     *a = *named;
     if (get_choice(c, "model.arch.norm", NORMS, 2, &a->norm, err) ||
         get_choice(c, "model.arch.pos", POSS, 2, &a->pos, err) ||
-        get_choice(c, "model.arch.mlp", MLPS, 2, &a->mlp, err) ||
+        get_choice(c, "model.arch.mlp", MLPS, 3, &a->mlp, err) ||
+        get_choice(c, "model.arch.norm_place", PLACES, 3, &a->norm_place, err) ||
+        get_flag(c, "model.arch.norm_offset", &a->norm_offset, err) ||
+        get_flag(c, "model.arch.embed_scale", &a->embed_scale, err) ||
+        get_opt_float(c, "model.arch.final_softcap", &a->final_softcap, 1, err) ||
         get_flag(c, "model.arch.qkv_bias", &a->qkv_bias, err) ||
         get_flag(c, "model.arch.o_bias", &a->o_bias, err) ||
         get_flag(c, "model.arch.mlp_bias", &a->mlp_bias, err) ||
@@ -172,7 +188,7 @@ static int arch_from(const loom_config *c, loom_model_config *out, loom_err *err
         get_flag(c, "model.arch.moe_renorm", &a->moe_renorm, err) ||
         (loom_config_get(c, "model.arch.head_dim") &&
          get_int(c, "model.arch.head_dim", 0, 1 << 16, &a->head_dim, err)) ||
-        get_choice(c, "model.arch.qk_norm", QKN, 2, &a->qk_norm, err) ||
+        get_choice(c, "model.arch.qk_norm", QKN, 3, &a->qk_norm, err) ||
         get_choice(c, "model.arch.rope_type", ROPES, 4, &a->rope_type, err) ||
         get_opt_float(c, "model.arch.rope_factor", &a->rope_factor, 0, err) ||
         get_opt_float(c, "model.arch.rope_low_freq_factor", &a->rope_low_freq, 0, err) ||
@@ -238,6 +254,10 @@ void loom_arch_config_set(loom_config *c, const loom_arch *a, const char *origin
     SET_FLAG("model.arch.moe_renorm", moe_renorm);
     SET_NUM("model.arch.head_dim", head_dim, "%d");
     SET_CHOICE("model.arch.qk_norm", qk_norm, QKN);
+    SET_CHOICE("model.arch.norm_place", norm_place, PLACES);
+    SET_FLAG("model.arch.norm_offset", norm_offset);
+    SET_FLAG("model.arch.embed_scale", embed_scale);
+    SET_NUM("model.arch.final_softcap", final_softcap, "%.9g");
     SET_CHOICE("model.arch.rope_type", rope_type, ROPES);
     SET_NUM("model.arch.rope_factor", rope_factor, "%.9g");
     SET_NUM("model.arch.rope_low_freq_factor", rope_low_freq, "%.9g");

@@ -3,6 +3,8 @@
 #ifndef LOOM_MODEL_INTERNAL_H
 #define LOOM_MODEL_INTERNAL_H
 
+#include <math.h>
+
 #include "loom/model.h"
 
 /* ---- the block's activation slots (src/model/block.c) ------------------------------------
@@ -20,6 +22,10 @@ enum {
      * S_QKV itself, normed in place) and the norms' rstd (N, H + KVH); without q/k norms
      * S_QKVR is S_QKV */
     S_QKVR, S_QKN_RSTD,
+    /* arch.norm_place post / sandwich: the attention's and the feed-forward's outputs before
+     * their post-norms (after ROW_OUT: the shard under sequence parallelism) and the post-norms'
+     * rstd; with pre-norms only S_ATTO is S_RES2 and S_FFO is S_RES3 */
+    S_ATTO, S_FFO, S_PN1_RSTD, S_PN2_RSTD,
     /* MoE layers (src/model/moe.c; sized 0 in a dense model): router probabilities (N,E), their
      * log-sum-exp (N), the routing (int32: N*k experts, N*k rows, -1 = dropped), the rows of this
      * view's experts, expert-major (X, H = first matmul, A = activation, Y = output), the outputs
@@ -57,6 +63,7 @@ struct loom_acts {
     float *dln;           /* (B,T,C) S_LN1, S_LN2 */
     float *dqkv, *datty, *dfch, *dfch_act; /* S_QKV, S_ATTY, S_FCH, S_FCH_ACT */
     float *dqkvr;         /* S_QKVR (q/k norms; else dqkv) */
+    float *dpost;         /* (B,T,C) S_ATTO, S_FFO (post-norms; else the stream's dres) */
     float *datt;          /* (B,H,T,T) attention backward scratch */
     float *moe_g[S_COUNT];/* MoE backward scratch: gradients of the S_MOE_* slots */
     float *moe_t0, *moe_t1; /* MoE exchange buffers (expert parallelism) */
@@ -234,6 +241,8 @@ static inline float *gview(const loom_model *m, const loom_tensor_info *t) {
 #define QKV_GW(m, l) LG((m), LOOM_L_Q_W, (l))
 #define QKV_GB(m, l) LG((m), LOOM_L_Q_B, (l))
 #define FC1_KIND(m) ((m)->cfg.arch.mlp == LOOM_MLP_GELU ? LOOM_L_FC_W : LOOM_L_GATE_W)
+/* arch.embed_scale's factor: sqrt(d_model) rounded to float32 (as transformers' Gemma) */
+#define EMBED_SCALE(m) ((float)sqrt((double)(m)->cfg.d_model))
 /* the tied head reads wte (arch.tied, LM head) */
 #define HEAD_W(m) ((m)->cfg.arch.tied ? PARAM((m), LOOM_P_WTE) : PARAM((m), LOOM_P_LM_HEAD))
 #define HEAD_G(m) ((m)->cfg.arch.tied ? GRAD((m), LOOM_P_WTE) : GRAD((m), LOOM_P_LM_HEAD))
@@ -258,6 +267,8 @@ void model_norm_fwd(const loom_model *m, float *out, float *mean, float *rstd, c
  * tp > 1 the vocab-parallel kernels (this view's rows of wte, wpe added by tp rank 0). */
 void model_embed_rows(loom_model *m, int bwd, float *x, const int32_t *inputs, int B, int T,
                       int pos0);
+/* arch.final_softcap on n logits in place (nothing without it) */
+void model_softcap(const loom_model *m, float *logits, int64_t n);
 /* A point of the vocab-parallel embedding and head (tp > 1 only; nothing without points). */
 void model_vocab_point(loom_model *m, int point, int dir, int site, float *buf, int64_t n);
 

@@ -78,6 +78,9 @@ void loom_tp_point(void *ctx, int point, int dir, int layer, int site, float *bu
      * logits */
     else if (point == LOOM_CP_VOCAB_MAX && dir == 0) tp_allreduce(tp, buf, n, 1);
     else if (point == LOOM_CP_VOCAB_SUM && dir == 0) tp_allreduce(tp, buf, n, 0);
+    /* whole-projection q/k norms: each rank's heads' part of the rows' sums (of squares;
+     * backward of dy * w * xhat) */
+    else if (point == LOOM_CP_QKNORM_SUM) tp_allreduce(tp, buf, n, 0);
 }
 
 void loom_tp_move(void *ctx, int point, int dir, int layer, int site, const float *in,

@@ -6,7 +6,7 @@ source "$(dirname "$0")/lib.sh"
 make_dataset "$WORK"
 for fam in llama3:LlamaForCausalLM mistral:MistralForCausalLM qwen2:Qwen2ForCausalLM \
            qwen3:Qwen3ForCausalLM phi3:Phi3ForCausalLM mixtral:MixtralForCausalLM \
-           qwen3moe:Qwen3MoeForCausalLM qwen2moe:Qwen2MoeForCausalLM; do
+           qwen3moe:Qwen3MoeForCausalLM qwen2moe:Qwen2MoeForCausalLM olmo2:Olmo2ForCausalLM; do
   name=${fam%%:*} arch=${fam#*:}
   run=$WORK/run_$name
   expect_ok "train configs/$name-tiny.yaml" "$LOOM_BIN" train "$LOOM_SRC/configs/$name-tiny.yaml" \

@@ -5,16 +5,22 @@
 # group (qwen3), a tied head over the vocab-parallel embedding with llama3 RoPE (llama3),
 # head_dim != d_model / n_head (qwen3), fused-in-HF phi3, Mixtral's renormalized top-k over
 # ep = 2, Qwen2-MoE's gated shared expert of its own width over ep = 2 (replicated: its
-# gradients summed over the data-parallel group only) and tp = 2; and context parallelism
+# gradients summed over the data-parallel group only) and tp = 2; context parallelism
 # (cp = 2, Ulysses and ring) with q/k norms and head_dim 24 != d_model / n_head (qwen3: the cp
-# engine once took d_model / n_head for the head width).
+# engine once took d_model / n_head for the head width); and OLMo 2's post-norms and
+# whole-projection q/k norms over tp = 2 (their row sums of squares and the backward's added
+# over the tp group at QKNORM_SUM, the weights split with the heads), also with sequence
+# parallelism (sp: the post-norms on the row shard, their weights' gradients summed over the
+# tp group).
 source "$(dirname "$0")/lib.sh"
 make_dataset "$WORK"
 export OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1
-for case in qwen2:tp qwen3:tp llama3:tp phi3:tp mixtral:ep qwen2moe:ep qwen2moe:tp qwen3:cp qwen3:ring; do
+for case in qwen2:tp qwen3:tp llama3:tp phi3:tp mixtral:ep qwen2moe:ep qwen2moe:tp qwen3:cp qwen3:ring \
+            olmo2:tp olmo2:sp; do
   name=${case%%:*} par=${case#*:}
   par_args=(--set parallel.$par=2)
   [ $par = ring ] && par_args=(--set parallel.cp=2 --set parallel.cp_kind=ring)
+  [ $par = sp ] && par_args=(--set parallel.tp=2 --set parallel.sp=true)
   set_args=(--set data.train="$WORK/data/train" --set data.val="$WORK/data/val"
             --set model.d_model=64 --set model.n_layer=2 --set model.d_ff=96
             --set training.steps=12 --set training.schedule_steps=12 --set training.seq_len=32

@@ -15,6 +15,8 @@ Families (one tiny model each; GQA 6 query heads over 2 kv heads unless said):
   qwen2moe       Qwen2MoeForCausalLM (4 experts, top-2, softmax weights not renormalized,
                  q/k/v biases, one shared expert of its own width 40 behind a sigmoid gate)
   phi3           Phi3ForCausalLM (fused qkv_proj and gate_up_proj, split on import)
+  olmo2          Olmo2ForCausalLM (post-norms, no pre-norms; q/k RMSNorm over the whole
+                 projections, (H*D) and (KVH*D) weights)
 
 For each: `loom import --hf` -> logits (libloom, fp32) equal transformers' (max|d| / max|ref|
 <= 1e-5); greedy tokens of `loom generate` (KV cache) equal a full-prefix greedy loop through
@@ -120,6 +122,7 @@ FAMILIES = {
     "phi3": ("Phi3Config", "Phi3ForCausalLM",
              dict(tie_word_embeddings=False, resid_pdrop=0.0, embd_pdrop=0.0,
                   attention_dropout=0.0)),
+    "olmo2": ("Olmo2Config", "Olmo2ForCausalLM", dict(tie_word_embeddings=False)),
 }
 
 
@@ -222,8 +225,15 @@ def hf_name_grads(model, fam, ids):
     for l in range(c.num_hidden_layers):
         p = f"model.layers.{l}."
         o = f"layers.{l}."
-        out[o + "ln1_w"] = gr[p + "input_layernorm.weight"]
-        out[o + "ln2_w"] = gr[p + "post_attention_layernorm.weight"]
+        if p + "input_layernorm.weight" in gr:  # (OLMo 2 has no pre-norms)
+            out[o + "ln1_w"] = gr[p + "input_layernorm.weight"]
+        if p + "post_feedforward_layernorm.weight" in gr:  # post / sandwich norms
+            out[o + "attn_post_w"] = gr[p + "post_attention_layernorm.weight"]
+            out[o + "ffn_post_w"] = gr[p + "post_feedforward_layernorm.weight"]
+            if p + "pre_feedforward_layernorm.weight" in gr:
+                out[o + "ln2_w"] = gr[p + "pre_feedforward_layernorm.weight"]
+        else:
+            out[o + "ln2_w"] = gr[p + "post_attention_layernorm.weight"]
         out[o + "attn_proj_w"] = gr[p + "self_attn.o_proj.weight"]
         out[o + "fc_proj_w"] = gr.get(p + "mlp.down_proj.weight")
         if fam == "phi3":

@@ -8,6 +8,7 @@ work, looser where long reductions accumulate rounding). Gradient outputs are pr
 random values to check that backward ACCUMULATES (+=). Also checks bitwise determinism of two
 backward kernels. Prints each check; exits 1 if any fails.
 """
+import ctypes
 import math
 import os
 import sys
@@ -148,6 +149,101 @@ def test_swiglu():
     dx = dx0.copy()
     L.swiglu_backward(fptr(dx), fptr(x), fptr(dy), N, Fw)
     check("swiglu_backward", dx, dx0 + xt.grad.numpy(), 1e-6)
+
+
+def test_geglu():
+    N, Fw = 33, 50
+    x, dy = randn(N, 2 * Fw, scale=3.0), randn(N, Fw)
+    x[0, :4] = [-100.0, 100.0, 0.0, -30.0]
+    out = np.empty((N, Fw), np.float32)
+    L.geglu_forward(fptr(out), fptr(x), N, Fw)
+    xt = t64(x, True)
+    g, u = xt[:, :Fw], xt[:, Fw:]
+    ref = F.gelu(g, approximate="tanh") * u  # Gemma's gelu_pytorch_tanh
+    ref.backward(t64(dy))
+    check("geglu_forward", out, ref.detach(), 1e-6)
+    dx0 = randn(N, 2 * Fw)
+    dx = dx0.copy()
+    L.geglu_backward(fptr(dx), fptr(x), fptr(dy), N, Fw)
+    check("geglu_backward", dx, dx0 + xt.grad.numpy(), 1e-6)
+
+
+def at(a, k):
+    """float* k floats into the C-contiguous float32 array a (a column offset of its rows)"""
+    assert a.dtype == np.float32 and a.flags["C_CONTIGUOUS"]
+    return ctypes.c_void_p(a.ctypes.data + 4 * k)
+
+
+def test_rownorm():
+    """whole-projection RMSNorm (OLMo 2's q/k norms) of rows of n floats inside wider rows, in
+    two column parts whose row statistics are added between the pieces (what tp = 2 does at
+    QKNORM_SUM), against torch's RMSNorm over the whole row in float64"""
+    N, n, stride, eps = 9, 40, 56, 1e-6
+    x, w, dy = randn(N, stride, scale=2.0), randn(n), randn(N, stride)
+    xt, wt = t64(x[:, :n], True), t64(w, True)
+    ref = xt * torch.rsqrt(xt.pow(2).mean(-1, keepdim=True) + eps) * wt
+    ref.backward(t64(dy[:, :n]))
+    parts = ((0, 24), (24, 16))  # column offset, width
+    st = np.zeros((N, 2), np.float32)
+    for j, (o, k) in enumerate(parts):  # column 0: the first part's sums, 1: the second's
+        L.rownorm_sums(at(st, j), 2, at(x, o), None, None, None, N, k, stride)
+    # the whole rows' statistics, (N, 2) with column 0 used: the block's layout (q, k)
+    ss = np.zeros((N, 2), np.float32)
+    ss[:, 0] = st.sum(1, dtype=np.float32)
+    out, rstd = np.full((N, stride), 7.0, np.float32), np.zeros((N, 2), np.float32)
+    for o, k in parts:
+        L.rownorm_forward(at(out, o), fptr(rstd), at(x, o), at(w, o), fptr(ss), N,
+                          k, stride, 2, n, eps)
+    check("rownorm_forward (2 parts)", out[:, :n], ref.detach(), 2e-6)
+    check_true("rownorm_forward leaves the rest of the rows", (out[:, n:] == 7.0).all())
+    dots = np.zeros((N, 2), np.float32)
+    for j, (o, k) in enumerate(parts):
+        np_part = np.zeros((N, 2), np.float32)
+        L.rownorm_sums(fptr(np_part), 2, at(x, o), at(dy, o), at(w, o), fptr(rstd), N, k, stride)
+        dots[:, 0] += np_part[:, 0]
+    dx, dw0 = np.full((N, stride), 5.0, np.float32), randn(n)
+    dw = dw0.copy()
+    for o, k in parts:
+        L.rownorm_backward(at(dx, o), at(dw, o), at(dy, o), at(x, o),
+                           at(w, o), fptr(rstd), fptr(dots), N, k, stride, 2, n)
+    check("rownorm_backward din (set)", dx[:, :n], xt.grad, 2e-6)
+    check("rownorm_backward dw (+=)", dw, dw0 + wt.grad.numpy(), 2e-6)
+
+
+def test_softcap_ce():
+    """final-logit soft-capping: y = cap * tanh(z / cap), then the cross-entropy's backward
+    with respect to z through the cap, dense and vocab-parallel (two column shards)"""
+    N, V, cap = 7, 301, 5.0
+    z = randn(N, V, scale=8.0)  # well past the cap: tanh bends
+    targets = i32(rng.integers(0, V, N))
+    targets[2] = -1
+    y = z.copy()
+    L.softcap_forward(fptr(y), y.size, cap)
+    zt = t64(z, True)
+    yt = cap * torch.tanh(zt / cap)
+    check("softcap_forward", y, yt.detach(), 1e-6)
+    ref = F.cross_entropy(yt, torch.tensor(targets, dtype=torch.long), ignore_index=-1,
+                          reduction="sum") / 6
+    ref.backward()
+    d = y.copy()
+    L.crossentropy_softcap_backward(fptr(d), iptr(targets), N, V, 1.0 / 6, cap)
+    check("crossentropy_softcap_backward (dz)", d, zt.grad, 1e-6)
+    v0s = (0, 150)
+    mx = np.full(N, -np.inf, np.float32)
+    shards = [np.ascontiguousarray(y[:, v0:v0 + vl]) for v0, vl in zip(v0s, (150, V - 150))]
+    for sh in shards:  # the global max, then the global sums (VOCAB_MAX, VOCAB_SUM)
+        m = np.empty(N, np.float32)
+        L.crossentropy_shard_max(fptr(m), fptr(sh), N, sh.shape[1])
+        mx = np.maximum(mx, m)
+    sums = np.zeros((N, 2), np.float32)
+    for v0, sh in zip(v0s, shards):
+        s = np.empty((N, 2), np.float32)
+        L.crossentropy_shard_sums(fptr(s), fptr(sh), fptr(mx), iptr(targets), v0, N, sh.shape[1])
+        sums += s
+    for v0, sh in zip(v0s, shards):
+        L.crossentropy_shard_softcap_backward(fptr(sh), iptr(targets), fptr(mx), fptr(sums), v0,
+                                              N, sh.shape[1], 1.0 / 6, cap)
+    check("crossentropy_shard_softcap_backward (dz)", np.concatenate(shards, 1), zt.grad, 1e-6)
 
 
 def test_residual():
@@ -409,6 +505,9 @@ def level_outputs():
     sw = np.empty((N, C // 2), np.float32)
     L.swiglu_forward(fptr(sw), fptr(a), N, C // 2)
     out["swiglu_forward"] = sw
+    gg = np.empty((N, C // 2), np.float32)
+    L.geglu_forward(fptr(gg), fptr(a), N, C // 2)
+    out["geglu_forward"] = gg
     V = 3000
     logits, tg = r(8, V) * 3, i32(g.integers(0, V, 8))
     losses = np.empty(8, np.float32)
@@ -467,7 +566,8 @@ def main():
         print(f"---- kernels at level {isa_name(lv)} ----")
         if lv != ISA_NATIVE:
             set_level(lv)
-        for t in (test_matmul, test_layernorm, test_rmsnorm, test_gelu, test_swiglu,
+        for t in (test_matmul, test_layernorm, test_rmsnorm, test_gelu, test_swiglu, test_geglu,
+                  test_rownorm, test_softcap_ce,
                   test_residual, test_rope, test_attention, test_embedding, test_crossentropy,
                   test_adamw, test_sum_squares_scale, test_determinism):
             t()

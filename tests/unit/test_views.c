@@ -55,7 +55,7 @@ static void tp_point(void *ctx, int point, int dir, int layer, int site, float *
     (void)site;
     v->g->calls[v->rank][point][dir]++;
     if ((point == LOOM_CP_ROW_OUT && dir == 0) || (point == LOOM_CP_COL_IN && dir == 1) ||
-        (point == LOOM_CP_VOCAB_SUM && dir == 0))
+        (point == LOOM_CP_VOCAB_SUM && dir == 0) || point == LOOM_CP_QKNORM_SUM)
         allreduce(v, buf, n, 0);
     else if (point == LOOM_CP_VOCAB_MAX && dir == 0)
         allreduce(v, buf, n, 1);
@@ -171,6 +171,9 @@ static void check_views(const loom_model_config *cfg, int sp) {
                             : p == LOOM_CP_COL_IN || p == LOOM_CP_ROW_OUT   ? 2 * cfg->n_layer + 1
                             : p == LOOM_CP_VOCAB_MAX || p == LOOM_CP_VOCAB_SUM ? 1
                             : p == LOOM_CP_VOCAB_GATHER ? 0 /* decoding's */
+                            : p == LOOM_CP_QKNORM_SUM /* whole-projection q/k norms only */
+                                ? (cfg->arch.qk_norm == LOOM_QK_NORM_WHOLE &&
+                                   cfg->flavor == LOOM_FLAVOR_ARCH ? cfg->n_layer : 0)
                                                                               : cfg->n_layer;
             const int per_bwd = p == LOOM_CP_VOCAB_MAX || p == LOOM_CP_VOCAB_SUM ? 0 : per;
             /* sequence parallelism gathers each layer's two norm outputs again in backward */
@@ -213,7 +216,13 @@ static void check_views(const loom_model_config *cfg, int sp) {
             const float *gv = loom_model_grads(view[r]) + t->offset;
             /* sequence parallelism: the norms' gradients are partial sums over the views */
             const int sp_part = loom_model_grad_tp_partial(view[r], t);
-            assert_int_equal(sp_part, sp && t->split_dim < 0 && strstr(t->name, "ln") != NULL);
+            /* (and per-head q/k norm weights: each view's heads' part) */
+            const int head_norm = cfg->flavor == LOOM_FLAVOR_ARCH &&
+                                  cfg->arch.qk_norm == LOOM_QK_NORM_HEAD &&
+                                  strstr(t->name, "_norm_w") != NULL;
+            assert_int_equal(sp_part, head_norm || (sp && t->split_dim < 0 &&
+                                                    (strstr(t->name, "ln") ||
+                                                     strstr(t->name, "_post_w"))));
             /* one kv head shared by both views (n_kv_head 1): k and v's gradients are each
              * view's query heads' parts, summed over the views (dp.c's reduce_kv_replicas) */
             const int shared = t->tp_replicas > 1;
@@ -286,6 +295,39 @@ static void test_llama_kv_shared(void **state) {
     check_views(&LLAMA_KV1, 1);
 }
 
+/* OLMo 2's features: post-norms (no pre-norms; under sequence parallelism on the row shard)
+ * and q/k norms over the whole projections (each view's heads' sums added at QKNORM_SUM, the
+ * weights split with the heads); and Gemma's: sandwich norms, GeGLU, the embedding scale and
+ * the final-logit soft-cap (vocab-parallel cross-entropy through the cap) */
+static loom_model_config arch_cfg(const char *name) {
+    loom_model_config c = LLAMA;
+    c.flavor = LOOM_FLAVOR_ARCH;
+    c.arch = *loom_arch_named(!strcmp(name, "gemma") ? "llama" : name);
+    if (!strcmp(name, "gemma")) {
+        c.arch.norm_place = LOOM_NORM_SANDWICH;
+        c.arch.mlp = LOOM_MLP_GEGLU;
+        c.arch.embed_scale = 1;
+        c.arch.final_softcap = 0.5f; /* small: the cap bends these logits */
+        c.arch.qk_norm = LOOM_QK_NORM_HEAD;
+        c.arch.tied = 1;
+    }
+    return c;
+}
+
+static void test_olmo2(void **state) {
+    (void)state;
+    const loom_model_config c = arch_cfg("olmo2");
+    check_views(&c, 0);
+    check_views(&c, 1);
+}
+
+static void test_gemma_features(void **state) {
+    (void)state;
+    const loom_model_config c = arch_cfg("gemma");
+    check_views(&c, 0);
+    check_views(&c, 1);
+}
+
 static void test_layout_checked(void **state) {
     (void)state;
     loom_model *m = NULL;
@@ -316,6 +358,19 @@ static void test_layout_checked(void **state) {
     TU_ASSERT_ERR(loom_model_create(&LLAMA, &lay, 1, 4, &m, TU_ERR), "[0, 3)", "2 layers");
     lay = (loom_model_layout){.e0 = 0, .e1 = 2};
     TU_ASSERT_ERR(loom_model_create(&LLAMA, &lay, 1, 4, &m, TU_ERR), "no experts");
+    /* whole-projection q/k norms: a kv head's sum is not split over tp ranks sharing it */
+    loom_model_config o = arch_cfg("olmo2");
+    o.n_kv_head = 1;
+    lay = (loom_model_layout){.tp = 2};
+    TU_ASSERT_ERR(loom_model_create(&o, &lay, 1, 4, &m, TU_ERR), "qk_norm: whole", "n_kv_head (1)");
+    /* post-norms and GeGLU with MoE layers are refused, naming the key */
+    o = arch_cfg("olmo2");
+    o.n_expert = 2, o.top_k = 1, o.moe_every = 1;
+    TU_ASSERT_ERR(loom_model_create(&o, NULL, 1, 4, &m, TU_ERR), "norm_place", "MoE");
+    o = arch_cfg("gemma");
+    o.arch.norm_place = LOOM_NORM_PRE;
+    o.n_expert = 2, o.top_k = 1, o.moe_every = 1;
+    TU_ASSERT_ERR(loom_model_create(&o, NULL, 1, 4, &m, TU_ERR), "geglu", "MoE");
     assert_null(m);
 }
 
@@ -358,6 +413,8 @@ int main(void) {
         cmocka_unit_test(test_llama_sp),
         cmocka_unit_test(test_llama_gqa),
         cmocka_unit_test(test_llama_kv_shared),
+        cmocka_unit_test(test_olmo2),
+        cmocka_unit_test(test_gemma_features),
         cmocka_unit_test(test_layout_checked),
         cmocka_unit_test(test_stage_views),
     };
