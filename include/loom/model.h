@@ -356,7 +356,8 @@ void loom_model_set_hooks(loom_model *m, const loom_model_hooks *h);
  * place (same size). With no comm points set (or fn NULL) nothing happens: a view of degree 1
  * needs none. Tensor parallelism: ROW_OUT forward = all-reduce (sum) of the partial sums,
  * COL_IN backward = all-reduce of the partial input gradient, VOCAB_MAX / VOCAB_SUM forward =
- * all-reduce max / sum, VOCAB_GATHER (decoding) = all-gather, every other point a no-op. */
+ * all-reduce max / sum, QKNORM_SUM both directions = all-reduce sum, VOCAB_GATHER (decoding) =
+ * all-gather, every other point a no-op. */
 enum {
     LOOM_CP_STAGE_IN,   /* residual stream (B,T,C) entering the stage's first layer */
     LOOM_CP_ATTN_IN,    /* attention's input, after ln1 (B,T,C) */

@@ -25,8 +25,9 @@ of different lengths at once: `loom generate --prompts --batch 3`); one training
 forward/backward of the mean next-token loss) equal transformers' autograd per tensor
 (max|d| / max|ref| <= 1e-4); `loom export --hf` loads with from_pretrained as the same
 architecture and gives the same logits (1e-5); `training.init_from` the HF directory (qwen3,
-mixtral, llama3) takes its architecture (model.arch.*, model.moe.*) and trains; LoRA from it
-(qwen3: q, v, gate, down; mixtral by PEFT's names q_proj, k_proj, v_proj, o_proj) exports as PEFT files that give loom's logits
+mixtral, llama3, qwen2moe, olmo2) takes its architecture (model.arch.*, model.moe.*) and trains;
+LoRA from it (qwen3: q, v, gate, down; mixtral by PEFT's names q_proj, k_proj, v_proj, o_proj;
+olmo2: q, k, o, up) exports as PEFT files that give loom's logits
 on the exported base (1e-5), and with --merge-lora as merged weights (1e-5). Then the
 refusals: an option loom cannot compute exactly is an error naming the key.
 """
@@ -419,9 +420,10 @@ def main():
         for fam in only:
             test_family(work, fam)
             batched(work, fam)
-        for fam in (f for f in ("qwen3", "mixtral", "llama3", "qwen2moe") if f in only):
+        for fam in (f for f in ("qwen3", "mixtral", "llama3", "qwen2moe", "olmo2") if f in only):
             init_from(work, fam)
-        for fam, targets in (("qwen3", "q, v, gate, down"), ("mixtral", "q_proj, k_proj, v_proj, o_proj")):
+        for fam, targets in (("qwen3", "q, v, gate, down"), ("mixtral", "q_proj, k_proj, v_proj, o_proj"),
+                             ("olmo2", "q, k, o, up")):
             if fam in only:
                 lora(work, fam, targets)
         if not sys.argv[1:]:

@@ -7,6 +7,12 @@ For both flavors (gpt2, llama with GQA), small shapes:
   * forward: logits and loss (targets with -1 entries; T < max and T = max; B < created B);
   * loom_model_next_logits against the reference's last-position logits;
   * backward: EVERY parameter gradient against torch autograd.
+And Gemma's block features, before any Gemma family row exists (docs/architectures.md):
+sandwich norms, GeGLU, the embedding scale sqrt(d_model) (float32), final-logit soft-capping
+and the norm weight offset (the reference computes x * rstd * (1 + w) with w = loom's weight
+- 1, and its gradients are taken with respect to that w), with per-head q/k norms, a tied head
+and GQA: a model made from model.arch.* keys (libloom's config reader), every parameter
+random, against a float64 reference written here (logits, loss, every gradient).
 Training (AdamW, clipping, the lr schedule, every ZeRO stage) is tests/reference/test_engine.py:
 it drives the trainer's own engine, the only optimizer in libloom.
 
@@ -410,6 +416,128 @@ CONFIGS = {
 CONFIGS.update({f"{k} sdpa": dict(v, attention=1) for k, v in list(CONFIGS.items())})
 
 
+GEMMA_YAML = """model:
+  flavor: llama
+  vocab_size: 67
+  d_model: 48
+  n_layer: 2
+  n_head: 4
+  n_kv_head: 2
+  d_ff: 40
+  max_seq_len: 16
+  norm_eps: 1e-6
+  rope_theta: 10000
+  arch:
+    norm_place: sandwich
+    mlp: geglu
+    qk_norm: head
+    head_dim: 16
+    tied: true
+    embed_scale: true
+    norm_offset: true
+    final_softcap: 3.0
+"""
+
+
+def gemma_ref(P, ids, C, H, KVH, D, eps, cap, theta):
+    """Gemma-style decoder in float64 from loom's parameters P (name -> tensor); norm weights
+    enter as 1 + w with w = P[name] - 1 (the leaf the gradient is taken of)"""
+    def rms(x, w):
+        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * (1.0 + w)
+    B, T = ids.shape
+    scale = torch.tensor(C ** 0.5, dtype=torch.float32).double()  # Gemma's float32 normalizer
+    x = P["wte"][ids] * scale
+    inv = 1.0 / theta ** (torch.arange(0, D, 2, dtype=torch.float64) / D)
+    ang = torch.arange(T, dtype=torch.float64)[:, None] * inv[None, :]
+    cos, sin = torch.cat([ang.cos()] * 2, -1), torch.cat([ang.sin()] * 2, -1)
+
+    def rope(t):  # (B, heads, T, D), rotate half
+        a, b = t[..., :D // 2], t[..., D // 2:]
+        return t * cos + torch.cat([-b, a], -1) * sin
+    mask = torch.full((T, T), float("-inf"), dtype=torch.float64).triu(1)
+    for l in range(2):
+        p = lambda n: P[f"layers.{l}.{n}"]  # noqa: E731
+        h = rms(x, p("ln1_w"))
+        q = (h @ p("q_w").T).view(B, T, H, D)
+        k = (h @ p("k_w").T).view(B, T, KVH, D)
+        v = (h @ p("v_w").T).view(B, T, KVH, D).transpose(1, 2)
+        q = rope(rms(q, p("q_norm_w")).transpose(1, 2))
+        k = rope(rms(k, p("k_norm_w")).transpose(1, 2))
+        k, v = k.repeat_interleave(H // KVH, 1), v.repeat_interleave(H // KVH, 1)
+        a = torch.softmax(q @ k.transpose(-1, -2) / math.sqrt(D) + mask, -1) @ v
+        o = a.transpose(1, 2).reshape(B, T, H * D) @ p("attn_proj_w").T
+        x = x + rms(o, p("attn_post_w"))
+        h = rms(x, p("ln2_w"))
+        f = torch.nn.functional.gelu(h @ p("gate_w").T, approximate="tanh") * (h @ p("up_w").T)
+        x = x + rms(f @ p("fc_proj_w").T, p("ffn_post_w"))
+    logits = rms(x, P["lnf_w"]) @ P["wte"].T
+    return cap * torch.tanh(logits / cap)
+
+
+def check_gemma_features():
+    print("== Gemma's features (sandwich norms, geglu, embed_scale, final_softcap, norm_offset)")
+    P_ = ctypes.c_void_p
+    err = Err()
+    LIB.loom_config_new.restype = P_
+    LIB.loom_config_load_string.argtypes = [P_, ctypes.c_char_p, ctypes.c_char_p, ctypes.POINTER(Err)]
+    LIB.loom_config_apply_schema.argtypes = [P_, P_, ctypes.c_int, ctypes.POINTER(Err)]
+    LIB.loom_model_config_from.argtypes = [P_, ctypes.c_int, P_, ctypes.POINTER(Err)]
+    LIB.loom_config_free.argtypes = [P_]
+    cfg = LIB.loom_config_new()
+    keys = ctypes.cast(LIB.loom_model_config_keys, P_)
+    nkeys = ctypes.c_int.in_dll(LIB, "loom_model_config_nkeys").value
+    mc = ctypes.create_string_buffer(4096)  # a loom_model_config, read only by libloom
+    assert LIB.loom_config_load_string(cfg, GEMMA_YAML.encode(), b"gemma", ctypes.byref(err)) == 0, err.msg
+    assert LIB.loom_config_apply_schema(cfg, keys, nkeys, ctypes.byref(err)) == 0, err.msg
+    assert LIB.loom_model_config_from(cfg, 16, mc, ctypes.byref(err)) == 0, err.msg
+    LIB.loom_config_free(cfg)
+    B, T, V, C, H, KVH, D = 2, 11, 67, 48, 4, 2, 16
+    m = ctypes.c_void_p()
+    LIB.loom_model_create.argtypes = [P_, P_, ctypes.c_int, ctypes.c_int, ctypes.POINTER(P_),
+                                      ctypes.POINTER(Err)]
+    assert LIB.loom_model_create(mc, None, B, T, ctypes.byref(m), ctypes.byref(err)) == 0, err.msg
+    n = LIB.loom_model_num_params(m)
+    rng = np.random.default_rng(21)
+    params = np.ctypeslib.as_array(LIB.loom_model_params(m), shape=(n,))
+    names = {}
+    for i in range(LIB.loom_model_num_tensors(m)):
+        t = LIB.loom_model_tensor(m, i).contents
+        shape = tuple(t.shape[d] for d in range(t.ndim))
+        names[t.name.decode()] = (t.offset, t.numel, shape)
+    expect("the tensors of sandwich norms, GeGLU, q/k head norms, tied",
+           {"layers.0.attn_post_w", "layers.0.ffn_post_w", "layers.0.ln2_w", "layers.0.gate_w",
+            "layers.0.q_norm_w"} <= set(names) and "lm_head" not in names, str(sorted(names)))
+    for name, (off, cnt, shape) in names.items():  # norms around 1 (w around 0), the rest 0.3
+        base = 1.0 if name.endswith(("ln1_w", "ln2_w", "_post_w", "norm_w", "lnf_w")) else 0.0
+        params[off:off + cnt] = base + 0.3 * rng.standard_normal(cnt)
+    ids = rng.integers(0, V, size=(B, T + 1))
+    x = np.ascontiguousarray(ids[:, :-1], dtype=np.int32)
+    y = np.ascontiguousarray(ids[:, 1:], dtype=np.int32)
+    ip = ctypes.POINTER(ctypes.c_int32)
+    LIB.loom_model_zero_grad(m)
+    loss = LIB.loom_model_forward(m, x.ctypes.data_as(ip), y.ctypes.data_as(ip), B, T)
+    logits = np.ctypeslib.as_array(LIB.loom_model_logits(m), shape=(B * T * V,)).copy()
+    LIB.loom_model_backward(m, 1.0 / (B * T))
+    grads = np.ctypeslib.as_array(LIB.loom_model_grads(m), shape=(n,))
+    P = {}
+    for name, (off, cnt, shape) in names.items():
+        w = torch.tensor(params[off:off + cnt].astype(np.float64).reshape(shape))
+        norm = name.endswith(("ln1_w", "ln2_w", "_post_w", "norm_w", "lnf_w"))
+        # under norm_offset the Hugging Face weight of a norm is w = loom's - 1 (rms adds 1)
+        P[name] = (w - 1.0 if norm else w).requires_grad_(True)
+    ref = gemma_ref(P, torch.tensor(ids[:, :-1]), C, H, KVH, D, 1e-6, 3.0, 10000.0)
+    rl = torch.nn.functional.cross_entropy(ref.reshape(-1, V), torch.tensor(ids[:, 1:]).reshape(-1))
+    rl.backward()
+    check("gemma features: logits (soft-capped) vs reference", rel_max(logits, ref.detach().reshape(-1)), TOL_LOGITS)
+    expect("gemma features: the cap bends the logits (max |logit| near 3)",
+           2.0 < float(np.abs(logits).max()) < 3.0, f"{np.abs(logits).max():.3f}")
+    check("gemma features: loss vs reference", abs(loss - rl.item()) / rl.item(), TOL_LOSS)
+    worst = max((rel_max(grads[off:off + cnt].reshape(shape), P[nm].grad), nm)
+                for nm, (off, cnt, shape) in names.items())
+    check(f"gemma features: every gradient vs autograd (worst {worst[1]})", worst[0], TOL_GRAD)
+    LIB.loom_model_free(m)
+
+
 def main():
     torch.set_num_threads(2)
     for name, cfg in CONFIGS.items():
@@ -418,6 +546,7 @@ def main():
         check_init(cfg)
         check_forward_backward(cfg, seed=1234)
     check_bad_configs()
+    check_gemma_features()
     return finish("all model reference checks passed")
 
 

@@ -6,7 +6,9 @@
  *  - the chunked LM head + loss (model.loss_chunk) gives the unfused loss and every gradient
  *    and holds no (B,T,V) logits;
  *  - activation checkpointing (model.recompute: full, selective) gives bitwise the gradients
- *    of none, with and without documents, in smaller activation arenas. */
+ *    of none, with and without documents, in smaller activation arenas; also with post-norms
+ *    and whole-projection q/k norms (olmo2) and with sandwich norms, GeGLU, the embedding
+ *    scale and final-logit soft-capping (Gemma's features), the last also chunked. */
 #include "testutil.h"
 
 #include <math.h>
@@ -16,6 +18,8 @@
 
 enum { B = 2, T = 12 };
 
+/* 0 gpt2, 1 llama, 2 olmo2 (post-norms, whole q/k norms), 3 Gemma's features (sandwich
+ * norms, GeGLU, embedding scale, final-logit soft-cap, per-head q/k norms, tied) */
 static loom_model_config cfg_of(int llama, int attention) {
     loom_model_config c = {.flavor = LOOM_FLAVOR_GPT2, .vocab_size = 29, .max_seq_len = 16,
                            .n_layer = 2, .n_head = 2, .n_kv_head = 2, .d_model = 16, .d_ff = 32,
@@ -26,6 +30,18 @@ static loom_model_config cfg_of(int llama, int attention) {
         c.n_head = 4;
         c.n_kv_head = 2;
         c.d_ff = 24;
+    }
+    if (llama >= 2) {
+        c.flavor = LOOM_FLAVOR_ARCH;
+        c.arch = *loom_arch_named(llama == 2 ? "olmo2" : "llama");
+    }
+    if (llama == 3) {
+        c.arch.norm_place = LOOM_NORM_SANDWICH;
+        c.arch.mlp = LOOM_MLP_GEGLU;
+        c.arch.embed_scale = 1;
+        c.arch.final_softcap = 2.0f;
+        c.arch.qk_norm = LOOM_QK_NORM_HEAD;
+        c.arch.tied = 1;
     }
     c.attention = attention;
     return c;
@@ -164,8 +180,8 @@ static void test_loader_docs(void **state) {
 
 static void test_loss_chunk(void **state) {
     (void)state;
-    for (int k = 0; k < 2; k++) {
-        loom_model_config c = cfg_of(k, LOOM_ATTN_FLASH);
+    for (int k = 0; k < 3; k++) { /* gpt2, llama, Gemma's features (the soft-cap chunked) */
+        loom_model_config c = cfg_of(k < 2 ? k : 3, LOOM_ATTN_FLASH);
         loom_model *ref = make(&c, B, T);
         c.loss_chunk = 5; /* 24 rows: chunks of 5, the last of 4 */
         loom_model *ch = make(&c, B, T);
@@ -182,7 +198,8 @@ static void test_loss_chunk(void **state) {
         loom_model_backward(ref, 1.0f / (B * T - 2));
         loom_model_backward(ch, 1.0f / (B * T - 2));
         const double dg = rel_diff(loom_model_grads(ch), loom_model_grads(ref), n);
-        printf("loss_chunk %s: loss %.9g vs %.9g, grads %.2e\n", k ? "llama" : "gpt2", l1, l0, dg);
+        printf("loss_chunk %s: loss %.9g vs %.9g, grads %.2e\n",
+               k == 2 ? "gemma features" : k ? "llama" : "gpt2", l1, l0, dg);
         assert_true(fabsf(l1 - l0) <= 1e-6f * fabsf(l0));
         assert_true(dg < 1e-6);
         /* the arena holds 5 rows of logits instead of 24 */
@@ -196,10 +213,11 @@ static void test_loss_chunk(void **state) {
 
 static void test_recompute(void **state) {
     (void)state;
-    for (int k = 0; k < 8; k++) { /* flavor x attention x documents */
-        loom_model_config c = cfg_of(k % 2, (k / 2) % 2 ? LOOM_ATTN_SDPA : LOOM_ATTN_FLASH);
+    for (int k = 0; k < 10; k++) { /* flavor x attention x documents; olmo2, gemma features */
+        loom_model_config c = cfg_of(k < 8 ? k % 2 : k - 6,
+                                     k < 8 && (k / 2) % 2 ? LOOM_ATTN_SDPA : LOOM_ATTN_FLASH);
         c.n_layer = 3;
-        c.doc_mask = k / 4;
+        c.doc_mask = k < 8 ? k / 4 : 0;
         int32_t x[B * T], y[B * T], docs[B * T];
         tokens(&c, 31 + (uint64_t)k, x, y, B * T);
         for (int i = 0; i < B * T; i++) docs[i] = i < 7 ? 0 : i < 12 ? 1 : 2;
@@ -221,7 +239,8 @@ static void test_recompute(void **state) {
             loom_model_free(m);
         }
         printf("recompute %s %s%s: activation bytes none %zu, full %zu, selective %zu\n",
-               k % 2 ? "llama" : "gpt2", (k / 2) % 2 ? "sdpa" : "flash",
+               k == 8 ? "olmo2" : k == 9 ? "gemma features" : k % 2 ? "llama" : "gpt2",
+               k < 8 && (k / 2) % 2 ? "sdpa" : "flash",
                c.doc_mask ? " docs" : "", bytes[0], bytes[1], bytes[2]);
         for (int mode = 1; mode < 3; mode++) { /* the same arithmetic: bitwise */
             assert_true(loss[mode] == loss[0]);
