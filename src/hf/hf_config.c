@@ -117,6 +117,14 @@ const hf_family *hf_family_of(const loom_model_config *c) {
     return NULL;
 }
 
+/* Qwen's families switch the window with use_sliding_window and slide from layer
+ * max_window_layers on; Mistral's and Phi-3's slide on every layer (transformers 5.24) */
+static int qwen_sliding(const hf_family *f) { return !strncmp(f->model_type, "qwen", 4); }
+
+/* The families whose sliding windows loom imports (tested against transformers); the MoE rows
+ * keep refusing a window that excludes a position (not tested) */
+static int window_family(const hf_family *f) { return f->sliding_keys && !f->moe; }
+
 int loom_hf_export_check(const loom_model_config *c, loom_err *err) {
     const loom_arch *a = loom_config_arch(c), *n = loom_arch_named(a->name);
     const hf_family *f = hf_family_of(c);
@@ -151,6 +159,14 @@ int loom_hf_export_check(const loom_model_config *c, loom_err *err) {
     else if (f->moe == HF_MOE_QWEN2 && (c->shared_experts != 1 || !c->shared_gate))
         bad = "model.moe.shared_experts != 1 or shared_gate false (Qwen2MoeForCausalLM has one "
               "gated shared expert)";
+    else if (a->attn_softcap > 0.0f || a->query_pre_attn_scalar > 0.0f ||
+             a->rope_local_theta > 0.0f)
+        bad = "model.arch.attn_softcap / query_pre_attn_scalar / rope_local_theta";
+    else if (a->sliding_window > 0 &&
+             (!window_family(f) ||
+              (!qwen_sliding(f) && (a->window_period > 1 || a->window_start > 0))))
+        bad = "model.arch.sliding_window / window_start / window_period (Mistral and Phi-3 slide "
+              "every layer; Qwen 2/3 take any layer_types)";
     if (bad)
         return loom_errf(err, "%s: this combination has no %s layout", bad, f->arch);
     return 0;
@@ -252,30 +268,88 @@ static int read_rope(json_t *o, const char *path, int max_pos, loom_model_config
     return 0;
 }
 
-/* the sliding-window keys: loom attends over the whole causal prefix, which equals a window
- * only when the window covers every position the model can see */
-static int read_sliding(json_t *o, const char *path, const hf_family *f, int max_pos,
+/* The sliding-window keys -> arch.sliding_window / window_start / window_period. Which layers
+ * slide: transformers' layer_types when the file has them, else what its config derives
+ * (every layer; Qwen: layers >= max_window_layers, only with use_sliding_window). The list
+ * must be one loom represents: every layer from some start, or p - 1 of every p from some
+ * start; else an error naming layer_types. */
+static int read_sliding(json_t *o, const char *path, const hf_family *f, loom_model_config *mc,
                         loom_err *err) {
-    int win = 0, use = 1;
-    const int qwen = !strncmp(f->model_type, "qwen", 4); /* a window only with use_sliding_window */
+    int win = 0, use = 1, mwl = 0;
+    const int qwen = qwen_sliding(f), L = mc->n_layer, max_pos = mc->max_seq_len;
     if (j_int(o, path, "sliding_window", 0, 0, 0, 1 << 30, &win, err) ||
-        (qwen && j_bool(o, path, "use_sliding_window", 0, &use, err)))
+        (qwen && j_bool(o, path, "use_sliding_window", 0, &use, err)) ||
+        (qwen && j_int(o, path, "max_window_layers", 0, 0, 0, 1 << 20, &mwl, err)))
         return -1;
-    if (use && win > 0 && win < max_pos)
+    if (!use) win = 0; /* transformers: sliding_window = None without use_sliding_window */
+    if (win >= max_pos && !window_family(f)) win = 0; /* it excludes nothing: full attention */
+    if (win > 0 && win < max_pos && !window_family(f))
         return loom_errf(err, "%s: 'sliding_window' is %d < max_position_embeddings %d; loom "
-                              "has no sliding-window attention yet (set it to null or >= %d to "
-                              "import as full attention)", path, win, max_pos, max_pos);
+                              "imports sliding windows for MistralForCausalLM, Qwen2/Qwen3 and "
+                              "Phi3ForCausalLM only (set it to null or >= %d to import as full "
+                              "attention)", path, win, max_pos, max_pos);
+    char *slides = loom_calloc((size_t)L + 1, 1);
+    for (int l = 0; l < L; l++) slides[l] = win > 0 && (!qwen || l >= mwl);
     json_t *lt = json_object_get(o, "layer_types");
     if (lt && !json_is_null(lt)) {
-        if (!json_is_array(lt)) return loom_errf(err, "%s: 'layer_types' must be a list", path);
-        for (size_t i = 0; i < json_array_size(lt); i++) {
-            const char *t = json_string_value(json_array_get(lt, i));
-            if (!t || (strcmp(t, "full_attention") &&
-                       !(!strcmp(t, "sliding_attention") && (!use || win <= 0 || win >= max_pos))))
-                return loom_errf(err, "%s: 'layer_types[%zu]' is '%.40s'; loom computes "
-                                      "full_attention layers", path, i, t ? t : "(not a string)");
+        if (!json_is_array(lt) || json_array_size(lt) != (size_t)L) {
+            free(slides);
+            return loom_errf(err, "%s: 'layer_types' must be a list of num_hidden_layers (%d) "
+                                  "strings", path, L);
+        }
+        for (int l = 0; l < L; l++) {
+            const char *t = json_string_value(json_array_get(lt, (size_t)l));
+            const int full = t && !strcmp(t, "full_attention");
+            const int sl = t && !strcmp(t, "sliding_attention");
+            /* Mistral's and Phi-3's models read sliding_window on every layer whatever the
+             * list says: a list that disagrees is refused; without a window (null, or Qwen's
+             * use_sliding_window false) a sliding_attention layer attends fully */
+            const int want = qwen ? sl && win > 0 : slides[l];
+            if (!full && !sl) {
+                free(slides);
+                return loom_errf(err, "%s: 'layer_types[%d]' is '%.40s'; loom computes "
+                                      "full_attention and sliding_attention layers", path, l,
+                                 t ? t : "(not a string)");
+            }
+            if (!qwen && win > 0 && sl != slides[l]) {
+                free(slides);
+                return loom_errf(err, "%s: 'layer_types[%d]' is '%s' but %s slides every layer "
+                                      "when 'sliding_window' is set", path, l, t, f->arch);
+            }
+            slides[l] = (char)want;
         }
     }
+    loom_arch *a = &mc->arch;
+    a->sliding_window = a->window_start = a->window_period = 0;
+    int any = 0;
+    for (int l = 0; l < L; l++) any |= slides[l];
+    if (any) { /* the first (start, period) whose pattern is the list */
+        int found = 0;
+        loom_model_config t = *mc; /* (mc's flavor is set after the keys are read) */
+        t.flavor = LOOM_FLAVOR_ARCH;
+        for (int s = 0; s < L && !found; s++)
+            for (int p = 1; p <= L && !found; p++) {
+                t.arch.sliding_window = win;
+                t.arch.window_start = s;
+                t.arch.window_period = p > 1 ? p : 0;
+                int same = 1;
+                for (int l = 0; l < L && same; l++)
+                    same = (loom_config_layer_window(&t, l) > 0) == (slides[l] != 0);
+                found = same;
+            }
+        if (found) {
+            a->sliding_window = win;
+            a->window_start = t.arch.window_start;
+            a->window_period = t.arch.window_period;
+        }
+        if (!found) {
+            free(slides);
+            return loom_errf(err, "%s: 'layer_types' has sliding layers in a pattern loom does "
+                                  "not represent (every layer from one on, or p - 1 of every p)",
+                             path);
+        }
+    }
+    free(slides);
     return 0;
 }
 
@@ -397,7 +471,7 @@ static int read_llama(json_t *o, const char *path, const hf_family *f, loom_mode
         if (j_bool(o, path, "qkv_bias", 1, &qkv_bias, err)) return -1;
         a->qkv_bias = qkv_bias;
     }
-    if (f->sliding_keys && read_sliding(o, path, f, mc->max_seq_len, err)) return -1;
+    if (f->sliding_keys && read_sliding(o, path, f, mc, err)) return -1;
     mc->norm_eps = (float)eps;
     if (act && strcmp(act, "silu") != 0)
         return loom_errf(err, "%s: 'hidden_act' is '%s'; loom computes SwiGLU with silu for %s",
@@ -611,9 +685,21 @@ json_t *hf_config_json(const loom_model_config *c, int eos) {
         json_object_set_new(o, "mlp_bias", json_false());
         json_object_set_new(o, "pretraining_tp", json_integer(1));
     }
-    if (f->sliding_keys) json_object_set_new(o, "sliding_window", json_null());
-    if (f->sliding_keys && strcmp(f->model_type, "mistral") && strcmp(f->model_type, "phi3"))
-        json_object_set_new(o, "use_sliding_window", json_false());
+    if (f->sliding_keys) /* (loom_hf_export_check: a pattern the family's keys say) */
+        json_object_set_new(o, "sliding_window", a->sliding_window > 0
+                                                     ? json_integer(a->sliding_window)
+                                                     : json_null());
+    if (f->sliding_keys && qwen_sliding(f)) {
+        json_object_set_new(o, "use_sliding_window", json_boolean(a->sliding_window > 0));
+        json_object_set_new(o, "max_window_layers",
+                            json_integer(a->sliding_window > 0 ? a->window_start : c->n_layer));
+        json_t *lt = json_array(); /* explicit: a window_period pattern too */
+        for (int l = 0; l < c->n_layer; l++)
+            json_array_append_new(lt, json_string(loom_config_layer_window(c, l) > 0
+                                                      ? "sliding_attention"
+                                                      : "full_attention"));
+        json_object_set_new(o, "layer_types", lt);
+    }
     if (f->map == HF_MAP_PHI3) {
         json_object_set_new(o, "resid_pdrop", json_real(0));
         json_object_set_new(o, "embd_pdrop", json_real(0));

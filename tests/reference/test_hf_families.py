@@ -6,15 +6,18 @@ Families (one tiny model each; GQA 6 query heads over 2 kv heads unless said):
   llama3         LlamaForCausalLM, rope_type llama3 (factor 8, low 1, high 4, original 16)
   linear         LlamaForCausalLM, rope_type linear (factor 2)
   yarn           LlamaForCausalLM, rope_type yarn (factor 4, original 16: attention factor too)
-  mistral        MistralForCausalLM (sliding_window null), head_dim 12 != hidden / heads
-  qwen2          Qwen2ForCausalLM (q/k/v biases, no o bias), tied
+  mistral        MistralForCausalLM, sliding_window 5 (every layer; sequences of 17..24
+                 positions, greedy decoding past the window), head_dim 12 != hidden / heads
+  qwen2          Qwen2ForCausalLM (q/k/v biases, no o bias), tied, use_sliding_window with
+                 sliding_window 5 and max_window_layers 1 (layer 0 full, layer 1 sliding)
   qwen3          Qwen3ForCausalLM (per-head q/k RMSNorm, head_dim 12 != hidden / heads), tied
   mixtral        MixtralForCausalLM (4 experts, top-2, renormalized; per-expert w1/w3/w2
                  joined into loom's (E, 2F, C) and (E, C, F) expert tensors)
   qwen3moe       Qwen3MoeForCausalLM (4 experts, top-2, norm_topk_prob, q/k norms, head_dim 12)
   qwen2moe       Qwen2MoeForCausalLM (4 experts, top-2, softmax weights not renormalized,
                  q/k/v biases, one shared expert of its own width 40 behind a sigmoid gate)
-  phi3           Phi3ForCausalLM (fused qkv_proj and gate_up_proj, split on import)
+  phi3           Phi3ForCausalLM (fused qkv_proj and gate_up_proj, split on import),
+                 sliding_window 7
   olmo2          Olmo2ForCausalLM (post-norms, no pre-norms; q/k RMSNorm over the whole
                  projections, (H*D) and (KVH*D) weights)
 
@@ -107,8 +110,10 @@ FAMILIES = {
              dict(tie_word_embeddings=False, **ROPE(rope_type="yarn", factor=4.0,
                                                      original_max_position_embeddings=16))),
     "mistral": ("MistralConfig", "MistralForCausalLM",
-                dict(sliding_window=None, head_dim=12, tie_word_embeddings=False)),
-    "qwen2": ("Qwen2Config", "Qwen2ForCausalLM", dict(tie_word_embeddings=True)),
+                dict(sliding_window=5, head_dim=12, tie_word_embeddings=False)),
+    "qwen2": ("Qwen2Config", "Qwen2ForCausalLM",
+              dict(tie_word_embeddings=True, use_sliding_window=True, sliding_window=5,
+                   max_window_layers=1)),
     "qwen3": ("Qwen3Config", "Qwen3ForCausalLM", dict(head_dim=12, tie_word_embeddings=True)),
     "mixtral": ("MixtralConfig", "MixtralForCausalLM",
                 dict(num_local_experts=4, num_experts_per_tok=2, sliding_window=None,
@@ -122,7 +127,7 @@ FAMILIES = {
                       tie_word_embeddings=False)),
     "phi3": ("Phi3Config", "Phi3ForCausalLM",
              dict(tie_word_embeddings=False, resid_pdrop=0.0, embd_pdrop=0.0,
-                  attention_dropout=0.0)),
+                  attention_dropout=0.0, sliding_window=7)),
     "olmo2": ("Olmo2Config", "Olmo2ForCausalLM", dict(tie_word_embeddings=False)),
 }
 
@@ -393,10 +398,13 @@ def init_from(work, fam):
 def refusals(work):
     print("refusals:")
     cases = [
-        ("MistralConfig", "MistralForCausalLM", dict(sliding_window=16), "'sliding_window'"),
+        ("MixtralConfig", "MixtralForCausalLM", dict(num_local_experts=4, sliding_window=16),
+         "'sliding_window'"),
         ("LlamaConfig", "LlamaForCausalLM", ROPE(rope_type="dynamic", factor=2.0), "rope_type"),
-        ("Qwen2Config", "Qwen2ForCausalLM", dict(use_sliding_window=True, sliding_window=16,
-                                                 max_window_layers=0), "sliding_window"),
+        ("Qwen2Config", "Qwen2ForCausalLM",
+         dict(num_hidden_layers=3, use_sliding_window=True, sliding_window=16,
+              layer_types=["sliding_attention", "full_attention", "full_attention"]),
+         "'layer_types'"),
         ("LlamaConfig", "LlamaForCausalLM", dict(mlp_bias=True), "'mlp_bias'"),
         ("LlamaConfig", "LlamaForCausalLM", dict(hidden_act="gelu"), "'hidden_act'"),
         ("Qwen2MoeConfig", "Qwen2MoeForCausalLM",
