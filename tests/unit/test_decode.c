@@ -1,7 +1,11 @@
 /* Incremental decoding with a KV cache against the full forward: at every position of a
  * sequence, loom_model_decode's next-token logits equal the last row of a forward over the
  * whole prefix (max relative error 1e-5: one-row GEMMs and the cached attention sum in another
- * order), for GPT-2 and for Llama with grouped-query attention, up to max_seq_len. */
+ * order), for GPT-2 and for Llama with grouped-query attention, up to max_seq_len. With
+ * sliding windows (alternating layers), soft-capped scores, a custom scale and a local RoPE
+ * base: the same, with each sliding layer's cache a ring of its window (the cache's bytes are
+ * counted), and the batched decode (the engine's) fed a prefill chunk longer than the window
+ * gives the full forward's logits too. */
 #include "testutil.h"
 
 #include <math.h>
@@ -60,10 +64,93 @@ static void test_llama_gqa(void **state) {
     check_flavor(&cfg, 4);
 }
 
+/* The batched decode (loom_model_decode_batch: the engine's) on one sequence: a prefill
+ * chunk of n0 rows (longer than the window: written and attended row by row into the ring),
+ * then one row at a time; every step's logits against the full forward's. */
+static void check_batched(loom_model *m, const int32_t *tokens, int T, int n0) {
+    const int V = loom_model_get_config(m)->vocab_size;
+    const size_t nf = loom_model_kv_floats(m, T);
+    float *k = calloc(nf, sizeof(float)), *v = calloc(nf, sizeof(float));
+    loom_decode_ws *w = loom_decode_ws_create(m, n0, 1);
+    double worst = 0;
+    for (int p = 0; p < T;) {
+        const int n = p == 0 ? n0 : 1;
+        loom_decode_seg seg = {.k = k, .v = v, .cap = T, .pos0 = p, .n = n, .want_logits = 1};
+        const float *lg = loom_model_decode_batch(m, w, tokens + p, &seg, 1);
+        float *dec = malloc((size_t)V * sizeof(float));
+        memcpy(dec, lg, (size_t)V * sizeof(float));
+        p += n;
+        const float *full = loom_model_next_logits(m, tokens, p);
+        double num = 0, den = 0;
+        for (int x = 0; x < V; x++) {
+            num = fmax(num, fabs((double)dec[x] - full[x]));
+            den = fmax(den, fabs((double)full[x]));
+        }
+        worst = fmax(worst, num / den);
+        free(dec);
+    }
+    print_message("batched, a prefill of %d rows then single rows: max relative error %.2e\n", n0,
+                  worst);
+    assert_true(worst <= 1e-5);
+    loom_decode_ws_free(w);
+    free(k);
+    free(v);
+}
+
+static void test_sliding_window(void **state) {
+    (void)state;
+    loom_model_config cfg = {.flavor = LOOM_FLAVOR_ARCH, .vocab_size = 200, .max_seq_len = 40,
+                             .n_layer = 3, .n_head = 4, .n_kv_head = 2, .d_model = 64,
+                             .d_ff = 96, .norm_eps = 1e-5f, .rope_theta = 10000.0f,
+                             .init_std = 0.2f};
+    cfg.arch = *loom_arch_named("llama");
+    /* layers 0 and 2 slide (window 5), layer 1 attends fully (Gemma 2's alternation) */
+    cfg.arch.sliding_window = 5;
+    cfg.arch.window_period = 2;
+    check_flavor(&cfg, 5);
+    /* the Gemma-style scores too: soft-capping, query_pre_attn_scalar, the local RoPE base */
+    cfg.arch.attn_softcap = 3.0f;
+    cfg.arch.query_pre_attn_scalar = 24.0f;
+    cfg.arch.rope_local_theta = 500.0f;
+    check_flavor(&cfg, 6);
+
+    loom_err err = {{0}};
+    loom_model *m = NULL;
+    assert_int_equal(loom_model_create(&cfg, NULL, 1, cfg.max_seq_len, &m, &err), 0);
+    loom_model_init_weights(m, 7);
+    /* the cache: 5 rows for each sliding layer, max_seq_len for the full one */
+    assert_int_equal(loom_model_kv_slots(m, 0, 40), 5);
+    assert_int_equal(loom_model_kv_slots(m, 1, 40), 40);
+    assert_int_equal(loom_model_kv_slots(m, 2, 3), 3); /* a cache shorter than the window */
+    loom_kv_cache *kc = loom_kv_cache_create(m);
+    const size_t row = 2 * 16 * sizeof(float); /* KVH * D floats */
+    assert_int_equal(loom_kv_cache_bytes(kc), 2 * (5 + 40 + 5) * row);
+    loom_kv_cache_free(kc);
+    int32_t tokens[40];
+    for (int i = 0; i < 40; i++) tokens[i] = (int32_t)(loom_rng_u64(8, 7, (uint64_t)i) % 200u);
+    check_batched(m, tokens, 40, 13);
+    /* the window changes the logits (so the checks above see it) */
+    float *win = malloc(200 * sizeof(float));
+    memcpy(win, loom_model_next_logits(m, tokens, 30), 200 * sizeof(float));
+    loom_model_free(m);
+    cfg.arch.sliding_window = 0;
+    cfg.arch.rope_local_theta = 0.0f;
+    assert_int_equal(loom_model_create(&cfg, NULL, 1, cfg.max_seq_len, &m, &err), 0);
+    loom_model_init_weights(m, 7);
+    const float *full = loom_model_next_logits(m, tokens, 30);
+    double d = 0;
+    for (int x = 0; x < 200; x++) d = fmax(d, fabs((double)full[x] - win[x]));
+    print_message("window vs full attention: max logit difference %.3g\n", d);
+    assert_true(d > 1e-3);
+    free(win);
+    loom_model_free(m);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_gpt2),
         cmocka_unit_test(test_llama_gqa),
+        cmocka_unit_test(test_sliding_window),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -3,11 +3,12 @@
  *   running, requests joining mid-run, prompts prefilled in chunks): every output equals
  *   generating that prompt alone (loom_generate, the single-sequence KV-cache path) and the
  *   argmax of the full forward (loom_model_next_logits) at every position (every fourth
- *   request); GPT-2 and Llama
- *   (grouped-query attention);
+ *   request); GPT-2, Llama (grouped-query attention) and a sliding-window Llama (layer 1
+ *   slides with a window of 6: prefill chunks of up to 24 rows run into its ring cache);
  * - sampling (temperature, top-k, top-p, repetition penalty) reproducible by seed, and a
  *   request's output independent of what else runs in the batch;
- * - the KV pool's budget bounds the running requests; errors for bad requests;
+ * - the KV pool's budget bounds the running requests (a sliding layer's cache counted as its
+ *   window: the exact bytes); errors for bad requests;
  * - stop strings cut the text (byte tokenizer), streamed chunks add up to the final text;
  * - top-k / top-p draw only from their candidate sets. */
 #include "testutil.h"
@@ -25,6 +26,13 @@ static loom_model *make_model(int flavor, uint64_t seed) {
                              .n_layer = 2, .n_head = 4, .n_kv_head = flavor ? 2 : 4,
                              .d_model = 64, .d_ff = flavor ? 96 : 256, .norm_eps = 1e-5f,
                              .rope_theta = 10000.0f, .init_std = 0.2f};
+    if (flavor == LOOM_FLAVOR_ARCH) { /* Llama with layer 1 sliding, window 6 (Qwen 2's) */
+        cfg.n_kv_head = 2;
+        cfg.d_ff = 96;
+        cfg.arch = *loom_arch_named("llama");
+        cfg.arch.sliding_window = 6;
+        cfg.arch.window_start = 1;
+    }
     loom_err err = {{0}};
     loom_model *m = NULL;
     assert_int_equal(loom_model_create_view(&cfg, NULL, 1, cfg.max_seq_len, LOOM_MODEL_INFER, &m,
@@ -129,6 +137,33 @@ static void test_greedy_gpt2(void **state) {
 static void test_greedy_llama(void **state) {
     (void)state;
     check_greedy_batch(LOOM_FLAVOR_LLAMA);
+}
+
+static void test_greedy_window(void **state) {
+    (void)state;
+    check_greedy_batch(LOOM_FLAVOR_ARCH);
+    /* a request's reservation: 29 positions for layer 0, the window's 6 for layer 1 */
+    loom_model *m = make_model(LOOM_FLAVOR_ARCH, 31);
+    loom_err err = {{0}};
+    const size_t row = 2 * 16 * sizeof(float) * 2; /* KVH * D floats, of K and of V */
+    assert_int_equal(loom_model_kv_floats(m, 29) * 2 * sizeof(float), (29 + 6) * row);
+    loom_engine_opts o = {.max_batch = 8, .kv_budget_bytes = 2 * (29 + 6) * row};
+    loom_engine *e = NULL;
+    assert_int_equal(loom_engine_create(m, NULL, &o, &e, &err), 0);
+    int32_t p[10] = {1, 2, 3, 4, 5, 6, 7, 8, 9, 10};
+    loom_gen_params gp = loom_gen_params_default();
+    gp.temperature = 0;
+    gp.max_tokens = 20;
+    int64_t id;
+    for (int i = 0; i < 3; i++) assert_int_equal(loom_engine_submit(e, p, 10, &gp, NULL, NULL, &id, &err), 0);
+    assert_true(loom_engine_step(e) > 0);
+    loom_engine_stats st;
+    loom_engine_get_stats(e, &st);
+    assert_int_equal(st.running, 2); /* the budget holds two windowed reservations */
+    assert_int_equal(st.kv_used, 2 * (29 + 6) * row);
+    while (loom_engine_step(e) > 0) {}
+    loom_engine_free(e);
+    loom_model_free(m);
 }
 
 /* runs requests (prompt i, params p with seed seeds[i]) through an engine of max_batch mb */
@@ -346,6 +381,7 @@ static void test_topk_topp(void **state) {
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_greedy_gpt2),     cmocka_unit_test(test_greedy_llama),
+        cmocka_unit_test(test_greedy_window),
         cmocka_unit_test(test_sampling_seeded), cmocka_unit_test(test_kv_budget_and_errors),
         cmocka_unit_test(test_stop_strings),    cmocka_unit_test(test_topk_topp),
     };
