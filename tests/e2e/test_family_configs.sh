@@ -23,5 +23,8 @@ PY
   [[ "$(cat "$WORK/out.txt")" == "the "* ]] || fail "$name generate output: $(cat "$WORK/out.txt")"
   expect_ok "$name: export --hf" "$LOOM_BIN" export --hf "$run" "$WORK/hf_$name"
   grep -q "\"$arch\"" "$WORK/hf_$name/config.json" || fail "$name: export wrote $(grep -A1 architectures "$WORK/hf_$name/config.json")"
+  if [ $name = mistral ]; then # its sliding window (24 < the 32 positions trained here)
+    grep -q '"sliding_window": 24' "$WORK/hf_$name/config.json" || fail "mistral: export lost sliding_window"
+  fi
   pass "$name: trains (loss down), generates, exports as $arch"
 done

@@ -1,7 +1,7 @@
 # Context parallelism through `mpirun ... loom train`: parallel.cp = 2 and 4, cp_kind ulysses
 # and ring, alone and with data parallelism (dp = 2, ZeRO 1 and 3), GPT-2 and Llama (grouped
-# kv heads) flavors, with tensor parallelism (tp = 2 x cp = 2) and with document masking
-# (documents crossing chunks and ranks): 20-step loss trajectories
+# kv heads) flavors, with tensor parallelism (tp = 2 x cp = 2), with document masking
+# (documents crossing chunks and ranks) and with a sliding window: 20-step loss trajectories
 # equal the single-process run within 1e-5 relative, and the replicas over dp x cp stay
 # bit-identical. Bad layouts are clear errors;
 # a rank killed during training ends the job within the collective timeout + 30 s; checkpoints
@@ -79,6 +79,23 @@ for spec in "gpt2 ulysses" "gpt2 ring" "llama ring"; do
     --set parallel.check_replicas=true 2>"$WORK/log" || { cat "$WORK/log"; fail "$flavor $kind tp=2 cp=2 failed"; }
   compare "$WORK/${flavor}_single" "$run" 1e-5 || fail "$flavor $kind tp=2 cp=2: loss differs from one process"
   pass "$flavor $kind tp=2 cp=2 zero=1: 20 steps equal the single process"
+done
+
+# a sliding window (model.arch.sliding_window = 6 on every layer of the llama model: windows
+# crossing the chunks of 8 and 4 positions, whole chunk pairs outside it skipped): ring at
+# cp = 4 and ulysses at cp = 2 equal one process with the window; the window changes the loss
+"$LOOM_BIN" train "$WORK/llama.yaml" "${COMMON[@]}" --set run.dir="$WORK/llama_win_single" \
+  --set model.arch.sliding_window=6 2>"$WORK/log" || { cat "$WORK/log"; fail "llama window single process"; }
+compare "$WORK/llama_single" "$WORK/llama_win_single" 1e-5 \
+  && fail "the sliding window did not change the llama losses"
+for spec in "ring 4" "ulysses 2"; do
+  set -- $spec; kind=$1; cp=$2
+  run=$WORK/llama_win_${kind}_cp$cp
+  $MPIRUN -np $cp "$LOOM_BIN" train "$WORK/llama.yaml" "${COMMON[@]}" --set run.dir="$run" \
+    --set model.arch.sliding_window=6 --set parallel.cp=$cp --set parallel.cp_kind=$kind \
+    2>"$WORK/log" || { cat "$WORK/log"; fail "llama window $kind cp=$cp failed"; }
+  compare "$WORK/llama_win_single" "$run" 1e-5 || fail "llama window $kind cp=$cp: loss differs from one process"
+  pass "llama sliding window 6, $kind cp=$cp: 20 steps equal the single process"
 done
 
 # checkpoints reshard across cp layouts: save at cp = 2 ring (ZeRO 1) at step 10, resume at one
