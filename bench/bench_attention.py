@@ -11,6 +11,10 @@ Variants (each timed in its own process, so peak RSS is per variant):
                  behind using hand-written microkernels)
   flash-avx2     the same with the portable C inner loops compiled for AVX2 + FMA
   flash-portable the same with the portable C inner loops at the x86-64 baseline
+  flash-window   flash with a sliding window of --window positions (default 512; a query
+                 sees its own and the W - 1 before it): the key tiles outside the window are
+                 skipped, so its cost grows as T*W, not T^2/2 (not the same attention as the
+                 others: compare it with `flash`)
   sdpa-loom      loom's materialized attention_forward/_backward (the reference path: (B,H,T,T)
                  probabilities and scratch)
   torch          F.scaled_dot_product_attention(is_causal=True) on (B,H,T,D) float32 tensors,
@@ -47,7 +51,9 @@ sys.path.insert(0, os.path.join(REPO, "bench"))
 
 SECTION = "## Attention: flash vs PyTorch SDPA"
 B, H, KVH, D = 1, 4, 4, 64  # byte-tiny: d_model 256 / n_head 4 (read and checked in main)
-VARIANTS = ["flash", "flash-blas", "flash-avx2", "flash-portable", "sdpa-loom", "torch"]
+VARIANTS = ["flash", "flash-window", "flash-blas", "flash-avx2", "flash-portable", "sdpa-loom",
+            "torch"]
+WINDOW = [512]  # --window (set in main; read by make_variants in the child processes too)
 STEPS = {4096: (2, 7), 1024: (3, 15)}
 
 
@@ -146,11 +152,13 @@ def make_variants(names, T, threads, mark=lambda: None):
                     L.attention_backward(ptr(dx), ptr(scratch), ptr(dout), ptr(x), ptr(att),
                                          B, T, H, KVH, D, None)
             else:
-                isa = {"flash": ATTN_ISA_AUTO, "flash-blas": ATTN_ISA_AVX512_BLAS,
-                       "flash-avx2": ATTN_ISA_AVX2, "flash-portable": ATTN_ISA_PORTABLE}[name]
+                isa = {"flash": ATTN_ISA_AUTO, "flash-window": ATTN_ISA_AUTO,
+                       "flash-blas": ATTN_ISA_AVX512_BLAS, "flash-avx2": ATTN_ISA_AVX2,
+                       "flash-portable": ATTN_ISA_PORTABLE}[name]
                 lse = np.zeros((B, H, T), np.float32)
                 dims = L.flash_attention_dims_qkv(B, T, H, KVH, D)
-                mk = AttnMask(1, 0, 0, None, None, 0, 0)
+                mk = AttnMask(1, 0, 0, None, None, 0, 0,
+                              WINDOW[0] if name == "flash-window" else 0, 0.0, 0.0)
                 qp, kp, vp = ptr(x), ptr(x) + 4 * H * D, ptr(x) + 4 * (H + KVH) * D
                 dqp, dkp, dvp = ptr(dx), ptr(dx) + 4 * H * D, ptr(dx) + 4 * (H + KVH) * D
 
@@ -224,7 +232,8 @@ def run_child(variant, T, warmup, measured, threads):
     env = dict(os.environ, OMP_NUM_THREADS=str(threads))
     p = subprocess.run([sys.executable, os.path.abspath(__file__), "--child", variant,
                         "--T", str(T), "--warmup", str(warmup), "--measured", str(measured),
-                        "--threads", str(threads)], capture_output=True, text=True, env=env)
+                        "--threads", str(threads), "--window", str(WINDOW[0])],
+                       capture_output=True, text=True, env=env)
     if p.returncode != 0:
         sys.exit(f"bench_attention: {variant} T={T} failed:\n{p.stderr[-2000:]}")
     return json.loads(p.stdout.strip().splitlines()[-1])
@@ -242,8 +251,11 @@ def main():
                     help="also time flash, sdpa-loom and torch on one thread at the first T "
                          "(CPU contention from other work hurts multi-threaded runs most)")
     ap.add_argument("--write", action="store_true", help="update bench/RESULTS.md")
+    ap.add_argument("--window", type=int, default=512,
+                    help="the flash-window variant's sliding window (default 512)")
     ap.add_argument("--child", help=argparse.SUPPRESS)
     args = ap.parse_args()
+    WINDOW[0] = args.window
     if args.child:
         if args.child.startswith("interleaved:"):
             interleaved(args.child.split(":", 1)[1].split(","), args.T[0], args.warmup,
@@ -301,7 +313,8 @@ def main():
             var = "torch" if nm.startswith("torch-") else nm
             bufs = (f"{flash_bytes(T, args.threads) / 2**20:.2f} MiB" if nm.startswith("flash")
                     else f"{sdpa_loom_bytes(T) / 2**20:.0f} MiB" if nm == "sdpa-loom" else "n/a")
-            label = f"torch SDPA ({nm[6:]}{', best' if nm == best else ''})" if var == "torch" else nm
+            label = (f"torch SDPA ({nm[6:]}{', best' if nm == best else ''})" if var == "torch"
+                     else f"flash-window (W = {WINDOW[0]})" if nm == "flash-window" else nm)
             ratio = f"{ref / med[nm]:.2f}x" if ref else "n/a"
             cratio = f"{cref / cmed[nm]:.2f}x" if cref else "n/a"
             lines.append(f"| {T} | {label} | {1e3 * med[nm]:.1f} | {B * T / med[nm]:.0f} | "

@@ -58,6 +58,10 @@ loom_attn_dims flash_attention_dims_qkv(int B, int T, int H, int KVH, int D);
  * and the four backward GEMMs (dO V^T, dS K, dS^T Q, P^T dO) costs 2 * D FLOPs per pair.
  * (A count for FLOP accounting, not an op.) */
 int64_t attention_causal_pairs(int T);
+/* The same with a sliding window W (0: none, = attention_causal_pairs): the flash kernels'
+ * 64 x 64 tiles skip the key tiles wholly W or more positions before a query block, so each
+ * block of queries pairs with the keys from the first tile it can see up to its end. */
+int64_t attention_window_pairs(int T, int W);
 
 /* ---- the op table ---------------------------------------------------------------------- */
 typedef struct loom_backend {

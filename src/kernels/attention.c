@@ -28,6 +28,19 @@ int64_t attention_causal_pairs(int T) {
     return pairs;
 }
 
+int64_t attention_window_pairs(int T, int W) {
+    if (W <= 0) return attention_causal_pairs(T);
+    int64_t pairs = 0;
+    for (int i0 = 0; i0 < T; i0 += ATT_BS) {
+        int i1 = i0 + ATT_BS < T ? i0 + ATT_BS : T;
+        /* the first key tile with a key less than W positions before the block's first query */
+        int64_t lo = (int64_t)i0 - W - (ATT_BS - 2);
+        int64_t j0 = lo <= 0 ? 0 : (lo + ATT_BS - 1) / ATT_BS * ATT_BS;
+        pairs += (int64_t)(i1 - i0) * (i1 - j0);
+    }
+    return pairs;
+}
+
 #define LOOM_KSELF "kernels/attention.c"
 #include "kernels/isa_variants.h"
 

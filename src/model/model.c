@@ -1111,6 +1111,10 @@ double loom_model_flops_per_token(const loom_model *m, int T) {
     const double matmul_params = L * (C * QKV + HD * C) + ffn + head;
     /* 6 FLOPs per weight per token (fwd 2, bwd 4), plus attention: per layer and query head,
      * 2 forward and 4 backward GEMMs of 2*D FLOPs per (query, key) pair the causal kernels
-     * compute (about T^2/2 pairs per sequence, not T^2: the masked blocks are skipped). */
-    return 6.0 * matmul_params + 12.0 * L * HD * (double)attention_causal_pairs(T) / T;
+     * compute (about T^2/2 pairs per sequence, not T^2: the masked blocks are skipped; a
+     * sliding layer's about T * W: the tiles outside its window are skipped too). */
+    double pairs = 0;
+    for (int l = 0; l < c->n_layer; l++)
+        pairs += (double)attention_window_pairs(T, loom_config_layer_window(c, l));
+    return 6.0 * matmul_params + 12.0 * HD * pairs / T;
 }

@@ -138,6 +138,24 @@ static void test_about_half(void **state) {
             fail_msg("T=%d: pairs / (T^2/2) = %f", T, ratio);
     }
     assert_int_equal(attention_causal_pairs(256), 256 * (256 + 64) / 2);
+    /* a sliding window W: at least the visible pairs (sum of min(i + 1, W)), at most two
+     * 64-key tiles more per query (the window's partial edge and the diagonal), and the
+     * causal count once the window covers the sequence */
+    const int Ts[] = {1, 63, 300, 4096}, Ws[] = {1, 5, 64, 70, 512};
+    for (size_t a = 0; a < sizeof Ts / sizeof *Ts; a++)
+        for (size_t b = 0; b < sizeof Ws / sizeof *Ws; b++) {
+            const int T = Ts[a], W = Ws[b];
+            int64_t vis = 0;
+            for (int i = 0; i < T; i++) vis += i + 1 < W ? i + 1 : W;
+            const int64_t p = attention_window_pairs(T, W);
+            if (p < vis || p > vis + 128 * (int64_t)T)
+                fail_msg("T=%d W=%d: %lld pairs, %lld visible", T, W, (long long)p,
+                         (long long)vis);
+            if (W >= T) assert_int_equal(p, attention_causal_pairs(T));
+        }
+    assert_int_equal(attention_window_pairs(300, 0), attention_causal_pairs(300));
+    /* T = 4096, W = 512: about T * (W + 96) pairs, under a third of the causal count */
+    assert_true(attention_window_pairs(4096, 512) * 3 < attention_causal_pairs(4096));
 }
 
 int main(void) {
