@@ -6,7 +6,8 @@
  *   on both views, and equal to the whole model's within 1e-5 of their scale (the partial sums
  *   add in another order); GPT-2 with a vocabulary that tp does not divide (253), Llama with
  *   grouped-query attention (2 kv heads, one per view) and with one kv head shared by both
- *   views. Each view's cache holds its kv heads only;
+ *   views, and a sliding-window Llama (its ring caches). Each view's cache holds its kv heads
+ *   only;
  * - the inference engine (continuous batching, prefill chunks) on the views generates the
  *   whole model's tokens, greedy and sampled with seeds, the same on both views.
  * Observed at the first commit: logits max rel diff 2.9e-7 .. 6.9e-7. */
@@ -70,10 +71,15 @@ static void tp_move(void *ctx, int point, int dir, int layer, int site, const fl
 }
 
 static loom_model_config config(int flavor, int kv) {
-    return (loom_model_config){.flavor = flavor, .vocab_size = flavor ? 256 : 253,
-                               .max_seq_len = 64, .n_layer = 2, .n_head = 4, .n_kv_head = kv,
-                               .d_model = 64, .d_ff = flavor ? 96 : 256, .norm_eps = 1e-5f,
-                               .rope_theta = 10000.0f, .init_std = 0.2f};
+    loom_model_config c = {.flavor = flavor, .vocab_size = flavor ? 256 : 253,
+                           .max_seq_len = 64, .n_layer = 2, .n_head = 4, .n_kv_head = kv,
+                           .d_model = 64, .d_ff = flavor ? 96 : 256, .norm_eps = 1e-5f,
+                           .rope_theta = 10000.0f, .init_std = 0.2f};
+    if (flavor == LOOM_FLAVOR_ARCH) { /* Llama with a sliding window of 4 on every layer */
+        c.arch = *loom_arch_named("llama");
+        c.arch.sliding_window = 4;
+    }
+    return c;
 }
 
 static loom_model *make(const loom_model_config *c, int rank) {
@@ -103,9 +109,9 @@ typedef struct steps_run {
 static void *run_steps(void *arg) {
     steps_run *s = arg;
     const int V = loom_model_get_config(s->m)->vocab_size;
-    const size_t fpp = loom_model_kv_floats_per_pos(s->m);
+    const size_t nkv = loom_model_kv_floats(s->m, CAP); /* a sliding layer: its window's rows */
     for (int i = 0; i < NSEQ; i++)
-        for (int j = 0; j < 2; j++) s->kv[i][j] = calloc((size_t)CAP * fpp, sizeof(float));
+        for (int j = 0; j < 2; j++) s->kv[i][j] = calloc(nkv, sizeof(float));
     loom_decode_ws *w = loom_decode_ws_create(s->m, 32, NSEQ);
     int32_t tok[32];
     int n = 0;
@@ -195,6 +201,12 @@ static void test_steps_llama_gqa(void **state) {
 static void test_steps_llama_shared_kv(void **state) {
     (void)state;
     check_steps(LOOM_FLAVOR_LLAMA, 1);
+}
+
+/* a sliding window of 4 (prefills of 6, 7 and 11 rows into the views' rings) */
+static void test_steps_window(void **state) {
+    (void)state;
+    check_steps(LOOM_FLAVOR_ARCH, 2);
 }
 
 /* ---- the engine on the views --------------------------------------------------------------- */
@@ -293,6 +305,7 @@ int main(void) {
         cmocka_unit_test(test_steps_gpt2),
         cmocka_unit_test(test_steps_llama_gqa),
         cmocka_unit_test(test_steps_llama_shared_kv),
+        cmocka_unit_test(test_steps_window),
         cmocka_unit_test(test_engine_greedy),
         cmocka_unit_test(test_engine_sampled),
     };
