@@ -12,7 +12,11 @@ sandwich norms, GeGLU, the embedding scale sqrt(d_model) (float32), final-logit 
 and the norm weight offset (the reference computes x * rstd * (1 + w) with w = loom's weight
 - 1, and its gradients are taken with respect to that w), with per-head q/k norms, a tied head
 and GQA: a model made from model.arch.* keys (libloom's config reader), every parameter
-random, against a float64 reference written here (logits, loss, every gradient).
+random, against a float64 reference written here (logits, loss, every gradient). Then the same
+with Gemma's attention features on top, flash and sdpa: sliding windows on alternating layers
+(model.arch.sliding_window 4 over 11 positions, window_period 2: layer 0 slides, layer 1 is
+full), the sliding layers' own RoPE base (rope_local_theta), attention logit soft-capping
+(attn_softcap) and the scale query_pre_attn_scalar^-0.5.
 Training (AdamW, clipping, the lr schedule, every ZeRO stage) is tests/reference/test_engine.py:
 it drives the trainer's own engine, the only optimizer in libloom.
 
@@ -439,32 +443,52 @@ GEMMA_YAML = """model:
 """
 
 
-def gemma_ref(P, ids, C, H, KVH, D, eps, cap, theta):
+GEMMA_ATTN_YAML = GEMMA_YAML + """    sliding_window: 4
+    window_period: 2
+    rope_local_theta: 100
+    attn_softcap: 2.0
+    query_pre_attn_scalar: 24
+"""
+
+
+def gemma_ref(P, ids, C, H, KVH, D, eps, cap, theta, window=0, period=0, local_theta=0.0,
+              attn_cap=0.0, qpas=0.0):
     """Gemma-style decoder in float64 from loom's parameters P (name -> tensor); norm weights
-    enter as 1 + w with w = P[name] - 1 (the leaf the gradient is taken of)"""
+    enter as 1 + w with w = P[name] - 1 (the leaf the gradient is taken of). With a window,
+    layer l slides when period <= 1 or l % period != period - 1 (keys q - window < k <= q, and
+    RoPE at local_theta when it is set); scores scaled by qpas^-0.5 (else D^-0.5) and
+    soft-capped by attn_cap before the mask"""
     def rms(x, w):
         return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * (1.0 + w)
     B, T = ids.shape
     scale = torch.tensor(C ** 0.5, dtype=torch.float32).double()  # Gemma's float32 normalizer
     x = P["wte"][ids] * scale
-    inv = 1.0 / theta ** (torch.arange(0, D, 2, dtype=torch.float64) / D)
-    ang = torch.arange(T, dtype=torch.float64)[:, None] * inv[None, :]
-    cos, sin = torch.cat([ang.cos()] * 2, -1), torch.cat([ang.sin()] * 2, -1)
+    def tables(base):
+        inv = 1.0 / base ** (torch.arange(0, D, 2, dtype=torch.float64) / D)
+        ang = torch.arange(T, dtype=torch.float64)[:, None] * inv[None, :]
+        return torch.cat([ang.cos()] * 2, -1), torch.cat([ang.sin()] * 2, -1)
 
-    def rope(t):  # (B, heads, T, D), rotate half
+    def rope(t, cs):  # (B, heads, T, D), rotate half
         a, b = t[..., :D // 2], t[..., D // 2:]
-        return t * cos + torch.cat([-b, a], -1) * sin
-    mask = torch.full((T, T), float("-inf"), dtype=torch.float64).triu(1)
+        return t * cs[0] + torch.cat([-b, a], -1) * cs[1]
+    causal = torch.full((T, T), float("-inf"), dtype=torch.float64).triu(1)
+    back = torch.arange(T)[:, None] - torch.arange(T)[None, :]
     for l in range(2):
         p = lambda n: P[f"layers.{l}.{n}"]  # noqa: E731
+        slides = window > 0 and (period <= 1 or l % period != period - 1)
+        mask = causal.masked_fill(back >= window, float("-inf")) if slides else causal
+        cs = tables(local_theta if slides and local_theta > 0 else theta)
         h = rms(x, p("ln1_w"))
         q = (h @ p("q_w").T).view(B, T, H, D)
         k = (h @ p("k_w").T).view(B, T, KVH, D)
         v = (h @ p("v_w").T).view(B, T, KVH, D).transpose(1, 2)
-        q = rope(rms(q, p("q_norm_w")).transpose(1, 2))
-        k = rope(rms(k, p("k_norm_w")).transpose(1, 2))
+        q = rope(rms(q, p("q_norm_w")).transpose(1, 2), cs)
+        k = rope(rms(k, p("k_norm_w")).transpose(1, 2), cs)
         k, v = k.repeat_interleave(H // KVH, 1), v.repeat_interleave(H // KVH, 1)
-        a = torch.softmax(q @ k.transpose(-1, -2) / math.sqrt(D) + mask, -1) @ v
+        sc = q @ k.transpose(-1, -2) * (qpas ** -0.5 if qpas > 0 else 1.0 / math.sqrt(D))
+        if attn_cap > 0:
+            sc = attn_cap * torch.tanh(sc / attn_cap)
+        a = torch.softmax(sc + mask, -1) @ v
         o = a.transpose(1, 2).reshape(B, T, H * D) @ p("attn_proj_w").T
         x = x + rms(o, p("attn_post_w"))
         h = rms(x, p("ln2_w"))
@@ -474,8 +498,9 @@ def gemma_ref(P, ids, C, H, KVH, D, eps, cap, theta):
     return cap * torch.tanh(logits / cap)
 
 
-def check_gemma_features():
-    print("== Gemma's features (sandwich norms, geglu, embed_scale, final_softcap, norm_offset)")
+def check_gemma_features(yaml=GEMMA_YAML, tag="gemma features", attn={}):
+    print(f"== {tag} (sandwich norms, geglu, embed_scale, final_softcap, norm_offset"
+          f"{', ' + ', '.join(f'{k} {v}' for k, v in attn.items()) if attn else ''})")
     P_ = ctypes.c_void_p
     err = Err()
     LIB.loom_config_new.restype = P_
@@ -487,7 +512,7 @@ def check_gemma_features():
     keys = ctypes.cast(LIB.loom_model_config_keys, P_)
     nkeys = ctypes.c_int.in_dll(LIB, "loom_model_config_nkeys").value
     mc = ctypes.create_string_buffer(4096)  # a loom_model_config, read only by libloom
-    assert LIB.loom_config_load_string(cfg, GEMMA_YAML.encode(), b"gemma", ctypes.byref(err)) == 0, err.msg
+    assert LIB.loom_config_load_string(cfg, yaml.encode(), b"gemma", ctypes.byref(err)) == 0, err.msg
     assert LIB.loom_config_apply_schema(cfg, keys, nkeys, ctypes.byref(err)) == 0, err.msg
     assert LIB.loom_model_config_from(cfg, 16, mc, ctypes.byref(err)) == 0, err.msg
     LIB.loom_config_free(cfg)
@@ -525,16 +550,21 @@ def check_gemma_features():
         norm = name.endswith(("ln1_w", "ln2_w", "_post_w", "norm_w", "lnf_w"))
         # under norm_offset the Hugging Face weight of a norm is w = loom's - 1 (rms adds 1)
         P[name] = (w - 1.0 if norm else w).requires_grad_(True)
-    ref = gemma_ref(P, torch.tensor(ids[:, :-1]), C, H, KVH, D, 1e-6, 3.0, 10000.0)
+    ref = gemma_ref(P, torch.tensor(ids[:, :-1]), C, H, KVH, D, 1e-6, 3.0, 10000.0,
+                    **{k: v for k, v in attn.items() if k != "attention"})
     rl = torch.nn.functional.cross_entropy(ref.reshape(-1, V), torch.tensor(ids[:, 1:]).reshape(-1))
     rl.backward()
-    check("gemma features: logits (soft-capped) vs reference", rel_max(logits, ref.detach().reshape(-1)), TOL_LOGITS)
-    expect("gemma features: the cap bends the logits (max |logit| near 3)",
+    check(f"{tag}: logits (soft-capped) vs reference", rel_max(logits, ref.detach().reshape(-1)), TOL_LOGITS)
+    expect(f"{tag}: the cap bends the logits (max |logit| near 3)",
            2.0 < float(np.abs(logits).max()) < 3.0, f"{np.abs(logits).max():.3f}")
-    check("gemma features: loss vs reference", abs(loss - rl.item()) / rl.item(), TOL_LOSS)
+    check(f"{tag}: loss vs reference", abs(loss - rl.item()) / rl.item(), TOL_LOSS)
     worst = max((rel_max(grads[off:off + cnt].reshape(shape), P[nm].grad), nm)
                 for nm, (off, cnt, shape) in names.items())
-    check(f"gemma features: every gradient vs autograd (worst {worst[1]})", worst[0], TOL_GRAD)
+    check(f"{tag}: every gradient vs autograd (worst {worst[1]})", worst[0], TOL_GRAD)
+    if attn:  # the attention features move the logits (the checks above see them)
+        plain = gemma_ref(P, torch.tensor(ids[:, :-1]), C, H, KVH, D, 1e-6, 3.0, 10000.0)
+        moved = rel_max(logits, plain.detach().reshape(-1))
+        expect(f"{tag}: without them the reference's logits differ", moved > 1e-2, f"{moved:.2e}")
     LIB.loom_model_free(m)
 
 
@@ -547,6 +577,10 @@ def main():
         check_forward_backward(cfg, seed=1234)
     check_bad_configs()
     check_gemma_features()
+    attn = dict(window=4, period=2, local_theta=100.0, attn_cap=2.0, qpas=24.0)
+    check_gemma_features(GEMMA_ATTN_YAML, "gemma attention features (flash)", attn)
+    check_gemma_features(GEMMA_ATTN_YAML.replace("model:\n", "model:\n  attention: sdpa\n"),
+                         "gemma attention features (sdpa)", dict(attn, attention="sdpa"))
     return finish("all model reference checks passed")
 
 
