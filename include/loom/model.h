@@ -646,7 +646,9 @@ int loom_model_compute_bf16(const loom_model *m);
 loom_decode_ws *loom_decode_ws_create(const loom_model *m, int max_rows, int max_logits);
 void loom_decode_ws_free(loom_decode_ws *w);
 size_t loom_decode_ws_bytes(const loom_decode_ws *w);
-/* floats of one position of a sequence's K (or V) cache over all layers: L * KVH * D */
+/* floats of one position of a sequence's K (or V) cache over all layers: L * KVH * D (with
+ * sliding-window layers an upper bound: their rings stop growing at the window, so a cache's
+ * size is loom_model_kv_floats) */
 size_t loom_model_kv_floats_per_pos(const loom_model *m);
 /* Runs the step: tokens holds the rows of the segments in order (sum of n). Returns the
  * logits, (number of segments with want_logits, V) in segment order, valid until the next

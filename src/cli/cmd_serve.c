@@ -133,7 +133,8 @@ static int serve_main(int argc, char **argv) {
         loom_model_set_comm_points(m, &pts);
         /* what this rank holds: its view and, per cached position, its kv heads */
         fprintf(stderr, "loom: rank %d (tp rank %d of %lld): parameters %.2f MiB (%zu floats), "
-                        "KV cache %zu bytes per position\n", rank, rank, tp,
+                        "KV cache %zu bytes per position (at most: a sliding layer holds its "
+                        "window)\n", rank, rank, tp,
                 (double)loom_model_num_params(m) * sizeof(float) / (1 << 20),
                 loom_model_num_params(m), loom_model_kv_floats_per_pos(m) * 2 * sizeof(float));
     }
