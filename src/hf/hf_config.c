@@ -275,11 +275,11 @@ static int read_rope(json_t *o, const char *path, int max_pos, loom_model_config
  * start; else an error naming layer_types. */
 static int read_sliding(json_t *o, const char *path, const hf_family *f, loom_model_config *mc,
                         loom_err *err) {
-    int win = 0, use = 1, mwl = 0;
+    int win = 0, use = 1, mwl = 0; /* max_window_layers: transformers' default 28 */
     const int qwen = qwen_sliding(f), L = mc->n_layer, max_pos = mc->max_seq_len;
     if (j_int(o, path, "sliding_window", 0, 0, 0, 1 << 30, &win, err) ||
         (qwen && j_bool(o, path, "use_sliding_window", 0, &use, err)) ||
-        (qwen && j_int(o, path, "max_window_layers", 0, 0, 0, 1 << 20, &mwl, err)))
+        (qwen && j_int(o, path, "max_window_layers", 0, 28, 0, 1 << 20, &mwl, err)))
         return -1;
     if (!use) win = 0; /* transformers: sliding_window = None without use_sliding_window */
     if (win >= max_pos && !window_family(f)) win = 0; /* it excludes nothing: full attention */
