@@ -4,6 +4,7 @@
 #include <math.h>
 #include <string.h>
 
+#include "loom/backend.h"
 #include "loom/model.h"
 #include "model/model_internal.h"
 
@@ -47,6 +48,17 @@ int loom_config_layer_window(const loom_model_config *c, int l) {
     if (a->sliding_window <= 0 || l < a->window_start) return 0;
     const int p = a->window_period > 1 ? a->window_period : 1;
     return p > 1 && (l - a->window_start) % p == p - 1 ? 0 : a->sliding_window;
+}
+
+/* the scores of layer l: its window, the scale of query_pre_attn_scalar (Python's
+ * s ** -0.5 in double, then float32), the soft-cap */
+void loom_model_attn_scores(const loom_model *m, int layer, loom_attn_mask *mask) {
+    const loom_arch *a = &m->cfg.arch;
+    mask->window = loom_config_layer_window(&m->cfg, layer);
+    mask->scale = a->query_pre_attn_scalar > 0.0f
+                      ? (float)(1.0 / sqrt((double)a->query_pre_attn_scalar))
+                      : 0.0f;
+    mask->softcap = a->attn_softcap;
 }
 
 int arch_check(const loom_model_config *c, loom_err *err) {

@@ -10,7 +10,6 @@
  * logits of the view's vocabulary rows gathered through VOCAB_GATHER, so that every rank of
  * the tp group returns the whole logits, bit for bit the same on each (tests/unit/
  * test_decode_tp.c). Its KV caches hold the view's kv heads only. */
-#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -63,14 +62,6 @@ size_t loom_model_kv_floats(const loom_model *m, int cap) {
     return model_kv_layer_off(m, m->cfg.n_layer, cap);
 }
 
-void loom_model_attn_scores(const loom_model *m, int layer, loom_attn_mask *mask) {
-    const loom_arch *a = &m->cfg.arch;
-    mask->window = loom_config_layer_window(&m->cfg, layer);
-    mask->scale = a->query_pre_attn_scalar > 0.0f
-                      ? (float)(1.0 / sqrt((double)a->query_pre_attn_scalar))
-                      : 0.0f;
-    mask->softcap = a->attn_softcap;
-}
 
 loom_decode_ws *loom_decode_ws_create(const loom_model *m, int max_rows, int max_logits) {
     const loom_model_config *c = &m->cfg;
