@@ -123,6 +123,11 @@ OP(swiglu_forward, (float *out, const float *inp, int64_t N, int F), (out, inp, 
 OP(swiglu_backward, (float *dinp, const float *inp, const float *dout, int64_t N, int F),
    (dinp, inp, dout, N, F),
    14.0 * (double)N * F, 28.0 * (double)N * F, "N F", N, F)
+OP(geglu_forward, (float *out, const float *inp, int64_t N, int F), (out, inp, N, F),
+   14.0 * (double)N * F, 12.0 * (double)N * F, "N F", N, F)
+OP(geglu_backward, (float *dinp, const float *inp, const float *dout, int64_t N, int F),
+   (dinp, inp, dout, N, F),
+   30.0 * (double)N * F, 28.0 * (double)N * F, "N F", N, F)
 
 /* ---- rotary embeddings ---- */
 OP(rope_tables, (float *cos_t, float *sin_t, int max_T, int D, float theta),
@@ -231,6 +236,12 @@ OP(crossentropy_softmax_backward,
    (float *logits, const int32_t *targets, int64_t N, int V, float dscale),
    (logits, targets, N, V, dscale),
    4.0 * (double)N * V, 8.0 * (double)N * V, "N V", N, V)
+OP(crossentropy_softcap_backward,
+   (float *logits, const int32_t *targets, int64_t N, int V, float dscale, float cap),
+   (logits, targets, N, V, dscale, cap),
+   7.0 * (double)N * V, 8.0 * (double)N * V, "N V", N, V)
+OP(softcap_forward, (float *x, int64_t n, float cap), (x, n, cap),
+   12.0 * (double)n, 8.0 * (double)n, "n", n)
 OP(crossentropy_shard_max, (float *mx, const float *logits, int64_t N, int Vl),
    (mx, logits, N, Vl),
    (double)N * Vl, 4.0 * ((double)N * Vl + (double)N), "N Vl", N, Vl)
@@ -261,7 +272,9 @@ OP(scale_inplace, (float *x, int64_t n, float s), (x, n, s),
     X(matmul_forward) X(matmul_backward) X(matmul_backward_set) X(layernorm_forward)            \
     X(layernorm_backward) X(rmsnorm_forward) X(rmsnorm_backward) X(gelu_forward)                \
     X(gelu_backward) X(gelu_backward_set) X(swiglu_forward)                                     \
-    X(swiglu_backward) X(rope_tables) X(rope_forward) X(rope_backward) X(attention_forward)     \
+    X(swiglu_backward) X(geglu_forward) X(geglu_backward) X(softcap_forward)                    \
+    X(crossentropy_softcap_backward) X(rope_tables) X(rope_forward) X(rope_backward)            \
+    X(attention_forward)                                                                        \
     X(attention_backward) X(flash_attention_forward) X(flash_attention_backward)                \
     X(flash_attention_backward_set)                                                             \
     X(attention_decode) X(embedding_forward) X(embedding_backward) X(embedding_shard_forward)   \

@@ -5,7 +5,11 @@
  * sliding windows (alternating layers), soft-capped scores, a custom scale and a local RoPE
  * base: the same, with each sliding layer's cache a ring of its window (the cache's bytes are
  * counted), and the batched decode (the engine's) fed a prefill chunk longer than the window
- * gives the full forward's logits too. */
+ * gives the full forward's logits too. And OLMo 2's features (post-norms, whole-projection q/k
+ * norms) and Gemma's block features (sandwich norms, GeGLU, the embedding scale, final-logit
+ * soft-capping, per-head q/k norms, tied), also through the batched step with two sequences
+ * (prefilled together, then one token each; also with --weights bf16): the soft-capped logits
+ * of the full forward. */
 #include "testutil.h"
 
 #include <math.h>
@@ -146,11 +150,103 @@ static void test_sliding_window(void **state) {
     loom_model_free(m);
 }
 
+/* the batched (ragged) step: two sequences prefilled in one step, then one token each; bf16:
+ * with --weights bf16 (its logits against the fp32 full forward's, within bf16's rounding) */
+static void check_two_sequences(const loom_model_config *cfg, uint64_t seed, int bf16) {
+    loom_err err = {{0}};
+    loom_model *m = NULL, *mb = NULL;
+    const int T = cfg->max_seq_len, V = cfg->vocab_size, n[2] = {T / 2, T - 3};
+    assert_int_equal(loom_model_create(cfg, NULL, 1, T, &m, &err), 0);
+    loom_model_init_weights(m, seed);
+    if (bf16) { /* the same weights, rounded to bf16 */
+        assert_int_equal(loom_model_create_view(cfg, NULL, 1, T, LOOM_MODEL_INFER, &mb, &err), 0);
+        loom_model_init_weights(mb, seed);
+        if (loom_model_set_weights_bf16(mb, &err)) fail_msg("%s", err.msg);
+    }
+    int32_t tok[2][64], rows[128];
+    for (int i = 0; i < 2; i++)
+        for (int t = 0; t < T; t++)
+            tok[i][t] = (int32_t)(loom_rng_u64(seed, 9 + (uint64_t)i, (uint64_t)t) % (uint64_t)V);
+    const size_t kvf = loom_model_kv_floats(m, T);
+    float *kv = calloc(4 * kvf, sizeof(float));
+    loom_decode_seg seg[2];
+    for (int i = 0; i < 2; i++)
+        seg[i] = (loom_decode_seg){.k = kv + 2 * i * kvf, .v = kv + (2 * i + 1) * kvf, .cap = T,
+                                   .pos0 = 0, .n = n[i], .want_logits = 1};
+    loom_decode_ws *w = loom_decode_ws_create(bf16 ? mb : m, n[0] + n[1], 2);
+    double worst = 0, maxlog = 0;
+    for (int step = 0; step < 2; step++) {
+        int r = 0;
+        for (int i = 0; i < 2; i++)
+            for (int t = 0; t < seg[i].n; t++) rows[r++] = tok[i][seg[i].pos0 + t];
+        const float *lg = loom_model_decode_batch(bf16 ? mb : m, w, rows, seg, 2);
+        float got[2][512];
+        memcpy(got[0], lg, (size_t)V * sizeof(float));
+        memcpy(got[1], lg + V, (size_t)V * sizeof(float));
+        for (int i = 0; i < 2; i++) {
+            const float *full = loom_model_next_logits(m, tok[i], seg[i].pos0 + seg[i].n);
+            double num = 0, den = 0;
+            for (int v = 0; v < V; v++) {
+                num = fmax(num, fabs((double)got[i][v] - full[v]));
+                den = fmax(den, fabs((double)full[v]));
+            }
+            worst = fmax(worst, num / den);
+            maxlog = fmax(maxlog, den);
+            seg[i].pos0 += seg[i].n; /* the next step: one token */
+            seg[i].n = 1;
+        }
+    }
+    print_message("flavor %d: batched step%s, max relative logit error %.2e (max |logit| %.3f)\n",
+                  cfg->flavor, bf16 ? " (bf16 weights)" : "", worst, maxlog);
+    /* with the soft-cap: the logits are capped, and these reach where tanh bends */
+    const float cap = cfg->arch.final_softcap;
+    if (cap > 0.0f) assert_true(maxlog <= cap && maxlog > 0.7 * cap);
+    assert_true(worst <= (bf16 ? 3e-2 : 1e-5));
+    loom_decode_ws_free(w);
+    loom_model_free(mb);
+    free(kv);
+    loom_model_free(m);
+}
+
+static loom_model_config arch_cfg(int gemma) {
+    loom_model_config c = {.flavor = LOOM_FLAVOR_ARCH, .vocab_size = 256, .max_seq_len = 40,
+                           .n_layer = 2, .n_head = 4, .n_kv_head = 2, .d_model = 64, .d_ff = 96,
+                           .norm_eps = 1e-5f, .rope_theta = 10000.0f, .init_std = 0.2f};
+    c.arch = *loom_arch_named(gemma ? "llama" : "olmo2");
+    if (gemma) {
+        c.arch.norm_place = LOOM_NORM_SANDWICH;
+        c.arch.mlp = LOOM_MLP_GEGLU;
+        c.arch.embed_scale = 1;
+        c.arch.final_softcap = 6.0f; /* these logits reach where tanh bends */
+        c.arch.qk_norm = LOOM_QK_NORM_HEAD;
+        c.arch.tied = 1;
+    }
+    return c;
+}
+
+static void test_olmo2(void **state) {
+    (void)state;
+    const loom_model_config c = arch_cfg(0);
+    check_flavor(&c, 5);
+    check_two_sequences(&c, 5, 0);
+    check_two_sequences(&c, 5, 1);
+}
+
+static void test_gemma_features(void **state) {
+    (void)state;
+    const loom_model_config c = arch_cfg(1);
+    check_flavor(&c, 6);
+    check_two_sequences(&c, 6, 0);
+    check_two_sequences(&c, 6, 1);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_gpt2),
         cmocka_unit_test(test_llama_gqa),
         cmocka_unit_test(test_sliding_window),
+        cmocka_unit_test(test_olmo2),
+        cmocka_unit_test(test_gemma_features),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

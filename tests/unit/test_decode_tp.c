@@ -6,8 +6,10 @@
  *   on both views, and equal to the whole model's within 1e-5 of their scale (the partial sums
  *   add in another order); GPT-2 with a vocabulary that tp does not divide (253), Llama with
  *   grouped-query attention (2 kv heads, one per view) and with one kv head shared by both
- *   views, and a sliding-window Llama (its ring caches). Each view's cache holds its kv heads
- *   only;
+ *   views, and a sliding-window Llama (its ring caches); OLMo 2's features (whole q/k norms:
+ *   their sums added at QKNORM_SUM) and Gemma's block features (sandwich norms, GeGLU,
+ *   embedding scale, final soft-cap of the gathered logits). Each view's cache holds its kv
+ *   heads only;
  * - the inference engine (continuous batching, prefill chunks) on the views generates the
  *   whole model's tokens, greedy and sampled with seeds, the same on both views.
  * Observed at the first commit: logits max rel diff 2.9e-7 .. 6.9e-7. */
@@ -42,8 +44,9 @@ static void tp_point(void *ctx, int point, int dir, int layer, int site, float *
     (void)layer;
     (void)site;
     assert_int_equal(dir, 0); /* decoding is forward only */
-    if (point != LOOM_CP_ROW_OUT) return;
-    g->row_out[v->rank]++;
+    if (point != LOOM_CP_ROW_OUT && point != LOOM_CP_QKNORM_SUM) return;
+    /* (whole-projection q/k norms: the views' heads' sums of squares add too) */
+    if (point == LOOM_CP_ROW_OUT) g->row_out[v->rank]++;
     assert_true(n <= g->cap);
     g->slot[v->rank] = buf;
     pthread_barrier_wait(&g->bar);
@@ -70,14 +73,26 @@ static void tp_move(void *ctx, int point, int dir, int layer, int site, const fl
     pthread_barrier_wait(&g->bar);
 }
 
+/* flavor 2 (LOOM_FLAVOR_ARCH): a sliding window; 3: olmo2 (post-norms, whole q/k norms); 4:
+ * Gemma's block features (sandwich norms, GeGLU, embedding scale, final soft-cap, per-head q/k
+ * norms, tied) */
 static loom_model_config config(int flavor, int kv) {
-    loom_model_config c = {.flavor = flavor, .vocab_size = flavor ? 256 : 253,
-                           .max_seq_len = 64, .n_layer = 2, .n_head = 4, .n_kv_head = kv,
-                           .d_model = 64, .d_ff = flavor ? 96 : 256, .norm_eps = 1e-5f,
-                           .rope_theta = 10000.0f, .init_std = 0.2f};
+    loom_model_config c = {.flavor = flavor >= LOOM_FLAVOR_ARCH ? LOOM_FLAVOR_ARCH : flavor,
+                           .vocab_size = flavor ? 256 : 253, .max_seq_len = 64, .n_layer = 2,
+                           .n_head = 4, .n_kv_head = kv, .d_model = 64, .d_ff = flavor ? 96 : 256,
+                           .norm_eps = 1e-5f, .rope_theta = 10000.0f, .init_std = 0.2f};
     if (flavor == LOOM_FLAVOR_ARCH) { /* Llama with a sliding window of 4 on every layer */
         c.arch = *loom_arch_named("llama");
         c.arch.sliding_window = 4;
+    }
+    if (flavor > LOOM_FLAVOR_ARCH) c.arch = *loom_arch_named(flavor == 3 ? "olmo2" : "llama");
+    if (flavor == 4) {
+        c.arch.norm_place = LOOM_NORM_SANDWICH;
+        c.arch.mlp = LOOM_MLP_GEGLU;
+        c.arch.embed_scale = 1;
+        c.arch.final_softcap = 6.0f;
+        c.arch.qk_norm = LOOM_QK_NORM_HEAD;
+        c.arch.tied = 1;
     }
     return c;
 }
@@ -209,6 +224,12 @@ static void test_steps_window(void **state) {
     check_steps(LOOM_FLAVOR_ARCH, 2);
 }
 
+static void test_steps_olmo2_gemma_features(void **state) {
+    (void)state;
+    check_steps(3, 2);
+    check_steps(4, 2);
+}
+
 /* ---- the engine on the views --------------------------------------------------------------- */
 
 typedef struct engine_run {
@@ -306,6 +327,7 @@ int main(void) {
         cmocka_unit_test(test_steps_llama_gqa),
         cmocka_unit_test(test_steps_llama_shared_kv),
         cmocka_unit_test(test_steps_window),
+        cmocka_unit_test(test_steps_olmo2_gemma_features),
         cmocka_unit_test(test_engine_greedy),
         cmocka_unit_test(test_engine_sampled),
     };
