@@ -94,6 +94,8 @@ static const hf_family FAMILIES[] = {
     {"Qwen3MoeForCausalLM", "qwen3_moe", "qwen3", "model.", HF_MAP_LLAMA, 1, 1, HF_MOE_QWEN},
     {"Qwen2MoeForCausalLM", "qwen2_moe", "qwen2", "model.", HF_MAP_LLAMA, 0, 1, HF_MOE_QWEN2},
     {"Olmo2ForCausalLM", "olmo2", "olmo2", "model.", HF_MAP_LLAMA, 1, 0, HF_MOE_NONE},
+    {"Gemma2ForCausalLM", "gemma2", "gemma2", "model.", HF_MAP_LLAMA, 1, 1, HF_MOE_NONE},
+    {"Gemma3ForCausalLM", "gemma3_text", "gemma3", "model.", HF_MAP_LLAMA, 1, 1, HF_MOE_NONE},
 };
 enum { N_FAMILIES = sizeof FAMILIES / sizeof FAMILIES[0] };
 
@@ -106,7 +108,7 @@ const hf_family *hf_family_find(const char *arch) {
 const char *hf_family_names(void) {
     return "GPT2LMHeadModel, LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, "
            "Qwen3ForCausalLM, Phi3ForCausalLM, MixtralForCausalLM, Qwen3MoeForCausalLM, "
-           "Qwen2MoeForCausalLM, Olmo2ForCausalLM";
+           "Qwen2MoeForCausalLM, Olmo2ForCausalLM, Gemma2ForCausalLM, Gemma3ForCausalLM";
 }
 
 const hf_family *hf_family_of(const loom_model_config *c) {
@@ -120,6 +122,11 @@ const hf_family *hf_family_of(const loom_model_config *c) {
 /* Qwen's families switch the window with use_sliding_window and slide from layer
  * max_window_layers on; Mistral's and Phi-3's slide on every layer (transformers 5.24) */
 static int qwen_sliding(const hf_family *f) { return !strncmp(f->model_type, "qwen", 4); }
+
+/* Gemma 2 / 3: layer_types (else the family's pattern) say which layers slide; their
+ * attention scale, soft-caps and (Gemma 3) local RoPE base are config keys */
+static int gemma_family(const hf_family *f) { return !strncmp(f->model_type, "gemma", 5); }
+static int gemma3_family(const hf_family *f) { return !strncmp(f->model_type, "gemma3", 6); }
 
 /* The families whose sliding windows loom imports (tested against transformers); the MoE rows
  * keep refusing a window that excludes a position (not tested) */
@@ -137,7 +144,8 @@ int loom_hf_export_check(const loom_model_config *c, loom_err *err) {
         a->mlp_bias != n->mlp_bias)
         bad = "model.arch.norm / pos / mlp / qk_norm / mlp_bias";
     else if (a->norm_place != n->norm_place || a->norm_offset != n->norm_offset ||
-             a->embed_scale != n->embed_scale || a->final_softcap != n->final_softcap)
+             a->embed_scale != n->embed_scale ||
+             (a->final_softcap != n->final_softcap && !gemma_family(f)))
         bad = "model.arch.norm_place / norm_offset / embed_scale / final_softcap";
     else if (f->map == HF_MAP_GPT2 &&
              (!a->tied || !a->qkv_bias || !a->o_bias || a->head_dim || a->rope_type))
@@ -159,14 +167,16 @@ int loom_hf_export_check(const loom_model_config *c, loom_err *err) {
     else if (f->moe == HF_MOE_QWEN2 && (c->shared_experts != 1 || !c->shared_gate))
         bad = "model.moe.shared_experts != 1 or shared_gate false (Qwen2MoeForCausalLM has one "
               "gated shared expert)";
-    else if (a->attn_softcap > 0.0f || a->query_pre_attn_scalar > 0.0f ||
-             a->rope_local_theta > 0.0f)
-        bad = "model.arch.attn_softcap / query_pre_attn_scalar / rope_local_theta";
+    else if ((a->attn_softcap > 0.0f || a->query_pre_attn_scalar > 0.0f ||
+              a->rope_local_theta > 0.0f) && !gemma_family(f))
+        bad = "model.arch.attn_softcap / query_pre_attn_scalar / rope_local_theta (Gemma's)";
+    else if (a->rope_local_theta > 0.0f && !gemma3_family(f))
+        bad = "model.arch.rope_local_theta (Gemma 3's rope_parameters.sliding_attention)";
     else if (a->sliding_window > 0 &&
-             (!window_family(f) ||
-              (!qwen_sliding(f) && (a->window_period > 1 || a->window_start > 0))))
+             (!window_family(f) || (!qwen_sliding(f) && !gemma_family(f) &&
+                                    (a->window_period > 1 || a->window_start > 0))))
         bad = "model.arch.sliding_window / window_start / window_period (Mistral and Phi-3 slide "
-              "every layer; Qwen 2/3 take any layer_types)";
+              "every layer; Qwen 2/3 and Gemma take any layer_types)";
     if (bad)
         return loom_errf(err, "%s: this combination has no %s layout", bad, f->arch);
     return 0;
@@ -200,14 +210,15 @@ static int j_float(json_t *o, const char *path, const char *obj, const char *key
  * rope_scaling. rope_type default / linear / llama3 / yarn; any other (dynamic, longrope)
  * is an error naming the key. */
 static int read_rope(json_t *o, const char *path, int max_pos, loom_model_config *mc,
-                     loom_err *err) {
+                     const char *as, loom_err *err) {
     loom_arch *a = &mc->arch;
     double theta = 10000.0;
     if (j_num(o, path, "rope_theta", 10000.0, &theta, err)) return -1;
     static const char *const rope_keys[] = {"rope_parameters", "rope_scaling"};
     for (int k = 0; k < 2; k++) {
         json_t *rp = json_object_get(o, rope_keys[k]);
-        const char *rk = rope_keys[k];
+        /* as: the key named in errors for rope_parameters (a part of Gemma 3's) */
+        const char *rk = as && k == 0 ? as : rope_keys[k];
         if (!rp || json_is_null(rp)) continue;
         if (!json_is_object(rp)) return loom_errf(err, "%s: '%s' must be an object", path, rk);
         const char *type = json_string_value(json_object_get(rp, "rope_type"));
@@ -275,11 +286,14 @@ static int read_rope(json_t *o, const char *path, int max_pos, loom_model_config
  * start; else an error naming layer_types. */
 static int read_sliding(json_t *o, const char *path, const hf_family *f, loom_model_config *mc,
                         loom_err *err) {
-    int win = 0, use = 1, mwl = 0; /* max_window_layers: transformers' default 28 */
+    int win = 0, use = 1, mwl = 0, pat = 2; /* max_window_layers: transformers' default 28 */
     const int qwen = qwen_sliding(f), L = mc->n_layer, max_pos = mc->max_seq_len;
-    if (j_int(o, path, "sliding_window", 0, 0, 0, 1 << 30, &win, err) ||
+    const int gemma = gemma_family(f); /* pattern: p - 1 of every p layers slide */
+    if (j_int(o, path, "sliding_window", 0, gemma ? 4096 : 0, 0, 1 << 30, &win, err) ||
         (qwen && j_bool(o, path, "use_sliding_window", 0, &use, err)) ||
-        (qwen && j_int(o, path, "max_window_layers", 0, 28, 0, 1 << 20, &mwl, err)))
+        (qwen && j_int(o, path, "max_window_layers", 0, 28, 0, 1 << 20, &mwl, err)) ||
+        (gemma && j_int(o, path, "sliding_window_pattern", 0, gemma3_family(f) ? 6 : 2, 1,
+                        1 << 20, &pat, err)))
         return -1;
     if (!use) win = 0; /* transformers: sliding_window = None without use_sliding_window */
     if (win >= max_pos && !window_family(f)) win = 0; /* it excludes nothing: full attention */
@@ -289,7 +303,8 @@ static int read_sliding(json_t *o, const char *path, const hf_family *f, loom_mo
                               "Phi3ForCausalLM only (set it to null or >= %d to import as full "
                               "attention)", path, win, max_pos, max_pos);
     char *slides = loom_calloc((size_t)L + 1, 1);
-    for (int l = 0; l < L; l++) slides[l] = win > 0 && (!qwen || l >= mwl);
+    for (int l = 0; l < L; l++)
+        slides[l] = win > 0 && (gemma ? (l + 1) % pat != 0 : !qwen || l >= mwl);
     json_t *lt = json_object_get(o, "layer_types");
     if (lt && !json_is_null(lt)) {
         if (!json_is_array(lt) || json_array_size(lt) != (size_t)L) {
@@ -304,14 +319,14 @@ static int read_sliding(json_t *o, const char *path, const hf_family *f, loom_mo
             /* Mistral's and Phi-3's models read sliding_window on every layer whatever the
              * list says: a list that disagrees is refused; without a window (null, or Qwen's
              * use_sliding_window false) a sliding_attention layer attends fully */
-            const int want = qwen ? sl && win > 0 : slides[l];
+            const int want = qwen || gemma ? sl && win > 0 : slides[l];
             if (!full && !sl) {
                 free(slides);
                 return loom_errf(err, "%s: 'layer_types[%d]' is '%.40s'; loom computes "
                                       "full_attention and sliding_attention layers", path, l,
                                  t ? t : "(not a string)");
             }
-            if (!qwen && win > 0 && sl != slides[l]) {
+            if (!qwen && !gemma && win > 0 && sl != slides[l]) {
                 free(slides);
                 return loom_errf(err, "%s: 'layer_types[%d]' is '%s' but %s slides every layer "
                                       "when 'sliding_window' is set", path, l, t, f->arch);
@@ -439,7 +454,71 @@ static int read_gpt2(json_t *o, const char *path, loom_model_config *mc, loom_er
     return 0;
 }
 
-/* Llama and the families that share its layout (Mistral, Qwen 2/3, Phi-3) */
+/* Gemma 2 / 3's keys beyond Llama's: the GeGLU activation, the attention scale and soft-caps,
+ * and RoPE (Gemma 3: rope_parameters per layer type, or the older rope_theta /
+ * rope_local_base_freq / rope_scaling keys; the sliding layers' RoPE is default) */
+static int read_gemma(json_t *o, const char *path, const hf_family *f, loom_model_config *mc,
+                      loom_err *err) {
+    loom_arch *a = &mc->arch;
+    const char *act = NULL, *key = "hidden_activation";
+    int bidir = 0;
+    double qpas = 256.0;
+    const int g3 = gemma3_family(f);
+    if (j_str(o, path, key, &act, err)) return -1;
+    if (!act) { /* older files: hidden_act */
+        key = "hidden_act";
+        if (j_str(o, path, key, &act, err)) return -1;
+    }
+    if (act && strcmp(act, "gelu_pytorch_tanh") != 0)
+        return loom_errf(err, "%s: '%s' is '%s'; loom computes %s's GeGLU with "
+                              "gelu_pytorch_tanh", path, key, act, f->arch);
+    if (j_num(o, path, "query_pre_attn_scalar", 256.0, &qpas, err) ||
+        j_float(o, path, NULL, "attn_logit_softcapping", g3 ? 0.0 : 50.0, -1.0,
+                &a->attn_softcap, err) ||
+        j_float(o, path, NULL, "final_logit_softcapping", g3 ? 0.0 : 30.0, -1.0,
+                &a->final_softcap, err) ||
+        j_bool(o, path, "use_bidirectional_attention", 0, &bidir, err))
+        return -1;
+    if (!(qpas > 0.0) || !isfinite(qpas))
+        return loom_errf(err, "%s: 'query_pre_attn_scalar' must be a positive number", path);
+    if (bidir)
+        return loom_errf(err, "%s: 'use_bidirectional_attention' is true; loom's attention is "
+                              "causal", path);
+    if (a->attn_softcap < 0.0f || a->final_softcap < 0.0f)
+        return loom_errf(err, "%s: 'attn_logit_softcapping' and 'final_logit_softcapping' must "
+                              "be positive or null", path);
+    a->query_pre_attn_scalar = (float)qpas;
+    if (!g3) return read_rope(o, path, mc->max_seq_len, mc, NULL, err);
+    json_t *rp = json_object_get(o, "rope_parameters");
+    json_t *full = json_is_object(rp) ? json_object_get(rp, "full_attention") : NULL;
+    json_t *slide = json_is_object(rp) ? json_object_get(rp, "sliding_attention") : NULL;
+    if (!full && !slide) { /* older files: rope_theta, rope_scaling, rope_local_base_freq */
+        double local = 10000.0;
+        if (j_num(o, path, "rope_local_base_freq", 10000.0, &local, err) ||
+            read_rope(o, path, mc->max_seq_len, mc, NULL, err))
+            return -1;
+        a->rope_local_theta = (float)local;
+        return 0;
+    }
+    if (!json_is_object(full) || !json_is_object(slide))
+        return loom_errf(err, "%s: 'rope_parameters' must hold the objects 'full_attention' and "
+                              "'sliding_attention'", path);
+    const char *st = json_string_value(json_object_get(slide, "rope_type"));
+    if (st && strcmp(st, "default") != 0)
+        return loom_errf(err, "%s: 'rope_parameters.sliding_attention.rope_type' is '%.40s'; "
+                              "loom's sliding layers compute default RoPE", path, st);
+    double local = 10000.0;
+    if (j_num(slide, path, "rope_theta", 10000.0, &local, err)) return -1;
+    json_t *w = json_pack("{s:O}", "rope_parameters", full);
+    LOOM_CHECK(w != NULL);
+    const int rc = read_rope(w, path, mc->max_seq_len, mc, "rope_parameters.full_attention", err);
+    json_decref(w);
+    if (rc) return -1;
+    a->rope_local_theta = (float)local;
+    return 0;
+}
+
+/* Llama and the families that share its layout (Mistral, Qwen 2/3, Phi-3, OLMo 2, Gemma) */
 static int read_llama(json_t *o, const char *path, const hf_family *f, loom_model_config *mc,
                       loom_err *err) {
     const int64_t big = 1 << 24;
@@ -459,12 +538,16 @@ static int read_llama(json_t *o, const char *path, const hf_family *f, loom_mode
         j_str(o, path, "hidden_act", &act, err) ||
         (f->attn_bias_key && j_bool(o, path, "attention_bias", 0, &attn_bias, err)) ||
         j_bool(o, path, "mlp_bias", 0, &mlp_bias, err) ||
-        j_bool(o, path, "tie_word_embeddings", 0, &a->tied, err))
+        j_bool(o, path, "tie_word_embeddings", gemma_family(f), &a->tied, err))
         return -1;
     if (!f->attn_bias_key && json_is_true(json_object_get(o, "attention_bias")))
         return loom_errf(err, "%s: 'attention_bias' is true; %s has no attention biases in "
                               "transformers", path, f->arch);
-    if (read_rope(o, path, mc->max_seq_len, mc, err)) return -1;
+    if (gemma_family(f)) {
+        if (read_gemma(o, path, f, mc, err)) return -1;
+    } else if (read_rope(o, path, mc->max_seq_len, mc, NULL, err)) {
+        return -1;
+    }
     if (f->moe && read_moe(o, path, f, mc, err)) return -1;
     if (f->moe == HF_MOE_QWEN2) { /* 'qkv_bias' (default true) switches q/k/v biases */
         int qkv_bias = 1;
@@ -473,7 +556,7 @@ static int read_llama(json_t *o, const char *path, const hf_family *f, loom_mode
     }
     if (f->sliding_keys && read_sliding(o, path, f, mc, err)) return -1;
     mc->norm_eps = (float)eps;
-    if (act && strcmp(act, "silu") != 0)
+    if (act && strcmp(act, "silu") != 0 && !gemma_family(f))
         return loom_errf(err, "%s: 'hidden_act' is '%s'; loom computes SwiGLU with silu for %s",
                          path, act, f->arch);
     if (mlp_bias)
@@ -723,6 +806,37 @@ json_t *hf_config_json(const loom_model_config *c, int eos) {
             json_object_set_new(o, "shared_expert_intermediate_size",
                                 json_integer(c->shared_d_ff > 0 ? c->shared_d_ff : c->d_ff));
             json_object_set_new(o, "qkv_bias", json_boolean(a->qkv_bias));
+        }
+    }
+    if (gemma_family(f)) { /* GeGLU, the attention scale and soft-caps, Gemma 3's RoPE */
+        json_object_del(o, "hidden_act");
+        json_object_set_new(o, "hidden_activation", json_string("gelu_pytorch_tanh"));
+        /* transformers types it int: an integral value is written as one */
+        const float qp = a->query_pre_attn_scalar > 0.0f ? a->query_pre_attn_scalar
+                                                          : (float)loom_config_head_dim(c);
+        json_object_set_new(o, "query_pre_attn_scalar",
+                            qp == floorf(qp) && qp < 1e9f ? json_integer((json_int_t)qp)
+                                                          : json_real(float_as_double(qp)));
+        json_object_set_new(o, "attn_logit_softcapping",
+                            a->attn_softcap > 0.0f ? json_real(float_as_double(a->attn_softcap))
+                                                   : json_null());
+        json_object_set_new(o, "final_logit_softcapping",
+                            a->final_softcap > 0.0f ? json_real(float_as_double(a->final_softcap))
+                                                    : json_null());
+        json_object_set_new(o, "use_bidirectional_attention", json_false());
+        json_t *lt = json_array(); /* which layers slide, explicitly */
+        for (int l = 0; l < c->n_layer; l++)
+            json_array_append_new(lt, json_string(loom_config_layer_window(c, l) > 0
+                                                      ? "sliding_attention"
+                                                      : "full_attention"));
+        json_object_set_new(o, "layer_types", lt);
+        if (gemma3_family(f)) { /* rope_parameters per layer type */
+            json_object_del(o, "rope_theta");
+            const float local = a->rope_local_theta > 0.0f ? a->rope_local_theta : c->rope_theta;
+            json_object_set_new(o, "rope_parameters",
+                                json_pack("{s:o, s:{s:s, s:f}}", "full_attention", rope_json(c),
+                                          "sliding_attention", "rope_type", "default",
+                                          "rope_theta", float_as_double(local)));
         }
     }
     json_object_set_new(o, "tie_word_embeddings", json_boolean(a->tied));

@@ -13,6 +13,9 @@
      .qkv_bias = 1, .o_bias = 1, .mlp_bias = 1, .tied = 1}
 #define LLAMA_ARCH(n, ...) \
     {.name = n, .norm = LOOM_NORM_RMS, .pos = LOOM_POS_ROPE, .mlp = LOOM_MLP_SWIGLU, __VA_ARGS__}
+#define GEMMA_ARCH(n, ...)                                                                      \
+    {.name = n, .norm = LOOM_NORM_RMS, .pos = LOOM_POS_ROPE, .mlp = LOOM_MLP_GEGLU,             \
+     .norm_place = LOOM_NORM_SANDWICH, .norm_offset = 1, .embed_scale = 1, .tied = 1, __VA_ARGS__}
 
 /* LOOM_FLAVOR_GPT2 and LOOM_FLAVOR_LLAMA index the first two */
 static const loom_arch NAMED[] = {
@@ -22,6 +25,11 @@ static const loom_arch NAMED[] = {
     LLAMA_ARCH("qwen3", .qk_norm = LOOM_QK_NORM_HEAD),     /* per-head q/k RMSNorm */
     /* OLMo 2: post-norms (no pre-norms), q/k RMSNorm over the whole projections */
     LLAMA_ARCH("olmo2", .qk_norm = LOOM_QK_NORM_WHOLE, .norm_place = LOOM_NORM_POST),
+    /* Gemma 2: sandwich norms stored as 1 + w, GeGLU, embeddings times sqrt(d_model), tied
+     * (its windows, soft-caps and query_pre_attn_scalar are per-model keys: model.arch.*) */
+    GEMMA_ARCH("gemma2"),
+    /* Gemma 3: Gemma 2's block with per-head q/k RMSNorms (1 + w too) */
+    GEMMA_ARCH("gemma3", .qk_norm = LOOM_QK_NORM_HEAD),
 };
 enum { N_NAMED = sizeof NAMED / sizeof NAMED[0] };
 
@@ -31,7 +39,7 @@ const loom_arch *loom_arch_named(const char *name) {
     return NULL;
 }
 
-const char *loom_arch_names(void) { return "gpt2, llama, qwen2, qwen3, olmo2"; }
+const char *loom_arch_names(void) { return "gpt2, llama, qwen2, qwen3, olmo2, gemma2, gemma3"; }
 
 const loom_arch *loom_config_arch(const loom_model_config *c) {
     if (c->flavor == LOOM_FLAVOR_GPT2 || c->flavor == LOOM_FLAVOR_LLAMA) return &NAMED[c->flavor];

@@ -6,13 +6,17 @@ source "$(dirname "$0")/lib.sh"
 make_dataset "$WORK"
 for fam in llama3:LlamaForCausalLM mistral:MistralForCausalLM qwen2:Qwen2ForCausalLM \
            qwen3:Qwen3ForCausalLM phi3:Phi3ForCausalLM mixtral:MixtralForCausalLM \
-           qwen3moe:Qwen3MoeForCausalLM qwen2moe:Qwen2MoeForCausalLM olmo2:Olmo2ForCausalLM; do
+           qwen3moe:Qwen3MoeForCausalLM qwen2moe:Qwen2MoeForCausalLM olmo2:Olmo2ForCausalLM \
+           gemma2:Gemma2ForCausalLM gemma3:Gemma3ForCausalLM; do
   name=${fam%%:*} arch=${fam#*:}
   run=$WORK/run_$name
+  extra=() # Gemma's windows (64) inside the 32 positions trained here
+  case $name in gemma*) extra=(--set model.arch.sliding_window=12) ;; esac
   expect_ok "train configs/$name-tiny.yaml" "$LOOM_BIN" train "$LOOM_SRC/configs/$name-tiny.yaml" \
     --set run.dir="$run" --set data.train="$WORK/data/train" --set data.val="$WORK/data/val" \
     --set training.steps=8 --set training.seq_len=32 --set training.batch_size=2 \
-    --set training.lr=3e-3 --set training.warmup=1 --set eval.every=0 --set checkpoint.every=8
+    --set training.lr=3e-3 --set training.warmup=1 --set eval.every=0 --set checkpoint.every=8 \
+    "${extra[@]}"
   python3 - "$run/metrics.jsonl" <<'PY' || fail "$name: loss did not go down"
 import json, math, sys
 rows = [json.loads(l) for l in open(sys.argv[1])]
@@ -25,6 +29,20 @@ PY
   grep -q "\"$arch\"" "$WORK/hf_$name/config.json" || fail "$name: export wrote $(grep -A1 architectures "$WORK/hf_$name/config.json")"
   if [ $name = mistral ]; then # its sliding window (24 < the 32 positions trained here)
     grep -q '"sliding_window": 24' "$WORK/hf_$name/config.json" || fail "mistral: export lost sliding_window"
+  fi
+  if [ $name = gemma2 ] || [ $name = gemma3 ]; then # the window and its layers, Gemma's keys
+    python3 - "$WORK/hf_$name/config.json" $name <<'PY' || fail "$name: export wrote $(cat "$WORK/hf_$name/config.json")"
+import json, sys
+c, name = json.load(open(sys.argv[1])), sys.argv[2]
+S, F = "sliding_attention", "full_attention"
+assert c["sliding_window"] == 12 and c["hidden_activation"] == "gelu_pytorch_tanh", c
+assert c["layer_types"] == ([S, F] * 2 if name == "gemma2" else [S] * 5 + [F]), c["layer_types"]
+if name == "gemma2":
+    assert c["attn_logit_softcapping"] == 50 and c["final_logit_softcapping"] == 30, c
+else:
+    rp = c["rope_parameters"]
+    assert rp["sliding_attention"]["rope_theta"] == 10000 and rp["full_attention"]["rope_theta"] == 1e6, rp
+PY
   fi
   pass "$name: trains (loss down), generates, exports as $arch"
 done

@@ -12,12 +12,13 @@
 # over the tp group at QKNORM_SUM, the weights split with the heads; without that reduction
 # olmo2 is off by 1.7e-2), also with sequence parallelism (sp: the post-norms on the row
 # shard, their weights' gradients summed over the tp group) and over two pipeline stages
-# (pp = 2).
+# (pp = 2); Gemma 2 (sandwich norms, GeGLU, embedding scale, soft-caps, an alternating window)
+# over tp = 2 and Gemma 3 (with per-head q/k norms and the local RoPE base) over tp = 2 with sp.
 source "$(dirname "$0")/lib.sh"
 make_dataset "$WORK"
 export OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1
 for case in qwen2:tp qwen3:tp llama3:tp phi3:tp mixtral:ep qwen2moe:ep qwen2moe:tp qwen3:cp qwen3:ring \
-            olmo2:tp olmo2:sp olmo2:pp; do
+            olmo2:tp olmo2:sp olmo2:pp gemma2:tp gemma3:sp; do
   name=${case%%:*} par=${case#*:}
   par_args=(--set parallel.$par=2)
   [ $par = ring ] && par_args=(--set parallel.cp=2 --set parallel.cp_kind=ring)
@@ -28,6 +29,8 @@ for case in qwen2:tp qwen3:tp llama3:tp phi3:tp mixtral:ep qwen2moe:ep qwen2moe:
             --set training.batch_size=2 --set training.lr=3e-3 --set training.warmup=1
             --set eval.every=0 --set checkpoint.every=12)
   [ $name = qwen3 ] && set_args+=(--set model.arch.head_dim=24)
+  # Gemma: a window inside the 32 positions, one sliding and one full layer of the two
+  case $name in gemma*) set_args+=(--set model.arch.sliding_window=8 --set model.arch.window_period=2) ;; esac
   "$LOOM_BIN" train "$LOOM_SRC/configs/$name-tiny.yaml" "${set_args[@]}" \
     --set run.dir="$WORK/${name}_${par}_1" >"$WORK/log" 2>&1 || { cat "$WORK/log"; fail "$name: one process"; }
   run_mpi 2 "$WORK/log2" "$LOOM_BIN" train "$LOOM_SRC/configs/$name-tiny.yaml" "${set_args[@]}" \

@@ -18,6 +18,12 @@ Families (one tiny model each; GQA 6 query heads over 2 kv heads unless said):
                  q/k/v biases, one shared expert of its own width 40 behind a sigmoid gate)
   phi3           Phi3ForCausalLM (fused qkv_proj and gate_up_proj, split on import),
                  sliding_window 7
+  gemma2         Gemma2ForCausalLM (sandwich norms stored as 1 + w, GeGLU, embeddings x sqrt(C),
+                 tied; layers 0 slides (window 5), 1 full; attention and final-logit soft-caps,
+                 query_pre_attn_scalar 16 != head_dim 12)
+  gemma3         Gemma3ForCausalLM (Gemma 2's block + per-head q/k norms (1 + w), no attention
+                 soft-cap; rope_parameters per layer type: the full layer linear x2 at theta 1e6,
+                 the sliding one default at 1e4)
   olmo2          Olmo2ForCausalLM (post-norms, no pre-norms; q/k RMSNorm over the whole
                  projections, (H*D) and (KVH*D) weights)
 
@@ -28,9 +34,9 @@ of different lengths at once: `loom generate --prompts --batch 3`); one training
 forward/backward of the mean next-token loss) equal transformers' autograd per tensor
 (max|d| / max|ref| <= 1e-4); `loom export --hf` loads with from_pretrained as the same
 architecture and gives the same logits (1e-5); `training.init_from` the HF directory (qwen3,
-mixtral, llama3, qwen2moe, olmo2) takes its architecture (model.arch.*, model.moe.*) and trains;
+mixtral, llama3, qwen2moe, olmo2, gemma2, gemma3) takes its architecture (model.arch.*, model.moe.*) and trains;
 LoRA from it (qwen3: q, v, gate, down; mixtral by PEFT's names q_proj, k_proj, v_proj, o_proj;
-olmo2: q, k, o, up) exports as PEFT files that give loom's logits
+olmo2: q, k, o, up; gemma2: all-linear) exports as PEFT files that give loom's logits
 on the exported base (1e-5), and with --merge-lora as merged weights (1e-5). Then the
 refusals: an option loom cannot compute exactly is an error naming the key.
 """
@@ -129,6 +135,17 @@ FAMILIES = {
              dict(tie_word_embeddings=False, resid_pdrop=0.0, embd_pdrop=0.0,
                   attention_dropout=0.0, sliding_window=7)),
     "olmo2": ("Olmo2Config", "Olmo2ForCausalLM", dict(tie_word_embeddings=False)),
+    # soft-caps far below Gemma 2's 50 / 30 so that they bend this tiny model's scores and logits
+    "gemma2": ("Gemma2Config", "Gemma2ForCausalLM",
+               dict(head_dim=12, sliding_window=5, query_pre_attn_scalar=16,
+                    attn_logit_softcapping=1.5, final_logit_softcapping=3.0)),
+    "gemma3": ("Gemma3TextConfig", "Gemma3ForCausalLM",
+               dict(head_dim=12, sliding_window=5, sliding_window_pattern=2,
+                    query_pre_attn_scalar=16, final_logit_softcapping=3.0,
+                    rope_parameters=dict(full_attention=dict(rope_type="linear", factor=2.0,
+                                                             rope_theta=1000000.0),
+                                         sliding_attention=dict(rope_type="default",
+                                                                rope_theta=10000.0)))),
 }
 
 
@@ -410,6 +427,10 @@ def refusals(work):
         ("Qwen2MoeConfig", "Qwen2MoeForCausalLM",
          dict(num_experts=4, moe_intermediate_size=24, shared_expert_intermediate_size=40,
               decoder_sparse_step=2), "'decoder_sparse_step'"),
+        ("Gemma2Config", "Gemma2ForCausalLM", dict(head_dim=8, hidden_activation="gelu"),
+         "'hidden_activation'"),
+        ("Gemma3TextConfig", "Gemma3ForCausalLM", dict(head_dim=8, use_bidirectional_attention=True),
+         "'use_bidirectional_attention'"),
     ]
     for i, (cname, mname, extra, key) in enumerate(cases):
         kw = dict(BASE)
@@ -428,10 +449,11 @@ def main():
         for fam in only:
             test_family(work, fam)
             batched(work, fam)
-        for fam in (f for f in ("qwen3", "mixtral", "llama3", "qwen2moe", "olmo2") if f in only):
+        for fam in (f for f in ("qwen3", "mixtral", "llama3", "qwen2moe", "olmo2", "gemma2", "gemma3")
+                    if f in only):
             init_from(work, fam)
         for fam, targets in (("qwen3", "q, v, gate, down"), ("mixtral", "q_proj, k_proj, v_proj, o_proj"),
-                             ("olmo2", "q, k, o, up")):
+                             ("olmo2", "q, k, o, up"), ("gemma2", "all-linear")):
             if fam in only:
                 lora(work, fam, targets)
         if not sys.argv[1:]:
