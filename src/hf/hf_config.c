@@ -83,19 +83,25 @@ double hf_float_as_double(float f) {
 #define float_as_double hf_float_as_double
 
 /* ---- the family table ------------------------------------------------------------------ */
+/* a row of a text model (no multimodal parts) */
+#define TEXT_ROW(...) {__VA_ARGS__, NULL, {NULL, NULL}}
 static const hf_family FAMILIES[] = {
-    {"GPT2LMHeadModel", "gpt2", "gpt2", "transformer.", HF_MAP_GPT2, 0, 0, HF_MOE_NONE},
-    {"LlamaForCausalLM", "llama", "llama", "model.", HF_MAP_LLAMA, 1, 0, HF_MOE_NONE},
-    {"MistralForCausalLM", "mistral", "llama", "model.", HF_MAP_LLAMA, 0, 1, HF_MOE_NONE},
-    {"Qwen2ForCausalLM", "qwen2", "qwen2", "model.", HF_MAP_LLAMA, 0, 1, HF_MOE_NONE},
-    {"Qwen3ForCausalLM", "qwen3", "qwen3", "model.", HF_MAP_LLAMA, 1, 1, HF_MOE_NONE},
-    {"Phi3ForCausalLM", "phi3", "llama", "model.", HF_MAP_PHI3, 0, 1, HF_MOE_NONE},
-    {"MixtralForCausalLM", "mixtral", "llama", "model.", HF_MAP_LLAMA, 0, 1, HF_MOE_MIXTRAL},
-    {"Qwen3MoeForCausalLM", "qwen3_moe", "qwen3", "model.", HF_MAP_LLAMA, 1, 1, HF_MOE_QWEN},
-    {"Qwen2MoeForCausalLM", "qwen2_moe", "qwen2", "model.", HF_MAP_LLAMA, 0, 1, HF_MOE_QWEN2},
-    {"Olmo2ForCausalLM", "olmo2", "olmo2", "model.", HF_MAP_LLAMA, 1, 0, HF_MOE_NONE},
-    {"Gemma2ForCausalLM", "gemma2", "gemma2", "model.", HF_MAP_LLAMA, 1, 1, HF_MOE_NONE},
-    {"Gemma3ForCausalLM", "gemma3_text", "gemma3", "model.", HF_MAP_LLAMA, 1, 1, HF_MOE_NONE},
+    TEXT_ROW("GPT2LMHeadModel", "gpt2", "gpt2", "transformer.", HF_MAP_GPT2, 0, 0, HF_MOE_NONE),
+    TEXT_ROW("LlamaForCausalLM", "llama", "llama", "model.", HF_MAP_LLAMA, 1, 0, HF_MOE_NONE),
+    TEXT_ROW("MistralForCausalLM", "mistral", "llama", "model.", HF_MAP_LLAMA, 0, 1, HF_MOE_NONE),
+    TEXT_ROW("Qwen2ForCausalLM", "qwen2", "qwen2", "model.", HF_MAP_LLAMA, 0, 1, HF_MOE_NONE),
+    TEXT_ROW("Qwen3ForCausalLM", "qwen3", "qwen3", "model.", HF_MAP_LLAMA, 1, 1, HF_MOE_NONE),
+    TEXT_ROW("Phi3ForCausalLM", "phi3", "llama", "model.", HF_MAP_PHI3, 0, 1, HF_MOE_NONE),
+    TEXT_ROW("MixtralForCausalLM", "mixtral", "llama", "model.", HF_MAP_LLAMA, 0, 1, HF_MOE_MIXTRAL),
+    TEXT_ROW("Qwen3MoeForCausalLM", "qwen3_moe", "qwen3", "model.", HF_MAP_LLAMA, 1, 1, HF_MOE_QWEN),
+    TEXT_ROW("Qwen2MoeForCausalLM", "qwen2_moe", "qwen2", "model.", HF_MAP_LLAMA, 0, 1, HF_MOE_QWEN2),
+    TEXT_ROW("Olmo2ForCausalLM", "olmo2", "olmo2", "model.", HF_MAP_LLAMA, 1, 0, HF_MOE_NONE),
+    TEXT_ROW("Gemma2ForCausalLM", "gemma2", "gemma2", "model.", HF_MAP_LLAMA, 1, 1, HF_MOE_NONE),
+    TEXT_ROW("Gemma3ForCausalLM", "gemma3_text", "gemma3", "model.", HF_MAP_LLAMA, 1, 1, HF_MOE_NONE),
+    /* Gemma 3 4B / 12B / 27B: the language model of the image-text checkpoint */
+    {"Gemma3ForConditionalGeneration", "gemma3", "gemma3", "language_model.model.",
+     HF_MAP_LLAMA, 1, 1, HF_MOE_NONE, "Gemma3ForCausalLM",
+     {"vision_tower.", "multi_modal_projector."}},
 };
 enum { N_FAMILIES = sizeof FAMILIES / sizeof FAMILIES[0] };
 
@@ -108,7 +114,8 @@ const hf_family *hf_family_find(const char *arch) {
 const char *hf_family_names(void) {
     return "GPT2LMHeadModel, LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, "
            "Qwen3ForCausalLM, Phi3ForCausalLM, MixtralForCausalLM, Qwen3MoeForCausalLM, "
-           "Qwen2MoeForCausalLM, Olmo2ForCausalLM, Gemma2ForCausalLM, Gemma3ForCausalLM";
+           "Qwen2MoeForCausalLM, Olmo2ForCausalLM, Gemma2ForCausalLM, Gemma3ForCausalLM, "
+           "Gemma3ForConditionalGeneration (its language model)";
 }
 
 const hf_family *hf_family_of(const loom_model_config *c) {
@@ -609,11 +616,29 @@ int hf_read_config(const char *dir, hf_cfg *hc, loom_err *err) {
     mc->init_std = 0.02f;
     mc->rope_theta = 10000.0f;
     mc->arch = *loom_arch_named(f->descriptor);
-    if (f->map == HF_MAP_GPT2 ? read_gpt2(o, path, mc, err) : read_llama(o, path, f, mc, err))
+    json_t *keys = o; /* a multimodal model's language model: its text_config */
+    if (f->as_text) {
+        keys = json_object_get(o, "text_config");
+        if (!json_is_object(keys)) {
+            loom_errf(err, "%s: '%s' needs a 'text_config' object (its language model)", path,
+                      f->arch);
+            goto done;
+        }
+        if (!json_object_get(keys, "tie_word_embeddings") &&
+            json_object_get(o, "tie_word_embeddings")) /* said at the top level */
+            json_object_set(keys, "tie_word_embeddings", json_object_get(o, "tie_word_embeddings"));
+    }
+    if (f->map == HF_MAP_GPT2 ? read_gpt2(keys, path, mc, err)
+                              : read_llama(keys, path, f, mc, err))
         goto done;
+    /* transformers' Gemma3ForConditionalGeneration never applies text_config's
+     * final_logit_softcapping (its Gemma3ForCausalLM does): what the model computes */
+    if (f->as_text) mc->arch.final_softcap = 0.0f;
     /* the family it exports back as, when its descriptor's first row is another one */
     mc->flavor = LOOM_FLAVOR_ARCH;
-    if (hf_family_of(mc) != f) snprintf(mc->arch.family, sizeof mc->arch.family, "%s", f->arch);
+    const char *as = f->as_text ? f->as_text : f->arch;
+    if (hf_family_of(mc) != hf_family_find(as))
+        snprintf(mc->arch.family, sizeof mc->arch.family, "%s", as);
     const loom_arch *named = loom_arch_named(f->descriptor);
     if (!memcmp(&mc->arch, named, sizeof *named))
         mc->flavor = !strcmp(named->name, "gpt2") ? LOOM_FLAVOR_GPT2

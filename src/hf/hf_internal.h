@@ -32,6 +32,11 @@ typedef struct hf_family {
     int attn_bias_key;      /* 'attention_bias' puts biases on q, k, v and o */
     int sliding_keys;       /* 'sliding_window' (and 'use_sliding_window', 'layer_types') */
     int moe;                /* HF_MOE_*: the MoE layout and keys */
+    /* a multimodal model whose language model loom imports alone: its config is config.json's
+     * text_config, the tensors under these prefixes (the vision tower, the projector) are
+     * left out, and it exports as the text-only architecture as_text */
+    const char *as_text;
+    const char *skip[2];
 } hf_family;
 /* the row of an architecture name, or NULL */
 const hf_family *hf_family_find(const char *arch);

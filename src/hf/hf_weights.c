@@ -410,6 +410,8 @@ int loom_hf_load_params(const char *dir, loom_model *m, loom_err *err) {
         for (int k = 0; k < loom_safetensors_count(w.files[fi]); k++) {
             const char *name = loom_safetensors_name(w.files[fi], k);
             int used = ignorable(name);
+            for (int j = 0; j < 2 && hc.fam->skip[j]; j++) /* a multimodal model's other parts */
+                used |= !strncmp(name, hc.fam->skip[j], strlen(hc.fam->skip[j]));
             /* a tied lm_head.weight is wte; transformers may still store it */
             if (c->arch.tied && !strcmp(name, "lm_head.weight")) used = 1;
             for (int i = 0; i < map.n && !used; i++) used = !strcmp(map.e[i].hf, name);

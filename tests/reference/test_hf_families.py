@@ -352,6 +352,43 @@ def batched(work, fam):
            got == want, f"{got} vs {want}")
 
 
+def multimodal_text(work):
+    """Gemma3ForConditionalGeneration (Gemma 3 4B and up ship as it): `loom import` takes its
+    language model (config.json's text_config, the language_model.model.* tensors; the vision
+    tower and projector left out): logits equal the multimodal model's on text, and the export
+    is a Gemma3ForCausalLM that transformers loads with the same logits (text_config's
+    final_logit_softcapping, which the multimodal model does not apply, is left out)"""
+    print("gemma3 multimodal:")
+    tc = dict(BASE, head_dim=12, sliding_window=5, sliding_window_pattern=2,
+              query_pre_attn_scalar=16, final_logit_softcapping=3.0)
+    vc = dict(hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2,
+              image_size=28, patch_size=14)
+    cfg = transformers.Gemma3Config(text_config=tc, vision_config=vc, mm_tokens_per_image=4,
+                                    image_token_index=V - 2, boi_token_index=V - 4,
+                                    eoi_token_index=V - 3)
+    model = transformers.Gemma3ForConditionalGeneration(cfg)
+    g = torch.Generator().manual_seed(3)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(0.05 * torch.randn(p.shape, generator=g))
+    model.eval()
+    src, ck, out = (os.path.join(work, n) for n in ("hf_g3mm", "ck_g3mm", "out_g3mm"))
+    model.save_pretrained(src)
+    run("import", "--hf", src, ck, "--tokenizer", "byte")
+    ids = np.random.default_rng(11).integers(0, V - 4, size=(2, 20))  # no image tokens
+    m = loom_infer(ck, 2)
+    want = hf_logits(model, ids)
+    check("gemma3 multimodal import: text logits vs transformers", rel_max(loom_logits(m, ids), want), TOL)
+    L.loom_model_free(m)
+    run("export", "--hf", ck, out)
+    arch = json.load(open(os.path.join(out, "config.json")))["architectures"]
+    expect("gemma3 multimodal export: its language model as Gemma3ForCausalLM",
+           arch == ["Gemma3ForCausalLM"], str(arch))
+    back = transformers.Gemma3ForCausalLM.from_pretrained(out).eval()
+    check("gemma3 multimodal export: from_pretrained logits vs the multimodal model's",
+          rel_max(hf_logits(back, ids), want), TOL)
+
+
 def lora(work, fam, targets):
     """LoRA fine-tuning from the family's directory (2 steps), then export: PEFT's adapter files
     on the exported base give loom's logits (1e-5), and so does --merge-lora"""
@@ -449,6 +486,8 @@ def main():
         for fam in only:
             test_family(work, fam)
             batched(work, fam)
+        if "gemma3" in only:
+            multimodal_text(work)
         for fam in (f for f in ("qwen3", "mixtral", "llama3", "qwen2moe", "olmo2", "gemma2", "gemma3")
                     if f in only):
             init_from(work, fam)
