@@ -54,6 +54,13 @@ int loom_chat_template_is_builtin(const char *name);
  * when it is none of them (*why then says what was missing or what loom cannot reproduce). *default_system: a fixed
  * system message the template renders when a conversation has none (malloc'd, or NULL). */
 const char *loom_chat_template_detect(const char *jinja, size_t len, char **default_system, const char **why);
+/* The template as Hugging Face Jinja (malloc'd; what `loom export --hf` writes into
+ * tokenizer_config.json's chat_template): apply_chat_template renders every conversation
+ * loom_chat_render takes as loom does (tool-call arguments given as a JSON text are written as
+ * that text), add_generation_prompt opens the assistant's turn, and a conversation loom
+ * refuses raises. It starts with a marker that loom_chat_template_detect reads back (the
+ * name and default system message). */
+char *loom_chat_template_jinja(const loom_chat_template *t);
 /* The same for a tokenizer_config.json file (its chat_template: a string, or a list of
  * {name, template} of which "default" is taken): the name in *name (static), the default
  * system message in *default_system (malloc'd or NULL). -1 with an error naming the file when

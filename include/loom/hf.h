@@ -44,10 +44,10 @@ void loom_hf_config_set(loom_config *c, const loom_model_config *mc);
 int loom_hf_export_check(const loom_model_config *c, loom_err *err);
 /* out_dir created, or an existing empty directory; a non-empty one is refused. */
 int loom_hf_dir_prepare(const char *out_dir, loom_err *err);
-/* tokenizer.json (the tokenizer's canonical file) and tokenizer_config.json; *eos = the id of
- * <|endoftext|> or -1. */
+/* tokenizer.json (the tokenizer's canonical file) and tokenizer_config.json (with
+ * chat_template = chat_jinja when not NULL); *eos = the id of <|endoftext|> or -1. */
 int loom_hf_write_tokenizer(const char *out_dir, const struct loom_tokenizer *tok, int max_len,
-                            int *eos, loom_err *err);
+                            const char *chat_jinja, int *eos, loom_err *err);
 /* The weights of a whole model in its family's names (sharded above max_shard bytes),
  * generation_config.json, PEFT adapter files for lora (NULL: none) and config.json, last. */
 int loom_hf_write_model(const char *out_dir, loom_model *m, struct loom_lora *lora, int eos,

@@ -21,6 +21,10 @@ typedef struct loom_hf_export_opts {
     uint64_t max_shard_bytes; /* 0: 2 GiB. Above it the weights are split into
                                * model-0000i-of-0000n.safetensors + model.safetensors.index.json */
     int merge_lora;           /* LoRA checkpoints: 1 = merged weights, 0 = PEFT adapter files */
+    /* tokenizer_config.json's chat_template: this template (a built-in name or a JSON template
+     * file, as loom_chat_template_load takes), else the one the checkpoint records (an import's:
+     * data.json chat_template), else none; written as Jinja (loom_chat_template_jinja) */
+    const char *chat_template;
 } loom_hf_export_opts;
 /* A loom checkpoint (any path loom_ckpt_resolve takes) -> a Hugging Face directory out_dir
  * (created; refused when it exists and is not empty). */

@@ -1,5 +1,6 @@
 /* loom import --hf HF_DIR OUT_CKPT [--tokenizer FILE|byte]
- * loom export --hf CKPT OUT_DIR [--max-shard-size N[K|M|G]] [--merge-lora] */
+ * loom export --hf CKPT OUT_DIR [--max-shard-size N[K|M|G]] [--merge-lora]
+ *                   [--chat-template NAME|FILE] */
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -53,6 +54,7 @@ int loom_cli_export(int argc, char **argv) {
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--hf")) hf = 1;
         else if (!strcmp(argv[i], "--merge-lora")) o.merge_lora = 1;
+        else if (!strcmp(argv[i], "--chat-template") && i + 1 < argc) o.chat_template = argv[++i];
         else if (!strcmp(argv[i], "--max-shard-size") && i + 1 < argc) {
             if (parse_size(argv[++i], &o.max_shard_bytes)) {
                 fprintf(stderr, "loom: error: --max-shard-size '%s' is not a size (e.g. 2G, "
@@ -72,6 +74,6 @@ int loom_cli_export(int argc, char **argv) {
     return 0;
 usage:
     fprintf(stderr, "usage: loom export --hf CKPT OUT_DIR [--max-shard-size N[K|M|G]] "
-                    "[--merge-lora]\n");
+                    "[--merge-lora] [--chat-template NAME|FILE]\n");
     return 2;
 }

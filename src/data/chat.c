@@ -87,9 +87,159 @@ static char *unescape_newlines(const char *s, size_t n) {
     return o;
 }
 
+/* ---- a template as Jinja (export) ---------------------------------------------------------- */
+
+/* s as a Jinja string literal: JSON's escapes (\n, \", \\, \uXXXX), which Jinja's lexer
+ * reads back to the same text */
+static void jlit(loom_sbuf *b, const char *s) {
+    json_t *j = json_string(s);
+    LOOM_CHECK(j != NULL);
+    char *t = json_dumps(j, JSON_ENCODE_ANY);
+    json_decref(j);
+    LOOM_CHECK(t != NULL);
+    loom_sbuf_printf(b, "%s", t);
+    free(t);
+}
+
+/* {{ "s" }} when s is not empty */
+static void jout(loom_sbuf *b, const char *s) {
+    if (!s || !*s) return;
+    loom_sbuf_printf(b, "{{ ");
+    jlit(b, s);
+    loom_sbuf_printf(b, " }}");
+}
+
+/* The marker a generated template starts with; loom_chat_template_detect reads it back */
+#define JINJA_MARK "{#- loom chat template -#}{%- set loom_template = "
+
+char *loom_chat_template_jinja(const loom_chat_template *t) {
+    loom_sbuf b = {0};
+    /* no text between tags: the rendering holds only what the tags print */
+    loom_sbuf_printf(&b, "%s", JINJA_MARK);
+    jlit(&b, t->name);
+    loom_sbuf_printf(&b, " -%%}");
+    if (t->default_system) {
+        loom_sbuf_printf(&b, "{%%- set loom_default_system = ");
+        jlit(&b, t->default_system);
+        loom_sbuf_printf(&b, " -%%}");
+    }
+    /* a message's content as text: a string, or its text parts joined */
+    loom_sbuf_printf(&b, "{%%- macro loom_text(c) -%%}{%%- if c is string -%%}{{ c }}{%%- elif c "
+                         "-%%}{%%- for p in c -%%}{{ p['text'] }}{%%- endfor -%%}{%%- endif -%%}"
+                         "{%%- endmacro -%%}");
+    jout(&b, t->bos);
+    if (t->default_system || t->always_system) {
+        loom_sbuf_printf(&b, "{%%- if messages[0]['role'] != 'system' -%%}");
+        jout(&b, t->pre[LOOM_ROLE_SYSTEM]);
+        jout(&b, t->system_prefix);
+        if (t->default_system) loom_sbuf_printf(&b, "{{ loom_default_system }}");
+        jout(&b, t->post[LOOM_ROLE_SYSTEM]);
+        loom_sbuf_printf(&b, "{%%- endif -%%}");
+    }
+    loom_sbuf_printf(&b, "{%%- set ns = namespace(fold='') -%%}{%%- for message in messages -%%}");
+    loom_sbuf_printf(&b, "{%%- set role = message['role'] -%%}{%%- if role not in [");
+    for (int r = 0, first = 1; r < LOOM_ROLE_COUNT; r++)
+        if (t->roles & (1u << r)) {
+            loom_sbuf_printf(&b, "%s'%s'", first ? "" : ", ", ROLE_NAMES[r]);
+            first = 0;
+        }
+    loom_sbuf_printf(&b, "] -%%}{{ raise_exception('the template has no ' + role + ' role') }}"
+                         "{%%- endif -%%}");
+    if (!t->tools)
+        loom_sbuf_printf(&b, "{%%- if message['tool_calls'] -%%}{{ raise_exception('the template "
+                             "has no tool-call format') }}{%%- endif -%%}");
+    if (t->system_fold) { /* a leading system message opens the first user turn */
+        loom_sbuf_printf(&b, "{%%- if role == 'system' -%%}{%%- if not loop.first or "
+                             "loop.length < 2 or messages[1]['role'] != 'user' -%%}"
+                             "{{ raise_exception('a system message only first and before a user "
+                             "message') }}{%%- endif -%%}{%%- set ns.fold = loom_text(message['content']) + ");
+        jlit(&b, t->system_fold);
+        loom_sbuf_printf(&b, " -%%}{%%- else -%%}");
+    }
+    if (t->tool_open) {
+        loom_sbuf_printf(&b, "{%%- if role == 'tool' and (loop.first or loop.previtem['role'] != "
+                             "'tool') -%%}");
+        jout(&b, t->tool_open);
+        loom_sbuf_printf(&b, "{%%- endif -%%}");
+    }
+    for (int r = 0, first = 1; r < LOOM_ROLE_COUNT; r++) {
+        if (!(t->roles & (1u << r))) continue;
+        loom_sbuf_printf(&b, "{%%- %sif role == '%s' -%%}", first ? "" : "el", ROLE_NAMES[r]);
+        first = 0;
+        jout(&b, t->pre[r]);
+        if (t->system_fold) loom_sbuf_printf(&b, "{%%- if loop.index0 == 1 -%%}{{ ns.fold }}{%%- endif -%%}");
+        if (r == LOOM_ROLE_SYSTEM && t->system_prefix) {
+            loom_sbuf_printf(&b, "{%%- if loop.first -%%}");
+            jout(&b, t->system_prefix);
+            loom_sbuf_printf(&b, "{%%- endif -%%}");
+        }
+        loom_sbuf_printf(&b, "{{ loom_text(message['content']) }}");
+        if (r == LOOM_ROLE_ASSISTANT && t->tools) { /* {"name": ..., ARGS: {...}} per call */
+            loom_sbuf_printf(&b, "{%%- set after = loom_text(message['content']) != '' -%%}"
+                                 "{%%- for call in message['tool_calls'] or [] -%%}"
+                                 "{%%- if not loop.first or after -%%}");
+            jout(&b, t->call_sep);
+            loom_sbuf_printf(&b, "{%%- endif -%%}");
+            jout(&b, t->call_pre);
+            loom_sbuf_printf(&b, "{{ '{\"name\": ' + call['function']['name'] | tojson + ', ' }}{{ ");
+            jlit(&b, t->args_key);
+            loom_sbuf_printf(&b, " | tojson + ': ' }}{%%- set a = call['function']['arguments'] -%%}"
+                                 "{%%- if a is string -%%}{{ a }}{%%- elif a is mapping -%%}"
+                                 "{{ a | tojson }}{%%- else -%%}{{ '{}' }}{%%- endif -%%}{{ '}' }}");
+            jout(&b, t->call_post);
+            loom_sbuf_printf(&b, "{%%- endfor -%%}");
+        }
+        jout(&b, t->post[r]);
+    }
+    loom_sbuf_printf(&b, "{%%- endif -%%}");
+    if (t->tool_close) {
+        loom_sbuf_printf(&b, "{%%- if role == 'tool' and (loop.last or loop.nextitem['role'] != "
+                             "'tool') -%%}");
+        jout(&b, t->tool_close);
+        loom_sbuf_printf(&b, "{%%- endif -%%}");
+    }
+    if (t->system_fold) loom_sbuf_printf(&b, "{%%- endif -%%}");
+    loom_sbuf_printf(&b, "{%%- endfor -%%}{%%- if add_generation_prompt -%%}");
+    jout(&b, t->pre[LOOM_ROLE_ASSISTANT]);
+    loom_sbuf_printf(&b, "{%%- endif -%%}");
+    return b.p ? b.p : loom_strdup("");
+}
+
+/* A template loom_chat_template_jinja wrote: its name (a built-in) and default system message */
+static const char *detect_own(const char *jinja, size_t len, char **default_system) {
+    const size_t ml = strlen(JINJA_MARK);
+    if (len < ml || memcmp(jinja, JINJA_MARK, ml) != 0) return NULL;
+    json_error_t je;
+    size_t used = 0;
+    /* the literals are JSON strings: the name, then (optionally) the default system message */
+    json_t *name = json_loadb(jinja + ml, len - ml, JSON_DECODE_ANY | JSON_DISABLE_EOF_CHECK, &je);
+    if (!json_is_string(name)) {
+        json_decref(name);
+        return NULL;
+    }
+    used = (size_t)je.position;
+    static const char *const names[] = {"plain", "chatml", "qwen", "llama3", "llama3.1", "mistral", "gemma", "gemma3"};
+    const char *found = NULL;
+    for (int i = 0; i < 8; i++)
+        if (!strcmp(json_string_value(name), names[i])) found = names[i];
+    json_decref(name);
+    if (!found) return NULL;
+    const char *ds = "{%- set loom_default_system = ";
+    const char *p = strstr(jinja + ml + used, ds);
+    if (p && (size_t)(p - jinja) < len) {
+        json_t *v = json_loadb(p + strlen(ds), len - (size_t)(p + strlen(ds) - jinja),
+                               JSON_DECODE_ANY | JSON_DISABLE_EOF_CHECK, &je);
+        if (json_is_string(v)) *default_system = loom_strdup(json_string_value(v));
+        json_decref(v);
+    }
+    return found;
+}
+
 const char *loom_chat_template_detect(const char *jinja, size_t len, char **default_system, const char **why) {
     *default_system = NULL;
     *why = NULL;
+    const char *own = detect_own(jinja, len, default_system);
+    if (own) return own;
     char *j = unescape_newlines(jinja, len);
     const size_t n = strlen(j);
     const char *name = NULL;

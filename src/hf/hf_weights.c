@@ -620,7 +620,7 @@ static int hf_write_peft(const char *out_dir, loom_model *m, loom_lora *l, loom_
 
 
 int loom_hf_write_tokenizer(const char *out_dir, const loom_tokenizer *tok, int max_len,
-                            int *eos_out, loom_err *err) {
+                            const char *chat_jinja, int *eos_out, loom_err *err) {
     char path[4400];
     char *s = loom_tokenizer_hf_json(tok);
     int32_t eos = loom_tokenizer_special_id(tok, "<|endoftext|>");
@@ -635,6 +635,7 @@ int loom_hf_write_tokenizer(const char *out_dir, const loom_tokenizer *tok, int 
         json_object_set_new(tc, "eos_token", json_string("<|endoftext|>"));
         json_object_set_new(tc, "bos_token", json_string("<|endoftext|>"));
     }
+    if (chat_jinja) json_object_set_new(tc, "chat_template", json_string(chat_jinja));
     if (hf_write_json(out_dir, "tokenizer_config.json", tc, err)) return -1;
     *eos_out = eos;
     return 0;

@@ -146,6 +146,8 @@ int loom_hf_export(const char *ckpt, const char *out_dir, const loom_hf_export_o
     int rc = -1;
     const uint64_t max_shard = o && o->max_shard_bytes ? o->max_shard_bytes : (uint64_t)2 << 30;
     loom_lora *lora = NULL;
+    loom_chat_template *tpl = NULL;
+    char *jinja = NULL;
     if (loom_load_model_lora(ckpt, 1, 0, &m, &cfg, &rd, o && o->merge_lora ? NULL : &lora, err))
         return -1;
     const loom_model_config *c = loom_model_get_config(m);
@@ -159,12 +161,25 @@ int loom_hf_export(const char *ckpt, const char *out_dir, const loom_hf_export_o
         goto done;
     }
     int eos = -1;
+    /* the chat template: the caller's, else the one the checkpoint records */
+    const char *spec = o && o->chat_template ? o->chat_template : rd->chat_template;
+    if (spec) {
+        if (loom_chat_template_load(spec, &tpl, err)) {
+            loom_err_prefix(err, "%s", o && o->chat_template ? "--chat-template" : ckpt);
+            goto done;
+        }
+        if (!(o && o->chat_template) && rd->chat_default_system && !tpl->default_system)
+            tpl->default_system = loom_strdup(rd->chat_default_system);
+        jinja = loom_chat_template_jinja(tpl);
+    }
     if (loom_hf_dir_prepare(out_dir, err) || loom_run_data_tokenizer(rd, &tok, err) ||
-        loom_hf_write_tokenizer(out_dir, tok, c->max_seq_len, &eos, err) ||
+        loom_hf_write_tokenizer(out_dir, tok, c->max_seq_len, jinja, &eos, err) ||
         loom_hf_write_model(out_dir, m, lora, eos, max_shard, err))
         goto done;
     rc = 0;
 done:
+    free(jinja);
+    loom_chat_template_free(tpl);
     loom_tokenizer_free(tok);
     loom_lora_free(lora);
     loom_run_data_free(rd);

@@ -238,7 +238,8 @@ def write_config(d, chat_template, **extra):
 def import_check(tmp, corpus):
     """`loom import --hf` of a directory with a family-style tokenizer.json and tokenizer_config.json:
     the checkpoint's tokenizer encodes and decodes as HF through `loom tokenizer`, the recognized
-    chat template is recorded and `loom generate --chat` uses it."""
+    chat template is recorded and `loom generate --chat` uses it, and `loom export --hf` writes
+    it back into tokenizer_config.json as Jinja that renders as the original."""
     import subprocess
     import torch
     loom_bin = os.environ.get("LOOM_BIN") or os.path.join(os.path.dirname(os.path.abspath(__file__)), "../../build/loom")
@@ -283,7 +284,84 @@ def import_check(tmp, corpus):
                   f"generate --chat --system on the gemma import: rc {r.returncode} {r.stderr[-200:]}")
         else:
             check(r.returncode == 0, f"generate --chat on the {kind} import: {r.stderr[-300:]}")
+        # export: tokenizer_config.json carries the template as Jinja, which transformers renders
+        # as the original template does (Qwen: with its default system message)
+        ex = os.path.join(tmp, f"export_{kind}")
+        r = subprocess.run([loom_bin, "export", "--hf", out, ex], capture_output=True, text=True)
+        if check(r.returncode == 0, f"export {kind}: {r.stderr[-300:]}"):
+            tc = json.load(open(os.path.join(ex, "tokenizer_config.json")))
+            bos = {"gemma": "<bos>", "llama3": "<|begin_of_text|>"}.get(kind)  # the originals print it
+            orig = transformers.PreTrainedTokenizerFast(tokenizer_file=os.path.join(d, "tokenizer.json"),
+                                                        bos_token=bos)
+            orig.chat_template = jinja
+            back = transformers.PreTrainedTokenizerFast(tokenizer_file=os.path.join(ex, "tokenizer.json"))
+            back.chat_template = tc.get("chat_template")
+            conv = [{"role": "user", "content": "hi there"}, {"role": "assistant", "content": "hello."},
+                    {"role": "user", "content": "and?"}]
+            same = back.chat_template is not None and all(
+                back.apply_chat_template(conv, tokenize=False, add_generation_prompt=g) ==
+                orig.apply_chat_template(conv, tokenize=False, add_generation_prompt=g) for g in (False, True))
+            check(same, f"export {kind}: the exported chat_template does not render as the original")
         print(f"import {kind}: tokenizer and chat template {want}: ok")
+
+
+def exported_jinja(tmp, corpus):
+    """loom_chat_template_jinja (what `loom export --hf` writes as tokenizer_config.json's
+    chat_template): for every built-in, transformers' apply_chat_template on it renders each
+    conversation and each generation prompt as loom does, raises where loom refuses (a role the
+    template lacks), and loom recognizes the written template as the same built-in (and Qwen's
+    default system message)"""
+    lib = loom()
+    lib.loom_chat_template_jinja.restype = ctypes.c_void_p
+    tp = os.path.join(tmp, "jinja_tok.json")
+    fam.train("gpt2", [corpus]).save(tp)
+    fast = transformers.PreTrainedTokenizerFast(tokenizer_file=tp)
+    for name in ("plain", "chatml", "qwen", "llama3", "llama3.1", "mistral", "gemma", "gemma3"):
+        h, msg = load_template(name)
+        p = lib.loom_chat_template_jinja(h)
+        jinja = ctypes.string_at(p).decode()
+        _libc.free(ctypes.c_void_p(p))
+        fast.chat_template = jinja
+        system_ok = name not in ("mistral", "gemma")
+        convs = conversations(random.Random(5), system_ok)
+        if name in ("plain", "chatml", "qwen", "llama3", "llama3.1"):  # the ones with tool calls
+            convs += tool_conversations(random.Random(6))
+            convs.append([{"role": "user", "content": "x"}, {"role": "assistant", "content": None, "tool_calls": [
+                {"type": "function", "function": {"name": "f", "arguments": '{"a": 1, "b": "two"}'}}]}])
+        convs.append([{"role": "user", "content": [{"type": "text", "text": "parts "}, {"type": "text", "text": "joined"}]},
+                      {"role": "assistant", "content": "ok"}])
+        bad = 0
+        for c in convs:
+            for gen in (False, True):
+                msgs = c[:-1] if gen else c
+                want = fast.apply_chat_template(msgs, tokenize=False, add_generation_prompt=gen)
+                got, why = (prompt if gen else render)(h, msgs)
+                if got != want:
+                    bad += 1
+                    if bad <= 2:
+                        print(f"  {name} (exported Jinja): differs{' (prompt)' if gen else ''}:\n"
+                              f"    loom {got!r}\n    hf   {want!r} {why or ''}")
+        check(bad == 0, f"{name}: apply_chat_template on the exported Jinja: {bad} of {2 * len(convs)} "
+                        f"renderings differ from loom's")
+        if not system_ok:
+            sysc = [{"role": "system", "content": "s"}, {"role": "user", "content": "u"}, {"role": "assistant", "content": "a"}]
+            try:
+                fast.apply_chat_template(sysc, tokenize=False)
+                raised = False
+            except Exception:
+                raised = True
+            check(raised and render(h, sysc)[0] is None, f"{name}: the exported Jinja does not refuse a system message")
+        cfg = write_config(os.path.join(tmp, f"jinja_{name}"), jinja)
+        h2, msg = load_template(cfg)
+        ok = h2 is not None and template_name(h2) == name
+        if ok:
+            c = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"}]
+            ok = render(h2, c) == render(h, c)
+        check(ok, f"{name}: the exported Jinja is read back as {template_name(h2) if h2 else msg!r}")
+        for x in (h, h2):
+            if x:
+                lib.loom_chat_template_free(x)
+    print(f"exported Jinja: every built-in renders as loom's through apply_chat_template")
 
 
 def main():
@@ -352,6 +430,7 @@ def main():
         print(f"{name}: {want}, {len(convs)} conversations: "
               f"{'ok' if bad_text == bad_prompt == bad_ids == 0 else 'MISMATCH'}")
 
+    exported_jinja(tmp, corpus)
     import_check(tmp, corpus)
     # template: auto without a tokenizer_config.json beside the tokenizer: an error naming it
     import test_chat_sft as sft
