@@ -14,12 +14,13 @@
 # shard, their weights' gradients summed over the tp group) and over two pipeline stages
 # (pp = 2); Gemma 2 (sandwich norms, GeGLU, embedding scale, soft-caps, an alternating window)
 # over tp = 2 and Gemma 3 (with per-head q/k norms and the local RoPE base) over tp = 2 with sp;
-# Mistral's sliding window (24 of the 32 positions) over tp = 2 and Qwen3-MoE over ep = 2.
+# Mistral's sliding window (24 of the 32 positions) over tp = 2 and Qwen3-MoE over ep = 2;
+# OLMo 2 (post-norms, whole q/k norms) over Ulysses cp = 2 and Gemma 2 over ring cp = 2.
 source "$(dirname "$0")/lib.sh"
 make_dataset "$WORK"
 export OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1
 for case in qwen2:tp qwen3:tp llama3:tp phi3:tp mixtral:ep qwen2moe:ep qwen2moe:tp qwen3:cp qwen3:ring \
-            olmo2:tp olmo2:sp olmo2:pp gemma2:tp gemma3:sp mistral:tp qwen3moe:ep; do
+            olmo2:tp olmo2:sp olmo2:pp gemma2:tp gemma3:sp mistral:tp qwen3moe:ep olmo2:cp gemma2:ring; do
   name=${case%%:*} par=${case#*:}
   par_args=(--set parallel.$par=2)
   [ $par = ring ] && par_args=(--set parallel.cp=2 --set parallel.cp_kind=ring)
