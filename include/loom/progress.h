@@ -1,4 +1,5 @@
-/* One progress line on stderr, shared by train, data build and synth (docs/observability.md,
+/* One progress line on stderr (part of base, beside logging: src/base/progress.c), shared by
+ * train, data build and synth (docs/observability.md,
  * "Progress").
  *
  * When stderr is a terminal the line is redrawn in place ("\r", the text, then the rest of the

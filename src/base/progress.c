@@ -1,4 +1,5 @@
-/* The shared progress line (include/loom/progress.h). */
+/* The shared progress line (include/loom/progress.h): part of base, beside logging, so data
+ * build, synth and train draw it without depending on obs (docs/architecture.md). */
 #include "loom/progress.h"
 
 #include <stdarg.h>
