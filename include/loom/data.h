@@ -50,6 +50,13 @@ int loom_shard_write_masked(const char *path, const loom_shard_spec *spec, const
                             uint64_t n_tokens, const uint64_t *doc_starts, uint64_t n_docs,
                             const uint32_t *labels, const uint8_t *mask, char sha_hex[65],
                             loom_err *err);
+/* What `loom data inspect` / `verify` show of a shard: its file, the bytes per token, the
+ * tokenizer and recipe ids of its header, the file's size. */
+const char *loom_shard_path(const loom_shard *s);
+uint32_t loom_shard_token_width(const loom_shard *s);
+const char *loom_shard_tokenizer_id(const loom_shard *s);
+const char *loom_shard_recipe_id(const loom_shard *s);
+uint64_t loom_shard_file_size(const loom_shard *s);
 
 /* ---- dataset: a directory with manifest.jsonl ---------------------------------------- */
 typedef struct loom_dataset loom_dataset;
@@ -58,6 +65,20 @@ typedef struct loom_dataset loom_dataset;
 int loom_dataset_open(const char *dir, loom_dataset **out, loom_err *err);
 void loom_dataset_close(loom_dataset *d);
 int loom_dataset_num_shards(const loom_dataset *d);
+/* The manifest line of shard i of a dataset (borrowed strings). */
+typedef struct loom_manifest_entry {
+    const char *shard;   /* file name inside the dataset directory */
+    const char *sha256;
+    const char *source;  /* may be "" */
+    const char *recipe;  /* may be "" */
+    const char *created; /* may be "" */
+    uint64_t tokens, docs;
+    int line;            /* 1-based line in manifest.jsonl */
+    double weight;       /* "weight": the source's mixing weight (> 0, default 1) */
+    double repeat_cap;   /* "repeat_cap": passes allowed over the source (0 = no cap) */
+} loom_manifest_entry;
+loom_manifest_entry loom_dataset_entry(const loom_dataset *d, int i);
+const char *loom_dataset_dir(const loom_dataset *d);
 const loom_shard *loom_dataset_shard(const loom_dataset *d, int i);
 uint32_t loom_dataset_vocab_size(const loom_dataset *d);
 /* The tokenizer_id every shard carries ("byte" or a sha256 of the canonical tokenizer.json;
@@ -151,5 +172,32 @@ void loom_byte_decode(const int32_t *ids, size_t n, char *out /* n+1 */);
 /* ---- recipes ---------------------------------------------------------------------------
  * `loom data build RECIPE.yaml`: reads the sources, tokenizes, writes shards + manifest. */
 int loom_data_build(const char *recipe_path, loom_err *err);
+
+/* ---- building over several processes -------------------------------------------------
+ * `loom data build` split over the processes of a team (MPI ranks). The data layer does not
+ * use src/comm: the CLI fills these hooks from the mesh's world group. Every member calls the
+ * same hooks in the same order. All members must see the same file system (one machine, or a
+ * shared file system): the shards are written by every member into one temp directory. */
+typedef struct loom_build_team {
+    int rank, size;    /* this member, the team's size (>= 1) */
+    void *ctx;
+    /* in-place element-wise max over the team (results combined by zero-filling what is not
+     * this member's, then taking the max) */
+    void (*max_u8)(void *ctx, uint8_t *buf, size_t n);
+    /* in-place element-wise sum over the team */
+    void (*sum_i64)(void *ctx, int64_t *buf, size_t n);
+    /* buf on member 0 -> every member */
+    void (*bcast_i64)(void *ctx, int64_t *buf, size_t n);
+    void (*barrier)(void *ctx);
+} loom_build_team;
+
+/* loom_data_build with the work split over a team (NULL, or a team of one: one process, exactly
+ * like loom_data_build). Every member parses the recipe, collects the inputs, reads the sources
+ * and runs the steps (so documents and dedup decisions agree); input hashing, the check of
+ * cached shards, BPE tokenization and shard writing are split; member 0 alone writes the
+ * manifests and dataset.json and renames the result into place. An error fills err on the
+ * member that saw it; the caller must end the whole team then (the temp directory is already
+ * removed). */
+int loom_data_build_team(const char *recipe_path, const loom_build_team *team, loom_err *err);
 
 #endif

@@ -11,8 +11,6 @@
 #include <string.h>
 
 #include "cli/cli.h"
-#include "data/data_internal.h"
-#include "data/recipe.h"
 #include "loom/comm.h"
 #include "loom/data.h"
 #include "loom/windows.h"

@@ -1,4 +1,4 @@
-/* Private to src/data/ (and the `loom data` CLI): shard layout constants, extra shard
+/* Private to src/data/: shard layout constants, extra shard
  * accessors, and helpers shared by the builder and the dataset reader. */
 #ifndef LOOM_DATA_INTERNAL_H
 #define LOOM_DATA_INTERNAL_H
@@ -57,27 +57,8 @@ int loom_shard_write_ex(const char *path, const loom_shard_spec *spec, const uin
 int loom_shard_has_labels(const loom_shard *s);
 uint32_t loom_shard_doc_label(const loom_shard *s, uint64_t i);
 
-const char *loom_shard_path(const loom_shard *s);
-uint32_t loom_shard_token_width(const loom_shard *s);
-const char *loom_shard_tokenizer_id(const loom_shard *s);
-const char *loom_shard_recipe_id(const loom_shard *s);
-uint64_t loom_shard_file_size(const loom_shard *s);
 uint64_t loom_shard_doc_start(const loom_shard *s, uint64_t i);
 
-/* The manifest line of shard i of a dataset (borrowed strings). */
-typedef struct loom_manifest_entry {
-    const char *shard;   /* file name inside the dataset directory */
-    const char *sha256;
-    const char *source;  /* may be "" */
-    const char *recipe;  /* may be "" */
-    const char *created; /* may be "" */
-    uint64_t tokens, docs;
-    int line;            /* 1-based line in manifest.jsonl */
-    double weight;       /* "weight": the source's mixing weight (> 0, default 1) */
-    double repeat_cap;   /* "repeat_cap": passes allowed over the source (0 = no cap) */
-} loom_manifest_entry;
-loom_manifest_entry loom_dataset_entry(const loom_dataset *d, int i);
-const char *loom_dataset_dir(const loom_dataset *d);
 /* Reads the lines appended to manifest.jsonl since the last read (a stat first: nothing is
  * read when the file is unchanged), opening and verifying their shards; *n_added counts
  * them. The bytes already read must be unchanged. On error the lines before the bad one stay

@@ -90,31 +90,4 @@ int loom_recipe_load(const char *path, loom_recipe *r, loom_err *err);
 void loom_recipe_free(loom_recipe *r);
 const char *loom_step_name(loom_step_kind k);
 
-/* ---- building over several processes -------------------------------------------------
- * `loom data build` split over the processes of a team (MPI ranks). The data layer does not
- * use src/comm: the CLI fills these hooks from the mesh's world group. Every member calls the
- * same hooks in the same order. All members must see the same file system (one machine, or a
- * shared file system): the shards are written by every member into one temp directory. */
-typedef struct loom_build_team {
-    int rank, size;    /* this member, the team's size (>= 1) */
-    void *ctx;
-    /* in-place element-wise max over the team (results combined by zero-filling what is not
-     * this member's, then taking the max) */
-    void (*max_u8)(void *ctx, uint8_t *buf, size_t n);
-    /* in-place element-wise sum over the team */
-    void (*sum_i64)(void *ctx, int64_t *buf, size_t n);
-    /* buf on member 0 -> every member */
-    void (*bcast_i64)(void *ctx, int64_t *buf, size_t n);
-    void (*barrier)(void *ctx);
-} loom_build_team;
-
-/* loom_data_build with the work split over a team (NULL, or a team of one: one process, exactly
- * like loom_data_build). Every member parses the recipe, collects the inputs, reads the sources
- * and runs the steps (so documents and dedup decisions agree); input hashing, the check of
- * cached shards, BPE tokenization and shard writing are split; member 0 alone writes the
- * manifests and dataset.json and renames the result into place. An error fills err on the
- * member that saw it; the caller must end the whole team then (the temp directory is already
- * removed). */
-int loom_data_build_team(const char *recipe_path, const loom_build_team *team, loom_err *err);
-
 #endif
