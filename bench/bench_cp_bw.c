@@ -11,10 +11,11 @@
 #include <string.h>
 
 #include "loom/comm.h"
+#include "loom/parallel.h"
 
 int main(int argc, char **argv) {
     loom_err err;
-    if (loom_comm_init(&argc, &argv, &err)) {
+    if (loom_parallel_start(&argc, &argv, &err)) {
         fprintf(stderr, "bench_cp_bw: %s\n", err.msg);
         return 1;
     }

@@ -238,6 +238,36 @@ typedef struct loom_backend {
     void (*scale_inplace)(float *x, int64_t n, float s);
 } loom_backend;
 
+/* ---- instruction-set level (src/kernels/isa.c, docs/build.md) --------------------------
+ * Process setup, not an op: here rather than in loom/kernels.h, so that start-up code above the
+ * kernels (loom_parallel_start) sets it without calling kernels directly.
+ * The portable build compiles the hand-written kernels (norms, activations, attention's
+ * softmax, cross-entropy, AdamW, RoPE, decode attention) once per x86-64 level and picks one
+ * at run time: the only global state of the kernels. Levels differ in bits (FMA contraction,
+ * the vector width of in-row reductions), so every rank of a job must use the same one:
+ * loom_parallel_start (include/loom/parallel.h) agrees on the minimum over the ranks. matmul
+ * goes to OpenBLAS, which dispatches itself. A NATIVE=1 build (-march=native) has one level,
+ * "native". */
+typedef enum {
+    LOOM_ISA_NATIVE = 0, /* NATIVE=1 build: one variant compiled for the build machine */
+    LOOM_ISA_BASE = 1,   /* x86-64 (SSE2): any x86-64 CPU */
+    LOOM_ISA_AVX2 = 3,   /* x86-64-v3: AVX2 + FMA */
+    LOOM_ISA_AVX512 = 4, /* x86-64-v4: AVX-512 F/BW/DQ/VL/CD */
+} loom_isa;
+struct loom_err;
+/* the best level this CPU (and OS) supports; LOOM_ISA_NATIVE in a NATIVE=1 build */
+loom_isa loom_isa_detect(void);
+/* the level the kernels use now (first call: loom_isa_init's choice, aborting on a bad
+ * LOOM_ISA: programs call loom_isa_init first to get the error) */
+loom_isa loom_isa_active(void);
+/* chooses the local level: the environment's LOOM_ISA (x86-64 | avx2 | avx512 | auto) or the
+ * best detected. A level the CPU lacks, or an unknown name, is an error naming LOOM_ISA. */
+int loom_isa_init(struct loom_err *err);
+/* sets the level (agreement across ranks, tests); it must be <= loom_isa_detect() */
+int loom_isa_set(loom_isa level, struct loom_err *err);
+/* "native", "x86-64", "avx2", "avx512" */
+const char *loom_isa_name(loom_isa level);
+
 /* The CPU backend (static table; the kernels of include/loom/kernels.h). */
 const loom_backend *loom_backend_cpu(void);
 /* The backend named `name` ("cpu"), or NULL when there is none by that name. */

@@ -46,6 +46,11 @@ int loom_comm_world_rank(void);
 int loom_comm_world_size(void);
 /* 1 when MPI is up (a launcher started us), 0 for a world of one without MPI. */
 int loom_comm_mpi_active(void);
+/* One allreduce over the world (a world of one: its own values): *min and *max of every rank's
+ * `level`, *all_ok 0 when any rank passed ok 0. Collective over the world when MPI is up. Used
+ * to agree on the kernels' instruction-set level (loom_parallel_start, include/loom/parallel.h):
+ * comm itself does not depend on the kernels. */
+int loom_comm_world_agree(int level, int ok, int *min, int *max, int *all_ok, loom_err *err);
 
 /* Threads per rank: OMP_NUM_THREADS when set to a positive integer (the user's explicit choice,
  * e.g. mpirun -x OMP_NUM_THREADS=4); otherwise max(1, min(CPUs in this process's affinity mask,

@@ -93,4 +93,12 @@ loom_dp_piece *loom_dp_pieces(loom_dp *dp, int *n);
  * fill: same as loom_dp_pieces but for the data a rank must load, replicated data included. */
 loom_dp_piece *loom_dp_needed(loom_dp *dp, int *n);
 
+/* ---- process start-up ----------------------------------------------------------------
+ * loom_comm_init, then the kernels' instruction-set level agreed over the world: each rank
+ * chooses its level (loom_isa_init: detected, or LOOM_ISA) and all run the minimum, so replicas
+ * stay bit-identical on nodes of different CPU types (rank 0 says when the ranks differ). A
+ * LOOM_ISA one rank refuses fails every rank (that rank with its message), without a hang.
+ * Without MPI it is loom_comm_init alone. Every program that runs ranks starts with it. */
+int loom_parallel_start(int *argc, char ***argv, loom_err *err);
+
 #endif

@@ -21,6 +21,7 @@ int cli_parse_compute(const char *v, int *bf16);
 int cli_compute_weights(int cbf16, int weights_given, int *wbf16);
 /* this process's resident memory (/proc/self/statm), MiB; 0 when unknown */
 double cli_resident_mib(void);
-/* loom_comm_init, body(argc, argv), loom_comm_finalize; body's exit code (1 when init fails) */
+/* loom_parallel_start (loom_comm_init and the ISA agreement), body(argc, argv),
+ * loom_comm_finalize; body's exit code (1 when init fails) */
 int cli_with_comm(int argc, char **argv, int (*body)(int argc, char **argv));
 #endif

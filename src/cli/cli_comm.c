@@ -4,10 +4,11 @@
 #include "cli/cli.h"
 #include "loom/base.h"
 #include "loom/comm.h"
+#include "loom/parallel.h"
 
 int cli_with_comm(int argc, char **argv, int (*body)(int argc, char **argv)) {
     loom_err err = {{0}};
-    if (loom_comm_init(&argc, &argv, &err)) {
+    if (loom_parallel_start(&argc, &argv, &err)) {
         fprintf(stderr, "loom: error: %s\n", err.msg);
         return 1;
     }

@@ -12,6 +12,7 @@
 
 #include "cli/cli.h"
 #include "loom/comm.h"
+#include "loom/parallel.h"
 #include "loom/data.h"
 #include "loom/windows.h"
 
@@ -40,7 +41,7 @@ static void team_barrier(void *ctx) { loom_barrier(ctx, LOOM_GROUP_WORLD); }
  * Under MPI one rank's error ends the whole job (loom_comm_fail). Returns the exit code. */
 static int data_build(int *argc, char ***argv, const char *recipe) {
     loom_err err = {{0}};
-    if (loom_comm_init(argc, argv, &err) != 0) {
+    if (loom_parallel_start(argc, argv, &err) != 0) {
         fprintf(stderr, "loom: data build: %s\n", err.msg);
         return 1;
     }

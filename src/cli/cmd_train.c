@@ -4,6 +4,7 @@
 
 #include "cli/cli.h"
 #include "loom/comm.h"
+#include "loom/parallel.h"
 #include "loom/config.h"
 #include "loom/train.h"
 
@@ -13,7 +14,7 @@ int loom_cli_train(int argc, char **argv) {
         return 2;
     }
     loom_err err = {{0}};
-    if (loom_comm_init(&argc, &argv, &err)) {
+    if (loom_parallel_start(&argc, &argv, &err)) {
         fprintf(stderr, "loom: error: %s\n", err.msg);
         return 1;
     }

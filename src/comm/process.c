@@ -2,7 +2,6 @@
  * job abort, threads per rank. The only process-wide state of the module (MPI itself is). */
 #define _GNU_SOURCE
 #include "comm_internal.h"
-#include "loom/kernels.h"
 #include "loom/signals.h"
 
 #include <errno.h>
@@ -173,29 +172,15 @@ void loom_comm_fail_all(const loom_err *err) {
     loom_comm_fail(err);
 }
 
-/* ---- the kernels' instruction-set level, agreed over the world ---------------------------
- * Levels differ in bits (FMA contraction, in-row reduction widths), so replicas stay
- * bit-identical only if every rank runs the same one, even on nodes of different CPU types:
- * each rank chooses its level (loom_isa_init: detected, or LOOM_ISA), then all use the
- * minimum. One allreduce also carries a refused LOOM_ISA (so no rank waits for another that
- * failed) and the maximum (to say when the ranks differ). */
-static int agree_isa(loom_err *err) {
-    loom_err mine;
-    int ok = loom_isa_init(&mine) == 0;
-    int level = ok ? (int)loom_isa_active() : 99;
-    int v[3] = {level, -level, ok ? 0 : -1}, r[3];
-    if (MPI_Allreduce(v, r, 3, MPI_INT, MPI_MIN, MPI_COMM_WORLD) != MPI_SUCCESS)
-        return loom_errf(err, "kernels: agreeing on the instruction-set level: MPI_Allreduce failed");
-    if (!ok) {
-        *err = mine;
-        return loom_err_prefix(err, "rank %d", g_rank);
-    }
-    if (r[2] != 0) return loom_errf(err, "kernels: another rank refused its LOOM_ISA (see its message)");
-    if (loom_isa_set((loom_isa)r[0], err) != 0) return -1;
-    if (g_rank == 0 && r[0] != -r[1])
-        loom_log("kernels: the ranks' CPUs support different levels (%s to %s): every rank runs "
-                 "the %s kernels, so replicas stay bit-identical", loom_isa_name((loom_isa)r[0]),
-                 loom_isa_name((loom_isa)-r[1]), loom_isa_name((loom_isa)r[0]));
+/* ---- a level agreed over the world -----------------------------------------------------
+ * (the kernels' instruction-set level: src/parallel/start.c; comm knows nothing of kernels) */
+int loom_comm_world_agree(int level, int ok, int *min, int *max, int *all_ok, loom_err *err) {
+    int v[3] = {level, -level, ok ? 0 : -1}, r[3] = {level, -level, ok ? 0 : -1};
+    if (g_mpi && MPI_Allreduce(v, r, 3, MPI_INT, MPI_MIN, MPI_COMM_WORLD) != MPI_SUCCESS)
+        return loom_errf(err, "MPI_Allreduce failed");
+    *min = r[0];
+    *max = -r[1];
+    *all_ok = r[2] == 0;
     return 0;
 }
 
@@ -257,7 +242,7 @@ int loom_comm_init(int *argc, char ***argv, loom_err *err) {
                        "`--mpi=pmi2` for MPICH)", expect, g_size);
         return -1;
     }
-    return agree_isa(err);
+    return 0;
 }
 
 void loom_comm_finalize(void) {

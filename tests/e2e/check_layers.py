@@ -85,8 +85,6 @@ EXCEPTIONS = [
     # issue 28: synth loads its model through train/ until the synth split switches it to the
     # model-loading module (the synth helper removes this line)
     ("src/synth/", "train", "model loading through train/ until the synth split (issue 28)"),
-    # issue 28: comm agrees on the kernels' instruction-set level itself
-    ("src/comm/process.c", "kernels", "the ISA agreement calls kernels (issue 28)"),
     # issue 28: the peak probe runs cblas_sgemm itself
     ("src/train/peak.c", "blas", "the peak probe's GEMM (issue 28)"),
 ]

@@ -18,10 +18,11 @@
  *          unmatched  every rank waits for a p2p receive from itself that no send matches
  *                   (must end the job after the timeout, naming it)
  *          threads  prints loom_comm_default_threads()
- *          isa      prints the kernels' instruction-set level agreed at loom_comm_init
+ *          isa      prints the kernels' instruction-set level agreed at loom_parallel_start
  * Every rank prints "rank R: ..." lines; exit status 0 only when every check passed. */
 #define _GNU_SOURCE
 #include "loom/comm.h"
+#include "loom/parallel.h"
 #include "loom/kernels.h"
 #include "driver_expect.h"
 
@@ -315,7 +316,7 @@ int main(int argc, char **argv) {
     opts o;
     if (parse_opts(argc, argv, &o)) return 2;
     loom_err err;
-    if (loom_comm_init(&argc, &argv, &err)) {
+    if (loom_parallel_start(&argc, &argv, &err)) {
         fprintf(stderr, "comm_driver: %s\n", err.msg);
         return 1;
     }

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The kernels' instruction-set level is agreed over the ranks (src/comm/process.c agree_isa):
+# The kernels' instruction-set level is agreed over the ranks (src/parallel/start.c, loom_parallel_start):
 # ranks forced to different levels (LOOM_ISA, as on nodes of different CPU types) all run the
 # minimum, rank 0 says so, and a `loom train` job whose ranks differ gives bit-identical
 # metrics to one whose ranks are all forced to that minimum. A LOOM_ISA one rank refuses ends

@@ -15,6 +15,7 @@
  * Prints "rank R: ..." lines; exit status 0 only when every check passed. */
 #include "loom/backend.h"
 #include "loom/comm.h"
+#include "loom/parallel.h"
 #include "loom/tp.h"
 #include "driver_expect.h"
 
@@ -163,7 +164,7 @@ int main(int argc, char **argv) {
         return 2;
     }
     loom_err err;
-    if (loom_comm_init(&argc, &argv, &err)) {
+    if (loom_parallel_start(&argc, &argv, &err)) {
         fprintf(stderr, "tp_driver: %s\n", err.msg);
         return 1;
     }
