@@ -6,9 +6,7 @@
 #include <stdint.h>
 
 #include "loom/config.h"
-
-/* Every key `loom train` accepts, with defaults (model.* included); *n gets the count. */
-const loom_config_key *loom_train_schema(int *n);
+#include "loom/load.h" /* the run config's schema, loading a model (src/ckpt/) */
 
 /* Applies the schema to cfg (defaults, unknown keys rejected), writes the resolved config
  * to <run.dir>/config.yaml, resumes from the newest complete checkpoint under
@@ -53,63 +51,4 @@ size_t loom_train_engine_tensor_numel(const loom_train_engine *e, int i);
  * element offsets). Returns the elements copied. */
 size_t loom_train_engine_read(loom_train_engine *e, int kind, int i, float *out);
 
-
-
-#include "loom/model.h"
-/* Loads the model of a checkpoint (a step directory, `latest`, a ckpt root or a run
- * directory) for inference: verifies the checkpoint, rebuilds the model from its
- * config.yaml with batch B (B <= 0: the run's training.batch_size) and T = model.max_seq_len
- * (T = training.seq_len when T_train is set), and loads the weights. The model is an
- * inference one (LOOM_MODEL_INFER): no gradients, no optimizer state, activations only at its
- * first forward. cfg_out (may be NULL) receives the checkpoint's resolved config (the caller
- * frees it). */
-int loom_load_model(const char *path, int B, int T_train, loom_model **out,
-                    loom_config **cfg_out, loom_err *err);
-
-/* What a model was trained on, as its checkpoint records it (data.json, tokenizer.json; see
- * docs/checkpoints.md). A checkpoint written before data.json falls back to its run's
- * data.train (dataset.json), and is refused when that cannot tell. */
-typedef struct loom_run_data {
-    char *where;           /* the file it came from, for messages */
-    char *tokenizer_id;    /* "byte" or the sha256 of the canonical tokenizer.json */
-    char *tokenizer_json;  /* BPE: the tokenizer.json text (NULL when none was recorded) */
-    size_t tokenizer_json_len;
-    char **classes;        /* classify: the class names in label order; NULL otherwise */
-    int n_classes;
-    char *chat_template;   /* a built-in chat template the model's chat_template matched (an
-                            * import from Hugging Face records it), or NULL */
-    char *chat_default_system; /* its default system message, or NULL */
-} loom_run_data;
-void loom_run_data_free(loom_run_data *d);
-/* loom_load_model, and what the model was trained on (data_out may be NULL; caller frees). */
-int loom_load_model_ex(const char *path, int B, int T_train, loom_model **out,
-                       loom_config **cfg_out, loom_run_data **data_out, loom_err *err);
-
-/* loom_load_model_ex; a LoRA checkpoint's adapters are merged into the parameters, unless
- * lora_out is not NULL: then they are attached to the model (a loom_lora, include/loom/lora.h;
- * *lora_out = NULL for a checkpoint without adapters). */
-struct loom_lora;
-int loom_load_model_lora(const char *path, int B, int T_train, loom_model **out,
-                         loom_config **cfg_out, loom_run_data **data_out,
-                         struct loom_lora **lora_out, loom_err *err);
-/* loom_load_model_lora for the view `layout` of the model (NULL: the whole model), e.g. tensor
- * parallelism's tp rank r of tp: each tensor's box of that view is read from the checkpoint's
- * pieces, whatever layout they were saved with. A layout the model's config does not allow
- * (tp not dividing n_head, ...) is an error naming the checkpoint. */
-int loom_load_model_view(const char *path, const loom_model_layout *layout, int B, int T_train,
-                         loom_model **out, loom_config **cfg_out, loom_run_data **data_out,
-                         struct loom_lora **lora_out, loom_err *err);
-
-typedef struct loom_tokenizer loom_tokenizer;
-typedef struct loom_dataset loom_dataset;
-/* The tokenizer the model was trained with (byte, or BPE from its tokenizer.json). */
-/* data.json's text for a checkpoint (caller frees). */
-char *loom_run_data_json(const loom_run_data *d, const char *train_dir);
-int loom_run_data_tokenizer(const loom_run_data *d, loom_tokenizer **out, loom_err *err);
-/* 0 when dataset dir (opened as ds) was tokenized with the model's tokenizer; otherwise an
- * error naming the dataset and the checkpoint's record. */
-int loom_run_data_check_dataset(const loom_run_data *d, const loom_dataset *ds, const char *dir,
-                                loom_err *err);
-/* 0 when dir/dataset.json lists exactly the model's classes (names and order). */
-int loom_run_data_check_classes(const loom_run_data *d, const char *dir, loom_err *err);
 #endif

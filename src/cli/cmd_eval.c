@@ -12,7 +12,7 @@
 
 #include "cli/cli.h"
 #include "loom/data.h"
-#include "loom/train.h"
+#include "loom/load.h"
 #include "loom/windows.h"
 
 static int usage(void) {

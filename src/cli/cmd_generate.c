@@ -18,9 +18,9 @@
 #include "loom/chat.h"
 #include "loom/comm.h"
 #include "loom/infer.h"
+#include "loom/load.h"
 #include "loom/tokenizer.h"
 #include "loom/tp.h"
-#include "loom/train.h"
 
 /* CPU seconds of this process (all its threads): on a loaded machine the wall clock counts
  * other processes' turns, this does not */

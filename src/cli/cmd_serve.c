@@ -11,9 +11,9 @@
 
 #include "cli/cli.h"
 #include "loom/comm.h"
+#include "loom/load.h"
 #include "loom/serve.h"
 #include "loom/tp.h"
-#include "loom/train.h"
 
 static int parse_num(const char *flag, const char *s, long long lo, long long hi, long long *out) {
     char *end;

@@ -1,5 +1,5 @@
 /* loom import --hf / export --hf: Hugging Face directories (src/hf/) <-> loom checkpoints
- * (src/train/checkpoint.c): the import writes step_0000000 with the parameters, config.yaml,
+ * (src/ckpt/checkpoint.c): the import writes step_0000000 with the parameters, config.yaml,
  * data.json and the tokenizer; the export loads a checkpoint (LoRA adapters merged or as
  * PEFT files) and writes the directory. docs/hf-interop.md. */
 #include <jansson.h>
@@ -13,10 +13,10 @@
 #include "loom/config.h"
 #include "loom/hf.h"
 #include "loom/interop.h"
+#include "loom/load.h"
 #include "loom/lora.h"
 #include "loom/parallel.h"
 #include "loom/tokenizer.h"
-#include "loom/train.h"
 
 /* The tokenizer an import records: (id, tokenizer.json text or NULL for bytes). */
 static int import_tokenizer(const char *dir, const char *spec, int vocab, char **id,

@@ -17,20 +17,7 @@
 #include "loom/profile.h"
 #include "train/trainer_internal.h"
 
-const loom_config_key loom_obs_config_keys[] = {
-    {"profile.steps", "", "profile steps \"A-B\" (1-based, inclusive) into run.dir/trace.json "
-                          "(Chrome trace, a track per rank); empty = off"},
-    {"obs.straggler_ratio", "1.2", "name the slowest rank when its busy time exceeds the "
-                                   "median rank's by this factor for 3 logged steps"},
-    {"obs.prometheus_port", "0", "serve Prometheus metrics on 127.0.0.1:PORT (rank 0); 0 = off"},
-    {"obs.tensorboard", "false", "write TensorBoard event files into run.dir/tb/"},
-    {"obs.default_alerts", "true", "the built-in alert rules (loss spike, throughput drop, "
-                                   "straggler, memory growth), with action log"},
-    {"alerts", NULL, "alert rules: a list of \"METRIC CONDITION -> ACTION\" (ACTION: log | "
-                     "stop | exec: CMD)"},
-};
-const int loom_obs_config_nkeys = (int)(sizeof loom_obs_config_keys /
-                                        sizeof loom_obs_config_keys[0]);
+/* loom_obs_config_keys (obs.*, profile.*, alerts) are in src/ckpt/run_schema.c */
 
 /* per-rank fields gathered every step */
 enum { F_STEP, F_DATA, F_COMM, F_COMPUTE, F_HWM, F_ARENA, NF };

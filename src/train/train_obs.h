@@ -15,9 +15,6 @@ struct trainer;
 /* The profiling twin of `inner` (prof_backend.c): every op traced while the profiler records. */
 const loom_backend *loom_prof_backend(const loom_backend *inner);
 
-/* the obs.*, profile.* and alerts keys (joined into the trainer's schema) */
-extern const loom_config_key loom_obs_config_keys[];
-extern const int loom_obs_config_nkeys;
 
 /* Exit status of `loom train` when an alert rule with action `stop` ended the run (after a
  * checkpoint); loom_train returns it (other failures return -1). */

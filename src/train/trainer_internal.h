@@ -147,12 +147,9 @@ int loom_trainer_load_checkpoint(trainer *t, const char *dir, loom_err *err);
 int loom_trainer_init_from_config(loom_config *cfg, loom_err *err);
 int loom_trainer_init_from_load(trainer *t, loom_err *err);
 
-/* finetune.lora (train_lora.c): rank 0 = off. settings: the keys, checked (dropout in
- * [0, 1)). setup attaches the adapters to the model and
- * freezes the dp engine; finish sums their gradients over dp, clips them by their norm (which
+/* finetune.lora (train_lora.c; its keys: loom_lora_settings, loom/load.h): setup attaches the
+ * adapters to the model and freezes the dp engine; finish sums their gradients over dp, clips them by their norm (which
  * it returns); step runs AdamW on them; save/load handle lora.safetensors. */
-int loom_lora_settings(const loom_config *cfg, int gelu_mlp, int *rank, float *alpha,
-                       unsigned *targets, float *dropout, loom_err *err);
 int loom_trainer_lora_setup(trainer *t, loom_err *err);
 void loom_trainer_lora_free(trainer *t);
 /* micro >= 0: adapter dropout on for the coming forward/backward of micro-batch `micro` of
@@ -163,25 +160,11 @@ float loom_trainer_lora_finish(trainer *t);
 void loom_trainer_lora_step(trainer *t, float lr);
 int loom_trainer_lora_save(trainer *t, char **buf, size_t *len, loom_err *err);
 int loom_trainer_lora_load(trainer *t, const loom_ckpt *ck, loom_err *err);
-struct loom_lora;
-/* lora.safetensors: the adapters (and, when m is not NULL, their moments m and v) */
-int loom_lora_serialize(struct loom_lora *l, const float *m, const float *v, char **buf,
-                        size_t *len, loom_err *err);
-int loom_lora_restore(struct loom_lora *l, const char *data, size_t len, const char *where,
-                      float *m, float *v, loom_err *err);
 
-/* The run's data record from its training dataset (tokenizer id and tokenizer.json; classes
- * when classify); where = dir. */
-int loom_run_data_from_dataset(const loom_dataset *ds, const char *dir, int classify,
-                               loom_run_data **out, loom_err *err);
 /* t->run_data from data.train; data.val must share its tokenizer (and classes). */
 int loom_trainer_open_run_data(trainer *t, loom_err *err);
 /* Resume: the checkpoint's record (data.json) must match t->run_data. */
 int loom_trainer_check_run_data(const trainer *t, const loom_ckpt *ck, loom_err *err);
-/* From an open checkpoint (data.json + tokenizer.json), or for an older checkpoint from
- * cfg's data.train. */
-int loom_run_data_read(const loom_ckpt *ck, const loom_config *cfg, loom_run_data **out,
-                       loom_err *err);
 
 /* Refuses (an error naming the size keys) a layout whose estimated memory per node
  * (parameters, gradients, AdamW moments, activations, batch buffers of this rank, times the

@@ -1,4 +1,4 @@
-/* Link stand-ins for the three model functions src/train/ckpt_pieces.c calls from
+/* Link stand-ins for the three model functions src/ckpt/ckpt_pieces.c calls from
  * loom_pieces_load_params, which the fuzz targets never use (they call loom_pieces_fill with
  * pieces of their own). The fuzz build compiles only base, data and the checkpoint files, so
  * nothing else defines them; reaching one is a harness bug. */

@@ -56,8 +56,8 @@ cflags="-std=c11 -g -O1 -fopenmp $san -I$src/include -I$src/src -I$here $pkg_cfl
 warn="-Wall -Wextra -Wshadow -Wstrict-prototypes -Wno-unused-parameter"
 
 # ---- the library: base, data, checkpoint + pieces, compiled once with coverage ------------
-lib_srcs=("$src"/src/base/*.c "$src"/src/data/*.c "$src/src/train/checkpoint.c"
-          "$src/src/train/ckpt_pieces.c" "$here/fuzz_stubs.c")
+lib_srcs=("$src"/src/base/*.c "$src"/src/data/*.c "$src/src/ckpt/checkpoint.c"
+          "$src/src/ckpt/ckpt_pieces.c" "$here/fuzz_stubs.c")
 stamp=$( { echo "$cc $cflags"; "$cc" --version | head -1;
            cat "${lib_srcs[@]}" "$src"/include/loom/*.h "$src"/src/data/*.h "$src"/src/base/*.h 2>/dev/null; } |
          sha256sum | cut -c1-64)

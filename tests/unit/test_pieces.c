@@ -1,4 +1,4 @@
-/* Checkpoint pieces (src/train/ckpt_pieces.c): what a rank owns round-trips through a
+/* Checkpoint pieces (src/ckpt/ckpt_pieces.c): what a rank owns round-trips through a
  * checkpoint, and a hostile or mismatched checkpoint is refused with the file and the tensor
  * named: overlapping pieces, a gap, a wrong recorded shape, a malformed piece name, a file that
  * is not a piece file. Runs under ASan/UBSan. */

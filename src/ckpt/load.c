@@ -1,4 +1,5 @@
-/* Loading a trained model out of a checkpoint for inference. */
+/* Loading a trained model out of a checkpoint for inference (include/loom/load.h): below
+ * train/, so that generate, serve, eval, synth and interop do not depend on the trainer. */
 #include <stdlib.h>
 
 #include "loom/checkpoint.h"
@@ -6,12 +7,59 @@
 #include "loom/config.h"
 #include "loom/lora.h"
 #include "loom/model_config.h"
-#include "loom/train.h"
-#include "train/trainer_internal.h"
+#include "loom/load.h"
 
 int loom_load_model(const char *path, int B, int T_train, loom_model **out,
                     loom_config **cfg_out, loom_err *err) {
     return loom_load_model_ex(path, B, T_train, out, cfg_out, NULL, err);
+}
+
+int loom_lora_settings(const loom_config *cfg, int gelu_mlp, int *rank, float *alpha,
+                       unsigned *targets, float *dropout, loom_err *err) {
+    int64_t r;
+    double a, drop;
+    *rank = 0;
+    if (loom_config_get_int(cfg, "finetune.lora.rank", &r, err)) return -1;
+    if (r == 0) return 0;
+    if (r < 0 || r > 4096)
+        return loom_errf(err, "config key 'finetune.lora.rank' = %lld (%s): expected 0 (off) or "
+                              "1..4096", (long long)r, loom_config_origin(cfg, "finetune.lora.rank"));
+    if (loom_config_get_double(cfg, "finetune.lora.alpha", &a, err) ||
+        loom_config_get_double(cfg, "finetune.lora.dropout", &drop, err))
+        return -1;
+    if (!(a > 0))
+        return loom_errf(err, "config key 'finetune.lora.alpha' (%s) must be positive",
+                         loom_config_origin(cfg, "finetune.lora.alpha"));
+    if (!(drop >= 0 && drop < 1))
+        return loom_errf(err, "config key 'finetune.lora.dropout' = %g (%s): expected a "
+                              "probability in [0, 1)", drop,
+                         loom_config_origin(cfg, "finetune.lora.dropout"));
+    char **items = NULL;
+    int n = 0;
+    if (loom_config_get_list(cfg, "finetune.lora.targets", &items, &n, err)) return -1;
+    unsigned bits = 0;
+    int rc = 0;
+    for (int i = 0; i < n && !rc; i++) {
+        const unsigned b = loom_lora_target_mask(items[i], gelu_mlp);
+        if (!b)
+            rc = loom_errf(err, "config key 'finetune.lora.targets' (%s): '%s' is not a target of "
+                                "a %s model (q, k, v, o, %s; or PEFT's %s, all-linear)",
+                           loom_config_origin(cfg, "finetune.lora.targets"), items[i],
+                           gelu_mlp ? "GELU-MLP (gpt2)" : "gated-MLP",
+                           gelu_mlp ? "fc, fc_proj" : "gate, up, down",
+                           gelu_mlp ? "c_attn, c_proj, c_fc"
+                                    : "q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, "
+                                      "down_proj, qkv_proj, gate_up_proj");
+        bits |= b;
+    }
+    loom_config_free_list(items, n);
+    if (rc) return -1;
+    if (!bits) return loom_errf(err, "config key 'finetune.lora.targets' is empty");
+    *rank = (int)r;
+    *alpha = (float)a;
+    *targets = bits;
+    *dropout = (float)drop;
+    return 0;
 }
 
 /* A LoRA checkpoint (lora.safetensors): the adapters attached to m (*lora_out) or, when

@@ -1,7 +1,9 @@
 /* What a model was trained on: the tokenizer (id, and tokenizer.json for BPE) and, for a
  * classifier, its class list. The trainer records it in every checkpoint (data.json and
  * tokenizer.json, see docs/checkpoints.md); generate and eval read it back, and train (on
- * resume) and eval refuse a dataset tokenized differently or labelled with other classes. */
+ * resume) and eval refuse a dataset tokenized differently or labelled with other classes.
+ * Below train/ (src/ckpt/) so that loading a model does not depend on the trainer; the
+ * trainer's side is src/train/train_run_data.c. */
 #include <jansson.h>
 #include <stdlib.h>
 #include <string.h>
@@ -10,11 +12,10 @@
 #include "loom/checkpoint.h"
 #include "loom/data.h"
 #include "loom/tokenizer.h"
-#include "loom/train.h"
+#include "loom/load.h"
 #include "loom/windows.h"
-#include "train/trainer_internal.h"
 
-#define DATA_JSON "data.json"
+#define DATA_JSON LOOM_RUN_DATA_FILE
 #define TOKENIZER_JSON "tokenizer.json"
 #define DATA_FORMAT "loom-data-1"
 #define MAX_DATA_JSON ((size_t)64 << 20)
@@ -293,33 +294,4 @@ int loom_run_data_check_classes(const loom_run_data *d, const char *dir, loom_er
     }
     loom_free_strings(names, n);
     return same ? 0 : -1;
-}
-
-/* ---- the trainer --------------------------------------------------------------------------- */
-
-int loom_trainer_open_run_data(trainer *t, loom_err *err) {
-    if (loom_run_data_from_dataset(t->train_ds, t->s.train_dir, t->classify, &t->run_data, err))
-        return loom_err_prefix(err, "data.train");
-    if (t->val_ds && loom_run_data_check_dataset(t->run_data, t->val_ds, t->s.val_dir, err))
-        return loom_err_prefix(err, "data.val");
-    if (t->val_ds && t->classify && loom_run_data_check_classes(t->run_data, t->s.val_dir, err))
-        return loom_err_prefix(err, "data.val");
-    return 0;
-}
-
-int loom_trainer_check_run_data(const trainer *t, const loom_ckpt *ck, loom_err *err) {
-    size_t len;
-    if (!loom_ckpt_file_data(ck, DATA_JSON, &len)) return 0; /* older: nothing recorded */
-    loom_run_data *saved = NULL;
-    if (loom_run_data_read(ck, t->cfg, &saved, err)) return -1;
-    int rc = 0;
-    if (strcmp(saved->tokenizer_id, t->run_data->tokenizer_id) != 0)
-        rc = loom_errf(err, "data.train %s was tokenized with %s, but the checkpoint being resumed "
-                            "with %s (%s): a run continues on data of its own tokenizer",
-                       t->s.train_dir, t->run_data->tokenizer_id, saved->tokenizer_id,
-                       saved->where);
-    else if (t->classify && loom_run_data_check_classes(saved, t->s.train_dir, err))
-        rc = loom_err_prefix(err, "data.train");
-    loom_run_data_free(saved);
-    return rc;
 }
