@@ -1,5 +1,5 @@
-/* The machine's fp32 peak FLOP/s, the denominator of MFU (src/train/peak.c: it runs BLAS, so it
- * sits in the train layer beside its only user). docs/training.md, "MFU and the peak".
+/* The machine's fp32 peak FLOP/s, the denominator of MFU (src/obs/peak.c: it times the linear
+ * layers' GEMM through the backend table). docs/training.md, "MFU and the peak".
  *
  * The peak is measured once per machine, by `loom peak` or by the first `loom train` that finds
  * none (busy or not: a busy machine's figure is flagged and replaced by a later idle one), and

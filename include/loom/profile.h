@@ -62,4 +62,9 @@ int loom_prof_merge(const char *run_dir, int world, loom_err *err);
 /* Frees the recorder (disarms). */
 void loom_prof_shutdown(void);
 
+/* The profiling twin of `inner` (src/obs/prof_backend.c): a table whose every op calls inner's
+ * and, while the profiler records, wraps it in a span with its FLOPs and bytes. */
+struct loom_backend;
+const struct loom_backend *loom_prof_backend(const struct loom_backend *inner);
+
 #endif

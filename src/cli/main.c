@@ -4,7 +4,7 @@
 
 #include "cli/cli.h"
 #include "loom/base.h"
-#include "loom/kernels.h"
+#include "loom/backend.h" /* the instruction-set level */
 #include "loom/signals.h"
 
 static void usage(FILE *f) {

@@ -12,8 +12,6 @@
 
 struct trainer;
 
-/* The profiling twin of `inner` (prof_backend.c): every op traced while the profiler records. */
-const loom_backend *loom_prof_backend(const loom_backend *inner);
 
 
 /* Exit status of `loom train` when an alert rule with action `stop` ended the run (after a

@@ -8,10 +8,11 @@
  * for a causal self-attention), so the matmul and attention spans of a step sum to
  * loom_model_flops_per_token * tokens (the MFU convention). Element-wise ops (norms,
  * activations, softmax, AdamW) carry estimates of their arithmetic; the MFU convention leaves
- * them out. Bytes: the floats each op reads and writes once, a lower bound of its traffic. */
+ * them out. Bytes: the floats each op reads and writes once, a lower bound of its traffic.
+ * Part of obs (the profiler's), which sees the kernels only as loom/backend.h's table of
+ * pointers (docs/architecture.md). */
 #include "loom/backend.h"
 #include "loom/profile.h"
-#include "train/train_obs.h"
 
 static const loom_backend *IN;
 

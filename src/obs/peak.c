@@ -1,9 +1,10 @@
-/* Peak fp32 FLOP/s of this machine: measured with cblas_sgemm (by `loom peak`, or on first use
- * when the machine is idle) and cached per machine. Nothing here ever raises a cached value. */
+/* Peak fp32 FLOP/s of this machine: measured with the GEMM training runs (the cpu backend's
+ * matmul_forward, through loom/backend.h's table: the kernels decide how it is computed) by
+ * `loom peak`, or on first use when the machine is idle, and cached per machine. Nothing here
+ * ever raises a cached value. Part of obs (MFU's denominator): docs/architecture.md. */
 #define _GNU_SOURCE
 #include "loom/peak.h"
 
-#include <cblas.h>
 #include <errno.h>
 #include <jansson.h>
 #include <math.h>
@@ -13,6 +14,8 @@
 #include <string.h>
 #include <time.h>
 #include <unistd.h>
+
+#include "loom/backend.h"
 
 #define PEAK_DEFAULT_BUDGET_S 2.0
 #define PEAK_MAX_REPS 50
@@ -71,10 +74,12 @@ int loom_machine_idle(int threads, double *load1, int *ncpu) {
     return l >= 0 && l + threads <= n + 0.5;
 }
 
-/* Seconds for one n x n x n sgemm. */
+/* Seconds for one n x n x n fp32 GEMM: c (n, n) = a (n, n) @ b (n, n)^T, the linear layers'
+ * op (2 n^3 FLOPs). */
 static double time_sgemm(const float *a, const float *b, float *c, int n) {
+    const loom_backend *be = loom_backend_cpu();
     double t0 = loom_now();
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, n, n, 1.0f, a, n, b, n, 0.0f, c, n);
+    be->matmul_forward(c, a, b, NULL, n, n, n);
     return loom_now() - t0;
 }
 
