@@ -1,8 +1,9 @@
 /* loom learning-rate schedules (warmup + cosine, warmup-stable-decay, constant).
  *
- * The optimizer itself (AdamW, global-norm clipping) lives in one place only: the DP/ZeRO
- * engine of src/parallel/dp.c (include/loom/parallel.h), which `loom train` runs at every world
- * size and ZeRO stage and which tests/reference/test_engine.py compares with PyTorch. */
+ * The optimizer itself (AdamW, global-norm clipping) lives in one place only:
+ * src/parallel/optim.c (include/loom/optim.h), which the DP/ZeRO engine (src/parallel/dp.c)
+ * runs at every world size and ZeRO stage (tests/reference/test_engine.py compares it with
+ * PyTorch) and LoRA fine-tuning steps its adapters with. */
 #ifndef LOOM_SCHEDULE_H
 #define LOOM_SCHEDULE_H
 

@@ -1,6 +1,6 @@
 /* Data parallelism with ZeRO-0/1/2/3 over the model's units. See include/loom/parallel.h.
- * Communication goes through the checked collectives of src/comm; the math (AdamW, norms)
- * through src/kernels. */
+ * Communication goes through the checked collectives of src/comm; the optimizer (AdamW,
+ * clipping's factor) is src/parallel/optim.c; the math goes through the backend table. */
 #include "loom/parallel.h"
 
 #include <math.h>
@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "loom/backend.h"
+#include "loom/optim.h"
 
 enum { B_EMB = 0, B_FIN = 1, B_L0 = 2, B_L1 = 3, N_BUCKETS = 4 };
 
@@ -62,7 +63,7 @@ struct loom_dp {
 
     int first, last;
     int64_t step;
-    float beta1, beta2, eps, wd;
+    loom_adamw adamw;      /* the optimizer's hyper-parameters (loom/optim.h) */
     float grad_scale;      /* gradient clipping's factor, applied by the next step's AdamW */
 
     /* what other strategies add (loom_dp_set_grad_sync, loom_dp_set_copies) */
@@ -237,10 +238,7 @@ int loom_dp_create(loom_model *m, loom_mesh *mesh, int zero, uint64_t seed, floa
     dp->U = loom_model_num_units(m);
     dp->n = loom_model_num_params(m);
     dp->norm_group = LOOM_GROUP_WORLD;
-    dp->beta1 = beta1;
-    dp->beta2 = beta2;
-    dp->eps = eps;
-    dp->wd = weight_decay;
+    dp->adamw = (loom_adamw){beta1, beta2, eps, weight_decay};
     dp->grad_scale = 1.0f;
     const int U = dp->U;
     size_t kv_whole = 0; /* the largest replicated kv tensor's whole size (reduce_kv_replicas) */
@@ -432,9 +430,7 @@ float loom_dp_finish_grads(loom_dp *dp, float max_norm) {
     const double norm = sqrt(ss);
     /* clipping scales the gradients inside the AdamW step (the same bits as scaling them
      * here, without a pass of its own over them) */
-    dp->grad_scale = max_norm > 0.0f && norm > (double)max_norm
-                         ? (float)((double)max_norm / (norm + 1e-6))
-                         : 1.0f;
+    dp->grad_scale = loom_optim_clip_scale(norm, max_norm);
     if (dp->zero == 0) /* every rank gets the whole reduced gradient, bit-identical */
         for (int s = 0; s < dp->nseg; s++)
             loom_allgather(dp->mesh, (loom_group)dp->sgroup[s], dp->gshard + dp->sbase[s],
@@ -442,22 +438,11 @@ float loom_dp_finish_grads(loom_dp *dp, float max_norm) {
     return (float)norm;
 }
 
-/* AdamW over arena range [lo, hi) of unit u, split at tensor boundaries for weight decay.
- * p, g, mom_m, mom_v point at element lo. */
+/* AdamW (src/parallel/optim.c) over arena range [lo, hi) of unit u */
 static void update_range(loom_dp *dp, int u, size_t lo, size_t hi, float *p, const float *g,
                          float *mm, float *vv, float lr) {
-    const loom_backend *be = loom_model_backend(dp->m);
-    const int nt = loom_model_num_tensors(dp->m);
-    for (int i = 0; i < nt; i++) {
-        const loom_tensor_info *t = loom_model_tensor(dp->m, i);
-        if (t->unit != u) continue;
-        const size_t a = t->offset > lo ? t->offset : lo;
-        const size_t b = t->offset + t->numel < hi ? t->offset + t->numel : hi;
-        if (a >= b) continue;
-        be->adamw_update(p + (a - lo), g + (a - lo), mm + (a - lo), vv + (a - lo),
-                         (int64_t)(b - a), lr, dp->beta1, dp->beta2, dp->eps,
-                         t->decay ? dp->wd : 0.0f, dp->step, dp->grad_scale);
-    }
+    loom_optim_adamw_range(dp->m, u, lo, hi, p, g, mm, vv, &dp->adamw, lr, dp->step,
+                           dp->grad_scale);
 }
 
 void loom_dp_step(loom_dp *dp, float lr) {

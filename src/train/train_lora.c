@@ -10,6 +10,7 @@
 #include "loom/backend.h"
 #include "loom/checkpoint.h"
 #include "loom/lora.h"
+#include "loom/optim.h"
 #include "loom/safetensors.h"
 #include "train/trainer_internal.h"
 
@@ -79,11 +80,16 @@ float loom_trainer_lora_finish(trainer *t) {
 
 void loom_trainer_lora_step(trainer *t, float lr) {
     const int64_t step = loom_dp_optimizer_step(t->dp) + 1;
-    const loom_backend *be = loom_model_backend(t->model);
-    /* adapters are matrices: AdamW's decoupled weight decay applies to all of them */
-    be->adamw_update(loom_lora_params(t->lora), loom_lora_grads(t->lora), t->lora_m, t->lora_v,
-                     (int64_t)loom_lora_num_params(t->lora), lr, (float)t->s.beta1,
-                     (float)t->s.beta2, (float)t->s.eps, (float)t->s.weight_decay, step, 1.0f);
+    const loom_adamw h = {(float)t->s.beta1, (float)t->s.beta2, (float)t->s.eps,
+                          (float)t->s.weight_decay};
+    /* the one AdamW (loom/optim.h); adapters are matrices: the decoupled weight decay applies
+     * to all of them. The clipping above stays LoRA's own (issue 28, docs/architecture.md):
+     * the factor clip / norm of a float norm, applied in a pass of its own, is not the DP
+     * engine's max_norm / (norm + 1e-6) inside AdamW, and switching would change the bits of
+     * every clipped LoRA step. */
+    loom_optim_adamw(loom_model_backend(t->model), &h, loom_lora_params(t->lora),
+                     loom_lora_grads(t->lora), t->lora_m, t->lora_v,
+                     (int64_t)loom_lora_num_params(t->lora), lr, 1, step, 1.0f);
     loom_dp_set_optimizer_step(t->dp, step);
 }
 

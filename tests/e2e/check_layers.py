@@ -65,7 +65,7 @@ HEADERS = {
     "backend.h": "kernels", "kernels.h": "kernels",
     "model.h": "model", "model_config.h": "model", "lora.h": "model",
     "parallel.h": "parallel", "cp.h": "parallel", "ep.h": "parallel", "pp.h": "parallel",
-    "tp.h": "parallel",
+    "tp.h": "parallel", "optim.h": "parallel",
     "data.h": "data", "tokenizer.h": "data", "chat.h": "data", "windows.h": "data",
     "alerts.h": "obs", "metrics.h": "obs", "obs_sinks.h": "obs", "profile.h": "obs",
     "report.h": "obs",
@@ -81,7 +81,8 @@ HEADERS = {
 # their module shares with every module that may use it.
 SHARED_PRIVATE = {"base/json_util.h"}
 
-# loom/kernels.h (the kernel functions themselves) is for kernels/ alone; everyone else calls ops through loom/backend.h's table
+# loom/kernels.h (the kernel functions themselves) is for kernels/ alone; everyone else calls
+# ops through loom/backend.h's table
 # (tests/e2e/test_backend_confined.sh checks the calls).
 KERNELS_H_USERS = {"kernels"}
 
