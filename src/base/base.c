@@ -11,6 +11,7 @@
 #include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <sys/file.h>
 #include <sys/stat.h>
 #include <time.h>
@@ -117,6 +118,27 @@ int loom_parse_i64(const char *s, int64_t lo, int64_t hi, int64_t *out) {
     if (errno == ERANGE || *end || v < lo || v > hi) return -1;
     *out = (int64_t)v;
     return 0;
+}
+
+int loom_parse_f64(const char *s, double *out) {
+    if (!s || !s[0] || isspace((unsigned char)s[0])) return -1;
+    errno = 0;
+    char *end;
+    const double v = strtod(s, &end);
+    /* underflow (ERANGE with a tiny result) is fine; overflow, nan and inf are not */
+    if (*end || !isfinite(v)) return -1;
+    *out = v;
+    return 0;
+}
+
+int loom_parse_bool(const char *s, int *out) {
+    static const char *const yes[] = {"true", "yes", "on", "1"};
+    static const char *const no[] = {"false", "no", "off", "0"};
+    for (int i = 0; s && i < 4; i++) {
+        if (strcasecmp(s, yes[i]) == 0) return *out = 1, 0;
+        if (strcasecmp(s, no[i]) == 0) return *out = 0, 0;
+    }
+    return -1;
 }
 
 char *loom_strdup(const char *s) {

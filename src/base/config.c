@@ -32,31 +32,16 @@ struct loom_config {
     int n, cap;
 };
 
-/* ---- small string builder ------------------------------------------------------------- */
-typedef struct sbuf {
-    char *p;
-    size_t len, cap;
-} sbuf;
-
-static void sb_putn(sbuf *b, const char *s, size_t n) {
-    if (b->len + n + 1 > b->cap) {
-        size_t cap = b->cap ? b->cap : 256;
-        while (b->len + n + 1 > cap) cap *= 2;
-        b->p = loom_realloc(b->p, cap);
-        b->cap = cap;
-    }
-    memcpy(b->p + b->len, s, n);
-    b->len += n;
-    b->p[b->len] = 0;
-}
-static void sb_puts(sbuf *b, const char *s) { sb_putn(b, s, strlen(s)); }
-static void sb_putc(sbuf *b, char ch) { sb_putn(b, &ch, 1); }
-static void sb_indent(sbuf *b, int depth) {
+/* ---- text building: loom_sbuf (include/loom/base.h) and a few shorthands ------------- */
+static void sb_putn(loom_sbuf *b, const char *s, size_t n) { loom_sbuf_append(b, s, n); }
+static void sb_puts(loom_sbuf *b, const char *s) { loom_sbuf_append(b, s, strlen(s)); }
+static void sb_putc(loom_sbuf *b, char ch) { loom_sbuf_append(b, &ch, 1); }
+static void sb_indent(loom_sbuf *b, int depth) {
     for (int i = 0; i < depth; i++) sb_puts(b, "  ");
 }
 /* Returns the text (never NULL) and hands ownership to the caller. */
-static char *sb_take(sbuf *b) {
-    if (!b->p) sb_putn(b, "", 0);
+static char *sb_take(loom_sbuf *b) {
+    if (!b->p) loom_sbuf_append(b, "", 0);
     char *p = b->p;
     b->p = NULL;
     b->len = b->cap = 0;
@@ -153,7 +138,7 @@ static int plain_is_safe(const char *s) {
     return 1;
 }
 
-static void put_quoted(sbuf *b, const char *s) {
+static void put_quoted(loom_sbuf *b, const char *s) {
     sb_putc(b, '"');
     for (const unsigned char *p = (const unsigned char *)s; *p; p++) {
         char esc[8];
@@ -184,7 +169,7 @@ static void put_quoted(sbuf *b, const char *s) {
     sb_putc(b, '"');
 }
 
-static void put_scalar(sbuf *b, const char *s) {
+static void put_scalar(loom_sbuf *b, const char *s) {
     if (plain_is_safe(s)) sb_puts(b, s);
     else put_quoted(b, s);
 }
@@ -248,7 +233,7 @@ static int scalar_text(reader *r, const yaml_event_t *ev, const char **out) {
 }
 
 /* Reads a sequence whose start event was just consumed; appends "[a, b, [c]]" to b. */
-static int read_sequence(reader *r, sbuf *b, int depth) {
+static int read_sequence(reader *r, loom_sbuf *b, int depth) {
     if (depth > CONFIG_MAX_DEPTH)
         return loom_errf(r->err, "%s:%zu: nesting deeper than %d levels", r->name,
                          r->parser.mark.line + 1, CONFIG_MAX_DEPTH);
@@ -334,7 +319,7 @@ static int read_mapping(reader *r, const char *prefix, int depth) {
             } else if (vev.type == YAML_MAPPING_START_EVENT) {
                 rc = read_mapping(r, key, depth + 1);
             } else if (vev.type == YAML_SEQUENCE_START_EVENT) {
-                sbuf b = {0};
+                loom_sbuf b = {0};
                 rc = read_sequence(r, &b, depth + 1);
                 if (!rc) put(r->out, key, b.p, origin, line);
                 free(b.p);
@@ -418,7 +403,7 @@ static int parse_value(const char *text, const char *name, char **out, loom_err 
     if (!yaml_parser_initialize(&r.parser))
         loom_panic(__FILE__, __LINE__, "yaml_parser_initialize failed");
     yaml_parser_set_input_string(&r.parser, (const unsigned char *)text, strlen(text));
-    sbuf b = {0};
+    loom_sbuf b = {0};
     int rc = 0, nodes = 0;
     for (;;) {
         yaml_event_t ev;
@@ -611,30 +596,14 @@ int loom_config_get_double(const loom_config *c, const char *key, double *out, l
     if (lookup(c, key, &x, err)) return -1;
     const char *s = x->value;
     if (!s[0] || isspace((unsigned char)s[0])) return type_error(x, "a number", err);
-    errno = 0;
-    char *end;
-    double v = strtod(s, &end);
-    /* underflow (ERANGE with a tiny result) is fine; overflow, nan and inf are not */
-    if (*end || !isfinite(v)) return type_error(x, "a finite number", err);
-    *out = v;
+    if (loom_parse_f64(s, out)) return type_error(x, "a finite number", err);
     return 0;
 }
 
 int loom_config_get_bool(const loom_config *c, const char *key, int *out, loom_err *err) {
-    static const char *const yes[] = {"true", "yes", "on", "1"};
-    static const char *const no[] = {"false", "no", "off", "0"};
     const entry *x = NULL;
     if (lookup(c, key, &x, err)) return -1;
-    for (int i = 0; i < 4; i++) {
-        if (strcasecmp(x->value, yes[i]) == 0) {
-            *out = 1;
-            return 0;
-        }
-        if (strcasecmp(x->value, no[i]) == 0) {
-            *out = 0;
-            return 0;
-        }
-    }
+    if (!loom_parse_bool(x->value, out)) return 0;
     return type_error(x, "a boolean (true/false, yes/no, on/off, 1/0)", err);
 }
 
@@ -671,7 +640,7 @@ int loom_config_get_list(const loom_config *c, const char *key, char ***items, i
         if (ev.type == YAML_SEQUENCE_START_EVENT && depth == 0) {
             depth = 1;
         } else if (ev.type == YAML_SEQUENCE_START_EVENT) {
-            sbuf b = {0};
+            loom_sbuf b = {0};
             rc = read_sequence(&r, &b, 2);
             item = sb_take(&b);
         } else if (ev.type == YAML_SEQUENCE_END_EVENT) {
@@ -781,11 +750,11 @@ static int count_parts(const char *key) {
 /* Writes one key component (or a dotted run of them) bare or quoted, then its ':' (at
  * `depth`). YAML allows implicit keys of at most 1024 characters: a longer key is written
  * in the explicit form "? key" with the ':' on the next line. */
-static void put_key(sbuf *b, const char *s, size_t n, int depth) {
+static void put_key(loom_sbuf *b, const char *s, size_t n, int depth) {
     char *tmp = loom_malloc(n + 1);
     memcpy(tmp, s, n);
     tmp[n] = 0;
-    sbuf k = {0};
+    loom_sbuf k = {0};
     put_scalar(&k, tmp);
     free(tmp);
     if (k.len > 1000) {
@@ -801,7 +770,7 @@ static void put_key(sbuf *b, const char *s, size_t n, int depth) {
 }
 
 char *loom_config_to_yaml(const loom_config *c) {
-    sbuf b = {0};
+    loom_sbuf b = {0};
     sb_puts(&b, "# resolved loom config\n");
     const char *prev = NULL; /* the previous key */
     int prev_open = 0;       /* sections of prev that are open */

@@ -61,10 +61,9 @@ static int get_str(ctx *c, yaml_node_t *n, const char *key, char **out, size_t *
 static int get_int(ctx *c, yaml_node_t *n, const char *key, int64_t lo, int64_t hi, int64_t *out) {
     const char *s = scalar(c, n, key, NULL);
     if (!s) return -1;
-    char *end;
-    errno = 0;
-    long long v = strtoll(s, &end, 10);
-    if (!*s || *end || errno) return failf(c, n, "'%s' must be an integer, got '%s'", key, s);
+    int64_t v;
+    if (loom_parse_i64(s, INT64_MIN, INT64_MAX, &v))
+        return failf(c, n, "'%s' must be an integer, got '%s'", key, s);
     if (v < lo || v > hi)
         return failf(c, n, "'%s' is out of range: %s (allowed: %lld..%lld)", key, s,
                      (long long)lo, (long long)hi);
@@ -75,21 +74,14 @@ static int get_int(ctx *c, yaml_node_t *n, const char *key, int64_t lo, int64_t 
 static int get_double(ctx *c, yaml_node_t *n, const char *key, double *out) {
     const char *s = scalar(c, n, key, NULL);
     if (!s) return -1;
-    char *end;
-    errno = 0;
-    double v = strtod(s, &end);
-    if (!*s || *end || errno || !isfinite(v))
-        return failf(c, n, "'%s' must be a number, got '%s'", key, s);
-    *out = v;
+    if (loom_parse_f64(s, out)) return failf(c, n, "'%s' must be a number, got '%s'", key, s);
     return 0;
 }
 
 static int get_bool(ctx *c, yaml_node_t *n, const char *key, int *out) {
     const char *s = scalar(c, n, key, NULL);
     if (!s) return -1;
-    if (!strcmp(s, "true") || !strcmp(s, "yes")) *out = 1;
-    else if (!strcmp(s, "false") || !strcmp(s, "no")) *out = 0;
-    else return failf(c, n, "'%s' must be true or false, got '%s'", key, s);
+    if (loom_parse_bool(s, out)) return failf(c, n, "'%s' must be true or false, got '%s'", key, s);
     return 0;
 }
 
