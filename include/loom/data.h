@@ -169,6 +169,30 @@ const char *loom_loader_source(const loom_loader *l, int i, uint64_t *consumed, 
 /* Token i < 256 is byte i. */
 void loom_byte_decode(const int32_t *ids, size_t n, char *out /* n+1 */);
 
+/* ---- MinHash near duplicates (src/data/dedup.c; docs/recipes.md, "dedup_near") ---------
+ * One definition for `loom data build` (the dedup_near step) and `loom synth` (the
+ * near_duplicate validator), so both make the same decision on the same text. */
+/* The MinHash signature (num_perm <= 1024 values) of P (N bytes): shingles of K units (UTF-8
+ * code points when CHARS, else bytes; a string shorter than K is one shingle), each hashed
+ * with XXH3-64, hash function j: h -> a_j h + b_j mod 2^64 (a_j odd). */
+void loom_minhash(const uint8_t *p, size_t n, int k, int chars, int num_perm, uint64_t *sig);
+/* The number of equal signature entries (of num_perm) that makes a duplicate at THRESHOLD:
+ * the least integer >= threshold * num_perm (within 1e-9). */
+int loom_minhash_need(double threshold, int num_perm);
+/* An LSH index of signatures: BANDS bands (dividing num_perm <= 1024; callers check) of
+ * num_perm / bands rows; two signatures are candidates when they agree on a whole band. */
+typedef struct loom_minhash_index loom_minhash_index;
+loom_minhash_index *loom_minhash_index_new(int num_perm, int bands, double threshold);
+void loom_minhash_index_free(loom_minhash_index *m);
+/* Adds a copy of SIG under the caller's ID. */
+void loom_minhash_index_add(loom_minhash_index *m, const uint64_t *sig, int64_t id);
+/* The candidate with the most entries equal to SIG's (ties: the one added first): its id, and
+ * *EQ its equal entries; -1 (and *EQ 0) when no indexed signature shares a band. With
+ * FIRST_DUP, stops at the first candidate that is a duplicate (the decision is the same). */
+int64_t loom_minhash_index_query(loom_minhash_index *m, const uint64_t *sig, int first_dup, int *eq);
+/* EQ equal entries make a duplicate (eq >= loom_minhash_need of the index's threshold) */
+int loom_minhash_index_is_dup(const loom_minhash_index *m, int eq);
+
 /* ---- recipes ---------------------------------------------------------------------------
  * `loom data build RECIPE.yaml`: reads the sources, tokenizes, writes shards + manifest. */
 int loom_data_build(const char *recipe_path, loom_err *err);

@@ -152,7 +152,6 @@ int loom_utf8_valid(const uint8_t *p, size_t n);
 void loom_near_dedup(const loom_docs *docs, int num_perm, int bands, int shingle, double threshold,
                      int chars, uint8_t *keep);
 void loom_exact_dedup(const loom_docs *docs, loom_hashset *set, uint8_t *keep);
-/* MinHash signature (num_perm values) of a byte string with shingles of k units. */
-void loom_minhash(const uint8_t *p, size_t n, int k, int chars, int num_perm, uint64_t *sig);
+/* loom_minhash and the LSH index: include/loom/data.h */
 
 #endif

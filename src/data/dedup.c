@@ -8,10 +8,13 @@
  *   rows, and documents sharing a band are candidates. A candidate is a duplicate when the
  *   estimated Jaccard similarity (the fraction of equal signature values) is >= threshold.
  *   Documents are visited in input order and the first one of a group is kept, so the result
- *   is deterministic (signatures are computed in parallel, the decisions are sequential). */
+ *   is deterministic (signatures are computed in parallel, the decisions are sequential).
+ *   The signature and the LSH index are public (include/loom/data.h): loom synth's
+ *   near_duplicate validator uses them, so it decides as dedup_near does. */
 #define _GNU_SOURCE
 #define XXH_INLINE_ALL
 #include "data/build_source.h"
+#include "loom/data.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -103,91 +106,152 @@ void loom_minhash(const uint8_t *p, size_t n, int k, int chars, int num_perm, ui
     free(start);
 }
 
-/* buckets: a chained hash map from a band key to the kept documents with that band */
-typedef struct bucket_map {
-    uint64_t *keys;   /* (cap) */
-    int64_t *head;    /* (cap) first entry index, -1 = empty slot */
-    size_t cap, n;
-    int64_t *next;    /* (entries) */
-    size_t *doc;      /* (entries) */
-    size_t n_entries, entries_cap;
-} bucket_map;
+/* ---- the LSH index (include/loom/data.h): dedup_near's and synth's near_duplicate's ----
+ * Buckets: open addressing from a band key (XXH3-64 of the band's rows, seeded with the band
+ * number; 0 marks an empty slot, so a key of 0 is stored as 1) to a chain of nodes, one per
+ * (indexed signature, band). A query compares sig with every indexed signature that shares
+ * a band key with it, once each (a stamp per entry). */
+struct loom_minhash_index {
+    int perms, bands, rows, need;
+    uint64_t *sig;              /* (n, perms) the indexed signatures */
+    int64_t *id;                /* (n) the caller's ids */
+    uint64_t *stamp;            /* (n) the query that compared the entry last */
+    size_t n, cap;
+    uint64_t query;
+    uint64_t *bkey;             /* (bcap) */
+    int64_t *bhead;             /* (bcap) first node, -1: none */
+    size_t bcap, bn;
+    int64_t *nidx, *nnext;      /* (ncap) nodes: entry index, next node */
+    size_t nn, ncap;
+};
 
-static int64_t *bm_slot(bucket_map *m, uint64_t key, int create) {
-    if (create && 2 * (m->n + 1) > m->cap) {
-        bucket_map big = {loom_malloc(2 * m->cap * sizeof(uint64_t)),
-                          loom_malloc(2 * m->cap * sizeof(int64_t)), 2 * m->cap, 0,
-                          m->next, m->doc, m->n_entries, m->entries_cap};
-        for (size_t i = 0; i < big.cap; i++) big.head[i] = -1;
-        for (size_t i = 0; i < m->cap; i++)
-            if (m->head[i] >= 0) *bm_slot(&big, m->keys[i], 1) = m->head[i];
-        free(m->keys);
-        free(m->head);
-        *m = big;
-    }
-    size_t mask = m->cap - 1, i = (size_t)loom_mix64(key) & mask;
-    while (m->head[i] >= 0 || (create && m->head[i] == -2)) {
-        if (m->keys[i] == key) return &m->head[i];
-        i = (i + 1) & mask;
-    }
-    if (!create) return NULL;
-    m->keys[i] = key;
-    m->head[i] = -2; /* reserved: the caller stores an entry index */
-    m->n++;
-    return &m->head[i];
+int loom_minhash_need(double threshold, int num_perm) {
+    int need = 0;
+    while ((double)need < threshold * num_perm - 1e-9) need++;
+    return need;
 }
 
-static void bm_add(bucket_map *m, uint64_t key, size_t doc) {
-    int64_t *h = bm_slot(m, key, 1);
-    if (m->n_entries == m->entries_cap) {
-        m->entries_cap = m->entries_cap ? 2 * m->entries_cap : 1024;
-        m->next = loom_realloc(m->next, m->entries_cap * sizeof *m->next);
-        m->doc = loom_realloc(m->doc, m->entries_cap * sizeof *m->doc);
-    }
-    m->next[m->n_entries] = *h >= 0 ? *h : -1;
-    m->doc[m->n_entries] = doc;
-    *h = (int64_t)m->n_entries++;
+loom_minhash_index *loom_minhash_index_new(int num_perm, int bands, double threshold) {
+    LOOM_CHECK(num_perm >= 1 && num_perm <= 1024 && bands >= 1 && num_perm % bands == 0);
+    loom_minhash_index *m = loom_calloc(1, sizeof *m);
+    m->perms = num_perm;
+    m->bands = bands;
+    m->rows = num_perm / bands;
+    m->need = loom_minhash_need(threshold, num_perm);
+    m->bcap = 1024;
+    m->bkey = loom_calloc(m->bcap, sizeof *m->bkey);
+    m->bhead = loom_malloc(m->bcap * sizeof *m->bhead);
+    for (size_t i = 0; i < m->bcap; i++) m->bhead[i] = -1;
+    return m;
 }
 
+void loom_minhash_index_free(loom_minhash_index *m) {
+    if (!m) return;
+    free(m->sig), free(m->id), free(m->stamp), free(m->bkey), free(m->bhead);
+    free(m->nidx), free(m->nnext);
+    free(m);
+}
+
+int loom_minhash_index_is_dup(const loom_minhash_index *m, int eq) { return eq >= m->need; }
+
+static uint64_t band_key(const loom_minhash_index *m, const uint64_t *sig, int band) {
+    const uint64_t k = XXH3_64bits_withSeed(sig + (size_t)band * (size_t)m->rows,
+                                            (size_t)m->rows * sizeof *sig, (uint64_t)band);
+    return k ? k : 1;
+}
+
+static size_t band_slot(const loom_minhash_index *m, uint64_t key) {
+    size_t i = (size_t)key & (m->bcap - 1);
+    while (m->bkey[i] && m->bkey[i] != key) i = (i + 1) & (m->bcap - 1);
+    return i;
+}
+
+void loom_minhash_index_add(loom_minhash_index *m, const uint64_t *sig, int64_t id) {
+    if (m->n == m->cap) {
+        m->cap = m->cap ? 2 * m->cap : 256;
+        m->sig = loom_realloc(m->sig, (size_t)m->cap * (size_t)m->perms * sizeof *m->sig);
+        m->id = loom_realloc(m->id, (size_t)m->cap * sizeof *m->id);
+        m->stamp = loom_realloc(m->stamp, (size_t)m->cap * sizeof *m->stamp);
+    }
+    const size_t idx = m->n++;
+    memcpy(m->sig + (size_t)idx * (size_t)m->perms, sig, (size_t)m->perms * sizeof *sig);
+    m->id[idx] = id;
+    m->stamp[idx] = 0;
+    for (int band = 0; band < m->bands; band++) {
+        if (2 * (m->bn + 1) > m->bcap) { /* grow and rehash */
+            const size_t oc = m->bcap;
+            uint64_t *ok = m->bkey;
+            int64_t *oh = m->bhead;
+            m->bcap *= 2;
+            m->bkey = loom_calloc(m->bcap, sizeof *m->bkey);
+            m->bhead = loom_malloc(m->bcap * sizeof *m->bhead);
+            for (size_t i = 0; i < m->bcap; i++) m->bhead[i] = -1;
+            for (size_t i = 0; i < oc; i++) {
+                if (!ok[i]) continue;
+                const size_t sl = band_slot(m, ok[i]);
+                m->bkey[sl] = ok[i];
+                m->bhead[sl] = oh[i];
+            }
+            free(ok);
+            free(oh);
+        }
+        const uint64_t key = band_key(m, sig, band);
+        const size_t sl = band_slot(m, key);
+        if (!m->bkey[sl]) m->bkey[sl] = key, m->bn++;
+        if (m->nn == m->ncap) {
+            m->ncap = m->ncap ? 2 * m->ncap : 1024;
+            m->nidx = loom_realloc(m->nidx, m->ncap * sizeof *m->nidx);
+            m->nnext = loom_realloc(m->nnext, m->ncap * sizeof *m->nnext);
+        }
+        m->nidx[m->nn] = (int64_t)idx;
+        m->nnext[m->nn] = m->bhead[sl];
+        m->bhead[sl] = (int64_t)m->nn++;
+    }
+}
+
+int64_t loom_minhash_index_query(loom_minhash_index *m, const uint64_t *sig, int first_dup, int *eq) {
+    int64_t bi = -1;
+    int best = -1;
+    m->query++;
+    for (int band = 0; band < m->bands; band++) {
+        const size_t sl = band_slot(m, band_key(m, sig, band));
+        if (!m->bkey[sl]) continue;
+        for (int64_t nd = m->bhead[sl]; nd >= 0; nd = m->nnext[nd]) {
+            const int64_t idx = m->nidx[nd];
+            if (m->stamp[idx] == m->query) continue;
+            m->stamp[idx] = m->query;
+            const uint64_t *o = m->sig + (size_t)idx * (size_t)m->perms;
+            int e = 0;
+            for (int i = 0; i < m->perms; i++) e += o[i] == sig[i];
+            if (bi < 0 || e > best || (e == best && idx < bi)) best = e, bi = idx;
+            if (first_dup && e >= m->need) goto out;
+        }
+    }
+out:
+    *eq = bi < 0 ? 0 : best;
+    return bi < 0 ? -1 : m->id[bi];
+}
+
+/* signatures in parallel, a chunk at a time; decisions in document order */
 void loom_near_dedup(const loom_docs *docs, int num_perm, int bands, int shingle, double threshold,
                      int chars, uint8_t *keep) {
-    size_t n = docs->n;
-    int rows = num_perm / bands;
-    LOOM_CHECK(num_perm <= 1024 && rows >= 1 && rows * bands == num_perm);
-    uint64_t *sig = loom_malloc((n ? n : 1) * (size_t)num_perm * sizeof *sig);
-    #pragma omp parallel for schedule(dynamic, 16)
-    for (size_t i = 0; i < n; i++)
-        loom_minhash(loom_doc_bytes(docs, i), docs->v[i].len, shingle, chars, num_perm,
-                     sig + i * (size_t)num_perm);
-    bucket_map m = {0};
-    m.cap = 1024;
-    m.keys = loom_malloc(m.cap * sizeof *m.keys);
-    m.head = loom_malloc(m.cap * sizeof *m.head);
-    for (size_t i = 0; i < m.cap; i++) m.head[i] = -1;
-    int need = 0;
-    while ((double)need < threshold * num_perm - 1e-9) need++; /* equal values for a match */
-    uint64_t *keys = loom_malloc((size_t)bands * sizeof *keys);
-    for (size_t i = 0; i < n; i++) {
-        const uint64_t *si = sig + i * (size_t)num_perm;
-        int dup = 0;
-        for (int b = 0; b < bands && !dup; b++) {
-            keys[b] = XXH3_64bits_withSeed(si + b * rows, (size_t)rows * sizeof *si, (uint64_t)b);
-            int64_t *h = bm_slot(&m, keys[b], 0);
-            for (int64_t e = h ? *h : -1; e >= 0 && !dup; e = m.next[e]) {
-                const uint64_t *sj = sig + m.doc[e] * (size_t)num_perm;
-                int eq = 0;
-                for (int j = 0; j < num_perm; j++) eq += si[j] == sj[j];
-                dup = eq >= need;
-            }
+    const size_t n = docs->n, chunk = 4096;
+    loom_minhash_index *m = loom_minhash_index_new(num_perm, bands, threshold);
+    uint64_t *sig = loom_malloc((n < chunk ? (n ? n : 1) : chunk) * (size_t)num_perm * sizeof *sig);
+    for (size_t c0 = 0; c0 < n; c0 += chunk) {
+        const size_t c1 = c0 + chunk < n ? c0 + chunk : n;
+        #pragma omp parallel for schedule(dynamic, 16)
+        for (size_t i = c0; i < c1; i++)
+            loom_minhash(loom_doc_bytes(docs, i), docs->v[i].len, shingle, chars, num_perm,
+                         sig + (i - c0) * (size_t)num_perm);
+        for (size_t i = c0; i < c1; i++) {
+            const uint64_t *si = sig + (i - c0) * (size_t)num_perm;
+            int eq;
+            const int dup = loom_minhash_index_query(m, si, 1, &eq) >= 0 && loom_minhash_index_is_dup(m, eq);
+            keep[i] = (uint8_t)!dup;
+            if (!dup) loom_minhash_index_add(m, si, (int64_t)i);
         }
-        keep[i] = (uint8_t)!dup;
-        if (!dup)
-            for (int b = 0; b < bands; b++) bm_add(&m, keys[b], i);
     }
-    free(keys);
-    free(m.keys);
-    free(m.head);
-    free(m.next);
-    free(m.doc);
     free(sig);
+    loom_minhash_index_free(m);
 }

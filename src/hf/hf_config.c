@@ -19,57 +19,31 @@
 
 #define HF_MAX_JSON ((size_t)64 << 20)
 
-/* ---- JSON helpers ---------------------------------------------------------------------- */
+/* ---- JSON keys: base's typed getters (src/base/json_util.h) --------------------------- */
 
 /* an integer key in [lo, hi]; absent or null: dflt, or an error when required */
 static int j_int(json_t *o, const char *path, const char *key, int required, int64_t dflt,
                  int64_t lo, int64_t hi, int *out, loom_err *err) {
-    json_t *v = json_object_get(o, key);
-    if (!v || json_is_null(v)) {
-        if (required) return loom_errf(err, "%s: '%s' is missing", path, key);
-        *out = (int)dflt;
-        return 0;
-    }
-    if (!json_is_integer(v) || json_integer_value(v) < lo || json_integer_value(v) > hi)
-        return loom_errf(err, "%s: '%s' must be an integer in [%lld, %lld]", path, key,
-                         (long long)lo, (long long)hi);
-    *out = (int)json_integer_value(v);
+    int64_t v;
+    if (loom_json_int(o, path, "", key, required, dflt, lo, hi, &v, err)) return -1;
+    *out = (int)v;
     return 0;
 }
 
+/* a positive finite number */
 static int j_num(json_t *o, const char *path, const char *key, double dflt, double *out,
                  loom_err *err) {
-    json_t *v = json_object_get(o, key);
-    if (!v || json_is_null(v)) {
-        *out = dflt;
-        return 0;
-    }
-    if (!json_is_number(v) || !(json_number_value(v) > 0) || !isfinite(json_number_value(v)))
-        return loom_errf(err, "%s: '%s' must be a positive number", path, key);
-    *out = json_number_value(v);
-    return 0;
+    return loom_json_num(o, path, "", key, dflt, 0, 1, INFINITY, out, err);
 }
 
 static int j_bool(json_t *o, const char *path, const char *key, int dflt, int *out,
                   loom_err *err) {
-    json_t *v = json_object_get(o, key);
-    if (!v || json_is_null(v)) {
-        *out = dflt;
-        return 0;
-    }
-    if (!json_is_boolean(v)) return loom_errf(err, "%s: '%s' must be true or false", path, key);
-    *out = json_is_true(v);
-    return 0;
+    return loom_json_bool(o, path, "", key, dflt, out, err);
 }
 
 /* a string key (NULL when absent or null); a non-string is an error */
 static int j_str(json_t *o, const char *path, const char *key, const char **out, loom_err *err) {
-    json_t *v = json_object_get(o, key);
-    *out = NULL;
-    if (!v || json_is_null(v)) return 0;
-    if (!json_is_string(v)) return loom_errf(err, "%s: '%s' must be a string", path, key);
-    *out = json_string_value(v);
-    return 0;
+    return loom_json_str(o, path, "", key, out, err);
 }
 
 double hf_float_as_double(float f) {
@@ -201,15 +175,11 @@ int loom_hf_is_dir(const char *dir) {
 /* a number key inside an object (absent or null: dflt); lo: the exclusive lower bound */
 static int j_float(json_t *o, const char *path, const char *obj, const char *key, double dflt,
                    double lo, float *out, loom_err *err) {
-    json_t *v = json_object_get(o, key);
-    if (!v || json_is_null(v)) {
-        *out = (float)dflt;
-        return 0;
-    }
-    if (!json_is_number(v) || !(json_number_value(v) > lo) || !isfinite(json_number_value(v)))
-        return loom_errf(err, "%s: '%s%s%s' must be a number > %g", path, obj ? obj : "",
-                         obj ? "." : "", key, lo);
-    *out = (float)json_number_value(v);
+    char prefix[128];
+    snprintf(prefix, sizeof prefix, "%s%s", obj ? obj : "", obj ? "." : "");
+    double v;
+    if (loom_json_num(o, path, prefix, key, dflt, lo, 1, INFINITY, &v, err)) return -1;
+    *out = (float)v;
     return 0;
 }
 

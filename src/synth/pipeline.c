@@ -2,120 +2,22 @@
 #define _GNU_SOURCE
 #include "synth/synth_internal.h"
 
-#include <errno.h>
 #include <sys/stat.h>
-#include <yaml.h>
 
 #include "loom/checkpoint.h"
 
-/* ---- YAML -> JSON (the pipeline file) ------------------------------------------------- */
-
-static json_t *yaml_node_json(yaml_document_t *d, yaml_node_t *n, int depth, long *budget) {
-    if (!n || depth > 64 || --*budget < 0) return NULL;
-    switch (n->type) {
-    case YAML_SCALAR_NODE: {
-        const char *v = (const char *)n->data.scalar.value;
-        const size_t len = n->data.scalar.length;
-        if (n->data.scalar.style == YAML_PLAIN_SCALAR_STYLE) {
-            char *end;
-            if (len && len < 32) {
-                errno = 0;
-                long long i = strtoll(v, &end, 10);
-                if (!errno && *end == 0) return json_integer(i);
-                double x = strtod(v, &end);
-                if (*end == 0 && end != v) return json_real(x);
-            }
-            if (!strcmp(v, "true")) return json_true();
-            if (!strcmp(v, "false")) return json_false();
-            if (!strcmp(v, "null") || !strcmp(v, "~") || len == 0) return json_null();
-        }
-        return json_stringn(v, len);
-    }
-    case YAML_SEQUENCE_NODE: {
-        json_t *a = json_array();
-        for (yaml_node_item_t *it = n->data.sequence.items.start; it < n->data.sequence.items.top; it++) {
-            json_t *x = yaml_node_json(d, yaml_document_get_node(d, *it), depth + 1, budget);
-            if (!x) {
-                json_decref(a);
-                return NULL;
-            }
-            json_array_append_new(a, x);
-        }
-        return a;
-    }
-    case YAML_MAPPING_NODE: {
-        json_t *o = json_object();
-        for (yaml_node_pair_t *p = n->data.mapping.pairs.start; p < n->data.mapping.pairs.top; p++) {
-            yaml_node_t *k = yaml_document_get_node(d, p->key);
-            json_t *x = k && k->type == YAML_SCALAR_NODE
-                            ? yaml_node_json(d, yaml_document_get_node(d, p->value), depth + 1, budget)
-                            : NULL;
-            if (!x || json_object_get(o, (const char *)k->data.scalar.value)) {
-                json_decref(x);
-                json_decref(o);
-                return NULL;
-            }
-            json_object_set_new(o, (const char *)k->data.scalar.value, x);
-        }
-        return o;
-    }
-    default: return NULL;
-    }
-}
-
-json_t *synth_load_yaml(const char *path, loom_err *err) {
-    char *text = NULL;
-    size_t len = 0;
-    if (loom_read_file(path, (size_t)16 << 20, &text, &len, err)) return NULL;
-    yaml_parser_t p;
-    yaml_document_t d;
-    yaml_parser_initialize(&p);
-    yaml_parser_set_input_string(&p, (const unsigned char *)text, len);
-    json_t *out = NULL;
-    if (!yaml_parser_load(&p, &d)) {
-        loom_errf(err, "%s:%zu:%zu: %s", path, p.problem_mark.line + 1, p.problem_mark.column + 1,
-                  p.problem ? p.problem : "malformed YAML");
-    } else {
-        long budget = 1000000;
-        yaml_node_t *root = yaml_document_get_root_node(&d);
-        out = root ? yaml_node_json(&d, root, 0, &budget) : NULL;
-        if (!out || !json_is_object(out)) {
-            json_decref(out);
-            out = NULL;
-            loom_errf(err, "%s: expected a mapping at the top (no duplicate keys, at most 64 "
-                           "levels and 10^6 nodes)", path);
-        }
-        yaml_document_delete(&d);
-    }
-    yaml_parser_delete(&p);
-    free(text);
-    return out;
-}
-
+/* typed keys: base's getters (src/base/json_util.h); errors name the file and 'WHEREKEY' */
 static int jint(pipeline *P, json_t *o, const char *where, const char *k, long long def,
                 long long lo, long long hi, long long *out, loom_err *err) {
-    json_t *x = json_object_get(o, k);
-    if (!x) {
-        *out = def;
-        return 0;
-    }
-    if (!json_is_integer(x) || json_integer_value(x) < lo || json_integer_value(x) > hi)
-        return loom_errf(err, "%s: %s%s must be an integer in [%lld, %lld]", P->path, where, k, lo, hi);
-    *out = json_integer_value(x);
+    int64_t v;
+    if (loom_json_int(o, P->path, where, k, 0, def, lo, hi, &v, err)) return -1;
+    *out = v;
     return 0;
 }
 
 static int jnum(pipeline *P, json_t *o, const char *where, const char *k, double def, double lo,
                 double hi, double *out, loom_err *err) {
-    json_t *x = json_object_get(o, k);
-    if (!x) {
-        *out = def;
-        return 0;
-    }
-    if (!json_is_number(x) || !(json_number_value(x) >= lo && json_number_value(x) <= hi))
-        return loom_errf(err, "%s: %s%s must be a number in [%g, %g]", P->path, where, k, lo, hi);
-    *out = json_number_value(x);
-    return 0;
+    return loom_json_num(o, P->path, where, k, def, lo, 0, hi, out, err);
 }
 
 static int check_keys(pipeline *P, json_t *o, const char *where, const char *const *known, loom_err *err) {
@@ -185,7 +87,7 @@ static int generator_identity(pipeline *P, loom_err *err) {
     json_t *st = json_array();
     for (int i = 0; i < P->g.n_stop; i++) json_array_append_new(st, json_string(P->g.stop[i]));
     json_object_set_new(g, "stop", st);
-    if (P->g.chat_tpl) json_object_set_new(g, "chat_template", json_string(jstr(json_object_get(P->root, "generator"), "chat_template", "plain")));
+    if (P->g.chat_tpl) json_object_set_new(g, "chat_template", json_string(loom_json_str_or(json_object_get(P->root, "generator"), "chat_template", "plain")));
     if (P->g.bf16) json_object_set_new(g, "weights", json_string("bf16"));
     if (P->g.cbf16) json_object_set_new(g, "compute", json_string("bf16"));
     if (P->g.http) {
@@ -220,7 +122,7 @@ int synth_parse_pipeline(pipeline *P, loom_err *err) {
     if (jint(P, r, "", "samples_per_seed", 1, 1, 1000, &v, err)) return -1;
     P->samples = (int)v;
     json_t *tpls = json_object_get(r, "templates");
-    const char *tname = jstr(r, "template", NULL);
+    const char *tname = loom_json_str_or(r, "template", NULL);
     if (!json_is_object(tpls) || !tname)
         return loom_errf(err, "%s: 'templates' (a mapping of name: text) and 'template' (the name "
                               "to use) are required", P->path);
@@ -236,11 +138,11 @@ int synth_parse_pipeline(pipeline *P, loom_err *err) {
     P->tpl = json_string_value(t);
     if (!strstr(P->tpl, "{seed}"))
         return loom_errf(err, "%s: templates.%s has no {seed} placeholder", P->path, tname);
-    P->feedback = jstr(r, "feedback", "\n(An earlier answer was rejected: {message}. Write a corrected one.)\n");
-    P->output = jstr(r, "output", NULL);
+    P->feedback = loom_json_str_or(r, "feedback", "\n(An earlier answer was rejected: {message}. Write a corrected one.)\n");
+    P->output = loom_json_str_or(r, "output", NULL);
     if (!P->output) return loom_errf(err, "%s: 'output' (the JSONL file of accepted samples) is required", P->path);
-    P->summary = jstr(r, "summary", NULL);
-    P->rejected = jstr(r, "rejected", NULL);
+    P->summary = loom_json_str_or(r, "summary", NULL);
+    P->rejected = loom_json_str_or(r, "rejected", NULL);
     json_t *cj = json_object_get(r, "cache");
     if (cj && !json_is_false(cj) && !(json_is_string(cj) && json_string_length(cj)))
         return loom_errf(err, "%s: 'cache' must be a directory or false", P->path);
@@ -254,26 +156,26 @@ int synth_parse_pipeline(pipeline *P, loom_err *err) {
                                      "batch", "chat_template", "weights", "compute", NULL};
     if (!json_is_object(g)) return loom_errf(err, "%s: 'generator' (a mapping) is required", P->path);
     if (check_keys(P, g, "generator.", gk, err)) return -1;
-    const char *kind = jstr(g, "kind", "");
+    const char *kind = loom_json_str_or(g, "kind", "");
     if (!strcmp(kind, "http")) {
         P->g.http = 1;
-        const char *url = jstr(g, "url", NULL);
+        const char *url = loom_json_str_or(g, "url", NULL);
         if (!url || strncmp(url, "http", 4) || strlen(url) >= sizeof P->g.url)
             return loom_errf(err, "%s: generator.url must be an http(s) URL ending at /v1", P->path);
         snprintf(P->g.url, sizeof P->g.url, "%s", url);
         size_t ul = strlen(P->g.url);
         while (ul && P->g.url[ul - 1] == '/') P->g.url[--ul] = 0;
-        snprintf(P->g.model, sizeof P->g.model, "%s", jstr(g, "model", "loom"));
+        snprintf(P->g.model, sizeof P->g.model, "%s", loom_json_str_or(g, "model", "loom"));
     } else if (!strcmp(kind, "local")) {
-        const char *ck = jstr(g, "checkpoint", NULL);
+        const char *ck = loom_json_str_or(g, "checkpoint", NULL);
         if (!ck) return loom_errf(err, "%s: generator.checkpoint is required for kind local", P->path);
         snprintf(P->g.checkpoint, sizeof P->g.checkpoint, "%s", ck);
         snprintf(P->g.model, sizeof P->g.model, "%s", ck);
-        const char *wt = jstr(g, "weights", "fp32");
+        const char *wt = loom_json_str_or(g, "weights", "fp32");
         if (strcmp(wt, "fp32") && strcmp(wt, "bf16"))
             return loom_errf(err, "%s: generator.weights must be fp32 or bf16", P->path);
         P->g.bf16 = !strcmp(wt, "bf16");
-        const char *cm = jstr(g, "compute", "fp32");
+        const char *cm = loom_json_str_or(g, "compute", "fp32");
         if (strcmp(cm, "fp32") && strcmp(cm, "bf16"))
             return loom_errf(err, "%s: generator.compute must be fp32 or bf16", P->path);
         P->g.cbf16 = !strcmp(cm, "bf16");
@@ -311,7 +213,7 @@ int synth_parse_pipeline(pipeline *P, loom_err *err) {
         P->g.stop[P->g.n_stop++] = strdup(json_string_value(x));
     }
     json_decref(st);
-    const char *ct = jstr(g, "chat_template", NULL);
+    const char *ct = loom_json_str_or(g, "chat_template", NULL);
     if (ct && P->g.http)
         return loom_errf(err, "%s: generator.chat_template is for kind local (an HTTP server applies "
                               "its own template)", P->path);
@@ -336,8 +238,8 @@ int synth_parse_pipeline(pipeline *P, loom_err *err) {
         validator *d = &P->v[i];
         char where[64];
         snprintf(where, sizeof where, "validators[%zu].", i);
-        const char *k = jstr(x, "kind", "");
-        snprintf(d->name, sizeof d->name, "%s", jstr(x, "name", k));
+        const char *k = loom_json_str_or(x, "kind", "");
+        snprintf(d->name, sizeof d->name, "%s", loom_json_str_or(x, "name", k));
         if (!strcmp(k, "length")) {
             static const char *const kk[] = {"kind", "name", "min", "max", NULL};
             if (check_keys(P, x, where, kk, err) || jint(P, x, where, "min", 0, 0, 1LL << 40, &d->min, err) ||
@@ -346,7 +248,7 @@ int synth_parse_pipeline(pipeline *P, loom_err *err) {
             d->kind = V_LENGTH;
         } else if (!strcmp(k, "regex")) {
             static const char *const kk[] = {"kind", "name", "pattern", NULL};
-            const char *pat = jstr(x, "pattern", NULL);
+            const char *pat = loom_json_str_or(x, "pattern", NULL);
             if (check_keys(P, x, where, kk, err)) return -1;
             if (!pat) return loom_errf(err, "%s: %spattern is required", P->path, where);
             int ec;
@@ -390,8 +292,8 @@ int synth_parse_pipeline(pipeline *P, loom_err *err) {
             long long sh = 0, pe = 0, ba = 1;
             double th = 0;
             if (check_keys(P, x, where, kk, err) || jint(P, x, where, "shingle", 5, 1, 1024, &sh, err) ||
-                jint(P, x, where, "permutations", 128, 1, 4096, &pe, err) ||
-                jint(P, x, where, "bands", 16, 1, 4096, &ba, err) ||
+                jint(P, x, where, "permutations", 128, 1, 1024, &pe, err) ||
+                jint(P, x, where, "bands", 16, 1, 1024, &ba, err) ||
                 jnum(P, x, where, "threshold", 0.8, 0, 1, &th, err))
                 return -1;
             if (pe % ba)
@@ -404,7 +306,7 @@ int synth_parse_pipeline(pipeline *P, loom_err *err) {
             d->kind = V_NEARDUP;
         } else if (!strcmp(k, "score")) {
             static const char *const kk[] = {"kind", "name", "checkpoint", "min", "max", "prefix", NULL};
-            const char *ck = jstr(x, "checkpoint", NULL), *pre = jstr(x, "prefix", "");
+            const char *ck = loom_json_str_or(x, "checkpoint", NULL), *pre = loom_json_str_or(x, "prefix", "");
             if (check_keys(P, x, where, kk, err)) return -1;
             if (!ck) return loom_errf(err, "%s: %scheckpoint (a loom checkpoint) is required", P->path, where);
             if (!json_is_number(json_object_get(x, "min")))

@@ -12,12 +12,10 @@
 
 #include <curl/curl.h>
 #include <errno.h>
-#include <math.h>
 #include <signal.h>
 #include <unistd.h>
 
 #include "loom/progress.h"
-#include "loom/train.h"
 
 static void run_pool(void *(*fn)(void *), void *arg, int threads) {
     pthread_t *t = loom_calloc((size_t)threads, sizeof *t);
@@ -41,8 +39,8 @@ int loom_synth_run(const char *path, const loom_synth_opts *o, loom_err *err) {
     const int rank = loom_comm_world_rank(), world = loom_comm_world_size();
     const int quiet = (o && o->quiet) || rank > 0;
     int uniform = 1; /* an error every rank meets alike (the pipeline file) */
-    P.root = synth_load_yaml(path, err);
-    if (!P.root || synth_parse_pipeline(&P, err)) goto done;
+    if (loom_yaml_json_file(path, (size_t)16 << 20, &P.root, err) || synth_parse_pipeline(&P, err))
+        goto done;
     const int threads = o && o->threads > 0 ? o->threads : 2;
     signal(SIGPIPE, SIG_IGN); /* a command validator that exits without reading its input */
     if (o && o->no_cache) P.C.on = 0;
@@ -234,12 +232,12 @@ int loom_synth_run(const char *path, const loom_synth_opts *o, loom_err *err) {
                         uint64_t *sig = loom_malloc((size_t)mh->perms * sizeof *sig);
                         synth_mh_signature(mh, it->text, it->tlen, sig);
                         double best;
-                        const int idx = synth_mh_query(mh, sig, &best);
+                        int og = 0;
+                        const int found = synth_mh_query(mh, sig, &og, &best);
                         free(sig);
-                        const int near = idx >= 0 && best >= mh->threshold;
+                        const int near = found > 0;
                         char what[96] = "", msg[200] = "";
-                        if (idx >= 0) {
-                            const int og = mh->origin[idx];
+                        if (found >= 0) {
                             if (og < 0) snprintf(what, sizeof what, "seed %d", -1 - og);
                             else snprintf(what, sizeof what, "the sample %d of seed %d", items[og].sample, items[og].seed_idx);
                         }
@@ -247,7 +245,7 @@ int loom_synth_run(const char *path, const loom_synth_opts *o, loom_err *err) {
                             snprintf(msg, sizeof msg, "a near duplicate of %s (estimated Jaccard similarity %.3f >= %g)",
                                      what, best, mh->threshold);
                         json_t *res = json_pack("{s:s,s:b,s:s}", "validator", P.v[v].name, "ok", !near, "message", msg);
-                        if (idx >= 0) {
+                        if (found >= 0) {
                             json_object_set_new(res, "similarity", json_real(best));
                             json_object_set_new(res, "nearest", json_string(what));
                         }

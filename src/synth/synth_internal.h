@@ -1,6 +1,7 @@
 /* loom synth's private header: the pipeline, its items, validators, generators, the cache, and
  * the functions the files of src/synth/ share (docs/synth.md). One file per concern:
- *   pipeline.c  the pipeline file: YAML -> JSON, its keys, the generator's and validators' identities
+ *   pipeline.c  the pipeline file (read by base's loom_yaml_json_file): its keys, the generator's
+ *               and validators' identities
  *   seeds.c     seed sources (text, JSONL, zstd) and templates
  *   minhash.c   the near_duplicate validator's MinHash index
  *   validate.c  the per-item validators (length, regex, json, command) and the validation pool
@@ -23,8 +24,10 @@
 #define PCRE2_CODE_UNIT_WIDTH 8
 #include <pcre2.h>
 
+#include "base/json_util.h"
 #include "loom/chat.h"
 #include "loom/comm.h"
+#include "loom/data.h"
 #include "loom/infer.h"
 #include "loom/synth.h"
 #include "loom/tokenizer.h"
@@ -39,26 +42,11 @@ static inline uint64_t fnv1a(const char *s, size_t n) {
     return h;
 }
 
-static inline const char *jstr(json_t *o, const char *k, const char *def) {
-    json_t *x = json_object_get(o, k);
-    return json_is_string(x) ? json_string_value(x) : def;
-}
-
 /* ---- MinHash (minhash.c) ---- */
 typedef struct mh_index {
-    int perms, bands, rows, shingle;
+    int perms, bands, shingle;
     double threshold;
-    uint64_t *a, *b;
-    uint64_t *sig;              /* the pool's signatures, n x perms */
-    int *origin;                /* >= 0: an item index; < 0: seed -1 - origin */
-    int n, cap;
-    uint64_t *bkey;             /* buckets (open addressing): band key -> first node */
-    int *bhead;
-    size_t bcap, bn;
-    int *nidx, *nnext;          /* nodes: pool index, next node */
-    size_t nn, ncap;
-    int *stamp;                 /* per pool entry: the query that saw it last */
-    int query;
+    loom_minhash_index *ix;     /* the seeds' and the accepted samples' signatures */
 } mh_index;
 
 /* ---- the content-hash cache (cache.c) ---- */
@@ -195,7 +183,6 @@ typedef struct vpool {
 } vpool;
 
 /* pipeline.c */
-json_t *synth_load_yaml(const char *path, loom_err *err);
 int synth_parse_pipeline(pipeline *P, loom_err *err);
 /* seeds.c */
 int synth_load_seeds(const char *where, json_t *list, seeds *s, loom_err *err);
@@ -205,7 +192,9 @@ void synth_mh_init(mh_index *m);
 void synth_mh_free(mh_index *m);
 void synth_mh_signature(const mh_index *m, const char *t, size_t n, uint64_t *sig);
 void synth_mh_add(mh_index *m, const uint64_t *sig, int origin);
-int synth_mh_query(mh_index *m, const uint64_t *sig, double *best);
+/* the most similar candidate in the pool: -1 when none; else 1 if it makes sig a near duplicate
+ * (0 if not), *origin its origin (an item index, or -1 - the seed index), *best its estimate */
+int synth_mh_query(mh_index *m, const uint64_t *sig, int *origin, double *best);
 /* cache.c */
 void synth_sha_hex_parts(char hex[65], const char *a, const char *b, size_t bn);
 int synth_cache_open(cache *c, int writer, loom_err *err);

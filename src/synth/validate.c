@@ -236,7 +236,7 @@ static void validate_item(pipeline *P, item *it) {
         if (hit) {
             it->val_hits++;
             bad = !json_is_true(json_object_get(hit, "ok"));
-            snprintf(msg, sizeof msg, "%s", jstr(hit, "message", ""));
+            snprintf(msg, sizeof msg, "%s", loom_json_str_or(hit, "message", ""));
             json_t *sj = json_object_get(hit, "score");
             if (json_is_number(sj)) score = json_number_value(sj);
         } else {

@@ -8,6 +8,7 @@
 #include "data/recipe.h"
 #include "loom/data.h"
 #include "loom/windows.h"
+#include "synth/synth_internal.h"
 
 /* ---- UTF-8 repair ---- */
 static void check_repair(const char *in, size_t n, const char *want, size_t want_n) {
@@ -77,6 +78,60 @@ static void test_near_dedup(void **state) {
     for (int j = 0; j < 128; j++) eq += a[j] == b[j];
     assert_true(eq < 64);
     loom_docs_free(&d);
+}
+
+/* `loom data build`'s dedup_near and `loom synth`'s near_duplicate validator make the same
+ * decision on the same pair: data's step on the documents [a, b] drops b exactly when synth,
+ * with a in its pool (a seed), rejects b. Pairs from identical to unrelated by edits, across
+ * the threshold, ASCII and multi-byte UTF-8 (shingles count code points in both). */
+static void test_near_dedup_synth_agrees(void **state) {
+    (void)state;
+    char a[4096], b[4096];
+    int dups = 0, kept = 0;
+    for (int utf8 = 0; utf8 < 2; utf8++)
+        for (int edits = 0; edits <= 60; edits += 2) {
+            words_doc(100 + (uint64_t)utf8, 120, a, sizeof a);
+            if (utf8) { /* every 'e' -> U+00E9 (2 bytes) */
+                char t[4096];
+                size_t o = 0;
+                for (const char *p = a; *p && o + 3 < sizeof t; p++) {
+                    if (*p == 'e') t[o++] = (char)0xc3, t[o++] = (char)0xa9;
+                    else t[o++] = *p;
+                }
+                t[o] = 0;
+                memcpy(a, t, o + 1);
+            }
+            memcpy(b, a, strlen(a) + 1);
+            const size_t n = strlen(b);
+            for (int e = 0; e < edits; e++) { /* spread single-byte ASCII edits */
+                size_t at = (size_t)(loom_rng_u64(7, (uint64_t)edits, (uint64_t)e) % n);
+                while ((unsigned char)b[at] >= 0x80) at = (at + 1) % n;
+                b[at] = (char)('A' + e % 26);
+            }
+            loom_docs d = {0};
+            loom_docs_add(&d, a, strlen(a), -1, 0);
+            loom_docs_add(&d, b, strlen(b), -1, 0);
+            uint8_t keep[2];
+            loom_near_dedup(&d, 128, 16, 5, 0.8, 1, keep);
+            assert_int_equal(keep[0], 1);
+            loom_docs_free(&d);
+            mh_index mh = {.perms = 128, .bands = 16, .shingle = 5, .threshold = 0.8};
+            synth_mh_init(&mh);
+            uint64_t sig[128];
+            synth_mh_signature(&mh, a, strlen(a), sig);
+            synth_mh_add(&mh, sig, -1);
+            synth_mh_signature(&mh, b, strlen(b), sig);
+            int origin = 0;
+            double best = 0;
+            const int found = synth_mh_query(&mh, sig, &origin, &best);
+            synth_mh_free(&mh);
+            const int near = found > 0;
+            if (found >= 0) assert_int_equal(origin, -1);
+            assert_int_equal(near, !keep[1]);
+            if (near) assert_true(best >= 0.8);
+            dups += near, kept += !near;
+        }
+    assert_true(dups >= 3 && kept >= 3); /* both decisions occur */
 }
 
 static void test_exact_dedup(void **state) {
@@ -402,6 +457,7 @@ static void test_recipe_errors(void **state) {
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_utf8_repair),  cmocka_unit_test(test_near_dedup),
+        cmocka_unit_test(test_near_dedup_synth_agrees),
         cmocka_unit_test(test_exact_dedup),  cmocka_unit_test(test_csv),
         cmocka_unit_test(test_labels),       cmocka_unit_test(test_shard_labels),
         cmocka_unit_test(test_recipe_parse), cmocka_unit_test(test_recipe_errors),
