@@ -682,30 +682,49 @@ static void ce_backward(const loom_model *m, float *logits, const int32_t *targe
     else m->be->crossentropy_softmax_backward(logits, targets, N, V, dscale);
 }
 
-/* Cross-entropy against targets (N, < 0 ignored) of the last logits (N rows of K), or with
- * model.loss_chunk (a->chunk rows) of the LM head's logits computed chunk by chunk from lnf
- * and head: keeps the targets for backward and returns the mean over the valid ones. */
-static float mean_loss(const loom_model *m, loom_acts *a, const int32_t *targets, int64_t N,
-                       int K, const float *head) {
+/* ---- the LM head and its loss: one code for the dense, the chunked (model.loss_chunk) and
+ * the vocab-parallel (tp > 1) variants; they differ only where their data does ---- */
+
+/* The head's logits of n rows of normed activations (this view's Vl columns; Vl = V at
+ * tp = 1), with arch.final_softcap (elementwise): into logits (n, Vl). */
+static void head_logits(const loom_model *m, float *logits, const float *lnf, int64_t n) {
+    m->be->matmul_forward(logits, lnf, HEAD_W(m), NULL, n, m->cfg.d_model, m->Vl);
+    model_softcap(m, logits, n * m->Vl);
+}
+
+/* Keeps targets (N, < 0 ignored, each < K) for backward and counts the valid ones. */
+static void keep_targets(loom_acts *a, const int32_t *targets, int64_t N, int K) {
     memcpy(a->targets, targets, (size_t)N * sizeof(int32_t));
     for (int64_t i = 0; i < N; i++) {
         LOOM_CHECK(targets[i] < K);
         if (targets[i] >= 0) a->valid++;
     }
+}
+
+/* the mean of the N per-row losses over the valid targets (0 without any) */
+static float mean_valid_loss(const loom_acts *a, int64_t N) {
+    double sum = 0.0;
+    for (int64_t i = 0; i < N; i++) sum += a->losses[i];
+    return a->valid > 0 ? (float)(sum / (double)a->valid) : 0.0f;
+}
+
+/* Cross-entropy against targets (N, < 0 ignored) of the last logits (N rows of K), or with
+ * model.loss_chunk (a->chunk rows) of the LM head's logits computed chunk by chunk from lnf:
+ * keeps the targets for backward and returns the mean over the valid ones. */
+static float mean_loss(const loom_model *m, loom_acts *a, const int32_t *targets, int64_t N,
+                       int K) {
+    keep_targets(a, targets, N, K);
     if (a->chunk) {
         const int C = m->cfg.d_model;
         for (int64_t r0 = 0; r0 < N; r0 += a->chunk) {
             const int64_t n = N - r0 < a->chunk ? N - r0 : a->chunk;
-            m->be->matmul_forward(a->logits, a->lnf + r0 * C, head, NULL, n, C, K);
-            model_softcap(m, a->logits, n * K);
+            head_logits(m, a->logits, a->lnf + r0 * C, n);
             m->be->crossentropy_forward(a->losses + r0, a->logits, targets + r0, n, K);
         }
     } else {
         m->be->crossentropy_forward(a->losses, a->logits, targets, N, K);
     }
-    double sum = 0.0;
-    for (int64_t i = 0; i < N; i++) sum += a->losses[i];
-    return a->valid > 0 ? (float)(sum / (double)a->valid) : 0.0f;
+    return mean_valid_loss(a, N);
 }
 
 static const char *const cp_names[LOOM_CP_COUNT] = {
@@ -849,23 +868,16 @@ int loom_model_tp_owner(const loom_model *m, const loom_tensor_info *t) {
  * the mean over the valid targets. */
 static float vocab_parallel_loss(loom_model *m, loom_acts *a, const int32_t *targets,
                                  int64_t N) {
-    memcpy(a->targets, targets, (size_t)N * sizeof(int32_t));
-    for (int64_t i = 0; i < N; i++) {
-        LOOM_CHECK(targets[i] < m->cfg.vocab_size);
-        if (targets[i] >= 0) a->valid++;
-    }
+    keep_targets(a, targets, N, m->cfg.vocab_size);
     m->be->crossentropy_shard_max(a->vmax, a->logits, N, m->Vl);
     model_vocab_point(m, LOOM_CP_VOCAB_MAX, 0, LOOM_SITE_HEAD, a->vmax, N);
     m->be->crossentropy_shard_sums(a->vsums, a->logits, a->vmax, targets, m->V0, N, m->Vl);
     model_vocab_point(m, LOOM_CP_VOCAB_SUM, 0, LOOM_SITE_HEAD, a->vsums, 2 * N);
-    double sum = 0.0;
-    for (int64_t i = 0; i < N; i++) {
+    for (int64_t i = 0; i < N; i++)
         a->losses[i] = targets[i] < 0 ? 0.0f
                                       : (float)(log((double)a->vsums[2 * i]) + (double)a->vmax[i] -
                                                 (double)a->vsums[2 * i + 1]);
-        sum += a->losses[i];
-    }
-    return a->valid > 0 ? (float)(sum / (double)a->valid) : 0.0f;
+    return mean_valid_loss(a, N);
 }
 
 float loom_model_forward_acts(loom_model *m, loom_acts *a, const int32_t *inputs,
@@ -923,8 +935,7 @@ float loom_model_forward_acts(loom_model *m, loom_acts *a, const int32_t *inputs
     } else if (!a->chunk) { /* with tp > 1 this view's Vl columns of the logits (chunked:
                              * mean_loss computes them chunk by chunk) */
         shard_point(m, LOOM_CP_COL_IN, 0, LOOM_SITE_HEAD, a->lnf, BTs * C, a->lnf_full, BT * C);
-        m->be->matmul_forward(a->logits, a->lnf_full, HEAD_W(m), NULL, BT, C, m->Vl);
-        model_softcap(m, a->logits, BT * m->Vl); /* arch.final_softcap (elementwise) */
+        head_logits(m, a->logits, a->lnf_full, BT);
     }
     a->has_targets = targets != NULL;
     a->valid = 0;
@@ -933,8 +944,7 @@ float loom_model_forward_acts(loom_model *m, loom_acts *a, const int32_t *inputs
     if (targets && !cls && vp)
         loss = vocab_parallel_loss(m, a, targets, BT);
     else if (targets)
-        loss = mean_loss(m, a, targets, cls ? B : BT, cls ? c->num_classes : V,
-                         cls ? NULL : HEAD_W(m));
+        loss = mean_loss(m, a, targets, cls ? B : BT, cls ? c->num_classes : V);
     if (tied) release(m, 0, 0);
     release(m, U_FINAL, 0);
     return loss;
@@ -1023,8 +1033,7 @@ void loom_model_backward_acts(loom_model *m, loom_acts *a, float dscale) {
         float *dhead = HEAD_G(m);
         for (int64_t r0 = 0; r0 < BT; r0 += a->chunk) {
             const int64_t n = BT - r0 < a->chunk ? BT - r0 : a->chunk;
-            m->be->matmul_forward(a->logits, a->lnf + r0 * C, head, NULL, n, C, V);
-            model_softcap(m, a->logits, n * V);
+            head_logits(m, a->logits, a->lnf + r0 * C, n);
             ce_backward(m, a->logits, a->targets + r0, n, V, dscale);
             m->be->matmul_backward_set(a->dln + r0 * C, dhead, NULL, a->logits,
                                        a->lnf + r0 * C, head, n, C, V); /* rows r0.. set */
