@@ -3,7 +3,7 @@
 #include "synth/synth_internal.h"
 
 
-#include "loom/train.h"
+#include "loom/load.h"
 
 void synth_local_generate(pipeline *P, local_gen *L, item **items, int n) {
     int64_t *ids = loom_calloc((size_t)n, sizeof *ids);

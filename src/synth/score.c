@@ -7,7 +7,7 @@
 
 #include <math.h>
 
-#include "loom/train.h"
+#include "loom/load.h"
 
 
 int synth_score_text(scorer *s, const char *text, size_t len, double *score, char *msg, size_t n) {
