@@ -1,7 +1,11 @@
 /* GPT-2 byte-level BPE: the alphabet, hash maps, pre-tokenization, merging, encode, decode.
  * Loading and saving files live in bpe_io.c, training in bpe_train.c. The behaviour follows
  * Hugging Face `tokenizers` (ByteLevel pre-tokenizer + BPE model) id for id; the places where
- * that needs care are commented. */
+ * that needs care are commented.
+ *
+ * Why one file: encoding is one pipeline over shared hash maps (the merge ranks, the vocabulary,
+ * the word cache) and the pre-tokenizer's scanner; loading, saving and training, which only
+ * fill those maps, are already in files of their own. */
 #include <stdlib.h>
 #include <string.h>
 

@@ -30,7 +30,12 @@
  * steps, the row dot products) per ISA, chosen per call: AVX-512 (compiled with a target
  * attribute, run only when the CPU reports avx512f+vl+dq) or portable C. Each task's arithmetic
  * depends only on the task, so results are bitwise the same for any thread count and
- * schedule. */
+ * schedule.
+ *
+ * Why one file: the forward, both backward schedules and the per-ISA tile operations share
+ * the tile classification, the task layout and static inline tile code that must stay in one
+ * translation unit to be inlined per ISA target; split, they would be one header of inline
+ * code and thin files around it. */
 #ifndef LOOM_KV
 #include "kernels/kmath.h"
 

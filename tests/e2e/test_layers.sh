@@ -5,7 +5,8 @@
 # ICU, xxhash, PCRE2, zstd, sockets, HTTP) against the table of tests/e2e/check_layers.py, which
 # names the file, the line and the rule of each break. Then the check itself: a copy of the tree
 # with one bad include, one library call out of place and one private header used from another
-# module must fail, naming each; a mention in a comment or a string must not.
+# module must fail, naming each; a mention in a comment or a string must not; and a file over
+# 1,000 lines must say why it is one file (or be listed to be split).
 source "$(dirname "$0")/lib.sh"
 cd "$LOOM_SRC"
 CHECK="python3 $LOOM_SRC/tests/e2e/check_layers.py"
@@ -51,4 +52,13 @@ echo '#include "loom/base.h"' >"$T/include/loom/orphan.h"
 $CHECK "$T" >"$WORK/out" 2>&1 && fail "a public header without a module passed"
 grep -q "include/loom/orphan.h:1: no module in the table" "$WORK/out" || fail "orphan header not named: $(cat "$WORK/out")"
 pass "a public header without an owner is refused"
+
+# a file over 1,000 lines needs a 'Why one file:' sentence in its opening comment
+rm -rf "$T" && mkdir -p "$T" && cp -r src include "$T/"
+{ echo '/* a long file */'; for i in $(seq 1001); do echo "static int v$i;"; done; } >"$T/src/base/long.c"
+$CHECK "$T" >"$WORK/out" 2>&1 && fail "a 1,002-line file without a reason passed"
+grep -q "^src/base/long.c:1: 1002 lines (over 1000)" "$WORK/out" || fail "the long file is not named: $(cat "$WORK/out")"
+sed -i '1s|.*|/* a long file. Why one file: a test. */|' "$T/src/base/long.c"
+$CHECK "$T" >"$WORK/out" 2>&1 || fail "a long file that says why was refused: $(cat "$WORK/out")"
+pass "a file over 1,000 lines must say why it is one"
 echo PASS
