@@ -212,8 +212,6 @@ LONG_FILES = {
                         "are to move into their own files (issue 28)",
     "src/model/model.c": "the parameter layout and init are to leave the forward/backward "
                          "driver (issue 28)",
-    "src/infer/server.c": "the connection gatekeeper and the per-client tracking are to move "
-                          "into their own file (issue 28)",
 }
 
 
