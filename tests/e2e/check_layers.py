@@ -210,8 +210,6 @@ MAX_LINES = 1000
 LONG_FILES = {
     "src/data/build.c": "the build's steps (collect, read, filter, tokenize, shard, manifest) "
                         "are to move into their own files (issue 28)",
-    "src/model/model.c": "the parameter layout and init are to leave the forward/backward "
-                         "driver (issue 28)",
 }
 
 
