@@ -45,25 +45,11 @@ void crossentropy_shard_sums(float *sums, const float *logits, const float *mx,
     }
 }
 
-void crossentropy_shard_backward(float *logits, const int32_t *targets, const float *mx,
-                                 const float *sums, int v0, int64_t N, int Vl, float dscale) {
-#pragma omp parallel for schedule(static) if (N * Vl >= LOOM_PAR_MIN)
-    for (int64_t n = 0; n < N; n++) {
-        const int32_t t = targets[n];
-        float *x = logits + n * Vl;
-        if (t < 0) {
-            memset(x, 0, (size_t)Vl * sizeof(float));
-            continue;
-        }
-        const float k = (float)(1.0 / (double)sums[2 * n]) * dscale;
-        for (int i = 0; i < Vl; i++) x[i] = loom_expf(x[i] - mx[n]) * k;
-        if (t >= v0 && t < v0 + Vl) x[t - v0] -= dscale;
-    }
-}
-
-void crossentropy_shard_softcap_backward(float *logits, const int32_t *targets, const float *mx,
-                                         const float *sums, int v0, int64_t N, int Vl,
-                                         float dscale, float cap) {
+/* the shard's rows' gradient, (softmax - onehot) * dscale, and with cap > 0 through the
+ * soft-cap: times 1 - (y / cap)^2, read from the capped logit y before it is overwritten */
+static void shard_backward(float *logits, const int32_t *targets, const float *mx,
+                           const float *sums, int v0, int64_t N, int Vl, float dscale,
+                           float cap) {
 #pragma omp parallel for schedule(static) if (N * Vl >= LOOM_PAR_MIN)
     for (int64_t n = 0; n < N; n++) {
         const int32_t t = targets[n];
@@ -74,12 +60,27 @@ void crossentropy_shard_softcap_backward(float *logits, const int32_t *targets, 
         }
         const float k = (float)(1.0 / (double)sums[2 * n]) * dscale;
         for (int i = 0; i < Vl; i++) {
-            const float y = x[i], c = y / cap; /* the capped logit, then its gradient */
+            const float y = x[i];
             float d = loom_expf(y - mx[n]) * k;
             if (i == t - v0) d -= dscale;
-            x[i] = d * (1.0f - c * c);
+            if (cap > 0.0f) {
+                const float c = y / cap;
+                d *= 1.0f - c * c;
+            }
+            x[i] = d;
         }
     }
+}
+
+void crossentropy_shard_backward(float *logits, const int32_t *targets, const float *mx,
+                                 const float *sums, int v0, int64_t N, int Vl, float dscale) {
+    shard_backward(logits, targets, mx, sums, v0, N, Vl, dscale, 0.0f);
+}
+
+void crossentropy_shard_softcap_backward(float *logits, const int32_t *targets, const float *mx,
+                                         const float *sums, int v0, int64_t N, int Vl,
+                                         float dscale, float cap) {
+    shard_backward(logits, targets, mx, sums, v0, N, Vl, dscale, cap);
 }
 
 #else /* one level of the kernels (isa_variants.h) */
