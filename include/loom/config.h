@@ -26,7 +26,8 @@ void loom_config_free(loom_config *c);
 
 /* Loads a YAML file into the tree (later loads override earlier ones). Malformed YAML is an
  * error naming path:line:column and the parser's problem; a top-level non-mapping, a
- * duplicate key, or an anchor/alias is an error too. */
+ * duplicate key, an anchor/alias or a tag is an error too (base/yaml.h: one reader, one
+ * dialect for configs, recipes and pipelines; docs/config.md). */
 int loom_config_load_yaml(loom_config *c, const char *path, loom_err *err);
 /* Parses YAML text (name is used in messages). */
 int loom_config_load_string(loom_config *c, const char *text, const char *name, loom_err *err);

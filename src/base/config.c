@@ -1,5 +1,7 @@
 /* loom config tree: a flat, sorted array of (dotted key, value text, origin) built from
- * YAML files (libyaml's event API), `--set` arguments and schema defaults.
+ * YAML files (read by base's one YAML reader, base/yaml.h), `--set` arguments and schema
+ * defaults. A value remembers whether it was a quoted scalar: the typed getters type its text
+ * as the reader types every scalar (loom_yaml_scalar_type), so a quoted "10" is a string.
  *
  * Keys are ordered component by component ('.' sorts before every other byte), so all keys
  * under one section are contiguous and a section's own keys come out in name order; the
@@ -14,10 +16,10 @@
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
-#include <yaml.h>
 
-#define CONFIG_MAX_FILE_BYTES ((size_t)16 << 20)
-#define CONFIG_MAX_DEPTH 64
+#include "base/yaml.h"
+
+#define CONFIG_MAX_DEPTH LOOM_YAML_MAX_DEPTH
 
 typedef struct entry {
     char *key;
@@ -25,6 +27,7 @@ typedef struct entry {
     char *origin; /* "path:line", "--set", "default", or a caller's label */
     char *help;   /* from the schema, NULL when none; written as a comment */
     long line;    /* 1-based line in the file it came from, 0 when not from a file */
+    int quoted;   /* a quoted scalar in its file or --set (a string, whatever its text) */
 } entry;
 
 struct loom_config {
@@ -73,7 +76,8 @@ static int find(const loom_config *c, const char *key) {
     return -lo - 1;
 }
 
-static void put(loom_config *c, const char *key, const char *value, const char *origin, long line) {
+static void put(loom_config *c, const char *key, const char *value, const char *origin, long line,
+                int quoted) {
     int i = find(c, key);
     if (i >= 0) {
         entry *x = &c->e[i];
@@ -82,6 +86,7 @@ static void put(loom_config *c, const char *key, const char *value, const char *
         x->value = loom_strdup(value);
         x->origin = loom_strdup(origin ? origin : "");
         x->line = line;
+        x->quoted = quoted;
         return;
     }
     i = -i - 1;
@@ -91,7 +96,7 @@ static void put(loom_config *c, const char *key, const char *value, const char *
     }
     memmove(c->e + i + 1, c->e + i, (size_t)(c->n - i) * sizeof *c->e);
     c->e[i] = (entry){loom_strdup(key), loom_strdup(value), loom_strdup(origin ? origin : ""),
-                      NULL, line};
+                      NULL, line, quoted};
     c->n++;
 }
 
@@ -119,7 +124,7 @@ void loom_config_free(loom_config *c) {
 
 void loom_config_set(loom_config *c, const char *key, const char *value, const char *origin) {
     LOOM_CHECK(key_is_valid(key));
-    put(c, key, value, origin, 0);
+    put(c, key, value, origin, 0, 0);
 }
 
 /* ---- quoting: shared by the YAML writer and the list normalizer ------------------------ */
@@ -174,210 +179,126 @@ static void put_scalar(loom_sbuf *b, const char *s) {
     else put_quoted(b, s);
 }
 
-/* ---- YAML reading ---------------------------------------------------------------------- */
+/* ---- YAML reading: base's one reader (base/yaml.h), flattened ------------------------ */
 
 typedef struct reader {
-    yaml_parser_t parser;
     const char *name; /* file name (or --set argument) for messages */
-    const char *text; /* the input, for positions of reader errors */
-    size_t len;
     loom_config *out; /* values read, committed to the caller's tree only on success */
     loom_config *seen; /* every key and section key read, with its line (duplicates) */
     loom_err *err;
 } reader;
 
-static long line_of(const yaml_event_t *ev) { return (long)ev->start_mark.line + 1; }
-
-static int parse_error(reader *r) {
-    yaml_parser_t *p = &r->parser;
-    const char *problem = p->problem ? p->problem : "invalid YAML";
-    if (p->error == YAML_READER_ERROR) {
-        /* the reader (encoding) reports a byte offset, not a mark */
-        size_t line, col;
-        loom_text_position(r->text, r->len, p->problem_offset, &line, &col);
-        if (p->problem_value >= 0)
-            return loom_errf(r->err, "%s:%zu:%zu: %s (byte 0x%02x at offset %zu)", r->name, line,
-                             col, problem, (unsigned)p->problem_value, p->problem_offset);
-        return loom_errf(r->err, "%s:%zu:%zu: %s (at offset %zu)", r->name, line, col, problem,
-                         p->problem_offset);
-    }
-    if (p->context)
-        return loom_errf(r->err, "%s:%zu:%zu: %s %s (which began at line %zu)", r->name,
-                         p->problem_mark.line + 1, p->problem_mark.column + 1, problem,
-                         p->context, p->context_mark.line + 1);
-    return loom_errf(r->err, "%s:%zu:%zu: %s", r->name, p->problem_mark.line + 1,
-                     p->problem_mark.column + 1, problem);
+/* A scalar written into a list's flow text: bare when it reads back as the same scalar of
+ * the same type, quoted otherwise. */
+static int reads_back_bare(const char *s, int quoted) {
+    if (!plain_is_safe(s)) return 0;
+    if (!quoted) return 1;
+    loom_yaml_value v;
+    loom_yaml_scalar_type(s, strlen(s), 0, &v);
+    return v.type == LOOM_YAML_STR;
 }
 
-static int next_event(reader *r, yaml_event_t *ev) {
-    if (!yaml_parser_parse(&r->parser, ev)) return parse_error(r);
-    const yaml_char_t *anchor = NULL;
-    if (ev->type == YAML_SCALAR_EVENT) anchor = ev->data.scalar.anchor;
-    else if (ev->type == YAML_MAPPING_START_EVENT) anchor = ev->data.mapping_start.anchor;
-    else if (ev->type == YAML_SEQUENCE_START_EVENT) anchor = ev->data.sequence_start.anchor;
-    if (ev->type == YAML_ALIAS_EVENT || anchor) {
-        long line = line_of(ev);
-        yaml_event_delete(ev);
-        return loom_errf(r->err, "%s:%ld: YAML anchors and aliases are not supported in configs",
-                         r->name, line);
-    }
+static void put_item(loom_sbuf *b, const char *s, int quoted) {
+    if (reads_back_bare(s, quoted)) sb_puts(b, s);
+    else put_quoted(b, s);
+}
+
+/* A scalar's text as a C string; a NUL inside is an error. */
+static int scalar_text(const char *name, const loom_yaml_node *n, loom_err *err) {
+    if (strlen(n->text) != n->len)
+        return loom_errf(err, "%s:%d: NUL byte in a scalar", name, n->line);
     return 0;
 }
 
-/* The scalar's text as a C string; a NUL inside is an error. */
-static int scalar_text(reader *r, const yaml_event_t *ev, const char **out) {
-    if (strlen((const char *)ev->data.scalar.value) != ev->data.scalar.length)
-        return loom_errf(r->err, "%s:%ld: NUL byte in a scalar", r->name, line_of(ev));
-    *out = (const char *)ev->data.scalar.value;
-    return 0;
-}
-
-/* Reads a sequence whose start event was just consumed; appends "[a, b, [c]]" to b. */
-static int read_sequence(reader *r, loom_sbuf *b, int depth) {
-    if (depth > CONFIG_MAX_DEPTH)
-        return loom_errf(r->err, "%s:%zu: nesting deeper than %d levels", r->name,
-                         r->parser.mark.line + 1, CONFIG_MAX_DEPTH);
+/* A sequence as its flow text "[a, b, [c]]", appended to b. */
+static int flow_text(const char *name, const loom_yaml_node *seq, loom_sbuf *b, loom_err *err) {
     sb_putc(b, '[');
-    for (int first = 1;; first = 0) {
-        yaml_event_t ev;
-        if (next_event(r, &ev)) return -1;
-        if (ev.type == YAML_SEQUENCE_END_EVENT) {
-            yaml_event_delete(&ev);
-            sb_putc(b, ']');
-            return 0;
-        }
-        if (!first) sb_puts(b, ", ");
-        int rc = 0;
-        if (ev.type == YAML_SCALAR_EVENT) {
-            const char *text = NULL;
-            rc = scalar_text(r, &ev, &text);
-            if (!rc) put_scalar(b, text);
-        } else if (ev.type == YAML_SEQUENCE_START_EVENT) {
-            rc = read_sequence(r, b, depth + 1);
+    for (size_t i = 0; i < seq->n; i++) {
+        const loom_yaml_node *it = &seq->kids[i];
+        if (i) sb_puts(b, ", ");
+        if (it->kind == LOOM_YAML_SCALAR) {
+            if (scalar_text(name, it, err)) return -1;
+            put_item(b, it->text, it->quoted);
+        } else if (it->kind == LOOM_YAML_SEQ) {
+            if (flow_text(name, it, b, err)) return -1;
         } else {
-            rc = loom_errf(r->err, "%s:%ld: a mapping inside a list is not supported in configs",
-                           r->name, line_of(&ev));
+            return loom_errf(err, "%s:%d:%d: a mapping inside a list is not supported in configs",
+                             name, it->line, it->col);
         }
-        yaml_event_delete(&ev);
-        if (rc) return -1;
     }
+    sb_putc(b, ']');
+    return 0;
 }
 
-/* Records a key (or section key) as read at `line`; an error if it was read before. */
+/* Records a key (or section key) as read at `line`; an error if it was read before (the
+ * reader refuses a key twice in one mapping; this catches "a.b: 1" beside "a: {b: 2}"). */
 static int mark_seen(reader *r, const char *key, long line) {
     int i = find(r->seen, key);
     if (i >= 0)
         return loom_errf(r->err, "%s:%ld: duplicate key '%s' (first at line %ld)", r->name, line,
                          key, r->seen->e[i].line);
-    put(r->seen, key, "", NULL, line);
+    put(r->seen, key, "", NULL, line, 0);
     return 0;
 }
 
-/* Reads a mapping whose start event was just consumed; keys are prefixed with `prefix.`. */
-static int read_mapping(reader *r, const char *prefix, int depth) {
-    if (depth > CONFIG_MAX_DEPTH)
-        return loom_errf(r->err, "%s:%zu: nesting deeper than %d levels", r->name,
-                         r->parser.mark.line + 1, CONFIG_MAX_DEPTH);
-    for (;;) {
-        yaml_event_t kev, vev;
-        if (next_event(r, &kev)) return -1;
-        if (kev.type == YAML_MAPPING_END_EVENT) {
-            yaml_event_delete(&kev);
-            return 0;
-        }
-        long line = line_of(&kev);
-        if (kev.type != YAML_SCALAR_EVENT) {
-            yaml_event_delete(&kev);
-            return loom_errf(r->err, "%s:%ld: a mapping key must be a plain name", r->name, line);
-        }
-        const char *name = NULL;
-        if (scalar_text(r, &kev, &name)) {
-            yaml_event_delete(&kev);
-            return -1;
-        }
+/* Flattens mapping m into r->out, its keys prefixed with `prefix.`. */
+static int read_mapping(reader *r, const loom_yaml_node *m, const char *prefix) {
+    for (size_t i = 0; i < m->n; i++) {
+        const loom_yaml_node *k = &m->kids[2 * i], *v = &m->kids[2 * i + 1];
+        const long line = k->line;
         size_t plen = prefix ? strlen(prefix) + 1 : 0;
-        char *key = loom_malloc(plen + strlen(name) + 1);
+        char *key = loom_malloc(plen + k->len + 1);
         if (prefix) {
             memcpy(key, prefix, plen - 1);
             key[plen - 1] = '.';
         }
-        memcpy(key + plen, name, strlen(name) + 1);
-        yaml_event_delete(&kev);
-
+        memcpy(key + plen, k->text, k->len + 1);
         int rc = -1;
         if (!key_is_valid(key + plen)) {
             loom_errf(r->err, "%s:%ld: invalid key '%s' (empty name or stray '.')", r->name, line,
                       key);
-        } else if (!mark_seen(r, key, line) && !next_event(r, &vev)) {
+        } else if (!mark_seen(r, key, line)) {
             size_t olen = strlen(r->name) + 32;
             char *origin = loom_malloc(olen);
             snprintf(origin, olen, "%s:%ld", r->name, line);
-            if (vev.type == YAML_SCALAR_EVENT) {
-                const char *text = NULL;
-                rc = scalar_text(r, &vev, &text);
-                if (!rc) put(r->out, key, text, origin, line);
-            } else if (vev.type == YAML_MAPPING_START_EVENT) {
-                rc = read_mapping(r, key, depth + 1);
-            } else if (vev.type == YAML_SEQUENCE_START_EVENT) {
-                loom_sbuf b = {0};
-                rc = read_sequence(r, &b, depth + 1);
-                if (!rc) put(r->out, key, b.p, origin, line);
-                free(b.p);
+            if (v->kind == LOOM_YAML_SCALAR) {
+                rc = scalar_text(r->name, v, r->err);
+                if (!rc) put(r->out, key, v->text, origin, line, v->quoted);
+            } else if (v->kind == LOOM_YAML_MAP) {
+                rc = read_mapping(r, v, key);
             } else {
-                rc = loom_errf(r->err, "%s:%ld: unexpected YAML event for key '%s'", r->name, line,
-                               key);
+                loom_sbuf b = {0};
+                rc = flow_text(r->name, v, &b, r->err);
+                if (!rc) put(r->out, key, b.p, origin, line, 0);
+                free(b.p);
             }
-            yaml_event_delete(&vev);
             free(origin);
         }
         free(key);
         if (rc) return -1;
     }
-}
-
-/* Parses a whole YAML stream of at most one document whose top level is a mapping. */
-static int read_stream(reader *r) {
-    yaml_event_t ev;
-    int docs = 0;
-    for (;;) {
-        if (next_event(r, &ev)) return -1;
-        yaml_event_type_t t = ev.type;
-        long line = line_of(&ev);
-        int rc = 0;
-        if (t == YAML_STREAM_END_EVENT) {
-            yaml_event_delete(&ev);
-            return 0;
-        } else if (t == YAML_DOCUMENT_START_EVENT) {
-            if (++docs > 1)
-                rc = loom_errf(r->err, "%s:%ld: more than one YAML document in a config", r->name,
-                               line);
-        } else if (t == YAML_MAPPING_START_EVENT) {
-            rc = read_mapping(r, NULL, 1);
-        } else if (t == YAML_SCALAR_EVENT && ev.data.scalar.length == 0 &&
-                   ev.data.scalar.plain_implicit) {
-            /* an empty document ("---" alone) */
-        } else if (t == YAML_SCALAR_EVENT || t == YAML_SEQUENCE_START_EVENT) {
-            rc = loom_errf(r->err, "%s:%ld: the top level of a config must be a mapping "
-                                   "(key: value lines)",
-                           r->name, line);
-        }
-        yaml_event_delete(&ev);
-        if (rc) return -1;
-    }
+    return 0;
 }
 
 static int load_text(loom_config *c, const char *text, size_t len, const char *name,
                      loom_err *err) {
-    reader r = {.name = name, .text = text, .len = len, .out = loom_config_new(),
-                .seen = loom_config_new(), .err = err};
-    if (!yaml_parser_initialize(&r.parser))
-        loom_panic(__FILE__, __LINE__, "yaml_parser_initialize failed");
-    yaml_parser_set_input_string(&r.parser, (const unsigned char *)text, len);
-    int rc = read_stream(&r);
-    yaml_parser_delete(&r.parser);
+    loom_yaml_node *root = NULL;
+    if (loom_yaml_parse(name, text, len, &root, err)) return -1;
+    if (!root) return 0; /* an empty document */
+    if (root->kind != LOOM_YAML_MAP) {
+        int line = root->line;
+        loom_yaml_free(root);
+        return loom_errf(err, "%s:%d: the top level of a config must be a mapping "
+                              "(key: value lines)",
+                         name, line);
+    }
+    reader r = {.name = name, .out = loom_config_new(), .seen = loom_config_new(), .err = err};
+    int rc = read_mapping(&r, root, NULL);
+    loom_yaml_free(root);
     if (!rc)
         for (int i = 0; i < r.out->n; i++)
-            put(c, r.out->e[i].key, r.out->e[i].value, r.out->e[i].origin, r.out->e[i].line);
+            put(c, r.out->e[i].key, r.out->e[i].value, r.out->e[i].origin, r.out->e[i].line,
+                r.out->e[i].quoted);
     loom_config_free(r.out);
     loom_config_free(r.seen);
     return rc;
@@ -390,49 +311,36 @@ int loom_config_load_string(loom_config *c, const char *text, const char *name, 
 int loom_config_load_yaml(loom_config *c, const char *path, loom_err *err) {
     char *text = NULL;
     size_t len = 0;
-    if (loom_read_file(path, CONFIG_MAX_FILE_BYTES, &text, &len, err))
+    if (loom_read_file(path, LOOM_YAML_MAX_BYTES, &text, &len, err))
         return loom_err_prefix(err, "config");
     int rc = load_text(c, text, len, path, err);
     free(text);
     return rc;
 }
 
-/* Parses one YAML value (scalar or list) the way it would read after "key: ". */
-static int parse_value(const char *text, const char *name, char **out, loom_err *err) {
-    reader r = {.name = name, .text = text, .len = strlen(text), .err = err};
-    if (!yaml_parser_initialize(&r.parser))
-        loom_panic(__FILE__, __LINE__, "yaml_parser_initialize failed");
-    yaml_parser_set_input_string(&r.parser, (const unsigned char *)text, strlen(text));
+/* Parses one YAML value (scalar or list) the way it would read after "key: ": its text in
+ * *out, and whether it was a quoted scalar in *quoted. */
+static int parse_value(const char *text, const char *name, char **out, int *quoted,
+                       loom_err *err) {
+    loom_yaml_node *root = NULL;
+    *quoted = 0;
+    if (loom_yaml_parse(name, text, strlen(text), &root, err)) return -1;
     loom_sbuf b = {0};
-    int rc = 0, nodes = 0;
-    for (;;) {
-        yaml_event_t ev;
-        if (next_event(&r, &ev)) {
-            rc = -1;
-            break;
-        }
-        yaml_event_type_t t = ev.type;
-        if (t == YAML_SCALAR_EVENT) {
-            const char *s = NULL;
-            rc = scalar_text(&r, &ev, &s);
-            if (!rc) sb_puts(&b, s);
-            nodes++;
-        } else if (t == YAML_SEQUENCE_START_EVENT) {
-            rc = read_sequence(&r, &b, 1);
-            nodes++;
-        } else if (t == YAML_MAPPING_START_EVENT) {
-            rc = loom_errf(err, "%s: the value must be a scalar or a [list], not a mapping "
-                                "(quote it if it contains ': ')",
-                           name);
-        }
-        yaml_event_delete(&ev);
-        if (rc || t == YAML_STREAM_END_EVENT) break;
-        if (nodes > 1) {
-            rc = loom_errf(err, "%s: more than one YAML document in the value", name);
-            break;
-        }
+    int rc = 0;
+    if (!root) {
+        sb_puts(&b, "");
+    } else if (root->kind == LOOM_YAML_SCALAR) {
+        rc = scalar_text(name, root, err);
+        if (!rc) sb_puts(&b, root->text);
+        *quoted = root->quoted;
+    } else if (root->kind == LOOM_YAML_SEQ) {
+        rc = flow_text(name, root, &b, err);
+    } else {
+        rc = loom_errf(err, "%s: the value must be a scalar or a [list], not a mapping "
+                            "(quote it if it contains ': ')",
+                       name);
     }
-    yaml_parser_delete(&r.parser);
+    loom_yaml_free(root);
     if (rc) {
         free(b.p);
         return -1;
@@ -458,8 +366,9 @@ int loom_config_set_arg(loom_config *c, const char *assignment, loom_err *err) {
     char *name = loom_malloc(nlen);
     snprintf(name, nlen, "--set '%s'", assignment);
     char *value = NULL;
-    int rc = parse_value(eq + 1, name, &value, err);
-    if (!rc) put(c, key, value, "--set", 0);
+    int quoted = 0;
+    int rc = parse_value(eq + 1, name, &value, &quoted, err);
+    if (!rc) put(c, key, value, "--set", 0, quoted);
     free(value);
     free(name);
     free(key);
@@ -549,7 +458,7 @@ int loom_config_apply_schema(loom_config *c, const loom_config_key *known, int n
         LOOM_CHECK(key_is_valid(known[k].key));
         int i = find(c, known[k].key);
         if (i < 0 && known[k].def) {
-            put(c, known[k].key, known[k].def, "default", 0);
+            put(c, known[k].key, known[k].def, "default", 0, 0);
             i = find(c, known[k].key);
         }
         if (i >= 0 && known[k].help && known[k].help[0]) {
@@ -580,31 +489,43 @@ static int lookup(const loom_config *c, const char *key, const entry **out, loom
 }
 
 static int type_error(const entry *x, const char *what, loom_err *err) {
-    return loom_errf(err, "config key '%s' = '%s' (%s) is not %s", x->key, x->value, x->origin,
-                     what);
+    return loom_errf(err, "config key '%s' = '%s' (%s) is not %s%s", x->key, x->value, x->origin,
+                     what, x->quoted ? " (it is quoted, so it is a string)" : "");
+}
+
+/* The entry's value typed as base's YAML reader types it (docs/config.md). */
+static loom_yaml_value typed(const entry *x) {
+    loom_yaml_value v;
+    loom_yaml_scalar_type(x->value, strlen(x->value), x->quoted, &v);
+    return v;
 }
 
 int loom_config_get_int(const loom_config *c, const char *key, int64_t *out, loom_err *err) {
     const entry *x = NULL;
     if (lookup(c, key, &x, err)) return -1;
-    if (loom_parse_i64(x->value, INT64_MIN, INT64_MAX, out)) return type_error(x, "an integer", err);
+    const loom_yaml_value v = typed(x);
+    if (v.type != LOOM_YAML_INT) return type_error(x, "an integer", err);
+    *out = v.i;
     return 0;
 }
 
 int loom_config_get_double(const loom_config *c, const char *key, double *out, loom_err *err) {
     const entry *x = NULL;
     if (lookup(c, key, &x, err)) return -1;
-    const char *s = x->value;
-    if (!s[0] || isspace((unsigned char)s[0])) return type_error(x, "a number", err);
-    if (loom_parse_f64(s, out)) return type_error(x, "a finite number", err);
+    const loom_yaml_value v = typed(x);
+    if (v.type != LOOM_YAML_INT && v.type != LOOM_YAML_FLOAT) return type_error(x, "a number", err);
+    if (!isfinite(v.f)) return type_error(x, "a finite number", err);
+    *out = v.f;
     return 0;
 }
 
 int loom_config_get_bool(const loom_config *c, const char *key, int *out, loom_err *err) {
     const entry *x = NULL;
     if (lookup(c, key, &x, err)) return -1;
-    if (!loom_parse_bool(x->value, out)) return 0;
-    return type_error(x, "a boolean (true/false, yes/no, on/off, 1/0)", err);
+    const loom_yaml_value v = typed(x);
+    if (v.type != LOOM_YAML_BOOL) return type_error(x, "a boolean (true or false)", err);
+    *out = v.b;
+    return 0;
 }
 
 int loom_config_get_str(const loom_config *c, const char *key, const char **out, loom_err *err) {
@@ -624,60 +545,27 @@ int loom_config_get_list(const loom_config *c, const char *key, char ***items, i
     const entry *x = NULL;
     if (lookup(c, key, &x, err)) return -1;
     if (x->value[0] != '[') return type_error(x, "a list ([a, b, ...])", err);
-    reader r = {.name = "list", .text = x->value, .len = strlen(x->value), .err = NULL};
-    if (!yaml_parser_initialize(&r.parser))
-        loom_panic(__FILE__, __LINE__, "yaml_parser_initialize failed");
-    yaml_parser_set_input_string(&r.parser, (const unsigned char *)x->value, strlen(x->value));
-    char **out = NULL;
-    int count = 0, cap = 0, depth = 0, rc = 0, done = 0;
-    while (!rc && !done) {
-        yaml_event_t ev;
-        if (next_event(&r, &ev)) {
-            rc = -1;
-            break;
-        }
-        char *item = NULL;
-        if (ev.type == YAML_SEQUENCE_START_EVENT && depth == 0) {
-            depth = 1;
-        } else if (ev.type == YAML_SEQUENCE_START_EVENT) {
-            loom_sbuf b = {0};
-            rc = read_sequence(&r, &b, 2);
-            item = sb_take(&b);
-        } else if (ev.type == YAML_SEQUENCE_END_EVENT) {
-            done = 1;
-        } else if (ev.type == YAML_SCALAR_EVENT && depth == 1) {
-            const char *text = NULL;
-            rc = scalar_text(&r, &ev, &text);
-            if (!rc) item = loom_strdup(text);
-        } else if (ev.type == YAML_MAPPING_START_EVENT || ev.type == YAML_SCALAR_EVENT ||
-                   ev.type == YAML_STREAM_END_EVENT) {
-            rc = -1;
-        }
-        yaml_event_delete(&ev);
-        if (item && !rc) {
-            if (count == cap) {
-                cap = cap ? 2 * cap : 8;
-                out = loom_realloc(out, (size_t)cap * sizeof *out);
-            }
-            out[count++] = item;
+    loom_yaml_node *root = NULL;
+    if (loom_yaml_parse("list", x->value, strlen(x->value), &root, NULL) || !root ||
+        root->kind != LOOM_YAML_SEQ) {
+        loom_yaml_free(root);
+        return type_error(x, "a list ([a, b, ...])", err);
+    }
+    char **out = loom_malloc((root->n ? root->n : 1) * sizeof *out);
+    int count = 0, rc = 0;
+    for (size_t i = 0; i < root->n && !rc; i++) {
+        const loom_yaml_node *it = &root->kids[i];
+        if (it->kind == LOOM_YAML_SCALAR) {
+            rc = scalar_text("list", it, NULL);
+            if (!rc) out[count++] = loom_strdup(it->text);
         } else {
-            free(item);
+            loom_sbuf b = {0};
+            rc = flow_text("list", it, &b, NULL);
+            if (!rc) out[count++] = sb_take(&b);
+            free(b.p);
         }
     }
-    /* the list must be the whole value */
-    if (!rc) {
-        yaml_event_t ev;
-        while (!rc) {
-            if (next_event(&r, &ev)) rc = -1;
-            else {
-                yaml_event_type_t t = ev.type;
-                yaml_event_delete(&ev);
-                if (t == YAML_STREAM_END_EVENT) break;
-                if (t != YAML_DOCUMENT_END_EVENT) rc = -1;
-            }
-        }
-    }
-    yaml_parser_delete(&r.parser);
+    loom_yaml_free(root);
     if (rc) {
         loom_config_free_list(out, count);
         return type_error(x, "a list ([a, b, ...])", err);
@@ -705,7 +593,8 @@ const char *loom_config_value_at(const loom_config *c, int i) {
 static int list_reads_back(const char *value) {
     if (value[0] != '[') return 0;
     char *norm = NULL;
-    if (parse_value(value, "list", &norm, NULL)) return 0;
+    int quoted = 0;
+    if (parse_value(value, "list", &norm, &quoted, NULL)) return 0;
     int same = strcmp(norm, value) == 0;
     free(norm);
     return same;
@@ -819,9 +708,10 @@ char *loom_config_to_yaml(const loom_config *c) {
         sb_putc(&b, ' ');
         /* a list reads back at nesting depth + 1 + its own depth; a deeper one is written
          * quoted, which reads back as the same text */
-        if (list_reads_back(x->value) && depth + 1 + list_depth(x->value) <= CONFIG_MAX_DEPTH)
+        if (!x->quoted && list_reads_back(x->value) &&
+            depth + 1 + list_depth(x->value) <= CONFIG_MAX_DEPTH)
             sb_puts(&b, x->value);
-        else put_scalar(&b, x->value);
+        else put_item(&b, x->value, x->quoted);
         sb_putc(&b, '\n');
         prev = x->key;
         prev_open = depth;

@@ -1,10 +1,10 @@
 #include "base/json_util.h"
+#include "base/yaml.h"
 
 #include <errno.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
-#include <yaml.h>
 
 int loom_json_object(const char *where, const char *text, size_t len, json_t **out,
                      loom_err *err) {
@@ -94,89 +94,23 @@ int loom_json_bool(json_t *o, const char *where, const char *prefix, const char 
     return 0;
 }
 
-/* ---- YAML -> JSON (synth's pipelines) ---------------------------------------------------
- * A plain scalar is typed: a decimal integer (under 32 characters; loom_parse_i64), else a
- * finite number (loom_parse_f64), true / false, null / ~ / empty -> null; anything else, and
- * every quoted scalar, is a string. Duplicate keys, non-scalar keys, more than 64 levels or 10^6 nodes (an alias counts
- * its node each time it is used) are errors. */
-static json_t *yaml_node_json(yaml_document_t *d, yaml_node_t *n, int depth, long *budget) {
-    if (!n || depth > 64 || --*budget < 0) return NULL;
-    switch (n->type) {
-    case YAML_SCALAR_NODE: {
-        const char *v = (const char *)n->data.scalar.value;
-        const size_t len = n->data.scalar.length;
-        if (n->data.scalar.style == YAML_PLAIN_SCALAR_STYLE) {
-            int64_t i;
-            double x;
-            if (len && len < 32) { /* base's number words, as configs' and recipes' keys read them */
-                if (!loom_parse_i64(v, INT64_MIN, INT64_MAX, &i)) return json_integer((json_int_t)i);
-                if (!loom_parse_f64(v, &x)) return json_real(x);
-            }
-            if (!strcmp(v, "true")) return json_true();
-            if (!strcmp(v, "false")) return json_false();
-            if (!strcmp(v, "null") || !strcmp(v, "~") || len == 0) return json_null();
-        }
-        return json_stringn(v, len);
-    }
-    case YAML_SEQUENCE_NODE: {
-        json_t *a = json_array();
-        for (yaml_node_item_t *it = n->data.sequence.items.start; it < n->data.sequence.items.top; it++) {
-            json_t *x = yaml_node_json(d, yaml_document_get_node(d, *it), depth + 1, budget);
-            if (!x) {
-                json_decref(a);
-                return NULL;
-            }
-            json_array_append_new(a, x);
-        }
-        return a;
-    }
-    case YAML_MAPPING_NODE: {
-        json_t *o = json_object();
-        for (yaml_node_pair_t *p = n->data.mapping.pairs.start; p < n->data.mapping.pairs.top; p++) {
-            yaml_node_t *k = yaml_document_get_node(d, p->key);
-            json_t *x = k && k->type == YAML_SCALAR_NODE
-                            ? yaml_node_json(d, yaml_document_get_node(d, p->value), depth + 1, budget)
-                            : NULL;
-            if (!x || json_object_get(o, (const char *)k->data.scalar.value)) {
-                json_decref(x);
-                json_decref(o);
-                return NULL;
-            }
-            json_object_set_new(o, (const char *)k->data.scalar.value, x);
-        }
-        return o;
-    }
-    default: return NULL;
-    }
-}
+/* ---- YAML -> JSON (synth's pipelines): base's one YAML reader (base/yaml.h) ---------- */
 
 int loom_yaml_json_file(const char *path, size_t max_bytes, json_t **result, loom_err *err) {
     char *text = NULL;
     size_t len = 0;
     *result = NULL;
+    if (max_bytes > LOOM_YAML_MAX_BYTES) max_bytes = LOOM_YAML_MAX_BYTES;
     if (loom_read_file(path, max_bytes, &text, &len, err)) return -1;
-    yaml_parser_t p;
-    yaml_document_t d;
-    yaml_parser_initialize(&p);
-    yaml_parser_set_input_string(&p, (const unsigned char *)text, len);
-    json_t *out = NULL;
-    if (!yaml_parser_load(&p, &d)) {
-        loom_errf(err, "%s:%zu:%zu: %s", path, p.problem_mark.line + 1, p.problem_mark.column + 1,
-                  p.problem ? p.problem : "malformed YAML");
-    } else {
-        long budget = 1000000;
-        yaml_node_t *root = yaml_document_get_root_node(&d);
-        out = root ? yaml_node_json(&d, root, 0, &budget) : NULL;
-        if (!out || !json_is_object(out)) {
-            json_decref(out);
-            out = NULL;
-            loom_errf(err, "%s: expected a mapping at the top (no duplicate keys, at most 64 "
-                           "levels and 10^6 nodes)", path);
-        }
-        yaml_document_delete(&d);
-    }
-    yaml_parser_delete(&p);
+    loom_yaml_node *root = NULL;
+    int rc = loom_yaml_parse(path, text, len, &root, err);
     free(text);
-    *result = out;
-    return out ? 0 : -1;
+    if (rc) return -1;
+    if (!root || root->kind != LOOM_YAML_MAP)
+        rc = loom_errf(err, "%s:%d: expected a mapping (key: value lines) at the top", path,
+                       root ? root->line : 1);
+    else
+        rc = loom_yaml_to_json(path, root, result, err);
+    loom_yaml_free(root);
+    return rc;
 }

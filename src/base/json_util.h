@@ -18,9 +18,9 @@ int loom_json_object(const char *where, const char *text, size_t len, json_t **o
 /* Reads PATH (at most MAX_BYTES) and parses it as loom_json_object does. */
 int loom_json_object_file(const char *path, size_t max_bytes, json_t **out, loom_err *err);
 
-/* Reads PATH (at most MAX_BYTES) as a YAML document whose top level is a mapping, into a new
- * JSON object (*out); plain scalars typed as json_util.c says. Errors name PATH (and
- * line:column for malformed YAML). */
+/* Reads PATH (at most MAX_BYTES, never more than base/yaml.h's LOOM_YAML_MAX_BYTES) with
+ * base's YAML reader: a document whose top level is a mapping, into a new JSON object (*out),
+ * scalars typed by loom_yaml_scalar_type. Errors name PATH:LINE. */
 int loom_yaml_json_file(const char *path, size_t max_bytes, json_t **out, loom_err *err);
 
 /* ---- typed keys of an object ----

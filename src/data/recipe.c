@@ -1,6 +1,7 @@
-/* Recipe YAML -> loom_recipe, with libyaml's document API. Every error names file:line;
- * unknown keys, duplicate keys, wrong types and out-of-range values are errors. The
- * reference is docs/recipes.md. */
+/* Recipe YAML -> loom_recipe, read with base's one YAML reader (base/yaml.h: the dialect,
+ * the refusals, file:line:col of each node). Every error names file:line; unknown keys,
+ * duplicate keys, wrong types and out-of-range values are errors. The reference is
+ * docs/recipes.md. */
 #define PCRE2_CODE_UNIT_WIDTH 8
 #include "data/recipe.h"
 
@@ -10,22 +11,23 @@
 #include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
-#include <yaml.h>
 
-#define RECIPE_MAX_BYTES ((size_t)1 << 20)
+#include "base/yaml.h"
+
 #define DEFAULT_MAX_LINE ((int64_t)64 << 20)
+
+typedef const loom_yaml_node ynode;
 
 typedef struct ctx {
     const char *file;
-    yaml_document_t *doc;
     loom_err *err;
 } ctx;
 
-static int line_of(const yaml_node_t *n) { return (int)n->start_mark.line + 1; }
+static int line_of(ynode *n) { return n->line; }
 
-static int failf(ctx *c, const yaml_node_t *n, const char *fmt, ...)
+static int failf(ctx *c, const ynode *n, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
-static int failf(ctx *c, const yaml_node_t *n, const char *fmt, ...) {
+static int failf(ctx *c, const ynode *n, const char *fmt, ...) {
     char msg[1500];
     va_list ap;
     va_start(ap, fmt);
@@ -35,16 +37,16 @@ static int failf(ctx *c, const yaml_node_t *n, const char *fmt, ...) {
 }
 
 /* A scalar's text (length in *len); NULL with an error when n is not a scalar. */
-static const char *scalar(ctx *c, yaml_node_t *n, const char *key, size_t *len) {
-    if (n->type != YAML_SCALAR_NODE) {
+static const char *scalar(ctx *c, ynode *n, const char *key, size_t *len) {
+    if (n->kind != LOOM_YAML_SCALAR) {
         failf(c, n, "'%s' must be a single value", key);
         return NULL;
     }
-    if (len) *len = n->data.scalar.length;
-    return (const char *)n->data.scalar.value;
+    if (len) *len = n->len;
+    return n->text;
 }
 
-static int get_str(ctx *c, yaml_node_t *n, const char *key, char **out, size_t *out_len) {
+static int get_str(ctx *c, ynode *n, const char *key, char **out, size_t *out_len) {
     size_t len;
     const char *s = scalar(c, n, key, &len);
     if (!s) return -1;
@@ -58,12 +60,17 @@ static int get_str(ctx *c, yaml_node_t *n, const char *key, char **out, size_t *
     return 0;
 }
 
-static int get_int(ctx *c, yaml_node_t *n, const char *key, int64_t lo, int64_t hi, int64_t *out) {
+/* A quoted scalar is a string (base/yaml.h's typing); say so when a number was wanted. */
+static const char *quoted_note(ynode *n) {
+    return n->quoted ? " (quoted, so a string)" : "";
+}
+
+static int get_int(ctx *c, ynode *n, const char *key, int64_t lo, int64_t hi, int64_t *out) {
     const char *s = scalar(c, n, key, NULL);
     if (!s) return -1;
-    int64_t v;
-    if (loom_parse_i64(s, INT64_MIN, INT64_MAX, &v))
-        return failf(c, n, "'%s' must be an integer, got '%s'", key, s);
+    if (n->v.type != LOOM_YAML_INT)
+        return failf(c, n, "'%s' must be an integer, got '%s'%s", key, s, quoted_note(n));
+    const int64_t v = n->v.i;
     if (v < lo || v > hi)
         return failf(c, n, "'%s' is out of range: %s (allowed: %lld..%lld)", key, s,
                      (long long)lo, (long long)hi);
@@ -71,39 +78,36 @@ static int get_int(ctx *c, yaml_node_t *n, const char *key, int64_t lo, int64_t 
     return 0;
 }
 
-static int get_double(ctx *c, yaml_node_t *n, const char *key, double *out) {
+static int get_double(ctx *c, ynode *n, const char *key, double *out) {
     const char *s = scalar(c, n, key, NULL);
     if (!s) return -1;
-    if (loom_parse_f64(s, out)) return failf(c, n, "'%s' must be a number, got '%s'", key, s);
+    if ((n->v.type != LOOM_YAML_INT && n->v.type != LOOM_YAML_FLOAT) || !isfinite(n->v.f))
+        return failf(c, n, "'%s' must be a number, got '%s'%s", key, s, quoted_note(n));
+    *out = n->v.f;
     return 0;
 }
 
-static int get_bool(ctx *c, yaml_node_t *n, const char *key, int *out) {
+static int get_bool(ctx *c, ynode *n, const char *key, int *out) {
     const char *s = scalar(c, n, key, NULL);
     if (!s) return -1;
-    if (loom_parse_bool(s, out)) return failf(c, n, "'%s' must be true or false, got '%s'", key, s);
+    if (n->v.type != LOOM_YAML_BOOL)
+        return failf(c, n, "'%s' must be true or false, got '%s'%s", key, s, quoted_note(n));
+    *out = n->v.b;
     return 0;
 }
 
-/* Checks that every key of mapping n is in `known` and appears once. */
-static int check_keys(ctx *c, yaml_node_t *n, const char *const *known, const char *where) {
+/* Checks that every key of mapping n is in `known` (the reader refuses a key given twice). */
+static int check_keys(ctx *c, ynode *n, const char *const *known, const char *where) {
     char list[512] = "";
     for (int i = 0; known[i]; i++) {
         strncat(list, i ? ", " : "", sizeof list - strlen(list) - 1);
         strncat(list, known[i], sizeof list - strlen(list) - 1);
     }
-    for (yaml_node_pair_t *p = n->data.mapping.pairs.start; p < n->data.mapping.pairs.top; p++) {
-        yaml_node_t *k = yaml_document_get_node(c->doc, p->key);
-        if (k->type != YAML_SCALAR_NODE) return failf(c, k, "keys must be plain names");
-        const char *name = (const char *)k->data.scalar.value;
+    for (size_t p = 0; p < n->n; p++) {
+        ynode *k = &n->kids[2 * p];
         int ok = 0;
-        for (int i = 0; known[i]; i++) ok |= !strcmp(known[i], name);
-        if (!ok) return failf(c, k, "unknown key '%s' in %s (known keys: %s)", name, where, list);
-        for (yaml_node_pair_t *q = n->data.mapping.pairs.start; q < p; q++) {
-            yaml_node_t *k2 = yaml_document_get_node(c->doc, q->key);
-            if (k2->type == YAML_SCALAR_NODE && !strcmp((const char *)k2->data.scalar.value, name))
-                return failf(c, k, "duplicate key '%s' in %s", name, where);
-        }
+        for (int i = 0; known[i]; i++) ok |= !strcmp(known[i], k->text);
+        if (!ok) return failf(c, k, "unknown key '%s' in %s (known keys: %s)", k->text, where, list);
     }
     return 0;
 }
@@ -133,30 +137,24 @@ static void sb_put(sbuf *b, const char *s, size_t n) {
     b->p[b->n] = 0;
 }
 
-static void canon(yaml_document_t *doc, yaml_node_t *n, sbuf *b, int depth) {
+static void canon(ynode *n, sbuf *b, int depth) {
     char num[32];
     if (depth > 64) return; /* recipes are shallow; a hostile one only loses cache precision */
-    switch (n->type) {
-    case YAML_SCALAR_NODE:
-        snprintf(num, sizeof num, "s%zu:", n->data.scalar.length);
+    switch (n->kind) {
+    case LOOM_YAML_SCALAR:
+        snprintf(num, sizeof num, "s%zu:", n->len);
         sb_put(b, num, strlen(num));
-        sb_put(b, (const char *)n->data.scalar.value, n->data.scalar.length);
+        sb_put(b, n->text, n->len);
         break;
-    case YAML_SEQUENCE_NODE:
+    case LOOM_YAML_SEQ:
         sb_put(b, "[", 1);
-        for (yaml_node_item_t *i = n->data.sequence.items.start; i < n->data.sequence.items.top; i++)
-            canon(doc, yaml_document_get_node(doc, *i), b, depth + 1);
+        for (size_t i = 0; i < n->n; i++) canon(&n->kids[i], b, depth + 1);
         sb_put(b, "]", 1);
         break;
-    case YAML_MAPPING_NODE:
+    case LOOM_YAML_MAP:
         sb_put(b, "{", 1);
-        for (yaml_node_pair_t *p = n->data.mapping.pairs.start; p < n->data.mapping.pairs.top; p++) {
-            canon(doc, yaml_document_get_node(doc, p->key), b, depth + 1);
-            canon(doc, yaml_document_get_node(doc, p->value), b, depth + 1);
-        }
+        for (size_t i = 0; i < 2 * n->n; i++) canon(&n->kids[i], b, depth + 1);
         sb_put(b, "}", 1);
-        break;
-    default:
         break;
     }
 }
@@ -173,7 +171,7 @@ const char *loom_step_name(loom_step_kind k) {
     return "?";
 }
 
-static int compile_re(ctx *c, yaml_node_t *n, const char *src_name, const char *pat, void **out) {
+static int compile_re(ctx *c, ynode *n, const char *src_name, const char *pat, void **out) {
     int ec;
     PCRE2_SIZE off;
     pcre2_code *re = pcre2_compile((PCRE2_SPTR)pat, PCRE2_ZERO_TERMINATED,
@@ -194,7 +192,7 @@ static const char *const length_keys[] = {"min_bytes", "max_bytes", NULL};
 static const char *const regex_keys[] = {"include", "exclude", NULL};
 static const char *const near_keys[] = {"num_perm", "bands", "shingle", "threshold", NULL};
 
-static int parse_step(ctx *c, yaml_node_t *n, const loom_recipe_source *s, loom_recipe_step *st) {
+static int parse_step(ctx *c, ynode *n, const loom_recipe_source *s, loom_recipe_step *st) {
     st->line = line_of(n);
     st->min_bytes = 0;
     st->max_bytes = INT64_MAX;
@@ -203,15 +201,12 @@ static int parse_step(ctx *c, yaml_node_t *n, const loom_recipe_source *s, loom_
     st->shingle = 5;
     st->threshold = 0.8;
     const char *name;
-    yaml_node_t *params = NULL;
-    if (n->type == YAML_SCALAR_NODE) {
-        name = (const char *)n->data.scalar.value;
-    } else if (n->type == YAML_MAPPING_NODE &&
-               n->data.mapping.pairs.top - n->data.mapping.pairs.start == 1) {
-        yaml_node_t *k = yaml_document_get_node(c->doc, n->data.mapping.pairs.start->key);
-        if (k->type != YAML_SCALAR_NODE) return failf(c, k, "a step name must be a plain name");
-        name = (const char *)k->data.scalar.value;
-        params = yaml_document_get_node(c->doc, n->data.mapping.pairs.start->value);
+    ynode *params = NULL;
+    if (n->kind == LOOM_YAML_SCALAR) {
+        name = n->text;
+    } else if (n->kind == LOOM_YAML_MAP && n->n == 1) {
+        name = n->kids[0].text;
+        params = &n->kids[1];
     } else {
         return failf(c, n, "source '%s': a step is a name (utf8_repair) or a one-key mapping "
                      "(length: {min_bytes: 1})", s->name);
@@ -227,8 +222,8 @@ static int parse_step(ctx *c, yaml_node_t *n, const loom_recipe_source *s, loom_
         return failf(c, n, "source '%s': unknown step '%s' (known: utf8_repair, length, regex, "
                      "dedup_exact, dedup_near)", s->name, name);
     st->kind = kinds[found].kind;
-    if (params && params->type == YAML_SCALAR_NODE && params->data.scalar.length == 0)
-        params = NULL; /* "dedup_exact:" with nothing after it */
+    if (params && params->kind == LOOM_YAML_SCALAR && params->v.type == LOOM_YAML_NULL)
+        params = NULL; /* "dedup_exact:" with nothing after it (or ~, null) */
     if (!params && kinds[found].needs_params)
         return failf(c, n, "source '%s': step '%s' needs parameters", s->name, name);
     if (params && st->kind == LOOM_STEP_UTF8_REPAIR)
@@ -242,7 +237,7 @@ static int parse_step(ctx *c, yaml_node_t *n, const loom_recipe_source *s, loom_
         return failf(c, n, "source '%s': step 'utf8_repair' does not apply to chat sources (JSON "
                            "strings are valid UTF-8; a repair would move the loss mask)", s->name);
     if (!params) return 0;
-    if (params->type != YAML_MAPPING_NODE)
+    if (params->kind != LOOM_YAML_MAP)
         return failf(c, params, "source '%s': the parameters of step '%s' must be a mapping",
                      s->name, name);
     const char *const *known = st->kind == LOOM_STEP_LENGTH ? length_keys
@@ -251,9 +246,9 @@ static int parse_step(ctx *c, yaml_node_t *n, const loom_recipe_source *s, loom_
     char where[128];
     snprintf(where, sizeof where, "step '%s'", name);
     if (check_keys(c, params, known, where) != 0) return -1;
-    for (yaml_node_pair_t *p = params->data.mapping.pairs.start; p < params->data.mapping.pairs.top; p++) {
-        const char *k = (const char *)yaml_document_get_node(c->doc, p->key)->data.scalar.value;
-        yaml_node_t *v = yaml_document_get_node(c->doc, p->value);
+    for (size_t p = 0; p < params->n; p++) {
+        const char *k = params->kids[2 * p].text;
+        ynode *v = &params->kids[2 * p + 1];
         int64_t iv;
         int rc = 0;
         if (!strcmp(k, "min_bytes")) rc = get_int(c, v, k, 0, INT64_MAX, &st->min_bytes);
@@ -267,7 +262,7 @@ static int parse_step(ctx *c, yaml_node_t *n, const loom_recipe_source *s, loom_
             rc = get_double(c, v, k, &st->threshold);
             if (!rc && !(st->threshold > 0 && st->threshold <= 1))
                 rc = failf(c, v, "'threshold' must be in (0, 1], got %s",
-                           (const char *)v->data.scalar.value);
+                           v->text);
         }
         if (rc) return -1;
         if (!strcmp(k, "include") && compile_re(c, v, s->name, st->include, &st->include_re)) return -1;
@@ -290,23 +285,23 @@ static const char *const source_keys[] = {
     "max_line_bytes", "labels", "label_key", "label_field", "default_label", "weight",
     "repeat_cap", "steps", "template", "messages_field", "pack", "too_long", NULL};
 
-static int parse_source(ctx *c, yaml_node_t *n, loom_recipe_source *s) {
+static int parse_source(ctx *c, ynode *n, loom_recipe_source *s) {
     s->line = line_of(n);
     s->weight = 1.0;
     s->repeat_cap = 0.0;
     s->max_line_bytes = DEFAULT_MAX_LINE;
-    if (n->type != YAML_MAPPING_NODE)
+    if (n->kind != LOOM_YAML_MAP)
         return failf(c, n, "each entry of 'sources' must be a mapping (name, kind, path, ...)");
     if (check_keys(c, n, source_keys, "a source") != 0) return -1;
     sbuf cb = {0};
-    canon(c->doc, n, &cb, 0);
+    canon(n, &cb, 0);
     s->canon = cb.p ? cb.p : loom_strdup("");
-    yaml_node_t *steps = NULL, *kind_node = n, *on_error = NULL, *label_key_node = n;
-    yaml_node_t *pack_node = NULL, *too_long = NULL, *max_line = NULL;
+    ynode *steps = NULL, *kind_node = n, *on_error = NULL, *label_key_node = n;
+    ynode *pack_node = NULL, *too_long = NULL, *max_line = NULL;
     s->pack = 1;
-    for (yaml_node_pair_t *p = n->data.mapping.pairs.start; p < n->data.mapping.pairs.top; p++) {
-        const char *k = (const char *)yaml_document_get_node(c->doc, p->key)->data.scalar.value;
-        yaml_node_t *v = yaml_document_get_node(c->doc, p->value);
+    for (size_t p = 0; p < n->n; p++) {
+        const char *k = n->kids[2 * p].text;
+        ynode *v = &n->kids[2 * p + 1];
         int rc = 0;
         char *tmp = NULL;
         if (!strcmp(k, "name")) rc = get_str(c, v, k, &s->name, NULL);
@@ -342,20 +337,20 @@ static int parse_source(ctx *c, yaml_node_t *n, loom_recipe_source *s) {
         } else if (!strcmp(k, "weight")) {
             rc = get_double(c, v, k, &s->weight);
             if (!rc && !(s->weight > 0))
-                rc = failf(c, v, "'weight' must be positive, got %s", (const char *)v->data.scalar.value);
+                rc = failf(c, v, "'weight' must be positive, got %s", v->text);
         } else if (!strcmp(k, "repeat_cap")) {
             rc = get_double(c, v, k, &s->repeat_cap);
             if (!rc && !(s->repeat_cap >= 0))
                 rc = failf(c, v, "'repeat_cap' must be >= 0 (0 = no cap), got %s",
-                           (const char *)v->data.scalar.value);
+                           v->text);
         } else if (!strcmp(k, "steps")) steps = v;
         else if (!strcmp(k, "exclude")) {
-            if (v->type != YAML_SEQUENCE_NODE)
+            if (v->kind != LOOM_YAML_SEQ)
                 return failf(c, v, "'exclude' must be a list of file-name patterns");
-            int n_items = (int)(v->data.sequence.items.top - v->data.sequence.items.start);
+            int n_items = (int)v->n;
             s->exclude = loom_calloc((size_t)n_items + 1, sizeof *s->exclude);
             for (int i = 0; i < n_items; i++) {
-                yaml_node_t *it = yaml_document_get_node(c->doc, v->data.sequence.items.start[i]);
+                ynode *it = &v->kids[i];
                 if (get_str(c, it, "exclude", &s->exclude[i], NULL) != 0) return -1;
                 s->n_exclude = i + 1;
             }
@@ -413,12 +408,12 @@ static int parse_source(ctx *c, yaml_node_t *n, loom_recipe_source *s) {
             return failf(c, n, "source '%s': 'default_label' needs a 'labels' file", s->name);
     }
     if (steps) {
-        if (steps->type != YAML_SEQUENCE_NODE)
+        if (steps->kind != LOOM_YAML_SEQ)
             return failf(c, steps, "source '%s': 'steps' must be a list", s->name);
-        int n_items = (int)(steps->data.sequence.items.top - steps->data.sequence.items.start);
+        int n_items = (int)steps->n;
         s->steps = loom_calloc((size_t)n_items + 1, sizeof *s->steps);
         for (int i = 0; i < n_items; i++) {
-            yaml_node_t *it = yaml_document_get_node(c->doc, steps->data.sequence.items.start[i]);
+            ynode *it = &steps->kids[i];
             s->n_steps = i + 1;
             if (parse_step(c, it, s, &s->steps[i]) != 0) return -1;
         }
@@ -431,15 +426,15 @@ static const char *const top_keys[] = {"name", "description", "sources", "tokeni
                                        "dedup_across_sources", NULL};
 static const char *const tok_keys[] = {"type", "path", NULL};
 
-static int parse_tokenizer(ctx *c, yaml_node_t *v, loom_recipe *r) {
+static int parse_tokenizer(ctx *c, ynode *v, loom_recipe *r) {
     r->tokenizer_line = line_of(v);
-    if (v->type == YAML_SCALAR_NODE) return get_str(c, v, "tokenizer", &r->tokenizer, NULL);
-    if (v->type != YAML_MAPPING_NODE)
+    if (v->kind == LOOM_YAML_SCALAR) return get_str(c, v, "tokenizer", &r->tokenizer, NULL);
+    if (v->kind != LOOM_YAML_MAP)
         return failf(c, v, "'tokenizer' must be 'byte' or a mapping {type: bpe, path: tokenizer.json}");
     if (check_keys(c, v, tok_keys, "'tokenizer'") != 0) return -1;
-    for (yaml_node_pair_t *p = v->data.mapping.pairs.start; p < v->data.mapping.pairs.top; p++) {
-        const char *k = (const char *)yaml_document_get_node(c->doc, p->key)->data.scalar.value;
-        yaml_node_t *x = yaml_document_get_node(c->doc, p->value);
+    for (size_t p = 0; p < v->n; p++) {
+        const char *k = v->kids[2 * p].text;
+        ynode *x = &v->kids[2 * p + 1];
         int rc = !strcmp(k, "type") ? get_str(c, x, k, &r->tokenizer, NULL)
                                     : get_str(c, x, k, &r->tokenizer_path, NULL);
         if (rc) return -1;
@@ -448,15 +443,15 @@ static int parse_tokenizer(ctx *c, yaml_node_t *v, loom_recipe *r) {
     return 0;
 }
 
-static int parse_root(ctx *c, yaml_node_t *root, loom_recipe *r) {
-    if (root->type != YAML_MAPPING_NODE)
+static int parse_root(ctx *c, ynode *root, loom_recipe *r) {
+    if (root->kind != LOOM_YAML_MAP)
         return failf(c, root, "a recipe must be a mapping of keys (name, sources, ...)");
     if (check_keys(c, root, top_keys, "the recipe") != 0) return -1;
-    yaml_node_t *sources = NULL, *name_node = root, *tok_node = root;
+    ynode *sources = NULL, *name_node = root, *tok_node = root;
     char *description = NULL;
-    for (yaml_node_pair_t *p = root->data.mapping.pairs.start; p < root->data.mapping.pairs.top; p++) {
-        const char *k = (const char *)yaml_document_get_node(c->doc, p->key)->data.scalar.value;
-        yaml_node_t *v = yaml_document_get_node(c->doc, p->value);
+    for (size_t p = 0; p < root->n; p++) {
+        const char *k = root->kids[2 * p].text;
+        ynode *v = &root->kids[2 * p + 1];
         int rc = 0;
         if (!strcmp(k, "name")) rc = get_str(c, v, k, &r->name, NULL), name_node = v;
         else if (!strcmp(k, "description")) rc = get_str(c, v, k, &description, NULL);
@@ -469,7 +464,7 @@ static int parse_root(ctx *c, yaml_node_t *root, loom_recipe *r) {
             rc = get_double(c, v, k, &r->val_fraction);
             if (!rc && !(r->val_fraction >= 0.0 && r->val_fraction < 1.0))
                 rc = failf(c, v, "'val_fraction' must be in [0, 1), got %s",
-                           (const char *)v->data.scalar.value);
+                           v->text);
         } else if (!strcmp(k, "sources")) sources = v;
         if (rc) {
             free(description);
@@ -492,13 +487,13 @@ static int parse_root(ctx *c, yaml_node_t *root, loom_recipe *r) {
         return failf(c, tok_node, "unsupported tokenizer '%s' (supported: byte, bpe)", r->tokenizer);
     }
     if (!sources) return failf(c, root, "the recipe is missing 'sources'");
-    if (sources->type != YAML_SEQUENCE_NODE) return failf(c, sources, "'sources' must be a list of sources");
-    int n = (int)(sources->data.sequence.items.top - sources->data.sequence.items.start);
+    if (sources->kind != LOOM_YAML_SEQ) return failf(c, sources, "'sources' must be a list of sources");
+    int n = (int)sources->n;
     if (n == 0) return failf(c, sources, "'sources' is empty");
     r->sources = loom_calloc((size_t)n, sizeof *r->sources);
     for (int i = 0; i < n; i++) {
         r->n_sources = i + 1;
-        yaml_node_t *sn = yaml_document_get_node(c->doc, sources->data.sequence.items.start[i]);
+        ynode *sn = &sources->kids[i];
         if (parse_source(c, sn, &r->sources[i]) != 0) return -1;
         for (int j = 0; j < i; j++)
             if (!strcmp(r->sources[j].name, r->sources[i].name))
@@ -510,78 +505,20 @@ static int parse_root(ctx *c, yaml_node_t *root, loom_recipe *r) {
     return 0;
 }
 
-/* A libyaml parser error as file:line:column: problem. The reader (encoding) errors give a
- * byte offset rather than a mark. */
-static int yaml_error(const yaml_parser_t *p, const loom_recipe *r, loom_err *err) {
-    size_t line = p->problem_mark.line + 1, col = p->problem_mark.column + 1;
-    if (p->error == YAML_READER_ERROR) {
-        loom_text_position(r->text, r->text_len, p->problem_offset, &line, &col);
-        if (p->problem_value >= 0)
-            return loom_errf(err, "%s:%zu:%zu: malformed YAML: %s (byte 0x%02x at offset %zu)",
-                             r->file, line, col, p->problem ? p->problem : "reader error",
-                             (unsigned)p->problem_value, p->problem_offset);
-    }
-    return loom_errf(err, "%s:%zu:%zu: malformed YAML: %s%s%s", r->file, line, col,
-                     p->problem ? p->problem : "parse error", p->context ? " " : "",
-                     p->context ? p->context : "");
-}
-
-/* Reads the event stream once: -1 with file:line at the first anchor or alias, or at a
- * syntax error. */
-static int refuse_anchors(const loom_recipe *r, loom_err *err) {
-    yaml_parser_t parser;
-    LOOM_CHECK(yaml_parser_initialize(&parser));
-    yaml_parser_set_input_string(&parser, (const unsigned char *)r->text, r->text_len);
-    int rc = 0;
-    for (;;) {
-        yaml_event_t ev;
-        if (!yaml_parser_parse(&parser, &ev)) {
-            rc = yaml_error(&parser, r, err);
-            break;
-        }
-        const yaml_char_t *anchor = NULL;
-        if (ev.type == YAML_SCALAR_EVENT) anchor = ev.data.scalar.anchor;
-        else if (ev.type == YAML_MAPPING_START_EVENT) anchor = ev.data.mapping_start.anchor;
-        else if (ev.type == YAML_SEQUENCE_START_EVENT) anchor = ev.data.sequence_start.anchor;
-        int end = ev.type == YAML_STREAM_END_EVENT;
-        if (ev.type == YAML_ALIAS_EVENT || anchor)
-            rc = loom_errf(err, "%s:%zu:%zu: YAML anchors and aliases are not supported in recipes",
-                           r->file, ev.start_mark.line + 1, ev.start_mark.column + 1);
-        yaml_event_delete(&ev);
-        if (rc || end) break;
-    }
-    yaml_parser_delete(&parser);
-    return rc;
-}
-
 int loom_recipe_load(const char *path, loom_recipe *r, loom_err *err) {
     memset(r, 0, sizeof *r);
     r->file = loom_strdup(path);
     r->seq_len = 256;
     r->shard_tokens = 1 << 20;
-    if (loom_read_file(path, RECIPE_MAX_BYTES, &r->text, &r->text_len, err) != 0) return -1;
+    if (loom_read_file(path, LOOM_YAML_MAX_BYTES, &r->text, &r->text_len, err) != 0) return -1;
     loom_sha256_hex(r->text, r->text_len, r->sha256);
-
-    yaml_parser_t parser;
-    yaml_document_t doc;
-    /* first pass over the events: anchors and aliases are refused before the document API
-     * expands them (an alias of its own anchor makes a cycle, and a few aliases of aliases
-     * an exponentially large tree) */
-    if (refuse_anchors(r, err) != 0) return -1;
-    LOOM_CHECK(yaml_parser_initialize(&parser));
-    yaml_parser_set_input_string(&parser, (const unsigned char *)r->text, r->text_len);
-    if (!yaml_parser_load(&parser, &doc)) {
-        yaml_error(&parser, r, err);
-        yaml_parser_delete(&parser);
-        return -1;
-    }
-    yaml_parser_delete(&parser);
-    ctx c = {path, &doc, err};
-    yaml_node_t *root = yaml_document_get_root_node(&doc);
+    loom_yaml_node *root = NULL;
+    if (loom_yaml_parse(path, r->text, r->text_len, &root, err) != 0) return -1;
+    ctx c = {path, err};
     int rc;
     if (!root) rc = loom_errf(err, "%s:1: the recipe is empty", path);
     else rc = parse_root(&c, root, r);
-    yaml_document_delete(&doc);
+    loom_yaml_free(root);
     return rc;
 }
 

@@ -44,8 +44,8 @@ LIBS = {
     "kernels": ["blas", "onednn", "openmp"],
     "model": [],
     "parallel": [],
-    # recipes are read with libyaml here (issue 28 makes base's reader the one YAML reader)
-    "data": ["jansson", "yaml", "openssl", "xxhash", "icu", "pcre2", "zstd"],
+    # (recipes' YAML is read by base: base/yaml.h)
+    "data": ["jansson", "openssl", "xxhash", "icu", "pcre2", "zstd"],
     # openmp: the peak probe's thread count (omp_set_num_threads)
     "obs": ["jansson", "sockets", "openmp"],
     "hf": ["jansson"],
@@ -55,7 +55,7 @@ LIBS = {
     "train": ["jansson", "openmp"],
     "interop": ["jansson"],
     "infer": ["jansson", "sockets", "http"],
-    # (its pipelines' YAML is read by base: loom_yaml_json_file)
+    # (its pipelines' YAML is read by base: loom_yaml_json_file, base/yaml.h)
     "synth": ["jansson", "pcre2", "zstd", "http"],
     "cli": ["jansson", "openmp"],
 }
@@ -82,7 +82,7 @@ HEADERS = {
 
 # Private headers ("folder/x.h" beside the sources) are their folder's own, except these, which
 # their module shares with every module that may use it.
-SHARED_PRIVATE = {"base/json_util.h"}
+SHARED_PRIVATE = {"base/json_util.h", "base/yaml.h"}
 
 # loom/kernels.h (the kernel functions themselves) is for kernels/ alone; everyone else calls
 # ops through loom/backend.h's table

@@ -1,7 +1,8 @@
 /* Fuzz target: the config tree (include/loom/config.h). The bytes are YAML text for
  * loom_config_load_string; its first line is also tried as a `--set` assignment. A tree that
  * loads is read through every typed getter, then written with loom_config_to_yaml and loaded
- * back: the documented round trip must give the same keys and values. */
+ * back: the documented round trip must give the same keys and values, typed the same way (a
+ * quoted "10" stays a string, a plain 10 an integer). */
 #include "fuzz_common.h"
 #include "loom/config.h"
 
@@ -79,6 +80,20 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
             fprintf(stderr, "fuzz: round trip changed '%s' = '%s' into '%s' = '%s'\n---\n%s---\n",
                     loom_config_key_at(c, i), loom_config_value_at(c, i),
                     loom_config_key_at(back, i), loom_config_value_at(back, i), yaml);
+            abort();
+        }
+        const char *k = loom_config_key_at(c, i);
+        int64_t i1 = 0, i2 = 0;
+        double d1 = 0, d2 = 0;
+        int b1 = 0, b2 = 0;
+        loom_err e;
+        int ri = loom_config_get_int(c, k, &i1, &e), rd = loom_config_get_double(c, k, &d1, &e),
+            rb = loom_config_get_bool(c, k, &b1, &e);
+        if (ri != loom_config_get_int(back, k, &i2, &e) || i1 != i2 ||
+            rd != loom_config_get_double(back, k, &d2, &e) || d1 != d2 ||
+            rb != loom_config_get_bool(back, k, &b2, &e) || b1 != b2) {
+            fprintf(stderr, "fuzz: round trip changed the type of '%s' = '%s'\n---\n%s---\n", k,
+                    loom_config_value_at(c, i), yaml);
             abort();
         }
     }

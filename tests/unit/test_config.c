@@ -2,6 +2,11 @@
  * write -> reload round trips. */
 #include "testutil.h"
 
+#include <math.h>
+
+#include "base/json_util.h"
+#include "base/yaml.h"
+#include "data/recipe.h"
 #include "loom/config.h"
 #include "loom/comm.h"
 #include "loom/model_config.h"
@@ -212,7 +217,7 @@ static void test_malformed_yaml(void **state) {
 
     /* anchors and aliases */
     assert_int_equal(loom_config_load_string(c, "a: &x 1\nb: *x\n", "anc.yaml", &err), -1);
-    TU_ASSERT_HAS(err.msg, "anc.yaml:1: YAML anchors and aliases");
+    TU_ASSERT_HAS(err.msg, "anc.yaml:1:4: YAML anchors and aliases are not supported");
     assert_int_equal(loom_config_load_string(c, "a: 1\nb: *x\n", "al.yaml", &err), -1);
     TU_ASSERT_HAS(err.msg, "al.yaml:");
 
@@ -228,7 +233,8 @@ static void test_malformed_yaml(void **state) {
         strcat(text, "s:\n  name: ab\xff" "cd\n");
         path = write_tmp("utf8.yaml", text);
         assert_int_equal(loom_config_load_yaml(c, path, &err), -1);
-        snprintf(want, sizeof want, "%s:18:11: invalid leading UTF-8 octet (byte 0xff", path);
+        snprintf(want, sizeof want, "%s:18:11: malformed YAML: invalid leading UTF-8 octet (byte 0xff",
+                 path);
         TU_ASSERT_HAS(err.msg, want);
         /* a multi-byte character before the bad byte counts as one column */
         assert_int_equal(loom_config_load_string(c, "a: 1\nb: \xc3\xa9\xfe\n", "u.yaml", &err),
@@ -240,7 +246,7 @@ static void test_malformed_yaml(void **state) {
     assert_int_equal(loom_config_load_string(c, "a:\n  \"\": 1\n", "e.yaml", &err), -1);
     TU_ASSERT_HAS(err.msg, "e.yaml:2: invalid key");
     assert_int_equal(loom_config_load_string(c, "a: 1\n---\nb: 2\n", "m.yaml", &err), -1);
-    TU_ASSERT_HAS(err.msg, "m.yaml:2: more than one");
+    TU_ASSERT_HAS(err.msg, "m.yaml:2:1: more than one YAML document");
     assert_int_equal(loom_config_load_string(c, "a:\n  - x: 1\n", "l.yaml", &err), -1);
     TU_ASSERT_HAS(err.msg, "l.yaml:2:");
 
@@ -260,7 +266,7 @@ static void test_duplicate_key(void **state) {
     assert_int_equal(loom_config_load_string(c, "training:\n  steps: 1\n  lr: 2\n  steps: 3\n",
                                              "configs/x.yaml", &err),
                      -1);
-    assert_string_equal(err.msg, "configs/x.yaml:4: duplicate key 'training.steps' (first at line 2)");
+    assert_string_equal(err.msg, "configs/x.yaml:4:3: duplicate key 'training.steps' (first at line 2)");
     /* the same key spelled flat and nested */
     assert_int_equal(loom_config_load_string(c, "training.steps: 1\ntraining:\n  steps: 2\n",
                                              "y.yaml", &err),
@@ -269,7 +275,7 @@ static void test_duplicate_key(void **state) {
     /* a section given twice */
     assert_int_equal(loom_config_load_string(c, "a:\n  x: 1\nb: 2\na:\n  y: 1\n", "z.yaml", &err),
                      -1);
-    assert_string_equal(err.msg, "z.yaml:4: duplicate key 'a' (first at line 1)");
+    assert_string_equal(err.msg, "z.yaml:4:1: duplicate key 'a' (first at line 1)");
     assert_int_equal(loom_config_count(c), 0);
     loom_config_free(c);
 }
@@ -327,16 +333,16 @@ static void test_strict_getters(void **state) {
     assert_int_equal(loom_config_get_double(c, "training.empty", &d, &err), -1);
     assert_int_equal(loom_config_get_double(c, "training.space", &d, &err), -1);
 
+    /* booleans are true/false (YAML 1.2's core schema, as recipes and pipelines read them):
+     * YES, off and 0 are not */
     int b = -1;
-    assert_int_equal(loom_config_get_bool(c, "training.b1", &b, &err), 0);
-    assert_int_equal(b, 1);
-    assert_int_equal(loom_config_get_bool(c, "training.b2", &b, &err), 0);
-    assert_int_equal(b, 0);
-    b = -1;
-    assert_int_equal(loom_config_get_bool(c, "training.b3", &b, &err), 0);
-    assert_int_equal(b, 0);
+    assert_int_equal(loom_config_get_bool(c, "training.b1", &b, &err), -1);
+    TU_ASSERT_HAS(err.msg, "'training.b1' = 'YES' (configs/x.yaml:12) is not a boolean (true or false)");
+    assert_int_equal(loom_config_get_bool(c, "training.b2", &b, &err), -1);
+    assert_int_equal(loom_config_get_bool(c, "training.b3", &b, &err), -1);
     assert_int_equal(loom_config_get_bool(c, "training.b4", &b, &err), -1);
     TU_ASSERT_HAS(err.msg, "'training.b4' = 'maybe' (configs/x.yaml:15) is not a boolean");
+    assert_int_equal(b, -1);
     assert_int_equal(loom_config_get_bool(c, "training.empty", &b, &err), -1);
     loom_config_free(c);
 }
@@ -466,6 +472,137 @@ static void test_leaf_and_section(void **state) {
     loom_config_free(c);
 }
 
+/* One dialect: a run config (file and --set), a data recipe and a synth pipeline type the
+ * same scalars the same way (base/yaml.h's loom_yaml_scalar_type; docs/config.md). For each
+ * scalar: the config's typed getters, a recipe's integer, number and boolean keys, and the
+ * pipeline's JSON value agree with the expected type. */
+static void test_one_dialect(void **state) {
+    (void)state;
+    static const struct {
+        const char *text;
+        loom_yaml_type type;
+        double value; /* INT, FLOAT, BOOL */
+    } cases[] = {
+        {"10", LOOM_YAML_INT, 10},        {"+10", LOOM_YAML_INT, 10},
+        {"007", LOOM_YAML_INT, 7},        {"0x10", LOOM_YAML_STR, 0},
+        {"1e3", LOOM_YAML_FLOAT, 1000},   {"2.5", LOOM_YAML_FLOAT, 2.5},
+        {".5", LOOM_YAML_FLOAT, 0.5},     {"'10'", LOOM_YAML_STR, 0},
+        {"\"true\"", LOOM_YAML_STR, 0},   {".inf", LOOM_YAML_FLOAT, INFINITY},
+        {"1e999", LOOM_YAML_FLOAT, INFINITY}, {"yes", LOOM_YAML_STR, 0},
+        {"on", LOOM_YAML_STR, 0},         {"True", LOOM_YAML_BOOL, 1},
+        {"FALSE", LOOM_YAML_BOOL, 0},     {"true", LOOM_YAML_BOOL, 1},
+        {"~", LOOM_YAML_NULL, 0},         {"null", LOOM_YAML_NULL, 0},
+        {"", LOOM_YAML_NULL, 0},          {"nan", LOOM_YAML_STR, 0},
+        {"1_000", LOOM_YAML_STR, 0},      {"99999999999999999999", LOOM_YAML_FLOAT, 1e20},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        const char *t = cases[i].text;
+        const loom_yaml_type ty = cases[i].type;
+        const double want = cases[i].value;
+        const int finite = isfinite(want);
+        char text[256], set[128];
+        loom_err err = {{0}};
+        /* the config, from a file and from --set */
+        snprintf(text, sizeof text, "k: %s\n", t);
+        snprintf(set, sizeof set, "k=%s", t);
+        for (int from_set = 0; from_set < 2; from_set++) {
+            loom_config *c = loom_config_new();
+            int rc = from_set ? loom_config_set_arg(c, set, &err)
+                              : loom_config_load_string(c, text, "c.yaml", &err);
+            if (rc) fail_msg("case '%s': %s", t, err.msg);
+            int64_t iv = 0;
+            double dv = 0;
+            int bv = -1;
+            int ok_i = loom_config_get_int(c, "k", &iv, &err) == 0;
+            int ok_d = loom_config_get_double(c, "k", &dv, &err) == 0;
+            int ok_b = loom_config_get_bool(c, "k", &bv, &err) == 0;
+            if (ok_i != (ty == LOOM_YAML_INT) || (ok_i && iv != (int64_t)want))
+                fail_msg("config '%s' (set %d): get_int %d %lld", t, from_set, ok_i, (long long)iv);
+            if (ok_d != ((ty == LOOM_YAML_INT || ty == LOOM_YAML_FLOAT) && finite) ||
+                (ok_d && dv != want))
+                fail_msg("config '%s' (set %d): get_double %d %g", t, from_set, ok_d, dv);
+            if (ok_b != (ty == LOOM_YAML_BOOL) || (ok_b && bv != (int)want))
+                fail_msg("config '%s' (set %d): get_bool %d %d", t, from_set, ok_b, bv);
+            loom_config_free(c);
+        }
+        /* a recipe: seq_len (an integer), weight (a number), dedup_across_sources (a boolean) */
+        static const char *const keys[3] = {"seq_len", "weight", "dedup_across_sources"};
+        for (int k = 0; k < 3; k++) {
+            char path[512];
+            tu_path(path, sizeof path, "dialect.yaml");
+            snprintf(text, sizeof text,
+                     "name: t\nsources:\n  - {name: a, kind: text, path: x%s%s}\ntokenizer: byte\n"
+                     "output: o\n%s%s%s\n",
+                     k == 1 ? ", weight: " : "", k == 1 ? t : "", k == 1 ? "" : keys[k],
+                     k == 1 ? "" : ": ", k == 1 ? "" : t);
+            tu_write_text(path, text);
+            loom_recipe r;
+            const int ok = loom_recipe_load(path, &r, &err) == 0;
+            const int want_ok = k == 0   ? ty == LOOM_YAML_INT
+                                : k == 1 ? (ty == LOOM_YAML_INT || ty == LOOM_YAML_FLOAT) && finite
+                                         : ty == LOOM_YAML_BOOL;
+            if (ok != want_ok) fail_msg("recipe %s: '%s': %s", keys[k], t, ok ? "accepted" : err.msg);
+            if (ok && k == 0) assert_true(r.seq_len == (int64_t)want);
+            if (ok && k == 1) assert_true(r.sources[0].weight == want);
+            if (ok && k == 2) assert_int_equal(r.dedup_across_sources, (int)want);
+            loom_recipe_free(&r);
+        }
+        /* a synth pipeline (YAML -> JSON) */
+        {
+            char path[512];
+            tu_path(path, sizeof path, "pipe.yaml");
+            snprintf(text, sizeof text, "k: %s\n", t);
+            tu_write_text(path, text);
+            json_t *o = NULL;
+            const int ok = loom_yaml_json_file(path, 1 << 20, &o, &err) == 0;
+            if (ok != (ty != LOOM_YAML_FLOAT || finite))
+                fail_msg("pipeline '%s': %s", t, ok ? "accepted" : err.msg);
+            if (!ok) {
+                TU_ASSERT_HAS(err.msg, "pipe.yaml:1: ");
+                TU_ASSERT_HAS(err.msg, "is not a finite number");
+                continue;
+            }
+            json_t *v = json_object_get(o, "k");
+            switch (ty) {
+            case LOOM_YAML_NULL: assert_true(json_is_null(v)); break;
+            case LOOM_YAML_BOOL: assert_true(json_is_boolean(v) && json_is_true(v) == (int)want); break;
+            case LOOM_YAML_INT: assert_true(json_is_integer(v) && json_integer_value(v) == (json_int_t)want); break;
+            case LOOM_YAML_FLOAT: assert_true(json_is_real(v) && json_real_value(v) == want); break;
+            case LOOM_YAML_STR: assert_true(json_is_string(v)); break;
+            }
+            json_decref(o);
+        }
+    }
+    /* the same refusals: a tag, a second document, a key twice */
+    static const char *const refused[][2] = {
+        {"k: !!str 10\n", ":1:4: YAML tags"},
+        {"k: 1\n---\nj: 2\n", ":2:1: more than one YAML document"},
+        {"k: 1\nk: 2\n", ":2:1: duplicate key 'k' (first at line 1)"},
+        {"k: &a 1\n", ":1:4: YAML anchors and aliases are not supported"},
+    };
+    for (size_t i = 0; i < sizeof refused / sizeof refused[0]; i++) {
+        loom_err err = {{0}};
+        loom_config *c = loom_config_new();
+        assert_int_equal(loom_config_load_string(c, refused[i][0], "c.yaml", &err), -1);
+        TU_ASSERT_HAS(err.msg, refused[i][1]);
+        loom_config_free(c);
+        char path[512], text[256];
+        tu_path(path, sizeof path, "pipe.yaml");
+        tu_write_text(path, refused[i][0]);
+        json_t *o = NULL;
+        assert_int_equal(loom_yaml_json_file(path, 1 << 20, &o, &err), -1);
+        TU_ASSERT_HAS(err.msg, refused[i][1]);
+        snprintf(text, sizeof text, "%sname: t\nsources: [{name: a, kind: text, path: x}]\n"
+                                    "tokenizer: byte\noutput: o\n", refused[i][0]);
+        tu_path(path, sizeof path, "dialect.yaml");
+        tu_write_text(path, text);
+        loom_recipe r;
+        assert_int_equal(loom_recipe_load(path, &r, &err), -1);
+        TU_ASSERT_HAS(err.msg, refused[i][1]);
+        loom_recipe_free(&r);
+    }
+}
+
 static void test_get_list(void **state) {
     (void)state;
     loom_config *c = loom_config_new();
@@ -549,6 +686,7 @@ static void test_schema_join(void **state) {
 
 int main(void) {
     const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_one_dialect),
         cmocka_unit_test(test_nested_load),      cmocka_unit_test(test_later_load_overrides),
         cmocka_unit_test(test_set_arg),          cmocka_unit_test(test_schema_defaults),
         cmocka_unit_test(test_unknown_key),      cmocka_unit_test(test_malformed_yaml),

@@ -435,11 +435,18 @@ static void test_recipe_errors(void **state) {
          "r.yaml:4: unknown key 'vocab' in 'tokenizer'"},
         {"name: t\nsources:\n  - {name: a, kind: text, path: x}\ntokenizer: byte\ndedup_across_sources: maybe\noutput: o\n",
          "r.yaml:5: 'dedup_across_sources' must be true or false, got 'maybe'"},
+        /* one dialect (base/yaml.h): yes is a string, a quoted number is a string */
+        {"name: t\nsources:\n  - {name: a, kind: text, path: x}\ntokenizer: byte\ndedup_across_sources: yes\noutput: o\n",
+         "r.yaml:5: 'dedup_across_sources' must be true or false, got 'yes'"},
+        {"name: t\nsources:\n  - {name: a, kind: text, path: x}\ntokenizer: byte\nseq_len: '64'\noutput: o\n",
+         "r.yaml:5: 'seq_len' must be an integer, got '64' (quoted, so a string)"},
+        {"name: t\nsources:\n  - {name: a, kind: text, path: x}\n  - {name: a, kind: text, path: y, name: b}\ntokenizer: byte\noutput: o\n",
+         "r.yaml:4:36: duplicate key 'sources[1].name' (first at line 4)"},
         /* anchors and aliases are refused (a self-referencing one would never finish) */
         {"name: t\nsources: &a [*a, *a]\ntokenizer: byte\noutput: o\n",
-         "r.yaml:2:10: YAML anchors and aliases are not supported in recipes"},
+         "r.yaml:2:10: YAML anchors and aliases are not supported"},
         {"name: &n t\nsources:\n  - {name: *n, kind: text, path: x}\ntokenizer: byte\noutput: o\n",
-         "r.yaml:1:7: YAML anchors and aliases are not supported in recipes"},
+         "r.yaml:1:7: YAML anchors and aliases are not supported"},
         /* a reader error names the line and column of the bad byte */
         {"name: t\nsources:\n  - {name: a, kind: text, path: x}\ntokenizer: byte\noutput: o\xff\n",
          "r.yaml:5:10: malformed YAML: invalid leading UTF-8 octet (byte 0xff"},
