@@ -1,10 +1,10 @@
-/* Private to the data build (src/data/build.c, source_*.c, filters.c, dedup.c): input files,
+/* Private to the data build (src/data/build*.c, source_*.c, filters.c, dedup.c): input files,
  * documents held in memory while a source is processed, and the processing steps.
  *
  * A source is processed as: collect its input files (source_files.c) -> read them into
  * documents (source_text.c, source_jsonl.c, source_binary.c) -> each step of the recipe in
  * order (filters.c, dedup.c), with counts before and after each -> tokenize and write shards
- * (build.c). Documents live in one byte arena per source; they are referred to by offset so the
+ * (build_shards.c). Documents live in one byte arena per source; they are referred to by offset so the
  * arena can grow. */
 #ifndef LOOM_DATA_BUILD_SOURCE_H
 #define LOOM_DATA_BUILD_SOURCE_H

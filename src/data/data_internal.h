@@ -52,11 +52,6 @@ int loom_shard_write_ex(const char *path, const loom_shard_spec *spec, const uin
                         uint64_t n_tokens, const uint64_t *doc_starts, uint64_t n_docs,
                         const uint32_t *labels, char sha_hex[65], loom_err *err);
 
-/* Public (include/loom/data.h, shard section); repeated here so that this header's users
- * compile against any data.h revision. */
-int loom_shard_has_labels(const loom_shard *s);
-uint32_t loom_shard_doc_label(const loom_shard *s, uint64_t i);
-
 uint64_t loom_shard_doc_start(const loom_shard *s, uint64_t i);
 
 /* Reads the lines appended to manifest.jsonl since the last read (a stat first: nothing is

@@ -208,8 +208,6 @@ def check_file(root, path, module, breaks):
 # listed here, to be split (path: why it is not split yet). Each entry must still apply.
 MAX_LINES = 1000
 LONG_FILES = {
-    "src/data/build.c": "the build's steps (collect, read, filter, tokenize, shard, manifest) "
-                        "are to move into their own files (issue 28)",
 }
 
 
