@@ -38,6 +38,7 @@ int loom_generate_recompute(loom_model *m, int T, const int32_t *prompt, int n_p
  * not depend on what else is in the batch. Not thread-safe: one thread drives an engine. */
 
 struct loom_tokenizer;
+struct loom_grammar;
 
 typedef struct loom_gen_params {
     int max_tokens;           /* new tokens at most (>= 0) */
@@ -51,6 +52,13 @@ typedef struct loom_gen_params {
                                * (needs the engine's tokenizer) */
     int n_stop;
     int ignore_eos;           /* 1: do not stop at the tokenizer's end-of-text token */
+    struct loom_grammar *grammar; /* NULL: unconstrained; else the output is a document of
+                               * the grammar (loom/grammar.h, docs/inference.md "Structured
+                               * output"): tokens that cannot continue one are masked before
+                               * the other rules, the end-of-text token only where it is
+                               * complete, and it finishes ("stop") where nothing can follow
+                               * and always within max_tokens (needs the engine's tokenizer;
+                               * the engine holds its own reference) */
 } loom_gen_params;
 /* max_tokens 16, temperature 1, the rest off, seed 0 */
 loom_gen_params loom_gen_params_default(void);
@@ -104,6 +112,8 @@ void loom_engine_release(loom_engine *e, int64_t id);
 void loom_engine_cancel(loom_engine *e, int64_t id);
 typedef struct loom_engine_stats {
     int64_t steps, prompt_tokens, generated_tokens;
+    int64_t masked_tokens;    /* tokens drawn under a grammar */
+    double mask_seconds;      /* spent computing their masks */
     int running, waiting, max_running;
     size_t kv_used, kv_budget, kv_peak;
 } loom_engine_stats;

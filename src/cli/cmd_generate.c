@@ -1,6 +1,6 @@
 /* loom generate CKPT_DIR --prompt TEXT | --prompts FILE [--tokens N --temperature T --top-k K
  *   --top-p P --repetition-penalty R --stop S ... --seed S --batch N --kv-budget-mb M --tp T
- *   --weights fp32|bf16 --compute fp32|bf16]
+ *   --weights fp32|bf16 --compute fp32|bf16 --json-schema FILE | --json]
  * Generation runs through the batched engine (src/infer/engine.c): --prompts gives many
  * prompts (one per line, or JSONL with a "prompt" key) that run batched, one JSON line out per
  * prompt, in input order. Under mpirun the world's N ranks are N / T replicas (data-parallel
@@ -17,6 +17,7 @@
 #include "cli/cli.h"
 #include "loom/chat.h"
 #include "loom/comm.h"
+#include "loom/grammar.h"
 #include "loom/infer.h"
 #include "loom/load.h"
 #include "loom/tokenizer.h"
@@ -145,10 +146,12 @@ static int generate_main(int argc, char **argv) {
     double temperature = 0.8, top_p = 1.0, rep = 1.0;
     int recompute = 0, stats = 0, n_stop = 0, fmt_ids = 0, chat = 0, wbf16 = 0;
     int cbf16 = 0, weights_given = 0;
-    const char *stops[17], *template_spec = NULL, *system = NULL;
+    const char *stops[17], *template_spec = NULL, *system = NULL, *schema_file = NULL;
+    int any_json = 0;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (!strcmp(a, "--no-kv-cache")) { recompute = 1; continue; }
+        if (!strcmp(a, "--json")) { any_json = 1; continue; }
         if (!strcmp(a, "--stats")) { stats = 1; continue; }
         if (!strcmp(a, "--chat")) { chat = 1; continue; }
         if (a[0] != '-') {
@@ -161,6 +164,7 @@ static int generate_main(int argc, char **argv) {
         if (!strcmp(a, "--prompt")) prompt = v;
         else if (!strcmp(a, "--prompts")) prompts_file = v;
         else if (!strcmp(a, "--template")) template_spec = v;
+        else if (!strcmp(a, "--json-schema")) schema_file = v;
         else if (!strcmp(a, "--weights")) {
             if (cli_parse_weights(v, &wbf16)) return 2;
             weights_given = 1;
@@ -203,6 +207,30 @@ static int generate_main(int argc, char **argv) {
     }
     if (!ckpt) goto usage;
     if (cli_compute_weights(cbf16, weights_given, &wbf16)) return 2;
+    /* --json-schema FILE / --json: the output constrained to a document (docs/inference.md,
+     * "Structured output"); a schema loom cannot constrain to is a usage error */
+    loom_grammar *grammar = NULL;
+    if (schema_file || any_json) {
+        loom_err gerr = {{0}};
+        char *schema = NULL;
+        size_t slen = 0;
+        if (schema_file && any_json) {
+            fprintf(stderr, "loom: error: --json-schema and --json are exclusive\n");
+            return 2;
+        }
+        if (recompute) {
+            fprintf(stderr, "loom: error: --%s runs through the KV-cache engine, not --no-kv-cache\n",
+                    any_json ? "json" : "json-schema");
+            return 2;
+        }
+        if ((schema_file && loom_read_file(schema_file, (size_t)1 << 24, &schema, &slen, &gerr)) ||
+            loom_grammar_json(NULL, schema, &grammar, &gerr)) {
+            fprintf(stderr, "loom: error: %s: %s\n", schema_file ? schema_file : "--json", gerr.msg);
+            free(schema);
+            return 2;
+        }
+        free(schema);
+    }
     /* the world's ranks: dp replicas of tp ranks each, tp innermost (rank = dp_idx * tp +
      * tp_idx); each replica a group that steps together */
     const int rank = loom_comm_world_rank(), world = loom_comm_world_size();
@@ -210,6 +238,7 @@ static int generate_main(int argc, char **argv) {
         if (rank == 0)
             fprintf(stderr, "loom: error: --tp %ld does not divide the %d ranks of the job "
                             "(mpirun -np must be a multiple of --tp)\n", tp, world);
+        loom_grammar_unref(grammar);
         return 2;
     }
     const int dp = world / (int)tp, dp_idx = rank / (int)tp, tp_idx = rank % (int)tp;
@@ -226,6 +255,7 @@ static int generate_main(int argc, char **argv) {
         tpc = loom_tp_create(mesh);
     }
     if (!prompts_file && dp_idx > 0) { /* one prompt: the first replica runs it */
+        loom_grammar_unref(grammar);
         loom_tp_free(tpc);
         loom_mesh_free(mesh);
         return 0;
@@ -297,7 +327,8 @@ static int generate_main(int argc, char **argv) {
             free(stop);
             loom_chat_prompt(tpl, system, prompts_file ? prompts[i] : prompt, &rendered[i], &stop);
         }
-        if (stop[0] && n_stop < 17) stops[n_stop++] = stop; /* the assistant's end of turn */
+        /* the assistant's end of turn (with a grammar, the document's end ends the turn) */
+        if (stop[0] && n_stop < 17 && !grammar) stops[n_stop++] = stop;
     }
     if (recompute) { /* the reference path without a cache: one prompt */
         int trunc = 0;
@@ -330,6 +361,7 @@ static int generate_main(int argc, char **argv) {
     gp.repetition_penalty = (float)rep;
     gp.stop = stops;
     gp.n_stop = n_stop;
+    gp.grammar = grammar;
     const int np = prompts_file ? n_prompts : 1;
     ids = loom_calloc((size_t)np, sizeof *ids);
     int n_trunc = 0;
@@ -472,6 +504,10 @@ static int generate_main(int argc, char **argv) {
                 (long long)st.steps, cpu, cpu > 0 ? (double)total / cpu : 0.0);
         fprintf(stderr, "loom: weights %s%s; resident memory %.1f MiB\n",
                 wbf16 ? "bf16" : "fp32", cbf16 ? ", compute bf16" : "", cli_resident_mib());
+        if (st.masked_tokens)
+            fprintf(stderr, "loom: constrained decoding: %lld tokens masked, %.3f ms of mask per "
+                            "token\n", (long long)st.masked_tokens,
+                    1e3 * st.mask_seconds / (double)st.masked_tokens);
     }
     rc = 0;
 fail:
@@ -487,6 +523,7 @@ fail:
     free(prompts);
     free(ids);
     loom_engine_free(eng);
+    loom_grammar_unref(grammar);
     loom_tokenizer_free(tok);
     loom_run_data_free(run);
     loom_model_free(m);
@@ -500,6 +537,8 @@ usage:
                     "       [--tp T]: under mpirun -np N, N / T replicas of T tensor-parallel ranks\n"
                     "       [--weights fp32|bf16] [--compute fp32|bf16]: the linears' weights held "
                     "in bf16; their products in bf16 too (docs/inference.md)\n"
+                    "       [--json-schema FILE | --json]: the output is a JSON document matching the schema "
+                    "(any JSON object with --json; docs/inference.md, \"Structured output\")\n"
                     "       [--chat [--template chatml|qwen|llama3|llama3.1|mistral|gemma|gemma3|FILE] [--system TEXT]]: the prompt as a user "
                     "turn, the reply up to the end of the assistant's turn\n");
     return 2;

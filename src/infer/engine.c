@@ -11,9 +11,11 @@
  * (their forwards meet at the model's communication points), and since each gets the whole
  * logits bit for bit alike, each samples the same tokens. docs/inference.md. */
 #define _GNU_SOURCE
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "loom/grammar.h"
 #include "loom/infer.h"
 #include "loom/tokenizer.h"
 
@@ -37,6 +39,8 @@ typedef struct req {
     loom_sbuf text;         /* decoded output (with a tokenizer) */
     size_t emitted;         /* bytes of text already passed to cb */
     int finish;
+    loom_grammar_state *gs; /* under a grammar: its state after the output so far */
+    int budget;             /* tokens it may generate in all (max_tokens, or the cache's end) */
 } req;
 
 struct loom_engine {
@@ -55,6 +59,11 @@ struct loom_engine {
     loom_decode_seg *segs;  /* (max_batch) */
     req **seg_req;          /* (max_batch) */
     void *sample_scratch;
+    /* constrained decoding (built at the first request with a grammar) */
+    loom_grammar_vocab *gvocab;
+    loom_grammar_scratch *gscratch;
+    uint8_t *allow;         /* (V) */
+    float *masked;          /* (V) the logits with the disallowed ones -inf */
     loom_engine_stats st;
 };
 
@@ -105,6 +114,7 @@ static void req_free(req *r) {
     for (int i = 0; r->stop && i < r->p.n_stop; i++) free(r->stop[i]);
     free(r->stop);
     free(r->text.p);
+    loom_grammar_state_free(r->gs);
     free(r);
 }
 
@@ -117,6 +127,10 @@ void loom_engine_free(loom_engine *e) {
     free(e->segs);
     free(e->seg_req);
     free(e->sample_scratch);
+    loom_grammar_vocab_free(e->gvocab);
+    loom_grammar_scratch_free(e->gscratch);
+    free(e->allow);
+    free(e->masked);
     free(e);
 }
 
@@ -158,6 +172,26 @@ int loom_engine_submit(loom_engine *e, const int32_t *prompt, int n_prompt,
     if (bytes > e->o.kv_budget_bytes)
         return loom_errf(err, "the request needs %zu bytes of KV cache, more than the pool's "
                               "budget of %zu", bytes, e->o.kv_budget_bytes);
+    /* the output may have max_tokens tokens, fewer where the cache ends first */
+    const int budget = cap - n_prompt + 1 < p->max_tokens ? cap - n_prompt + 1 : p->max_tokens;
+    if (p->grammar) {
+        if (!e->tok) return loom_errf(err, "constrained decoding needs the engine's tokenizer");
+        if (!e->gvocab) {
+            if (loom_grammar_vocab_from_tokenizer(e->tok, e->V, e->eos, &e->gvocab, err)) return -1;
+            e->gscratch = loom_grammar_scratch_new();
+            e->allow = loom_malloc((size_t)e->V);
+            e->masked = loom_malloc((size_t)e->V * sizeof(float));
+        }
+        if (!loom_grammar_vocab_has_bytes(e->gvocab))
+            return loom_errf(err, "constrained decoding needs a token for each printable ASCII "
+                                  "byte and each UTF-8 continuation byte; this tokenizer lacks "
+                                  "some (docs/inference.md)");
+        const int need = loom_grammar_min_bytes(p->grammar);
+        if (need > budget)
+            return loom_errf(err, "max_tokens %d is too small for the response format: its "
+                                  "shortest document takes %d tokens of one byte%s", budget, need,
+                             budget < p->max_tokens ? " (the context ends first)" : "");
+    }
     req *r = loom_calloc(1, sizeof *r);
     r->id = e->next_id++;
     r->p = *p;
@@ -170,6 +204,8 @@ int loom_engine_submit(loom_engine *e, const int32_t *prompt, int n_prompt,
     r->rng = (loom_rng){.seed = p->seed, .stream = 0x67656e, .counter = 0};
     r->cb = cb;
     r->ctx = ctx;
+    r->budget = budget;
+    if (p->grammar) r->gs = loom_grammar_state_new(p->grammar);
     if (p->n_stop > 0) {
         r->stop = loom_calloc((size_t)p->n_stop, sizeof(char *));
         for (int i = 0; i < p->n_stop; i++) {
@@ -282,16 +318,36 @@ static size_t safe_len(const req *r) {
     return safe < r->emitted ? r->emitted : safe;
 }
 
+/* logits with the tokens r's grammar does not allow next at -inf (into e->masked); NULL when
+ * none is allowed (never, given the tokens of one byte that submit checks) */
+static const float *grammar_mask(loom_engine *e, req *r, const float *logits) {
+    const double t0 = loom_now();
+    const int n = loom_grammar_mask(r->gs, e->gvocab, r->budget - r->n_gen, e->allow, e->gscratch);
+    for (int i = 0; i < e->V; i++) e->masked[i] = e->allow[i] ? logits[i] : -INFINITY;
+    e->st.masked_tokens++;
+    e->st.mask_seconds += loom_now() - t0;
+    return n > 0 ? e->masked : NULL;
+}
+
 static void on_token(loom_engine *e, req *r, const float *logits) {
+    if (r->gs && !(logits = grammar_mask(e, r, logits))) {
+        finish(e, r, LOOM_FINISH_LENGTH, -1);
+        return;
+    }
     const int32_t t = loom_sample_params(&r->p, &r->rng, logits, e->V, r->toks,
                                          r->n_prompt + r->n_gen, e->sample_scratch);
     e->st.generated_tokens++;
-    if (t == e->eos && !r->p.ignore_eos) {
+    if (t == e->eos && (!r->p.ignore_eos || r->gs)) {
         finish(e, r, LOOM_FINISH_STOP, t);
         return;
     }
     r->toks[r->n_prompt + r->n_gen++] = t;
-    if (add_text(e, r, t)) {
+    if (r->gs) { /* the mask allowed it: its bytes continue the document */
+        size_t len;
+        const char *b = loom_grammar_vocab_token(e->gvocab, t, &len);
+        LOOM_CHECK(loom_grammar_state_advance(r->gs, b, len) == 0);
+    }
+    if (add_text(e, r, t) || (r->gs && loom_grammar_state_terminal(r->gs))) {
         finish(e, r, LOOM_FINISH_STOP, t);
         return;
     }

@@ -16,6 +16,7 @@
 #define _GNU_SOURCE
 #include "loom/serve.h"
 #include "loom/chat.h"
+#include "loom/grammar.h"
 #include "loom/signals.h"
 
 #include <ctype.h>
@@ -55,6 +56,7 @@ static void job_unref(job *j) {
     pthread_mutex_unlock(&j->mu);
     if (left) return;
     free(j->prompt);
+    loom_grammar_unref(j->p.grammar);
     for (int i = 0; i < 16; i++) free(j->stop_mem[i]);
     free(j->buf.p);
     free(j->all.p);
@@ -106,7 +108,7 @@ static void log_send(server *S) {
 
 /* every field of loom_gen_params travels with a submit (eng_submit, follow): a new field must
  * be added to both */
-_Static_assert(sizeof(void *) != 8 || sizeof(loom_gen_params) == 48,
+_Static_assert(sizeof(void *) != 8 || sizeof(loom_gen_params) == 56,
                "loom_gen_params changed: send the new field to the tp followers");
 
 static int eng_submit(server *S, job *j, loom_err *err) {
@@ -127,6 +129,10 @@ static int eng_submit(server *S, job *j, loom_err *err) {
         log_i64(S, l);
         log_add(S, p->stop[i], (size_t)l);
     }
+    /* a grammar travels as its canonical source (length 0: none); followers compile it */
+    const char *gsrc = p->grammar ? loom_grammar_source(p->grammar) : "";
+    log_i64(S, (int64_t)strlen(gsrc));
+    log_add(S, gsrc, strlen(gsrc));
     return 0;
 }
 
@@ -216,11 +222,22 @@ static void follow(server *S) {
                 p.stop = (const char *const *)stop_mem;
                 loom_err err = {{0}};
                 int64_t got = -1;
+                const int64_t gl = rd_i64(&r);
+                if (gl > 0) {
+                    char *gsrc = loom_malloc((size_t)gl + 1);
+                    memcpy(gsrc, rd_take(&r, (size_t)gl), (size_t)gl);
+                    gsrc[gl] = 0;
+                    if (loom_grammar_compile_source(gsrc, &p.grammar, &err))
+                        loom_comm_abort(1, "loom serve: tp follower: the grammar of request %lld "
+                                           "does not compile (%s)", (long long)id, err.msg);
+                    free(gsrc);
+                }
                 /* the leader's engine took it: this one, in the same state, must too */
                 if (loom_engine_submit(S->eng, prompt, (int)np, &p, NULL, NULL, &got, &err) ||
                     got != id)
                     loom_comm_abort(1, "loom serve: tp follower: request %lld not replayed as "
                                        "the leader ran it (%s)", (long long)id, err.msg);
+                loom_grammar_unref(p.grammar);
                 for (int i = 0; i < p.n_stop; i++) free(stop_mem[i]);
                 free(prompt);
             } else if (op == TP_CANCEL) {
@@ -482,7 +499,7 @@ static enum MHD_Result handle_generation(server *S, conn *k, struct MHD_Connecti
     enum MHD_Result rc;
     const char *bad = NULL;
     char *prompt_text = NULL, *chat_stop = NULL;
-    char why[256];
+    char why[512];
     job *j = NULL;
     if (!json_is_object(req)) {
         rc = send_error(c, MHD_HTTP_BAD_REQUEST, "invalid_request_error", NULL,
@@ -575,7 +592,14 @@ static enum MHD_Result handle_generation(server *S, conn *k, struct MHD_Connecti
                         "(each at most 1024 bytes)");
         goto out;
     }
-    if (chat_stop && chat_stop[0] && gp.n_stop < 16) /* the assistant's end of turn */
+    if (server_response_format(S, json_object_get(req, "response_format"), &j->p.grammar, why,
+                               sizeof why)) {
+        rc = send_error(c, MHD_HTTP_BAD_REQUEST, "invalid_request_error", "response_format", "%s", why);
+        goto out;
+    }
+    gp.grammar = j->p.grammar; /* the job's reference */
+    /* the assistant's end of turn (under a grammar, the document's end ends the turn) */
+    if (chat_stop && chat_stop[0] && gp.n_stop < 16 && !gp.grammar)
         j->stop_mem[gp.n_stop++] = strdup(chat_stop);
     gp.stop = (const char *const *)j->stop_mem;
     gp.max_tokens = (int)max_tokens;
@@ -850,6 +874,7 @@ int loom_serve_run(loom_model *m, const loom_tokenizer *tok, const loom_serve_op
         rc = -1;
         goto out;
     }
+    S->gcache = loom_grammar_cache_new(16);
     if (loom_engine_create(m, tok, &S->o.engine, &S->eng, err)) {
         S->followers_wait = 0; /* theirs failed alike: they have left */
         rc = -1;
@@ -944,6 +969,7 @@ out:
     tp_stop(S); /* the loop never ran (an error): the followers still wait for it */
     loom_engine_free(S->eng);
     loom_chat_template_free(S->chat_tpl);
+    loom_grammar_cache_free(S->gcache);
     free(S->log.p);
     free(S);
     return rc;

@@ -4,6 +4,7 @@
 #ifndef LOOM_INFER_SERVER_INTERNAL_H
 #define LOOM_INFER_SERVER_INTERNAL_H
 
+#include <jansson.h>
 #include <microhttpd.h>
 #include <pthread.h>
 #include <stdatomic.h>
@@ -46,6 +47,7 @@ typedef struct server {
     loom_serve_opts o;
     int maxT;
     loom_chat_template *chat_tpl; /* builds /v1/chat/completions prompts (--template) */
+    struct loom_grammar_cache *gcache; /* response_format grammars, compiled once */
     loom_engine *eng;
     pthread_t eng_thread;
     pthread_mutex_t mu;         /* the queue, stop */
@@ -95,5 +97,10 @@ void server_on_connection(void *cls, struct MHD_Connection *c, void **socket_con
 void *server_reaper_main(void *arg);
 void *server_gate_main(void *arg);
 void server_gate_wakeup(server *S);
+
+/* server_format.c: a request's response_format (NULL or absent: none) as a grammar in *out
+ * (NULL for type text; the caller's reference); -1 with the reason in why (a 400) */
+struct loom_grammar;
+int server_response_format(server *S, json_t *rf, struct loom_grammar **out, char *why, size_t n);
 
 #endif
