@@ -76,7 +76,7 @@ HEADERS = {
     "checkpoint.h": "ckpt", "ckpt_pieces.h": "ckpt", "load.h": "ckpt",
     "train.h": "train", "schedule.h": "train", "peak.h": "obs",
     "interop.h": "interop",
-    "infer.h": "infer", "serve.h": "infer",
+    "infer.h": "infer", "serve.h": "infer", "grammar.h": "infer",
     "synth.h": "synth",
 }
 

@@ -1,0 +1,435 @@
+/* Grammars at run time: the automaton's states, vocabularies (tries of the tokens' bytes)
+ * and token masks (include/loom/grammar.h; the design in grammar.c's opening comment). */
+#define _GNU_SOURCE
+#include <stdlib.h>
+#include <string.h>
+
+#include "infer/grammar_internal.h"
+#include "loom/tokenizer.h"
+
+/* ---- the automaton --------------------------------------------------------------------- */
+
+typedef struct gframe {
+    int32_t pos, dist;        /* element to continue at; fewest bytes that empty this stack */
+    const struct gframe *up;  /* where to continue after this alternative; NULL: the end */
+} gframe;
+
+/* a bump arena of chunks with marks (released in stack order) */
+typedef struct arena {
+    char **chunk;
+    int n_chunk, cur;
+    size_t off;
+} arena;
+enum { CHUNK = 1 << 16 };
+
+static void *arena_alloc(arena *a, size_t n) {
+    n = (n + 15) & ~(size_t)15;
+    LOOM_CHECK(n <= CHUNK);
+    if (a->n_chunk == 0 || a->off + n > CHUNK) {
+        if (a->n_chunk > 0) a->cur++;
+        if (a->cur >= a->n_chunk) {
+            a->chunk = loom_realloc(a->chunk, (size_t)(a->n_chunk + 1) * sizeof *a->chunk);
+            a->chunk[a->n_chunk++] = loom_malloc(CHUNK);
+            a->cur = a->n_chunk - 1;
+        }
+        a->off = 0;
+    }
+    void *p = a->chunk[a->cur] + a->off;
+    a->off += n;
+    return p;
+}
+typedef struct amark {
+    int cur;
+    size_t off;
+} amark;
+static amark arena_mark(const arena *a) { return (amark){a->cur, a->off}; }
+static void arena_release(arena *a, amark m) {
+    a->cur = m.cur;
+    a->off = m.off;
+}
+static void arena_free(arena *a) {
+    for (int i = 0; i < a->n_chunk; i++) free(a->chunk[i]);
+    free(a->chunk);
+    *a = (arena){0};
+}
+
+/* a state under construction: frames with a byte class on top */
+typedef struct gset {
+    const gframe **f;
+    int n, accept, dist;
+} gset;
+
+typedef struct builder_ctx {
+    const loom_grammar *g;
+    arena *a;
+    gset *out;
+    int expand; /* closure steps (a guard) */
+} ctx;
+
+static int same_stack(const gframe *x, const gframe *y) {
+    for (int k = 0; x != y; k++) {
+        if (!x || !y || x->pos != y->pos || k > 256) return 0;
+        x = x->up;
+        y = y->up;
+    }
+    return 1;
+}
+
+static void add_frame(ctx *c, const gframe *f) {
+    gset *o = c->out;
+    for (int i = 0; i < o->n; i++)
+        if (same_stack(o->f[i], f)) return;
+    if (o->n == MAX_FRAMES) return; /* dropped: every stack kept is still a valid parse */
+    o->f[o->n++] = f;
+    if (f->dist < o->dist) o->dist = f->dist;
+}
+
+static const gframe *new_frame(ctx *c, int pos, const gframe *up) {
+    gframe *f = arena_alloc(c->a, sizeof *f);
+    f->pos = pos;
+    f->up = up;
+    f->dist = sat_add(c->g->suffix[pos], up ? up->dist : 0);
+    return f;
+}
+
+/* continue at pos (a non-END element) with return frame up */
+static void closure(ctx *c, int pos, const gframe *up, const gframe *self);
+
+/* continue with a return frame (NULL: the document is complete) */
+static void resume(ctx *c, const gframe *up) {
+    if (!up) {
+        c->out->accept = 1;
+        c->out->dist = 0;
+        return;
+    }
+    closure(c, up->pos, up->up, up);
+}
+
+static void closure(ctx *c, int pos, const gframe *up, const gframe *self) {
+    if (++c->expand > MAX_EXPAND) return;
+    const gel *e = &c->g->el[pos];
+    if (e->kind == E_BYTES) {
+        add_frame(c, self ? self : new_frame(c, pos, up));
+        return;
+    }
+    LOOM_CHECK(e->kind == E_RULE);
+    const gframe *ret = e[1].kind == E_END ? up : new_frame(c, pos + 1, up);
+    const grule *r = &c->g->rules[e->arg];
+    for (int a = 0; a < r->n_alt; a++) {
+        const int start = c->g->alts[r->alt0 + a];
+        if (c->g->el[start].kind == E_END) resume(c, ret);
+        else closure(c, start, ret, NULL);
+    }
+}
+
+static void set_init(gset *s, const gframe **store) {
+    s->f = store;
+    s->n = 0;
+    s->accept = 0;
+    s->dist = INF;
+}
+
+/* s advanced by byte ch into out */
+static void advance(const loom_grammar *g, arena *a, const gset *s, unsigned ch, gset *out) {
+    ctx c = {g, a, out, 0};
+    for (int i = 0; i < s->n; i++) {
+        const gframe *f = s->f[i];
+        const uint32_t *cl = g->cls[g->el[f->pos].arg];
+        if (!(cl[ch >> 5] >> (ch & 31) & 1)) continue;
+        if (g->el[f->pos + 1].kind == E_END) resume(&c, f->up);
+        else closure(&c, f->pos + 1, f->up, NULL);
+    }
+}
+
+/* ---- per-request state ----------------------------------------------------------------- */
+
+struct loom_grammar_state {
+    loom_grammar *g;
+    arena a;          /* holds the frames of cur (and older ones until compacted) */
+    gset cur;
+    const gframe *store[MAX_FRAMES];
+    size_t live;      /* frames copied at the last compaction */
+    int steps;
+};
+
+/* copies the frames of s into a fresh arena (chains shared as before: a memo of copies) */
+typedef struct memo {
+    const gframe **from;
+    gframe **to;
+    int n, cap;
+} memo;
+
+static const gframe *copy_frame(memo *m, arena *a, const gframe *f) {
+    if (!f) return NULL;
+    for (int i = m->n - 1; i >= 0 && i >= m->n - 64; i--) /* recent copies: shared tails */
+        if (m->from[i] == f) return m->to[i];
+    gframe *c = arena_alloc(a, sizeof *c);
+    c->pos = f->pos;
+    c->dist = f->dist;
+    c->up = copy_frame(m, a, f->up);
+    if (m->n == m->cap) {
+        m->cap = m->cap ? 2 * m->cap : 64;
+        m->from = loom_realloc(m->from, (size_t)m->cap * sizeof *m->from);
+        m->to = loom_realloc(m->to, (size_t)m->cap * sizeof *m->to);
+    }
+    m->from[m->n] = f;
+    m->to[m->n++] = c;
+    return c;
+}
+
+static void compact(loom_grammar_state *s) {
+    arena fresh = {0};
+    memo m = {0};
+    for (int i = 0; i < s->cur.n; i++) s->store[i] = copy_frame(&m, &fresh, s->store[i]);
+    s->live = (size_t)m.n;
+    free(m.from);
+    free(m.to);
+    arena_free(&s->a);
+    s->a = fresh;
+}
+
+loom_grammar_state *loom_grammar_state_new(loom_grammar *g) {
+    loom_grammar_state *s = loom_calloc(1, sizeof *s);
+    s->g = loom_grammar_ref(g);
+    set_init(&s->cur, s->store);
+    ctx c = {g, &s->a, &s->cur, 0};
+    const grule *r = &g->rules[g->root];
+    for (int a = 0; a < r->n_alt; a++) {
+        const int start = g->alts[r->alt0 + a];
+        if (g->el[start].kind == E_END) resume(&c, NULL);
+        else closure(&c, start, NULL, NULL);
+    }
+    return s;
+}
+
+void loom_grammar_state_free(loom_grammar_state *s) {
+    if (!s) return;
+    arena_free(&s->a);
+    loom_grammar_unref(s->g);
+    free(s);
+}
+
+int loom_grammar_state_advance(loom_grammar_state *s, const void *bytes, size_t n) {
+    const unsigned char *p = bytes;
+    const gframe *tmp[2][MAX_FRAMES];
+    gset from = s->cur, to;
+    const amark m0 = arena_mark(&s->a);
+    for (size_t i = 0; i < n; i++) {
+        set_init(&to, tmp[i & 1]);
+        advance(s->g, &s->a, &from, p[i], &to);
+        if (to.n == 0 && !(to.accept && i + 1 == n)) {
+            arena_release(&s->a, m0);
+            return -1;
+        }
+        from = to;
+    }
+    if (n == 0) return 0;
+    memcpy(s->store, from.f, (size_t)from.n * sizeof *from.f);
+    s->cur = from;
+    s->cur.f = s->store;
+    if (++s->steps % 64 == 0) compact(s); /* the frames no longer reachable go */
+    return 0;
+}
+
+int loom_grammar_state_complete(const loom_grammar_state *s) { return s->cur.accept; }
+int loom_grammar_state_terminal(const loom_grammar_state *s) { return s->cur.accept && s->cur.n == 0; }
+int loom_grammar_state_min_bytes(const loom_grammar_state *s) { return s->cur.dist; }
+
+/* ---- vocabularies and masks ------------------------------------------------------------ */
+
+struct loom_grammar_vocab {
+    int n;
+    int32_t eos;
+    char *bytes;        /* every token's bytes */
+    size_t *off;        /* (n + 1) */
+    /* the trie, in preorder: node 0 is the root */
+    int n_nodes;
+    uint8_t *nbyte;
+    int32_t *depth, *end, *tok0; /* end: the node after its subtree; tokens: tok_ids[tok0[i] .. tok0[i+1]) */
+    int32_t *tok_ids;
+    int max_depth;
+    int has_bytes;
+};
+
+typedef struct sorted_tok {
+    const char *p;
+    size_t n;
+    int32_t id;
+} sorted_tok;
+
+static int tok_cmp(const void *a, const void *b) {
+    const sorted_tok *x = a, *y = b;
+    const size_t n = x->n < y->n ? x->n : y->n;
+    const int c = memcmp(x->p, y->p, n);
+    if (c) return c;
+    if (x->n != y->n) return x->n < y->n ? -1 : 1;
+    return x->id < y->id ? -1 : x->id > y->id;
+}
+
+loom_grammar_vocab *loom_grammar_vocab_new(const char *const *bytes, const size_t *lens, int n,
+                                           int32_t eos) {
+    loom_grammar_vocab *v = loom_calloc(1, sizeof *v);
+    v->n = n;
+    v->eos = eos;
+    v->off = loom_calloc((size_t)n + 1, sizeof *v->off);
+    size_t total = 0;
+    for (int i = 0; i < n; i++) total += bytes[i] && i != eos ? lens[i] : 0;
+    v->bytes = loom_malloc(total + 1);
+    int m = 0;
+    for (int i = 0; i < n; i++) {
+        const size_t l = bytes[i] && i != eos ? lens[i] : 0;
+        memcpy(v->bytes + v->off[i], l ? bytes[i] : "", l);
+        v->off[i + 1] = v->off[i] + l;
+        m += l > 0;
+    }
+    sorted_tok *st = loom_malloc((size_t)(m > 0 ? m : 1) * sizeof *st);
+    int k = 0;
+    for (int i = 0; i < n; i++)
+        if (v->off[i + 1] > v->off[i]) st[k++] = (sorted_tok){v->bytes + v->off[i], v->off[i + 1] - v->off[i], i};
+    qsort(st, (size_t)m, sizeof *st, tok_cmp);
+    /* nodes: at most 1 + total bytes */
+    size_t cap = 1;
+    for (int i = 0; i < m; i++) cap += st[i].n;
+    v->nbyte = loom_calloc(cap, 1);
+    v->depth = loom_calloc(cap, sizeof *v->depth);
+    v->end = loom_calloc(cap, sizeof *v->end);
+    v->tok0 = loom_calloc(cap + 1, sizeof *v->tok0);
+    v->tok_ids = loom_malloc((size_t)(m > 0 ? m : 1) * sizeof *v->tok_ids);
+    int32_t *path = loom_malloc((cap + 1) * sizeof *path); /* node at each depth of the path */
+    int nn = 1, plen = 0, nt = 0; /* path[0..plen): nodes of depth 1..plen */
+    const char *prev = NULL;
+    size_t prev_n = 0;
+    for (int i = 0; i < m; i++) {
+        size_t lcp = 0;
+        while (prev && lcp < prev_n && lcp < st[i].n && prev[lcp] == st[i].p[lcp]) lcp++;
+        while ((size_t)plen > lcp) v->end[path[--plen]] = nn;
+        for (size_t d = lcp; d < st[i].n; d++) {
+            v->nbyte[nn] = (uint8_t)st[i].p[d];
+            v->depth[nn] = (int32_t)d + 1;
+            v->tok0[nn] = nt;
+            path[plen++] = nn++;
+        }
+        /* the token ends at the path's last node: tokens are grouped by node (sorted) */
+        v->tok_ids[nt++] = st[i].id;
+        v->tok0[nn] = nt;
+        if ((int)st[i].n > v->max_depth) v->max_depth = (int)st[i].n;
+        prev = st[i].p;
+        prev_n = st[i].n;
+    }
+    while (plen > 0) v->end[path[--plen]] = nn;
+    v->end[0] = nn;
+    v->n_nodes = nn;
+    free(path);
+    free(st);
+    /* the bytes a shortest completion may need, each a token of its own */
+    int have[256] = {0};
+    for (int i = 0; i < n; i++)
+        if (v->off[i + 1] - v->off[i] == 1) have[(unsigned char)v->bytes[v->off[i]]] = 1;
+    v->has_bytes = have['\t'] && have['\n'] && have['\r'];
+    for (int c = 0x20; c < 0x7f; c++) v->has_bytes &= have[c];
+    for (int c = 0x80; c < 0xc0; c++) v->has_bytes &= have[c];
+    return v;
+}
+
+int loom_grammar_vocab_from_tokenizer(const loom_tokenizer *tok, int n_ids, int32_t eos,
+                                      loom_grammar_vocab **out, loom_err *err) {
+    *out = NULL;
+    const int tv = (int)loom_tokenizer_vocab_size(tok);
+    char **b = loom_calloc((size_t)(n_ids > 0 ? n_ids : 1), sizeof *b);
+    size_t *l = loom_calloc((size_t)(n_ids > 0 ? n_ids : 1), sizeof *l);
+    int rc = 0;
+    for (int32_t i = 0; i < n_ids && i < tv; i++) {
+        if (loom_tokenizer_is_added(tok, i)) continue;
+        if (loom_tokenizer_decode_ex(tok, &i, 1, LOOM_TOK_CONTINUE, &b[i], &l[i], err)) {
+            rc = -1;
+            break;
+        }
+    }
+    if (rc == 0) *out = loom_grammar_vocab_new((const char *const *)b, l, n_ids, eos);
+    for (int i = 0; i < n_ids; i++) free(b[i]);
+    free(b);
+    free(l);
+    return rc;
+}
+
+void loom_grammar_vocab_free(loom_grammar_vocab *v) {
+    if (!v) return;
+    free(v->bytes);
+    free(v->off);
+    free(v->nbyte);
+    free(v->depth);
+    free(v->end);
+    free(v->tok0);
+    free(v->tok_ids);
+    free(v);
+}
+
+int loom_grammar_vocab_size(const loom_grammar_vocab *v) { return v->n; }
+int loom_grammar_vocab_has_bytes(const loom_grammar_vocab *v) { return v->has_bytes; }
+
+const char *loom_grammar_vocab_token(const loom_grammar_vocab *v, int32_t id, size_t *len) {
+    if (id < 0 || id >= v->n || v->off[id + 1] == v->off[id]) {
+        *len = 0;
+        return NULL;
+    }
+    *len = v->off[id + 1] - v->off[id];
+    return v->bytes + v->off[id];
+}
+
+struct loom_grammar_scratch {
+    arena a;
+    const gframe **store; /* (max depth + 1) x MAX_FRAMES */
+    gset *sets;
+    amark *marks;
+    int depth_cap;
+};
+
+loom_grammar_scratch *loom_grammar_scratch_new(void) { return loom_calloc(1, sizeof(loom_grammar_scratch)); }
+
+void loom_grammar_scratch_free(loom_grammar_scratch *sc) {
+    if (!sc) return;
+    arena_free(&sc->a);
+    free(sc->store);
+    free(sc->sets);
+    free(sc->marks);
+    free(sc);
+}
+
+int loom_grammar_mask(const loom_grammar_state *s, const loom_grammar_vocab *v, int budget,
+                      uint8_t *allow, loom_grammar_scratch *sc) {
+    memset(allow, 0, (size_t)v->n);
+    const int D = v->max_depth + 1;
+    if (sc->depth_cap < D) {
+        free(sc->store);
+        free(sc->sets);
+        free(sc->marks);
+        sc->store = loom_malloc((size_t)D * MAX_FRAMES * sizeof *sc->store);
+        sc->sets = loom_malloc((size_t)D * sizeof *sc->sets);
+        sc->marks = loom_malloc((size_t)(D + 1) * sizeof *sc->marks);
+        sc->depth_cap = D;
+    }
+    int n_allowed = 0;
+    if (v->eos >= 0 && v->eos < v->n && s->cur.accept && budget >= 1) allow[v->eos] = 1, n_allowed++;
+    if (budget < 1 || s->cur.n == 0) return n_allowed;
+    arena_release(&sc->a, (amark){0, 0});
+    sc->sets[0] = s->cur;
+    sc->marks[1] = arena_mark(&sc->a);
+    const loom_grammar *g = s->g;
+    for (int i = 1; i < v->n_nodes;) {
+        const int d = v->depth[i];
+        arena_release(&sc->a, sc->marks[d]);
+        gset *out = &sc->sets[d];
+        set_init(out, sc->store + (size_t)d * MAX_FRAMES);
+        advance(g, &sc->a, &sc->sets[d - 1], v->nbyte[i], out);
+        if (out->n == 0 && !out->accept) {
+            i = v->end[i]; /* nothing below continues either */
+            continue;
+        }
+        sc->marks[d + 1] = arena_mark(&sc->a);
+        if (v->tok0[i + 1] > v->tok0[i] && out->dist <= budget - 1)
+            for (int t = v->tok0[i]; t < v->tok0[i + 1]; t++) allow[v->tok_ids[t]] = 1, n_allowed++;
+        if (out->n == 0) i = v->end[i]; /* complete, nothing can follow: no longer token fits */
+        else i++;
+    }
+    return n_allowed;
+}
