@@ -418,17 +418,42 @@ void loom_model_set_comm_points(loom_model *m, const loom_comm_points *cp);
 /* ---- mixture of experts: the dispatch / combine exchange (src/model/moe.c) ------------------
  * With expert parallelism (layout e0, e1 a part of the experts) the MoE op sends each routed
  * token's row to the member of the expert group holding its expert and gets the expert's
- * output back. model/ does no communication itself: parallel/ep.c supplies these. Member r of
- * the ep group holds experts [r * El, (r + 1) * El), El = e1 - e0. */
+ * output back. model/ routes (which rows go to which expert, in what order) and runs the
+ * experts; the exchange, its plan and the permutation between the exchange's member-major
+ * order and the experts' expert-major order are expert parallelism's (src/parallel/ep.c supplies
+ * these hooks; model/ does no communication and no dispatch arithmetic itself). Member r of the
+ * ep group holds experts [r * El, (r + 1) * El), El = e1 - e0. */
+
+/* One MoE layer's exchange plan. The caller (model/) provides every array; plan() fills sn,
+ * rn, roff and rows from cnt and rcnt. */
+typedef struct loom_moe_plan {
+    int ep, El;            /* the ep group's size, local experts per member */
+    const int32_t *cnt;    /* (ep, El) rows this member sends to each expert (all E, in order) */
+    const int32_t *rcnt;   /* (ep, El) rows received from each member for each local expert */
+    int64_t *sn, *rn;      /* (ep) rows sent to / received from each member */
+    int64_t *roff;         /* (El + 1) first expert-major row of each local expert; the rows
+                            * of local expert el are those from member 0, then 1, ... */
+    int64_t *tmp;          /* (2 ep) scratch: the floats per member of one exchange */
+    int64_t rows;          /* rows the local experts run */
+} loom_moe_plan;
+
 typedef struct loom_moe_comm {
     void *ctx;
     /* send: ep blocks of `block` counts, block r to member r; recv: ep blocks, block i from
      * member i (an all-to-all of equal blocks) */
     void (*counts)(void *ctx, const int64_t *send, int64_t *recv, int block);
-    /* variable all-to-all: send_n[r] floats of send (members in order) to member r, recv_n[i]
-     * floats from member i into recv (in member order) */
-    void (*exchange)(void *ctx, const float *send, const int64_t *send_n, float *recv,
-                     const int64_t *recv_n);
+    /* fills the plan from its counts (arithmetic only, no communication) */
+    void (*plan)(void *ctx, loom_moe_plan *pl);
+    /* dispatch: rows of w floats in send (expert-major over all E experts, so member-major:
+     * sn[r] rows to member r) go to their experts' members, are received into recv
+     * (member-major) and permuted into out (expert-major over the local experts, roff) */
+    void (*dispatch)(void *ctx, const loom_moe_plan *pl, const float *send, float *recv,
+                     float *out, int64_t w);
+    /* combine, dispatch's reverse: rows of in (expert-major, roff) are permuted into send
+     * (member-major) and go back to their tokens' members, received into out (in the order
+     * of dispatch's send) */
+    void (*combine)(void *ctx, const loom_moe_plan *pl, const float *in, float *send,
+                    float *out, int64_t w);
 } loom_moe_comm;
 /* NULL: none (a model holding all its experts needs none). The struct is copied. */
 void loom_model_set_moe_comm(loom_model *m, const loom_moe_comm *c);

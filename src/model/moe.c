@@ -30,7 +30,7 @@
 static int gpt2_of(const loom_model *m) { return m->cfg.arch.mlp == LOOM_MLP_GELU; }
 
 /* The op's scratch (m->moe_scr), in 64-bit words; the parts live at the same time:
- *   [SCR_PLAN]  the dispatch plan: 4 ep + 2 E + El + 1 (make_plan)
+ *   [SCR_PLAN]  the dispatch plan's arrays: 4 ep + 2 E + El + 1 (make_plan, loom_moe_plan)
  *   [SCR_ROUTE] route_tokens' per-expert counts and mean probabilities: 3 E
  *   [SCR_CNT]   the exchanged per-expert counts: 2 E
  *   [SCR_BWD]   the router backward's f_e and d p: 2 E */
@@ -110,7 +110,8 @@ void loom_model_moe_stats_reset(loom_model *m) {
 }
 
 void loom_model_set_moe_comm(loom_model *m, const loom_moe_comm *c) {
-    m->has_moe_comm = c != NULL && c->counts != NULL && c->exchange != NULL;
+    m->has_moe_comm = c != NULL && c->counts != NULL && c->plan != NULL && c->dispatch != NULL &&
+                      c->combine != NULL;
     if (c) m->moe_comm = *c;
 }
 
@@ -260,67 +261,27 @@ static void route_tokens(loom_model *m, block_frame *f, int l, const float *x, i
             if (r.pos[t * K + j] >= 0) r.pos[t * K + j] = (int32_t)next[r.e[t * K + j]]++;
 }
 
-/* ---- the exchange (expert parallelism) ---------------------------------------------------- */
+/* ---- the exchange's plan (expert parallelism: parallel/ep.c, through m->moe_comm) --------- */
 
-/* rows sent to each member (sn) and received from each (rn), and the expert-major offsets of the
- * received rows: roff[el] = first row of local expert el, then rows from member 0, 1, ... */
-typedef struct plan {
-    int64_t *sn, *rn;        /* (ep) per member, rows */
-    int64_t *roff;           /* (El + 1) per local expert */
-    int64_t *tmp;            /* (2 ep + 2 E) scratch of the exchanges */
-    int64_t rows;            /* rows this view's experts run */
-} plan;
-
-static void make_plan(const loom_model *m, const route *r, plan *pl) {
+/* The plan's arrays in the op's scratch (4 ep + 2 E + El + 1 words at SCR_PLAN) over the route's
+ * counts; filled by the hook (ep > 1) or, holding every expert, here: no exchange, the local
+ * experts' rows in order. */
+static void make_plan(const loom_model *m, const route *r, loom_moe_plan *pl) {
     const int El = m->El, ep = m->ep;
-    int64_t *mem = m->moe_scr + scr_plan(m); /* 4 ep + 2 E + El + 1 words */
-    pl->sn = mem;
-    pl->rn = mem + ep;
-    pl->tmp = mem + 2 * ep;
-    pl->roff = mem + 4 * ep + 2 * m->E;
-    pl->rows = 0;
-    for (int i = 0; i < ep; i++) {
-        pl->sn[i] = pl->rn[i] = 0;
-        for (int el = 0; el < El; el++) {
-            pl->sn[i] += r->cnt[i * El + el];
-            pl->rn[i] += ep > 1 ? r->rcnt[i * El + el] : 0;
-        }
+    int64_t *mem = m->moe_scr + scr_plan(m);
+    *pl = (loom_moe_plan){.ep = ep, .El = El, .cnt = r->cnt, .rcnt = r->rcnt, .sn = mem,
+                          .rn = mem + ep, .tmp = mem + 2 * ep, .roff = mem + 4 * ep + 2 * m->E};
+    if (ep > 1) {
+        m->moe_comm.plan(m->moe_comm.ctx, pl);
+        return;
     }
+    pl->sn[0] = pl->rn[0] = 0;
     for (int el = 0; el < El; el++) {
         pl->roff[el] = pl->rows;
-        if (ep == 1) pl->rows += r->cnt[el];
-        else
-            for (int i = 0; i < ep; i++) pl->rows += r->rcnt[i * El + el];
+        pl->sn[0] += r->cnt[el];
+        pl->rows += r->cnt[el];
     }
     pl->roff[El] = pl->rows;
-}
-
-/* Moves rows of `w` floats between the member-major order of the exchange (member i's rows for
- * its local experts in order) and the expert-major order the experts run (to_expert = 1) or
- * back. */
-static void permute(const loom_model *m, const route *r, const plan *pl, float *dst,
-                    const float *src, int64_t w, int to_expert) {
-    const int El = m->El, ep = m->ep;
-    int64_t mm = 0; /* member-major row */
-    for (int i = 0; i < ep; i++)
-        for (int el = 0; el < El; el++) {
-            int64_t em = pl->roff[el]; /* expert-major row of member i's first row for el */
-            for (int k = 0; k < i; k++) em += r->rcnt[k * El + el];
-            const int64_t n = r->rcnt[i * El + el];
-            if (to_expert) memcpy(dst + em * w, src + mm * w, (size_t)(n * w) * sizeof(float));
-            else memcpy(dst + mm * w, src + em * w, (size_t)(n * w) * sizeof(float));
-            mm += n;
-        }
-}
-
-static void exchange(loom_model *m, const plan *pl, const float *send, const int64_t *sn,
-                     float *recv, const int64_t *rn, int64_t w) {
-    int64_t *s = pl->tmp, *q = pl->tmp + m->ep;
-    for (int i = 0; i < m->ep; i++) {
-        s[i] = sn[i] * w;
-        q[i] = rn[i] * w;
-    }
-    m->moe_comm.exchange(m->moe_comm.ctx, send, s, recv, q);
 }
 
 /* ---- the experts ------------------------------------------------------------------------- */
@@ -383,7 +344,7 @@ void moe_forward(loom_model *m, block_frame *f, int l, int in, int out) {
     route_tokens(m, f, l, x, N);
     route r = route_of(m, f, N);
     const float *p = f->s[S_MOE_PROB];
-    plan pl;
+    loom_moe_plan pl;
     float *X = f->s[S_MOE_X], *Y = f->s[S_MOE_Y], *YB = Y;
     if (m->ep == 1) {
         make_plan(m, &r, &pl);
@@ -402,8 +363,7 @@ void moe_forward(loom_model *m, block_frame *f, int l, int in, int out) {
             for (int64_t j = 0; j < K; j++)
                 if (r.pos[t * K + j] >= 0)
                     memcpy(send + (int64_t)r.pos[t * K + j] * C, x + t * C, (size_t)C * sizeof(float));
-        exchange(m, &pl, send, pl.sn, recv, pl.rn, C);
-        permute(m, &r, &pl, X, recv, C, 1);
+        m->moe_comm.dispatch(m->moe_comm.ctx, &pl, send, recv, X, C);
         YB = f->s[S_MOE_YB];
     }
     const int gpt2 = gpt2_of(m);
@@ -416,8 +376,7 @@ void moe_forward(loom_model *m, block_frame *f, int l, int in, int out) {
                    gpt2 ? ew(m, LOOM_L_MOE_PROJ_B, l, el, C) : NULL, n);
     }
     if (m->ep > 1) { /* the outputs back to the tokens' members */
-        permute(m, &r, &pl, f->moe_t1, Y, C, 0);
-        exchange(m, &pl, f->moe_t1, pl.rn, YB, pl.sn, C);
+        m->moe_comm.combine(m->moe_comm.ctx, &pl, Y, f->moe_t1, YB, C);
     }
     memset(y, 0, (size_t)(N * C) * sizeof(float));
     for (int64_t t = 0; t < N; t++)
@@ -461,7 +420,7 @@ void moe_backward(loom_model *m, block_frame *f, int l, int in, int out) {
     float *dx = f->g[in];
     route r = route_of(m, f, N);
     const float *p = f->s[S_MOE_PROB], *lse = f->s[S_MOE_LSE];
-    plan pl;
+    loom_moe_plan pl;
     make_plan(m, &r, &pl);
     memset(dx, 0, (size_t)(N * C) * sizeof(float));
     /* shared experts (gated: d ys = g dy; d logit = <dy, ys> g (1 - g) into dx and d w_s) */
@@ -512,8 +471,7 @@ void moe_backward(loom_model *m, block_frame *f, int l, int in, int out) {
         }
     float *dY = f->g[S_MOE_Y], *dX = f->g[S_MOE_X];
     if (m->ep > 1) {
-        exchange(m, &pl, dYB, pl.sn, f->moe_t1, pl.rn, C);
-        permute(m, &r, &pl, dY, f->moe_t1, C, 1);
+        m->moe_comm.dispatch(m->moe_comm.ctx, &pl, dYB, f->moe_t1, dY, C);
     }
     for (int el = 0; el < m->El; el++) {
         const int64_t r0 = pl.roff[el], n = pl.roff[el + 1] - r0;
@@ -527,8 +485,7 @@ void moe_backward(loom_model *m, block_frame *f, int l, int in, int out) {
     }
     const float *dXB = dX;
     if (m->ep > 1) { /* the rows' input gradients back to the tokens' members */
-        permute(m, &r, &pl, f->moe_t1, dX, C, 0);
-        exchange(m, &pl, f->moe_t1, pl.rn, f->moe_t0, pl.sn, C);
+        m->moe_comm.combine(m->moe_comm.ctx, &pl, dX, f->moe_t1, f->moe_t0, C);
         dXB = f->moe_t0;
     }
     for (int64_t t = 0; t < N; t++)

@@ -1,10 +1,15 @@
-/* Expert parallelism: the MoE op's exchange (include/loom/ep.h). The routing, the experts'
- * math and the permutations stay in the model (src/model/moe.c); this file only says which
- * collective moves the rows: an all-to-all of counts, then a variable all-to-all of rows, over
- * the mesh's ep group. */
+/* Expert parallelism: the MoE op's dispatch and combine (include/loom/ep.h), supplied to the
+ * model through its hooks (loom_moe_comm, include/loom/model.h): an all-to-all of counts, the
+ * exchange plan (how many rows go to and come from each member, where each local expert's rows
+ * start), a variable all-to-all of rows over the mesh's ep group, and the permutation between
+ * the exchange's member-major order and the experts' expert-major order. The routing (which
+ * rows go to which expert) and the experts' math stay in the model (src/model/moe.c): model/
+ * may not use parallel/ (docs/architecture.md), so it reaches this file only through the hooks
+ * that parallel/ gives it. */
 #include "loom/ep.h"
 
 #include <stdlib.h>
+#include <string.h>
 
 struct loom_ep {
     loom_mesh *mesh;
@@ -30,17 +35,72 @@ static void ep_counts(void *ctx, const int64_t *send, int64_t *recv, int block) 
     ep->calls++;
 }
 
-static void ep_exchange(void *ctx, const float *send, const int64_t *send_n, float *recv,
-                        const int64_t *recv_n) {
-    loom_ep *ep = ctx;
+void loom_ep_plan(loom_moe_plan *pl) {
+    const int El = pl->El, ep = pl->ep;
+    pl->rows = 0;
+    for (int i = 0; i < ep; i++) {
+        pl->sn[i] = pl->rn[i] = 0;
+        for (int el = 0; el < El; el++) {
+            pl->sn[i] += pl->cnt[i * El + el];
+            pl->rn[i] += pl->rcnt[i * El + el];
+        }
+    }
+    for (int el = 0; el < El; el++) {
+        pl->roff[el] = pl->rows;
+        for (int i = 0; i < ep; i++) pl->rows += pl->rcnt[i * El + el];
+    }
+    pl->roff[El] = pl->rows;
+}
+
+void loom_ep_permute(const loom_moe_plan *pl, float *dst, const float *src, int64_t w,
+                     int to_expert) {
+    const int El = pl->El, ep = pl->ep;
+    int64_t mm = 0; /* member-major row */
+    for (int i = 0; i < ep; i++)
+        for (int el = 0; el < El; el++) {
+            int64_t em = pl->roff[el]; /* expert-major row of member i's first row for el */
+            for (int k = 0; k < i; k++) em += pl->rcnt[k * El + el];
+            const int64_t n = pl->rcnt[i * El + el];
+            if (to_expert) memcpy(dst + em * w, src + mm * w, (size_t)(n * w) * sizeof(float));
+            else memcpy(dst + mm * w, src + em * w, (size_t)(n * w) * sizeof(float));
+            mm += n;
+        }
+}
+
+/* rows of w floats: sn[r] rows of send to member r, rn[i] rows from member i into recv */
+static void exchange(loom_ep *ep, const loom_moe_plan *pl, const float *send, const int64_t *sn,
+                     float *recv, const int64_t *rn, int64_t w) {
+    int64_t *s = pl->tmp, *q = pl->tmp + pl->ep;
+    for (int i = 0; i < pl->ep; i++) {
+        s[i] = sn[i] * w;
+        q[i] = rn[i] * w;
+    }
     const double t0 = loom_now();
-    loom_alltoallv(ep->mesh, LOOM_GROUP_EP, send, send_n, recv, recv_n, LOOM_F32);
+    loom_alltoallv(ep->mesh, LOOM_GROUP_EP, send, s, recv, q, LOOM_F32);
     ep->seconds += loom_now() - t0;
     ep->calls++;
 }
 
+static void ep_plan(void *ctx, loom_moe_plan *pl) {
+    (void)ctx;
+    loom_ep_plan(pl);
+}
+
+static void ep_dispatch(void *ctx, const loom_moe_plan *pl, const float *send, float *recv,
+                        float *out, int64_t w) {
+    exchange(ctx, pl, send, pl->sn, recv, pl->rn, w);
+    loom_ep_permute(pl, out, recv, w, 1);
+}
+
+static void ep_combine(void *ctx, const loom_moe_plan *pl, const float *in, float *send,
+                       float *out, int64_t w) {
+    loom_ep_permute(pl, send, in, w, 0);
+    exchange(ctx, pl, send, pl->rn, out, pl->sn, w);
+}
+
 loom_moe_comm loom_ep_moe_comm(loom_ep *ep) {
-    return (loom_moe_comm){.ctx = ep, .counts = ep_counts, .exchange = ep_exchange};
+    return (loom_moe_comm){.ctx = ep, .counts = ep_counts, .plan = ep_plan,
+                           .dispatch = ep_dispatch, .combine = ep_combine};
 }
 
 void loom_ep_layout(const loom_mesh *mesh, int n_expert, loom_model_layout *lay) {
