@@ -172,21 +172,10 @@ int build_load_labels(build *b, loom_err *err) {
 }
 
 /* ---- cache keys ---- */
-typedef struct kbuf {
-    char *p;
-    size_t n, cap;
-} kbuf;
-
-static void kput(kbuf *k, const char *s) {
-    size_t n = strlen(s);
-    if (k->n + n + 2 > k->cap) {
-        k->cap = (k->n + n + 2) * 2;
-        k->p = loom_realloc(k->p, k->cap);
-    }
-    memcpy(k->p + k->n, s, n);
-    k->n += n;
-    k->p[k->n++] = '\n';
-    k->p[k->n] = 0;
+/* one line of a source's key text (in base's loom_sbuf) */
+static void kput(loom_sbuf *k, const char *s) {
+    loom_sbuf_append(k, s, strlen(s));
+    loom_sbuf_append(k, "\n", 1);
 }
 
 void build_compute_keys(build *b) {
@@ -194,7 +183,7 @@ void build_compute_keys(build *b) {
     for (int i = 0; i < b->r.n_sources; i++) {
         const loom_recipe_source *s = &b->r.sources[i];
         src_state *st = &b->src[i];
-        kbuf k = {0};
+        loom_sbuf k = {0};
         kput(&k, BUILD_KEY_VERSION);
         kput(&k, b->tok_id);
         snprintf(num, sizeof num, "shard_tokens=%lld val_fraction=%.17g", (long long)b->r.shard_tokens,
@@ -226,7 +215,7 @@ void build_compute_keys(build *b) {
         if (b->r.dedup_across_sources && st->has_exact)
             for (int j = 0; j < i; j++)
                 if (b->src[j].has_exact) kput(&k, b->src[j].key);
-        loom_sha256_hex(k.p, k.n, st->key);
+        loom_sha256_hex(k.p, k.len, st->key);
         free(k.p);
     }
 }

@@ -122,22 +122,10 @@ static int valid_name(const char *s) {
 }
 
 /* ---- canonical text of a node: comments and layout do not matter, content does ---- */
-typedef struct sbuf {
-    char *p;
-    size_t n, cap;
-} sbuf;
+/* (in base's loom_sbuf) */
+static void sb_put(loom_sbuf *b, const char *s, size_t n) { loom_sbuf_append(b, s, n); }
 
-static void sb_put(sbuf *b, const char *s, size_t n) {
-    if (b->n + n + 1 > b->cap) {
-        b->cap = (b->n + n + 1) * 2;
-        b->p = loom_realloc(b->p, b->cap);
-    }
-    memcpy(b->p + b->n, s, n);
-    b->n += n;
-    b->p[b->n] = 0;
-}
-
-static void canon(ynode *n, sbuf *b, int depth) {
+static void canon(ynode *n, loom_sbuf *b, int depth) {
     char num[32];
     if (depth > 64) return; /* recipes are shallow; a hostile one only loses cache precision */
     switch (n->kind) {
@@ -293,7 +281,7 @@ static int parse_source(ctx *c, ynode *n, loom_recipe_source *s) {
     if (n->kind != LOOM_YAML_MAP)
         return failf(c, n, "each entry of 'sources' must be a mapping (name, kind, path, ...)");
     if (check_keys(c, n, source_keys, "a source") != 0) return -1;
-    sbuf cb = {0};
+    loom_sbuf cb = {0};
     canon(n, &cb, 0);
     s->canon = cb.p ? cb.p : loom_strdup("");
     ynode *steps = NULL, *kind_node = n, *on_error = NULL, *label_key_node = n;
