@@ -53,7 +53,7 @@ void loom_yaml_scalar_type(const char *s, size_t len, int quoted, loom_yaml_valu
     static const char *const infs[] = {".inf", ".Inf", ".INF", NULL};
     static const char *const nans[] = {".nan", ".NaN", ".NAN", NULL};
     *v = (loom_yaml_value){.type = LOOM_YAML_STR};
-    if (quoted || memchr(s, 0, len) || len > 400) return;
+    if (quoted || memchr(s, 0, len)) return;
     int is_int = 0;
     if (is_word(s, len, nulls)) {
         v->type = LOOM_YAML_NULL;
@@ -373,13 +373,6 @@ int loom_yaml_load_file(const char *path, loom_yaml_node **root, loom_err *err) 
     int rc = loom_yaml_parse(path, text, len, root, err);
     free(text);
     return rc;
-}
-
-const loom_yaml_node *loom_yaml_get(const loom_yaml_node *m, const char *key) {
-    if (!m || m->kind != LOOM_YAML_MAP) return NULL;
-    for (size_t i = 0; i < m->n; i++)
-        if (!strcmp(m->kids[2 * i].text, key)) return &m->kids[2 * i + 1];
-    return NULL;
 }
 
 /* ---- as JSON (synth's pipelines) ------------------------------------------------------ */

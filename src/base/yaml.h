@@ -76,9 +76,6 @@ int loom_yaml_parse(const char *name, const char *text, size_t len, loom_yaml_no
 int loom_yaml_load_file(const char *path, loom_yaml_node **root, loom_err *err);
 void loom_yaml_free(loom_yaml_node *root);
 
-/* The value at KEY of mapping M (NULL when absent or M is not a mapping). */
-const loom_yaml_node *loom_yaml_get(const loom_yaml_node *m, const char *key);
-
 /* A tree as JSON (a new reference): scalars by their type, a non-finite float an error
  * naming NAME:LINE. */
 int loom_yaml_to_json(const char *name, const loom_yaml_node *n, json_t **out, loom_err *err);
