@@ -34,6 +34,9 @@ typedef struct loom_chat_template {
                                       * user turn holds them), NULL for none */
     char *system_fold;               /* a leading system message is not a turn: its content and
                                       * this separator open the first user turn (gemma3), NULL */
+    char *tools_block;               /* how the tool definitions are written into the system
+                                      * message: text with {tools} once (the tools' JSON texts,
+                                      * one per line); NULL: the template cannot describe tools */
 } loom_chat_template;
 
 /* "plain", "chatml", "qwen", "llama3", "llama3.1", "mistral", "gemma", "gemma3", a Hugging Face
@@ -41,8 +44,8 @@ typedef struct loom_chat_template {
  * loom_chat_template_detect), or the path of a JSON template file:
  *   {"bos": "", "system": "...{content}...", "user": ..., "assistant": ..., "tool": ...,
  *    "tool_call": "<tool_call>\n{content}\n</tool_call>", "tool_call_separator": "\n",
- *    "arguments_key": "arguments"}
- * every role string holds {content} exactly once. */
+ *    "arguments_key": "arguments", "tools": "# Tools\n...{tools}..."}
+ * every role string holds {content} exactly once, "tools" (optional) {tools} once. */
 int loom_chat_template_load(const char *spec, loom_chat_template **out, loom_err *err);
 void loom_chat_template_free(loom_chat_template *t);
 /* 1 when name is a built-in template (plain, chatml, qwen, llama3, llama3.1, mistral, gemma,
@@ -90,6 +93,14 @@ struct json_t;
 int loom_chat_render(const loom_chat_template *t, struct json_t *messages, loom_chat_doc *d,
                      char *why, size_t why_size);
 
+/* The same with tool definitions (an OpenAI `tools` list, NULL or empty for none): they are
+ * written into the system message by the template's tools_block (after the system message's
+ * content, or the default system message, and a blank line; a system message is made when
+ * the conversation has none). -1 with the reason when the template has no tools_block or a
+ * tool is not a JSON object. */
+int loom_chat_render_tools(const loom_chat_template *t, struct json_t *messages,
+                           struct json_t *tools, loom_chat_doc *d, char *why, size_t why_size);
+
 /* Tokens and loss mask of a rendered conversation: each segment is encoded on its own (so the
  * mask follows the segments exactly; the template's special tokens are added tokens of a BPE
  * tokenizer, matched whole), mask = the segment's train flag. */
@@ -108,5 +119,21 @@ int loom_chat_prompt(const loom_chat_template *t, const char *system, const char
  * form build their prompts with it. */
 int loom_chat_prompt_messages(const loom_chat_template *t, struct json_t *messages,
                               char **prompt, char **stop, char *why, size_t why_size);
+/* ... with tool definitions, as loom_chat_render_tools writes them */
+int loom_chat_prompt_tools(const loom_chat_template *t, struct json_t *messages,
+                           struct json_t *tools, char **prompt, char **stop, char *why,
+                           size_t why_size);
+
+/* Tool calls in a generated assistant reply, as the template writes them (its tool_call
+ * wrapper, separator and arguments key): with a wrapper (e.g. <tool_call>...</tool_call>),
+ * content up to the first wrapper's start, then one or more wrapped calls separated by the
+ * separator or whitespace, up to the end (trailing whitespace allowed); without one (the
+ * call's JSON alone), the whole reply (leading and trailing whitespace aside) must be calls.
+ * Each call is {"name": NAME, ARGS_KEY: {...}} (the arguments key may be missing: {}).
+ * Returns the number of calls (0 when the reply is not calls: it is then all content) with
+ * *calls a new JSON array of {"name": ..., "arguments": {...}} and *content_len the length
+ * of the content before them (trailing whitespace removed). */
+int loom_chat_parse_tool_calls(const loom_chat_template *t, const char *text, size_t len,
+                               struct json_t **calls, size_t *content_len);
 
 #endif

@@ -27,7 +27,26 @@ void loom_chat_template_free(loom_chat_template *t) {
     free(t->tool_open);
     free(t->tool_close);
     free(t->system_fold);
+    free(t->tools_block);
     free(t);
+}
+
+/* How the tool definitions are described. Hermes-style (chatml, qwen): the format Qwen 2.5's
+ * and Qwen 3's templates write into the system message, so a Qwen model sees its tools as it
+ * was trained to; loom's own for plain and llama3 (whose call is the JSON alone). */
+static const char HERMES_TOOLS[] =
+    "# Tools\n\nYou may call one or more functions to assist with the user query.\n\nYou are "
+    "provided with function signatures within <tools></tools> XML tags:\n<tools>\n{tools}\n"
+    "</tools>\n\nFor each function call, return a json object with function name and arguments "
+    "within <tool_call></tool_call> XML tags:\n<tool_call>\n{\"name\": <function-name>, "
+    "\"arguments\": <args-json-object>}\n</tool_call>";
+
+static char *own_tools_block(const char *args_key) {
+    loom_sbuf b = {0};
+    loom_sbuf_printf(&b, "# Tools\n\nThe functions you can call, one JSON definition per line:\n"
+                         "{tools}\nTo call one, answer with {\"name\": <its name>, \"%s\": <a JSON "
+                         "object of its parameters>} and nothing else.", args_key);
+    return b.p;
 }
 
 /* splits "a{content}b" into a and b; -1 unless {content} occurs exactly once */
@@ -128,15 +147,42 @@ char *loom_chat_template_jinja(const loom_chat_template *t) {
                          "-%%}{%%- for p in c -%%}{{ p['text'] }}{%%- endfor -%%}{%%- endif -%%}"
                          "{%%- endmacro -%%}");
     jout(&b, t->bos);
+    /* tools (apply_chat_template(..., tools=...)): the system message that describes them, as
+     * render_tools_system writes it; a leading system message is then not rendered again */
+    const char *tb = t->tools_block ? strstr(t->tools_block, "{tools}") : NULL;
+    loom_sbuf_printf(&b, "{%%- set loom_msgs = messages -%%}");
+    if (tb) {
+        loom_sbuf_printf(&b, "{%%- if tools -%%}");
+        jout(&b, t->pre[LOOM_ROLE_SYSTEM]);
+        jout(&b, t->system_prefix);
+        loom_sbuf_printf(&b, "{%%- if messages[0]['role'] == 'system' -%%}{%%- set loom_msgs = "
+                             "messages[1:] -%%}{{ loom_text(messages[0]['content']) + '\\n\\n' }}");
+        if (t->default_system) loom_sbuf_printf(&b, "{%%- else -%%}{{ loom_default_system + '\\n\\n' }}");
+        loom_sbuf_printf(&b, "{%%- endif -%%}");
+        char *before = loom_malloc((size_t)(tb - t->tools_block) + 1);
+        memcpy(before, t->tools_block, (size_t)(tb - t->tools_block));
+        before[tb - t->tools_block] = 0;
+        jout(&b, before);
+        free(before);
+        loom_sbuf_printf(&b, "{%%- for tool in tools -%%}{%%- if not loop.first -%%}{{ '\\n' }}"
+                             "{%%- endif -%%}{{ tool | tojson }}{%%- endfor -%%}");
+        jout(&b, tb + 7);
+        jout(&b, t->post[LOOM_ROLE_SYSTEM]);
+        
+    } else if (t->tools) { /* no tools block: the tools are not described */
+        loom_sbuf_printf(&b, "{%%- if false -%%}");
+    } else {
+        loom_sbuf_printf(&b, "{%%- if tools -%%}{{ raise_exception('the template has no tool-call format') }}");
+    }
     if (t->default_system || t->always_system) {
-        loom_sbuf_printf(&b, "{%%- if messages[0]['role'] != 'system' -%%}");
+        loom_sbuf_printf(&b, "{%%- elif messages[0]['role'] != 'system' -%%}");
         jout(&b, t->pre[LOOM_ROLE_SYSTEM]);
         jout(&b, t->system_prefix);
         if (t->default_system) loom_sbuf_printf(&b, "{{ loom_default_system }}");
         jout(&b, t->post[LOOM_ROLE_SYSTEM]);
-        loom_sbuf_printf(&b, "{%%- endif -%%}");
     }
-    loom_sbuf_printf(&b, "{%%- set ns = namespace(fold='') -%%}{%%- for message in messages -%%}");
+    loom_sbuf_printf(&b, "{%%- endif -%%}");
+    loom_sbuf_printf(&b, "{%%- set ns = namespace(fold='') -%%}{%%- for message in loom_msgs -%%}");
     loom_sbuf_printf(&b, "{%%- set role = message['role'] -%%}{%%- if role not in [");
     for (int r = 0, first = 1; r < LOOM_ROLE_COUNT; r++)
         if (t->roles & (1u << r)) {
@@ -355,6 +401,7 @@ int loom_chat_template_load(const char *spec, loom_chat_template **out, loom_err
         static const char *const roles[4] = {"system: {content}\n", "user: {content}\n",
                                              "assistant: {content}\n", "tool: {content}\n"};
         *out = from_strings("plain", "", roles, "{content}", "\n", "arguments");
+        (*out)->tools_block = own_tools_block("arguments");
         return 0;
     }
     if (!strcmp(spec, "chatml")) {
@@ -363,6 +410,7 @@ int loom_chat_template_load(const char *spec, loom_chat_template **out, loom_err
             "<|im_start|>assistant\n{content}<|im_end|>\n", "<|im_start|>tool\n{content}<|im_end|>\n"};
         *out = from_strings("chatml", "", roles, "<tool_call>\n{content}\n</tool_call>", "\n",
                             "arguments");
+        (*out)->tools_block = loom_strdup(HERMES_TOOLS);
         return 0;
     }
     if (!strcmp(spec, "llama3")) {
@@ -372,6 +420,7 @@ int loom_chat_template_load(const char *spec, loom_chat_template **out, loom_err
             "<|start_header_id|>assistant<|end_header_id|>\n\n{content}<|eot_id|>",
             "<|start_header_id|>ipython<|end_header_id|>\n\n{content}<|eot_id|>"};
         *out = from_strings("llama3", "<|begin_of_text|>", roles, "{content}", "\n", "parameters");
+        (*out)->tools_block = own_tools_block("parameters");
         return 0;
     }
     if (!strcmp(spec, "qwen")) { /* chatml, tool results as Qwen 2.5/3 write them: in a user turn */
@@ -445,22 +494,22 @@ int loom_chat_template_load(const char *spec, loom_chat_template **out, loom_err
         return 0;
     }
     static const char *const keys[] = {"bos", "system", "user", "assistant", "tool", "tool_call",
-                                       "tool_call_separator", "arguments_key"};
-    const char *v[8];
+                                       "tool_call_separator", "arguments_key", "tools"};
+    const char *v[9];
     const char *k;
     json_t *val;
     json_object_foreach(o, k, val) {
         int known = 0;
-        for (int i = 0; i < 8; i++) known |= !strcmp(k, keys[i]);
+        for (int i = 0; i < 9; i++) known |= !strcmp(k, keys[i]);
         if (!known) {
             loom_errf(err, "%s: unknown key '%s' (known: bos, system, user, assistant, tool, "
-                           "tool_call, tool_call_separator, arguments_key)", spec, k);
+                           "tool_call, tool_call_separator, arguments_key, tools)", spec, k);
             json_decref(o);
             return -1;
         }
     }
-    static const char *const dflt[] = {"", NULL, NULL, NULL, NULL, "{content}", "\n", "arguments"};
-    for (int i = 0; i < 8; i++) {
+    static const char *const dflt[] = {"", NULL, NULL, NULL, NULL, "{content}", "\n", "arguments", ""};
+    for (int i = 0; i < 9; i++) {
         json_t *x = json_object_get(o, keys[i]);
         v[i] = x ? json_string_value(x) : dflt[i];
         if (!v[i] || (x && strlen(v[i]) != json_string_length(x))) {
@@ -477,8 +526,17 @@ int loom_chat_template_load(const char *spec, loom_chat_template **out, loom_err
                 return -1;
             }
         }
+        if (i == 8 && x) {
+            const char *p = strstr(v[i], "{tools}");
+            if (!p || strstr(p + 7, "{tools}")) {
+                loom_errf(err, "%s: 'tools' must hold {tools} exactly once", spec);
+                json_decref(o);
+                return -1;
+            }
+        }
     }
     *out = from_strings(spec, v[0], v + 1, v[5], v[6], v[7]);
+    if (v[8][0]) (*out)->tools_block = loom_strdup(v[8]);
     json_decref(o);
     return 0;
 }
@@ -592,18 +650,87 @@ static int tool_calls(const loom_chat_template *t, json_t *calls, int k, int aft
 }
 
 /* every message of a conversation into d; the number of assistant messages in *assistants */
-static int render_messages(const loom_chat_template *t, json_t *messages, loom_chat_doc *d,
-                           int *assistants_out, char *why, size_t ws) {
+/* the tools' JSON texts, one per line (the definitions as given, keys in their order) */
+static int tools_text(json_t *tools, loom_sbuf *b, char *why, size_t ws) {
+    size_t i;
+    json_t *x;
+    json_array_foreach(tools, i, x) {
+        if (!json_is_object(x)) {
+            snprintf(why, ws, "tools[%zu] is not a JSON object", i);
+            return -1;
+        }
+        char *js = json_dumps(x, JSON_PRESERVE_ORDER);
+        LOOM_CHECK(js != NULL);
+        loom_sbuf_printf(b, "%s%s", i ? "\n" : "", js);
+        free(js);
+    }
+    return 0;
+}
+
+/* The system message that describes the tools: the conversation's own system message (message
+ * 0, whose content it takes: *took = 1), else the default system message, then a blank line
+ * and the template's tools_block with {tools} filled in. */
+static int render_tools_system(const loom_chat_template *t, json_t *messages, json_t *tools,
+                               loom_chat_doc *d, int *took, char *why, size_t ws) {
+    loom_sbuf list = {0};
+    if (tools_text(tools, &list, why, ws)) {
+        free(list.p);
+        return -1;
+    }
+    json_t *m0 = json_array_get(messages, 0);
+    const char *role0 = json_string_value(json_object_get(m0, "role"));
+    loom_chat_doc sys = {0};
+    *took = role0 && !strcmp(role0, "system");
+    if (*took) {
+        if (content_of(m0, 0, 0, &sys, 0, why, ws)) {
+            free(list.p);
+            loom_chat_doc_free(&sys);
+            return -1;
+        }
+    } else if (t->default_system) {
+        puts_(&sys, t->default_system, 0);
+    }
+    puts_(d, t->pre[LOOM_ROLE_SYSTEM], 0);
+    if (t->system_prefix) puts_(d, t->system_prefix, 0);
+    if (*took || t->default_system) { /* even an empty one, as Qwen's templates */
+        put(d, sys.text, sys.len, 0);
+        puts_(d, "\n\n", 0);
+    }
+    const char *at = strstr(t->tools_block, "{tools}");
+    put(d, t->tools_block, (size_t)(at - t->tools_block), 0);
+    if (list.len) put(d, list.p, list.len, 0);
+    puts_(d, at + 7, 0);
+    puts_(d, t->post[LOOM_ROLE_SYSTEM], 0);
+    free(list.p);
+    loom_chat_doc_free(&sys);
+    return 0;
+}
+
+static int render_messages(const loom_chat_template *t, json_t *messages, json_t *tools,
+                           loom_chat_doc *d, int *assistants_out, char *why, size_t ws) {
     if (!json_is_array(messages) || json_array_size(messages) == 0) {
         snprintf(why, ws, "\"messages\" must be a non-empty list");
+        return -1;
+    }
+    if (json_is_null(tools)) tools = NULL;
+    if (tools && !json_is_array(tools)) {
+        snprintf(why, ws, "\"tools\" must be a list");
+        return -1;
+    }
+    if (tools && !json_array_size(tools)) tools = NULL;
+    if (tools && !t->tools) {
+        snprintf(why, ws, "template '%s' has no tool-call format: it cannot take tools", t->name);
         return -1;
     }
     puts_(d, t->bos, 0);
     size_t k;
     json_t *m;
-    int assistants = 0;
+    int assistants = 0, skip0 = 0;
     const char *role0 = json_string_value(json_object_get(json_array_get(messages, 0), "role"));
-    if ((t->default_system || t->always_system) && !(role0 && !strcmp(role0, "system"))) {
+    if (tools && t->tools_block) {
+        /* (no template with a tools block folds its system message) */
+        if (render_tools_system(t, messages, tools, d, &skip0, why, ws)) return -1;
+    } else if ((t->default_system || t->always_system) && !(role0 && !strcmp(role0, "system"))) {
         puts_(d, t->pre[LOOM_ROLE_SYSTEM], 0);
         if (t->system_prefix) puts_(d, t->system_prefix, 0);
         if (t->default_system) puts_(d, t->default_system, 0);
@@ -611,6 +738,7 @@ static int render_messages(const loom_chat_template *t, json_t *messages, loom_c
     }
     loom_chat_doc fold = {0}; /* system_fold: the leading system message's content */
     json_array_foreach(messages, k, m) {
+        if (k == 0 && skip0) continue; /* written with the tools */
         const char *role = json_string_value(json_object_get(m, "role"));
         int r = -1;
         for (int i = 0; role && i < LOOM_ROLE_COUNT; i++)
@@ -675,8 +803,13 @@ fail:
 
 int loom_chat_render(const loom_chat_template *t, json_t *messages, loom_chat_doc *d, char *why,
                      size_t ws) {
+    return loom_chat_render_tools(t, messages, NULL, d, why, ws);
+}
+
+int loom_chat_render_tools(const loom_chat_template *t, json_t *messages, json_t *tools,
+                           loom_chat_doc *d, char *why, size_t ws) {
     int assistants;
-    if (render_messages(t, messages, d, &assistants, why, ws)) return -1;
+    if (render_messages(t, messages, tools, d, &assistants, why, ws)) return -1;
     if (!assistants) {
         snprintf(why, ws, "no assistant message (nothing to train on)");
         return -1;
@@ -754,9 +887,14 @@ int loom_chat_prompt(const loom_chat_template *t, const char *system, const char
 
 int loom_chat_prompt_messages(const loom_chat_template *t, json_t *messages, char **prompt,
                               char **stop, char *why, size_t ws) {
+    return loom_chat_prompt_tools(t, messages, NULL, prompt, stop, why, ws);
+}
+
+int loom_chat_prompt_tools(const loom_chat_template *t, json_t *messages, json_t *tools,
+                           char **prompt, char **stop, char *why, size_t ws) {
     loom_chat_doc d = {0};
     int assistants;
-    if (render_messages(t, messages, &d, &assistants, why, ws)) {
+    if (render_messages(t, messages, tools, &d, &assistants, why, ws)) {
         loom_chat_doc_free(&d);
         return -1;
     }
@@ -764,5 +902,89 @@ int loom_chat_prompt_messages(const loom_chat_template *t, json_t *messages, cha
     *prompt = d.text ? d.text : loom_strdup("");
     free(d.seg);
     *stop = end_of_turn(t);
+    return 0;
+}
+
+/* ---- tool calls in a generated reply ------------------------------------------------------ */
+
+static size_t skip_ws(const char *s, size_t n, size_t i) {
+    while (i < n && (s[i] == ' ' || s[i] == '\n' || s[i] == '\t' || s[i] == '\r')) i++;
+    return i;
+}
+
+/* s without its leading and trailing whitespace: [*a, *a + *l) */
+static void trimmed(const char *s, const char **a, size_t *l) {
+    size_t n = strlen(s), i = skip_ws(s, n, 0);
+    while (n > i && (s[n - 1] == ' ' || s[n - 1] == '\n' || s[n - 1] == '\t' || s[n - 1] == '\r')) n--;
+    *a = s + i;
+    *l = n - i;
+}
+
+/* One call's JSON at text[*at]: {"name": ..., ARGS: {...}} appended to calls, *at past it */
+static int one_call(const loom_chat_template *t, const char *s, size_t n, size_t *at, json_t *calls) {
+    json_error_t je;
+    json_t *o = json_loadb(s + *at, n - *at, JSON_DISABLE_EOF_CHECK | JSON_REJECT_DUPLICATES, &je);
+    if (!json_is_object(o)) {
+        json_decref(o);
+        return -1;
+    }
+    *at += (size_t)je.position;
+    json_t *name = json_object_get(o, "name"), *args = json_object_get(o, t->args_key);
+    size_t keys = json_object_size(o);
+    int ok = json_is_string(name) && json_string_length(name) > 0 &&
+             (args ? json_is_object(args) && keys == 2 : keys == 1);
+    if (ok)
+        json_array_append_new(calls, json_pack("{s:O,s:o}", "name", name, "arguments",
+                                               args ? json_incref(args) : json_object()));
+    json_decref(o);
+    return ok ? 0 : -1;
+}
+
+int loom_chat_parse_tool_calls(const loom_chat_template *t, const char *s, size_t n,
+                               json_t **calls_out, size_t *content_len) {
+    *calls_out = NULL;
+    *content_len = n;
+    if (!t->tools) return 0;
+    const char *pre, *post, *sep;
+    size_t lpre, lpost, lsep;
+    trimmed(t->call_pre, &pre, &lpre);
+    trimmed(t->call_post, &post, &lpost);
+    trimmed(t->call_sep, &sep, &lsep);
+    size_t at, content = 0;
+    if (lpre) { /* content, then the first wrapper */
+        const char *p = NULL;
+        for (size_t i = 0; i + lpre <= n && !p; i++)
+            if (!memcmp(s + i, pre, lpre)) p = s + i;
+        if (!p) return 0;
+        content = (size_t)(p - s);
+        at = content;
+    } else {
+        at = skip_ws(s, n, 0);
+        if (at == n || s[at] != '{') return 0;
+    }
+    json_t *calls = json_array();
+    for (;;) {
+        at = skip_ws(s, n, at);
+        if (lpre) {
+            if (at + lpre > n || memcmp(s + at, pre, lpre)) goto no;
+            at = skip_ws(s, n, at + lpre);
+        }
+        if (one_call(t, s, n, &at, calls)) goto no;
+        at = skip_ws(s, n, at);
+        if (lpost) {
+            if (at + lpost > n || memcmp(s + at, post, lpost)) goto no;
+            at = skip_ws(s, n, at + lpost);
+        }
+        if (lsep && at + lsep <= n && !memcmp(s + at, sep, lsep)) at = skip_ws(s, n, at + lsep);
+        if (at == n) break;
+    }
+    while (content > 0 && (s[content - 1] == ' ' || s[content - 1] == '\n' || s[content - 1] == '\t' ||
+                           s[content - 1] == '\r'))
+        content--;
+    *calls_out = calls;
+    *content_len = content;
+    return (int)json_array_size(calls);
+no:
+    json_decref(calls);
     return 0;
 }

@@ -97,7 +97,8 @@ static int handle_line(loom_read_ctx *c, int fi, const char *line, size_t n, uin
             loom_chat_doc cd = {0};
             if (!msgs) {
                 snprintf(why, sizeof why, "no field \"%s\"", s->messages_field);
-            } else if (loom_chat_render(c->chat, msgs, &cd, why, sizeof why) == 0) {
+            } else if (loom_chat_render_tools(c->chat, msgs, json_object_get(o, "tools"), &cd, why,
+                                              sizeof why) == 0) { /* "tools": their definitions */
                 /* the rendered text is the document (filters and dedup see it); its segments
                  * say which bytes are trained on */
                 loom_docs *d = c->docs;

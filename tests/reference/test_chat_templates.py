@@ -33,10 +33,18 @@ from tokenizers import AddedToken  # noqa: E402
 
 transformers.logging.set_verbosity_error()
 
-QWEN25 = (  # Qwen 2.5's template without its `tools` system block
+QWEN25 = (  # Qwen 2.5's template: the tool definitions in its system message, tool calls and results
+    "{%- if tools %}{{- '<|im_start|>system\\n' }}{%- if messages[0]['role'] == 'system' %}{{- messages[0]['content'] }}"
+    "{%- else %}{{- 'You are Qwen, created by Alibaba Cloud. You are a helpful assistant.' }}{%- endif %}"
+    "{{- \"\\n\\n# Tools\\n\\nYou may call one or more functions to assist with the user query.\\n\\nYou are provided with "
+    "function signatures within <tools></tools> XML tags:\\n<tools>\" }}{%- for tool in tools %}{{- \"\\n\" }}"
+    "{{- tool | tojson }}{%- endfor %}{{- \"\\n</tools>\\n\\nFor each function call, return a json object with function "
+    "name and arguments within <tool_call></tool_call> XML tags:\\n<tool_call>\\n{\\\"name\\\": <function-name>, "
+    "\\\"arguments\\\": <args-json-object>}\\n</tool_call><|im_end|>\\n\" }}"
+    "{%- else %}"
     "{%- if messages[0]['role'] == 'system' %}{{- '<|im_start|>system\\n' + messages[0]['content'] + '<|im_end|>\\n' }}"
     "{%- else %}{{- '<|im_start|>system\\nYou are Qwen, created by Alibaba Cloud. You are a helpful assistant.<|im_end|>\\n' }}"
-    "{%- endif %}{%- for message in messages %}"
+    "{%- endif %}{%- endif %}{%- for message in messages %}"
     "{%- if (message.role == \"user\") or (message.role == \"system\" and not loop.first) or "
     "(message.role == \"assistant\" and not message.tool_calls) %}"
     "{{- '<|im_start|>' + message.role + '\\n' + message.content + '<|im_end|>' + '\\n' }}"
@@ -125,6 +133,9 @@ def jansson():
         L.loom_chat_render.argtypes = [P, P, ctypes.POINTER(_Doc), E, ctypes.c_size_t]
         L.loom_chat_prompt_messages.argtypes = [P, P, ctypes.POINTER(ctypes.c_void_p), ctypes.POINTER(ctypes.c_void_p),
                                                 E, ctypes.c_size_t]
+        L.loom_chat_render_tools.argtypes = [P, P, P, ctypes.POINTER(_Doc), E, ctypes.c_size_t]
+        L.loom_chat_prompt_tools.argtypes = [P, P, P, ctypes.POINTER(ctypes.c_void_p), ctypes.POINTER(ctypes.c_void_p),
+                                             E, ctypes.c_size_t]
         L.loom_chat_encode.argtypes = [ctypes.POINTER(_Doc), P, ctypes.POINTER(_Ids), ctypes.POINTER(ctypes.c_void_p), E]
         L.loom_chat_doc_free.argtypes = [ctypes.POINTER(_Doc)]
     return _jansson
@@ -147,19 +158,29 @@ def _json(messages):
     return j
 
 
-def render(h, messages):
-    """(text, None) or (None, why)"""
+def render(h, messages, tools=None):
+    """(text, None) or (None, why); with tools: loom_chat_render_tools"""
     j, d, why = _json(messages), _Doc(), ctypes.create_string_buffer(512)
-    rc = loom().loom_chat_render(h, j, ctypes.byref(d), why, 512)
+    if tools is None:
+        rc = loom().loom_chat_render(h, j, ctypes.byref(d), why, 512)
+    else:
+        jt = _json(tools)
+        rc = loom().loom_chat_render_tools(h, j, jt, ctypes.byref(d), why, 512)
+        jansson().json_delete(jt)
     text = ctypes.string_at(d.text, d.len).decode() if rc == 0 else None
     loom().loom_chat_doc_free(ctypes.byref(d))
     jansson().json_delete(j)
     return (text, None) if rc == 0 else (None, why.value.decode())
 
 
-def prompt(h, messages):
+def prompt(h, messages, tools=None):
     j, p, s, why = _json(messages), ctypes.c_void_p(), ctypes.c_void_p(), ctypes.create_string_buffer(512)
-    rc = loom().loom_chat_prompt_messages(h, j, ctypes.byref(p), ctypes.byref(s), why, 512)
+    if tools is None:
+        rc = loom().loom_chat_prompt_messages(h, j, ctypes.byref(p), ctypes.byref(s), why, 512)
+    else:
+        jt = _json(tools)
+        rc = loom().loom_chat_prompt_tools(h, j, jt, ctypes.byref(p), ctypes.byref(s), why, 512)
+        jansson().json_delete(jt)
     jansson().json_delete(j)
     if rc != 0:
         return None, why.value.decode()
@@ -214,6 +235,31 @@ def tool_conversations(rng):
         msgs.append({"role": "assistant", "content": f"it is {i}."})
         out.append(msgs)
     return out
+
+
+TOOLS = [  # tool definitions (OpenAI's `tools`), with non-ASCII text and nested schemas
+    {"type": "function", "function": {"name": "add", "description": "adds two numbers, café",
+                                      "parameters": {"type": "object", "properties": {"a": {"type": "integer"},
+                                                     "b": {"type": "integer"}}, "required": ["a", "b"]}}},
+    {"type": "function", "function": {"name": "lookup", "parameters": {"type": "object", "properties": {
+        "q": {"type": "string", "enum": ["x", "y"]}, "tags": {"type": "array", "items": {"type": "string"}}}}}},
+]
+
+
+def with_tools_checks(name, h, fast, convs):
+    """rendering and generation prompts with tool definitions equal apply_chat_template(tools=TOOLS);
+    returns the number of mismatches"""
+    bad = 0
+    for c in convs:
+        for gen in (False, True):
+            msgs = c[:-1] if gen else c
+            want = fast.apply_chat_template(msgs, tools=TOOLS, tokenize=False, add_generation_prompt=gen)
+            got, why = (prompt if gen else render)(h, msgs, TOOLS)
+            if got != want:
+                bad += 1
+                if bad <= 2:
+                    print(f"  {name} with tools: differs{' (prompt)' if gen else ''}:\n    loom {got!r}\n    hf   {want!r} {why or ''}")
+    return bad
 
 
 FAMILIES = [  # (name, jinja, expected built-in, bos, eos, tokenizer kind, system allowed)
@@ -341,8 +387,18 @@ def exported_jinja(tmp, corpus):
                     if bad <= 2:
                         print(f"  {name} (exported Jinja): differs{' (prompt)' if gen else ''}:\n"
                               f"    loom {got!r}\n    hf   {want!r} {why or ''}")
-        check(bad == 0, f"{name}: apply_chat_template on the exported Jinja: {bad} of {2 * len(convs)} "
-                        f"renderings differ from loom's")
+        if name in ("plain", "chatml", "qwen", "llama3", "llama3.1"):
+            bad += with_tools_checks(name + " (exported Jinja)", h, fast, convs)
+        else:
+            try:
+                fast.apply_chat_template(convs[0], tools=TOOLS, tokenize=False)
+                raised = False
+            except Exception:
+                raised = True
+            check(raised and render(h, convs[0], TOOLS)[0] is None,
+                  f"{name}: tools are not refused by the template without a tool-call format")
+        check(bad == 0, f"{name}: apply_chat_template on the exported Jinja: {bad} of {4 * len(convs)} "
+                        f"renderings (with and without tools) differ from loom's")
         if not system_ok:
             sysc = [{"role": "system", "content": "s"}, {"role": "user", "content": "u"}, {"role": "assistant", "content": "a"}]
             try:
@@ -411,6 +467,9 @@ def main():
                     i = fam.first_diff(got_ids, want_ids)
                     print(f"  {name}: ids differ at {i}: loom {got_ids[i:i + 6]} hf {want_ids[i:i + 6]} "
                           f"({fast.convert_ids_to_tokens(want_ids[i:i + 6])})")
+        if name == "qwen2.5":
+            bt = with_tools_checks(name, h, fast, convs)
+            check(bt == 0, f"{name}: {bt} of {2 * len(convs)} renderings with tools differ from apply_chat_template")
         check(bad_text == 0, f"{name}: {bad_text} of {len(convs)} renderings differ from apply_chat_template")
         check(bad_prompt == 0, f"{name}: {bad_prompt} of {len(convs)} generation prompts differ")
         check(bad_ids == 0, f"{name}: {bad_ids} of {len(convs)} conversations' ids differ")
