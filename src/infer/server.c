@@ -60,6 +60,7 @@ static void job_unref(job *j) {
     for (int i = 0; i < 16; i++) free(j->stop_mem[i]);
     free(j->buf.p);
     free(j->all.p);
+    server_tools_free(&j->tr);
     pthread_mutex_destroy(&j->mu);
     pthread_cond_destroy(&j->cv);
     free(j);
@@ -351,6 +352,8 @@ typedef struct conn {
     loom_sbuf out;              /* SSE bytes not yet handed to MHD */
     size_t ooff;                /* of out, bytes handed already */
     int sent_role, finished;
+    loom_sbuf full;             /* tools: the whole reply so far, of which `sent` went out as content */
+    size_t sent;
     char id[48];
     time_t created;
 } conn;
@@ -453,6 +456,66 @@ static json_t *stream_chunk(conn *k, const char *text, size_t n, int finish) {
                      (json_int_t)k->created, "model", S->o.model_id, "choices", choice);
 }
 
+/* a chunk of tool calls (the whole calls at once; OpenAI's clients join the pieces of
+ * delta.tool_calls by index, so one piece each is a valid stream) */
+static json_t *stream_tool_chunk(conn *k, json_t *calls) {
+    json_t *list = json_array();
+    size_t i;
+    json_t *c;
+    json_array_foreach(calls, i, c) {
+        json_t *x = json_deep_copy(c);
+        json_object_set_new(x, "index", json_integer((json_int_t)i));
+        json_array_append_new(list, x);
+    }
+    json_t *delta = json_object();
+    if (!k->sent_role) {
+        json_object_set_new(delta, "role", json_string("assistant"));
+        k->sent_role = 1;
+    }
+    json_object_set_new(delta, "tool_calls", list);
+    json_t *choice = json_pack("{s:i,s:o,s:o}", "index", 0, "delta", delta, "finish_reason", json_null());
+    return json_pack("{s:s,s:s,s:I,s:s,s:[o]}", "id", k->id, "object", "chat.completion.chunk", "created",
+                     (json_int_t)k->created, "model", k->S->o.model_id, "choices", choice);
+}
+
+static json_t *finish_chunk(conn *k, const char *reason) {
+    json_t *choice = json_pack("{s:i,s:{},s:s}", "index", 0, "delta", "finish_reason", reason);
+    return json_pack("{s:s,s:s,s:I,s:s,s:[o]}", "id", k->id, "object", "chat.completion.chunk", "created",
+                     (json_int_t)k->created, "model", k->S->o.model_id, "choices", choice);
+}
+
+/* tools: new text of the reply; what cannot be part of a call goes out as content now, the
+ * rest when the reply is complete (as calls, or as content when it is none) */
+static void stream_tools(conn *k, const char *text, size_t n, int done, int fin) {
+    job *j = k->j;
+    const loom_chat_template *t = k->S->chat_tpl;
+    loom_sbuf_append(&k->full, text, n);
+    const char *all = k->full.p ? k->full.p : "";
+    if (!done) {
+        const size_t safe = server_tool_safe_prefix(t, all, k->full.len);
+        if (safe > k->sent) {
+            sse_append(k, stream_chunk(k, all + k->sent, safe - k->sent, 0));
+            k->sent = safe;
+        } else if (!k->sent_role) {
+            sse_append(k, stream_chunk(k, "", 0, 0));
+        }
+        return;
+    }
+    json_t *calls = NULL;
+    size_t clen = k->full.len;
+    server_tool_calls(t, &j->tr, all, k->full.len, k->id, &calls, &clen);
+    if (clen < k->sent) clen = k->sent; /* (cannot happen: content stops before a wrapper) */
+    if (clen > k->sent) sse_append(k, stream_chunk(k, all + k->sent, clen - k->sent, 0));
+    k->sent = clen;
+    if (calls) {
+        sse_append(k, stream_tool_chunk(k, calls));
+        sse_append(k, finish_chunk(k, "tool_calls"));
+        json_decref(calls);
+    } else {
+        sse_append(k, stream_chunk(k, "", 0, fin));
+    }
+}
+
 /* MHD's content reader for a streaming response: blocks until the job has text or is done */
 static ssize_t stream_reader(void *cls, uint64_t pos, char *buf, size_t max) {
     (void)pos;
@@ -468,10 +531,13 @@ static ssize_t stream_reader(void *cls, uint64_t pos, char *buf, size_t max) {
         j->buf = (loom_sbuf){0};
         const int done = j->done, fin = j->finish;
         pthread_mutex_unlock(&j->mu);
-        if (n || (!done && !k->sent_role)) sse_append(k, stream_chunk(k, text ? text : "", n, 0));
+        const int tools = j->chat && j->tr.mode != TOOLS_OFF && !j->err[0];
+        if (tools) stream_tools(k, text ? text : "", n, done, fin);
+        else if (n || (!done && !k->sent_role)) sse_append(k, stream_chunk(k, text ? text : "", n, 0));
         free(text);
         if (done) {
-            if (j->err[0]) {
+            if (tools) {
+            } else if (j->err[0]) {
                 json_t *e = json_pack("{s:{s:s,s:s}}", "error", "message", j->err, "type",
                                       "invalid_request_error");
                 sse_append(k, e);
@@ -499,8 +565,9 @@ static enum MHD_Result handle_generation(server *S, conn *k, struct MHD_Connecti
     enum MHD_Result rc;
     const char *bad = NULL;
     char *prompt_text = NULL, *chat_stop = NULL;
-    char why[512];
+    char why[512], param[96];
     job *j = NULL;
+    tool_req tr = {0};
     if (!json_is_object(req)) {
         rc = send_error(c, MHD_HTTP_BAD_REQUEST, "invalid_request_error", NULL,
                         "the body must be a JSON object");
@@ -519,9 +586,13 @@ static enum MHD_Result handle_generation(server *S, conn *k, struct MHD_Connecti
         goto out;
     }
     if (k->ep == EP_CHAT) {
-        /* the chat template (loom_chat_prompt_messages, shared with generate --chat and synth) */
-        if (loom_chat_prompt_messages(S->chat_tpl, json_object_get(req, "messages"), &prompt_text,
-                                      &chat_stop, why, sizeof why)) {
+        if (server_tools_read(req, S->chat_tpl, &tr, param, sizeof param, why)) {
+            rc = send_error(c, MHD_HTTP_BAD_REQUEST, "invalid_request_error", param, "%s", why);
+            goto out;
+        }
+        /* the chat template (loom_chat_prompt_tools, shared with generate --chat and synth) */
+        if (loom_chat_prompt_tools(S->chat_tpl, json_object_get(req, "messages"), tr.tools,
+                                   &prompt_text, &chat_stop, why, sizeof why)) {
             rc = send_error(c, MHD_HTTP_BAD_REQUEST, "invalid_request_error", "messages", "%s", why);
             goto out;
         }
@@ -648,6 +719,8 @@ static enum MHD_Result handle_generation(server *S, conn *k, struct MHD_Connecti
     j->n_prompt = (int)ids.n;
     j->p = gp;
     j->chat = k->ep == EP_CHAT;
+    j->tr = tr;
+    memset(&tr, 0, sizeof tr); /* the job's now */
     j->stream = stream && json_is_true(stream);
     k->j = j;
     snprintf(k->id, sizeof k->id, "%s-%lld", j->chat ? "chatcmpl" : "cmpl",
@@ -672,9 +745,16 @@ static enum MHD_Result handle_generation(server *S, conn *k, struct MHD_Connecti
         rc = send_error(c, MHD_HTTP_BAD_REQUEST, "invalid_request_error", NULL, "%s", jj->err);
         goto out;
     }
-    json_t *choice;
+    json_t *choice, *calls = NULL;
     const char *fin = loom_finish_reason_name(jj->finish);
+    size_t clen = jj->all.len;
     if (jj->chat)
+        server_tool_calls(S->chat_tpl, &jj->tr, jj->all.p ? jj->all.p : "", jj->all.len, k->id, &calls, &clen);
+    if (calls) { /* content (or null) and the calls */
+        choice = json_pack("{s:i,s:{s:s,s:o,s:o},s:s}", "index", 0, "message", "role", "assistant",
+                           "content", clen ? json_text(jj->all.p, clen) : json_null(), "tool_calls", calls,
+                           "finish_reason", "tool_calls");
+    } else if (jj->chat)
         choice = json_pack("{s:i,s:{s:s,s:o},s:s}", "index", 0, "message", "role", "assistant",
                            "content", json_text(jj->all.p ? jj->all.p : "", jj->all.len), "finish_reason",
                            fin);
@@ -696,6 +776,7 @@ out:
     }
     free(prompt_text);
     free(chat_stop);
+    server_tools_free(&tr);
     json_decref(req);
     return rc;
 }
@@ -791,6 +872,7 @@ static void completed(void *cls, struct MHD_Connection *c, void **con_cls,
     if (k->counted) atomic_fetch_sub(&S->active, 1);
     free(k->body);
     free(k->out.p);
+    free(k->full.p);
     free(k);
     *con_cls = NULL;
     atomic_fetch_sub(&S->open_requests, 1);

@@ -15,6 +15,15 @@
 #include "loom/infer.h"
 #include "loom/serve.h"
 
+/* a request's tools (server_tools.c) */
+enum { TOOLS_OFF = 0, TOOLS_AUTO, TOOLS_REQUIRED, TOOLS_NAMED };
+typedef struct tool_req {
+    json_t *tools;              /* the request's function definitions (checked), or NULL */
+    int mode;                   /* TOOLS_*: OFF = the reply is not read for calls */
+    char named[65];             /* TOOLS_NAMED: the function */
+    int parallel;               /* parallel_tool_calls (default 1) */
+} tool_req;
+
 typedef struct job {
     pthread_mutex_t mu;
     pthread_cond_t cv;
@@ -26,6 +35,7 @@ typedef struct job {
     loom_gen_params p;
     char *stop_mem[16];
     int chat, stream;
+    tool_req tr;                /* chat: its tools and tool_choice */
     /* progress (under mu) */
     loom_sbuf buf;              /* text not yet taken by the reader */
     loom_sbuf all;              /* the whole text (non-streaming) */
@@ -102,5 +112,17 @@ void server_gate_wakeup(server *S);
  * (NULL for type text; the caller's reference); -1 with the reason in why (a 400) */
 struct loom_grammar;
 int server_response_format(server *S, json_t *rf, struct loom_grammar **out, char *why, size_t n);
+
+/* server_tools.c: a request's tools and tool_choice checked into tr (-1: the parameter's path
+ * in param, the problem in why, 256 bytes); the reply's tool calls as OpenAI's tool_calls list
+ * (*content_len: the content before them), 0 when it has none of the request's tools; how
+ * much of a streamed reply may go out as content before the whole is known */
+int server_tools_read(json_t *req, const loom_chat_template *t, tool_req *tr, char *param, size_t ps,
+                      char *why);
+void server_tools_free(tool_req *tr);
+int server_tool_known(const tool_req *tr, const char *name);
+int server_tool_calls(const loom_chat_template *t, const tool_req *tr, const char *text, size_t len,
+                      const char *id, json_t **tool_calls, size_t *content_len);
+size_t server_tool_safe_prefix(const loom_chat_template *t, const char *text, size_t len);
 
 #endif

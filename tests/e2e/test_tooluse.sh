@@ -132,4 +132,17 @@ pass "base model: $base of $N_HELD correct calls, $base_tool of the right tool (
 pass "fine-tuned model: $ft_tool of $N_HELD well-formed calls of the right tool (>= $TOOL_MIN)"
 [ "$ft" -ge "$FT_MIN" ] || fail "the fine-tuned model made $ft correct calls of $N_HELD (at least $FT_MIN expected)"
 pass "fine-tuned model: $ft of $N_HELD correct calls, both arguments exact (>= $FT_MIN)"
+
+# the fine-tuned model served to an agent: the openai client's tool-calling loop
+# (tests/e2e/tools_client.py: tools in, message.tool_calls out, streamed and not, tool_choice
+# forms, malformed definitions). The template has no tools block: the model knows its tools
+# from fine-tuning, and its prompts are the ones it was trained on. At least TOOL_MIN% of the
+# first 20 held-out prompts must come back as a call of the right tool.
+[ -n "${KEEP_WORK:-}" ] && echo "work: $WORK" && trap - EXIT
+start_server "$WORK/port" "$WORK/serve.log" "$LOOM_BIN" serve "$WORK/ft" --template "$WORK/tpl.json" \
+  --port 0 --port-file "$WORK/port" --model-id calc
+python3 "$LOOM_SRC/tests/e2e/tools_client.py" "$(cat "$WORK/port")" calc "$WORK/calc/heldout.txt" \
+  "$WORK/calc/expected.jsonl" 20 $((TOOL_MIN * 20 / 100)) || { cat "$WORK/serve.log" >&2; fail "the tool-calling client"; }
+kill -TERM "$SERVER_PID"; wait "$SERVER_PID" || fail "loom serve did not exit 0 on SIGTERM"
+pass "loom serve: the openai client's tool-calling loop on the fine-tuned model"
 echo "all tool-use tests passed"
