@@ -78,6 +78,9 @@ typedef struct loom_engine_opts {
                                * max(max_seq_len, 256)); a longer prompt is prefilled in chunks */
     size_t kv_budget_bytes;   /* KV-cache pool budget (default: max_batch full-length
                                * sequences) */
+    int prefix_cache;         /* 1: reuse the K/V of prompt prefixes shared by requests (blocks
+                               * of 16 tokens, least recently used evicted within the budget;
+                               * docs/inference.md); refused for sliding-window models */
 } loom_engine_opts;
 
 typedef struct loom_engine loom_engine;
@@ -116,8 +119,14 @@ typedef struct loom_engine_stats {
     double mask_seconds;      /* spent computing their masks */
     int running, waiting, max_running;
     size_t kv_used, kv_budget, kv_peak;
+    /* the prefix cache: prompt tokens copied from it, blocks held (and their bytes, which count
+     * against kv_budget with kv_used), blocks evicted */
+    int64_t prefix_hit_tokens, prefix_blocks, prefix_evicted;
+    size_t prefix_bytes;
 } loom_engine_stats;
 void loom_engine_get_stats(const loom_engine *e, loom_engine_stats *s);
+/* the prompt tokens of request id that came from the prefix cache (0 when unknown) */
+int loom_engine_cached_tokens(const loom_engine *e, int64_t id);
 
 /* Request set-up from prompt text (src/infer/request.c), shared by loom generate and synth:
  * encodes text with tok into ids and keeps its last `keep` tokens (a prompt longer than the

@@ -34,7 +34,7 @@ static int serve_main(int argc, char **argv) {
     memset(&o, 0, sizeof o);
     o.port = 8080;
     long long v;
-    int wbf16 = 0, cbf16 = 0, weights_given = 0;
+    int wbf16 = 0, cbf16 = 0, weights_given = 0, prefix = -1;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *val = i + 1 < argc ? argv[i + 1] : NULL;
         if (a[0] != '-') {
@@ -47,6 +47,13 @@ static int serve_main(int argc, char **argv) {
         if (!strcmp(a, "--host")) o.host = val;
         else if (!strcmp(a, "--port-file")) o.port_file = val;
         else if (!strcmp(a, "--template")) o.chat_template = val;
+        else if (!strcmp(a, "--prefix-cache")) {
+            if (strcmp(val, "on") && strcmp(val, "off")) {
+                fprintf(stderr, "loom: error: --prefix-cache must be on or off\n");
+                return 2;
+            }
+            prefix = !strcmp(val, "on");
+        }
         else if (!strcmp(a, "--weights")) {
             if (cli_parse_weights(val, &wbf16)) return 2;
             weights_given = 1;
@@ -142,6 +149,15 @@ static int serve_main(int argc, char **argv) {
         loom_errf(&err, "%s: a classification model does not generate text", ckpt);
         goto fail;
     }
+    /* prefix caching: on unless a layer slides (its ring holds only a window) */
+    int ring = 0;
+    for (int l = 0; l < loom_model_get_config(m)->n_layer; l++)
+        ring |= loom_model_kv_slots(m, l, loom_model_get_config(m)->max_seq_len) < loom_model_get_config(m)->max_seq_len;
+    if (prefix < 0) {
+        prefix = !ring;
+        if (ring && rank == 0) fprintf(stderr, "loom: prefix caching off: the model has sliding-window layers\n");
+    }
+    o.engine.prefix_cache = prefix;
     if (wbf16 && !cbf16 && loom_model_set_weights_bf16(m, &err)) goto fail;
     if (cbf16 && loom_model_set_compute_bf16(m, &err)) goto fail;
     if (loom_run_data_tokenizer(run, &tok, &err)) goto fail;
@@ -168,7 +184,7 @@ usage:
                     "[--max-tokens N] [--max-concurrent N] [--max-connections N] "
                     "[--max-connections-per-client N] [--batch N] [--kv-budget-mb M] [--timeout S] "
                     "[--request-timeout S] [--drain S] [--weights fp32|bf16] "
-                    "[--compute fp32|bf16] [--template plain|chatml|qwen|llama3|llama3.1|mistral|gemma|gemma3|FILE (plain): the chat template] "
+                    "[--compute fp32|bf16] [--prefix-cache on|off (on)] [--template plain|chatml|qwen|llama3|llama3.1|mistral|gemma|gemma3|FILE (plain): the chat template] "
                     "[--tp T: under mpirun -np T, the model split over the T ranks]\n");
     return 2;
 }

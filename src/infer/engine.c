@@ -41,7 +41,38 @@ typedef struct req {
     int finish;
     loom_grammar_state *gs; /* under a grammar: its state after the output so far */
     int budget;             /* tokens it may generate in all (max_tokens, or the cache's end) */
+    int cached;             /* prompt positions copied from the prefix cache at join */
+    int blocks_in;          /* prompt blocks [0, blocks_in) are in the prefix cache */
+    uint64_t chain;         /* the chain hash of those blocks */
 } req;
+
+/* ---- the prefix cache (docs/inference.md, "Prefix caching") -------------------------------
+ * The K and V rows of full blocks of PBLOCK prompt tokens, keyed by the chain hash of every
+ * token from position 0 to the block's end (a block matches only after the same whole
+ * prefix), its own tokens and its parent's hash checked too. A joining request copies the
+ * longest run of cached blocks of its prompt (all but its last token) into its cache and
+ * prefills only the rest; its own full prompt blocks go in as its prefill completes them.
+ * Copying, not sharing: a running sequence owns every row it reads, so nothing refers to a
+ * block and any block may be evicted, least recently used first, when the pool needs room
+ * (blocks and running sequences share the budget). Not for models with sliding-window layers
+ * (their rings hold only the last window of positions). */
+enum { PBLOCK = 16, PBUCKETS = 4096 };
+typedef struct pblock {
+    uint64_t hash, parent;
+    int depth;                  /* positions [depth * PBLOCK, (depth + 1) * PBLOCK) */
+    int32_t toks[PBLOCK];
+    float *k, *v;               /* (L, PBLOCK, one layer's row) each */
+    uint64_t used;              /* LRU clock */
+    struct pblock *next;        /* bucket chain */
+} pblock;
+
+static uint64_t chain_hash(uint64_t parent, const int32_t *t) {
+    uint64_t h = parent ^ 0x9e3779b97f4a7c15ULL;
+    for (int i = 0; i < PBLOCK; i++) h = (h ^ (uint32_t)t[i]) * 0x100000001b3ULL;
+    h ^= h >> 31;
+    h *= 0xbf58476d1ce4e5b9ULL;
+    return h ^ (h >> 29);
+}
 
 struct loom_engine {
     loom_model *m;
@@ -65,7 +96,136 @@ struct loom_engine {
     uint8_t *allow;         /* (V) */
     float *masked;          /* (V) the logits with the disallowed ones -inf */
     loom_engine_stats st;
+    /* the prefix cache (o.prefix_cache) */
+    pblock *buckets[PBUCKETS];
+    size_t pblock_bytes;        /* K and V of one block */
+    uint64_t clock;
+    int L;
 };
+
+static pblock *pc_find(const loom_engine *e, uint64_t hash, uint64_t parent, int depth, const int32_t *t) {
+    for (pblock *b = e->buckets[hash % PBUCKETS]; b; b = b->next)
+        if (b->hash == hash && b->parent == parent && b->depth == depth &&
+            !memcmp(b->toks, t, sizeof b->toks))
+            return b;
+    return NULL;
+}
+
+static void pc_unlink(loom_engine *e, pblock *x) {
+    pblock **pp = &e->buckets[x->hash % PBUCKETS];
+    while (*pp != x) pp = &(*pp)->next;
+    *pp = x->next;
+    free(x->k);
+    free(x->v);
+    free(x);
+    e->st.prefix_blocks--;
+    e->st.prefix_bytes -= e->pblock_bytes;
+}
+
+/* evicts the least recently used block older than `below`; 0 when there is none. A walk
+ * along a chain stamps a block more recently than every block after it, so a block's parent
+ * is never older than it: leaves go first, and no cached block outlives its parent. */
+static int pc_evict_one(loom_engine *e, uint64_t below) {
+    pblock *lru = NULL;
+    for (int i = 0; i < PBUCKETS; i++)
+        for (pblock *b = e->buckets[i]; b; b = b->next)
+            if (b->used < below && (!lru || b->used < lru->used)) lru = b;
+    if (!lru) return 0;
+    pc_unlink(e, lru);
+    e->st.prefix_evicted++;
+    return 1;
+}
+
+/* room for `bytes` more in the pool, evicting cached blocks older than `below` as needed */
+static int pool_fits(loom_engine *e, size_t bytes, uint64_t below) {
+    while (e->st.kv_used + e->st.prefix_bytes + bytes > e->o.kv_budget_bytes)
+        if (!pc_evict_one(e, below)) return 0;
+    return 1;
+}
+
+/* stamps for a walk along r's chain: block i gets base - i (newer than anything before) */
+static uint64_t pc_walk_base(loom_engine *e, const req *r) {
+    e->clock += (uint64_t)(r->n_prompt / PBLOCK) + 1;
+    return e->clock;
+}
+
+/* at join: copies the longest cached run of r's prompt blocks (leaving its last token to feed) */
+static void pc_take(loom_engine *e, req *r) {
+    const size_t fpp = e->fpp / (size_t)e->L; /* one layer's row */
+    uint64_t h = 0;
+    const uint64_t base = pc_walk_base(e, r);
+    int i = 0;
+    for (; (i + 1) * PBLOCK <= r->n_prompt - 1; i++) {
+        const int32_t *t = r->toks + (size_t)i * PBLOCK;
+        const uint64_t nh = chain_hash(h, t);
+        pblock *b = pc_find(e, nh, h, i, t);
+        if (!b) break;
+        b->used = base - (uint64_t)i;
+        for (int l = 0; l < e->L; l++) {
+            const size_t dst = ((size_t)l * (size_t)r->cap + (size_t)i * PBLOCK) * fpp;
+            const size_t src = (size_t)l * PBLOCK * fpp;
+            memcpy(r->k + dst, b->k + src, PBLOCK * fpp * sizeof(float));
+            memcpy(r->v + dst, b->v + src, PBLOCK * fpp * sizeof(float));
+        }
+        h = nh;
+    }
+    r->blocks_in = i;
+    r->chain = h;
+    r->cached = i * PBLOCK;
+    r->fed = r->cached;
+    e->st.prefix_hit_tokens += r->cached;
+}
+
+/* after a step: r's prompt blocks that its prefill has completed go into the cache */
+static void pc_put(loom_engine *e, req *r) {
+    const size_t fpp = e->fpp / (size_t)e->L; /* one layer's row */
+    const int upto = (r->fed < r->n_prompt ? r->fed : r->n_prompt) / PBLOCK;
+    const uint64_t base = pc_walk_base(e, r);
+    /* the chain so far (its blocks may have been evicted since: then start again from there) */
+    uint64_t h = 0;
+    int have = 0;
+    for (; have < r->blocks_in; have++) {
+        const int32_t *t = r->toks + (size_t)have * PBLOCK;
+        const uint64_t nh = chain_hash(h, t);
+        pblock *b = pc_find(e, nh, h, have, t);
+        if (!b) break;
+        b->used = base - (uint64_t)have;
+        h = nh;
+    }
+    if (have < r->blocks_in) { /* a block of it went: what follows it is not reachable */
+        r->blocks_in = have;
+        r->chain = h;
+    }
+    for (int i = r->blocks_in; i < upto; i++) {
+        const int32_t *t = r->toks + (size_t)i * PBLOCK;
+        const uint64_t nh = chain_hash(r->chain, t);
+        pblock *b = pc_find(e, nh, r->chain, i, t);
+        if (!b) {
+            /* no room (other chains' blocks evicted first, never this one's): not cached */
+            if (!pool_fits(e, e->pblock_bytes, base - (uint64_t)upto)) break;
+            b = loom_calloc(1, sizeof *b);
+            b->hash = nh;
+            b->parent = r->chain;
+            b->depth = i;
+            memcpy(b->toks, t, sizeof b->toks);
+            b->k = loom_alloc_aligned(e->pblock_bytes / 2);
+            b->v = loom_alloc_aligned(e->pblock_bytes / 2);
+            for (int l = 0; l < e->L; l++) {
+                const size_t src = ((size_t)l * (size_t)r->cap + (size_t)i * PBLOCK) * fpp;
+                const size_t dst = (size_t)l * PBLOCK * fpp;
+                memcpy(b->k + dst, r->k + src, PBLOCK * fpp * sizeof(float));
+                memcpy(b->v + dst, r->v + src, PBLOCK * fpp * sizeof(float));
+            }
+            b->next = e->buckets[nh % PBUCKETS];
+            e->buckets[nh % PBUCKETS] = b;
+            e->st.prefix_blocks++;
+            e->st.prefix_bytes += e->pblock_bytes;
+        }
+        b->used = base - (uint64_t)i;
+        r->chain = nh;
+        r->blocks_in = i + 1;
+    }
+}
 
 int loom_engine_create(loom_model *m, const loom_tokenizer *tok, const loom_engine_opts *o,
                        loom_engine **out, loom_err *err) {
@@ -102,6 +262,16 @@ int loom_engine_create(loom_model *m, const loom_tokenizer *tok, const loom_engi
     e->seg_req = loom_calloc((size_t)e->o.max_batch, sizeof *e->seg_req);
     e->sample_scratch = loom_malloc(loom_sample_scratch_bytes(e->V));
     e->st.kv_budget = e->o.kv_budget_bytes;
+    e->L = c->n_layer;
+    e->pblock_bytes = 2 * PBLOCK * e->fpp * sizeof(float); /* (fpp: all layers' rows) */
+    if (e->o.prefix_cache) /* every layer must hold every position (no ring) */
+        for (int l = 0; l < e->L; l++)
+            if (loom_model_kv_slots(m, l, e->maxT) < e->maxT) {
+                const int slots = loom_model_kv_slots(m, l, e->maxT);
+                loom_engine_free(e);
+                return loom_errf(err, "prefix caching does not work with sliding-window layers "
+                                      "(layer %d holds a ring of %d positions): turn it off", l, slots);
+            }
     *out = e;
     return 0;
 }
@@ -131,6 +301,8 @@ void loom_engine_free(loom_engine *e) {
     loom_grammar_scratch_free(e->gscratch);
     free(e->allow);
     free(e->masked);
+    for (int i = 0; i < PBUCKETS; i++)
+        while (e->buckets[i]) pc_unlink(e, e->buckets[i]);
     free(e);
 }
 
@@ -384,9 +556,12 @@ int loom_engine_step(loom_engine *e) {
         if (r->state != R_WAITING) continue;
         if (e->st.running >= e->o.max_batch || e->st.kv_used + r->bytes > e->o.kv_budget_bytes)
             break;
+        /* (the cache gives way: its blocks are evicted until the reservation fits) */
+        if (!pool_fits(e, r->bytes, UINT64_MAX)) break;
         const size_t n = loom_model_kv_floats(e->m, r->cap) * sizeof(float);
         r->k = loom_alloc_aligned(n);
         r->v = loom_alloc_aligned(n);
+        if (e->o.prefix_cache) pc_take(e, r);
         r->state = R_RUNNING;
         e->st.waiting--;
         e->st.running++;
@@ -423,6 +598,7 @@ int loom_engine_step(loom_engine *e) {
         for (int s = 0; s < nseg; s++) {
             req *r = e->seg_req[s];
             r->fed += e->segs[s].n;
+            if (e->o.prefix_cache && r->blocks_in < r->n_prompt / PBLOCK) pc_put(e, r);
             if (!e->segs[s].want_logits) continue;
             on_token(e, r, logits + (size_t)k * (size_t)e->V);
             k++;
@@ -465,6 +641,11 @@ void loom_engine_cancel(loom_engine *e, int64_t id) {
 }
 
 void loom_engine_get_stats(const loom_engine *e, loom_engine_stats *s) { *s = e->st; }
+
+int loom_engine_cached_tokens(const loom_engine *e, int64_t id) {
+    const req *r = find(e, id);
+    return r ? r->cached : 0;
+}
 
 char *loom_utf8_sanitize(const char *s, size_t n, size_t *out_len) {
     char *o = loom_malloc(3 * n + 1);

@@ -315,6 +315,7 @@ static void engine_main(server *S) {
             job *j = *pp;
             int n = 0, fin = 0;
             if (loom_engine_result(S->eng, j->engine_id, NULL, &n, NULL, NULL, &fin) == 0) {
+                j->cached = loom_engine_cached_tokens(S->eng, j->engine_id);
                 eng_op(S, TP_RELEASE, j->engine_id);
                 *pp = j->next;
                 job_finish(j, fin, n, NULL);
@@ -762,8 +763,9 @@ static enum MHD_Result handle_generation(server *S, conn *k, struct MHD_Connecti
         choice = json_pack("{s:i,s:o,s:o,s:s}", "index", 0, "text",
                            json_text(jj->all.p ? jj->all.p : "", jj->all.len), "logprobs", json_null(),
                            "finish_reason", fin);
-    json_t *usage = json_pack("{s:i,s:i,s:i}", "prompt_tokens", jj->n_prompt, "completion_tokens",
-                              jj->n_gen, "total_tokens", jj->n_prompt + jj->n_gen);
+    json_t *usage = json_pack("{s:i,s:i,s:i,s:{s:i}}", "prompt_tokens", jj->n_prompt, "completion_tokens",
+                              jj->n_gen, "total_tokens", jj->n_prompt + jj->n_gen, "prompt_tokens_details",
+                              "cached_tokens", jj->cached);
     rc = send_json(c, MHD_HTTP_OK,
                    json_pack("{s:s,s:s,s:I,s:s,s:[o],s:o}", "id", k->id, "object",
                              jj->chat ? "chat.completion" : "text_completion", "created",

@@ -40,6 +40,7 @@ typedef struct job {
     loom_sbuf buf;              /* text not yet taken by the reader */
     loom_sbuf all;              /* the whole text (non-streaming) */
     int done, finish, n_gen;
+    int cached;                 /* prompt tokens from the prefix cache */
     char err[sizeof(loom_err)];   /* set when the engine refused the request */
     atomic_int cancelled;
     int64_t engine_id;

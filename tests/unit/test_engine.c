@@ -10,7 +10,8 @@
  * - the KV pool's budget bounds the running requests (a sliding layer's cache counted as its
  *   window: the exact bytes); errors for bad requests;
  * - stop strings cut the text (byte tokenizer), streamed chunks add up to the final text;
- * - top-k / top-p draw only from their candidate sets. */
+ * - top-k / top-p draw only from their candidate sets;
+ * - prefix caching: the same greedy tokens with it, cached positions counted, evictions. */
 #include "testutil.h"
 
 #include <math.h>
@@ -378,12 +379,86 @@ static void test_topk_topp(void **state) {
     free(scratch);
 }
 
+/* Prefix caching: requests sharing a 40-token prefix (two full blocks of 16) give the same
+ * greedy tokens with the cache as without; the first request fills the cache, the others
+ * take 32 positions from it; with a budget too small for cache and requests, blocks are
+ * evicted (least recently used) and the outputs stay the same. Sliding-window models refuse
+ * the option. */
+enum { PREQ = 10, PSHARED = 40, PGEN = 8 };
+static void run_prefix(loom_model *m, int cache, size_t budget, int32_t out[PREQ][PGEN], int cached[PREQ],
+                       loom_engine_stats *st) {
+    loom_err err = {{0}};
+    loom_engine_opts o = {.max_batch = 4, .kv_budget_bytes = budget, .prefix_cache = cache};
+    loom_engine *e = NULL;
+    assert_int_equal(loom_engine_create(m, NULL, &o, &e, &err), 0);
+    loom_gen_params gp = loom_gen_params_default();
+    gp.temperature = 0.0f;
+    gp.max_tokens = PGEN;
+    int64_t ids[PREQ];
+    for (int i = 0; i < PREQ; i++) {
+        int32_t p[64];
+        const int n = PSHARED + 1 + i % 7;
+        for (int j = 0; j < n; j++)
+            p[j] = (int32_t)(loom_rng_u64(j < PSHARED ? 77 : 78 + (uint64_t)i, 5, (uint64_t)j) % 256);
+        assert_int_equal(loom_engine_submit(e, p, n, &gp, NULL, NULL, &ids[i], &err), 0);
+        if (i == 0) /* the first alone: its blocks are in the cache when the others join */
+            while (loom_engine_step(e) > 0) {}
+    }
+    while (loom_engine_step(e) > 0) {}
+    for (int i = 0; i < PREQ; i++) {
+        const int32_t *t;
+        int n;
+        assert_int_equal(loom_engine_result(e, ids[i], &t, &n, NULL, NULL, NULL), 0);
+        assert_int_equal(n, PGEN);
+        memcpy(out[i], t, sizeof out[i]);
+        cached[i] = loom_engine_cached_tokens(e, ids[i]);
+    }
+    loom_engine_get_stats(e, st);
+    loom_engine_free(e);
+}
+
+static void test_prefix_cache(void **state) {
+    (void)state;
+    loom_model *m = make_model(LOOM_FLAVOR_LLAMA, 21);
+    static int32_t plain[PREQ][PGEN], with[PREQ][PGEN], tight[PREQ][PGEN];
+    int c0[PREQ], c1[PREQ], c2[PREQ];
+    loom_engine_stats s0, s1, s2;
+    run_prefix(m, 0, 0, plain, c0, &s0);
+    run_prefix(m, 1, 0, with, c1, &s1);
+    assert_memory_equal(plain, with, sizeof plain);
+    assert_int_equal(c1[0], 0);
+    for (int i = 1; i < PREQ; i++) assert_int_equal(c1[i], 32);
+    assert_int_equal(s1.prefix_hit_tokens, 32 * (PREQ - 1));
+    assert_int_equal(s0.prefix_hit_tokens, 0);
+    assert_int_equal(s1.prompt_tokens + s1.prefix_hit_tokens, s0.prompt_tokens);
+    assert_true(s1.prefix_blocks >= 2);
+    /* room for 4 running requests of at most 54 positions and one block: evictions */
+    const size_t per_pos = loom_model_kv_floats_per_pos(m) * 2 * sizeof(float);
+    run_prefix(m, 1, per_pos * (4 * 54 + 16), tight, c2, &s2);
+    assert_memory_equal(plain, tight, sizeof plain);
+    assert_true(s2.prefix_evicted > 0);
+    assert_true(s2.prefix_hit_tokens > 0 && s2.prefix_hit_tokens < s1.prefix_hit_tokens);
+    print_message("prefix cache: %lld of %lld prompt tokens from the cache; tight budget: %lld evictions, "
+                  "%lld tokens from the cache\n", (long long)s1.prefix_hit_tokens, (long long)s0.prompt_tokens,
+                  (long long)s2.prefix_evicted, (long long)s2.prefix_hit_tokens);
+    loom_model_free(m);
+    /* sliding-window layers: refused */
+    loom_model *w = make_model(LOOM_FLAVOR_ARCH, 22);
+    loom_err err = {{0}};
+    loom_engine_opts o = {.prefix_cache = 1};
+    loom_engine *e = NULL;
+    assert_int_equal(loom_engine_create(w, NULL, &o, &e, &err), -1);
+    assert_non_null(strstr(err.msg, "sliding-window"));
+    loom_model_free(w);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_greedy_gpt2),     cmocka_unit_test(test_greedy_llama),
         cmocka_unit_test(test_greedy_window),
         cmocka_unit_test(test_sampling_seeded), cmocka_unit_test(test_kv_budget_and_errors),
         cmocka_unit_test(test_stop_strings),    cmocka_unit_test(test_topk_topp),
+        cmocka_unit_test(test_prefix_cache),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
