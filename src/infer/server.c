@@ -669,6 +669,17 @@ static enum MHD_Result handle_generation(server *S, conn *k, struct MHD_Connecti
         rc = send_error(c, MHD_HTTP_BAD_REQUEST, "invalid_request_error", "response_format", "%s", why);
         goto out;
     }
+    if (tr.mode == TOOLS_REQUIRED || tr.mode == TOOLS_NAMED) {
+        if (j->p.grammar) {
+            rc = send_error(c, MHD_HTTP_BAD_REQUEST, "invalid_request_error", "response_format",
+                            "'response_format' cannot be combined with a 'tool_choice' that requires a call");
+            goto out;
+        }
+        if (server_tools_grammar(S, &tr, &j->p.grammar, why, sizeof why)) {
+            rc = send_error(c, MHD_HTTP_BAD_REQUEST, "invalid_request_error", "tools", "%s", why);
+            goto out;
+        }
+    }
     gp.grammar = j->p.grammar; /* the job's reference */
     /* the assistant's end of turn (under a grammar, the document's end ends the turn) */
     if (chat_stop && chat_stop[0] && gp.n_stop < 16 && !gp.grammar)

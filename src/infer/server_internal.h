@@ -125,5 +125,8 @@ int server_tool_known(const tool_req *tr, const char *name);
 int server_tool_calls(const loom_chat_template *t, const tool_req *tr, const char *text, size_t len,
                       const char *id, json_t **tool_calls, size_t *content_len);
 size_t server_tool_safe_prefix(const loom_chat_template *t, const char *text, size_t len);
+/* tool_choice required or named: the grammar of the calls allowed (else *out NULL); -1 with
+ * the reason when the tools' parameters cannot be compiled */
+int server_tools_grammar(server *S, const tool_req *tr, struct loom_grammar **out, char *why, size_t n);
 
 #endif

@@ -14,6 +14,7 @@
 #include <string.h>
 
 #include "infer/server_internal.h"
+#include "loom/grammar.h"
 
 void server_tools_free(tool_req *tr) {
     json_decref(tr->tools);
@@ -243,4 +244,38 @@ size_t server_tool_safe_prefix(const loom_chat_template *t, const char *s, size_
     }
     while (cut > 0 && (s[cut - 1] == ' ' || s[cut - 1] == '\n' || s[cut - 1] == '\t' || s[cut - 1] == '\r')) cut--;
     return cut;
+}
+
+/* tool_choice required / a named function: the reply constrained to calls in the template's
+ * format, each {"name": one of the tools (or the named one), ARGS: its parameters' schema}
+ * (the keys in that order, as the template writes a call); up to 8 calls with
+ * parallel_tool_calls, else one */
+int server_tools_grammar(server *S, const tool_req *tr, loom_grammar **out, char *why, size_t n) {
+    *out = NULL;
+    if (tr->mode != TOOLS_REQUIRED && tr->mode != TOOLS_NAMED) return 0;
+    const loom_chat_template *t = S->chat_tpl;
+    json_t *any = json_array();
+    size_t i;
+    json_t *x;
+    json_array_foreach(tr->tools, i, x) {
+        json_t *fn = json_object_get(x, "function");
+        const char *name = json_string_value(json_object_get(fn, "name"));
+        if (tr->mode == TOOLS_NAMED && strcmp(name, tr->named)) continue;
+        json_t *params = json_object_get(fn, "parameters");
+        json_t *props = json_object();
+        json_object_set_new(props, "name", json_pack("{s:s}", "const", name));
+        json_object_set_new(props, t->args_key, params ? json_incref(params) : json_pack("{s:s}", "type", "object"));
+        json_array_append_new(any, json_pack("{s:s,s:o,s:[s,s]}", "type", "object", "properties", props,
+                                             "required", "name", t->args_key));
+    }
+    json_t *schema = json_array_size(any) == 1 ? json_incref(json_array_get(any, 0)) : json_pack("{s:O}", "anyOf", any);
+    json_decref(any);
+    char *text = json_dumps(schema, JSON_COMPACT | JSON_PRESERVE_ORDER);
+    json_decref(schema);
+    loom_err err = {{0}};
+    const int max_calls = tr->mode == TOOLS_NAMED || !tr->parallel ? 1 : 8;
+    const int rc = loom_grammar_tool_calls(t->call_pre, text, t->call_post, t->call_sep, max_calls, S->gcache, out, &err);
+    free(text);
+    if (rc) snprintf(why, n, "the tools' parameters cannot constrain a call: %s", err.msg);
+    return rc;
 }
