@@ -31,7 +31,12 @@ st, comp = post("/completions", {"prompt": rendered, "max_tokens": 20, "temperat
 assert st == 200, comp
 a, b = chat["choices"][0]["message"]["content"], comp["choices"][0]["text"]
 print(f"chat: {a!r} = completion of the chatml rendering: {b!r}")
-assert a == b and chat["usage"] == comp["usage"], (chat, comp)
+counts = lambda u: (u["prompt_tokens"], u["completion_tokens"], u["total_tokens"])
+assert a == b and counts(chat["usage"]) == counts(comp["usage"]), (chat, comp)
+# the same prompt again: its full 16-token blocks (all but the last token) come from the
+# prefix cache, and the answer is the same
+n = comp["usage"]["prompt_tokens"]
+assert comp["usage"]["prompt_tokens_details"]["cached_tokens"] == (n - 1) // 16 * 16, comp["usage"]
 st, bad = post("/chat/completions", {"messages": [{"role": "user", "content": "x"}, {"role": "robot", "content": "y"}]})
 assert st == 400 and "message 1" in bad["error"]["message"], (st, bad)
 print("malformed:", bad["error"]["message"])
