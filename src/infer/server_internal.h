@@ -129,4 +129,19 @@ size_t server_tool_safe_prefix(const loom_chat_template *t, const char *text, si
  * the reason when the tools' parameters cannot be compiled */
 int server_tools_grammar(server *S, const tool_req *tr, struct loom_grammar **out, char *why, size_t n);
 
+/* server.c: a job's new text (the engine's callback) */
+void server_on_text(void *ctx, int64_t id, int32_t token, const char *text, size_t len, int fin);
+
+/* server_tp.c: the engine's operations, replicated over the tp group (tp > 1) */
+enum { TP_SUBMIT = 1, TP_CANCEL, TP_RELEASE, TP_STEP, TP_STOP };
+/* how long the leader waits, idle, before it sends the followers an empty message (they wait
+ * in a broadcast, which the mesh's timeout would otherwise end) */
+enum { TP_HEARTBEAT_S = 10 };
+int server_eng_submit(server *S, job *j, loom_err *err);
+void server_eng_op(server *S, int op, int64_t id);
+void server_eng_step(server *S);
+void server_tp_stop(server *S);
+void server_tp_log_send(server *S);
+void server_tp_follow(server *S);
+
 #endif
