@@ -168,7 +168,7 @@ char *loom_chat_template_jinja(const loom_chat_template *t) {
                              "{%%- endif -%%}{{ tool | tojson }}{%%- endfor -%%}");
         jout(&b, tb + 7);
         jout(&b, t->post[LOOM_ROLE_SYSTEM]);
-        
+
     } else if (t->tools) { /* no tools block: the tools are not described */
         loom_sbuf_printf(&b, "{%%- if false -%%}");
     } else {

@@ -172,4 +172,3 @@ void server_tp_follow(server *S) {
     }
     free(buf);
 }
-
