@@ -61,14 +61,12 @@ uint64_t loom_alloc_calls(void);
 
 /* Parses all of s as a decimal integer in [lo, hi] into *out: no leading space, nothing after
  * the digits, no overflow. Returns 0, or -1 (then *out is untouched). For untrusted text
- * (metadata in files, config values); atoi is never used on such input. */
+ * (metadata in files, environment variables); atoi is never used on such input. YAML's scalars
+ * are typed by base's YAML reader instead (base/yaml.h, docs/config.md). */
 int loom_parse_i64(const char *s, int64_t lo, int64_t hi, int64_t *out);
 /* Parses all of s as a finite number (strtod's forms; no leading space, nothing after it;
  * inf, nan and overflow refused). Returns 0, or -1 (*out untouched). */
 int loom_parse_f64(const char *s, double *out);
-/* The boolean words of loom's YAML (configs, recipes, pipelines' typed keys): true / yes / on /
- * 1 and false / no / off / 0, in any case. Returns 0 with *out 1 or 0, or -1. */
-int loom_parse_bool(const char *s, int *out);
 
 /* Logging to stderr with a level prefix. */
 void loom_log(const char *fmt, ...) __attribute__((format(printf, 1, 2)));

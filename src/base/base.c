@@ -131,16 +131,6 @@ int loom_parse_f64(const char *s, double *out) {
     return 0;
 }
 
-int loom_parse_bool(const char *s, int *out) {
-    static const char *const yes[] = {"true", "yes", "on", "1"};
-    static const char *const no[] = {"false", "no", "off", "0"};
-    for (int i = 0; s && i < 4; i++) {
-        if (strcasecmp(s, yes[i]) == 0) return *out = 1, 0;
-        if (strcasecmp(s, no[i]) == 0) return *out = 0, 0;
-    }
-    return -1;
-}
-
 char *loom_strdup(const char *s) {
     size_t n = strlen(s) + 1;
     char *p = loom_malloc(n);
