@@ -256,4 +256,3 @@ int loom_grammar_tool_calls(const char *prefix, const char *schema_json, const c
     const loom_grammar_spec spec = {parts, 3, separator, 1, max_calls};
     return loom_grammar_cache_get(c, &spec, out, err);
 }
-

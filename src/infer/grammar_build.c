@@ -802,4 +802,3 @@ int grammar_build(json_t *src, const char *text, loom_grammar **out, loom_err *e
     *out = g;
     return 0;
 }
-

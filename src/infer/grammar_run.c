@@ -59,11 +59,13 @@ typedef struct gset {
     int n, accept, dist;
 } gset;
 
+struct loom_grammar_scratch;
 typedef struct builder_ctx {
     const loom_grammar *g;
     arena *a;
     gset *out;
     int expand; /* closure steps (a guard) */
+    struct loom_grammar_scratch *in; /* frames interned there (masks), else plain (NULL) */
 } ctx;
 
 static int same_stack(const gframe *x, const gframe *y) {
@@ -78,13 +80,17 @@ static int same_stack(const gframe *x, const gframe *y) {
 static void add_frame(ctx *c, const gframe *f) {
     gset *o = c->out;
     for (int i = 0; i < o->n; i++)
-        if (same_stack(o->f[i], f)) return;
+        if (o->f[i] == f || (!c->in && same_stack(o->f[i], f))) return;
     if (o->n == MAX_FRAMES) return; /* dropped: every stack kept is still a valid parse */
     o->f[o->n++] = f;
     if (f->dist < o->dist) o->dist = f->dist;
 }
 
+static const gframe *intern_frame(struct loom_grammar_scratch *sc, const loom_grammar *g, int pos,
+                                  const gframe *up);
+
 static const gframe *new_frame(ctx *c, int pos, const gframe *up) {
+    if (c->in) return intern_frame(c->in, c->g, pos, up);
     gframe *f = arena_alloc(c->a, sizeof *f);
     f->pos = pos;
     f->up = up;
@@ -131,7 +137,7 @@ static void set_init(gset *s, const gframe **store) {
 
 /* s advanced by byte ch into out */
 static void advance(const loom_grammar *g, arena *a, const gset *s, unsigned ch, gset *out) {
-    ctx c = {g, a, out, 0};
+    ctx c = {g, a, out, 0, NULL};
     for (int i = 0; i < s->n; i++) {
         const gframe *f = s->f[i];
         const uint32_t *cl = g->cls[g->el[f->pos].arg];
@@ -192,7 +198,7 @@ loom_grammar_state *loom_grammar_state_new(loom_grammar *g) {
     loom_grammar_state *s = loom_calloc(1, sizeof *s);
     s->g = loom_grammar_ref(g);
     set_init(&s->cur, s->store);
-    ctx c = {g, &s->a, &s->cur, 0};
+    ctx c = {g, &s->a, &s->cur, 0, NULL};
     const grule *r = &g->rules[g->root];
     for (int a = 0; a < r->n_alt; a++) {
         const int start = g->alts[r->alt0 + a];
@@ -376,12 +382,30 @@ const char *loom_grammar_vocab_token(const loom_grammar_vocab *v, int32_t id, si
     return v->bytes + v->off[id];
 }
 
+/* Mask computation runs the automaton as a DFA built on the fly: frames are interned (one
+ * object per (position, return frame), so equal stacks are the same pointer), states are
+ * interned sets of them, and each state's transitions are computed once per call. Inside a
+ * string the state after any ordinary character is the state before it, so most of the trie
+ * costs one table lookup per node. */
+typedef struct dstate {
+    int32_t off, n;      /* its frames: pool[off .. off + n), sorted */
+    int32_t accept, dist;
+    int32_t *trans;      /* (256) next state, -1 dead, -2 not computed yet; NULL until used */
+} dstate;
+
 struct loom_grammar_scratch {
-    arena a;
-    const gframe **store; /* (max depth + 1) x MAX_FRAMES */
-    gset *sets;
-    amark *marks;
-    int depth_cap;
+    arena a;                /* interned frames, transition tables */
+    const gframe **ftab;    /* open addressing: interned frames by (pos, up) */
+    size_t fcap, fn;
+    const gframe **pool;    /* the states' frames */
+    size_t pool_n, pool_cap;
+    dstate *st;
+    int n_st, cap_st;
+    int32_t *stab;          /* open addressing: state index + 1 by content */
+    size_t scap;
+    int32_t *path;          /* the state at each depth of the trie walk */
+    int path_cap;
+    const gframe *tmp[MAX_FRAMES];
 };
 
 loom_grammar_scratch *loom_grammar_scratch_new(void) { return loom_calloc(1, sizeof(loom_grammar_scratch)); }
@@ -389,46 +413,156 @@ loom_grammar_scratch *loom_grammar_scratch_new(void) { return loom_calloc(1, siz
 void loom_grammar_scratch_free(loom_grammar_scratch *sc) {
     if (!sc) return;
     arena_free(&sc->a);
-    free(sc->store);
-    free(sc->sets);
-    free(sc->marks);
+    free(sc->ftab);
+    free(sc->pool);
+    free(sc->st);
+    free(sc->stab);
+    free(sc->path);
     free(sc);
+}
+
+static size_t hash_frame(int pos, const gframe *up) {
+    uint64_t h = (uint64_t)(uint32_t)pos * 0x9E3779B97F4A7C15ull ^ (uint64_t)(uintptr_t)up * 0xC2B2AE3D27D4EB4Full;
+    return (size_t)(h ^ h >> 29);
+}
+
+static const gframe *intern_frame(loom_grammar_scratch *sc, const loom_grammar *g, int pos,
+                                  const gframe *up) {
+    if (2 * (sc->fn + 1) > sc->fcap) { /* grow to keep the load under a half */
+        const size_t nc = sc->fcap ? 2 * sc->fcap : 1024;
+        const gframe **nt = loom_calloc(nc, sizeof *nt);
+        for (size_t i = 0; i < sc->fcap; i++) {
+            const gframe *f = sc->ftab[i];
+            if (!f) continue;
+            size_t h = hash_frame(f->pos, f->up) & (nc - 1);
+            while (nt[h]) h = (h + 1) & (nc - 1);
+            nt[h] = f;
+        }
+        free(sc->ftab);
+        sc->ftab = nt;
+        sc->fcap = nc;
+    }
+    size_t h = hash_frame(pos, up) & (sc->fcap - 1);
+    for (; sc->ftab[h]; h = (h + 1) & (sc->fcap - 1))
+        if (sc->ftab[h]->pos == pos && sc->ftab[h]->up == up) return sc->ftab[h];
+    gframe *f = arena_alloc(&sc->a, sizeof *f);
+    f->pos = pos;
+    f->up = up;
+    f->dist = sat_add(g->suffix[pos], up ? up->dist : 0);
+    sc->ftab[h] = f;
+    sc->fn++;
+    return f;
+}
+
+static const gframe *intern_deep(loom_grammar_scratch *sc, const loom_grammar *g, const gframe *f) {
+    return f ? intern_frame(sc, g, f->pos, intern_deep(sc, g, f->up)) : NULL;
+}
+
+static size_t hash_state(const gframe *const *f, int n, int accept) {
+    uint64_t h = 0x84222325cbf29ce4ull ^ (uint64_t)accept;
+    for (int i = 0; i < n; i++) h = (h ^ (uint64_t)(uintptr_t)f[i]) * 0x100000001B3ull;
+    return (size_t)(h ^ h >> 31);
+}
+
+/* the interned state of the frames f[0..n) (sorted here) */
+static int intern_state(loom_grammar_scratch *sc, const gframe **f, int n, int accept, int dist) {
+    for (int i = 1; i < n; i++) /* insertion sort: a few frames */
+        for (int j = i; j > 0 && (uintptr_t)f[j] < (uintptr_t)f[j - 1]; j--) {
+            const gframe *t = f[j];
+            f[j] = f[j - 1];
+            f[j - 1] = t;
+        }
+    if (2 * ((size_t)sc->n_st + 1) > sc->scap) {
+        const size_t nc = sc->scap ? 2 * sc->scap : 256;
+        int32_t *nt = loom_calloc(nc, sizeof *nt);
+        for (int k = 0; k < sc->n_st; k++) {
+            const dstate *d = &sc->st[k];
+            size_t h = hash_state(sc->pool + d->off, d->n, d->accept) & (nc - 1);
+            while (nt[h]) h = (h + 1) & (nc - 1);
+            nt[h] = k + 1;
+        }
+        free(sc->stab);
+        sc->stab = nt;
+        sc->scap = nc;
+    }
+    size_t h = hash_state(f, n, accept) & (sc->scap - 1);
+    for (; sc->stab[h]; h = (h + 1) & (sc->scap - 1)) {
+        const dstate *d = &sc->st[sc->stab[h] - 1];
+        if (d->n == n && d->accept == accept && !memcmp(sc->pool + d->off, f, (size_t)n * sizeof *f))
+            return sc->stab[h] - 1;
+    }
+    if (sc->pool_n + (size_t)n > sc->pool_cap) {
+        while (sc->pool_n + (size_t)n > sc->pool_cap) sc->pool_cap = sc->pool_cap ? 2 * sc->pool_cap : 1024;
+        sc->pool = loom_realloc(sc->pool, sc->pool_cap * sizeof *sc->pool);
+    }
+    if (sc->n_st == sc->cap_st) {
+        sc->cap_st = sc->cap_st ? 2 * sc->cap_st : 256;
+        sc->st = loom_realloc(sc->st, (size_t)sc->cap_st * sizeof *sc->st);
+    }
+    if (n) memcpy(sc->pool + sc->pool_n, f, (size_t)n * sizeof *f);
+    sc->st[sc->n_st] = (dstate){(int32_t)sc->pool_n, n, accept, dist, NULL};
+    sc->pool_n += (size_t)n;
+    sc->stab[h] = sc->n_st + 1;
+    return sc->n_st++;
+}
+
+/* the state after byte b from state k: -1 when dead */
+static int transition(loom_grammar_scratch *sc, const loom_grammar *g, int k, unsigned b) {
+    if (!sc->st[k].trans) {
+        int32_t *t = arena_alloc(&sc->a, 256 * sizeof *t);
+        for (int i = 0; i < 256; i++) t[i] = -2;
+        sc->st[k].trans = t;
+    }
+    const int32_t known = sc->st[k].trans[b];
+    if (known != -2) return known;
+    gset from = {(const gframe **)sc->pool + sc->st[k].off, sc->st[k].n, sc->st[k].accept, sc->st[k].dist};
+    gset out;
+    set_init(&out, sc->tmp);
+    ctx c = {g, &sc->a, &out, 0, sc};
+    for (int i = 0; i < from.n; i++) { /* advance() with interned frames */
+        const gframe *f = from.f[i];
+        const uint32_t *cl = g->cls[g->el[f->pos].arg];
+        if (!(cl[b >> 5] >> (b & 31) & 1)) continue;
+        if (g->el[f->pos + 1].kind == E_END) resume(&c, f->up);
+        else closure(&c, f->pos + 1, f->up, NULL);
+    }
+    const int next = out.n == 0 && !out.accept ? -1 : intern_state(sc, sc->tmp, out.n, out.accept, out.dist);
+    sc->st[k].trans[b] = next; /* sc->st may have moved: indexed again */
+    return next;
 }
 
 int loom_grammar_mask(const loom_grammar_state *s, const loom_grammar_vocab *v, int budget,
                       uint8_t *allow, loom_grammar_scratch *sc) {
     memset(allow, 0, (size_t)v->n);
-    const int D = v->max_depth + 1;
-    if (sc->depth_cap < D) {
-        free(sc->store);
-        free(sc->sets);
-        free(sc->marks);
-        sc->store = loom_malloc((size_t)D * MAX_FRAMES * sizeof *sc->store);
-        sc->sets = loom_malloc((size_t)D * sizeof *sc->sets);
-        sc->marks = loom_malloc((size_t)(D + 1) * sizeof *sc->marks);
-        sc->depth_cap = D;
-    }
     int n_allowed = 0;
     if (v->eos >= 0 && v->eos < v->n && s->cur.accept && budget >= 1) allow[v->eos] = 1, n_allowed++;
     if (budget < 1 || s->cur.n == 0) return n_allowed;
-    arena_release(&sc->a, (amark){0, 0});
-    sc->sets[0] = s->cur;
-    sc->marks[1] = arena_mark(&sc->a);
     const loom_grammar *g = s->g;
+    /* a fresh automaton for this call */
+    arena_release(&sc->a, (amark){0, 0});
+    if (sc->ftab) memset(sc->ftab, 0, sc->fcap * sizeof *sc->ftab);
+    if (sc->stab) memset(sc->stab, 0, sc->scap * sizeof *sc->stab);
+    sc->fn = 0;
+    sc->n_st = 0;
+    sc->pool_n = 0;
+    if (sc->path_cap < v->max_depth + 1) {
+        free(sc->path);
+        sc->path_cap = v->max_depth + 1;
+        sc->path = loom_malloc((size_t)sc->path_cap * sizeof *sc->path);
+    }
+    for (int i = 0; i < s->cur.n; i++) sc->tmp[i] = intern_deep(sc, g, s->cur.f[i]);
+    sc->path[0] = intern_state(sc, sc->tmp, s->cur.n, s->cur.accept, s->cur.dist);
     for (int i = 1; i < v->n_nodes;) {
         const int d = v->depth[i];
-        arena_release(&sc->a, sc->marks[d]);
-        gset *out = &sc->sets[d];
-        set_init(out, sc->store + (size_t)d * MAX_FRAMES);
-        advance(g, &sc->a, &sc->sets[d - 1], v->nbyte[i], out);
-        if (out->n == 0 && !out->accept) {
+        const int k = transition(sc, g, sc->path[d - 1], v->nbyte[i]);
+        if (k < 0) {
             i = v->end[i]; /* nothing below continues either */
             continue;
         }
-        sc->marks[d + 1] = arena_mark(&sc->a);
-        if (v->tok0[i + 1] > v->tok0[i] && out->dist <= budget - 1)
+        sc->path[d] = k;
+        if (v->tok0[i + 1] > v->tok0[i] && sc->st[k].dist <= budget - 1)
             for (int t = v->tok0[i]; t < v->tok0[i + 1]; t++) allow[v->tok_ids[t]] = 1, n_allowed++;
-        if (out->n == 0) i = v->end[i]; /* complete, nothing can follow: no longer token fits */
+        if (sc->st[k].n == 0) i = v->end[i]; /* complete, nothing can follow: no longer token fits */
         else i++;
     }
     return n_allowed;
