@@ -22,6 +22,10 @@ static void http_one(const gen_cfg *g, item *it, uint64_t seed) {
         for (int i = 0; i < g->n_stop; i++) json_array_append_new(a, json_string(g->stop[i]));
         json_object_set_new(req, "stop", a);
     }
+    if (g->schema) /* generator.json_schema: OpenAI's structured output */
+        json_object_set_new(req, "response_format",
+                            json_pack("{s:s,s:{s:s,s:O,s:b}}", "type", "json_schema", "json_schema",
+                                      "name", "synth", "schema", g->schema, "strict", 1));
     size_t pl;
     char *clean = loom_utf8_sanitize(it->prompt, strlen(it->prompt), &pl);
     if (g->chat)

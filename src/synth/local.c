@@ -14,6 +14,7 @@ void synth_local_generate(pipeline *P, local_gen *L, item **items, int n) {
     gp.top_k = P->g.top_k;
     gp.stop = (const char *const *)P->g.stop;
     gp.n_stop = P->g.n_stop;
+    gp.grammar = P->g.grammar; /* generator.json_schema */
     const int T = loom_model_get_config(L->m)->max_seq_len;
     for (int i = 0; i < n; i++) {
         /* the prompt's end, leaving room for a token; the engine stops at the context */

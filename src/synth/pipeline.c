@@ -1,6 +1,7 @@
 /* loom synth: the pipeline file (docs/synth.md, "The file"). */
 #define _GNU_SOURCE
 #include "synth/synth_internal.h"
+#include "loom/grammar.h"
 
 #include <sys/stat.h>
 
@@ -90,6 +91,7 @@ static int generator_identity(pipeline *P, loom_err *err) {
     if (P->g.chat_tpl) json_object_set_new(g, "chat_template", json_string(loom_json_str_or(json_object_get(P->root, "generator"), "chat_template", "plain")));
     if (P->g.bf16) json_object_set_new(g, "weights", json_string("bf16"));
     if (P->g.cbf16) json_object_set_new(g, "compute", json_string("bf16"));
+    if (P->g.schema_key) json_object_set_new(g, "json_schema", json_string(P->g.schema_key));
     if (P->g.http) {
         json_object_set_new(g, "url", json_string(P->g.url));
     } else if (P->C.on) {
@@ -153,7 +155,8 @@ int synth_parse_pipeline(pipeline *P, loom_err *err) {
     json_t *g = json_object_get(r, "generator");
     static const char *const gk[] = {"kind", "url", "model", "checkpoint", "max_tokens", "temperature",
                                      "top_p", "top_k", "stop", "concurrency", "timeout_s", "retries",
-                                     "batch", "chat_template", "weights", "compute", NULL};
+                                     "batch", "chat_template", "weights", "compute", "json_schema",
+                                     NULL};
     if (!json_is_object(g)) return loom_errf(err, "%s: 'generator' (a mapping) is required", P->path);
     if (check_keys(P, g, "generator.", gk, err)) return -1;
     const char *kind = loom_json_str_or(g, "kind", "");
@@ -200,6 +203,38 @@ int synth_parse_pipeline(pipeline *P, loom_err *err) {
         jnum(P, g, "generator.", "top_p", 1.0, 0, 1, &P->g.top_p, err) ||
         jnum(P, g, "generator.", "timeout_s", 60, 0.001, 86400, &P->g.timeout_s, err))
         return -1;
+    /* generator.json_schema: FILE: every output a JSON document of the schema (local: by
+     * constrained decoding; http: sent as response_format json_schema) */
+    json_t *jsf = json_object_get(g, "json_schema");
+    if (jsf) {
+        if (!json_is_string(jsf) || !json_string_length(jsf))
+            return loom_errf(err, "%s: generator.json_schema must be the path of a JSON-schema file", P->path);
+        const char *sf = json_string_value(jsf);
+        char *text = NULL;
+        size_t len = 0;
+        json_error_t je;
+        if (loom_read_file(sf, (size_t)1 << 24, &text, &len, err)) {
+            char m[sizeof err->msg];
+            snprintf(m, sizeof m, "%s", err->msg);
+            return loom_errf(err, "%s: generator.json_schema: %s", P->path, m);
+        }
+        P->g.schema = json_loadb(text, len, JSON_REJECT_DUPLICATES | JSON_DECODE_ANY, &je);
+        if (!P->g.schema) {
+            free(text);
+            return loom_errf(err, "%s: generator.json_schema: %s:%d:%d: %s", P->path, sf, je.line,
+                             je.column, je.text);
+        }
+        if (!P->g.http && loom_grammar_json(NULL, text, &P->g.grammar, err)) {
+            free(text);
+            char m[sizeof err->msg];
+            snprintf(m, sizeof m, "%s", err->msg);
+            return loom_errf(err, "%s: generator.json_schema: %s: %s", P->path, sf, m);
+        }
+        free(text);
+        /* the content in its own key order (the order of properties shapes the output) */
+        P->g.schema_key = P->g.grammar ? loom_strdup(loom_grammar_source(P->g.grammar))
+                                       : json_dumps(P->g.schema, JSON_COMPACT | JSON_ENCODE_ANY);
+    }
     json_t *st = json_object_get(g, "stop");
     if (json_is_string(st)) st = json_pack("[O]", st);
     else json_incref(st);
@@ -226,7 +261,8 @@ int synth_parse_pipeline(pipeline *P, loom_err *err) {
         char *pr = NULL, *eot = NULL;
         loom_chat_prompt(P->g.chat_tpl, NULL, "", &pr, &eot);
         free(pr);
-        if (eot[0] && P->g.n_stop < 16) P->g.stop[P->g.n_stop++] = eot; /* its end of turn */
+        /* its end of turn (under a schema, the document's end ends the turn) */
+        if (eot[0] && P->g.n_stop < 16 && !P->g.grammar) P->g.stop[P->g.n_stop++] = eot;
         else free(eot);
     }
     /* validators */

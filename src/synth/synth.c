@@ -9,6 +9,7 @@
 
 #define _GNU_SOURCE
 #include "synth/synth_internal.h"
+#include "loom/grammar.h"
 
 #include <curl/curl.h>
 #include <errno.h>
@@ -410,6 +411,9 @@ done:
     free(P.v);
     for (int i = 0; i < P.g.n_stop; i++) free(P.g.stop[i]);
     loom_chat_template_free(P.g.chat_tpl);
+    json_decref(P.g.schema);
+    free(P.g.schema_key);
+    loom_grammar_unref(P.g.grammar);
     free(P.template_name);
     json_decref(P.root);
     loom_engine_free(L.eng);

@@ -110,6 +110,9 @@ typedef struct gen_cfg {
     char *stop[17];             /* + the chat template's end of turn (local) */
     int n_stop;
     loom_chat_template *chat_tpl; /* local chat form: generator.chat_template */
+    json_t *schema;             /* generator.json_schema: the schema (NULL: none) */
+    char *schema_key;           /* its canonical text (the cache key's part) */
+    struct loom_grammar *grammar; /* local: the schema compiled (docs/inference.md) */
 } gen_cfg;
 
 typedef struct item {

@@ -46,7 +46,10 @@ static int schema_check(json_t *s, json_t *x, const char *path, char *msg, size_
     }
     if (json_is_string(x)) {
         json_t *a = json_object_get(s, "minLength"), *b = json_object_get(s, "maxLength");
-        const long long l = (long long)json_string_length(x);
+        /* in code points, as JSON Schema counts (jansson's strings are valid UTF-8) */
+        long long l = 0;
+        const char *sv = json_string_value(x);
+        for (size_t k = 0; k < json_string_length(x); k++) l += ((unsigned char)sv[k] & 0xC0) != 0x80;
         if ((json_is_integer(a) && l < json_integer_value(a)) || (json_is_integer(b) && l > json_integer_value(b))) {
             snprintf(msg, n, "%s: string length %lld out of range", path, l);
             return -1;

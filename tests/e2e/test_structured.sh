@@ -87,6 +87,51 @@ con=$("$LOOM_BIN" generate "$WORK/trained" --prompt '}' --temperature 0 --tokens
 python3 -c "import json,sys; json.loads(sys.argv[1][1:])" "$free" || fail "the trained model's greedy output is not a document: $free"
 [ "$free" = "$con" ] || fail "constrained greedy '$con' differs from unconstrained '$free'"
 pass "greedy: constrained = unconstrained when that is a document ($con)"
+# synth's local generator with generator.json_schema: every sample passes the json validator
+# with the same schema at the first attempt; the schema is part of the generation cache key
+cat > "$WORK/rec.json" <<'JSON'
+{"type": "object", "properties": {"name": {"type": "string", "maxLength": 8}, "n": {"type": "integer"},
+ "kind": {"enum": ["a", "b"]}, "tags": {"type": "array", "items": {"type": "string"}, "maxItems": 2}},
+ "required": ["name", "n"]}
+JSON
+printf 'one\ntwo\nthree\nfour\nfive\nsix\n' > "$WORK/seeds.txt"
+cat > "$WORK/synth.yaml" <<YAML
+name: rec
+seeds:
+  - path: $WORK/seeds.txt
+templates:
+  t: "a record for {seed}:"
+template: t
+generator:
+  kind: local
+  checkpoint: $WORK/run_bpe
+  json_schema: $WORK/rec.json
+  max_tokens: 80
+  temperature: 1
+validators:
+  - kind: json
+    schema: $(tr -d '\n' < "$WORK/rec.json")
+max_attempts: 1
+output: $WORK/synth.jsonl
+rejected: $WORK/synth.rej.jsonl
+summary: $WORK/synth.summary.json
+YAML
+expect_ok "synth with generator.json_schema" "$LOOM_ASAN_BIN" synth "$WORK/synth.yaml"
+
+python3 - "$WORK" <<'PY' || fail "synth outputs"
+import json, sys, jsonschema
+w = sys.argv[1]
+s = json.load(open(f"{w}/synth.summary.json"))
+assert s["items"] == 6 and s["accepted"] == 6, s
+schema = json.load(open(f"{w}/rec.json"))
+for l in open(f"{w}/synth.jsonl"):
+    jsonschema.validate(json.loads(json.loads(l)["text"]), schema)
+PY
+sed -i 's/"maxLength": 8/"maxLength": 7/' "$WORK/rec.json"
+expect_ok "synth again, the schema changed" "$LOOM_BIN" synth "$WORK/synth.yaml"
+python3 -c "import json,sys; c=json.load(open(sys.argv[1]))['cache']; assert c['generation_hits']==0 and c['generations_run']==6, c" \
+  "$WORK/synth.summary.json" || fail "a changed schema must generate anew: $(cat "$WORK/synth.summary.json")"
+pass "synth: generator.json_schema outputs validate; the schema is in the cache key"
 start_server "$WORK/port" "$WORK/serve.log" env ASAN_OPTIONS=detect_leaks=1:abort_on_error=0:log_path=$WORK/asan \
   "$LOOM_ASAN_BIN" serve "$WORK/run_bpe" --port 0 --port-file "$WORK/port"
 python3 "$LOOM_SRC/tests/e2e/structured_check.py" serve "$(cat "$WORK/port")" "$WORK/schema.json" \
