@@ -143,6 +143,7 @@ static void print_ids(const loom_tokenizer *tok, const int32_t *ids, int n) {
 static int generate_main(int argc, char **argv) {
     const char *ckpt = NULL, *prompt = "\n", *prompts_file = NULL;
     long n_tokens = 200, top_k = 40, seed = 1, batch = 16, kv_mb = 0, tp = 1;
+    int prefix = -1; /* --prefix-cache: on unless a layer slides */
     double temperature = 0.8, top_p = 1.0, rep = 1.0;
     int recompute = 0, stats = 0, n_stop = 0, fmt_ids = 0, chat = 0, wbf16 = 0;
     int cbf16 = 0, weights_given = 0;
@@ -195,6 +196,12 @@ static int generate_main(int argc, char **argv) {
             if (parse_long(a, v, 1, 4096, &batch)) return 2;
         } else if (!strcmp(a, "--kv-budget-mb")) {
             if (parse_long(a, v, 1, 1L << 24, &kv_mb)) return 2;
+        } else if (!strcmp(a, "--prefix-cache")) {
+            if (strcmp(v, "on") && strcmp(v, "off")) {
+                fprintf(stderr, "loom: error: --prefix-cache must be on or off\n");
+                return 2;
+            }
+            prefix = !strcmp(v, "on");
         } else if (!strcmp(a, "--tp")) {
             if (parse_long(a, v, 1, 4096, &tp)) return 2;
         } else if (!strcmp(a, "--temperature")) {
@@ -352,6 +359,13 @@ static int generate_main(int argc, char **argv) {
         goto fail;
     }
     loom_engine_opts eo = {.max_batch = (int)batch, .kv_budget_bytes = (size_t)kv_mb << 20};
+    if (prefix < 0) { /* prompts sharing a prefix (a system message, a template) reuse it */
+        const loom_model_config *mc = loom_model_get_config(m);
+        prefix = 1;
+        for (int l = 0; l < mc->n_layer; l++)
+            if (loom_model_kv_slots(m, l, mc->max_seq_len) < mc->max_seq_len) prefix = 0;
+    }
+    eo.prefix_cache = prefix;
     if (loom_engine_create(m, tok, &eo, &eng, &err)) goto fail;
     loom_gen_params gp = loom_gen_params_default();
     gp.max_tokens = (int)n_tokens;
@@ -494,6 +508,10 @@ static int generate_main(int argc, char **argv) {
                 (double)loom_model_num_params(m) * sizeof(float) / (1 << 20),
                 loom_model_num_params(m), (double)st.kv_peak / (1 << 20), st.kv_peak,
                 (double)st.kv_budget / (1 << 20));
+        if (eo.prefix_cache)
+            fprintf(stderr, "loom: prefix cache: %lld prompt tokens copied from it, %lld computed; %lld "
+                            "blocks held, %lld evicted\n", (long long)st.prefix_hit_tokens,
+                    (long long)st.prompt_tokens, (long long)st.prefix_blocks, (long long)st.prefix_evicted);
     }
     if (stats && tp_idx == 0) {
         loom_engine_stats st;
@@ -533,7 +551,7 @@ fail:
 usage:
     fprintf(stderr, "usage: loom generate CKPT_DIR (--prompt TEXT | --prompts FILE) [--tokens N "
                     "--temperature T --top-k K --top-p P --repetition-penalty R --stop S ... "
-                    "--seed S --batch N --kv-budget-mb M] [--format text|ids] [--stats] [--no-kv-cache]\n"
+                    "--seed S --batch N --kv-budget-mb M --prefix-cache on|off] [--format text|ids] [--stats] [--no-kv-cache]\n"
                     "       [--tp T]: under mpirun -np N, N / T replicas of T tensor-parallel ranks\n"
                     "       [--weights fp32|bf16] [--compute fp32|bf16]: the linears' weights held "
                     "in bf16; their products in bf16 too (docs/inference.md)\n"
