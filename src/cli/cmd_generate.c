@@ -360,7 +360,6 @@ static int generate_main(int argc, char **argv) {
     }
     loom_engine_opts eo = {.max_batch = (int)batch, .kv_budget_bytes = (size_t)kv_mb << 20};
     if (prefix < 0) { /* prompts sharing a prefix (a system message, a template) reuse it */
-        const loom_model_config *mc = loom_model_get_config(m);
         prefix = 1;
         for (int l = 0; l < mc->n_layer; l++)
             if (loom_model_kv_slots(m, l, mc->max_seq_len) < mc->max_seq_len) prefix = 0;
