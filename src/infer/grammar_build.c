@@ -42,6 +42,7 @@ typedef struct builder {
     int any[LOOM_GRAMMAR_MAX_ANY_DEPTH + 1]; /* free-form value rules per depth (0: not yet) */
     int ws, str_char, string_any, number, integer, hex;
     int too_big;
+    int depth;           /* compile_schema calls nested now (anyOf, $ref and all) */
 } builder;
 
 static int new_rule(builder *b) {
@@ -568,8 +569,20 @@ static int object_rule(builder *b, json_t *s, const char *path, int rd, int nd, 
     return 0;
 }
 
-/* rd: $ref expansions on the way here; nd: nesting of values (for free-form values) */
+static int compile_schema1(builder *b, json_t *s, const char *path, int rd, int nd, int *out);
+
+/* rd: $ref expansions on the way here; nd: nesting of values (for free-form values). The
+ * nesting of calls is bounded (a schema is untrusted: nested anyOf must not overflow a
+ * connection thread's stack) */
 static int compile_schema(builder *b, json_t *s, const char *path, int rd, int nd, int *out) {
+    if (b->depth >= 64) return loom_errf(b->err, "%s: the schema nests over 64 levels", path);
+    b->depth++;
+    const int rc = compile_schema1(b, s, path, rd, nd, out);
+    b->depth--;
+    return rc;
+}
+
+static int compile_schema1(builder *b, json_t *s, const char *path, int rd, int nd, int *out) {
     char sub[1024];
     if (json_is_true(s)) {
         *out = any_rule(b, nd);
@@ -580,7 +593,6 @@ static int compile_schema(builder *b, json_t *s, const char *path, int rd, int n
         return 0;
     }
     if (!json_is_object(s)) return loom_errf(b->err, "%s: a schema must be an object or a boolean", path);
-    if (nd > 64) return loom_errf(b->err, "%s: the schema nests over 64 levels", path);
     const char *key;
     json_t *v;
     int n_constraints = 0;

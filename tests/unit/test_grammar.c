@@ -128,6 +128,16 @@ static void test_errors(void **state) {
         assert_null(g);
         if (!strstr(err.msg, bad[i][1])) fail_msg("%s: '%s' lacks '%s'", bad[i][0], err.msg, bad[i][1]);
     }
+    /* 1,000 nested anyOf (an untrusted schema): an error, not a stack overflow */
+    loom_sbuf deep = {0};
+    for (int i = 0; i < 1000; i++) loom_sbuf_printf(&deep, "{\"anyOf\":[");
+    loom_sbuf_printf(&deep, "true");
+    for (int i = 0; i < 1000; i++) loom_sbuf_printf(&deep, "]}");
+    loom_err err = {{0}};
+    loom_grammar *g = NULL;
+    assert_int_equal(loom_grammar_json(NULL, deep.p, &g, &err), -1);
+    assert_non_null(strstr(err.msg, "nests over 64 levels"));
+    free(deep.p);
 }
 
 /* ---- the independent prefix matcher ------------------------------------------------------
