@@ -57,9 +57,9 @@ warn="-Wall -Wextra -Wshadow -Wstrict-prototypes -Wno-unused-parameter"
 
 # ---- the library: base, data, checkpoint + pieces, compiled once with coverage ------------
 lib_srcs=("$src"/src/base/*.c "$src"/src/data/*.c "$src/src/ckpt/checkpoint.c"
-          "$src/src/ckpt/ckpt_pieces.c" "$here/fuzz_stubs.c")
+          "$src/src/ckpt/ckpt_pieces.c" "$src"/src/infer/grammar*.c "$here/fuzz_stubs.c")
 stamp=$( { echo "$cc $cflags"; "$cc" --version | head -1;
-           cat "${lib_srcs[@]}" "$src"/include/loom/*.h "$src"/src/data/*.h "$src"/src/base/*.h 2>/dev/null; } |
+           cat "${lib_srcs[@]}" "$src"/include/loom/*.h "$src"/src/data/*.h "$src"/src/base/*.h "$src"/src/infer/grammar_internal.h 2>/dev/null; } |
          sha256sum | cut -c1-64)
 lib="$work/libloomfuzz.a"
 if [ ! -f "$lib" ] || [ "$(cat "$work/lib.stamp" 2>/dev/null)" != "$stamp" ]; then
