@@ -14,9 +14,14 @@
  * (plus "complete", when a stack emptied). A byte advances each stack whose class holds it and
  * expands rule references until byte classes are on top again. A frame carries the fewest
  * bytes that empty its stack, so the distance of a state to a complete document is the least
- * of its stacks'. Mask computation walks the vocabulary's trie depth first with the state,
- * allocating the states of the current path from a stack-like arena and pruning a subtree
- * as soon as its state is dead. */
+ * of its stacks'. Mask computation (grammar_run.c) walks the vocabulary's trie depth first
+ * with the state, pruning a subtree as soon as its state is dead, and runs the automaton as a
+ * DFA built on the fly: frames and states are interned, each state's transitions computed
+ * once per mask.
+ *
+ * Files: grammar.c (specs, sources, finishing, the cache), grammar_build.c (schemas to
+ * rules), grammar_run.c (states, vocabularies, masks), grammar_internal.h (the compiled
+ * form). */
 #define _GNU_SOURCE
 #include <jansson.h>
 #include <pthread.h>
