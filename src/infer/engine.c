@@ -12,7 +12,6 @@
  * logits bit for bit alike, each samples the same tokens. docs/inference.md. */
 #define _GNU_SOURCE
 #include <math.h>
-#include <omp.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -41,7 +40,6 @@ typedef struct req {
     size_t emitted;         /* bytes of text already passed to cb */
     int finish;
     loom_grammar_state *gs; /* under a grammar: its state after the output so far */
-    int mask_slot;          /* this step's row of e->allow (grammar_masks) */
     int budget;             /* tokens it may generate in all (max_tokens, or the cache's end) */
     int cached;             /* prompt positions copied from the prefix cache at join */
     int blocks_in;          /* prompt blocks [0, blocks_in) are in the prefix cache */
@@ -94,11 +92,8 @@ struct loom_engine {
     void *sample_scratch;
     /* constrained decoding (built at the first request with a grammar) */
     loom_grammar_vocab *gvocab;
-    loom_grammar_scratch **gscratch; /* (n_gscratch) one per OpenMP thread */
-    int n_gscratch;
-    uint8_t *allow;         /* (max_batch, V) this step's masks */
-    int *n_allow;           /* (max_batch) their allowed counts */
-    req **mask_req;         /* (max_batch) */
+    loom_grammar_scratch *gscratch;
+    uint8_t *allow;         /* (V) */
     float *masked;          /* (V) the logits with the disallowed ones -inf */
     loom_engine_stats st;
     /* the prefix cache (o.prefix_cache) */
@@ -303,10 +298,7 @@ void loom_engine_free(loom_engine *e) {
     free(e->seg_req);
     free(e->sample_scratch);
     loom_grammar_vocab_free(e->gvocab);
-    for (int i = 0; i < e->n_gscratch; i++) loom_grammar_scratch_free(e->gscratch[i]);
-    free(e->gscratch);
-    free(e->n_allow);
-    free(e->mask_req);
+    loom_grammar_scratch_free(e->gscratch);
     free(e->allow);
     free(e->masked);
     for (int i = 0; i < PBUCKETS; i++)
@@ -358,12 +350,8 @@ int loom_engine_submit(loom_engine *e, const int32_t *prompt, int n_prompt,
         if (!e->tok) return loom_errf(err, "constrained decoding needs the engine's tokenizer");
         if (!e->gvocab) {
             if (loom_grammar_vocab_from_tokenizer(e->tok, e->V, e->eos, &e->gvocab, err)) return -1;
-            e->n_gscratch = omp_get_max_threads();
-            e->gscratch = loom_calloc((size_t)e->n_gscratch, sizeof *e->gscratch);
-            for (int i = 0; i < e->n_gscratch; i++) e->gscratch[i] = loom_grammar_scratch_new();
-            e->allow = loom_malloc((size_t)e->o.max_batch * (size_t)e->V);
-            e->n_allow = loom_calloc((size_t)e->o.max_batch, sizeof *e->n_allow);
-            e->mask_req = loom_calloc((size_t)e->o.max_batch, sizeof *e->mask_req);
+            e->gscratch = loom_grammar_scratch_new();
+            e->allow = loom_malloc((size_t)e->V);
             e->masked = loom_malloc((size_t)e->V * sizeof(float));
         }
         if (!loom_grammar_vocab_has_bytes(e->gvocab))
@@ -502,38 +490,15 @@ static size_t safe_len(const req *r) {
     return safe < r->emitted ? r->emitted : safe;
 }
 
-/* The masks of this step's constrained requests (those whose logits came back), computed in
- * parallel over the requests (each mask is a function of its request's state and budget
- * alone, so the threads change no result) before any of them samples. */
-static void grammar_masks(loom_engine *e, int nseg) {
-    int n = 0;
-    for (int s = 0; s < nseg; s++) {
-        req *r = e->seg_req[s];
-        r->mask_slot = -1;
-        if (!e->segs[s].want_logits || !r->gs) continue;
-        r->mask_slot = n;
-        e->mask_req[n++] = r;
-    }
-    if (n == 0) return;
-    const double t0 = loom_now();
-    const int nt = n < e->n_gscratch ? n : e->n_gscratch;
-#pragma omp parallel for schedule(dynamic, 1) num_threads(nt) if (nt > 1)
-    for (int j = 0; j < n; j++) {
-        const req *r = e->mask_req[j];
-        e->n_allow[j] = loom_grammar_mask(r->gs, e->gvocab, r->budget - r->n_gen,
-                                          e->allow + (size_t)j * (size_t)e->V,
-                                          e->gscratch[omp_get_thread_num()]);
-    }
-    e->st.masked_tokens += n;
-    e->st.mask_seconds += loom_now() - t0;
-}
-
 /* logits with the tokens r's grammar does not allow next at -inf (into e->masked); NULL when
  * none is allowed (never, given the tokens of one byte that submit checks) */
 static const float *grammar_mask(loom_engine *e, req *r, const float *logits) {
-    const uint8_t *allow = e->allow + (size_t)r->mask_slot * (size_t)e->V;
-    for (int i = 0; i < e->V; i++) e->masked[i] = allow[i] ? logits[i] : -INFINITY;
-    return e->n_allow[r->mask_slot] > 0 ? e->masked : NULL;
+    const double t0 = loom_now();
+    const int n = loom_grammar_mask(r->gs, e->gvocab, r->budget - r->n_gen, e->allow, e->gscratch);
+    for (int i = 0; i < e->V; i++) e->masked[i] = e->allow[i] ? logits[i] : -INFINITY;
+    e->st.masked_tokens++;
+    e->st.mask_seconds += loom_now() - t0;
+    return n > 0 ? e->masked : NULL;
 }
 
 static void on_token(loom_engine *e, req *r, const float *logits) {
@@ -629,7 +594,6 @@ int loom_engine_step(loom_engine *e) {
         ensure_ws(e, rows);
         const float *logits = loom_model_decode_batch(e->m, e->ws, e->rows_tok, e->segs, nseg);
         e->st.steps++;
-        if (e->gvocab) grammar_masks(e, nseg);
         int k = 0;
         for (int s = 0; s < nseg; s++) {
             req *r = e->seg_req[s];
