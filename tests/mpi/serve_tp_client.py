@@ -1,5 +1,5 @@
 """The client side of tests/mpi/test_serve_tp.sh: a fixed list of requests (completions and chat,
-greedy and sampled with a seed, streamed and not), sent one at a time, printed as JSON lines, so
+greedy and sampled with a seed, streamed and not, one with response_format), sent one at a time, printed as JSON lines, so
 that two servers' answers can be compared; between them a client that goes away mid-stream (the
 server cancels its request) and a burst of concurrent requests (all answered).
 usage: serve_tp_client.py PORT MODEL_ID"""
@@ -49,6 +49,12 @@ def requests():
                               "stop": ["ie"], "frequency_penalty": 0}
     yield "/v1/chat/completions", {"model": model, "max_tokens": 10, "temperature": 0,
                                    "messages": [{"role": "user", "content": "the lazy"}]}
+    # constrained decoding: the followers compile the grammar from the source the leader sends
+    yield "/v1/completions", {"model": model, "prompt": "the", "max_tokens": 40, "temperature": 1.0,
+                              "seed": 3, "response_format": {"type": "json_schema", "json_schema": {
+                                  "name": "r", "schema": {"type": "object", "properties": {
+                                      "a": {"type": "integer"}, "b": {"enum": ["x", "y"]}},
+                                      "required": ["a", "b"]}}}}
 
 
 def go_away():
@@ -81,4 +87,8 @@ for k, (path, body) in enumerate(requests()):
     if k == 9:
         burst(12)
     text, fin = text_of(path, body)
+    if "response_format" in body:
+        doc = json.loads(text)  # constrained: always a document of the schema
+        if sorted(doc) != ["a", "b"] or fin != "stop":
+            sys.exit(f"constrained output {text!r} ({fin})")
     print(json.dumps({"k": k, "text": text, "finish_reason": fin}), flush=True)

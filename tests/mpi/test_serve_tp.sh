@@ -2,8 +2,8 @@
 # `mpirun -np 2 loom serve CKPT --tp 2`: the model (Llama, grouped-query attention) split over
 # two ranks; rank 0 serves and, before each engine step, sends the other rank what it did to its
 # engine (new requests with their parameters, cancellations, releases), which replays it and
-# steps with it. 17 requests (completions and chat, greedy and sampled with seeds, streamed and
-# not, a stop string), sent one at a time, get the single-process server's answers; between
+# steps with it. 18 requests (completions and chat, greedy and sampled with seeds, streamed and
+# not, a stop string, a response_format json_schema: the followers compile its grammar), sent one at a time, get the single-process server's answers; between
 # them a client goes away mid-stream (its request cancelled on both ranks) and 12 concurrent
 # requests are all answered, after which the answers still match. SIGTERM to rank 0 drains and
 # ends the whole job with exit 0. Refused: -np other than --tp, mpirun without --tp.
@@ -20,7 +20,7 @@ start_server one.port one.log "$LOOM_BIN" serve "$WORK/run" --port 0 --port-file
 python3 "$CLIENT" "$(cat one.port)" m > one.jsonl || fail "client against one process"
 kill -TERM $SERVER_PID
 wait $SERVER_PID || fail "one process: exit $? after SIGTERM"
-[ "$(grep -c '"k"' one.jsonl)" = 17 ] || fail "one process: $(cat one.jsonl)"
+[ "$(grep -c '"k"' one.jsonl)" = 18 ] || fail "one process: $(cat one.jsonl)"
 
 timeout -k 5 300 mpirun -np 2 --oversubscribe "$LOOM_BIN" serve "$WORK/run" --port 0 \
   --port-file tp.port --model-id m --tp 2 2>tp.log &
@@ -35,7 +35,7 @@ for r in 0 1; do # each rank's view: its parameters, and its one kv head of 2 la
 done
 python3 "$CLIENT" "$(cat tp.port)" m > tp.jsonl || { cat tp.log >&2; fail "client against -np 2 --tp 2"; }
 cmp -s one.jsonl tp.jsonl || { diff one.jsonl tp.jsonl >&2; fail "the tp 2 server answers differently"; }
-pass "mpirun -np 2 serve --tp 2: 17 requests answered as one process answers them (after a cancelled stream and 12 concurrent requests)"
+pass "mpirun -np 2 serve --tp 2: 18 requests answered as one process answers them (after a cancelled stream and 12 concurrent requests)"
 
 # SIGTERM to rank 0 (the one that serves): it drains, stops the other rank, and the job exits 0
 mp=$(pgrep -P $MPI_PID -x mpirun || echo $MPI_PID)
