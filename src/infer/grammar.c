@@ -25,6 +25,7 @@
 #define _GNU_SOURCE
 #include <jansson.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -70,6 +71,11 @@ int grammar_finish(loom_grammar *g) {
 }
 
 /* ---- specs, sources, compilation ------------------------------------------------------- */
+
+uint64_t grammar_next_id(void) {
+    static atomic_ullong next = 1;
+    return atomic_fetch_add(&next, 1);
+}
 
 void grammar_free(loom_grammar *g) {
     if (!g) return;

@@ -753,6 +753,7 @@ int grammar_build(json_t *src, const char *text, loom_grammar **out, loom_err *e
         return loom_errf(err, "a grammar source is malformed");
     loom_grammar *g = loom_calloc(1, sizeof *g);
     atomic_init(&g->refs, 1);
+    g->id = grammar_next_id();
     g->cap_cls = 512;
     g->cls = loom_calloc((size_t)g->cap_cls, sizeof *g->cls);
     for (int c = 0; c < 256; c++) g->cls[c][c >> 5] = 1u << (c & 31);

@@ -22,6 +22,7 @@ typedef struct grule {
 
 struct loom_grammar {
     atomic_int refs;
+    uint64_t id;      /* unique in the process (mask caches key on it, never on an address) */
     gel *el;          /* (n_el) alternatives, each ended by E_END */
     int32_t *suffix;  /* (n_el) fewest bytes from this element to its alternative's end */
     int n_el, cap_el;
@@ -35,6 +36,9 @@ struct loom_grammar {
     int root;
     char *source;
 };
+
+/* a process-unique id for grammars and vocabularies */
+uint64_t grammar_next_id(void);
 
 static inline int sat_add(int a, int b) { return a >= INF || b >= INF || a + b >= INF ? INF : a + b; }
 

@@ -244,6 +244,7 @@ int loom_grammar_state_min_bytes(const loom_grammar_state *s) { return s->cur.di
 /* ---- vocabularies and masks ------------------------------------------------------------ */
 
 struct loom_grammar_vocab {
+    uint64_t id;        /* process-unique (mask caches) */
     int n;
     int32_t eos;
     char *bytes;        /* every token's bytes */
@@ -275,6 +276,7 @@ static int tok_cmp(const void *a, const void *b) {
 loom_grammar_vocab *loom_grammar_vocab_new(const char *const *bytes, const size_t *lens, int n,
                                            int32_t eos) {
     loom_grammar_vocab *v = loom_calloc(1, sizeof *v);
+    v->id = grammar_next_id();
     v->n = n;
     v->eos = eos;
     v->off = loom_calloc((size_t)n + 1, sizeof *v->off);
@@ -393,7 +395,23 @@ typedef struct dstate {
     int32_t *trans;      /* (256) next state, -1 dead, -2 not computed yet; NULL until used */
 } dstate;
 
+/* Masks cached by state: a mask depends on the state and, only where the budget binds, on the
+ * budget. An entry keeps the largest distance of any token the walk reached (maxdist); it
+ * stands for every budget with budget - 1 >= maxdist. States are keyed by their stacks' positions
+ * (the grammar's and vocabulary's ids beside), so the state inside a string, reached again
+ * after every ordinary character, costs a copy of its mask. */
+enum { MCACHE = 16, MKEY_MAX = 4096 };
+typedef struct mcache {
+    uint64_t gid, vid, hash, used;
+    int32_t *key;
+    int klen, n_allowed, maxdist;
+    uint8_t *allow;         /* (vocab size) without the end-of-text id */
+} mcache;
+
 struct loom_grammar_scratch {
+    mcache mc[MCACHE];
+    uint64_t clock;
+    int32_t key[MKEY_MAX];
     arena a;                /* interned frames, transition tables */
     const gframe **ftab;    /* open addressing: interned frames by (pos, up) */
     size_t fcap, fn;
@@ -412,6 +430,7 @@ loom_grammar_scratch *loom_grammar_scratch_new(void) { return loom_calloc(1, siz
 
 void loom_grammar_scratch_free(loom_grammar_scratch *sc) {
     if (!sc) return;
+    for (int i = 0; i < MCACHE; i++) free(sc->mc[i].key), free(sc->mc[i].allow);
     arena_free(&sc->a);
     free(sc->ftab);
     free(sc->pool);
@@ -531,13 +550,46 @@ static int transition(loom_grammar_scratch *sc, const loom_grammar *g, int k, un
     return next;
 }
 
+/* the key of state s (its stacks' positions, in its own order); -1 when too long to cache */
+static int state_key(const loom_grammar_state *s, int32_t *key, uint64_t *hash) {
+    int n = 0;
+    uint64_t h = 0x9E3779B97F4A7C15ull ^ (uint64_t)s->cur.accept;
+    for (int i = 0; i < s->cur.n; i++) {
+        for (const gframe *f = s->cur.f[i]; f; f = f->up) {
+            if (n == MKEY_MAX - 1) return -1;
+            key[n++] = f->pos;
+        }
+        if (n == MKEY_MAX - 1) return -1;
+        key[n++] = -1; /* the end of a stack */
+    }
+    for (int i = 0; i < n; i++) h = (h ^ (uint64_t)(uint32_t)key[i]) * 0x100000001B3ull;
+    *hash = h;
+    return n;
+}
+
 int loom_grammar_mask(const loom_grammar_state *s, const loom_grammar_vocab *v, int budget,
                       uint8_t *allow, loom_grammar_scratch *sc) {
-    memset(allow, 0, (size_t)v->n);
     int n_allowed = 0;
-    if (v->eos >= 0 && v->eos < v->n && s->cur.accept && budget >= 1) allow[v->eos] = 1, n_allowed++;
-    if (budget < 1 || s->cur.n == 0) return n_allowed;
+    const int eos_ok = v->eos >= 0 && v->eos < v->n && s->cur.accept && budget >= 1;
+    if (budget < 1 || s->cur.n == 0) {
+        memset(allow, 0, (size_t)v->n);
+        if (eos_ok) allow[v->eos] = 1, n_allowed++;
+        return n_allowed;
+    }
     const loom_grammar *g = s->g;
+    uint64_t hash = 0;
+    const int klen = state_key(s, sc->key, &hash);
+    for (int i = 0; klen >= 0 && i < MCACHE; i++) {
+        mcache *m = &sc->mc[i];
+        if (m->key && m->gid == g->id && m->vid == v->id && m->hash == hash && m->klen == klen &&
+            budget - 1 >= m->maxdist && !memcmp(m->key, sc->key, (size_t)klen * sizeof *sc->key)) {
+            m->used = ++sc->clock;
+            memcpy(allow, m->allow, (size_t)v->n);
+            if (eos_ok) allow[v->eos] = 1;
+            return m->n_allowed + eos_ok;
+        }
+    }
+    memset(allow, 0, (size_t)v->n);
     /* a fresh automaton for this call */
     arena_release(&sc->a, (amark){0, 0});
     if (sc->ftab) memset(sc->ftab, 0, sc->fcap * sizeof *sc->ftab);
@@ -552,6 +604,7 @@ int loom_grammar_mask(const loom_grammar_state *s, const loom_grammar_vocab *v, 
     }
     for (int i = 0; i < s->cur.n; i++) sc->tmp[i] = intern_deep(sc, g, s->cur.f[i]);
     sc->path[0] = intern_state(sc, sc->tmp, s->cur.n, s->cur.accept, s->cur.dist);
+    int maxdist = 0;
     for (int i = 1; i < v->n_nodes;) {
         const int d = v->depth[i];
         const int k = transition(sc, g, sc->path[d - 1], v->nbyte[i]);
@@ -560,10 +613,31 @@ int loom_grammar_mask(const loom_grammar_state *s, const loom_grammar_vocab *v, 
             continue;
         }
         sc->path[d] = k;
-        if (v->tok0[i + 1] > v->tok0[i] && sc->st[k].dist <= budget - 1)
-            for (int t = v->tok0[i]; t < v->tok0[i + 1]; t++) allow[v->tok_ids[t]] = 1, n_allowed++;
+        if (v->tok0[i + 1] > v->tok0[i]) {
+            const int dist = sc->st[k].dist;
+            if (dist > maxdist) maxdist = dist;
+            if (dist <= budget - 1)
+                for (int t = v->tok0[i]; t < v->tok0[i + 1]; t++) allow[v->tok_ids[t]] = 1, n_allowed++;
+        }
         if (sc->st[k].n == 0) i = v->end[i]; /* complete, nothing can follow: no longer token fits */
         else i++;
     }
+    if (klen >= 0 && budget - 1 >= maxdist) { /* the budget did not bind: cache it */
+        mcache *m = &sc->mc[0];
+        for (int i = 1; i < MCACHE; i++)
+            if (sc->mc[i].used < m->used) m = &sc->mc[i];
+        if (!m->allow || m->vid != v->id) m->allow = loom_realloc(m->allow, (size_t)v->n);
+        m->key = loom_realloc(m->key, (size_t)(klen > 0 ? klen : 1) * sizeof *m->key);
+        memcpy(m->key, sc->key, (size_t)klen * sizeof *m->key);
+        memcpy(m->allow, allow, (size_t)v->n);
+        m->gid = g->id;
+        m->vid = v->id;
+        m->hash = hash;
+        m->klen = klen;
+        m->n_allowed = n_allowed;
+        m->maxdist = maxdist;
+        m->used = ++sc->clock;
+    }
+    if (eos_ok) allow[v->eos] = 1, n_allowed++;
     return n_allowed;
 }

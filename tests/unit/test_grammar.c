@@ -7,7 +7,8 @@
  * - masks on a toy vocabulary equal brute force: token t is allowed iff the text + t's bytes is
  *   a prefix of some valid document, by an independent prefix matcher written here over the
  *   schema (sets of end positions, not the grammar's automaton), along random walks;
- * - with a budget, random walks always end in a complete document within it;
+ * - with a budget, random walks always end in a complete document within it, and the masks
+ *   a scratch caches equal fresh ones;
  * - the tool-call sequence grammar, and the cache (one compilation per canonical schema). */
 #include "testutil.h"
 
@@ -575,6 +576,13 @@ static void test_budget(void **state) {
         for (; used < budget && !loom_grammar_state_terminal(s); used++) {
             int n = loom_grammar_mask(s, v, budget - used, allow, sc);
             assert_true(n > 0);
+            /* the scratch's cache of masks (by state, valid where the budget does not bind)
+             * gives what a fresh scratch computes */
+            loom_grammar_scratch *fresh = loom_grammar_scratch_new();
+            uint8_t again[260];
+            assert_int_equal(loom_grammar_mask(s, v, budget - used, again, fresh), n);
+            assert_memory_equal(allow, again, sizeof again);
+            loom_grammar_scratch_free(fresh);
             int t;
             do t = (int)(loom_rng_u64(7, (uint64_t)w, (uint64_t)used * 1000 + (uint64_t)n++) % 260);
             while (!allow[t]);
