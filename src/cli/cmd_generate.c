@@ -396,7 +396,9 @@ static int generate_main(int argc, char **argv) {
             if (prompts_file) loom_errf(&err, "%s: prompt %d: %s", prompts_file, i + 1, msg);
             goto fail;
         }
-        if (!prompts_file && !fmt_ids && !chat && tp_idx == 0) { /* echo the prompt as given */
+        /* echo the prompt as given (not before a document of --json-schema / --json: stdout is
+         * the document alone) */
+        if (!prompts_file && !fmt_ids && !chat && !grammar && tp_idx == 0) {
             print_ids(tok, enc.ids, (int)enc.n);
             fflush(stdout);
         }
