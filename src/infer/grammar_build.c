@@ -43,6 +43,15 @@ typedef struct builder {
     int ws, str_char, string_any, number, integer, hex;
     int too_big;
     int depth;           /* compile_schema calls nested now (anyOf, $ref and all) */
+    /* every schema compiled, for explaining an unsatisfiable one: its place, its rule, the
+     * schema it is part of, and whether the parent needs it (a required property, the items
+     * of an array with minItems > 0, a branch of anyOf, a $ref's target) */
+    struct snode {
+        char *path;
+        const char *why;
+        int rule, parent, mandatory;
+    } *nodes;
+    int n_nodes, cap_nodes, cur, mand;
 } builder;
 
 static int new_rule(builder *b) {
@@ -420,6 +429,7 @@ static int compile_ref(builder *b, const char *ref, const char *path, int rd, in
     json_t *target = resolve_ref(b, ref, path);
     if (!target) return -1;
     if (rd >= LOOM_GRAMMAR_MAX_REF_DEPTH) { /* deeper: not taken (the rule derives nothing) */
+        if (b->cur >= 0) b->nodes[b->cur].why = "its $ref recursion goes deeper than 8 expansions";
         *out = dead_rule(b);
         return 0;
     }
@@ -474,7 +484,7 @@ static int object_rule(builder *b, json_t *s, const char *path, int rd, int nd, 
     if (addl && !json_is_boolean(addl) && !json_is_object(addl))
         return loom_errf(b->err, "%s: 'additionalProperties' must be a boolean or a schema", path);
     size_t i;
-    json_t *x;
+    json_t *x, *x2;
     json_array_foreach(req, i, x) {
         if (!json_is_string(x)) return loom_errf(b->err, "%s: 'required' must hold strings", path);
         if (!props || !json_object_get(props, json_string_value(x)))
@@ -490,6 +500,7 @@ static int object_rule(builder *b, json_t *s, const char *path, int rd, int nd, 
         }
         if (json_is_object(addl)) {
             snprintf(sub, sizeof sub, "%s/additionalProperties", path);
+            b->mand = 0; /* {} needs no value */
             if (compile_schema(b, addl, sub, rd, nd + 1, &v)) return -1;
         } else {
             v = any_rule(b, nd + 1);
@@ -507,6 +518,8 @@ static int object_rule(builder *b, json_t *s, const char *path, int rd, int nd, 
     json_object_foreach(props, key, x) {
         snprintf(sub, sizeof sub, "%s/properties/%s", path, key);
         int v;
+        b->mand = 0;
+        json_array_foreach(req, i, x2) if (!strcmp(json_string_value(x2), key)) b->mand = 1;
         if (compile_schema(b, x, sub, rd, nd + 1, &v)) {
             free(kv);
             free(isreq);
@@ -576,10 +589,45 @@ static int compile_schema1(builder *b, json_t *s, const char *path, int rd, int 
  * connection thread's stack) */
 static int compile_schema(builder *b, json_t *s, const char *path, int rd, int nd, int *out) {
     if (b->depth >= 64) return loom_errf(b->err, "%s: the schema nests over 64 levels", path);
+    if (b->n_nodes == b->cap_nodes) {
+        b->cap_nodes = b->cap_nodes ? 2 * b->cap_nodes : 64;
+        b->nodes = loom_realloc(b->nodes, (size_t)b->cap_nodes * sizeof *b->nodes);
+    }
+    const int me = b->n_nodes++, parent = b->cur;
+    b->nodes[me] = (struct snode){loom_strdup(path), NULL, -1, parent, b->mand};
+    b->mand = 1;
+    b->cur = me;
     b->depth++;
     const int rc = compile_schema1(b, s, path, rd, nd, out);
     b->depth--;
+    b->cur = parent;
+    b->mand = 1;
+    if (rc == 0) b->nodes[me].rule = *out;
     return rc;
+}
+
+/* why no document matches (after grammar_finish found the root dead): the deepest schema on a
+ * chain of dead ones that their parents need */
+static void explain_dead(const builder *b, const loom_grammar *g, char *buf, size_t n) {
+    int at = -1;
+    for (int i = 0; i < b->n_nodes && at < 0; i++)
+        if (b->nodes[i].parent < 0 && b->nodes[i].rule >= 0 && g->minlen[b->nodes[i].rule] >= INF) at = i;
+    for (int moved = at >= 0; moved;) {
+        moved = 0;
+        for (int i = at + 1; i < b->n_nodes; i++)
+            if (b->nodes[i].parent == at && b->nodes[i].mandatory && b->nodes[i].rule >= 0 &&
+                g->minlen[b->nodes[i].rule] >= INF) {
+                at = i;
+                moved = 1;
+                break;
+            }
+    }
+    if (at < 0) {
+        snprintf(buf, n, "the schema admits no document");
+        return;
+    }
+    snprintf(buf, n, "%s admits no value%s%s", b->nodes[at].path, b->nodes[at].why ? ": " : "",
+             b->nodes[at].why ? b->nodes[at].why : "");
 }
 
 static int compile_schema1(builder *b, json_t *s, const char *path, int rd, int nd, int *out) {
@@ -589,6 +637,7 @@ static int compile_schema1(builder *b, json_t *s, const char *path, int rd, int 
         return 0;
     }
     if (json_is_false(s)) {
+        if (b->cur >= 0) b->nodes[b->cur].why = "the schema is false";
         *out = dead_rule(b);
         return 0;
     }
@@ -716,6 +765,7 @@ static int compile_schema1(builder *b, json_t *s, const char *path, int rd, int 
                                      "schemas, are not supported)", path);
         snprintf(sub, sizeof sub, "%s/items", path);
         if (items) {
+            b->mand = lo > 0;
             if (compile_schema(b, items, sub, rd, nd + 1, &item)) return -1;
         } else {
             item = any_rule(b, nd + 1);
@@ -758,7 +808,7 @@ int grammar_build(json_t *src, const char *text, loom_grammar **out, loom_err *e
     g->cls = loom_calloc((size_t)g->cap_cls, sizeof *g->cls);
     for (int c = 0; c < 256; c++) g->cls[c][c >> 5] = 1u << (c & 31);
     g->n_cls = 256;
-    builder b = {.g = g, .err = err};
+    builder b = {.g = g, .err = err, .cur = -1, .mand = 1};
     new_rule(&b); /* rule 0: never used (0 means "not built yet" in the builder's caches) */
     seq body = {0};
     size_t i;
@@ -784,6 +834,8 @@ int grammar_build(json_t *src, const char *text, loom_grammar **out, loom_err *e
     }
     free(b.refs);
     if (rc) {
+        for (int k = 0; k < b.n_nodes; k++) free(b.nodes[k].path);
+        free(b.nodes);
         free(body.v);
         grammar_free(g);
         return -1;
@@ -801,15 +853,20 @@ int grammar_build(json_t *src, const char *text, loom_grammar **out, loom_err *e
     }
     g->root = root;
     if (b.too_big) {
+        for (int k = 0; k < b.n_nodes; k++) free(b.nodes[k].path);
+        free(b.nodes);
         grammar_free(g);
         return loom_errf(err, "the schema compiles to a grammar of over %d elements (lower its "
                               "maxLength / maxItems)", MAX_ELEMS);
     }
-    if (grammar_finish(g)) {
+    const int dead = grammar_finish(g);
+    char why[1200] = "";
+    if (dead) explain_dead(&b, g, why, sizeof why);
+    for (int k = 0; k < b.n_nodes; k++) free(b.nodes[k].path);
+    free(b.nodes);
+    if (dead) {
         grammar_free(g);
-        return loom_errf(err, "the schema is unsatisfiable: no document matches it (within "
-                              "loom's bounds: $ref nested at most %d deep)",
-                         LOOM_GRAMMAR_MAX_REF_DEPTH);
+        return loom_errf(err, "the schema is unsatisfiable: no document matches it (%s)", why);
     }
     g->source = loom_strdup(text);
     *out = g;
