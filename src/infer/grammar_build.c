@@ -370,9 +370,11 @@ static int alt_rules(builder *b, const int *rs, int n) {
 
 /* ---- schemas --------------------------------------------------------------------------- */
 
+/* (format: an annotation in JSON Schema 2020-12, asserted only by validators asked to; the
+ * schemas pydantic and agent frameworks write carry it on dates, e-mails, URIs) */
 static const char *const IGNORED[] = {"description", "title", "default", "examples", "$schema",
                                       "$id", "$comment", "deprecated", "readOnly", "writeOnly",
-                                      "$defs", "definitions", NULL};
+                                      "$defs", "definitions", "format", NULL};
 static const char *const KNOWN[] = {"type", "properties", "required", "additionalProperties",
                                     "enum", "const", "items", "minItems", "maxItems", "anyOf",
                                     "oneOf", "allOf", "$ref", "minLength", "maxLength", NULL};
