@@ -112,22 +112,27 @@ def decode(L, m, model, ref, prompt, steps):
     ws = L.loom_decode_ws_create(m, len(prompt), 1)
     V = model.config.vocab_size
     toks, pos, worst, worst32 = list(prompt), 0, 0.0, float("inf")
-    feed = list(prompt)
+    feed, gots = list(prompt), []
     for _ in range(steps):
         seg = Seg(k.ctypes.data, v.ctypes.data, cap, pos, len(feed), 1)
         arr = (ctypes.c_int32 * len(feed))(*feed)
         lp = L.loom_model_decode_batch(m, ws, arr, ctypes.byref(seg), 1)
         got = np.ctypeslib.as_array(lp, shape=(V,)).copy()
+        gots.append(got)
         pos += len(feed)
-        with torch.no_grad():
-            r = ref(torch.tensor([toks])).logits[0, -1].numpy()
-            r32 = model(torch.tensor([toks])).logits[0, -1].numpy()
-        worst = max(worst, float(np.abs(got - r).max() / np.abs(r).max()))
-        worst32 = min(worst32, float(np.abs(got - r32).max() / np.abs(r32).max()))
         t = int(np.argmax(got))
         toks.append(t)
         feed = [t]
     L.loom_decode_ws_free(ws)
+    # the references' next-token logits of every prefix at once: one causal forward over the
+    # whole sequence (position i sees toks[:i + 1] only), not one forward per step
+    with torch.no_grad():
+        seq = torch.tensor([toks[:-1]])
+        rs, r32s = ref(seq).logits[0].numpy(), model(seq).logits[0].numpy()
+    for s_, got in enumerate(gots):
+        r, r32 = rs[len(prompt) - 1 + s_], r32s[len(prompt) - 1 + s_]
+        worst = max(worst, float(np.abs(got - r).max() / np.abs(r).max()))
+        worst32 = min(worst32, float(np.abs(got - r32).max() / np.abs(r32).max()))
     return toks[len(prompt):], worst, worst32
 
 
