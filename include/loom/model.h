@@ -591,6 +591,22 @@ float loom_model_forward(loom_model *m, const int32_t *inputs, const int32_t *ta
  * the sum of per-token losses (use dscale = 1/valid_tokens for the mean, and divide by the
  * total over all micro-batches when accumulating). Clobbers logits. */
 void loom_model_backward(loom_model *m, float dscale);
+/* ---- per-token log-probs and weighted losses (preference optimization, docs/finetune.md) --
+ * After a forward with targets (LM head): out (B*T) = log p(target_i | prefix) of each
+ * position, i.e. minus its cross-entropy (the losses the forward computed; the same in the
+ * dense, chunked (model.loss_chunk) and vocab-parallel heads), 0 where target_i < 0. The
+ * caller sums them per sequence. */
+void loom_model_token_logps(const loom_model *m, float *out);
+void loom_model_token_logps_acts(const loom_model *m, const loom_acts *a, float *out);
+/* loom_model_backward with a weight per token: grads += d(sum_i w_i * loss_i)/dparams, loss_i
+ * the cross-entropy of position i (so w_i = -c makes the gradient of c * log p_i); w (B*T) of
+ * the last forward's shape; positions with target < 0 contribute nothing whatever w_i. dscale
+ * scales the model's own terms (MoE's load-balancing and z losses) as in loom_model_backward.
+ * With every w_i equal to dscale this is loom_model_backward(m, dscale), bit for bit (runs of
+ * equal weights are one kernel call each). LM head only. Clobbers logits. */
+void loom_model_backward_weighted(loom_model *m, const float *w, float dscale);
+void loom_model_backward_weighted_acts(loom_model *m, loom_acts *a, const float *w,
+                                       float dscale);
 /* number of targets >= 0 in the last forward */
 int64_t loom_model_valid_targets(const loom_model *m);
 void loom_model_zero_grad(loom_model *m);

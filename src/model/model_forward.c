@@ -65,6 +65,42 @@ static void ce_backward(const loom_model *m, float *logits, const int32_t *targe
     else m->be->crossentropy_softmax_backward(logits, targets, N, V, dscale);
 }
 
+/* The LM head's in-place cross-entropy backward of rows [r0, r0 + n) of the forward (their
+ * logits at `logits`, row r0 first; Vl columns each: the vocab-parallel kernels with tp > 1),
+ * token i's gradient scaled by w[i] (loss_weights; NULL: every row by dscale). Rows of equal
+ * weight go to the kernel as one run, so equal weights make exactly today's one call; rows
+ * with target < 0 become 0 whatever their weight, so they join the run around them. */
+static void head_ce_backward(const loom_model *m, const loom_acts *a, float *logits, int64_t r0,
+                             int64_t n, float dscale, const float *w) {
+    const float cap = m->cfg.arch.final_softcap;
+    const int vp = m->lay.tp > 1, Vl = m->Vl;
+    for (int64_t i = 0; i < n;) {
+        int64_t j = i, first = -1;
+        float s = dscale;
+        if (w) { /* the run [i, j): rows with one weight (ignored rows join any run) */
+            for (; j < n; j++) {
+                const int64_t r = r0 + j;
+                if (a->targets[r] < 0) continue;
+                if (first < 0) first = j, s = w[r];
+                else if (w[r] != s) break;
+            }
+        } else j = n;
+        float *lg = logits + (size_t)i * (size_t)Vl;
+        const int32_t *tg = a->targets + r0 + i;
+        const int64_t k = j - i;
+        if (vp && cap > 0.0f)
+            m->be->crossentropy_shard_softcap_backward(lg, tg, a->vmax + r0 + i,
+                                                       a->vsums + 2 * (r0 + i), m->V0, k, Vl, s,
+                                                       cap);
+        else if (vp)
+            m->be->crossentropy_shard_backward(lg, tg, a->vmax + r0 + i, a->vsums + 2 * (r0 + i),
+                                               m->V0, k, Vl, s);
+        else
+            ce_backward(m, lg, tg, k, Vl, s);
+        i = j;
+    }
+}
+
 /* ---- the LM head and its loss: one code for the dense, the chunked (model.loss_chunk) and
  * the vocab-parallel (tp > 1) variants; they differ only where their data does ---- */
 
@@ -385,8 +421,11 @@ static void stage_backward(loom_model *m, loom_acts *a, float dscale) {
     a->has_targets = 0;
 }
 
-void loom_model_backward_acts(loom_model *m, loom_acts *a, float dscale) {
+/* The head's and the layers' backward; w (B*T) NULL: every token's loss scaled by dscale,
+ * else token i's by w[i] (the LM head only) and the layers' own terms (MoE) by dscale. */
+static void backward_impl(loom_model *m, loom_acts *a, float dscale, const float *w) {
     LOOM_CHECK(a->has_targets && a->stacked);
+    LOOM_CHECK(!w || m->cfg.head == LOOM_HEAD_LM);
     if (!m->lay.has_head) {
         stage_backward(m, a, dscale);
         return;
@@ -398,7 +437,6 @@ void loom_model_backward_acts(loom_model *m, loom_acts *a, float dscale) {
     const int U_FINAL = m->n_units - 1;
     memset(m->have_grads, 0, (size_t)m->n_units);
     const int cls = c->head == LOOM_HEAD_CLASSIFY, tied = c->arch.tied && !cls;
-    const int vp = m->lay.tp > 1; /* vocab-parallel embedding and head */
     const int64_t BTs = m->lay.sp ? BT / m->lay.tp : BT; /* the norm / residual regions' rows */
     acquire(m, U_FINAL, 1);
     if (tied) acquire(m, 0, 1);
@@ -417,20 +455,12 @@ void loom_model_backward_acts(loom_model *m, loom_acts *a, float dscale) {
         for (int64_t r0 = 0; r0 < BT; r0 += a->chunk) {
             const int64_t n = BT - r0 < a->chunk ? BT - r0 : a->chunk;
             head_logits(m, a->logits, a->lnf + r0 * C, n);
-            ce_backward(m, a->logits, a->targets + r0, n, V, dscale);
+            head_ce_backward(m, a, a->logits, r0, n, dscale, w);
             m->be->matmul_backward_set(a->dln + r0 * C, dhead, NULL, a->logits,
                                        a->lnf + r0 * C, head, n, C, V); /* rows r0.. set */
         }
     } else { /* logits (B,T,V) become dlogits in place (tp > 1: this view's columns) */
-        const float cap = c->arch.final_softcap;
-        if (vp && cap > 0.0f)
-            m->be->crossentropy_shard_softcap_backward(a->logits, a->targets, a->vmax, a->vsums,
-                                                       m->V0, BT, m->Vl, dscale, cap);
-        else if (vp)
-            m->be->crossentropy_shard_backward(a->logits, a->targets, a->vmax, a->vsums, m->V0,
-                                               BT, m->Vl, dscale);
-        else
-            ce_backward(m, a->logits, a->targets, BT, V, dscale);
+        head_ce_backward(m, a, a->logits, 0, BT, dscale, w);
         const float *head = HEAD_W(m);
         float *dhead = HEAD_G(m);
         m->be->matmul_backward_set(a->dln_full, dhead, NULL, a->logits, a->lnf_full, head, BT,
@@ -459,6 +489,32 @@ void loom_model_backward_acts(loom_model *m, loom_acts *a, float dscale) {
     /* a last stage without the embedding holds the tied head's wte in unit 0 */
     if (m->lay.has_embedding || tied) grads_ready(m, 0);
     a->has_targets = 0;
+}
+
+void loom_model_backward_acts(loom_model *m, loom_acts *a, float dscale) {
+    backward_impl(m, a, dscale, NULL);
+}
+
+void loom_model_backward_weighted_acts(loom_model *m, loom_acts *a, const float *w,
+                                       float dscale) {
+    LOOM_CHECK(w != NULL);
+    backward_impl(m, a, dscale, w);
+}
+
+void loom_model_token_logps_acts(const loom_model *m, const loom_acts *a, float *out) {
+    LOOM_CHECK(a->has_targets && m->lay.has_head && m->cfg.head == LOOM_HEAD_LM);
+    const int64_t BT = (int64_t)a->B * a->T;
+    for (int64_t i = 0; i < BT; i++) out[i] = a->targets[i] < 0 ? 0.0f : -a->losses[i];
+}
+
+void loom_model_backward_weighted(loom_model *m, const float *w, float dscale) {
+    LOOM_CHECK(m->acts != NULL);
+    loom_model_backward_weighted_acts(m, m->acts, w, dscale);
+}
+
+void loom_model_token_logps(const loom_model *m, float *out) {
+    LOOM_CHECK(m->acts != NULL);
+    loom_model_token_logps_acts(m, m->acts, out);
 }
 
 float loom_model_forward(loom_model *m, const int32_t *inputs, const int32_t *targets, int B,

@@ -1,0 +1,283 @@
+"""Preference optimization (DPO, SimPO, ORPO) against PyTorch in float64.
+
+The pieces a preference step runs, through libloom.so: a forward of the chosen and rejected
+rows (targets -1 on the prompt), loom_model_token_logps, loom_pref_seq_logps, loom_pref_loss
+(the loss and d loss / d sequence log-prob) and loom_pref_token_weights, then
+loom_model_backward_weighted. The reference is torch_ref's decoder with the same weights in
+float64, its log-probs from log_softmax, and the losses written here from the papers' and TRL's
+formulas (DPOTrainer loss_type sigmoid with label_smoothing; CPOTrainer loss_type simpo;
+ORPOTrainer), differentiated by autograd. DPO's reference model is a second loom model (other
+weights) whose log-probs both sides use.
+
+Checked for each method: the loss, every metric, and EVERY parameter gradient (max |d| / max
+|ref| per tensor) <= 1e-5; for the dense head and model.loss_chunk = 5 (the chunked head), llama
+(GQA, RoPE) and gpt2 (tied head). Also: backward_weighted with every weight equal to dscale is
+loom_model_backward(dscale) bit for bit, and positions with target -1 take no gradient from
+their weight (a NaN weight there changes nothing).
+"""
+import ctypes
+import math
+import os
+import sys
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import test_model as tm  # noqa: E402
+import torch_ref  # noqa: E402
+
+LIB = tm.LIB
+TOL = 1e-5
+failures = []
+
+P, I, L = ctypes.c_void_p, ctypes.c_int, ctypes.c_int64
+DP = ctypes.POINTER(ctypes.c_double)
+
+
+class Opts(ctypes.Structure):
+    _fields_ = [("method", I), ("beta", ctypes.c_double), ("label_smoothing", ctypes.c_double),
+                ("gamma", ctypes.c_double)]
+
+
+METRICS = ["loss", "rewards_chosen", "rewards_rejected", "margins", "accuracies",
+           "logps_chosen", "logps_rejected", "nll_loss", "log_odds_ratio", "log_odds_chosen"]
+
+
+class Metrics(ctypes.Structure):
+    _fields_ = [(n, ctypes.c_double) for n in METRICS]
+
+
+for name, res, args in [
+        ("loom_model_token_logps", None, [P, P]),
+        ("loom_model_backward_weighted", None, [P, P, ctypes.c_float]),
+        ("loom_pref_seq_logps", None, [P, P, I, I, P, P]),
+        ("loom_pref_loss", None, [ctypes.POINTER(Opts), L, P, P, P, P, P, P, ctypes.c_double,
+                                  ctypes.c_double, P, P, ctypes.POINTER(Metrics)]),
+        ("loom_pref_token_weights", None, [P, P, I, I, P])]:
+    fn = getattr(LIB, name)
+    fn.restype, fn.argtypes = res, args
+
+DPO, SIMPO, ORPO = 1, 2, 3
+
+
+def ptr(a):
+    return a.ctypes.data_as(ctypes.c_void_p)
+
+
+def check(what, err, tol=TOL):
+    ok = err <= tol
+    print(f"  {'ok  ' if ok else 'FAIL'} {what}: {err:.2e} (tol {tol:g})")
+    if not ok:
+        failures.append(what)
+
+
+def rel(a, b):
+    a, b = np.asarray(a, dtype=np.float64), np.asarray(b, dtype=np.float64)
+    return float(np.max(np.abs(a - b)) / max(np.max(np.abs(b)), 1e-30))
+
+
+def make_model(cfg, B, T, seed, chunk=0):
+    c = torch_ref.normalize_config(cfg)
+    mc = tm.ModelConfig(c["flavor"], c["vocab_size"], c["max_seq_len"], c["n_layer"], c["n_head"],
+                        c["n_kv_head"], c["d_model"], c["d_ff"], c["norm_eps"], c["rope_theta"],
+                        c["init_std"], loss_chunk=chunk)
+    m, err = ctypes.c_void_p(), tm.Err()
+    if LIB.loom_model_create(ctypes.byref(mc), None, B, T, ctypes.byref(m), ctypes.byref(err)):
+        raise RuntimeError(err.msg.decode())
+    n = LIB.loom_model_num_params(m)
+    params = np.ctypeslib.as_array(LIB.loom_model_params(m), shape=(n,))
+    grads = np.ctypeslib.as_array(LIB.loom_model_grads(m), shape=(n,))
+    infos = {i["name"]: i for i in (tm.LoomModel.as_dict(LIB.loom_model_tensor(m, k))
+                                    for k in range(LIB.loom_model_num_tensors(m)))}
+    # weights large enough for log-probs far from uniform (init_std 0.02 gives ~log V)
+    rng = np.random.default_rng(seed)
+    params[:] = rng.normal(0, 0.15, n).astype(np.float32)
+    for name, inf in infos.items():
+        if name.endswith(("ln1_w", "ln2_w", "lnf_w")):
+            params[inf["offset"]:inf["offset"] + inf["numel"]] += 1.0
+    return m, c, params, grads, infos
+
+
+def batch(rng, V, T):
+    """Two pairs as 4 rows (chosen, rejected, chosen, rejected): a shared prompt per pair
+    (targets -1), completions of different lengths, padding (-1) after them."""
+    x = rng.integers(0, V, size=(4, T)).astype(np.int32)
+    y = np.full((4, T), -1, dtype=np.int32)
+    spans = [(3, 10), (3, 7), (5, 12), (5, 11)]  # (prompt length, end of the completion)
+    for r, (p, e) in enumerate(spans):
+        if r % 2:
+            x[r, :p] = x[r - 1, :p]
+        y[r, p - 1:e - 1] = x[r, p:e]
+    return x, y
+
+
+def loom_logps(m, x, y):
+    B, T = x.shape
+    LIB.loom_model_forward(m, x.ctypes.data_as(ctypes.POINTER(ctypes.c_int32)),
+                           y.ctypes.data_as(ctypes.POINTER(ctypes.c_int32)), B, T)
+    lp = np.zeros((B, T), dtype=np.float32)
+    LIB.loom_model_token_logps(m, ptr(lp))
+    sums, counts = np.zeros(B), np.zeros(B)
+    LIB.loom_pref_seq_logps(ptr(lp), ptr(y), B, T, ptr(sums), ptr(counts))
+    return lp, sums, counts
+
+
+def torch_seq_logps(ref, x, y):
+    logits, _ = ref.forward(torch.from_numpy(x.astype(np.int64)))
+    yy = torch.from_numpy(y.astype(np.int64))
+    mask = (yy >= 0).to(logits.dtype)
+    lp = torch.gather(F.log_softmax(logits, -1), 2, yy.clamp(min=0).unsqueeze(-1)).squeeze(-1)
+    return (lp * mask).sum(-1), mask.sum(-1)
+
+
+def torch_loss(method, beta, ls, gamma, s, cnt, ref_s):
+    """The loss (mean over pairs) and TRL's metrics from sequence sums s (rows c, r, c, r)."""
+    lc, lr = s[0::2], s[1::2]
+    nc, nr = cnt[0::2], cnt[1::2]
+    out = {}
+    if method == DPO:
+        rc, rr = ref_s[0::2], ref_s[1::2]
+        z = (lc - rc) - (lr - rr)
+        losses = -(1 - ls) * F.logsigmoid(beta * z) - ls * F.logsigmoid(-beta * z)
+        ch, rj = beta * (lc - rc), beta * (lr - rr)
+        out.update(logps_chosen=lc, logps_rejected=lr)
+        loss = losses.mean()
+    elif method == SIMPO:
+        pc, pr = lc / nc, lr / nr
+        z = pc - pr - gamma / beta
+        losses = -(1 - ls) * F.logsigmoid(beta * z) - ls * F.logsigmoid(-beta * z)
+        ch, rj = beta * pc, beta * pr
+        out.update(logps_chosen=pc, logps_rejected=pr)
+        loss = losses.mean()
+    else:
+        pc, pr = lc / nc, lr / nr
+        log_odds = (pc - pr) - (torch.log1p(-torch.exp(pc)) - torch.log1p(-torch.exp(pr)))
+        ratio = F.logsigmoid(log_odds)
+        nll = -lc.sum() / nc.sum()  # the chosen tokens' mean cross-entropy
+        loss = nll - beta * ratio.mean()
+        ch, rj = beta * pc, beta * pr
+        out.update(logps_chosen=pc, logps_rejected=pr, nll_loss=nll * len(lc),
+                   log_odds_ratio=ratio, log_odds_chosen=log_odds)
+    out.update(rewards_chosen=ch, rewards_rejected=rj, margins=ch - rj,
+               accuracies=(ch > rj).to(ch.dtype))
+    # loom's metrics are sums over pairs (the trainer divides by the pairs)
+    metrics = {k: float(v.detach().sum()) for k, v in out.items()}
+    metrics["loss"] = float(loss.detach())
+    return loss, metrics
+
+
+def run(tag, cfg, method, beta, ls=0.0, gamma=0.0, chunk=0, seed=0):
+    print(f"== {tag}: {['', 'dpo', 'simpo', 'orpo'][method]} beta {beta} label_smoothing {ls}"
+          f" gamma {gamma}{' loss_chunk %d' % chunk if chunk else ''}")
+    B, T = 4, 12
+    m, c, params, grads, infos = make_model(cfg, B, T, seed + 1, chunk)
+    rm, _, rparams, _, _ = make_model(cfg, B, T, seed + 2)  # the frozen reference
+    rng = np.random.default_rng(seed)
+    x, y = batch(rng, c["vocab_size"], T)
+
+    ref_s = np.zeros(B)
+    if method == DPO:
+        _, ref_s, _ = loom_logps(rm, x, y)
+    LIB.loom_model_zero_grad(m)
+    _, s, cnt = loom_logps(m, x, y)
+    opts = Opts(method, beta, ls, gamma)
+    lc, lr = np.ascontiguousarray(s[0::2]), np.ascontiguousarray(s[1::2])
+    nc, nr = np.ascontiguousarray(cnt[0::2]), np.ascontiguousarray(cnt[1::2])
+    rc, rr = np.ascontiguousarray(ref_s[0::2]), np.ascontiguousarray(ref_s[1::2])
+    dc, dr = np.zeros(2), np.zeros(2)
+    mx = Metrics()
+    LIB.loom_pref_loss(ctypes.byref(opts), 2, ptr(lc), ptr(lr), ptr(nc), ptr(nr),
+                       ptr(rc) if method == DPO else None, ptr(rr) if method == DPO else None,
+                       2.0, float(nc.sum()), ptr(dc), ptr(dr), ctypes.byref(mx))
+    dseq = np.zeros(B)
+    dseq[0::2], dseq[1::2] = dc, dr
+    w = np.zeros((B, T), dtype=np.float32)
+    LIB.loom_pref_token_weights(ptr(dseq), ptr(y), B, T, ptr(w))
+    LIB.loom_model_backward_weighted(m, ptr(w), ctypes.c_float(1.0))
+
+    ref = torch_ref.Ref(c, dtype=torch.float64)
+    rref = torch_ref.Ref(c, dtype=torch.float64)
+    with torch.no_grad():
+        for name in ref.names:
+            inf = infos[name]
+            sl = slice(inf["offset"], inf["offset"] + inf["numel"])
+            ref.get_parameter(name).copy_(torch.from_numpy(params[sl].reshape(inf["shape"])))
+            rref.get_parameter(name).copy_(torch.from_numpy(rparams[sl].reshape(inf["shape"])))
+    ts, tcnt = torch_seq_logps(ref, x, y)
+    with torch.no_grad():
+        tref_s, _ = torch_seq_logps(rref, x, y)
+    check("reference log-prob sums", rel(ref_s, tref_s.numpy()) if method == DPO else 0.0)
+    check("policy log-prob sums", rel(s, ts.detach().numpy()))
+    loss, tm_ = torch_loss(method, beta, ls, gamma, ts, tcnt, tref_s)
+    loss.backward()
+    for k in METRICS:
+        got, want = getattr(mx, k), tm_.get(k, 0.0)
+        check(f"metric {k} ({got:.6g})", abs(got - want) / max(abs(want), 1e-3))
+    worst, where = 0.0, ""
+    for name in ref.names:
+        inf = infos[name]
+        g = ref.get_parameter(name).grad
+        if g is None or float(g.abs().max()) == 0.0:
+            continue
+        mine = grads[inf["offset"]:inf["offset"] + inf["numel"]].reshape(inf["shape"])
+        if name.endswith(".k_b"):  # 0 analytically: loom's noise against q_b's scale
+            e = float(np.abs(mine).max()) / float(
+                ref.get_parameter(name[:-3] + "q_b").grad.abs().max())
+        else:
+            e = rel(mine, g.numpy())
+        if e > worst:
+            worst, where = e, name
+    check(f"every parameter gradient (worst: {where})", worst)
+    LIB.loom_model_free(m)
+    LIB.loom_model_free(rm)
+
+
+def check_equal_weights(cfg, chunk):
+    """backward_weighted(w = dscale everywhere) == backward(dscale), bit for bit; a NaN
+    weight on an ignored position changes nothing."""
+    B, T = 4, 12
+    m, c, params, grads, _ = make_model(cfg, B, T, 5, chunk)
+    x, y = batch(np.random.default_rng(3), c["vocab_size"], T)
+    xp = x.ctypes.data_as(ctypes.POINTER(ctypes.c_int32))
+    yp = y.ctypes.data_as(ctypes.POINTER(ctypes.c_int32))
+    dscale = 1.0 / float((y >= 0).sum())
+    LIB.loom_model_zero_grad(m)
+    LIB.loom_model_forward(m, xp, yp, B, T)
+    LIB.loom_model_backward(m, ctypes.c_float(dscale))
+    g0 = grads.copy()
+    w = np.full((B, T), dscale, dtype=np.float32)
+    w[y < 0] = np.nan
+    LIB.loom_model_zero_grad(m)
+    LIB.loom_model_forward(m, xp, yp, B, T)
+    LIB.loom_model_backward_weighted(m, ptr(w), ctypes.c_float(dscale))
+    same = np.array_equal(g0.view(np.uint32), grads.view(np.uint32))
+    print(f"  {'ok  ' if same else 'FAIL'} equal weights = backward(dscale) bit for bit"
+          f"{' (loss_chunk %d)' % chunk if chunk else ''}")
+    if not same:
+        failures.append("equal weights bitwise")
+    LIB.loom_model_free(m)
+
+
+def main():
+    torch.set_num_threads(2)
+    llama, gpt2 = tm.CONFIGS["llama"], tm.CONFIGS["gpt2"]
+    run("llama", llama, DPO, 0.1)
+    run("llama", llama, DPO, 0.5, ls=0.2, chunk=5)
+    run("gpt2", gpt2, DPO, 0.1, ls=0.1)
+    run("llama", llama, SIMPO, 2.0, gamma=0.5)
+    run("gpt2", gpt2, SIMPO, 2.0, ls=0.1, gamma=1.0, chunk=5)
+    run("llama", llama, ORPO, 0.1)
+    run("gpt2", gpt2, ORPO, 0.5, chunk=5)
+    print("== backward_weighted with equal weights")
+    check_equal_weights(llama, 0)
+    check_equal_weights(gpt2, 5)
+    if failures:
+        print("FAILED:", ", ".join(failures))
+        sys.exit(1)
+    print("all checks passed")
+
+
+if __name__ == "__main__":
+    main()
