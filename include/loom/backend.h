@@ -82,6 +82,13 @@ typedef struct loom_backend {
      * fp32 and computed as in fp32; any N (inference only; NULL where not supported) */
     void (*matmul_bf16_forward)(float *out, const float *inp, const uint16_t *weight,
                                 const float *bias, int64_t N, int IC, int OC);
+    /* 8-bit weights (--weights int8; kernels.h matmul_q8_forward, Q8_0): N rows quantized
+     * into values (N,IC) and fp16 scales (N,IC/32), and the product of such rows with a
+     * matrix held the same way; NULL where not supported */
+    void (*q8_quantize)(int8_t *q, uint16_t *d, const float *x, int64_t N, int IC);
+    void (*matmul_q8_forward)(float *out, const int8_t *xq, const uint16_t *xd,
+                              const int8_t *wq, const uint16_t *wd, const float *bias,
+                              int64_t N, int IC, int OC);
     /* bf16 compute (--compute bf16; kernels.h matmul_dotbf16_forward): bf16 activations x
      * bf16 weights, fp32 accumulation in VDPBF16PS's order, both operands in the backend's
      * packed layouts: the weights packed once (from fp32, rounded, or from bf16; their size in

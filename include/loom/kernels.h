@@ -51,6 +51,22 @@ void dotbf16_unpack_row(float *dst, const uint16_t *packed, int OC, int IC, int 
  * nearest, ties to even) into it. */
 int64_t dotbf16_act_elems(int64_t N, int IC);
 void bf16_round_rows(uint16_t *dst, const float *src, int64_t N, int IC);
+/* 8-bit weights (--weights int8, src/kernels/matmul_q8.c): GGUF's Q8_0. A row of IC values
+ * (IC a multiple of LOOM_Q8_BLOCK) in blocks of 32, each block a scale d = max|x| / 127 stored
+ * as fp16 (loom/fp16.h) and 32 int8 q = roundf(x / d) (ggml's reference quantizer: x times
+ * 1 / d, ties away from zero; 0 when d is 0). q8_quantize_rows: N rows of x into q (N,IC) and
+ * d (N,IC/32); q8_dequantize_rows: back, x = q * d. */
+#define LOOM_Q8_BLOCK 32
+void q8_quantize_rows(int8_t *q, uint16_t *d, const float *x, int64_t N, int IC);
+void q8_dequantize_rows(float *x, const int8_t *q, const uint16_t *d, int64_t N, int IC);
+/* out (N,OC) = x (N,IC) @ w (OC,IC)^T + bias (may be NULL), x and w in Q8_0 (values xq, wq and
+ * scales xd, wd as q8_quantize_rows writes them): per output one fp32 chain over the blocks in
+ * order, acc += (float)isum_b * (dw_b * dx_b) (the block's exact int32 dot product, the two
+ * scales widened), then the bias. The same bits whatever N and at every level. IC <= 32768. */
+void matmul_q8_forward(float *out, const int8_t *xq, const uint16_t *xd, const int8_t *wq,
+                       const uint16_t *wd, const float *bias, int64_t N, int IC, int OC);
+/* 1 when matmul_q8_forward runs VPDPBUSD now (the avx512 level on a CPU with avx512_vnni) */
+int matmul_q8_vnni(void);
 /* dinp (N,IC) += dout (N,OC) @ weight (OC,IC); dweight (OC,IC) += dout^T @ inp;
  * dbias (OC) += sum_n dout. Any of dinp/dweight/dbias may be NULL. */
 void matmul_backward(float *dinp, float *dweight, float *dbias, const float *dout,

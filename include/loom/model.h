@@ -681,6 +681,15 @@ int loom_model_weights_bf16(const loom_model *m);
  * loom_model_set_weights_bf16. Idempotent. */
 int loom_model_set_compute_bf16(loom_model *m, loom_err *err);
 int loom_model_compute_bf16(const loom_model *m);
+/* --weights int8 (src/model/weights_q8.c, docs/inference.md "Weights in int8"): the same
+ * matrices as loom_model_set_weights_bf16 quantized once to GGUF's Q8_0 (kernels.h
+ * q8_quantize_rows), held so (their fp32 pages released); each linear and the head quantize
+ * their input rows the same way and multiply Q8_0 x Q8_0 (matmul_q8_forward). After it only
+ * loom_model_decode_batch may run the model (create its workspace after this call). The same
+ * conditions as loom_model_set_weights_bf16, every linear's input width a multiple of 32, and
+ * neither bf16 option before; an error otherwise. Idempotent. */
+int loom_model_set_weights_int8(loom_model *m, loom_err *err);
+int loom_model_weights_int8(const loom_model *m);
 
 /* scratch for steps of up to max_rows rows and max_logits segments wanting logits (with
  * --compute bf16: create it after loom_model_set_compute_bf16) */

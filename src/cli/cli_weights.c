@@ -1,4 +1,4 @@
-/* Shared by generate, serve and synth: --weights fp32|bf16, --compute fp32|bf16 and the
+/* Shared by generate, serve and synth: --weights fp32|bf16|int8, --compute fp32|bf16 and the
  * resident memory line. */
 #include <stdio.h>
 #include <string.h>
@@ -6,13 +6,26 @@
 
 #include "cli/cli.h"
 
-int cli_parse_weights(const char *v, int *bf16) {
-    if (!strcmp(v, "fp32") || !strcmp(v, "bf16")) {
-        *bf16 = !strcmp(v, "bf16");
-        return 0;
-    }
-    fprintf(stderr, "loom: error: --weights '%s': expected fp32 or bf16\n", v);
+int cli_parse_weights(const char *v, int *mode) {
+    static const char *const names[] = {"fp32", "bf16", "int8"}; /* CLI_W_* */
+    for (int i = 0; i < 3; i++)
+        if (!strcmp(v, names[i])) {
+            *mode = i;
+            return 0;
+        }
+    fprintf(stderr, "loom: error: --weights '%s': expected fp32, bf16 or int8\n", v);
     return -1;
+}
+
+const char *cli_weights_name(int mode) {
+    return mode == CLI_W_INT8 ? "int8" : mode == CLI_W_BF16 ? "bf16" : "fp32";
+}
+
+int cli_set_weights(loom_model *m, int mode, int cbf16, loom_err *err) {
+    if (cbf16) return loom_model_set_compute_bf16(m, err);
+    if (mode == CLI_W_BF16) return loom_model_set_weights_bf16(m, err);
+    if (mode == CLI_W_INT8) return loom_model_set_weights_int8(m, err);
+    return 0;
 }
 
 int cli_parse_compute(const char *v, int *bf16) {
@@ -26,12 +39,13 @@ int cli_parse_compute(const char *v, int *bf16) {
 
 int cli_compute_weights(int cbf16, int weights_given, int *wbf16) {
     if (!cbf16) return 0;
-    if (weights_given && !*wbf16) {
+    if (weights_given && *wbf16 != CLI_W_BF16) {
         fprintf(stderr, "loom: error: --compute bf16 multiplies bf16 weights: it cannot run "
-                        "with --weights fp32 (drop --weights, or give --weights bf16)\n");
+                        "with --weights %s (drop --weights, or give --weights bf16)\n",
+                cli_weights_name(*wbf16));
         return -1;
     }
-    *wbf16 = 1;
+    *wbf16 = CLI_W_BF16;
     return 0;
 }
 

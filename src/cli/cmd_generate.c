@@ -289,8 +289,8 @@ static int generate_main(int argc, char **argv) {
         goto fail;
     }
     if (wbf16 && recompute) {
-        loom_errf(&err, "--%s bf16 runs through the KV-cache engine, not --no-kv-cache",
-                  cbf16 ? "compute" : "weights");
+        loom_errf(&err, "--%s %s runs through the KV-cache engine, not --no-kv-cache",
+                  cbf16 ? "compute" : "weights", cbf16 ? "bf16" : cli_weights_name(wbf16));
         goto fail;
     }
     /* --tp: this rank's tensor-parallel view, its boxes read from the checkpoint */
@@ -301,8 +301,7 @@ static int generate_main(int argc, char **argv) {
         const loom_comm_points pts = loom_tp_comm_points(tpc);
         loom_model_set_comm_points(m, &pts);
     }
-    if (wbf16 && !cbf16 && loom_model_set_weights_bf16(m, &err)) goto fail;
-    if (cbf16 && loom_model_set_compute_bf16(m, &err)) goto fail;
+    if (cli_set_weights(m, wbf16, cbf16, &err)) goto fail;
     const loom_model_config *mc = loom_model_get_config(m);
     if (mc->head != LOOM_HEAD_LM) {
         loom_errf(&err, "%s: a classification model does not generate text (use loom eval)", ckpt);
@@ -522,7 +521,7 @@ static int generate_main(int argc, char **argv) {
                 (long long)total, dt, dt > 0 ? (double)total / dt : 0.0, np, st.max_running,
                 (long long)st.steps, cpu, cpu > 0 ? (double)total / cpu : 0.0);
         fprintf(stderr, "loom: weights %s%s; resident memory %.1f MiB\n",
-                wbf16 ? "bf16" : "fp32", cbf16 ? ", compute bf16" : "", cli_resident_mib());
+                cli_weights_name(wbf16), cbf16 ? ", compute bf16" : "", cli_resident_mib());
         if (st.masked_tokens)
             fprintf(stderr, "loom: constrained decoding: %lld tokens masked, %.3f ms of mask per "
                             "token\n", (long long)st.masked_tokens,
@@ -554,8 +553,8 @@ usage:
                     "--temperature T --top-k K --top-p P --repetition-penalty R --stop S ... "
                     "--seed S --batch N --kv-budget-mb M --prefix-cache on|off] [--format text|ids] [--stats] [--no-kv-cache]\n"
                     "       [--tp T]: under mpirun -np N, N / T replicas of T tensor-parallel ranks\n"
-                    "       [--weights fp32|bf16] [--compute fp32|bf16]: the linears' weights held "
-                    "in bf16; their products in bf16 too (docs/inference.md)\n"
+                    "       [--weights fp32|bf16|int8] [--compute fp32|bf16]: the linears' weights held "
+                    "in bf16 or in int8 (GGUF's Q8_0); their products in bf16 too (docs/inference.md)\n"
                     "       [--json-schema FILE | --json]: the output is a JSON document matching the schema "
                     "(any JSON object with --json; docs/inference.md, \"Structured output\")\n"
                     "       [--chat [--template chatml|qwen|llama3|llama3.1|mistral|gemma|gemma3|FILE] [--system TEXT]]: the prompt as a user "

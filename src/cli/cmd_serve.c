@@ -158,8 +158,7 @@ static int serve_main(int argc, char **argv) {
         if (ring && rank == 0) fprintf(stderr, "loom: prefix caching off: the model has sliding-window layers\n");
     }
     o.engine.prefix_cache = prefix;
-    if (wbf16 && !cbf16 && loom_model_set_weights_bf16(m, &err)) goto fail;
-    if (cbf16 && loom_model_set_compute_bf16(m, &err)) goto fail;
+    if (cli_set_weights(m, wbf16, cbf16, &err)) goto fail;
     if (loom_run_data_tokenizer(run, &tok, &err)) goto fail;
     if (loom_tokenizer_vocab_size(tok) > (uint32_t)loom_model_get_config(m)->vocab_size) {
         loom_errf(&err, "%s: the tokenizer has more ids than model.vocab_size", run->where);
@@ -183,7 +182,7 @@ usage:
                     "[--port-file F] [--model-id ID] [--max-body BYTES] [--max-prompt-tokens N] "
                     "[--max-tokens N] [--max-concurrent N] [--max-connections N] "
                     "[--max-connections-per-client N] [--batch N] [--kv-budget-mb M] [--timeout S] "
-                    "[--request-timeout S] [--drain S] [--weights fp32|bf16] "
+                    "[--request-timeout S] [--drain S] [--weights fp32|bf16|int8] "
                     "[--compute fp32|bf16] [--prefix-cache on|off (on)] [--template plain|chatml|qwen|llama3|llama3.1|mistral|gemma|gemma3|FILE (plain): the chat template] "
                     "[--tp T: under mpirun -np T, the model split over the T ranks]\n");
     return 2;

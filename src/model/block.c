@@ -272,6 +272,15 @@ static void op_forward(loom_model *m, block_frame *f, int l, const block_op *op)
                                        width(m, op->ow));
             break;
         }
+        if (m->wq8) { /* --weights int8 (weights_q8.c): the rows quantized, then Q8_0 x Q8_0 */
+            const int IC = width(m, op->iw), site = lora_site(op->w);
+            LOOM_CHECK(f->xq8 != NULL && f->xq8d != NULL);
+            be->q8_quantize(f->xq8, f->xq8d, s[op->in], N, IC);
+            be->matmul_q8_forward(s[op->out], f->xq8, f->xq8d, m->wq8_q[4 * l + site],
+                                  m->wq8_d[4 * l + site], bias_here ? param(m, op->b, l) : NULL,
+                                  N, IC, width(m, op->ow));
+            break;
+        }
         if (m->wbf16) { /* --weights bf16 (weights_bf16.c) */
             be->matmul_bf16_forward(s[op->out], s[op->in],
                                     m->wbf16_lin[4 * l + lora_site(op->w)],

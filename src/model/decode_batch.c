@@ -15,6 +15,7 @@
 
 #include "loom/backend.h"
 #include "loom/bf16.h"
+#include "loom/kernels.h"
 #include "model/model_internal.h"
 
 struct loom_decode_ws {
@@ -41,6 +42,9 @@ struct loom_decode_ws {
     size_t moe_floats;
     uint16_t *xbf;          /* --compute bf16: (max(max_rows, max_logits), widest input) */
     size_t xbf_n;
+    int8_t *xq8;            /* --weights int8: (max(max_rows, max_logits), widest input) */
+    uint16_t *xq8d;         /* and their scales, (.., widest input / 32) */
+    size_t xq8_n;
 };
 
 size_t loom_model_kv_floats_per_pos(const loom_model *m) {
@@ -91,9 +95,14 @@ loom_decode_ws *loom_decode_ws_create(const loom_model *m, int max_rows, int max
         at += (sizes[i] + 15) & ~(int64_t)15;
     }
     w->seg = loom_calloc((size_t)max_rows, sizeof *w->seg);
+    const int64_t wide = C > m->H * m->D ? (C > m->F ? C : m->F)
+                                         : (m->H * m->D > m->F ? m->H * m->D : m->F);
+    if (m->wq8) { /* --weights int8: the quantized input rows of a linear, or of the head */
+        w->xq8_n = (size_t)(R > K ? R : K) * (size_t)wide;
+        w->xq8 = loom_alloc_aligned(w->xq8_n);
+        w->xq8d = loom_alloc_aligned(w->xq8_n / 32 * sizeof(uint16_t) + 64);
+    }
     if (m->cbf16) { /* --compute bf16: the rounded input rows of a linear, or of the head */
-        const int64_t wide = C > m->H * m->D ? (C > m->F ? C : m->F)
-                                             : (m->H * m->D > m->F ? m->H * m->D : m->F);
         w->xbf_n = (size_t)m->be->dotbf16_act_elems((int)(R > K ? R : K), (int)wide);
         w->xbf = loom_alloc_aligned(w->xbf_n * sizeof(uint16_t));
     }
@@ -118,12 +127,15 @@ void loom_decode_ws_free(loom_decode_ws *w) {
     free(w->seg);
     free(w->moe);
     free(w->xbf);
+    free(w->xq8);
+    free(w->xq8d);
     free(w);
 }
 
 size_t loom_decode_ws_bytes(const loom_decode_ws *w) {
     return ((size_t)w->floats + w->moe_floats) * sizeof(float) +
-           (size_t)w->max_rows * sizeof(block_seg) + w->xbf_n * sizeof(uint16_t);
+           (size_t)w->max_rows * sizeof(block_seg) + w->xbf_n * sizeof(uint16_t) +
+           w->xq8_n + w->xq8_n / 32 * sizeof(uint16_t);
 }
 
 const float *loom_model_decode_batch(loom_model *m, loom_decode_ws *w, const int32_t *tokens,
@@ -145,13 +157,21 @@ const float *loom_model_decode_batch(loom_model *m, loom_decode_ws *w, const int
     }
     for (int r = 0; r < rows; r++) LOOM_CHECK(tokens[r] >= 0 && tokens[r] < V);
     LOOM_CHECK(!m->cbf16 || w->xbf); /* the workspace predates loom_model_set_compute_bf16 */
-    const int emb_bf16 = m->wbf16 && c->arch.tied; /* the tied wte is the head, in bf16 */
+    LOOM_CHECK(!m->wq8 || w->xq8);   /* ... or loom_model_set_weights_int8 */
+    /* the tied wte is the head, in bf16 or in int8 */
+    const int emb_bf16 = (m->wbf16 || m->wq8) && c->arch.tied;
     for (int i = 0; i < nseg && emb_bf16; i++) { /* what embedding_forward does, widening wte */
         const float *wpe = PARAM(m, LOOM_P_WPE); /* NULL with RoPE */
         for (int t = 0; t < segs[i].n; t++) {
             const int r = w->seg[i].row0 + t;
             const float *p = wpe ? wpe + (int64_t)(segs[i].pos0 + t) * C : NULL;
             float *y = w->res[0] + (int64_t)r * C;
+            if (m->wq8) { /* the head's row in Q8_0, dequantized */
+                q8_dequantize_rows(y, m->wq8_head_q + (int64_t)tokens[r] * C,
+                                   m->wq8_head_d + (int64_t)tokens[r] * (C / LOOM_Q8_BLOCK), 1, C);
+                for (int j = 0; j < C && p; j++) y[j] += p[j];
+                continue;
+            }
             if (m->cbf16) { /* the head in the backend's packed layout */
                 m->be->dotbf16_unpack_row(y, m->wbf16_head, V, C, tokens[r]);
                 for (int j = 0; j < C && p; j++) y[j] += p[j];
@@ -180,6 +200,8 @@ const float *loom_model_decode_batch(loom_model *m, loom_decode_ws *w, const int
     f.nseg = nseg;
     f.scores = w->scores;
     f.xbf16 = w->xbf;
+    f.xq8 = w->xq8;
+    f.xq8d = w->xq8d;
     f.s[S_LN1] = f.s[S_LN2] = w->h; /* ln1 is dead once q|k|v is computed */
     f.s[S_ATTO] = f.s[S_FFO] = w->h; /* the post-norms' inputs, written after ln1 / ln2 died */
     f.s[S_LN1_MEAN] = f.s[S_LN2_MEAN] = w->mean;
@@ -212,7 +234,11 @@ const float *loom_model_decode_batch(loom_model *m, loom_decode_ws *w, const int
     const float *head = HEAD_W(m);
     const int tp = m->lay.tp;
     if (tp == 1) {
-        if (m->cbf16) { /* --compute bf16: the final norm's rows rounded, bf16 x bf16 */
+        if (m->wq8) { /* --weights int8 (weights_q8.c): the final norm's rows quantized */
+            m->be->q8_quantize(w->xq8, w->xq8d, w->lastn, k, C);
+            m->be->matmul_q8_forward(w->logits, w->xq8, w->xq8d, m->wq8_head_q, m->wq8_head_d,
+                                     NULL, k, C, V);
+        } else if (m->cbf16) { /* --compute bf16: the final norm's rows rounded, bf16 x bf16 */
             m->be->bf16_round(w->xbf, w->lastn, k, C);
             m->be->matmul_dotbf16_forward(w->logits, w->xbf, m->wbf16_head, NULL, k, C, V);
         } else if (m->wbf16) /* --weights bf16 (weights_bf16.c; tp = 1 only) */

@@ -510,6 +510,9 @@ void loom_model_free(loom_model *m) {
     free(m->grads);
     free(m->wbf16);
     free(m->wbf16_lin);
+    free(m->wq8);
+    free(m->wq8_q);
+    free(m->wq8_d);
     loom_acts_free(m->acts);
     free(m->rope_cos);
     free(m->rope_sin);

@@ -113,6 +113,10 @@ typedef struct block_frame {
     /* --compute bf16: scratch for a linear's input rows rounded to bf16 (the backend's
      * activation layout for the rows and the widest input); set by the batched decode */
     uint16_t *xbf16;
+    /* --weights int8: scratch for a linear's input rows quantized to Q8_0 (values for the
+     * rows and the widest input, and their scales); set by the batched decode */
+    int8_t *xq8;
+    uint16_t *xq8d;
 } block_frame;
 
 /* One segment of a ragged frame: rows [row0, row0 + n) hold positions [pos0, pos0 + n) of a
@@ -216,6 +220,15 @@ struct loom_model {
      * layout (dotbf16_pack), and the linears (and the head) round their input rows to bf16
      * and multiply them with those (backend matmul_dotbf16_forward) */
     int cbf16;
+    /* --weights int8 (weights_q8.c): NULL, or the arena of the Q8_0 copies of the same
+     * matrices (kernels.h q8_quantize_rows: values, then fp16 scales), (L, 4) by LoRA site and
+     * the head's; their fp32 pages are released */
+    void *wq8;
+    const int8_t **wq8_q;
+    const uint16_t **wq8_d;
+    const int8_t *wq8_head_q;
+    const uint16_t *wq8_head_d;
+    size_t wq8_bytes;
     float *rope_sin;
     /* arch.rope_local_theta: the sliding layers' tables (maxT, D/2); NULL: they use the
      * full layers' */
@@ -271,5 +284,11 @@ void model_embed_rows(loom_model *m, int bwd, float *x, const int32_t *inputs, i
 void model_softcap(const loom_model *m, float *logits, int64_t n);
 /* A point of the vocab-parallel embedding and head (tp > 1 only; nothing without points). */
 void model_vocab_point(loom_model *m, int point, int dir, int site, float *buf, int64_t n);
+/* inference weights (weights_bf16.c, weights_q8.c): what bf16 / int8 weights need of the model
+ * (what: the option, for the message); the whole pages inside n floats at src handed back to
+ * the kernel; n bytes for matrices streamed every step (2 MiB aligned, huge pages asked for) */
+int model_infer_weights_check(const loom_model *m, const char *what, loom_err *err);
+void model_release_pages(const float *src, size_t n);
+void *model_alloc_streamed(size_t n);
 
 #endif

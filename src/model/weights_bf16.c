@@ -19,7 +19,7 @@
 #include "model/model_internal.h"
 
 /* hands the whole pages inside n floats at src back to the kernel */
-static void release_pages(const float *src, size_t n) {
+void model_release_pages(const float *src, size_t n) {
     const uintptr_t pg = (uintptr_t)sysconf(_SC_PAGESIZE);
     const uintptr_t a = ((uintptr_t)src + pg - 1) & ~(pg - 1);
     const uintptr_t b = ((uintptr_t)(src + n)) & ~(pg - 1);
@@ -29,7 +29,7 @@ static void release_pages(const float *src, size_t n) {
 /* rounds n floats at src into dst, then releases src's whole pages */
 static void round_release(uint16_t *dst, const float *src, size_t n) {
     for (size_t i = 0; i < n; i++) dst[i] = loom_bf16_round(src[i]);
-    release_pages(src, n);
+    model_release_pages(src, n);
 }
 
 /* n bytes for matrices streamed every step: 2 MiB aligned and asked for as transparent huge
@@ -37,7 +37,7 @@ static void round_release(uint16_t *dst, const float *src, size_t n) {
  * decode step reads all of them once: with 4 KiB pages it spends ~15% of the step on TLB
  * misses and on the prefetchers stopping at every page (gpt2-small, --compute bf16 at 16 rows;
  * --weights bf16 at 1 row, the linears alone: 10.3 -> 8.5 ms). */
-static uint16_t *alloc_streamed(size_t n) {
+void *model_alloc_streamed(size_t n) {
     const size_t huge = (size_t)2 << 20, size = (n + huge - 1) & ~(huge - 1);
     void *p = NULL;
     if (posix_memalign(&p, huge, size ? size : huge) != 0)
@@ -49,20 +49,21 @@ static uint16_t *alloc_streamed(size_t n) {
 }
 
 /* what bf16 weights need of the model (what: the option, for the message) */
-static int bf16_check(const loom_model *m, const char *what, loom_err *err) {
+int model_infer_weights_check(const loom_model *m, const char *what, loom_err *err) {
     const loom_model_config *c = &m->cfg;
     if (c->head != LOOM_HEAD_LM || m->lay.tp != 1 || !m->lay.has_embedding || !m->lay.has_head ||
         !m->params)
         return loom_errf(err, "%s needs a whole language model (tp = 1)", what);
     if (m->E > 0) return loom_errf(err, "%s does not support MoE layers yet", what);
     if (m->lora) return loom_errf(err, "%s does not support LoRA adapters", what);
+    if (m->wq8) return loom_errf(err, "%s cannot run with --weights int8", what);
     return 0;
 }
 
 int loom_model_set_weights_bf16(loom_model *m, loom_err *err) {
     const loom_model_config *c = &m->cfg;
     if (m->wbf16) return 0;
-    if (bf16_check(m, "--weights bf16", err)) return -1;
+    if (model_infer_weights_check(m, "--weights bf16", err)) return -1;
     if (!m->be->matmul_bf16_forward)
         return loom_errf(err, "--weights bf16: the %s backend has no bf16 matmul", m->be->name);
     const int L = c->n_layer, C = c->d_model;
@@ -71,7 +72,7 @@ int loom_model_set_weights_bf16(loom_model *m, loom_err *err) {
     const size_t head = (size_t)c->vocab_size * C;
     size_t total = head;
     for (int k = 0; k < 4; k++) total += (size_t)L * ((sz[k] + 31) & ~(size_t)31);
-    uint16_t *arena = alloc_streamed(total * sizeof(uint16_t));
+    uint16_t *arena = model_alloc_streamed(total * sizeof(uint16_t));
     memset(arena, 0, total * sizeof(uint16_t)); /* the gaps between matrices too */
     m->wbf16_lin = loom_calloc((size_t)L * 4, sizeof *m->wbf16_lin);
     size_t at = 0;
@@ -100,7 +101,7 @@ int loom_model_set_compute_bf16(loom_model *m, loom_err *err) {
     const loom_model_config *c = &m->cfg;
     const loom_backend *be = m->be;
     if (m->cbf16) return 0;
-    if (bf16_check(m, "--compute bf16", err)) return -1;
+    if (model_infer_weights_check(m, "--compute bf16", err)) return -1;
     if (!be->dotbf16_pack || !be->dotbf16_pack_elems || !be->dotbf16_unpack_row ||
         !be->dotbf16_act_elems || !be->bf16_round || !be->matmul_dotbf16_forward)
         return loom_errf(err, "--compute bf16: the %s backend has no bf16 x bf16 matmul",
@@ -110,7 +111,7 @@ int loom_model_set_compute_bf16(loom_model *m, loom_err *err) {
     size_t total = (size_t)be->dotbf16_pack_elems(V, C);
     for (int k = 0; k < 4; k++)
         total += (size_t)L * (((size_t)be->dotbf16_pack_elems(oc[k], ic[k]) + 31) & ~(size_t)31);
-    uint16_t *arena = alloc_streamed(total * sizeof(uint16_t)); /* every element is written */
+    uint16_t *arena = model_alloc_streamed(total * sizeof(uint16_t)); /* every element is written */
     const uint16_t **lin = loom_calloc((size_t)L * 4, sizeof *lin);
     const int from_bf16 = m->wbf16 != NULL; /* --weights bf16 already: repack those */
     size_t at = 0;
@@ -121,7 +122,7 @@ int loom_model_set_compute_bf16(loom_model *m, loom_err *err) {
             const void *src = from_bf16 ? (const void *)m->wbf16_lin[4 * l + k] : (const void *)w[k];
             LOOM_CHECK(src != NULL);
             be->dotbf16_pack(arena + at, src, from_bf16, oc[k], ic[k]);
-            if (!from_bf16) release_pages(w[k], (size_t)oc[k] * ic[k]);
+            if (!from_bf16) model_release_pages(w[k], (size_t)oc[k] * ic[k]);
             lin[4 * l + k] = arena + at;
             at += ((size_t)be->dotbf16_pack_elems(oc[k], ic[k]) + 31) & ~(size_t)31;
         }
@@ -130,7 +131,7 @@ int loom_model_set_compute_bf16(loom_model *m, loom_err *err) {
     LOOM_CHECK(hw != NULL);
     be->dotbf16_pack(arena + at, from_bf16 ? (const void *)m->wbf16_head : (const void *)hw,
                      from_bf16, V, C);
-    if (!from_bf16) release_pages(hw, (size_t)V * C);
+    if (!from_bf16) model_release_pages(hw, (size_t)V * C);
     free(m->wbf16);
     free(m->wbf16_lin);
     m->wbf16 = arena;

@@ -106,6 +106,7 @@ typedef struct gen_cfg {
     int max_tokens, top_k, concurrency, retries, chat, batch;
     int bf16;                   /* generator.weights: bf16 (local; docs/inference.md) */
     int cbf16;                  /* generator.compute: bf16 (local; implies weights bf16) */
+    int int8;                   /* generator.weights: int8 (local; GGUF Q8_0, docs/inference.md) */
     double temperature, top_p, timeout_s;
     char *stop[17];             /* + the chat template's end of turn (local) */
     int n_stop;

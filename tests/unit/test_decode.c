@@ -151,8 +151,8 @@ static void test_sliding_window(void **state) {
 }
 
 /* the batched (ragged) step: two sequences prefilled in one step, then one token each; bf16:
- * 1 with --weights bf16, 2 with --compute bf16 (the logits against the fp32 full forward's,
- * within bf16's rounding) */
+ * 1 with --weights bf16, 2 with --compute bf16, 3 with --weights int8 (the logits against the
+ * fp32 full forward's, within bf16's rounding, or Q8_0's) */
 static void check_two_sequences(const loom_model_config *cfg, uint64_t seed, int bf16) {
     loom_err err = {{0}};
     loom_model *m = NULL, *mb = NULL;
@@ -162,7 +162,8 @@ static void check_two_sequences(const loom_model_config *cfg, uint64_t seed, int
     if (bf16) { /* the same weights, rounded to bf16 */
         assert_int_equal(loom_model_create_view(cfg, NULL, 1, T, LOOM_MODEL_INFER, &mb, &err), 0);
         loom_model_init_weights(mb, seed);
-        if ((bf16 == 2 ? loom_model_set_compute_bf16 : loom_model_set_weights_bf16)(mb, &err))
+        if ((bf16 == 3 ? loom_model_set_weights_int8
+             : bf16 == 2 ? loom_model_set_compute_bf16 : loom_model_set_weights_bf16)(mb, &err))
             fail_msg("%s", err.msg);
     }
     int32_t tok[2][64], rows[128];
@@ -199,12 +200,13 @@ static void check_two_sequences(const loom_model_config *cfg, uint64_t seed, int
         }
     }
     print_message("flavor %d: batched step%s, max relative logit error %.2e (max |logit| %.3f)\n",
-                  cfg->flavor, bf16 == 2 ? " (bf16 compute)" : bf16 ? " (bf16 weights)" : "", worst,
+                  cfg->flavor, bf16 == 3 ? " (int8 weights)" : bf16 == 2 ? " (bf16 compute)"
+                  : bf16 ? " (bf16 weights)" : "", worst,
                   maxlog);
     /* with the soft-cap: the logits are capped, and these reach where tanh bends */
     const float cap = cfg->arch.final_softcap;
     if (cap > 0.0f) assert_true(maxlog <= cap && maxlog > 0.7 * cap);
-    assert_true(worst <= (bf16 ? 3e-2 : 1e-5));
+    assert_true(worst <= (bf16 == 3 ? 6e-2 : bf16 ? 3e-2 : 1e-5));
     loom_decode_ws_free(w);
     loom_model_free(mb);
     free(kv);
@@ -234,6 +236,7 @@ static void test_olmo2(void **state) {
     check_two_sequences(&c, 5, 0);
     check_two_sequences(&c, 5, 1);
     check_two_sequences(&c, 5, 2);
+    check_two_sequences(&c, 5, 3);
 }
 
 static void test_gemma_features(void **state) {
@@ -243,6 +246,7 @@ static void test_gemma_features(void **state) {
     check_two_sequences(&c, 6, 0);
     check_two_sequences(&c, 6, 1);
     check_two_sequences(&c, 6, 2);
+    check_two_sequences(&c, 6, 3);
 }
 
 int main(void) {

@@ -1,0 +1,82 @@
+/* Inference weights in 8 bits (`--weights int8`, docs/inference.md "Weights in int8").
+ *
+ * The matrices `--weights bf16` rounds (each linear's: q|k|v, attn_proj, fc or gate|up,
+ * fc_proj; and the head: gpt2's tied wte, llama's lm_head) are quantized once to GGUF's Q8_0
+ * (src/kernels/matmul_q8.c: blocks of 32 along the input dimension, an fp16 scale each) into
+ * one arena streamed every step, and the pages of their fp32 copies are handed back to the
+ * kernel: a decode step then reads 1.0625 bytes per weight instead of 4. The norms, biases and
+ * position embeddings stay fp32. Each linear (and the head) quantizes its input rows the same
+ * way and multiplies Q8_0 x Q8_0 (matmul_q8_forward). With a tied head the embedding rows are
+ * the quantized wte's, dequantized. Only the batched decode (loom_model_decode_batch: the
+ * engine of generate, serve and synth) runs such a model. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "loom/backend.h"
+#include "loom/kernels.h"
+#include "model/model_internal.h"
+
+/* bytes of one (OC, IC) matrix in the arena: the values, then the scales, each 64-aligned */
+static size_t q8_bytes(int64_t OC, int IC) {
+    const size_t v = ((size_t)OC * (size_t)IC + 63) & ~(size_t)63;
+    const size_t d = ((size_t)OC * (size_t)(IC / LOOM_Q8_BLOCK) * 2 + 63) & ~(size_t)63;
+    return v + d;
+}
+
+/* quantizes w (OC, IC) into the arena at p (q8_bytes), sets q / d, releases w's pages */
+static void q8_place(char *p, const float *w, int64_t OC, int IC, const int8_t **q,
+                     const uint16_t **d) {
+    int8_t *vq = (int8_t *)p;
+    uint16_t *vd = (uint16_t *)(p + (((size_t)OC * (size_t)IC + 63) & ~(size_t)63));
+    /* in slices of rows, so that at most one slice of fp32 and of int8 is hot at once */
+    for (int64_t r = 0; r < OC; r += 256) {
+        const int64_t n = OC - r < 256 ? OC - r : 256;
+        q8_quantize_rows(vq + r * IC, vd + r * (IC / LOOM_Q8_BLOCK), w + r * IC, n, IC);
+    }
+    model_release_pages(w, (size_t)OC * (size_t)IC);
+    *q = vq;
+    *d = vd;
+}
+
+int loom_model_set_weights_int8(loom_model *m, loom_err *err) {
+    const loom_model_config *c = &m->cfg;
+    if (m->wq8) return 0;
+    if (m->wbf16) return loom_errf(err, "--weights int8 cannot run with --weights bf16 or "
+                                        "--compute bf16");
+    if (model_infer_weights_check(m, "--weights int8", err)) return -1;
+    if (!m->be->q8_quantize || !m->be->matmul_q8_forward)
+        return loom_errf(err, "--weights int8: the %s backend has no int8 matmul", m->be->name);
+    const int L = c->n_layer, C = c->d_model, V = c->vocab_size;
+    const int oc[4] = {m->QKV, C, m->FFI, C}, ic[4] = {C, m->H * m->D, C, m->F};
+    static const char *const names[4] = {"model.d_model", "n_head * head_dim", "model.d_model",
+                                         "model.d_ff"};
+    for (int k = 0; k < 4; k++)
+        if (ic[k] % LOOM_Q8_BLOCK != 0 || ic[k] > 32768)
+            return loom_errf(err, "--weights int8: a linear's input width %s = %d is not a "
+                                  "multiple of %d up to 32768 (Q8_0 quantizes blocks of %d "
+                                  "along it); use --weights bf16 or fp32", names[k], ic[k],
+                             LOOM_Q8_BLOCK, LOOM_Q8_BLOCK);
+    size_t total = q8_bytes(V, C);
+    for (int k = 0; k < 4; k++) total += (size_t)L * q8_bytes(oc[k], ic[k]);
+    char *arena = model_alloc_streamed(total);
+    m->wq8_q = loom_calloc((size_t)L * 4, sizeof *m->wq8_q);
+    m->wq8_d = loom_calloc((size_t)L * 4, sizeof *m->wq8_d);
+    size_t at = 0;
+    for (int l = 0; l < L; l++) {
+        const float *w[4] = {QKV_W(m, l), LP(m, LOOM_L_ATTN_PROJ_W, l), FC1_W(m, l),
+                             LP(m, LOOM_L_FC_PROJ_W, l)};
+        for (int k = 0; k < 4; k++) {
+            LOOM_CHECK(w[k] != NULL);
+            q8_place(arena + at, w[k], oc[k], ic[k], &m->wq8_q[4 * l + k], &m->wq8_d[4 * l + k]);
+            at += q8_bytes(oc[k], ic[k]);
+        }
+    }
+    const float *hw = HEAD_W(m);
+    LOOM_CHECK(hw != NULL);
+    q8_place(arena + at, hw, V, C, &m->wq8_head_q, &m->wq8_head_d);
+    m->wq8 = arena;
+    m->wq8_bytes = total;
+    return 0;
+}
+
+int loom_model_weights_int8(const loom_model *m) { return m->wq8 != NULL; }
