@@ -60,9 +60,11 @@ void bf16_round_rows(uint16_t *dst, const float *src, int64_t N, int IC);
 void q8_quantize_rows(int8_t *q, uint16_t *d, const float *x, int64_t N, int IC);
 void q8_dequantize_rows(float *x, const int8_t *q, const uint16_t *d, int64_t N, int IC);
 /* out (N,OC) = x (N,IC) @ w (OC,IC)^T + bias (may be NULL), x and w in Q8_0 (values xq, wq and
- * scales xd, wd as q8_quantize_rows writes them): per output one fp32 chain over the blocks in
- * order, acc += (float)isum_b * (dw_b * dx_b) (the block's exact int32 dot product, the two
- * scales widened), then the bias. The same bits whatever N and at every level. IC <= 32768. */
+ * scales xd, wd as q8_quantize_rows writes them): per output 16 fp32 chains over the blocks
+ * in order, chain 8 * (b % 2) + l += (float)isum_bl * (dw_b * dx_b) (the exact int32 sum of
+ * block b's products 4l..4l+3, the two scales widened), summed (l, l+8), (l, l+4), (l, l+2),
+ * (l, l+1), then the bias. The same bits whatever N and at every level. IC <= 32768; the
+ * weights' scales finite. */
 void matmul_q8_forward(float *out, const int8_t *xq, const uint16_t *xd, const int8_t *wq,
                        const uint16_t *wd, const float *bias, int64_t N, int IC, int OC);
 /* 1 when matmul_q8_forward runs VPDPBUSD now (the avx512 level on a CPU with avx512_vnni) */

@@ -10,20 +10,20 @@
  * puts them together, src/interop/gguf.c).
  *
  * The product (matmul_q8_forward): the input rows quantized the same way (q8_quantize_rows),
- * then for each output one fp32 chain over the blocks in order:
- *     acc = 0; for b: acc += (float)isum_b * (dw_b * dx_b);   out = acc (+ bias)
- * where isum_b is the block's integer dot product (exact in int32: |isum| <= 32 * 127^2), dw_b
- * and dx_b the two fp16 scales widened (their product is exact in fp32: 11 x 11 bits), one
- * rounded multiply and one rounded add per block. That is the contract: the same bits at every
- * level, whatever N, whatever rows share the call. This file is compiled with
- * -ffp-contract=off (CMakeLists.txt), so the multiply and the add are never fused into an FMA
- * at one level and not at another. The integer dot products are computed by vpmaddubsw +
- * vpmaddwd (AVX2, AVX-512 BW: |w| times x with w's sign, the "sign trick"; pairs of products
- * are at most 2 * 127^2 = 32258, so the int16 sums never saturate), by vpdpbusd on a CPU with
- * AVX-512 VNNI (a variant of its own beside the avx512 level), and by plain C at the x86-64
- * level; an integer sum is exact in any order, so the three agree bit for bit. Four weight rows
- * at a time: their block sums land in the four lanes of one vector, whose fp32 operations are
- * lane by lane the scalar chain above. */
+ * then for each output 16 fp32 chains over the blocks in order,
+ *     c[8 * (b % 2) + l] += (float)s_bl * (dw_b * dx_b)        l = 0..7
+ * where s_bl is the exact int32 sum of block b's products 4l..4l+3 and dw_b, dx_b the two fp16
+ * scales widened (their product is exact in fp32: 11 x 11 bits); then t[l] = c[l] + c[l + 8],
+ * summed (l, l+4), (l, l+2), (l, l+1); then the bias. One rounded multiply and one rounded add
+ * per step. That is the contract: the same bits at every level, whatever N, whatever rows
+ * share the call. This file is compiled with -ffp-contract=off (CMakeLists.txt), so a multiply
+ * and an add are never fused into an FMA at one level and not at another. The lanes are what
+ * the instructions give: vpmaddubsw + vpmaddwd (AVX2, AVX-512 BW: |w| times x with w's sign,
+ * the "sign trick"; pairs of products are at most 2 * 127^2 = 32258, so the int16 sums never
+ * saturate) and vpdpbusd (AVX-512 VNNI, a variant of its own beside the avx512 level) both
+ * leave products 4l..4l+3 in int32 lane l; at avx512 one zmm holds two blocks, lanes 0-7 the
+ * even chains, 8-15 the odd ones; plain C at the x86-64 level. Four weight rows per pass over
+ * an input row, each with its own accumulators. */
 #ifndef LOOM_KV
 #include <math.h>
 #include <string.h>
@@ -63,7 +63,10 @@ void q8_quantize_rows(int8_t *q, uint16_t *d, const float *x, int64_t N, int IC)
             }
             const float s = amax / 127.0f, id = s != 0.0f ? 1.0f / s : 0.0f;
             d[r * nb + b] = loom_fp16_round(s);
-            for (int j = 0; j < LOOM_Q8_BLOCK; j++) qb[j] = (int8_t)roundf(xb[j] * id);
+            for (int j = 0; j < LOOM_Q8_BLOCK; j++) {
+                const float v = roundf(xb[j] * id); /* in [-127, 127] but for inf / NaN rows */
+                qb[j] = v >= -127.0f && v <= 127.0f ? (int8_t)v : 0;
+            }
         }
 }
 
@@ -120,33 +123,33 @@ void matmul_q8_forward(float *out, const int8_t *xq, const uint16_t *xd, const i
 
 #ifndef LOOM_Q8_TYPES
 #define LOOM_Q8_TYPES
-typedef float q8_v4f __attribute__((vector_size(16)));
-typedef int32_t q8_v4i __attribute__((vector_size(16)));
+enum { Q8_ROWS = 4 }; /* weight rows per pass over an input row */
 #endif
 
-/* the block's integer dot product, plainly */
-static inline int32_t LOOM_KV(q8_isum1)(const int8_t *w, const int8_t *x) {
-    int32_t s = 0;
-    for (int j = 0; j < LOOM_Q8_BLOCK; j++) s += (int32_t)w[j] * (int32_t)x[j];
-    return s;
+/* the 16 chains of one output, summed in the contract's order, then the bias */
+static inline float LOOM_KV(q8_finish)(const float *c, const float *bias) {
+    float t[8];
+    for (int l = 0; l < 8; l++) t[l] = c[l] + c[8 + l];
+    for (int s = 4; s > 0; s /= 2)
+        for (int l = 0; l < s; l++) t[l] = t[l] + t[l + s];
+    return bias ? t[0] + *bias : t[0];
 }
 
 #if defined(__AVX2__)
-/* 8 int32 partial sums of one block of w . x (sign trick) */
+/* 8 int32 sums of 4 products each (elements 4l..4l+3 of the block): the sign trick */
 static inline __attribute__((always_inline)) __m256i LOOM_KV(q8_dot32)(__m256i w, __m256i x) {
+#if defined(__AVX512VNNI__)
+    return _mm256_dpbusd_epi32(_mm256_setzero_si256(), _mm256_sign_epi8(w, w),
+                               _mm256_sign_epi8(x, w));
+#else
     const __m256i p = _mm256_maddubs_epi16(_mm256_sign_epi8(w, w), _mm256_sign_epi8(x, w));
     return _mm256_madd_epi16(p, _mm256_set1_epi16(1));
-}
-/* the totals of four vectors of 8 int32, in the lanes of one */
-static inline __attribute__((always_inline)) __m128i LOOM_KV(q8_sum4)(__m256i a, __m256i b,
-                                                                      __m256i c, __m256i d) {
-    const __m256i h = _mm256_hadd_epi32(_mm256_hadd_epi32(a, b), _mm256_hadd_epi32(c, d));
-    return _mm_add_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256(h, 1));
+#endif
 }
 #endif
 
 #if defined(__AVX512BW__)
-/* 16 int32 partial sums of two blocks (lanes 0-7 the first, 8-15 the second) */
+/* the same for two blocks (lanes 0-7 the first, 8-15 the second) */
 static inline __attribute__((always_inline)) __m512i LOOM_KV(q8_dot64)(__m512i w, __m512i x) {
     const __m512i aw = _mm512_abs_epi8(w);
     const __m512i sx = _mm512_mask_sub_epi8(x, _mm512_movepi8_mask(w), _mm512_setzero_si512(), x);
@@ -158,111 +161,135 @@ static inline __attribute__((always_inline)) __m512i LOOM_KV(q8_dot64)(__m512i w
 }
 #endif
 
-/* out[r] (r < 4) = row o0 + r of the product with one input row (xq, xs: its values and its
- * scales widened); wq, wd the 4 weight rows' values and scales; nb blocks */
-static inline __attribute__((always_inline)) void LOOM_KV(q8_rows4)(
-    float *out, const int8_t *xq, const float *xs, const int8_t *wq, const uint16_t *wd,
-    const float *bias, int nb, int IC) {
-    q8_v4f acc = {0.0f, 0.0f, 0.0f, 0.0f};
-    int b = 0;
+/* c[r][16] = the 16 chains of rows r < nr (1..Q8_ROWS) of w against one input row x; dd[r][b]
+ * = the scales' product of row r, block b; pf: how far ahead of w (bytes) to ask for lines, 0
+ * for none (the rows a pass after this one reads: the matrix is one stream, and its next
+ * groups' lines are asked for while this group computes, which the hardware prefetchers alone
+ * did not keep up with: 4.5-6 -> 8.5-9.5 GB/s on one core, 576-wide rows) */
+static inline __attribute__((always_inline)) void LOOM_KV(q8_chains)(
+    float (*c)[16], const int8_t *x, const int8_t *w, const float (*dd)[1024], int nb, int IC,
+    int nr, int64_t pf) {
 #if defined(__AVX512BW__)
+    __m512 acc[Q8_ROWS];
+    for (int r = 0; r < Q8_ROWS; r++) acc[r] = _mm512_setzero_ps();
+    const __m512i pick = _mm512_set_epi32(1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0);
+    int b = 0;
     for (; b + 2 <= nb; b += 2) {
-        const int64_t i = (int64_t)b * LOOM_Q8_BLOCK;
-        const __m512i x = _mm512_loadu_si512(xq + i);
-        __m512i v[4];
-        for (int r = 0; r < 4; r++)
-            v[r] = LOOM_KV(q8_dot64)(_mm512_loadu_si512(wq + (int64_t)r * IC + i), x);
-        const __m128i s0 = LOOM_KV(q8_sum4)(_mm512_castsi512_si256(v[0]), _mm512_castsi512_si256(v[1]),
-                                            _mm512_castsi512_si256(v[2]), _mm512_castsi512_si256(v[3]));
-        const __m128i s1 = LOOM_KV(q8_sum4)(_mm512_extracti64x4_epi64(v[0], 1),
-                                            _mm512_extracti64x4_epi64(v[1], 1),
-                                            _mm512_extracti64x4_epi64(v[2], 1),
-                                            _mm512_extracti64x4_epi64(v[3], 1));
-        for (int k = 0; k < 2; k++) {
-            q8_v4i s;
-            memcpy(&s, k ? &s1 : &s0, sizeof s);
-            q8_v4f dv = {0.0f, 0.0f, 0.0f, 0.0f};
-            for (int r = 0; r < 4; r++) dv[r] = loom_fp16_widen(wd[(int64_t)r * nb + b + k]);
-            dv *= xs[b + k];
-            acc += __builtin_convertvector(s, q8_v4f) * dv;
+        const __m512i xv = _mm512_loadu_si512(x + (int64_t)b * 32);
+        for (int r = 0; r < Q8_ROWS; r++) __builtin_prefetch(w + pf + (int64_t)r * IC + b * 32, 0, 3);
+        for (int r = 0; r < Q8_ROWS; r++) {
+            if (r >= nr) break;
+            const __m512i v = LOOM_KV(q8_dot64)(_mm512_loadu_si512(w + (int64_t)r * IC + b * 32), xv);
+            const __m512 d = _mm512_permutexvar_ps(
+                pick, _mm512_castps128_ps512(_mm_castpd_ps(_mm_load_sd((const double *)&dd[r][b]))));
+            acc[r] = _mm512_add_ps(acc[r], _mm512_mul_ps(_mm512_cvtepi32_ps(v), d));
         }
     }
-#endif
-#if defined(__AVX2__)
-    for (; b < nb; b++) {
-        const int64_t i = (int64_t)b * LOOM_Q8_BLOCK;
-        const __m256i x = _mm256_loadu_si256((const __m256i *)(xq + i));
-        __m256i v[4];
-        for (int r = 0; r < 4; r++)
-            v[r] = LOOM_KV(q8_dot32)(_mm256_loadu_si256((const __m256i *)(wq + (int64_t)r * IC + i)), x);
-        const __m128i s4 = LOOM_KV(q8_sum4)(v[0], v[1], v[2], v[3]);
-        q8_v4i s;
-        memcpy(&s, &s4, sizeof s);
-        q8_v4f dv = {0.0f, 0.0f, 0.0f, 0.0f};
-        for (int r = 0; r < 4; r++) dv[r] = loom_fp16_widen(wd[(int64_t)r * nb + b]);
-        dv *= xs[b];
-        acc += __builtin_convertvector(s, q8_v4f) * dv;
+    if (b < nb) { /* an odd last block: the even chains only */
+        const __m256i xv = _mm256_loadu_si256((const __m256i *)(x + (int64_t)b * 32));
+        for (int r = 0; r < Q8_ROWS && r < nr; r++) {
+            const __m256i v = LOOM_KV(q8_dot32)(
+                _mm256_loadu_si256((const __m256i *)(w + (int64_t)r * IC + b * 32)), xv);
+            const __m256 p = _mm256_mul_ps(_mm256_cvtepi32_ps(v), _mm256_set1_ps(dd[r][b]));
+            acc[r] = _mm512_mask_add_ps(acc[r], 0x00ff, acc[r], _mm512_castps256_ps512(p));
+        }
+    }
+    for (int r = 0; r < nr; r++) _mm512_storeu_ps(c[r], acc[r]);
+#elif defined(__AVX2__)
+    __m256 ae[Q8_ROWS], ao[Q8_ROWS];
+    for (int r = 0; r < Q8_ROWS; r++) ae[r] = ao[r] = _mm256_setzero_ps();
+    int b = 0;
+    for (; b + 2 <= nb; b += 2) {
+        const __m256i x0 = _mm256_loadu_si256((const __m256i *)(x + (int64_t)b * 32));
+        const __m256i x1 = _mm256_loadu_si256((const __m256i *)(x + (int64_t)b * 32 + 32));
+        for (int r = 0; r < Q8_ROWS; r++) __builtin_prefetch(w + pf + (int64_t)r * IC + b * 32, 0, 3);
+        for (int r = 0; r < Q8_ROWS; r++) {
+            if (r >= nr) break;
+            const int8_t *wr = w + (int64_t)r * IC + b * 32;
+            const __m256i v0 = LOOM_KV(q8_dot32)(_mm256_loadu_si256((const __m256i *)wr), x0);
+            const __m256i v1 = LOOM_KV(q8_dot32)(_mm256_loadu_si256((const __m256i *)(wr + 32)), x1);
+            ae[r] = _mm256_add_ps(ae[r], _mm256_mul_ps(_mm256_cvtepi32_ps(v0),
+                                                       _mm256_broadcast_ss(&dd[r][b])));
+            ao[r] = _mm256_add_ps(ao[r], _mm256_mul_ps(_mm256_cvtepi32_ps(v1),
+                                                       _mm256_broadcast_ss(&dd[r][b + 1])));
+        }
+    }
+    if (b < nb) {
+        const __m256i xv = _mm256_loadu_si256((const __m256i *)(x + (int64_t)b * 32));
+        for (int r = 0; r < Q8_ROWS && r < nr; r++) {
+            const __m256i v = LOOM_KV(q8_dot32)(
+                _mm256_loadu_si256((const __m256i *)(w + (int64_t)r * IC + b * 32)), xv);
+            ae[r] = _mm256_add_ps(ae[r], _mm256_mul_ps(_mm256_cvtepi32_ps(v),
+                                                       _mm256_broadcast_ss(&dd[r][b])));
+        }
+    }
+    for (int r = 0; r < nr; r++) {
+        _mm256_storeu_ps(c[r], ae[r]);
+        _mm256_storeu_ps(c[r] + 8, ao[r]);
     }
 #else
-    for (; b < nb; b++) {
-        const int64_t i = (int64_t)b * LOOM_Q8_BLOCK;
-        q8_v4i s = {0, 0, 0, 0};
-        q8_v4f dv = {0.0f, 0.0f, 0.0f, 0.0f};
-        for (int r = 0; r < 4; r++) {
-            s[r] = LOOM_KV(q8_isum1)(wq + (int64_t)r * IC + i, xq + i);
-            dv[r] = loom_fp16_widen(wd[(int64_t)r * nb + b]);
+    for (int r = 0; r < nr; r++) {
+        float *cr = c[r];
+        for (int l = 0; l < 16; l++) cr[l] = 0.0f;
+        for (int b = 0; b < nb; b++) {
+            const int8_t *wb = w + (int64_t)r * IC + b * 32, *xb = x + (int64_t)b * 32;
+            if (b % 2 == 0) __builtin_prefetch(wb + pf, 0, 0);
+            float *ch = cr + 8 * (b & 1);
+            for (int l = 0; l < 8; l++) {
+                int32_t s = 0;
+                for (int j = 4 * l; j < 4 * l + 4; j++) s += (int32_t)wb[j] * (int32_t)xb[j];
+                ch[l] = ch[l] + (float)s * dd[r][b];
+            }
         }
-        dv *= xs[b];
-        acc += __builtin_convertvector(s, q8_v4f) * dv;
     }
 #endif
-    for (int r = 0; r < 4; r++) out[r] = bias ? acc[r] + bias[r] : acc[r];
 }
 
-/* one weight row against one input row: the same chain, scalar */
-static inline float LOOM_KV(q8_row1)(const int8_t *xq, const float *xs, const int8_t *wq,
-                                     const uint16_t *wd, int nb) {
-    float acc = 0.0f;
-    for (int b = 0; b < nb; b++) {
-        const int64_t i = (int64_t)b * LOOM_Q8_BLOCK;
-        const float d = loom_fp16_widen(wd[b]) * xs[b];
-        acc += (float)LOOM_KV(q8_isum1)(wq + i, xq + i) * d;
+/* rows [n0, n0 + N) (N <= LOOM_MATMUL_ROWS_MAX) of the product */
+static void LOOM_KV(q8_pass)(float *out, const int8_t *xq, const uint16_t *xd, const int8_t *wq,
+                             const uint16_t *wd, const float *bias, int64_t N, int IC, int OC) {
+    const int nb = IC / LOOM_Q8_BLOCK, G = (OC + Q8_ROWS - 1) / Q8_ROWS;
+    float xs[LOOM_MATMUL_ROWS_MAX * 1024]; /* the input rows' scales, widened exactly */
+    for (int64_t i = 0; i < N * nb; i++) xs[i] = loom_fp16_widen(xd[i]);
+#pragma omp parallel for schedule(static) if ((int64_t)OC * IC * N >= 4 * LOOM_PAR_MIN)
+    for (int g = 0; g < G; g++) {
+        const int o0 = Q8_ROWS * g, nr = OC - o0 < Q8_ROWS ? OC - o0 : Q8_ROWS;
+        const int8_t *w = wq + (int64_t)o0 * IC;
+        float dw[Q8_ROWS][1024], dd[Q8_ROWS][1024], c[Q8_ROWS][16];
+        for (int k = 0; k < 2 * Q8_ROWS * nb * 2; k += 64)
+            __builtin_prefetch((const char *)(wd + (int64_t)(o0 + 2 * Q8_ROWS) * nb) + k, 0, 0);
+        /* a weight scale is finite and not negative (weights_q8.c refuses non-finite weights):
+         * its bits moved to fp32's places times 2^112, branch-free (loom_fp16_widen's case) */
+        for (int r = 0; r < nr; r++) {
+            const uint16_t *h = wd + (int64_t)(o0 + r) * nb;
+            for (int b = 0; b < nb; b++) {
+                const uint32_t u = (uint32_t)h[b] << 13;
+                float f;
+                memcpy(&f, &u, sizeof f);
+                dw[r][b] = f * 0x1p112f;
+            }
+        }
+        for (int64_t n = 0; n < N; n++) {
+            const float *sx = xs + n * nb;
+            for (int r = 0; r < nr; r++)
+                for (int b = 0; b < nb; b++) dd[r][b] = dw[r][b] * sx[b];
+            /* the first input row asks for the group two ahead (the others re-read this one) */
+            LOOM_KV(q8_chains)(c, xq + n * IC, w, (const float(*)[1024])dd, nb, IC, nr,
+                               n == 0 ? 2 * (int64_t)Q8_ROWS * IC : 0);
+            for (int r = 0; r < nr; r++)
+                out[n * OC + o0 + r] = LOOM_KV(q8_finish)(c[r], bias ? bias + o0 + r : NULL);
+        }
     }
-    return acc;
 }
 
 static void LOOM_KV(matmul_q8_forward)(float *out, const int8_t *xq, const uint16_t *xd,
                                        const int8_t *wq, const uint16_t *wd, const float *bias,
                                        int64_t N, int IC, int OC) {
-    const int nb = IC / LOOM_Q8_BLOCK, G = (OC + 3) / 4;
-    /* the input rows' scales widened once per call (at most 16 rows x 8192 / 32 on the stack
-     * per chunk of rows) */
-    enum { CHUNK = 16, MAXB = 1024 };
-    float xs[CHUNK * MAXB];
-    LOOM_CHECK(nb <= MAXB);
-    for (int64_t n0 = 0; n0 < N; n0 += CHUNK) {
-        const int64_t nr = N - n0 < CHUNK ? N - n0 : CHUNK;
-        for (int64_t n = 0; n < nr; n++)
-            for (int b = 0; b < nb; b++) xs[n * nb + b] = loom_fp16_widen(xd[(n0 + n) * nb + b]);
-#pragma omp parallel for schedule(static) if ((int64_t)OC * IC * nr >= 4 * LOOM_PAR_MIN)
-        for (int g = 0; g < G; g++) {
-            const int o0 = 4 * g;
-            const int8_t *w = wq + (int64_t)o0 * IC;
-            const uint16_t *d = wd + (int64_t)o0 * nb;
-            for (int64_t n = 0; n < nr; n++) {
-                float *o = out + (n0 + n) * OC + o0;
-                const int8_t *x = xq + (n0 + n) * IC;
-                if (o0 + 4 <= OC) {
-                    LOOM_KV(q8_rows4)(o, x, xs + n * nb, w, d, bias ? bias + o0 : NULL, nb, IC);
-                    continue;
-                }
-                for (int r = 0; o0 + r < OC; r++) {
-                    const float s = LOOM_KV(q8_row1)(x, xs + n * nb, w + (int64_t)r * IC,
-                                                     d + (int64_t)r * nb, nb);
-                    o[r] = bias ? s + bias[o0 + r] : s;
-                }
-            }
-        }
+    const int nb = IC / LOOM_Q8_BLOCK;
+    LOOM_CHECK(IC % LOOM_Q8_BLOCK == 0 && nb <= 1024);
+    for (int64_t n0 = 0; n0 < N; n0 += LOOM_MATMUL_ROWS_MAX) {
+        const int64_t n = N - n0 < LOOM_MATMUL_ROWS_MAX ? N - n0 : LOOM_MATMUL_ROWS_MAX;
+        LOOM_KV(q8_pass)(out + n0 * OC, xq + n0 * IC, xd + n0 * nb, wq, wd, bias, n, IC, OC);
     }
 }
 

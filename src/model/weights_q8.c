@@ -9,6 +9,7 @@
  * way and multiplies Q8_0 x Q8_0 (matmul_q8_forward). With a tied head the embedding rows are
  * the quantized wte's, dequantized. Only the batched decode (loom_model_decode_batch: the
  * engine of generate, serve and synth) runs such a model. */
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -21,6 +22,14 @@ static size_t q8_bytes(int64_t OC, int IC) {
     const size_t v = ((size_t)OC * (size_t)IC + 63) & ~(size_t)63;
     const size_t d = ((size_t)OC * (size_t)(IC / LOOM_Q8_BLOCK) * 2 + 63) & ~(size_t)63;
     return v + d;
+}
+
+/* 1 when every one of n floats is finite (Q8_0 has no inf or NaN; the kernel takes the
+ * weights' scales to be finite) */
+static int all_finite(const float *w, int64_t n) {
+    for (int64_t i = 0; i < n; i++)
+        if (!isfinite(w[i])) return 0;
+    return 1;
 }
 
 /* quantizes w (OC, IC) into the arena at p (q8_bytes), sets q / d, releases w's pages */
@@ -37,6 +46,9 @@ static void q8_place(char *p, const float *w, int64_t OC, int IC, const int8_t *
     *q = vq;
     *d = vd;
 }
+
+
+static const char *const site_names[4] = {"q|k|v", "attn_proj", "fc", "fc_proj"};
 
 int loom_model_set_weights_int8(loom_model *m, loom_err *err) {
     const loom_model_config *c = &m->cfg;
@@ -56,6 +68,17 @@ int loom_model_set_weights_int8(loom_model *m, loom_err *err) {
                                   "multiple of %d up to 32768 (Q8_0 quantizes blocks of %d "
                                   "along it); use --weights bf16 or fp32", names[k], ic[k],
                              LOOM_Q8_BLOCK, LOOM_Q8_BLOCK);
+    /* every matrix checked before any is quantized (and its fp32 pages released) */
+    for (int l = 0; l < L; l++) {
+        const float *w[4] = {QKV_W(m, l), LP(m, LOOM_L_ATTN_PROJ_W, l), FC1_W(m, l),
+                             LP(m, LOOM_L_FC_PROJ_W, l)};
+        for (int k = 0; k < 4; k++)
+            if (w[k] && !all_finite(w[k], (int64_t)oc[k] * ic[k]))
+                return loom_errf(err, "--weights int8: layer %d's %s weight has a value that "
+                                      "is not finite", l, site_names[k]);
+    }
+    if (HEAD_W(m) && !all_finite(HEAD_W(m), (int64_t)V * C))
+        return loom_errf(err, "--weights int8: the head's weight has a value that is not finite");
     size_t total = q8_bytes(V, C);
     for (int k = 0; k < 4; k++) total += (size_t)L * q8_bytes(oc[k], ic[k]);
     char *arena = model_alloc_streamed(total);

@@ -5,8 +5,9 @@
  *    max|x| / 127 as fp16, values roundf(x * (1 / scale))), and the round trip: each value's
  *    rounding error at most half the block's fp32 scale, the dequantized value (q times the
  *    fp16 scale) within half the fp16 scale plus the scale's own rounding;
- *  - matmul_q8_forward bit for bit equal to the contract computed here in scalar C (one fp32
- *    chain over the blocks: acc += (float)isum * (dw * dx), then the bias) at every level the
+ *  - matmul_q8_forward bit for bit equal to the contract computed here in scalar C (16 fp32
+ *    chains over the blocks, each += (float)isum * (dw * dx) of a quarter of a block's
+ *    products, summed in a fixed tree, then the bias) at every level the
  *    CPU has (x86-64, avx2, avx512, with VPDPBUSD checked to be the one that ran where the CPU
  *    has avx512_vnni), for OC on and off multiples of 4, IC of 1..18 blocks (odd and even for
  *    the two-block AVX-512 loop), 1..17 rows, with and without a bias; each row alone gives
@@ -138,18 +139,27 @@ static void test_quantize(void **state) {
     print_message("q8: worst |x - dq| = %.4f scale\n", worst);
 }
 
-/* the contract, element by element */
+/* the contract, element by element: 16 fp32 chains, chain 8 * (b % 2) + l taking block b's
+ * products 4l..4l+3 (their exact int32 sum) times the product of the two scales, each
+ * multiply and add rounded; then the chains summed (l, l + 8), then (l, l + 4), (l, l + 2),
+ * (l, l + 1) */
 static float ref_dot(const int8_t *xq, const uint16_t *xd, const int8_t *wq, const uint16_t *wd,
                      int IC) {
-    float acc = 0.0f;
+    volatile float c[16] = {0};
     for (int b = 0; b < IC / 32; b++) {
-        int32_t is = 0;
-        for (int j = 0; j < 32; j++) is += (int32_t)xq[32 * b + j] * (int32_t)wq[32 * b + j];
         const float dd = loom_fp16_widen(wd[b]) * loom_fp16_widen(xd[b]);
-        volatile float p = (float)is * dd; /* rounded here, as the contract says */
-        acc = acc + p;
+        for (int l = 0; l < 8; l++) {
+            int32_t is = 0;
+            for (int j = 4 * l; j < 4 * l + 4; j++) is += (int32_t)xq[32 * b + j] * (int32_t)wq[32 * b + j];
+            volatile float p = (float)is * dd;
+            c[8 * (b % 2) + l] = c[8 * (b % 2) + l] + p;
+        }
     }
-    return acc;
+    float t[8];
+    for (int l = 0; l < 8; l++) t[l] = c[l] + c[l + 8];
+    for (int s = 4; s > 0; s /= 2)
+        for (int l = 0; l < s; l++) t[l] = t[l] + t[l + s];
+    return t[0];
 }
 
 static void check_shape(int N, int IC, int OC, int use_bias, uint64_t seed, const char *level) {
@@ -195,7 +205,7 @@ static void test_matmul_contract(void **state) {
     (void)state;
     const struct { int N, IC, OC; } shapes[] = {{1, 32, 1}, {1, 64, 4}, {2, 96, 5}, {3, 576, 7},
                                                 {5, 160, 16}, {16, 64, 9}, {17, 128, 13},
-                                                {4, 32 * 18, 12}, {1, 32 * 17, 3}};
+                                                {4, 32 * 18, 12}, {1, 32 * 17, 3}, {20, 64, 6}};
     loom_isa lv[4];
     const int nl = levels(lv);
     for (int k = 0; k < nl; k++) {
