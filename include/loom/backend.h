@@ -64,6 +64,9 @@ int64_t attention_causal_pairs(int T);
 int64_t attention_window_pairs(int T, int W);
 
 /* ---- the op table ---------------------------------------------------------------------- */
+/* GGUF's Q8_0 block: 32 values along a row, one fp16 scale (the q8 ops below) */
+#define LOOM_Q8_BLOCK 32
+
 typedef struct loom_backend {
     const char *name; /* the model.backend value: "cpu" */
 
@@ -86,6 +89,7 @@ typedef struct loom_backend {
      * into values (N,IC) and fp16 scales (N,IC/32), and the product of such rows with a
      * matrix held the same way; NULL where not supported */
     void (*q8_quantize)(int8_t *q, uint16_t *d, const float *x, int64_t N, int IC);
+    void (*q8_dequantize)(float *x, const int8_t *q, const uint16_t *d, int64_t N, int IC);
     void (*matmul_q8_forward)(float *out, const int8_t *xq, const uint16_t *xd,
                               const int8_t *wq, const uint16_t *wd, const float *bias,
                               int64_t N, int IC, int OC);

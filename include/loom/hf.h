@@ -14,6 +14,7 @@
 #include "loom/base.h"
 #include "loom/config.h"
 #include "loom/model.h"
+#include "loom/safetensors.h"
 
 struct loom_lora;
 struct loom_tokenizer;
@@ -52,5 +53,12 @@ int loom_hf_write_tokenizer(const char *out_dir, const struct loom_tokenizer *to
  * generation_config.json, PEFT adapter files for lora (NULL: none) and config.json, last. */
 int loom_hf_write_model(const char *out_dir, loom_model *m, struct loom_lora *lora, int eos,
                         uint64_t max_shard, loom_err *err);
+/* The tensors of a whole model in its family's Hugging Face names and layouts, fp32, as
+ * loom_hf_write_model writes them (*model_type, may be NULL: the family's config.json
+ * model_type, "llama", "qwen2", "gpt2", ...); *ts malloc'd, freed by loom_hf_tensors_free.
+ * The GGUF export (src/interop/gguf.c) converts these, as llama.cpp's converter does. */
+int loom_hf_model_tensors(loom_model *m, loom_st_tensor **ts, int *n, const char **model_type,
+                          loom_err *err);
+void loom_hf_tensors_free(loom_st_tensor *ts, int n);
 
 #endif

@@ -30,5 +30,11 @@ typedef struct loom_hf_export_opts {
  * (created; refused when it exists and is not empty). */
 int loom_hf_export(const char *ckpt, const char *out_dir, const loom_hf_export_opts *o,
                    loom_err *err);
+/* loom export --gguf (src/interop/gguf.c, docs/inference.md "GGUF export"): a loom checkpoint
+ * -> one GGUF v3 file at out for llama.cpp (architectures llama: Llama and Mistral, qwen2,
+ * gpt2; others refused naming theirs), its 2-D tensors in type "f32", "bf16" or "q8_0" (1-D
+ * ones f32), the tokenizer and chat template in the metadata. Written to a temp file and
+ * renamed: an error leaves no out. */
+int loom_gguf_export(const char *ckpt, const char *out, const char *type, loom_err *err);
 
 #endif

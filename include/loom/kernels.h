@@ -56,7 +56,6 @@ void bf16_round_rows(uint16_t *dst, const float *src, int64_t N, int IC);
  * as fp16 (loom/fp16.h) and 32 int8 q = roundf(x / d) (ggml's reference quantizer: x times
  * 1 / d, ties away from zero; 0 when d is 0). q8_quantize_rows: N rows of x into q (N,IC) and
  * d (N,IC/32); q8_dequantize_rows: back, x = q * d. */
-#define LOOM_Q8_BLOCK 32
 void q8_quantize_rows(int8_t *q, uint16_t *d, const float *x, int64_t N, int IC);
 void q8_dequantize_rows(float *x, const int8_t *q, const uint16_t *d, int64_t N, int IC);
 /* out (N,OC) = x (N,IC) @ w (OC,IC)^T + bias (may be NULL), x and w in Q8_0 (values xq, wq and

@@ -47,9 +47,38 @@ usage:
     return 2;
 }
 
+/* loom export --gguf CKPT OUT.gguf [--type f32|bf16|q8_0] */
+static int export_gguf(int argc, char **argv) {
+    const char *pos[2] = {NULL, NULL}, *type = "f32";
+    int npos = 0;
+    for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "--gguf")) continue;
+        if (!strcmp(argv[i], "--type") && i + 1 < argc) type = argv[++i];
+        else if (argv[i][0] != '-' && npos < 2) pos[npos++] = argv[i];
+        else goto usage;
+    }
+    if (npos != 2) goto usage;
+    if (strcmp(type, "f32") && strcmp(type, "bf16") && strcmp(type, "q8_0")) {
+        fprintf(stderr, "loom: error: --type '%s': expected f32, bf16 or q8_0\n", type);
+        return 2;
+    }
+    loom_err err = {{0}};
+    if (loom_gguf_export(pos[0], pos[1], type, &err)) {
+        fprintf(stderr, "loom: error: %s\n", err.msg);
+        return 1;
+    }
+    printf("exported %s -> %s (%s)\n", pos[0], pos[1], type);
+    return 0;
+usage:
+    fprintf(stderr, "usage: loom export --gguf CKPT OUT.gguf [--type f32|bf16|q8_0]\n");
+    return 2;
+}
+
 int loom_cli_export(int argc, char **argv) {
     const char *pos[2] = {NULL, NULL};
     int npos = 0, hf = 0;
+    for (int i = 1; i < argc; i++)
+        if (!strcmp(argv[i], "--gguf")) return export_gguf(argc, argv);
     loom_hf_export_opts o = {0};
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--hf")) hf = 1;
@@ -74,6 +103,7 @@ int loom_cli_export(int argc, char **argv) {
     return 0;
 usage:
     fprintf(stderr, "usage: loom export --hf CKPT OUT_DIR [--max-shard-size N[K|M|G]] "
-                    "[--merge-lora] [--chat-template NAME|FILE]\n");
+                    "[--merge-lora] [--chat-template NAME|FILE]\n"
+                    "       loom export --gguf CKPT OUT.gguf [--type f32|bf16|q8_0]\n");
     return 2;
 }

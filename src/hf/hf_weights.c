@@ -641,6 +641,27 @@ int loom_hf_write_tokenizer(const char *out_dir, const loom_tokenizer *tok, int 
     return 0;
 }
 
+int loom_hf_model_tensors(loom_model *m, loom_st_tensor **ts, int *n, const char **model_type,
+                          loom_err *err) {
+    const loom_model_config *c = loom_model_get_config(m);
+    if (loom_hf_export_check(c, err)) return -1;
+    hf_map_list map = {0};
+    const hf_family *f = hf_family_of(c);
+    hf_map_build(m, f, f->prefix, &map);
+    loom_st_tensor *t = model_tensors(m, &map, n);
+    /* the names point into the map: copied, so the list outlives it */
+    for (int i = 0; i < *n; i++) t[i].name = loom_strdup(t[i].name);
+    hf_map_free(&map);
+    *ts = t;
+    if (model_type) *model_type = f->model_type;
+    return 0;
+}
+
+void loom_hf_tensors_free(loom_st_tensor *ts, int n) {
+    for (int i = 0; ts && i < n; i++) free((void *)ts[i].name);
+    free_tensors(ts, n);
+}
+
 int loom_hf_write_model(const char *out_dir, loom_model *m, loom_lora *lora, int eos,
                         uint64_t max_shard, loom_err *err) {
     const loom_model_config *c = loom_model_get_config(m);

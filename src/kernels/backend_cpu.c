@@ -35,6 +35,7 @@ static const loom_backend cpu = {
     .matmul_backward_set = matmul_backward_set,
     .matmul_bf16_forward = matmul_rows_bf16_forward,
     .q8_quantize = q8_quantize_rows,
+    .q8_dequantize = q8_dequantize_rows,
     .matmul_q8_forward = matmul_q8_forward,
     .dotbf16_pack_elems = dotbf16_pack_elems,
     .dotbf16_pack = dotbf16_pack,

@@ -15,7 +15,6 @@
 
 #include "loom/backend.h"
 #include "loom/bf16.h"
-#include "loom/kernels.h"
 #include "model/model_internal.h"
 
 struct loom_decode_ws {
@@ -167,7 +166,7 @@ const float *loom_model_decode_batch(loom_model *m, loom_decode_ws *w, const int
             const float *p = wpe ? wpe + (int64_t)(segs[i].pos0 + t) * C : NULL;
             float *y = w->res[0] + (int64_t)r * C;
             if (m->wq8) { /* the head's row in Q8_0, dequantized */
-                q8_dequantize_rows(y, m->wq8_head_q + (int64_t)tokens[r] * C,
+                m->be->q8_dequantize(y, m->wq8_head_q + (int64_t)tokens[r] * C,
                                    m->wq8_head_d + (int64_t)tokens[r] * (C / LOOM_Q8_BLOCK), 1, C);
                 for (int j = 0; j < C && p; j++) y[j] += p[j];
                 continue;

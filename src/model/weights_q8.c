@@ -2,7 +2,7 @@
  *
  * The matrices `--weights bf16` rounds (each linear's: q|k|v, attn_proj, fc or gate|up,
  * fc_proj; and the head: gpt2's tied wte, llama's lm_head) are quantized once to GGUF's Q8_0
- * (src/kernels/matmul_q8.c: blocks of 32 along the input dimension, an fp16 scale each) into
+ * (src/kernels/matmul_q8.c, through the backend's q8 ops: blocks of 32 along the input dimension, an fp16 scale each) into
  * one arena streamed every step, and the pages of their fp32 copies are handed back to the
  * kernel: a decode step then reads 1.0625 bytes per weight instead of 4. The norms, biases and
  * position embeddings stay fp32. Each linear (and the head) quantizes its input rows the same
@@ -14,7 +14,6 @@
 #include <string.h>
 
 #include "loom/backend.h"
-#include "loom/kernels.h"
 #include "model/model_internal.h"
 
 /* bytes of one (OC, IC) matrix in the arena: the values, then the scales, each 64-aligned */
@@ -33,14 +32,14 @@ static int all_finite(const float *w, int64_t n) {
 }
 
 /* quantizes w (OC, IC) into the arena at p (q8_bytes), sets q / d, releases w's pages */
-static void q8_place(char *p, const float *w, int64_t OC, int IC, const int8_t **q,
-                     const uint16_t **d) {
+static void q8_place(const loom_backend *be, char *p, const float *w, int64_t OC, int IC,
+                     const int8_t **q, const uint16_t **d) {
     int8_t *vq = (int8_t *)p;
     uint16_t *vd = (uint16_t *)(p + (((size_t)OC * (size_t)IC + 63) & ~(size_t)63));
     /* in slices of rows, so that at most one slice of fp32 and of int8 is hot at once */
     for (int64_t r = 0; r < OC; r += 256) {
         const int64_t n = OC - r < 256 ? OC - r : 256;
-        q8_quantize_rows(vq + r * IC, vd + r * (IC / LOOM_Q8_BLOCK), w + r * IC, n, IC);
+        be->q8_quantize(vq + r * IC, vd + r * (IC / LOOM_Q8_BLOCK), w + r * IC, n, IC);
     }
     model_release_pages(w, (size_t)OC * (size_t)IC);
     *q = vq;
@@ -56,7 +55,7 @@ int loom_model_set_weights_int8(loom_model *m, loom_err *err) {
     if (m->wbf16) return loom_errf(err, "--weights int8 cannot run with --weights bf16 or "
                                         "--compute bf16");
     if (model_infer_weights_check(m, "--weights int8", err)) return -1;
-    if (!m->be->q8_quantize || !m->be->matmul_q8_forward)
+    if (!m->be->q8_quantize || !m->be->q8_dequantize || !m->be->matmul_q8_forward)
         return loom_errf(err, "--weights int8: the %s backend has no int8 matmul", m->be->name);
     const int L = c->n_layer, C = c->d_model, V = c->vocab_size;
     const int oc[4] = {m->QKV, C, m->FFI, C}, ic[4] = {C, m->H * m->D, C, m->F};
@@ -90,13 +89,13 @@ int loom_model_set_weights_int8(loom_model *m, loom_err *err) {
                              LP(m, LOOM_L_FC_PROJ_W, l)};
         for (int k = 0; k < 4; k++) {
             LOOM_CHECK(w[k] != NULL);
-            q8_place(arena + at, w[k], oc[k], ic[k], &m->wq8_q[4 * l + k], &m->wq8_d[4 * l + k]);
+            q8_place(m->be, arena + at, w[k], oc[k], ic[k], &m->wq8_q[4 * l + k], &m->wq8_d[4 * l + k]);
             at += q8_bytes(oc[k], ic[k]);
         }
     }
     const float *hw = HEAD_W(m);
     LOOM_CHECK(hw != NULL);
-    q8_place(arena + at, hw, V, C, &m->wq8_head_q, &m->wq8_head_d);
+    q8_place(m->be, arena + at, hw, V, C, &m->wq8_head_q, &m->wq8_head_d);
     m->wq8 = arena;
     m->wq8_bytes = total;
     return 0;

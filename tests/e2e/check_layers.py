@@ -63,7 +63,7 @@ LIBS = {
 # public header (include/loom/) -> the module that owns it
 HEADERS = {
     "base.h": "base", "config.h": "base", "signals.h": "base", "safetensors.h": "base",
-    "bf16.h": "base", "progress.h": "base",
+    "bf16.h": "base", "fp16.h": "base", "progress.h": "base",
     "comm.h": "comm",
     "backend.h": "kernels", "kernels.h": "kernels",
     "model.h": "model", "model_config.h": "model", "lora.h": "model",
