@@ -68,6 +68,9 @@ void matmul_q8_forward(float *out, const int8_t *xq, const uint16_t *xd, const i
                        const uint16_t *wd, const float *bias, int64_t N, int IC, int OC);
 /* 1 when matmul_q8_forward runs VPDPBUSD now (the avx512 level on a CPU with avx512_vnni) */
 int matmul_q8_vnni(void);
+/* 0: the avx512 level runs VPMADDUBSW even where the CPU has VNNI (the path of AVX-512 CPUs
+ * without it, for tests/unit/test_q8.c); 1 (the default): VPDPBUSD where the CPU has it */
+void matmul_q8_allow_vnni(int allow);
 /* dinp (N,IC) += dout (N,OC) @ weight (OC,IC); dweight (OC,IC) += dout^T @ inp;
  * dbias (OC) += sum_n dout. Any of dinp/dweight/dbias may be NULL. */
 void matmul_backward(float *dinp, float *dweight, float *dbias, const float *dout,

@@ -26,6 +26,7 @@
  * an input row, each with its own accumulators. */
 #ifndef LOOM_KV
 #include <math.h>
+#include <stdatomic.h>
 #include <string.h>
 
 #include "kernels/kmath.h"
@@ -82,7 +83,12 @@ void q8_dequantize_rows(float *x, const int8_t *q, const uint16_t *d, int64_t N,
         }
 }
 
+static atomic_int g_no_vnni; /* matmul_q8_allow_vnni(0): the avx512 level without VPDPBUSD */
+
+void matmul_q8_allow_vnni(int allow) { atomic_store(&g_no_vnni, !allow); }
+
 int matmul_q8_vnni(void) {
+    if (atomic_load_explicit(&g_no_vnni, memory_order_relaxed)) return 0;
 #if defined(LOOM_NATIVE)
 #ifdef __AVX512VNNI__
     return 1;

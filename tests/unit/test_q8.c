@@ -9,7 +9,7 @@
  *    chains over the blocks, each += (float)isum * (dw * dx) of a quarter of a block's
  *    products, summed in a fixed tree, then the bias) at every level the
  *    CPU has (x86-64, avx2, avx512, with VPDPBUSD checked to be the one that ran where the CPU
- *    has avx512_vnni), for OC on and off multiples of 4, IC of 1..18 blocks (odd and even for
+ *    has avx512_vnni, and avx512 again without it: VPMADDUBSW, as AVX-512 CPUs without VNNI), for OC on and off multiples of 4, IC of 1..18 blocks (odd and even for
  *    the two-block AVX-512 loop), 1..17 rows, with and without a bias; each row alone gives
  *    the same bits as in the batch; 1 and 2 threads agree; and the result is within int8's
  *    error of the fp32 product. */
@@ -211,15 +211,21 @@ static void test_matmul_contract(void **state) {
     for (int k = 0; k < nl; k++) {
         set_level(lv[k]);
         const char *name = loom_isa_name(lv[k]);
-        if (lv[k] == LOOM_ISA_AVX512) {
-            __builtin_cpu_init();
-            assert_int_equal(matmul_q8_vnni(), __builtin_cpu_supports("avx512vnni") != 0);
-            print_message("avx512: %s\n", matmul_q8_vnni() ? "VPDPBUSD" : "VPMADDUBSW");
-        } else
-            assert_int_equal(matmul_q8_vnni(), 0);
-        for (size_t c = 0; c < sizeof shapes / sizeof *shapes; c++)
-            for (int bias = 0; bias < 2; bias++)
-                check_shape(shapes[c].N, shapes[c].IC, shapes[c].OC, bias, 7 + c, name);
+        /* at avx512: with VPDPBUSD where the CPU has it, then without (AVX-512 CPUs without
+         * VNNI run that path) */
+        for (int allow = 1; allow >= (lv[k] == LOOM_ISA_AVX512 ? 0 : 1); allow--) {
+            matmul_q8_allow_vnni(allow);
+            if (lv[k] == LOOM_ISA_AVX512) {
+                __builtin_cpu_init();
+                assert_int_equal(matmul_q8_vnni(), allow && __builtin_cpu_supports("avx512vnni") != 0);
+                print_message("avx512: %s\n", matmul_q8_vnni() ? "VPDPBUSD" : "VPMADDUBSW");
+            } else
+                assert_int_equal(matmul_q8_vnni(), 0);
+            for (size_t c = 0; c < sizeof shapes / sizeof *shapes; c++)
+                for (int bias = 0; bias < 2; bias++)
+                    check_shape(shapes[c].N, shapes[c].IC, shapes[c].OC, bias, 7 + c, name);
+        }
+        matmul_q8_allow_vnni(1);
     }
     loom_err err;
     assert_int_equal(loom_isa_set(loom_isa_detect(), &err), 0);
