@@ -59,6 +59,10 @@ unsigned loom_lora_targets(const loom_lora *l);
 size_t loom_lora_num_params(const loom_lora *l);
 float *loom_lora_params(loom_lora *l);
 float *loom_lora_grads(loom_lora *l);
+/* on = 0: the model's next forwards run without the adapters (the base model: a preference
+ * method's reference log-probs); backward must not follow such a forward. on = 1 (the
+ * default): with them. */
+void loom_lora_set_enabled(loom_lora *l, int on);
 void loom_lora_zero_grad(loom_lora *l);
 int loom_lora_num_tensors(const loom_lora *l);
 const loom_lora_tensor *loom_lora_tensor_at(const loom_lora *l, int i);

@@ -58,6 +58,11 @@ static const loom_config_key train_only_keys[] = {
                                    "skipped for a non-finite loss or gradient norm"},
     {"training.memory_limit", "auto", "refuse a layout whose estimated memory exceeds this: auto "
                                       "(MemAvailable, cgroup limit), off, or bytes"},
+    {"finetune.method", "sft", "sft (cross-entropy on the targets) | dpo | simpo | orpo "
+                               "(preference pairs: recipe kind preference)"},
+    {"finetune.beta", "auto", "dpo / simpo beta, orpo lambda; auto: dpo 0.1, simpo 2.0, orpo 0.1"},
+    {"finetune.label_smoothing", "0", "dpo / simpo: the conservative loss's epsilon in [0, 0.5)"},
+    {"finetune.gamma", "0.5", "simpo: the target reward margin gamma (TRL's simpo_gamma)"},
     {"finetune.lora.rank", "0", "LoRA adapters' rank (0 = off: every weight is trained)"},
     {"finetune.lora.alpha", "16", "LoRA scale numerator: the adapters add (alpha / rank) B A x"},
     {"finetune.lora.dropout", "0",

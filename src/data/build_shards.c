@@ -315,6 +315,46 @@ static int write_split(build *b, int si, int sp, const doc_set *ds, int32_t **id
     return 0;
 }
 
+/* A preference pair's document (segments [0, pair_seg) the chosen conversation, the rest the
+ * rejected one) as two windows of T tokens, each half encoded and padded to T (pad tokens
+ * mask 0): *ids 2T tokens. 1 (ids empty) when a half is longer than T (dropped, as
+ * too_long: drop), 0, or -1 on an encoding error. */
+static int pref_encode(const loom_chat_doc *cd, uint32_t pair_seg, const loom_tokenizer *tok,
+                       uint64_t T, int32_t pad, loom_ids *ids, uint8_t **mask, loom_err *err) {
+    LOOM_CHECK(pair_seg > 0 && pair_seg < cd->n_seg);
+    ids->ids = loom_malloc(2 * T * sizeof *ids->ids);
+    ids->n = 0;
+    *mask = loom_malloc(2 * T);
+    int rc = 0;
+    const uint64_t cut = cd->seg[pair_seg - 1].end;
+    for (int h = 0; h < 2 && rc == 0; h++) {
+        loom_chat_seg *segs = loom_malloc(cd->n_seg * sizeof *segs);
+        size_t n = 0;
+        for (size_t k = h ? pair_seg : 0; k < (h ? cd->n_seg : pair_seg); k++)
+            segs[n++] = (loom_chat_seg){cd->seg[k].end - (h ? cut : 0), cd->seg[k].train};
+        loom_chat_doc half = {cd->text + (h ? cut : 0), (h ? cd->len - cut : cut), 0, segs, n, n};
+        loom_ids v = {0};
+        uint8_t *m = NULL;
+        if (loom_chat_encode(&half, tok, &v, &m, err) != 0) rc = -1;
+        else if (v.n > T) rc = 1;
+        else {
+            memcpy(ids->ids + h * T, v.ids, v.n * sizeof *v.ids);
+            memcpy(*mask + h * T, m, v.n);
+            for (uint64_t k = v.n; k < T; k++) ids->ids[h * T + k] = pad, (*mask)[h * T + k] = 0;
+        }
+        free(v.ids);
+        free(m);
+        free(segs);
+    }
+    if (rc == 0) ids->n = 2 * T;
+    else {
+        free(ids->ids);
+        free(*mask);
+        ids->ids = NULL, *mask = NULL;
+    }
+    return rc;
+}
+
 /* Chat sources: every conversation's tokens and loss mask (each segment of the rendering
  * encoded on its own), with pack: false padded to a multiple of seq_len (pad tokens have mask
  * 0) or, with too_long: drop, dropped when longer than seq_len. Every member of a team
@@ -333,6 +373,13 @@ static int chat_tokenize(build *b, int si, const loom_docs *docs, uint64_t *ntok
         tok = own;
     }
     const uint64_t T = (uint64_t)b->r.seq_len;
+    if (s->preference && (T == 0 || (uint64_t)b->r.shard_tokens % (2 * T) != 0)) {
+        loom_tokenizer_free(own);
+        return loom_errf(err, "%s:%d: source '%s': kind: preference needs shard_tokens (%lld) to be "
+                              "a multiple of 2 x seq_len (%lld), so that every pair (its chosen "
+                              "and its rejected window) lies in one shard", b->r.file, s->line,
+                         s->name, (long long)b->r.shard_tokens, (long long)(2 * T));
+    }
     if (!s->pack && (T == 0 || (uint64_t)b->r.shard_tokens % T != 0)) {
         loom_tokenizer_free(own);
         return loom_errf(err, "%s:%d: source '%s': pack: false needs shard_tokens (%lld) to be a "
@@ -355,6 +402,19 @@ static int chat_tokenize(build *b, int si, const loom_docs *docs, uint64_t *ntok
         loom_ids v = {0};
         uint8_t *m = NULL;
         loom_err e;
+        if (s->preference) { /* two windows: the chosen conversation, the rejected one */
+            int r = pref_encode(&cd, dc->pair_seg, tok, T, pad, &v, &m, &e);
+            if (r < 0) {
+                #pragma omp critical(loom_build_err)
+                if (!failed) failed = 1, first = e;
+                continue;
+            }
+            if (r == 1) dropped++;
+            ids[i] = v.ids;
+            masks[i] = m;
+            ntok[i] = v.n;
+            continue;
+        }
         if (loom_chat_encode(&cd, tok, &v, &m, &e) != 0) {
             #pragma omp critical(loom_build_err)
             if (!failed) failed = 1, first = e;

@@ -71,6 +71,8 @@ typedef struct loom_doc {
     int32_t input;       /* index into the build's inputs (for reports) */
     uint64_t seg0;       /* chat: its segments are segs[seg0, seg0 + n_seg) of the docs */
     uint32_t n_seg;      /* 0 for other kinds */
+    uint32_t pair_seg;   /* kind: preference: the first pair_seg segments are the chosen
+                          * conversation, the rest the rejected one; 0 otherwise */
 } loom_doc;
 
 typedef struct loom_docs {

@@ -348,13 +348,14 @@ static int parse_source(ctx *c, ynode *n, loom_recipe_source *s) {
     if (!s->name) return failf(c, n, "source is missing 'name'");
     if (!valid_name(s->name))
         return failf(c, n, "source name '%s' must be 1-64 characters of [A-Za-z0-9_.-]", s->name);
-    if (!s->kind_name) return failf(c, n, "source '%s' is missing 'kind' (text, jsonl, chat, binary)", s->name);
+    if (!s->kind_name) return failf(c, n, "source '%s' is missing 'kind' (text, jsonl, chat, preference, binary)", s->name);
     if (!strcmp(s->kind_name, "text")) s->kind = LOOM_SRC_TEXT;
     else if (!strcmp(s->kind_name, "jsonl")) s->kind = LOOM_SRC_JSONL;
     else if (!strcmp(s->kind_name, "binary")) s->kind = LOOM_SRC_BINARY;
     else if (!strcmp(s->kind_name, "chat")) s->kind = LOOM_SRC_CHAT;
+    else if (!strcmp(s->kind_name, "preference")) s->kind = LOOM_SRC_CHAT, s->preference = 1;
     else
-        return failf(c, kind_node, "source '%s': unsupported kind '%s' (supported: text, jsonl, chat, binary)",
+        return failf(c, kind_node, "source '%s': unsupported kind '%s' (supported: text, jsonl, chat, preference, binary)",
                      s->name, s->kind_name);
     if (!s->path || !*s->path) return failf(c, n, "source '%s' is missing 'path'", s->name);
     if (s->split && s->split_len == 0) return failf(c, n, "source '%s': 'split' must not be empty", s->name);
@@ -365,9 +366,9 @@ static int parse_source(ctx *c, ynode *n, loom_recipe_source *s) {
         {"on_error", on_error != NULL, s->kind == LOOM_SRC_JSONL || s->kind == LOOM_SRC_CHAT},
         {"max_line_bytes", max_line != NULL, s->kind == LOOM_SRC_JSONL || s->kind == LOOM_SRC_CHAT},
         {"template", s->chat_template != NULL, s->kind == LOOM_SRC_CHAT},
-        {"messages_field", s->messages_field != NULL, s->kind == LOOM_SRC_CHAT},
-        {"pack", pack_node != NULL, s->kind == LOOM_SRC_CHAT},
-        {"too_long", too_long != NULL, s->kind == LOOM_SRC_CHAT && !s->pack},
+        {"messages_field", s->messages_field != NULL, s->kind == LOOM_SRC_CHAT && !s->preference},
+        {"pack", pack_node != NULL, s->kind == LOOM_SRC_CHAT && !s->preference},
+        {"too_long", too_long != NULL, s->kind == LOOM_SRC_CHAT && !s->pack && !s->preference},
         {"doc_suffix", s->doc_suffix != NULL, s->kind != LOOM_SRC_CHAT},
         {"labels", s->labels != NULL, s->kind == LOOM_SRC_BINARY},
         {"label_key", s->label_key != NULL, s->kind == LOOM_SRC_BINARY},
@@ -379,6 +380,7 @@ static int parse_source(ctx *c, ynode *n, loom_recipe_source *s) {
             return failf(c, n, "source '%s': '%s' does not apply to kind '%s'", s->name, own[i].key,
                          s->kind_name);
     if (!s->text_field && s->kind == LOOM_SRC_JSONL) s->text_field = loom_strdup("text");
+    if (s->preference) s->pack = 0, s->drop_long = 1; /* each half one window */
     if (s->kind == LOOM_SRC_CHAT) {
         if (!s->chat_template) s->chat_template = loom_strdup("chatml");
         if (!s->messages_field) s->messages_field = loom_strdup("messages");

@@ -52,6 +52,8 @@ typedef struct loom_recipe_source {
     char *messages_field;  /* default "messages" */
     int pack;              /* 1 (default): conversations back to back; 0: each padded to a
                             * multiple of seq_len, so a window never mixes two */
+    int preference;        /* kind: preference (a chat source whose rows are (prompt, chosen,
+                            * rejected) pairs: pack 0, drop_long 1, each half one window) */
     int drop_long;         /* pack 0: a conversation longer than seq_len is dropped (1) or
                             * continues into the next window (0, too_long: split) */
     /* binary */

@@ -59,7 +59,7 @@ void loom_docs_add(loom_docs *d, const void *p, size_t len, int32_t label, int32
         d->cap = d->cap ? 2 * d->cap : 1024;
         d->v = loom_realloc(d->v, d->cap * sizeof *d->v);
     }
-    d->v[d->n++] = (loom_doc){off, len, label, input, 0, 0};
+    d->v[d->n++] = (loom_doc){off, len, label, input, 0, 0, 0};
 }
 
 void loom_docs_free(loom_docs *d) {

@@ -72,6 +72,111 @@ static int ends_with(const char *s, const char *suf) {
     return n >= m && !strcmp(s + n - m, suf);
 }
 
+/* Appends the chat document cd (its text and segments) to the docs' last document, or makes
+ * it a new one (append 0). */
+static void add_chat_doc(loom_docs *d, const loom_chat_doc *cd, int fi, int append) {
+    uint64_t base = 0;
+    if (append) { /* the arena is contiguous: the last document grows by cd's bytes */
+        loom_doc *last = &d->v[d->n - 1];
+        LOOM_CHECK(last->off + last->len == d->arena_len);
+        base = last->len;
+        loom_docs_put(d, cd->text, cd->len);
+        last->len += cd->len;
+    } else {
+        loom_docs_add(d, cd->text, cd->len, -1, fi);
+        d->v[d->n - 1].seg0 = d->n_segs;
+    }
+    if (d->n_segs + cd->n_seg > d->cap_segs) {
+        d->cap_segs = (d->n_segs + cd->n_seg) * 2;
+        d->segs = loom_realloc(d->segs, d->cap_segs * sizeof *d->segs);
+    }
+    for (size_t k = 0; k < cd->n_seg; k++)
+        d->segs[d->n_segs + k] = (loom_chat_seg){cd->seg[k].end + base, cd->seg[k].train};
+    d->v[d->n - 1].n_seg += (uint32_t)cd->n_seg;
+    d->n_segs += cd->n_seg;
+}
+
+/* The messages of one half of a preference row: prompt then completion, each a messages array
+ * or a string (the prompt's a user message, the completion's an assistant message). New
+ * reference, or NULL with the reason in why. */
+static json_t *pref_messages(json_t *prompt, json_t *completion, const char *key, char *why,
+                             size_t why_size) {
+    json_t *msgs = json_array();
+    json_t *parts[2] = {prompt, completion};
+    const char *roles[2] = {"user", "assistant"}, *names[2] = {"prompt", key};
+    for (int i = 0; i < 2; i++) {
+        if (json_is_string(parts[i])) {
+            json_array_append_new(msgs, json_pack("{s:s,s:O}", "role", roles[i], "content",
+                                                  parts[i]));
+        } else if (json_is_array(parts[i])) {
+            json_array_extend(msgs, parts[i]);
+        } else {
+            snprintf(why, why_size, "field \"%s\" is not a string or a list of messages",
+                     names[i]);
+            json_decref(msgs);
+            return NULL;
+        }
+    }
+    return msgs;
+}
+
+/* A preference row {"prompt", "chosen", "rejected"}: both conversations rendered (TRL's
+ * standard format, three strings: prompt + completion as plain text, the completion trained
+ * on; else the chat template, as kind: chat) into ONE document, the chosen conversation's
+ * segments first (pair_seg of them), so that filters and dedup keep or drop the pair whole.
+ * 0, or -1 with the reason in why. */
+static int add_preference(loom_read_ctx *c, json_t *o, int fi, char *why, size_t why_size) {
+    json_t *prompt = json_object_get(o, "prompt");
+    const char *keys[2] = {"chosen", "rejected"};
+    json_t *comp[2] = {json_object_get(o, "chosen"), json_object_get(o, "rejected")};
+    if (!prompt) return snprintf(why, why_size, "no field \"prompt\""), -1;
+    for (int h = 0; h < 2; h++)
+        if (!comp[h]) return snprintf(why, why_size, "no field \"%s\"", keys[h]), -1;
+    const int standard = json_is_string(prompt) && json_is_string(comp[0]) &&
+                         json_is_string(comp[1]);
+    loom_chat_doc cd[2];
+    memset(cd, 0, sizeof cd);
+    int rc = 0;
+    for (int h = 0; h < 2 && rc == 0; h++) {
+        if (standard) {
+            const char *t[2] = {json_string_value(prompt), json_string_value(comp[h])};
+            const size_t n[2] = {json_string_length(prompt), json_string_length(comp[h])};
+            if (n[1] == 0) {
+                snprintf(why, why_size, "field \"%s\" is empty", keys[h]);
+                rc = -1;
+                break;
+            }
+            cd[h].text = loom_malloc(n[0] + n[1] + 1);
+            memcpy(cd[h].text, t[0], n[0]);
+            memcpy(cd[h].text + n[0], t[1], n[1]);
+            cd[h].len = n[0] + n[1];
+            cd[h].seg = loom_malloc(2 * sizeof *cd[h].seg);
+            cd[h].seg[0] = (loom_chat_seg){n[0], 0};
+            cd[h].seg[1] = (loom_chat_seg){n[0] + n[1], 1};
+            cd[h].n_seg = 2;
+            if (n[0] == 0) cd[h].seg[0] = cd[h].seg[1], cd[h].n_seg = 1;
+            continue;
+        }
+        json_t *msgs = pref_messages(prompt, comp[h], keys[h], why, why_size);
+        char inner[560];
+        if (!msgs) rc = -1;
+        else if (loom_chat_render_tools(c->chat, msgs, json_object_get(o, "tools"), &cd[h], inner,
+                                        sizeof inner) != 0) {
+            snprintf(why, why_size, "%s: %.560s", keys[h], inner);
+            rc = -1;
+        }
+        json_decref(msgs);
+    }
+    if (rc == 0) {
+        add_chat_doc(c->docs, &cd[0], fi, 0);
+        add_chat_doc(c->docs, &cd[1], fi, 1);
+        c->docs->v[c->docs->n - 1].pair_seg = (uint32_t)cd[0].n_seg;
+    }
+    loom_chat_doc_free(&cd[0]);
+    loom_chat_doc_free(&cd[1]);
+    return rc;
+}
+
 /* One complete line: adds a document or reports a bad line. Returns -1 only to stop. */
 static int handle_line(loom_read_ctx *c, int fi, const char *line, size_t n, uint64_t lineno,
                        int too_long, loom_err *err) {
@@ -92,6 +197,8 @@ static int handle_line(loom_read_ctx *c, int fi, const char *line, size_t n, uin
             snprintf(why, sizeof why, "invalid JSON at column %d: %s", je.column, je.text);
         } else if (!json_is_object(o)) {
             snprintf(why, sizeof why, "not a JSON object");
+        } else if (s->preference) {
+            add_preference(c, o, fi, why, sizeof why);
         } else if (s->kind == LOOM_SRC_CHAT) {
             json_t *msgs = json_object_get(o, s->messages_field);
             loom_chat_doc cd = {0};

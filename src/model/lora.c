@@ -38,6 +38,7 @@ struct loom_lora {
     float drop;          /* p in [0, 1); 0 = none */
     uint64_t drop_seed, drop_key;
     int drop_on;         /* applies to the next forwards/backwards */
+    int off;             /* loom_lora_set_enabled(l, 0): forwards run the base model alone */
     int64_t drop_row0;   /* the global row of the model's first row */
     float *xd, *dxd;     /* scratch (N, max in): the dropped input, its gradient */
     uint8_t *keep;       /* scratch (N, max in): 1 where the input element is kept */
@@ -192,6 +193,7 @@ unsigned loom_lora_targets(const loom_lora *l) { return l->targets; }
 size_t loom_lora_num_params(const loom_lora *l) { return l->n; }
 float *loom_lora_params(loom_lora *l) { return l->params; }
 float *loom_lora_grads(loom_lora *l) { return l->grads; }
+void loom_lora_set_enabled(loom_lora *l, int on) { l->off = !on; }
 void loom_lora_zero_grad(loom_lora *l) { memset(l->grads, 0, l->n * sizeof(float)); }
 int loom_lora_num_tensors(const loom_lora *l) { return l->nt; }
 const loom_lora_tensor *loom_lora_tensor_at(const loom_lora *l, int i) { return &l->t[i]; }
@@ -278,6 +280,7 @@ static void drop_input(loom_lora *l, const loom_model *m, const block_frame *f, 
 void lora_linear_forward(loom_model *m, const block_frame *f, int layer, int site, float *out,
                          const float *x, int64_t ow) {
     loom_lora *l = m->lora;
+    if (l->off) return; /* the base model alone (a preference method's reference) */
     const loom_backend *be = m->be;
     const int64_t N = (int64_t)f->B * f->T;
     for (int t = 0; t < LOOM_LORA_NT; t++) {

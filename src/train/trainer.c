@@ -148,7 +148,9 @@ int loom_trainer_step(trainer *t, loom_trainer_batch_fn next, void *ctx, double 
                       double *lr_out, float *grad_norm, int *skipped, loom_err *err) {
     double loss = 0;
     if (t->lora) loom_lora_zero_grad(t->lora); /* LoRA: the adapters' gradients of this step */
-    if (t->pp) { /* pipeline parallelism: the batches' micro-batches through the stages */
+    if (t->pref.method != LOOM_PREF_SFT) { /* finetune.method: a preference loss */
+        if (loom_trainer_pref_grads(t, next, ctx, &loss, err)) return -1;
+    } else if (t->pp) { /* pipeline parallelism: the batches' micro-batches through the stages */
         loom_prof_begin("pipeline", "phase");
         if (loom_trainer_pp_grads(t, next, ctx, &loss, err)) return -1;
         loom_prof_end(0, 0, NULL);
@@ -294,7 +296,9 @@ static int open_data(trainer *t, loom_err *err) {
                    ? loom_err_prefix(err, "data.val")
                    : 0;
     }
-    if (loom_loader_create(t->train_ds, (int)t->s.T, (uint64_t)t->s.seed, t->s.shuffle,
+    /* preference pairs: a sample is the pair's two windows (recipe kind: preference) */
+    const int64_t sample_T = t->pref.method != LOOM_PREF_SFT ? 2 * t->s.T : t->s.T;
+    if (loom_loader_create(t->train_ds, (int)sample_T, (uint64_t)t->s.seed, t->s.shuffle,
                            &t->train_ld, err))
         return loom_err_prefix(err, "data.train %s", t->s.train_dir);
     if (t->s.val_dir[0]) {
@@ -376,7 +380,8 @@ int loom_trainer_create_engine(trainer *t, loom_err *err) {
         return loom_errf(err, "parallel.sp = true: sequence parallelism shards the tensor-parallel "
                               "group's rows; it needs parallel.tp > 1 (got parallel.tp = 1)");
     const int pipe = t->pp_size > 1 || t->microbatches > 1;
-    const int64_t rows = pipe ? t->local_B / t->microbatches : t->local_B;
+    const int64_t rows = pipe ? t->local_B / t->microbatches
+                              : t->local_B * (t->pref.method != LOOM_PREF_SFT ? 2 : 1);
     if (loom_trainer_moe_setup(t, &lay, err)) return -1; /* its experts (ep) */
     if (pipe) loom_pp_stage_layers(t->mc.n_layer, t->pp_size, t->pp_rank, &lay.l0, &lay.l1);
     if (loom_model_create_view(&t->mc, &lay, (int)rows, (int)t->local_T,
@@ -423,7 +428,9 @@ int loom_train(loom_config *cfg, loom_err *err) {
     double *per_rank = NULL, *pp_ranks = NULL, *tp_act = NULL;
     enum { PP_METRICS = 6 };
     atomic_int stop_signal = 0;
-    if (loom_trainer_read_settings(cfg, &t.s, err)) return -1;
+    if (loom_trainer_read_settings(cfg, &t.s, err) ||
+        loom_trainer_pref_settings(cfg, &t.pref, err))
+        return -1;
     /* training.init_from: the model.* keys come from the source (init_from.c) */
     if (loom_trainer_init_from_config(cfg, err)) return -1;
     if (loom_model_config_from(cfg, (int)t.s.T, &t.mc, err)) return -1;
@@ -436,7 +443,7 @@ int loom_train(loom_config *cfg, loom_err *err) {
         return loom_errf(err, "config key 'model.doc_mask' (%s): document masking is for packed "
                               "sequences of the lm head; a classify window is one document",
                          loom_config_origin(cfg, "model.doc_mask"));
-    if (loom_trainer_build_mesh(&t, err)) goto done;
+    if (loom_trainer_build_mesh(&t, err) || loom_trainer_pref_check(&t, err)) goto done;
     const int rank0 = t.world_rank == 0;
     if (t.s.threads > 0) omp_set_num_threads((int)t.s.threads);
     else if (loom_comm_mpi_active()) omp_set_num_threads(loom_comm_default_threads());
@@ -478,6 +485,7 @@ int loom_train(loom_config *cfg, loom_err *err) {
     if (open_data(&t, err) || loom_trainer_open_run_data(&t, err)) goto done;
     if (loom_trainer_create_engine(&t, err)) goto done;
     if (loom_trainer_lora_setup(&t, err)) goto done; /* finetune.lora: adapters, base frozen */
+    if (loom_trainer_pref_setup(&t, err)) goto done;  /* finetune.method: its reference */
 
     char latest[4200];
     int64_t latest_step = -1;
@@ -555,7 +563,8 @@ int loom_train(loom_config *cfg, loom_err *err) {
     }
     int mfu_warned = 0;
     const double flops_tok = loom_model_flops_per_token(t.model, (int)t.s.T);
-    const int64_t BT = t.s.B * t.s.T;
+    /* tokens per batch (a preference pair is two rows) */
+    const int64_t BT = t.s.B * t.s.T * (t.pref.method != LOOM_PREF_SFT ? 2 : 1);
     loom_dp_memory mem;
     loom_dp_memory_usage(t.dp, &mem);
     const size_t mem_bytes = mem.param_bytes + mem.grad_bytes + mem.optim_bytes +
@@ -698,6 +707,7 @@ int loom_train(loom_config *cfg, loom_err *err) {
             loom_metrics_real(mx, "loss", loss);
             loom_metrics_real(mx, "lr", lr);
             loom_trainer_moe_write(&t, mx);
+            loom_trainer_pref_write(&t, mx);
             loom_metrics_real(mx, "grad_norm", (double)gnorm);
             loom_metrics_int(mx, "skipped_steps", t.skipped_steps);
             if (skipped) loom_metrics_int(mx, "skipped", 1);
@@ -804,6 +814,7 @@ done:
     loom_dataset_close(t.train_ds);
     loom_dataset_close(t.val_ds);
     loom_trainer_lora_free(&t);
+    loom_trainer_pref_free(&t);
     loom_run_data_free(t.run_data);
     loom_pp_free(t.pp);
     loom_dp_free(t.dp);

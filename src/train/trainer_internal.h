@@ -11,6 +11,7 @@
 #include "loom/model.h"
 #include "loom/parallel.h"
 #include "loom/schedule.h"
+#include "loom/preference.h"
 #include "loom/train.h"
 #include "loom/windows.h"
 
@@ -68,6 +69,13 @@ typedef struct trainer {
     double data_wait_s;       /* seconds this step spent getting batches (train_obs.c) */
     struct loom_lora *lora;   /* finetune.lora: the adapters (the dp engine is then frozen) */
     float *lora_m, *lora_v;   /* their AdamW moments */
+    /* finetune.method (train_pref.c): sft (0, every field below unused) or a preference
+     * method: the model runs 2 rows (chosen, rejected) per pair of local_B */
+    loom_pref_opts pref;
+    loom_model *ref;          /* DPO without LoRA: the frozen reference (starting weights) */
+    float *pref_logp, *pref_w;/* (2 local_B, T) per-token log-probs, backward weights */
+    double *pref_seq;         /* (7, 2 local_B) per-sequence sums, counts, scratch */
+    loom_pref_metrics pref_mx;/* the last step's metrics, sums over the global batch */
 } trainer;
 
 
@@ -160,6 +168,21 @@ float loom_trainer_lora_finish(trainer *t);
 void loom_trainer_lora_step(trainer *t, float lr);
 int loom_trainer_lora_save(trainer *t, char **buf, size_t *len, loom_err *err);
 int loom_trainer_lora_load(trainer *t, const loom_ckpt *ck, loom_err *err);
+
+/* ---- preference optimization (train_pref.c) ---------------------------------------------
+ * settings: finetune.method / beta / label_smoothing / gamma into o (errors name the key);
+ * check (after the mesh): refuses what the preference step does not implement, naming the key;
+ * setup (after LoRA): buffers and, for DPO without LoRA, the frozen reference model (the init
+ * of training.seed and training.init_from's weights); grads: one step's batch, the reference
+ * and policy forwards, the loss (*loss, the global mean over pairs) and the weighted backward;
+ * write (rank 0): the step's preference metrics. */
+int loom_trainer_pref_settings(const loom_config *c, loom_pref_opts *o, loom_err *err);
+int loom_trainer_pref_check(const trainer *t, loom_err *err);
+int loom_trainer_pref_setup(trainer *t, loom_err *err);
+void loom_trainer_pref_free(trainer *t);
+int loom_trainer_pref_grads(trainer *t, loom_trainer_batch_fn next, void *ctx, double *loss,
+                            loom_err *err);
+void loom_trainer_pref_write(const trainer *t, struct loom_metrics *mx);
 
 /* t->run_data from data.train; data.val must share its tokenizer (and classes). */
 int loom_trainer_open_run_data(trainer *t, loom_err *err);

@@ -15,6 +15,12 @@
       the tool name and both arguments, exactly. Prints "correct K of N", then "tool K of N":
       the replies that are a well-formed call ({"name", "arguments": {"a": int, "b": int}}) of
       the right tool, whatever the numbers, and a few wrong replies.
+  tooluse.py pairs DIR N SEED PAIR_SEED
+      DIR/pairs.jsonl   N preference pairs (TRL's conversational format: "prompt" a user message,
+                        "chosen" the assistant's correct call, "rejected" a corrupted one: one
+                        argument with a wrong number (a digit changed, or the digits swapped),
+                        or the wrong tool), on the training numbers of `gen DIR ... SEED` (the
+                        held-out numbers never occur), drawn with PAIR_SEED.
   tooluse.py text DIR N SEED
       DIR/text.txt: unrelated text (sentences about animals, places and numbers), documents
       separated by a line "%", to pretrain the base model on.
@@ -70,6 +76,45 @@ def gen(out, n_train, n_heldout, seed):
             e.write(json.dumps(call) + "\n")
 
 
+def call_msg(call, i):
+    tc = {"id": f"call{i}", "type": "function",
+          "function": {"name": call["name"], "arguments": json.dumps(call["arguments"])}}
+    return [{"role": "assistant", "content": None, "tool_calls": [tc]}]
+
+
+def corrupt(rng, call):
+    """The call with one mistake: a wrong number in one argument, or the wrong tool."""
+    bad = json.loads(json.dumps(call))
+    if rng.random() < 0.25:
+        bad["name"] = rng.choice([t for t in sorted(TOOLS) if t != call["name"]])
+        return bad
+    k = rng.choice("ab")
+    digits = list(str(bad["arguments"][k]))
+    if len(digits) > 1 and digits[0] != digits[-1] and rng.random() < 0.5:
+        digits[0], digits[-1] = digits[-1], digits[0]  # swapped, as the misses are
+    else:
+        i = rng.randrange(len(digits))
+        digits[i] = rng.choice([d for d in "0123456789" if d != digits[i] and (i or d != "0"
+                                                                                or len(digits) == 1)])
+    bad["arguments"][k] = int("".join(digits))
+    return bad
+
+
+def pairs(out, n, seed, pair_seed):
+    train_nums, held = split_numbers(random.Random(seed))
+    held = set(held[0])
+    rng = random.Random(pair_seed)
+    with open(os.path.join(out, "pairs.jsonl"), "w") as f:
+        for i in range(n):
+            prompt, call = example(rng, train_nums)
+            bad = corrupt(rng, call)
+            while set(bad["arguments"].values()) & held:  # no held-out number anywhere
+                bad = corrupt(rng, call)
+            f.write(json.dumps({"prompt": [{"role": "user", "content": prompt}],
+                                "chosen": call_msg(call, i),
+                                "rejected": call_msg(bad, i)}) + "\n")
+
+
 def text(out, n, seed):
     rng = random.Random(seed)
     animals = "cat dog horse heron otter fox badger owl wren beetle".split()
@@ -123,6 +168,8 @@ if __name__ == "__main__":
         gen(sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5]))
     elif cmd == "text":
         text(sys.argv[2], int(sys.argv[3]), int(sys.argv[4]))
+    elif cmd == "pairs":
+        pairs(sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5]))
     elif cmd == "score":
         score(sys.argv[2], sys.argv[3])
     else:
