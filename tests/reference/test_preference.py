@@ -1,5 +1,15 @@
 """Preference optimization (DPO, SimPO, ORPO) against PyTorch in float64.
 
+Through `loom train` (the path users run): `loom data build` of a `kind: preference` recipe
+(TRL's conversational and standard rows, chatml, byte tokenizer) puts pair k in windows 2k
+(chosen) and 2k+1 (rejected), rendered and masked as written here; then two steps of `loom
+train` per method (init_from a random Hugging Face Llama, shuffle off, AdamW, no clipping):
+DPO (beta 0.5, label smoothing 0.2; its reference the init_from weights), SimPO (gamma 0.3)
+and ORPO. Each step's loss (<= 1e-5), gradient norm and TRL metrics (<= 1e-4) equal a PyTorch
+float64 run of the same two steps (torch.optim.AdamW, the losses written below from TRL's
+formulas). Step 2 is after an update, so DPO's loss there is not ln 2. DPO with LoRA: step 1 is
+ln 2 and step 2's rewards are not 0 (the reference is the base with the adapters off).
+
 The pieces a preference step runs, through libloom.so: a forward of the chosen and rejected
 rows (targets -1 on the prompt), loom_model_token_logps, loom_pref_seq_logps, loom_pref_loss
 (the loss and d loss / d sequence log-prob) and loom_pref_token_weights, then
@@ -10,14 +20,16 @@ ORPOTrainer), differentiated by autograd. DPO's reference model is a second loom
 weights) whose log-probs both sides use.
 
 Checked for each method: the loss, every metric, and EVERY parameter gradient (max |d| / max
-|ref| per tensor) <= 1e-5; for the dense head and model.loss_chunk = 5 (the chunked head), llama
-(GQA, RoPE) and gpt2 (tied head). Also: backward_weighted with every weight equal to dscale is
+|ref| per tensor) <= 1e-5 (observed <= 2e-6); the dense head and model.loss_chunk = 5 (the
+chunked head), llama (GQA, RoPE) and gpt2 (tied head). About 13 s of CPU at OMP_NUM_THREADS=2. Also: backward_weighted with every weight equal to dscale is
 loom_model_backward(dscale) bit for bit, and positions with target -1 take no gradient from
 their weight (a NaN weight there changes nothing).
 """
 import ctypes
+import json
 import math
 import os
+import struct
 import sys
 
 import numpy as np
@@ -260,16 +272,248 @@ def check_equal_weights(cfg, chunk):
     LIB.loom_model_free(m)
 
 
+# ---- through `loom train`: recipe kind: preference, finetune.method, the trainer's step -------
+LOOM = os.environ.get("LOOM_BIN") or os.path.join(os.path.dirname(os.path.abspath(__file__)),
+                                                  "../../build/loom")
+
+
+def loom_run(*args):
+    import subprocess
+    r = subprocess.run([LOOM, *args], capture_output=True, text=True)
+    if r.returncode != 0:
+        raise RuntimeError(f"loom {' '.join(args)} failed:\n{r.stderr}")
+    return r
+
+
+PAIRS = [  # TRL's conversational format, and its standard one (three strings)
+    {"prompt": [{"role": "user", "content": "what is 12 plus 7?"}],
+     "chosen": [{"role": "assistant", "content": "19"}],
+     "rejected": [{"role": "assistant", "content": "21, I think"}]},
+    {"prompt": "2 times 4 is", "chosen": " 8", "rejected": " nine"},
+    {"prompt": [{"role": "system", "content": "be brief"}, {"role": "user", "content": "hi"}],
+     "chosen": [{"role": "assistant", "content": "hello"}],
+     "rejected": [{"role": "assistant", "content": "good morning to you"}]},
+    {"prompt": "the sky is", "chosen": " blue", "rejected": " green"},
+    # a shard's last pair is not a sample (a sample is 2T + 1 tokens): this one makes the
+    # four above two whole batches
+    {"prompt": "last", "chosen": " one", "rejected": " two"},
+]
+T_DATA = 128
+
+
+def chatml(msgs):
+    return "".join(f"<|im_start|>{m['role']}\n{m['content']}<|im_end|>\n" for m in msgs)
+
+
+def expected_windows(pair):
+    """(tokens, mask) of the chosen and the rejected window, as kind: preference renders them
+    (byte tokenizer, chatml; mask 1 on the assistant's content and end of turn)."""
+    out = []
+    for key in ("chosen", "rejected"):
+        if isinstance(pair["prompt"], str):
+            text, trained = pair["prompt"] + pair[key], len(pair[key])
+        else:
+            p = chatml(pair["prompt"]) + "<|im_start|>assistant\n"
+            c = pair[key][0]["content"] + "<|im_end|>\n"
+            text, trained = p + c, len(c)
+        b = list(text.encode())
+        m = [0] * (len(b) - trained) + [1] * trained
+        out.append((b + [0] * (T_DATA - len(b)), m + [0] * (T_DATA - len(b))))
+    return out
+
+
+def build_pairs(work):
+    with open(os.path.join(work, "pairs.jsonl"), "w") as f:
+        for p in PAIRS:
+            f.write(json.dumps(p) + "\n")
+    open(os.path.join(work, "r.yaml"), "w").write(f"""name: pairs
+sources:
+  - name: pairs
+    kind: preference
+    path: {work}/pairs.jsonl
+    template: chatml
+tokenizer: byte
+seq_len: {T_DATA}
+val_fraction: 0
+output: {work}/data
+shard_tokens: {2 * T_DATA * 64}
+""")
+    loom_run("data", "build", os.path.join(work, "r.yaml"))
+    b = open(os.path.join(work, "data", "train", "shard_00000.bin"), "rb").read()
+    n, = struct.unpack("<Q", b[24:32])
+    mo, mb = struct.unpack("<QQ", b[288:304])
+    toks = np.frombuffer(b, dtype=np.uint8, count=n, offset=4096).astype(np.int64)
+    mask = np.frombuffer(b, dtype=np.uint8, count=mb, offset=mo).astype(np.int64)
+    ok = n == 2 * T_DATA * len(PAIRS)
+    for k, pair in enumerate(PAIRS):
+        for h, (want_t, want_m) in enumerate(expected_windows(pair)):
+            s0 = (2 * k + h) * T_DATA
+            ok &= toks[s0:s0 + T_DATA].tolist() == want_t and mask[s0:s0 + T_DATA].tolist() == want_m
+    print(f"  {'ok  ' if ok else 'FAIL'} kind: preference: pair k is windows 2k (chosen) and 2k+1 "
+          f"(rejected), rendered and masked as expected")
+    if not ok:
+        failures.append("preference data layout")
+    return os.path.join(work, "data", "train"), toks, mask
+
+
+def hf_llama(work):
+    import transformers
+    transformers.logging.set_verbosity_error()
+    cfg = transformers.LlamaConfig(vocab_size=256, hidden_size=32, intermediate_size=64,
+                                   num_hidden_layers=2, num_attention_heads=4,
+                                   num_key_value_heads=2, max_position_embeddings=256,
+                                   rms_norm_eps=1e-5, tie_word_embeddings=False)
+    torch.manual_seed(0)
+    model = transformers.LlamaForCausalLM(cfg).float().eval()
+    with torch.no_grad():  # far from uniform: log-probs that differ between the pairs
+        for p in model.parameters():
+            p.mul_(6.0)
+    d = os.path.join(work, "hf")
+    model.save_pretrained(d)
+    return model, d
+
+
+def train_case(work, data, hf, name, method, keys, steps):
+    conf = os.path.join(work, f"{name}.yaml")
+    extra = "".join(f"  {k}: {v}\n" for k, v in keys.items())
+    open(conf, "w").write(f"""run:
+  dir: {work}/{name}
+data:
+  train: {data}
+  shuffle: false
+finetune:
+  method: {method}
+{extra}training:
+  init_from: {hf}
+  steps: {steps}
+  batch_size: 2
+  seq_len: {T_DATA}
+  lr: 1e-3
+  warmup: 0
+  schedule: constant
+  weight_decay: 0
+  grad_clip: 0
+  peak_flops: 1e11
+eval:
+  every: 0
+""")
+    loom_run("train", conf)
+    return [json.loads(l) for l in open(f"{work}/{name}/metrics.jsonl")]
+
+
+def train_checks(work):
+    import copy
+    print("== through loom train (kind: preference, finetune.method, init_from a HF Llama)")
+    data, toks, mask = build_pairs(work)
+    model, hf = hf_llama(work)
+    T = T_DATA
+    # the first batch: pairs 0 and 1 (shuffle false), rows chosen, rejected, chosen, rejected;
+    # the second: pairs 2 and 3. Targets: the next token where its mask is 1, else -1.
+    def batch(b):
+        x = np.stack([toks[r * T:r * T + T] for r in range(4 * b, 4 * b + 4)])
+        y = np.stack([toks[r * T + 1:r * T + T + 1] for r in range(4 * b, 4 * b + 4)])
+        m = np.stack([mask[r * T + 1:r * T + T + 1] for r in range(4 * b, 4 * b + 4)])
+        return x, np.where(m > 0, y, -1)
+
+    def logps(mdl, x, y):
+        lg = mdl(torch.tensor(x)).logits.double()
+        yy = torch.tensor(y)
+        lp = torch.gather(F.log_softmax(lg, -1), 2, yy.clamp(min=0).unsqueeze(-1)).squeeze(-1)
+        msk = (yy >= 0).double()
+        return (lp * msk).sum(-1), msk.sum(-1)
+
+    cases = [("dpo", DPO, {"beta": 0.5, "label_smoothing": 0.2}, 0.5, 0.2, 0.0),
+             ("simpo", SIMPO, {"gamma": 0.3}, 2.0, 0.0, 0.3), ("orpo", ORPO, {}, 0.1, 0.0, 0.0)]
+    for name, method, keys, beta, ls, gamma in cases:
+        rows = train_case(work, data, hf, name, ["", "dpo", "simpo", "orpo"][method], keys, 2)
+        pol = copy.deepcopy(model).double()
+        ref = copy.deepcopy(model).double()
+        opt = torch.optim.AdamW(pol.parameters(), lr=rows[0]["lr"], betas=(0.9, 0.95), eps=1e-8,
+                                weight_decay=0.0)
+        for step in range(2):
+            x, y = batch(step)
+            with torch.no_grad():
+                ref_s, _ = logps(ref, x, y)
+            s_, cnt = logps(pol, x, y)
+            loss, tmx = torch_loss(method, beta, ls, gamma, s_, cnt, ref_s)
+            opt.zero_grad()
+            loss.backward()
+            gn = math.sqrt(sum(float((p.grad ** 2).sum()) for p in pol.parameters()))
+            row = rows[step]
+            print(f"  {name} step {step + 1}: loss {row['loss']:.6f} (torch {loss.item():.6f})")
+            check(f"{name} step {step + 1} loss", abs(row["loss"] - loss.item()) / abs(loss.item()))
+            check(f"{name} step {step + 1} grad norm", abs(row["grad_norm"] - gn) / gn, 1e-4)
+            for k, key in (("logps_chosen", "logps/chosen"), ("rewards_chosen", "rewards/chosen"),
+                           ("margins", "rewards/margins"), ("accuracies", "rewards/accuracies")):
+                want = tmx[k] / 2
+                check(f"{name} step {step + 1} {key}", abs(row[key] - want) / max(abs(want), 1e-3),
+                      1e-4)
+            opt.step()
+    # LoRA: the reference is the model with its adapters off. Step 1: the adapters' B is 0, so
+    # policy = reference (loss ln 2, rewards 0); step 2: the adapters have moved and the
+    # reference has not (rewards != 0: a reference with the adapters on would give 0 again).
+    rows = train_case(work, data, hf, "dpo_lora", "dpo", {"lora.rank": 4}, 2)
+    check("dpo + lora step 1 loss = ln 2", abs(rows[0]["loss"] - math.log(2)) / math.log(2))
+    moved = abs(rows[1]["rewards/chosen"]) + abs(rows[1]["rewards/rejected"])
+    ok = moved > 1e-4 and abs(rows[1]["loss"] - math.log(2)) > 1e-6
+    print(f"  {'ok  ' if ok else 'FAIL'} dpo + lora step 2: rewards {rows[1]['rewards/chosen']:.3g}, "
+          f"{rows[1]['rewards/rejected']:.3g} (the reference is the base without adapters)")
+    if not ok:
+        failures.append("dpo + lora reference")
+
+
+def error_checks(work):
+    """A malformed row fails the build naming FILE:LINE and the field; on_error: skip skips it."""
+    print("== malformed preference rows")
+    good = json.dumps(PAIRS[1])
+    bad = [({"prompt": "x", "chosen": " y"}, 'no field "rejected"'),
+           ({"prompt": 3, "chosen": " y", "rejected": " z"}, 'field "prompt" is not a string'),
+           ({"prompt": "x", "chosen": "", "rejected": " z"}, 'field "chosen" is empty'),
+           ({"prompt": [{"role": "robot", "content": "x"}], "chosen": "y", "rejected": "z"},
+            "chosen: message 0: role 'robot'")]
+    for i, (row, want) in enumerate(bad):
+        d = os.path.join(work, f"bad{i}")
+        os.makedirs(d)
+        open(os.path.join(d, "p.jsonl"), "w").write(good + "\n" + json.dumps(row) + "\n")
+        for skip in (0, 1):
+            open(os.path.join(d, "r.yaml"), "w").write(f"""name: bad
+sources:
+  - name: p
+    kind: preference
+    path: {d}/p.jsonl
+{"    on_error: skip" if skip else ""}
+tokenizer: byte
+seq_len: 64
+val_fraction: 0
+output: {d}/out{skip}
+shard_tokens: 8192
+""")
+            import subprocess
+            r = subprocess.run([LOOM, "data", "build", os.path.join(d, "r.yaml")],
+                               capture_output=True, text=True)
+            if skip:
+                ok = r.returncode == 0 and "skipped bad line" in r.stderr
+                what = f"bad row {i} skipped with on_error: skip"
+            else:
+                ok = r.returncode != 0 and f"p.jsonl:2: {want}" in r.stderr
+                what = f"bad row {i} refused naming p.jsonl:2 ({want})"
+            print(f"  {'ok  ' if ok else 'FAIL'} {what}")
+            if not ok:
+                print(r.stderr[-500:])
+                failures.append(what)
+
+
 def main():
     torch.set_num_threads(2)
+    import tempfile
+    with tempfile.TemporaryDirectory() as work:
+        error_checks(work)
+        train_checks(work)
     llama, gpt2 = tm.CONFIGS["llama"], tm.CONFIGS["gpt2"]
     run("llama", llama, DPO, 0.1)
-    run("llama", llama, DPO, 0.5, ls=0.2, chunk=5)
-    run("gpt2", gpt2, DPO, 0.1, ls=0.1)
-    run("llama", llama, SIMPO, 2.0, gamma=0.5)
-    run("gpt2", gpt2, SIMPO, 2.0, ls=0.1, gamma=1.0, chunk=5)
-    run("llama", llama, ORPO, 0.1)
-    run("gpt2", gpt2, ORPO, 0.5, chunk=5)
+    run("gpt2", gpt2, DPO, 0.5, ls=0.2, chunk=5)
+    run("llama", llama, SIMPO, 2.0, ls=0.1, gamma=1.0, chunk=5)
+    run("gpt2", gpt2, ORPO, 0.5)
     print("== backward_weighted with equal weights")
     check_equal_weights(llama, 0)
     check_equal_weights(gpt2, 5)

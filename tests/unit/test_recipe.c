@@ -421,7 +421,7 @@ static void test_recipe_errors(void **state) {
         {"name: t\nsources:\n  - {name: a, kind: text, path: x, repeat_cap: -2}\ntokenizer: byte\noutput: o\n",
          "'repeat_cap' must be >= 0 (0 = no cap), got -2"},
         {"name: t\nsources:\n  - {name: a, kind: csv, path: x}\ntokenizer: byte\noutput: o\n",
-         "r.yaml:3: source 'a': unsupported kind 'csv' (supported: text, jsonl, chat, binary)"},
+         "r.yaml:3: source 'a': unsupported kind 'csv' (supported: text, jsonl, chat, preference, binary)"},
         /* chat sources: their keys only on them, no utf8_repair (it would move the mask) */
         {"name: t\nsources:\n  - {name: a, kind: text, path: x, template: chatml}\ntokenizer: byte\noutput: o\n",
          "source 'a': 'template' does not apply to kind 'text'"},
