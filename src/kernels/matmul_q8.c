@@ -251,6 +251,64 @@ static inline __attribute__((always_inline)) void LOOM_KV(q8_chains)(
 #endif
 }
 
+#if defined(__AVX512BW__)
+/* q8_chains for two input rows at once (c0, c1; x0, x1; dd0, dd1): each weight vector loaded
+ * and its |w| and sign mask made once for both; every chain's operations are q8_chains' */
+static inline __attribute__((always_inline)) void LOOM_KV(q8_chains2)(
+    float (*c0)[16], float (*c1)[16], const int8_t *x0, const int8_t *x1, const int8_t *w,
+    const float (*dd0)[1024], const float (*dd1)[1024], int nb, int IC, int nr, int64_t pf) {
+    __m512 a0[Q8_ROWS], a1[Q8_ROWS];
+    for (int r = 0; r < Q8_ROWS; r++) a0[r] = a1[r] = _mm512_setzero_ps();
+    const __m512i pick = _mm512_set_epi32(1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0);
+    const __m512i zero = _mm512_setzero_si512();
+    int b = 0;
+    for (; b + 2 <= nb; b += 2) {
+        const __m512i xv0 = _mm512_loadu_si512(x0 + (int64_t)b * 32);
+        const __m512i xv1 = _mm512_loadu_si512(x1 + (int64_t)b * 32);
+        for (int r = 0; r < Q8_ROWS; r++) __builtin_prefetch(w + pf + (int64_t)r * IC + b * 32, 0, 3);
+        for (int r = 0; r < Q8_ROWS; r++) {
+            if (r >= nr) break;
+            const __m512i wv = _mm512_loadu_si512(w + (int64_t)r * IC + b * 32);
+            const __m512i aw = _mm512_abs_epi8(wv);
+            const __mmask64 neg = _mm512_movepi8_mask(wv);
+            const __m512i s0 = _mm512_mask_sub_epi8(xv0, neg, zero, xv0);
+            const __m512i s1 = _mm512_mask_sub_epi8(xv1, neg, zero, xv1);
+#if defined(__AVX512VNNI__)
+            const __m512i v0 = _mm512_dpbusd_epi32(zero, aw, s0);
+            const __m512i v1 = _mm512_dpbusd_epi32(zero, aw, s1);
+#else
+            const __m512i one = _mm512_set1_epi16(1);
+            const __m512i v0 = _mm512_madd_epi16(_mm512_maddubs_epi16(aw, s0), one);
+            const __m512i v1 = _mm512_madd_epi16(_mm512_maddubs_epi16(aw, s1), one);
+#endif
+            const __m512 d0 = _mm512_permutexvar_ps(
+                pick, _mm512_castps128_ps512(_mm_castpd_ps(_mm_load_sd((const double *)&dd0[r][b]))));
+            const __m512 d1 = _mm512_permutexvar_ps(
+                pick, _mm512_castps128_ps512(_mm_castpd_ps(_mm_load_sd((const double *)&dd1[r][b]))));
+            a0[r] = _mm512_add_ps(a0[r], _mm512_mul_ps(_mm512_cvtepi32_ps(v0), d0));
+            a1[r] = _mm512_add_ps(a1[r], _mm512_mul_ps(_mm512_cvtepi32_ps(v1), d1));
+        }
+    }
+    if (b < nb) { /* an odd last block: the even chains only */
+        const __m256i xv0 = _mm256_loadu_si256((const __m256i *)(x0 + (int64_t)b * 32));
+        const __m256i xv1 = _mm256_loadu_si256((const __m256i *)(x1 + (int64_t)b * 32));
+        for (int r = 0; r < Q8_ROWS && r < nr; r++) {
+            const __m256i wv = _mm256_loadu_si256((const __m256i *)(w + (int64_t)r * IC + b * 32));
+            const __m256 p0 = _mm256_mul_ps(_mm256_cvtepi32_ps(LOOM_KV(q8_dot32)(wv, xv0)),
+                                            _mm256_set1_ps(dd0[r][b]));
+            const __m256 p1 = _mm256_mul_ps(_mm256_cvtepi32_ps(LOOM_KV(q8_dot32)(wv, xv1)),
+                                            _mm256_set1_ps(dd1[r][b]));
+            a0[r] = _mm512_mask_add_ps(a0[r], 0x00ff, a0[r], _mm512_castps256_ps512(p0));
+            a1[r] = _mm512_mask_add_ps(a1[r], 0x00ff, a1[r], _mm512_castps256_ps512(p1));
+        }
+    }
+    for (int r = 0; r < nr; r++) {
+        _mm512_storeu_ps(c0[r], a0[r]);
+        _mm512_storeu_ps(c1[r], a1[r]);
+    }
+}
+#endif
+
 /* rows [n0, n0 + N) (N <= LOOM_MATMUL_ROWS_MAX) of the product */
 static void LOOM_KV(q8_pass)(float *out, const int8_t *xq, const uint16_t *xd, const int8_t *wq,
                              const uint16_t *wd, const float *bias, int64_t N, int IC, int OC) {
@@ -275,7 +333,23 @@ static void LOOM_KV(q8_pass)(float *out, const int8_t *xq, const uint16_t *xd, c
                 dw[r][b] = f * 0x1p112f;
             }
         }
-        for (int64_t n = 0; n < N; n++) {
+        int64_t n = 0;
+#if defined(__AVX512BW__)
+        for (; n + 2 <= N; n += 2) { /* two input rows per pass over the weight rows */
+            float dd1[Q8_ROWS][1024], c1[Q8_ROWS][16];
+            const float *sx0 = xs + n * nb, *sx1 = xs + (n + 1) * nb;
+            for (int r = 0; r < nr; r++)
+                for (int b = 0; b < nb; b++) dd[r][b] = dw[r][b] * sx0[b], dd1[r][b] = dw[r][b] * sx1[b];
+            LOOM_KV(q8_chains2)(c, c1, xq + n * IC, xq + (n + 1) * IC, w, (const float(*)[1024])dd,
+                                (const float(*)[1024])dd1, nb, IC, nr,
+                                n == 0 ? 2 * (int64_t)Q8_ROWS * IC : 0);
+            for (int r = 0; r < nr; r++) {
+                out[n * OC + o0 + r] = LOOM_KV(q8_finish)(c[r], bias ? bias + o0 + r : NULL);
+                out[(n + 1) * OC + o0 + r] = LOOM_KV(q8_finish)(c1[r], bias ? bias + o0 + r : NULL);
+            }
+        }
+#endif
+        for (; n < N; n++) {
             const float *sx = xs + n * nb;
             for (int r = 0; r < nr; r++)
                 for (int b = 0; b < nb; b++) dd[r][b] = dw[r][b] * sx[b];
