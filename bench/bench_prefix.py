@@ -107,6 +107,7 @@ def main():
     res = {"on": {"ttft": [], "tps": []}, "off": {"ttft": [], "tps": []}}
     answers = {"on": {}, "off": {}}
     cached = []
+    dec = {"text": [], "json": []}  # seconds per decoded token
     for run in range(a.runs):
         for side in ("on", "off") if run % 2 == 0 else ("off", "on"):
             srv, port = serve(ckpt, w, side, a.threads)
@@ -136,6 +137,20 @@ def main():
                 for t in th:
                     t.join()
                 res[side]["tps"].append(sum(toks) / (time.perf_counter() - t0))
+                if side == "on":  # constrained decoding against unconstrained, one at a time
+                    long_doc = {"type": "json_schema", "json_schema": {"name": "doc", "schema": {
+                        "type": "object", "properties": {"s": {"type": "string", "minLength": 50}},
+                        "required": ["s"]}}}  # at least 58 tokens: decoding, not the end, is timed
+                    for rf in (None, long_doc):
+                        for i in range(a.requests):
+                            b = {"prompt": "{", "max_tokens": 64, "temperature": 1, "seed": 100 + i}
+                            if rf:
+                                b["response_format"] = rf
+                            t_first, _ = post(port, b, stream=True)
+                            t_all, out = post(port, b)
+                            n = out["usage"]["completion_tokens"]
+                            if n > 1:
+                                dec["json" if rf else "text"].append((t_all - t_first) / (n - 1))
             finally:
                 srv.terminate()
                 srv.wait(timeout=600)
@@ -159,6 +174,11 @@ def main():
            f"| `--prefix-cache off` | {ttft['off']:.3f} | {tps['off']:.1f} |",
            f"| `--prefix-cache on` | {ttft['on']:.3f} | {tps['on']:.1f} |",
            f"| off / on | {ttft['off'] / ttft['on']:.1f}x | {tps['on'] / tps['off']:.1f}x (on / off) |", "",
+           f"Constrained decoding (`response_format` a JSON schema of an object with a string of at least 50 "
+           f"characters, sampled, 64 tokens at most, the byte tokenizer's 256-token vocabulary) against unconstrained on the same server: {statistics.median(dec['json']) * 1e3:.1f} "
+           f"vs {statistics.median(dec['text']) * 1e3:.1f} ms per decoded token (median over "
+           f"{len(dec['json'])} requests; a request's decode time is its whole time less the first "
+           f"token's, over its tokens after the first).", "",
            f"Cached tokens per request with the cache: {min(cached)}-{max(cached)} (the prefix's full "
            f"16-token blocks: {blocks}); the {same} answers are the same on both sides. "
            f"Load average (1, 5, 15 min) before: {' '.join(load0)}; after: {' '.join(load1)} "
