@@ -74,7 +74,7 @@ HEADERS = {
     "report.h": "obs",
     "hf.h": "hf",
     "checkpoint.h": "ckpt", "ckpt_pieces.h": "ckpt", "load.h": "ckpt",
-    "train.h": "train", "schedule.h": "train", "peak.h": "obs",
+    "train.h": "train", "schedule.h": "train", "preference.h": "train", "peak.h": "obs",
     "interop.h": "interop",
     "infer.h": "infer", "serve.h": "infer", "grammar.h": "infer",
     "synth.h": "synth",
