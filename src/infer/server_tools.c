@@ -32,12 +32,9 @@ static int good_name(const char *s, size_t n) {
     return 1;
 }
 
-/* fails with the parameter's path in param and the problem in why */
-__attribute__((format(printf, 4, 5))) static int bad(char *param, size_t ps, char *why, const char *fmt,
-                                                      ...);
-static int bad(char *param, size_t ps, char *why, const char *fmt, ...) {
-    (void)ps;
-    (void)param;
+/* fails with the problem in why (256 bytes; the caller has set the parameter's path) */
+__attribute__((format(printf, 2, 3))) static int bad(char *why, const char *fmt, ...);
+static int bad(char *why, const char *fmt, ...) {
     va_list ap;
     va_start(ap, fmt);
     vsnprintf(why, 256, fmt, ap);
@@ -50,12 +47,12 @@ static int bad(char *param, size_t ps, char *why, const char *fmt, ...) {
 static int check_params(json_t *p, const char *at, char *param, size_t ps, char *why) {
     if (!json_is_object(p)) {
         snprintf(param, ps, "%s", at);
-        return bad(param, ps, why, "'%s' must be a JSON schema object", at);
+        return bad(why, "'%s' must be a JSON schema object", at);
     }
     json_t *type = json_object_get(p, "type");
     if (type && !(json_is_string(type) && !strcmp(json_string_value(type), "object"))) {
         snprintf(param, ps, "%s.type", at);
-        return bad(param, ps, why, "'%s.type' must be \"object\" (a function takes an object of arguments)", at);
+        return bad(why, "'%s.type' must be \"object\" (a function takes an object of arguments)", at);
     }
     json_t *props = json_object_get(p, "properties");
     if (props) {
@@ -63,12 +60,12 @@ static int check_params(json_t *p, const char *at, char *param, size_t ps, char 
         json_t *v;
         if (!json_is_object(props)) {
             snprintf(param, ps, "%s.properties", at);
-            return bad(param, ps, why, "'%s.properties' must be an object", at);
+            return bad(why, "'%s.properties' must be an object", at);
         }
         json_object_foreach(props, k, v) {
             if (!json_is_object(v) && !json_is_boolean(v)) {
                 snprintf(param, ps, "%s.properties.%.64s", at, k);
-                return bad(param, ps, why, "'%s.properties.%.64s' must be a schema (an object)", at, k);
+                return bad(why, "'%s.properties.%.64s' must be a schema (an object)", at, k);
             }
         }
     }
@@ -78,12 +75,12 @@ static int check_params(json_t *p, const char *at, char *param, size_t ps, char 
         json_t *x;
         if (!json_is_array(req)) {
             snprintf(param, ps, "%s.required", at);
-            return bad(param, ps, why, "'%s.required' must be a list of property names", at);
+            return bad(why, "'%s.required' must be a list of property names", at);
         }
         json_array_foreach(req, i, x) {
             if (!json_is_string(x) || (props && !json_object_get(props, json_string_value(x)))) {
                 snprintf(param, ps, "%s.required", at);
-                return bad(param, ps, why, "'%s.required[%zu]' is not one of its properties", at, i);
+                return bad(why, "'%s.required[%zu]' is not one of its properties", at, i);
             }
         }
     }
@@ -99,7 +96,7 @@ int server_tools_read(json_t *req, const loom_chat_template *t, tool_req *tr, ch
     if (tools) {
         if (!json_is_array(tools) || json_array_size(tools) > 256) {
             snprintf(param, ps, "tools");
-            return bad(param, ps, why, "'tools' must be a list of at most 256 function definitions");
+            return bad(why, "'tools' must be a list of at most 256 function definitions");
         }
         size_t i;
         json_t *x;
@@ -109,27 +106,27 @@ int server_tools_read(json_t *req, const loom_chat_template *t, tool_req *tr, ch
             json_t *type = json_object_get(x, "type"), *fn = json_object_get(x, "function");
             if (!json_is_object(x) || !json_is_string(type) || strcmp(json_string_value(type), "function")) {
                 snprintf(param, ps, "%s.type", at);
-                return bad(param, ps, why, "'%s' must be {\"type\": \"function\", \"function\": {...}}", at);
+                return bad(why, "'%s' must be {\"type\": \"function\", \"function\": {...}}", at);
             }
             if (!json_is_object(fn)) {
                 snprintf(param, ps, "%s.function", at);
-                return bad(param, ps, why, "'%s.function' must be an object with a name", at);
+                return bad(why, "'%s.function' must be an object with a name", at);
             }
             json_t *name = json_object_get(fn, "name"), *desc = json_object_get(fn, "description");
             if (!json_is_string(name) || !good_name(json_string_value(name), json_string_length(name))) {
                 snprintf(param, ps, "%s.function.name", at);
-                return bad(param, ps, why, "'%s.function.name' must be 1 to 64 letters, digits, '_' or '-'", at);
+                return bad(why, "'%s.function.name' must be 1 to 64 letters, digits, '_' or '-'", at);
             }
             for (size_t k = 0; k < i; k++)
                 if (!strcmp(json_string_value(json_object_get(json_object_get(json_array_get(tools, k), "function"), "name")),
                             json_string_value(name))) {
                     snprintf(param, ps, "%s.function.name", at);
-                    return bad(param, ps, why, "'%s.function.name': '%s' is defined twice (also tools[%zu])", at,
+                    return bad(why, "'%s.function.name': '%s' is defined twice (also tools[%zu])", at,
                                json_string_value(name), k);
                 }
             if (desc && !json_is_string(desc)) {
                 snprintf(param, ps, "%s.function.description", at);
-                return bad(param, ps, why, "'%s.function.description' must be a string", at);
+                return bad(why, "'%s.function.description' must be a string", at);
             }
             json_t *params = json_object_get(fn, "parameters");
             char pat[96];
@@ -138,7 +135,7 @@ int server_tools_read(json_t *req, const loom_chat_template *t, tool_req *tr, ch
         }
         if (!t->tools) {
             snprintf(param, ps, "tools");
-            return bad(param, ps, why, "the chat template '%s' has no tool-call format (serve with --template chatml, "
+            return bad(why, "the chat template '%s' has no tool-call format (serve with --template chatml, "
                                        "qwen, llama3, plain or a template file with tool_call)", t->name);
         }
         if (json_array_size(tools)) tr->tools = json_incref(tools);
@@ -147,7 +144,7 @@ int server_tools_read(json_t *req, const loom_chat_template *t, tool_req *tr, ch
     if (pc && !json_is_null(pc)) {
         if (!json_is_boolean(pc)) {
             snprintf(param, ps, "parallel_tool_calls");
-            return bad(param, ps, why, "'parallel_tool_calls' must be a boolean");
+            return bad(why, "'parallel_tool_calls' must be a boolean");
         }
         tr->parallel = json_is_true(pc);
     }
@@ -160,21 +157,21 @@ int server_tools_read(json_t *req, const loom_chat_template *t, tool_req *tr, ch
         if (!strcmp(s, "none")) tr->mode = TOOLS_OFF;
         else if (!strcmp(s, "auto")) tr->mode = tr->tools ? TOOLS_AUTO : TOOLS_OFF;
         else if (!strcmp(s, "required")) tr->mode = TOOLS_REQUIRED;
-        else return bad(param, ps, why, "'tool_choice' must be \"none\", \"auto\", \"required\" or {\"type\": \"function\", "
+        else return bad(why, "'tool_choice' must be \"none\", \"auto\", \"required\" or {\"type\": \"function\", "
                                         "\"function\": {\"name\": ...}}");
     } else {
         const char *name = json_string_value(json_object_get(json_object_get(tc, "function"), "name"));
         const char *type = json_string_value(json_object_get(tc, "type"));
         if (!json_is_object(tc) || !type || strcmp(type, "function") || !name)
-            return bad(param, ps, why, "'tool_choice' must be \"none\", \"auto\", \"required\" or {\"type\": \"function\", "
+            return bad(why, "'tool_choice' must be \"none\", \"auto\", \"required\" or {\"type\": \"function\", "
                                        "\"function\": {\"name\": ...}}");
         tr->mode = TOOLS_NAMED;
         snprintf(tr->named, sizeof tr->named, "%s", name);
         if (!server_tool_known(tr, name))
-            return bad(param, ps, why, "'tool_choice' names the function '%.64s', which is not in 'tools'", name);
+            return bad(why, "'tool_choice' names the function '%.64s', which is not in 'tools'", name);
     }
     if ((tr->mode == TOOLS_REQUIRED || tr->mode == TOOLS_NAMED) && !tr->tools)
-        return bad(param, ps, why, "'tool_choice' asks for a tool call but the request has no 'tools'");
+        return bad(why, "'tool_choice' asks for a tool call but the request has no 'tools'");
     param[0] = 0;
     return 0;
 }
