@@ -266,6 +266,9 @@ int arch_check(const loom_model_config *c, loom_err *err);
 float arch_rope_inv_freq(const loom_arch *a, float theta, int D, float *inv_freq);
 #define FC1_W(m, l) LP((m), FC1_KIND(m), (l))
 #define FC1_GW(m, l) LG((m), FC1_KIND(m), (l))
+/* layer l's four linear weight matrices in the order the inference weight copies hold them
+ * (q|k|v, attn_proj, fc or gate|up, fc_proj): --weights bf16 and int8 */
+#define LINEAR_WS(m, l) {QKV_W(m, l), LP(m, LOOM_L_ATTN_PROJ_W, l), FC1_W(m, l), LP(m, LOOM_L_FC_PROJ_W, l)}
 
 /* The runs of consecutive positions of a view's T rows per sequence: 1 (rows 0..T-1 at
  * positions 0..) or, with context parallelism, 2 chunks of T/2 rows. start[i] (first row),

@@ -77,8 +77,7 @@ int loom_model_set_weights_bf16(loom_model *m, loom_err *err) {
     m->wbf16_lin = loom_calloc((size_t)L * 4, sizeof *m->wbf16_lin);
     size_t at = 0;
     for (int l = 0; l < L; l++) {
-        const float *w[4] = {QKV_W(m, l), LP(m, LOOM_L_ATTN_PROJ_W, l), FC1_W(m, l),
-                             LP(m, LOOM_L_FC_PROJ_W, l)};
+        const float *w[4] = LINEAR_WS(m, l);
         for (int k = 0; k < 4; k++) {
             LOOM_CHECK(w[k] != NULL);
             round_release(arena + at, w[k], sz[k]);
@@ -116,8 +115,7 @@ int loom_model_set_compute_bf16(loom_model *m, loom_err *err) {
     const int from_bf16 = m->wbf16 != NULL; /* --weights bf16 already: repack those */
     size_t at = 0;
     for (int l = 0; l < L; l++) {
-        const float *w[4] = {QKV_W(m, l), LP(m, LOOM_L_ATTN_PROJ_W, l), FC1_W(m, l),
-                             LP(m, LOOM_L_FC_PROJ_W, l)};
+        const float *w[4] = LINEAR_WS(m, l);
         for (int k = 0; k < 4; k++) {
             const void *src = from_bf16 ? (const void *)m->wbf16_lin[4 * l + k] : (const void *)w[k];
             LOOM_CHECK(src != NULL);

@@ -69,8 +69,7 @@ int loom_model_set_weights_int8(loom_model *m, loom_err *err) {
                              LOOM_Q8_BLOCK, LOOM_Q8_BLOCK);
     /* every matrix checked before any is quantized (and its fp32 pages released) */
     for (int l = 0; l < L; l++) {
-        const float *w[4] = {QKV_W(m, l), LP(m, LOOM_L_ATTN_PROJ_W, l), FC1_W(m, l),
-                             LP(m, LOOM_L_FC_PROJ_W, l)};
+        const float *w[4] = LINEAR_WS(m, l);
         for (int k = 0; k < 4; k++)
             if (w[k] && !all_finite(w[k], (int64_t)oc[k] * ic[k]))
                 return loom_errf(err, "--weights int8: layer %d's %s weight has a value that "
@@ -85,8 +84,7 @@ int loom_model_set_weights_int8(loom_model *m, loom_err *err) {
     m->wq8_d = loom_calloc((size_t)L * 4, sizeof *m->wq8_d);
     size_t at = 0;
     for (int l = 0; l < L; l++) {
-        const float *w[4] = {QKV_W(m, l), LP(m, LOOM_L_ATTN_PROJ_W, l), FC1_W(m, l),
-                             LP(m, LOOM_L_FC_PROJ_W, l)};
+        const float *w[4] = LINEAR_WS(m, l);
         for (int k = 0; k < 4; k++) {
             LOOM_CHECK(w[k] != NULL);
             q8_place(m->be, arena + at, w[k], oc[k], ic[k], &m->wq8_q[4 * l + k], &m->wq8_d[4 * l + k]);
