@@ -32,8 +32,12 @@ run: setup
 	@LOOM=$(BUILD)/loom bash scripts/run_default.sh
 
 # LOOM_TEST_SKIP=cat,... (unit reference e2e mpi slurm fuzz) is the only way to skip tests.
+# A fresh build gets CTest's cost data from tests/ctest-costs.txt (seconds per test, measured):
+# CTest then starts the longest tests first instead of in file order.
 test: setup-test
 	@$(MAKE) --no-print-directory build TESTS=ON
+	@mkdir -p $(BUILD)/Testing/Temporary && [ -f $(BUILD)/Testing/Temporary/CTestCostData.txt ] || \
+	  cp tests/ctest-costs.txt $(BUILD)/Testing/Temporary/CTestCostData.txt
 	@cd $(BUILD) && ctest --output-on-failure -j 2
 	@if [ -n "$$LOOM_TEST_SKIP" ]; then echo "make test: LOOM_TEST_SKIP=$$LOOM_TEST_SKIP: the tests listed as (Skipped) did not run (fully)"; fi
 

@@ -10,7 +10,7 @@
 # LOOM_TEST_SKIP=fuzz is the opt-out, see tests/run_test.sh), 0 otherwise.
 #
 # Knobs (environment):
-#   FUZZ_TIME=8          seconds per target
+#   FUZZ_TIME=5          seconds per target
 #   FUZZ_TARGETS="a b"   only these targets (names without fuzz_, e.g. "shard config")
 #   FUZZ_JOBS=2          targets run at once
 #   FUZZ_WORK=DIR        build + work directory (default: ./fuzz under the current directory,
@@ -22,7 +22,7 @@ set -uo pipefail
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 src=${LOOM_SRC:-$(cd "$here/../.." && pwd)}
 work=${FUZZ_WORK:-$PWD/fuzz}
-fuzz_time=${FUZZ_TIME:-8}
+fuzz_time=${FUZZ_TIME:-5}
 jobs=${FUZZ_JOBS:-2}
 cc=${CC:-clang}
 case "$cc" in *clang*) ;; *) cc=clang ;; esac
