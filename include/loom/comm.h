@@ -117,6 +117,14 @@ int loom_mesh_spec_from_config(const loom_config *c, loom_mesh_spec *s, loom_err
 int loom_mesh_validate(const loom_mesh_spec *s, int world_size, const loom_mesh_dims *dims,
                        loom_mesh_spec *out, loom_err *err);
 
+/* A world rank's coordinates in a resolved spec (dp filled in): rank = ((dp * pp + pp_i) * cp
+ * + cp_i) * tp + tp_i (tp innermost); dc = dp * cp + cp_i (its rank in the dp x cp group), ep
+ * = dc % ep, edp = dc / ep. Pure arithmetic, no MPI (the planner asks about any rank). */
+typedef struct loom_mesh_coords {
+    int dp, pp, cp, tp, ep, edp, dc;
+} loom_mesh_coords;
+loom_mesh_coords loom_mesh_coords_of(const loom_mesh_spec *s, int rank);
+
 typedef struct loom_mesh loom_mesh;
 
 /* Validates the spec against the world size and dims (dims may be NULL), then builds every

@@ -533,6 +533,9 @@ int loom_model_create_layout_view(const loom_model_config *cfg, const loom_model
 /* bytes of the activation arena, the input/target rows and the RoPE tables: what the model
  * allocates beyond parameters and gradients */
 size_t loom_model_activation_bytes(const loom_model *m);
+/* The floats of one training activation arena of the view (loom_acts_create's arena, without
+ * the input/target rows): what loom_model_arena_bytes counts for activations */
+size_t loom_model_activation_floats(const loom_model *m);
 
 /* The deterministic init of arena positions [offset, offset + count), written to dst: a shard
  * of any layout, and the box of any view, initializes exactly like the same elements of the

@@ -68,6 +68,11 @@ void loom_dp_memory_usage(const loom_dp *dp, loom_dp_memory *out);
  * the created loom_dp. */
 void loom_dp_memory_estimate(const loom_model *m, int dp_size, int dp_rank, int zero,
                              loom_dp_memory *out);
+/* The same with expert parallelism: the routed experts' tensors (reduce_group EDP) are
+ * sharded over the expert-data group (edp_size ranks, this one edp_rank), the rest over the
+ * dp group, as loom_dp_create does. */
+void loom_dp_memory_estimate_groups(const loom_model *m, int dp_size, int dp_rank, int edp_size,
+                                    int edp_rank, int zero, loom_dp_memory *out);
 /* 64-bit hash of the parameters this rank holds (all of them for zero 0-2, its slices for
  * zero 3): equal on every dp rank for zero 0-2 when the replicas are bit-identical. */
 uint64_t loom_dp_param_hash(const loom_dp *dp);

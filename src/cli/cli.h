@@ -15,6 +15,7 @@ int loom_cli_peak(int argc, char **argv);
 int loom_cli_import(int argc, char **argv);
 int loom_cli_export(int argc, char **argv);
 int loom_cli_report(int argc, char **argv);
+int loom_cli_plan(int argc, char **argv);
 /* --weights fp32|bf16|int8 (cli_weights.c): 0 and *mode set (CLI_W_*), or -1 after a
  * message on stderr; the mode's name; the mode (and --compute bf16) applied to a loaded model
  * (loom_model_set_weights_bf16 / _int8 / loom_model_set_compute_bf16: 0 or -1 and err) */

@@ -21,6 +21,8 @@ static void usage(FILE *f) {
             "  export --hf CKPT OUT_DIR [--max-shard-size N]          loom checkpoint -> Hugging Face\n"
             "  report RUN_DIR [--out FILE]                         run.dir/report.html: plots, config, alerts\n"
             "  peak [--threads N] [--seconds S] [--json]           measure the fp32 peak for MFU\n"
+            "  plan CONFIG.yaml [--gpu NAME --gpus N | --cluster FILE] [--json]   rank layouts by memory and time\n"
+            "  plan --check RUN_DIR                                a run's prediction beside its measurements\n"
             "  version\n");
 }
 
@@ -52,6 +54,7 @@ int main(int argc, char **argv) {
     if (!strcmp(cmd, "import")) return loom_cli_import(argc - 1, argv + 1);
     if (!strcmp(cmd, "export")) return loom_cli_export(argc - 1, argv + 1);
     if (!strcmp(cmd, "report")) return loom_cli_report(argc - 1, argv + 1);
+    if (!strcmp(cmd, "plan")) return loom_cli_plan(argc - 1, argv + 1);
     if (!strcmp(cmd, "version") || !strcmp(cmd, "--version")) {
 #ifdef LOOM_NATIVE
         printf("loom %s (NATIVE=1 build: -march=native)\n", LOOM_VERSION);

@@ -146,6 +146,11 @@ static coords coords_of(const loom_mesh_spec *s, int r) {
 }
 
 /* color: which group of kind g rank r belongs to; key: its member number there. */
+loom_mesh_coords loom_mesh_coords_of(const loom_mesh_spec *s, int rank) {
+    const coords c = coords_of(s, rank);
+    return (loom_mesh_coords){c.dp, c.pp, c.cp, c.tp, c.ep, c.edp, c.dc};
+}
+
 static void color_key(const loom_mesh_spec *s, loom_group g, int r, int64_t *color, int *key) {
     coords c = coords_of(s, r);
     switch (g) {

@@ -503,6 +503,8 @@ size_t loom_model_activation_bytes(const loom_model *m) {
     return m->act_floats * sizeof(float) + ints * sizeof(int32_t) + rope;
 }
 
+size_t loom_model_activation_floats(const loom_model *m) { return m->act_floats; }
+
 void loom_model_free(loom_model *m) {
     if (!m) return;
     loom_lora_free(m->lora); /* the model owns its adapters (include/loom/lora.h) */

@@ -528,23 +528,46 @@ void loom_dp_memory_usage(const loom_dp *dp, loom_dp_memory *out) {
     if (dp->frozen) out->optim_bytes = 0;
 }
 
-void loom_dp_memory_estimate(const loom_model *m, int dp_size, int dp_rank, int zero,
-                             loom_dp_memory *out) {
-    const int U = loom_model_num_units(m);
+void loom_dp_memory_estimate_groups(const loom_model *m, int dp_size, int dp_rank, int edp_size,
+                                    int edp_rank, int zero, loom_dp_memory *out) {
+    /* loom_dp_create's segments: each unit's dense tensors sliced over the reduction group,
+     * its routed experts' (its last tensors) over the expert-data group */
+    const int U = loom_model_num_units(m), nt = loom_model_num_tensors(m);
     dp_sizes z = {.n = loom_model_num_params(m)};
+    int alone = zero < 2;
     for (int u = 0; u < U; u++) {
-        size_t off, cnt, soff, slen;
+        size_t off, cnt;
         loom_model_unit_range(m, u, &off, &cnt);
-        loom_split(cnt, dp_size, dp_rank, &soff, &slen);
-        z.nshard += slen;
-        if (u == 0) z.first = cnt, z.first_slice = slen;
-        if (u == U - 1) z.last = cnt, z.last_slice = slen;
+        size_t split = off + cnt;
+        for (int i = 0; i < nt; i++) {
+            const loom_tensor_info *t = loom_model_tensor(m, i);
+            if (t->unit == u && t->reduce_group == LOOM_REDUCE_EDP && t->offset < split)
+                split = t->offset;
+        }
+        size_t slice = 0;
+        for (int k = 0; k < 2; k++) {
+            const size_t lo = k == 0 ? off : split, hi = k == 0 ? split : off + cnt;
+            if (hi <= lo && !(k == 0 && cnt == 0)) continue;
+            const int size = k == 0 ? dp_size : edp_size, rank = k == 0 ? dp_rank : edp_rank;
+            size_t soff, slen;
+            loom_split(hi - lo, size, rank, &soff, &slen);
+            if (size > 1 || z.nshard != lo) alone = 0; /* the shard is not the arena itself */
+            z.nshard += slen;
+            slice += slen;
+        }
+        if (u == 0) z.first = cnt, z.first_slice = slice;
+        if (u == U - 1) z.last = cnt, z.last_slice = slice;
         if (u > 0 && u < U - 1) {
             if (cnt > z.max_layer) z.max_layer = cnt;
-            if (slen > z.max_layer_slice) z.max_layer_slice = slen;
+            if (slice > z.max_layer_slice) z.max_layer_slice = slice;
         }
     }
-    memory_of(zero, zero < 2 && dp_size == 1, &z, out);
+    memory_of(zero, alone && z.nshard == z.n, &z, out);
+}
+
+void loom_dp_memory_estimate(const loom_model *m, int dp_size, int dp_rank, int zero,
+                             loom_dp_memory *out) {
+    loom_dp_memory_estimate_groups(m, dp_size, dp_rank, dp_size, dp_rank, zero, out);
 }
 
 uint64_t loom_dp_param_hash(const loom_dp *dp) {

@@ -13,8 +13,7 @@
 #include "loom/comm.h"
 #include "loom/model.h"
 #include "loom/model_config.h"
-#include "loom/parallel.h"
-#include "loom/pp.h"
+#include "loom/plan.h"
 #include "loom/train.h"
 #include "train/trainer_internal.h"
 
@@ -191,35 +190,20 @@ int loom_trainer_check_memory(const trainer *t, loom_err *err) {
                          keys, human(rough, need_s, sizeof need_s),
                          human((double)limit, have_s, sizeof have_s), source);
 
-    /* this rank's view, as loom_trainer_create_engine builds it: with a pipeline its stage's
-     * layers for micro-batch rows, and as many activation arenas as its schedule keeps in
-     * flight (gpipe: every micro-batch; 1f1b: min(m, pp - stage)) */
-    loom_model_layout lay = {.tp = t->tp_size, .tp_rank = t->tp_rank, .cp = t->cp_size,
-                             .cp_rank = t->cp_rank, .sp = (int)t->s.sp};
-    const int pipe = t->pp_size > 1 || t->microbatches > 1;
-    const int64_t rows = pipe ? t->local_B / t->microbatches : t->local_B;
-    int64_t arenas = 1;
-    if (pipe) {
-        loom_pp_stage_layers(t->mc.n_layer, t->pp_size, t->pp_rank, &lay.l0, &lay.l1);
-        const int64_t left = t->pp_size - t->pp_rank;
-        arenas = t->s.pp_schedule == LOOM_PP_GPIPE || left > t->microbatches ? t->microbatches
-                                                                              : left;
-    }
-    loom_model *layout = NULL;
-    if (loom_model_create_layout_view(&t->mc, &lay, (int)rows, (int)t->local_T, &layout, err))
-        return -1;
-    loom_dp_memory dm;
-    /* state is sharded over the group gradients are reduced in (dp, or dp x cp) */
-    loom_dp_memory_estimate(layout, loom_mesh_size(t->mesh, t->red_group),
-                            loom_mesh_rank(t->mesh, t->red_group), (int)t->s.zero, &dm);
-    const double acts = (double)arenas * (double)loom_model_activation_bytes(layout);
-    loom_model_free(layout);
-    /* the trainer's global batch buffers (inputs and targets, B x T int32 each; grad_accum
-     * of each more when accumulating: train_accum.c) */
-    const double batch = 2.0 * (double)t->s.B * (double)t->s.T * sizeof(int32_t) *
-                         (double)(t->s.accum > 1 ? 1 + t->s.accum : 1);
-    const double per_rank =
-        (double)dm.param_bytes + (double)dm.grad_bytes + (double)dm.optim_bytes + acts + batch;
+    /* this rank's memory by the planner's accounting (src/plan/plan_memory.c: its model
+     * view, the DP/ZeRO engine's storage, the arenas its pipeline schedule keeps in flight),
+     * the numbers `loom plan` ranks layouts by */
+    const loom_mesh_spec *ms = loom_mesh_layout(t->mesh);
+    const loom_plan_layout L = {
+        .dp = ms->dp, .tp = ms->tp, .pp = ms->pp, .cp = ms->cp, .ep = ms->ep,
+        .zero = (int)t->s.zero, .sp = (int)t->s.sp, .pp_schedule = t->s.pp_schedule,
+        .cp_kind = t->cp_kind, .microbatches = t->microbatches, .B = t->s.B, .T = t->s.T,
+        .accum = t->s.accum, .recompute = t->mc.recompute, .doc_mask = t->mc.doc_mask,
+        .pairs = t->pref.method != LOOM_PREF_SFT ? 2 : 1};
+    loom_plan_memory pm;
+    if (loom_plan_rank_memory(&t->mc, &L, t->world_rank, &pm, err)) return -1;
+    const double acts = pm.act, batch = pm.act_rows + pm.rope + pm.batch + pm.comm;
+    const double per_rank = pm.total;
     const double need = per_rank * node_ranks;
     if (need <= (double)limit) return 0;
     char p[32], g[32], o[32], a[32], r[32], where[96] = "";
@@ -231,12 +215,12 @@ int loom_trainer_check_memory(const trainer *t, loom_err *err) {
         "%s: needs an estimated %s of memory%s, but %s is available (%s). Per rank: "
         "parameters %s, gradients %s, AdamW moments %s (dp %d, zero %lld), activations and "
         "batch %s (%lld micro-batch%s of %lld x %lld). Shrink the model or the batch, shard it "
-        "(parallel.dp with parallel.zero; parallel.pp splits the layers), or set "
-        "training.memory_limit (bytes, or off) if you know better",
+        "(parallel.dp with parallel.zero; parallel.pp splits the layers; `loom plan` ranks the "
+        "layouts that fit), or set training.memory_limit (bytes, or off) if you know better",
         keys, human(need, need_s, sizeof need_s), where,
         human((double)limit, have_s, sizeof have_s), source,
-        human((double)dm.param_bytes, p, sizeof p), human((double)dm.grad_bytes, g, sizeof g),
-        human((double)dm.optim_bytes, o, sizeof o), t->dp_size, (long long)t->s.zero,
-        human(acts + batch, a, sizeof a), (long long)arenas, arenas == 1 ? "" : "es",
-        (long long)rows, (long long)t->local_T);
+        human(pm.param, p, sizeof p), human(pm.grad, g, sizeof g),
+        human(pm.optim, o, sizeof o), t->dp_size, (long long)t->s.zero,
+        human(acts + batch, a, sizeof a), (long long)pm.arenas, pm.arenas == 1 ? "" : "es",
+        (long long)pm.rows, (long long)pm.local_T);
 }

@@ -28,13 +28,16 @@ MAY_USE = {
     "hf": ["base", "model", "data"],
     # checkpoints (format, pieces), the run config's schema, loading a model for inference
     "ckpt": ["base", "comm", "kernels", "model", "parallel", "data"],
-    "train": ["base", "comm", "kernels", "model", "parallel", "data", "hf", "obs", "ckpt"],
+    # the memory and time model of a layout, the layout search (the trainer's own accounting:
+    # model views, the DP engine's storage rules, the mesh's rules)
+    "plan": ["base", "comm", "kernels", "model", "parallel"],
+    "train": ["base", "comm", "kernels", "model", "parallel", "data", "hf", "obs", "ckpt", "plan"],
     "interop": ["base", "comm", "kernels", "model", "parallel", "data", "hf", "obs", "ckpt",
                 "train"],
     "infer": ["base", "comm", "kernels", "model", "data"],
     "synth": ["base", "comm", "kernels", "model", "data", "infer", "obs", "ckpt"],
     "cli": ["base", "comm", "kernels", "model", "parallel", "data", "obs", "hf", "ckpt", "train",
-            "interop", "infer", "synth"],
+            "interop", "infer", "synth", "plan"],
 }
 
 # module -> the external libraries it may call (families of LIB_RULES below); libc is everyone's
@@ -44,6 +47,7 @@ LIBS = {
     "kernels": ["blas", "onednn", "openmp"],
     "model": [],
     "parallel": [],
+    "plan": [],
     # (recipes' YAML is read by base: base/yaml.h)
     "data": ["jansson", "openssl", "xxhash", "icu", "pcre2", "zstd"],
     # openmp: the peak probe's thread count (omp_set_num_threads)
@@ -75,7 +79,7 @@ HEADERS = {
     "hf.h": "hf",
     "checkpoint.h": "ckpt", "ckpt_pieces.h": "ckpt", "load.h": "ckpt",
     "train.h": "train", "schedule.h": "train", "preference.h": "train", "peak.h": "obs",
-    "interop.h": "interop",
+    "interop.h": "interop", "plan.h": "plan",
     "infer.h": "infer", "serve.h": "infer", "grammar.h": "infer",
     "synth.h": "synth",
 }
