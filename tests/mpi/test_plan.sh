@@ -1,0 +1,119 @@
+# loom plan against measured runs (docs/plan.md, "Checks against measured runs").
+# Memory: 14 small layouts (dp with zero 0-3, tp with sp, pp gpipe and 1f1b, cp ring and
+# ulysses, ep, dp x tp, recompute none / selective / full; fp32: bf16 training does not exist
+# yet) trained 3 steps under mpirun, and `loom plan --check` must predict every rank's arena
+# bytes (parameters, gradients, AdamW moments, activation arenas: metrics.jsonl's arena_bytes,
+# + pp_act_bytes under a pipeline) within 5%; they are the same accounting, so the test
+# expects (and prints) 0.00%. Peak RSS must be above the prediction (the binary, MPI, libraries
+# come on top). Step time: three compute-bound single-process runs (d 256 with recompute none
+# and selective, d 384), the peak measured right before (`loom peak --threads 1`), predicted
+# within 25% of the run's CPU seconds per step
+# (the process's own time: a machine shared with other tests stretches wall-clock steps, not
+# that; the wall-clock error is printed beside it). Full recompute is left out: on these small
+# GEMMs it costs less than the FLOPs say (measured +11% where the model says +32%: docs/plan.md).
+# llama, d 64, 4 layers, seq 32, batch 8.
+source "$(dirname "$0")/lib.sh"
+make_dataset "$WORK"
+cat > "$WORK/c.yaml" <<YAML
+run:
+  dir: $WORK/unused
+data:
+  train: $WORK/data/train
+model:
+  flavor: llama
+  vocab_size: 256
+  d_model: 64
+  n_layer: 4
+  n_head: 4
+  n_kv_head: 2
+  d_ff: 128
+training:
+  steps: 3
+  schedule_steps: 3
+  batch_size: 8
+  seq_len: 32
+  lr: 1e-3
+  warmup: 1
+eval:
+  every: 0
+checkpoint:
+  every: 0
+YAML
+MOE=(--set model.moe.experts=4 --set model.moe.top_k=2 --set model.moe.every=1
+     --set model.moe.capacity_factor=0)
+# name, ranks, settings
+LAYOUTS=(
+  "single 1 --set model.recompute=none"
+  "full 1 --set model.recompute=full"
+  "selective 1 --set model.recompute=selective"
+  "dp2_z0 2 --set parallel.dp=2 --set parallel.zero=0"
+  "dp2_z1 2 --set parallel.dp=2 --set parallel.zero=1"
+  "dp2_z2 2 --set parallel.dp=2 --set parallel.zero=2"
+  "dp2_z3 2 --set parallel.dp=2 --set parallel.zero=3"
+  "tp2_sp 2 --set parallel.tp=2 --set parallel.sp=true"
+  "pp2_gpipe 2 --set parallel.pp=2 --set parallel.microbatches=4 --set parallel.pp_schedule=gpipe"
+  "pp2_1f1b 2 --set parallel.pp=2 --set parallel.microbatches=4 --set parallel.pp_schedule=1f1b"
+  "cp2_ring 2 --set parallel.cp=2 --set parallel.cp_kind=ring --set parallel.zero=1"
+  "cp2_ulysses 2 --set parallel.cp=2 --set parallel.cp_kind=ulysses"
+  "ep2_z1 2 --set parallel.dp=2 --set parallel.ep=2 --set parallel.zero=1 ${MOE[*]}"
+  "dp2_tp2_full 4 --set parallel.dp=2 --set parallel.tp=2 --set parallel.zero=1 --set model.recompute=full"
+)
+for spec in "${LAYOUTS[@]}"; do
+  read -r name np settings <<<"$spec"
+  # shellcheck disable=SC2086
+  cmd=("$LOOM_BIN" train "$WORK/c.yaml" $settings --set run.dir="$WORK/$name")
+  if [ "$np" -gt 1 ]; then run_mpi "$np" "$WORK/log" "${cmd[@]}"; else RC=0; "${cmd[@]}" >"$WORK/log" 2>&1 || RC=$?; fi
+  [ $RC -eq 0 ] || { cat "$WORK/log" >&2; fail "$name: training failed"; }
+  "$LOOM_BIN" plan --check "$WORK/$name" --json >"$WORK/$name.json" 2>"$WORK/log" \
+    || { cat "$WORK/log" >&2; fail "$name: loom plan --check failed"; }
+done
+# the text form names each rank
+"$LOOM_BIN" plan --check "$WORK/pp2_1f1b" >"$WORK/text" || fail "plan --check text"
+grep -q "memory: largest error" "$WORK/text" || { cat "$WORK/text"; fail "plan --check text form"; }
+
+# step time: the peak of one thread measured now (the best of three half-second probes: on a
+# shared machine a probe loses time slices, never gains any), then three compute-bound runs
+PEAK=$(for i in 1 2 3; do env -u LOOM_PEAK_FLOPS "$LOOM_BIN" peak --threads 1 --seconds 0.5 --json 2>/dev/null; done |
+       python3 -c 'import json,sys; print(max(json.loads(l)["flops"] for l in sys.stdin))') || fail "loom peak"
+for spec in "time_none 256 none" "time_sel 256 selective" "time_d384 384 none"; do
+  read -r name d rc <<<"$spec"
+  LOOM_PEAK_FLOPS=$PEAK "$LOOM_BIN" train "$WORK/c.yaml" --set model.d_model=$d --set model.d_ff=$((2 * d)) \
+    --set model.n_layer=2 --set training.steps=5 --set training.schedule_steps=5 \
+    --set training.threads=1 --set model.recompute=$rc --set run.dir="$WORK/$name" >"$WORK/log" 2>&1 \
+    || { cat "$WORK/log" >&2; fail "$name: training failed"; }
+  "$LOOM_BIN" plan --check "$WORK/$name" --json >"$WORK/$name.json" || fail "$name: plan --check"
+done
+
+python3 - "$WORK" "$PEAK" <<'PY'
+import json, sys
+w, peak = sys.argv[1], float(sys.argv[2])
+names = ["single", "full", "selective", "dp2_z0", "dp2_z1", "dp2_z2", "dp2_z3", "tp2_sp",
+         "pp2_gpipe", "pp2_1f1b", "cp2_ring", "cp2_ulysses", "ep2_z1", "dp2_tp2_full"]
+ok = True
+print(f"{'layout':<14} {'ranks':>5} {'largest error':>13}  per rank: predicted / measured arena bytes")
+for n in names:
+    r = json.load(open(f"{w}/{n}.json"))
+    worst = max(abs(x["error"]) for x in r["ranks"])
+    cells = " ".join(f"{x['arena_predicted']:.0f}/{x['arena_measured']:.0f}" for x in r["ranks"])
+    bad = worst > 0.05 or any(x["arena_measured"] <= 0 for x in r["ranks"])
+    low_rss = [x["rank"] for x in r["ranks"] if not x["rss_hwm"] > x["total_predicted"]]
+    print(f"{n:<14} {r['world']:>5} {100 * worst:>12.2f}%  {cells}{'   OVER 5%' if bad else ''}"
+          f"{'   RSS below the prediction on ranks %s' % low_rss if low_rss else ''}")
+    ok &= not bad and not low_rss
+# the layouts must differ where the strategies differ (a check that could not fail otherwise)
+arena = {n: max(x["arena_measured"] for x in json.load(open(f"{w}/{n}.json"))["ranks"]) for n in names}
+for a, b in [("dp2_z1", "dp2_z0"), ("dp2_z2", "dp2_z1"), ("dp2_z3", "dp2_z0"), ("full", "single"),
+             ("selective", "single"), ("pp2_1f1b", "pp2_gpipe")]:
+    if not arena[a] < arena[b]:
+        print(f"{a} holds {arena[a]:.0f} bytes, not less than {b}'s {arena[b]:.0f}"); ok = False
+print(f"step time (peak {peak / 1e9:.1f} GFLOP/s at 1 thread, measured just before):")
+for n in ["time_none", "time_sel", "time_d384"]:
+    r = json.load(open(f"{w}/{n}.json"))
+    e = r["cpu_step_error"]
+    print(f"  {n}: predicted {1e3 * r['step_predicted']:.1f} ms, measured {1e3 * r['cpu_step_measured']:.1f} ms "
+          f"of CPU per step ({100 * e:+.1f}%); wall clock {1e3 * r['step_measured']:.1f} ms ({100 * r['step_error']:+.1f}%)")
+    if abs(e) > 0.25: print("    OVER 25%"); ok = False
+sys.exit(0 if ok else 1)
+PY
+[ $? -eq 0 ] || fail "loom plan's predictions are off (above)"
+pass "loom plan: memory of 14 layouts within 5% of the measured arenas, step time within 25%"
