@@ -78,13 +78,14 @@ int loom_plan_step_time(const loom_model_config *mc, const loom_plan_layout *L,
     if (loom_model_create_layout_view(mc, &lay, 1, (int)(L->T / L->cp), &view, err)) return -1;
     const double n = (double)loom_model_num_params(view);
     loom_model_free(view);
-    /* gradients reduced in fp32 (reduce-scatter + all-gather of the update for ZeRO 1/2, an
-     * all-reduce's bytes; ZeRO 2/3 every micro-batch of an accumulation); ZeRO-3 gathers the
-     * parameters (bf16 copies when planned in bf16) for forward and again for backward */
+    /* gradients reduced in fp32: ZeRO 0-2 move an all-reduce's bytes (all-reduce, or
+     * reduce-scatter + all-gather of the updated slices), ZeRO-3 a reduce-scatter, and gathers
+     * the parameters (bf16 copies when planned in bf16) for forward and again for backward;
+     * ZeRO 2/3 reduce every micro-batch of an accumulation */
     const double reductions = L->zero >= 2 ? (double)L->accum : 1.0;
-    out->dp_comm = reductions * ring(4.0 * n, red, 2.0 * (red - 1) / red, dp_bw, lat);
-    if (L->zero == 3)
-        out->dp_comm += 2.0 * L->accum * ring(ab * n, red, (double)(red - 1) / red, dp_bw, lat);
+    const double frac = (double)(red - 1) / red;
+    out->dp_comm = reductions * ring(4.0 * n, red, L->zero == 3 ? frac : 2.0 * frac, dp_bw, lat);
+    if (L->zero == 3) out->dp_comm += 2.0 * L->accum * ring(ab * n, red, frac, dp_bw, lat);
     /* what the compute hides: the reductions overlap backward (two thirds of the step's
      * layer FLOPs), the gathers forward and backward; the last layer's bucket never hides */
     const double window = L->zero == 3 ? out->compute : out->compute * 2.0 / 3.0;

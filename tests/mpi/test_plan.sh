@@ -67,9 +67,15 @@ for spec in "${LAYOUTS[@]}"; do
   "$LOOM_BIN" plan --check "$WORK/$name" --json >"$WORK/$name.json" 2>"$WORK/log" \
     || { cat "$WORK/log" >&2; fail "$name: loom plan --check failed"; }
 done
-# the text form names each rank
-"$LOOM_BIN" plan --check "$WORK/pp2_1f1b" >"$WORK/text" || fail "plan --check text"
+# the text form names each rank (under ASan/UBSan)
+"$LOOM_ASAN_BIN" plan --check "$WORK/pp2_1f1b" >"$WORK/text" || fail "plan --check text"
 grep -q "memory: largest error" "$WORK/text" || { cat "$WORK/text"; fail "plan --check text form"; }
+
+# `loom train` refuses at start, with the plan's numbers, a layout that does not fit
+must_fail_within "a layout over training.memory_limit" 60 "needs an estimated .*`loom plan`" 2 \
+  "$LOOM_BIN" train "$WORK/c.yaml" --set parallel.dp=2 --set parallel.ep=2 "${MOE[@]}" \
+  --set training.memory_limit=1e6 --set run.dir="$WORK/refused"
+[ ! -e "$WORK/refused/metrics.jsonl" ] || fail "the refused run wrote metrics"
 
 # step time: the peak of one thread measured now (the best of three half-second probes: on a
 # shared machine a probe loses time slices, never gains any), then three compute-bound runs
