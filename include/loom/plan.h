@@ -70,6 +70,11 @@ int loom_plan_rank_memory(const loom_model_config *mc, const loom_plan_layout *L
 int loom_plan_max_memory(const loom_model_config *mc, const loom_plan_layout *L,
                          loom_plan_memory *out, loom_err *err);
 
+/* Inference: the KV cache of one sequence of model.max_seq_len positions on a rank of a
+ * tensor-parallel group of tp (its key/value heads; a sliding layer keeps its window), as
+ * loom_kv_cache_create allocates it (fp32; bf16: half), bytes. */
+int loom_plan_kv_bytes(const loom_model_config *mc, int tp, int bf16, double *out, loom_err *err);
+
 /* A machine: its accelerators (or CPU ranks) and links, from a hardware file
  * (data/hardware/NAME.yaml, docs/plan.md#hardware). */
 typedef struct loom_plan_hw {

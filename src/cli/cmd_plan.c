@@ -100,7 +100,8 @@ static void print_keys(FILE *f, const loom_plan_layout *L) {
     fprintf(f, "model:\n  recompute: %s\n", rc_name(L->recompute));
 }
 
-static void explain(const loom_plan_entry *e, const loom_plan_hw *hw, int world) {
+static void explain(const loom_plan_entry *e, const loom_plan_hw *hw, int world,
+                    const loom_model_config *mc) {
     const loom_plan_time *t = &e->time;
     const loom_plan_memory *m = &e->mem;
     char a[32], b[32], c[32], d[32], g[32], h[32], k[32], l[32];
@@ -124,6 +125,11 @@ static void explain(const loom_plan_entry *e, const loom_plan_hw *hw, int world)
            (long long)m->local_T, human(m->act_rows + m->rope + m->batch + m->comm, h, sizeof h),
            human(e->need, k, sizeof k), human(hw->mem_bytes, l, sizeof l),
            hw->shared_memory ? " (the node's ranks together)" : " per device");
+    double kv = 0;
+    loom_err kerr;
+    if (mc->head == LOOM_HEAD_LM && loom_plan_kv_bytes(mc, e->layout.tp, e->layout.bf16, &kv, &kerr) == 0)
+        printf("  inference: the KV cache of one %d-position sequence is %s per rank at tp %d\n",
+               mc->max_seq_len, human(kv, a, sizeof a), e->layout.tp);
     printf("\nkeys to paste:\n");
     print_keys(stdout, &e->layout);
 }
@@ -284,7 +290,8 @@ static int check_run(const char *dir, const char *cluster, const char *gpu, int 
     const int counted = n_rows > 1 ? n_rows - 1 : 1;
     comm /= counted;
     compute /= counted;
-    const double step = median(steps, ns), cpu_step = median(cpus, nc);
+    const double step = median(steps, ns), cpu_step = median(cpus, nc); /* (sorts cpus) */
+    const double cpu_best = nc ? cpus[0] : 0;
     const double pred_comm = pt.dp_comm + pt.tp_comm + pt.cp_comm + pt.ep_comm + pt.pp_comm;
     json_t *ranks = json_array();
     double worst = 0;
@@ -317,12 +324,15 @@ static int check_run(const char *dir, const char *cluster, const char *gpu, int 
     }
     const double terr = step > 0 ? (pt.step - step) / step : 1.0;
     const double cerr = cpu_step > 0 ? (pt.step - cpu_step) / cpu_step : 1.0;
+    const double berr = cpu_best > 0 ? (pt.step - cpu_best) / cpu_best : 1.0;
     if (json) {
-        json_t *o = json_pack("{s:s,s:s,s:i,s:o,s:f,s:f,s:f,s:f,s:f,s:f,s:f,s:f,s:f,s:f,s:f,s:f}",
+        json_t *o = json_pack("{s:s,s:s,s:i,s:o,s:f,s:f,s:f,s:f,s:f,s:f,s:f,s:f,s:f,s:f,s:f,s:f,"
+                              "s:f,s:f}",
                               "run", dir, "layout", name, "world", world, "ranks", ranks,
                               "memory_worst_error", worst, "step_predicted", pt.step,
                               "step_measured", step, "step_error", terr, "cpu_step_measured",
-                              cpu_step, "cpu_step_error", cerr, "flops_rank", pt.flops_rank,
+                              cpu_step, "cpu_step_error", cerr, "cpu_step_best", cpu_best,
+                              "cpu_step_best_error", berr, "flops_rank", pt.flops_rank,
                               "compute_predicted", pt.compute,
                               "compute_measured", compute, "comm_predicted", pred_comm,
                               "comm_measured", comm, "peak_flops", hw.peak_flops);
@@ -334,11 +344,11 @@ static int check_run(const char *dir, const char *cluster, const char *gpu, int 
     } else {
         printf("  memory: largest error %.2f%%\n  step: predicted %.1f ms, measured %.1f ms "
                "(median of %d steps after the first, slowest rank): %+.1f%%; rank 0's CPU time "
-               "%.1f ms per step: %+.1f%%\n  compute: "
+               "%.1f ms per step: %+.1f%% (its best step %.1f ms: %+.1f%%)\n  compute: "
                "predicted %.1f ms (%.3g FLOP/s x %.2f), measured %.1f ms; communication: "
                "predicted %.1f ms, measured %.1f ms in collectives\n",
                100 * worst, 1e3 * pt.step, 1e3 * step, ns, 100 * terr, 1e3 * cpu_step,
-               100 * cerr, 1e3 * pt.compute,
+               100 * cerr, 1e3 * cpu_best, 100 * berr, 1e3 * pt.compute,
                hw.peak_flops, hw.efficiency, 1e3 * compute, 1e3 * pred_comm, 1e3 * comm);
     }
     json_decref(ranks);
@@ -483,7 +493,7 @@ int loom_cli_plan(int argc, char **argv) {
                    human(v[i].mem.act, d, sizeof d), human(v[i].mem.total, e, sizeof e),
                    v[i].fits ? "yes" : "NO");
         }
-        if (fitting) explain(&v[0], &hw, world);
+        if (fitting) explain(&v[0], &hw, world, &mc);
         else {
             char need[32];
             printf("\nno layout fits: the smallest needs %s per %s, %s is there\n",

@@ -212,3 +212,13 @@ int loom_plan_fits(const loom_plan_hw *hw, const loom_plan_layout *L, const loom
     *need = m->total * (double)node_ranks;
     return hw->mem_bytes <= 0 || *need <= hw->mem_bytes;
 }
+
+int loom_plan_kv_bytes(const loom_model_config *mc, int tp, int bf16, double *out, loom_err *err) {
+    *out = 0;
+    const loom_model_layout lay = {.tp = tp};
+    loom_model *view = NULL;
+    if (loom_model_create_layout_view(mc, &lay, 1, 1, &view, err)) return -1;
+    *out = 2.0 * (double)loom_model_kv_floats(view, mc->max_seq_len) * (bf16 ? 2.0 : 4.0);
+    loom_model_free(view);
+    return 0;
+}

@@ -7,9 +7,10 @@
 # expects (and prints) 0.00%. Peak RSS must be above the prediction (the binary, MPI, libraries
 # come on top). Step time: three compute-bound single-process runs (d 256 with recompute none
 # and selective, d 384), the peak measured right before (`loom peak --threads 1`), predicted
-# within 25% of the run's CPU seconds per step
-# (the process's own time: a machine shared with other tests stretches wall-clock steps, not
-# that; the wall-clock error is printed beside it). Full recompute is left out: on these small
+# within 25% of the run's CPU seconds in its best step (the process's own time: a machine shared
+# with other tests stretches wall-clock steps, not that; and the best of 7 steps, as the peak is
+# the best of 3 probes: both as little disturbed as the machine allowed; the median and the
+# wall-clock errors are printed beside it). Full recompute is left out: on these small
 # GEMMs it costs less than the FLOPs say (measured +11% where the model says +32%: docs/plan.md).
 # llama, d 64, 4 layers, seq 32, batch 8.
 source "$(dirname "$0")/lib.sh"
@@ -77,14 +78,14 @@ must_fail_within "a layout over training.memory_limit" 60 "needs an estimated .*
   --set training.memory_limit=1e6 --set run.dir="$WORK/refused"
 [ ! -e "$WORK/refused/metrics.jsonl" ] || fail "the refused run wrote metrics"
 
-# step time: the peak of one thread measured now (the best of three half-second probes: on a
+# step time: the peak of one thread measured now (the best of three one-second probes: on a
 # shared machine a probe loses time slices, never gains any), then three compute-bound runs
-PEAK=$(for i in 1 2 3; do env -u LOOM_PEAK_FLOPS "$LOOM_BIN" peak --threads 1 --seconds 0.5 --json 2>/dev/null; done |
+PEAK=$(for i in 1 2 3; do env -u LOOM_PEAK_FLOPS "$LOOM_BIN" peak --threads 1 --seconds 1 --json 2>/dev/null; done |
        python3 -c 'import json,sys; print(max(json.loads(l)["flops"] for l in sys.stdin))') || fail "loom peak"
 for spec in "time_none 256 none" "time_sel 256 selective" "time_d384 384 none"; do
   read -r name d rc <<<"$spec"
   LOOM_PEAK_FLOPS=$PEAK "$LOOM_BIN" train "$WORK/c.yaml" --set model.d_model=$d --set model.d_ff=$((2 * d)) \
-    --set model.n_layer=2 --set training.steps=5 --set training.schedule_steps=5 \
+    --set model.n_layer=2 --set training.steps=8 --set training.schedule_steps=8 \
     --set training.threads=1 --set model.recompute=$rc --set run.dir="$WORK/$name" >"$WORK/log" 2>&1 \
     || { cat "$WORK/log" >&2; fail "$name: training failed"; }
   "$LOOM_BIN" plan --check "$WORK/$name" --json >"$WORK/$name.json" || fail "$name: plan --check"
@@ -115,9 +116,11 @@ for a, b in [("dp2_z1", "dp2_z0"), ("dp2_z2", "dp2_z1"), ("dp2_z3", "dp2_z0"), (
 print(f"step time (peak {peak / 1e9:.1f} GFLOP/s at 1 thread, measured just before):")
 for n in ["time_none", "time_sel", "time_d384"]:
     r = json.load(open(f"{w}/{n}.json"))
-    e = r["cpu_step_error"]
-    print(f"  {n}: predicted {1e3 * r['step_predicted']:.1f} ms, measured {1e3 * r['cpu_step_measured']:.1f} ms "
-          f"of CPU per step ({100 * e:+.1f}%); wall clock {1e3 * r['step_measured']:.1f} ms ({100 * r['step_error']:+.1f}%)")
+    e = r["cpu_step_best_error"]
+    print(f"  {n}: predicted {1e3 * r['step_predicted']:.1f} ms, measured {1e3 * r['cpu_step_best']:.1f} ms "
+          f"of CPU in the best step ({100 * e:+.1f}%; median {1e3 * r['cpu_step_measured']:.1f} ms, "
+          f"{100 * r['cpu_step_error']:+.1f}%); wall clock {1e3 * r['step_measured']:.1f} ms "
+          f"({100 * r['step_error']:+.1f}%)")
     if abs(e) > 0.25: print("    OVER 25%"); ok = False
 sys.exit(0 if ok else 1)
 PY
