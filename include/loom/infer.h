@@ -59,6 +59,10 @@ typedef struct loom_gen_params {
                                * complete, and it finishes ("stop") where nothing can follow
                                * and always within max_tokens (needs the engine's tokenizer;
                                * the engine holds its own reference) */
+    int logprobs;             /* 1: record log p(token) of each generated token under the
+                               * model's own distribution, log softmax of the raw logits
+                               * (temperature 1, before penalties, top-k/top-p and grammar):
+                               * loom_engine_logprobs (GRPO's sampler log-probs) */
 } loom_gen_params;
 /* max_tokens 16, temperature 1, the rest off, seed 0 */
 loom_gen_params loom_gen_params_default(void);
@@ -109,6 +113,9 @@ int loom_engine_pending(const loom_engine *e);
  * text (with a tokenizer) and finish reason. 0, or -1 when the id is unknown or unfinished. */
 int loom_engine_result(const loom_engine *e, int64_t id, const int32_t **tokens, int *n,
                        const char **text, size_t *len, int *finish);
+/* With params.logprobs: the log-probs of the n generated tokens of loom_engine_result (until
+ * loom_engine_release); NULL otherwise or when the id is unknown or unfinished. */
+const float *loom_engine_logprobs(const loom_engine *e, int64_t id);
 void loom_engine_release(loom_engine *e, int64_t id);
 /* Cancels a waiting or running request (its cache freed); it finishes with reason STOP and
  * no callback. */

@@ -345,6 +345,10 @@ typedef struct loom_model_hooks {
     void (*release_params)(void *ctx, int unit, int phase);
     float *(*grads)(void *ctx, int unit);
     void (*grads_ready)(void *ctx, int unit);
+    int resident;   /* 1: acquire_params returns the same storage at every call, with no
+                     * communication and no release needed (DP at ZeRO 0-2): decoding
+                     * (loom_model_decode, loom_model_decode_batch) may then read the
+                     * parameters through the hooks, e.g. rollouts of the model being trained */
 } loom_model_hooks;
 /* NULL restores the model's own arenas (which must exist). The hooks struct is copied. */
 void loom_model_set_hooks(loom_model *m, const loom_model_hooks *h);
@@ -625,6 +629,11 @@ void loom_model_vocab_range(const loom_model *m, int *v0, int *vl);
 /* Inference: logits (V) of the last position for a single sequence of n tokens (n <= T).
  * Recomputes the whole prefix (the KV cache comes with the inference issue). */
 const float *loom_model_next_logits(loom_model *m, const int32_t *tokens, int n);
+/* 1 when decoding can read this model's parameters: its own arenas, or resident hooks (above;
+ * the DP engine's storage at ZeRO 0-2, so the model under training decodes from the weights it
+ * trains, no copy). Decoding's KV caches and workspaces are the caller's, never the training
+ * activation arenas. */
+int loom_model_can_decode(const loom_model *m);
 /* ---- incremental decoding ---------------------------------------------------------------
  * A KV cache holds, per layer, the keys and values of the positions a sequence has seen
  * (up to max_seq_len), so each new token costs one row of compute instead of the whole

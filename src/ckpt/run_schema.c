@@ -59,8 +59,33 @@ static const loom_config_key train_only_keys[] = {
     {"training.memory_limit", "auto", "refuse a layout whose estimated memory exceeds this: auto "
                                       "(MemAvailable, cgroup limit), off, or bytes"},
     {"finetune.method", "sft", "sft (cross-entropy on the targets) | dpo | simpo | orpo "
-                               "(preference pairs: recipe kind preference)"},
-    {"finetune.beta", "auto", "dpo / simpo beta, orpo lambda; auto: dpo 0.1, simpo 2.0, orpo 0.1"},
+                               "(preference pairs: recipe kind preference) | grpo (rollouts "
+                               "scored by rewards)"},
+    {"finetune.beta", "auto", "dpo / simpo beta, orpo lambda, grpo KL coefficient; auto: dpo "
+                              "0.1, simpo 2.0, orpo 0.1, grpo 0"},
+    {"finetune.template", NULL, "grpo: the chat template data.train was built with"},
+    {"finetune.num_generations", "8", "grpo: G, completions per prompt (TRL's default)"},
+    {"finetune.max_completion_tokens", "256", "grpo: generated tokens per completion at most "
+                                              "(all turns)"},
+    {"finetune.temperature", "1.0", "grpo: the rollouts' sampling temperature"},
+    {"finetune.top_p", "1.0", "grpo: the rollouts' nucleus mass"},
+    {"finetune.loss_type", "dapo", "grpo: dapo (token-level mean over the batch) | grpo "
+                                   "(per-sequence mean, then over sequences)"},
+    {"finetune.scale_rewards", "group", "grpo: group (advantages / the group's std) | none"},
+    {"finetune.epsilon", "0.2", "grpo: the ratio's lower clip 1 - epsilon"},
+    {"finetune.epsilon_high", "auto", "grpo: the upper clip 1 + epsilon_high; auto = epsilon "
+                                      "(DAPO uses 0.28)"},
+    {"finetune.num_iterations", "1", "grpo: updates per batch of rollouts"},
+    {"finetune.rewards", "[exact]", "grpo: reward functions: exact, regex, tool_call, length, "
+                                    "command"},
+    {"finetune.reward_weights", "auto", "grpo: one weight per reward (auto: all 1)"},
+    {"finetune.reward.regex", NULL, "grpo regex reward: a POSIX extended pattern"},
+    {"finetune.reward.length_max", "0", "grpo length reward: -(n - N) / N beyond N tokens"},
+    {"finetune.reward.command", NULL, "grpo command reward: argv; the reply on stdin"},
+    {"finetune.env.command", NULL, "grpo tool environment: argv; a tool call on stdin, its "
+                                   "stdout the tool message"},
+    {"finetune.env.max_turns", "1", "grpo: tool calls executed per completion at most"},
+    {"finetune.env.timeout_s", "10", "grpo: seconds a command may run"},
     {"finetune.label_smoothing", "0", "dpo / simpo: the conservative loss's epsilon in [0, 0.5)"},
     {"finetune.gamma", "0.5", "simpo: the target reward margin gamma (TRL's simpo_gamma)"},
     {"finetune.lora.rank", "0", "LoRA adapters' rank (0 = off: every weight is trained)"},

@@ -25,6 +25,7 @@ typedef struct req {
     int64_t id;
     int state;
     int32_t *toks;          /* prompt, then the generated tokens */
+    float *lp;              /* (generated) their log-probs, with p.logprobs */
     int n_prompt, n_gen;
     int fed;                /* positions in the cache */
     int cap;                /* positions reserved */
@@ -233,6 +234,10 @@ int loom_engine_create(loom_model *m, const loom_tokenizer *tok, const loom_engi
     *out = NULL;
     if (c->head != LOOM_HEAD_LM)
         return loom_errf(err, "a classification model does not generate text");
+    if (!loom_model_can_decode(m))
+        return loom_errf(err, "the model's parameters are not readable for decoding (a model "
+                              "trained under ZeRO stage 3 holds only its shards: use "
+                              "parallel.zero 0-2)");
     const loom_model_layout *lay = loom_model_get_layout(m);
     /* a tensor-parallel view (tp > 1) decodes with its group's communication points: every
      * rank of the group gets the whole logits, so the group's engines step alike */
@@ -279,6 +284,7 @@ int loom_engine_create(loom_model *m, const loom_tokenizer *tok, const loom_engi
 static void req_free(req *r) {
     if (!r) return;
     free(r->toks);
+    free(r->lp);
     free(r->k);
     free(r->v);
     for (int i = 0; r->stop && i < r->p.n_stop; i++) free(r->stop[i]);
@@ -370,6 +376,7 @@ int loom_engine_submit(loom_engine *e, const int32_t *prompt, int n_prompt,
     r->n_prompt = n_prompt;
     const int gen_cap = p->max_tokens < e->maxT ? p->max_tokens : e->maxT;
     r->toks = loom_malloc(((size_t)n_prompt + (size_t)gen_cap + 1) * sizeof(int32_t));
+    if (p->logprobs) r->lp = loom_malloc(((size_t)gen_cap + 1) * sizeof(float));
     memcpy(r->toks, prompt, (size_t)n_prompt * sizeof(int32_t));
     r->cap = cap;
     r->bytes = bytes;
@@ -501,7 +508,17 @@ static const float *grammar_mask(loom_engine *e, req *r, const float *logits) {
     return n > 0 ? e->masked : NULL;
 }
 
+/* log softmax(logits)[t] in double (what the training forward's cross-entropy gives) */
+static float token_logprob(const float *logits, int V, int32_t t) {
+    float mx = logits[0];
+    for (int i = 1; i < V; i++) mx = logits[i] > mx ? logits[i] : mx;
+    double s = 0;
+    for (int i = 0; i < V; i++) s += exp((double)logits[i] - (double)mx);
+    return (float)((double)logits[t] - (double)mx - log(s));
+}
+
 static void on_token(loom_engine *e, req *r, const float *logits) {
+    const float *raw = logits;
     if (r->gs && !(logits = grammar_mask(e, r, logits))) {
         finish(e, r, LOOM_FINISH_LENGTH, -1);
         return;
@@ -513,6 +530,7 @@ static void on_token(loom_engine *e, req *r, const float *logits) {
         finish(e, r, LOOM_FINISH_STOP, t);
         return;
     }
+    if (r->lp) r->lp[r->n_gen] = token_logprob(raw, e->V, t);
     r->toks[r->n_prompt + r->n_gen++] = t;
     if (r->gs) { /* the mask allowed it: its bytes continue the document */
         size_t len;
@@ -619,6 +637,11 @@ int loom_engine_result(const loom_engine *e, int64_t id, const int32_t **tokens,
     if (len) *len = r->text.len;
     if (fin) *fin = r->finish;
     return 0;
+}
+
+const float *loom_engine_logprobs(const loom_engine *e, int64_t id) {
+    const req *r = find(e, id);
+    return r && r->state == R_DONE ? r->lp : NULL;
 }
 
 void loom_engine_release(loom_engine *e, int64_t id) {

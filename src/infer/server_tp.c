@@ -26,7 +26,7 @@ void server_tp_log_send(server *S) {
 
 /* every field of loom_gen_params travels with a submit (eng_submit, follow): a new field must
  * be added to both */
-_Static_assert(sizeof(void *) != 8 || sizeof(loom_gen_params) == 56,
+_Static_assert(sizeof(void *) != 8 || sizeof(loom_gen_params) == 64,
                "loom_gen_params changed: send the new field to the tp followers");
 
 int server_eng_submit(server *S, job *j, loom_err *err) {
@@ -38,7 +38,8 @@ int server_eng_submit(server *S, job *j, loom_err *err) {
     log_i64(S, j->engine_id);
     log_i64(S, j->n_prompt);
     log_add(S, j->prompt, (size_t)j->n_prompt * sizeof(int32_t));
-    const int64_t iv[] = {p->max_tokens, p->top_k, (int64_t)p->seed, p->n_stop, p->ignore_eos};
+    const int64_t iv[] = {p->max_tokens, p->top_k, (int64_t)p->seed, p->n_stop, p->ignore_eos,
+                           p->logprobs};
     const float fv[] = {p->temperature, p->top_p, p->repetition_penalty};
     log_add(S, iv, sizeof iv);
     log_add(S, fv, sizeof fv);
@@ -116,7 +117,7 @@ void server_tp_follow(server *S) {
                 LOOM_CHECK(np > 0 && np <= S->maxT);
                 int32_t *prompt = loom_malloc((size_t)np * sizeof(int32_t));
                 memcpy(prompt, rd_take(&r, (size_t)np * sizeof(int32_t)), (size_t)np * sizeof(int32_t));
-                int64_t iv[5];
+                int64_t iv[6];
                 float fv[3];
                 memcpy(iv, rd_take(&r, sizeof iv), sizeof iv);
                 memcpy(fv, rd_take(&r, sizeof fv), sizeof fv);
@@ -126,6 +127,7 @@ void server_tp_follow(server *S) {
                 p.seed = (uint64_t)iv[2];
                 p.n_stop = (int)iv[3];
                 p.ignore_eos = (int)iv[4];
+                p.logprobs = (int)iv[5];
                 p.temperature = fv[0];
                 p.top_p = fv[1];
                 p.repetition_penalty = fv[2];

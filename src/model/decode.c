@@ -91,7 +91,8 @@ const float *loom_model_decode(loom_model *m, loom_kv_cache *kc, int32_t token) 
     const loom_model_config *c = &m->cfg;
     const int C = c->d_model, V = c->vocab_size;
     const int pos = kc->len;
-    LOOM_CHECK(c->head == LOOM_HEAD_LM && !m->has_hooks && m->params != NULL);
+    LOOM_CHECK(c->head == LOOM_HEAD_LM);
+    model_decode_bind(m); /* its own arenas, or resident hooks (a model being trained) */
     LOOM_CHECK(token >= 0 && token < V && pos < kc->maxT);
 
     model_embed_rows(m, 0, kc->res[0], &token, 1, 1, pos); /* (tp = 1: the plain kernel) */

@@ -141,7 +141,8 @@ const float *loom_model_decode_batch(loom_model *m, loom_decode_ws *w, const int
                                      const loom_decode_seg *segs, int nseg) {
     const loom_model_config *c = &m->cfg;
     const int C = c->d_model, V = c->vocab_size;
-    LOOM_CHECK(c->head == LOOM_HEAD_LM && !m->has_hooks && m->params != NULL);
+    LOOM_CHECK(c->head == LOOM_HEAD_LM);
+    model_decode_bind(m); /* its own arenas, or resident hooks (a model being trained) */
     LOOM_CHECK(nseg > 0 && nseg <= w->max_rows);
     int rows = 0, nlog = 0;
     for (int i = 0; i < nseg; i++) {

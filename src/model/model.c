@@ -596,6 +596,20 @@ void loom_model_set_hooks(loom_model *m, const loom_model_hooks *h) {
     }
 }
 
+int loom_model_can_decode(const loom_model *m) {
+    if (m->has_hooks) return m->hooks.resident && m->hooks.acquire_params != NULL;
+    return m->params != NULL;
+}
+
+void model_decode_bind(loom_model *m) {
+    LOOM_CHECK(loom_model_can_decode(m)); /* callers check it first (loom_engine_create) */
+    if (!m->has_hooks) return;
+    for (int u = 0; u < m->n_units; u++) { /* resident: pointers into storage, nothing moves */
+        m->pbase[u] = m->hooks.acquire_params(m->hooks.ctx, u, 0);
+        LOOM_CHECK(m->pbase[u] != NULL);
+    }
+}
+
 /* init value of element k of tensor t */
 static float init_value(const loom_model *m, const loom_tensor_info *t, uint64_t seed,
                         uint64_t stream, size_t k) {

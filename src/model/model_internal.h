@@ -273,6 +273,9 @@ float arch_rope_inv_freq(const loom_arch *a, float theta, int D, float *inv_freq
 /* The runs of consecutive positions of a view's T rows per sequence: 1 (rows 0..T-1 at
  * positions 0..) or, with context parallelism, 2 chunks of T/2 rows. start[i] (first row),
  * len[i], pos[i] (its global position); returns the count. */
+/* points every unit's parameters where decoding reads them: the model's arenas, or its resident
+ * hooks' storage (loom_model_can_decode must hold) */
+void model_decode_bind(loom_model *m);
 int model_row_runs(const loom_model *m, int T, int start[2], int len[2], int pos[2]);
 
 /* LayerNorm or RMSNorm (arch.norm) of N rows; mean is unused by RMSNorm */

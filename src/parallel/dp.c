@@ -339,7 +339,7 @@ int loom_dp_create(loom_model *m, loom_mesh *mesh, int zero, uint64_t seed, floa
     dp->adam_m = dp->moments;
     dp->adam_v = dp->moments + dp->n_moments;
     loom_model_hooks h = {.ctx = dp, .acquire_params = hook_acquire, .grads = hook_grads,
-                          .grads_ready = hook_grads_ready};
+                          .grads_ready = hook_grads_ready, .resident = zero < 3};
     loom_model_set_hooks(m, &h);
     *out = dp;
     return 0;

@@ -29,10 +29,11 @@ int loom_trainer_pref_settings(const loom_config *c, loom_pref_opts *o, loom_err
     memset(o, 0, sizeof *o);
     const char *m = loom_config_get(c, "finetune.method");
     if (!m) m = "sft";
+    if (!strcmp(m, "grpo")) return 0; /* train_grpo.c reads its keys (o->method: sft) */
     o->method = loom_pref_method_named(m);
     if (o->method < 0)
-        return loom_errf(err, "config key 'finetune.method' = '%s' (%s): expected sft, dpo, simpo "
-                              "or orpo", m, loom_config_origin(c, "finetune.method"));
+        return loom_errf(err, "config key 'finetune.method' = '%s' (%s): expected sft, dpo, simpo, "
+                              "orpo or grpo", m, loom_config_origin(c, "finetune.method"));
     const char *b = loom_config_get(c, "finetune.beta");
     if (!b || !strcmp(b, "auto")) o->beta = default_beta(o->method);
     else if (loom_config_get_double(c, "finetune.beta", &o->beta, err)) return -1;
@@ -86,7 +87,7 @@ int loom_trainer_pref_check(const trainer *t, loom_err *err) {
 /* the starting weights into the reference model: the init of training.seed, then
  * training.init_from's parameters when set (what a fresh run starts from; a resumed run's
  * reference is the same) */
-static int load_reference(trainer *t, loom_err *err) {
+int loom_trainer_load_reference(trainer *t, loom_err *err) {
     loom_model_init_weights(t->ref, (uint64_t)t->s.seed);
     const char *src = loom_config_get(t->cfg, "training.init_from");
     if (!src || !*src) return 0;
@@ -119,7 +120,7 @@ int loom_trainer_pref_setup(trainer *t, loom_err *err) {
     if (t->pref.method != LOOM_PREF_DPO || t->lora) return 0; /* LoRA: the adapters off */
     if (loom_model_create_view(&t->mc, NULL, (int)rows, (int)T, LOOM_MODEL_INFER, &t->ref, err))
         return loom_err_prefix(err, "the reference model");
-    return load_reference(t, err);
+    return loom_trainer_load_reference(t, err);
 }
 
 void loom_trainer_pref_free(trainer *t) {

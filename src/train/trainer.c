@@ -148,7 +148,9 @@ int loom_trainer_step(trainer *t, loom_trainer_batch_fn next, void *ctx, double 
                       double *lr_out, float *grad_norm, int *skipped, loom_err *err) {
     double loss = 0;
     if (t->lora) loom_lora_zero_grad(t->lora); /* LoRA: the adapters' gradients of this step */
-    if (t->pref.method != LOOM_PREF_SFT) { /* finetune.method: a preference loss */
+    if (t->grpo) { /* finetune.method grpo: rollouts, rewards, the clipped objective */
+        if (loom_trainer_grpo_grads(t, next, ctx, &loss, err)) return -1;
+    } else if (t->pref.method != LOOM_PREF_SFT) { /* finetune.method: a preference loss */
         if (loom_trainer_pref_grads(t, next, ctx, &loss, err)) return -1;
     } else if (t->pp) { /* pipeline parallelism: the batches' micro-batches through the stages */
         loom_prof_begin("pipeline", "phase");
@@ -381,7 +383,8 @@ int loom_trainer_create_engine(trainer *t, loom_err *err) {
                               "group's rows; it needs parallel.tp > 1 (got parallel.tp = 1)");
     const int pipe = t->pp_size > 1 || t->microbatches > 1;
     const int64_t rows = pipe ? t->local_B / t->microbatches
-                              : t->local_B * (t->pref.method != LOOM_PREF_SFT ? 2 : 1);
+                              : t->local_B * (t->pref.method != LOOM_PREF_SFT ? 2 : 1) *
+                                    loom_trainer_grpo_rows(t);
     if (loom_trainer_moe_setup(t, &lay, err)) return -1; /* its experts (ep) */
     if (pipe) loom_pp_stage_layers(t->mc.n_layer, t->pp_size, t->pp_rank, &lay.l0, &lay.l1);
     if (loom_model_create_view(&t->mc, &lay, (int)rows, (int)t->local_T,
@@ -443,7 +446,10 @@ int loom_train(loom_config *cfg, loom_err *err) {
         return loom_errf(err, "config key 'model.doc_mask' (%s): document masking is for packed "
                               "sequences of the lm head; a classify window is one document",
                          loom_config_origin(cfg, "model.doc_mask"));
-    if (loom_trainer_build_mesh(&t, err) || loom_trainer_pref_check(&t, err)) goto done;
+    if (loom_trainer_grpo_settings(&t, err) || /* finetune.method grpo: its keys */
+        loom_trainer_build_mesh(&t, err) || loom_trainer_pref_check(&t, err) ||
+        loom_trainer_grpo_check(&t, err))
+        goto done;
     const int rank0 = t.world_rank == 0;
     if (t.s.threads > 0) omp_set_num_threads((int)t.s.threads);
     else if (loom_comm_mpi_active()) omp_set_num_threads(loom_comm_default_threads());
@@ -486,6 +492,7 @@ int loom_train(loom_config *cfg, loom_err *err) {
     if (loom_trainer_create_engine(&t, err)) goto done;
     if (loom_trainer_lora_setup(&t, err)) goto done; /* finetune.lora: adapters, base frozen */
     if (loom_trainer_pref_setup(&t, err)) goto done;  /* finetune.method: its reference */
+    if (loom_trainer_grpo_setup(&t, err)) goto done;  /* grpo: the rollout engine */
 
     char latest[4200];
     int64_t latest_step = -1;
@@ -564,7 +571,8 @@ int loom_train(loom_config *cfg, loom_err *err) {
     int mfu_warned = 0;
     const double flops_tok = loom_model_flops_per_token(t.model, (int)t.s.T);
     /* tokens per batch (a preference pair is two rows) */
-    const int64_t BT = t.s.B * t.s.T * (t.pref.method != LOOM_PREF_SFT ? 2 : 1);
+    const int64_t BT = t.s.B * t.s.T * (t.pref.method != LOOM_PREF_SFT ? 2 : 1) *
+                       loom_trainer_grpo_rows(&t); /* (GRPO: G rows per prompt) */
     loom_dp_memory mem;
     loom_dp_memory_usage(t.dp, &mem);
     const size_t mem_bytes = mem.param_bytes + mem.grad_bytes + mem.optim_bytes +
@@ -708,6 +716,7 @@ int loom_train(loom_config *cfg, loom_err *err) {
             loom_metrics_real(mx, "lr", lr);
             loom_trainer_moe_write(&t, mx);
             loom_trainer_pref_write(&t, mx);
+            loom_trainer_grpo_write(&t, mx);
             loom_metrics_real(mx, "grad_norm", (double)gnorm);
             loom_metrics_int(mx, "skipped_steps", t.skipped_steps);
             if (skipped) loom_metrics_int(mx, "skipped", 1);
@@ -814,6 +823,7 @@ done:
     loom_dataset_close(t.train_ds);
     loom_dataset_close(t.val_ds);
     loom_trainer_lora_free(&t);
+    loom_trainer_grpo_free(&t); /* (its engine decodes t.model: before it) */
     loom_trainer_pref_free(&t);
     loom_run_data_free(t.run_data);
     loom_pp_free(t.pp);

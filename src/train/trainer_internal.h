@@ -76,6 +76,8 @@ typedef struct trainer {
     float *pref_logp, *pref_w;/* (2 local_B, T) per-token log-probs, backward weights */
     double *pref_seq;         /* (7, 2 local_B) per-sequence sums, counts, scratch */
     loom_pref_metrics pref_mx;/* the last step's metrics, sums over the global batch */
+    struct train_grpo *grpo;  /* finetune.method grpo (train_grpo.c), else NULL: the model runs
+                               * G rows (completions) per prompt of local_B */
 } trainer;
 
 
@@ -183,6 +185,25 @@ void loom_trainer_pref_free(trainer *t);
 int loom_trainer_pref_grads(trainer *t, loom_trainer_batch_fn next, void *ctx, double *loss,
                             loom_err *err);
 void loom_trainer_pref_write(const trainer *t, struct loom_metrics *mx);
+
+/* The starting weights into t->ref (DPO's and GRPO's frozen reference): the init of
+ * training.seed, then training.init_from's parameters when set. */
+int loom_trainer_load_reference(trainer *t, loom_err *err);
+
+/* ---- GRPO (train_grpo.c) -----------------------------------------------------------------
+ * settings (finetune.method grpo: allocates t->grpo and reads finetune.*; errors name the
+ * key); check (after the mesh): refuses what the GRPO step does not implement; rows: the rows
+ * per prompt (G, or 1 without GRPO); setup (after LoRA): tokenizer, template, the rollout
+ * engine on t->model, buffers, the reference for beta > 0; grads: one step (rollouts every
+ * num_iterations steps, the loss, the weighted backward); write (rank 0): its metrics. */
+int loom_trainer_grpo_settings(trainer *t, loom_err *err);
+int loom_trainer_grpo_check(const trainer *t, loom_err *err);
+int loom_trainer_grpo_rows(const trainer *t);
+int loom_trainer_grpo_setup(trainer *t, loom_err *err);
+void loom_trainer_grpo_free(trainer *t);
+int loom_trainer_grpo_grads(trainer *t, loom_trainer_batch_fn next, void *ctx, double *loss,
+                            loom_err *err);
+void loom_trainer_grpo_write(const trainer *t, struct loom_metrics *mx);
 
 /* t->run_data from data.train; data.val must share its tokenizer (and classes). */
 int loom_trainer_open_run_data(trainer *t, loom_err *err);

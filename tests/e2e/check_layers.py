@@ -31,7 +31,8 @@ MAY_USE = {
     # the memory and time model of a layout, the layout search (the trainer's own accounting:
     # model views, the DP engine's storage rules, the mesh's rules)
     "plan": ["base", "comm", "kernels", "model", "parallel"],
-    "train": ["base", "comm", "kernels", "model", "parallel", "data", "hf", "obs", "ckpt", "plan"],
+    "train": ["base", "comm", "kernels", "model", "parallel", "data", "hf", "obs", "ckpt", "plan",
+              "infer"],
     "interop": ["base", "comm", "kernels", "model", "parallel", "data", "hf", "obs", "ckpt",
                 "train"],
     "infer": ["base", "comm", "kernels", "model", "data"],
@@ -78,8 +79,8 @@ HEADERS = {
     "report.h": "obs",
     "hf.h": "hf",
     "checkpoint.h": "ckpt", "ckpt_pieces.h": "ckpt", "load.h": "ckpt",
-    "train.h": "train", "schedule.h": "train", "preference.h": "train", "peak.h": "obs",
-    "interop.h": "interop", "plan.h": "plan",
+    "train.h": "train", "schedule.h": "train", "preference.h": "train", "grpo.h": "train",
+    "peak.h": "obs", "interop.h": "interop", "plan.h": "plan",
     "infer.h": "infer", "serve.h": "infer", "grammar.h": "infer",
     "synth.h": "synth",
 }
