@@ -11,7 +11,12 @@
  *   window: the exact bytes); errors for bad requests;
  * - stop strings cut the text (byte tokenizer), streamed chunks add up to the final text;
  * - top-k / top-p draw only from their candidate sets;
- * - prefix caching: the same greedy tokens with it, cached positions counted, evictions. */
+ * - prefix caching: the same greedy tokens with it, cached positions counted, evictions;
+ * - a model being trained (no arenas of its own, parameters through resident hooks, as the
+ *   DP engine serves them at ZeRO 0-2: GRPO's rollouts) samples exactly what a model with
+ *   its own copy of the weights samples, and the recorded log-probs (params.logprobs) equal
+ *   log softmax of the full forward's logits at each generated position; non-resident hooks
+ *   (ZeRO 3) are refused with an error. */
 #include "testutil.h"
 
 #include <math.h>
@@ -452,13 +457,95 @@ static void test_prefix_cache(void **state) {
     loom_model_free(w);
 }
 
+/* hooks serving another model's parameter arena, as loom_dp does at ZeRO 0-2 */
+typedef struct hook_src {
+    loom_model *m;
+} hook_src;
+static const float *hook_params(void *ctx, int u, int phase) {
+    (void)phase;
+    hook_src *h = ctx;
+    size_t off, cnt;
+    loom_model_unit_range(h->m, u, &off, &cnt);
+    return loom_model_params(h->m) + off;
+}
+
+static void test_training_model(void **state) {
+    (void)state;
+    loom_model *own = make_model(LOOM_FLAVOR_LLAMA, 9);
+    const loom_model_config *cfg = loom_model_get_config(own);
+    loom_err err = {{0}};
+    loom_model *tm = NULL; /* the trainer's kind of model: no parameter arena */
+    assert_int_equal(loom_model_create_view(cfg, NULL, 2, cfg->max_seq_len, LOOM_MODEL_NO_ARENAS,
+                                            &tm, &err), 0);
+    hook_src hs = {own};
+    loom_model_hooks h = {.ctx = &hs, .acquire_params = hook_params, .resident = 0};
+    loom_model_set_hooks(tm, &h);
+    assert_int_equal(loom_model_can_decode(tm), 0);
+    loom_engine *e = NULL;
+    assert_int_not_equal(loom_engine_create(tm, NULL, NULL, &e, &err), 0);
+    assert_non_null(strstr(err.msg, "ZeRO stage 3"));
+    h.resident = 1;
+    loom_model_set_hooks(tm, &h);
+    assert_int_equal(loom_model_can_decode(tm), 1);
+    loom_engine *ea = NULL, *eb = NULL;
+    assert_int_equal(loom_engine_create(own, NULL, NULL, &ea, &err), 0);
+    assert_int_equal(loom_engine_create(tm, NULL, NULL, &eb, &err), 0);
+    loom_gen_params gp = loom_gen_params_default();
+    gp.temperature = 1.0f;
+    gp.max_tokens = 20;
+    gp.logprobs = 1;
+    int64_t ia[4], ib[4];
+    int32_t p[4][64];
+    int np[4];
+    for (int i = 0; i < 4; i++) {
+        prompt_of(i + 3, 13, p[i], &np[i]);
+        gp.seed = 77 + (uint64_t)i;
+        assert_int_equal(loom_engine_submit(ea, p[i], np[i], &gp, NULL, NULL, &ia[i], &err), 0);
+        assert_int_equal(loom_engine_submit(eb, p[i], np[i], &gp, NULL, NULL, &ib[i], &err), 0);
+    }
+    while (loom_engine_step(ea) > 0) {}
+    while (loom_engine_step(eb) > 0) {}
+    for (int i = 0; i < 4; i++) {
+        const int32_t *ta, *tb;
+        int na, nb;
+        assert_int_equal(loom_engine_result(ea, ia[i], &ta, &na, NULL, NULL, NULL), 0);
+        assert_int_equal(loom_engine_result(eb, ib[i], &tb, &nb, NULL, NULL, NULL), 0);
+        assert_int_equal(na, 20);
+        assert_int_equal(nb, na);
+        assert_memory_equal(ta, tb, (size_t)na * sizeof(int32_t));
+        const float *la = loom_engine_logprobs(ea, ia[i]), *lb = loom_engine_logprobs(eb, ib[i]);
+        assert_non_null(la);
+        assert_memory_equal(la, lb, (size_t)na * sizeof(float));
+        int32_t seq[64];
+        memcpy(seq, p[i], (size_t)np[i] * sizeof(int32_t));
+        memcpy(seq + np[i], ta, (size_t)na * sizeof(int32_t));
+        for (int j = 0; j < na; j++) { /* log softmax of the full forward's logits */
+            const float *lg = loom_model_next_logits(own, seq, np[i] + j);
+            double mx = lg[0], s = 0;
+            for (int v = 1; v < cfg->vocab_size; v++) mx = lg[v] > mx ? lg[v] : mx;
+            for (int v = 0; v < cfg->vocab_size; v++) s += exp(lg[v] - mx);
+            const double want = lg[ta[j]] - mx - log(s);
+            assert_true(fabs(la[j] - want) < 1e-4);
+        }
+    }
+    gp.logprobs = 0; /* off: none recorded */
+    int64_t id;
+    assert_int_equal(loom_engine_submit(ea, p[0], np[0], &gp, NULL, NULL, &id, &err), 0);
+    while (loom_engine_step(ea) > 0) {}
+    assert_null(loom_engine_logprobs(ea, id));
+    loom_engine_free(ea);
+    loom_engine_free(eb);
+    loom_model_free(tm);
+    loom_model_free(own);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_greedy_gpt2),     cmocka_unit_test(test_greedy_llama),
         cmocka_unit_test(test_greedy_window),
         cmocka_unit_test(test_sampling_seeded), cmocka_unit_test(test_kv_budget_and_errors),
         cmocka_unit_test(test_stop_strings),    cmocka_unit_test(test_topk_topp),
-        cmocka_unit_test(test_prefix_cache),
+        cmocka_unit_test(test_prefix_cache),    cmocka_unit_test(test_training_model),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
