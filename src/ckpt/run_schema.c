@@ -65,7 +65,7 @@ static const loom_config_key train_only_keys[] = {
                               "0.1, simpo 2.0, orpo 0.1, grpo 0"},
     {"finetune.template", NULL, "grpo: the chat template data.train was built with"},
     {"finetune.num_generations", "8", "grpo: G, completions per prompt (TRL's default)"},
-    {"finetune.max_completion_tokens", "256", "grpo: generated tokens per completion at most "
+    {"finetune.max_completion_tokens", "512", "grpo: generated tokens per completion at most "
                                               "(all turns)"},
     {"finetune.temperature", "1.0", "grpo: the rollouts' sampling temperature"},
     {"finetune.top_p", "1.0", "grpo: the rollouts' nucleus mass"},

@@ -14,6 +14,7 @@
 #define _GNU_SOURCE
 #include <jansson.h>
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -587,6 +588,41 @@ static void build_rows(trainer *t, train_grpo *g) {
     }
 }
 
+/* LOOM_TEST_GRPO_DUMP=FILE (a test hook): every rollout batch's rows appended to FILE as JSON
+ * lines {"step", "row", "inputs", "targets", "reward", "reply", "tool_calls"} (world rank 0's
+ * rows), so a test can check what the loss trains on */
+static void dump_rows(const trainer *t, const train_grpo *g) {
+    const char *path = getenv("LOOM_TEST_GRPO_DUMP");
+    if (!path || !*path || t->world_rank != 0) return;
+    FILE *f = fopen(path, "a");
+    if (!f) return;
+    const int T = (int)t->s.T;
+    for (int i = 0; i < g->rows; i++) {
+        json_t *x = json_array(), *y = json_array();
+        for (int j = 0; j < T; j++) {
+            json_array_append_new(x, json_integer(g->inp[(size_t)i * T + j]));
+            json_array_append_new(y, json_integer(g->tgt[(size_t)i * T + j]));
+        }
+        json_t *o = json_object();
+        json_object_set_new(o, "step", json_integer((json_int_t)t->step + 1));
+        json_object_set_new(o, "row", json_integer(i));
+        json_object_set_new(o, "inputs", x);
+        json_object_set_new(o, "targets", y);
+        json_object_set_new(o, "reward", json_real(g->ro[i].reward));
+        size_t sl = 0;
+        char *rep = loom_utf8_sanitize(g->ro[i].reply.p ? g->ro[i].reply.p : "",
+                                       g->ro[i].reply.len, &sl);
+        json_object_set_new(o, "reply", json_stringn(rep, sl));
+        free(rep);
+        json_object_set_new(o, "tool_calls", json_integer(g->ro[i].tool_calls));
+        char *line = o ? json_dumps(o, JSON_COMPACT) : NULL;
+        if (line) fprintf(f, "%s\n", line);
+        free(line);
+        json_decref(o);
+    }
+    fclose(f);
+}
+
 int loom_trainer_grpo_grads(trainer *t, loom_trainer_batch_fn next, void *ctx, double *loss,
                             loom_err *err) {
     train_grpo *g = t->grpo;
@@ -639,6 +675,7 @@ int loom_trainer_grpo_grads(trainer *t, loom_trainer_batch_fn next, void *ctx, d
         m[M_COUNT] = lmax[0];
         m[M_COUNT + 1] = -lmax[1];
         build_rows(t, g);
+        dump_rows(t, g);
         g->rollout_s = loom_now() - t0;
         if (g->o.beta > 0) { /* the reference, once per rollout batch, no gradients */
             loom_prof_begin("reference", "phase");

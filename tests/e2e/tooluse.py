@@ -21,6 +21,18 @@
                         argument with a wrong number (a digit changed, or the digits swapped),
                         or the wrong tool), on the training numbers of `gen DIR ... SEED` (the
                         held-out numbers never occur), drawn with PAIR_SEED.
+  tooluse.py calc < CALL
+      The calculator tool environment of GRPO's multi-turn case (finetune.env.command): reads
+      a call {"name": add|sub|mul|div, "arguments": {"a": A, "b": B}} on stdin, prints the
+      result (div: integer division); an ill-formed call prints an error message.
+  tooluse.py envdata DIR N SEED
+      DIR/env.jsonl   N conversations for the multi-turn case on the training numbers: the user
+                      asks for a calculation, the assistant calls the tool, the tool answers,
+                      the assistant replies with the number (the reference GRPO rewards).
+  tooluse.py checkdump DUMP.jsonl
+      LOOM_TEST_GRPO_DUMP's rows: in every row whose completion called the tool, the tool
+      message's tokens ("T:...") have target -1 (masked out of the loss) and the tokens the
+      model generated around it have targets; prints "masked K rows".
   tooluse.py text DIR N SEED
       DIR/text.txt: unrelated text (sentences about animals, places and numbers), documents
       separated by a line "%", to pretrain the base model on.
@@ -162,6 +174,55 @@ def score(out_path, expected_path):
         print("  wrong:", w)
 
 
+def calc():
+    try:
+        call = json.loads(sys.stdin.read())
+        a, b = call["arguments"]["a"], call["arguments"]["b"]
+        ops = {"add": lambda: a + b, "sub": lambda: a - b, "mul": lambda: a * b,
+               "div": lambda: a // b}
+        print(ops[call["name"]]())
+    except Exception as e:  # the model sees the error as the tool's answer
+        print(f"error: {type(e).__name__}")
+
+
+def envdata(out, n, seed):
+    train_nums, _ = split_numbers(random.Random(seed))
+    rng = random.Random(seed + 100)
+    os.makedirs(out, exist_ok=True)
+    with open(os.path.join(out, "env.jsonl"), "w") as f:
+        for i in range(n):
+            prompt, call = example(rng, train_nums)
+            a, b = call["arguments"]["a"], call["arguments"]["b"]
+            res = {"add": a + b, "sub": a - b, "mul": a * b, "div": a // max(b, 1)}[call["name"]]
+            msgs = [{"role": "user", "content": prompt}] + call_msg(call, i) + [
+                {"role": "tool", "content": str(res)}, {"role": "assistant", "content": str(res)}]
+            f.write(json.dumps({"messages": msgs}) + "\n")
+
+
+def checkdump(path):
+    masked = 0
+    for line in open(path):
+        r = json.loads(line)
+        if not r["tool_calls"]:
+            continue
+        x, y = r["inputs"], r["targets"]
+        text = bytes(t for t in x if t < 256).decode("latin-1")
+        k = text.find("\nT:")
+        if k < 0:
+            sys.exit(f"row {r['row']}: a tool call but no tool message in {text!r}")
+        end = text.find("\n", k + 1)
+        # positions k+1 .. end+2 (the tool message "T:...\n" and the assistant's opening "A:")
+        # are predicted by targets k .. end+1
+        if any(y[j] != -1 for j in range(k, end + 2)):
+            sys.exit(f"row {r['row']}: the tool message {text[k + 1:end + 1]!r} has targets "
+                     f"{y[k:end + 2]}")
+        if y[k - 1] < 0 or (end + 3 < len(y) and y[end + 2] < 0):
+            sys.exit(f"row {r['row']}: the generated tokens around the tool message are not "
+                     f"trained on")
+        masked += 1
+    print(f"masked {masked} rows")
+
+
 if __name__ == "__main__":
     cmd = sys.argv[1]
     if cmd == "gen":
@@ -170,6 +231,12 @@ if __name__ == "__main__":
         text(sys.argv[2], int(sys.argv[3]), int(sys.argv[4]))
     elif cmd == "pairs":
         pairs(sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5]))
+    elif cmd == "calc":
+        calc()
+    elif cmd == "envdata":
+        envdata(sys.argv[2], int(sys.argv[3]), int(sys.argv[4]))
+    elif cmd == "checkdump":
+        checkdump(sys.argv[2])
     elif cmd == "score":
         score(sys.argv[2], sys.argv[3])
     else:
