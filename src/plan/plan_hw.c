@@ -5,6 +5,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "loom/backend.h" /* the kernels' instruction-set level */
 #include "loom/config.h"
 #include "loom/plan.h"
 
@@ -19,6 +20,9 @@ static const loom_config_key hw_keys[] = {
     {"peak_bf16", NULL, "dense bf16 FLOP/s per device"},
     {"peak_fp32", NULL, "fp32 (GPUs: tf32) FLOP/s per device, or measured (loom peak)"},
     {"efficiency", NULL, "fraction of the peak a training step's FLOPs reach"},
+    {"efficiency_avx512", NULL, "the CPU's efficiency when the kernels run at avx512"},
+    {"efficiency_avx2", NULL, "... at avx2 (LOOM_ISA=avx2)"},
+    {"efficiency_x86_64", NULL, "... at x86-64 (LOOM_ISA=x86-64)"},
     {"mem_bytes", NULL, "memory per device (CPU: the node's), or measured"},
     {"mem_bw", NULL, "memory bandwidth, bytes/s"},
     {"intra_bw", NULL, "per device and direction inside a node, bytes/s"},
@@ -71,6 +75,17 @@ static int number(const loom_config *c, const char *path, const char *key, int a
     return 0;
 }
 
+/* efficiency_<level> of the kernels' level now (a CPU file: the step's share of the peak
+ * differs between the levels' kernels), over efficiency */
+static int level_efficiency(const loom_config *c, const char *path, loom_plan_hw *out,
+                            loom_err *err) {
+    char key[64];
+    snprintf(key, sizeof key, "efficiency_%s", loom_isa_name(loom_isa_active()));
+    for (char *p = key; *p; p++)
+        if (*p == '-') *p = '_';
+    return number(c, path, key, 0, 1e-3, 1.0, &out->efficiency, NULL, err);
+}
+
 static int load(const char *path, int depth, loom_plan_hw *out, loom_err *err) {
     loom_config *c = loom_config_new();
     int rc = -1;
@@ -97,6 +112,7 @@ static int load(const char *path, int depth, loom_plan_hw *out, loom_err *err) {
     if (number(c, path, "peak_bf16", 0, 1e6, 1e18, &out->peak_bf16, NULL, err) ||
         number(c, path, "peak_fp32", 1, 1e6, 1e18, &out->peak_fp32, &out->peak_measured, err) ||
         number(c, path, "efficiency", 0, 1e-3, 1.0, &out->efficiency, NULL, err) ||
+        level_efficiency(c, path, out, err) ||
         number(c, path, "mem_bytes", 1, 1e6, 1e18, &out->mem_bytes, &out->mem_measured, err) ||
         number(c, path, "mem_bw", 0, 1e6, 1e16, &out->mem_bw, NULL, err) ||
         number(c, path, "intra_bw", 0, 1e3, 1e16, &out->intra_bw, NULL, err) ||
