@@ -276,7 +276,7 @@ static int check_run(const char *dir, const char *cluster, const char *gpu, int 
      * touches of every arena), the slowest rank's each step */
     steps = loom_calloc(2 * (size_t)n_rows, sizeof *steps);
     double *cpus = steps + n_rows; /* rank 0's CPU seconds per step (cpu_s: the process's) */
-    double comm = 0, compute = 0;
+    double comm = 0, compute = 0, exposed = 0;
     int ns = 0, nc = 0;
     for (int i = n_rows > 1 ? 1 : 0; i < n_rows; i++) {
         const double s = arr_max(rows[i], "step_s");
@@ -285,14 +285,17 @@ static int check_run(const char *dir, const char *cluster, const char *gpu, int 
                      c1 = json_number_value(json_object_get(rows[i], "cpu_s"));
         if (i > 0 && c1 > c0) cpus[nc++] = c1 - c0;
         comm += arr_max(rows[i], "comm_s");
+        exposed += arr_max(rows[i], "comm_exposed_s");
         compute += arr_max(rows[i], "compute_s");
     }
     const int counted = n_rows > 1 ? n_rows - 1 : 1;
     comm /= counted;
     compute /= counted;
+    exposed /= counted;
     const double step = median(steps, ns), cpu_step = median(cpus, nc); /* (sorts cpus) */
     const double cpu_best = nc ? cpus[0] : 0;
     const double pred_comm = pt.dp_comm + pt.tp_comm + pt.cp_comm + pt.ep_comm + pt.pp_comm;
+    const double pred_exposed = pt.dp_exposed + pt.tp_comm + pt.cp_comm + pt.ep_comm + pt.pp_comm;
     json_t *ranks = json_array();
     double worst = 0;
     char name[160];
@@ -327,7 +330,7 @@ static int check_run(const char *dir, const char *cluster, const char *gpu, int 
     const double berr = cpu_best > 0 ? (pt.step - cpu_best) / cpu_best : 1.0;
     if (json) {
         json_t *o = json_pack("{s:s,s:s,s:i,s:o,s:f,s:f,s:f,s:f,s:f,s:f,s:f,s:f,s:f,s:f,s:f,s:f,"
-                              "s:f,s:f}",
+                              "s:f,s:f,s:f,s:f}",
                               "run", dir, "layout", name, "world", world, "ranks", ranks,
                               "memory_worst_error", worst, "step_predicted", pt.step,
                               "step_measured", step, "step_error", terr, "cpu_step_measured",
@@ -335,21 +338,28 @@ static int check_run(const char *dir, const char *cluster, const char *gpu, int 
                               "cpu_step_best_error", berr, "flops_rank", pt.flops_rank,
                               "compute_predicted", pt.compute,
                               "compute_measured", compute, "comm_predicted", pred_comm,
-                              "comm_measured", comm, "peak_flops", hw.peak_flops);
+                              "comm_measured", comm, "comm_exposed_predicted", pred_exposed,
+                              "comm_exposed_measured", exposed, "peak_flops", hw.peak_flops);
         ranks = NULL;
-        char *s = json_dumps(o, JSON_COMPACT);
+        char *s = o ? json_dumps(o, JSON_COMPACT) : NULL;
+        json_decref(o);
+        if (!s) { /* a number JSON cannot hold (not finite) */
+            loom_errf(err, "%s: the comparison could not be written as JSON", dir);
+            goto done;
+        }
         printf("%s\n", s);
         free(s);
-        json_decref(o);
     } else {
         printf("  memory: largest error %.2f%%\n  step: predicted %.1f ms, measured %.1f ms "
                "(median of %d steps after the first, slowest rank): %+.1f%%; rank 0's CPU time "
                "%.1f ms per step: %+.1f%% (its best step %.1f ms: %+.1f%%)\n  compute: "
                "predicted %.1f ms (%.3g FLOP/s x %.2f), measured %.1f ms; communication: "
-               "predicted %.1f ms, measured %.1f ms in collectives\n",
+               "predicted %.1f ms, measured %.1f ms in collectives (start to completion); waited for: "
+               "predicted %.1f ms, measured %.1f ms (the slowest rank)\n",
                100 * worst, 1e3 * pt.step, 1e3 * step, ns, 100 * terr, 1e3 * cpu_step,
                100 * cerr, 1e3 * cpu_best, 100 * berr, 1e3 * pt.compute,
-               hw.peak_flops, hw.efficiency, 1e3 * compute, 1e3 * pred_comm, 1e3 * comm);
+               hw.peak_flops, hw.efficiency, 1e3 * compute, 1e3 * pred_comm, 1e3 * comm,
+               1e3 * pred_exposed, 1e3 * exposed);
     }
     json_decref(ranks);
     rc = 0;
@@ -469,10 +479,14 @@ int loom_cli_plan(int argc, char **argv) {
                               "hardware", hw.name, "devices", world, "peak_flops", hw.peak_flops,
                               "efficiency", hw.efficiency, "mem_bytes", hw.mem_bytes, "layouts", n,
                               "fitting", fitting, "bf16_modeled", base.bf16, "ranked", arr);
-        char *s = json_dumps(o, JSON_COMPACT);
+        char *s = o ? json_dumps(o, JSON_COMPACT) : NULL;
+        json_decref(o);
+        if (!s) { /* a number JSON cannot hold (not finite) */
+            loom_errf(&err, "the plan could not be written as JSON");
+            goto fail;
+        }
         printf("%s\n", s);
         free(s);
-        json_decref(o);
     } else {
         char mem[32];
         printf("loom plan %s on %d x %s (%s each%s; peak %.3g FLOP/s %s, efficiency %.2f): %d "
