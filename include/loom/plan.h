@@ -33,7 +33,8 @@ typedef struct loom_plan_layout {
     int recompute;           /* model.recompute (loom_recompute) */
     int bf16;                /* precision bf16: modeled only (loom trains in fp32 today) */
     int doc_mask;            /* model.doc_mask */
-    int pairs;               /* 2: a preference run (each sample a pair of rows), else 1 */
+    int pairs;               /* rows per sample: 2 for a preference pair, G for a GRPO group
+                              * (the trainer's), else 1 */
 } loom_plan_layout;
 
 /* Reads a run config's layout (parallel.*, training.batch_size/seq_len/grad_accum,

@@ -453,6 +453,13 @@ int loom_cli_plan(int argc, char **argv) {
         if (base.dp * base.tp * base.pp * base.cp != world) {
             /* the config's degrees with dp filled in (parallel.dp = auto) */
             const int inner = base.tp * base.pp * base.cp;
+            const char *dpv = loom_config_get(c, "parallel.dp");
+            if (dpv && strcmp(dpv, "auto") != 0) {
+                loom_errf(&err, "--only: parallel.dp * tp * pp * cp = %d ranks (%s), not the "
+                                "%d devices of --gpus (set parallel.dp=auto to fill it in)",
+                          base.dp * inner, loom_config_origin(c, "parallel.dp"), world);
+                goto fail;
+            }
             if (world % inner) {
                 loom_errf(&err, "--only: parallel.tp * pp * cp = %d does not divide %d devices",
                           inner, world);

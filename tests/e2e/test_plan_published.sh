@@ -20,9 +20,9 @@ C8="$LOOM_SRC/configs/llama3-8b.yaml" C70="$LOOM_SRC/configs/llama3-70b.yaml"
 HW="$LOOM_SRC/data/hardware"
 plan() { "$LOOM_BIN" plan "$@" --precision bf16 --json; }
 plan "$C8" --cluster "$HW/grand-teton-h100.yaml" --gpus 8 --only >"$WORK/8b_8" || fail "8B on 8"
-plan "$C8" --cluster "$HW/grand-teton-h100.yaml" --gpus 128 --only --set training.batch_size=256 \
+plan "$C8" --cluster "$HW/grand-teton-h100.yaml" --gpus 128 --only --set parallel.dp=auto --set training.batch_size=256 \
   >"$WORK/8b_128" || fail "8B on 128"
-plan "$C8" --gpu a100 --gpus 64 --only --set training.batch_size=64 >"$WORK/8b_a100" || fail "8B A100"
+plan "$C8" --gpu a100 --gpus 64 --only --set parallel.dp=auto --set training.batch_size=64 >"$WORK/8b_a100" || fail "8B A100"
 plan "$C70" --gpu a100 --gpus 64 --only >"$WORK/70b_a100" || fail "70B A100"
 plan "$C70" --gpu h100 --gpus 64 --only >"$WORK/70b_h100" || fail "70B H100"
 # the search over every layout of 8 of torchtitan's H100 (96 GB; on an 80 GB H100 SXM its layout,
@@ -87,4 +87,6 @@ printf 'base: h100\nefficiency: 2\n' >"$WORK/hw2.yaml"
 expect_fail "efficiency out of range" "hw2.yaml: key 'efficiency'" "$LOOM_BIN" plan "$C8" --cluster "$WORK/hw2.yaml" --gpus 8
 expect_fail "unknown GPU" "hardware 'h900'" "$LOOM_BIN" plan "$C8" --gpu h900 --gpus 8
 expect_fail "layout not dividing the heads" "parallel.tp=3" "$LOOM_BIN" plan "$C8" --gpu h100 --gpus 3 --only --set parallel.dp=1 --set parallel.tp=3
+expect_fail "--only with parallel.dp not matching --gpus" "not the 16 devices" "$LOOM_BIN" plan "$C8" --gpu h100 --gpus 16 --only
+expect_fail "no valid layout" "no valid layout of 7 ranks" "$LOOM_BIN" plan "$C8" --gpu h100 --gpus 7
 pass "loom plan: published Llama 3 8B / 70B layouts fit, tokens/s within 20% of the published figures"
