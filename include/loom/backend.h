@@ -66,6 +66,9 @@ int64_t attention_window_pairs(int T, int W);
 /* ---- the op table ---------------------------------------------------------------------- */
 /* GGUF's Q8_0 block: 32 values along a row, one fp16 scale (the q8 ops below) */
 #define LOOM_Q8_BLOCK 32
+/* GGUF's Q4_K block: 256 values along a row in 144 bytes (the q4k ops below) */
+#define LOOM_Q4K_BLOCK 256
+#define LOOM_Q4K_BYTES 144
 
 typedef struct loom_backend {
     const char *name; /* the model.backend value: "cpu" */
@@ -93,6 +96,16 @@ typedef struct loom_backend {
     void (*matmul_q8_forward)(float *out, const int8_t *xq, const uint16_t *xd,
                               const int8_t *wq, const uint16_t *wd, const float *bias,
                               int64_t N, int IC, int OC);
+    /* 4-bit weights (--weights int4; kernels.h matmul_q4k_forward, Q4_K): N rows of weights
+     * quantized into Q4_K blocks (N, IC/256, 144 bytes) and back; input rows quantized into
+     * int8 values (N,IC), fp32 scales (N,IC/256) and sub-block sums (N,IC/32); their product;
+     * NULL where not supported */
+    void (*q4k_quantize)(uint8_t *blocks, const float *x, int64_t N, int IC);
+    void (*q4k_dequantize)(float *x, const uint8_t *blocks, int64_t N, int IC);
+    void (*q8k_quantize)(int8_t *q, float *d, int16_t *sums, const float *x, int64_t N, int IC);
+    void (*matmul_q4k_forward)(float *out, const int8_t *xq, const float *xd,
+                               const int16_t *xsum, const uint8_t *w, const float *bias,
+                               int64_t N, int IC, int OC);
     /* bf16 compute (--compute bf16; kernels.h matmul_dotbf16_forward): bf16 activations x
      * bf16 weights, fp32 accumulation in VDPBF16PS's order, both operands in the backend's
      * packed layouts: the weights packed once (from fp32, rounded, or from bf16; their size in

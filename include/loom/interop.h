@@ -32,8 +32,9 @@ int loom_hf_export(const char *ckpt, const char *out_dir, const loom_hf_export_o
                    loom_err *err);
 /* loom export --gguf (src/interop/gguf.c, docs/inference.md "GGUF export"): a loom checkpoint
  * -> one GGUF v3 file at out for llama.cpp (architectures llama: Llama and Mistral, qwen2,
- * gpt2; others refused naming theirs), its 2-D tensors in type "f32", "bf16" or "q8_0" (1-D
- * ones f32), the tokenizer and chat template in the metadata. Written to a temp file and
+ * gpt2; others refused naming theirs), its 2-D tensors in type "f32", "bf16", "q8_0" or
+ * "q4_k" (those with rows of whole 256-blocks but the embedding and head in Q4_K, the others
+ * Q8_0: what --weights int4 holds; 1-D ones f32), the tokenizer and chat template in the metadata. Written to a temp file and
  * renamed: an error leaves no out. */
 int loom_gguf_export(const char *ckpt, const char *out, const char *type, loom_err *err);
 

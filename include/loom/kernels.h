@@ -66,6 +66,24 @@ void q8_dequantize_rows(float *x, const int8_t *q, const uint16_t *d, int64_t N,
  * weights' scales finite. */
 void matmul_q8_forward(float *out, const int8_t *xq, const uint16_t *xd, const int8_t *wq,
                        const uint16_t *wd, const float *bias, int64_t N, int IC, int OC);
+/* 4-bit weights (--weights int4, src/kernels/matmul_q4k.c): GGUF's Q4_K. A row of IC values
+ * (IC a multiple of LOOM_Q4K_BLOCK = 256) in blocks of 144 bytes: fp16 d and dmin, eight
+ * 6-bit scales and minimums packed in 12 bytes, 128 bytes of 4-bit values; a value is
+ * (d * sc_j) * q - (dmin * m_j) in sub-block j of 32. q4k_quantize_rows: N rows into blocks
+ * (loom's quantizer: a least-squares fit per sub-block); q4k_dequantize_rows: back (in that
+ * order of operations, as the gguf package's numpy does). q8k_quantize_rows: the input side,
+ * per block of 256 an fp32 scale d = max|x| / 127 (N, IC/256), int8 q = roundf(x / d) (N,IC)
+ * and each sub-block's sum of q (N, IC/32). */
+void q4k_quantize_rows(uint8_t *dst, const float *x, int64_t N, int IC);
+void q4k_dequantize_rows(float *x, const uint8_t *src, int64_t N, int IC);
+void q8k_quantize_rows(int8_t *q, float *d, int16_t *sums, const float *x, int64_t N, int IC);
+/* out (N,OC) = x (N,IC) @ w (OC,IC)^T + bias (may be NULL), w in Q4_K blocks and x as
+ * q8k_quantize_rows writes it: per output and input row one fp32 sum over the blocks in order,
+ * acc = acc + ((float)isum * (dw * dx) - (float)msum * (dmw * dx)) with the exact int32
+ * isum = sum_j sc_j * (q . xq over sub-block j), msum = sum_j m_j * xsum_j, dw and dmw the
+ * block's d and dmin widened; then the bias. The same bits whatever N and at every level. */
+void matmul_q4k_forward(float *out, const int8_t *xq, const float *xd, const int16_t *xsum,
+                        const uint8_t *w, const float *bias, int64_t N, int IC, int OC);
 /* 1 when matmul_q8_forward runs VPDPBUSD now (the avx512 level on a CPU with avx512_vnni) */
 int matmul_q8_vnni(void);
 /* 0: the avx512 level runs VPMADDUBSW even where the CPU has VNNI (the path of AVX-512 CPUs

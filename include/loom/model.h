@@ -702,6 +702,13 @@ int loom_model_compute_bf16(const loom_model *m);
  * neither bf16 option before; an error otherwise. Idempotent. */
 int loom_model_set_weights_int8(loom_model *m, loom_err *err);
 int loom_model_weights_int8(const loom_model *m);
+/* --weights int4 (src/model/weights_q8.c, docs/inference.md "Weights in int4"): as int8, but
+ * the linears whose input width is a multiple of 256 in GGUF's Q4_K (kernels.h
+ * q4k_quantize_rows; their input rows in blocks of 256, q8k_quantize_rows, multiplied by
+ * matmul_q4k_forward); the other linears and the head in Q8_0. loom_model_weights_int8 is then
+ * 0. The same conditions as int8; either one after the other is an error. Idempotent. */
+int loom_model_set_weights_int4(loom_model *m, loom_err *err);
+int loom_model_weights_int4(const loom_model *m);
 
 /* scratch for steps of up to max_rows rows and max_logits segments wanting logits (with
  * --compute bf16: create it after loom_model_set_compute_bf16) */

@@ -19,7 +19,7 @@ int loom_cli_plan(int argc, char **argv);
 /* --weights fp32|bf16|int8 (cli_weights.c): 0 and *mode set (CLI_W_*), or -1 after a
  * message on stderr; the mode's name; the mode (and --compute bf16) applied to a loaded model
  * (loom_model_set_weights_bf16 / _int8 / loom_model_set_compute_bf16: 0 or -1 and err) */
-enum { CLI_W_FP32 = 0, CLI_W_BF16 = 1, CLI_W_INT8 = 2 };
+enum { CLI_W_FP32 = 0, CLI_W_BF16 = 1, CLI_W_INT8 = 2, CLI_W_INT4 = 3 };
 int cli_parse_weights(const char *v, int *mode);
 const char *cli_weights_name(int mode);
 int cli_set_weights(loom_model *m, int mode, int cbf16, loom_err *err);

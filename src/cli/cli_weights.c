@@ -1,4 +1,4 @@
-/* Shared by generate, serve and synth: --weights fp32|bf16|int8, --compute fp32|bf16 and the
+/* Shared by generate, serve and synth: --weights fp32|bf16|int8|int4, --compute fp32|bf16 and the
  * resident memory line. */
 #include <stdio.h>
 #include <string.h>
@@ -7,24 +7,26 @@
 #include "cli/cli.h"
 
 int cli_parse_weights(const char *v, int *mode) {
-    static const char *const names[] = {"fp32", "bf16", "int8"}; /* CLI_W_* */
-    for (int i = 0; i < 3; i++)
+    static const char *const names[] = {"fp32", "bf16", "int8", "int4"}; /* CLI_W_* */
+    for (int i = 0; i < 4; i++)
         if (!strcmp(v, names[i])) {
             *mode = i;
             return 0;
         }
-    fprintf(stderr, "loom: error: --weights '%s': expected fp32, bf16 or int8\n", v);
+    fprintf(stderr, "loom: error: --weights '%s': expected fp32, bf16, int8 or int4\n", v);
     return -1;
 }
 
 const char *cli_weights_name(int mode) {
-    return mode == CLI_W_INT8 ? "int8" : mode == CLI_W_BF16 ? "bf16" : "fp32";
+    return mode == CLI_W_INT4 ? "int4" : mode == CLI_W_INT8 ? "int8"
+           : mode == CLI_W_BF16 ? "bf16" : "fp32";
 }
 
 int cli_set_weights(loom_model *m, int mode, int cbf16, loom_err *err) {
     if (cbf16) return loom_model_set_compute_bf16(m, err);
     if (mode == CLI_W_BF16) return loom_model_set_weights_bf16(m, err);
     if (mode == CLI_W_INT8) return loom_model_set_weights_int8(m, err);
+    if (mode == CLI_W_INT4) return loom_model_set_weights_int4(m, err);
     return 0;
 }
 

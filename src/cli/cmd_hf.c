@@ -47,7 +47,7 @@ usage:
     return 2;
 }
 
-/* loom export --gguf CKPT OUT.gguf [--type f32|bf16|q8_0] */
+/* loom export --gguf CKPT OUT.gguf [--type f32|bf16|q8_0|q4_k] */
 static int export_gguf(int argc, char **argv) {
     const char *pos[2] = {NULL, NULL}, *type = "f32";
     int npos = 0;
@@ -58,8 +58,8 @@ static int export_gguf(int argc, char **argv) {
         else goto usage;
     }
     if (npos != 2) goto usage;
-    if (strcmp(type, "f32") && strcmp(type, "bf16") && strcmp(type, "q8_0")) {
-        fprintf(stderr, "loom: error: --type '%s': expected f32, bf16 or q8_0\n", type);
+    if (strcmp(type, "f32") && strcmp(type, "bf16") && strcmp(type, "q8_0") && strcmp(type, "q4_k")) {
+        fprintf(stderr, "loom: error: --type '%s': expected f32, bf16, q8_0 or q4_k\n", type);
         return 2;
     }
     loom_err err = {{0}};
@@ -70,7 +70,7 @@ static int export_gguf(int argc, char **argv) {
     printf("exported %s -> %s (%s)\n", pos[0], pos[1], type);
     return 0;
 usage:
-    fprintf(stderr, "usage: loom export --gguf CKPT OUT.gguf [--type f32|bf16|q8_0]\n");
+    fprintf(stderr, "usage: loom export --gguf CKPT OUT.gguf [--type f32|bf16|q8_0|q4_k]\n");
     return 2;
 }
 
@@ -104,6 +104,6 @@ int loom_cli_export(int argc, char **argv) {
 usage:
     fprintf(stderr, "usage: loom export --hf CKPT OUT_DIR [--max-shard-size N[K|M|G]] "
                     "[--merge-lora] [--chat-template NAME|FILE]\n"
-                    "       loom export --gguf CKPT OUT.gguf [--type f32|bf16|q8_0]\n");
+                    "       loom export --gguf CKPT OUT.gguf [--type f32|bf16|q8_0|q4_k]\n");
     return 2;
 }

@@ -182,7 +182,7 @@ usage:
                     "[--port-file F] [--model-id ID] [--max-body BYTES] [--max-prompt-tokens N] "
                     "[--max-tokens N] [--max-concurrent N] [--max-connections N] "
                     "[--max-connections-per-client N] [--batch N] [--kv-budget-mb M] [--timeout S] "
-                    "[--request-timeout S] [--drain S] [--weights fp32|bf16|int8] "
+                    "[--request-timeout S] [--drain S] [--weights fp32|bf16|int8|int4] "
                     "[--compute fp32|bf16] [--prefix-cache on|off (on)] [--template plain|chatml|qwen|llama3|llama3.1|mistral|gemma|gemma3|FILE (plain): the chat template] "
                     "[--tp T: under mpirun -np T, the model split over the T ranks]\n");
     return 2;

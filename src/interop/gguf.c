@@ -28,7 +28,7 @@
 
 enum { GGUF_ALIGN = 32 };
 enum { GT_U8 = 0, GT_U32 = 4, GT_I32 = 5, GT_F32 = 6, GT_BOOL = 7, GT_STR = 8, GT_ARR = 9 };
-enum { GGML_F32 = 0, GGML_Q8_0 = 8, GGML_BF16 = 30 };
+enum { GGML_F32 = 0, GGML_Q8_0 = 8, GGML_Q4_K = 12, GGML_BF16 = 30 };
 
 /* a growing byte buffer */
 typedef struct gbuf {
@@ -240,8 +240,10 @@ typedef struct gtensor {
 } gtensor;
 
 static uint64_t type_bytes(int type, int64_t n) {
-    return type == GGML_Q8_0 ? (uint64_t)n / 32 * 34 : type == GGML_BF16 ? (uint64_t)n * 2
-                                                                         : (uint64_t)n * 4;
+    return type == GGML_Q8_0   ? (uint64_t)n / 32 * 34
+           : type == GGML_Q4_K ? (uint64_t)n / LOOM_Q4K_BLOCK * LOOM_Q4K_BYTES
+           : type == GGML_BF16 ? (uint64_t)n * 2
+                               : (uint64_t)n * 4;
 }
 
 /* row r of the tensor as llama.cpp holds it (cols floats): transposed back from Conv1D's
@@ -266,7 +268,8 @@ int loom_gguf_export(const char *ckpt, const char *out, const char *type_name, l
     if (!strcmp(type_name, "f32")) want = GGML_F32;
     else if (!strcmp(type_name, "bf16")) want = GGML_BF16;
     else if (!strcmp(type_name, "q8_0")) want = GGML_Q8_0;
-    else return loom_errf(err, "--type '%s': expected f32, bf16 or q8_0", type_name);
+    else if (!strcmp(type_name, "q4_k")) want = GGML_Q4_K;
+    else return loom_errf(err, "--type '%s': expected f32, bf16, q8_0 or q4_k", type_name);
     loom_model *m = NULL;
     loom_config *cfg = NULL;
     loom_run_data *rd = NULL;
@@ -327,8 +330,13 @@ int loom_gguf_export(const char *ckpt, const char *out, const char *type_name, l
         else if (t->transpose) t->rows = hts[i].shape[1], t->cols = hts[i].shape[0];
         else t->rows = hts[i].shape[0], t->cols = hts[i].shape[1];
         /* 1-D tensors (norms, biases) stay f32, as llama.cpp's converter keeps them; q8_0
-         * needs rows of whole blocks (else f32) */
+         * needs rows of whole blocks (else f32). q4_k: the matrices --weights int4 holds in
+         * Q4_K (rows of whole 256-blocks), the others and the embedding / head in Q8_0 as
+         * --weights int4 holds them (llama.cpp's Q4_K mixes keep the head in more bits too) */
         t->type = t->ndim == 1 ? GGML_F32 : want;
+        if (t->type == GGML_Q4_K && (t->cols % LOOM_Q4K_BLOCK || !strcmp(t->name, "token_embd.weight") ||
+                                     !strcmp(t->name, "output.weight")))
+            t->type = GGML_Q8_0;
         if (t->type == GGML_Q8_0 && t->cols % 32) t->type = GGML_F32;
         t->bytes = type_bytes(t->type, t->rows * t->cols);
         t->off = off;
@@ -347,7 +355,9 @@ int loom_gguf_export(const char *ckpt, const char *out, const char *type_name, l
     kv_str(&kv, "general.architecture", arch);
     kv_str(&kv, "general.name", "loom");
     kv_u32(&kv, "general.alignment", GGUF_ALIGN);
-    kv_u32(&kv, "general.file_type", want == GGML_Q8_0 ? 7 : want == GGML_BF16 ? 32 : 0);
+    /* llama.cpp's llama_ftype: MOSTLY_Q8_0 7, MOSTLY_Q4_K_S 14, MOSTLY_BF16 32, ALL_F32 0 */
+    kv_u32(&kv, "general.file_type",
+           want == GGML_Q8_0 ? 7 : want == GGML_Q4_K ? 14 : want == GGML_BF16 ? 32 : 0);
     kv_u32(&kv, "general.quantization_version", 2);
     kv_u32(&kv, AK("context_length"), (uint32_t)c->max_seq_len);
     kv_u32(&kv, AK("embedding_length"), (uint32_t)c->d_model);
@@ -427,6 +437,9 @@ int loom_gguf_export(const char *ckpt, const char *out, const char *type_name, l
                 uint16_t *p = packed;
                 for (int64_t j = 0; j < t->cols; j++) p[j] = loom_bf16_round(row[j]);
                 n = (size_t)t->cols * 2;
+            } else if (t->type == GGML_Q4_K) { /* --weights int4's quantizer, GGUF's blocks */
+                be->q4k_quantize(packed, row, 1, (int)t->cols);
+                n = (size_t)(t->cols / LOOM_Q4K_BLOCK) * LOOM_Q4K_BYTES;
             } else { /* Q8_0 blocks: fp16 scale, 32 int8 (loom's own quantizer) */
                 int8_t q[32];
                 uint16_t d;

@@ -272,6 +272,15 @@ static void op_forward(loom_model *m, block_frame *f, int l, const block_op *op)
                                        width(m, op->ow));
             break;
         }
+        if (m->wq4 && m->wq4[4 * l + lora_site(op->w)]) { /* --weights int4: Q4_K */
+            const int IC = width(m, op->iw);
+            LOOM_CHECK(f->xq8 != NULL && f->xq4d != NULL && f->xq4s != NULL);
+            be->q8k_quantize(f->xq8, f->xq4d, f->xq4s, s[op->in], N, IC);
+            be->matmul_q4k_forward(s[op->out], f->xq8, f->xq4d, f->xq4s,
+                                   m->wq4[4 * l + lora_site(op->w)],
+                                   bias_here ? param(m, op->b, l) : NULL, N, IC, width(m, op->ow));
+            break;
+        }
         if (m->wq8) { /* --weights int8 (weights_q8.c): the rows quantized, then Q8_0 x Q8_0 */
             const int IC = width(m, op->iw), site = lora_site(op->w);
             LOOM_CHECK(f->xq8 != NULL && f->xq8d != NULL);

@@ -43,6 +43,8 @@ struct loom_decode_ws {
     size_t xbf_n;
     int8_t *xq8;            /* --weights int8: (max(max_rows, max_logits), widest input) */
     uint16_t *xq8d;         /* and their scales, (.., widest input / 32) */
+    float *xq4d;            /* --weights int4: (.., widest input / 256) Q4_K-side scales */
+    int16_t *xq4s;          /* and (.., widest input / 32) sub-block sums */
     size_t xq8_n;
 };
 
@@ -100,6 +102,10 @@ loom_decode_ws *loom_decode_ws_create(const loom_model *m, int max_rows, int max
         w->xq8_n = (size_t)(R > K ? R : K) * (size_t)wide;
         w->xq8 = loom_alloc_aligned(w->xq8_n);
         w->xq8d = loom_alloc_aligned(w->xq8_n / 32 * sizeof(uint16_t) + 64);
+        if (m->wq4) { /* --weights int4: the Q4_K linears' input scales and sums */
+            w->xq4d = loom_alloc_aligned(w->xq8_n / LOOM_Q4K_BLOCK * sizeof(float) + 64);
+            w->xq4s = loom_alloc_aligned(w->xq8_n / 32 * sizeof(int16_t) + 64);
+        }
     }
     if (m->cbf16) { /* --compute bf16: the rounded input rows of a linear, or of the head */
         w->xbf_n = (size_t)m->be->dotbf16_act_elems((int)(R > K ? R : K), (int)wide);
@@ -128,13 +134,16 @@ void loom_decode_ws_free(loom_decode_ws *w) {
     free(w->xbf);
     free(w->xq8);
     free(w->xq8d);
+    free(w->xq4d);
+    free(w->xq4s);
     free(w);
 }
 
 size_t loom_decode_ws_bytes(const loom_decode_ws *w) {
     return ((size_t)w->floats + w->moe_floats) * sizeof(float) +
            (size_t)w->max_rows * sizeof(block_seg) + w->xbf_n * sizeof(uint16_t) +
-           w->xq8_n + w->xq8_n / 32 * sizeof(uint16_t);
+           w->xq8_n + w->xq8_n / 32 * sizeof(uint16_t) +
+           (w->xq4d ? w->xq8_n / LOOM_Q4K_BLOCK * sizeof(float) + w->xq8_n / 32 * sizeof(int16_t) : 0);
 }
 
 const float *loom_model_decode_batch(loom_model *m, loom_decode_ws *w, const int32_t *tokens,
@@ -202,6 +211,8 @@ const float *loom_model_decode_batch(loom_model *m, loom_decode_ws *w, const int
     f.xbf16 = w->xbf;
     f.xq8 = w->xq8;
     f.xq8d = w->xq8d;
+    f.xq4d = w->xq4d;
+    f.xq4s = w->xq4s;
     f.s[S_LN1] = f.s[S_LN2] = w->h; /* ln1 is dead once q|k|v is computed */
     f.s[S_ATTO] = f.s[S_FFO] = w->h; /* the post-norms' inputs, written after ln1 / ln2 died */
     f.s[S_LN1_MEAN] = f.s[S_LN2_MEAN] = w->mean;

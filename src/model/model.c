@@ -515,6 +515,7 @@ void loom_model_free(loom_model *m) {
     free(m->wq8);
     free(m->wq8_q);
     free(m->wq8_d);
+    free(m->wq4);
     loom_acts_free(m->acts);
     free(m->rope_cos);
     free(m->rope_sin);

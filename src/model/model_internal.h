@@ -117,6 +117,10 @@ typedef struct block_frame {
      * rows and the widest input, and their scales); set by the batched decode */
     int8_t *xq8;
     uint16_t *xq8d;
+    /* --weights int4: the same rows' Q4_K-side scales (one per 256) and sub-block sums (one
+     * per 32) for the Q4_K linears, the values in xq8 */
+    float *xq4d;
+    int16_t *xq4s;
 } block_frame;
 
 /* One segment of a ragged frame: rows [row0, row0 + n) hold positions [pos0, pos0 + n) of a
@@ -229,6 +233,9 @@ struct loom_model {
     const int8_t *wq8_head_q;
     const uint16_t *wq8_head_d;
     size_t wq8_bytes;
+    /* --weights int4 (weights_q8.c): NULL, or (L, 4) by LoRA site the matrices held in Q4_K
+     * blocks (kernels.h q4k_quantize_rows) in the arena above, NULL where a site is Q8_0 */
+    const uint8_t **wq4;
     float *rope_sin;
     /* arch.rope_local_theta: the sliding layers' tables (maxT, D/2); NULL: they use the
      * full layers' */

@@ -71,6 +71,7 @@ int synth_local_open(pipeline *P, local_gen *L, loom_err *err) {
     if (L->tp > 1) loom_model_set_comm_points(L->m, &L->tp_points);
     if (P->g.bf16 && !P->g.cbf16 && loom_model_set_weights_bf16(L->m, err)) return -1;
     if (P->g.int8 && loom_model_set_weights_int8(L->m, err)) return -1;
+    if (P->g.int4 && loom_model_set_weights_int4(L->m, err)) return -1;
     if (P->g.cbf16 && loom_model_set_compute_bf16(L->m, err)) return -1;
     loom_engine_opts eo = {.max_batch = P->g.batch};
     return loom_engine_create(L->m, L->tok, &eo, &L->eng, err);

@@ -89,8 +89,8 @@ static int generator_identity(pipeline *P, loom_err *err) {
     for (int i = 0; i < P->g.n_stop; i++) json_array_append_new(st, json_string(P->g.stop[i]));
     json_object_set_new(g, "stop", st);
     if (P->g.chat_tpl) json_object_set_new(g, "chat_template", json_string(loom_json_str_or(json_object_get(P->root, "generator"), "chat_template", "plain")));
-    if (P->g.bf16 || P->g.int8)
-        json_object_set_new(g, "weights", json_string(P->g.int8 ? "int8" : "bf16"));
+    if (P->g.bf16 || P->g.int8 || P->g.int4)
+        json_object_set_new(g, "weights", json_string(P->g.int4 ? "int4" : P->g.int8 ? "int8" : "bf16"));
     if (P->g.cbf16) json_object_set_new(g, "compute", json_string("bf16"));
     if (P->g.schema_key) json_object_set_new(g, "json_schema", json_string(P->g.schema_key));
     if (P->g.http) {
@@ -176,10 +176,11 @@ int synth_parse_pipeline(pipeline *P, loom_err *err) {
         snprintf(P->g.checkpoint, sizeof P->g.checkpoint, "%s", ck);
         snprintf(P->g.model, sizeof P->g.model, "%s", ck);
         const char *wt = loom_json_str_or(g, "weights", "fp32");
-        if (strcmp(wt, "fp32") && strcmp(wt, "bf16") && strcmp(wt, "int8"))
-            return loom_errf(err, "%s: generator.weights must be fp32, bf16 or int8", P->path);
+        if (strcmp(wt, "fp32") && strcmp(wt, "bf16") && strcmp(wt, "int8") && strcmp(wt, "int4"))
+            return loom_errf(err, "%s: generator.weights must be fp32, bf16, int8 or int4", P->path);
         P->g.bf16 = !strcmp(wt, "bf16");
         P->g.int8 = !strcmp(wt, "int8");
+        P->g.int4 = !strcmp(wt, "int4");
         const char *cm = loom_json_str_or(g, "compute", "fp32");
         if (strcmp(cm, "fp32") && strcmp(cm, "bf16"))
             return loom_errf(err, "%s: generator.compute must be fp32 or bf16", P->path);

@@ -107,6 +107,7 @@ typedef struct gen_cfg {
     int bf16;                   /* generator.weights: bf16 (local; docs/inference.md) */
     int cbf16;                  /* generator.compute: bf16 (local; implies weights bf16) */
     int int8;                   /* generator.weights: int8 (local; GGUF Q8_0, docs/inference.md) */
+    int int4;                   /* generator.weights: int4 (local; GGUF Q4_K where it fits) */
     double temperature, top_p, timeout_s;
     char *stop[17];             /* + the chat template's end of turn (local) */
     int n_stop;

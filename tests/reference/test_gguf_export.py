@@ -4,7 +4,8 @@ PyPI `gguf` package (llama.cpp's own reader, gguf-py).
 Tiny random Hugging Face models built here with transformers (LlamaForCausalLM with GQA,
 untied; Qwen2ForCausalLM with q/k/v biases, tied, and a byte-level BPE tokenizer with merges
 trained here by `tokenizers`, plus a ChatML chat template; GPT2LMHeadModel), imported with
-`loom import --hf`, exported as GGUF at f32, bf16 and q8_0. Checked against the transformers
+`loom import --hf`, exported as GGUF at f32, bf16, q8_0 and q4_k (and a 256-wide Llama, whose
+matrices have rows of whole Q4_K blocks, at q4_k). Checked against the transformers
 model's own tensors, converted here as llama.cpp's convert_hf_to_gguf.py converts them (this
 file's table of llama.cpp names; GPT-2's Conv1D matrices transposed; for the llama
 architecture q and k rows permuted, HF's rotate-half layout to ggml's interleaved pairs, with
@@ -14,6 +15,10 @@ the converter's formula w.reshape(H, 2, D/2, C).swapaxes(1, 2)):
   - every tensor's name, shape (innermost first) and type (1-D f32, 2-D the requested type);
   - values: f32 bit for bit; bf16 equal to torch's rounding; q8_0 the bytes gguf-py's own
     Q8_0 quantizer writes for the same f32 tensor, bit for bit, and dequantized by gguf-py;
+    q4_k: the matrices with rows of whole 256-blocks (but the embedding and the head) in Q4_K,
+    the bytes loom's own quantizer (q4k_quantize_rows in libloom: --weights int4's) writes for
+    the same rows, dequantized by gguf-py to within 10% RMS of the weights (4 bits: ~7%), the
+    others in Q8_0 as above;
   - the RoPE permutation's meaning: attention scores q.k over 8 positions computed from the
     GGUF weights with ggml's interleaved RoPE equal those from the HF weights with
     transformers' rotate-half RoPE (1e-5);
@@ -35,11 +40,15 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from loomlib import expect, finish  # noqa: E402
 
 import gguf  # noqa: E402
+import ctypes  # noqa: E402
 from gguf import GGMLQuantizationType as QT  # noqa: E402
 
 transformers.logging.set_verbosity_error()
 transformers.utils.logging.disable_progress_bar()
 LOOM = os.environ.get("LOOM_BIN") or os.path.join(os.path.dirname(__file__), "../../build/loom")
+LIB = ctypes.CDLL(os.environ.get("LOOM_LIB") or os.path.join(os.path.dirname(LOOM), "libloom.so"))
+LIB.q4k_quantize_rows.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int]
+Q4K_ERR = []
 CHATML = ("{% for message in messages %}{{'<|im_start|>' + message['role'] + '\\n' + "
           "message['content'] + '<|im_end|>\\n'}}{% endfor %}{% if add_generation_prompt %}"
           "{{ '<|im_start|>assistant\\n' }}{% endif %}")
@@ -86,6 +95,12 @@ def models(root):
                                           num_key_value_heads=2, max_position_embeddings=64,
                                           rms_norm_eps=1e-6, rope_theta=1e6,
                                           tie_word_embeddings=True),
+        # rows of whole 256-blocks (q4_k); untied: its head is an output.weight of its own
+        "llama256": transformers.LlamaConfig(vocab_size=256, hidden_size=256, intermediate_size=512,
+                                             num_hidden_layers=1, num_attention_heads=4,
+                                             num_key_value_heads=2, max_position_embeddings=64,
+                                             rms_norm_eps=1e-5, rope_theta=10000.0,
+                                             tie_word_embeddings=False),
         "gpt2": transformers.GPT2Config(vocab_size=256, n_embd=64, n_layer=2, n_head=4,
                                         n_positions=64, layer_norm_epsilon=1e-5),
         "qwen3": transformers.Qwen3Config(vocab_size=256, hidden_size=64, intermediate_size=96,
@@ -150,9 +165,9 @@ def expected_tensors(name, m, cfg):
             continue
         l, rest = k[len("model.layers."):].split(".", 1)
         mod, suf = rest.rsplit(".", 1)
-        if name == "llama" and mod == "self_attn.q_proj":
+        if name.startswith("llama") and mod == "self_attn.q_proj":
             v = permute(v, H)
-        if name == "llama" and mod == "self_attn.k_proj":
+        if name.startswith("llama") and mod == "self_attn.k_proj":
             v = permute(v, KVH)
         out[f"blk.{l}.{LLAMA_LAYER[mod]}.{suf}"] = v
     return out
@@ -165,7 +180,7 @@ def field(r, key):
 
 def check_file(name, path, typ, m, cfg, tj):
     r = gguf.GGUFReader(path)
-    arch = {"llama": "llama", "qwen2": "qwen2", "gpt2": "gpt2"}[name]
+    arch = {"llama": "llama", "llama256": "llama", "qwen2": "qwen2", "gpt2": "gpt2"}[name]
     expect(f"{name} {typ}: architecture", field(r, "general.architecture") == arch)
     if name == "gpt2":
         hp = {"context_length": cfg.n_positions, "embedding_length": cfg.n_embd,
@@ -185,7 +200,7 @@ def check_file(name, path, typ, m, cfg, tj):
         expect(f"{name} {typ}: {arch}.{k}", field(r, f"{arch}.{k}") == v,
                f"{field(r, f'{arch}.{k}')} != {v}")
     expect(f"{name} {typ}: {eps[0]}", np.float32(field(r, f"{arch}.{eps[0]}")) == np.float32(eps[1]))
-    ftype = {"f32": 0, "bf16": 32, "q8_0": 7}[typ]
+    ftype = {"f32": 0, "bf16": 32, "q8_0": 7, "q4_k": 14}[typ]
     expect(f"{name} {typ}: general.file_type", field(r, "general.file_type") == ftype)
     tokens = field(r, "tokenizer.ggml.tokens")
     types = field(r, "tokenizer.ggml.token_type")
@@ -209,13 +224,15 @@ def check_file(name, path, typ, m, cfg, tj):
     got = {t.name: t for t in r.tensors}
     expect(f"{name} {typ}: tensor names", set(got) == set(want),
            f"extra {sorted(set(got) - set(want))[:4]}, missing {sorted(set(want) - set(got))[:4]}")
-    qt = {"f32": QT.F32, "bf16": QT.BF16, "q8_0": QT.Q8_0}[typ]
+    qt = {"f32": QT.F32, "bf16": QT.BF16, "q8_0": QT.Q8_0, "q4_k": QT.Q4_K}[typ]
     for n, w in want.items():
         if n not in got:
             continue
         t = got[n]
         expect(f"{name} {typ}: {n} shape", list(t.shape) == list(w.shape[::-1]), f"{list(t.shape)}")
         tt = QT.F32 if w.ndim == 1 else qt
+        if tt == QT.Q4_K and (w.shape[1] % 256 or n in ("token_embd.weight", "output.weight")):
+            tt = QT.Q8_0  # what --weights int4 holds in Q8_0
         if not expect(f"{name} {typ}: {n} type", t.tensor_type == tt, t.tensor_type.name):
             continue
         w32 = np.ascontiguousarray(w, dtype=np.float32)
@@ -224,6 +241,17 @@ def check_file(name, path, typ, m, cfg, tj):
         elif tt == QT.BF16:
             ref = torch.from_numpy(w32).to(torch.bfloat16).view(torch.int16).numpy().view(np.uint16)
             ok = np.array_equal(np.asarray(t.data).view(np.uint16).reshape(w.shape), ref)
+        elif tt == QT.Q4_K:
+            # the bytes loom's own Q4_K quantizer (--weights int4's, through libloom) writes for
+            # the same rows; dequantized by gguf-py: within 4 bits' error of the weights
+            ref = np.zeros((w.shape[0], w.shape[1] // 256 * 144), dtype=np.uint8)
+            LIB.q4k_quantize_rows(ref.ctypes.data, w32.ctypes.data, w.shape[0], w.shape[1])
+            raw = np.asarray(t.data).view(np.uint8).reshape(ref.shape)
+            ok = np.array_equal(raw, ref)
+            dq = gguf.quants.dequantize(raw, QT.Q4_K).reshape(w.shape)
+            rel = np.sqrt(((dq - w32) ** 2).mean() / (w32 ** 2).mean())
+            ok = ok and rel < 0.1
+            Q4K_ERR.append(rel)
         else:
             ref = gguf.quants.quantize(w32, QT.Q8_0)
             ok = np.array_equal(np.asarray(t.data).view(np.uint8).reshape(ref.shape), ref)
@@ -276,9 +304,9 @@ def rope_scores(name, m, cfg, r):
 def main():
     with tempfile.TemporaryDirectory() as root:
         ms = models(root)
-        for name in ("llama", "qwen2", "gpt2"):
+        for name in ("llama", "qwen2", "gpt2", "llama256"):
             m, cfg, ck, tj = ms[name]
-            for typ in ("f32", "bf16", "q8_0"):
+            for typ in ("f32", "bf16", "q8_0", "q4_k") if name != "llama256" else ("q4_k",):
                 out = os.path.join(root, f"{name}-{typ}.gguf")
                 res = run(["export", "--gguf", ck, out, "--type", typ])
                 if not expect(f"{name} {typ}: export", res.returncode == 0, res.stderr[-300:]):
@@ -286,6 +314,8 @@ def main():
                 r = check_file(name, out, typ, m, cfg, tj)
                 if name == "llama" and typ == "f32":
                     rope_scores(name, m, cfg, r)
+        expect("q4_k: some matrices in Q4_K", len(Q4K_ERR) >= 6, str(len(Q4K_ERR)))
+        print(f"q4_k: RMS error of the dequantized matrices {min(Q4K_ERR):.4f}..{max(Q4K_ERR):.4f} of their RMS")
         ck = ms["llama"][2]
         bad = os.path.join(root, "bad.gguf")
         res = run(["export", "--gguf", ck, bad, "--type", "q4_0"], code=2)
