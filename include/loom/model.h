@@ -709,6 +709,11 @@ int loom_model_weights_int8(const loom_model *m);
  * 0. The same conditions as int8; either one after the other is an error. Idempotent. */
 int loom_model_set_weights_int4(loom_model *m, loom_err *err);
 int loom_model_weights_int4(const loom_model *m);
+/* The bytes of weights one decode step reads whole, at the precision they are held in: every
+ * parameter but the lookup tables (an untied wte, wpe), the quantized or bf16 matrices at their
+ * arena's size (its alignment padding included). MoE layers count all experts (an upper bound:
+ * a step reads those its rows route to). `loom generate --stats` reports it per token. */
+size_t loom_model_decode_weight_bytes(const loom_model *m);
 
 /* scratch for steps of up to max_rows rows and max_logits segments wanting logits (with
  * --compute bf16: create it after loom_model_set_compute_bf16) */

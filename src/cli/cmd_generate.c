@@ -522,6 +522,12 @@ static int generate_main(int argc, char **argv) {
                 (long long)st.steps, cpu, cpu > 0 ? (double)total / cpu : 0.0);
         fprintf(stderr, "loom: weights %s%s; resident memory %.1f MiB\n",
                 cli_weights_name(wbf16), cbf16 ? ", compute bf16" : "", cli_resident_mib());
+        /* each step streams the weights once, whatever its rows (prefill steps included) */
+        const double wb = (double)loom_model_decode_weight_bytes(m);
+        fprintf(stderr, "loom: weight bytes: %.3f MB a step, %.3f MB per generated token (%lld "
+                        "steps for %lld tokens; the KV cache's reads not counted)\n",
+                wb / 1e6, total > 0 ? wb * (double)st.steps / (double)total / 1e6 : 0.0,
+                (long long)st.steps, (long long)total);
         if (st.masked_tokens)
             fprintf(stderr, "loom: constrained decoding: %lld tokens masked, %.3f ms of mask per "
                             "token\n", (long long)st.masked_tokens,

@@ -148,3 +148,19 @@ int loom_model_set_weights_int4(loom_model *m, loom_err *err) {
 
 int loom_model_weights_int8(const loom_model *m) { return m->wq8 != NULL && m->wq4 == NULL; }
 int loom_model_weights_int4(const loom_model *m) { return m->wq4 != NULL; }
+
+size_t loom_model_decode_weight_bytes(const loom_model *m) {
+    const loom_model_config *c = &m->cfg;
+    const int64_t L = c->n_layer, C = c->d_model, V = c->vocab_size;
+    /* the lookup tables a step reads a row of: an untied wte, and wpe */
+    int64_t lookup = c->arch.tied ? 0 : V * C;
+    if (PARAM(m, LOOM_P_WPE)) lookup += (int64_t)c->max_seq_len * C;
+    size_t total = ((size_t)m->n_params - (size_t)lookup) * sizeof(float);
+    if (m->wq8 || m->wbf16) { /* the matrices in their arena instead of in fp32 */
+        const int64_t mats = L * ((int64_t)m->QKV * C + (int64_t)C * m->H * m->D +
+                                  (int64_t)m->FFI * C + (int64_t)C * m->F) + V * C;
+        total -= (size_t)mats * sizeof(float);
+        total += m->wq8 ? m->wq8_bytes : m->wbf16_bytes;
+    }
+    return total;
+}

@@ -140,6 +140,7 @@ for bits in 8 4; do
   expect_ok "generate --weights int$bits" "$LOOM_BIN" generate "$WORK/run" --prompt "the lazy" \
     --tokens 64 --temperature 0 --weights int$bits --format ids --stats
   grep -q "weights int$bits; resident memory" "$WORK/err.txt" || fail "no int$bits weights line: $(cat "$WORK/err.txt")"
+  sed -n 's/.*weight bytes: \([0-9.]*\) MB a step.*/\1/p' "$WORK/err.txt" > "mb_int$bits"
   python3 - "$WORK/out.txt" "greedy_int$bits.json" <<'PY' || fail "generate --weights int$bits differs from libloom's decode"
 import json, sys
 got, want = [int(t) for t in open(sys.argv[1]).read().split()], json.load(open(sys.argv[2]))
@@ -147,4 +148,15 @@ assert got == want, (got, want)
 PY
   pass "loom generate --weights int$bits: the same 64 greedy tokens as the decode above"
 done
+# --stats' weight bytes a step: int8 about 34/32 bytes a weight, int4 144/256 (every linear
+# here is Q4_K; the head stays Q8_0), against fp32's 4 (the norms in fp32 throughout)
+expect_ok "generate (fp32)" "$LOOM_BIN" generate "$WORK/run" --prompt "the lazy" --tokens 4 --stats
+sed -n 's/.*weight bytes: \([0-9.]*\) MB a step.*/\1/p' "$WORK/err.txt" > mb_fp32
+python3 - mb_fp32 mb_int8 mb_int4 <<'PY' || fail "--stats weight bytes out of their bounds"
+import sys
+f, q8, q4 = (float(open(p).read()) for p in sys.argv[1:])
+print(f"weight bytes a step: fp32 {f} MB, int8 {q8} MB ({q8 / f:.3f}), int4 {q4} MB ({q4 / f:.3f})")
+assert 0.25 < q8 / f < 0.30 and 0.14 < q4 / f < 0.22, (f, q8, q4)
+PY
+pass "--stats: the weight bytes a step of fp32, int8 and int4 in their ratios"
 
