@@ -4,7 +4,8 @@
 # yet) trained 3 steps under mpirun, and `loom plan --check` must predict every rank's arena
 # bytes (parameters, gradients, AdamW moments, activation arenas: metrics.jsonl's arena_bytes,
 # + pp_act_bytes under a pipeline) within 5%; they are the same accounting, so the test
-# expects (and prints) 0.00%. Peak RSS must be above the prediction (the binary, MPI, libraries
+# expects (and prints) 0.00%. Every kind of 2-rank layout the plan calls valid must train a step.
+# Peak RSS must be above the prediction (the binary, MPI, libraries
 # come on top). Step time: three compute-bound single-process runs (d 256 with recompute none
 # and selective, d 384), the peak measured right before (`loom peak --threads 1`), predicted
 # within 25% of the run's CPU seconds in its best step (the process's own time: a machine shared
@@ -71,6 +72,34 @@ done
 # the text form names each rank (under ASan/UBSan)
 "$LOOM_ASAN_BIN" plan --check "$WORK/pp2_1f1b" >"$WORK/text" || fail "plan --check text"
 grep -q "memory: largest error" "$WORK/text" || { cat "$WORK/text"; fail "plan --check text form"; }
+
+# every kind of 2-rank layout the plan calls valid (one per degrees, sp, schedule and cp kind, at
+# ZeRO 1, recompute none, 4 micro-batches) starts and trains a step: the plan's rules are not
+# looser than the trainer's
+"$LOOM_BIN" plan "$WORK/c.yaml" --gpus 2 --top 100000 --json >"$WORK/valid.json" || fail "plan --gpus 2"
+python3 - "$WORK/valid.json" >"$WORK/kinds" <<'PY' || fail "the plan's 2-rank layouts"
+import json, sys
+seen = set()
+for e in json.load(open(sys.argv[1]))["ranked"]:
+    if e["zero"] != 1 or e["recompute"] != "none" or (e["pp"] > 1 and e["microbatches"] != 4): continue
+    k = (e["dp"], e["tp"], e["pp"], e["cp"], e["ep"], e["sp"], e["pp_schedule"] if e["pp"] > 1 else "",
+         e["cp_kind"] if e["cp"] > 1 else "")
+    if k in seen: continue
+    seen.add(k)
+    sets = [f"parallel.{n}={v}" for n, v in zip(("dp", "tp", "pp", "cp", "ep"), k[:5])]
+    sets += ["parallel.zero=1", f"parallel.sp={'true' if k[5] else 'false'}"]
+    if k[6]: sets += [f"parallel.pp_schedule={k[6]}", "parallel.microbatches=4"]
+    if k[7]: sets += [f"parallel.cp_kind={k[7]}"]
+    print(" ".join(sets))
+if len(seen) < 6: sys.exit(f"only {len(seen)} kinds of layout: {sorted(seen)}")
+PY
+while read -r line; do
+  args=(); for kv in $line; do args+=(--set "$kv"); done
+  run_mpi 2 "$WORK/log" "$LOOM_BIN" train "$WORK/c.yaml" "${args[@]}" --set training.steps=1 \
+    --set run.dir="$WORK/valid_$RANDOM"
+  [ $RC -eq 0 ] || { cat "$WORK/log" >&2; fail "the plan's valid layout ($line): loom train refused it"; }
+done <"$WORK/kinds"
+pass "the plan's $(wc -l <"$WORK/kinds") kinds of 2-rank layout all train"
 
 # `loom train` refuses at start, with the plan's numbers, a layout that does not fit
 must_fail_within "a layout over training.memory_limit" 60 "needs an estimated .*`loom plan`" 2 \
