@@ -57,7 +57,8 @@ typedef struct loom_plan_memory {
                                   * AdamW moments, at the rank's ZeRO stage */
     double act;                  /* activation arenas: arenas x one micro-batch's */
     double act_rows;             /* their input/target (and document) rows */
-    double rope, batch, comm;    /* RoPE tables, batch buffers, communication scratch */
+    double rope, batch, comm;    /* RoPE tables, batch buffers, communication scratch
+                                  * (context parallelism's rows and attention buffers) */
     double arena, total;
     int64_t arenas, rows, local_T;  /* arenas in flight, rows and positions of each */
     int stage;                   /* the rank's pipeline stage */

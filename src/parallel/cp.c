@@ -434,6 +434,38 @@ static void ring_backward(void *ctx, int layer, float *dqkv, const float *dout, 
 
 /* ---- create ------------------------------------------------------------------------------- */
 
+/* The floats of each scratch buffer loom_cp_create allocates for a view of tp heads and
+ * B x T local rows (one table: the allocation and loom_cp_scratch_bytes read it). */
+typedef struct cp_sizes {
+    size_t send, qkv, out;        /* ulysses: send and recv; q|k|v and its gradient; out, dout */
+    size_t kv, blk_out, blk_lse;  /* ring: K|V blocks (two, their gradients two, one more in) */
+} cp_sizes;
+
+static cp_sizes cp_sizes_of(const loom_model_config *mc, int tp, int kind, int64_t B, int64_t T) {
+    const int64_t D = loom_config_head_dim(mc), H = mc->n_head / (tp > 1 ? tp : 1),
+                  KVH = mc->n_kv_head / (tp > 1 ? tp : 1);
+    const size_t HD = (size_t)(H * D), KD = (size_t)(KVH * D), QKV = HD + 2 * KD;
+    const size_t rows = (size_t)B * (size_t)T;
+    cp_sizes z = {0};
+    if (kind == LOOM_CPKIND_ULYSSES) {
+        /* head-sharded tensors: P*T rows of width/P = the local rows' floats; the largest
+         * exchange is backward's q|k|v, out and dout together */
+        z.send = rows * (QKV + 2 * HD);
+        z.qkv = rows * QKV;
+        z.out = rows * HD;
+    } else {
+        z.kv = rows * 2 * KD;
+        z.blk_out = rows / 2 * HD;
+        z.blk_lse = (size_t)B * (size_t)H * (size_t)(T / 2);
+    }
+    return z;
+}
+
+size_t loom_cp_scratch_bytes(const loom_model_config *mc, int tp, int kind, int64_t B, int64_t T) {
+    const cp_sizes z = cp_sizes_of(mc, tp, kind, B, T);
+    return (2 * z.send + 2 * z.qkv + 2 * z.out + 5 * z.kv + z.blk_out + z.blk_lse) * sizeof(float);
+}
+
 int loom_cp_create(loom_model *m, loom_mesh *mesh, int kind, int B, int T, loom_cp **out,
                    loom_err *err) {
     *out = NULL;
@@ -460,27 +492,26 @@ int loom_cp_create(loom_model *m, loom_mesh *mesh, int kind, int B, int T, loom_
     c->KD = (int64_t)c->KVH * c->D;
     c->QKV = c->HD + 2 * c->KD;
     c->be = loom_model_backend(m);
-    const size_t rows = (size_t)B * (size_t)T, f = sizeof(float);
+    const cp_sizes z = cp_sizes_of(mc, lay->tp, kind, B, T);
+    const size_t f = sizeof(float);
     loom_attn_hook h = {.ctx = c};
     if (kind == LOOM_CPKIND_ULYSSES) {
-        /* head-sharded tensors: P*T rows of width/P = the local rows' floats */
-        /* the largest exchange: backward's q|k|v, out and dout together */
-        c->send = loom_alloc_aligned(rows * (size_t)(c->QKV + 2 * c->HD) * f);
-        c->recv = loom_alloc_aligned(rows * (size_t)(c->QKV + 2 * c->HD) * f);
-        c->qkv_h = loom_alloc_aligned(rows * (size_t)c->QKV * f);
-        c->dqkv_h = loom_alloc_aligned(rows * (size_t)c->QKV * f);
-        c->out_h = loom_alloc_aligned(rows * (size_t)c->HD * f);
-        c->dout_h = loom_alloc_aligned(rows * (size_t)c->HD * f);
+        c->send = loom_alloc_aligned(z.send * f);
+        c->recv = loom_alloc_aligned(z.send * f);
+        c->qkv_h = loom_alloc_aligned(z.qkv * f);
+        c->dqkv_h = loom_alloc_aligned(z.qkv * f);
+        c->out_h = loom_alloc_aligned(z.out * f);
+        c->dout_h = loom_alloc_aligned(z.out * f);
         h.forward = ulysses_forward;
         h.backward = ulysses_backward;
     } else {
         for (int i = 0; i < 2; i++) {
-            c->kv[i] = loom_alloc_aligned(rows * 2 * (size_t)c->KD * f);
-            c->dkv[i] = loom_alloc_aligned(rows * 2 * (size_t)c->KD * f);
+            c->kv[i] = loom_alloc_aligned(z.kv * f);
+            c->dkv[i] = loom_alloc_aligned(z.kv * f);
         }
-        c->dkv_in = loom_alloc_aligned(rows * 2 * (size_t)c->KD * f);
-        c->blk_out = loom_alloc_aligned(rows / 2 * (size_t)c->HD * f);
-        c->blk_lse = loom_alloc_aligned((size_t)B * (size_t)c->H * (size_t)(T / 2) * f);
+        c->dkv_in = loom_alloc_aligned(z.kv * f);
+        c->blk_out = loom_alloc_aligned(z.blk_out * f);
+        c->blk_lse = loom_alloc_aligned(z.blk_lse * f);
         h.forward = ring_forward;
         h.backward = ring_backward;
     }

@@ -179,8 +179,12 @@ int loom_plan_rank_memory(const loom_model_config *mc, const loom_plan_layout *L
      * rows each; grad_accum of each more when accumulating: train_accum.c) */
     out->batch = 2.0 * (double)L->B * (double)L->T * 4.0 * (double)L->pairs *
                  (double)(L->accum > 1 ? 1 + L->accum : 1);
-    /* context parallelism's local input and target rows (loom_trainer_create_engine) */
-    out->comm = L->cp > 1 ? 2.0 * 4.0 * (double)local_B * (double)local_T : 0.0;
+    /* context parallelism's local input and target rows (loom_trainer_create_engine) and its
+     * attention scratch (loom_cp_create's buffers for local_B x local_T rows) */
+    out->comm = L->cp > 1 ? 2.0 * 4.0 * (double)local_B * (double)local_T +
+                                (double)loom_cp_scratch_bytes(mc, L->tp, L->cp_kind, local_B,
+                                                              local_T)
+                          : 0.0;
     out->arena = out->param + out->grad + out->optim + out->act + (pipe ? out->act_rows : 0.0);
     out->total = out->param + out->grad + out->optim + out->act + out->act_rows + out->rope +
                  out->batch + out->comm;
