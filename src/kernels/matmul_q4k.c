@@ -41,19 +41,25 @@
 
 enum { QK = LOOM_Q4K_BLOCK, QB = LOOM_Q4K_BYTES, QSUB = QK / 32 };
 
-/* the eight scales and eight minimums of a block's 12 scale bytes */
-static inline void q4k_unpack(const uint8_t *s, uint8_t sc[8], uint8_t mn[8]) {
+/* a block's 12 scale bytes as four words of four bytes: u[0] sc_0..3, u[1] sc_4..7, u[2]
+ * m_0..3, u[3] m_4..7 */
+static inline void q4k_words(const uint8_t *s, uint32_t u[4]) {
     uint32_t w0, w1, w2;
     memcpy(&w0, s, 4);
     memcpy(&w1, s + 4, 4);
     memcpy(&w2, s + 8, 4);
-    const uint32_t a = w0 & 0x3f3f3f3fu, b = w1 & 0x3f3f3f3fu;
-    const uint32_t c = (w2 & 0x0f0f0f0fu) | (((w0 >> 6) & 0x03030303u) << 4);
-    const uint32_t d = ((w2 >> 4) & 0x0f0f0f0fu) | (((w1 >> 6) & 0x03030303u) << 4);
-    memcpy(sc, &a, 4);
-    memcpy(sc + 4, &c, 4);
-    memcpy(mn, &b, 4);
-    memcpy(mn + 4, &d, 4);
+    u[0] = w0 & 0x3f3f3f3fu;
+    u[1] = (w2 & 0x0f0f0f0fu) | (((w0 >> 6) & 0x03030303u) << 4);
+    u[2] = w1 & 0x3f3f3f3fu;
+    u[3] = ((w2 >> 4) & 0x0f0f0f0fu) | (((w1 >> 6) & 0x03030303u) << 4);
+}
+
+/* the eight scales and eight minimums of a block's 12 scale bytes */
+static inline void q4k_unpack(const uint8_t *s, uint8_t sc[8], uint8_t mn[8]) {
+    uint32_t u[4];
+    q4k_words(s, u);
+    memcpy(sc, u, 8);
+    memcpy(mn, u + 2, 8);
 }
 
 static void q4k_pack(uint8_t *s, const uint8_t sc[8], const uint8_t mn[8]) {
@@ -199,32 +205,50 @@ LOOM_DISPATCH(matmul_q4k_forward,
 enum { Q4K_ROWS_MAX = 64 }; /* input rows per pass over a weight row */
 #endif
 
-/* isum = sum_j sc_j * sum_{i in j} q_i x_i over one block's 256 values (qs: its 128 value
- * bytes, x: 256 int8 inputs) */
-static inline __attribute__((always_inline)) int32_t LOOM_KV(q4k_isum)(const uint8_t *qs,
-                                                                       const int8_t *x,
-                                                                       const uint8_t *sc) {
 #if defined(__AVX2__)
+/* a block's 256 values as 8 vectors of 32 bytes (sub-block j in q[j]), and its scales and
+ * minimums widened to int16 lanes (each scale in all 16 lanes of sc[j], by a byte shuffle of
+ * the eight; the minimums in m) */
+static inline __attribute__((always_inline)) void LOOM_KV(q4k_decode)(
+    const uint8_t *blk, __m256i q[8], __m256i sc[8], __m128i *m) {
     const __m256i m4 = _mm256_set1_epi8(0x0f);
-    __m256i acc = _mm256_setzero_si256();
+    const uint8_t *qs = blk + 16;
     for (int p = 0; p < 4; p++) {
         const __m256i v = _mm256_loadu_si256((const __m256i *)(qs + 32 * p));
-        const __m256i lo = _mm256_and_si256(v, m4);
-        const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), m4);
-        const __m256i x0 = _mm256_loadu_si256((const __m256i *)(x + 64 * p));
-        const __m256i x1 = _mm256_loadu_si256((const __m256i *)(x + 64 * p + 32));
-        const __m256i p0 = _mm256_madd_epi16(_mm256_maddubs_epi16(lo, x0),
-                                             _mm256_set1_epi16(sc[2 * p]));
-        const __m256i p1 = _mm256_madd_epi16(_mm256_maddubs_epi16(hi, x1),
-                                             _mm256_set1_epi16(sc[2 * p + 1]));
-        acc = _mm256_add_epi32(acc, _mm256_add_epi32(p0, p1));
+        q[2 * p] = _mm256_and_si256(v, m4);
+        q[2 * p + 1] = _mm256_and_si256(_mm256_srli_epi16(v, 4), m4);
     }
-    __m128i s = _mm_add_epi32(_mm256_castsi256_si128(acc), _mm256_extracti128_si256(acc, 1));
-    s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0x4e));
-    s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0xb1));
-    return _mm_cvtsi128_si32(s);
+    uint32_t u[4];
+    q4k_words(blk + 4, u);
+    const __m256i sm = _mm256_cvtepu8_epi16(_mm_set_epi32((int)u[3], (int)u[2], (int)u[1], (int)u[0]));
+    const __m256i s2 = _mm256_permute2x128_si256(sm, sm, 0x00); /* sc_0..7 in both halves */
+    for (int j = 0; j < 8; j++)
+        sc[j] = _mm256_shuffle_epi8(s2, _mm256_set1_epi16((short)(0x0100 + 0x0202 * j)));
+    *m = _mm256_extracti128_si256(sm, 1);
+}
+
+/* isum = sum_j sc_j * (q . x over sub-block j) and msum = sum_j m_j * xs_j of one input row's
+ * block (x: its 256 int8 values, xs: its 8 sub-block sums): exact int32s */
+static inline __attribute__((always_inline)) void LOOM_KV(q4k_sums)(
+    const __m256i q[8], const __m256i sc[8], __m128i m, const int8_t *x, const int16_t *xs,
+    int32_t *isum, int32_t *msum) {
+    __m256i acc = _mm256_setzero_si256();
+    for (int j = 0; j < 8; j++) {
+        const __m256i xv = _mm256_loadu_si256((const __m256i *)(x + 32 * j));
+        acc = _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(q[j], xv), sc[j]));
+    }
+    const __m128i a = _mm_add_epi32(_mm256_castsi256_si128(acc), _mm256_extracti128_si256(acc, 1));
+    const __m128i b = _mm_madd_epi16(m, _mm_loadu_si128((const __m128i *)xs));
+    const __m128i h = _mm_hadd_epi32(a, b);     /* a0+a1 a2+a3 b0+b1 b2+b3 */
+    const __m128i g = _mm_hadd_epi32(h, h);     /* isum msum isum msum */
+    *isum = _mm_cvtsi128_si32(g);
+    *msum = _mm_extract_epi32(g, 1);
+}
 #else
-    int32_t total = 0;
+static inline void LOOM_KV(q4k_sums)(const uint8_t *qs, const uint8_t *sc, const uint8_t *mn,
+                                     const int8_t *x, const int16_t *xs, int32_t *isum,
+                                     int32_t *msum) {
+    int32_t total = 0, ms = 0;
     for (int j = 0; j < 8; j++) {
         int32_t t = 0;
         for (int i = 0; i < 32; i++) {
@@ -232,10 +256,12 @@ static inline __attribute__((always_inline)) int32_t LOOM_KV(q4k_isum)(const uin
             t += (int32_t)(j % 2 ? b >> 4 : b & 15) * (int32_t)x[32 * j + i];
         }
         total += (int32_t)sc[j] * t;
+        ms += (int32_t)mn[j] * xs[j];
     }
-    return total;
-#endif
+    *isum = total;
+    *msum = ms;
 }
+#endif
 
 static void LOOM_KV(matmul_q4k_forward)(float *out, const int8_t *xq, const float *xd,
                                         const int16_t *xsum, const uint8_t *w, const float *bias,
@@ -258,14 +284,24 @@ static void LOOM_KV(matmul_q4k_forward)(float *out, const int8_t *xq, const floa
                 memcpy(&dh, blk, 2);
                 memcpy(&mh, blk + 2, 2);
                 const float dw = loom_fp16_widen(dh), dmw = loom_fp16_widen(mh);
+#if defined(__AVX2__)
+                __m256i qv[8], scv[8]; /* the block decoded once for all the input rows */
+                __m128i mv;
+                LOOM_KV(q4k_decode)(blk, qv, scv, &mv);
+#else
                 uint8_t sc[QSUB], mn[QSUB];
                 q4k_unpack(blk + 4, sc, mn);
+#endif
                 for (int64_t n = 0; n < nn; n++) {
                     const int64_t row = n0 + n;
-                    const int32_t is = LOOM_KV(q4k_isum)(blk + 16, xq + row * IC + (int64_t)k * QK, sc);
-                    const int16_t *xs = xsum + (row * nk + k) * QSUB;
-                    int32_t ms = 0;
-                    for (int j = 0; j < QSUB; j++) ms += (int32_t)mn[j] * xs[j];
+                    int32_t is, ms;
+#if defined(__AVX2__)
+                    LOOM_KV(q4k_sums)(qv, scv, mv, xq + row * IC + (int64_t)k * QK,
+                                      xsum + (row * nk + k) * QSUB, &is, &ms);
+#else
+                    LOOM_KV(q4k_sums)(blk + 16, sc, mn, xq + row * IC + (int64_t)k * QK,
+                                      xsum + (row * nk + k) * QSUB, &is, &ms);
+#endif
                     const float dx = xd[row * nk + k];
                     const float a = (float)is * (dw * dx), b = (float)ms * (dmw * dx);
                     acc[n] = acc[n] + (a - b);
