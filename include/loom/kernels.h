@@ -78,10 +78,12 @@ void q4k_quantize_rows(uint8_t *dst, const float *x, int64_t N, int IC);
 void q4k_dequantize_rows(float *x, const uint8_t *src, int64_t N, int IC);
 void q8k_quantize_rows(int8_t *q, float *d, int16_t *sums, const float *x, int64_t N, int IC);
 /* out (N,OC) = x (N,IC) @ w (OC,IC)^T + bias (may be NULL), w in Q4_K blocks and x as
- * q8k_quantize_rows writes it: per output and input row one fp32 sum over the blocks in order,
- * acc = acc + ((float)isum * (dw * dx) - (float)msum * (dmw * dx)) with the exact int32
- * isum = sum_j sc_j * (q . xq over sub-block j), msum = sum_j m_j * xsum_j, dw and dmw the
- * block's d and dmin widened; then the bias. The same bits whatever N and at every level. */
+ * q8k_quantize_rows writes it: per output and input row 8 fp32 chains over the blocks in
+ * order, c_l += (float)s_l * (dw * dx) with the exact int32 s_l = sum_j sc_j * (products
+ * 4l..4l+3 of sub-block j), and 4 chains e_i += (float)(m_2i xsum_2i + m_2i+1 xsum_2i+1) *
+ * (dmw * dx), dw and dmw the block's d and dmin widened; then ((c0+c4) + (c2+c6)) + ((c1+c5) +
+ * (c3+c7)) minus ((e0+e2) + (e1+e3)), then the bias. The same bits whatever N and at every
+ * level. */
 void matmul_q4k_forward(float *out, const int8_t *xq, const float *xd, const int16_t *xsum,
                         const uint8_t *w, const float *bias, int64_t N, int IC, int OC);
 /* 1 when matmul_q8_forward runs VPDPBUSD now (the avx512 level on a CPU with avx512_vnni) */

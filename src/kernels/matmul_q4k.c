@@ -18,14 +18,21 @@
  *
  * The product (matmul_q4k_forward): the input rows in blocks of 256 too (q8k_quantize_rows:
  * an fp32 scale dx = max|x| / 127 and int8 values, with each sub-block's sum of values), then
- * for each output and input row one fp32 sum over the blocks in order,
- *     acc = acc + ((float)isum_k * (dw_k * dx_k) - (float)msum_k * (dmw_k * dx_k))
- * where isum_k = sum_j sc_j * sum_{i in j} q_i xq_i and msum_k = sum_j m_j * xsum_j are exact
- * int32s (at most 8 * 63 * 32 * 15 * 127 < 2^31) and dw, dmw the block's fp16 d and dmin
- * widened; then the bias. Only the integer sums are vectorized (VPMADDUBSW of the unsigned
- * nibbles with the signed int8 inputs, then VPMADDWD with the scales: no sign trick, no
- * saturation as pairs of products are at most 2 * 15 * 127), so every level gives the same
- * bits whatever N; -ffp-contract=off (CMakeLists.txt) keeps the multiplies and adds apart. */
+ * for each output and input row 8 fp32 chains c_l and 4 e_i over the blocks in order,
+ *     c_l = c_l + (float)s_l * (dw_k * dx_k)      e_i = e_i + (float)u_i * (dmw_k * dx_k)
+ * where s_l = sum_j sc_j * (products 4l..4l+3 of sub-block j) and u_i = m_2i xs_2i +
+ * m_2i+1 xs_2i+1 (xs: the input's sub-block sums) are exact int32s (s_l at most 8 * 63 * 4 *
+ * 15 * 127) and dw, dmw the block's fp16 d and dmin widened; then ((c0+c4) + (c2+c6)) +
+ * ((c1+c5) + (c3+c7)) minus ((e0+e2) + (e1+e3)), then the bias. The lanes are what the
+ * instructions give: VPMADDUBSW of the unsigned nibbles with the signed int8 inputs, then
+ * VPMADDWD with the 6-bit scales, leaves s_l in int32 lane l (no sign trick, no saturation:
+ * pairs of products are at most 2 * 15 * 127); the chains are one ymm and one xmm (AVX2 at the
+ * avx2 and avx512 levels: a 512-bit version, two sub-blocks a vector, measured slower, its
+ * shuffles lining the inputs up costing more than the halved multiplies saved),
+ * plain C at x86-64; a block's nibbles and scales are decoded once for all the input rows of a
+ * pass, and with one input row (decoding) the chains stay in registers. So every level gives
+ * the same bits whatever N; -ffp-contract=off (CMakeLists.txt) keeps the multiplies and adds
+ * apart. */
 #ifndef LOOM_KV
 #include <math.h>
 #include <string.h>
@@ -205,63 +212,95 @@ LOOM_DISPATCH(matmul_q4k_forward,
 enum { Q4K_ROWS_MAX = 64 }; /* input rows per pass over a weight row */
 #endif
 
+/* a block decoded once for all the input rows of a pass (q4k_decode), then each row's chains
+ * advanced by it (q4k_step): the contract's c[8] and e[4] of the row in c, e */
 #if defined(__AVX2__)
-/* a block's 256 values as 8 vectors of 32 bytes (sub-block j in q[j]), and its scales and
- * minimums widened to int16 lanes (each scale in all 16 lanes of sc[j], by a byte shuffle of
- * the eight; the minimums in m) */
-static inline __attribute__((always_inline)) void LOOM_KV(q4k_decode)(
-    const uint8_t *blk, __m256i q[8], __m256i sc[8], __m128i *m) {
+/* q[j]: sub-block j's 32 values; sc[j]: its scale in all 16 int16 lanes (a byte shuffle of the
+ * eight); m: the eight minimums */
+typedef struct {
+    __m256i q[8], sc[8];
+    __m128i m;
+} LOOM_KV(q4k_dec);
+
+static inline __attribute__((always_inline)) void LOOM_KV(q4k_decode)(const uint8_t *blk,
+                                                                      LOOM_KV(q4k_dec) *d) {
     const __m256i m4 = _mm256_set1_epi8(0x0f);
-    const uint8_t *qs = blk + 16;
     for (int p = 0; p < 4; p++) {
-        const __m256i v = _mm256_loadu_si256((const __m256i *)(qs + 32 * p));
-        q[2 * p] = _mm256_and_si256(v, m4);
-        q[2 * p + 1] = _mm256_and_si256(_mm256_srli_epi16(v, 4), m4);
+        const __m256i v = _mm256_loadu_si256((const __m256i *)(blk + 16 + 32 * p));
+        d->q[2 * p] = _mm256_and_si256(v, m4);
+        d->q[2 * p + 1] = _mm256_and_si256(_mm256_srli_epi16(v, 4), m4);
     }
     uint32_t u[4];
     q4k_words(blk + 4, u);
     const __m256i sm = _mm256_cvtepu8_epi16(_mm_set_epi32((int)u[3], (int)u[2], (int)u[1], (int)u[0]));
     const __m256i s2 = _mm256_permute2x128_si256(sm, sm, 0x00); /* sc_0..7 in both halves */
     for (int j = 0; j < 8; j++)
-        sc[j] = _mm256_shuffle_epi8(s2, _mm256_set1_epi16((short)(0x0100 + 0x0202 * j)));
-    *m = _mm256_extracti128_si256(sm, 1);
+        d->sc[j] = _mm256_shuffle_epi8(s2, _mm256_set1_epi16((short)(0x0100 + 0x0202 * j)));
+    d->m = _mm256_extracti128_si256(sm, 1);
 }
 
-/* isum = sum_j sc_j * (q . x over sub-block j) and msum = sum_j m_j * xs_j of one input row's
- * block (x: its 256 int8 values, xs: its 8 sub-block sums): exact int32s */
-static inline __attribute__((always_inline)) void LOOM_KV(q4k_sums)(
-    const __m256i q[8], const __m256i sc[8], __m128i m, const int8_t *x, const int16_t *xs,
-    int32_t *isum, int32_t *msum) {
-    __m256i acc = _mm256_setzero_si256();
+/* the chains as vectors (lane l of c: c_l; of e: e_i) */
+static inline __attribute__((always_inline)) void LOOM_KV(q4k_step_v)(
+    const LOOM_KV(q4k_dec) *d, const int8_t *x, const int16_t *xs, float dd, float dm, __m256 *c,
+    __m128 *e) {
+    __m256i acc = _mm256_setzero_si256(); /* lane l: sum_j sc_j * products 4l..4l+3 of j */
     for (int j = 0; j < 8; j++) {
         const __m256i xv = _mm256_loadu_si256((const __m256i *)(x + 32 * j));
-        acc = _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(q[j], xv), sc[j]));
+        acc = _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(d->q[j], xv), d->sc[j]));
     }
-    const __m128i a = _mm_add_epi32(_mm256_castsi256_si128(acc), _mm256_extracti128_si256(acc, 1));
-    const __m128i b = _mm_madd_epi16(m, _mm_loadu_si128((const __m128i *)xs));
-    const __m128i h = _mm_hadd_epi32(a, b);     /* a0+a1 a2+a3 b0+b1 b2+b3 */
-    const __m128i g = _mm_hadd_epi32(h, h);     /* isum msum isum msum */
-    *isum = _mm_cvtsi128_si32(g);
-    *msum = _mm_extract_epi32(g, 1);
+    const __m128i u = _mm_madd_epi16(d->m, _mm_loadu_si128((const __m128i *)xs));
+    *c = _mm256_add_ps(*c, _mm256_mul_ps(_mm256_cvtepi32_ps(acc), _mm256_set1_ps(dd)));
+    *e = _mm_add_ps(*e, _mm_mul_ps(_mm_cvtepi32_ps(u), _mm_set1_ps(dm)));
+}
+
+static inline __attribute__((always_inline)) void LOOM_KV(q4k_step)(
+    const LOOM_KV(q4k_dec) *d, const int8_t *x, const int16_t *xs, float dd, float dm, float *c,
+    float *e) {
+    __m256 cv = _mm256_loadu_ps(c);
+    __m128 ev = _mm_loadu_ps(e);
+    LOOM_KV(q4k_step_v)(d, x, xs, dd, dm, &cv, &ev);
+    _mm256_storeu_ps(c, cv);
+    _mm_storeu_ps(e, ev);
 }
 #else
-static inline void LOOM_KV(q4k_sums)(const uint8_t *qs, const uint8_t *sc, const uint8_t *mn,
-                                     const int8_t *x, const int16_t *xs, int32_t *isum,
-                                     int32_t *msum) {
-    int32_t total = 0, ms = 0;
-    for (int j = 0; j < 8; j++) {
-        int32_t t = 0;
-        for (int i = 0; i < 32; i++) {
-            const uint8_t b = qs[32 * (j / 2) + i];
-            t += (int32_t)(j % 2 ? b >> 4 : b & 15) * (int32_t)x[32 * j + i];
+typedef struct {
+    const uint8_t *qs;
+    uint8_t sc[8], mn[8];
+} LOOM_KV(q4k_dec);
+
+static inline void LOOM_KV(q4k_decode)(const uint8_t *blk, LOOM_KV(q4k_dec) *d) {
+    d->qs = blk + 16;
+    q4k_unpack(blk + 4, d->sc, d->mn);
+}
+
+static inline void LOOM_KV(q4k_step)(const LOOM_KV(q4k_dec) *d, const int8_t *x,
+                                     const int16_t *xs, float dd, float dm, float *c, float *e) {
+    for (int l = 0; l < 8; l++) {
+        int32_t s = 0;
+        for (int j = 0; j < 8; j++) {
+            int32_t t = 0;
+            for (int i = 4 * l; i < 4 * l + 4; i++) {
+                const uint8_t b = d->qs[32 * (j / 2) + i];
+                t += (int32_t)(j % 2 ? b >> 4 : b & 15) * (int32_t)x[32 * j + i];
+            }
+            s += (int32_t)d->sc[j] * t;
         }
-        total += (int32_t)sc[j] * t;
-        ms += (int32_t)mn[j] * xs[j];
+        c[l] = c[l] + (float)s * dd;
     }
-    *isum = total;
-    *msum = ms;
+    for (int i = 0; i < 4; i++) {
+        const int32_t u = (int32_t)d->mn[2 * i] * xs[2 * i] + (int32_t)d->mn[2 * i + 1] * xs[2 * i + 1];
+        e[i] = e[i] + (float)u * dm;
+    }
 }
 #endif
+
+/* the chains' fixed tree, then the bias */
+static inline float LOOM_KV(q4k_finish)(const float *c, const float *e, const float *bias) {
+    const float a0 = c[0] + c[4], a1 = c[1] + c[5], a2 = c[2] + c[6], a3 = c[3] + c[7];
+    const float t = (a0 + a2) + (a1 + a3), u = (e[0] + e[2]) + (e[1] + e[3]);
+    const float y = t - u;
+    return bias ? y + *bias : y;
+}
 
 static void LOOM_KV(matmul_q4k_forward)(float *out, const int8_t *xq, const float *xd,
                                         const int16_t *xsum, const uint8_t *w, const float *bias,
@@ -272,43 +311,52 @@ static void LOOM_KV(matmul_q4k_forward)(float *out, const int8_t *xq, const floa
 #pragma omp parallel for schedule(static) if ((int64_t)OC * IC * N >= 4 * LOOM_PAR_MIN)
     for (int o = 0; o < OC; o++) {
         const uint8_t *wr = w + (int64_t)o * row_bytes;
+#if defined(__AVX2__)
+        if (N == 1) { /* one input row (decoding): the chains stay in registers */
+            __m256 cv = _mm256_setzero_ps();
+            __m128 ev = _mm_setzero_ps();
+            for (int k = 0; k < nk; k++) {
+                const uint8_t *blk = wr + (int64_t)k * QB;
+                for (int b = 0; b < QB; b += 64) __builtin_prefetch(blk + 4 * row_bytes + b, 0, 3);
+                uint16_t dh, mh;
+                memcpy(&dh, blk, 2);
+                memcpy(&mh, blk + 2, 2);
+                LOOM_KV(q4k_dec) dec;
+                LOOM_KV(q4k_decode)(blk, &dec);
+                LOOM_KV(q4k_step_v)(&dec, xq + (int64_t)k * QK, xsum + (int64_t)k * QSUB,
+                                    loom_fp16_widen(dh) * xd[k], loom_fp16_widen(mh) * xd[k], &cv, &ev);
+            }
+            float cn[8], en[4];
+            _mm256_storeu_ps(cn, cv);
+            _mm_storeu_ps(en, ev);
+            out[o] = LOOM_KV(q4k_finish)(cn, en, bias ? bias + o : NULL);
+            continue;
+        }
+#endif
         for (int64_t n0 = 0; n0 < N; n0 += Q4K_ROWS_MAX) {
             const int64_t nn = N - n0 < Q4K_ROWS_MAX ? N - n0 : Q4K_ROWS_MAX;
-            float acc[Q4K_ROWS_MAX];
-            for (int64_t n = 0; n < nn; n++) acc[n] = 0.0f;
+            float c[Q4K_ROWS_MAX][8], e[Q4K_ROWS_MAX][4];
+            memset(c, 0, sizeof(float) * 8 * (size_t)nn);
+            memset(e, 0, sizeof(float) * 4 * (size_t)nn);
             for (int k = 0; k < nk; k++) {
                 const uint8_t *blk = wr + (int64_t)k * QB;
                 if (n0 == 0) /* the row four ahead: the matrix is one stream */
-                    for (int c = 0; c < QB; c += 64) __builtin_prefetch(blk + 4 * row_bytes + c, 0, 3);
+                    for (int b = 0; b < QB; b += 64) __builtin_prefetch(blk + 4 * row_bytes + b, 0, 3);
                 uint16_t dh, mh;
                 memcpy(&dh, blk, 2);
                 memcpy(&mh, blk + 2, 2);
                 const float dw = loom_fp16_widen(dh), dmw = loom_fp16_widen(mh);
-#if defined(__AVX2__)
-                __m256i qv[8], scv[8]; /* the block decoded once for all the input rows */
-                __m128i mv;
-                LOOM_KV(q4k_decode)(blk, qv, scv, &mv);
-#else
-                uint8_t sc[QSUB], mn[QSUB];
-                q4k_unpack(blk + 4, sc, mn);
-#endif
+                LOOM_KV(q4k_dec) dec; /* the block decoded once for all the input rows */
+                LOOM_KV(q4k_decode)(blk, &dec);
                 for (int64_t n = 0; n < nn; n++) {
                     const int64_t row = n0 + n;
-                    int32_t is, ms;
-#if defined(__AVX2__)
-                    LOOM_KV(q4k_sums)(qv, scv, mv, xq + row * IC + (int64_t)k * QK,
-                                      xsum + (row * nk + k) * QSUB, &is, &ms);
-#else
-                    LOOM_KV(q4k_sums)(blk + 16, sc, mn, xq + row * IC + (int64_t)k * QK,
-                                      xsum + (row * nk + k) * QSUB, &is, &ms);
-#endif
                     const float dx = xd[row * nk + k];
-                    const float a = (float)is * (dw * dx), b = (float)ms * (dmw * dx);
-                    acc[n] = acc[n] + (a - b);
+                    LOOM_KV(q4k_step)(&dec, xq + row * IC + (int64_t)k * QK,
+                                      xsum + (row * nk + k) * QSUB, dw * dx, dmw * dx, c[n], e[n]);
                 }
             }
             for (int64_t n = 0; n < nn; n++)
-                out[(n0 + n) * OC + o] = bias ? acc[n] + bias[o] : acc[n];
+                out[(n0 + n) * OC + o] = LOOM_KV(q4k_finish)(c[n], e[n], bias ? bias + o : NULL);
         }
     }
 }

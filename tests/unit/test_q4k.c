@@ -6,9 +6,9 @@
  *    over 32 Gaussian values; loom's fit beats the plain min/max rounding on every row); an
  *    all-zero row comes back exactly, a constant one to fp16's rounding;
  *  - q8k_quantize_rows is max|x| / 127 per 256 in fp32, roundf(x / d), each sub-block's sum;
- *  - matmul_q4k_forward bit for bit equal to the contract computed here in scalar C (one fp32
- *    sum over the blocks per output, += (float)isum * (dw * dx) - (float)msum * (dmw * dx) of
- *    exact int32s, then the bias) at every level the CPU has, for OC 1..13, IC of 1..4 blocks,
+ *  - matmul_q4k_forward bit for bit equal to the contract computed here in scalar C (per
+ *    output 8 fp32 chains over the blocks, += (float)s_l * (dw * dx) of exact int32 lane sums,
+ *    and 4 for the minimums' term, summed in a fixed tree, then the bias) at every level the CPU has, for OC 1..13, IC of 1..4 blocks,
  *    1..70 rows (past the kernel's 64-row passes), with and without a bias; each row alone the
  *    same bits as in the batch; 1 and 2 threads agree; within int4's error of the fp32 product
  *    of the dequantized weights. */
@@ -156,32 +156,45 @@ static void test_q8k(void **state) {
     }
 }
 
-/* the contract, for one output of one row */
+/* the contract, for one output of one row: 8 chains c_l over the blocks, each += (float)s_l *
+ * (dw * dx) where s_l = sum_j sc_j * (products 4l..4l+3 of sub-block j), and 4 chains e_i +=
+ * (float)(m_2i xs_2i + m_2i+1 xs_2i+1) * (dmw * dx); then ((c0+c4) + (c2+c6)) + ((c1+c5) +
+ * (c3+c7)) minus ((e0+e2) + (e1+e3)) */
 static float ref_dot(const int8_t *xq, const float *xd, const int16_t *xs, const uint8_t *w,
                      int IC) {
-    volatile float acc = 0.0f;
+    volatile float c[8] = {0}, e[4] = {0};
     for (int k = 0; k < IC / 256; k++) {
         const uint8_t *blk = w + 144 * k;
         uint16_t dh, mh;
         memcpy(&dh, blk, 2);
         memcpy(&mh, blk + 2, 2);
-        int32_t is = 0, ms = 0;
-        for (int j = 0; j < 8; j++) {
-            int sc, m, t = 0;
-            scale_min(blk + 4, j, &sc, &m);
-            for (int i = 0; i < 32; i++) {
-                const uint8_t b = blk[16 + 32 * (j / 2) + i];
-                t += (j % 2 ? b >> 4 : b & 0xF) * xq[256 * k + 32 * j + i];
-            }
-            is += sc * t;
-            ms += m * xs[8 * k + j];
-        }
         volatile float dd = loom_fp16_widen(dh) * xd[k], dm = loom_fp16_widen(mh) * xd[k];
-        volatile float a = (float)is * dd, b = (float)ms * dm;
-        volatile float t = a - b;
-        acc = acc + t;
+        for (int l = 0; l < 8; l++) {
+            int32_t sl = 0;
+            for (int j = 0; j < 8; j++) {
+                int sc, m, t = 0;
+                scale_min(blk + 4, j, &sc, &m);
+                for (int i = 4 * l; i < 4 * l + 4; i++) {
+                    const uint8_t b = blk[16 + 32 * (j / 2) + i];
+                    t += (j % 2 ? b >> 4 : b & 0xF) * xq[256 * k + 32 * j + i];
+                }
+                sl += sc * t;
+            }
+            volatile float p = (float)sl * dd;
+            c[l] = c[l] + p;
+        }
+        for (int i = 0; i < 4; i++) {
+            int sc0, m0, sc1, m1;
+            scale_min(blk + 4, 2 * i, &sc0, &m0);
+            scale_min(blk + 4, 2 * i + 1, &sc1, &m1);
+            volatile float p = (float)(m0 * xs[8 * k + 2 * i] + m1 * xs[8 * k + 2 * i + 1]) * dm;
+            e[i] = e[i] + p;
+        }
     }
-    return acc;
+    volatile float a0 = c[0] + c[4], a1 = c[1] + c[5], a2 = c[2] + c[6], a3 = c[3] + c[7];
+    volatile float t0 = a0 + a2, t1 = a1 + a3, u0 = e[0] + e[2], u1 = e[1] + e[3];
+    volatile float t = t0 + t1, u = u0 + u1;
+    return t - u;
 }
 
 static void check_shape(int N, int IC, int OC, int use_bias, uint64_t seed, const char *level) {
