@@ -19,14 +19,9 @@
 #include "loom/bf16.h"
 #include "loom/kernels.h"
 
-static float frand(uint64_t *s) {
-    *s = *s * 6364136223846793005ULL + 1442695040888963407ULL;
-    return (float)((*s >> 40) & 0xffffff) / (float)0x1000000 * 2.0f - 1.0f;
-}
-
 static float *rand_buf(size_t n, uint64_t seed) {
     float *p = malloc(n * sizeof *p);
-    for (size_t i = 0; i < n; i++) p[i] = frand(&seed);
+    for (size_t i = 0; i < n; i++) p[i] = tu_frand(&seed);
     return p;
 }
 

@@ -23,14 +23,9 @@
 #include "loom/bf16.h"
 #include "loom/kernels.h"
 
-static float frand(uint64_t *s) {
-    *s = *s * 6364136223846793005ULL + 1442695040888963407ULL;
-    return (float)((*s >> 40) & 0xffffff) / (float)0x1000000 * 2.0f - 1.0f;
-}
-
 static uint16_t *rand_bf16(size_t n, uint64_t seed, float scale) {
     uint16_t *p = malloc(n * sizeof *p);
-    for (size_t i = 0; i < n; i++) p[i] = loom_bf16_round(frand(&seed) * scale);
+    for (size_t i = 0; i < n; i++) p[i] = loom_bf16_round(tu_frand(&seed) * scale);
     return p;
 }
 
@@ -60,31 +55,12 @@ static uint16_t *pack_act(const uint16_t *x, int64_t N, int IC) { /* from bf16 r
     return p;
 }
 
-static int levels(loom_isa *out) {
-    const loom_isa best = loom_isa_detect();
-    if (best == LOOM_ISA_NATIVE) {
-        out[0] = LOOM_ISA_NATIVE;
-        return 1;
-    }
-    int n = 0;
-    const loom_isa all[] = {LOOM_ISA_BASE, LOOM_ISA_AVX2, LOOM_ISA_AVX512};
-    for (int i = 0; i < 3; i++)
-        if (all[i] <= best) out[n++] = all[i];
-    return n;
-}
-
-static void set_level(loom_isa lv) {
-    if (lv == LOOM_ISA_NATIVE) return;
-    loom_err err;
-    if (loom_isa_set(lv, &err) != 0) fail_msg("loom_isa_set: %s", err.msg);
-}
-
 static void test_round(void **state) {
     (void)state;
     enum { n = 1000 };
     float x[n];
     uint64_t s = 5;
-    for (int i = 0; i < n; i++) x[i] = frand(&s) * powf(2.0f, (float)(i % 60) - 30.0f);
+    for (int i = 0; i < n; i++) x[i] = tu_frand(&s) * powf(2.0f, (float)(i % 60) - 30.0f);
     const float special[] = {1.0f + 0x1p-8f, 1.0f + 3 * 0x1p-8f, -(1.0f + 0x1p-8f), 0.0f,
                              -0.0f, INFINITY, -INFINITY, NAN, 3.0e38f, -3.3e38f, 0x1p-130f,
                              -0x1.fffp-127f, 0x1.01p-149f};
@@ -92,9 +68,9 @@ static void test_round(void **state) {
     const struct { int N, IC; } shapes[] = {{1, 1}, {1, 7}, {3, 33}, {16, 31}, {17, 40}, {5, 64},
                                             {20, 50}, {2, 333}};
     loom_isa lv[4];
-    const int nl = levels(lv);
+    const int nl = tu_isa_levels(lv);
     for (int k = 0; k < nl; k++) {
-        set_level(lv[k]);
+        tu_set_isa(lv[k]);
         for (size_t c = 0; c < sizeof shapes / sizeof *shapes; c++) {
             const int N = shapes[c].N, IC = shapes[c].IC;
             LOOM_CHECK(N * IC <= n);
@@ -129,7 +105,7 @@ static void test_pack(void **state) {
         uint64_t s = 9 + c;
         float *w = malloc((size_t)OC * IC * sizeof *w), *row = malloc((size_t)IC * sizeof *row);
         uint16_t *wh = malloc((size_t)OC * IC * sizeof *wh);
-        for (int i = 0; i < OC * IC; i++) wh[i] = loom_bf16_round(w[i] = frand(&s));
+        for (int i = 0; i < OC * IC; i++) wh[i] = loom_bf16_round(w[i] = tu_frand(&s));
         const int64_t ne = dotbf16_pack_elems(OC, IC);
         assert_int_equal(ne, (int64_t)((OC + 15) / 16) * 16 * (IC + (IC & 1)));
         uint16_t *p1 = malloc((size_t)(ne + 8) * 2), *p2 = malloc((size_t)(ne + 8) * 2);
@@ -167,7 +143,7 @@ static void check_shape(int N, int IC, int OC, int use_bias, const char *level) 
     float *bias = NULL;
     if (use_bias) {
         bias = malloc((size_t)OC * sizeof *bias);
-        for (int o = 0; o < OC; o++) bias[o] = frand(&s);
+        for (int o = 0; o < OC; o++) bias[o] = tu_frand(&s);
     }
     if (N > 2) x[IC] = x[IC + 1] = 0; /* some zeros and an exact cancellation */
     if (IC >= 2 && OC > 1) { /* row 0 x weight row 1: its first pair cancels exactly */
@@ -206,10 +182,10 @@ static void check_shape(int N, int IC, int OC, int use_bias, const char *level) 
 static void test_matmul_contract(void **state) {
     (void)state;
     loom_isa lv[4];
-    const int nl = levels(lv);
+    const int nl = tu_isa_levels(lv);
     int ran_vdp = 0;
     for (int k = 0; k < nl; k++) {
-        set_level(lv[k]);
+        tu_set_isa(lv[k]);
         const int vdp = matmul_dotbf16_vdp();
         ran_vdp |= vdp;
         char name[64];

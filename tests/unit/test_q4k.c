@@ -20,32 +20,8 @@
 #include "loom/fp16.h"
 #include "loom/kernels.h"
 
-static float frand(uint64_t *s) {
-    *s = *s * 6364136223846793005ULL + 1442695040888963407ULL;
-    return (float)((*s >> 40) & 0xffffff) / (float)0x1000000 * 2.0f - 1.0f;
-}
-
 /* roughly Gaussian: the sum of four uniforms */
-static float grand(uint64_t *s) { return (frand(s) + frand(s) + frand(s) + frand(s)) * 0.5f; }
-
-static int levels(loom_isa *out) {
-    const loom_isa best = loom_isa_detect();
-    if (best == LOOM_ISA_NATIVE) {
-        out[0] = LOOM_ISA_NATIVE;
-        return 1;
-    }
-    int n = 0;
-    const loom_isa all[] = {LOOM_ISA_BASE, LOOM_ISA_AVX2, LOOM_ISA_AVX512};
-    for (int i = 0; i < 3; i++)
-        if (all[i] <= best) out[n++] = all[i];
-    return n;
-}
-
-static void set_level(loom_isa lv) {
-    if (lv == LOOM_ISA_NATIVE) return;
-    loom_err err;
-    if (loom_isa_set(lv, &err) != 0) fail_msg("loom_isa_set: %s", err.msg);
-}
+static float grand(uint64_t *s) { return (tu_frand(s) + tu_frand(s) + tu_frand(s) + tu_frand(s)) * 0.5f; }
 
 /* sub-block j's 6-bit scale and minimum, read as ggml's get_scale_min_k4 reads them */
 static void scale_min(const uint8_t *q, int j, int *d, int *m) {
@@ -137,7 +113,7 @@ static void test_q8k(void **state) {
     float d[N * IC / 256];
     int16_t sums[N * IC / 32];
     uint64_t s = 9;
-    for (int i = 0; i < N * IC; i++) x[i] = frand(&s) * (i < IC ? 1e-3f : 3.0f);
+    for (int i = 0; i < N * IC; i++) x[i] = tu_frand(&s) * (i < IC ? 1e-3f : 3.0f);
     for (int i = 2 * IC; i < 2 * IC + 256; i++) x[i] = 0.0f;
     q8k_quantize_rows(q, d, sums, x, N, IC);
     for (int b = 0; b < N * IC / 256; b++) {
@@ -201,9 +177,9 @@ static void check_shape(int N, int IC, int OC, int use_bias, uint64_t seed, cons
     float *x = malloc(sizeof(float) * (size_t)N * IC), *w = malloc(sizeof(float) * (size_t)OC * IC);
     float *wd = malloc(sizeof(float) * (size_t)OC * IC), *bias = malloc(sizeof(float) * (size_t)OC);
     uint64_t s = seed;
-    for (int i = 0; i < N * IC; i++) x[i] = frand(&s);
+    for (int i = 0; i < N * IC; i++) x[i] = tu_frand(&s);
     for (int i = 0; i < OC * IC; i++) w[i] = grand(&s) * 0.1f;
-    for (int i = 0; i < OC; i++) bias[i] = frand(&s);
+    for (int i = 0; i < OC; i++) bias[i] = tu_frand(&s);
     uint8_t *wq = malloc((size_t)OC * IC / 256 * 144);
     int8_t *xq = malloc((size_t)N * IC);
     float *xd = malloc(sizeof(float) * (size_t)N * IC / 256);
@@ -247,9 +223,9 @@ static void test_matmul_contract(void **state) {
                                                 {3, 1024, 7}, {16, 256, 9}, {17, 512, 13},
                                                 {70, 256, 3}};
     loom_isa lv[4];
-    const int nl = levels(lv);
+    const int nl = tu_isa_levels(lv);
     for (int k = 0; k < nl; k++) {
-        set_level(lv[k]);
+        tu_set_isa(lv[k]);
         for (size_t c = 0; c < sizeof shapes / sizeof *shapes; c++)
             for (int bias = 0; bias < 2; bias++)
                 check_shape(shapes[c].N, shapes[c].IC, shapes[c].OC, bias, 3 + c, loom_isa_name(lv[k]));
@@ -263,8 +239,8 @@ static void test_matmul_threads(void **state) {
     enum { N = 4, IC = 512, OC = 1030 };
     float *x = malloc(sizeof(float) * N * IC), *w = malloc(sizeof(float) * OC * IC);
     uint64_t s = 21;
-    for (int i = 0; i < N * IC; i++) x[i] = frand(&s);
-    for (int i = 0; i < OC * IC; i++) w[i] = frand(&s);
+    for (int i = 0; i < N * IC; i++) x[i] = tu_frand(&s);
+    for (int i = 0; i < OC * IC; i++) w[i] = tu_frand(&s);
     uint8_t *wq = malloc((size_t)OC * IC / 256 * 144);
     int8_t *xq = malloc(N * IC);
     float *xd = malloc(sizeof(float) * N * IC / 256);

@@ -21,30 +21,6 @@
 #include "loom/fp16.h"
 #include "loom/kernels.h"
 
-static float frand(uint64_t *s) {
-    *s = *s * 6364136223846793005ULL + 1442695040888963407ULL;
-    return (float)((*s >> 40) & 0xffffff) / (float)0x1000000 * 2.0f - 1.0f;
-}
-
-static int levels(loom_isa *out) {
-    const loom_isa best = loom_isa_detect();
-    if (best == LOOM_ISA_NATIVE) {
-        out[0] = LOOM_ISA_NATIVE;
-        return 1;
-    }
-    int n = 0;
-    const loom_isa all[] = {LOOM_ISA_BASE, LOOM_ISA_AVX2, LOOM_ISA_AVX512};
-    for (int i = 0; i < 3; i++)
-        if (all[i] <= best) out[n++] = all[i];
-    return n;
-}
-
-static void set_level(loom_isa lv) {
-    if (lv == LOOM_ISA_NATIVE) return;
-    loom_err err;
-    if (loom_isa_set(lv, &err) != 0) fail_msg("loom_isa_set: %s", err.msg);
-}
-
 static uint16_t f16_bits(_Float16 h) {
     uint16_t u;
     memcpy(&u, &h, sizeof u);
@@ -68,7 +44,7 @@ static void test_fp16(void **state) {
             memcpy(&x, &u, sizeof x);
             if (isnan(x)) continue;
         } else
-            x = frand(&s) * powf(2.0f, (float)(i % 44) - 28.0f);
+            x = tu_frand(&s) * powf(2.0f, (float)(i % 44) - 28.0f);
         const uint16_t want = f16_bits((_Float16)x), got = loom_fp16_round(x);
         if (got != want) fail_msg("fp16(%a) = 0x%04x, want 0x%04x", (double)x, got, want);
         n++;
@@ -109,7 +85,7 @@ static void test_quantize(void **state) {
     int8_t q[N * IC], qr[N * IC];
     uint16_t d[N * IC / 32], dr[N * IC / 32];
     uint64_t s = 11;
-    for (int i = 0; i < N * IC; i++) x[i] = frand(&s) * powf(10.0f, (float)(i / 32 % 7) - 4.0f);
+    for (int i = 0; i < N * IC; i++) x[i] = tu_frand(&s) * powf(10.0f, (float)(i / 32 % 7) - 4.0f);
     for (int j = 0; j < 32; j++) x[32 + j] = 0.0f;             /* an all-zero block */
     x[64] = 5.0f, x[65] = -5.0f;                               /* +-127 */
     for (int j = 66; j < 96; j++) x[j] = 5.0f * (float)(j - 80) / 127.0f * 0.5f; /* ties */
@@ -166,9 +142,9 @@ static void check_shape(int N, int IC, int OC, int use_bias, uint64_t seed, cons
     float *x = malloc(sizeof(float) * (size_t)N * IC), *w = malloc(sizeof(float) * (size_t)OC * IC);
     float *bias = malloc(sizeof(float) * (size_t)OC);
     uint64_t s = seed;
-    for (int i = 0; i < N * IC; i++) x[i] = frand(&s);
-    for (int i = 0; i < OC * IC; i++) w[i] = frand(&s) * 0.1f;
-    for (int i = 0; i < OC; i++) bias[i] = frand(&s);
+    for (int i = 0; i < N * IC; i++) x[i] = tu_frand(&s);
+    for (int i = 0; i < OC * IC; i++) w[i] = tu_frand(&s) * 0.1f;
+    for (int i = 0; i < OC; i++) bias[i] = tu_frand(&s);
     int8_t *xq = malloc((size_t)N * IC), *wq = malloc((size_t)OC * IC);
     uint16_t *xd = malloc(2 * (size_t)N * IC / 32), *wd = malloc(2 * (size_t)OC * IC / 32);
     q8_quantize_rows(xq, xd, x, N, IC);
@@ -207,9 +183,9 @@ static void test_matmul_contract(void **state) {
                                                 {5, 160, 16}, {16, 64, 9}, {17, 128, 13},
                                                 {4, 32 * 18, 12}, {1, 32 * 17, 3}, {20, 64, 6}};
     loom_isa lv[4];
-    const int nl = levels(lv);
+    const int nl = tu_isa_levels(lv);
     for (int k = 0; k < nl; k++) {
-        set_level(lv[k]);
+        tu_set_isa(lv[k]);
         const char *name = loom_isa_name(lv[k]);
         /* at avx512: with VPDPBUSD where the CPU has it, then without (AVX-512 CPUs without
          * VNNI run that path) */
@@ -236,8 +212,8 @@ static void test_matmul_threads(void **state) {
     enum { N = 4, IC = 256, OC = 1030 };
     float *x = malloc(sizeof(float) * N * IC), *w = malloc(sizeof(float) * OC * IC);
     uint64_t s = 21;
-    for (int i = 0; i < N * IC; i++) x[i] = frand(&s);
-    for (int i = 0; i < OC * IC; i++) w[i] = frand(&s);
+    for (int i = 0; i < N * IC; i++) x[i] = tu_frand(&s);
+    for (int i = 0; i < OC * IC; i++) w[i] = tu_frand(&s);
     int8_t *xq = malloc(N * IC), *wq = malloc((size_t)OC * IC);
     uint16_t *xd = malloc(2 * N * IC / 32), *wd = malloc(2 * (size_t)OC * IC / 32);
     q8_quantize_rows(xq, xd, x, N, IC);

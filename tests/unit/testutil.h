@@ -160,4 +160,35 @@ static inline const char *tu_missing_(const char *msg, const char *const *want, 
     } while (0)
 #define TU_ERR (&tu_e_)
 
+/* ---- kernel levels ---------------------------------------------------------------------- */
+#include "loom/backend.h" /* loom_isa */
+
+/* a uniform float in [-1, 1) from a 64-bit LCG state */
+static inline float tu_frand(uint64_t *s) {
+    *s = *s * 6364136223846793005ULL + 1442695040888963407ULL;
+    return (float)((*s >> 40) & 0xffffff) / (float)0x1000000 * 2.0f - 1.0f;
+}
+
+/* the kernel levels this CPU can run, lowest first, into out (at most 3); NATIVE alone in a
+ * NATIVE=1 build */
+static inline int tu_isa_levels(loom_isa *out) {
+    const loom_isa best = loom_isa_detect();
+    if (best == LOOM_ISA_NATIVE) {
+        out[0] = LOOM_ISA_NATIVE;
+        return 1;
+    }
+    int n = 0;
+    const loom_isa all[] = {LOOM_ISA_BASE, LOOM_ISA_AVX2, LOOM_ISA_AVX512};
+    for (int i = 0; i < 3; i++)
+        if (all[i] <= best) out[n++] = all[i];
+    return n;
+}
+
+/* the kernels at level lv (nothing to do in a NATIVE=1 build) */
+static inline void tu_set_isa(loom_isa lv) {
+    if (lv == LOOM_ISA_NATIVE) return;
+    loom_err err;
+    if (loom_isa_set(lv, &err) != 0) fail_msg("loom_isa_set: %s", err.msg);
+}
+
 #endif /* LOOM_TESTS_UNIT_TESTUTIL_H */
