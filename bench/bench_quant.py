@@ -76,8 +76,12 @@ def sh(args, **kw):
     return r
 
 
+ISA_ENV = {}      # --isa: loom's kernel level and its libraries' pinned alike (scripts/ci_levels.sh)
+LLAMA_PATH = None  # --llama-path: a llama-cpp-python installed there (pip install --target)
+
+
 def loom_run(ckpt, prompts, batch, tokens, threads, mode):
-    env = dict(os.environ, OMP_NUM_THREADS=str(threads))
+    env = dict(os.environ, OMP_NUM_THREADS=str(threads), **ISA_ENV)
     r = sh([LOOM, "generate", ckpt, "--prompts", prompts, "--tokens", str(tokens),
             "--temperature", "0", "--batch", str(batch), "--stats", "--weights", mode,
             "--format", "ids"], env=env)
@@ -91,14 +95,24 @@ def loom_run(ckpt, prompts, batch, tokens, threads, mode):
             "mb": float(wb[1]) / batch if wb else 0.0, "ids": ids}
 
 
+def llama_env(threads=None):
+    env = dict(os.environ)
+    if threads:
+        env["OMP_NUM_THREADS"] = str(threads)
+    if LLAMA_PATH:
+        env["PYTHONPATH"] = LLAMA_PATH + os.pathsep + env.get("PYTHONPATH", "")
+    return env
+
+
 def have_llama():
-    r = subprocess.run([sys.executable, "-c", "import llama_cpp; print(llama_cpp.__version__)"],
-                       capture_output=True, text=True)
+    r = subprocess.run([sys.executable, "-c", "import llama_cpp; print(llama_cpp.__version__, "
+                        "llama_cpp.llama_print_system_info().decode())"],
+                       capture_output=True, text=True, env=llama_env())
     return r.stdout.strip() if r.returncode == 0 else None
 
 
 def llama_run(path, prompt, tokens, threads):
-    env = dict(os.environ, OMP_NUM_THREADS=str(threads))
+    env = llama_env(threads)
     r = subprocess.run([sys.executable, "-c", LLAMA_RUN, path, str(threads), str(tokens),
                         ",".join(map(str, prompt))], capture_output=True, text=True, env=env)
     if r.returncode:
@@ -128,8 +142,18 @@ def main():
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--threads", default="1,2")
     ap.add_argument("--models", default="smollm2-135m,llama-100m")
+    ap.add_argument("--isa", choices=["", "avx2", "avx512"], default="",
+                    help="pin loom's kernels (LOOM_ISA) and oneDNN / OpenBLAS to this level")
+    ap.add_argument("--llama-path", default="",
+                    help="a folder holding a llama-cpp-python build (e.g. one without AVX-512)")
     ap.add_argument("--write", action="store_true", help="append the tables to bench/RESULTS.md")
     a = ap.parse_args()
+    global LLAMA_PATH
+    LLAMA_PATH = a.llama_path or None
+    if a.isa:
+        ISA_ENV.update({"LOOM_ISA": a.isa,
+                        "ONEDNN_MAX_CPU_ISA": "AVX2" if a.isa == "avx2" else "AVX512_CORE",
+                        "OPENBLAS_CORETYPE": "Haswell" if a.isa == "avx2" else "SkylakeX"})
     threads = [int(t) for t in a.threads.split(",")]
     models = a.models.split(",")
     w = tempfile.mkdtemp(prefix="loom-bench-quant.")
@@ -143,7 +167,7 @@ def main():
     llama_ver = have_llama()
     if not os.path.exists(os.path.join(REPO, "data/fortunes/train/manifest.jsonl")):
         sh([LOOM, "data", "build", "recipes/fortunes.yaml"])
-    isa = sh([LOOM, "version"]).stdout.strip().splitlines()
+    isa = sh([LOOM, "version"], env=dict(os.environ, **ISA_ENV)).stdout.strip().splitlines()
     load0 = open("/proc/loadavg").read().split()[:3]
     out = []
     for model in models:
@@ -205,10 +229,13 @@ def main():
     head = [f"## Weight precisions: loom fp32 / bf16 / int8 / int4 and llama.cpp, decode "
             f"({datetime.date.today()})", "",
             f"`python3 bench/bench_quant.py --tokens {a.tokens} --repeat {a.repeat} --threads "
-            f"{a.threads} --models {a.models}`: 16-token prompts, {a.tokens} greedy tokens, "
+            f"{a.threads} --models {a.models}"
+            + (f" --isa {a.isa}" if a.isa else "") + (f" --llama-path {a.llama_path}" if a.llama_path else "")
+            + f"`: 16-token prompts, {a.tokens} greedy tokens, "
             f"prefill included; medians of {a.repeat} alternating runs; llama.cpp: "
-            + (f"llama-cpp-python {llama_ver} (built from source here, native flags) on the "
-               "GGUF files loom exported from the same checkpoint" if llama_ver else
+            + (f"llama-cpp-python {llama_ver.split()[0]} (built from source here; ggml reports "
+               f"`{' '.join(llama_ver.split()[1:])}`) on the GGUF files loom exported from the "
+               "same checkpoint" if llama_ver else
                "not installed (pip install llama-cpp-python), its columns empty")
             + f". {'; '.join(isa[:2])}. Load average {'/'.join(load0)} before, "
             f"{'/'.join(load1)} after.", ""]
