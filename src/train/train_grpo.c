@@ -36,6 +36,8 @@ static const char *const reward_names[GRPO_R_KINDS] = {"exact", "regex", "tool_c
 /* ---- settings ------------------------------------------------------------------------------ */
 
 static int key_err(const loom_config *c, const char *key, const char *why, loom_err *err) {
+    if (!loom_config_get(c, key) || !loom_config_origin(c, key))
+        return loom_errf(err, "config key '%s' is not set: %s", key, why);
     return loom_errf(err, "config key '%s' = '%s' (%s): %s", key,
                      loom_config_get(c, key) ? loom_config_get(c, key) : "",
                      loom_config_origin(c, key), why);

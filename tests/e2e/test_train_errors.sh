@@ -17,6 +17,17 @@ expect_fail "missing data path" "$WORK/missing" "$L" train "$WORK/ok.yaml" --set
 expect_fail "heads do not divide d_model" "n_head" "$L" train "$WORK/ok.yaml" --set model.n_head=5
 expect_fail "vocabulary smaller than the data" "vocab" "$L" train "$WORK/ok.yaml" --set model.vocab_size=100
 
+# GRPO's keys (docs/finetune.md "GRPO"): each refused naming the key
+G="--set finetune.method=grpo --set finetune.template=plain"
+expect_fail "grpo without a template" "finetune\.template" "$L" train "$WORK/ok.yaml" --set finetune.method=grpo
+expect_fail "grpo: one generation" "finetune\.num_generations" "$L" train "$WORK/ok.yaml" $G --set finetune.num_generations=1
+expect_fail "grpo: unknown loss type" "finetune\.loss_type.*dapo or grpo" "$L" train "$WORK/ok.yaml" $G --set finetune.loss_type=bnpo
+expect_fail "grpo: unknown reward" "finetune\.rewards.*'score' is not a reward" "$L" train "$WORK/ok.yaml" $G --set "finetune.rewards=[exact, score]"
+expect_fail "grpo: weights do not match" "finetune\.reward_weights" "$L" train "$WORK/ok.yaml" $G --set "finetune.reward_weights=[1, 2]"
+expect_fail "grpo: regex reward without a pattern" "finetune\.reward\.regex" "$L" train "$WORK/ok.yaml" $G --set "finetune.rewards=[regex]"
+expect_fail "grpo: ZeRO 3" "parallel\.zero.*use 0, 1 or 2" "$L" train "$WORK/ok.yaml" $G --set parallel.zero=3
+expect_fail "grpo: gradient accumulation" "training\.grad_accum" "$L" train "$WORK/ok.yaml" $G --set training.grad_accum=2
+
 # corrupt data: a truncated shard and a shard with a flipped byte (copies of the dataset)
 shard=$(ls "$WORK/data/train"/*.bin | head -1); name=$(basename "$shard")
 cp -r "$WORK/data/train" "$WORK/trunc"; truncate -s -100 "$WORK/trunc/$name"
