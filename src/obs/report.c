@@ -616,6 +616,20 @@ int loom_report(const char *run_dir, const char *out_path, loom_err *err) {
     scalar_series(rows, "grad_norm", "gradient norm (before clipping)", 1, &s[0]);
     drawn += chart(&b, "grad_norm", "Gradient norm", "norm", s, 1);
     free_series(s, 1);
+    /* GRPO (finetune.method grpo): rewards, completion lengths, rollout vs update time */
+    scalar_series(rows, "reward", "reward (mean)", 1, &s[0]);
+    scalar_series(rows, "pass_rate", "pass rate", 1, &s[1]);
+    scalar_series(rows, "reward_std", "reward std (group mean)", 1, &s[2]);
+    drawn += chart(&b, "grpo_reward", "GRPO rewards", "reward", s, 3);
+    free_series(s, 3);
+    scalar_series(rows, "completions/mean_length", "mean", 1, &s[0]);
+    scalar_series(rows, "completions/max_length", "max", 1, &s[1]);
+    drawn += chart(&b, "grpo_length", "GRPO completion length", "tokens", s, 2);
+    free_series(s, 2);
+    scalar_series(rows, "rollout_s", "rollout", 1, &s[0]);
+    scalar_series(rows, "update_s", "update (forward + backward)", 1, &s[1]);
+    drawn += chart(&b, "grpo_time", "GRPO rollout vs update time", "s", s, 2);
+    free_series(s, 2);
     scalar_series(rows, "tokens_per_s", "tokens/s", 1, &s[0]);
     drawn += chart(&b, "tokens_per_s", "Throughput", "tokens/s", s, 1);
     free_series(s, 1);
