@@ -132,8 +132,8 @@ def make_variants(names, T, threads, mark=lambda: None):
             made[f"torch-{mode}"] = (prep, step, None)
     loom_names = [n for n in names if n != "torch"]
     if loom_names:
-        from loomlib import (ATTN_ISA_AUTO, ATTN_ISA_AVX2, ATTN_ISA_AVX512_BLAS, ATTN_ISA_PORTABLE,
-                             AttnMask, lib)
+        from loomlib import (ATTN_ISA_AUTO, ATTN_ISA_AVX2, ATTN_ISA_AVX2_C, ATTN_ISA_AVX512_BLAS,
+                             ATTN_ISA_PORTABLE, AttnMask, lib)
         L = lib()
         ctypes.CDLL("libgomp.so.1").omp_set_num_threads(threads)
         ptr = lambda a: a.ctypes.data  # noqa: E731
@@ -154,7 +154,7 @@ def make_variants(names, T, threads, mark=lambda: None):
             else:
                 isa = {"flash": ATTN_ISA_AUTO, "flash-window": ATTN_ISA_AUTO,
                        "flash-blas": ATTN_ISA_AVX512_BLAS, "flash-avx2": ATTN_ISA_AVX2,
-                       "flash-portable": ATTN_ISA_PORTABLE}[name]
+                       "flash-avx2-c": ATTN_ISA_AVX2_C, "flash-portable": ATTN_ISA_PORTABLE}[name]
                 lse = np.zeros((B, H, T), np.float32)
                 dims = L.flash_attention_dims_qkv(B, T, H, KVH, D)
                 mk = AttnMask(1, 0, 0, None, None, 0, 0,

@@ -190,15 +190,17 @@ void attention_backward(float *dqkv, float *scratch, const float *dout, const fl
 /* Inner-loop implementation. AUTO follows loom_isa_active() (below: the detected level, or
  * LOOM_ISA, agreed over a job's ranks): avx512 -> AVX512, avx2 -> AVX2, x86-64 -> PORTABLE.
  * PORTABLE = the tile operations in plain C at the x86-64 baseline (in a NATIVE=1 build:
- * compiled for the build machine); AVX2 = the same C compiled for AVX2 + FMA; AVX512 =
- * hand-written AVX-512 intrinsics; AVX512_BLAS = AVX-512 with the tile products through
- * OpenBLAS sgemm (kept for measuring the microkernel against). */
+ * compiled for the build machine); AVX2 = hand-written AVX2 + FMA intrinsics (the same bits
+ * as AVX512); AVX512 = hand-written AVX-512 intrinsics; AVX512_BLAS = AVX-512 with the tile
+ * products through OpenBLAS sgemm and AVX2_C = the portable C compiled for AVX2 + FMA (both
+ * kept for measuring the intrinsics against). */
 enum {
     LOOM_ATTN_ISA_AUTO = 0,
     LOOM_ATTN_ISA_PORTABLE = 1,
     LOOM_ATTN_ISA_AVX512 = 2,
     LOOM_ATTN_ISA_AVX512_BLAS = 3,
-    LOOM_ATTN_ISA_AVX2 = 4
+    LOOM_ATTN_ISA_AVX2 = 4,
+    LOOM_ATTN_ISA_AVX2_C = 5
 };
 
 /* flash_attention_dims_qkv (dims of the fused qkv rows): include/loom/backend.h */

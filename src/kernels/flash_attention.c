@@ -28,7 +28,8 @@
  *
  * Inner loops: one set of tile operations (a small GEMM, the softmax steps, the backward P/dS
  * steps, the row dot products) per ISA, chosen per call: AVX-512 (compiled with a target
- * attribute, run only when the CPU reports avx512f+vl+dq) or portable C. Each task's arithmetic
+ * attribute, run only when the CPU reports avx512f+vl+dq), AVX2 (the same operations at 8
+ * lanes, the same bits; run when the CPU reports avx2+fma) or portable C. Each task's arithmetic
  * depends only on the task, so results are bitwise the same for any thread count and
  * schedule.
  *
@@ -377,6 +378,309 @@ static const attn_ops ops_avx512_blas = {gemm_blas, softmax512, bwd_tile512, bwd
                                          row_dot512, transpose512};
 #endif /* LOOM_HAVE_X86 */
 
+/* ---- AVX2 --------------------------------------------------------------------------------- */
+
+/* The AVX-512 operations at 8 lanes with 16 ymm registers, for CPUs with AVX2 + FMA and no
+ * AVX-512 (Zen 1-3, Haswell .. Alder Lake). Every output element is the same chain of
+ * operations as at the AVX-512 level (the tile products' FMA chains over k, the softmax's
+ * per-query max and sum down the keys, the same exp, row_dot's 16 partial sums reduced in
+ * _mm512_reduce_add_ps's order), so the two levels give the same bits (tested). */
+#ifdef LOOM_HAVE_X86
+#define T256 __attribute__((target("avx2,fma")))
+
+/* all-ones in the first `left` lanes (all 8 for left >= 8) */
+T256 static INL __m256i lanes8(int left) {
+    return _mm256_cmpgt_epi32(_mm256_set1_epi32(left), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+}
+
+/* exp512 at 8 lanes: the same range reduction and polynomial; 2^nn is built in the exponent
+ * bits instead of vscalefps (the same bits: a product by a power of two is rounded once,
+ * as vscalefps rounds). t = 1.5*2^23 + nn exactly, so t's low bits hold nn in two's
+ * complement and shifting t's bits left by 23 leaves nn << 23: no float-to-int conversion.
+ * Inputs <= -87.34 (and -inf) give 0; nn stays in [-126, 127], so 2^nn is a normal float. */
+T256 static INL __m256 exp256(__m256 x) {
+    const __m256 lo = _mm256_set1_ps(-87.3365447505531f);
+    __m256 xc = _mm256_min_ps(x, _mm256_set1_ps(88.0f));
+    xc = _mm256_max_ps(xc, lo);
+    const __m256 shifter = _mm256_set1_ps(12582912.0f);
+    __m256 t = _mm256_fmadd_ps(xc, _mm256_set1_ps(1.44269504088896341f), shifter);
+    __m256 nn = _mm256_sub_ps(t, shifter);
+    __m256 r = _mm256_fnmadd_ps(nn, _mm256_set1_ps(0.693359375f), xc);
+    r = _mm256_fnmadd_ps(nn, _mm256_set1_ps(-2.12194440e-4f), r);
+    __m256 p = _mm256_set1_ps(1.9875691500e-4f);
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.3981999507e-3f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(8.3334519073e-3f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(4.1665795894e-2f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.6666665459e-1f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(5.0000001201e-1f));
+    __m256 y = _mm256_add_ps(_mm256_fmadd_ps(_mm256_mul_ps(p, r), r, r), _mm256_set1_ps(1.0f));
+    const __m256i e = _mm256_add_epi32(_mm256_slli_epi32(_mm256_castps_si256(t), 23),
+                                       _mm256_set1_epi32(127 << 23));
+    const __m256 keep = _mm256_cmp_ps(xc, lo, _CMP_GT_OQ);
+    return _mm256_mul_ps(y, _mm256_and_ps(_mm256_castsi256_ps(e), keep));
+}
+
+/* The register-blocked core: R (<= 6) rows of C by NV (<= 2) vectors of 8 columns (12
+ * accumulators, 2 B vectors and a broadcast: 15 of the 16 ymm registers); with TAIL the last
+ * vector is masked by `last` (a masked load every k otherwise costs the full tiles). R, NV
+ * and TAIL are compile-time constants at every call site. */
+T256 static INL void mk256(float *c, int64_t ldc, const float *a, int64_t as, int64_t ak,
+                           const float *b, int64_t ldb, const int R, const int NV,
+                           const int TAIL, __m256i last, int K, int acc) {
+    __m256 cc[6][2];
+    for (int r = 0; r < R; r++)
+        for (int v = 0; v < NV; v++)
+            cc[r][v] = !acc ? _mm256_setzero_ps()
+                       : TAIL && v == NV - 1 ? _mm256_maskload_ps(c + r * ldc + 8 * v, last)
+                                             : _mm256_loadu_ps(c + r * ldc + 8 * v);
+    for (int k = 0; k < K; k++) {
+        const float *bk = b + k * ldb;
+        __m256 bv[2];
+        for (int v = 0; v < NV; v++)
+            bv[v] = TAIL && v == NV - 1 ? _mm256_maskload_ps(bk + 8 * v, last)
+                                        : _mm256_loadu_ps(bk + 8 * v);
+        for (int r = 0; r < R; r++) {
+            __m256 av = _mm256_broadcast_ss(a + r * as + k * ak);
+            for (int v = 0; v < NV; v++) cc[r][v] = _mm256_fmadd_ps(av, bv[v], cc[r][v]);
+        }
+    }
+    for (int r = 0; r < R; r++)
+        for (int v = 0; v < NV; v++) {
+            if (TAIL && v == NV - 1)
+                _mm256_maskstore_ps(c + r * ldc + 8 * v, last, cc[r][v]);
+            else
+                _mm256_storeu_ps(c + r * ldc + 8 * v, cc[r][v]);
+        }
+}
+
+/* prefetch_next_rows for the AVX2 product: rows r0 .. r0+5 of a strided C accumulated into
+ * (all N columns: a row block runs over every column block before the next) and of a strided
+ * row-major A; out of line, like the AVX-512 one */
+static __attribute__((noinline)) void prefetch_rows256(const float *c, int64_t ldc,
+                                                       const float *a, int64_t as, int64_t ak,
+                                                       int r0, int M, int N, int K, int acc) {
+    const int pfc = acc && ldc > N, pfa = ak == 1 && as > K;
+    for (int r = r0; r < r0 + 6 && r < M; r++) {
+        if (pfc)
+            for (int x = 0; x < N; x += 16) _mm_prefetch((const char *)(c + r * ldc + x), _MM_HINT_T0);
+        if (pfa)
+            for (int x = 0; x < K; x += 16) _mm_prefetch((const char *)(a + r * as + x), _MM_HINT_T0);
+    }
+}
+
+#define MK(R, NV, TL) mk256(cp, ldc, ap, as, ak, b + n0, ldb, R, NV, TL, last, K, acc)
+#define MKR(R)                                                                                 \
+    {                                                                                          \
+        if (nv == 2) {                                                                         \
+            if (tail) MK(R, 2, 1);                                                             \
+            else MK(R, 2, 0);                                                                  \
+        } else {                                                                               \
+            if (tail) MK(R, 1, 1);                                                             \
+            else MK(R, 1, 0);                                                                  \
+        }                                                                                      \
+    }
+
+/* gemm512's product in blocks of 6 rows x 16 columns: a block of rows runs over all the
+ * column blocks (its A rows, K read in place in the forward, come from L2 or L3 once; B, a
+ * tile in scratch, stays in L1), and each element is the same FMA chain over k. */
+T256 static void gemm256(float *c, int64_t ldc, const float *a, int64_t as, int64_t ak,
+                         const float *b, int64_t ldb, int M, int N, int K, int acc) {
+    for (int r0 = 0; r0 < M; r0 += 6) {
+        const int rr = M - r0 < 6 ? M - r0 : 6;
+        const float *ap = a + r0 * as;
+        prefetch_rows256(c, ldc, a, as, ak, r0 + 6, M, N, K, acc);
+        for (int n0 = 0; n0 < N; n0 += 16) {
+            const int nn = N - n0 < 16 ? N - n0 : 16, nv = (nn + 7) / 8, tail = nn % 8 != 0;
+            const __m256i last = lanes8(nn - 8 * (nv - 1));
+            float *cp = c + r0 * ldc + n0;
+            switch (rr) {
+            case 1: MKR(1) break;
+            case 2: MKR(2) break;
+            case 3: MKR(3) break;
+            case 4: MKR(4) break;
+            case 5: MKR(5) break;
+            default: MKR(6) break;
+            }
+        }
+    }
+}
+#undef MK
+#undef MKR
+
+/* softmax512 on 8 query columns at a time: the same max and sum per column */
+T256 static void softmax256(float *st, int n, int m, float *mrow, float *lrow, float *alpha) {
+    const __m256 ninf = _mm256_set1_ps(-INFINITY), zero = _mm256_setzero_ps();
+    for (int i0 = 0; i0 < m; i0 += 8) {
+        float *mr = mrow + i0, *lr = lrow + i0, *al = alpha + i0;
+        float mbuf[8], lbuf[8], abuf[8];
+        const int w = m - i0 < 8 ? m - i0 : 8;
+        if (w < 8) { /* a partial group of columns works on copies padded with -inf / 0 */
+            for (int i = 0; i < 8; i++) {
+                mbuf[i] = i < w ? mr[i] : -INFINITY;
+                lbuf[i] = i < w ? lr[i] : 0.0f;
+            }
+            mr = mbuf, lr = lbuf, al = abuf;
+        }
+        const __m256i km = lanes8(w);
+        const __m256 mold = _mm256_loadu_ps(mr);
+        __m256 mnew = mold;
+        if (w == 8)
+            for (int j = 0; j < n; j++)
+                mnew = _mm256_max_ps(mnew, _mm256_loadu_ps(st + (int64_t)j * BQ + i0));
+        else
+            for (int j = 0; j < n; j++)
+                mnew = _mm256_max_ps(mnew, _mm256_blendv_ps(ninf, _mm256_maskload_ps(st + (int64_t)j * BQ + i0, km),
+                                                            _mm256_castsi256_ps(km)));
+        /* a column with nothing visible yet keeps m = -inf; exp(-inf - 0) = 0 keeps P at 0 */
+        const __m256 muse = _mm256_blendv_ps(mnew, zero, _mm256_cmp_ps(mnew, ninf, _CMP_EQ_OQ));
+        __m256 sum = zero;
+        for (int j = 0; j < n; j++) {
+            float *sj = st + (int64_t)j * BQ + i0;
+            if (w == 8) {
+                __m256 e = exp256(_mm256_sub_ps(_mm256_loadu_ps(sj), muse));
+                _mm256_storeu_ps(sj, e);
+                sum = _mm256_add_ps(sum, e);
+            } else {
+                __m256 e = exp256(_mm256_sub_ps(
+                    _mm256_blendv_ps(ninf, _mm256_maskload_ps(sj, km), _mm256_castsi256_ps(km)),
+                    muse));
+                _mm256_maskstore_ps(sj, km, e);
+                sum = _mm256_add_ps(sum, e);
+            }
+        }
+        const __m256 a = exp256(_mm256_sub_ps(mold, muse));
+        _mm256_storeu_ps(al, a);
+        _mm256_storeu_ps(lr, _mm256_fmadd_ps(_mm256_loadu_ps(lr), a, sum));
+        _mm256_storeu_ps(mr, mnew);
+        if (w < 8)
+            for (int i = 0; i < w; i++) {
+                mrow[i0 + i] = mbuf[i];
+                lrow[i0 + i] = lbuf[i];
+                alpha[i0 + i] = abuf[i];
+            }
+    }
+}
+
+T256 static INL __m256 lse_base256(__m256 l) {
+    return _mm256_blendv_ps(l, _mm256_set1_ps(INFINITY),
+                            _mm256_cmp_ps(l, _mm256_set1_ps(-INFINITY), _CMP_EQ_OQ));
+}
+
+T256 static void bwd_tile256(float *s, float *dp, int m, int n, const float *lse,
+                             const float *delta) {
+    const int n8 = n / 8 * 8;
+    const __m256i kt = lanes8(n - n8);
+    for (int r = 0; r < m; r++) {
+        float *sr = s + (int64_t)r * BK, *dr = dp + (int64_t)r * BK;
+        const __m256 vl = _mm256_set1_ps(lse_base(lse[r])), vd = _mm256_set1_ps(delta[r]);
+        for (int j = 0; j < n8; j += 8) {
+            __m256 p = exp256(_mm256_sub_ps(_mm256_loadu_ps(sr + j), vl));
+            __m256 d = _mm256_mul_ps(p, _mm256_sub_ps(_mm256_loadu_ps(dr + j), vd));
+            _mm256_storeu_ps(sr + j, p);
+            _mm256_storeu_ps(dr + j, d);
+        }
+        if (n8 < n) {
+            __m256 p = exp256(_mm256_sub_ps(_mm256_maskload_ps(sr + n8, kt), vl));
+            __m256 d = _mm256_mul_ps(p, _mm256_sub_ps(_mm256_maskload_ps(dr + n8, kt), vd));
+            _mm256_maskstore_ps(sr + n8, kt, p);
+            _mm256_maskstore_ps(dr + n8, kt, d);
+        }
+    }
+}
+
+T256 static void bwd_tile_t256(float *st, float *dpt, int n, int m, const float *lse,
+                               const float *delta) {
+    for (int i0 = 0; i0 < m; i0 += 8) {
+        const int w = m - i0 < 8 ? m - i0 : 8;
+        const __m256i km = lanes8(w);
+        const __m256 vl = lse_base256(_mm256_maskload_ps(lse + i0, km));
+        const __m256 vd = _mm256_maskload_ps(delta + i0, km);
+        for (int j = 0; j < n; j++) {
+            float *sj = st + (int64_t)j * BQ + i0, *dj = dpt + (int64_t)j * BQ + i0;
+            if (w == 8) {
+                __m256 p = exp256(_mm256_sub_ps(_mm256_loadu_ps(sj), vl));
+                __m256 d = _mm256_mul_ps(p, _mm256_sub_ps(_mm256_loadu_ps(dj), vd));
+                _mm256_storeu_ps(sj, p);
+                _mm256_storeu_ps(dj, d);
+            } else {
+                __m256 p = exp256(_mm256_sub_ps(_mm256_maskload_ps(sj, km), vl));
+                __m256 d = _mm256_mul_ps(p, _mm256_sub_ps(_mm256_maskload_ps(dj, km), vd));
+                _mm256_maskstore_ps(sj, km, p);
+                _mm256_maskstore_ps(dj, km, d);
+            }
+        }
+    }
+}
+
+/* row_dot512's 16 partial sums (lanes 0-7 in lo, 8-15 in hi) and its reduction order
+ * (_mm512_reduce_add_ps: the halves, then the 128-bit halves, then lanes 2 apart, then 1) */
+T256 static void row_dot256(float *delta, const float *a, int64_t ats, const float *b,
+                            int64_t bts, int m, int D) {
+    for (int r = 0; r < m; r++) {
+        const float *ar = a + r * ats, *br = b + r * bts;
+        __m256 lo = _mm256_setzero_ps(), hi = _mm256_setzero_ps();
+        int x = 0;
+        for (; x + 16 <= D; x += 16) {
+            lo = _mm256_fmadd_ps(_mm256_loadu_ps(ar + x), _mm256_loadu_ps(br + x), lo);
+            hi = _mm256_fmadd_ps(_mm256_loadu_ps(ar + x + 8), _mm256_loadu_ps(br + x + 8), hi);
+        }
+        if (x < D) { /* masked-off lanes add 0 * 0, as AVX-512's zero-masked loads do */
+            const __m256i k0 = lanes8(D - x), k1 = lanes8(D - x - 8);
+            lo = _mm256_fmadd_ps(_mm256_maskload_ps(ar + x, k0), _mm256_maskload_ps(br + x, k0), lo);
+            hi = _mm256_fmadd_ps(_mm256_maskload_ps(ar + x + 8, k1),
+                                 _mm256_maskload_ps(br + x + 8, k1), hi);
+        }
+        const __m256 t3 = _mm256_add_ps(hi, lo);
+        const __m128 t6 = _mm_add_ps(_mm256_extractf128_ps(t3, 1), _mm256_castps256_ps128(t3));
+        const __m128 t8 = _mm_add_ps(t6, _mm_shuffle_ps(t6, t6, _MM_SHUFFLE(1, 0, 3, 2)));
+        delta[r] = _mm_cvtss_f32(t8) + _mm_cvtss_f32(_mm_shuffle_ps(t8, t8, 1));
+    }
+}
+
+/* 8 x 8 floats transposed in registers: rows interleaved by 32 and 64 bits, then the 128-bit
+ * lanes exchanged */
+T256 static INL void tr8x8(__m256 r[8]) {
+    __m256 t[8];
+    for (int i = 0; i < 4; i++) {
+        t[2 * i] = _mm256_unpacklo_ps(r[2 * i], r[2 * i + 1]);
+        t[2 * i + 1] = _mm256_unpackhi_ps(r[2 * i], r[2 * i + 1]);
+    }
+    __m256 u[8];
+    for (int i = 0; i < 2; i++) {
+        u[4 * i] = _mm256_shuffle_ps(t[4 * i], t[4 * i + 2], _MM_SHUFFLE(1, 0, 1, 0));
+        u[4 * i + 1] = _mm256_shuffle_ps(t[4 * i], t[4 * i + 2], _MM_SHUFFLE(3, 2, 3, 2));
+        u[4 * i + 2] = _mm256_shuffle_ps(t[4 * i + 1], t[4 * i + 3], _MM_SHUFFLE(1, 0, 1, 0));
+        u[4 * i + 3] = _mm256_shuffle_ps(t[4 * i + 1], t[4 * i + 3], _MM_SHUFFLE(3, 2, 3, 2));
+    }
+    for (int j = 0; j < 4; j++) {
+        r[j] = _mm256_permute2f128_ps(u[j], u[j + 4], 0x20);
+        r[j + 4] = _mm256_permute2f128_ps(u[j], u[j + 4], 0x31);
+    }
+}
+
+/* transpose_scaled in 8 x 8 blocks; the same products scale * x, so the same bits */
+T256 static void transpose256(float *dst, int ld, const float *src, int64_t ts, int rows, int D,
+                              float scale) {
+    const __m256 vs = _mm256_set1_ps(scale);
+    const int R8 = rows / 8 * 8, D8 = D / 8 * 8;
+    for (int r0 = 0; r0 < R8; r0 += 8)
+        for (int d0 = 0; d0 < D8; d0 += 8) {
+            __m256 v[8];
+            for (int i = 0; i < 8; i++)
+                v[i] = _mm256_mul_ps(vs, _mm256_loadu_ps(src + (r0 + i) * ts + d0));
+            tr8x8(v);
+            for (int i = 0; i < 8; i++) _mm256_storeu_ps(dst + (int64_t)(d0 + i) * ld + r0, v[i]);
+        }
+    for (int r = 0; r < rows; r++) {
+        const float *sr = src + r * ts;
+        for (int d = r < R8 ? D8 : 0; d < D; d++) dst[(int64_t)d * ld + r] = scale * sr[d];
+    }
+}
+
+static const attn_ops ops_avx2 = {gemm256, softmax256, bwd_tile256, bwd_tile_t256, row_dot256,
+                                  transpose256};
+#endif /* LOOM_HAVE_X86 */
+
 int flash_attention_have_avx512(void) {
 #ifdef LOOM_HAVE_X86
     __builtin_cpu_init();
@@ -404,20 +708,23 @@ static const attn_ops *pick_ops(int isa) {
         switch (loom_isa_active()) {
         case LOOM_ISA_AVX512: isa = LOOM_ATTN_ISA_AVX512; break;
         case LOOM_ISA_AVX2: isa = LOOM_ATTN_ISA_AVX2; break;
-        case LOOM_ISA_NATIVE: { /* NATIVE=1: one level; AVX-512 if the CPU has it and
-                                 * LOOM_ISA does not ask for portable / x86-64 */
+        case LOOM_ISA_NATIVE: { /* NATIVE=1: one level; AVX-512 if the CPU has it, else AVX2
+                                 * if it has that, unless LOOM_ISA asks for portable / x86-64 */
             const char *env = getenv("LOOM_ISA");
             int portable = env && (strcmp(env, "portable") == 0 || strcmp(env, "x86-64") == 0);
-            isa = !portable && flash_attention_have_avx512() ? LOOM_ATTN_ISA_AVX512
-                                                             : LOOM_ATTN_ISA_PORTABLE;
+            isa = portable                       ? LOOM_ATTN_ISA_PORTABLE
+                  : flash_attention_have_avx512() ? LOOM_ATTN_ISA_AVX512
+                  : have_avx2()                   ? LOOM_ATTN_ISA_AVX2
+                                                  : LOOM_ATTN_ISA_PORTABLE;
             break;
         }
         default: isa = LOOM_ATTN_ISA_PORTABLE; break;
         }
     }
     if (isa == LOOM_ATTN_ISA_PORTABLE) return &ops_portable;
-    if (isa == LOOM_ATTN_ISA_AVX2 && have_avx2()) return &ops_portable_avx2;
+    if (isa == LOOM_ATTN_ISA_AVX2_C && have_avx2()) return &ops_portable_avx2;
 #ifdef LOOM_HAVE_X86
+    if (isa == LOOM_ATTN_ISA_AVX2 && have_avx2()) return &ops_avx2;
     if (isa == LOOM_ATTN_ISA_AVX512 && flash_attention_have_avx512()) return &ops_avx512;
     if (isa == LOOM_ATTN_ISA_AVX512_BLAS && flash_attention_have_avx512())
         return &ops_avx512_blas;

@@ -40,7 +40,8 @@ class AttnMask(ctypes.Structure):
                 ("window", ctypes.c_int64), ("scale", ctypes.c_float), ("softcap", ctypes.c_float)]
 
 
-ATTN_ISA_AUTO, ATTN_ISA_PORTABLE, ATTN_ISA_AVX512, ATTN_ISA_AVX512_BLAS, ATTN_ISA_AVX2 = 0, 1, 2, 3, 4
+(ATTN_ISA_AUTO, ATTN_ISA_PORTABLE, ATTN_ISA_AVX512, ATTN_ISA_AVX512_BLAS, ATTN_ISA_AVX2,
+ ATTN_ISA_AVX2_C) = 0, 1, 2, 3, 4, 5
 _DP = ctypes.POINTER(AttnDims)
 _MP = ctypes.POINTER(AttnMask)
 

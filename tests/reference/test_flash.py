@@ -1,10 +1,11 @@
 """flash_attention_forward/backward (src/kernels/flash_attention.c) against PyTorch in float64
 and against loom's materialized attention (attention_forward/backward, the "sdpa" path).
 
-Every check runs on each inner-loop path: portable C (x86-64 baseline), the same C compiled for
-AVX2, AVX-512 intrinsics, and AVX-512 with the tile products through OpenBLAS (the AVX-512
+Every check runs on each inner-loop path: portable C (x86-64 baseline), AVX2 intrinsics,
+AVX-512 intrinsics, and AVX-512 with the tile products through OpenBLAS (the AVX-512
 ones are reported as not run, and the test fails, on a CPU without AVX-512 unless
-LOOM_FLASH_NO_AVX512_OK=1).
+LOOM_FLASH_NO_AVX512_OK=1). On a CPU with both, the AVX2 and AVX-512 paths must also give the
+same bits (test_avx2_bits).
 Errors are max |loom - ref| / max |ref| (rel_err). Tolerances: 1e-5 for outputs, lse and
 gradients (fp32 kernels against a float64 reference; measured errors are ~1e-7..1e-6).
 
@@ -86,7 +87,7 @@ def runs(isa):
 
 ISAS = [("portable", ATTN_ISA_PORTABLE)]
 if runs(ATTN_ISA_AVX2):
-    ISAS.append(("avx2", ATTN_ISA_AVX2))  # the portable C compiled for AVX2 + FMA
+    ISAS.append(("avx2", ATTN_ISA_AVX2))  # AVX2 + FMA intrinsics (8 lanes)
 if L.flash_attention_have_avx512():
     ISAS.append(("avx512", ATTN_ISA_AVX512))
     ISAS.append(("avx512+blas", ATTN_ISA_AVX512_BLAS))  # tile products through OpenBLAS
@@ -360,10 +361,49 @@ def test_auto_follows_level():
         p = flash(q, k, v, ATTN_ISA_PORTABLE, True)
         a2 = flash(q, k, v, ATTN_ISA_AVX2, True)
         a = flash(q, k, v, ATTN_ISA_AVX512, True)
-        # (the AVX2 C and the AVX-512 intrinsics may agree bitwise: the same FMA chains)
+        # (the AVX2 and AVX-512 intrinsics agree bitwise: test_avx2_bits)
         check_true("baseline C tiles differ in bits from the AVX2 and AVX-512 ones",
                    not np.array_equal(p[0], a[0]) and not np.array_equal(p[0], a2[0]))
     L.loom_isa_set(best, None)
+
+
+def test_avx2_bits():
+    """The AVX2 level's tile operations are the AVX-512 ones at 8 lanes: the same FMA chains,
+    exp and reductions, so the same bits (docs/kernels.md), forward and backward, both
+    backward schedules (1 thread: fused, 3: two passes), every mask kind, head dims that
+    are not a multiple of 8 or 16 (masked tails) and tiles cut short by T."""
+    if not (runs(ATTN_ISA_AVX2) and L.flash_attention_have_avx512()):
+        return
+    cases = [  # B, T, H, KVH, D, causal, docs, window, scale, softcap
+        (2, 150, 4, 2, 64, True, False, 0, 0.0, 0.0),
+        (1, 133, 4, 1, 20, True, True, 0, 0.0, 0.0),
+        (1, 140, 2, 2, 24, True, False, 45, 0.25, 3.0),
+        (2, 77, 4, 4, 40, False, False, 0, 0.0, 0.0),
+    ]
+    for (B, T, H, KVH, D, causal, withdocs, W, sc, cap) in cases:
+        q, k, v, do = qkv(B, T, T, H, KVH, D)
+        docs = (np.repeat(np.arange(3, dtype=np.int32), (T + 2) // 3)[:T][None].repeat(B, 0)
+                if withdocs else None)
+        d = dims_sep(B, T, T, H, KVH, D)
+        mk = make_mask(causal, qdoc=docs, kdoc=docs, window=W, scale=sc, softcap=cap)
+        res = []
+        for isa in (ATTN_ISA_AVX2, ATTN_ISA_AVX512):
+            for nt in (1, 3):
+                GOMP.omp_set_num_threads(nt)
+                out, lse = np.empty_like(q), np.empty((B, H, T), np.float32)
+                dq, dk, dv = np.zeros_like(q), np.zeros_like(k), np.zeros_like(v)
+                rc = L.flash_attention_forward(fptr(out), fptr(lse), fptr(q), fptr(k), fptr(v),
+                                               ctypes.byref(d), ctypes.byref(mk), isa)
+                rc |= L.flash_attention_backward(fptr(dq), fptr(dk), fptr(dv), fptr(do),
+                                                 fptr(q), fptr(k), fptr(v), fptr(out),
+                                                 fptr(lse), ctypes.byref(d), ctypes.byref(mk),
+                                                 isa)
+                assert rc == 0, f"rc {rc}"
+                res.append((out, lse, dq, dk, dv))
+        GOMP.omp_set_num_threads(2)
+        same = all(np.array_equal(a, b) for r in res[1:] for a, b in zip(res[0], r))
+        check_true(f"avx2 = avx512 bitwise (1, 3 threads) B{B} T{T} H{H} KVH{KVH} D{D} "
+                   f"causal {int(causal)} docs {int(withdocs)} W{W} cap {cap}", same)
 
 
 # ---- sliding windows, soft-capping and a custom scale: flash and sdpa against PyTorch --------
@@ -458,6 +498,7 @@ if __name__ == "__main__":
         test_threads(iname, isa)
         test_window_softcap(iname, isa)
     test_auto_follows_level()
+    test_avx2_bits()
     test_errors()
     if len(ISAS) < 2:
         ok = os.environ.get("LOOM_FLASH_NO_AVX512_OK") == "1"
