@@ -19,6 +19,14 @@ Variants (each timed in its own process, so peak RSS is per variant):
                  probabilities and scratch)
   torch          F.scaled_dot_product_attention(is_causal=True) on (B,H,T,D) float32 tensors,
                  forward + backward; eager and torch.compile, the faster kept (PyTorch's best)
+  flash-avx2-c   the same with the portable C inner loops compiled for AVX2 + FMA (what the
+                 avx2 level ran before its intrinsics)
+Levels (--levels, default every one of avx512, avx2 this CPU runs): each variant's processes
+are pinned to one instruction-set level on both sides (bench/levels.py: LOOM_ISA,
+ONEDNN_MAX_CPU_ISA, OPENBLAS_CORETYPE for loom; ATEN_CPU_CAPABILITY, MKL_ENABLE_INSTRUCTIONS
+for PyTorch), checked by what each reports it used (loom_isa_active, torch.backends.cpu.
+get_cpu_capability()); the levels' runs alternate, so they see the same load. At avx2,
+flash-avx2 (= flash there) and flash-blas (AVX-512) are left out.
 Threads: all cores on both sides (torch.set_num_threads; omp_set_num_threads for loom).
 Each variant runs --repeat times (in rotating order), each run W warm-up + N measured
 iterations; the table shows the median over the runs of each run's median, tokens/s = B*T /
@@ -51,10 +59,14 @@ sys.path.insert(0, os.path.join(REPO, "bench"))
 
 SECTION = "## Attention: flash vs PyTorch SDPA"
 B, H, KVH, D = 1, 4, 4, 64  # byte-tiny: d_model 256 / n_head 4 (read and checked in main)
-VARIANTS = ["flash", "flash-window", "flash-blas", "flash-avx2", "flash-portable", "sdpa-loom",
-            "torch"]
+VARIANTS = ["flash", "flash-window", "flash-blas", "flash-avx2", "flash-avx2-c", "flash-portable",
+            "sdpa-loom", "torch"]
+AVX512_ONLY = ("flash-blas", "flash-avx2")  # left out at the avx2 level
+# left out above LONG_T: sdpa-loom's (B,H,T,T) buffers (8 GiB at T = 16384) and the slow
+# reference paths (minutes per run there)
+LONG_T, SHORT_ONLY = 8192, ("sdpa-loom", "flash-portable", "flash-avx2-c", "flash-blas")
 WINDOW = [512]  # --window (set in main; read by make_variants in the child processes too)
-STEPS = {4096: (2, 7), 1024: (3, 15)}
+STEPS = {16384: (1, 3), 4096: (2, 7), 1024: (3, 15)}
 
 
 def current_rss():
@@ -199,6 +211,7 @@ def child(variant, T, warmup, measured, threads):
             timed(prep, step)
         res[name] = statistics.median(timed(prep, step)[0] for _ in range(measured))
     res["rss_growth"] = max(0, sampler.result() - rss0)
+    res["_used"] = used_levels()
     print(json.dumps(res))
 
 
@@ -223,20 +236,39 @@ def interleaved(variants, T, warmup, measured, threads):
             if f is not None:
                 fwd[name].append(timed(prep, f)[0])
                 time.sleep(0.05)
-    print(json.dumps({n: {"s": statistics.median(wall[n]), "cpu_s": statistics.median(cpu[n]),
-                          "fwd_s": statistics.median(fwd[n]) if fwd[n] else None}
-                      for n in names}))
+    res = {n: {"s": statistics.median(wall[n]), "cpu_s": statistics.median(cpu[n]),
+               "fwd_s": statistics.median(fwd[n]) if fwd[n] else None} for n in names}
+    res["_used"] = used_levels()
+    print(json.dumps(res))
 
 
-def run_child(variant, T, warmup, measured, threads):
-    env = dict(os.environ, OMP_NUM_THREADS=str(threads))
+def used_levels():
+    """the levels loom and PyTorch report in this process (bench/levels.py)"""
+    from levels import used
+    L = None
+    if "loomlib" in sys.modules:
+        L = sys.modules["loomlib"].lib()
+    return used(L)
+
+
+def run_child(variant, T, warmup, measured, threads, level=None):
+    """the child's JSON; with `level`, both sides pinned to it and the levels they report
+    checked (bench/levels.py)"""
+    from levels import check_used, level_env
+    env = dict(os.environ, OMP_NUM_THREADS=str(threads), **(level_env(level) if level else {}))
     p = subprocess.run([sys.executable, os.path.abspath(__file__), "--child", variant,
                         "--T", str(T), "--warmup", str(warmup), "--measured", str(measured),
                         "--threads", str(threads), "--window", str(WINDOW[0])],
                        capture_output=True, text=True, env=env)
     if p.returncode != 0:
         sys.exit(f"bench_attention: {variant} T={T} failed:\n{p.stderr[-2000:]}")
-    return json.loads(p.stdout.strip().splitlines()[-1])
+    res = json.loads(p.stdout.strip().splitlines()[-1])
+    rep = res.pop("_used")
+    if level:
+        err = check_used(level, rep, f"bench_attention: {variant} T={T}")
+        if err:
+            sys.exit(err)
+    return res
 
 
 def main():
@@ -253,6 +285,9 @@ def main():
     ap.add_argument("--write", action="store_true", help="update bench/RESULTS.md")
     ap.add_argument("--window", type=int, default=512,
                     help="the flash-window variant's sliding window (default 512)")
+    ap.add_argument("--levels", help="instruction-set levels to pin both sides to, e.g. "
+                    "avx2 or avx512,avx2 (default: each of avx512, avx2 this CPU runs; "
+                    "'none' for no pinning)")
     ap.add_argument("--child", help=argparse.SUPPRESS)
     args = ap.parse_args()
     WINDOW[0] = args.window
@@ -271,6 +306,15 @@ def main():
     assert m["d_model"] // m["n_head"] == D and m["n_head"] == H, "byte-tiny's shape changed"
     Ts = args.T or [4096, 1024]
     variants = args.variants.split(",")
+    from levels import machine_levels
+    loom_bin = os.environ.get("LOOM_BIN") or os.path.join(REPO, "build", "loom")
+    levels = ([None] if args.levels == "none" else
+              args.levels.split(",") if args.levels else machine_levels(loom_bin) or [None])
+
+    def at(level, names, T):
+        return [v for v in names if not (level == "avx2" and v in AVX512_ONLY)
+                and not (T > LONG_T and v in SHORT_ONLY)]
+
     load_before = loadavg()
     other = OtherWork()
     rss, runs = {}, {}
@@ -278,71 +322,82 @@ def main():
         w, n = STEPS.get(T, (2, 10))
         w = args.warmup if args.warmup is not None else w
         n = args.measured if args.measured is not None else n
-        for var in variants:  # memory: each variant alone in a process
-            log(f"T={T}: {var} alone (peak RSS)")
-            rss[(T, var)] = run_child(var, T, 1, 1, args.threads)["rss_growth"]
-        for r in range(args.repeat):  # time: all variants interleaved in one process
-            log(f"T={T} run {r + 1}/{args.repeat}: {','.join(variants)} interleaved "
-                f"({w} warm-up, {n} measured each)")
-            runs.setdefault(T, []).append(
-                run_child("interleaved:" + ",".join(variants), T, w, n, args.threads))
-    one = []
+        for lv in levels:
+            for var in at(lv, variants, T):  # memory: each variant alone in a process
+                log(f"T={T} level {lv}: {var} alone (peak RSS)")
+                rss[(lv, T, var)] = run_child(var, T, 1, 1, args.threads, lv)["rss_growth"]
+        for r in range(args.repeat):  # time: all variants interleaved in one process per level
+            for lv in levels:  # the levels alternate: both see the same load
+                log(f"T={T} level {lv} run {r + 1}/{args.repeat}: {','.join(at(lv, variants, T))} "
+                    f"interleaved ({w} warm-up, {n} measured each)")
+                runs.setdefault((lv, T), []).append(
+                    run_child("interleaved:" + ",".join(at(lv, variants, T)), T, w, n,
+                              args.threads, lv))
+    one = {}
     if args.one_thread:
         T1 = Ts[0]
         w, n = STEPS.get(T1, (2, 10))
         v1 = [v for v in ("flash", "sdpa-loom", "torch") if v in variants]
         for r in range(args.repeat):
-            log(f"T={T1} one thread, run {r + 1}/{args.repeat}: {','.join(v1)} interleaved")
-            one.append(run_child("interleaved:" + ",".join(v1), T1, w, n, 1))
+            for lv in levels:
+                log(f"T={T1} level {lv} one thread, run {r + 1}/{args.repeat}: "
+                    f"{','.join(v1)} interleaved")
+                one.setdefault(lv, []).append(
+                    run_child("interleaved:" + ",".join(v1), T1, w, n, 1, lv))
     load_after = loadavg()
     other_s, avail_s = other.result()
     quiet = avail_s > 0 and other_s / avail_s < 0.05
 
-    lines = [f"| T | variant | fwd+bwd ms | tokens/s | vs PyTorch best | CPU ms | "
+    lines = [f"| level | T | variant | fwd+bwd ms | tokens/s | vs PyTorch best | CPU ms | "
              f"vs PyTorch (CPU) | peak RSS growth | attention buffers |",
-             "|---|---|---|---|---|---|---|---|---|"]
+             "|---|---|---|---|---|---|---|---|---|---|"]
     notes = []
     for T in Ts:
-        names = list(runs[T][0])
-        med = {nm: statistics.median(r[nm]["s"] for r in runs[T]) for nm in names}
-        cmed = {nm: statistics.median(r[nm]["cpu_s"] for r in runs[T]) for nm in names}
-        torch_names = [nm for nm in names if nm.startswith("torch-")]
-        best = min(torch_names, key=med.get) if torch_names else None
-        ref, cref = (med[best], cmed[best]) if best else (None, None)
-        for nm in names:
-            var = "torch" if nm.startswith("torch-") else nm
-            bufs = (f"{flash_bytes(T, args.threads) / 2**20:.2f} MiB" if nm.startswith("flash")
-                    else f"{sdpa_loom_bytes(T) / 2**20:.0f} MiB" if nm == "sdpa-loom" else "n/a")
-            label = (f"torch SDPA ({nm[6:]}{', best' if nm == best else ''})" if var == "torch"
-                     else f"flash-window (W = {WINDOW[0]})" if nm == "flash-window" else nm)
-            ratio = f"{ref / med[nm]:.2f}x" if ref else "n/a"
-            cratio = f"{cref / cmed[nm]:.2f}x" if cref else "n/a"
-            lines.append(f"| {T} | {label} | {1e3 * med[nm]:.1f} | {B * T / med[nm]:.0f} | "
-                         f"{ratio} | {1e3 * cmed[nm]:.1f} | {cratio} | "
-                         f"{rss[(T, var)] / 2**20:.1f} MiB | {bufs} |")
-            desc = ", ".join(f"{1e3 * r[nm]['s']:.1f}" for r in runs[T])
-            f = [r[nm]["fwd_s"] for r in runs[T] if r[nm]["fwd_s"] is not None]
-            if f:
-                desc += f" (forward alone, median {1e3 * statistics.median(f):.1f})"
-            notes.append(f"T={T} {nm}: per-run medians (ms) {desc}")
+        for lv in levels:
+            rl = runs[(lv, T)]
+            names = list(rl[0])
+            med = {nm: statistics.median(r[nm]["s"] for r in rl) for nm in names}
+            cmed = {nm: statistics.median(r[nm]["cpu_s"] for r in rl) for nm in names}
+            torch_names = [nm for nm in names if nm.startswith("torch-")]
+            best = min(torch_names, key=med.get) if torch_names else None
+            ref, cref = (med[best], cmed[best]) if best else (None, None)
+            for nm in names:
+                var = "torch" if nm.startswith("torch-") else nm
+                bufs = (f"{flash_bytes(T, args.threads) / 2**20:.2f} MiB" if nm.startswith("flash")
+                        else f"{sdpa_loom_bytes(T) / 2**20:.0f} MiB" if nm == "sdpa-loom" else "n/a")
+                label = (f"torch SDPA ({nm[6:]}{', best' if nm == best else ''})" if var == "torch"
+                         else f"flash-window (W = {WINDOW[0]})" if nm == "flash-window" else nm)
+                ratio = f"{ref / med[nm]:.2f}x" if ref else "n/a"
+                cratio = f"{cref / cmed[nm]:.2f}x" if cref else "n/a"
+                lines.append(f"| {lv or 'own'} | {T} | {label} | {1e3 * med[nm]:.1f} | "
+                             f"{B * T / med[nm]:.0f} | {ratio} | {1e3 * cmed[nm]:.1f} | {cratio} | "
+                             f"{rss[(lv, T, var)] / 2**20:.1f} MiB | {bufs} |")
+                desc = ", ".join(f"{1e3 * r[nm]['s']:.1f}" for r in rl)
+                f = [r[nm]["fwd_s"] for r in rl if r[nm]["fwd_s"] is not None]
+                if f:
+                    desc += f" (forward alone, median {1e3 * statistics.median(f):.1f})"
+                notes.append(f"level {lv or 'own'} T={T} {nm}: per-run medians (ms) {desc}")
     if one:
         lines += ["", f"One thread per side (`--one-thread`), T={Ts[0]}:", "",
-                  "| T | variant | fwd+bwd ms | tokens/s | vs PyTorch best | CPU ms | "
-                  "vs PyTorch (CPU) |", "|---|---|---|---|---|---|---|"]
-        names = list(one[0])
-        med = {nm: statistics.median(r[nm]["s"] for r in one) for nm in names}
-        cmed = {nm: statistics.median(r[nm]["cpu_s"] for r in one) for nm in names}
-        tn = [nm for nm in names if nm.startswith("torch-")]
-        best = min(tn, key=med.get) if tn else None
-        for nm in names:
-            label = (f"torch SDPA ({nm[6:]}{', best' if nm == best else ''})"
-                     if nm.startswith("torch-") else nm)
-            ratio = f"{med[best] / med[nm]:.2f}x" if best else "n/a"
-            cratio = f"{cmed[best] / cmed[nm]:.2f}x" if best else "n/a"
-            lines.append(f"| {Ts[0]} | {label} | {1e3 * med[nm]:.1f} | {B * Ts[0] / med[nm]:.0f} | "
-                         f"{ratio} | {1e3 * cmed[nm]:.1f} | {cratio} |")
-            notes.append(f"T={Ts[0]} one thread {nm}: per-run medians (ms) "
-                         + ", ".join(f"{1e3 * r[nm]['s']:.1f}" for r in one))
+                  "| level | T | variant | fwd+bwd ms | tokens/s | vs PyTorch best | CPU ms | "
+                  "vs PyTorch (CPU) |", "|---|---|---|---|---|---|---|---|"]
+        for lv in levels:
+            rl = one[lv]
+            names = list(rl[0])
+            med = {nm: statistics.median(r[nm]["s"] for r in rl) for nm in names}
+            cmed = {nm: statistics.median(r[nm]["cpu_s"] for r in rl) for nm in names}
+            tn = [nm for nm in names if nm.startswith("torch-")]
+            best = min(tn, key=med.get) if tn else None
+            for nm in names:
+                label = (f"torch SDPA ({nm[6:]}{', best' if nm == best else ''})"
+                         if nm.startswith("torch-") else nm)
+                ratio = f"{med[best] / med[nm]:.2f}x" if best else "n/a"
+                cratio = f"{cmed[best] / cmed[nm]:.2f}x" if best else "n/a"
+                lines.append(f"| {lv or 'own'} | {Ts[0]} | {label} | {1e3 * med[nm]:.1f} | "
+                             f"{B * Ts[0] / med[nm]:.0f} | {ratio} | {1e3 * cmed[nm]:.1f} | "
+                             f"{cratio} |")
+                notes.append(f"level {lv or 'own'} T={Ts[0]} one thread {nm}: per-run medians "
+                             "(ms) " + ", ".join(f"{1e3 * r[nm]['s']:.1f}" for r in rl))
     notes.append(f"load average before {load_before}, after {load_after}; other processes used "
                  f"{other_s:.0f} of the {avail_s:.0f} CPU-seconds available while it ran "
                  f"({100 * other_s / max(avail_s, 1e-9):.0f}%): "
@@ -357,15 +412,19 @@ def main():
         from results_md import replace_section
         md = [SECTION, "",
               f"Generated by `python3 bench/bench_attention.py --repeat {args.repeat}"
-              f"{' --one-thread' if args.one_thread else ''} --write` on "
+              f"{' --one-thread' if args.one_thread else ''}"
+              f"{' --T ' + ' --T '.join(map(str, Ts)) if args.T else ''}"
+              f"{' --levels ' + args.levels if args.levels else ''} --write` on "
               f"{datetime.datetime.now().strftime('%Y-%m-%d %H:%M')}"
               + (" on a quiet machine." if quiet else ", on a machine shared with other work "
                  "(see the load below): not quiet-machine figures."), "",
               f"- machine: {cpu_model()}, {os.cpu_count()} cores, {args.threads} threads per side;"
-              f" PyTorch {torch.__version__}",
+              f" PyTorch {torch.__version__}; levels "
+              + (", ".join(levels) if levels != [None] else "not pinned (each side's own)")
+              + " (bench/levels.py: both sides pinned, and what each reported it used checked)",
               f"- shape: byte-tiny attention, B={B}, H=KVH={H}, D={D}, causal, float32, "
-              "forward + backward; issue 8's target: flash >= 1.25x PyTorch SDPA tokens/s at "
-              "T=4096", "", table, ""] + [f"- {line}" for line in notes]
+              "forward + backward; targets (issues 8 and 27): flash >= 1.25x PyTorch SDPA "
+              "tokens/s at T=4096 and >= 1.0x at T=16384, at each level", "", table, ""] + [f"- {line}" for line in notes]
         replace_section("\n".join(md), SECTION, os.path.join(REPO, "bench", "RESULTS.md"))
         log("wrote bench/RESULTS.md")
 
