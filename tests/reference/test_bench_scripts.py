@@ -9,6 +9,9 @@
   bench_longctx_torch.py: loom and PyTorch side by side at a long(ish) T: every row has a
     step time and the CPU seconds per step (also with no warm-up step: the only step's CPU
     counts from the process's start), PyTorch's peak RSS above loom's by at least torch's import.
+  levels.py (bench_attention.py --levels): a run whose loom or PyTorch reports another level
+    than the one pinned is refused; pinned to avx2, PyTorch reports AVX2 and loom its avx2
+    kernels.
 (bench_dp.sh's bytes on the wire: tests/mpi/test_dp_wire.sh; bench_cp.sh:
 tests/mpi/test_bench_cp.sh.)
 """
@@ -92,6 +95,24 @@ for warm in ("0",):  # (no warm-up: the case whose CPU was once missing)
           f"longctx --warmup {warm}: step s and CPU s/step in every row: {cells}")
     check(len(cells) == 2 and float(cells["torch eager"][5]) > float(cells["loom none"][5]) + 0.2,
           f"longctx --warmup {warm}: PyTorch's peak RSS includes its import: {cells}")
+
+# ---- pinned levels (bench/levels.py, bench_attention.py --levels) --------------------------
+import levels  # noqa: E402
+check(levels.check_used("avx2", {"loom": "avx2", "torch": "AVX2"}, "x") is None,
+      "levels: reports that match the pinned level are accepted")
+check(levels.check_used("avx2", {"loom": "avx512", "torch": "AVX2"}, "x") is not None,
+      "levels: loom at another level than pinned is refused")
+check(levels.check_used("avx2", {"loom": "avx2", "torch": "AVX512"}, "x") is not None,
+      "levels: PyTorch at another capability than pinned is refused")
+if "avx2" in levels.machine_levels(os.environ.get("LOOM_BIN", os.path.join(REPO, "build", "loom"))):
+    env = dict(os.environ, **levels.level_env("avx2"))
+    r = subprocess.run([sys.executable, "-c", "import torch; "
+                        "print(torch.backends.cpu.get_cpu_capability())"],
+                       capture_output=True, text=True, env=env, timeout=120)
+    check(r.stdout.strip() == "AVX2", f"levels: PyTorch pinned to avx2 reports AVX2: {r.stdout!r}")
+    lb = os.environ.get("LOOM_BIN", os.path.join(REPO, "build", "loom"))
+    r = subprocess.run([lb, "version"], capture_output=True, text=True, env=env, timeout=60)
+    check("kernels: avx2," in r.stdout, f"levels: loom pinned to avx2 runs its avx2 kernels: {r.stdout!r}")
 
 if failures:
     sys.exit(f"{len(failures)} failure(s)")
