@@ -138,10 +138,50 @@ __attribute__((target("avx512f"))) static void colsum_avx512(float *dbias, const
         }
     }
 }
+
+/* The same at AVX2 (16 ymm): NV (a constant where inlined) vectors of 8 columns from c0, in
+ * registers over all the rows; with `km`, the one vector is masked to its columns. */
+__attribute__((target("avx2"), always_inline)) static inline void colsum_avx2_pass(
+    float *dbias, const float *dout, int64_t N, int OC, int c0, const int NV, int masked,
+    __m256i km) {
+    __m256 acc[16];
+    for (int v = 0; v < NV; v++) acc[v] = _mm256_setzero_ps();
+    for (int64_t n = 0; n < N; n++) {
+        const float *row = dout + n * OC + c0;
+        for (int v = 0; v < NV; v++)
+            acc[v] = _mm256_add_ps(acc[v], masked ? _mm256_maskload_ps(row + 8 * v, km)
+                                                  : _mm256_loadu_ps(row + 8 * v));
+    }
+    for (int v = 0; v < NV; v++) {
+        float *d = dbias + c0 + 8 * v;
+        if (masked)
+            _mm256_maskstore_ps(d, km, _mm256_add_ps(_mm256_maskload_ps(d, km), acc[v]));
+        else
+            _mm256_storeu_ps(d, _mm256_add_ps(_mm256_loadu_ps(d), acc[v]));
+    }
+}
+
+/* 128 columns per pass over the rows (16 accumulators: a 256-column slice takes two passes),
+ * then 64, then 8, then a masked last vector. The same chains, so the same bits. */
+__attribute__((target("avx2"))) static void colsum_avx2(float *dbias, const float *dout,
+                                                        int64_t N, int OC, int o0, int o1) {
+    const __m256i all = _mm256_set1_epi32(-1);
+    int c = o0;
+    for (; o1 - c >= 128; c += 128) colsum_avx2_pass(dbias, dout, N, OC, c, 16, 0, all);
+    for (; o1 - c >= 64; c += 64) colsum_avx2_pass(dbias, dout, N, OC, c, 8, 0, all);
+    for (; o1 - c >= 8; c += 8) colsum_avx2_pass(dbias, dout, N, OC, c, 1, 0, all);
+    if (c < o1) {
+        const __m256i km = _mm256_cmpgt_epi32(_mm256_set1_epi32(o1 - c),
+                                              _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+        colsum_avx2_pass(dbias, dout, N, OC, c, 1, 1, km);
+    }
+}
 #endif
 
 /* dbias (OC) += sum_n dout (N,OC): each thread owns a fixed slice of columns and sums the
- * rows in order, so the result does not depend on the thread count (or the CPU). */
+ * rows in order, so the result does not depend on the thread count (or the level). The
+ * vector version follows the kernels' level (loom_isa_active; NATIVE=1: the CPU's), so that
+ * tests at each level run each: none changes a bit. */
 static void bias_backward(float *dbias, const float *dout, int64_t N, int OC) {
     /* a slice of columns; its partial sums stay in registers/L1. 256 columns (1 KiB of each
      * row) when there are at least 4 such slices; else 64, so that the threads share the
@@ -150,7 +190,10 @@ static void bias_backward(float *dbias, const float *dout, int64_t N, int OC) {
     const int COLS = OC >= 4 * 256 ? 256 : 64;
 #if defined(__x86_64__)
     __builtin_cpu_init();
-    const int avx512 = __builtin_cpu_supports("avx512f");
+    const loom_isa lvl = loom_isa_active();
+    const int native = lvl == LOOM_ISA_NATIVE;
+    const int avx512 = lvl == LOOM_ISA_AVX512 || (native && __builtin_cpu_supports("avx512f"));
+    const int avx2 = !avx512 && (lvl == LOOM_ISA_AVX2 || (native && __builtin_cpu_supports("avx2")));
 #endif
     int nchunks = (OC + COLS - 1) / COLS;
 #pragma omp parallel for schedule(static) if (N * OC >= LOOM_PAR_MIN)
@@ -159,6 +202,10 @@ static void bias_backward(float *dbias, const float *dout, int64_t N, int OC) {
 #if defined(__x86_64__)
         if (avx512) {
             colsum_avx512(dbias, dout, N, OC, o0, o1);
+            continue;
+        }
+        if (avx2) {
+            colsum_avx2(dbias, dout, N, OC, o0, o1);
             continue;
         }
 #endif

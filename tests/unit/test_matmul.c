@@ -109,11 +109,11 @@ static void test_shapes(void **state) {
 }
 
 /* dbias is each column's float sum in row order, added to dbias: exactly those bits on every
- * thread count and whichever vector width the CPU gets (AVX-512 or the plain loop), column
- * counts that end inside a 16-wide vector and a 256-column slice included. */
-static void test_dbias_bits(void **state) {
-    (void)state;
-    static const int ocs[] = {1, 15, 17, 256, 300, 769};
+ * thread count and at every kernel level this CPU runs (AVX-512, AVX2 or the plain loop: the
+ * vector version follows loom_isa_active), column counts that end inside an 8- or 16-wide
+ * vector and a 128- or 256-column pass included. */
+static void dbias_bits(void) {
+    static const int ocs[] = {1, 15, 17, 256, 300, 769, 1100};
     for (size_t k = 0; k < sizeof ocs / sizeof ocs[0]; k++) {
         const int OC = ocs[k], IC = 4;
         const int64_t N = 333;
@@ -138,6 +138,22 @@ static void test_dbias_bits(void **state) {
         }
         free(x), free(w), free(dy), free(db0), free(want), free(db);
     }
+}
+
+static void test_dbias_bits(void **state) {
+    (void)state;
+    const loom_isa top = loom_isa_detect();
+    if (top == LOOM_ISA_NATIVE) { /* NATIVE=1: one level */
+        dbias_bits();
+        return;
+    }
+    static const loom_isa levels[] = {LOOM_ISA_BASE, LOOM_ISA_AVX2, LOOM_ISA_AVX512};
+    for (size_t i = 0; i < sizeof levels / sizeof levels[0]; i++) {
+        if (levels[i] > top) continue;
+        assert_int_equal(loom_isa_set(levels[i], NULL), 0);
+        dbias_bits();
+    }
+    assert_int_equal(loom_isa_set(top, NULL), 0);
 }
 
 int main(void) {
