@@ -25,6 +25,7 @@ H="$LOOM_SRC/tests/e2e/tooluse.py"
 # below. The base makes 0 of either.
 N_HELD=100 FT_MIN=${FT_MIN:-10} TOOL_MIN=${TOOL_MIN:-90} BASE_MAX=5
 PT_STEPS=${PT_STEPS:-400} FT_STEPS=${FT_STEPS:-1500}
+GRPO_FROM=${GRPO_FROM:-500} GRPO_STEPS=${GRPO_STEPS:-40} GRPO_GAIN=${GRPO_GAIN:-3}
 SEED=${TOOLUSE_SEED:-1} # the data's and training's seeds (the margins were measured over several)
 t_start=$(date +%s)
 
@@ -84,7 +85,7 @@ training:
 eval:
   every: 0
 checkpoint:
-  every: $3
+  every: ${6:-$3}
 YAML
 }
 # the base: a byte Llama from random init; the fine-tuning run has no model section (the base's)
@@ -96,7 +97,8 @@ run_yaml base textdata "$PT_STEPS" "model:
   n_head: 4
   n_kv_head: 4
   d_ff: 256" "" > "$WORK/base.yaml"
-run_yaml ft calcdata "$FT_STEPS" "" "init_from: $WORK/base" > "$WORK/ft.yaml"
+# (a checkpoint every GRPO_FROM steps: GRPO starts from the early one, below)
+run_yaml ft calcdata "$FT_STEPS" "" "init_from: $WORK/base" "$GRPO_FROM" > "$WORK/ft.yaml"
 
 # correct CKPT NAME: greedy replies to the held-out prompts -> the number of correct calls
 correct() {
@@ -132,6 +134,97 @@ pass "base model: $base of $N_HELD correct calls, $base_tool of the right tool (
 pass "fine-tuned model: $ft_tool of $N_HELD well-formed calls of the right tool (>= $TOOL_MIN)"
 [ "$ft" -ge "$FT_MIN" ] || fail "the fine-tuned model made $ft correct calls of $N_HELD (at least $FT_MIN expected)"
 pass "fine-tuned model: $ft of $N_HELD correct calls, both arguments exact (>= $FT_MIN)"
+
+# GRPO (finetune.method grpo, docs/finetune.md "GRPO") from the SFT run's early checkpoint at
+# step GRPO_FROM, on the same conversations (kind: chat, pack: false: the call is each prompt's
+# reference), the exact-call reward (tool_call: the parsed call equals the reference as JSON),
+# 8 prompts x 8 completions a step: it must raise the held-out exact calls by GRPO_GAIN at
+# least. Measured (greedy held-out exact calls, step 500 -> after GRPO; OMP_NUM_THREADS=2):
+#   level    seed  step 500  GRPO 40 steps  GRPO time (busy machine)
+#   avx512   1     11        17             (see the figures printed below)
+# The issue's bar (>= 90 of 100) is out of reach in this budget: see docs/finetune.md "GRPO".
+sft_early=$(correct "$WORK/ft/ckpt/step_$(printf %07d "$GRPO_FROM")" early)
+cat > "$WORK/grpo.yaml" <<YAML
+run: {dir: $WORK/grpo}
+data: {train: $WORK/calcdata/train}
+finetune:
+  method: grpo
+  template: $WORK/tpl.json
+  num_generations: 8
+  max_completion_tokens: 64
+  rewards: [tool_call]
+training:
+  init_from: $WORK/ft/ckpt/step_$(printf %07d "$GRPO_FROM")
+  steps: $GRPO_STEPS
+  batch_size: 8
+  seq_len: 96
+  lr: 3e-4
+  warmup: 0
+  schedule: constant
+  weight_decay: 0
+  grad_clip: 1.0
+  seed: $SEED
+eval: {every: 0}
+checkpoint: {every: $GRPO_STEPS}
+YAML
+t4=$(date +%s)
+expect_ok "GRPO from the SFT checkpoint at step $GRPO_FROM ($GRPO_STEPS steps, exact-call reward)" "$LOOM_BIN" train "$WORK/grpo.yaml"
+t5=$(date +%s)
+grpo=$(correct "$WORK/grpo" grpo)
+python3 - "$WORK/grpo/metrics.jsonl" <<'PY' || fail "GRPO's metrics"
+import json, sys
+rows = [json.loads(l) for l in open(sys.argv[1])]
+need = ["reward", "reward_std", "rewards/tool_call/mean", "pass_rate", "completions/mean_length",
+        "completions/max_length", "clip_ratio/region_mean", "sampling/logp_diff_max", "rollout_s",
+        "update_s"]
+missing = [k for k in need if k not in rows[-1]]
+assert not missing, f"metrics.jsonl lacks {missing}"
+# the rollouts decode the weights being trained: the sampler's log-probs are the trainer's
+assert all(r["sampling/logp_diff_max"] < 1e-3 for r in rows), [r["sampling/logp_diff_max"] for r in rows]
+first, last = rows[:10], rows[-10:]
+print("GRPO: reward %.3f -> %.3f (first and last 10 steps), rollout %.1f s, update %.1f s in all"
+      % (sum(r["reward"] for r in first) / len(first), sum(r["reward"] for r in last) / len(last),
+         sum(r["rollout_s"] for r in rows), sum(r["update_s"] for r in rows)))
+PY
+echo "GRPO: held-out exact calls $sft_early (SFT step $GRPO_FROM) -> $grpo after $GRPO_STEPS GRPO steps ($((t5 - t4)) s, load $(cut -d' ' -f1-3 /proc/loadavg))"
+[ "$grpo" -ge $((sft_early + GRPO_GAIN)) ] || fail "GRPO made $grpo exact calls from $sft_early (a gain of $GRPO_GAIN at least expected)"
+pass "GRPO: $sft_early -> $grpo of $N_HELD held-out exact calls (>= +$GRPO_GAIN)"
+
+# a multi-turn tool environment (finetune.env): the model calls the calculator
+# (tooluse.py calc), reads its answer in a tool message and replies; the reward is on that
+# reply. Checked on the rows the trainer builds (LOOM_TEST_GRPO_DUMP): the tool message's
+# tokens are masked out of the loss, the generated tokens around it are trained on.
+python3 "$H" envdata "$WORK/env" 400 "$SEED"
+sed -e "s#$WORK/calc/train.jsonl#$WORK/env/env.jsonl#" -e "s#output: $WORK/calcdata#output: $WORK/envdata#" \
+    -e "s/shard_tokens: 960000/shard_tokens: 9600/" "$WORK/calc.yaml" > "$WORK/env.yaml"
+expect_ok "build the multi-turn conversations" "$LOOM_BIN" data build "$WORK/env.yaml"
+cat > "$WORK/genv.yaml" <<YAML
+run: {dir: $WORK/genv}
+data: {train: $WORK/envdata/train}
+finetune:
+  method: grpo
+  template: $WORK/tpl.json
+  num_generations: 4
+  max_completion_tokens: 64
+  rewards: [exact]
+  env: {command: [python3, "$H", calc], max_turns: 1}
+training:
+  init_from: $WORK/ft/ckpt/step_$(printf %07d "$GRPO_FROM")
+  steps: 2
+  batch_size: 4
+  seq_len: 96
+  lr: 3e-4
+  warmup: 0
+  schedule: constant
+  seed: $SEED
+eval: {every: 0}
+YAML
+LOOM_TEST_GRPO_DUMP="$WORK/genv.dump" expect_ok "GRPO with a tool environment (2 steps)" "$LOOM_BIN" train "$WORK/genv.yaml"
+masked=$(python3 "$H" checkdump "$WORK/genv.dump") || { echo "$masked" >&2; fail "the tool messages are not masked out"; }
+calls=$(tail -n 1 "$WORK/genv/metrics.jsonl" | python3 -c 'import json,sys; print(json.load(sys.stdin)["tools/calls_mean"])')
+echo "tool environment: $masked, tools/calls_mean $calls"
+[ "${masked#masked }" -ge 4 ] || fail "too few rows called the tool ($masked)"
+pass "tool environment: the calls ran, their tool messages masked out of the loss ($masked)"
 
 # the fine-tuned model served to an agent: the openai client's tool-calling loop
 # (tests/e2e/tools_client.py: tools in, message.tool_calls out, streamed and not, tool_choice
