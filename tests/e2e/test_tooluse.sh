@@ -151,9 +151,10 @@ pass "fine-tuned model: $ft of $N_HELD correct calls, both arguments exact (>= $
 # skill is copying unseen numbers, which the SFT run learns slowly too), so they are printed,
 # not held to a gain; the issue's bar (>= 90 of 100) is out of reach here (docs/finetune.md).
 # GRPO_RISE 0.03 sits 0.04 below the smallest rise measured. CI runs this test at avx512 only.
-# Time (this part, measured 2026-12-02 at avx512 on a machine loaded 10x over its 2 cores):
-# 117 s of CPU for the two evaluations and the 40 steps (374 s wall there; about 60-70 s wall
-# when the 2 cores are free), the tool environment's 2 steps a few seconds more.
+# Time (this part, measured 2026-12-02 at avx512, OMP_NUM_THREADS=2): the 40 steps 62 s wall
+# (rollouts 38 s, updates 22 s) in a whole run of this test at load 4.3-4.9 on 2 cores (that
+# run: pretrain 157 s, fine-tune 568 s); 117 s of CPU for the two evaluations and the 40 steps;
+# the tool environment's 2 steps a few seconds more.
 sft_early=$(correct "$WORK/ft/ckpt/step_$(printf %07d "$GRPO_FROM")" early)
 cat > "$WORK/grpo.yaml" <<YAML
 run: {dir: $WORK/grpo}
