@@ -17,7 +17,7 @@ $(cat "$WORK/breaks")"
 ms=$(( ($(date +%s%N) - t0) / 1000000 ))
 n=$(grep -oE '^[0-9]+ files' "$WORK/summary" | grep -oE '^[0-9]+')
 [ "${n:-0}" -gt 120 ] || fail "only ${n:-0} files checked: $(cat "$WORK/summary")"
-[ "$ms" -lt 5000 ] || fail "the check took ${ms} ms (at most 5 s)"
+# (its time is printed, not asserted: a timed bound fails on a loaded machine)
 pass "no layer breaks: $(cat "$WORK/summary") in ${ms} ms"
 
 # the check catches breaks: a copy of src/ and include/ with three added
