@@ -67,8 +67,19 @@ int loom_plan_layout_from_config(const loom_config *c, const loom_model_config *
         return loom_errf(err, "config key 'parallel.microbatches' = %lld (%s): expected auto or "
                               "an integer in [1, %d]", (long long)out->microbatches,
                          loom_config_origin(c, "parallel.microbatches"), 1 << 20);
-    const char *method = loom_config_get(c, "finetune.method"); /* dpo, simpo, orpo: pairs */
+    /* rows a sample becomes: dpo, simpo, orpo a pair; grpo its G completions (the trainer's
+     * check counts the same, train_memory.c) */
+    const char *method = loom_config_get(c, "finetune.method");
     out->pairs = method && strcmp(method, "sft") != 0 ? 2 : 1;
+    if (method && !strcmp(method, "grpo")) {
+        int64_t G = 0;
+        if (loom_config_get_int(c, "finetune.num_generations", &G, err)) return -1;
+        if (G < 1 || G > 1024)
+            return loom_errf(err, "config key 'finetune.num_generations' = %lld (%s): expected "
+                                  "2..1024", (long long)G,
+                             loom_config_origin(c, "finetune.num_generations"));
+        out->pairs = (int)G;
+    }
     const char *prec = loom_config_get(c, "training.precision");
     out->bf16 = prec && !strcmp(prec, "bf16");
     return 0;

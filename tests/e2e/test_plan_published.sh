@@ -89,4 +89,19 @@ expect_fail "unknown GPU" "hardware 'h900'" "$LOOM_BIN" plan "$C8" --gpu h900 --
 expect_fail "layout not dividing the heads" "parallel.tp=3" "$LOOM_BIN" plan "$C8" --gpu h100 --gpus 3 --only --set parallel.dp=1 --set parallel.tp=3
 expect_fail "--only with parallel.dp not matching --gpus" "not the 16 devices" "$LOOM_BIN" plan "$C8" --gpu h100 --gpus 16 --only
 expect_fail "no valid layout" "no valid layout of 7 ranks" "$LOOM_BIN" plan "$C8" --gpu h100 --gpus 7
+# GRPO: a step's rows are its prompts times finetune.num_generations (as the trainer counts them)
+# (16 prompts over dp 8: 2 a rank, so 2 G rows of 8,192 positions)
+for g in 1 2 8; do
+  m=sft; [ $g = 1 ] || m=grpo
+  "$LOOM_BIN" plan "$C8" --gpu h100 --gpus 8 --only --set finetune.method=$m --json \
+    --set finetune.num_generations=$([ $g = 1 ] && echo 8 || echo $g) --set training.batch_size=16 \
+    >"$WORK/grpo$g" || fail "plan a GRPO run (G $g)"
+done
+python3 - "$WORK" <<'PY' || fail "GRPO's rows in the plan"
+import json, sys
+act = {g: json.load(open(f"{sys.argv[1]}/grpo{g}"))["ranked"][0]["memory"]["act_rows"] for g in (1, 2, 8)}
+print("activation rows of a rank: sft", act[1], "grpo G 2", act[2], "G 8", act[8])
+assert act[2] == 2 * act[1] and act[8] == 8 * act[1], act
+PY
+pass "loom plan: a GRPO step's rows per rank are its prompts times num_generations"
 pass "loom plan: published Llama 3 8B / 70B layouts fit, tokens/s within 20% of the published figures"
