@@ -35,12 +35,12 @@ PY
   done < prompts.txt
   pass "$flavor: every prompt of the bf16 batch equals it alone"
 done
-expect_fail "--weights fp16" "--weights 'fp16': expected fp32, bf16 or int8" \
+expect_fail "--weights fp16" "--weights 'fp16': expected fp32, bf16, int8 or int4" \
   "$L" generate "$WORK/run_gpt2" --prompt hi --weights fp16
 expect_fail "--weights bf16 --no-kv-cache" "--weights bf16 runs through the KV-cache engine" \
   "$L" generate "$WORK/run_gpt2" --prompt hi --weights bf16 --no-kv-cache
-expect_fail "serve --weights int4" "--weights 'int4': expected fp32, bf16 or int8" \
-  "$L" serve "$WORK/run_gpt2" --weights int4
+expect_fail "serve --weights int2" "--weights 'int2': expected fp32, bf16, int8 or int4" \
+  "$L" serve "$WORK/run_gpt2" --weights int2
 # serve with bf16 weights: one completion
 serve_completion "serve --weights bf16" "$L" serve "$WORK/run_gpt2" --weights bf16
 # synth: generator.weights
@@ -77,4 +77,4 @@ synth_yaml fp32
 expect_ok "synth generator.weights: fp32" "$L" synth p.yaml --quiet
 [ "$(generations)" = 3 ] || fail "synth fp32 after bf16: generations $(generations), expected 3 (weights in the cache key)"
 synth_yaml fp16
-expect_fail "synth generator.weights: fp16" "generator.weights must be fp32, bf16 or int8" "$L" synth p.yaml --quiet
+expect_fail "synth generator.weights: fp16" "generator.weights must be fp32, bf16, int8 or int4" "$L" synth p.yaml --quiet
