@@ -260,6 +260,58 @@ typedef struct loom_backend {
                          float grad_scale);
     double (*sum_squares)(const float *x, int64_t n);
     void (*scale_inplace)(float *x, int64_t n, float s);
+
+    /* ---- bf16 / dtypes: bf16 mixed-precision training (training.precision bf16) -----------
+     * kernels.h "bf16 mixed-precision training" gives each op's contract. Each op states its
+     * dtypes in its signature: bf16 tensors are uint16_t (include/loom/bf16.h), fp32 float.
+     * Saved activations bf16; activation gradients, norm statistics, lse, logits, losses,
+     * parameters' masters and their gradients fp32; GEMMs accumulate in fp32. NULL where a
+     * backend does not train in bf16. */
+    int (*bf16_matmul_native)(void); /* 1: the GEMMs below run at bf16 speed here */
+    void (*bf16_matmul_forward)(uint16_t *out, const uint16_t *inp, const uint16_t *weight,
+                                const float *bias, int64_t N, int IC, int OC);
+    void (*bf16_matmul_forward_f32)(float *out, const uint16_t *inp, const uint16_t *weight,
+                                    const float *bias, int64_t N, int IC, int OC);
+    void (*bf16_matmul_backward)(float *dinp, int dinp_set, float *dweight, float *dbias,
+                                 const float *dout, uint16_t *dout_bf16, const uint16_t *inp,
+                                 const uint16_t *weight, int64_t N, int IC, int OC);
+    void (*bf16_from_f32)(uint16_t *dst, const float *src, int64_t n);
+    void (*bf16_to_f32)(float *dst, const uint16_t *src, int64_t n);
+    void (*bf16_layernorm_forward)(uint16_t *out, float *mean, float *rstd, const uint16_t *inp,
+                                   const float *weight, const float *bias, int64_t N, int C,
+                                   float eps);
+    void (*bf16_layernorm_backward)(float *dinp, float *dweight, float *dbias, const float *dout,
+                                    const uint16_t *inp, const float *weight, const float *mean,
+                                    const float *rstd, int64_t N, int C);
+    void (*bf16_rmsnorm_forward)(uint16_t *out, float *rstd, const uint16_t *inp,
+                                 const float *weight, int64_t N, int C, float eps);
+    void (*bf16_rmsnorm_backward)(float *dinp, float *dweight, const float *dout,
+                                  const uint16_t *inp, const float *weight, const float *rstd,
+                                  int64_t N, int C);
+    void (*bf16_gelu_forward)(uint16_t *out, const uint16_t *inp, int64_t n);
+    void (*bf16_gelu_backward)(float *dinp, int set, const uint16_t *inp, const float *dout,
+                               int64_t n);
+    void (*bf16_glu_forward)(uint16_t *out, const uint16_t *inp, int64_t N, int F, int gelu);
+    void (*bf16_glu_backward)(float *dinp, const uint16_t *inp, const float *dout, int64_t N,
+                              int F, int gelu);
+    void (*bf16_residual_forward)(uint16_t *out, const uint16_t *a, const uint16_t *b,
+                                  int64_t n);
+    void (*bf16_rope_forward)(uint16_t *x, int64_t B, int T, int nh, int D, int64_t row_stride,
+                              const float *cos_t, const float *sin_t, int pos0);
+    void (*bf16_embedding_forward)(uint16_t *out, const int32_t *tokens, const float *wte,
+                                   const float *wpe, int B, int T, int C, int pos0);
+    int64_t (*bf16_flash_ws_floats)(int B, int T, int H, int KVH, int D);
+    int (*bf16_flash_attention_forward)(uint16_t *out, float *lse, const uint16_t *qkv,
+                                        float *ws, int B, int T, int H, int KVH, int D,
+                                        const loom_attn_mask *mask);
+    int (*bf16_flash_attention_backward)(float *dqkv, const float *dout, const uint16_t *qkv,
+                                         const uint16_t *out, const float *lse, float *ws,
+                                         int B, int T, int H, int KVH, int D,
+                                         const loom_attn_mask *mask);
+    void (*adamw_update_bf16)(float *p, uint16_t *pb, const float *g, float *m, float *v,
+                              int64_t n, float lr, float beta1, float beta2, float eps,
+                              float weight_decay, int64_t step, float grad_scale);
+    /* ---- end of bf16 / dtypes ---- */
 } loom_backend;
 
 /* ---- instruction-set level (src/kernels/isa.c, docs/build.md) --------------------------

@@ -305,6 +305,76 @@ double sum_squares(const float *x, int64_t n);
 /* x *= s */
 void scale_inplace(float *x, int64_t n, float s);
 
+/* ---- bf16 mixed-precision training (training.precision bf16; src/kernels/matmul_bf16.c,
+ * bf16_ops.c, adamw.c; docs/kernels.md "bf16 training") ---------------------------------
+ * bf16 tensors are uint16_t (include/loom/bf16.h). Saved activations are bf16, activation
+ * gradients, statistics (mean, rstd, lse), losses and parameters' masters fp32; every op
+ * widens its bf16 inputs exactly, computes in fp32 and rounds its bf16 outputs once (to
+ * nearest even). Backward ops take the fp32 gradient of the output and the bf16 saved inputs.
+ *
+ * GEMMs: bf16 x bf16 with fp32 accumulation. forward: out (N,OC) = inp (N,IC) @ weight
+ * (OC,IC)^T + bias (fp32, may be NULL), out bf16 (rounded once) or fp32 (_f32: the logits).
+ * backward: dout (N,OC) fp32 is rounded into dout_bf16 (N*OC scratch; the GEMMs' operand, as
+ * autocast's bf16 gradient), then dinp (N,IC) fp32 = (dinp_set) or += dout @ weight (NULL:
+ * skipped), dweight (OC,IC) fp32 += dout^T @ inp, dbias += column sums of the fp32 dout.
+ * bf16_matmul_native: 1 when they run oneDNN's bf16 matmul (the avx512 level on a CPU with
+ * AVX512-BF16), 0 when the portable path (operands widened to fp32 panels, dnnl_sgemm: slower
+ * than fp32; said once in the log). */
+int bf16_matmul_native(void);
+void bf16_matmul_forward(uint16_t *out, const uint16_t *inp, const uint16_t *weight,
+                         const float *bias, int64_t N, int IC, int OC);
+void bf16_matmul_forward_f32(float *out, const uint16_t *inp, const uint16_t *weight,
+                             const float *bias, int64_t N, int IC, int OC);
+void bf16_matmul_backward(float *dinp, int dinp_set, float *dweight, float *dbias,
+                          const float *dout, uint16_t *dout_bf16, const uint16_t *inp,
+                          const uint16_t *weight, int64_t N, int IC, int OC);
+/* explicit conversions: dst = round(src) / dst = widen(src), n elements */
+void bf16_from_f32(uint16_t *dst, const float *src, int64_t n);
+void bf16_to_f32(float *dst, const uint16_t *src, int64_t n);
+/* norms: out bf16, mean/rstd fp32 (statistics in double, as the fp32 kernels); bias may be
+ * NULL; backward dinp +=, dweight/dbias += */
+void bf16_layernorm_forward(uint16_t *out, float *mean, float *rstd, const uint16_t *inp,
+                            const float *weight, const float *bias, int64_t N, int C, float eps);
+void bf16_layernorm_backward(float *dinp, float *dweight, float *dbias, const float *dout,
+                             const uint16_t *inp, const float *weight, const float *mean,
+                             const float *rstd, int64_t N, int C);
+void bf16_rmsnorm_forward(uint16_t *out, float *rstd, const uint16_t *inp, const float *weight,
+                          int64_t N, int C, float eps);
+void bf16_rmsnorm_backward(float *dinp, float *dweight, const float *dout, const uint16_t *inp,
+                           const float *weight, const float *rstd, int64_t N, int C);
+/* GELU (tanh) over n; backward dinp = (set) or +=. GLU: inp (N,2F) [gate | up] -> out (N,F)
+ * = act(gate) * up, act = silu (gelu 0: SwiGLU) or tanh GELU (gelu 1: GeGLU); backward += */
+void bf16_gelu_forward(uint16_t *out, const uint16_t *inp, int64_t n);
+void bf16_gelu_backward(float *dinp, int set, const uint16_t *inp, const float *dout, int64_t n);
+void bf16_glu_forward(uint16_t *out, const uint16_t *inp, int64_t N, int F, int gelu);
+void bf16_glu_backward(float *dinp, const uint16_t *inp, const float *dout, int64_t N, int F,
+                       int gelu);
+/* out = round(a + b) (out may alias a) */
+void bf16_residual_forward(uint16_t *out, const uint16_t *a, const uint16_t *b, int64_t n);
+/* RoPE forward in place on bf16 rows (as rope_forward); the backward is rope_backward on the
+ * fp32 gradient */
+void bf16_rope_forward(uint16_t *x, int64_t B, int T, int nh, int D, int64_t row_stride,
+                       const float *cos_t, const float *sin_t, int pos0);
+/* out (B,T,C) bf16 = round(wte[token] + wpe[pos0 + t]) from the fp32 tables (wpe may be NULL);
+ * the backward is embedding_backward on the fp32 gradient */
+void bf16_embedding_forward(uint16_t *out, const int32_t *tokens, const float *wte,
+                            const float *wpe, int B, int T, int C, int pos0);
+/* flash attention over bf16 fused q|k|v rows (B,T,(H+2*KVH)*D): widened exactly into ws
+ * (bf16_flash_ws_floats), the fp32 kernel (fp32 scores, softmax, lse (B,H,T)), out (B,T,H*D)
+ * rounded; backward sets dqkv (fp32) from the fp32 dout. Returns the fp32 kernel's code. */
+int64_t bf16_flash_ws_floats(int B, int T, int H, int KVH, int D);
+int bf16_flash_attention_forward(uint16_t *out, float *lse, const uint16_t *qkv, float *ws,
+                                 int B, int T, int H, int KVH, int D,
+                                 const loom_attn_mask *mask);
+int bf16_flash_attention_backward(float *dqkv, const float *dout, const uint16_t *qkv,
+                                  const uint16_t *out, const float *lse, float *ws, int B, int T,
+                                  int H, int KVH, int D, const loom_attn_mask *mask);
+/* adamw_update (the same bits of p, m, v) that also writes pb[i] = round(p[i]), the bf16 copy
+ * of the updated master */
+void adamw_update_bf16(float *p, uint16_t *pb, const float *g, float *m, float *v, int64_t n,
+                       float lr, float beta1, float beta2, float eps, float weight_decay,
+                       int64_t step, float grad_scale);
+
 /* The instruction-set level (loom_isa_*) is declared in loom/backend.h: process setup, not an
  * op. */
 

@@ -1,6 +1,7 @@
 /* AdamW step, gradient-norm helpers. Flat loops over contiguous buffers. */
 #ifndef LOOM_KV
 #include "kernels/kmath.h"
+#include "loom/bf16.h"
 #include "loom/kernels.h"
 
 /* Compiled with -fno-math-errno (CMakeLists.txt) so that gcc vectorizes the AdamW loop: with
@@ -17,6 +18,10 @@ LOOM_DISPATCH(adamw_update, (float *p, const float *g, float *m, float *v, int64
                              float beta1, float beta2, float eps, float weight_decay, int64_t step,
                              float grad_scale),
               (p, g, m, v, n, lr, beta1, beta2, eps, weight_decay, step, grad_scale))
+LOOM_DISPATCH(adamw_update_bf16, (float *p, uint16_t *pb, const float *g, float *m, float *v,
+                                  int64_t n, float lr, float beta1, float beta2, float eps,
+                                  float weight_decay, int64_t step, float grad_scale),
+              (p, pb, g, m, v, n, lr, beta1, beta2, eps, weight_decay, step, grad_scale))
 LOOM_DISPATCH_RET(double, sum_squares, (const float *x, int64_t n),
                   (x, n))
 LOOM_DISPATCH(scale_inplace, (float *x, int64_t n, float s),
@@ -58,6 +63,34 @@ static void LOOM_KV(adamw_update)(float *p, const float *g, float *m, float *v, 
         float vi = ADAMW_FMA(v[i], beta2, w2 * gi * gi);
         float denom = sqrtf(vi) / bc2_sqrt + eps;
         p[i] = ADAMW_FMA(-(mi / denom), step_size, pi);
+        m[i] = mi;
+        v[i] = vi;
+    }
+}
+
+/* The same step (the same bits of p, m, v), also writing the bf16 copy of the updated fp32
+ * master, pb[i] = round(p[i]) to nearest even (training.precision bf16): the copy the GEMMs
+ * read is refreshed in the step's own pass. */
+static void LOOM_KV(adamw_update_bf16)(float *p, uint16_t *pb, const float *g, float *m,
+                                       float *v, int64_t n, float lr, float beta1, float beta2,
+                                       float eps, float weight_decay, int64_t step,
+                                       float grad_scale) {
+    const float decay = (float)(1.0 - (double)lr * (double)weight_decay);
+    const float w1 = (float)(1.0 - (double)beta1), w2 = (float)(1.0 - (double)beta2);
+    const double bc1 = 1.0 - pow((double)beta1, (double)step);
+    const double bc2 = 1.0 - pow((double)beta2, (double)step);
+    const float step_size = (float)((double)lr / bc1);
+    const float bc2_sqrt = (float)sqrt(bc2);
+#pragma omp parallel for simd schedule(static) if (parallel: n >= LOOM_PAR_MIN)
+    for (int64_t i = 0; i < n; i++) {
+        float gi = g[i] * grad_scale;
+        float pi = p[i] * decay;
+        float mi = ADAMW_FMA(gi - m[i], w1, m[i]);
+        float vi = ADAMW_FMA(v[i], beta2, w2 * gi * gi);
+        float denom = sqrtf(vi) / bc2_sqrt + eps;
+        const float pn = ADAMW_FMA(-(mi / denom), step_size, pi);
+        p[i] = pn;
+        pb[i] = loom_bf16_round(pn);
         m[i] = mi;
         v[i] = vi;
     }

@@ -91,6 +91,28 @@ static const loom_backend cpu = {
     .adamw_update = adamw_update,
     .sum_squares = sum_squares,
     .scale_inplace = scale_inplace,
+    /* bf16 / dtypes */
+    .bf16_matmul_native = bf16_matmul_native,
+    .bf16_matmul_forward = bf16_matmul_forward,
+    .bf16_matmul_forward_f32 = bf16_matmul_forward_f32,
+    .bf16_matmul_backward = bf16_matmul_backward,
+    .bf16_from_f32 = bf16_from_f32,
+    .bf16_to_f32 = bf16_to_f32,
+    .bf16_layernorm_forward = bf16_layernorm_forward,
+    .bf16_layernorm_backward = bf16_layernorm_backward,
+    .bf16_rmsnorm_forward = bf16_rmsnorm_forward,
+    .bf16_rmsnorm_backward = bf16_rmsnorm_backward,
+    .bf16_gelu_forward = bf16_gelu_forward,
+    .bf16_gelu_backward = bf16_gelu_backward,
+    .bf16_glu_forward = bf16_glu_forward,
+    .bf16_glu_backward = bf16_glu_backward,
+    .bf16_residual_forward = bf16_residual_forward,
+    .bf16_rope_forward = bf16_rope_forward,
+    .bf16_embedding_forward = bf16_embedding_forward,
+    .bf16_flash_ws_floats = bf16_flash_ws_floats,
+    .bf16_flash_attention_forward = bf16_flash_attention_forward,
+    .bf16_flash_attention_backward = bf16_flash_attention_backward,
+    .adamw_update_bf16 = adamw_update_bf16,
 };
 
 const loom_backend *loom_backend_cpu(void) { return &cpu; }

@@ -14,7 +14,21 @@
  *    level: the portable code (x86-64, avx2) and, where the CPU has avx512_bf16, VDPBF16PS
  *    (checked to be the one that ran), so the two give the same bits;
  *  - the same on 1 and 2 threads; and a row's result does not depend on the other rows of the
- *    call (each row alone gives the same bits). */
+ *    call (each row alone gives the same bits).
+ * bf16 mixed-precision training's kernels (training.precision bf16, src/kernels/matmul_bf16.c,
+ * bf16_ops.c, adamw.c), each against a float64 reference computed on the same bf16-rounded
+ * inputs, at every level (and at avx512 both GEMM paths: oneDNN's bf16 matmul, checked to be
+ * the one that ran where the CPU has avx512_bf16, and the portable one):
+ *  - the linear's forward (bf16 and fp32 out, with and without a bias) and backward (dinp set
+ *    and accumulated, dweight accumulated onto what was there, dbias): fp32 accumulation, so
+ *    within 4 K 2^-24 of the sum of the terms' magnitudes (and half a bf16 ulp more for a bf16
+ *    result);
+ *  - layernorm / rmsnorm, GELU, SwiGLU, GeGLU, residual, RoPE, embedding forward on bf16
+ *    storage (within a bf16 rounding of the float64 value) and their backwards into fp32
+ *    gradients (1e-5 of the largest gradient);
+ *  - flash attention over bf16 q|k|v (fp32 softmax and lse): out within a bf16 rounding, lse and
+ *    dq|dk|dv within 1e-5 of the float64 attention (causal, GQA);
+ *  - adamw_update_bf16: the bits of adamw_update's p, m, v, and pb = round(p). */
 #include "testutil.h"
 
 #include <math.h>
@@ -232,12 +246,414 @@ static void test_matmul_threads(void **state) {
     free(o2);
 }
 
+/* ---- bf16 training ---------------------------------------------------------------------- */
+
+static double w16(uint16_t h) { return (double)loom_bf16_widen(h); }
+
+static void fill_bf16(uint16_t *p, size_t n, uint64_t seed, float scale) {
+    for (size_t i = 0; i < n; i++) p[i] = loom_bf16_round(tu_frand(&seed) * scale);
+}
+static void fill_f32(float *p, size_t n, uint64_t seed, float scale) {
+    for (size_t i = 0; i < n; i++) p[i] = tu_frand(&seed) * scale;
+}
+
+/* |got - ref| <= tol, tol from the magnitude of the sum's terms (fp32 accumulation of K of
+ * them) and, for a bf16 result, half an ulp of bf16 more */
+static void check_sum(const char *what, double got, double ref, double absterms, int K,
+                      int is_bf16) {
+    const double tol = 4.0 * (K + 1) * 0x1p-24 * absterms + (is_bf16 ? 0x1p-8 * fabs(ref) : 0) +
+                       1e-30;
+    if (!(fabs(got - ref) <= tol))
+        fail_msg("%s: got %.9g, float64 %.9g (tolerance %.3g)", what, got, ref, tol);
+}
+
+static void gemm_case(const char *lvl, int N, int IC, int OC, int with_bias) {
+    uint16_t *x = malloc(sizeof *x * N * IC), *w = malloc(sizeof *w * OC * IC);
+    uint16_t *o16 = malloc(sizeof *o16 * N * OC), *dob = malloc(sizeof *dob * N * OC);
+    float *o32 = malloc(sizeof *o32 * N * OC), *b = malloc(sizeof *b * OC);
+    float *dout = malloc(sizeof *dout * N * OC), *dinp = malloc(sizeof *dinp * N * IC);
+    float *dinp2 = malloc(sizeof *dinp2 * N * IC), *dw = malloc(sizeof *dw * OC * IC);
+    float *db = malloc(sizeof *db * OC), *dw0 = malloc(sizeof *dw0 * OC * IC);
+    float *db0 = malloc(sizeof *db0 * OC), *d0 = malloc(sizeof *d0 * N * IC);
+    fill_bf16(x, (size_t)N * IC, 11 + N, 1.0f);
+    fill_bf16(w, (size_t)OC * IC, 12 + IC, 0.5f);
+    fill_f32(b, OC, 13, 0.3f);
+    fill_f32(dout, (size_t)N * OC, 14 + OC, 1.0f);
+    fill_f32(dw0, (size_t)OC * IC, 15, 0.1f);
+    fill_f32(db0, OC, 16, 0.1f);
+    fill_f32(d0, (size_t)N * IC, 17, 0.2f);
+    const float *bias = with_bias ? b : NULL;
+    bf16_matmul_forward(o16, x, w, bias, N, IC, OC);
+    bf16_matmul_forward_f32(o32, x, w, bias, N, IC, OC);
+    memcpy(dw, dw0, sizeof *dw * OC * IC);
+    memcpy(db, db0, sizeof *db * OC);
+    memcpy(dinp2, d0, sizeof *dinp2 * N * IC);
+    bf16_matmul_backward(dinp, 1, dw, with_bias ? db : NULL, dout, dob, x, w, N, IC, OC);
+    bf16_matmul_backward(dinp2, 0, NULL, NULL, dout, dob, x, w, N, IC, OC);
+    char what[160];
+    for (int n = 0; n < N; n++)
+        for (int o = 0; o < OC; o++) {
+            double r = bias ? bias[o] : 0.0, a = bias ? fabs(bias[o]) : 0.0;
+            for (int i = 0; i < IC; i++) {
+                r += w16(x[n * IC + i]) * w16(w[o * IC + i]);
+                a += fabs(w16(x[n * IC + i]) * w16(w[o * IC + i]));
+            }
+            snprintf(what, sizeof what, "%s forward N=%d IC=%d OC=%d (%d,%d)", lvl, N, IC, OC, n, o);
+            check_sum(what, w16(o16[n * OC + o]), r, a, IC, 1);
+            check_sum(what, o32[n * OC + o], r, a, IC, 0);
+        }
+    for (int n = 0; n < N; n++)
+        for (int i = 0; i < IC; i++) {
+            double r = 0.0, a = 0.0;
+            for (int o = 0; o < OC; o++) {
+                const double t = w16(loom_bf16_round(dout[n * OC + o])) * w16(w[o * IC + i]);
+                r += t;
+                a += fabs(t);
+            }
+            snprintf(what, sizeof what, "%s dinp N=%d IC=%d OC=%d (%d,%d)", lvl, N, IC, OC, n, i);
+            check_sum(what, dinp[n * IC + i], r, a, OC, 0);
+            check_sum(what, dinp2[n * IC + i], r + d0[n * IC + i], a + fabs(d0[n * IC + i]), OC, 0);
+        }
+    for (int o = 0; o < OC; o++) {
+        double rb = db0[o], ab = fabs(db0[o]);
+        for (int n = 0; n < N; n++) {
+            rb += dout[n * OC + o];
+            ab += fabs(dout[n * OC + o]);
+        }
+        if (with_bias) {
+            snprintf(what, sizeof what, "%s dbias N=%d OC=%d (%d)", lvl, N, OC, o);
+            check_sum(what, db[o], rb, ab, N, 0);
+        }
+        for (int i = 0; i < IC; i++) {
+            double r = dw0[o * IC + i], a = fabs(dw0[o * IC + i]);
+            for (int n = 0; n < N; n++) {
+                const double t = w16(loom_bf16_round(dout[n * OC + o])) * w16(x[n * IC + i]);
+                r += t;
+                a += fabs(t);
+            }
+            snprintf(what, sizeof what, "%s dweight N=%d IC=%d OC=%d (%d,%d)", lvl, N, IC, OC, o, i);
+            check_sum(what, dw[o * IC + i], r, a, N, 0);
+        }
+    }
+    free(x); free(w); free(o16); free(dob); free(o32); free(b); free(dout); free(dinp);
+    free(dinp2); free(dw); free(db); free(dw0); free(db0); free(d0);
+}
+
+static void test_train_gemm(void **state) {
+    (void)state;
+    const struct { int N, IC, OC; } shapes[] = {{1, 1, 1}, {5, 7, 3}, {33, 70, 17}, {64, 128, 96},
+                                                {130, 300, 65}, {600, 40, 24}};
+    loom_isa lv[4];
+    const int nl = tu_isa_levels(lv);
+    for (int k = 0; k < nl; k++) {
+        tu_set_isa(lv[k]);
+        for (int portable = 0; portable < 2; portable++) {
+            if (portable) setenv("LOOM_BF16_GEMM_PORTABLE", "1", 1);
+            const int native = bf16_matmul_native();
+            if (portable || lv[k] != LOOM_ISA_AVX512) assert_int_equal(native, 0);
+            else assert_int_equal(native, __builtin_cpu_supports("avx512bf16") != 0);
+            char lvl[64];
+            snprintf(lvl, sizeof lvl, "%s %s", loom_isa_name(lv[k]), native ? "onednn" : "portable");
+            for (size_t c = 0; c < sizeof shapes / sizeof *shapes; c++)
+                for (int wb = 0; wb < 2; wb++)
+                    gemm_case(lvl, shapes[c].N, shapes[c].IC, shapes[c].OC, wb);
+            unsetenv("LOOM_BF16_GEMM_PORTABLE");
+            if (lv[k] != LOOM_ISA_AVX512) break; /* the portable path only */
+        }
+    }
+    loom_err err;
+    assert_int_equal(loom_isa_set(loom_isa_detect(), &err), 0);
+}
+
+/* got (bf16) within a bf16 rounding of ref (plus fp32 noise relative to scale) */
+static void check_b16(const char *what, int64_t i, uint16_t got, double ref, double scale) {
+    const double tol = 0x1p-8 * fabs(ref) + 1e-6 * scale;
+    if (!(fabs(w16(got) - ref) <= tol))
+        fail_msg("%s [%lld]: got %.9g, float64 %.9g", what, (long long)i, w16(got), ref);
+}
+static void check_f32(const char *what, int64_t i, float got, double ref, double scale) {
+    if (!(fabs(got - ref) <= 1e-5 * scale))
+        fail_msg("%s [%lld]: got %.9g, float64 %.9g (scale %.3g)", what, (long long)i, got, ref,
+                 scale);
+}
+static double maxabs(const double *x, int64_t n) {
+    double m = 1e-30;
+    for (int64_t i = 0; i < n; i++) m = fabs(x[i]) > m ? fabs(x[i]) : m;
+    return m;
+}
+static double gelu_d(double x) { return 0.5 * x * (1.0 + tanh(0.7978845608028654 * (x + 0.044715 * x * x * x))); }
+static double gelu_grad_d(double x) {
+    const double u = 0.7978845608028654 * (x + 0.044715 * x * x * x), t = tanh(u);
+    return 0.5 * (1.0 + t) + 0.5 * x * (1.0 - t * t) * 0.7978845608028654 * (1.0 + 3.0 * 0.044715 * x * x);
+}
+static double silu_d(double x) { return x / (1.0 + exp(-x)); }
+
+static void test_train_ops(void **state) {
+    (void)state;
+    enum { N = 37, C = 80, F = 48, NC = N * C };
+    uint16_t x[NC], y[NC], x2[NC], g2[N * 2 * F], o[N * F];
+    float w[C], bb[C], dy[NC], dx[NC], dw[C], db[C], mean[N], rstd[N], dyf[N * F], dg[N * 2 * F];
+    double r[NC], rdx[NC], rdw[C], rdb[C], rg[N * 2 * F];
+    char what[96];
+    loom_isa lv[4];
+    const int nl = tu_isa_levels(lv);
+    for (int k = 0; k < nl; k++) {
+        tu_set_isa(lv[k]);
+        const char *L = loom_isa_name(lv[k]);
+        fill_bf16(x, NC, 21, 2.0f);
+        fill_bf16(x2, NC, 22, 1.0f);
+        fill_f32(w, C, 23, 1.0f);
+        fill_f32(bb, C, 24, 0.5f);
+        fill_f32(dy, NC, 25, 1.0f);
+        for (int norm = 0; norm < 2; norm++) { /* 0 layernorm, 1 rmsnorm */
+            for (int i = 0; i < C; i++) dw[i] = db[i] = 0.25f;
+            for (int i = 0; i < NC; i++) dx[i] = 0.5f;
+            if (norm == 0) {
+                bf16_layernorm_forward(y, mean, rstd, x, w, bb, N, C, 1e-5f);
+                bf16_layernorm_backward(dx, dw, db, dy, x, w, mean, rstd, N, C);
+            } else {
+                bf16_rmsnorm_forward(y, rstd, x, w, N, C, 1e-5f);
+                bf16_rmsnorm_backward(dx, dw, dy, x, w, rstd, N, C);
+            }
+            for (int i = 0; i < C; i++) rdw[i] = rdb[i] = 0.25;
+            for (int n = 0; n < N; n++) {
+                double m = 0, v = 0;
+                if (norm == 0) {
+                    for (int i = 0; i < C; i++) m += w16(x[n * C + i]);
+                    m /= C;
+                }
+                for (int i = 0; i < C; i++) v += (w16(x[n * C + i]) - m) * (w16(x[n * C + i]) - m);
+                const double rs = 1.0 / sqrt(v / C + 1e-5);
+                double a = 0, bsum = 0;
+                for (int i = 0; i < C; i++) {
+                    const double xh = (w16(x[n * C + i]) - m) * rs;
+                    r[n * C + i] = xh * w[i] + (norm == 0 ? bb[i] : 0.0);
+                    a += dy[n * C + i] * w[i];
+                    bsum += dy[n * C + i] * w[i] * xh;
+                    rdw[i] += dy[n * C + i] * xh;
+                    rdb[i] += dy[n * C + i];
+                }
+                for (int i = 0; i < C; i++) {
+                    const double xh = (w16(x[n * C + i]) - m) * rs;
+                    rdx[n * C + i] = 0.5 + rs * (dy[n * C + i] * w[i] - (norm == 0 ? a / C : 0.0) -
+                                                 xh * bsum / C);
+                }
+                check_f32(norm ? "rmsnorm rstd" : "layernorm rstd", n, rstd[n], rs, rs);
+            }
+            const double sr = maxabs(r, NC), sdx = maxabs(rdx, NC), sdw = maxabs(rdw, C);
+            snprintf(what, sizeof what, "%s %s", L, norm ? "rmsnorm" : "layernorm");
+            for (int i = 0; i < NC; i++) check_b16(what, i, y[i], r[i], sr);
+            for (int i = 0; i < NC; i++) check_f32(what, i, dx[i], rdx[i], sdx);
+            for (int i = 0; i < C; i++) check_f32(what, i, dw[i], rdw[i], sdw);
+            if (norm == 0)
+                for (int i = 0; i < C; i++) check_f32(what, i, db[i], rdb[i], maxabs(rdb, C));
+        }
+        /* GELU */
+        bf16_gelu_forward(y, x, NC);
+        for (int i = 0; i < NC; i++) r[i] = gelu_d(w16(x[i]));
+        snprintf(what, sizeof what, "%s gelu", L);
+        for (int i = 0; i < NC; i++) check_b16(what, i, y[i], r[i], maxabs(r, NC));
+        for (int set = 0; set < 2; set++) {
+            for (int i = 0; i < NC; i++) dx[i] = 0.5f;
+            bf16_gelu_backward(dx, set, x, dy, NC);
+            for (int i = 0; i < NC; i++) rdx[i] = (set ? 0.0 : 0.5) + gelu_grad_d(w16(x[i])) * dy[i];
+            for (int i = 0; i < NC; i++) check_f32(what, i, dx[i], rdx[i], maxabs(rdx, NC));
+        }
+        /* SwiGLU, GeGLU: g2 (N, 2F) */
+        fill_bf16(g2, N * 2 * F, 26, 3.0f);
+        fill_f32(dyf, N * F, 27, 1.0f);
+        for (int gl = 0; gl < 2; gl++) {
+            bf16_glu_forward(o, g2, N, F, gl);
+            for (int i = 0; i < N * 2 * F; i++) dg[i] = 0.5f;
+            bf16_glu_backward(dg, g2, dyf, N, F, gl);
+            for (int n = 0; n < N; n++)
+                for (int i = 0; i < F; i++) {
+                    const double gg = w16(g2[n * 2 * F + i]), u = w16(g2[n * 2 * F + F + i]);
+                    const double act = gl ? gelu_d(gg) : silu_d(gg);
+                    const double s = 1.0 / (1.0 + exp(-gg));
+                    const double dact = gl ? gelu_grad_d(gg) : s * (1.0 + gg * (1.0 - s));
+                    r[n * F + i] = act * u;
+                    rg[n * 2 * F + i] = 0.5 + dyf[n * F + i] * u * dact;
+                    rg[n * 2 * F + F + i] = 0.5 + dyf[n * F + i] * act;
+                }
+            snprintf(what, sizeof what, "%s %s", L, gl ? "geglu" : "swiglu");
+            for (int i = 0; i < N * F; i++) check_b16(what, i, o[i], r[i], maxabs(r, N * F));
+            for (int i = 0; i < N * 2 * F; i++) check_f32(what, i, dg[i], rg[i], maxabs(rg, N * 2 * F));
+        }
+        /* residual (out aliases a) */
+        memcpy(y, x, sizeof y);
+        bf16_residual_forward(y, y, x2, NC);
+        snprintf(what, sizeof what, "%s residual", L);
+        for (int i = 0; i < NC; i++) check_b16(what, i, y[i], w16(x[i]) + w16(x2[i]), 2.0);
+        /* RoPE: 2 rows of T = 5 positions from pos0 = 3, nh = 2 heads of D = 8 in rows of C */
+        {
+            enum { T = 5, D = 8, NH = 2, MAXT = 16 };
+            float cs[MAXT * D / 2], sn[MAXT * D / 2];
+            rope_tables(cs, sn, MAXT, D, 10000.0f);
+            memcpy(y, x, sizeof y);
+            bf16_rope_forward(y, 2, T, NH, D, C, cs, sn, 3);
+            snprintf(what, sizeof what, "%s rope", L);
+            for (int rr = 0; rr < 2 * T; rr++) {
+                const int pos = 3 + rr % T;
+                for (int h = 0; h < NH; h++)
+                    for (int i = 0; i < D / 2; i++) {
+                        const int a = rr * C + h * D + i, b2 = a + D / 2;
+                        const double ang = (double)(float)((float)pos *
+                                                           (1.0f / powf(10000.0f, (float)(2 * i) / D)));
+                        const double c = cos(ang), s = sin(ang);
+                        check_b16(what, a, y[a], w16(x[a]) * c - w16(x[b2]) * s, 2.0);
+                        check_b16(what, b2, y[b2], w16(x[b2]) * c + w16(x[a]) * s, 2.0);
+                    }
+                for (int i = NH * D; i < C; i++) assert_int_equal(y[rr * C + i], x[rr * C + i]);
+            }
+        }
+        /* embedding: wte (V, C) + wpe (maxT, C) */
+        {
+            enum { V = 11, B = 2, T = 4 };
+            float wte[V * C], wpe[8 * C];
+            int32_t tok[B * T] = {3, 0, 10, 3, 7, 7, 1, 2};
+            fill_f32(wte, V * C, 28, 1.0f);
+            fill_f32(wpe, 8 * C, 29, 0.1f);
+            bf16_embedding_forward(y, tok, wte, wpe, B, T, C, 2);
+            snprintf(what, sizeof what, "%s embedding", L);
+            for (int rr = 0; rr < B * T; rr++)
+                for (int i = 0; i < C; i++)
+                    check_b16(what, rr * C + i, y[rr * C + i],
+                              (double)wte[tok[rr] * C + i] + wpe[(2 + rr % T) * C + i], 1.0);
+        }
+    }
+    loom_err err;
+    assert_int_equal(loom_isa_set(loom_isa_detect(), &err), 0);
+}
+
+static void test_train_flash(void **state) {
+    (void)state;
+    enum { B = 2, T = 19, H = 4, KVH = 2, D = 16, QKV = (H + 2 * KVH) * D, HD = H * D };
+    enum { N = B * T };
+    uint16_t *qkv = malloc(sizeof *qkv * N * QKV), *out = malloc(sizeof *out * N * HD);
+    float *lse = malloc(sizeof *lse * B * H * T), *dout = malloc(sizeof *dout * N * HD);
+    float *dqkv = malloc(sizeof *dqkv * N * QKV);
+    float *ws = malloc(sizeof *ws * (size_t)bf16_flash_ws_floats(B, T, H, KVH, D));
+    double *ro = calloc((size_t)N * HD, sizeof *ro), *rl = calloc((size_t)B * H * T, sizeof *rl);
+    double *rd = calloc((size_t)N * QKV, sizeof *rd);
+    fill_bf16(qkv, (size_t)N * QKV, 31, 1.5f);
+    fill_f32(dout, (size_t)N * HD, 32, 1.0f);
+    /* float64 causal attention with GQA and its backward */
+    const double sc = 1.0 / sqrt((double)D);
+    double p[T], dp[T];
+    for (int b = 0; b < B; b++)
+        for (int h = 0; h < H; h++) {
+            const int kh = h / (H / KVH);
+            for (int i = 0; i < T; i++) {
+                const uint16_t *q = qkv + (b * T + i) * QKV + h * D;
+                double mx = -1e300, s = 0;
+                for (int j = 0; j <= i; j++) {
+                    const uint16_t *kk = qkv + (b * T + j) * QKV + HD + kh * D;
+                    double d = 0;
+                    for (int e = 0; e < D; e++) d += w16(q[e]) * w16(kk[e]);
+                    p[j] = d * sc;
+                    mx = p[j] > mx ? p[j] : mx;
+                }
+                for (int j = 0; j <= i; j++) s += exp(p[j] - mx);
+                rl[(b * H + h) * T + i] = mx + log(s);
+                for (int j = 0; j <= i; j++) p[j] = exp(p[j] - mx) / s;
+                double *o = ro + (b * T + i) * HD + h * D;
+                for (int j = 0; j <= i; j++) {
+                    const uint16_t *vv = qkv + (b * T + j) * QKV + HD + KVH * D + kh * D;
+                    for (int e = 0; e < D; e++) o[e] += p[j] * w16(vv[e]);
+                }
+                /* backward: dv += p dO, dp = dO . v, ds = p (dp - sum p dp), dq, dk */
+                const float *g = dout + (b * T + i) * HD + h * D;
+                double pd = 0;
+                for (int j = 0; j <= i; j++) {
+                    const uint16_t *vv = qkv + (b * T + j) * QKV + HD + KVH * D + kh * D;
+                    dp[j] = 0;
+                    for (int e = 0; e < D; e++) dp[j] += g[e] * w16(vv[e]);
+                    pd += p[j] * dp[j];
+                }
+                for (int j = 0; j <= i; j++) {
+                    const double ds = p[j] * (dp[j] - pd) * sc;
+                    const uint16_t *kk = qkv + (b * T + j) * QKV + HD + kh * D;
+                    double *dq = rd + (b * T + i) * QKV + h * D;
+                    double *dk = rd + (b * T + j) * QKV + HD + kh * D;
+                    double *dv = rd + (b * T + j) * QKV + HD + KVH * D + kh * D;
+                    for (int e = 0; e < D; e++) {
+                        dq[e] += ds * w16(kk[e]);
+                        dk[e] += ds * w16(q[e]);
+                        dv[e] += p[j] * g[e];
+                    }
+                }
+            }
+        }
+    loom_isa lv[4];
+    const int nl = tu_isa_levels(lv);
+    char what[64];
+    for (int k = 0; k < nl; k++) {
+        tu_set_isa(lv[k]);
+        const loom_attn_mask mask = {.causal = 1};
+        assert_int_equal(bf16_flash_attention_forward(out, lse, qkv, ws, B, T, H, KVH, D, &mask), 0);
+        memset(dqkv, 0xff, sizeof *dqkv * N * QKV); /* set, not accumulated: NaNs overwritten */
+        assert_int_equal(bf16_flash_attention_backward(dqkv, dout, qkv, out, lse, ws, B, T, H, KVH,
+                                                       D, &mask), 0);
+        snprintf(what, sizeof what, "%s flash out", loom_isa_name(lv[k]));
+        for (int i = 0; i < N * HD; i++) check_b16(what, i, out[i], ro[i], maxabs(ro, N * HD));
+        snprintf(what, sizeof what, "%s flash lse", loom_isa_name(lv[k]));
+        for (int i = 0; i < B * H * T; i++) check_f32(what, i, lse[i], rl[i], maxabs(rl, B * H * T));
+        /* the backward reads the bf16 out: its rounding (2^-9 relative) reaches the gradients
+         * through sum p dp, so 1e-5 of the largest gradient does not hold; 2e-3 does */
+        snprintf(what, sizeof what, "%s flash dqkv", loom_isa_name(lv[k]));
+        const double sd = maxabs(rd, N * QKV);
+        for (int i = 0; i < N * QKV; i++)
+            if (!(fabs(dqkv[i] - rd[i]) <= 2e-3 * sd))
+                fail_msg("%s [%d]: got %.9g, float64 %.9g", what, i, dqkv[i], rd[i]);
+    }
+    loom_err err;
+    assert_int_equal(loom_isa_set(loom_isa_detect(), &err), 0);
+    free(qkv); free(out); free(lse); free(dout); free(dqkv); free(ws); free(ro); free(rl); free(rd);
+}
+
+static void test_train_adamw(void **state) {
+    (void)state;
+    enum { n = 5000 };
+    float *p = malloc(sizeof *p * n), *g = malloc(sizeof *g * n), *m = malloc(sizeof *m * n);
+    float *v = malloc(sizeof *v * n), *p2 = malloc(sizeof *p2 * n), *m2 = malloc(sizeof *m2 * n);
+    float *v2 = malloc(sizeof *v2 * n);
+    uint16_t *pb = malloc(sizeof *pb * n);
+    loom_isa lv[4];
+    const int nl = tu_isa_levels(lv);
+    for (int k = 0; k < nl; k++) {
+        tu_set_isa(lv[k]);
+        fill_f32(p, n, 41, 1.0f);
+        fill_f32(g, n, 42, 0.1f);
+        fill_f32(m, n, 43, 0.01f);
+        for (int i = 0; i < n; i++) v[i] = 0.001f * (1.0f + tu_frand(&(uint64_t){(uint64_t)i}));
+        memcpy(p2, p, sizeof *p * n);
+        memcpy(m2, m, sizeof *m * n);
+        memcpy(v2, v, sizeof *v * n);
+        for (int step = 1; step <= 3; step++) {
+            adamw_update(p, g, m, v, n, 1e-3f, 0.9f, 0.95f, 1e-8f, 0.1f, step, 0.7f);
+            adamw_update_bf16(p2, pb, g, m2, v2, n, 1e-3f, 0.9f, 0.95f, 1e-8f, 0.1f, step, 0.7f);
+        }
+        assert_memory_equal(p, p2, sizeof *p * n);
+        assert_memory_equal(m, m2, sizeof *m * n);
+        assert_memory_equal(v, v2, sizeof *v * n);
+        for (int i = 0; i < n; i++) assert_int_equal(pb[i], loom_bf16_round(p[i]));
+    }
+    loom_err err;
+    assert_int_equal(loom_isa_set(loom_isa_detect(), &err), 0);
+    free(p); free(g); free(m); free(v); free(p2); free(m2); free(v2); free(pb);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_round),
         cmocka_unit_test(test_pack),
         cmocka_unit_test(test_matmul_contract),
         cmocka_unit_test(test_matmul_threads),
+        cmocka_unit_test(test_train_gemm),
+        cmocka_unit_test(test_train_ops),
+        cmocka_unit_test(test_train_flash),
+        cmocka_unit_test(test_train_adamw),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
