@@ -13,6 +13,7 @@
 #ifndef LOOM_BACKEND_H
 #define LOOM_BACKEND_H
 
+#include <stddef.h>
 #include <stdint.h>
 
 /* ---- attention shapes (shared by every backend) ----------------------------------------- */
@@ -70,8 +71,57 @@ int64_t attention_window_pairs(int T, int W);
 #define LOOM_Q4K_BLOCK 256
 #define LOOM_Q4K_BYTES 144
 
+/* mem_alloc's flags */
+enum {
+    /* a matrix read whole every step (inference weight copies): the cpu backend aligns it to
+     * 2 MiB and asks for huge pages (madvise), and does not zero it (the caller writes every
+     * byte) */
+    LOOM_MEM_STREAMED = 1,
+};
+
 typedef struct loom_backend {
-    const char *name; /* the model.backend value: "cpu" */
+    const char *name; /* the model.backend value: "cpu", "cpu-guard" */
+
+    /* ---- memory (docs/engine.md "Memory through the backend") ---------------------------
+     * Every arena the model, the optimizer, parallelism and inference compute on (parameters,
+     * gradients, moments, activations, KV caches, RoPE tables, communication buffers, weight
+     * copies) is a device buffer from mem_alloc; host data reaches it only through mem_h2d and
+     * host code reads it only through mem_d2h at the named places (loom_dev_read). The ops
+     * below take device pointers only (cpu-guard checks it).
+     * mem_alloc: `bytes` (0 allowed), zeroed unless LOOM_MEM_STREAMED, 64-byte aligned (cpu);
+     * aborts when out of memory. mem_free: NULL is a no-op. Copies of n bytes: h2d (host src,
+     * device dst), d2h (device src, host dst), d2d (both device; they do not overlap);
+     * mem_set: n bytes of dst = byte. mem_release: the whole pages inside [p, p + n) of a
+     * buffer no op reads again are handed back (their contents are lost; a no-op where the
+     * backend cannot). mem_sync: every op issued so far has completed (cpu: nothing).
+     * comm_begin / comm_end bracket a collective library's direct use of device buffers (MPI
+     * here; NCCL or a CUDA-aware MPI for a GPU backend): the buffers are reachable between
+     * them; they nest. */
+    void *(*mem_alloc)(size_t bytes, int flags);
+    void (*mem_free)(void *p);
+    void (*mem_h2d)(void *dst, const void *src, size_t n);
+    void (*mem_d2h)(void *dst, const void *src, size_t n);
+    void (*mem_d2d)(void *dst, const void *src, size_t n);
+    void (*mem_set)(void *dst, int byte, size_t n);
+    /* rows copies of `width` bytes, device to device: row r from src + r*spitch to
+     * dst + r*dpitch (cudaMemcpy2D's shape) */
+    void (*mem_d2d_rows)(void *dst, size_t dpitch, const void *src, size_t spitch, size_t width,
+                         size_t rows);
+    void (*mem_release)(void *p, size_t n);
+    void (*mem_sync)(void);
+    void (*comm_begin)(void);
+    void (*comm_end)(void);
+    /* reductions whose results stay on the device (read back by loom_dev_read):
+     * out[0] = the sum of x[0..n) in double, in index order (the loss sum) */
+    void (*sum_double)(double *out, const float *x, int64_t n);
+    /* dst[i] += src[i], n floats (the DP bucket fold) */
+    void (*add_inplace)(float *dst, const float *src, int64_t n);
+    /* vocab-parallel cross-entropy's per-row losses from the global row max mx (N) and sums
+     * (N,2) = (sum of exp, target logit): losses[i] = log(sums[2i]) + mx[i] - sums[2i+1] in
+     * double, 0 where targets[i] < 0 */
+    void (*crossentropy_shard_losses)(float *losses, const float *mx, const float *sums,
+                                      const int32_t *targets, int64_t N);
+    /* ---- end of memory ------------------------------------------------------------------ */
 
     /* linear: out (N,OC) = inp (N,IC) @ weight(OC,IC)^T + bias(OC) (bias may be NULL);
      * dinp (N,IC) += dout @ weight; dweight += dout^T @ inp; dbias += sum_n dout */
@@ -346,9 +396,26 @@ const char *loom_isa_name(loom_isa level);
 
 /* The CPU backend (static table; the kernels of include/loom/kernels.h). */
 const loom_backend *loom_backend_cpu(void);
-/* The backend named `name` ("cpu"), or NULL when there is none by that name. */
+/* cpu-guard (src/kernels/backend_guard.c): the cpu kernels over memory that is inaccessible
+ * (PROT_NONE) except inside its own ops, copies and comm_begin/end windows. Each op aborts,
+ * naming itself and the argument, when a pointer argument is not NULL and not inside one of
+ * its live allocations; a host access to its memory faults (SIGSEGV, reported with the address
+ * and a backtrace). For tests: it proves that host code reads device memory only through the
+ * copies (docs/engine.md). */
+const loom_backend *loom_backend_guard(void);
+/* 1 when p lies inside a live cpu-guard allocation (tests) */
+int loom_guard_owns(const void *p);
+/* The backend a model uses when its config names none: the environment's LOOM_BACKEND when
+ * set (a name loom_backend_find knows; anything else aborts, naming LOOM_BACKEND), else cpu. */
+const loom_backend *loom_backend_default(void);
+/* The one way host code reads device memory: n bytes from src (device) into dst (host),
+ * `what` naming the read (docs/engine.md lists them; tests/e2e/test_backend_confined.sh keeps
+ * the list and the calls in step). */
+void loom_dev_read(const loom_backend *be, void *dst, const void *src, size_t n,
+                   const char *what);
+/* The backend named `name` ("cpu", "cpu-guard"), or NULL when there is none by that name. */
 const loom_backend *loom_backend_find(const char *name);
-/* The names loom_backend_find knows, for error messages: "cpu". */
+/* The names loom_backend_find knows, for error messages: "cpu, cpu-guard". */
 const char *loom_backend_names(void);
 
 #endif

@@ -254,5 +254,10 @@ void loom_comm_stats_reset(loom_mesh *m);
 typedef void (*loom_comm_observer)(void *ctx, loom_coll_kind kind, loom_group g, double bytes,
                                    double t0, double t1, double waited);
 void loom_comm_set_observer(loom_mesh *m, loom_comm_observer fn, void *ctx);
+/* Device buffers (docs/engine.md "Memory through the backend"): begin / end are called around
+ * every MPI call and local copy that touches a collective's or message's buffers, as a
+ * CUDA-aware MPI or NCCL reaches device memory; the trainer passes its backend's comm_begin /
+ * comm_end (cpu: nothing; cpu-guard: its memory is reachable between them). NULL: none. */
+void loom_comm_set_device_window(loom_mesh *m, void (*begin)(void), void (*end)(void));
 
 #endif

@@ -546,6 +546,9 @@ size_t loom_model_activation_floats(const loom_model *m);
  * whole model (init is keyed by the tensor and the element's global index). */
 void loom_model_init_range(const loom_model *m, uint64_t seed, size_t offset, size_t count,
                            float *dst);
+/* The same into device memory of the model's backend (drawn on the host in chunks, copied in) */
+void loom_model_init_device(const loom_model *m, uint64_t seed, size_t offset, size_t count,
+                            float *dst);
 
 /* Deterministic init: weights ~ N(0, init_std) keyed by (seed, tensor name, element);
  * residual projections (attn_proj_w, fc_proj_w) scaled by 1/sqrt(2L) in both flavors (GPT-2's

@@ -75,6 +75,19 @@ void loom_split(size_t n, int size, int i, size_t *off, size_t *len) {
 
 /* ---- progress + accounting ------------------------------------------------------------ */
 
+/* the backend's window around a collective's direct use of device buffers (none unset) */
+static void win_open(const loom_mesh *m) {
+    if (m->win_begin) m->win_begin();
+}
+static void win_close(const loom_mesh *m) {
+    if (m->win_end) m->win_end();
+}
+
+void loom_comm_set_device_window(loom_mesh *m, void (*begin)(void), void (*end)(void)) {
+    m->win_begin = begin;
+    m->win_end = end;
+}
+
 static void publish(loom_mesh *m, loom_group g, loom_coll_kind k, int64_t seq, int done) {
     int64_t *p = m->progress;
     if (!done) {
@@ -250,7 +263,11 @@ static void timeout_abort(loom_comm_req *r, const char *what) {
 static int req_ready(loom_comm_req *r) {
     if (r->local_pending) return 0;
     int flag = 1;
-    if (r->n > 0) MPI_Testall(r->n, r->reqs, &flag, MPI_STATUSES_IGNORE);
+    if (r->n > 0) {
+        win_open(r->m); /* MPI advances the transfers (into device buffers) here */
+        MPI_Testall(r->n, r->reqs, &flag, MPI_STATUSES_IGNORE);
+        win_close(r->m);
+    }
     return flag;
 }
 
@@ -303,7 +320,7 @@ static int as_count(size_t n, const char *what) {
     return (int)n;
 }
 
-static loom_comm_req *start_allreduce(loom_mesh *m, loom_group g, void *buf, size_t count,
+static loom_comm_req *start_allreduce_raw(loom_mesh *m, loom_group g, void *buf, size_t count,
                                       loom_dtype t, MPI_Op op) {
     const comm_group *cg = group_of(m, g);
     size_t es = loom_dtype_size(t);
@@ -317,6 +334,14 @@ static loom_comm_req *start_allreduce(loom_mesh *m, loom_group g, void *buf, siz
                        &r->reqs[c]);
     }
     return r;
+}
+
+/* start_allreduce with the device window open (loom_comm_set_device_window) */
+static loom_comm_req * start_allreduce(loom_mesh *m, loom_group g, void *buf, size_t count, loom_dtype t, MPI_Op op) {
+    win_open(m);
+    loom_comm_req * r_ = start_allreduce_raw(m, g, buf, count, t, op);
+    win_close(m);
+    return r_;
 }
 
 loom_comm_req *loom_iallreduce_sum(loom_mesh *m, loom_group g, void *buf, size_t count,
@@ -350,7 +375,7 @@ static void shard_table(loom_comm_req *r, size_t count, int N, const char *what)
     }
 }
 
-loom_comm_req *loom_ireduce_scatter_sum(loom_mesh *m, loom_group g, const void *send, void *recv,
+static loom_comm_req *loom_ireduce_scatter_sum_raw(loom_mesh *m, loom_group g, const void *send, void *recv,
                                         size_t count, loom_dtype t) {
     const comm_group *cg = group_of(m, g);
     size_t es = loom_dtype_size(t);
@@ -374,12 +399,20 @@ loom_comm_req *loom_ireduce_scatter_sum(loom_mesh *m, loom_group g, const void *
     return r;
 }
 
+/* loom_ireduce_scatter_sum with the device window open (loom_comm_set_device_window) */
+loom_comm_req * loom_ireduce_scatter_sum(loom_mesh *m, loom_group g, const void *send, void *recv, size_t count, loom_dtype t) {
+    win_open(m);
+    loom_comm_req * r_ = loom_ireduce_scatter_sum_raw(m, g, send, recv, count, t);
+    win_close(m);
+    return r_;
+}
+
 void loom_reduce_scatter_sum(loom_mesh *m, loom_group g, const void *send, void *recv,
                              size_t count, loom_dtype t) {
     wait_checked(loom_ireduce_scatter_sum(m, g, send, recv, count, t), NULL);
 }
 
-loom_comm_req *loom_iallgather(loom_mesh *m, loom_group g, const void *send, void *recv,
+static loom_comm_req *loom_iallgather_raw(loom_mesh *m, loom_group g, const void *send, void *recv,
                                size_t count, loom_dtype t) {
     const comm_group *cg = group_of(m, g);
     size_t es = loom_dtype_size(t);
@@ -410,12 +443,20 @@ loom_comm_req *loom_iallgather(loom_mesh *m, loom_group g, const void *send, voi
     return r;
 }
 
+/* loom_iallgather with the device window open (loom_comm_set_device_window) */
+loom_comm_req * loom_iallgather(loom_mesh *m, loom_group g, const void *send, void *recv, size_t count, loom_dtype t) {
+    win_open(m);
+    loom_comm_req * r_ = loom_iallgather_raw(m, g, send, recv, count, t);
+    win_close(m);
+    return r_;
+}
+
 void loom_allgather(loom_mesh *m, loom_group g, const void *send, void *recv, size_t count,
                     loom_dtype t) {
     wait_checked(loom_iallgather(m, g, send, recv, count, t), NULL);
 }
 
-void loom_alltoall(loom_mesh *m, loom_group g, const void *send, void *recv, size_t block,
+static void loom_alltoall_raw(loom_mesh *m, loom_group g, const void *send, void *recv, size_t block,
                    loom_dtype t) {
     const comm_group *cg = group_of(m, g);
     size_t es = loom_dtype_size(t);
@@ -432,7 +473,14 @@ void loom_alltoall(loom_mesh *m, loom_group g, const void *send, void *recv, siz
     wait_checked(r, NULL);
 }
 
-void loom_alltoallv(loom_mesh *m, loom_group g, const void *send, const int64_t *send_counts,
+/* loom_alltoall with the device window open (loom_comm_set_device_window) */
+void loom_alltoall(loom_mesh *m, loom_group g, const void *send, void *recv, size_t block, loom_dtype t) {
+    win_open(m);
+    loom_alltoall_raw(m, g, send, recv, block, t);
+    win_close(m);
+}
+
+static void loom_alltoallv_raw(loom_mesh *m, loom_group g, const void *send, const int64_t *send_counts,
                     void *recv, const int64_t *recv_counts, loom_dtype t) {
     const comm_group *cg = group_of(m, g);
     const size_t es = loom_dtype_size(t);
@@ -465,7 +513,14 @@ void loom_alltoallv(loom_mesh *m, loom_group g, const void *send, const int64_t 
     wait_checked(r, NULL);
 }
 
-void loom_broadcast(loom_mesh *m, loom_group g, void *buf, size_t count, loom_dtype t, int root) {
+/* loom_alltoallv with the device window open (loom_comm_set_device_window) */
+void loom_alltoallv(loom_mesh *m, loom_group g, const void *send, const int64_t *send_counts, void *recv, const int64_t *recv_counts, loom_dtype t) {
+    win_open(m);
+    loom_alltoallv_raw(m, g, send, send_counts, recv, recv_counts, t);
+    win_close(m);
+}
+
+static void loom_broadcast_raw(loom_mesh *m, loom_group g, void *buf, size_t count, loom_dtype t, int root) {
     const comm_group *cg = group_of(m, g);
     LOOM_CHECK(root >= 0 && root < cg->size);
     size_t es = loom_dtype_size(t);
@@ -477,6 +532,13 @@ void loom_broadcast(loom_mesh *m, loom_group g, void *buf, size_t count, loom_dt
         MPI_Ibcast((char *)buf + off * es, (int)n, mpi_type(t), root, cg->comm, &r->reqs[c]);
     }
     wait_checked(r, NULL);
+}
+
+/* loom_broadcast with the device window open (loom_comm_set_device_window) */
+void loom_broadcast(loom_mesh *m, loom_group g, void *buf, size_t count, loom_dtype t, int root) {
+    win_open(m);
+    loom_broadcast_raw(m, g, buf, count, t, root);
+    win_close(m);
 }
 
 /* ---- point-to-point ------------------------------------------------------------------- */
@@ -504,7 +566,7 @@ static void local_post(loom_mesh *m, loom_comm_req *r, int is_send) {
     *mine = r;
 }
 
-static loom_comm_req *start_p2p(loom_mesh *m, loom_group g, void *buf, size_t count,
+static loom_comm_req *start_p2p_raw(loom_mesh *m, loom_group g, void *buf, size_t count,
                                 loom_dtype t, int peer, int tag, int is_send) {
     const comm_group *cg = group_of(m, g);
     LOOM_CHECK(peer >= 0 && peer < cg->size && tag >= 0 && tag <= 32767);
@@ -528,6 +590,14 @@ static loom_comm_req *start_p2p(loom_mesh *m, loom_group g, void *buf, size_t co
         else MPI_Irecv(p, (int)n, mpi_type(t), peer, tag, cg->comm, &r->reqs[c]);
     }
     return r;
+}
+
+/* start_p2p with the device window open (loom_comm_set_device_window) */
+static loom_comm_req * start_p2p(loom_mesh *m, loom_group g, void *buf, size_t count, loom_dtype t, int peer, int tag, int is_send) {
+    win_open(m);
+    loom_comm_req * r_ = start_p2p_raw(m, g, buf, count, t, peer, tag, is_send);
+    win_close(m);
+    return r_;
 }
 
 loom_comm_req *loom_isend(loom_mesh *m, loom_group g, const void *buf, size_t count,

@@ -42,6 +42,10 @@ struct loom_mesh {
     /* local groups (no communicator): point-to-point requests posted but not matched yet,
      * oldest first (collectives.c) */
     struct loom_comm_req *local_sends, *local_recvs;
+    /* loom_comm_set_device_window: opened around every MPI call and local copy that touches
+     * a collective's buffers (NULL: none) */
+    void (*win_begin)(void);
+    void (*win_end)(void);
 };
 
 /* collectives.c: frees the request records kept for reuse */

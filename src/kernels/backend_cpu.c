@@ -1,10 +1,69 @@
 /* The cpu backend: the op table over the kernels of include/loom/kernels.h. Each op is the
  * kernel itself (which dispatches per instruction-set level), except flash attention, whose
  * inner loops follow the active level (LOOM_ATTN_ISA_AUTO). */
+#include <math.h>
+#include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
 
 #include "loom/backend.h"
+#include "loom/base.h"
 #include "loom/kernels.h"
+#include "kernels/backend_mem.h"
+
+/* ---- memory: host memory is the device's (aligned malloc, memcpy, memset, nothing) ---- */
+
+static void *cpu_alloc(size_t bytes, int flags) {
+    if (!(flags & LOOM_MEM_STREAMED)) return loom_alloc_aligned(bytes);
+    /* streamed every step: 2 MiB aligned, huge pages asked for */
+    const size_t huge = (size_t)2 << 20, size = (bytes + huge - 1) & ~(huge - 1);
+    void *p = NULL;
+    if (posix_memalign(&p, huge, size ? size : huge) != 0)
+        loom_panic(__FILE__, __LINE__, "out of memory allocating %zu bytes", bytes);
+#ifdef MADV_HUGEPAGE
+    (void)madvise(p, size ? size : huge, MADV_HUGEPAGE);
+#endif
+    return p;
+}
+static void cpu_free(void *p) { free(p); }
+static void cpu_copy(void *dst, const void *src, size_t n) {
+    if (n) memcpy(dst, src, n);
+}
+static void cpu_set(void *dst, int byte, size_t n) {
+    if (n) memset(dst, byte, n);
+}
+static void cpu_nothing(void) {}
+void loom_mem_copy_rows(void *dst, size_t dpitch, const void *src, size_t spitch, size_t width,
+                        size_t rows) {
+    for (size_t r = 0; r < rows; r++)
+        memcpy((char *)dst + r * dpitch, (const char *)src + r * spitch, width);
+}
+
+void loom_mem_release_pages(void *p, size_t n) {
+    const uintptr_t pg = (uintptr_t)sysconf(_SC_PAGESIZE);
+    const uintptr_t a = ((uintptr_t)p + pg - 1) & ~(pg - 1);
+    const uintptr_t b = ((uintptr_t)((char *)p + n)) & ~(pg - 1);
+    if (b > a) (void)madvise((void *)a, b - a, MADV_DONTNEED);
+}
+
+void loom_mem_sum_double(double *out, const float *x, int64_t n) {
+    double s = 0.0;
+    for (int64_t i = 0; i < n; i++) s += x[i];
+    *out = s;
+}
+
+void loom_mem_add_inplace(float *dst, const float *src, int64_t n) {
+    for (int64_t i = 0; i < n; i++) dst[i] += src[i];
+}
+
+static void cpu_ce_shard_losses(float *losses, const float *mx, const float *sums,
+                                const int32_t *targets, int64_t N) {
+    for (int64_t i = 0; i < N; i++)
+        losses[i] = targets[i] < 0 ? 0.0f
+                                   : (float)(log((double)sums[2 * i]) + (double)mx[i] -
+                                             (double)sums[2 * i + 1]);
+}
 
 static int cpu_flash_forward(float *out, float *lse, const float *q, const float *k,
                              const float *v, const loom_attn_dims *dims,
@@ -30,6 +89,20 @@ static int cpu_flash_backward_set(float *dq, float *dk, float *dv, const float *
 
 static const loom_backend cpu = {
     .name = "cpu",
+    .mem_alloc = cpu_alloc,
+    .mem_free = cpu_free,
+    .mem_h2d = cpu_copy,
+    .mem_d2h = cpu_copy,
+    .mem_d2d = cpu_copy,
+    .mem_set = cpu_set,
+    .mem_d2d_rows = loom_mem_copy_rows,
+    .mem_release = loom_mem_release_pages,
+    .mem_sync = cpu_nothing,
+    .comm_begin = cpu_nothing,
+    .comm_end = cpu_nothing,
+    .sum_double = loom_mem_sum_double,
+    .add_inplace = loom_mem_add_inplace,
+    .crossentropy_shard_losses = cpu_ce_shard_losses,
     .matmul_forward = matmul_forward,
     .matmul_backward = matmul_backward,
     .matmul_backward_set = matmul_backward_set,
@@ -119,7 +192,24 @@ const loom_backend *loom_backend_cpu(void) { return &cpu; }
 
 const loom_backend *loom_backend_find(const char *name) {
     if (name && !strcmp(name, cpu.name)) return &cpu;
+    if (name && !strcmp(name, "cpu-guard")) return loom_backend_guard();
     return NULL;
 }
 
-const char *loom_backend_names(void) { return "cpu"; }
+const char *loom_backend_names(void) { return "cpu, cpu-guard"; }
+
+const loom_backend *loom_backend_default(void) {
+    const char *e = getenv("LOOM_BACKEND");
+    if (!e || !*e) return &cpu;
+    const loom_backend *be = loom_backend_find(e);
+    if (!be)
+        loom_panic(__FILE__, __LINE__, "LOOM_BACKEND = '%s': unknown backend (known: %s)", e,
+                   loom_backend_names());
+    return be;
+}
+
+void loom_dev_read(const loom_backend *be, void *dst, const void *src, size_t n,
+                   const char *what) {
+    (void)what; /* the name is for readers and for grep (docs/engine.md's table) */
+    be->mem_d2h(dst, src, n);
+}

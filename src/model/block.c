@@ -241,8 +241,9 @@ static void attend_cache(loom_model *m, int l, float *out, const float *qkv, flo
     for (int r = 0; r < n; r++) {
         const float *row = qkv + (int64_t)r * m->QKV;
         const int p = pos0 + r;
-        memcpy(kc + (size_t)(p % slots) * kv, row + HD, (size_t)kv * sizeof(float));
-        memcpy(vc + (size_t)(p % slots) * kv, row + HD + kv, (size_t)kv * sizeof(float));
+        /* the KV append: device to device */
+        m->be->mem_d2d(kc + (size_t)(p % slots) * kv, row + HD, (size_t)kv * sizeof(float));
+        m->be->mem_d2d(vc + (size_t)(p % slots) * kv, row + HD + kv, (size_t)kv * sizeof(float));
         m->be->attention_decode(out + (int64_t)r * HD, row, kc, vc, p + 1 < slots ? p + 1 : slots,
                                 m->H, m->KVH, m->D, scores, &mk);
     }
@@ -328,10 +329,10 @@ static void op_forward(loom_model *m, block_frame *f, int l, const block_op *op)
                                  param(m, op->b, l), N, m->KVH, m->D, m->QKV, m->H + m->KVH,
                                  m->cfg.norm_eps);
         }
-        if (o != x)
-            for (int64_t r = 0; r < N; r++)
-                memcpy(o + r * m->QKV + HD + KD, x + r * m->QKV + HD + KD,
-                       (size_t)KD * sizeof(float));
+        if (o != x) /* the v rows unchanged */
+            be->mem_d2d_rows(o + HD + KD, (size_t)m->QKV * sizeof(float), x + HD + KD,
+                             (size_t)m->QKV * sizeof(float), (size_t)KD * sizeof(float),
+                             (size_t)N);
         break;
     }
     case OP_ROPE:
@@ -411,7 +412,7 @@ static void op_backward(loom_model *m, block_frame *f, int l, const block_op *op
             break;
         }
         if (is_post_norm(op)) /* in (S_ATTO, S_FFO) is the post-norm's alone: zeroed first */
-            memset(g[op->in], 0, (size_t)rows(m, f, op->in) * (size_t)C * sizeof(float));
+            be->mem_set(g[op->in], 0, (size_t)rows(m, f, op->in) * (size_t)C * sizeof(float));
         if (m->cfg.arch.norm == LOOM_NORM_LAYER)
             be->layernorm_backward(g[op->in], grad(m, op->w, l), grad(m, op->b, l), g[op->out],
                                    s[op->in], param(m, op->w, l), s[op->aux0], s[op->aux1],
@@ -465,9 +466,8 @@ static void op_backward(loom_model *m, block_frame *f, int l, const block_op *op
                                   param(m, op->b, l), s[op->aux0] + m->H, N, m->KVH, m->D,
                                   m->QKV, m->H + m->KVH);
         }
-        for (int64_t r = 0; r < N; r++)
-            memcpy(dx + r * m->QKV + HD + KD, dy + r * m->QKV + HD + KD,
-                   (size_t)KD * sizeof(float));
+        be->mem_d2d_rows(dx + HD + KD, (size_t)m->QKV * sizeof(float), dy + HD + KD,
+                         (size_t)m->QKV * sizeof(float), (size_t)KD * sizeof(float), (size_t)N);
         break;
     }
     case OP_ROPE:
@@ -487,7 +487,7 @@ static void op_backward(loom_model *m, block_frame *f, int l, const block_op *op
                                                         s[op->aux0], &dims, &mask) == 0);
             break;
         }
-        memset(g[op->in], 0, (size_t)N * (size_t)m->QKV * sizeof(float));
+        be->mem_set(g[op->in], 0, (size_t)N * (size_t)m->QKV * sizeof(float));
         const loom_attn_mask smask = attn_mask(m, f, l); /* sdpa: its window and scores */
         if (m->has_attn) {
             m->attn.backward(m->attn.ctx, l, g[op->in], g[op->out], s[op->in], s[op->out],
@@ -512,7 +512,7 @@ static void op_backward(loom_model *m, block_frame *f, int l, const block_op *op
             be->gelu_backward_set(g[op->in], s[op->in], g[op->out], N * m->F);
             break;
         }
-        memset(g[op->in], 0, (size_t)N * (size_t)m->FFI * sizeof(float));
+        be->mem_set(g[op->in], 0, (size_t)N * (size_t)m->FFI * sizeof(float));
         if (mlp == LOOM_MLP_GEGLU) be->geglu_backward(g[op->in], s[op->in], g[op->out], N, m->F);
         else be->swiglu_backward(g[op->in], s[op->in], g[op->out], N, m->F);
         break;
@@ -690,13 +690,15 @@ size_t acts_floats(const loom_model *m, int B, int T, int stacked) {
 
 loom_acts *loom_acts_create(const loom_model *m, int B, int T, int for_training) {
     LOOM_CHECK(B > 0 && T > 0 && T <= m->cfg.max_seq_len);
+    const loom_backend *be = m->be;
     loom_acts *a = loom_calloc(1, sizeof *a);
+    a->be = be;
     a->maxB = B;
     a->maxT = T;
     a->stacked = for_training != 0;
     a->nl = m->lay.l1 - m->lay.l0;
     a->floats = acts_floats(m, B, T, a->stacked);
-    a->mem = loom_alloc_aligned(a->floats * sizeof(float));
+    a->mem = be->mem_alloc(a->floats * sizeof(float), 0);
     layout_acts(m, a, a->mem, B, T, a->stacked);
     if (!m->lay.sp) { /* one row set: the whole rows are the shard's buffers */
         a->sp_gather = NULL; /* the block aliases its slots itself */
@@ -705,15 +707,20 @@ loom_acts *loom_acts_create(const loom_model *m, int B, int T, int for_training)
         a->dres_full = a->dres;
         a->dln_full = a->dln;
     }
-    a->inputs = loom_calloc((size_t)B * (size_t)T, sizeof(int32_t));
-    a->targets = loom_calloc((size_t)B * (size_t)T, sizeof(int32_t));
+    const size_t BT = (size_t)B * (size_t)T;
+    a->inputs = be->mem_alloc(BT * sizeof(int32_t), 0);
+    a->targets = be->mem_alloc(BT * sizeof(int32_t), 0);
+    a->h_targets = loom_calloc(BT, sizeof(int32_t));
+    a->scalars = be->mem_alloc(8 * sizeof(double), 0);
     if (m->cfg.doc_mask) {
-        a->docs = loom_calloc((size_t)B * (size_t)T, sizeof(int32_t));
-        a->run_row = loom_calloc((size_t)B * (size_t)T, sizeof(int32_t));
-        a->run_len = loom_calloc((size_t)B * (size_t)T, sizeof(int32_t));
-        a->run_pos = loom_calloc((size_t)B * (size_t)T, sizeof(int32_t));
+        a->docs = be->mem_alloc(BT * sizeof(int32_t), 0);
+        a->h_docs = loom_calloc(BT, sizeof(int32_t));
+        a->run_row = loom_calloc(BT, sizeof(int32_t));
+        a->run_len = loom_calloc(BT, sizeof(int32_t));
+        a->run_pos = loom_calloc(BT, sizeof(int32_t));
         if (m->lay.cp > 1) {
-            a->gdocs = loom_calloc((size_t)B * (size_t)T * (size_t)m->lay.cp, sizeof(int32_t));
+            a->gdocs = be->mem_alloc(BT * (size_t)m->lay.cp * sizeof(int32_t), 0);
+            a->h_gdocs = loom_calloc(BT * (size_t)m->lay.cp, sizeof(int32_t));
             a->gdocs_cp = m->lay.cp;
         }
     }
@@ -722,14 +729,19 @@ loom_acts *loom_acts_create(const loom_model *m, int B, int T, int for_training)
 
 void loom_acts_free(loom_acts *a) {
     if (!a) return;
-    free(a->mem);
-    free(a->inputs);
-    free(a->targets);
-    free(a->docs);
+    const loom_backend *be = a->be;
+    be->mem_free(a->mem);
+    be->mem_free(a->inputs);
+    be->mem_free(a->targets);
+    be->mem_free(a->scalars);
+    be->mem_free(a->docs);
+    be->mem_free(a->gdocs);
+    free(a->h_targets);
+    free(a->h_docs);
+    free(a->h_gdocs);
     free(a->run_row);
     free(a->run_len);
     free(a->run_pos);
-    free(a->gdocs);
     free(a);
 }
 
@@ -809,9 +821,10 @@ void loom_model_set_docs(loom_model *m, loom_acts *a, const int32_t *docs, int B
                 n++;
             }
             a->run_len[n - 1]++;
-            a->docs[i] = id;
+            a->h_docs[i] = id;
         }
     }
+    m->be->mem_h2d(a->docs, a->h_docs, (size_t)B * (size_t)T * sizeof(int32_t));
     a->n_runs = n;
     a->docs_B = B;
     a->docs_T = T;
@@ -833,7 +846,7 @@ void loom_model_set_docs_global(loom_model *m, loom_acts *a, const int32_t *gdoc
     for (int64_t b = 0; b < B; b++) {
         /* the whole sequence's ids renumbered from 0 (a new id where the id changes) */
         const int32_t *g = gdocs + b * Tg;
-        int32_t *w = a->gdocs + b * Tg;
+        int32_t *w = a->h_gdocs + b * Tg;
         for (int64_t t = 0; t < Tg; t++) w[t] = t == 0 ? 0 : w[t - 1] + (g[t] != g[t - 1]);
         for (int c = 0; c < nc; c++) {
             /* where the document of the chunk's first position started */
@@ -849,10 +862,12 @@ void loom_model_set_docs_global(loom_model *m, loom_acts *a, const int32_t *gdoc
                     n++;
                 }
                 a->run_len[n - 1]++;
-                a->docs[i] = w[gt];
+                a->h_docs[i] = w[gt];
             }
         }
     }
+    m->be->mem_h2d(a->docs, a->h_docs, (size_t)B * (size_t)T * sizeof(int32_t));
+    m->be->mem_h2d(a->gdocs, a->h_gdocs, (size_t)B * (size_t)Tg * sizeof(int32_t));
     a->n_runs = n;
     a->docs_B = B;
     a->docs_T = T;
@@ -864,6 +879,10 @@ void loom_acts_poison_layer(const loom_model *m, loom_acts *a, int layer, float 
     acts_frame(m, a, layer, a->maxB, a->maxT, &f);
     for (int k = 1; k < S_COUNT; k++) { /* S_X is the previous layer's: not this layer's */
         const size_t n = (size_t)slot_floats(m, k, a->maxB, a->maxT);
-        for (size_t i = 0; i < n; i++) f.s[k][i] = value;
+        /* a host pattern copied in (a test helper: not the step's path) */
+        float *v = loom_malloc((n ? n : 1) * sizeof(float));
+        for (size_t i = 0; i < n; i++) v[i] = value;
+        m->be->mem_h2d(f.s[k], v, n * sizeof(float));
+        free(v);
     }
 }

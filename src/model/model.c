@@ -305,7 +305,7 @@ static int create(const loom_model_config *cfg, const loom_model_layout *layout,
     }
     cfg = &m->cfg;
     const loom_arch *ar = &m->cfg.arch;
-    if (!m->cfg.backend) m->cfg.backend = loom_backend_cpu();
+    if (!m->cfg.backend) m->cfg.backend = loom_backend_default();
     m->be = m->cfg.backend;
     m->lay = lay;
     m->maxB = B;
@@ -434,8 +434,8 @@ static int create(const loom_model_config *cfg, const loom_model_layout *layout,
     LOOM_CHECK(mode >= LOOM_MODEL_NO_ARENAS && mode <= LOOM_MODEL_HOOKS_ONLY);
     m->mode = mode;
     if (mode != LOOM_MODEL_NO_ARENAS && mode != LOOM_MODEL_HOOKS_ONLY && !layout_only) {
-        m->params = loom_alloc_aligned(off * sizeof(float));
-        if (mode == LOOM_MODEL_TRAIN) m->grads = loom_alloc_aligned(off * sizeof(float));
+        m->params = m->be->mem_alloc(off * sizeof(float), 0);
+        if (mode == LOOM_MODEL_TRAIN) m->grads = m->be->mem_alloc(off * sizeof(float), 0);
     }
     point_units_at_arenas(m);
 
@@ -449,19 +449,23 @@ static int create(const loom_model_config *cfg, const loom_model_layout *layout,
     }
     if (training && mode != LOOM_MODEL_HOOKS_ONLY) m->acts = loom_acts_create(m, B, T, 1);
     if (ar->pos == LOOM_POS_ROPE) {
-        m->rope_cos = loom_alloc_aligned((size_t)maxT * (size_t)(m->D / 2) * sizeof(float));
-        m->rope_sin = loom_alloc_aligned((size_t)maxT * (size_t)(m->D / 2) * sizeof(float));
+        const size_t rope_bytes = (size_t)maxT * (size_t)(m->D / 2) * sizeof(float);
+        m->rope_cos = m->be->mem_alloc(rope_bytes, 0);
+        m->rope_sin = m->be->mem_alloc(rope_bytes, 0);
         if (ar->rope_type == LOOM_ROPE_DEFAULT) {
             m->be->rope_tables(m->rope_cos, m->rope_sin, (int)maxT, m->D, cfg->rope_theta);
         } else { /* a scaling: the descriptor's frequencies */
             float *inv = loom_malloc((size_t)(m->D / 2) * sizeof(float));
             const float scale = arch_rope_inv_freq(ar, cfg->rope_theta, m->D, inv);
-            m->be->rope_tables_freq(m->rope_cos, m->rope_sin, (int)maxT, m->D, inv, scale);
+            float *dinv = m->be->mem_alloc((size_t)(m->D / 2) * sizeof(float), 0);
+            m->be->mem_h2d(dinv, inv, (size_t)(m->D / 2) * sizeof(float));
+            m->be->rope_tables_freq(m->rope_cos, m->rope_sin, (int)maxT, m->D, dinv, scale);
+            m->be->mem_free(dinv);
             free(inv);
         }
         if (ar->rope_local_theta > 0.0f) { /* the sliding layers' own base, default RoPE */
-            m->rope_cos_local = loom_alloc_aligned((size_t)maxT * (size_t)(m->D / 2) * sizeof(float));
-            m->rope_sin_local = loom_alloc_aligned((size_t)maxT * (size_t)(m->D / 2) * sizeof(float));
+            m->rope_cos_local = m->be->mem_alloc(rope_bytes, 0);
+            m->rope_sin_local = m->be->mem_alloc(rope_bytes, 0);
             m->be->rope_tables(m->rope_cos_local, m->rope_sin_local, (int)maxT, m->D,
                                ar->rope_local_theta);
         }
@@ -508,19 +512,20 @@ size_t loom_model_activation_floats(const loom_model *m) { return m->act_floats;
 void loom_model_free(loom_model *m) {
     if (!m) return;
     loom_lora_free(m->lora); /* the model owns its adapters (include/loom/lora.h) */
-    free(m->params);
-    free(m->grads);
-    free(m->wbf16);
+    const loom_backend *be = m->be;
+    be->mem_free(m->params);
+    be->mem_free(m->grads);
+    free(m->wbf16); /* (host memory: the inference weight copies are not converted yet) */
     free(m->wbf16_lin);
     free(m->wq8);
     free(m->wq8_q);
     free(m->wq8_d);
     free(m->wq4);
     loom_acts_free(m->acts);
-    free(m->rope_cos);
-    free(m->rope_sin);
-    free(m->rope_cos_local);
-    free(m->rope_sin_local);
+    be->mem_free(m->rope_cos);
+    be->mem_free(m->rope_sin);
+    be->mem_free(m->rope_cos_local);
+    be->mem_free(m->rope_sin_local);
     free(m->info);
     free(m->lidx);
     free(m->unit_off);
@@ -575,7 +580,7 @@ size_t loom_model_arena_bytes(const loom_model *m) {
 }
 
 void loom_model_zero_grad(loom_model *m) {
-    if (m->grads) memset(m->grads, 0, m->n_params * sizeof(float));
+    if (m->grads) m->be->mem_set(m->grads, 0, m->n_params * sizeof(float));
 }
 
 int loom_model_num_units(const loom_model *m) { return m->n_units; }
@@ -645,7 +650,20 @@ void loom_model_init_range(const loom_model *m, uint64_t seed, size_t offset, si
     }
 }
 
+void loom_model_init_device(const loom_model *m, uint64_t seed, size_t offset, size_t count,
+                            float *dst) {
+    /* drawn on the host chunk by chunk and copied in (the draws do not depend on the chunks) */
+    const size_t chunk = (size_t)1 << 20;
+    float *h = loom_malloc((count < chunk ? (count ? count : 1) : chunk) * sizeof(float));
+    for (size_t at = 0; at < count; at += chunk) {
+        const size_t n = count - at < chunk ? count - at : chunk;
+        loom_model_init_range(m, seed, offset + at, n, h);
+        m->be->mem_h2d(dst + at, h, n * sizeof(float));
+    }
+    free(h);
+}
+
 void loom_model_init_weights(loom_model *m, uint64_t seed) {
     LOOM_CHECK(m->params != NULL);
-    loom_model_init_range(m, seed, 0, m->n_params, m->params);
+    loom_model_init_device(m, seed, 0, m->n_params, m->params);
 }

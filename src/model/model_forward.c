@@ -80,7 +80,7 @@ static void head_ce_backward(const loom_model *m, const loom_acts *a, float *log
         if (w) { /* the run [i, j): rows with one weight (ignored rows join any run) */
             for (; j < n; j++) {
                 const int64_t r = r0 + j;
-                if (a->targets[r] < 0) continue;
+                if (a->h_targets[r] < 0) continue;
                 if (first < 0) first = j, s = w[r];
                 else if (w[r] != s) break;
             }
@@ -111,19 +111,24 @@ static void head_logits(const loom_model *m, float *logits, const float *lnf, in
     model_softcap(m, logits, n * m->Vl);
 }
 
-/* Keeps targets (N, < 0 ignored, each < K) for backward and counts the valid ones. */
-static void keep_targets(loom_acts *a, const int32_t *targets, int64_t N, int K) {
-    memcpy(a->targets, targets, (size_t)N * sizeof(int32_t));
+/* Keeps targets (N, < 0 ignored, each < K) for backward (copied to the device, and a host
+ * copy) and counts the valid ones. */
+static void keep_targets(const loom_model *m, loom_acts *a, const int32_t *targets, int64_t N,
+                         int K) {
+    m->be->mem_h2d(a->targets, targets, (size_t)N * sizeof(int32_t));
+    memcpy(a->h_targets, targets, (size_t)N * sizeof(int32_t));
     for (int64_t i = 0; i < N; i++) {
         LOOM_CHECK(targets[i] < K);
         if (targets[i] >= 0) a->valid++;
     }
 }
 
-/* the mean of the N per-row losses over the valid targets (0 without any) */
-static float mean_valid_loss(const loom_acts *a, int64_t N) {
+/* the mean of the N per-row losses over the valid targets (0 without any): their sum on the
+ * device, one double read back */
+static float mean_valid_loss(const loom_model *m, const loom_acts *a, int64_t N) {
     double sum = 0.0;
-    for (int64_t i = 0; i < N; i++) sum += a->losses[i];
+    m->be->sum_double(a->scalars, a->losses, N);
+    loom_dev_read(m->be, &sum, a->scalars, sizeof sum, "loss sum");
     return a->valid > 0 ? (float)(sum / (double)a->valid) : 0.0f;
 }
 
@@ -132,18 +137,18 @@ static float mean_valid_loss(const loom_acts *a, int64_t N) {
  * keeps the targets for backward and returns the mean over the valid ones. */
 static float mean_loss(const loom_model *m, loom_acts *a, const int32_t *targets, int64_t N,
                        int K) {
-    keep_targets(a, targets, N, K);
+    keep_targets(m, a, targets, N, K);
     if (a->chunk) {
         const int C = m->cfg.d_model;
         for (int64_t r0 = 0; r0 < N; r0 += a->chunk) {
             const int64_t n = N - r0 < a->chunk ? N - r0 : a->chunk;
             head_logits(m, a->logits, a->lnf + r0 * C, n);
-            m->be->crossentropy_forward(a->losses + r0, a->logits, targets + r0, n, K);
+            m->be->crossentropy_forward(a->losses + r0, a->logits, a->targets + r0, n, K);
         }
     } else {
-        m->be->crossentropy_forward(a->losses, a->logits, targets, N, K);
+        m->be->crossentropy_forward(a->losses, a->logits, a->targets, N, K);
     }
-    return mean_valid_loss(a, N);
+    return mean_valid_loss(m, a, N);
 }
 
 static const char *const cp_names[LOOM_CP_COUNT] = {
@@ -287,16 +292,13 @@ int loom_model_tp_owner(const loom_model *m, const loom_tensor_info *t) {
  * the mean over the valid targets. */
 static float vocab_parallel_loss(loom_model *m, loom_acts *a, const int32_t *targets,
                                  int64_t N) {
-    keep_targets(a, targets, N, m->cfg.vocab_size);
+    keep_targets(m, a, targets, N, m->cfg.vocab_size);
     m->be->crossentropy_shard_max(a->vmax, a->logits, N, m->Vl);
     model_vocab_point(m, LOOM_CP_VOCAB_MAX, 0, LOOM_SITE_HEAD, a->vmax, N);
-    m->be->crossentropy_shard_sums(a->vsums, a->logits, a->vmax, targets, m->V0, N, m->Vl);
+    m->be->crossentropy_shard_sums(a->vsums, a->logits, a->vmax, a->targets, m->V0, N, m->Vl);
     model_vocab_point(m, LOOM_CP_VOCAB_SUM, 0, LOOM_SITE_HEAD, a->vsums, 2 * N);
-    for (int64_t i = 0; i < N; i++)
-        a->losses[i] = targets[i] < 0 ? 0.0f
-                                      : (float)(log((double)a->vsums[2 * i]) + (double)a->vmax[i] -
-                                                (double)a->vsums[2 * i + 1]);
-    return mean_valid_loss(a, N);
+    m->be->crossentropy_shard_losses(a->losses, a->vmax, a->vsums, a->targets, N);
+    return mean_valid_loss(m, a, N);
 }
 
 float loom_model_forward_acts(loom_model *m, loom_acts *a, const int32_t *inputs,
@@ -309,8 +311,8 @@ float loom_model_forward_acts(loom_model *m, loom_acts *a, const int32_t *inputs
     const int64_t BT = (int64_t)B * T;
     a->B = B;
     a->T = T;
-    memcpy(a->inputs, inputs, (size_t)BT * sizeof(int32_t));
     for (int64_t i = 0; i < BT; i++) LOOM_CHECK(inputs[i] >= 0 && inputs[i] < V);
+    m->be->mem_h2d(a->inputs, inputs, (size_t)BT * sizeof(int32_t)); /* the host's token ids */
 
     /* documents set by loom_model_set_docs are for this shape */
     LOOM_CHECK(!a->n_runs || (a->docs_B == B && a->docs_T == T));
@@ -321,7 +323,7 @@ float loom_model_forward_acts(loom_model *m, loom_acts *a, const int32_t *inputs
     const int64_t BTs = m->lay.sp ? BT / m->lay.tp : BT;
     if (m->lay.has_embedding) { /* a later pipeline stage gets a->encoded at STAGE_IN */
         acquire(m, 0, 0);
-        embed(m, a, inputs, B, T, 0);
+        embed(m, a, a->inputs, B, T, 0);
         /* vocab-parallel (tp > 1): the embedding's output is a partial sum over the tp ranks
          * (reduce-scattered to the shard under sequence parallelism) */
         shard_point(m, LOOM_CP_ROW_OUT, 0, LOOM_SITE_EMBED, a->sp_partial, BT * C, a->encoded,
@@ -410,7 +412,7 @@ static void stage_backward(loom_model *m, loom_acts *a, float dscale) {
     const int C = m->cfg.d_model, B = a->B, T = a->T;
     const int64_t BT = (int64_t)B * T;
     memset(m->have_grads, 0, (size_t)m->n_units);
-    memset(a->dres, 0, (size_t)BT * C * sizeof(float));
+    m->be->mem_set(a->dres, 0, (size_t)BT * C * sizeof(float));
     stage_point(m, LOOM_CP_STAGE_OUT, 1, a->dres, BT * C);
     layers_backward(m, a, dscale);
     stage_point(m, LOOM_CP_STAGE_IN, 1, a->dres, BT * C);
@@ -444,10 +446,10 @@ static void backward_impl(loom_model *m, loom_acts *a, float dscale, const float
     if (cls) { /* logits (B,K) become dlogits; pooled <- mean over T */
         const int K = c->num_classes;
         m->be->crossentropy_softmax_backward(a->logits, a->targets, B, K, dscale);
-        memset(a->dpooled, 0, (size_t)B * C * sizeof(float));
+        m->be->mem_set(a->dpooled, 0, (size_t)B * C * sizeof(float));
         m->be->matmul_backward(a->dpooled, GRAD(m, LOOM_P_CLS_W), GRAD(m, LOOM_P_CLS_B),
                                a->logits, a->pooled, PARAM(m, LOOM_P_CLS_W), B, C, K);
-        memset(a->dln_full, 0, (size_t)BT * C * sizeof(float));
+        m->be->mem_set(a->dln_full, 0, (size_t)BT * C * sizeof(float));
         m->be->mean_pool_backward(a->dln, a->dpooled, B, T, C);
     } else if (a->chunk) { /* model.loss_chunk (tp = 1): each chunk's logits again, then its
                             * dlogits, d(lnf) and d(head): no (B,T,V) buffer */
@@ -471,7 +473,7 @@ static void backward_impl(loom_model *m, loom_acts *a, float dscale, const float
     block_frame f;
     acts_frame(m, a, m->lay.l1 - 1, B, T, &f);
     const float *last = f.s[S_RES3];
-    memset(a->dres, 0, (size_t)BTs * C * sizeof(float));
+    m->be->mem_set(a->dres, 0, (size_t)BTs * C * sizeof(float));
     norm_bwd(m, a->dres, GRAD(m, LOOM_P_LNF_W), GRAD(m, LOOM_P_LNF_B), a->dln, last,
              PARAM(m, LOOM_P_LNF_W), a->lnf_mean, a->lnf_rstd, BTs);
     if (tied) release(m, 0, 1);
@@ -505,7 +507,8 @@ void loom_model_backward_weighted_acts(loom_model *m, loom_acts *a, const float 
 void loom_model_token_logps_acts(const loom_model *m, const loom_acts *a, float *out) {
     LOOM_CHECK(a->has_targets && m->lay.has_head && m->cfg.head == LOOM_HEAD_LM);
     const int64_t BT = (int64_t)a->B * a->T;
-    for (int64_t i = 0; i < BT; i++) out[i] = a->targets[i] < 0 ? 0.0f : -a->losses[i];
+    loom_dev_read(m->be, out, a->losses, (size_t)BT * sizeof(float), "token log-probs");
+    for (int64_t i = 0; i < BT; i++) out[i] = a->h_targets[i] < 0 ? 0.0f : -out[i];
 }
 
 void loom_model_backward_weighted(loom_model *m, const float *w, float dscale) {

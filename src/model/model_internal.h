@@ -84,6 +84,14 @@ struct loom_acts {
     int gdocs_cp;         /* its cp */
     int n_runs;           /* 0: no documents set (one per row) */
     int docs_B, docs_T;   /* the shape they were set for */
+    /* memory through the backend (docs/engine.md): mem, inputs, targets, docs and gdocs are
+     * device buffers of the model's backend; run_row, run_len, run_pos stay on the host (the
+     * host walks them to issue per-run ops). What the host computes of them first: */
+    const struct loom_backend *be; /* the backend the arena was allocated with */
+    int32_t *h_targets;   /* (B,T) host copy of the targets (the weighted backward's runs) */
+    int32_t *h_docs;      /* (B,T) and (B, cp*T) host staging of docs / gdocs */
+    int32_t *h_gdocs;
+    double *scalars;      /* (8) device: the step's scalars (the loss sum) */
 };
 
 /* One walk of the block: the slots' buffers for this layer, their gradients (backward), the

@@ -19,6 +19,7 @@ enum { MAX_SEG = 2 };
 
 struct loom_dp {
     loom_model *m;
+    const loom_backend *be; /* the model's: every buffer below is its device memory */
     loom_mesh *mesh;
     loom_group group;      /* where gradients are reduced and state sharded: dp, or dp x cp
                             * with context parallelism (the cp ranks hold partial sums of one
@@ -114,8 +115,7 @@ static void fold_bucket(loom_dp *dp, int b) {
     const int u = dp->gunit[b];
     const float *src = dp->gtmp[b];
     for (int s = dp->useg[u]; s < dp->useg[u] + dp->unseg[u]; s++) {
-        float *dst = dp->gshard + dp->sbase[s];
-        for (size_t i = 0; i < dp->slen[s]; i++) dst[i] += src[i];
+        dp->be->add_inplace(dp->gshard + dp->sbase[s], src, (int64_t)dp->slen[s]);
         src += dp->slen[s];
     }
     dp->gunit[b] = -1;
@@ -136,7 +136,7 @@ static float *hook_grads(void *ctx, int u) {
     if (dp->zero < 2) return dp->grads + dp->uoff[u];
     const int b = bucket_of(dp, u);
     drain_bucket(dp, b);
-    memset(dp->gbucket[b], 0, dp->ucnt[u] * sizeof(float));
+    dp->be->mem_set(dp->gbucket[b], 0, dp->ucnt[u] * sizeof(float));
     return dp->gbucket[b];
 }
 
@@ -169,11 +169,11 @@ static void reduce_kv_replicas(loom_dp *dp, const loom_tensor_info *t, float *g)
     for (int d = 0; d < t->ndim; d++) whole *= (size_t)t->shape[d];
     for (int d = 1; d < t->ndim; d++) row *= (size_t)t->shape[d];
     LOOM_CHECK(t->split_dim == 0 && t->numel == (size_t)t->box_len[0] * row);
-    memset(dp->kv_full, 0, whole * sizeof(float));
+    dp->be->mem_set(dp->kv_full, 0, whole * sizeof(float));
     float *box = dp->kv_full + (size_t)t->box_off[0] * row;
-    memcpy(box, g, t->numel * sizeof(float));
+    dp->be->mem_d2d(box, g, t->numel * sizeof(float));
     loom_allreduce_sum(dp->mesh, LOOM_GROUP_TP, dp->kv_full, whole, LOOM_F32);
-    memcpy(g, box, t->numel * sizeof(float));
+    dp->be->mem_d2d(g, box, t->numel * sizeof(float));
 }
 
 /* Sequence parallelism: the norms' gradients in unit u's buffer are this tp rank's partial
@@ -230,6 +230,9 @@ int loom_dp_create(loom_model *m, loom_mesh *mesh, int zero, uint64_t seed, floa
     if (zero < 0 || zero > 3) return loom_errf(err, "parallel.zero = %d: expected 0, 1, 2 or 3", zero);
     loom_dp *dp = loom_calloc(1, sizeof *dp);
     dp->m = m;
+    const loom_backend *be = dp->be = loom_model_backend(m);
+    /* collectives reach device buffers inside the backend's window */
+    loom_comm_set_device_window(mesh, be->comm_begin, be->comm_end);
     dp->mesh = mesh;
     dp->zero = zero;
     dp->group = loom_mesh_layout(mesh)->cp > 1 ? LOOM_GROUP_DPCP : LOOM_GROUP_DP;
@@ -248,7 +251,7 @@ int loom_dp_create(loom_model *m, loom_mesh *mesh, int zero, uint64_t seed, floa
         for (int d = 0; d < t->ndim; d++) whole *= (size_t)t->shape[d];
         if (t->tp_replicas > 1 && whole > kv_whole) kv_whole = whole;
     }
-    if (kv_whole) dp->kv_full = loom_alloc_aligned(kv_whole * sizeof(float));
+    if (kv_whole) dp->kv_full = be->mem_alloc(kv_whole * sizeof(float), 0);
     dp->uoff = loom_calloc((size_t)U, sizeof(size_t));
     dp->ucnt = loom_calloc((size_t)U, sizeof(size_t));
     dp->useg = loom_calloc((size_t)U, sizeof(int));
@@ -301,41 +304,41 @@ int loom_dp_create(loom_model *m, loom_mesh *mesh, int zero, uint64_t seed, floa
         if (u == U - 1) dp->last_slice = slice;
     }
     if (zero < 3) {
-        dp->params = loom_alloc_aligned(dp->n * sizeof(float));
-        loom_model_init_range(m, seed, 0, dp->n, dp->params);
+        dp->params = be->mem_alloc(dp->n * sizeof(float), 0);
+        loom_model_init_device(m, seed, 0, dp->n, dp->params);
     } else {
-        dp->pshard = loom_alloc_aligned(dp->nshard * sizeof(float));
+        dp->pshard = be->mem_alloc(dp->nshard * sizeof(float), 0);
         for (int s = 0; s < dp->nseg; s++)
-            loom_model_init_range(m, seed, dp->goff[s] + dp->soff[s], dp->slen[s],
-                                  dp->pshard + dp->sbase[s]);
+            loom_model_init_device(m, seed, dp->goff[s] + dp->soff[s], dp->slen[s],
+                                   dp->pshard + dp->sbase[s]);
         const size_t sizes[N_BUCKETS] = {dp->ucnt[0], dp->ucnt[U - 1], dp->max_layer,
                                          dp->max_layer};
         for (int b = 0; b < N_BUCKETS; b++) {
-            dp->pbuf[b] = loom_alloc_aligned(sizes[b] * sizeof(float));
+            dp->pbuf[b] = be->mem_alloc(sizes[b] * sizeof(float), 0);
             dp->punit[b] = -1;
         }
     }
-    if (zero < 2) dp->grads = loom_alloc_aligned(dp->n * sizeof(float));
+    if (zero < 2) dp->grads = be->mem_alloc(dp->n * sizeof(float), 0);
     /* zero 0/1 with every reduction group of one rank (dp = 1): the reduced gradients are the
      * gradients, one buffer; the reduce-scatter and all-gather are then in place (no copies,
      * no second memset: 2.5 bytes of memory traffic per parameter byte and step less) */
     int alone = zero < 2 && dp->nshard == dp->n;
     for (int s = 0; alone && s < dp->nseg; s++)
         alone = gsize(dp, dp->sgroup[s]) == 1 && dp->sbase[s] == dp->goff[s];
-    dp->gshard = alone ? dp->grads : loom_alloc_aligned(dp->nshard * sizeof(float));
+    dp->gshard = alone ? dp->grads : be->mem_alloc(dp->nshard * sizeof(float), 0);
     if (zero >= 2) {
         const size_t sizes[N_BUCKETS] = {dp->ucnt[0], dp->ucnt[U - 1], dp->max_layer,
                                          dp->max_layer};
         const size_t tsizes[N_BUCKETS] = {dp->first_slice, dp->last_slice, dp->max_layer_slice,
                                           dp->max_layer_slice};
         for (int b = 0; b < N_BUCKETS; b++) {
-            dp->gbucket[b] = loom_alloc_aligned(sizes[b] * sizeof(float));
-            dp->gtmp[b] = loom_alloc_aligned(tsizes[b] * sizeof(float));
+            dp->gbucket[b] = be->mem_alloc(sizes[b] * sizeof(float), 0);
+            dp->gtmp[b] = be->mem_alloc(tsizes[b] * sizeof(float), 0);
         }
     }
     for (int b = 0; b < N_BUCKETS; b++) dp->gunit[b] = -1;
     dp->n_moments = zero == 0 ? dp->n : dp->nshard;
-    dp->moments = loom_alloc_aligned(2 * dp->n_moments * sizeof(float));
+    dp->moments = be->mem_alloc(2 * dp->n_moments * sizeof(float), 0);
     dp->adam_m = dp->moments;
     dp->adam_v = dp->moments + dp->n_moments;
     loom_model_hooks h = {.ctx = dp, .acquire_params = hook_acquire, .grads = hook_grads,
@@ -347,18 +350,19 @@ int loom_dp_create(loom_model *m, loom_mesh *mesh, int zero, uint64_t seed, floa
 
 void loom_dp_free(loom_dp *dp) {
     if (!dp) return;
+    const loom_backend *be = dp->be;
     for (int b = 0; b < N_BUCKETS; b++) {
         drain_bucket(dp, b);
-        free(dp->gbucket[b]);
-        free(dp->gtmp[b]);
-        free(dp->pbuf[b]);
+        be->mem_free(dp->gbucket[b]);
+        be->mem_free(dp->gtmp[b]);
+        be->mem_free(dp->pbuf[b]);
     }
-    free(dp->kv_full);
-    free(dp->params);
-    free(dp->pshard);
-    if (dp->gshard != dp->grads) free(dp->gshard);
-    free(dp->grads);
-    free(dp->moments);
+    be->mem_free(dp->kv_full);
+    be->mem_free(dp->params);
+    be->mem_free(dp->pshard);
+    if (dp->gshard != dp->grads) be->mem_free(dp->gshard);
+    be->mem_free(dp->grads);
+    be->mem_free(dp->moments);
     free(dp->uoff);
     free(dp->ucnt);
     free(dp->soff);
@@ -380,8 +384,8 @@ void loom_dp_begin_micro(loom_dp *dp, int first, int last) {
     dp->first = first;
     dp->last = last;
     if (!first) return;
-    if (dp->grads) memset(dp->grads, 0, dp->n * sizeof(float));
-    if (dp->gshard != dp->grads) memset(dp->gshard, 0, dp->nshard * sizeof(float));
+    if (dp->grads) dp->be->mem_set(dp->grads, 0, dp->n * sizeof(float));
+    if (dp->gshard != dp->grads) dp->be->mem_set(dp->gshard, 0, dp->nshard * sizeof(float));
 }
 
 /* The sum of squares of this rank's reduced gradients (its owned slices). With tensor
@@ -492,7 +496,7 @@ float *loom_dp_owned_grad(loom_dp *dp, const loom_tensor_info *t, size_t *begin,
 }
 
 void loom_dp_freeze(loom_dp *dp) {
-    free(dp->moments);
+    dp->be->mem_free(dp->moments);
     dp->moments = dp->adam_m = dp->adam_v = NULL;
     dp->n_moments = 0;
     dp->frozen = 1;
@@ -574,8 +578,15 @@ uint64_t loom_dp_param_hash(const loom_dp *dp) {
     const float *p = dp->zero < 3 ? dp->params : dp->pshard;
     const size_t n = dp->zero < 3 ? dp->n : dp->nshard;
     uint64_t h = 0xcbf29ce484222325ULL;
-    const unsigned char *b = (const unsigned char *)p;
-    for (size_t i = 0; i < n * sizeof(float); i++) h = (h ^ b[i]) * 0x100000001b3ULL;
+    /* a metric of the parameters (train.param_hash): read back in pieces */
+    enum { PIECE = 4096 };
+    float buf[PIECE]; /* (no allocation: it may run every step) */
+    for (size_t at = 0; at < n; at += PIECE) {
+        const size_t k = n - at < PIECE ? n - at : PIECE;
+        loom_dev_read(dp->be, buf, p + at, k * sizeof(float), "parameter hash");
+        const unsigned char *b = (const unsigned char *)buf;
+        for (size_t i = 0; i < k * sizeof(float); i++) h = (h ^ b[i]) * 0x100000001b3ULL;
+    }
     return h;
 }
 

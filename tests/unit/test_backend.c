@@ -190,7 +190,7 @@ static void s_scale(float *x, int64_t n, float s) {
     CPU->scale_inplace(x, n, s);
 }
 
-static const loom_backend counting = {
+static loom_backend counting = {
     .name = "counting",
     .matmul_forward = s_matmul_f, .matmul_backward = s_matmul_b,
     .matmul_backward_set = s_matmul_bs, .gelu_backward_set = s_gelu_bs,
@@ -209,6 +209,26 @@ static const loom_backend counting = {
     .crossentropy_forward = s_ce_f, .crossentropy_softmax_backward = s_ce_b,
     .adamw_update = s_adamw, .sum_squares = s_sumsq, .scale_inplace = s_scale,
 };
+
+/* the memory ops (and the reductions that replaced host loops) are the cpu table's: the
+ * counting shims are about the compute ops */
+static void counting_init(void) {
+    const loom_backend *c = CPU;
+    counting.mem_alloc = c->mem_alloc;
+    counting.mem_free = c->mem_free;
+    counting.mem_h2d = c->mem_h2d;
+    counting.mem_d2h = c->mem_d2h;
+    counting.mem_d2d = c->mem_d2d;
+    counting.mem_set = c->mem_set;
+    counting.mem_d2d_rows = c->mem_d2d_rows;
+    counting.mem_release = c->mem_release;
+    counting.mem_sync = c->mem_sync;
+    counting.comm_begin = c->comm_begin;
+    counting.comm_end = c->comm_end;
+    counting.sum_double = c->sum_double;
+    counting.add_inplace = c->add_inplace;
+    counting.crossentropy_shard_losses = c->crossentropy_shard_losses;
+}
 
 /* ---- what one configuration computes ------------------------------------------------------ */
 typedef struct result {
@@ -293,6 +313,7 @@ static const loom_model_config LLAMA = {
 
 static void test_model_calls_through_table(void **state) {
     (void)state;
+    counting_init();
     long seen[C_COUNT] = {0};
     for (int k = 0; k < 6; k++) {
         loom_model_config c = k % 2 ? LLAMA : GPT2;
