@@ -81,6 +81,9 @@ enum {
 
 typedef struct loom_backend {
     const char *name; /* the model.backend value: "cpu", "cpu-guard" */
+    /* 1: device buffers are host memory the host may read and write in place (cpu), so
+     * host-side staging (checkpoints) is skipped; 0: everything goes through the copies */
+    int host_memory;
 
     /* ---- memory (docs/engine.md "Memory through the backend") ---------------------------
      * Every arena the model, the optimizer, parallelism and inference compute on (parameters,

@@ -567,6 +567,11 @@ void loom_acts_free(loom_acts *a);
 size_t loom_acts_bytes(const loom_acts *a);
 /* logits of the arena's last forward (valid until its backward) */
 const float *loom_acts_logits(const loom_acts *a);
+/* Device memory (docs/engine.md): the logits are the backend's; the host reads floats
+ * [first, first + n) of them into dst with these (the named read "logits rows") */
+void loom_acts_read_logits(const loom_model *m, const loom_acts *a, float *dst, size_t first,
+                           size_t n);
+void loom_model_read_logits(const loom_model *m, float *dst, size_t first, size_t n);
 /* loom_model_forward / loom_model_backward on a given arena (B <= its B, T <= its T) */
 float loom_model_forward_acts(loom_model *m, loom_acts *a, const int32_t *inputs,
                               const int32_t *targets, int B, int T);
@@ -629,8 +634,9 @@ const float *loom_model_logits(const loom_model *m);
  * columns): the whole vocabulary at tp = 1; with tp > 1 split as evenly as it goes (the first
  * V % tp ranks one row more). */
 void loom_model_vocab_range(const loom_model *m, int *v0, int *vl);
-/* Inference: logits (V) of the last position for a single sequence of n tokens (n <= T).
- * Recomputes the whole prefix (the KV cache comes with the inference issue). */
+/* Inference: logits (V) of the last position for a single sequence of n tokens (n <= T),
+ * read back into a host buffer of the model (valid until the next call). Recomputes the whole
+ * prefix (the KV cache comes with the inference issue). */
 const float *loom_model_next_logits(loom_model *m, const int32_t *tokens, int n);
 /* 1 when decoding can read this model's parameters: its own arenas, or resident hooks (above;
  * the DP engine's storage at ZeRO 0-2, so the model under training decodes from the weights it

@@ -97,6 +97,15 @@ loom_dp_piece *loom_dp_pieces(loom_dp *dp, int *n);
 /* Everything this rank needs (its parameters, full or owned, and its moments), as pieces to
  * fill: same as loom_dp_pieces but for the data a rank must load, replicated data included. */
 loom_dp_piece *loom_dp_needed(loom_dp *dp, int *n);
+/* The pieces' data is device memory of the model's backend. For host code that reads or
+ * writes it (checkpoints): on a backend whose memory is host memory (cpu) nothing happens and
+ * NULL is returned; otherwise every piece's data is copied (the named read "checkpoint
+ * pieces") into one host buffer, which is returned, and the pieces are pointed into it.
+ * loom_dp_pieces_upload then copies such host pieces back over dev (the same pieces as
+ * loom_dp_needed returned them, before staging). */
+float *loom_dp_pieces_stage(const loom_dp *dp, loom_dp_piece *p, int n);
+void loom_dp_pieces_upload(const loom_dp *dp, const loom_dp_piece *host,
+                           const loom_dp_piece *dev, int n);
 
 /* ---- process start-up ----------------------------------------------------------------
  * loom_comm_init, then the kernels' instruction-set level agreed over the world: each rank

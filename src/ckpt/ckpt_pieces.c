@@ -2,6 +2,7 @@
  * box of one global tensor (offset and extent per dimension); what a rank owns or needs is a
  * flat range of its own box of each tensor (a ZeRO slice of a tensor-parallel box, say), cut
  * into at most 2 * ndim - 1 boxes of the global tensor. */
+#include "loom/backend.h"
 #include "loom/ckpt_pieces.h"
 
 #include <errno.h>
@@ -561,11 +562,19 @@ done:
 int loom_pieces_load_params(const loom_ckpt *ck, loom_model *m, loom_err *err) {
     const int nt = loom_model_num_tensors(m);
     loom_dp_piece *need = loom_calloc((size_t)nt, sizeof *need);
+    /* the bytes go straight into the arena where the backend's memory is host memory (cpu);
+     * elsewhere into a host buffer, then one copy to the device */
+    const loom_backend *be = loom_model_backend(m);
+    const size_t np = loom_model_num_params(m);
+    float *host = be->host_memory ? NULL : loom_malloc((np ? np : 1) * sizeof(float));
+    float *base = host ? host : loom_model_params(m);
     for (int i = 0; i < nt; i++) {
         const loom_tensor_info *t = loom_model_tensor(m, i);
-        need[i] = (loom_dp_piece){0, t, 0, t->numel, loom_model_params(m) + t->offset};
+        need[i] = (loom_dp_piece){0, t, 0, t->numel, base + t->offset};
     }
     int rc = loom_pieces_fill(ck, need, nt, err);
+    if (rc == 0 && host) be->mem_h2d(loom_model_params(m), host, np * sizeof(float));
+    free(host);
     free(need);
     return rc;
 }

@@ -45,6 +45,7 @@ static int eval_classify(loom_model *m, loom_config *cfg, loom_dataset *ds, cons
     int32_t *inp = loom_malloc((size_t)(B * T) * sizeof(int32_t));
     int32_t *lab = loom_malloc((size_t)B * sizeof(int32_t));
     int64_t *conf = loom_calloc((size_t)K * (size_t)K, sizeof(int64_t));
+    float *lgb = loom_malloc((size_t)B * (size_t)K * sizeof(float)); /* the logits read back */
     double loss_sum = 0;
     int64_t n = 0, correct = 0;
     for (uint64_t done = 0; done < total; done += (uint64_t)B) {
@@ -55,7 +56,8 @@ static int eval_classify(loom_model *m, loom_config *cfg, loom_dataset *ds, cons
         for (int b = nb; b < B; b++) lab[b] = -1; /* a short last batch */
         const float loss = loom_model_forward(m, inp, lab, nb, (int)T);
         loss_sum += (double)loss * nb;
-        const float *lg = loom_model_logits(m);
+        float *lg = lgb;
+        loom_model_read_logits(m, lg, 0, (size_t)nb * (size_t)K);
         for (int b = 0; b < nb; b++) {
             int best = 0;
             for (int k = 1; k < K; k++)
@@ -104,6 +106,7 @@ static int eval_classify(loom_model *m, loom_config *cfg, loom_dataset *ds, cons
     free(inp);
     free(lab);
     free(conf);
+    free(lgb);
     loom_windows_free(w);
     loom_free_strings(names, n_names);
     return 0;

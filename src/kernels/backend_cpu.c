@@ -89,6 +89,7 @@ static int cpu_flash_backward_set(float *dq, float *dk, float *dv, const float *
 
 static const loom_backend cpu = {
     .name = "cpu",
+    .host_memory = 1,
     .mem_alloc = cpu_alloc,
     .mem_free = cpu_free,
     .mem_h2d = cpu_copy,

@@ -267,6 +267,7 @@ static void set_table(void) {
      * would run on closed memory: tests/unit/test_guard.c checks none is left) */
     guard = *CPU;
     guard.name = "cpu-guard";
+    guard.host_memory = 0;
     guard.mem_alloc = g_mem_alloc;
     guard.mem_free = g_mem_free;
     guard.mem_h2d = g_mem_h2d;

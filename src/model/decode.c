@@ -10,6 +10,7 @@
 #include "model/model_internal.h"
 
 struct loom_kv_cache {
+    const loom_backend *be; /* every buffer below but hlogits is its device memory */
     int L, maxT, kv;     /* layers, positions, KVH*D floats per position */
     int len;             /* positions held */
     size_t floats;       /* of each of k, v: loom_model_kv_floats(m, maxT) */
@@ -20,39 +21,44 @@ struct loom_kv_cache {
     float *res[3];       /* the residual stream: layer input, after attention, layer output */
     float *moe;          /* one row of the MoE slots (an MoE model) */
     float *moe_slot[S_COUNT];
+    int32_t *tok;        /* (1) the token being decoded, copied in */
+    float *hlogits;      /* (V) host: the logits read back for the caller */
 };
 
 loom_kv_cache *loom_kv_cache_create(const loom_model *m) {
     const loom_model_config *c = &m->cfg;
     LOOM_CHECK(c->head == LOOM_HEAD_LM);
     loom_kv_cache *kc = loom_calloc(1, sizeof *kc);
+    const loom_backend *be = kc->be = m->be;
     kc->L = c->n_layer;
     kc->maxT = c->max_seq_len;
     LOOM_CHECK(m->lay.tp == 1 && m->lay.has_embedding && m->lay.has_head);
     kc->kv = m->KVH * m->D;
     kc->floats = loom_model_kv_floats(m, kc->maxT);
-    kc->k = loom_alloc_aligned(kc->floats * sizeof(float));
-    kc->v = loom_alloc_aligned(kc->floats * sizeof(float));
+    kc->k = be->mem_alloc(kc->floats * sizeof(float), 0);
+    kc->v = be->mem_alloc(kc->floats * sizeof(float), 0);
     const int C = c->d_model, HD = m->H * m->D;
-    kc->x = loom_alloc_aligned((size_t)C * sizeof(float));
-    kc->h = loom_alloc_aligned((size_t)C * sizeof(float));
-    kc->tmp = loom_alloc_aligned((size_t)C * sizeof(float));
+    kc->x = be->mem_alloc((size_t)C * sizeof(float), 0);
+    kc->h = be->mem_alloc((size_t)C * sizeof(float), 0);
+    kc->tmp = be->mem_alloc((size_t)C * sizeof(float), 0);
     kc->res[0] = kc->x;
     kc->res[1] = kc->tmp;
-    kc->res[2] = loom_alloc_aligned((size_t)C * sizeof(float));
-    kc->stat = loom_alloc_aligned(2 * sizeof(float));
-    kc->qkst = loom_alloc_aligned((size_t)(m->H + m->KVH + 4) * sizeof(float));
-    kc->qkv = loom_alloc_aligned((size_t)m->QKV * sizeof(float));
-    kc->att = loom_alloc_aligned((size_t)HD * sizeof(float));
-    kc->fch = loom_alloc_aligned((size_t)m->FFI * sizeof(float));
-    kc->fact = loom_alloc_aligned((size_t)m->F * sizeof(float));
-    kc->logits = loom_alloc_aligned((size_t)c->vocab_size * sizeof(float));
-    kc->scores = loom_alloc_aligned((size_t)m->H * (size_t)kc->maxT * sizeof(float));
+    kc->res[2] = be->mem_alloc((size_t)C * sizeof(float), 0);
+    kc->stat = be->mem_alloc(2 * sizeof(float), 0);
+    kc->qkst = be->mem_alloc((size_t)(m->H + m->KVH + 4) * sizeof(float), 0);
+    kc->qkv = be->mem_alloc((size_t)m->QKV * sizeof(float), 0);
+    kc->att = be->mem_alloc((size_t)HD * sizeof(float), 0);
+    kc->fch = be->mem_alloc((size_t)m->FFI * sizeof(float), 0);
+    kc->fact = be->mem_alloc((size_t)m->F * sizeof(float), 0);
+    kc->logits = be->mem_alloc((size_t)c->vocab_size * sizeof(float), 0);
+    kc->scores = be->mem_alloc((size_t)m->H * (size_t)kc->maxT * sizeof(float), 0);
+    kc->tok = be->mem_alloc(sizeof(int32_t), 0);
+    kc->hlogits = loom_malloc((size_t)c->vocab_size * sizeof(float));
     if (m->E > 0) { /* the MoE op's slots for one row (decoding routes dropless) */
         LOOM_CHECK(m->ep == 1);
         size_t n = 0;
         for (int k = S_MOE_PROB; k < S_COUNT; k++) n += ((size_t)moe_slot_floats(m, k, 1) + 15) & ~(size_t)15;
-        kc->moe = loom_alloc_aligned(n * sizeof(float));
+        kc->moe = be->mem_alloc(n * sizeof(float), 0);
         n = 0;
         for (int k = S_MOE_PROB; k < S_COUNT; k++) {
             kc->moe_slot[k] = kc->moe + n;
@@ -64,21 +70,24 @@ loom_kv_cache *loom_kv_cache_create(const loom_model *m) {
 
 void loom_kv_cache_free(loom_kv_cache *c) {
     if (!c) return;
-    free(c->k);
-    free(c->v);
-    free(c->x);
-    free(c->h);
-    free(c->tmp);
-    free(c->res[2]);
-    free(c->stat);
-    free(c->qkst);
-    free(c->qkv);
-    free(c->att);
-    free(c->fch);
-    free(c->fact);
-    free(c->logits);
-    free(c->scores);
-    free(c->moe);
+    const loom_backend *be = c->be;
+    be->mem_free(c->k);
+    be->mem_free(c->v);
+    be->mem_free(c->x);
+    be->mem_free(c->h);
+    be->mem_free(c->tmp);
+    be->mem_free(c->res[2]);
+    be->mem_free(c->stat);
+    be->mem_free(c->qkst);
+    be->mem_free(c->qkv);
+    be->mem_free(c->att);
+    be->mem_free(c->fch);
+    be->mem_free(c->fact);
+    be->mem_free(c->logits);
+    be->mem_free(c->scores);
+    be->mem_free(c->moe);
+    be->mem_free(c->tok);
+    free(c->hlogits);
     free(c);
 }
 
@@ -95,7 +104,8 @@ const float *loom_model_decode(loom_model *m, loom_kv_cache *kc, int32_t token) 
     model_decode_bind(m); /* its own arenas, or resident hooks (a model being trained) */
     LOOM_CHECK(token >= 0 && token < V && pos < kc->maxT);
 
-    model_embed_rows(m, 0, kc->res[0], &token, 1, 1, pos); /* (tp = 1: the plain kernel) */
+    m->be->mem_h2d(kc->tok, &token, sizeof token);
+    model_embed_rows(m, 0, kc->res[0], kc->tok, 1, 1, pos); /* (tp = 1: the plain kernel) */
     block_frame f;
     memset(&f, 0, sizeof f);
     f.B = f.T = 1;
@@ -128,5 +138,6 @@ const float *loom_model_decode(loom_model *m, loom_kv_cache *kc, int32_t token) 
     m->be->matmul_forward(kc->logits, kc->h, HEAD_W(m), NULL, 1, C, V);
     model_softcap(m, kc->logits, V);
     kc->len++;
-    return kc->logits;
+    loom_dev_read(m->be, kc->hlogits, kc->logits, (size_t)V * sizeof(float), "decode logits");
+    return kc->hlogits;
 }

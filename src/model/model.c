@@ -526,6 +526,7 @@ void loom_model_free(loom_model *m) {
     be->mem_free(m->rope_sin);
     be->mem_free(m->rope_cos_local);
     be->mem_free(m->rope_sin_local);
+    free(m->h_next);
     free(m->info);
     free(m->lidx);
     free(m->unit_off);

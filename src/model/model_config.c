@@ -1,6 +1,8 @@
 /* model.* config keys -> loom_model_config. */
 #include <string.h>
 
+#include <stdlib.h>
+
 #include "loom/backend.h"
 #include "loom/model.h"
 #include "loom/model_config.h"
@@ -320,6 +322,15 @@ int loom_model_config_from(const loom_config *c, int default_seq_len, loom_model
     if (!out->backend)
         return loom_errf(err, "config key 'model.backend' = '%s' (%s): unknown backend (known: %s)",
                          be, loom_config_origin(c, "model.backend"), loom_backend_names());
+    /* the environment's LOOM_BACKEND overrides the key (the cpu-guard runs of the test suite:
+     * docs/engine.md) */
+    const char *env = getenv("LOOM_BACKEND");
+    if (env && *env) {
+        out->backend = loom_backend_find(env);
+        if (!out->backend)
+            return loom_errf(err, "environment variable LOOM_BACKEND = '%s': unknown backend "
+                                  "(known: %s)", env, loom_backend_names());
+    }
     if (get_int(c, "model.moe.experts", 0, 1024, &out->n_expert, err) ||
         get_int(c, "model.moe.top_k", 1, 1024, &out->top_k, err) ||
         get_int(c, "model.moe.every", 1, 4096, &out->moe_every, err) ||

@@ -511,6 +511,17 @@ void loom_model_token_logps_acts(const loom_model *m, const loom_acts *a, float 
     for (int64_t i = 0; i < BT; i++) out[i] = a->h_targets[i] < 0 ? 0.0f : -out[i];
 }
 
+void loom_acts_read_logits(const loom_model *m, const loom_acts *a, float *dst, size_t first,
+                           size_t n) {
+    LOOM_CHECK(a->logits != NULL);
+    loom_dev_read(m->be, dst, a->logits + first, n * sizeof(float), "logits rows");
+}
+
+void loom_model_read_logits(const loom_model *m, float *dst, size_t first, size_t n) {
+    LOOM_CHECK(m->acts != NULL && !m->acts->chunk);
+    loom_acts_read_logits(m, m->acts, dst, first, n);
+}
+
 void loom_model_backward_weighted(loom_model *m, const float *w, float dscale) {
     LOOM_CHECK(m->acts != NULL);
     loom_model_backward_weighted_acts(m, m->acts, w, dscale);
@@ -537,7 +548,10 @@ const float *loom_model_next_logits(loom_model *m, const int32_t *tokens, int n)
     LOOM_CHECK(n > 0 && n <= m->maxT && m->cfg.head == LOOM_HEAD_LM);
     loom_model_forward(m, tokens, NULL, 1, n);
     LOOM_CHECK(!m->acts->chunk); /* a chunked LM head keeps no logits */
-    return m->acts->logits + (size_t)(n - 1) * (size_t)m->cfg.vocab_size;
+    const size_t V = (size_t)m->cfg.vocab_size;
+    if (!m->h_next) m->h_next = loom_malloc(V * sizeof(float));
+    loom_acts_read_logits(m, m->acts, m->h_next, (size_t)(n - 1) * V, V);
+    return m->h_next;
 }
 
 double loom_model_flops_per_token(const loom_model *m, int T) {

@@ -245,6 +245,7 @@ struct loom_model {
      * blocks (kernels.h q4k_quantize_rows) in the arena above, NULL where a site is Q8_0 */
     const uint8_t **wq4;
     float *rope_sin;
+    float *h_next;        /* (V) host: loom_model_next_logits' row read back */
     /* arch.rope_local_theta: the sliding layers' tables (maxT, D/2); NULL: they use the
      * full layers' */
     float *rope_cos_local, *rope_sin_local;

@@ -664,4 +664,24 @@ static loom_dp_piece *collect(loom_dp *dp, int *n, int for_load) {
 }
 
 loom_dp_piece *loom_dp_pieces(loom_dp *dp, int *n) { return collect(dp, n, 0); }
+
+float *loom_dp_pieces_stage(const loom_dp *dp, loom_dp_piece *p, int n) {
+    if (dp->be->host_memory) return NULL;
+    size_t total = 0;
+    for (int i = 0; i < n; i++) total += p[i].count;
+    float *h = loom_malloc((total ? total : 1) * sizeof(float)), *at = h;
+    for (int i = 0; i < n; i++) {
+        loom_dev_read(dp->be, at, p[i].data, p[i].count * sizeof(float), "checkpoint pieces");
+        p[i].data = at;
+        at += p[i].count;
+    }
+    return h;
+}
+
+void loom_dp_pieces_upload(const loom_dp *dp, const loom_dp_piece *host,
+                           const loom_dp_piece *dev, int n) {
+    for (int i = 0; i < n; i++)
+        if (host[i].data != dev[i].data)
+            dp->be->mem_h2d(dev[i].data, host[i].data, dev[i].count * sizeof(float));
+}
 loom_dp_piece *loom_dp_needed(loom_dp *dp, int *n) { return collect(dp, n, 1); }

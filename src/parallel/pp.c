@@ -11,6 +11,8 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "loom/backend.h"
+
 /* p2p tags: the micro-batch's index (mod TAG_MOD), forward activations and backward gradients
  * apart, and the tied embedding's exchange */
 enum { TAG_MOD = 8192, TAG_FWD = 0, TAG_BWD = TAG_MOD, TAG_TIED = 2 * TAG_MOD };
@@ -30,6 +32,8 @@ typedef struct inbox {
 
 struct loom_pp {
     loom_model *m;
+    const loom_backend *be;       /* the model's: the stream buffers are its device memory */
+    float *h_logits;              /* classify, last stage: (mB, K) logits read back */
     loom_mesh *mesh;
     loom_dp *dp;
     loom_comm_points inner;
@@ -88,7 +92,7 @@ static void take(loom_pp *p, inbox *b, int peer, int tag_base, float *buf, const
     loom_comm_waitall(1, &b->req, msg);
     p->bubble_s += loom_now() - t0;
     b->req = NULL;
-    memcpy(buf, b->buf, p->stream * sizeof(float));
+    p->be->mem_d2d(buf, b->buf, p->stream * sizeof(float));
     b->next++;
     post(p, b, peer, tag_base);
 }
@@ -209,8 +213,8 @@ static void sync_tied(void *ctx, loom_dp *dp) {
     size_t begin, count;
     float *own = loom_dp_owned_grad(dp, p->wte, &begin, &count);
     /* this stage's whole dp-reduced gradient: each dp rank adds the part it owns */
-    memset(p->tied_buf, 0, n * sizeof(float));
-    if (own) memcpy(p->tied_buf + begin, own, count * sizeof(float));
+    p->be->mem_set(p->tied_buf, 0, n * sizeof(float));
+    if (own) p->be->mem_d2d(p->tied_buf + begin, own, count * sizeof(float));
     loom_allreduce_sum(p->mesh, LOOM_GROUP_DP, p->tied_buf, n, LOOM_F32);
     const int peer = p->first ? p->P - 1 : 0;
     loom_comm_req *r[2] = {
@@ -223,7 +227,7 @@ static void sync_tied(void *ctx, loom_dp *dp) {
     loom_comm_waitall(2, r, msg);
     /* a + b on both stages (addition commutes bit for bit): the copies stay identical */
     if (own)
-        for (size_t i = 0; i < count; i++) own[i] = p->tied_buf[begin + i] + p->tied_peer[begin + i];
+        p->be->residual_forward(own, p->tied_buf + begin, p->tied_peer + begin, (int64_t)count);
 }
 
 int loom_pp_create(loom_model *m, loom_mesh *mesh, loom_dp *dp, const loom_comm_points *inner,
@@ -262,8 +266,11 @@ int loom_pp_create(loom_model *m, loom_mesh *mesh, loom_dp *dp, const loom_comm_
     p->stream = (size_t)micro_B * (size_t)T * (size_t)p->C / (size_t)(lay->sp ? lay->tp : 1);
     p->slot = loom_calloc((size_t)p->M, sizeof(int));
     p->cur_slot = -1;
-    if (!p->first) p->in_act.buf = loom_alloc_aligned(p->stream * sizeof(float));
-    if (!p->last) p->in_grad.buf = loom_alloc_aligned(p->stream * sizeof(float));
+    const loom_backend *be = p->be = loom_model_backend(m);
+    if (!p->first) p->in_act.buf = be->mem_alloc(p->stream * sizeof(float), 0);
+    if (!p->last) p->in_grad.buf = be->mem_alloc(p->stream * sizeof(float), 0);
+    if (p->last && p->classify) /* the logits read back (accuracy) */
+        p->h_logits = loom_malloc((size_t)micro_B * (size_t)c->num_classes * sizeof(float));
     if (inner && inner->fn) {
         p->inner = *inner;
         p->has_inner = 1;
@@ -271,8 +278,8 @@ int loom_pp_create(loom_model *m, loom_mesh *mesh, loom_dp *dp, const loom_comm_
     if (p->tied && (p->first || p->last)) {
         p->wte = loom_model_global(m, LOOM_P_WTE);
         LOOM_CHECK(p->wte != NULL);
-        p->tied_buf = loom_alloc_aligned(p->wte->numel * sizeof(float));
-        p->tied_peer = loom_alloc_aligned(p->wte->numel * sizeof(float));
+        p->tied_buf = be->mem_alloc(p->wte->numel * sizeof(float), 0);
+        p->tied_peer = be->mem_alloc(p->wte->numel * sizeof(float), 0);
     }
     read_fail_hook(p);
     const loom_comm_points cp = {.ctx = p, .fn = point};
@@ -294,10 +301,11 @@ void loom_pp_free(loom_pp *p) {
     }
     free(p->ar);
     free(p->slot);
-    free(p->in_act.buf);
-    free(p->in_grad.buf);
-    free(p->tied_buf);
-    free(p->tied_peer);
+    p->be->mem_free(p->in_act.buf);
+    p->be->mem_free(p->in_grad.buf);
+    p->be->mem_free(p->tied_buf);
+    p->be->mem_free(p->tied_peer);
+    free(p->h_logits);
     free(p);
 }
 
@@ -324,7 +332,8 @@ static void forward(loom_pp *p, run_ctx *r, int i) {
     if (p->last) { /* the loss is the last stage's */
         const int64_t ny = p->classify ? p->mB : (int64_t)p->mB * p->T;
         const int K = p->classify ? loom_model_get_config(p->m)->num_classes : 0;
-        const float *lg = loom_acts_logits(a);
+        float *lg = p->h_logits;
+        if (p->classify) loom_acts_read_logits(p->m, a, lg, 0, (size_t)p->mB * (size_t)K);
         int64_t valid = 0;
         for (int64_t k = 0; k < ny; k++) {
             if (y[k] < 0) continue;
@@ -407,10 +416,16 @@ size_t loom_pp_activation_bytes(const loom_pp *p) {
     return b;
 }
 
-static uint64_t fnv(const float *x, size_t n) {
+static uint64_t fnv(const loom_backend *be, const float *x, size_t n) {
     uint64_t h = 0xcbf29ce484222325ULL;
-    const unsigned char *b = (const unsigned char *)x;
-    for (size_t i = 0; i < n * sizeof(float); i++) h = (h ^ b[i]) * 0x100000001b3ULL;
+    enum { PIECE = 4096 };
+    float buf[PIECE];
+    for (size_t at = 0; at < n; at += PIECE) {
+        const size_t k = n - at < PIECE ? n - at : PIECE;
+        loom_dev_read(be, buf, x + at, k * sizeof(float), "tied wte hash");
+        const unsigned char *b = (const unsigned char *)buf;
+        for (size_t i = 0; i < k * sizeof(float); i++) h = (h ^ b[i]) * 0x100000001b3ULL;
+    }
     return h;
 }
 
@@ -422,7 +437,7 @@ int loom_pp_tied_in_sync(loom_pp *p) {
         loom_dp_piece *pc = loom_dp_needed(p->dp, &n);
         for (int k = 0; k < n; k++)
             if (pc[k].kind == 0 && pc[k].tensor == p->wte && pc[k].count == p->wte->numel)
-                h[p->first ? 0 : 1] = (int64_t)(fnv(pc[k].data, pc[k].count) >> 1) | 1;
+                h[p->first ? 0 : 1] = (int64_t)(fnv(p->be, pc[k].data, pc[k].count) >> 1) | 1;
         free(pc);
     }
     loom_allreduce_sum(p->mesh, LOOM_GROUP_PP, h, 2, LOOM_I64);

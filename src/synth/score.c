@@ -54,7 +54,8 @@ int synth_score_text(scorer *s, const char *text, size_t len, double *score, cha
     const int T = total - 1;
     for (int t = 0; t < T; t++) s->tg[t] = s->in[t + 1];
     loom_model_forward(s->m, s->in, NULL, 1, T);
-    const float *lg = loom_model_logits(s->m);
+    float *lg = loom_malloc((size_t)T * (size_t)s->V * sizeof(float));
+    loom_model_read_logits(s->m, lg, 0, (size_t)T * (size_t)s->V);
     double sum = 0;
     for (int t = first - 1; t < T; t++) { /* log softmax at the target */
         const float *row = lg + (size_t)t * (size_t)s->V;
@@ -64,6 +65,7 @@ int synth_score_text(scorer *s, const char *text, size_t len, double *score, cha
         for (int v = 0; v < s->V; v++) z += exp((double)row[v] - mx);
         sum += (double)row[s->tg[t]] - mx - log(z);
     }
+    free(lg);
     *score = sum / (T - (first - 1));
     rc = 0;
 out:

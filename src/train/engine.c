@@ -9,6 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "loom/backend.h"
 #include "loom/model_config.h"
 #include "loom/pp.h"
 #include "loom/tp.h"
@@ -61,6 +62,7 @@ void loom_train_engine_free(loom_train_engine *e) {
     loom_cp_free(e->t.cp);
     free(e->t.l_inp);
     free(e->t.l_tgt);
+    free(e->t.h_logits);
     loom_model_free(e->t.model);
     loom_tp_free(e->t.tp);
     loom_trainer_moe_free(&e->t);
@@ -139,7 +141,8 @@ size_t loom_train_engine_read(loom_train_engine *e, int kind, int i, float *out)
     size_t got = 0;
     for (int k = 0; k < n; k++)
         if (p[k].kind == kind && p[k].tensor == ti) {
-            memcpy(out + p[k].begin, p[k].data, p[k].count * sizeof(float));
+            loom_dev_read(loom_model_backend(e->t.model), out + p[k].begin, p[k].data,
+                          p[k].count * sizeof(float), "engine tensor read (tests)");
             got += p[k].count;
         }
     free(p);

@@ -20,6 +20,7 @@ int loom_trainer_save_checkpoint(trainer *t, loom_err *err) {
     char dir[4200];
     char *buf = NULL, *state_buf = NULL, *cfg_buf = NULL, *data_buf = NULL;
     loom_dp_piece *pieces = NULL;
+    float *stage = NULL;
     int rc = -1, n = 0;
     for (int r = 0; r < W; r++) {
         names[r] = loom_malloc(64);
@@ -39,6 +40,7 @@ int loom_trainer_save_checkpoint(trainer *t, loom_err *err) {
     if (!ok) goto done;
     size_t len = 0;
     pieces = loom_dp_pieces(t->dp, &n);
+    stage = loom_dp_pieces_stage(t->dp, pieces, n); /* (device memory: read back) */
     if (loom_pieces_serialize(pieces, n, &buf, &len, err) ||
         loom_ckpt_write_file(dir, names[t->world_rank], buf, len, err))
         goto done;
@@ -94,6 +96,7 @@ done:
     for (int r = 0; r < NF; r++) free(names[r]);
     free(names);
     free(pieces);
+    free(stage);
     free(buf);
     free(state_buf);
     free(cfg_buf);
@@ -113,7 +116,8 @@ static int json_get_int(json_t *obj, const char *key, int64_t *out, const char *
 int loom_trainer_load_checkpoint(trainer *t, const char *dir, loom_err *err) {
     loom_ckpt *ck = NULL;
     json_t *st = NULL;
-    loom_dp_piece *need = NULL;
+    loom_dp_piece *need = NULL, *dev = NULL;
+    float *stage = NULL;
     int rc = -1, n = 0;
     char where[4200];
     if (loom_ckpt_open(dir, &ck, err)) return -1;
@@ -131,7 +135,11 @@ int loom_trainer_load_checkpoint(trainer *t, const char *dir, loom_err *err) {
         goto done;
     }
     need = loom_dp_needed(t->dp, &n);
+    dev = loom_malloc((size_t)(n ? n : 1) * sizeof *need);
+    if (n) memcpy(dev, need, (size_t)n * sizeof *need);
+    stage = loom_dp_pieces_stage(t->dp, need, n);
     if (loom_pieces_fill(ck, need, n, err)) goto done;
+    loom_dp_pieces_upload(t->dp, need, dev, n);
     json_error_t je;
     loom_pathf(where, sizeof where, "%s/trainer_state.json", dir);
     st = json_loadb(sb, sl, JSON_REJECT_DUPLICATES, &je);
@@ -212,6 +220,8 @@ int loom_trainer_load_checkpoint(trainer *t, const char *dir, loom_err *err) {
 done:
     json_decref(st);
     free(need);
+    free(dev);
+    free(stage);
     loom_ckpt_close(ck);
     return rc;
 }

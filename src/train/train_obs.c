@@ -116,7 +116,7 @@ int train_obs_wrap_backend(const loom_config *cfg, loom_model_config *mc, loom_e
     if (!steps || !steps[0]) return 0;
     int64_t a, b;
     if (loom_prof_parse_steps(steps, "profile.steps", &a, &b, err)) return -1;
-    mc->backend = loom_prof_backend(mc->backend ? mc->backend : loom_backend_cpu());
+    mc->backend = loom_prof_backend(mc->backend ? mc->backend : loom_backend_default());
     return 0;
 }
 

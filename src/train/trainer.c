@@ -129,7 +129,8 @@ static double forward_global(trainer *t, int64_t *global_valid, int64_t *global_
     double v[3] = {t->inject_nan ? NAN : (double)loss * (double)valid, (double)valid, 0};
     if (t->classify) {
         const int K = t->mc.num_classes;
-        const float *lg = loom_model_logits(t->model);
+        float *lg = t->h_logits;
+        loom_model_read_logits(t->model, lg, 0, (size_t)t->local_B * (size_t)K);
         const int32_t *y = local_targets(t);
         for (int64_t b = 0; b < t->local_B; b++) {
             int best = 0;
@@ -406,6 +407,8 @@ int loom_trainer_create_engine(trainer *t, loom_err *err) {
         t->l_tgt = loom_malloc(n * sizeof(int32_t));
     }
     loom_trainer_moe_attach(t);
+    if (t->classify)
+        t->h_logits = loom_malloc((size_t)t->local_B * (size_t)t->mc.num_classes * sizeof(float));
     if (loom_dp_create(t->model, t->mesh, (int)t->s.zero, (uint64_t)t->s.seed,
                        (float)t->s.beta1, (float)t->s.beta2, (float)t->s.eps,
                        (float)t->s.weight_decay, &t->dp, err))
@@ -831,6 +834,7 @@ done:
     loom_cp_free(t.cp);
     free(t.l_inp);
     free(t.l_tgt);
+    free(t.h_logits);
     loom_model_free(t.model);
     loom_tp_free(t.tp);
     loom_trainer_moe_free(&t);

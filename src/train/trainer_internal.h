@@ -58,6 +58,7 @@ typedef struct trainer {
     loom_windows *train_w;
     int num_classes;          /* classes in the dataset (classify) */
     int32_t *g_inp, *g_tgt;   /* (B,T) the global batch; classify: g_tgt holds (B) labels */
+    float *h_logits;          /* classify: (local_B, K) this rank's logits read back (accuracy) */
     int32_t *g_doc;           /* (B,T) its document ids (model.doc_mask), else NULL */
     int32_t *acc_inp, *acc_tgt, *acc_doc; /* (accum, ...) the step's micro-batches of g_inp,
                                * g_tgt, g_doc (grad_accum > 1, train_accum.c), else NULL */
