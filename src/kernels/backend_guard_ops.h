@@ -563,6 +563,195 @@ static void g_scale_inplace(float *x, int64_t n, float s) {
     CPU->scale_inplace(x, n, s);
     guard_close();
 }
+static int g_bf16_matmul_native(void) {
+    guard_open();
+    const int r_ = CPU->bf16_matmul_native();
+    guard_close();
+    return r_;
+}
+static void g_bf16_matmul_forward(uint16_t *out, const uint16_t *inp, const uint16_t *weight, const float *bias, int64_t N, int IC, int OC) {
+    guard_check("bf16_matmul_forward", "out", out);
+    guard_check("bf16_matmul_forward", "inp", inp);
+    guard_check("bf16_matmul_forward", "weight", weight);
+    guard_check("bf16_matmul_forward", "bias", bias);
+    guard_open();
+    CPU->bf16_matmul_forward(out, inp, weight, bias, N, IC, OC);
+    guard_close();
+}
+static void g_bf16_matmul_forward_f32(float *out, const uint16_t *inp, const uint16_t *weight, const float *bias, int64_t N, int IC, int OC) {
+    guard_check("bf16_matmul_forward_f32", "out", out);
+    guard_check("bf16_matmul_forward_f32", "inp", inp);
+    guard_check("bf16_matmul_forward_f32", "weight", weight);
+    guard_check("bf16_matmul_forward_f32", "bias", bias);
+    guard_open();
+    CPU->bf16_matmul_forward_f32(out, inp, weight, bias, N, IC, OC);
+    guard_close();
+}
+static void g_bf16_matmul_backward(float *dinp, int dinp_set, float *dweight, float *dbias, const float *dout, uint16_t *dout_bf16, const uint16_t *inp, const uint16_t *weight, int64_t N, int IC, int OC) {
+    guard_check("bf16_matmul_backward", "dinp", dinp);
+    guard_check("bf16_matmul_backward", "dweight", dweight);
+    guard_check("bf16_matmul_backward", "dbias", dbias);
+    guard_check("bf16_matmul_backward", "dout", dout);
+    guard_check("bf16_matmul_backward", "dout_bf16", dout_bf16);
+    guard_check("bf16_matmul_backward", "inp", inp);
+    guard_check("bf16_matmul_backward", "weight", weight);
+    guard_open();
+    CPU->bf16_matmul_backward(dinp, dinp_set, dweight, dbias, dout, dout_bf16, inp, weight, N, IC, OC);
+    guard_close();
+}
+static void g_bf16_from_f32(uint16_t *dst, const float *src, int64_t n) {
+    guard_check("bf16_from_f32", "dst", dst);
+    guard_check("bf16_from_f32", "src", src);
+    guard_open();
+    CPU->bf16_from_f32(dst, src, n);
+    guard_close();
+}
+static void g_bf16_to_f32(float *dst, const uint16_t *src, int64_t n) {
+    guard_check("bf16_to_f32", "dst", dst);
+    guard_check("bf16_to_f32", "src", src);
+    guard_open();
+    CPU->bf16_to_f32(dst, src, n);
+    guard_close();
+}
+static void g_bf16_layernorm_forward(uint16_t *out, float *mean, float *rstd, const uint16_t *inp, const float *weight, const float *bias, int64_t N, int C, float eps) {
+    guard_check("bf16_layernorm_forward", "out", out);
+    guard_check("bf16_layernorm_forward", "mean", mean);
+    guard_check("bf16_layernorm_forward", "rstd", rstd);
+    guard_check("bf16_layernorm_forward", "inp", inp);
+    guard_check("bf16_layernorm_forward", "weight", weight);
+    guard_check("bf16_layernorm_forward", "bias", bias);
+    guard_open();
+    CPU->bf16_layernorm_forward(out, mean, rstd, inp, weight, bias, N, C, eps);
+    guard_close();
+}
+static void g_bf16_layernorm_backward(float *dinp, float *dweight, float *dbias, const float *dout, const uint16_t *inp, const float *weight, const float *mean, const float *rstd, int64_t N, int C) {
+    guard_check("bf16_layernorm_backward", "dinp", dinp);
+    guard_check("bf16_layernorm_backward", "dweight", dweight);
+    guard_check("bf16_layernorm_backward", "dbias", dbias);
+    guard_check("bf16_layernorm_backward", "dout", dout);
+    guard_check("bf16_layernorm_backward", "inp", inp);
+    guard_check("bf16_layernorm_backward", "weight", weight);
+    guard_check("bf16_layernorm_backward", "mean", mean);
+    guard_check("bf16_layernorm_backward", "rstd", rstd);
+    guard_open();
+    CPU->bf16_layernorm_backward(dinp, dweight, dbias, dout, inp, weight, mean, rstd, N, C);
+    guard_close();
+}
+static void g_bf16_rmsnorm_forward(uint16_t *out, float *rstd, const uint16_t *inp, const float *weight, int64_t N, int C, float eps) {
+    guard_check("bf16_rmsnorm_forward", "out", out);
+    guard_check("bf16_rmsnorm_forward", "rstd", rstd);
+    guard_check("bf16_rmsnorm_forward", "inp", inp);
+    guard_check("bf16_rmsnorm_forward", "weight", weight);
+    guard_open();
+    CPU->bf16_rmsnorm_forward(out, rstd, inp, weight, N, C, eps);
+    guard_close();
+}
+static void g_bf16_rmsnorm_backward(float *dinp, float *dweight, const float *dout, const uint16_t *inp, const float *weight, const float *rstd, int64_t N, int C) {
+    guard_check("bf16_rmsnorm_backward", "dinp", dinp);
+    guard_check("bf16_rmsnorm_backward", "dweight", dweight);
+    guard_check("bf16_rmsnorm_backward", "dout", dout);
+    guard_check("bf16_rmsnorm_backward", "inp", inp);
+    guard_check("bf16_rmsnorm_backward", "weight", weight);
+    guard_check("bf16_rmsnorm_backward", "rstd", rstd);
+    guard_open();
+    CPU->bf16_rmsnorm_backward(dinp, dweight, dout, inp, weight, rstd, N, C);
+    guard_close();
+}
+static void g_bf16_gelu_forward(uint16_t *out, const uint16_t *inp, int64_t n) {
+    guard_check("bf16_gelu_forward", "out", out);
+    guard_check("bf16_gelu_forward", "inp", inp);
+    guard_open();
+    CPU->bf16_gelu_forward(out, inp, n);
+    guard_close();
+}
+static void g_bf16_gelu_backward(float *dinp, int set, const uint16_t *inp, const float *dout, int64_t n) {
+    guard_check("bf16_gelu_backward", "dinp", dinp);
+    guard_check("bf16_gelu_backward", "inp", inp);
+    guard_check("bf16_gelu_backward", "dout", dout);
+    guard_open();
+    CPU->bf16_gelu_backward(dinp, set, inp, dout, n);
+    guard_close();
+}
+static void g_bf16_glu_forward(uint16_t *out, const uint16_t *inp, int64_t N, int F, int gelu) {
+    guard_check("bf16_glu_forward", "out", out);
+    guard_check("bf16_glu_forward", "inp", inp);
+    guard_open();
+    CPU->bf16_glu_forward(out, inp, N, F, gelu);
+    guard_close();
+}
+static void g_bf16_glu_backward(float *dinp, const uint16_t *inp, const float *dout, int64_t N, int F, int gelu) {
+    guard_check("bf16_glu_backward", "dinp", dinp);
+    guard_check("bf16_glu_backward", "inp", inp);
+    guard_check("bf16_glu_backward", "dout", dout);
+    guard_open();
+    CPU->bf16_glu_backward(dinp, inp, dout, N, F, gelu);
+    guard_close();
+}
+static void g_bf16_residual_forward(uint16_t *out, const uint16_t *a, const uint16_t *b, int64_t n) {
+    guard_check("bf16_residual_forward", "out", out);
+    guard_check("bf16_residual_forward", "a", a);
+    guard_check("bf16_residual_forward", "b", b);
+    guard_open();
+    CPU->bf16_residual_forward(out, a, b, n);
+    guard_close();
+}
+static void g_bf16_rope_forward(uint16_t *x, int64_t B, int T, int nh, int D, int64_t row_stride, const float *cos_t, const float *sin_t, int pos0) {
+    guard_check("bf16_rope_forward", "x", x);
+    guard_check("bf16_rope_forward", "cos_t", cos_t);
+    guard_check("bf16_rope_forward", "sin_t", sin_t);
+    guard_open();
+    CPU->bf16_rope_forward(x, B, T, nh, D, row_stride, cos_t, sin_t, pos0);
+    guard_close();
+}
+static void g_bf16_embedding_forward(uint16_t *out, const int32_t *tokens, const float *wte, const float *wpe, int B, int T, int C, int pos0) {
+    guard_check("bf16_embedding_forward", "out", out);
+    guard_check("bf16_embedding_forward", "tokens", tokens);
+    guard_check("bf16_embedding_forward", "wte", wte);
+    guard_check("bf16_embedding_forward", "wpe", wpe);
+    guard_open();
+    CPU->bf16_embedding_forward(out, tokens, wte, wpe, B, T, C, pos0);
+    guard_close();
+}
+static int64_t g_bf16_flash_ws_floats(int B, int T, int H, int KVH, int D) {
+    guard_open();
+    const int64_t r_ = CPU->bf16_flash_ws_floats(B, T, H, KVH, D);
+    guard_close();
+    return r_;
+}
+static int g_bf16_flash_attention_forward(uint16_t *out, float *lse, const uint16_t *qkv, float *ws, int B, int T, int H, int KVH, int D, const loom_attn_mask *mask) {
+    guard_check("bf16_flash_attention_forward", "out", out);
+    guard_check("bf16_flash_attention_forward", "lse", lse);
+    guard_check("bf16_flash_attention_forward", "qkv", qkv);
+    guard_check("bf16_flash_attention_forward", "ws", ws);
+    if (mask) { guard_check("bf16_flash_attention_forward", "mask->q_doc", mask->q_doc); guard_check("bf16_flash_attention_forward", "mask->k_doc", mask->k_doc); }
+    guard_open();
+    const int r_ = CPU->bf16_flash_attention_forward(out, lse, qkv, ws, B, T, H, KVH, D, mask);
+    guard_close();
+    return r_;
+}
+static int g_bf16_flash_attention_backward(float *dqkv, const float *dout, const uint16_t *qkv, const uint16_t *out, const float *lse, float *ws, int B, int T, int H, int KVH, int D, const loom_attn_mask *mask) {
+    guard_check("bf16_flash_attention_backward", "dqkv", dqkv);
+    guard_check("bf16_flash_attention_backward", "dout", dout);
+    guard_check("bf16_flash_attention_backward", "qkv", qkv);
+    guard_check("bf16_flash_attention_backward", "out", out);
+    guard_check("bf16_flash_attention_backward", "lse", lse);
+    guard_check("bf16_flash_attention_backward", "ws", ws);
+    if (mask) { guard_check("bf16_flash_attention_backward", "mask->q_doc", mask->q_doc); guard_check("bf16_flash_attention_backward", "mask->k_doc", mask->k_doc); }
+    guard_open();
+    const int r_ = CPU->bf16_flash_attention_backward(dqkv, dout, qkv, out, lse, ws, B, T, H, KVH, D, mask);
+    guard_close();
+    return r_;
+}
+static void g_adamw_update_bf16(float *p, uint16_t *pb, const float *g, float *m, float *v, int64_t n, float lr, float beta1, float beta2, float eps, float weight_decay, int64_t step, float grad_scale) {
+    guard_check("adamw_update_bf16", "p", p);
+    guard_check("adamw_update_bf16", "pb", pb);
+    guard_check("adamw_update_bf16", "g", g);
+    guard_check("adamw_update_bf16", "m", m);
+    guard_check("adamw_update_bf16", "v", v);
+    guard_open();
+    CPU->adamw_update_bf16(p, pb, g, m, v, n, lr, beta1, beta2, eps, weight_decay, step, grad_scale);
+    guard_close();
+}
 #define GUARD_WRAPPED(X) \
     X(sum_double) \
     X(add_inplace) \
@@ -628,4 +817,25 @@ static void g_scale_inplace(float *x, int64_t n, float s) {
     X(adamw_update) \
     X(sum_squares) \
     X(scale_inplace) \
+    X(bf16_matmul_native) \
+    X(bf16_matmul_forward) \
+    X(bf16_matmul_forward_f32) \
+    X(bf16_matmul_backward) \
+    X(bf16_from_f32) \
+    X(bf16_to_f32) \
+    X(bf16_layernorm_forward) \
+    X(bf16_layernorm_backward) \
+    X(bf16_rmsnorm_forward) \
+    X(bf16_rmsnorm_backward) \
+    X(bf16_gelu_forward) \
+    X(bf16_gelu_backward) \
+    X(bf16_glu_forward) \
+    X(bf16_glu_backward) \
+    X(bf16_residual_forward) \
+    X(bf16_rope_forward) \
+    X(bf16_embedding_forward) \
+    X(bf16_flash_ws_floats) \
+    X(bf16_flash_attention_forward) \
+    X(bf16_flash_attention_backward) \
+    X(adamw_update_bf16) \
 
