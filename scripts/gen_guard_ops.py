@@ -54,7 +54,7 @@ for ret, name, params in ops:
     names.append(name)
 out.append("#define GUARD_WRAPPED(X) \\")
 out += [f"    X({n}) \\" for n in names]
-out.append("")
+out.append("    /* (end) */")
 path = os.path.join(root, "src/kernels/backend_guard_ops.h")
 open(path, "w").write("\n".join(out) + "\n")
 print(f"{path}: {len(names)} ops", file=sys.stderr)

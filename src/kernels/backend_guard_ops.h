@@ -838,4 +838,4 @@ static void g_adamw_update_bf16(float *p, uint16_t *pb, const float *g, float *m
     X(bf16_flash_attention_forward) \
     X(bf16_flash_attention_backward) \
     X(adamw_update_bf16) \
-
+    /* (end) */
