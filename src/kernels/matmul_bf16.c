@@ -202,7 +202,10 @@ static void gemm(char ta, char tb, int64_t M, int64_t N, int64_t K, const uint16
                  int64_t ldc, const float *bias) {
     LOOM_CHECK(!(acc && c_bf16) && !(acc && bias));
     if (M == 0 || N == 0) return;
-    const gemm_key k = {M, N, K, lda, ldb, ldc, ta, tb, (char)c_bf16, (char)acc, (char)(bias != NULL)};
+    gemm_key k; /* compared with memcmp by the cache: the padding must be zero too */
+    memset(&k, 0, sizeof k);
+    k.M = M, k.N = N, k.K = K, k.lda = lda, k.ldb = ldb, k.ldc = ldc;
+    k.ta = ta, k.tb = tb, k.c_bf16 = (char)c_bf16, k.acc = (char)acc, k.bias = (char)(bias != NULL);
     if (bf16_matmul_native() && K > 0) gemm_dnnl(&k, A, B, C, bias);
     else gemm_portable(&k, A, B, C, bias);
 }
