@@ -297,12 +297,25 @@ typedef struct loom_model_layout {
                         * (tp rank r; tp must divide N); COL_IN and ROW_OUT then change a
                         * buffer's size through loom_comm_points.move. Needs the LM head, dense
                         * layers, one stage and cp = 1. */
+    int precision;     /* loom_precision (training.precision): how this view computes; the
+                        * parameters are fp32 masters either way */
 } loom_model_layout;
+
+/* training.precision (docs/training.md "Precision"): fp32, or bf16 mixed precision: bf16
+ * copies of the fp32 masters for the GEMMs (refreshed by the optimizer step), bf16 saved
+ * activations, fp32 accumulation, statistics, logits, losses and gradients. */
+typedef enum loom_precision { LOOM_PREC_FP32 = 0, LOOM_PREC_BF16 = 1 } loom_precision;
 
 /* Checks the config (divisibility, positive sizes) and the layout, and allocates every arena
  * of the view for batches of up to B x T (T <= max_seq_len). layout NULL: the whole model. */
 int loom_model_create(const loom_model_config *cfg, const loom_model_layout *layout, int B,
                       int T, loom_model **out, loom_err *err);
+/* bf16 precision: the bf16 copy of the parameter arena (the arena's layout: element i is
+ * round(master i)), NULL in fp32. The optimizer writes it with the masters
+ * (adamw_update_bf16); whoever else changes the masters calls loom_model_params_changed, and
+ * each unit's copy is refreshed before its next forward. */
+uint16_t *loom_model_bf16_weights(loom_model *m);
+void loom_model_params_changed(loom_model *m);
 /* The view's layout (degrees 1 and the whole layer range for the whole model). */
 const loom_model_layout *loom_model_get_layout(const loom_model *m);
 void loom_model_free(loom_model *m);

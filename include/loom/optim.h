@@ -34,5 +34,10 @@ void loom_optim_adamw(const loom_backend *be, const loom_adamw *h, float *p, con
 void loom_optim_adamw_range(const loom_model *m, int unit, size_t lo, size_t hi, float *p,
                             const float *g, float *mm, float *vv, const loom_adamw *h, float lr,
                             int64_t step, float grad_scale);
+/* The same, also writing pb (pointing at element lo of the model's bf16 copy,
+ * loom_model_bf16_weights; NULL: none) = round(p) after the step (training.precision bf16) */
+void loom_optim_adamw_range_bf16(const loom_model *m, int unit, size_t lo, size_t hi, float *p,
+                                 uint16_t *pb, const float *g, float *mm, float *vv,
+                                 const loom_adamw *h, float lr, int64_t step, float grad_scale);
 
 #endif

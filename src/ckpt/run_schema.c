@@ -50,6 +50,8 @@ static const loom_config_key train_only_keys[] = {
     {"training.beta1", "0.9", "AdamW beta1"},
     {"training.beta2", "0.95", "AdamW beta2"},
     {"training.eps", "1e-8", "AdamW epsilon"},
+    {"training.precision", "fp32", "fp32 | bf16: bf16 mixed precision (fp32 masters and "
+                                   "moments, bf16 weight copies and activations; docs/training.md)"},
     {"training.grad_clip", "1.0", "global gradient-norm clip; 0 = off"},
     {"training.threads", "0", "OpenMP/BLAS threads; 0 = all cores"},
     {"training.peak_flops", "0", "peak FLOP/s for MFU; 0 = measure once per machine"},

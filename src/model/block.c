@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "loom/backend.h"
+#include "loom/bf16.h"
 #include "model/model_internal.h"
 
 enum { OP_NORM, OP_POINT, OP_LINEAR, OP_QKNORM, OP_ROPE, OP_ATTN, OP_ACT, OP_RESIDUAL, OP_MOE };
@@ -249,7 +250,14 @@ static void attend_cache(loom_model *m, int l, float *out, const float *qkv, flo
     }
 }
 
+static void op_forward_bf16(loom_model *m, block_frame *f, int l, const block_op *op);
+static void op_backward_bf16(loom_model *m, block_frame *f, int l, const block_op *op);
+
 static void op_forward(loom_model *m, block_frame *f, int l, const block_op *op) {
+    if (m->bf16) { /* training.precision bf16: the ops on bf16 slots (below) */
+        op_forward_bf16(m, f, l, op);
+        return;
+    }
     const int64_t N = (int64_t)f->B * f->T;
     const int C = m->cfg.d_model, mlp = m->cfg.arch.mlp;
     float **s = f->s;
@@ -401,6 +409,10 @@ static void op_forward(loom_model *m, block_frame *f, int l, const block_op *op)
 }
 
 static void op_backward(loom_model *m, block_frame *f, int l, const block_op *op) {
+    if (m->bf16) {
+        op_backward_bf16(m, f, l, op);
+        return;
+    }
     const int64_t N = (int64_t)f->B * f->T;
     const int C = m->cfg.d_model, mlp = m->cfg.arch.mlp;
     float **s = f->s, **g = f->g;
@@ -523,6 +535,133 @@ static void op_backward(loom_model *m, block_frame *f, int l, const block_op *op
     }
 }
 
+/* ---- training.precision bf16: the block's ops on bf16 slots ------------------------------
+ * Saved activations are bf16 (m->slot_dt), their gradients fp32; the linears read the bf16
+ * weight copies (m->wb), the norms fp32 weights and biases. Only what create allows in bf16
+ * (model.c check_layout) comes here: no tp/cp/pp, q/k norms, post-norms, MoE, LoRA or sdpa. */
+
+/* a slot's buffer as dtype dt: any other dtype stops the run here (nothing converts silently) */
+static void *slot_as(const loom_model *m, const block_frame *f, int k, int dt, const char *file,
+                     int line) {
+    if (m->slot_dt[k] != dt)
+        loom_panic(file, line, "activation slot %d holds dtype %d, read as dtype %d", k,
+                   m->slot_dt[k], dt);
+    return f->s[k];
+}
+#define SLOT_BF16(m, f, k) ((uint16_t *)slot_as((m), (f), (k), LOOM_DT_BF16, __FILE__, __LINE__))
+#define SLOT_F32(m, f, k) ((float *)slot_as((m), (f), (k), LOOM_DT_F32, __FILE__, __LINE__))
+
+/* a linear's bf16 weight copy */
+static const uint16_t *bparam(const loom_model *m, int w, int l) {
+    LOOM_CHECK(w != P_NONE && m->wb != NULL);
+    return bview(m, loom_model_layer_tensor(m, l, param_kind(m, w)));
+}
+
+static void op_forward_bf16(loom_model *m, block_frame *f, int l, const block_op *op) {
+    const int64_t N = (int64_t)f->B * f->T;
+    const int C = m->cfg.d_model, mlp = m->cfg.arch.mlp;
+    const loom_backend *be = m->be;
+    LOOM_CHECK(!f->kcache && !f->seg && !f->n_runs && !m->lora && !m->has_attn);
+    switch (op->kind) {
+    case OP_NORM: {
+        uint16_t *out = SLOT_BF16(m, f, op->out);
+        const uint16_t *in = SLOT_BF16(m, f, op->in);
+        if (m->cfg.arch.norm == LOOM_NORM_LAYER)
+            be->bf16_layernorm_forward(out, SLOT_F32(m, f, op->aux0), SLOT_F32(m, f, op->aux1),
+                                       in, param(m, op->w, l), param(m, op->b, l), N, C,
+                                       m->cfg.norm_eps);
+        else
+            be->bf16_rmsnorm_forward(out, SLOT_F32(m, f, op->aux1), in, param(m, op->w, l), N,
+                                     C, m->cfg.norm_eps);
+        break;
+    }
+    case OP_POINT: point2(m, f, op, 0, l); break;
+    case OP_LINEAR:
+        be->bf16_matmul_forward(SLOT_BF16(m, f, op->out), SLOT_BF16(m, f, op->in),
+                                bparam(m, op->w, l), param(m, op->b, l), N, width(m, op->iw),
+                                width(m, op->ow));
+        break;
+    case OP_ROPE: {
+        uint16_t *x = SLOT_BF16(m, f, op->in);
+        const float *rc, *rs;
+        rope_tabs(m, l, &rc, &rs);
+        be->bf16_rope_forward(x, f->B, f->T, m->H, m->D, m->QKV, rc, rs, f->pos0);
+        be->bf16_rope_forward(x + m->H * m->D, f->B, f->T, m->KVH, m->D, m->QKV, rc, rs, f->pos0);
+        break;
+    }
+    case OP_ATTN: {
+        const loom_attn_mask mask = attn_mask(m, f, l);
+        LOOM_CHECK(f->fws != NULL);
+        LOOM_CHECK(be->bf16_flash_attention_forward(SLOT_BF16(m, f, op->out),
+                                                    SLOT_F32(m, f, op->aux0),
+                                                    SLOT_BF16(m, f, op->in), f->fws, f->B, f->T,
+                                                    m->H, m->KVH, m->D, &mask) == 0);
+        break;
+    }
+    case OP_ACT:
+        if (mlp == LOOM_MLP_GELU)
+            be->bf16_gelu_forward(SLOT_BF16(m, f, op->out), SLOT_BF16(m, f, op->in), N * m->F);
+        else
+            be->bf16_glu_forward(SLOT_BF16(m, f, op->out), SLOT_BF16(m, f, op->in), N, m->F,
+                                 mlp == LOOM_MLP_GEGLU);
+        break;
+    case OP_RESIDUAL: {
+        uint16_t *out = SLOT_BF16(m, f, op->out);
+        be->bf16_residual_forward(out, out, SLOT_BF16(m, f, op->in), N * C);
+        break;
+    }
+    default: LOOM_CHECK(0 && "this op has no bf16 form (training.precision bf16)");
+    }
+}
+
+/* backward: the fp32 gradients g[] from the bf16 slots; the same accumulation as fp32's */
+static void op_backward_bf16(loom_model *m, block_frame *f, int l, const block_op *op) {
+    const int64_t N = (int64_t)f->B * f->T;
+    const int C = m->cfg.d_model, mlp = m->cfg.arch.mlp;
+    float **g = f->g;
+    const loom_backend *be = m->be;
+    switch (op->kind) {
+    case OP_NORM: /* accumulates into the residual stream's gradient */
+        if (m->cfg.arch.norm == LOOM_NORM_LAYER)
+            be->bf16_layernorm_backward(g[op->in], grad(m, op->w, l), grad(m, op->b, l),
+                                        g[op->out], SLOT_BF16(m, f, op->in), param(m, op->w, l),
+                                        SLOT_F32(m, f, op->aux0), SLOT_F32(m, f, op->aux1), N, C);
+        else
+            be->bf16_rmsnorm_backward(g[op->in], grad(m, op->w, l), g[op->out],
+                                      SLOT_BF16(m, f, op->in), param(m, op->w, l),
+                                      SLOT_F32(m, f, op->aux1), N, C);
+        break;
+    case OP_POINT: point2(m, f, op, 1, l); break;
+    case OP_LINEAR: /* g[in] is this op's alone: set */
+        LOOM_CHECK(f->dout16 != NULL);
+        be->bf16_matmul_backward(g[op->in], 1, grad(m, op->w, l), grad(m, op->b, l), g[op->out],
+                                 f->dout16, SLOT_BF16(m, f, op->in), bparam(m, op->w, l), N,
+                                 width(m, op->iw), width(m, op->ow));
+        break;
+    case OP_ROPE: rope(m, f, l, g[op->in], 1); break; /* the inverse rotation of the fp32 dq|dk */
+    case OP_ATTN: {
+        const loom_attn_mask mask = attn_mask(m, f, l);
+        LOOM_CHECK(be->bf16_flash_attention_backward(g[op->in], g[op->out],
+                                                     SLOT_BF16(m, f, op->in),
+                                                     SLOT_BF16(m, f, op->out),
+                                                     SLOT_F32(m, f, op->aux0), f->fws, f->B,
+                                                     f->T, m->H, m->KVH, m->D, &mask) == 0);
+        break;
+    }
+    case OP_ACT:
+        if (mlp == LOOM_MLP_GELU) {
+            be->bf16_gelu_backward(g[op->in], 1, SLOT_BF16(m, f, op->in), g[op->out], N * m->F);
+            break;
+        }
+        memset(g[op->in], 0, (size_t)N * (size_t)m->FFI * sizeof(float));
+        be->bf16_glu_backward(g[op->in], SLOT_BF16(m, f, op->in), g[op->out], N, m->F,
+                              mlp == LOOM_MLP_GEGLU);
+        break;
+    case OP_RESIDUAL: LOOM_CHECK(g[op->in] == g[op->out]); break;
+    default: LOOM_CHECK(0 && "this op has no bf16 form (training.precision bf16)");
+    }
+}
+
 void block_forward(loom_model *m, block_frame *f, int layer) {
     alias_whole_slots(m, f);
     for (int i = 0; i < N_OPS; i++)
@@ -585,6 +724,19 @@ static int64_t slot_floats(const loom_model *m, int k, int64_t B, int64_t T) {
 
 static size_t pad16(int64_t n) { return ((size_t)n + 15) & ~(size_t)15; } /* 64-byte aligned */
 
+void acts_dtypes(loom_model *m) {
+    for (int k = 0; k < S_COUNT; k++) {
+        const int stat = k == S_LN1_MEAN || k == S_LN1_RSTD || k == S_LN2_MEAN ||
+                         k == S_LN2_RSTD || k == S_ATT || k == S_QKN_RSTD || k == S_PN1_RSTD ||
+                         k == S_PN2_RSTD || k >= S_MOE_PROB;
+        m->slot_dt[k] = m->bf16 && !stat ? LOOM_DT_BF16 : LOOM_DT_F32;
+    }
+    m->slot_dt[S_MOE_ROUTE] = m->slot_dt[S_MOE_META] = LOOM_DT_I32; /* routing ints */
+}
+
+/* the 4-byte words of n elements of dtype dt (the arena counts in them) */
+static int64_t words(int64_t n, int dt) { return (n * (int64_t)loom_dt_size(dt) + 3) / 4; }
+
 /* Whether slot k is kept per layer for backward under model.recompute (a training arena);
  * the others are one buffer shared by every layer, refilled by block_recompute. full keeps
  * the residual stream only (S_X is the previous layer's S_RES3); selective also the matmul
@@ -623,8 +775,9 @@ static size_t layout_acts(const loom_model *m, struct loom_acts *a, float *base,
         *dst_ = a ? base + at : NULL;                  \
         at += pad16(n);                                \
     } while (0)
+    const int dt_act = m->bf16 ? LOOM_DT_BF16 : LOOM_DT_F32; /* the stream's and lnf's */
     for (int k = 1; k < S_COUNT; k++) {
-        const int64_t per = slot_floats(m, k, B, T);
+        const int64_t per = words(slot_floats(m, k, B, T), m->slot_dt[k]);
         const int keep = stacked && slot_kept(m, k); /* else one buffer shared by the layers */
         if (a) {
             a->slot[k] = base + at;
@@ -634,10 +787,10 @@ static size_t layout_acts(const loom_model *m, struct loom_acts *a, float *base,
     }
     const int sp = m->lay.sp;
     const int64_t BTs = sp ? BT / m->lay.tp : BT; /* the sequence-sharded regions' rows */
-    TAKE(a ? &a->encoded : &dummy, BTs * C);
+    TAKE(a ? &a->encoded : &dummy, words(BTs * C, dt_act));
     /* a pipeline stage before the last has no head: none of its buffers */
     const int64_t hd = m->lay.has_head;
-    TAKE(a ? &a->lnf : &dummy, hd * BTs * C);
+    TAKE(a ? &a->lnf : &dummy, words(hd * BTs * C, dt_act));
     TAKE(a ? &a->lnf_mean : &dummy, m->cfg.arch.norm == LOOM_NORM_LAYER ? hd * BTs : 0);
     TAKE(a ? &a->lnf_rstd : &dummy, hd * BTs);
     if (sp) { /* whole-row scratch; without sequence parallelism these are the shard buffers */
@@ -674,6 +827,19 @@ static size_t layout_acts(const loom_model *m, struct loom_acts *a, float *base,
              m->cfg.attention == LOOM_ATTN_FLASH ? 0 : slot_floats(m, S_ATT, B, T));
         for (int k = S_MOE_PROB; k < S_COUNT; k++)
             TAKE(a ? &a->moe_g[k] : &dummy, moe_grad_floats(m, k, BT));
+    }
+    if (m->bf16) { /* flash attention's workspace; a training arena's bf16 dout scratch */
+        float *ws = NULL;
+        TAKE(a ? &ws : &dummy, m->be->bf16_flash_ws_floats(B, T, m->H, m->KVH, m->D));
+        int64_t oc = m->QKV > C ? m->QKV : C;
+        if (m->FFI > oc) oc = m->FFI;
+        if (hd && (chunk ? chunk : BT) * m->Vl > BT * oc) oc = ((chunk ? chunk : BT) * m->Vl) / BT + 1;
+        float *d16 = NULL;
+        TAKE(a ? &d16 : &dummy, stacked ? words(BT * oc, LOOM_DT_BF16) : 0);
+        if (a) {
+            a->fws = ws;
+            a->dout16 = stacked ? (uint16_t *)d16 : NULL;
+        }
     }
     if (m->E > 0) { /* the exchange buffers (inference arenas too: eval under ep) */
         TAKE(a ? &a->moe_t0 : &dummy, moe_exchange_floats(m, BT));
@@ -788,6 +954,8 @@ void acts_frame(const loom_model *m, const loom_acts *a, int l, int B, int T, bl
     }
     f->moe_t0 = a->moe_t0;
     f->moe_t1 = a->moe_t1;
+    f->fws = a->fws;
+    f->dout16 = a->dout16;
     f->train = a->stacked;
     if (a->n_runs) { /* loom_model_forward_acts checked the shape */
         f->docs = a->docs;
@@ -879,10 +1047,14 @@ void loom_acts_poison_layer(const loom_model *m, loom_acts *a, int layer, float 
     acts_frame(m, a, layer, a->maxB, a->maxT, &f);
     for (int k = 1; k < S_COUNT; k++) { /* S_X is the previous layer's: not this layer's */
         const size_t n = (size_t)slot_floats(m, k, a->maxB, a->maxT);
-        /* a host pattern copied in (a test helper: not the step's path) */
-        float *v = loom_malloc((n ? n : 1) * sizeof(float));
-        for (size_t i = 0; i < n; i++) v[i] = value;
-        m->be->mem_h2d(f.s[k], v, n * sizeof(float));
+        /* a host pattern copied in (a test helper: not the step's path), in the slot's dtype */
+        const size_t es = loom_dt_size(m->slot_dt[k]);
+        void *v = loom_malloc((n ? n : 1) * es);
+        for (size_t i = 0; i < n; i++) {
+            if (m->slot_dt[k] == LOOM_DT_BF16) ((uint16_t *)v)[i] = loom_bf16_round(value);
+            else ((float *)v)[i] = value;
+        }
+        m->be->mem_h2d(f.s[k], v, n * es);
         free(v);
     }
 }

@@ -95,6 +95,9 @@ int loom_lora_attach(loom_model *m, int rank, float alpha, unsigned targets, uin
     if (rank < 1 || rank > 4096) return loom_errf(err, "finetune.lora.rank = %d: expected 1..4096", rank);
     if (!(alpha > 0)) return loom_errf(err, "finetune.lora.alpha must be positive");
     if (!targets) return loom_errf(err, "finetune.lora.targets is empty");
+    if (m->bf16)
+        return loom_errf(err, "finetune.lora with training.precision = bf16: not supported yet "
+                              "(docs/training.md); use training.precision = fp32");
     if (gpt2 && (targets & LOOM_LORA_UP))
         return loom_errf(err, "finetune.lora.targets: gpt2 has no 'up' (its MLP is fc, fc_proj)");
     if (m->lay.tp > 1 || m->lay.l0 != 0 || m->lay.l1 != m->cfg.n_layer)

@@ -224,6 +224,27 @@ static int check_layout(const loom_model_config *c, const loom_model_layout *in,
                               "whole) need parallel.tp (%d) to divide n_kv_head (%d)", out->tp,
                          c->n_kv_head);
     if (out->tp == 1) out->sp = 0; /* nothing to shard */
+    if (out->precision != LOOM_PREC_FP32 && out->precision != LOOM_PREC_BF16)
+        return loom_errf(err, "training.precision: unknown precision %d", out->precision);
+    if (out->precision == LOOM_PREC_BF16) { /* what bf16 does not cover yet (docs/training.md) */
+        const loom_arch *a = loom_config_arch(c);
+        const char *key = out->tp > 1 ? "parallel.tp"
+                          : out->cp > 1 ? "parallel.cp"
+                          : (out->l0 != 0 || (out->l1 != 0 && out->l1 != c->n_layer)) ? "parallel.pp"
+                          : c->n_expert > 0 ? "model.moe.n_expert"
+                          : c->attention != LOOM_ATTN_FLASH ? "model.attention"
+                          : c->head != LOOM_HEAD_LM ? "model.head"
+                          : c->doc_mask ? "model.doc_mask"
+                          : a->qk_norm != LOOM_QK_NORM_NONE ? "model.arch.qk_norm"
+                          : a->norm_place != LOOM_NORM_PRE ? "model.arch.norm_place"
+                          : a->embed_scale ? "model.arch.embed_scale"
+                                           : NULL;
+        if (key)
+            return loom_errf(err, "training.precision = bf16 does not support %s as configured "
+                                  "yet (bf16 covers one process or data parallelism, dense "
+                                  "pre-norm decoders with flash attention and the lm head: "
+                                  "docs/training.md); use training.precision = fp32", key);
+    }
     if (out->sp && (c->head != LOOM_HEAD_LM || c->n_expert > 0 || out->cp > 1 ||
                     out->l0 != 0 || (out->l1 != 0 && out->l1 != c->n_layer)))
         return loom_errf(err, "model layout: sequence parallelism (parallel.sp) needs the LM "
@@ -428,6 +449,15 @@ static int create(const loom_model_config *cfg, const loom_model_layout *layout,
         if (m->unit_cnt[ti->unit] == 0) m->unit_off[ti->unit] = ti->offset;
         m->unit_cnt[ti->unit] += ti->numel;
     }
+    /* training.precision bf16: the bf16 copy of the parameter arena (refreshed per unit before
+     * a forward when stale, written by the optimizer step) and the slots' dtypes */
+    m->bf16 = lay.precision == LOOM_PREC_BF16;
+    if (m->bf16 && !layout_only) {
+        m->wb = m->be->mem_alloc(off * sizeof(uint16_t), 0);
+        m->wb_stale = loom_calloc((size_t)m->n_units, 1);
+        memset(m->wb_stale, 1, (size_t)m->n_units);
+    }
+    acts_dtypes(m);
     m->pbase = loom_calloc((size_t)m->n_units, sizeof(float *));
     m->gbase = loom_calloc((size_t)m->n_units, sizeof(float *));
     m->have_grads = loom_calloc((size_t)m->n_units, 1);
@@ -509,6 +539,19 @@ size_t loom_model_activation_bytes(const loom_model *m) {
 
 size_t loom_model_activation_floats(const loom_model *m) { return m->act_floats; }
 
+uint16_t *loom_model_bf16_weights(loom_model *m) { return m->wb; }
+
+void loom_model_params_changed(loom_model *m) {
+    if (m->wb_stale) memset(m->wb_stale, 1, (size_t)m->n_units);
+}
+
+void model_bf16_refresh(loom_model *m, int u) {
+    if (!m->wb || !m->wb_stale[u]) return;
+    LOOM_CHECK(m->pbase[u] != NULL);
+    m->be->bf16_from_f32(m->wb + m->unit_off[u], m->pbase[u], (int64_t)m->unit_cnt[u]);
+    m->wb_stale[u] = 0;
+}
+
 void loom_model_free(loom_model *m) {
     if (!m) return;
     loom_lora_free(m->lora); /* the model owns its adapters (include/loom/lora.h) */
@@ -516,6 +559,8 @@ void loom_model_free(loom_model *m) {
     be->mem_free(m->params);
     be->mem_free(m->grads);
     free(m->wbf16); /* (host memory: the inference weight copies are not converted yet) */
+    be->mem_free(m->wb);
+    free(m->wb_stale);
     free(m->wbf16_lin);
     free(m->wq8);
     free(m->wq8_q);

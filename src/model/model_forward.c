@@ -25,6 +25,7 @@ static void ensure_grads(loom_model *m, int u) {
 static void acquire(loom_model *m, int u, int phase) {
     if (m->has_hooks && m->hooks.acquire_params) m->pbase[u] = m->hooks.acquire_params(m->hooks.ctx, u, phase);
     LOOM_CHECK(m->pbase[u] != NULL);
+    if (m->bf16) model_bf16_refresh(m, u); /* the unit's bf16 copy, when its masters changed */
     if (phase == 1) ensure_grads(m, u);
 }
 static void release(loom_model *m, int u, int phase) {
@@ -37,6 +38,15 @@ static void grads_ready(loom_model *m, int u) {
 
 void model_norm_fwd(const loom_model *m, float *out, float *mean, float *rstd, const float *in,
                     const float *w, const float *b, int64_t N) {
+    if (m->bf16) { /* training.precision bf16: bf16 rows in and out (fp32 statistics) */
+        if (m->cfg.arch.norm == LOOM_NORM_LAYER)
+            m->be->bf16_layernorm_forward((uint16_t *)out, mean, rstd, (const uint16_t *)in, w,
+                                          b, N, m->cfg.d_model, m->cfg.norm_eps);
+        else
+            m->be->bf16_rmsnorm_forward((uint16_t *)out, rstd, (const uint16_t *)in, w, N,
+                                        m->cfg.d_model, m->cfg.norm_eps);
+        return;
+    }
     if (m->cfg.arch.norm == LOOM_NORM_LAYER)
         m->be->layernorm_forward(out, mean, rstd, in, w, b, N, m->cfg.d_model, m->cfg.norm_eps);
     else
@@ -46,6 +56,15 @@ void model_norm_fwd(const loom_model *m, float *out, float *mean, float *rstd, c
 static void norm_bwd(const loom_model *m, float *din, float *dw, float *db, const float *dout,
                      const float *in, const float *w, const float *mean, const float *rstd,
                      int64_t N) {
+    if (m->bf16) { /* in: the bf16 rows the forward normed */
+        if (m->cfg.arch.norm == LOOM_NORM_LAYER)
+            m->be->bf16_layernorm_backward(din, dw, db, dout, (const uint16_t *)in, w, mean, rstd,
+                                           N, m->cfg.d_model);
+        else
+            m->be->bf16_rmsnorm_backward(din, dw, dout, (const uint16_t *)in, w, rstd, N,
+                                         m->cfg.d_model);
+        return;
+    }
     if (m->cfg.arch.norm == LOOM_NORM_LAYER)
         m->be->layernorm_backward(din, dw, db, dout, in, w, mean, rstd, N, m->cfg.d_model);
     else
@@ -107,8 +126,32 @@ static void head_ce_backward(const loom_model *m, const loom_acts *a, float *log
 /* The head's logits of n rows of normed activations (this view's Vl columns; Vl = V at
  * tp = 1), with arch.final_softcap (elementwise): into logits (n, Vl). */
 static void head_logits(const loom_model *m, float *logits, const float *lnf, int64_t n) {
-    m->be->matmul_forward(logits, lnf, HEAD_W(m), NULL, n, m->cfg.d_model, m->Vl);
+    if (m->bf16) /* bf16 rows and weights, fp32 logits */
+        m->be->bf16_matmul_forward_f32(logits, (const uint16_t *)lnf, bview(m, HEAD_T(m)), NULL,
+                                       n, m->cfg.d_model, m->Vl);
+    else
+        m->be->matmul_forward(logits, lnf, HEAD_W(m), NULL, n, m->cfg.d_model, m->Vl);
     model_softcap(m, logits, n * m->Vl);
+}
+
+/* row r of the (B*T, C) normed rows lnf: fp32 or bf16 elements (training.precision) */
+static float *lnf_row(const loom_model *m, float *lnf, int64_t r) {
+    const int64_t C = m->cfg.d_model;
+    return m->bf16 ? (float *)((uint16_t *)lnf + r * C) : lnf + r * C;
+}
+
+/* the head's backward over n rows: d(lnf) rows set, d(head) += (bf16: from the bf16 rows and
+ * weight copy through the bf16 dout scratch) */
+static void head_backward(const loom_model *m, const loom_acts *a, float *dln, float *dhead,
+                          const float *dlogits, const float *lnf, int64_t n) {
+    const int C = m->cfg.d_model;
+    if (m->bf16) {
+        LOOM_CHECK(a->dout16 != NULL);
+        m->be->bf16_matmul_backward(dln, 1, dhead, NULL, dlogits, a->dout16,
+                                    (const uint16_t *)lnf, bview(m, HEAD_T(m)), n, C, m->Vl);
+        return;
+    }
+    m->be->matmul_backward_set(dln, dhead, NULL, dlogits, lnf, HEAD_W(m), n, C, m->Vl);
 }
 
 /* Keeps targets (N, < 0 ignored, each < K) for backward (copied to the device, and a host
@@ -139,10 +182,9 @@ static float mean_loss(const loom_model *m, loom_acts *a, const int32_t *targets
                        int K) {
     keep_targets(m, a, targets, N, K);
     if (a->chunk) {
-        const int C = m->cfg.d_model;
         for (int64_t r0 = 0; r0 < N; r0 += a->chunk) {
             const int64_t n = N - r0 < a->chunk ? N - r0 : a->chunk;
-            head_logits(m, a->logits, a->lnf + r0 * C, n);
+            head_logits(m, a->logits, lnf_row(m, a->lnf, r0), n);
             m->be->crossentropy_forward(a->losses + r0, a->logits, a->targets + r0, n, K);
         }
     } else {
@@ -197,6 +239,11 @@ void model_embed_rows(loom_model *m, int bwd, float *x, const int32_t *inputs, i
      * both), so the gradient into wte is dy * s (x scaled in place, read only here after) */
     const int scale = m->cfg.arch.embed_scale;
     if (scale && bwd) m->be->scale_inplace(x, n, EMBED_SCALE(m));
+    if (m->bf16 && !bwd) { /* bf16 rows of the fp32 tables (create refused tp, embed_scale) */
+        m->be->bf16_embedding_forward((uint16_t *)x, inputs, PARAM(m, LOOM_P_WTE),
+                                      PARAM(m, LOOM_P_WPE), B, T, C, pos0);
+        return;
+    }
     if (m->lay.tp > 1 && bwd)
         m->be->embedding_shard_backward(GRAD(m, LOOM_P_WTE), GRAD(m, LOOM_P_WPE), x, inputs,
                                         m->V0, m->Vl, B, T, C, pos0);
@@ -434,7 +481,7 @@ static void backward_impl(loom_model *m, loom_acts *a, float dscale, const float
         return;
     }
     const loom_model_config *c = &m->cfg;
-    const int C = c->d_model, V = c->vocab_size;
+    const int C = c->d_model;
     const int B = a->B, T = a->T;
     const int64_t BT = (int64_t)B * T;
     const int U_FINAL = m->n_units - 1;
@@ -453,21 +500,18 @@ static void backward_impl(loom_model *m, loom_acts *a, float dscale, const float
         m->be->mean_pool_backward(a->dln, a->dpooled, B, T, C);
     } else if (a->chunk) { /* model.loss_chunk (tp = 1): each chunk's logits again, then its
                             * dlogits, d(lnf) and d(head): no (B,T,V) buffer */
-        const float *head = HEAD_W(m);
         float *dhead = HEAD_G(m);
         for (int64_t r0 = 0; r0 < BT; r0 += a->chunk) {
             const int64_t n = BT - r0 < a->chunk ? BT - r0 : a->chunk;
-            head_logits(m, a->logits, a->lnf + r0 * C, n);
+            head_logits(m, a->logits, lnf_row(m, a->lnf, r0), n);
             head_ce_backward(m, a, a->logits, r0, n, dscale, w);
-            m->be->matmul_backward_set(a->dln + r0 * C, dhead, NULL, a->logits,
-                                       a->lnf + r0 * C, head, n, C, V); /* rows r0.. set */
+            head_backward(m, a, a->dln + r0 * C, dhead, a->logits, lnf_row(m, a->lnf, r0),
+                          n); /* rows r0.. set */
         }
     } else { /* logits (B,T,V) become dlogits in place (tp > 1: this view's columns) */
         head_ce_backward(m, a, a->logits, 0, BT, dscale, w);
-        const float *head = HEAD_W(m);
-        float *dhead = HEAD_G(m);
-        m->be->matmul_backward_set(a->dln_full, dhead, NULL, a->logits, a->lnf_full, head, BT,
-                                   C, m->Vl); /* overwritten: no zeroing pass first */
+        /* d(lnf) overwritten: no zeroing pass first */
+        head_backward(m, a, a->dln_full, HEAD_G(m), a->logits, a->lnf_full, BT);
         shard_point(m, LOOM_CP_COL_IN, 1, LOOM_SITE_HEAD, a->dln_full, BT * C, a->dln, BTs * C);
     }
     block_frame f;

@@ -47,9 +47,14 @@ struct loom_acts {
     float *mem;           /* one allocation */
     size_t floats;
     float *slot[S_COUNT]; /* layer l0's slot (S_X unused: it is the previous S_RES3) */
-    int64_t stride[S_COUNT]; /* floats from one layer's slot to the next (0 unstacked) */
-    float *encoded;       /* (B,T,C) embedding output = residual stream into the first layer */
-    float *lnf, *lnf_mean, *lnf_rstd; /* (B,T,C), (B,T), (B,T) */
+    int64_t stride[S_COUNT]; /* floats from one layer's slot to the next (0 unstacked); a
+                              * slot's elements are m->slot_dt's: bf16 slots hold uint16_t */
+    float *encoded;       /* (B,T,C) embedding output = residual stream into the first layer
+                           * (bf16 elements with training.precision bf16) */
+    float *lnf, *lnf_mean, *lnf_rstd; /* (B,T,C) (bf16 with bf16 precision), (B,T), (B,T) */
+    float *fws;           /* bf16 precision: flash attention's fp32 workspace (else NULL) */
+    uint16_t *dout16;     /* bf16 precision, training arenas: the linears' and the head's bf16
+                           * dout (rows x their widest output) */
     float *logits;        /* (B,T,V) or (B,K); dlogits after backward */
     float *losses;        /* (B,T) */
     float *pooled, *dpooled; /* (B,C) classify */
@@ -129,6 +134,10 @@ typedef struct block_frame {
      * per 32) for the Q4_K linears, the values in xq8 */
     float *xq4d;
     int16_t *xq4s;
+    /* training.precision bf16: the flash attention's fp32 workspace (bf16_flash_ws_floats)
+     * and, in a training arena, the linears' bf16 dout scratch (rows x the widest output) */
+    float *fws;
+    uint16_t *dout16;
 } block_frame;
 
 /* One segment of a ragged frame: rows [row0, row0 + n) hold positions [pos0, pos0 + n) of a
@@ -246,10 +255,35 @@ struct loom_model {
     const uint8_t **wq4;
     float *rope_sin;
     float *h_next;        /* (V) host: loom_model_next_logits' row read back */
+    /* training.precision bf16 (block.c, model_forward.c; docs/engine.md "Dtypes"): the bf16
+     * copy of the parameter arena (n_params, the arena's offsets; NULL in fp32), which units'
+     * copies are stale (refreshed from pbase before the unit's next forward), and the dtype of
+     * each activation slot */
+    int bf16;
+    uint16_t *wb;
+    unsigned char *wb_stale;
+    unsigned char slot_dt[S_COUNT];
     /* arch.rope_local_theta: the sliding layers' tables (maxT, D/2); NULL: they use the
      * full layers' */
     float *rope_cos_local, *rope_sin_local;
 };
+
+/* ---- dtypes (training.precision bf16) ------------------------------------------------------
+ * An activation slot's dtype: fp32, bf16 (uint16_t, include/loom/bf16.h) or int32 (MoE's
+ * routing and counts); sizes are counted in bytes (each slot padded to 64). Ops read a slot
+ * through SLOT_F32 / SLOT_BF16, which check its dtype: a slot of another dtype stops the run
+ * at the line that asked (nothing converts silently). */
+enum { LOOM_DT_F32 = 0, LOOM_DT_BF16 = 1, LOOM_DT_I32 = 2 };
+static inline size_t loom_dt_size(int dt) { return dt == LOOM_DT_BF16 ? 2 : 4; }
+/* fills m->slot_dt (block.c): every slot fp32, MoE's ints int32, and with bf16 precision the
+ * saved activations bf16 (statistics and lse stay fp32) */
+void acts_dtypes(loom_model *m);
+/* refreshes unit u's bf16 weight copy when stale (model.c) */
+void model_bf16_refresh(loom_model *m, int u);
+/* the bf16 copy of a tensor (NULL when absent) */
+static inline const uint16_t *bview(const loom_model *m, const loom_tensor_info *t) {
+    return t ? m->wb + t->offset : NULL;
+}
 
 /* typed views: global tensors by LOOM_P_*, layer tensors by LOOM_L_*; NULL when absent */
 static inline const float *pview(const loom_model *m, const loom_tensor_info *t) {
@@ -275,6 +309,7 @@ static inline float *gview(const loom_model *m, const loom_tensor_info *t) {
 /* the tied head reads wte (arch.tied, LM head) */
 #define HEAD_W(m) ((m)->cfg.arch.tied ? PARAM((m), LOOM_P_WTE) : PARAM((m), LOOM_P_LM_HEAD))
 #define HEAD_G(m) ((m)->cfg.arch.tied ? GRAD((m), LOOM_P_WTE) : GRAD((m), LOOM_P_LM_HEAD))
+#define HEAD_T(m) loom_model_global((m), (m)->cfg.arch.tied ? LOOM_P_WTE : LOOM_P_LM_HEAD)
 
 /* arch.c: checks a config's descriptor; RoPE's D/2 inverse frequencies of a descriptor,
  * returning the factor its cos/sin tables are scaled by (yarn; else 1) */

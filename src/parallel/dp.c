@@ -445,8 +445,10 @@ float loom_dp_finish_grads(loom_dp *dp, float max_norm) {
 /* AdamW (src/parallel/optim.c) over arena range [lo, hi) of unit u */
 static void update_range(loom_dp *dp, int u, size_t lo, size_t hi, float *p, const float *g,
                          float *mm, float *vv, float lr) {
-    loom_optim_adamw_range(dp->m, u, lo, hi, p, g, mm, vv, &dp->adamw, lr, dp->step,
-                           dp->grad_scale);
+    /* training.precision bf16: the step writes the bf16 copy of the range it updates */
+    uint16_t *wb = dp->zero < 3 ? loom_model_bf16_weights(dp->m) : NULL;
+    loom_optim_adamw_range_bf16(dp->m, u, lo, hi, p, wb ? wb + lo : NULL, g, mm, vv, &dp->adamw,
+                                lr, dp->step, dp->grad_scale);
 }
 
 void loom_dp_step(loom_dp *dp, float lr) {
@@ -469,6 +471,9 @@ void loom_dp_step(loom_dp *dp, float lr) {
         }
     }
     for (int b = 0; b < N_BUCKETS; b++) dp->punit[b] = -1; /* gathered copies are stale */
+    /* ZeRO 1/2: the other ranks' slices came by allgather: their bf16 copies are refreshed
+     * before the next forward (zero 0 wrote every copy in the step) */
+    if (dp->zero > 0) loom_model_params_changed(dp->m);
 }
 
 void loom_dp_set_grad_sync(loom_dp *dp, void (*fn)(void *ctx, loom_dp *dp), void *ctx) {

@@ -17,6 +17,12 @@ void loom_optim_adamw(const loom_backend *be, const loom_adamw *h, float *p, con
 void loom_optim_adamw_range(const loom_model *m, int unit, size_t lo, size_t hi, float *p,
                             const float *g, float *mm, float *vv, const loom_adamw *h, float lr,
                             int64_t step, float grad_scale) {
+    loom_optim_adamw_range_bf16(m, unit, lo, hi, p, NULL, g, mm, vv, h, lr, step, grad_scale);
+}
+
+void loom_optim_adamw_range_bf16(const loom_model *m, int unit, size_t lo, size_t hi, float *p,
+                                 uint16_t *pb, const float *g, float *mm, float *vv,
+                                 const loom_adamw *h, float lr, int64_t step, float grad_scale) {
     const loom_backend *be = loom_model_backend(m);
     const int nt = loom_model_num_tensors(m);
     for (int i = 0; i < nt; i++) {
@@ -25,7 +31,12 @@ void loom_optim_adamw_range(const loom_model *m, int unit, size_t lo, size_t hi,
         const size_t a = t->offset > lo ? t->offset : lo;
         const size_t b = t->offset + t->numel < hi ? t->offset + t->numel : hi;
         if (a >= b) continue;
-        loom_optim_adamw(be, h, p + (a - lo), g + (a - lo), mm + (a - lo), vv + (a - lo),
-                         (int64_t)(b - a), lr, t->decay, step, grad_scale);
+        if (pb) /* training.precision bf16: the step also writes the bf16 copy */
+            be->adamw_update_bf16(p + (a - lo), pb + (a - lo), g + (a - lo), mm + (a - lo),
+                                  vv + (a - lo), (int64_t)(b - a), lr, h->beta1, h->beta2, h->eps,
+                                  t->decay ? h->weight_decay : 0.0f, step, grad_scale);
+        else
+            loom_optim_adamw(be, h, p + (a - lo), g + (a - lo), mm + (a - lo), vv + (a - lo),
+                             (int64_t)(b - a), lr, t->decay, step, grad_scale);
     }
 }

@@ -57,6 +57,12 @@ int loom_trainer_read_settings(const loom_config *c, settings *s, loom_err *err)
                                   "or an integer in [1, %d]", (long long)s->microbatches,
                              loom_config_origin(c, "parallel.microbatches"), 1 << 20);
     }
+    const char *prec = loom_config_get(c, "training.precision");
+    if (!prec || !strcmp(prec, "fp32")) s->precision = LOOM_PREC_FP32;
+    else if (!strcmp(prec, "bf16")) s->precision = LOOM_PREC_BF16;
+    else
+        return loom_errf(err, "config key 'training.precision' = '%s' (%s): expected fp32 or bf16",
+                         prec, loom_config_origin(c, "training.precision"));
     const char *ps = loom_config_get(c, "parallel.pp_schedule");
     s->pp_schedule = loom_pp_schedule_from_name(ps ? ps : "1f1b");
     if (s->pp_schedule < 0)

@@ -378,7 +378,8 @@ int loom_trainer_create_engine(trainer *t, loom_err *err) {
      * sequence (the whole model at tp = cp = 1), and with a pipeline its stage's layers for
      * micro-batches of local_B / microbatches rows */
     loom_model_layout lay = {.tp = t->tp_size, .tp_rank = t->tp_rank, .cp = t->cp_size,
-                             .cp_rank = t->cp_rank, .sp = (int)t->s.sp};
+                             .cp_rank = t->cp_rank, .sp = (int)t->s.sp,
+                             .precision = t->s.precision};
     if (t->s.sp && t->tp_size == 1)
         return loom_errf(err, "parallel.sp = true: sequence parallelism shards the tensor-parallel "
                               "group's rows; it needs parallel.tp > 1 (got parallel.tp = 1)");
@@ -386,6 +387,12 @@ int loom_trainer_create_engine(trainer *t, loom_err *err) {
     const int64_t rows = pipe ? t->local_B / t->microbatches
                               : t->local_B * (t->pref.method != LOOM_PREF_SFT ? 2 : 1) *
                                     loom_trainer_grpo_rows(t);
+    if (t->s.precision == LOOM_PREC_BF16 && (pipe || t->s.zero == 3))
+        return loom_errf(err, "training.precision = bf16 with %s: not supported yet (bf16 covers "
+                              "one process or data parallelism with ZeRO 0-2: docs/training.md); "
+                              "use training.precision = fp32",
+                         pipe ? "a pipeline (parallel.pp or parallel.microbatches > 1)"
+                              : "parallel.zero = 3");
     if (loom_trainer_moe_setup(t, &lay, err)) return -1; /* its experts (ep) */
     if (pipe) loom_pp_stage_layers(t->mc.n_layer, t->pp_size, t->pp_rank, &lay.l0, &lay.l1);
     if (loom_model_create_view(&t->mc, &lay, (int)rows, (int)t->local_T,

@@ -25,6 +25,7 @@ typedef struct settings {
     int64_t ckpt_every, zero, max_skipped;
     int64_t microbatches;     /* parallel.microbatches, 0 = auto (parallel.pp) */
     int pp_schedule;          /* parallel.pp_schedule: LOOM_PP_GPIPE / LOOM_PP_1F1B */
+    int precision;            /* training.precision: loom_precision */
     double weight_decay, beta1, beta2, eps, grad_clip, peak_flops;
     loom_schedule sched;
 } settings;
