@@ -1,4 +1,6 @@
-# Bit-exact resume and the COMPLETE rule, through the CLI, for both flavors.
+# Bit-exact resume and the COMPLETE rule, through the CLI, for both flavors; with
+# training.precision bf16 (llama) bit-exact resume too, and its checkpoint (the fp32 masters)
+# resumed by an fp32 run and back.
 source "$(dirname "$0")/lib.sh"
 make_dataset "$WORK"
 
@@ -23,6 +25,45 @@ for flavor in gpt2 llama; do
     || fail "$flavor: loss did not go down ($first -> $last)"
   pass "$flavor: loss went down $first -> $last"
 done
+
+# training.precision bf16: 6 + 6 steps == 12 bit for bit; the checkpoint holds the fp32 masters,
+# so an fp32 run resumes it (and a bf16 run resumes the fp32 one's)
+export FLAVOR=llama KVH=2
+P="--set training.precision=bf16"
+make_config "$WORK" "$WORK/a.yaml" "$WORK/run_a_bf16"
+"$LOOM_BIN" train "$WORK/a.yaml" $P --set training.steps=12 --set checkpoint.every=0 2>"$WORK/log_a"
+make_config "$WORK" "$WORK/b.yaml" "$WORK/run_b_bf16"
+"$LOOM_BIN" train "$WORK/b.yaml" $P --set training.steps=6 --set checkpoint.every=3 2>"$WORK/log_b1"
+"$LOOM_BIN" train "$WORK/b.yaml" $P --set training.steps=12 --set checkpoint.every=3 2>"$WORK/log_b2"
+grep -q "resumed from .*step_0000006" "$WORK/log_b2" || { cat "$WORK/log_b2"; fail "bf16: did not resume from step 6"; }
+losses "$WORK/run_a_bf16" > "$WORK/la"
+losses "$WORK/run_b_bf16" > "$WORK/lb"
+[ "$(wc -l < "$WORK/la")" = 12 ] || fail "bf16: expected 12 metrics lines"
+diff "$WORK/la" "$WORK/lb" || fail "bf16: resumed losses differ from the uninterrupted run"
+losses "$WORK/run_a_llama" > "$WORK/lf"
+cmp -s "$WORK/la" "$WORK/lf" && fail "bf16: the losses are the fp32 run's (bf16 did not run)"
+pass "bf16: 6 + 6 steps resumed == 12 uninterrupted steps, bit for bit (and not the fp32 run's)"
+# cross-precision: the bf16 run's step 6 continued in fp32 to step 9, and that in bf16 to 12
+cp -r "$WORK/run_b_bf16" "$WORK/run_c"
+rm -rf "$WORK/run_c/ckpt/step_0000009" "$WORK/run_c/ckpt/step_0000012"
+make_config "$WORK" "$WORK/c.yaml" "$WORK/run_c"
+"$LOOM_BIN" train "$WORK/c.yaml" --set training.steps=9 --set checkpoint.every=3 2>"$WORK/log_c1"
+grep -q "resumed from .*step_0000006" "$WORK/log_c1" || { cat "$WORK/log_c1"; fail "fp32 did not resume the bf16 checkpoint"; }
+"$LOOM_BIN" train "$WORK/c.yaml" $P --set training.steps=12 --set checkpoint.every=3 2>"$WORK/log_c2"
+grep -q "resumed from .*step_0000009" "$WORK/log_c2" || { cat "$WORK/log_c2"; fail "bf16 did not resume the fp32 checkpoint"; }
+losses "$WORK/run_c" > "$WORK/lc"
+[ "$(wc -l < "$WORK/lc")" = 12 ] || fail "bf16 -> fp32 -> bf16: expected 12 metrics lines"
+python3 - "$WORK/la" "$WORK/lc" <<'PY' || fail "bf16 -> fp32 -> bf16: the losses left the bf16 run's"
+import sys
+a = [float(l.split()[1]) for l in open(sys.argv[1])]
+c = [float(l.split()[1]) for l in open(sys.argv[2])]
+assert a[:6] == c[:6], "steps 1-6 are the bf16 run's own"
+d = max(abs(x - y) / abs(x) for x, y in zip(a[6:], c[6:]))
+print(f"  steps 7-12 (fp32 then bf16) against the bf16 run: max rel diff {d:.2e} (tol 1e-3)")
+assert d <= 1e-2
+PY
+pass "bf16 checkpoint resumed in fp32 and that one in bf16 (same model to bf16 precision)"
+unset FLAVOR KVH
 
 # COMPLETE rule: a newer step directory without COMPLETE is never loaded.
 RB=$WORK/run_b_gpt2
