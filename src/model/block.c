@@ -653,7 +653,7 @@ static void op_backward_bf16(loom_model *m, block_frame *f, int l, const block_o
             be->bf16_gelu_backward(g[op->in], 1, SLOT_BF16(m, f, op->in), g[op->out], N * m->F);
             break;
         }
-        memset(g[op->in], 0, (size_t)N * (size_t)m->FFI * sizeof(float));
+        be->mem_set(g[op->in], 0, (size_t)N * (size_t)m->FFI * sizeof(float));
         be->bf16_glu_backward(g[op->in], SLOT_BF16(m, f, op->in), g[op->out], N, m->F,
                               mlp == LOOM_MLP_GEGLU);
         break;
