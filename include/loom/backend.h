@@ -361,6 +361,10 @@ typedef struct loom_backend {
                                          const uint16_t *out, const float *lse, float *ws,
                                          int B, int T, int H, int KVH, int D,
                                          const loom_attn_mask *mask);
+    void (*bf16_crossentropy_forward)(float *losses, const uint16_t *logits,
+                                      const int32_t *targets, int64_t N, int V);
+    void (*bf16_crossentropy_backward)(uint16_t *logits, const int32_t *targets, int64_t N,
+                                       int V, float dscale);
     void (*adamw_update_bf16)(float *p, uint16_t *pb, const float *g, float *m, float *v,
                               int64_t n, float lr, float beta1, float beta2, float eps,
                               float weight_decay, int64_t step, float grad_scale);

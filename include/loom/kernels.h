@@ -317,6 +317,8 @@ void scale_inplace(float *x, int64_t n, float s);
  * backward: dout (N,OC) fp32 is rounded into dout_bf16 (N*OC scratch; the GEMMs' operand, as
  * autocast's bf16 gradient), then dinp (N,IC) fp32 = (dinp_set) or += dout @ weight (NULL:
  * skipped), dweight (OC,IC) fp32 += dout^T @ inp, dbias += column sums of the fp32 dout.
+ * dout NULL: dout_bf16 already holds the bf16 gradient (the head's, from
+ * bf16_crossentropy_backward); dbias must then be NULL.
  * bf16_matmul_native: 1 when they run oneDNN's bf16 matmul (the avx512 level on a CPU with
  * AVX512-BF16), 0 when the portable path (operands widened to fp32 panels, dnnl_sgemm: slower
  * than fp32; said once in the log). */
@@ -359,8 +361,8 @@ void bf16_rope_forward(uint16_t *x, int64_t B, int T, int nh, int D, int64_t row
  * the backward is embedding_backward on the fp32 gradient */
 void bf16_embedding_forward(uint16_t *out, const int32_t *tokens, const float *wte,
                             const float *wpe, int B, int T, int C, int pos0);
-/* flash attention over bf16 fused q|k|v rows (B,T,(H+2*KVH)*D): widened exactly into ws
- * (bf16_flash_ws_floats), the fp32 kernel (fp32 scores, softmax, lse (B,H,T)), out (B,T,H*D)
+/* flash attention over bf16 fused q|k|v rows (B,T,(H+2*KVH)*D): batch row by batch row
+ * widened exactly into ws (bf16_flash_ws_floats: one row's T x (QKV + H*D)), the fp32 kernel (fp32 scores, softmax, lse (B,H,T)), out (B,T,H*D)
  * rounded; backward sets dqkv (fp32) from the fp32 dout. Returns the fp32 kernel's code. */
 int64_t bf16_flash_ws_floats(int B, int T, int H, int KVH, int D);
 int bf16_flash_attention_forward(uint16_t *out, float *lse, const uint16_t *qkv, float *ws,
@@ -369,6 +371,13 @@ int bf16_flash_attention_forward(uint16_t *out, float *lse, const uint16_t *qkv,
 int bf16_flash_attention_backward(float *dqkv, const float *dout, const uint16_t *qkv,
                                   const uint16_t *out, const float *lse, float *ws, int B, int T,
                                   int H, int KVH, int D, const loom_attn_mask *mask);
+/* cross-entropy over bf16 logits (N,V): fp32 losses (the fp32 kernel's math on the widened
+ * logits); the backward in place: logits become round((softmax - onehot) * dscale) (rows with
+ * target < 0 become 0) */
+void bf16_crossentropy_forward(float *losses, const uint16_t *logits, const int32_t *targets,
+                               int64_t N, int V);
+void bf16_crossentropy_backward(uint16_t *logits, const int32_t *targets, int64_t N, int V,
+                                float dscale);
 /* adamw_update (the same bits of p, m, v) that also writes pb[i] = round(p[i]), the bf16 copy
  * of the updated master */
 void adamw_update_bf16(float *p, uint16_t *pb, const float *g, float *m, float *v, int64_t n,

@@ -186,6 +186,8 @@ static const loom_backend cpu = {
     .bf16_flash_ws_floats = bf16_flash_ws_floats,
     .bf16_flash_attention_forward = bf16_flash_attention_forward,
     .bf16_flash_attention_backward = bf16_flash_attention_backward,
+    .bf16_crossentropy_forward = bf16_crossentropy_forward,
+    .bf16_crossentropy_backward = bf16_crossentropy_backward,
     .adamw_update_bf16 = adamw_update_bf16,
 };
 

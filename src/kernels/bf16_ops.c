@@ -37,37 +37,62 @@ void bf16_embedding_forward(uint16_t *out, const int32_t *tokens, const float *w
     }
 }
 
-/* Flash attention over bf16 fused rows: q|k|v widened exactly into ws, the fp32 kernel (fp32
- * scores, softmax and lse), its output rounded. ws: bf16_flash_ws_floats. */
+/* Flash attention over bf16 fused rows, one batch row at a time: its q|k|v widened exactly
+ * into ws, the fp32 kernel (fp32 scores, softmax and lse), its output rounded. ws:
+ * bf16_flash_ws_floats (one batch row's). A document mask's ids advance with the row. */
 int64_t bf16_flash_ws_floats(int B, int T, int H, int KVH, int D) {
-    return (int64_t)B * T * ((int64_t)(H + 2 * KVH) * D + (int64_t)H * D);
+    (void)B;
+    return (int64_t)T * ((int64_t)(H + 2 * KVH) * D + (int64_t)H * D);
+}
+
+static loom_attn_mask row_mask(const loom_attn_mask *mask, int b) {
+    loom_attn_mask mk = *mask;
+    if (mk.q_doc) {
+        mk.q_doc += (int64_t)b * mk.q_doc_bs;
+        mk.k_doc += (int64_t)b * mk.k_doc_bs;
+    }
+    return mk;
 }
 
 int bf16_flash_attention_forward(uint16_t *out, float *lse, const uint16_t *qkv, float *ws,
                                  int B, int T, int H, int KVH, int D,
                                  const loom_attn_mask *mask) {
-    const int64_t N = (int64_t)B * T, QKV = (int64_t)(H + 2 * KVH) * D, HD = (int64_t)H * D;
-    float *x = ws, *o = ws + N * QKV;
-    bf16_to_f32(x, qkv, N * QKV);
-    const loom_attn_dims dims = flash_attention_dims_qkv(B, T, H, KVH, D);
-    const int rc = flash_attention_forward(o, lse, x, x + HD, x + HD + (int64_t)KVH * D, &dims,
-                                           mask, LOOM_ATTN_ISA_AUTO);
-    if (rc == 0) bf16_from_f32(out, o, N * HD);
-    return rc;
+    const int64_t QKV = (int64_t)(H + 2 * KVH) * D, HD = (int64_t)H * D;
+    float *x = ws, *o = ws + (int64_t)T * QKV;
+    const loom_attn_dims dims = flash_attention_dims_qkv(1, T, H, KVH, D);
+    for (int b = 0; b < B; b++) {
+        const loom_attn_mask mk = row_mask(mask, b);
+        bf16_to_f32(x, qkv + (int64_t)b * T * QKV, T * QKV);
+        const int rc = flash_attention_forward(o, lse ? lse + (int64_t)b * H * T : NULL, x,
+                                               x + HD, x + HD + (int64_t)KVH * D, &dims, &mk,
+                                               LOOM_ATTN_ISA_AUTO);
+        if (rc != 0) return rc;
+        bf16_from_f32(out + (int64_t)b * T * HD, o, T * HD);
+    }
+    return 0;
 }
 
 /* dqkv (B,T,QKV) fp32 SET from dout (B,T,H*D) fp32 and the forward's bf16 q|k|v and output */
 int bf16_flash_attention_backward(float *dqkv, const float *dout, const uint16_t *qkv,
                                   const uint16_t *out, const float *lse, float *ws, int B,
                                   int T, int H, int KVH, int D, const loom_attn_mask *mask) {
-    const int64_t N = (int64_t)B * T, QKV = (int64_t)(H + 2 * KVH) * D, HD = (int64_t)H * D;
+    const int64_t QKV = (int64_t)(H + 2 * KVH) * D, HD = (int64_t)H * D;
     const int64_t KD = (int64_t)KVH * D;
-    float *x = ws, *o = ws + N * QKV;
-    bf16_to_f32(x, qkv, N * QKV);
-    bf16_to_f32(o, out, N * HD);
-    const loom_attn_dims dims = flash_attention_dims_qkv(B, T, H, KVH, D);
-    return flash_attention_backward_set(dqkv, dqkv + HD, dqkv + HD + KD, dout, x, x + HD,
-                                        x + HD + KD, o, lse, &dims, mask, LOOM_ATTN_ISA_AUTO);
+    float *x = ws, *o = ws + (int64_t)T * QKV;
+    const loom_attn_dims dims = flash_attention_dims_qkv(1, T, H, KVH, D);
+    for (int b = 0; b < B; b++) {
+        const loom_attn_mask mk = row_mask(mask, b);
+        const int64_t r = (int64_t)b * T;
+        bf16_to_f32(x, qkv + r * QKV, T * QKV);
+        bf16_to_f32(o, out + r * HD, T * HD);
+        float *dq = dqkv + r * QKV;
+        const int rc = flash_attention_backward_set(dq, dq + HD, dq + HD + KD, dout + r * HD, x,
+                                                    x + HD, x + HD + KD, o,
+                                                    lse + (int64_t)b * H * T, &dims, &mk,
+                                                    LOOM_ATTN_ISA_AUTO);
+        if (rc != 0) return rc;
+    }
+    return 0;
 }
 
 #define LOOM_KSELF "kernels/bf16_ops.c"

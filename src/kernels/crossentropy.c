@@ -2,6 +2,7 @@
  * Numerically stable (max subtracted), sums in double, one row per task. */
 #ifndef LOOM_KV
 #include "kernels/kmath.h"
+#include "loom/bf16.h"
 #include "loom/kernels.h"
 
 #define LOOM_KSELF "kernels/crossentropy.c"
@@ -12,6 +13,13 @@ LOOM_DISPATCH(crossentropy_forward, (float *losses, const float *logits, const i
               (losses, logits, targets, N, V))
 LOOM_DISPATCH(crossentropy_softmax_backward, (float *logits, const int32_t *targets, int64_t N,
                                               int V, float dscale),
+              (logits, targets, N, V, dscale))
+
+LOOM_DISPATCH(bf16_crossentropy_forward, (float *losses, const uint16_t *logits,
+                                          const int32_t *targets, int64_t N, int V),
+              (losses, logits, targets, N, V))
+LOOM_DISPATCH(bf16_crossentropy_backward, (uint16_t *logits, const int32_t *targets, int64_t N,
+                                           int V, float dscale),
               (logits, targets, N, V, dscale))
 
 LOOM_DISPATCH(crossentropy_softcap_backward, (float *logits, const int32_t *targets, int64_t N,
@@ -137,6 +145,60 @@ static void LOOM_KV(crossentropy_softcap_backward)(float *logits, const int32_t 
             float d = loom_expf(y - mx) * k;
             if (i == t) d -= dscale;
             x[i] = d * (1.0f - c * c);
+        }
+    }
+}
+
+/* bf16 logits (training.precision bf16): widened exactly, the fp32 forward's math (max, sum of
+ * exp in double), fp32 losses; the backward writes (softmax - onehot) * dscale rounded to bf16
+ * in place (the head's GEMMs take that bf16 gradient as it is) */
+static void LOOM_KV(bf16_crossentropy_forward)(float *losses, const uint16_t *logits,
+                                               const int32_t *targets, int64_t N, int V) {
+#pragma omp parallel for schedule(static) if (N * V >= LOOM_PAR_MIN)
+    for (int64_t n = 0; n < N; n++) {
+        const int32_t t = targets[n];
+        if (t < 0) {
+            losses[n] = 0.0f;
+            continue;
+        }
+        const uint16_t *x = logits + n * V;
+        float mx = loom_bf16_widen(x[0]);
+#pragma omp simd reduction(max : mx)
+        for (int i = 0; i < V; i++) {
+            const float xi = loom_bf16_widen(x[i]);
+            mx = xi > mx ? xi : mx;
+        }
+        double s = 0.0;
+#pragma omp simd reduction(+ : s)
+        for (int i = 0; i < V; i++) s += (double)loom_expf(loom_bf16_widen(x[i]) - mx);
+        losses[n] = (float)(log(s) + (double)mx - (double)loom_bf16_widen(x[t]));
+    }
+}
+
+static void LOOM_KV(bf16_crossentropy_backward)(uint16_t *logits, const int32_t *targets,
+                                                int64_t N, int V, float dscale) {
+#pragma omp parallel for schedule(static) if (N * V >= LOOM_PAR_MIN)
+    for (int64_t n = 0; n < N; n++) {
+        const int32_t t = targets[n];
+        uint16_t *x = logits + n * V;
+        if (t < 0) {
+            memset(x, 0, (size_t)V * sizeof(uint16_t));
+            continue;
+        }
+        float mx = loom_bf16_widen(x[0]);
+#pragma omp simd reduction(max : mx)
+        for (int i = 0; i < V; i++) {
+            const float xi = loom_bf16_widen(x[i]);
+            mx = xi > mx ? xi : mx;
+        }
+        double s = 0.0;
+#pragma omp simd reduction(+ : s)
+        for (int i = 0; i < V; i++) s += (double)loom_expf(loom_bf16_widen(x[i]) - mx);
+        const float k = (float)(1.0 / s) * dscale;
+        for (int i = 0; i < V; i++) {
+            float d = loom_expf(loom_bf16_widen(x[i]) - mx) * k;
+            if (i == t) d -= dscale;
+            x[i] = loom_bf16_round(d);
         }
     }
 }

@@ -226,13 +226,16 @@ void bf16_matmul_backward(float *dinp, int dinp_set, float *dweight, float *dbia
                           const float *dout, uint16_t *dout_bf16, const uint16_t *inp,
                           const uint16_t *weight, int64_t N, int IC, int OC) {
     const int64_t n = N * OC;
+    LOOM_CHECK(dout || !dbias);
+    if (dout) {
 #pragma omp parallel for simd schedule(static) if (n >= LOOM_PAR_MIN)
-    for (int64_t i = 0; i < n; i++) dout_bf16[i] = loom_bf16_round(dout[i]);
+        for (int64_t i = 0; i < n; i++) dout_bf16[i] = loom_bf16_round(dout[i]);
+    }
     /* dinp (N,IC) = dout (N,OC) @ weight (OC,IC) */
     if (dinp) gemm('N', 'N', N, IC, OC, dout_bf16, OC, weight, IC, !dinp_set, dinp, 0, IC, NULL);
     /* dweight (OC,IC) += dout^T (OC,N) @ inp (N,IC) */
     if (dweight) gemm('T', 'N', OC, IC, N, dout_bf16, OC, inp, IC, 1, dweight, 0, IC, NULL);
-    if (dbias) { /* columns in slices of 64, rows summed in order (one fp32 chain each) */
+    if (dbias && dout) { /* columns in slices of 64, rows summed in order (one fp32 chain each) */
         const int ns = (OC + 63) / 64;
 #pragma omp parallel for schedule(static) if (n >= LOOM_PAR_MIN)
         for (int c = 0; c < ns; c++) {

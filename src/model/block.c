@@ -800,7 +800,8 @@ static size_t layout_acts(const loom_model *m, struct loom_acts *a, float *base,
     }
     const int64_t chunk = hd ? acts_chunk(m, B, T, stacked) : 0;
     if (a) a->chunk = chunk;
-    TAKE(a ? &a->logits : &dummy, hd * (cls ? (int64_t)B * K : (chunk ? chunk : BT) * m->Vl));
+    TAKE(a ? &a->logits : &dummy,
+         words(hd * (cls ? (int64_t)B * K : (chunk ? chunk : BT) * m->Vl), dt_act));
     TAKE(a ? &a->losses : &dummy, hd * BT);
     if (!cls && hd && m->lay.tp > 1) { /* vocab-parallel cross-entropy's row statistics */
         TAKE(a ? &a->vmax : &dummy, BT);
@@ -810,7 +811,29 @@ static size_t layout_acts(const loom_model *m, struct loom_acts *a, float *base,
         TAKE(a ? &a->pooled : &dummy, (int64_t)B * C);
         TAKE(a ? &a->dpooled : &dummy, (int64_t)B * C);
     }
-    if (stacked) {
+    if (stacked && m->bf16) {
+        /* bf16 (no sp, q/k or post-norms, MoE, sdpa: create refuses them) shares the fp32
+         * gradient scratch between ops whose gradients are never alive together. A layer's
+         * backward runs fc_proj (writes dfch_act), the activation (dfch), fc (dln), ln2,
+         * attn_proj (datty), attention (dqkv), RoPE, qkv (dln), ln1: so datty shares dln's
+         * buffer (dln is dead from ln2's backward to qkv's), dqkv the MLP's (dead after fc's),
+         * and GELU's gradient is formed in place over its output's (element-wise) */
+        const int64_t HD = (int64_t)m->H * m->D, nln = BT * (HD > C ? HD : C);
+        const int gelu = m->cfg.arch.mlp == LOOM_MLP_GELU;
+        const int64_t qkv = slot_floats(m, S_QKV, B, T);
+        const int64_t mlp = slot_floats(m, gelu ? S_FCH_ACT : S_FCH, B, T);
+        TAKE(a ? &a->dres : &dummy, BT * C);
+        TAKE(a ? &a->dln : &dummy, nln);
+        TAKE(a ? &a->dfch : &dummy, qkv > mlp ? qkv : mlp);
+        TAKE(a ? &a->dfch_act : &dummy, gelu ? 0 : slot_floats(m, S_FCH_ACT, B, T));
+        if (a) {
+            if (gelu) a->dfch_act = a->dfch;
+            a->dqkv = a->dqkvr = a->dfch;
+            a->datty = a->dln;
+            a->dpost = NULL; /* (no post-norms) */
+            a->datt = NULL;  /* (flash) */
+        }
+    } else if (stacked) {
         TAKE(a ? &a->dres : &dummy, BTs * C);
         TAKE(a ? &a->dln : &dummy, BTs * C);
         if (sp) {
@@ -828,12 +851,12 @@ static size_t layout_acts(const loom_model *m, struct loom_acts *a, float *base,
         for (int k = S_MOE_PROB; k < S_COUNT; k++)
             TAKE(a ? &a->moe_g[k] : &dummy, moe_grad_floats(m, k, BT));
     }
-    if (m->bf16) { /* flash attention's workspace; a training arena's bf16 dout scratch */
+    if (m->bf16) { /* flash attention's workspace; a training arena's bf16 dout scratch (the
+                    * block's linears: the head's dlogits are bf16 in place) */
         float *ws = NULL;
         TAKE(a ? &ws : &dummy, m->be->bf16_flash_ws_floats(B, T, m->H, m->KVH, m->D));
         int64_t oc = m->QKV > C ? m->QKV : C;
         if (m->FFI > oc) oc = m->FFI;
-        if (hd && (chunk ? chunk : BT) * m->Vl > BT * oc) oc = ((chunk ? chunk : BT) * m->Vl) / BT + 1;
         float *d16 = NULL;
         TAKE(a ? &d16 : &dummy, stacked ? words(BT * oc, LOOM_DT_BF16) : 0);
         if (a) {

@@ -238,6 +238,7 @@ static int check_layout(const loom_model_config *c, const loom_model_layout *in,
                           : a->qk_norm != LOOM_QK_NORM_NONE ? "model.arch.qk_norm"
                           : a->norm_place != LOOM_NORM_PRE ? "model.arch.norm_place"
                           : a->embed_scale ? "model.arch.embed_scale"
+                          : a->final_softcap > 0.0f ? "model.arch.final_softcap"
                                            : NULL;
         if (key)
             return loom_errf(err, "training.precision = bf16 does not support %s as configured "
@@ -589,7 +590,7 @@ size_t loom_model_num_params(const loom_model *m) { return m->n_params; }
 float *loom_model_params(loom_model *m) { return m->params; }
 float *loom_model_grads(loom_model *m) { return m->grads; }
 const float *loom_model_logits(const loom_model *m) {
-    return m->acts && !m->acts->chunk ? m->acts->logits : NULL;
+    return m->acts && !m->acts->chunk && !m->bf16 ? m->acts->logits : NULL;
 }
 void loom_model_vocab_range(const loom_model *m, int *v0, int *vl) {
     *v0 = m->V0;

@@ -107,7 +107,10 @@ static void head_ce_backward(const loom_model *m, const loom_acts *a, float *log
         float *lg = logits + (size_t)i * (size_t)Vl;
         const int32_t *tg = a->targets + r0 + i;
         const int64_t k = j - i;
-        if (vp && cap > 0.0f)
+        if (m->bf16) /* bf16 logits (create refused tp and the soft-cap) */
+            m->be->bf16_crossentropy_backward((uint16_t *)logits + (size_t)i * (size_t)Vl, tg, k,
+                                              Vl, s);
+        else if (vp && cap > 0.0f)
             m->be->crossentropy_shard_softcap_backward(lg, tg, a->vmax + r0 + i,
                                                        a->vsums + 2 * (r0 + i), m->V0, k, Vl, s,
                                                        cap);
@@ -126,9 +129,9 @@ static void head_ce_backward(const loom_model *m, const loom_acts *a, float *log
 /* The head's logits of n rows of normed activations (this view's Vl columns; Vl = V at
  * tp = 1), with arch.final_softcap (elementwise): into logits (n, Vl). */
 static void head_logits(const loom_model *m, float *logits, const float *lnf, int64_t n) {
-    if (m->bf16) /* bf16 rows and weights, fp32 logits */
-        m->be->bf16_matmul_forward_f32(logits, (const uint16_t *)lnf, bview(m, HEAD_T(m)), NULL,
-                                       n, m->cfg.d_model, m->Vl);
+    if (m->bf16) /* bf16 rows and weights, bf16 logits (as autocast's; fp32 accumulation) */
+        m->be->bf16_matmul_forward((uint16_t *)logits, (const uint16_t *)lnf,
+                                   bview(m, HEAD_T(m)), NULL, n, m->cfg.d_model, m->Vl);
     else
         m->be->matmul_forward(logits, lnf, HEAD_W(m), NULL, n, m->cfg.d_model, m->Vl);
     model_softcap(m, logits, n * m->Vl);
@@ -140,14 +143,13 @@ static float *lnf_row(const loom_model *m, float *lnf, int64_t r) {
     return m->bf16 ? (float *)((uint16_t *)lnf + r * C) : lnf + r * C;
 }
 
-/* the head's backward over n rows: d(lnf) rows set, d(head) += (bf16: from the bf16 rows and
- * weight copy through the bf16 dout scratch) */
+/* the head's backward over n rows: d(lnf) rows set, d(head) += (bf16: dlogits are the bf16
+ * gradient bf16_crossentropy_backward left in the logits, with the bf16 rows and weight copy) */
 static void head_backward(const loom_model *m, const loom_acts *a, float *dln, float *dhead,
                           const float *dlogits, const float *lnf, int64_t n) {
     const int C = m->cfg.d_model;
     if (m->bf16) {
-        LOOM_CHECK(a->dout16 != NULL);
-        m->be->bf16_matmul_backward(dln, 1, dhead, NULL, dlogits, a->dout16,
+        m->be->bf16_matmul_backward(dln, 1, dhead, NULL, NULL, (uint16_t *)dlogits,
                                     (const uint16_t *)lnf, bview(m, HEAD_T(m)), n, C, m->Vl);
         return;
     }
@@ -175,6 +177,16 @@ static float mean_valid_loss(const loom_model *m, const loom_acts *a, int64_t N)
     return a->valid > 0 ? (float)(sum / (double)a->valid) : 0.0f;
 }
 
+/* the losses of n rows of K logits: fp32 logits, or bf16 ones (training.precision bf16, LM
+ * head) */
+static void head_ce(const loom_model *m, float *losses, const float *logits,
+                    const int32_t *targets, int64_t n, int K) {
+    if (m->bf16)
+        m->be->bf16_crossentropy_forward(losses, (const uint16_t *)logits, targets, n, K);
+    else
+        m->be->crossentropy_forward(losses, logits, targets, n, K);
+}
+
 /* Cross-entropy against targets (N, < 0 ignored) of the last logits (N rows of K), or with
  * model.loss_chunk (a->chunk rows) of the LM head's logits computed chunk by chunk from lnf:
  * keeps the targets for backward and returns the mean over the valid ones. */
@@ -185,10 +197,10 @@ static float mean_loss(const loom_model *m, loom_acts *a, const int32_t *targets
         for (int64_t r0 = 0; r0 < N; r0 += a->chunk) {
             const int64_t n = N - r0 < a->chunk ? N - r0 : a->chunk;
             head_logits(m, a->logits, lnf_row(m, a->lnf, r0), n);
-            m->be->crossentropy_forward(a->losses + r0, a->logits, a->targets + r0, n, K);
+            head_ce(m, a->losses + r0, a->logits, a->targets + r0, n, K);
         }
     } else {
-        m->be->crossentropy_forward(a->losses, a->logits, a->targets, N, K);
+        head_ce(m, a->losses, a->logits, a->targets, N, K);
     }
     return mean_valid_loss(m, a, N);
 }
@@ -558,6 +570,7 @@ void loom_model_token_logps_acts(const loom_model *m, const loom_acts *a, float 
 void loom_acts_read_logits(const loom_model *m, const loom_acts *a, float *dst, size_t first,
                            size_t n) {
     LOOM_CHECK(a->logits != NULL);
+    LOOM_CHECK(!m->bf16); /* bf16 precision keeps bf16 logits: no fp32 rows to read */
     loom_dev_read(m->be, dst, a->logits + first, n * sizeof(float), "logits rows");
 }
 

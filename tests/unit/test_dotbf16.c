@@ -28,6 +28,8 @@
  *    gradients (1e-5 of the largest gradient);
  *  - flash attention over bf16 q|k|v (fp32 softmax and lse): out within a bf16 rounding, lse and
  *    dq|dk|dv within 1e-5 of the float64 attention (causal, GQA);
+ *  - cross-entropy over bf16 logits: fp32 losses within 1e-6 of the float64 value, and the
+ *    in-place bf16 gradient within a bf16 rounding of (softmax - onehot) * dscale;
  *  - adamw_update_bf16: the bits of adamw_update's p, m, v, and pb = round(p). */
 #include "testutil.h"
 
@@ -505,6 +507,31 @@ static void test_train_ops(void **state) {
                         check_b16(what, b2, y[b2], w16(x[b2]) * c + w16(x[a]) * s, 2.0);
                     }
                 for (int i = NH * D; i < C; i++) assert_int_equal(y[rr * C + i], x[rr * C + i]);
+            }
+        }
+        /* cross-entropy over bf16 logits: N rows of C classes, some targets ignored */
+        {
+            int32_t tg[N];
+            float ls[N];
+            for (int n = 0; n < N; n++) tg[n] = n % 7 == 3 ? -1 : (n * 13) % C;
+            bf16_crossentropy_forward(ls, x, tg, N, C);
+            memcpy(y, x, sizeof y);
+            bf16_crossentropy_backward(y, tg, N, C, 0.25f);
+            snprintf(what, sizeof what, "%s bf16 cross-entropy", L);
+            for (int n = 0; n < N; n++) {
+                if (tg[n] < 0) {
+                    assert_true(ls[n] == 0.0f);
+                    for (int i = 0; i < C; i++) assert_int_equal(y[n * C + i], 0);
+                    continue;
+                }
+                double mx = -1e300, s = 0;
+                for (int i = 0; i < C; i++) mx = w16(x[n * C + i]) > mx ? w16(x[n * C + i]) : mx;
+                for (int i = 0; i < C; i++) s += exp(w16(x[n * C + i]) - mx);
+                const double lref = log(s) + mx - w16(x[n * C + tg[n]]);
+                check_f32(what, n, ls[n], lref, fabs(lref) / 10.0);
+                for (int i = 0; i < C; i++)
+                    check_b16(what, n * C + i, y[n * C + i],
+                              0.25 * (exp(w16(x[n * C + i]) - mx) / s - (i == tg[n])), 0.25);
             }
         }
         /* embedding: wte (V, C) + wpe (maxT, C) */
