@@ -412,6 +412,9 @@ const loom_backend *loom_backend_cpu(void);
 const loom_backend *loom_backend_guard(void);
 /* 1 when p lies inside a live cpu-guard allocation (tests) */
 int loom_guard_owns(const void *p);
+/* (Re)installs cpu-guard's SIGSEGV handler, for a program that installed its own after the
+ * backend's first use (a test framework's) */
+void loom_guard_install_handler(void);
 /* The backend a model uses when its config names none: the environment's LOOM_BACKEND when
  * set (a name loom_backend_find knows; anything else aborts, naming LOOM_BACKEND), else cpu. */
 const loom_backend *loom_backend_default(void);

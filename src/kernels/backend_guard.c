@@ -90,6 +90,10 @@ static void guard_init(void) {
         }
     }
     if (!G.base) loom_panic(__FILE__, __LINE__, "cpu-guard: cannot reserve address space");
+    loom_guard_install_handler();
+}
+
+void loom_guard_install_handler(void) {
     struct sigaction sa;
     memset(&sa, 0, sizeof sa);
     sa.sa_sigaction = on_segv;

@@ -3,7 +3,8 @@
  *    table whose ops count their calls and forward to the cpu table sees each op the
  *    configuration uses called (forward, backward, decode, AdamW with clipping), and the
  *    results (loss, logits, gradients, decoded logits, parameters after two optimizer steps)
- *    are bitwise those of the plain cpu table;
+ *    are bitwise those of the plain cpu table; so are cpu-guard's (tests/unit/test_guard.c),
+ *    read back through the copies: the model's path touches none of its memory on the host;
  *  - model.backend: cpu selects loom_backend_cpu(); an unknown name is an error naming the key;
  *  - clipping runs inside the AdamW step (no scale_inplace pass): adamw_update with grad_scale s
  *    gives bitwise the parameters and moments of scale_inplace(g, s) and then the step; and
@@ -258,11 +259,11 @@ static void run(loom_model_config c, const loom_backend *be, result *r) {
     r->loss = loom_model_forward(m, x, y, B, T);
     r->nlogits = (size_t)(cls ? B * c.num_classes : B * T * c.vocab_size);
     r->logits = malloc(r->nlogits * sizeof(float));
-    memcpy(r->logits, loom_model_logits(m), r->nlogits * sizeof(float));
+    loom_model_read_logits(m, r->logits, 0, r->nlogits); /* device memory: read back */
     loom_model_backward(m, 1.0f / (float)loom_model_valid_targets(m));
     r->n = loom_model_num_params(m);
     r->grads = malloc(r->n * sizeof(float));
-    memcpy(r->grads, loom_model_grads(m), r->n * sizeof(float));
+    be->mem_d2h(r->grads, loom_model_grads(m), r->n * sizeof(float));
     r->decoded = NULL;
     if (!cls) {
         loom_kv_cache *kc = loom_kv_cache_create(m);
@@ -328,6 +329,18 @@ static void test_model_calls_through_table(void **state) {
         run(c, loom_backend_cpu(), &ref);
         for (int o = 0; o < C_COUNT; o++) assert_int_equal(calls[o], 0); /* cpu: no shim */
         run(c, &counting, &got);
+        /* the cpu-guard backend (the cpu kernels over memory the host cannot touch) computes
+         * the same bits, and the host touched none of its memory (it would have faulted) */
+        result gd;
+        run(c, loom_backend_guard(), &gd);
+        assert_memory_equal(&gd.loss, &ref.loss, sizeof(float));
+        assert_memory_equal(&gd.loss2, &ref.loss2, sizeof(float));
+        assert_memory_equal(gd.logits, ref.logits, ref.nlogits * sizeof(float));
+        assert_memory_equal(gd.grads, ref.grads, ref.n * sizeof(float));
+        if (!cls) assert_memory_equal(gd.decoded, ref.decoded, (size_t)c.vocab_size * 4);
+        assert_memory_equal(gd.norm, ref.norm, sizeof ref.norm);
+        assert_true(gd.hash == ref.hash);
+        result_free(&gd);
 
         /* bitwise the plain cpu table's results */
         assert_memory_equal(&got.loss, &ref.loss, sizeof(float));
