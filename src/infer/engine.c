@@ -15,6 +15,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "loom/backend.h"
 #include "loom/grammar.h"
 #include "loom/infer.h"
 #include "loom/tokenizer.h"
@@ -77,6 +78,7 @@ static uint64_t chain_hash(uint64_t parent, const int32_t *t) {
 
 struct loom_engine {
     loom_model *m;
+    const loom_backend *be; /* the model's: the KV caches and cached blocks are its memory */
     const loom_tokenizer *tok;
     int V, maxT, tok_vocab;
     int32_t eos;            /* the tokenizer's end-of-text id, -1 when none */
@@ -116,8 +118,8 @@ static void pc_unlink(loom_engine *e, pblock *x) {
     pblock **pp = &e->buckets[x->hash % PBUCKETS];
     while (*pp != x) pp = &(*pp)->next;
     *pp = x->next;
-    free(x->k);
-    free(x->v);
+    e->be->mem_free(x->k);
+    e->be->mem_free(x->v);
     free(x);
     e->st.prefix_blocks--;
     e->st.prefix_bytes -= e->pblock_bytes;
@@ -165,8 +167,8 @@ static void pc_take(loom_engine *e, req *r) {
         for (int l = 0; l < e->L; l++) {
             const size_t dst = ((size_t)l * (size_t)r->cap + (size_t)i * PBLOCK) * fpp;
             const size_t src = (size_t)l * PBLOCK * fpp;
-            memcpy(r->k + dst, b->k + src, PBLOCK * fpp * sizeof(float));
-            memcpy(r->v + dst, b->v + src, PBLOCK * fpp * sizeof(float));
+            e->be->mem_d2d(r->k + dst, b->k + src, PBLOCK * fpp * sizeof(float));
+            e->be->mem_d2d(r->v + dst, b->v + src, PBLOCK * fpp * sizeof(float));
         }
         h = nh;
     }
@@ -209,13 +211,13 @@ static void pc_put(loom_engine *e, req *r) {
             b->parent = r->chain;
             b->depth = i;
             memcpy(b->toks, t, sizeof b->toks);
-            b->k = loom_alloc_aligned(e->pblock_bytes / 2);
-            b->v = loom_alloc_aligned(e->pblock_bytes / 2);
+            b->k = e->be->mem_alloc(e->pblock_bytes / 2, 0);
+            b->v = e->be->mem_alloc(e->pblock_bytes / 2, 0);
             for (int l = 0; l < e->L; l++) {
                 const size_t src = ((size_t)l * (size_t)r->cap + (size_t)i * PBLOCK) * fpp;
                 const size_t dst = (size_t)l * PBLOCK * fpp;
-                memcpy(b->k + dst, r->k + src, PBLOCK * fpp * sizeof(float));
-                memcpy(b->v + dst, r->v + src, PBLOCK * fpp * sizeof(float));
+                e->be->mem_d2d(b->k + dst, r->k + src, PBLOCK * fpp * sizeof(float));
+                e->be->mem_d2d(b->v + dst, r->v + src, PBLOCK * fpp * sizeof(float));
             }
             b->next = e->buckets[nh % PBUCKETS];
             e->buckets[nh % PBUCKETS] = b;
@@ -246,6 +248,7 @@ int loom_engine_create(loom_model *m, const loom_tokenizer *tok, const loom_engi
                               "sequence or context parallelism (a tp view is fine)");
     loom_engine *e = loom_calloc(1, sizeof *e);
     e->m = m;
+    e->be = loom_model_backend(m);
     e->tok = tok;
     e->V = c->vocab_size;
     e->maxT = c->max_seq_len;
@@ -281,12 +284,12 @@ int loom_engine_create(loom_model *m, const loom_tokenizer *tok, const loom_engi
     return 0;
 }
 
-static void req_free(req *r) {
+static void req_free(loom_engine *e, req *r) {
     if (!r) return;
     free(r->toks);
     free(r->lp);
-    free(r->k);
-    free(r->v);
+    e->be->mem_free(r->k);
+    e->be->mem_free(r->v);
     for (int i = 0; r->stop && i < r->p.n_stop; i++) free(r->stop[i]);
     free(r->stop);
     free(r->text.p);
@@ -296,7 +299,7 @@ static void req_free(req *r) {
 
 void loom_engine_free(loom_engine *e) {
     if (!e) return;
-    for (int i = 0; i < e->n; i++) req_free(e->reqs[i]);
+    for (int i = 0; i < e->n; i++) req_free(e, e->reqs[i]);
     free(e->reqs);
     loom_decode_ws_free(e->ws);
     free(e->rows_tok);
@@ -419,8 +422,8 @@ static req *find(const loom_engine *e, int64_t id) {
 
 static void release_cache(loom_engine *e, req *r) {
     if (r->state == R_RUNNING) {
-        free(r->k);
-        free(r->v);
+        e->be->mem_free(r->k);
+        e->be->mem_free(r->v);
         r->k = r->v = NULL;
         e->st.kv_used -= r->bytes;
         e->st.running--;
@@ -577,8 +580,8 @@ int loom_engine_step(loom_engine *e) {
         /* (the cache gives way: its blocks are evicted until the reservation fits) */
         if (!pool_fits(e, r->bytes, UINT64_MAX)) break;
         const size_t n = loom_model_kv_floats(e->m, r->cap) * sizeof(float);
-        r->k = loom_alloc_aligned(n);
-        r->v = loom_alloc_aligned(n);
+        r->k = e->be->mem_alloc(n, 0);
+        r->v = e->be->mem_alloc(n, 0);
         if (e->o.prefix_cache) pc_take(e, r);
         r->state = R_RUNNING;
         e->st.waiting--;
@@ -652,7 +655,7 @@ void loom_engine_release(loom_engine *e, int64_t id) {
     while (e->reqs[i] != r) i++;
     memmove(e->reqs + i, e->reqs + i + 1, (size_t)(e->n - i - 1) * sizeof *e->reqs);
     e->n--;
-    req_free(r);
+    req_free(e, r);
 }
 
 void loom_engine_cancel(loom_engine *e, int64_t id) {

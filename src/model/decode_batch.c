@@ -18,6 +18,10 @@
 #include "model/model_internal.h"
 
 struct loom_decode_ws {
+    const loom_backend *be; /* every buffer is its device memory, but seg and hlogits */
+    int32_t *tok;           /* (max_rows) the step's token ids, copied in */
+    float *hlogits;         /* (max_logits, V) host: the logits read back for sampling (NULL
+                             * where the backend's memory is host memory: w->logits itself) */
     int max_rows, max_logits;
     int64_t floats;
     float *mem;
@@ -74,6 +78,7 @@ loom_decode_ws *loom_decode_ws_create(const loom_model *m, int max_rows, int max
     /* the whole layer range and the whole rows (no sequence or context parallelism) */
     LOOM_CHECK(!m->lay.sp && m->lay.cp <= 1 && m->lay.has_embedding && m->lay.has_head);
     loom_decode_ws *w = loom_calloc(1, sizeof *w);
+    const loom_backend *be = w->be = m->be;
     w->max_rows = max_rows;
     w->max_logits = max_logits;
     const int64_t R = max_rows, C = c->d_model, K = max_logits, tp = m->lay.tp;
@@ -86,7 +91,10 @@ loom_decode_ws *loom_decode_ws_create(const loom_model *m, int max_rows, int max
     int64_t at = 0;
     for (int i = 0; i < NS; i++) at += (sizes[i] + 15) & ~(int64_t)15;
     w->floats = at;
-    w->mem = loom_alloc_aligned((size_t)at * sizeof(float));
+    w->mem = be->mem_alloc((size_t)at * sizeof(float), 0);
+    w->tok = be->mem_alloc((size_t)max_rows * sizeof(int32_t), 0);
+    if (!be->host_memory)
+        w->hlogits = loom_malloc((size_t)K * (size_t)c->vocab_size * sizeof(float));
     float **dst[NS] = {&w->res[0], &w->res[1], &w->res[2], &w->h, &w->mean, &w->rstd,
                        &w->qkv, &w->att, &w->fch, &w->fact, &w->last, &w->lastn, &w->logits,
                        &w->scores, &w->vhead, &w->vsend, &w->vall, &w->qkst};
@@ -100,22 +108,22 @@ loom_decode_ws *loom_decode_ws_create(const loom_model *m, int max_rows, int max
                                          : (m->H * m->D > m->F ? m->H * m->D : m->F);
     if (m->wq8) { /* --weights int8: the quantized input rows of a linear, or of the head */
         w->xq8_n = (size_t)(R > K ? R : K) * (size_t)wide;
-        w->xq8 = loom_alloc_aligned(w->xq8_n);
-        w->xq8d = loom_alloc_aligned(w->xq8_n / 32 * sizeof(uint16_t) + 64);
+        w->xq8 = be->mem_alloc(w->xq8_n, 0);
+        w->xq8d = be->mem_alloc(w->xq8_n / 32 * sizeof(uint16_t) + 64, 0);
         if (m->wq4) { /* --weights int4: the Q4_K linears' input scales and sums */
-            w->xq4d = loom_alloc_aligned(w->xq8_n / LOOM_Q4K_BLOCK * sizeof(float) + 64);
-            w->xq4s = loom_alloc_aligned(w->xq8_n / 32 * sizeof(int16_t) + 64);
+            w->xq4d = be->mem_alloc(w->xq8_n / LOOM_Q4K_BLOCK * sizeof(float) + 64, 0);
+            w->xq4s = be->mem_alloc(w->xq8_n / 32 * sizeof(int16_t) + 64, 0);
         }
     }
     if (m->cbf16) { /* --compute bf16: the rounded input rows of a linear, or of the head */
         w->xbf_n = (size_t)m->be->dotbf16_act_elems((int)(R > K ? R : K), (int)wide);
-        w->xbf = loom_alloc_aligned(w->xbf_n * sizeof(uint16_t));
+        w->xbf = be->mem_alloc(w->xbf_n * sizeof(uint16_t), 0);
     }
     if (m->E > 0) { /* MoE layers route the step's rows dropless, as decoding does */
         LOOM_CHECK(m->ep == 1);
         size_t n = 0;
         for (int k = S_MOE_PROB; k < S_COUNT; k++) n += ((size_t)moe_slot_floats(m, k, R) + 15) & ~(size_t)15;
-        w->moe = loom_alloc_aligned(n * sizeof(float));
+        w->moe = be->mem_alloc(n * sizeof(float), 0);
         w->moe_floats = n;
         n = 0;
         for (int k = S_MOE_PROB; k < S_COUNT; k++) {
@@ -128,14 +136,17 @@ loom_decode_ws *loom_decode_ws_create(const loom_model *m, int max_rows, int max
 
 void loom_decode_ws_free(loom_decode_ws *w) {
     if (!w) return;
-    free(w->mem);
+    const loom_backend *be = w->be;
+    be->mem_free(w->mem);
+    be->mem_free(w->tok);
+    free(w->hlogits);
     free(w->seg);
-    free(w->moe);
-    free(w->xbf);
-    free(w->xq8);
-    free(w->xq8d);
-    free(w->xq4d);
-    free(w->xq4s);
+    be->mem_free(w->moe);
+    be->mem_free(w->xbf);
+    be->mem_free(w->xq8);
+    be->mem_free(w->xq8d);
+    be->mem_free(w->xq4d);
+    be->mem_free(w->xq4s);
     free(w);
 }
 
@@ -144,6 +155,14 @@ size_t loom_decode_ws_bytes(const loom_decode_ws *w) {
            (size_t)w->max_rows * sizeof(block_seg) + w->xbf_n * sizeof(uint16_t) +
            w->xq8_n + w->xq8_n / 32 * sizeof(uint16_t) +
            (w->xq4d ? w->xq8_n / LOOM_Q4K_BLOCK * sizeof(float) + w->xq8_n / 32 * sizeof(int16_t) : 0);
+}
+
+/* the k rows of logits sampling reads, in host memory */
+static const float *ws_logits(const loom_model *m, const loom_decode_ws *w, int k) {
+    if (!w->hlogits) return w->logits; /* the backend's memory is host memory */
+    loom_dev_read(m->be, w->hlogits, w->logits,
+                  (size_t)k * (size_t)m->cfg.vocab_size * sizeof(float), "sampling logits rows");
+    return w->hlogits;
 }
 
 const float *loom_model_decode_batch(loom_model *m, loom_decode_ws *w, const int32_t *tokens,
@@ -165,6 +184,7 @@ const float *loom_model_decode_batch(loom_model *m, loom_decode_ws *w, const int
         LOOM_CHECK(rows <= w->max_rows && nlog <= w->max_logits);
     }
     for (int r = 0; r < rows; r++) LOOM_CHECK(tokens[r] >= 0 && tokens[r] < V);
+    m->be->mem_h2d(w->tok, tokens, (size_t)rows * sizeof(int32_t)); /* the host's token ids */
     LOOM_CHECK(!m->cbf16 || w->xbf); /* the workspace predates loom_model_set_compute_bf16 */
     LOOM_CHECK(!m->wq8 || w->xq8);   /* ... or loom_model_set_weights_int8 */
     /* the tied wte is the head, in bf16 or in int8 */
@@ -197,7 +217,7 @@ const float *loom_model_decode_batch(loom_model *m, loom_decode_ws *w, const int
                                  (int64_t)segs[i].n * C, EMBED_SCALE(m));
     }
     for (int i = 0; i < nseg && !emb_bf16; i++)
-        model_embed_rows(m, 0, w->res[0] + (int64_t)w->seg[i].row0 * C, tokens + w->seg[i].row0,
+        model_embed_rows(m, 0, w->res[0] + (int64_t)w->seg[i].row0 * C, w->tok + w->seg[i].row0,
                          1, segs[i].n, segs[i].pos0);
     /* vocab-parallel (tp > 1): each view's rows of wte gave a partial sum */
     model_vocab_point(m, LOOM_CP_ROW_OUT, 0, LOOM_SITE_EMBED, w->res[0], (int64_t)rows * C);
@@ -236,10 +256,11 @@ const float *loom_model_decode_batch(loom_model *m, loom_decode_ws *w, const int
     for (int i = 0; i < nseg; i++) {
         if (!segs[i].want_logits) continue;
         const int r = w->seg[i].row0 + segs[i].n - 1;
-        memcpy(w->last + (int64_t)k * C, w->res[x] + (int64_t)r * C, (size_t)C * sizeof(float));
+        m->be->mem_d2d(w->last + (int64_t)k * C, w->res[x] + (int64_t)r * C,
+                       (size_t)C * sizeof(float));
         k++;
     }
-    if (k == 0) return w->logits;
+    if (k == 0) return w->logits; /* (no rows: nothing to read) */
     model_norm_fwd(m, w->lastn, w->mean, w->rstd, w->last, PARAM(m, LOOM_P_LNF_W),
                    PARAM(m, LOOM_P_LNF_B), k);
     const float *head = HEAD_W(m);
@@ -257,28 +278,28 @@ const float *loom_model_decode_batch(loom_model *m, loom_decode_ws *w, const int
         else
             m->be->matmul_forward(w->logits, w->lastn, head, NULL, k, C, V);
         model_softcap(m, w->logits, (int64_t)k * V);
-        return w->logits;
+        return ws_logits(m, w, k);
     }
     /* the head is column-parallel over the vocabulary: this view's Vl logits of each row,
      * padded to Vp, gathered from every view, and put in place in the whole rows */
     model_vocab_point(m, LOOM_CP_COL_IN, 0, LOOM_SITE_HEAD, w->lastn, (int64_t)k * C);
     m->be->matmul_forward(w->vhead, w->lastn, head, NULL, k, C, m->Vl);
     const int Vp = (V + tp - 1) / tp;
-    for (int i = 0; i < k; i++) {
-        memcpy(w->vsend + (int64_t)i * Vp, w->vhead + (int64_t)i * m->Vl,
-               (size_t)m->Vl * sizeof(float));
-        memset(w->vsend + (int64_t)i * Vp + m->Vl, 0, (size_t)(Vp - m->Vl) * sizeof(float));
-    }
+    m->be->mem_d2d_rows(w->vsend, (size_t)Vp * sizeof(float), w->vhead,
+                        (size_t)m->Vl * sizeof(float), (size_t)m->Vl * sizeof(float), (size_t)k);
+    for (int i = 0; i < k && Vp > m->Vl; i++)
+        m->be->mem_set(w->vsend + (int64_t)i * Vp + m->Vl, 0,
+                       (size_t)(Vp - m->Vl) * sizeof(float));
     LOOM_CHECK(m->has_cp && m->cp.move); /* a tp view decodes with its group's points */
     m->cp.move(m->cp.ctx, LOOM_CP_VOCAB_GATHER, 0, -1, LOOM_SITE_HEAD, w->vsend, (int64_t)k * Vp,
                w->vall, (int64_t)tp * k * Vp);
     for (int r = 0; r < tp; r++) { /* view r holds rows [v0, v0 + vl) (model.c's split) */
         const int q = V / tp, rem = V % tp;
         const int vl = q + (r < rem), v0 = r * q + (r < rem ? r : rem);
-        for (int i = 0; i < k; i++)
-            memcpy(w->logits + (int64_t)i * V + v0, w->vall + ((int64_t)r * k + i) * Vp,
-                   (size_t)vl * sizeof(float));
+        m->be->mem_d2d_rows(w->logits + v0, (size_t)V * sizeof(float),
+                            w->vall + (int64_t)r * k * Vp, (size_t)Vp * sizeof(float),
+                            (size_t)vl * sizeof(float), (size_t)k);
     }
     model_softcap(m, w->logits, (int64_t)k * V);
-    return w->logits;
+    return ws_logits(m, w, k);
 }
