@@ -75,7 +75,9 @@ void loom_split(size_t n, int size, int i, size_t *off, size_t *len) {
 
 /* ---- progress + accounting ------------------------------------------------------------ */
 
-/* the backend's window around a collective's direct use of device buffers (none unset) */
+/* Device buffers (loom_comm_set_device_window): the backend's window is open from a request's
+ * start to its end (req_new .. req_done), since MPI may progress any pending transfer inside
+ * any of its calls, this rank's other requests' included; requests nest (the backend counts). */
 static void win_open(const loom_mesh *m) {
     if (m->win_begin) m->win_begin();
 }
@@ -103,6 +105,7 @@ static void publish(loom_mesh *m, loom_group g, loom_coll_kind k, int64_t seq, i
 static loom_comm_req *req_new(loom_mesh *m, loom_group g, loom_coll_kind k, double bytes,
                               int nreq) {
     LOOM_CHECK(m && g >= 0 && g < LOOM_GROUP_COUNT);
+    win_open(m); /* closed by req_done */
     loom_comm_req *r = m->free_reqs;
     if (r) m->free_reqs = r->next_free;
     else r = loom_calloc(1, sizeof *r);
@@ -138,6 +141,7 @@ static void req_done(loom_comm_req *r, double waited) {
     if (r->kind != LOOM_COLL_P2P) publish(m, r->g, r->kind, r->seq, 1);
     r->next_free = m->free_reqs;
     m->free_reqs = r;
+    win_close(m);
 }
 
 void comm_free_request_pool(loom_mesh *m) {
@@ -263,11 +267,7 @@ static void timeout_abort(loom_comm_req *r, const char *what) {
 static int req_ready(loom_comm_req *r) {
     if (r->local_pending) return 0;
     int flag = 1;
-    if (r->n > 0) {
-        win_open(r->m); /* MPI advances the transfers (into device buffers) here */
-        MPI_Testall(r->n, r->reqs, &flag, MPI_STATUSES_IGNORE);
-        win_close(r->m);
-    }
+    if (r->n > 0) MPI_Testall(r->n, r->reqs, &flag, MPI_STATUSES_IGNORE);
     return flag;
 }
 
@@ -320,7 +320,7 @@ static int as_count(size_t n, const char *what) {
     return (int)n;
 }
 
-static loom_comm_req *start_allreduce_raw(loom_mesh *m, loom_group g, void *buf, size_t count,
+static loom_comm_req *start_allreduce(loom_mesh *m, loom_group g, void *buf, size_t count,
                                       loom_dtype t, MPI_Op op) {
     const comm_group *cg = group_of(m, g);
     size_t es = loom_dtype_size(t);
@@ -334,14 +334,6 @@ static loom_comm_req *start_allreduce_raw(loom_mesh *m, loom_group g, void *buf,
                        &r->reqs[c]);
     }
     return r;
-}
-
-/* start_allreduce with the device window open (loom_comm_set_device_window) */
-static loom_comm_req * start_allreduce(loom_mesh *m, loom_group g, void *buf, size_t count, loom_dtype t, MPI_Op op) {
-    win_open(m);
-    loom_comm_req * r_ = start_allreduce_raw(m, g, buf, count, t, op);
-    win_close(m);
-    return r_;
 }
 
 loom_comm_req *loom_iallreduce_sum(loom_mesh *m, loom_group g, void *buf, size_t count,
@@ -375,7 +367,7 @@ static void shard_table(loom_comm_req *r, size_t count, int N, const char *what)
     }
 }
 
-static loom_comm_req *loom_ireduce_scatter_sum_raw(loom_mesh *m, loom_group g, const void *send, void *recv,
+loom_comm_req *loom_ireduce_scatter_sum(loom_mesh *m, loom_group g, const void *send, void *recv,
                                         size_t count, loom_dtype t) {
     const comm_group *cg = group_of(m, g);
     size_t es = loom_dtype_size(t);
@@ -399,20 +391,12 @@ static loom_comm_req *loom_ireduce_scatter_sum_raw(loom_mesh *m, loom_group g, c
     return r;
 }
 
-/* loom_ireduce_scatter_sum with the device window open (loom_comm_set_device_window) */
-loom_comm_req * loom_ireduce_scatter_sum(loom_mesh *m, loom_group g, const void *send, void *recv, size_t count, loom_dtype t) {
-    win_open(m);
-    loom_comm_req * r_ = loom_ireduce_scatter_sum_raw(m, g, send, recv, count, t);
-    win_close(m);
-    return r_;
-}
-
 void loom_reduce_scatter_sum(loom_mesh *m, loom_group g, const void *send, void *recv,
                              size_t count, loom_dtype t) {
     wait_checked(loom_ireduce_scatter_sum(m, g, send, recv, count, t), NULL);
 }
 
-static loom_comm_req *loom_iallgather_raw(loom_mesh *m, loom_group g, const void *send, void *recv,
+loom_comm_req *loom_iallgather(loom_mesh *m, loom_group g, const void *send, void *recv,
                                size_t count, loom_dtype t) {
     const comm_group *cg = group_of(m, g);
     size_t es = loom_dtype_size(t);
@@ -443,20 +427,12 @@ static loom_comm_req *loom_iallgather_raw(loom_mesh *m, loom_group g, const void
     return r;
 }
 
-/* loom_iallgather with the device window open (loom_comm_set_device_window) */
-loom_comm_req * loom_iallgather(loom_mesh *m, loom_group g, const void *send, void *recv, size_t count, loom_dtype t) {
-    win_open(m);
-    loom_comm_req * r_ = loom_iallgather_raw(m, g, send, recv, count, t);
-    win_close(m);
-    return r_;
-}
-
 void loom_allgather(loom_mesh *m, loom_group g, const void *send, void *recv, size_t count,
                     loom_dtype t) {
     wait_checked(loom_iallgather(m, g, send, recv, count, t), NULL);
 }
 
-static void loom_alltoall_raw(loom_mesh *m, loom_group g, const void *send, void *recv, size_t block,
+void loom_alltoall(loom_mesh *m, loom_group g, const void *send, void *recv, size_t block,
                    loom_dtype t) {
     const comm_group *cg = group_of(m, g);
     size_t es = loom_dtype_size(t);
@@ -473,14 +449,7 @@ static void loom_alltoall_raw(loom_mesh *m, loom_group g, const void *send, void
     wait_checked(r, NULL);
 }
 
-/* loom_alltoall with the device window open (loom_comm_set_device_window) */
-void loom_alltoall(loom_mesh *m, loom_group g, const void *send, void *recv, size_t block, loom_dtype t) {
-    win_open(m);
-    loom_alltoall_raw(m, g, send, recv, block, t);
-    win_close(m);
-}
-
-static void loom_alltoallv_raw(loom_mesh *m, loom_group g, const void *send, const int64_t *send_counts,
+void loom_alltoallv(loom_mesh *m, loom_group g, const void *send, const int64_t *send_counts,
                     void *recv, const int64_t *recv_counts, loom_dtype t) {
     const comm_group *cg = group_of(m, g);
     const size_t es = loom_dtype_size(t);
@@ -513,14 +482,7 @@ static void loom_alltoallv_raw(loom_mesh *m, loom_group g, const void *send, con
     wait_checked(r, NULL);
 }
 
-/* loom_alltoallv with the device window open (loom_comm_set_device_window) */
-void loom_alltoallv(loom_mesh *m, loom_group g, const void *send, const int64_t *send_counts, void *recv, const int64_t *recv_counts, loom_dtype t) {
-    win_open(m);
-    loom_alltoallv_raw(m, g, send, send_counts, recv, recv_counts, t);
-    win_close(m);
-}
-
-static void loom_broadcast_raw(loom_mesh *m, loom_group g, void *buf, size_t count, loom_dtype t, int root) {
+void loom_broadcast(loom_mesh *m, loom_group g, void *buf, size_t count, loom_dtype t, int root) {
     const comm_group *cg = group_of(m, g);
     LOOM_CHECK(root >= 0 && root < cg->size);
     size_t es = loom_dtype_size(t);
@@ -532,13 +494,6 @@ static void loom_broadcast_raw(loom_mesh *m, loom_group g, void *buf, size_t cou
         MPI_Ibcast((char *)buf + off * es, (int)n, mpi_type(t), root, cg->comm, &r->reqs[c]);
     }
     wait_checked(r, NULL);
-}
-
-/* loom_broadcast with the device window open (loom_comm_set_device_window) */
-void loom_broadcast(loom_mesh *m, loom_group g, void *buf, size_t count, loom_dtype t, int root) {
-    win_open(m);
-    loom_broadcast_raw(m, g, buf, count, t, root);
-    win_close(m);
 }
 
 /* ---- point-to-point ------------------------------------------------------------------- */
@@ -566,7 +521,7 @@ static void local_post(loom_mesh *m, loom_comm_req *r, int is_send) {
     *mine = r;
 }
 
-static loom_comm_req *start_p2p_raw(loom_mesh *m, loom_group g, void *buf, size_t count,
+static loom_comm_req *start_p2p(loom_mesh *m, loom_group g, void *buf, size_t count,
                                 loom_dtype t, int peer, int tag, int is_send) {
     const comm_group *cg = group_of(m, g);
     LOOM_CHECK(peer >= 0 && peer < cg->size && tag >= 0 && tag <= 32767);
@@ -590,14 +545,6 @@ static loom_comm_req *start_p2p_raw(loom_mesh *m, loom_group g, void *buf, size_
         else MPI_Irecv(p, (int)n, mpi_type(t), peer, tag, cg->comm, &r->reqs[c]);
     }
     return r;
-}
-
-/* start_p2p with the device window open (loom_comm_set_device_window) */
-static loom_comm_req * start_p2p(loom_mesh *m, loom_group g, void *buf, size_t count, loom_dtype t, int peer, int tag, int is_send) {
-    win_open(m);
-    loom_comm_req * r_ = start_p2p_raw(m, g, buf, count, t, peer, tag, is_send);
-    win_close(m);
-    return r_;
 }
 
 loom_comm_req *loom_isend(loom_mesh *m, loom_group g, const void *buf, size_t count,
