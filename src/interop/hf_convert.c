@@ -7,6 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "loom/backend.h"
 #include "loom/chat.h"
 #include "loom/checkpoint.h"
 #include "loom/ckpt_pieces.h"
@@ -70,7 +71,15 @@ static int save_ckpt(const char *out_root, loom_model *m, const loom_config *cfg
                  const loom_run_data *rd, const char *source, loom_err *err) {
     const int n_t = loom_model_num_tensors(m);
     loom_dp_piece *pieces = loom_calloc((size_t)n_t, sizeof *pieces);
-    float *params = loom_model_params(m);
+    /* the parameters are the backend's memory: read back first where it is not host memory */
+    const loom_backend *be = loom_model_backend(m);
+    const size_t np = loom_model_num_params(m);
+    float *hostp = NULL;
+    if (!be->host_memory) {
+        hostp = loom_malloc((np ? np : 1) * sizeof(float));
+        loom_dev_read(be, hostp, loom_model_params(m), np * sizeof(float), "hf parameters");
+    }
+    float *params = hostp ? hostp : loom_model_params(m);
     for (int i = 0; i < n_t; i++) {
         const loom_tensor_info *t = loom_model_tensor(m, i);
         pieces[i] = (loom_dp_piece){.kind = 0, .tensor = t, .begin = 0, .count = t->numel,
@@ -92,6 +101,7 @@ static int save_ckpt(const char *out_root, loom_model *m, const loom_config *cfg
     };
     rc = loom_ckpt_save(out_root, 0, files, rd->tokenizer_json ? 4 : 3, NULL, 0, err);
 done:
+    free(hostp);
     free(pieces);
     free(pbuf);
     free(cbuf);
