@@ -742,6 +742,21 @@ static int g_bf16_flash_attention_backward(float *dqkv, const float *dout, const
     guard_close();
     return r_;
 }
+static void g_bf16_crossentropy_forward(float *losses, const uint16_t *logits, const int32_t *targets, int64_t N, int V) {
+    guard_check("bf16_crossentropy_forward", "losses", losses);
+    guard_check("bf16_crossentropy_forward", "logits", logits);
+    guard_check("bf16_crossentropy_forward", "targets", targets);
+    guard_open();
+    CPU->bf16_crossentropy_forward(losses, logits, targets, N, V);
+    guard_close();
+}
+static void g_bf16_crossentropy_backward(uint16_t *logits, const int32_t *targets, int64_t N, int V, float dscale) {
+    guard_check("bf16_crossentropy_backward", "logits", logits);
+    guard_check("bf16_crossentropy_backward", "targets", targets);
+    guard_open();
+    CPU->bf16_crossentropy_backward(logits, targets, N, V, dscale);
+    guard_close();
+}
 static void g_adamw_update_bf16(float *p, uint16_t *pb, const float *g, float *m, float *v, int64_t n, float lr, float beta1, float beta2, float eps, float weight_decay, int64_t step, float grad_scale) {
     guard_check("adamw_update_bf16", "p", p);
     guard_check("adamw_update_bf16", "pb", pb);
@@ -837,5 +852,7 @@ static void g_adamw_update_bf16(float *p, uint16_t *pb, const float *g, float *m
     X(bf16_flash_ws_floats) \
     X(bf16_flash_attention_forward) \
     X(bf16_flash_attention_backward) \
+    X(bf16_crossentropy_forward) \
+    X(bf16_crossentropy_backward) \
     X(adamw_update_bf16) \
     /* (end) */
