@@ -4,8 +4,9 @@ include/loom/backend.h's loom_backend (every function pointer after the memory s
 Each wrapper checks its pointer arguments (guard_check: NULL or inside a live cpu-guard
 allocation; the attention mask's document ids too), opens the guard's memory, calls the cpu
 op and closes it again. Rerun after adding an op to the table:
-    python3 scripts/gen_guard_ops.py
-tests/unit/test_guard.c fails when an op of the table is left unwrapped."""
+    python3 scripts/gen_guard_ops.py [OUT]      (OUT: another path, for the check)
+tests/unit/test_guard.c fails when an op of the table is left unwrapped, and
+tests/e2e/test_backend_confined.sh when the header is not what this script writes."""
 import os
 import re
 import sys
@@ -55,6 +56,6 @@ for ret, name, params in ops:
 out.append("#define GUARD_WRAPPED(X) \\")
 out += [f"    X({n}) \\" for n in names]
 out.append("    /* (end) */")
-path = os.path.join(root, "src/kernels/backend_guard_ops.h")
+path = sys.argv[1] if len(sys.argv) > 1 else os.path.join(root, "src/kernels/backend_guard_ops.h")
 open(path, "w").write("\n".join(out) + "\n")
 print(f"{path}: {len(names)} ops", file=sys.stderr)

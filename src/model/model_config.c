@@ -72,8 +72,9 @@ const loom_config_key loom_model_config_keys[] = {
     {"model.num_classes", "0", "K: classes of the classify head"},
     {"model.attention", "flash", "flash (tiled, O(T) memory, the default) or sdpa (the "
                                  "materialized reference: B x H x T x T probabilities per layer)"},
-    {"model.backend", "cpu", "the kernels' backend: cpu (the only one today; docs/engine.md "
-                             "\"Backends\")"},
+    {"model.backend", "cpu", "the kernels' backend: cpu, or cpu-guard (the cpu kernels over "
+                             "memory the host cannot touch, for tests); the environment's "
+                             "LOOM_BACKEND overrides it (docs/engine.md \"Backends\")"},
     {"model.moe.experts", "0", "E: routed experts of the MoE feed-forward layers (0 = a dense "
                                "model; docs/moe.md)"},
     {"model.moe.top_k", "2", "experts per token"},

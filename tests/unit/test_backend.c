@@ -5,7 +5,9 @@
  *    results (loss, logits, gradients, decoded logits, parameters after two optimizer steps)
  *    are bitwise those of the plain cpu table; so are cpu-guard's (tests/unit/test_guard.c),
  *    read back through the copies: the model's path touches none of its memory on the host;
- *  - model.backend: cpu selects loom_backend_cpu(); an unknown name is an error naming the key;
+ *  - model.backend: cpu selects loom_backend_cpu(), cpu-guard loom_backend_guard(); an unknown
+ *    name is an error naming the key; LOOM_BACKEND overrides the key (unknown: an error naming
+ *    it) and is what a config without a backend gets;
  *  - clipping runs inside the AdamW step (no scale_inplace pass): adamw_update with grad_scale s
  *    gives bitwise the parameters and moments of scale_inplace(g, s) and then the step; and
  *    the same bits for a parameter whether it is updated alone or inside a long call;
@@ -514,6 +516,34 @@ static void test_backend_key(void **state) {
     assert_ptr_equal(loom_model_backend(m), loom_backend_cpu());
     assert_ptr_equal(loom_model_get_config(m)->backend, loom_backend_cpu());
     loom_model_free(m);
+
+    /* model.backend: cpu-guard; the environment's LOOM_BACKEND overrides the key (and is what
+     * a config without one gets); an unknown name there is an error naming the variable */
+    assert_ptr_equal(loom_backend_find("cpu-guard"), loom_backend_guard());
+    const char *envs[3] = {NULL, "cpu-guard", "gpu"};
+    for (int i = 0; i < 3; i++) {
+        loom_config *cfg = loom_config_new();
+        assert_int_equal(loom_config_load_string(cfg, "model:\n  d_model: 16\n", "t.yaml", &err), 0);
+        loom_config_set(cfg, "model.backend", i == 0 ? "cpu-guard" : "cpu", "--set");
+        assert_int_equal(loom_config_apply_schema(cfg, loom_model_config_keys,
+                                                  loom_model_config_nkeys, &err), 0);
+        if (envs[i]) setenv("LOOM_BACKEND", envs[i], 1);
+        loom_model_config mc;
+        if (i < 2) {
+            if (loom_model_config_from(cfg, 8, &mc, &err)) fail_msg("%s", err.msg);
+            assert_ptr_equal(mc.backend, loom_backend_guard());
+        } else {
+            TU_ASSERT_ERR(loom_model_config_from(cfg, 8, &mc, TU_ERR), "LOOM_BACKEND", "gpu",
+                          "unknown backend");
+        }
+        unsetenv("LOOM_BACKEND");
+        loom_config_free(cfg);
+    }
+    setenv("LOOM_BACKEND", "cpu-guard", 1);
+    if (loom_model_create(&GPT2, NULL, B, T, &m, &err)) fail_msg("%s", err.msg);
+    assert_ptr_equal(loom_model_backend(m), loom_backend_guard());
+    loom_model_free(m);
+    unsetenv("LOOM_BACKEND");
 }
 
 static void test_adamw_grad_scale(void **state) {
