@@ -84,6 +84,13 @@ static void sgemm(char ta, char tb, int64_t M, int64_t N, int64_t K, float alpha
     sgemm_seeded(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, NULL);
 }
 
+/* the same product for the other kernel files (kernels/sgemm.h: the bf16 GEMMs' fp32 path) */
+void kernels_sgemm(char ta, char tb, int64_t M, int64_t N, int64_t K, float alpha,
+                   const float *A, int64_t lda, const float *B, int64_t ldb, float beta,
+                   float *C, int64_t ldc) {
+    sgemm(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+}
+
 void matmul_forward(float *out, const float *inp, const float *weight, const float *bias,
                     int64_t N, int IC, int OC) {
     if (N <= LOOM_MATMUL_ROWS_MAX) { /* a few rows: stream the weights, do not pack them */

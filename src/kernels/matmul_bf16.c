@@ -4,19 +4,26 @@
  *
  * Two paths, chosen per call by bf16_matmul_native():
  *  - oneDNN's matmul primitive with bf16 src/weights (Debian 12's libdnnl 2.6 has no bf16 gemm
- *    in its C API, only the primitive; it runs its avx512_core_bf16 brgemm kernels on
- *    VDPBF16PS), one primitive per shape, kept in a small cache;
- *  - elsewhere (a CPU without AVX512-BF16, or a level below avx512): the operands widened
- *    exactly to fp32 in panels of KB columns and multiplied by dnnl_sgemm. Correct (the same
- *    products, fp32 sums in another order) but slower than fp32 training: the log says so once.
- * The panels are one buffer grown on demand (kept for the process: no allocation once the
- * shapes have been seen); these GEMMs are called from one thread, outside parallel regions. */
+ *    in its C API, only the primitive), one primitive per shape in a small cache: on a CPU with
+ *    AMX (amx_bf16) at the avx512 level, or asked for with LOOM_BF16_GEMM=onednn on one with
+ *    AVX512-BF16. On AVX512-BF16 without AMX (this machine's Xeon) VDPBF16PS does 32
+ *    multiply-adds per instruction on one port where the two FMA ports do 2 x 16: measured at
+ *    1024 x 768 x 3072 on one thread, oneDNN 2.6's bf16 brgemm 69-80 GFLOP/s and PyTorch's
+ *    (oneDNN 3.x) 73-79 against fp32 sgemm's 105-150 (docs/kernels.md);
+ *  - elsewhere: the operands widened exactly to fp32 (a bf16 is the top half of its fp32) in
+ *    tiles and multiplied by loom's fp32 GEMM (kernels/sgemm.h): the same products, fp32 sums
+ *    in the fp32 GEMM's order. bf16 training then runs its GEMMs at the fp32 rate, not faster:
+ *    the log says so once.
+ * The tiles are one buffer grown on demand up to a budget (kept for the process: no
+ * allocation once the shapes have been seen); these GEMMs are called from one thread, outside
+ * parallel regions. */
 #include "kernels/kmath.h"
 
 #include <dnnl.h>
 #include <omp.h>
 #include <stdlib.h>
 
+#include "kernels/sgemm.h"
 #include "loom/backend.h"
 #include "loom/base.h"
 #include "loom/bf16.h"
@@ -24,11 +31,14 @@
 
 int bf16_matmul_native(void) {
 #if defined(__x86_64__)
-    if (getenv("LOOM_BF16_GEMM_PORTABLE")) return 0; /* tests: the portable path at avx512 */
     const loom_isa l = loom_isa_active();
     if (l != LOOM_ISA_AVX512 && l != LOOM_ISA_NATIVE) return 0;
     __builtin_cpu_init();
-    return __builtin_cpu_supports("avx512bf16") != 0;
+    if (!__builtin_cpu_supports("avx512bf16")) return 0;
+    const char *e = getenv("LOOM_BF16_GEMM"); /* onednn | fp32 (tests, experiments) */
+    if (e && !strcmp(e, "onednn")) return 1;
+    if (e && !strcmp(e, "fp32")) return 0;
+    return __builtin_cpu_supports("amx-bf16") != 0;
 #else
     return 0;
 #endif
@@ -130,9 +140,17 @@ static void gemm_dnnl(const gemm_key *k, const uint16_t *A, const uint16_t *B, v
     dnnl_ok(dnnl_stream_wait(g_stream), "stream_wait");
 }
 
-/* ---- the portable path ------------------------------------------------------------------- */
+/* ---- the fp32 path: operands widened exactly, loom's fp32 GEMM --------------------------- */
 
-enum { KB = 128, MB = 512 };
+enum { TILE_MIN = 16 }; /* the smallest tile side */
+
+/* floats of widened tiles: 8 Mi (32 MiB), or LOOM_BF16_GEMM_BUDGET (tests: small tiles) */
+static int64_t budget(void) {
+    const char *e = getenv("LOOM_BF16_GEMM_BUDGET");
+    int64_t v;
+    if (e && loom_parse_i64(e, 1024, (int64_t)1 << 34, &v) == 0) return v;
+    return (int64_t)8 << 20;
+}
 static float *g_panel;
 static size_t g_panel_n;
 
@@ -145,53 +163,107 @@ static float *panel(size_t n) {
     return g_panel;
 }
 
-/* rows r0..r0+m of op(X) (X (.,ld) bf16, transposed when t == 'T'), columns k0..k0+kb, widened
- * into dst (m, kb) */
-static void widen_panel(float *dst, const uint16_t *X, int64_t ld, char t, int64_t r0, int64_t m,
-                        int64_t k0, int64_t kb) {
-#pragma omp parallel for schedule(static) if (m * kb >= LOOM_PAR_MIN)
-    for (int64_t r = 0; r < m; r++)
-        for (int64_t j = 0; j < kb; j++)
-            dst[r * kb + j] = loom_bf16_widen(t == 'T' ? X[(k0 + j) * ld + r0 + r]
-                                                       : X[(r0 + r) * ld + k0 + j]);
+/* rows [r0, r0 + nr), columns [c0, c0 + nc) of a bf16 matrix (rows ld apart) widened into dst
+ * (nr, nc) */
+static void widen_block(float *dst, const uint16_t *src, int64_t ld, int64_t r0, int64_t nr,
+                        int64_t c0, int64_t nc) {
+#pragma omp parallel for schedule(static) if (nr * nc >= LOOM_PAR_MIN)
+    for (int64_t r = 0; r < nr; r++) {
+        const uint16_t *s = src + (r0 + r) * ld + c0;
+        float *d = dst + r * nc;
+        for (int64_t c = 0; c < nc; c++) d[c] = loom_bf16_widen(s[c]);
+    }
 }
 
-static void gemm_portable(const gemm_key *k, const uint16_t *A, const uint16_t *B, void *C,
-                          const float *bias) {
-    static int said;
-    if (!said) {
-        said = 1;
-        loom_log("bf16: this CPU (or LOOM_ISA level) has no AVX512-BF16: the bf16 GEMMs widen "
-                 "their operands to fp32 and run slower than fp32 training would");
+/* op(A) rows [m0, m0 + mb) x columns [k0, k0 + kb), kept in A's stored orientation: returns
+ * the leading dimension of dst */
+static int64_t widen_a(float *dst, const gemm_key *k, const uint16_t *A, int64_t m0, int64_t mb,
+                       int64_t k0, int64_t kb) {
+    if (k->ta == 'T') { /* stored (K, M) */
+        widen_block(dst, A, k->lda, k0, kb, m0, mb);
+        return mb;
     }
+    widen_block(dst, A, k->lda, m0, mb, k0, kb);
+    return kb;
+}
+
+/* op(B) rows [k0, k0 + kb) x columns [n0, n0 + nb), in B's stored orientation */
+static int64_t widen_b(float *dst, const gemm_key *k, const uint16_t *B, int64_t k0, int64_t kb,
+                       int64_t n0, int64_t nb) {
+    if (k->tb == 'T') { /* stored (N, K) */
+        widen_block(dst, B, k->ldb, n0, nb, k0, kb);
+        return kb;
+    }
+    widen_block(dst, B, k->ldb, k0, kb, n0, nb);
+    return nb;
+}
+
+static void say_fp32_path(void) {
+    static int said;
+    if (said) return;
+    said = 1;
+    __builtin_cpu_init();
+    loom_log("bf16: the GEMMs run on this CPU's fp32 units (%s): bf16 training computes as "
+             "fast as fp32 here, not faster; it halves the activation memory (docs/kernels.md)",
+             __builtin_cpu_supports("avx512bf16")
+                 ? "its AVX512-BF16 dot products run at half the fp32 FMA rate, and it has no AMX"
+                 : "no AVX512-BF16 or AMX at this level");
+}
+
+static void gemm_fp32(const gemm_key *k, const uint16_t *A, const uint16_t *B, void *C,
+                      const float *bias) {
+    say_fp32_path();
     const int64_t M = k->M, N = k->N, K = k->K;
-    const char tbt = k->tb == 'T' ? 'N' : 'T'; /* op(B)^T's rows are op(B)'s columns */
-    for (int64_t m0 = 0; m0 < M; m0 += MB) {
-        const int64_t mb = M - m0 < MB ? M - m0 : MB;
-        /* the block's fp32 result: C itself, or scratch rounded at the end (bf16 C) */
-        float *pa = panel((size_t)(mb + N) * KB + (k->c_bf16 ? (size_t)mb * N : 0));
-        float *pb = pa + (size_t)mb * KB;
-        float *cf = k->c_bf16 ? pb + (size_t)N * KB : (float *)C + m0 * k->ldc;
-        const int64_t ldcf = k->c_bf16 ? N : k->ldc;
-        for (int64_t k0 = 0; k0 < K; k0 += KB) {
-            const int64_t kb = K - k0 < KB ? K - k0 : KB;
-            widen_panel(pa, A, k->lda, k->ta, m0, mb, k0, kb);
-            widen_panel(pb, B, k->ldb, tbt, 0, N, k0, kb); /* (N, kb): op(B)^T */
-            const float beta = k0 > 0 || k->acc ? 1.0f : 0.0f;
-            if (dnnl_sgemm('N', 'T', mb, N, kb, 1.0f, pa, kb, pb, kb, beta, cf, ldcf) !=
-                dnnl_success)
-                loom_panic(__FILE__, __LINE__, "dnnl_sgemm failed");
+    const int c16 = k->c_bf16;
+    const int64_t BUDGET = budget();
+    /* full-K tiles of mb rows x nb columns: (mb + nb) K widened floats (+ mb nb of fp32
+     * result for a bf16 C); the larger side halved until they fit */
+    int64_t mb = M, nb = N;
+    const int64_t m256 = M < 256 ? M : 256, n256 = N < 256 ? N : 256;
+    if (!c16 && (m256 + n256) * K > BUDGET) {
+        /* K too long for full-K tiles of 256 (the head's dinp: K = V): blocks of K, C
+         * accumulated */
+        int64_t kb = BUDGET / (M + N);
+        if (kb < 64) kb = 64;
+        float *pa = panel((size_t)(M + N) * (size_t)kb), *pb = pa + M * kb;
+        for (int64_t k0 = 0; k0 < K; k0 += kb) {
+            const int64_t kk = K - k0 < kb ? K - k0 : kb;
+            const int64_t la = widen_a(pa, k, A, 0, M, k0, kk);
+            const int64_t lb = widen_b(pb, k, B, k0, kk, 0, N);
+            kernels_sgemm(k->ta, k->tb, M, N, kk, 1.0f, pa, la, pb, lb,
+                          k0 > 0 || k->acc ? 1.0f : 0.0f, (float *)C, k->ldc);
         }
-        if (K == 0 && !k->acc)
-            for (int64_t r = 0; r < mb; r++) memset(cf + r * ldcf, 0, (size_t)N * sizeof(float));
         if (bias)
-            for (int64_t r = 0; r < mb; r++)
-                for (int64_t j = 0; j < N; j++) cf[r * ldcf + j] += bias[j];
-        if (k->c_bf16) {
-            uint16_t *c16 = (uint16_t *)C + m0 * k->ldc;
-#pragma omp parallel for schedule(static) if (mb * N >= LOOM_PAR_MIN)
-            for (int64_t r = 0; r < mb; r++)
-                for (int64_t j = 0; j < N; j++) c16[r * k->ldc + j] = loom_bf16_round(cf[r * N + j]);
+            for (int64_t r = 0; r < M; r++)
+                for (int64_t j = 0; j < N; j++) ((float *)C)[r * k->ldc + j] += bias[j];
+        return;
+    }
+    while ((mb + nb) * K + (c16 ? mb * nb : 0) > BUDGET && (mb > TILE_MIN || nb > TILE_MIN)) {
+        if (mb >= nb && mb > TILE_MIN) mb = (mb + 1) / 2;
+        else nb = (nb + 1) / 2;
+    }
+    float *pa = panel((size_t)((mb + nb) * K + (c16 ? mb * nb : 0)));
+    float *pb = pa + mb * K, *pc = pb + nb * K;
+    for (int64_t m0 = 0; m0 < M; m0 += mb) {
+        const int64_t mm = M - m0 < mb ? M - m0 : mb;
+        const int64_t la = widen_a(pa, k, A, m0, mm, 0, K);
+        for (int64_t n0 = 0; n0 < N; n0 += nb) {
+            const int64_t nn = N - n0 < nb ? N - n0 : nb;
+            int64_t lb = k->tb == 'T' ? K : nn;
+            if (nb < N || m0 == 0) lb = widen_b(pb, k, B, 0, K, n0, nn); /* else still there */
+            float *cf = c16 ? pc : (float *)C + m0 * k->ldc + n0;
+            const int64_t ldcf = c16 ? nn : k->ldc;
+            kernels_sgemm(k->ta, k->tb, mm, nn, K, 1.0f, pa, la, pb, lb, k->acc ? 1.0f : 0.0f, cf,
+                          ldcf);
+            if (!c16 && !bias) continue;
+            uint16_t *c = c16 ? (uint16_t *)C + m0 * k->ldc + n0 : NULL;
+#pragma omp parallel for schedule(static) if (mm * nn >= LOOM_PAR_MIN)
+            for (int64_t r = 0; r < mm; r++)
+                for (int64_t j = 0; j < nn; j++) {
+                    const float v = cf[r * ldcf + j] + (bias ? bias[n0 + j] : 0.0f);
+                    if (c16) c[r * k->ldc + j] = loom_bf16_round(v);
+                    else cf[r * ldcf + j] = v;
+                }
         }
     }
 }
@@ -207,7 +279,7 @@ static void gemm(char ta, char tb, int64_t M, int64_t N, int64_t K, const uint16
     k.M = M, k.N = N, k.K = K, k.lda = lda, k.ldb = ldb, k.ldc = ldc;
     k.ta = ta, k.tb = tb, k.c_bf16 = (char)c_bf16, k.acc = (char)acc, k.bias = (char)(bias != NULL);
     if (bf16_matmul_native() && K > 0) gemm_dnnl(&k, A, B, C, bias);
-    else gemm_portable(&k, A, B, C, bias);
+    else gemm_fp32(&k, A, B, C, bias);
 }
 
 /* ---- the linear layer's three GEMMs ---------------------------------------------------- */

@@ -17,8 +17,9 @@
  *    call (each row alone gives the same bits).
  * bf16 mixed-precision training's kernels (training.precision bf16, src/kernels/matmul_bf16.c,
  * bf16_ops.c, adamw.c), each against a float64 reference computed on the same bf16-rounded
- * inputs, at every level (and at avx512 both GEMM paths: oneDNN's bf16 matmul, checked to be
- * the one that ran where the CPU has avx512_bf16, and the portable one):
+ * inputs, at every level (and at avx512 every GEMM path: the fp32 one on operands widened
+ * exactly, whole and in small tiles (LOOM_BF16_GEMM_BUDGET: 2-D tiles and K blocks), and where
+ * the CPU has avx512_bf16 oneDNN's bf16 matmul, checked to be the one that ran):
  *  - the linear's forward (bf16 and fp32 out, with and without a bias) and backward (dinp set
  *    and accumulated, dweight accumulated onto what was there, dbias): fp32 accumulation, so
  *    within 4 K 2^-24 of the sum of the terms' magnitudes (and half a bf16 ulp more for a bf16
@@ -349,18 +350,24 @@ static void test_train_gemm(void **state) {
     const int nl = tu_isa_levels(lv);
     for (int k = 0; k < nl; k++) {
         tu_set_isa(lv[k]);
-        for (int portable = 0; portable < 2; portable++) {
-            if (portable) setenv("LOOM_BF16_GEMM_PORTABLE", "1", 1);
+        /* 0: the level's default, 1: fp32 path in small tiles, 2: oneDNN (avx512_bf16) */
+        for (int mode = 0; mode < 3; mode++) {
+            const int bf16hw = lv[k] == LOOM_ISA_AVX512 && __builtin_cpu_supports("avx512bf16");
+            if (mode == 2 && !bf16hw) break;
+            if (mode == 1) setenv("LOOM_BF16_GEMM_BUDGET", "20000", 1);
+            if (mode == 2) setenv("LOOM_BF16_GEMM", "onednn", 1);
             const int native = bf16_matmul_native();
-            if (portable || lv[k] != LOOM_ISA_AVX512) assert_int_equal(native, 0);
-            else assert_int_equal(native, __builtin_cpu_supports("avx512bf16") != 0);
+            assert_int_equal(native, mode == 2 ? 1
+                                     : mode == 1 ? native
+                                                 : bf16hw && __builtin_cpu_supports("amx-bf16"));
             char lvl[64];
-            snprintf(lvl, sizeof lvl, "%s %s", loom_isa_name(lv[k]), native ? "onednn" : "portable");
+            snprintf(lvl, sizeof lvl, "%s %s", loom_isa_name(lv[k]),
+                     native ? "onednn" : mode == 1 ? "fp32 tiles" : "fp32");
             for (size_t c = 0; c < sizeof shapes / sizeof *shapes; c++)
                 for (int wb = 0; wb < 2; wb++)
                     gemm_case(lvl, shapes[c].N, shapes[c].IC, shapes[c].OC, wb);
-            unsetenv("LOOM_BF16_GEMM_PORTABLE");
-            if (lv[k] != LOOM_ISA_AVX512) break; /* the portable path only */
+            unsetenv("LOOM_BF16_GEMM_BUDGET");
+            unsetenv("LOOM_BF16_GEMM");
         }
     }
     loom_err err;
