@@ -27,6 +27,14 @@ Usage:
   python3 bench/bench_train.py --write              # also update its section of bench/RESULTS.md
   python3 bench/bench_train.py --level avx2 --write # both sides pinned to avx2 (bench/levels.py):
                                                     # its own section of bench/RESULTS.md
+  python3 bench/bench_train.py --precision bf16 --write
+                                                    # bf16 mixed precision: loom bf16, loom fp32
+                                                    # and PyTorch autocast bf16: its own section
+With --precision bf16 the sides are loom with training.precision = bf16, loom in fp32 (the
+same runs as above) and PyTorch under torch.autocast("cpu", dtype=torch.bfloat16) (fp32
+parameters, bf16 linears and attention; eager and torch.compile, the faster kept). Each run is
+its own process, so its peak RSS (ru_maxrss) is its own; loom's activation arena (act_bytes in
+metrics.jsonl) is reported for both precisions.
 With --level, the script re-runs itself with the level's environment (PyTorch reads
 ATEN_CPU_CAPABILITY and MKL_ENABLE_INSTRUCTIONS when it starts), loom inherits it, and what
 each side reports it used (torch.backends.cpu.get_cpu_capability(), `loom version`'s kernels)
@@ -154,34 +162,51 @@ def ensure_data(loom):
     return train
 
 
-def bench_loom(loom, cfg_path, data, warmup, measured, peak, threads):
+def run_rss(cmd):
+    """runs cmd (stdout, stderr to files); returns (returncode, stdout, stderr, peak RSS bytes of
+    that process alone: os.wait4's ru_maxrss)"""
+    with tempfile.TemporaryFile("w+") as fo, tempfile.TemporaryFile("w+") as fe:
+        p = subprocess.Popen(cmd, cwd=REPO, stdout=fo, stderr=fe, text=True)
+        _, status, ru = os.wait4(p.pid, 0)
+        p.returncode = os.waitstatus_to_exitcode(status)
+        fo.seek(0)
+        fe.seek(0)
+        return p.returncode, fo.read(), fe.read(), ru.ru_maxrss * 1024
+
+
+def bench_loom(loom, cfg_path, data, warmup, measured, peak, threads, precision="fp32"):
     with tempfile.TemporaryDirectory(prefix="loom-bench-") as run_dir:
         cmd = [loom, "train", cfg_path, "--set", f"run.dir={run_dir}",
                "--set", f"training.steps={warmup + measured}", "--set", "checkpoint.every=0",
                "--set", f"data.train={data}", "--set", "data.val=",
-               "--set", f"training.peak_flops={peak:.6g}", "--set", f"training.threads={threads}"]
+               "--set", f"training.peak_flops={peak:.6g}", "--set", f"training.threads={threads}",
+               "--set", f"training.precision={precision}"]
         log("  " + " ".join(cmd))
         t0 = time.perf_counter()
-        r = subprocess.run(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                           text=True)
+        rc, _, stderr, rss = run_rss(cmd)
         wall = time.perf_counter() - t0
-        if r.returncode != 0:
-            raise RuntimeError(f"loom train failed ({r.returncode}):\n{r.stderr[-2000:]}")
+        if rc != 0:
+            raise RuntimeError(f"loom train failed ({rc}):\n{stderr[-2000:]}")
         with open(os.path.join(run_dir, "metrics.jsonl")) as f:
             rows = [json.loads(line) for line in f if line.strip()]
     rows = [r for r in rows if "tokens_per_s" in r and r.get("step", 0) > warmup]
     if not rows:
         raise RuntimeError("loom wrote no measured steps to metrics.jsonl")
     return {"tok_s": statistics.median(r["tokens_per_s"] for r in rows),
-            "best_tok_s": max(r["tokens_per_s"] for r in rows),
+            "best_tok_s": max(r["tokens_per_s"] for r in rows), "proc_rss": rss,
+            # the resident high-water mark while training (the process's own, from its
+            # metrics; ru_maxrss also counts what the end of a run does)
+            "rss": max(max(r.get("rss_hwm_bytes") or [0]) for r in rows),
+            "act_bytes": rows[0].get("act_bytes"),
             "mfu_logged": statistics.median(r["mfu"] for r in rows),
             "peak_logged": rows[0]["peak_flops"],
             "losses": [r["loss"] for r in rows], "wall_s": wall, "steps": len(rows)}
 
 
-def torch_steps(cfg, B, T, n, threads, compile_):
+def torch_steps(cfg, B, T, n, threads, compile_, autocast=False):
     """n training steps of PyTorch on random (B, T) tokens (clipping, fused AdamW; eager or
-    torch.compile): yields (wall s, CPU s of this process, loss) per step"""
+    torch.compile; autocast: the forward under torch.autocast("cpu", bfloat16)): yields
+    (wall s, CPU s of this process, loss) per step"""
     torch.set_num_threads(threads)
     torch.manual_seed(0)
     model = torch_ref.Ref(cfg, dtype=torch.float32)
@@ -197,18 +222,20 @@ def torch_steps(cfg, B, T, n, threads, compile_):
         y = torch.randint(0, V, (B, T), generator=g)
         t0, c0 = time.perf_counter(), time.process_time()
         opt.zero_grad(set_to_none=True)
-        _, loss = fwd(x, y)
-        loss.backward()
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+            _, loss = fwd(x, y)
+        loss.float().backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
         lv = loss.item()
         yield time.perf_counter() - t0, time.process_time() - c0, lv
 
 
-def bench_torch(cfg, B, T, warmup, measured, threads, compile_):
+def bench_torch(cfg, B, T, warmup, measured, threads, compile_, autocast=False):
     times, losses = [], []
     t_first = None
-    for i, (dt, _, lv) in enumerate(torch_steps(cfg, B, T, warmup + measured, threads, compile_)):
+    for i, (dt, _, lv) in enumerate(torch_steps(cfg, B, T, warmup + measured, threads, compile_,
+                                                autocast)):
         if i == 0:
             t_first = dt
         if i >= warmup:
@@ -217,6 +244,27 @@ def bench_torch(cfg, B, T, warmup, measured, threads, compile_):
     med = statistics.median(times)
     return {"tok_s": B * T / med, "best_tok_s": B * T / min(times), "step_s": med, "first_step_s": t_first, "losses": losses,
             "steps": len(times)}
+
+
+def bench_torch_process(name, B, T, warmup, measured, threads, compile_):
+    """bench_torch with autocast bf16 in a process of its own (its peak RSS alone)"""
+    job = json.dumps({"config": name, "B": B, "T": T, "warmup": warmup, "measured": measured,
+                      "threads": threads, "compile": compile_})
+    rc, out, err, rss = run_rss([sys.executable, os.path.abspath(__file__), "--torch-worker",
+                                 job])
+    if rc != 0:
+        raise RuntimeError(f"torch worker failed ({rc}):\n{err[-2000:]}")
+    r = json.loads(out.strip().split("\n")[-1])
+    r["rss"] = rss
+    return r
+
+
+def torch_worker(job):
+    j = json.loads(job)
+    _, cfg, _, _ = read_config(j["config"])
+    r = bench_torch(cfg, j["B"], j["T"], j["warmup"], j["measured"], j["threads"], j["compile"],
+                    autocast=True)
+    print(json.dumps(r))
 
 
 def fmt_row(cols, widths):
@@ -268,6 +316,33 @@ def versions(loom):
 
 
 SECTION = "## Training throughput: loom vs PyTorch"
+SECTION_BF16 = "## Training throughput in bf16: loom vs PyTorch autocast"
+
+
+def table_bf16(results):
+    mib = lambda b: f"{b / 2**20:.0f}" if b else "-"  # noqa: E731
+    head = ["config", "B x T", "loom bf16 tok/s", "loom fp32 tok/s", "torch bf16 tok/s",
+            "torch mode", "bf16/fp32", "loom/torch", "peak RSS MiB (loom bf16 / fp32 / torch)",
+            "act arena bf16/fp32"]
+    rows = []
+    for r in results:
+        lb, lf, tt = (side_median(r.get(s)) for s in ("loom", "loom_fp32", "torch"))
+        modes = sorted({t["mode"] for t in r.get("torch", [])})
+        rss = [max((t["rss"] for t in r.get(s, [])), default=None)
+               for s in ("loom", "loom_fp32", "torch")]
+        ab = r["loom"][0]["act_bytes"] if r.get("loom") else None
+        af = r["loom_fp32"][0]["act_bytes"] if r.get("loom_fp32") else None
+        rows.append([r["name"], f"{r['B']} x {r['T']}", f"{lb:.0f}" if lb else "-",
+                     f"{lf:.0f}" if lf else "-", f"{tt:.0f}" if tt else "-",
+                     "/".join(modes) if modes else "-",
+                     f"{lb / lf:.2f}" if lb and lf else "-",
+                     f"{lb / tt:.2f}" if lb and tt else "-",
+                     " / ".join(mib(x) for x in rss),
+                     f"{ab / af:.3f} ({mib(ab)} / {mib(af)} MiB)" if ab and af else "-"])
+    widths = [max(len(str(x[i])) for x in rows + [head]) for i in range(len(head))]
+    lines = [fmt_row(head, widths), "|" + "|".join("-" * (w + 2) for w in widths) + "|"]
+    lines += [fmt_row(x, widths) for x in rows]
+    return "\n".join(lines)
 
 
 def write_section(path, text):
@@ -299,7 +374,14 @@ def main():
                     help="write (or replace) the training section of bench/RESULTS.md")
     ap.add_argument("--level", choices=["avx512", "avx2"],
                     help="pin both sides to this instruction-set level (bench/levels.py)")
+    ap.add_argument("--precision", choices=["fp32", "bf16"], default="fp32",
+                    help="bf16: loom bf16 and fp32 against PyTorch autocast bf16")
+    ap.add_argument("--torch-worker", help=argparse.SUPPRESS)
     args = ap.parse_args()
+    if args.torch_worker:
+        torch_worker(args.torch_worker)
+        return
+    bf16 = args.precision == "bf16"
     global SECTION
     if args.level:
         from levels import check_used, level_env
@@ -348,11 +430,30 @@ def main():
         for rep in range(args.repeat):
             # alternate which side goes first; every run is kept (median over runs)
             sides = ["loom", "torch"] if rep % 2 == 0 else ["torch", "loom"]
+            if bf16:
+                sides = (["loom", "loom_fp32", "torch"] if rep % 2 == 0
+                         else ["torch", "loom_fp32", "loom"])
             for side in sides:
-                if side == "loom" and loom:
-                    log(f"[{name}] loom: {w} warm-up + {n} measured steps")
-                    t = bench_loom(loom, cfg_path, data, w, n, peak, args.threads)
-                    log(f"  loom {t['tok_s']:.0f} tok/s")
+                if side in ("loom", "loom_fp32") and loom:
+                    prec = "bf16" if bf16 and side == "loom" else "fp32"
+                    log(f"[{name}] loom {prec}: {w} warm-up + {n} measured steps")
+                    t = bench_loom(loom, cfg_path, data, w, n, peak, args.threads, prec)
+                    log(f"  loom {prec} {t['tok_s']:.0f} tok/s, peak RSS "
+                        f"{t['rss'] / 2**20:.0f} MiB")
+                elif side == "torch" and not args.no_torch and bf16:
+                    t, tried = None, {}
+                    for comp in ([False] if args.no_compile else [False, True]):
+                        log(f"[{name}] torch autocast bf16 ({'compiled' if comp else 'eager'}):"
+                            f" {w} warm-up + {n} measured steps (own process)")
+                        c = bench_torch_process(name, B, T, max(w, 2) if comp else w, n,
+                                                args.threads, comp)
+                        c["mode"] = "compiled" if comp else "eager"
+                        log(f"  torch bf16 {c['mode']} {c['tok_s']:.0f} tok/s, peak RSS "
+                            f"{c['rss'] / 2**20:.0f} MiB")
+                        tried[c["mode"]] = c["tok_s"]
+                        if t is None or c["tok_s"] > t["tok_s"]:
+                            t = c
+                    t["tried"] = tried
                 elif side == "torch" and not args.no_torch:
                     t, tried = None, {}
                     for comp in ([False] if args.no_compile else [False, True]):
@@ -379,7 +480,7 @@ def main():
     load_after = loadavg()
     other_s, avail_s = other.result()
     quiet = avail_s > 0 and other_s / avail_s < 0.05
-    out = table(results)
+    out = table_bf16(results) if bf16 else table(results)
     notes = [f"peak fp32 GEMM {peak / 1e9:.1f} GFLOP/s on {args.threads} threads (GEMMs only, "
              "never training throughput)",
              f"load average before {load_before}, after {load_after}; other processes used "
@@ -395,13 +496,22 @@ def main():
                  "tok/s = median over the runs of each run's median step")
     if args.no_compile:
         notes.append("PyTorch eager only (--no-compile): not PyTorch's best")
+    if bf16:
+        notes.append("loom bf16: training.precision = bf16 (fp32 masters and moments, bf16 "
+                     "weight copies, activations and logits, fp32 accumulation, statistics, "
+                     "losses and gradients); torch bf16: the same model (tests/reference/"
+                     "torch_ref.py) in fp32 under torch.autocast(\"cpu\", torch.bfloat16), "
+                     "fused AdamW; peak RSS = loom's resident high-water mark while training "
+                     "(metrics.jsonl rss_hwm_bytes), PyTorch's process ru_maxrss (each run its "
+                     "own process; largest over the runs); act arena = loom's activation arena (metrics.jsonl "
+                     "act_bytes), bf16 over fp32")
     for r in results:
         parts = []
-        for side in ("loom", "torch"):
+        for side in (("loom", "loom_fp32", "torch") if bf16 else ("loom", "torch")):
             if side not in r:
                 continue
             runs = r[side]
-            desc = ", ".join(f"{t['tok_s']:.0f}" if side == "loom" else
+            desc = ", ".join(f"{t['tok_s']:.0f}" if side != "torch" else
                              " / ".join(f"{v:.0f} {k}" for k, v in t["tried"].items())
                              for t in runs)
             parts.append(f"{side} per-run medians {desc} tok/s, {runs[0]['steps']} measured steps each")
@@ -416,8 +526,9 @@ def main():
 
     if args.write:
         v = versions(loom)
-        md = [SECTION, "",
+        md = [SECTION_BF16 if bf16 else SECTION, "",
               f"Generated by `python3 bench/bench_train.py{' --quick' if args.quick else ''}"
+              f"{' --precision bf16' if bf16 else ''}"
               f"{' --no-compile' if args.no_compile else ''}"
               f"{' --level ' + args.level if args.level else ''} --repeat {args.repeat} --write` "
               f"on {datetime.datetime.now().strftime('%Y-%m-%d %H:%M')}"

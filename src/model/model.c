@@ -231,7 +231,7 @@ static int check_layout(const loom_model_config *c, const loom_model_layout *in,
         const char *key = out->tp > 1 ? "parallel.tp"
                           : out->cp > 1 ? "parallel.cp"
                           : (out->l0 != 0 || (out->l1 != 0 && out->l1 != c->n_layer)) ? "parallel.pp"
-                          : c->n_expert > 0 ? "model.moe.n_expert"
+                          : c->n_expert > 0 ? "model.moe.experts"
                           : c->attention != LOOM_ATTN_FLASH ? "model.attention"
                           : c->head != LOOM_HEAD_LM ? "model.head"
                           : c->doc_mask ? "model.doc_mask"
