@@ -12,14 +12,15 @@
 #   eval:                 mpi/test_eval_pass_dp
 #   dp (ZeRO 0-3), NaN skip: mpi/test_dp, mpi/test_nan_skip
 #   tp (+ sequence parallel), pp: mpi/test_tp, mpi/test_pp
-# Not yet on it (their host loops are not ops yet; docs/engine.md lists them): context
-# parallelism (ring merge, Ulysses' re-layout), mixture of experts (routing, combine: ep too),
-# LoRA, GRPO/DPO, --weights bf16/int8/int4, training.init_from.
+#   cp (Ulysses and ring):  mpi/test_cp
+# Not yet on it (their host loops are not ops yet; docs/engine.md lists them): mixture of
+# experts (routing, combine: ep too), LoRA, GRPO/DPO, --weights bf16/int8/int4,
+# training.init_from.
 # Measured on the 2-core machine (shared with other work): 1m45s to 2m with -j 2.
 #   scripts/ci_guard.sh [BUILD_DIR]   (default build; needs a `make test` build)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 build=${1:-build}
-tests='^(e2e/test_(train_resume|ckpt_state|generate_chat|serve|synth_score)|mpi/test_(dp|nan_skip|tp|pp|eval_pass_dp|generate_mpi))$'
+tests='^(e2e/test_(train_resume|ckpt_state|generate_chat|serve|synth_score)|mpi/test_(dp|nan_skip|tp|pp|cp|eval_pass_dp|generate_mpi))$'
 echo "== ci_guard: tests on the cpu-guard backend (LOOM_BACKEND=cpu-guard)"
 (cd "$build" && LOOM_BACKEND=cpu-guard ctest -R "$tests" -j 2 --output-on-failure)

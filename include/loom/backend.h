@@ -124,6 +124,18 @@ typedef struct loom_backend {
      * double, 0 where targets[i] < 0 */
     void (*crossentropy_shard_losses)(float *losses, const float *mx, const float *sums,
                                       const int32_t *targets, int64_t N);
+    /* x[0..n) = v (the ring's lse starts at -inf) */
+    void (*fill_float)(float *x, int64_t n, float v);
+    /* rows rows of width floats: dst[r*dst_stride + j] += src[r*src_stride + j] (Ulysses'
+     * gradient re-layout, the ring's K/V gradients home) */
+    void (*add_rows)(float *dst, int64_t dst_stride, const float *src, int64_t src_stride,
+                     int64_t width, int64_t rows);
+    /* ring attention's log-sum-exp merge of one block into the running output: for batch b,
+     * head h, row i < n: lse (B,H,n) and blse likewise, out row (b,i) at out + b*out_bs +
+     * i*H*D (head h at +h*D), blk (B,n,H*D); rows whose blse is -inf are left; rows whose lse
+     * is -inf take the block's; else out = w1 out + w2 blk, lse = logaddexp (fp32) */
+    void (*attn_lse_merge)(float *out, float *lse, const float *blk, const float *blse, int B,
+                           int H, int64_t n, int D, int64_t out_bs);
     /* ---- end of memory ------------------------------------------------------------------ */
 
     /* linear: out (N,OC) = inp (N,IC) @ weight(OC,IC)^T + bias(OC) (bias may be NULL);

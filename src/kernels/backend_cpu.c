@@ -36,6 +36,7 @@ static void cpu_set(void *dst, int byte, size_t n) {
 static void cpu_nothing(void) {}
 void loom_mem_copy_rows(void *dst, size_t dpitch, const void *src, size_t spitch, size_t width,
                         size_t rows) {
+    #pragma omp parallel for schedule(static) if (rows * width > ((size_t)1 << 18))
     for (size_t r = 0; r < rows; r++)
         memcpy((char *)dst + r * dpitch, (const char *)src + r * spitch, width);
 }
@@ -55,6 +56,45 @@ void loom_mem_sum_double(double *out, const float *x, int64_t n) {
 
 void loom_mem_add_inplace(float *dst, const float *src, int64_t n) {
     for (int64_t i = 0; i < n; i++) dst[i] += src[i];
+}
+
+static void cpu_fill_float(float *x, int64_t n, float v) {
+    for (int64_t i = 0; i < n; i++) x[i] = v;
+}
+
+static void cpu_add_rows(float *dst, int64_t dst_stride, const float *src, int64_t src_stride,
+                         int64_t width, int64_t rows) {
+    #pragma omp parallel for schedule(static) if (rows * width > 65536)
+    for (int64_t r = 0; r < rows; r++) {
+        float *d = dst + r * dst_stride;
+        const float *s = src + r * src_stride;
+        for (int64_t j = 0; j < width; j++) d[j] += s[j];
+    }
+}
+
+static void cpu_attn_lse_merge(float *out, float *lse, const float *blk, const float *blse,
+                               int B, int H, int64_t n, int D, int64_t out_bs) {
+    const int64_t HD = (int64_t)H * D;
+    #pragma omp parallel for collapse(2) schedule(static)
+    for (int b = 0; b < B; b++)
+        for (int h = 0; h < H; h++)
+            for (int64_t i = 0; i < n; i++) {
+                const int64_t li = ((int64_t)b * H + h) * n + i;
+                const float l2 = blse[li], l1 = lse[li];
+                if (l2 == -INFINITY) continue; /* the block saw no key for this row */
+                float *o = out + (int64_t)b * out_bs + i * HD + (int64_t)h * D;
+                const float *p = blk + ((int64_t)b * n + i) * HD + (int64_t)h * D;
+                if (l1 == -INFINITY) {
+                    memcpy(o, p, (size_t)D * sizeof(float));
+                    lse[li] = l2;
+                    continue;
+                }
+                const float mx = l1 > l2 ? l1 : l2;
+                const float l = mx + logf(expf(l1 - mx) + expf(l2 - mx));
+                const float w1 = expf(l1 - l), w2 = expf(l2 - l);
+                for (int64_t d = 0; d < D; d++) o[d] = w1 * o[d] + w2 * p[d];
+                lse[li] = l;
+            }
 }
 
 static void cpu_ce_shard_losses(float *losses, const float *mx, const float *sums,
@@ -104,6 +144,9 @@ static const loom_backend cpu = {
     .sum_double = loom_mem_sum_double,
     .add_inplace = loom_mem_add_inplace,
     .crossentropy_shard_losses = cpu_ce_shard_losses,
+    .fill_float = cpu_fill_float,
+    .add_rows = cpu_add_rows,
+    .attn_lse_merge = cpu_attn_lse_merge,
     .matmul_forward = matmul_forward,
     .matmul_backward = matmul_backward,
     .matmul_backward_set = matmul_backward_set,

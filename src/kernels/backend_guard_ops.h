@@ -23,6 +23,28 @@ static void g_crossentropy_shard_losses(float *losses, const float *mx, const fl
     CPU->crossentropy_shard_losses(losses, mx, sums, targets, N);
     guard_close();
 }
+static void g_fill_float(float *x, int64_t n, float v) {
+    guard_check("fill_float", "x", x);
+    guard_open();
+    CPU->fill_float(x, n, v);
+    guard_close();
+}
+static void g_add_rows(float *dst, int64_t dst_stride, const float *src, int64_t src_stride, int64_t width, int64_t rows) {
+    guard_check("add_rows", "dst", dst);
+    guard_check("add_rows", "src", src);
+    guard_open();
+    CPU->add_rows(dst, dst_stride, src, src_stride, width, rows);
+    guard_close();
+}
+static void g_attn_lse_merge(float *out, float *lse, const float *blk, const float *blse, int B, int H, int64_t n, int D, int64_t out_bs) {
+    guard_check("attn_lse_merge", "out", out);
+    guard_check("attn_lse_merge", "lse", lse);
+    guard_check("attn_lse_merge", "blk", blk);
+    guard_check("attn_lse_merge", "blse", blse);
+    guard_open();
+    CPU->attn_lse_merge(out, lse, blk, blse, B, H, n, D, out_bs);
+    guard_close();
+}
 static void g_matmul_forward(float *out, const float *inp, const float *weight, const float *bias, int64_t N, int IC, int OC) {
     guard_check("matmul_forward", "out", out);
     guard_check("matmul_forward", "inp", inp);
@@ -771,6 +793,9 @@ static void g_adamw_update_bf16(float *p, uint16_t *pb, const float *g, float *m
     X(sum_double) \
     X(add_inplace) \
     X(crossentropy_shard_losses) \
+    X(fill_float) \
+    X(add_rows) \
+    X(attn_lse_merge) \
     X(matmul_forward) \
     X(matmul_backward) \
     X(matmul_backward_set) \

@@ -130,13 +130,12 @@ static void seq_to_head(loom_cp *c, const s2h *x, int n, int B, int T) {
             const segs s = x[k].qkv ? qkv_segs(c, j) : out_segs(c, j);
             const float *src = x[k].src;
             const int64_t W = x[k].W;
-            #pragma omp parallel for schedule(static)
-            for (int64_t bt = 0; bt < BT; bt++) {
-                float *d = c->send + j * blk + bt * Wr + col;
-                for (int g = 0; g < s.n; g++) {
-                    memcpy(d, src + bt * W + s.off[g], (size_t)s.w[g] * sizeof(float));
-                    d += s.w[g];
-                }
+            int64_t at = col; /* each segment's columns of every row: one strided copy */
+            for (int g = 0; g < s.n; g++) {
+                c->be->mem_d2d_rows(c->send + j * blk + at, (size_t)Wr * sizeof(float),
+                                    src + s.off[g], (size_t)W * sizeof(float),
+                                    (size_t)s.w[g] * sizeof(float), (size_t)BT);
+                at += s.w[g];
             }
             col += s.width;
         }
@@ -147,12 +146,15 @@ static void seq_to_head(loom_cp *c, const s2h *x, int n, int B, int T) {
         for (int k = 0; k < n; k++) {
             const int64_t Wh = (x[k].qkv ? qkv_segs(c, 0) : out_segs(c, 0)).width;
             float *dst = x[k].dst;
-            #pragma omp parallel for schedule(static)
-            for (int64_t bt = 0; bt < BT; bt++) {
-                const int64_t b = bt / T, t = bt % T;
-                memcpy(dst + (b * Tg + global_row(P, i, half, t)) * Wh,
-                       c->recv + i * blk + bt * Wr + col, (size_t)Wh * sizeof(float));
-            }
+            for (int64_t b = 0; b < B; b++) /* each chunk's rows land contiguously */
+                for (int64_t t0 = 0; t0 < T; t0 += half) {
+                    const int64_t bt = b * T + t0;
+                    c->be->mem_d2d_rows(dst + (b * Tg + global_row(P, i, half, t0)) * Wh,
+                                        (size_t)Wh * sizeof(float),
+                                        c->recv + i * blk + bt * Wr + col,
+                                        (size_t)Wr * sizeof(float), (size_t)Wh * sizeof(float),
+                                        (size_t)half);
+                }
             col += Wh;
         }
     }
@@ -165,28 +167,25 @@ static void head_to_seq(loom_cp *c, const float *src, int64_t W, int qkv, float 
     const int64_t half = T / 2, Tg = (int64_t)P * T;
     const segs s0 = qkv ? qkv_segs(c, 0) : out_segs(c, 0);
     const int64_t Wh = s0.width, blk = (int64_t)B * T * Wh;
-    for (int i = 0; i < P; i++) {
-        #pragma omp parallel for schedule(static)
-        for (int64_t bt = 0; bt < (int64_t)B * T; bt++) {
-            const int64_t b = bt / T, t = bt % T;
-            memcpy(c->send + i * blk + bt * Wh, src + (b * Tg + global_row(P, i, half, t)) * Wh,
-                   (size_t)Wh * sizeof(float));
-        }
-    }
+    for (int i = 0; i < P; i++)
+        for (int64_t b = 0; b < B; b++)
+            for (int64_t t0 = 0; t0 < T; t0 += half) /* a chunk's rows: one copy */
+                c->be->mem_d2d(c->send + i * blk + (b * T + t0) * Wh,
+                               src + (b * Tg + global_row(P, i, half, t0)) * Wh,
+                               (size_t)(half * Wh) * sizeof(float));
     loom_alltoall(c->mesh, LOOM_GROUP_CP, c->send, c->recv, (size_t)blk, LOOM_F32);
     for (int j = 0; j < P; j++) {
         const segs s = qkv ? qkv_segs(c, j) : out_segs(c, j);
-        #pragma omp parallel for schedule(static)
-        for (int64_t bt = 0; bt < (int64_t)B * T; bt++) {
-            const float *r = c->recv + j * blk + bt * Wh;
-            for (int k = 0; k < s.n; k++) {
-                float *d = dst + bt * W + s.off[k];
-                if (add)
-                    for (int64_t x = 0; x < s.w[k]; x++) d[x] += r[x];
-                else
-                    memcpy(d, r, (size_t)s.w[k] * sizeof(float));
-                r += s.w[k];
-            }
+        int64_t at = 0; /* the segment's columns in the received rows */
+        for (int k = 0; k < s.n; k++) {
+            if (add)
+                c->be->add_rows(dst + s.off[k], W, c->recv + j * blk + at, Wh, s.w[k],
+                                (int64_t)B * T);
+            else
+                c->be->mem_d2d_rows(dst + s.off[k], (size_t)W * sizeof(float),
+                                    c->recv + j * blk + at, (size_t)Wh * sizeof(float),
+                                    (size_t)s.w[k] * sizeof(float), (size_t)B * (size_t)T);
+            at += s.w[k];
         }
     }
 }
@@ -229,7 +228,7 @@ static void ulysses_backward(void *ctx, int layer, float *dqkv, const float *dou
                       {dout, c->HD, 0, c->dout_h}};
     seq_to_head(c, x, 3, B, T);
     const int64_t Tg = (int64_t)c->P * T;
-    memset(c->dqkv_h, 0, (size_t)(B * Tg * (hq + 2 * hk)) * sizeof(float));
+    c->be->mem_set(c->dqkv_h, 0, (size_t)(B * Tg * (hq + 2 * hk)) * sizeof(float));
     const loom_attn_dims dims = flash_attention_dims_qkv(B, (int)Tg, Hh, KVh, c->D);
     const loom_attn_mask mask = whole_mask(c, layer, gdocs, T);
     const float *q = c->qkv_h;
@@ -253,9 +252,9 @@ static void poke(loom_comm_req **req, int n) {
 
 /* the K|V columns of the local rows (B, T, 2 KD) */
 static void pack_kv(const loom_cp *c, const float *qkv, float *kv, int64_t rows) {
-    #pragma omp parallel for schedule(static)
-    for (int64_t r = 0; r < rows; r++)
-        memcpy(kv + r * 2 * c->KD, qkv + r * c->QKV + c->HD, (size_t)(2 * c->KD) * sizeof(float));
+    c->be->mem_d2d_rows(kv, (size_t)(2 * c->KD) * sizeof(float), qkv + c->HD,
+                        (size_t)c->QKV * sizeof(float), (size_t)(2 * c->KD) * sizeof(float),
+                        (size_t)rows);
 }
 
 /* The dims of one (query chunk qi, key chunk ki) block: c rows of the local queries against c
@@ -280,27 +279,9 @@ static int chunk_of(int P, int r, int i) { return i == 0 ? r : 2 * P - 1 - r; }
  * (blk: (B, half, HD), blse (B, H, half)) by log-sum-exp */
 static void merge(const loom_cp *c, float *out, float *lse, const float *blk, const float *blse,
                   int B, int T, int qi) {
-    const int64_t half = T / 2, D = c->D;
-    #pragma omp parallel for collapse(2) schedule(static)
-    for (int b = 0; b < B; b++)
-        for (int h = 0; h < c->H; h++)
-            for (int64_t i = 0; i < half; i++) {
-                const int64_t li = ((int64_t)b * c->H + h) * half + i;
-                const float l2 = blse[li], l1 = lse[li];
-                if (l2 == -INFINITY) continue; /* the block saw no key for this row */
-                float *o = out + ((int64_t)b * T + qi * half + i) * c->HD + h * D;
-                const float *p = blk + ((int64_t)b * half + i) * c->HD + h * D;
-                if (l1 == -INFINITY) {
-                    memcpy(o, p, (size_t)D * sizeof(float));
-                    lse[li] = l2;
-                    continue;
-                }
-                const float mx = l1 > l2 ? l1 : l2;
-                const float l = mx + logf(expf(l1 - mx) + expf(l2 - mx));
-                const float w1 = expf(l1 - l), w2 = expf(l2 - l);
-                for (int64_t d = 0; d < D; d++) o[d] = w1 * o[d] + w2 * p[d];
-                lse[li] = l;
-            }
+    const int64_t half = T / 2;
+    c->be->attn_lse_merge(out + qi * half * c->HD, lse, blk, blse, B, c->H, half, c->D,
+                          (int64_t)T * c->HD);
 }
 
 /* lse layout of the ring (the model's B*H*T floats): query chunk qi's (B, H, T/2) at
@@ -336,8 +317,8 @@ static void ring_forward(void *ctx, int layer, float *out, float *lse, const flo
     loom_cp *c = ctx;
     const int P = c->P, r = c->r, next = (r + 1) % P, prev = (r + P - 1) % P;
     const int64_t half = T / 2, rows = (int64_t)B * T, n_kv = rows * 2 * c->KD;
-    memset(out, 0, (size_t)(rows * c->HD) * sizeof(float));
-    for (int64_t i = 0; i < (int64_t)B * c->H * T; i++) lse[i] = -INFINITY;
+    c->be->mem_set(out, 0, (size_t)(rows * c->HD) * sizeof(float));
+    c->be->fill_float(lse, (int64_t)B * c->H * T, -INFINITY);
     pack_kv(c, qkv, c->kv[0], rows);
     const loom_attn_dims dims = ring_dims(c, B, T, half * c->HD);
     int cur = 0;
@@ -393,7 +374,7 @@ static void ring_backward(void *ctx, int layer, float *dqkv, const float *dout, 
             req[2] = loom_isend(c->mesh, LOOM_GROUP_CP, acc, (size_t)n_kv, LOOM_F32, next, TAG_DKV);
             req[3] = loom_irecv(c->mesh, LOOM_GROUP_CP, in, (size_t)n_kv, LOOM_F32, prev, TAG_DKV);
         }
-        memset(part, 0, (size_t)n_kv * sizeof(float));
+        c->be->mem_set(part, 0, (size_t)n_kv * sizeof(float));
         for (int qi = 0; qi < 2; qi++)
             for (int ki = 0; ki < 2; ki++) {
                 const int qg = chunk_of(P, r, qi), kg = chunk_of(P, src, ki);
@@ -410,12 +391,8 @@ static void ring_backward(void *ctx, int layer, float *dqkv, const float *dout, 
             }
         loom_comm_waitall(4, req, "ring attention K/V exchange (backward)");
         /* the block's gradient so far: what came with it (none at its first stop) + ours */
-        if (s == 0) {
-            memcpy(acc, part, (size_t)n_kv * sizeof(float));
-        } else {
-            #pragma omp parallel for schedule(static)
-            for (int64_t i = 0; i < n_kv; i++) acc[i] = in[i] + part[i];
-        }
+        if (s == 0) c->be->mem_d2d(acc, part, (size_t)n_kv * sizeof(float));
+        else c->be->residual_forward(acc, in, part, n_kv);
         cur = 1 - cur;
     }
     /* after the last step each block's gradient is complete one rank before its owner: one
@@ -424,12 +401,7 @@ static void ring_backward(void *ctx, int layer, float *dqkv, const float *dout, 
     req[0] = loom_isend(c->mesh, LOOM_GROUP_CP, acc, (size_t)n_kv, LOOM_F32, next, TAG_DKV);
     req[1] = loom_irecv(c->mesh, LOOM_GROUP_CP, in, (size_t)n_kv, LOOM_F32, prev, TAG_DKV);
     loom_comm_waitall(2, req, "ring attention K/V gradients home");
-    #pragma omp parallel for schedule(static)
-    for (int64_t i = 0; i < rows; i++) {
-        float *d = dqkv + i * c->QKV + c->HD;
-        const float *x = in + i * 2 * c->KD;
-        for (int64_t k = 0; k < 2 * c->KD; k++) d[k] += x[k];
-    }
+    c->be->add_rows(dqkv + c->HD, c->QKV, in, 2 * c->KD, 2 * c->KD, rows);
 }
 
 /* ---- create ------------------------------------------------------------------------------- */
@@ -495,23 +467,24 @@ int loom_cp_create(loom_model *m, loom_mesh *mesh, int kind, int B, int T, loom_
     const cp_sizes z = cp_sizes_of(mc, lay->tp, kind, B, T);
     const size_t f = sizeof(float);
     loom_attn_hook h = {.ctx = c};
+    const loom_backend *be = c->be;
     if (kind == LOOM_CPKIND_ULYSSES) {
-        c->send = loom_alloc_aligned(z.send * f);
-        c->recv = loom_alloc_aligned(z.send * f);
-        c->qkv_h = loom_alloc_aligned(z.qkv * f);
-        c->dqkv_h = loom_alloc_aligned(z.qkv * f);
-        c->out_h = loom_alloc_aligned(z.out * f);
-        c->dout_h = loom_alloc_aligned(z.out * f);
+        c->send = be->mem_alloc(z.send * f, 0);
+        c->recv = be->mem_alloc(z.send * f, 0);
+        c->qkv_h = be->mem_alloc(z.qkv * f, 0);
+        c->dqkv_h = be->mem_alloc(z.qkv * f, 0);
+        c->out_h = be->mem_alloc(z.out * f, 0);
+        c->dout_h = be->mem_alloc(z.out * f, 0);
         h.forward = ulysses_forward;
         h.backward = ulysses_backward;
     } else {
         for (int i = 0; i < 2; i++) {
-            c->kv[i] = loom_alloc_aligned(z.kv * f);
-            c->dkv[i] = loom_alloc_aligned(z.kv * f);
+            c->kv[i] = be->mem_alloc(z.kv * f, 0);
+            c->dkv[i] = be->mem_alloc(z.kv * f, 0);
         }
-        c->dkv_in = loom_alloc_aligned(z.kv * f);
-        c->blk_out = loom_alloc_aligned(z.blk_out * f);
-        c->blk_lse = loom_alloc_aligned(z.blk_lse * f);
+        c->dkv_in = be->mem_alloc(z.kv * f, 0);
+        c->blk_out = be->mem_alloc(z.blk_out * f, 0);
+        c->blk_lse = be->mem_alloc(z.blk_lse * f, 0);
         h.forward = ring_forward;
         h.backward = ring_backward;
     }
@@ -523,18 +496,19 @@ int loom_cp_create(loom_model *m, loom_mesh *mesh, int kind, int B, int T, loom_
 void loom_cp_free(loom_cp *c) {
     if (!c) return;
     loom_model_set_attention(c->m, NULL);
-    free(c->send);
-    free(c->recv);
-    free(c->qkv_h);
-    free(c->dqkv_h);
-    free(c->out_h);
-    free(c->dout_h);
+    const loom_backend *be = c->be;
+    be->mem_free(c->send);
+    be->mem_free(c->recv);
+    be->mem_free(c->qkv_h);
+    be->mem_free(c->dqkv_h);
+    be->mem_free(c->out_h);
+    be->mem_free(c->dout_h);
     for (int i = 0; i < 2; i++) {
-        free(c->kv[i]);
-        free(c->dkv[i]);
+        be->mem_free(c->kv[i]);
+        be->mem_free(c->dkv[i]);
     }
-    free(c->dkv_in);
-    free(c->blk_out);
-    free(c->blk_lse);
+    be->mem_free(c->dkv_in);
+    be->mem_free(c->blk_out);
+    be->mem_free(c->blk_lse);
     free(c);
 }
