@@ -5,8 +5,8 @@
 # outside the named copies faults (SIGSEGV, the address and a backtrace in the test's log) and a
 # host pointer given to an op aborts naming the op. What each test covers here:
 #   train, one process:   e2e/test_train_resume (gpt2 + llama, checkpoint, bit-exact resume,
-#                         generate), e2e/test_ckpt_state
-#   generate:             e2e/test_generate_chat (hf import, chat template), mpi/test_generate_mpi
+#                         generate)
+#   generate:             e2e/test_train_resume, mpi/test_generate_mpi
 #   serve:                e2e/test_serve
 #   synth:                e2e/test_synth_score (hf export, scoring with a local model)
 #   eval:                 mpi/test_eval_pass_dp
@@ -16,11 +16,13 @@
 # Not yet on it (their host loops are not ops yet; docs/engine.md lists them): mixture of
 # experts (routing, combine: ep too), LoRA, GRPO/DPO, --weights bf16/int8/int4,
 # training.init_from.
-# Measured on the 2-core machine (shared with other work): 1m45s to 2m with -j 2.
+# Measured on the 2-core machine with -j 2: 3m10s with two more tests (e2e/test_ckpt_state,
+# e2e/test_generate_chat: they pass on cpu-guard too, left out for time) while the machine was
+# shared with other work; this set about 2m40s under the same load.
 #   scripts/ci_guard.sh [BUILD_DIR]   (default build; needs a `make test` build)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 build=${1:-build}
-tests='^(e2e/test_(train_resume|ckpt_state|generate_chat|serve|synth_score)|mpi/test_(dp|nan_skip|tp|pp|cp|eval_pass_dp|generate_mpi))$'
+tests='^(e2e/test_(train_resume|serve|synth_score)|mpi/test_(dp|nan_skip|tp|pp|cp|eval_pass_dp|generate_mpi))$'
 echo "== ci_guard: tests on the cpu-guard backend (LOOM_BACKEND=cpu-guard)"
 (cd "$build" && LOOM_BACKEND=cpu-guard ctest -R "$tests" -j 2 --output-on-failure)
