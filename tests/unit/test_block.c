@@ -10,6 +10,7 @@
 
 #include <math.h>
 
+#include "loom/bf16.h"
 #include "loom/config.h"
 #include "loom/model.h"
 #include "loom/model_config.h"
@@ -111,6 +112,66 @@ static void test_arenas_and_recompute(void **state) {
     }
 }
 
+/* training.precision bf16 (layout.precision): the bf16 weight copy is round(master) once a
+ * forward has refreshed it, and again after the masters change (loom_model_params_changed);
+ * the typed bf16 arena is smaller than fp32's; two arenas in flight and a recompute after
+ * clobbering a layer's (bf16) slots give the bits of one arena, as in fp32; the losses are
+ * bf16's, not fp32's. */
+static void test_bf16_arenas(void **state) {
+    (void)state;
+    for (int k = 0; k < 2; k++) {
+        const loom_model_config *c = &CFGS[k];
+        loom_err err = {{0}};
+        loom_model *m = NULL, *f = NULL;
+        const loom_model_layout lay = {.precision = LOOM_PREC_BF16};
+        if (loom_model_create(c, &lay, B, T, &m, &err)) fail_msg("%s", err.msg);
+        if (loom_model_create(c, NULL, B, T, &f, &err)) fail_msg("%s", err.msg);
+        assert_null(loom_model_bf16_weights(f));
+        loom_model_init_weights(m, 3);
+        loom_model_init_weights(f, 3);
+        const size_t n = loom_model_num_params(m);
+        int32_t x1[B * T], y1[B * T];
+        tokens(c, 1, x1, y1);
+        loom_model_zero_grad(m);
+        const float l1 = loom_model_forward(m, x1, y1, B, T);
+        const uint16_t *wb = loom_model_bf16_weights(m);
+        assert_non_null(wb);
+        for (size_t i = 0; i < n; i++) assert_int_equal(wb[i], loom_bf16_round(loom_model_params(m)[i]));
+        assert_true(l1 != loom_model_forward(f, x1, y1, B, T)); /* bf16's loss, not fp32's */
+        loom_model_backward(m, 0.5f);
+        float *ref = malloc(n * sizeof(float));
+        memcpy(ref, loom_model_grads(m), n * sizeof(float));
+
+        /* two arenas, then a clobbered layer recomputed: the bits of the model's own arena */
+        loom_acts *a = loom_acts_create(m, B, T, 1), *b = loom_acts_create(m, B, T, 1);
+        loom_acts *af = loom_acts_create(f, B, T, 1);
+        assert_true(loom_acts_bytes(a) < loom_acts_bytes(af));
+        loom_model_zero_grad(m);
+        assert_true(loom_model_forward_acts(m, b, x1, y1, B, T) == l1);
+        assert_true(loom_model_forward_acts(m, a, x1, y1, B, T) == l1);
+        loom_acts_poison_layer(m, a, 1, 12345.0f);
+        loom_model_recompute_layer(m, a, 1);
+        loom_model_backward_acts(m, a, 0.5f);
+        assert_memory_equal(loom_model_grads(m), ref, n * sizeof(float));
+        loom_model_zero_grad(m);
+        loom_acts_poison_layer(m, b, 1, 12345.0f); /* without the recompute the garbage shows */
+        loom_model_backward_acts(m, b, 0.5f);
+        assert_true(memcmp(loom_model_grads(m), ref, n * sizeof(float)) != 0);
+
+        /* masters changed by hand: the copy follows at the next forward, once marked */
+        loom_model_params(m)[0] += 1.0f;
+        loom_model_params_changed(m);
+        loom_model_forward(m, x1, y1, B, T);
+        assert_int_equal(wb[0], loom_bf16_round(loom_model_params(m)[0]));
+        loom_acts_free(a);
+        loom_acts_free(b);
+        loom_acts_free(af);
+        free(ref);
+        loom_model_free(m);
+        loom_model_free(f);
+    }
+}
+
 /* An inference model: parameters only; decoding allocates no activations; its first forward a
  * forward-only arena; the same logits as a training model. */
 static void test_inference_model(void **state) {
@@ -200,6 +261,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_arenas_and_recompute),
         cmocka_unit_test(test_inference_model),
+        cmocka_unit_test(test_bf16_arenas),
         cmocka_unit_test(test_attention_key),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
