@@ -575,8 +575,23 @@ static void op_forward_bf16(loom_model *m, block_frame *f, int l, const block_op
                                      C, m->cfg.norm_eps);
         break;
     }
-    case OP_POINT: point2(m, f, op, 0, l); break;
+    case OP_POINT:
+        if (m->lay.tp > 1 && op->point == LOOM_CP_ROW_OUT) {
+            /* the row-parallel partial sums reduced in fp32, then rounded once */
+            LOOM_CHECK(f->rowp != NULL && !m->lay.sp);
+            point(m, op->point, 0, l, op->site, f->rowp, N * C);
+            be->bf16_from_f32(SLOT_BF16(m, f, op->out), f->rowp, N * C);
+            break;
+        }
+        point2(m, f, op, 0, l);
+        break;
     case OP_LINEAR:
+        if (op->row_parallel && m->lay.tp > 1) { /* fp32 partial sums (bias on tp rank 0) */
+            be->bf16_matmul_forward_f32(f->rowp, SLOT_BF16(m, f, op->in), bparam(m, op->w, l),
+                                        m->lay.tp_rank == 0 ? param(m, op->b, l) : NULL, N,
+                                        width(m, op->iw), width(m, op->ow));
+            break;
+        }
         be->bf16_matmul_forward(SLOT_BF16(m, f, op->out), SLOT_BF16(m, f, op->in),
                                 bparam(m, op->w, l), param(m, op->b, l), N, width(m, op->iw),
                                 width(m, op->ow));
@@ -800,8 +815,10 @@ static size_t layout_acts(const loom_model *m, struct loom_acts *a, float *base,
     }
     const int64_t chunk = hd ? acts_chunk(m, B, T, stacked) : 0;
     if (a) a->chunk = chunk;
+    /* bf16 logits (fp32 for a vocab-parallel head: its cross-entropy pieces are fp32) */
     TAKE(a ? &a->logits : &dummy,
-         words(hd * (cls ? (int64_t)B * K : (chunk ? chunk : BT) * m->Vl), dt_act));
+         words(hd * (cls ? (int64_t)B * K : (chunk ? chunk : BT) * m->Vl),
+               m->lay.tp > 1 ? LOOM_DT_F32 : dt_act));
     TAKE(a ? &a->losses : &dummy, hd * BT);
     if (!cls && hd && m->lay.tp > 1) { /* vocab-parallel cross-entropy's row statistics */
         TAKE(a ? &a->vmax : &dummy, BT);
@@ -857,6 +874,10 @@ static size_t layout_acts(const loom_model *m, struct loom_acts *a, float *base,
         TAKE(a ? &ws : &dummy, m->be->bf16_flash_ws_floats(B, T, m->H, m->KVH, m->D));
         int64_t oc = m->QKV > C ? m->QKV : C;
         if (m->FFI > oc) oc = m->FFI;
+        if (m->lay.tp > 1 && hd && m->Vl > oc) oc = m->Vl; /* the fp32 vocab-parallel dlogits */
+        float *rp = NULL;
+        TAKE(a ? &rp : &dummy, m->lay.tp > 1 ? BT * C : 0);
+        if (a) a->rowp = m->lay.tp > 1 ? rp : NULL;
         float *d16 = NULL;
         TAKE(a ? &d16 : &dummy, stacked ? words(BT * oc, LOOM_DT_BF16) : 0);
         if (a) {
@@ -979,6 +1000,7 @@ void acts_frame(const loom_model *m, const loom_acts *a, int l, int B, int T, bl
     f->moe_t1 = a->moe_t1;
     f->fws = a->fws;
     f->dout16 = a->dout16;
+    f->rowp = a->rowp;
     f->train = a->stacked;
     if (a->n_runs) { /* loom_model_forward_acts checked the shape */
         f->docs = a->docs;

@@ -228,7 +228,7 @@ static int check_layout(const loom_model_config *c, const loom_model_layout *in,
         return loom_errf(err, "training.precision: unknown precision %d", out->precision);
     if (out->precision == LOOM_PREC_BF16) { /* what bf16 does not cover yet (docs/training.md) */
         const loom_arch *a = loom_config_arch(c);
-        const char *key = out->tp > 1 ? "parallel.tp"
+        const char *key = out->sp ? "parallel.sp"
                           : out->cp > 1 ? "parallel.cp"
                           : (out->l0 != 0 || (out->l1 != 0 && out->l1 != c->n_layer)) ? "parallel.pp"
                           : c->n_expert > 0 ? "model.moe.experts"
@@ -242,8 +242,8 @@ static int check_layout(const loom_model_config *c, const loom_model_layout *in,
                                            : NULL;
         if (key)
             return loom_errf(err, "training.precision = bf16 does not support %s as configured "
-                                  "yet (bf16 covers one process or data parallelism, dense "
-                                  "pre-norm decoders with flash attention and the lm head: "
+                                  "yet (bf16 covers one process, data and tensor parallelism, "
+                                  "dense pre-norm decoders with flash attention and the lm head: "
                                   "docs/training.md); use training.precision = fp32", key);
     }
     if (out->sp && (c->head != LOOM_HEAD_LM || c->n_expert > 0 || out->cp > 1 ||

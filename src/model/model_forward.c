@@ -107,7 +107,7 @@ static void head_ce_backward(const loom_model *m, const loom_acts *a, float *log
         float *lg = logits + (size_t)i * (size_t)Vl;
         const int32_t *tg = a->targets + r0 + i;
         const int64_t k = j - i;
-        if (m->bf16) /* bf16 logits (create refused tp and the soft-cap) */
+        if (m->bf16 && !vp) /* bf16 logits (create refused the soft-cap) */
             m->be->bf16_crossentropy_backward((uint16_t *)logits + (size_t)i * (size_t)Vl, tg, k,
                                               Vl, s);
         else if (vp && cap > 0.0f)
@@ -129,9 +129,12 @@ static void head_ce_backward(const loom_model *m, const loom_acts *a, float *log
 /* The head's logits of n rows of normed activations (this view's Vl columns; Vl = V at
  * tp = 1), with arch.final_softcap (elementwise): into logits (n, Vl). */
 static void head_logits(const loom_model *m, float *logits, const float *lnf, int64_t n) {
-    if (m->bf16) /* bf16 rows and weights, bf16 logits (as autocast's; fp32 accumulation) */
+    if (m->bf16 && m->lay.tp <= 1) /* bf16 rows and weights, bf16 logits (as autocast's) */
         m->be->bf16_matmul_forward((uint16_t *)logits, (const uint16_t *)lnf,
                                    bview(m, HEAD_T(m)), NULL, n, m->cfg.d_model, m->Vl);
+    else if (m->bf16) /* vocab-parallel: fp32 logits for the fp32 cross-entropy pieces */
+        m->be->bf16_matmul_forward_f32(logits, (const uint16_t *)lnf, bview(m, HEAD_T(m)),
+                                       NULL, n, m->cfg.d_model, m->Vl);
     else
         m->be->matmul_forward(logits, lnf, HEAD_W(m), NULL, n, m->cfg.d_model, m->Vl);
     model_softcap(m, logits, n * m->Vl);
@@ -148,6 +151,11 @@ static float *lnf_row(const loom_model *m, float *lnf, int64_t r) {
 static void head_backward(const loom_model *m, const loom_acts *a, float *dln, float *dhead,
                           const float *dlogits, const float *lnf, int64_t n) {
     const int C = m->cfg.d_model;
+    if (m->bf16 && m->lay.tp > 1) { /* fp32 dlogits rounded through the scratch */
+        m->be->bf16_matmul_backward(dln, 1, dhead, NULL, dlogits, a->dout16,
+                                    (const uint16_t *)lnf, bview(m, HEAD_T(m)), n, C, m->Vl);
+        return;
+    }
     if (m->bf16) {
         m->be->bf16_matmul_backward(dln, 1, dhead, NULL, NULL, (uint16_t *)dlogits,
                                     (const uint16_t *)lnf, bview(m, HEAD_T(m)), n, C, m->Vl);
@@ -181,7 +189,7 @@ static float mean_valid_loss(const loom_model *m, const loom_acts *a, int64_t N)
  * head) */
 static void head_ce(const loom_model *m, float *losses, const float *logits,
                     const int32_t *targets, int64_t n, int K) {
-    if (m->bf16)
+    if (m->bf16 && m->lay.tp <= 1)
         m->be->bf16_crossentropy_forward(losses, (const uint16_t *)logits, targets, n, K);
     else
         m->be->crossentropy_forward(losses, logits, targets, n, K);
@@ -251,7 +259,8 @@ void model_embed_rows(loom_model *m, int bwd, float *x, const int32_t *inputs, i
      * both), so the gradient into wte is dy * s (x scaled in place, read only here after) */
     const int scale = m->cfg.arch.embed_scale;
     if (scale && bwd) m->be->scale_inplace(x, n, EMBED_SCALE(m));
-    if (m->bf16 && !bwd) { /* bf16 rows of the fp32 tables (create refused tp, embed_scale) */
+    if (m->bf16 && !bwd && m->lay.tp <= 1) { /* bf16 rows of the fp32 tables (create refused
+                                               * embed_scale); with tp the fp32 partial sums */
         m->be->bf16_embedding_forward((uint16_t *)x, inputs, PARAM(m, LOOM_P_WTE),
                                       PARAM(m, LOOM_P_WPE), B, T, C, pos0);
         return;
@@ -275,7 +284,7 @@ void model_embed_rows(loom_model *m, int bwd, float *x, const int32_t *inputs, i
 static void embed(loom_model *m, loom_acts *a, const int32_t *inputs, int B, int T, int bwd) {
     const int C = m->cfg.d_model;
     /* the whole rows (under sequence parallelism the scratch around the shard's move) */
-    float *x = bwd ? a->dres_full : a->sp_partial;
+    float *x = bwd ? a->dres_full : a->rowp ? a->rowp : a->sp_partial; /* (bf16 with tp: fp32) */
     if (a->n_runs && loom_model_global(m, LOOM_P_WPE)) { /* doc_mask: positions per document */
         for (int r = 0; r < a->n_runs; r++) {
             const size_t row = (size_t)a->run_row[r];
@@ -385,8 +394,14 @@ float loom_model_forward_acts(loom_model *m, loom_acts *a, const int32_t *inputs
         embed(m, a, a->inputs, B, T, 0);
         /* vocab-parallel (tp > 1): the embedding's output is a partial sum over the tp ranks
          * (reduce-scattered to the shard under sequence parallelism) */
-        shard_point(m, LOOM_CP_ROW_OUT, 0, LOOM_SITE_EMBED, a->sp_partial, BT * C, a->encoded,
-                    BTs * C);
+        if (a->rowp) { /* bf16 with tp: reduced in fp32, then rounded into the bf16 stream */
+            shard_point(m, LOOM_CP_ROW_OUT, 0, LOOM_SITE_EMBED, a->rowp, BT * C, a->rowp,
+                        BT * C);
+            m->be->bf16_from_f32((uint16_t *)a->encoded, a->rowp, BT * C);
+        } else {
+            shard_point(m, LOOM_CP_ROW_OUT, 0, LOOM_SITE_EMBED, a->sp_partial, BT * C,
+                        a->encoded, BTs * C);
+        }
         release(m, 0, 0);
     }
     stage_point(m, LOOM_CP_STAGE_IN, 0, a->encoded, BTs * C);

@@ -53,6 +53,9 @@ struct loom_acts {
                            * (bf16 elements with training.precision bf16) */
     float *lnf, *lnf_mean, *lnf_rstd; /* (B,T,C) (bf16 with bf16 precision), (B,T), (B,T) */
     float *fws;           /* bf16 precision: flash attention's fp32 workspace (else NULL) */
+    float *rowp;          /* bf16 precision with tp > 1: (B*T, C) fp32 partial sums of the
+                           * row-parallel linears and the vocab-parallel embedding, reduced in
+                           * fp32 before they are rounded into their bf16 slot */
     uint16_t *dout16;     /* bf16 precision, training arenas: the linears' and the head's bf16
                            * dout (rows x their widest output) */
     float *logits;        /* (B,T,V) or (B,K); dlogits after backward */
@@ -138,6 +141,7 @@ typedef struct block_frame {
      * and, in a training arena, the linears' bf16 dout scratch (rows x the widest output) */
     float *fws;
     uint16_t *dout16;
+    float *rowp;            /* bf16 with tp > 1: the row-parallel partial sums (fp32) */
 } block_frame;
 
 /* One segment of a ragged frame: rows [row0, row0 + n) hold positions [pos0, pos0 + n) of a
