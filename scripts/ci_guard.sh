@@ -7,6 +7,7 @@
 #   train, one process:   e2e/test_train_resume (gpt2 + llama, checkpoint, bit-exact resume,
 #                         generate)
 #   generate:             e2e/test_train_resume, mpi/test_generate_mpi
+#   training.init_from:   e2e/test_init_from (from a loom checkpoint and from HF weights)
 #   serve:                e2e/test_serve
 #   synth:                e2e/test_synth_score (hf export, scoring with a local model)
 #   eval:                 mpi/test_eval_pass_dp
@@ -14,8 +15,8 @@
 #   tp (+ sequence parallel), pp: mpi/test_tp, mpi/test_pp
 #   cp (Ulysses and ring):  mpi/test_cp
 # Not yet on it (their host loops are not ops yet; docs/engine.md lists them): mixture of
-# experts (routing, combine: ep too), LoRA, GRPO/DPO, --weights bf16/int8/int4,
-# training.init_from.
+# experts (routing, combine: ep too), LoRA (and so GRPO, which fine-tunes through it; DPO
+# without LoRA runs), --weights bf16/int8/int4.
 # Measured on the 2-core machine with -j 2: 3m10s with two more tests (e2e/test_ckpt_state,
 # e2e/test_generate_chat: they pass on cpu-guard too, left out for time) while the machine was
 # shared with other work; this set about 2m40s under the same load.
@@ -23,6 +24,6 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 build=${1:-build}
-tests='^(e2e/test_(train_resume|serve|synth_score)|mpi/test_(dp|nan_skip|tp|pp|cp|eval_pass_dp|generate_mpi))$'
+tests='^(e2e/test_(train_resume|serve|synth_score|init_from)|mpi/test_(dp|nan_skip|tp|pp|cp|eval_pass_dp|generate_mpi))$'
 echo "== ci_guard: tests on the cpu-guard backend (LOOM_BACKEND=cpu-guard)"
 (cd "$build" && LOOM_BACKEND=cpu-guard ctest -R "$tests" -j 2 --output-on-failure)

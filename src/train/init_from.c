@@ -5,6 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "loom/backend.h"
 #include "loom/checkpoint.h"
 #include "loom/ckpt_pieces.h"
 #include "loom/hf.h"
@@ -133,7 +134,8 @@ int loom_trainer_init_from_load(trainer *t, loom_err *err) {
     if (!src) return 0;
     loom_model *m = NULL;
     loom_run_data *rd = NULL;
-    loom_dp_piece *need = NULL;
+    loom_dp_piece *need = NULL, *dev = NULL;
+    float *src_host = NULL, *stage = NULL;
     char *tok_id = NULL;
     int rc = -1, n = 0;
     const int hf = loom_hf_is_dir(src);
@@ -153,8 +155,20 @@ int loom_trainer_init_from_load(trainer *t, loom_err *err) {
                        "tokenizer.json", src, tok_id, t->run_data->where, t->run_data->tokenizer_id);
         goto done;
     }
-    const float *sp = loom_model_params(m);
+    /* both models' parameters are device memory: where it is not host memory, the source's
+     * are read back whole (the named read "init_from parameters") and the pieces staged */
+    const loom_backend *be = loom_model_backend(m);
+    if (!be->host_memory) {
+        const size_t np = loom_model_num_params(m);
+        src_host = loom_malloc((np ? np : 1) * sizeof(float));
+        loom_dev_read(be, src_host, loom_model_params(m), np * sizeof(float),
+                      "init_from parameters");
+    }
+    const float *sp = src_host ? src_host : loom_model_params(m);
     need = loom_dp_needed(t->dp, &n);
+    dev = loom_malloc((size_t)(n ? n : 1) * sizeof *need);
+    if (n) memcpy(dev, need, (size_t)n * sizeof *need);
+    stage = loom_dp_pieces_stage(t->dp, need, n);
     for (int i = 0; i < n; i++) {
         const loom_dp_piece *p = &need[i];
         if (p->kind != 0) continue; /* AdamW moments start at zero */
@@ -168,9 +182,13 @@ int loom_trainer_init_from_load(trainer *t, loom_err *err) {
         for (size_t k = 0; k < p->count; k++)
             p->data[k] = sp[s->offset + loom_tensor_global_index(ti, (int64_t)(p->begin + k))];
     }
+    loom_dp_pieces_upload(t->dp, need, dev, n);
     rc = 0;
 done:
     free(tok_id);
+    free(src_host);
+    free(stage);
+    free(dev);
     free(need);
     loom_run_data_free(rd);
     loom_model_free(m);
