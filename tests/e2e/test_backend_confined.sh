@@ -83,6 +83,12 @@ done < <(find src/model src/parallel src/train src/infer -type f -name '*.c' -pr
 $bad"
 for f in $unconverted; do [ -f "$f" ] || fail "$f (listed as not converted) does not exist: update the list"; done
 pass "arenas in src/model, src/parallel, src/train, src/infer come from the backend (not yet: $unconverted)"
+# the check itself: an arena from loom_alloc_aligned is caught, one from mem_alloc is not
+printf 'void f(const loom_backend *be) {\n    float *a = be->mem_alloc(64, 0);\n    float *b = loom_alloc_aligned (64);\n}\n' >"$WORK/probe_alloc.c"
+code "$WORK/probe_alloc.c" | grep -nE '(^|[^[:alnum:]_])(loom_alloc_aligned|posix_memalign|aligned_alloc)[[:space:]]*\(' | grep -q ':' ||
+    fail "the arena scan misses a loom_alloc_aligned call"
+[ "$(code "$WORK/probe_alloc.c" | grep -cE '(^|[^[:alnum:]_])(loom_alloc_aligned|posix_memalign|aligned_alloc)[[:space:]]*\(')" = 1 ] ||
+    fail "the arena scan counts mem_alloc"
 
 bad=""
 while IFS= read -r -d '' f; do
