@@ -559,6 +559,12 @@ size_t loom_model_activation_floats(const loom_model *m);
  * whole model (init is keyed by the tensor and the element's global index). */
 void loom_model_init_range(const loom_model *m, uint64_t seed, size_t offset, size_t count,
                            float *dst);
+/* The parameters are device memory of the model's backend. For host code that must see them
+ * whole (Hugging Face import / export, training.init_from): NULL where the backend's memory is
+ * host memory (use loom_model_params in place), else a malloc'd host copy (the named read
+ * "parameters to host"); loom_model_params_from_host copies such a host array back in. */
+float *loom_model_params_to_host(const loom_model *m);
+void loom_model_params_from_host(loom_model *m, const float *src);
 /* The same into device memory of the model's backend (drawn on the host in chunks, copied in) */
 void loom_model_init_device(const loom_model *m, uint64_t seed, size_t offset, size_t count,
                             float *dst);

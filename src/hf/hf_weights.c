@@ -12,7 +12,6 @@
 #include <dirent.h>
 
 #include "base/json_util.h"
-#include "loom/backend.h"
 #include "hf/hf_internal.h"
 #include "loom/config.h"
 #include "loom/hf.h"
@@ -341,15 +340,6 @@ static int ignorable(const char *name) {
     return 0;
 }
 
-/* a host copy of m's parameters (malloc'd) */
-static float *host_params(const loom_model *m) {
-    const size_t n = loom_model_num_params(m);
-    float *h = loom_malloc((n ? n : 1) * sizeof(float));
-    loom_dev_read(loom_model_backend(m), h, loom_model_params((loom_model *)m),
-                  n * sizeof(float), "hf parameters");
-    return h;
-}
-
 int loom_hf_load_params(const char *dir, loom_model *m, loom_err *err) {
     float *hostp = NULL; /* (see below) */
     hf_cfg hc;
@@ -394,9 +384,8 @@ int loom_hf_load_params(const char *dir, loom_model *m, loom_err *err) {
     if (weights_has(&w, emb)) prefix = hc.fam->prefix;
     hf_map_build(m, hc.fam, prefix, &map);
     /* the parameters are the backend's memory: on a backend whose memory is not host memory
-     * they are read back whole first (the named read "hf parameters") and copied in after */
-    const loom_backend *be = loom_model_backend(m);
-    if (!be->host_memory) hostp = host_params(m);
+     * they are read back whole first and copied in after (loom_model_params_to_host) */
+    hostp = loom_model_params_to_host(m);
     float *params = hostp ? hostp : loom_model_params(m);
     const char *cached = NULL;
     size_t cap = 0;
@@ -436,9 +425,7 @@ int loom_hf_load_params(const char *dir, loom_model *m, loom_err *err) {
                 goto done;
             }
         }
-    if (hostp)
-        loom_model_backend(m)->mem_h2d(loom_model_params(m), hostp,
-                                       loom_model_num_params(m) * sizeof(float));
+    if (hostp) loom_model_params_from_host(m, hostp);
     rc = 0;
 done:
     free(hostp);
@@ -519,7 +506,7 @@ done:
 /* the HF tensors of a whole model, in map order (data malloc'd; free with free_tensors) */
 static loom_st_tensor *model_tensors(loom_model *m, const hf_map_list *map, int *n_out) {
     loom_st_tensor *ts = loom_calloc((size_t)map->n + 1, sizeof *ts);
-    float *hostp = loom_model_backend(m)->host_memory ? NULL : host_params(m);
+    float *hostp = loom_model_params_to_host(m); /* NULL: the arena itself is host memory */
     const float *params = hostp ? hostp : loom_model_params(m);
     int n = 0;
     for (int i = 0; i < map->n; i++) {

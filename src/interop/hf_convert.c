@@ -7,7 +7,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "loom/backend.h"
 #include "loom/chat.h"
 #include "loom/checkpoint.h"
 #include "loom/ckpt_pieces.h"
@@ -72,13 +71,7 @@ static int save_ckpt(const char *out_root, loom_model *m, const loom_config *cfg
     const int n_t = loom_model_num_tensors(m);
     loom_dp_piece *pieces = loom_calloc((size_t)n_t, sizeof *pieces);
     /* the parameters are the backend's memory: read back first where it is not host memory */
-    const loom_backend *be = loom_model_backend(m);
-    const size_t np = loom_model_num_params(m);
-    float *hostp = NULL;
-    if (!be->host_memory) {
-        hostp = loom_malloc((np ? np : 1) * sizeof(float));
-        loom_dev_read(be, hostp, loom_model_params(m), np * sizeof(float), "hf parameters");
-    }
+    float *hostp = loom_model_params_to_host(m);
     float *params = hostp ? hostp : loom_model_params(m);
     for (int i = 0; i < n_t; i++) {
         const loom_tensor_info *t = loom_model_tensor(m, i);

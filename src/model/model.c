@@ -697,6 +697,17 @@ void loom_model_init_range(const loom_model *m, uint64_t seed, size_t offset, si
     }
 }
 
+float *loom_model_params_to_host(const loom_model *m) {
+    if (m->be->host_memory) return NULL;
+    float *h = loom_malloc((m->n_params ? m->n_params : 1) * sizeof(float));
+    loom_dev_read(m->be, h, m->params, m->n_params * sizeof(float), "parameters to host");
+    return h;
+}
+
+void loom_model_params_from_host(loom_model *m, const float *src) {
+    m->be->mem_h2d(m->params, src, m->n_params * sizeof(float));
+}
+
 void loom_model_init_device(const loom_model *m, uint64_t seed, size_t offset, size_t count,
                             float *dst) {
     /* drawn on the host chunk by chunk and copied in (the draws do not depend on the chunks) */

@@ -5,7 +5,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "loom/backend.h"
 #include "loom/checkpoint.h"
 #include "loom/ckpt_pieces.h"
 #include "loom/hf.h"
@@ -156,14 +155,8 @@ int loom_trainer_init_from_load(trainer *t, loom_err *err) {
         goto done;
     }
     /* both models' parameters are device memory: where it is not host memory, the source's
-     * are read back whole (the named read "init_from parameters") and the pieces staged */
-    const loom_backend *be = loom_model_backend(m);
-    if (!be->host_memory) {
-        const size_t np = loom_model_num_params(m);
-        src_host = loom_malloc((np ? np : 1) * sizeof(float));
-        loom_dev_read(be, src_host, loom_model_params(m), np * sizeof(float),
-                      "init_from parameters");
-    }
+     * are read back whole (loom_model_params_to_host) and the pieces staged */
+    src_host = loom_model_params_to_host(m);
     const float *sp = src_host ? src_host : loom_model_params(m);
     need = loom_dp_needed(t->dp, &n);
     dev = loom_malloc((size_t)(n ? n : 1) * sizeof *need);
