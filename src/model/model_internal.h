@@ -289,6 +289,9 @@ static inline const uint16_t *bview(const loom_model *m, const loom_tensor_info 
     return t ? m->wb + t->offset : NULL;
 }
 
+/* arch.norm_place: the block has pre-norms (pre, sandwich) / post-norms (post, sandwich) */
+static inline int has_pre(const loom_model *m) { return m->cfg.arch.norm_place != LOOM_NORM_POST; }
+static inline int has_post(const loom_model *m) { return m->cfg.arch.norm_place != LOOM_NORM_PRE; }
 /* typed views: global tensors by LOOM_P_*, layer tensors by LOOM_L_*; NULL when absent */
 static inline const float *pview(const loom_model *m, const loom_tensor_info *t) {
     return t ? m->pbase[t->unit] + (t->offset - m->unit_off[t->unit]) : NULL;
