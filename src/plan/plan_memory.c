@@ -163,8 +163,10 @@ int loom_plan_rank_memory(const loom_model_config *mc, const loom_plan_layout *L
     vc.recompute = L->recompute;
     loom_model *view = NULL;
     if (loom_model_create_layout_view(&vc, &lay, (int)rows, (int)local_T, &view, err))
-        return loom_err_prefix(err, "parallel.tp = %d, parallel.cp = %d, parallel.sp = %s",
-                               L->tp, L->cp, L->sp ? "true" : "false");
+        return L->tp > 1 || L->cp > 1 || L->sp
+                   ? loom_err_prefix(err, "parallel.tp = %d, parallel.cp = %d, parallel.sp = %s",
+                                     L->tp, L->cp, L->sp ? "true" : "false")
+                   : -1;
     /* state is sharded over the group gradients are reduced in (dp, or dp x cp); routed
      * experts' over the expert-data group (dp x cp / ep) */
     loom_dp_memory dm;

@@ -397,8 +397,11 @@ int loom_trainer_create_engine(trainer *t, loom_err *err) {
     if (pipe) loom_pp_stage_layers(t->mc.n_layer, t->pp_size, t->pp_rank, &lay.l0, &lay.l1);
     if (loom_model_create_view(&t->mc, &lay, (int)rows, (int)t->local_T,
                                pipe ? LOOM_MODEL_HOOKS_ONLY : LOOM_MODEL_NO_ARENAS, &t->model, err))
-        return loom_err_prefix(err, "parallel.tp = %d, parallel.cp = %d, parallel.sp = %s",
-                               t->tp_size, t->cp_size, t->s.sp ? "true" : "false");
+        /* the layout named only where there is one (a bf16 or config refusal is not about it) */
+        return t->tp_size > 1 || t->cp_size > 1 || t->s.sp
+                   ? loom_err_prefix(err, "parallel.tp = %d, parallel.cp = %d, parallel.sp = %s",
+                                     t->tp_size, t->cp_size, t->s.sp ? "true" : "false")
+                   : -1;
     loom_comm_points cp = {0};
     if (t->tp_size > 1) {
         t->tp = loom_tp_create(t->mesh);
