@@ -14,6 +14,11 @@
 #include "loom/config.h"
 #include "loom/model.h"
 #include "loom/model_config.h"
+#include "model/model_internal.h" /* the slots' dtypes (test_bf16_slot_dtype) */
+
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 enum { B = 2, T = 6 };
 
@@ -117,6 +122,51 @@ static void test_arenas_and_recompute(void **state) {
  * the typed bf16 arena is smaller than fp32's; two arenas in flight and a recompute after
  * clobbering a layer's (bf16) slots give the bits of one arena, as in fp32; the losses are
  * bf16's, not fp32's. */
+/* The typed slots: an op reading a slot as another dtype than it holds stops the run at that
+ * line, naming the slot and both dtypes (nothing converts silently). The bf16 norm writes its
+ * output slot S_LN1 as bf16; the slot is marked fp32 here, in a child process. */
+static void test_bf16_slot_dtype(void **state) {
+    (void)state;
+    const loom_model_config *c = &CFGS[1];
+    int fd[2];
+    assert_int_equal(pipe(fd), 0);
+    fflush(NULL);
+    const pid_t pid = fork();
+    assert_true(pid >= 0);
+    if (pid == 0) {
+        dup2(fd[1], 2);
+        close(fd[0]);
+        signal(SIGABRT, SIG_DFL); /* cmocka's handler would go on to the next test here */
+        loom_err err = {{0}};
+        loom_model *m = NULL;
+        const loom_model_layout lay = {.precision = LOOM_PREC_BF16};
+        if (loom_model_create(c, &lay, B, T, &m, &err)) _exit(3);
+        loom_model_init_weights(m, 3);
+        int32_t x[B * T], y[B * T];
+        tokens(c, 1, x, y);
+        loom_model_forward(m, x, y, B, T); /* the slots as they are: runs */
+        m->slot_dt[S_LN1] = LOOM_DT_F32;
+        loom_model_forward(m, x, y, B, T);
+        _exit(0); /* not reached */
+    }
+    close(fd[1]);
+    char out[4096];
+    size_t n = 0;
+    ssize_t k;
+    while (n + 1 < sizeof out && (k = read(fd[0], out + n, sizeof out - 1 - n)) > 0) n += (size_t)k;
+    out[n] = 0;
+    close(fd[0]);
+    int st = 0;
+    assert_int_equal(waitpid(pid, &st, 0), pid);
+    assert_false(WIFEXITED(st) && WEXITSTATUS(st) == 0);
+    assert_false(WIFEXITED(st) && WEXITSTATUS(st) == 3); /* the model was created */
+    char want[96];
+    snprintf(want, sizeof want, "activation slot %d holds dtype %d, read as dtype %d", S_LN1,
+             LOOM_DT_F32, LOOM_DT_BF16);
+    if (!strstr(out, want)) fail_msg("expected '%s' in: %s", want, out);
+    assert_non_null(strstr(out, "block.c:"));
+}
+
 static void test_bf16_arenas(void **state) {
     (void)state;
     for (int k = 0; k < 2; k++) {
@@ -259,6 +309,9 @@ static void test_attention_key(void **state) {
 
 int main(void) {
     const struct CMUnitTest tests[] = {
+        /* first: its fork comes before any OpenMP team exists (libgomp's pool does not
+         * survive a fork) */
+        cmocka_unit_test(test_bf16_slot_dtype),
         cmocka_unit_test(test_arenas_and_recompute),
         cmocka_unit_test(test_inference_model),
         cmocka_unit_test(test_bf16_arenas),
