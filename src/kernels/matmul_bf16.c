@@ -35,6 +35,10 @@ int bf16_matmul_native(void) {
     if (l != LOOM_ISA_AVX512 && l != LOOM_ISA_NATIVE) return 0;
     __builtin_cpu_init();
     if (!__builtin_cpu_supports("avx512bf16")) return 0;
+    /* oneDNN pinned below it (ONEDNN_MAX_CPU_ISA) has no bf16 matmul: the fp32 path */
+    const unsigned isa = (unsigned)dnnl_get_effective_cpu_isa();
+    if ((isa & (unsigned)dnnl_cpu_isa_avx512_core_bf16) != (unsigned)dnnl_cpu_isa_avx512_core_bf16)
+        return 0;
     const char *e = getenv("LOOM_BF16_GEMM"); /* onednn | fp32 (tests, experiments) */
     if (e && !strcmp(e, "onednn")) return 1;
     if (e && !strcmp(e, "fp32")) return 0;
