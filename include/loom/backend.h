@@ -381,6 +381,66 @@ typedef struct loom_backend {
                               int64_t n, float lr, float beta1, float beta2, float eps,
                               float weight_decay, int64_t step, float grad_scale);
     /* ---- end of bf16 / dtypes ---- */
+
+    /* ---- MoE (src/model/moe.c, docs/moe.md): routing, dispatch, combine, their backward ----
+     * N tokens, E experts, K = top_k choices per token, C = d_model. The routing ints are
+     * int32: e (N,K) each token's chosen experts, best first; pos (N,K) each choice's row in
+     * the expert-major order (experts in order, a token's rows in token order), -1 = dropped
+     * by capacity; cnt (E) the kept rows of each expert (the one host read of the routing,
+     * "moe dispatch counts", sizes the dispatch). Gate weight of choice j: p[t,e_j], or with
+     * renorm p[t,e_j] / sum of the token's K choices' p (float32). Row arithmetic as the host
+     * loops had it (the cpu kernels are bit for bit those: src/kernels/moe.c).
+     * moe_route: p (N,E) holds the router logits and becomes softmax(logits) (in double, then
+     * float32), lse (N) their log-sum-exp; top-k (ties: the lower expert); per routing group of
+     * `group` consecutive tokens, at most floor(capacity_factor * K * group / E) kept rows per expert,
+     * first choices first, then in token order (capacity_factor 0: dropless); e, pos, cnt
+     * written. stats NULL, or (E + 5) doubles ACCUMULATED (+=): per expert its assignments
+     * before capacity, then dropped, assigned (G*K), the balance sum (G * E * sum_e f_e P_e per
+     * group), the z sum (sum of lse^2), tokens. */
+    void (*moe_route)(float *p, float *lse, int32_t *e, int32_t *pos, int32_t *cnt,
+                      double *stats, int64_t N, int E, int K, int64_t group,
+                      float capacity_factor);
+    /* dispatch: row pos[t,j] of X = row t of x, for each kept choice (rows of row_bytes: the
+     * permutation is the same for every dtype) */
+    void (*moe_gather)(void *X, const void *x, const int32_t *pos, int64_t N, int K,
+                       size_t row_bytes);
+    /* combine: y (N,C) = sum over kept j of w_j YB[pos[t,j]] (overwritten) */
+    void (*moe_combine)(float *y, const float *YB, const float *p, const int32_t *e,
+                        const int32_t *pos, int64_t N, int E, int K, int C, int renorm);
+    /* its backward: dYB[pos[t,j]] = w_j dy[t] (set), dw (N,K) = <dy[t], YB[pos[t,j]]> in
+     * double (0 for a dropped choice) */
+    void (*moe_combine_backward)(float *dYB, float *dw, const float *dy, const float *YB,
+                                 const float *p, const int32_t *e, const int32_t *pos,
+                                 int64_t N, int E, int K, int C, int renorm);
+    /* dispatch's backward: dx[t] += dXB[pos[t,j]] for each kept choice */
+    void (*moe_scatter_add)(float *dx, const float *dXB, const int32_t *pos, int64_t N, int K,
+                            int C);
+    /* the router's backward: dl (N,E) = d logits (set) from the gate weights' gradients dw,
+     * the balance loss (aux = its coefficient x dscale; f_e per routing group before capacity)
+     * and the z-loss (zc likewise) through the softmax */
+    void (*moe_router_backward)(float *dl, const float *p, const float *lse, const int32_t *e,
+                                const int32_t *pos, const float *dw, int64_t N, int E, int K,
+                                int64_t group, double aux, double zc, int renorm);
+    /* shared experts' gate (model.moe.shared_gate): g = sigmoid(g) in place (n); y (N,C) +=
+     * g[t] ys[t]; backward: dys = g dy (set), dz (N) = <dy, ys> g (1 - g) (set) */
+    void (*moe_sigmoid)(float *g, int64_t n);
+    void (*moe_gate_add)(float *y, const float *g, const float *ys, int64_t N, int C);
+    void (*moe_gate_backward)(float *dys, float *dz, const float *dy, const float *g,
+                              const float *ys, int64_t N, int C);
+    /* bf16 (training.precision bf16): bf16 rows, fp32 gate weights and accumulation.
+     * combine: y (N,C) = round(sum over kept j of w_j YB[pos[t,j]] + sum over s < S of g_s[t]
+     * ys[s,t]) (ys (S,N,C) the shared experts' outputs, NULL when S = 0; g (S,N), NULL: 1);
+     * backward: as moe_combine_backward / moe_gate_backward on the bf16 YB / ys */
+    void (*bf16_moe_combine)(uint16_t *y, const uint16_t *YB, const float *p, const int32_t *e,
+                             const int32_t *pos, int64_t N, int E, int K, int C, int renorm,
+                             const uint16_t *ys, const float *g, int S);
+    void (*bf16_moe_combine_backward)(float *dYB, float *dw, const float *dy,
+                                      const uint16_t *YB, const float *p, const int32_t *e,
+                                      const int32_t *pos, int64_t N, int E, int K, int C,
+                                      int renorm);
+    void (*bf16_moe_gate_backward)(float *dys, float *dz, const float *dy, const float *g,
+                                   const uint16_t *ys, int64_t N, int C);
+    /* ---- end of MoE ---- */
 } loom_backend;
 
 /* ---- instruction-set level (src/kernels/isa.c, docs/build.md) --------------------------

@@ -457,20 +457,22 @@ typedef struct loom_moe_plan {
 typedef struct loom_moe_comm {
     void *ctx;
     /* send: ep blocks of `block` counts, block r to member r; recv: ep blocks, block i from
-     * member i (an all-to-all of equal blocks) */
+     * member i (an all-to-all of equal blocks; host memory: the counts read back) */
     void (*counts)(void *ctx, const int64_t *send, int64_t *recv, int block);
     /* fills the plan from its counts (arithmetic only, no communication) */
     void (*plan)(void *ctx, loom_moe_plan *pl);
-    /* dispatch: rows of w floats in send (expert-major over all E experts, so member-major:
-     * sn[r] rows to member r) go to their experts' members, are received into recv
-     * (member-major) and permuted into out (expert-major over the local experts, roff) */
-    void (*dispatch)(void *ctx, const loom_moe_plan *pl, const float *send, float *recv,
-                     float *out, int64_t w);
+    /* dispatch: rows of row_bytes bytes (fp32 or bf16 rows: the exchange moves bytes) in send
+     * (expert-major over all E experts, so member-major: sn[r] rows to member r) go to their
+     * experts' members, are received into recv (member-major) and permuted into out
+     * (expert-major over the local experts, roff); send, recv, out are device buffers of the
+     * model's backend (the plan is host memory) */
+    void (*dispatch)(void *ctx, const loom_moe_plan *pl, const void *send, void *recv,
+                     void *out, size_t row_bytes);
     /* combine, dispatch's reverse: rows of in (expert-major, roff) are permuted into send
      * (member-major) and go back to their tokens' members, received into out (in the order
      * of dispatch's send) */
-    void (*combine)(void *ctx, const loom_moe_plan *pl, const float *in, float *send,
-                    float *out, int64_t w);
+    void (*combine)(void *ctx, const loom_moe_plan *pl, const void *in, void *send, void *out,
+                    size_t row_bytes);
 } loom_moe_comm;
 /* NULL: none (a model holding all its experts needs none). The struct is copied. */
 void loom_model_set_moe_comm(loom_model *m, const loom_moe_comm *c);

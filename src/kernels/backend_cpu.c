@@ -11,6 +11,7 @@
 #include "loom/base.h"
 #include "loom/kernels.h"
 #include "kernels/backend_mem.h"
+#include "kernels/moe_kernels.h"
 
 /* ---- memory: host memory is the device's (aligned malloc, memcpy, memset, nothing) ---- */
 
@@ -232,6 +233,19 @@ static const loom_backend cpu = {
     .bf16_crossentropy_forward = bf16_crossentropy_forward,
     .bf16_crossentropy_backward = bf16_crossentropy_backward,
     .adamw_update_bf16 = adamw_update_bf16,
+    /* MoE (src/kernels/moe.c) */
+    .moe_route = loom_moe_route,
+    .moe_gather = loom_moe_gather,
+    .moe_combine = loom_moe_combine,
+    .moe_combine_backward = loom_moe_combine_backward,
+    .moe_scatter_add = loom_moe_scatter_add,
+    .moe_router_backward = loom_moe_router_backward,
+    .moe_sigmoid = loom_moe_sigmoid,
+    .moe_gate_add = loom_moe_gate_add,
+    .moe_gate_backward = loom_moe_gate_backward,
+    .bf16_moe_combine = loom_bf16_moe_combine,
+    .bf16_moe_combine_backward = loom_bf16_moe_combine_backward,
+    .bf16_moe_gate_backward = loom_bf16_moe_gate_backward,
 };
 
 const loom_backend *loom_backend_cpu(void) { return &cpu; }

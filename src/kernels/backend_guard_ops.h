@@ -789,6 +789,124 @@ static void g_adamw_update_bf16(float *p, uint16_t *pb, const float *g, float *m
     CPU->adamw_update_bf16(p, pb, g, m, v, n, lr, beta1, beta2, eps, weight_decay, step, grad_scale);
     guard_close();
 }
+static void g_moe_route(float *p, float *lse, int32_t *e, int32_t *pos, int32_t *cnt, double *stats, int64_t N, int E, int K, int64_t group, float capacity_factor) {
+    guard_check("moe_route", "p", p);
+    guard_check("moe_route", "lse", lse);
+    guard_check("moe_route", "e", e);
+    guard_check("moe_route", "pos", pos);
+    guard_check("moe_route", "cnt", cnt);
+    guard_check("moe_route", "stats", stats);
+    guard_open();
+    CPU->moe_route(p, lse, e, pos, cnt, stats, N, E, K, group, capacity_factor);
+    guard_close();
+}
+static void g_moe_gather(void *X, const void *x, const int32_t *pos, int64_t N, int K, size_t row_bytes) {
+    guard_check("moe_gather", "X", X);
+    guard_check("moe_gather", "x", x);
+    guard_check("moe_gather", "pos", pos);
+    guard_open();
+    CPU->moe_gather(X, x, pos, N, K, row_bytes);
+    guard_close();
+}
+static void g_moe_combine(float *y, const float *YB, const float *p, const int32_t *e, const int32_t *pos, int64_t N, int E, int K, int C, int renorm) {
+    guard_check("moe_combine", "y", y);
+    guard_check("moe_combine", "YB", YB);
+    guard_check("moe_combine", "p", p);
+    guard_check("moe_combine", "e", e);
+    guard_check("moe_combine", "pos", pos);
+    guard_open();
+    CPU->moe_combine(y, YB, p, e, pos, N, E, K, C, renorm);
+    guard_close();
+}
+static void g_moe_combine_backward(float *dYB, float *dw, const float *dy, const float *YB, const float *p, const int32_t *e, const int32_t *pos, int64_t N, int E, int K, int C, int renorm) {
+    guard_check("moe_combine_backward", "dYB", dYB);
+    guard_check("moe_combine_backward", "dw", dw);
+    guard_check("moe_combine_backward", "dy", dy);
+    guard_check("moe_combine_backward", "YB", YB);
+    guard_check("moe_combine_backward", "p", p);
+    guard_check("moe_combine_backward", "e", e);
+    guard_check("moe_combine_backward", "pos", pos);
+    guard_open();
+    CPU->moe_combine_backward(dYB, dw, dy, YB, p, e, pos, N, E, K, C, renorm);
+    guard_close();
+}
+static void g_moe_scatter_add(float *dx, const float *dXB, const int32_t *pos, int64_t N, int K, int C) {
+    guard_check("moe_scatter_add", "dx", dx);
+    guard_check("moe_scatter_add", "dXB", dXB);
+    guard_check("moe_scatter_add", "pos", pos);
+    guard_open();
+    CPU->moe_scatter_add(dx, dXB, pos, N, K, C);
+    guard_close();
+}
+static void g_moe_router_backward(float *dl, const float *p, const float *lse, const int32_t *e, const int32_t *pos, const float *dw, int64_t N, int E, int K, int64_t group, double aux, double zc, int renorm) {
+    guard_check("moe_router_backward", "dl", dl);
+    guard_check("moe_router_backward", "p", p);
+    guard_check("moe_router_backward", "lse", lse);
+    guard_check("moe_router_backward", "e", e);
+    guard_check("moe_router_backward", "pos", pos);
+    guard_check("moe_router_backward", "dw", dw);
+    guard_open();
+    CPU->moe_router_backward(dl, p, lse, e, pos, dw, N, E, K, group, aux, zc, renorm);
+    guard_close();
+}
+static void g_moe_sigmoid(float *g, int64_t n) {
+    guard_check("moe_sigmoid", "g", g);
+    guard_open();
+    CPU->moe_sigmoid(g, n);
+    guard_close();
+}
+static void g_moe_gate_add(float *y, const float *g, const float *ys, int64_t N, int C) {
+    guard_check("moe_gate_add", "y", y);
+    guard_check("moe_gate_add", "g", g);
+    guard_check("moe_gate_add", "ys", ys);
+    guard_open();
+    CPU->moe_gate_add(y, g, ys, N, C);
+    guard_close();
+}
+static void g_moe_gate_backward(float *dys, float *dz, const float *dy, const float *g, const float *ys, int64_t N, int C) {
+    guard_check("moe_gate_backward", "dys", dys);
+    guard_check("moe_gate_backward", "dz", dz);
+    guard_check("moe_gate_backward", "dy", dy);
+    guard_check("moe_gate_backward", "g", g);
+    guard_check("moe_gate_backward", "ys", ys);
+    guard_open();
+    CPU->moe_gate_backward(dys, dz, dy, g, ys, N, C);
+    guard_close();
+}
+static void g_bf16_moe_combine(uint16_t *y, const uint16_t *YB, const float *p, const int32_t *e, const int32_t *pos, int64_t N, int E, int K, int C, int renorm, const uint16_t *ys, const float *g, int S) {
+    guard_check("bf16_moe_combine", "y", y);
+    guard_check("bf16_moe_combine", "YB", YB);
+    guard_check("bf16_moe_combine", "p", p);
+    guard_check("bf16_moe_combine", "e", e);
+    guard_check("bf16_moe_combine", "pos", pos);
+    guard_check("bf16_moe_combine", "ys", ys);
+    guard_check("bf16_moe_combine", "g", g);
+    guard_open();
+    CPU->bf16_moe_combine(y, YB, p, e, pos, N, E, K, C, renorm, ys, g, S);
+    guard_close();
+}
+static void g_bf16_moe_combine_backward(float *dYB, float *dw, const float *dy, const uint16_t *YB, const float *p, const int32_t *e, const int32_t *pos, int64_t N, int E, int K, int C, int renorm) {
+    guard_check("bf16_moe_combine_backward", "dYB", dYB);
+    guard_check("bf16_moe_combine_backward", "dw", dw);
+    guard_check("bf16_moe_combine_backward", "dy", dy);
+    guard_check("bf16_moe_combine_backward", "YB", YB);
+    guard_check("bf16_moe_combine_backward", "p", p);
+    guard_check("bf16_moe_combine_backward", "e", e);
+    guard_check("bf16_moe_combine_backward", "pos", pos);
+    guard_open();
+    CPU->bf16_moe_combine_backward(dYB, dw, dy, YB, p, e, pos, N, E, K, C, renorm);
+    guard_close();
+}
+static void g_bf16_moe_gate_backward(float *dys, float *dz, const float *dy, const float *g, const uint16_t *ys, int64_t N, int C) {
+    guard_check("bf16_moe_gate_backward", "dys", dys);
+    guard_check("bf16_moe_gate_backward", "dz", dz);
+    guard_check("bf16_moe_gate_backward", "dy", dy);
+    guard_check("bf16_moe_gate_backward", "g", g);
+    guard_check("bf16_moe_gate_backward", "ys", ys);
+    guard_open();
+    CPU->bf16_moe_gate_backward(dys, dz, dy, g, ys, N, C);
+    guard_close();
+}
 #define GUARD_WRAPPED(X) \
     X(sum_double) \
     X(add_inplace) \
@@ -880,4 +998,16 @@ static void g_adamw_update_bf16(float *p, uint16_t *pb, const float *g, float *m
     X(bf16_crossentropy_forward) \
     X(bf16_crossentropy_backward) \
     X(adamw_update_bf16) \
+    X(moe_route) \
+    X(moe_gather) \
+    X(moe_combine) \
+    X(moe_combine_backward) \
+    X(moe_scatter_add) \
+    X(moe_router_backward) \
+    X(moe_sigmoid) \
+    X(moe_gate_add) \
+    X(moe_gate_backward) \
+    X(bf16_moe_combine) \
+    X(bf16_moe_combine_backward) \
+    X(bf16_moe_gate_backward) \
     /* (end) */

@@ -46,7 +46,8 @@ void acts_dtypes(loom_model *m) {
     for (int k = 0; k < S_COUNT; k++) {
         const int stat = k == S_LN1_MEAN || k == S_LN1_RSTD || k == S_LN2_MEAN ||
                          k == S_LN2_RSTD || k == S_ATT || k == S_QKN_RSTD || k == S_PN1_RSTD ||
-                         k == S_PN2_RSTD || k >= S_MOE_PROB;
+                         k == S_PN2_RSTD || k == S_MOE_PROB || k == S_MOE_LSE ||
+                         k == S_MOE_SH_G;
         m->slot_dt[k] = m->bf16 && !stat ? LOOM_DT_BF16 : LOOM_DT_F32;
     }
     m->slot_dt[S_MOE_ROUTE] = m->slot_dt[S_MOE_META] = LOOM_DT_I32; /* routing ints */
@@ -177,12 +178,16 @@ static size_t layout_acts(const loom_model *m, struct loom_acts *a, float *base,
         TAKE(a ? &ws : &dummy, m->be->bf16_flash_ws_floats(B, T, m->H, m->KVH, m->D));
         int64_t oc = m->QKV > C ? m->QKV : C;
         if (m->FFI > oc) oc = m->FFI;
+        /* the MoE op's linears: the expert rows (up to ep x k per token), the router, the
+         * shared experts */
+        const int64_t moe16 = moe_dout16_elems(m, BT);
         if (m->lay.tp > 1 && hd && m->Vl > oc) oc = m->Vl; /* the fp32 vocab-parallel dlogits */
         float *rp = NULL;
         TAKE(a ? &rp : &dummy, m->lay.tp > 1 ? BT * C : 0);
         if (a) a->rowp = m->lay.tp > 1 ? rp : NULL;
         float *d16 = NULL;
-        TAKE(a ? &d16 : &dummy, stacked ? words(BT * oc, LOOM_DT_BF16) : 0);
+        TAKE(a ? &d16 : &dummy,
+             stacked ? words(BT * oc > moe16 ? BT * oc : moe16, LOOM_DT_BF16) : 0);
         if (a) {
             a->fws = ws;
             a->dout16 = stacked ? (uint16_t *)d16 : NULL;

@@ -249,6 +249,46 @@ static void attend_cache(loom_model *m, int l, float *out, const float *qkv, flo
 }
 
 static void op_forward_bf16(loom_model *m, block_frame *f, int l, const block_op *op);
+
+void model_linear_forward(loom_model *m, const block_frame *f, int l, int wk, int bk, int64_t i,
+                          void *out, const void *in, int64_t N, int IC, int OC, int out_f32) {
+    const loom_backend *be = m->be;
+    const loom_tensor_info *tw = loom_model_layer_tensor(m, l, wk);
+    const loom_tensor_info *tb = bk >= 0 ? loom_model_layer_tensor(m, l, bk) : NULL;
+    const int64_t per = (int64_t)OC * IC;
+    const float *b = tb ? pview(m, tb) + i * OC : NULL;
+    LOOM_CHECK(tw != NULL);
+    (void)f;
+    if (m->bf16) {
+        const uint16_t *wb = bview(m, tw) + i * per;
+        if (out_f32) be->bf16_matmul_forward_f32(out, in, wb, b, N, IC, OC);
+        else be->bf16_matmul_forward(out, in, wb, b, N, IC, OC);
+        return;
+    }
+    be->matmul_forward(out, in, pview(m, tw) + i * per, b, N, IC, OC);
+}
+
+void model_linear_backward(loom_model *m, const block_frame *f, int l, int wk, int bk,
+                           int64_t i, float *din, int din_set, int no_wgrad, const float *dout,
+                           const void *in, int64_t N, int IC, int OC) {
+    const loom_backend *be = m->be;
+    const loom_tensor_info *tw = loom_model_layer_tensor(m, l, wk);
+    const loom_tensor_info *tb = bk >= 0 ? loom_model_layer_tensor(m, l, bk) : NULL;
+    const int64_t per = (int64_t)OC * IC;
+    LOOM_CHECK(tw != NULL);
+    float *dw = no_wgrad ? NULL : gview(m, tw), *db = no_wgrad || !tb ? NULL : gview(m, tb);
+    if (dw) dw += i * per;
+    if (db) db += i * OC;
+    if (m->bf16) {
+        LOOM_CHECK(f->dout16 != NULL);
+        be->bf16_matmul_backward(din, din_set, dw, db, dout, f->dout16, in,
+                                 bview(m, tw) + i * per, N, IC, OC);
+        return;
+    }
+    const float *w = pview(m, tw) + i * per;
+    if (din_set) be->matmul_backward_set(din, dw, db, dout, in, w, N, IC, OC);
+    else be->matmul_backward(din, dw, db, dout, in, w, N, IC, OC);
+}
 static void op_backward_bf16(loom_model *m, block_frame *f, int l, const block_op *op);
 
 static void op_forward(loom_model *m, block_frame *f, int l, const block_op *op) {
@@ -304,9 +344,8 @@ static void op_forward(loom_model *m, block_frame *f, int l, const block_op *op)
                                     width(m, op->ow));
             break;
         }
-        be->matmul_forward(s[op->out], s[op->in], param(m, op->w, l),
-                           bias_here ? param(m, op->b, l) : NULL, N, width(m, op->iw),
-                           width(m, op->ow));
+        model_linear_forward(m, f, l, param_kind(m, op->w), bias_here ? op->b : -1, 0,
+                             s[op->out], s[op->in], N, width(m, op->iw), width(m, op->ow), 0);
         if (m->lora)
             lora_linear_forward(m, f, l, lora_site(op->w), s[op->out], s[op->in], width(m, op->ow));
         break;
@@ -443,9 +482,8 @@ static void op_backward(loom_model *m, block_frame *f, int l, const block_op *op
         }
         /* g[in] is this op's alone (no other op adds to it): overwritten, not zeroed first;
          * with LoRA adapters the base weights are frozen: no gradient for them */
-        be->matmul_backward_set(g[op->in], m->lora ? NULL : grad(m, op->w, l),
-                            m->lora ? NULL : grad(m, op->b, l), g[op->out], s[op->in],
-                            param(m, op->w, l), N, iw, width(m, op->ow));
+        model_linear_backward(m, f, l, param_kind(m, op->w), op->b, 0, g[op->in], 1,
+                              m->lora != NULL, g[op->out], s[op->in], N, iw, width(m, op->ow));
         if (m->lora)
             lora_linear_backward(m, f, l, lora_site(op->w), g[op->in], g[op->out], s[op->in],
                                  width(m, op->ow));
@@ -590,9 +628,8 @@ static void op_forward_bf16(loom_model *m, block_frame *f, int l, const block_op
                                         width(m, op->iw), width(m, op->ow));
             break;
         }
-        be->bf16_matmul_forward(SLOT_BF16(m, f, op->out), SLOT_BF16(m, f, op->in),
-                                bparam(m, op->w, l), param(m, op->b, l), N, width(m, op->iw),
-                                width(m, op->ow));
+        model_linear_forward(m, f, l, param_kind(m, op->w), op->b, 0, SLOT_BF16(m, f, op->out),
+                             SLOT_BF16(m, f, op->in), N, width(m, op->iw), width(m, op->ow), 0);
         break;
     case OP_ROPE: {
         uint16_t *x = SLOT_BF16(m, f, op->in);
@@ -646,10 +683,9 @@ static void op_backward_bf16(loom_model *m, block_frame *f, int l, const block_o
         break;
     case OP_POINT: point2(m, f, op, 1, l); break;
     case OP_LINEAR: /* g[in] is this op's alone: set */
-        LOOM_CHECK(f->dout16 != NULL);
-        be->bf16_matmul_backward(g[op->in], 1, grad(m, op->w, l), grad(m, op->b, l), g[op->out],
-                                 f->dout16, SLOT_BF16(m, f, op->in), bparam(m, op->w, l), N,
-                                 width(m, op->iw), width(m, op->ow));
+        model_linear_backward(m, f, l, param_kind(m, op->w), op->b, 0, g[op->in], 1, 0,
+                              g[op->out], SLOT_BF16(m, f, op->in), N, width(m, op->iw),
+                              width(m, op->ow));
         break;
     case OP_ROPE: rope(m, f, l, g[op->in], 1); break; /* the inverse rotation of the fp32 dq|dk */
     case OP_ATTN: {

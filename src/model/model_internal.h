@@ -173,8 +173,22 @@ int64_t moe_grad_floats(const loom_model *m, int k, int64_t N);
 void moe_forward(loom_model *m, block_frame *f, int l, int in, int out);
 void moe_backward(loom_model *m, block_frame *f, int l, int in, int out);
 /* creates / frees the model's MoE state (stats); called by create / free */
+/* elements of the bf16 dout scratch the MoE op's linears need at N rows (0 dense) */
+int64_t moe_dout16_elems(const loom_model *m, int64_t N);
 void moe_init(loom_model *m);
 void moe_free(loom_model *m);
+/* The block's linear (block.c), for its dense linears and the MoE op's (experts, router,
+ * shared gates): out (N,OC) = in (N,IC) W^T + b, W the i-th (OC,IC) matrix of layer l's tensor
+ * wk, b the i-th OC of tensor bk (-1 or absent: none), in the model's precision: fp32 slots
+ * and weights, or with training.precision bf16 bf16 input rows and weight copies, the output
+ * bf16 (out_f32 = 0) or fp32 (out_f32 = 1: the router's logits, the shared gates' and the
+ * row-parallel partial sums). Backward: din (fp32) overwritten (din_set) or accumulated,
+ * the weight and bias gradients accumulated (none with no_wgrad); bf16 uses f->dout16. */
+void model_linear_forward(loom_model *m, const block_frame *f, int l, int wk, int bk, int64_t i,
+                          void *out, const void *in, int64_t N, int IC, int OC, int out_f32);
+void model_linear_backward(loom_model *m, const block_frame *f, int l, int wk, int bk,
+                           int64_t i, float *din, int din_set, int no_wgrad, const float *dout,
+                           const void *in, int64_t N, int IC, int OC);
 /* What model.recompute drops, recomputed for one layer before its backward: full = the whole
  * forward again, selective = the norms, the activation and attention. */
 void block_recompute(loom_model *m, block_frame *f, int layer);
@@ -230,9 +244,11 @@ struct loom_model {
     loom_moe_comm moe_comm;
     loom_moe_stats moe_stats;
     int *moe_slot;        /* (L) index into moe_stats of an MoE layer, -1 for a dense one */
-    int64_t *moe_scr;     /* the MoE op's scratch, sized at moe_init so that no call allocates:
-                           * (moe_scratch_words(m)) route counts, the plan, exchange counts, and
-                           * the backward's per-expert sums (doubles stored in int64 words) */
+    int64_t *moe_scr;     /* the MoE op's host scratch, sized at moe_init so that no call
+                           * allocates (moe_scratch_words(m)): the plan, exchange counts, and
+                           * the counts read back (int32) */
+    double *moe_dstats;   /* device: (MoE layers, E + 5) routing statistics (moe_route's) */
+    double *moe_hstats;   /* host: their read (loom_model_moe_stats) */
     float *rope_cos;      /* (maxT, D/2) */
     /* --weights bf16 (weights_bf16.c): NULL, or the arena of the bf16 copies of the linears'
      * weights, (L, 4) of them by LoRA site (0 q|k|v, 1 attn_proj, 2 fc1, 3 fc_proj), and the

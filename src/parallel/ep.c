@@ -2,25 +2,29 @@
  * model through its hooks (loom_moe_comm, include/loom/model.h): an all-to-all of counts, the
  * exchange plan (how many rows go to and come from each member, where each local expert's rows
  * start), a variable all-to-all of rows over the mesh's ep group, and the permutation between
- * the exchange's member-major order and the experts' expert-major order. The routing (which
+ * the exchange's member-major order and the experts' expert-major order, on the model's device
+ * buffers (copies and the comm window of its backend). The routing (which
  * rows go to which expert) and the experts' math stay in the model (src/model/moe.c): model/
  * may not use parallel/ (docs/architecture.md), so it reaches this file only through the hooks
  * that parallel/ gives it. */
 #include "loom/ep.h"
 
 #include <stdlib.h>
+#include "loom/backend.h"
 #include <string.h>
 
 struct loom_ep {
     loom_mesh *mesh;
+    const loom_backend *be;
     int size;
     double seconds;
     int64_t calls;
 };
 
-loom_ep *loom_ep_create(loom_mesh *mesh) {
+loom_ep *loom_ep_create(loom_mesh *mesh, const loom_backend *be) {
     loom_ep *ep = loom_calloc(1, sizeof *ep);
     ep->mesh = mesh;
+    ep->be = be;
     ep->size = loom_mesh_size(mesh, LOOM_GROUP_EP);
     return ep;
 }
@@ -52,8 +56,8 @@ void loom_ep_plan(loom_moe_plan *pl) {
     pl->roff[El] = pl->rows;
 }
 
-void loom_ep_permute(const loom_moe_plan *pl, float *dst, const float *src, int64_t w,
-                     int to_expert) {
+void loom_ep_permute(const loom_backend *be, const loom_moe_plan *pl, void *dst,
+                     const void *src, size_t row_bytes, int to_expert) {
     const int El = pl->El, ep = pl->ep;
     int64_t mm = 0; /* member-major row */
     for (int i = 0; i < ep; i++)
@@ -61,22 +65,31 @@ void loom_ep_permute(const loom_moe_plan *pl, float *dst, const float *src, int6
             int64_t em = pl->roff[el]; /* expert-major row of member i's first row for el */
             for (int k = 0; k < i; k++) em += pl->rcnt[k * El + el];
             const int64_t n = pl->rcnt[i * El + el];
-            if (to_expert) memcpy(dst + em * w, src + mm * w, (size_t)(n * w) * sizeof(float));
-            else memcpy(dst + mm * w, src + em * w, (size_t)(n * w) * sizeof(float));
+            const size_t bytes = (size_t)n * row_bytes;
+            if (n == 0) continue;
+            if (to_expert)
+                be->mem_d2d((char *)dst + (size_t)em * row_bytes,
+                            (const char *)src + (size_t)mm * row_bytes, bytes);
+            else
+                be->mem_d2d((char *)dst + (size_t)mm * row_bytes,
+                            (const char *)src + (size_t)em * row_bytes, bytes);
             mm += n;
         }
 }
 
-/* rows of w floats: sn[r] rows of send to member r, rn[i] rows from member i into recv */
-static void exchange(loom_ep *ep, const loom_moe_plan *pl, const float *send, const int64_t *sn,
-                     float *recv, const int64_t *rn, int64_t w) {
+/* rows of row_bytes: sn[r] rows of send to member r, rn[i] rows from member i into recv (device
+ * buffers, reached through the backend's comm window) */
+static void exchange(loom_ep *ep, const loom_moe_plan *pl, const void *send, const int64_t *sn,
+                     void *recv, const int64_t *rn, size_t row_bytes) {
     int64_t *s = pl->tmp, *q = pl->tmp + pl->ep;
     for (int i = 0; i < pl->ep; i++) {
-        s[i] = sn[i] * w;
-        q[i] = rn[i] * w;
+        s[i] = sn[i] * (int64_t)row_bytes;
+        q[i] = rn[i] * (int64_t)row_bytes;
     }
     const double t0 = loom_now();
-    loom_alltoallv(ep->mesh, LOOM_GROUP_EP, send, s, recv, q, LOOM_F32);
+    ep->be->comm_begin();
+    loom_alltoallv(ep->mesh, LOOM_GROUP_EP, send, s, recv, q, LOOM_U8);
+    ep->be->comm_end();
     ep->seconds += loom_now() - t0;
     ep->calls++;
 }
@@ -86,16 +99,18 @@ static void ep_plan(void *ctx, loom_moe_plan *pl) {
     loom_ep_plan(pl);
 }
 
-static void ep_dispatch(void *ctx, const loom_moe_plan *pl, const float *send, float *recv,
-                        float *out, int64_t w) {
-    exchange(ctx, pl, send, pl->sn, recv, pl->rn, w);
-    loom_ep_permute(pl, out, recv, w, 1);
+static void ep_dispatch(void *ctx, const loom_moe_plan *pl, const void *send, void *recv,
+                        void *out, size_t row_bytes) {
+    loom_ep *ep = ctx;
+    exchange(ep, pl, send, pl->sn, recv, pl->rn, row_bytes);
+    loom_ep_permute(ep->be, pl, out, recv, row_bytes, 1);
 }
 
-static void ep_combine(void *ctx, const loom_moe_plan *pl, const float *in, float *send,
-                       float *out, int64_t w) {
-    loom_ep_permute(pl, send, in, w, 0);
-    exchange(ctx, pl, send, pl->rn, out, pl->sn, w);
+static void ep_combine(void *ctx, const loom_moe_plan *pl, const void *in, void *send,
+                       void *out, size_t row_bytes) {
+    loom_ep *ep = ctx;
+    loom_ep_permute(ep->be, pl, send, in, row_bytes, 0);
+    exchange(ep, pl, send, pl->rn, out, pl->sn, row_bytes);
 }
 
 loom_moe_comm loom_ep_moe_comm(loom_ep *ep) {

@@ -29,7 +29,7 @@ int loom_trainer_moe_setup(trainer *t, loom_model_layout *lay, loom_err *err) {
 
 void loom_trainer_moe_attach(trainer *t) {
     if (t->mc.n_expert <= 0 || loom_mesh_size(t->mesh, LOOM_GROUP_EP) <= 1) return;
-    t->ep = loom_ep_create(t->mesh);
+    t->ep = loom_ep_create(t->mesh, loom_model_backend(t->model));
     const loom_moe_comm c = loom_ep_moe_comm(t->ep);
     loom_model_set_moe_comm(t->model, &c);
 }
