@@ -157,7 +157,9 @@ char *loom_mesh_describe(const loom_mesh *m, char *buf, size_t size);
  * group of one rank each is a local copy. All members of a group must call the group's
  * collectives in the same order (as MPI requires). */
 
-typedef enum loom_dtype { LOOM_F32 = 0, LOOM_F64, LOOM_I32, LOOM_I64, LOOM_U8 } loom_dtype;
+/* LOOM_BF16: bf16 elements (uint16_t) moved, never summed or maxed (a reduction refuses it:
+ * bf16 sums are taken in fp32); the pipeline's bf16 stream (training.precision bf16) */
+typedef enum loom_dtype { LOOM_F32 = 0, LOOM_F64, LOOM_I32, LOOM_I64, LOOM_U8, LOOM_BF16 } loom_dtype;
 size_t loom_dtype_size(loom_dtype t);
 
 /* In-place sum over the group. Sum is only defined for the numeric types (all of them). */

@@ -49,6 +49,7 @@ size_t loom_dtype_size(loom_dtype t) {
     case LOOM_I32: return 4;
     case LOOM_I64: return 8;
     case LOOM_U8: return 1;
+    case LOOM_BF16: return 2;
     }
     LOOM_CHECK(0);
     return 0;
@@ -61,6 +62,7 @@ static MPI_Datatype mpi_type(loom_dtype t) {
     case LOOM_I32: return MPI_INT32_T;
     case LOOM_I64: return MPI_INT64_T;
     case LOOM_U8: return MPI_UINT8_T;
+    case LOOM_BF16: return MPI_UINT16_T; /* moved as bits, never reduced */
     }
     LOOM_CHECK(0);
     return MPI_DATATYPE_NULL;
@@ -322,6 +324,7 @@ static int as_count(size_t n, const char *what) {
 
 static loom_comm_req *start_allreduce(loom_mesh *m, loom_group g, void *buf, size_t count,
                                       loom_dtype t, MPI_Op op) {
+    LOOM_CHECK(t != LOOM_BF16); /* moved only: bf16 sums are taken in fp32 */
     const comm_group *cg = group_of(m, g);
     size_t es = loom_dtype_size(t);
     int N = cg->size;
@@ -369,6 +372,7 @@ static void shard_table(loom_comm_req *r, size_t count, int N, const char *what)
 
 loom_comm_req *loom_ireduce_scatter_sum(loom_mesh *m, loom_group g, const void *send, void *recv,
                                         size_t count, loom_dtype t) {
+    LOOM_CHECK(t != LOOM_BF16); /* moved only */
     const comm_group *cg = group_of(m, g);
     size_t es = loom_dtype_size(t);
     int N = cg->size;

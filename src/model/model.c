@@ -230,7 +230,6 @@ static int check_layout(const loom_model_config *c, const loom_model_layout *in,
         const loom_arch *a = loom_config_arch(c);
         const char *key = out->sp ? "parallel.sp"
                           : out->cp > 1 ? "parallel.cp"
-                          : (out->l0 != 0 || (out->l1 != 0 && out->l1 != c->n_layer)) ? "parallel.pp"
                           : c->n_expert > 0 ? "model.moe.experts"
                           : c->attention != LOOM_ATTN_FLASH ? "model.attention"
                           : c->head != LOOM_HEAD_LM ? "model.head"
@@ -242,7 +241,8 @@ static int check_layout(const loom_model_config *c, const loom_model_layout *in,
                                            : NULL;
         if (key)
             return loom_errf(err, "training.precision = bf16 does not support %s as configured "
-                                  "yet (bf16 covers one process, data and tensor parallelism, "
+                                  "yet (bf16 covers one process, data, tensor and pipeline "
+                                  "parallelism, "
                                   "dense pre-norm decoders with flash attention and the lm head: "
                                   "docs/training.md); use training.precision = fp32", key);
     }

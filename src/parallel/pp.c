@@ -40,7 +40,9 @@ struct loom_pp {
     int has_inner;
     int stage, P, M, schedule, mB, T, C;
     int first, last, tied, classify;
-    size_t stream;                /* floats of one micro-batch's stream: mB * T * C */
+    size_t stream;                /* elements of one micro-batch's stream: mB * T * C */
+    loom_dtype fwd_dt;            /* the stream's: bf16 with training.precision bf16 (its
+                                   * gradient is fp32 either way) */
 
     arena *ar;
     int n_ar, busy_now, peak_busy;
@@ -75,9 +77,14 @@ const char *loom_pp_schedule_name(int schedule) {
 
 /* ---- receives ---------------------------------------------------------------------------- */
 
+/* the element type of what travels with tag_base: the stream forward, its gradient back */
+static loom_dtype dt_of(const loom_pp *p, int tag_base) {
+    return tag_base == TAG_FWD ? p->fwd_dt : LOOM_F32;
+}
+
 static void post(loom_pp *p, inbox *b, int peer, int tag_base) {
     if (b->req || b->next >= p->run_M) return;
-    b->req = loom_irecv(p->mesh, LOOM_GROUP_PP, b->buf, p->stream, LOOM_F32, peer,
+    b->req = loom_irecv(p->mesh, LOOM_GROUP_PP, b->buf, p->stream, dt_of(p, tag_base), peer,
                         tag_base + b->next % TAG_MOD);
 }
 
@@ -92,7 +99,7 @@ static void take(loom_pp *p, inbox *b, int peer, int tag_base, float *buf, const
     loom_comm_waitall(1, &b->req, msg);
     p->bubble_s += loom_now() - t0;
     b->req = NULL;
-    p->be->mem_d2d(buf, b->buf, p->stream * sizeof(float));
+    p->be->mem_d2d(buf, b->buf, p->stream * loom_dtype_size(dt_of(p, tag_base)));
     b->next++;
     post(p, b, peer, tag_base);
 }
@@ -140,7 +147,7 @@ static void point(void *ctx, int pt, int dir, int layer, int site, float *buf, i
     if (pt == LOOM_CP_STAGE_OUT && dir == 0 && !p->last) {
         /* buf is the last layer's output in the arena: untouched until the backward */
         LOOM_CHECK(a->fsend == NULL);
-        a->fsend = loom_isend(p->mesh, LOOM_GROUP_PP, buf, p->stream, LOOM_F32, p->stage + 1,
+        a->fsend = loom_isend(p->mesh, LOOM_GROUP_PP, buf, p->stream, p->fwd_dt, p->stage + 1,
                               TAG_FWD + p->cur % TAG_MOD);
     }
     if (pt == LOOM_CP_STAGE_IN && dir == 1 && !p->first) {
@@ -264,10 +271,11 @@ int loom_pp_create(loom_model *m, loom_mesh *mesh, loom_dp *dp, const loom_comm_
     p->tied = c->arch.tied && !p->classify && p->P > 1;
     /* the stream at the stage points: this view's sequence shard under sequence parallelism */
     p->stream = (size_t)micro_B * (size_t)T * (size_t)p->C / (size_t)(lay->sp ? lay->tp : 1);
+    p->fwd_dt = lay->precision == LOOM_PREC_BF16 ? LOOM_BF16 : LOOM_F32;
     p->slot = loom_calloc((size_t)p->M, sizeof(int));
     p->cur_slot = -1;
     const loom_backend *be = p->be = loom_model_backend(m);
-    if (!p->first) p->in_act.buf = be->mem_alloc(p->stream * sizeof(float), 0);
+    if (!p->first) p->in_act.buf = be->mem_alloc(p->stream * loom_dtype_size(p->fwd_dt), 0);
     if (!p->last) p->in_grad.buf = be->mem_alloc(p->stream * sizeof(float), 0);
     if (p->last && p->classify) /* the logits read back (accuracy) */
         p->h_logits = loom_malloc((size_t)micro_B * (size_t)c->num_classes * sizeof(float));

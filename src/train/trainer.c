@@ -387,12 +387,10 @@ int loom_trainer_create_engine(trainer *t, loom_err *err) {
     const int64_t rows = pipe ? t->local_B / t->microbatches
                               : t->local_B * (t->pref.method != LOOM_PREF_SFT ? 2 : 1) *
                                     loom_trainer_grpo_rows(t);
-    if (t->s.precision == LOOM_PREC_BF16 && (pipe || t->s.zero == 3))
-        return loom_errf(err, "training.precision = bf16 with %s: not supported yet (bf16 covers "
-                              "one process or data parallelism with ZeRO 0-2: docs/training.md); "
-                              "use training.precision = fp32",
-                         pipe ? "a pipeline (parallel.pp or parallel.microbatches > 1)"
-                              : "parallel.zero = 3");
+    if (t->s.precision == LOOM_PREC_BF16 && t->s.zero == 3)
+        return loom_errf(err, "training.precision = bf16 with parallel.zero = 3: not supported "
+                              "yet (bf16 covers ZeRO 0-2: docs/training.md); use "
+                              "training.precision = fp32");
     if (loom_trainer_moe_setup(t, &lay, err)) return -1; /* its experts (ep) */
     if (pipe) loom_pp_stage_layers(t->mc.n_layer, t->pp_size, t->pp_rank, &lay.l0, &lay.l1);
     if (loom_model_create_view(&t->mc, &lay, (int)rows, (int)t->local_T,
