@@ -326,6 +326,32 @@ typedef struct loom_backend {
     double (*sum_squares)(const float *x, int64_t n);
     void (*scale_inplace)(float *x, int64_t n, float s);
 
+    /* ---- LoRA (src/model/lora.c; cpu kernels: src/kernels/lora_ops.c) ---------------------
+     * The host loops LoRA ran over adapter and activation memory, as ops. lora_add_scaled:
+     * rows rows of width floats, dst[r*dst_stride + j] += a * src[r*src_stride + j] (the
+     * adapters' product added into the linear's output columns, a = alpha / rank).
+     * lora_scale_rows: dst (rows, width) contiguous = a * src[r*src_stride + j] (the target's
+     * columns of the output gradient, scaled). lora_dropout_forward: adapter dropout of x
+     * (N = B*T rows of `in` features, T per sequence) into xd = x * keep / (1 - p) and keep
+     * (N, in) = 1 where the element's draw u >= p, u = 24 bits of loom_rng_at(key, c), c =
+     * ((row0 + i / T) * Tg + pos) * in + j, pos = t < split ? pos0 + t : pos1 + (t - split)
+     * for t = i % T (context parallelism's two chunks; split = T for one: docs/finetune.md
+     * "Adapter dropout"). lora_dropout_backward: din[i] += dxd[i] / (1 - p) where keep[i], n
+     * floats. lora_merge: W (out, in) += scale * B (out, r) A (r, in), each product summed
+     * over r in double. */
+    void (*lora_add_scaled)(float *dst, int64_t dst_stride, const float *src, int64_t src_stride,
+                            int64_t width, int64_t rows, float a);
+    void (*lora_scale_rows)(float *dst, const float *src, int64_t src_stride, int64_t width,
+                            int64_t rows, float a);
+    void (*lora_dropout_forward)(float *xd, uint8_t *keep, const float *x, int64_t N,
+                                 int64_t in, int T, int split, int64_t pos0, int64_t pos1,
+                                 int64_t row0, int64_t Tg, uint64_t key, float p);
+    void (*lora_dropout_backward)(float *din, const float *dxd, const uint8_t *keep, int64_t n,
+                                  float p);
+    void (*lora_merge)(float *W, const float *A, const float *B, int64_t out, int64_t in, int r,
+                       float scale);
+    /* ---- end of LoRA ---- */
+
     /* ---- bf16 / dtypes: bf16 mixed-precision training (training.precision bf16) -----------
      * kernels.h "bf16 mixed-precision training" gives each op's contract. Each op states its
      * dtypes in its signature: bf16 tensors are uint16_t (include/loom/bf16.h), fp32 float.

@@ -57,8 +57,18 @@ int loom_lora_rank(const loom_lora *l);
 float loom_lora_alpha(const loom_lora *l);
 unsigned loom_lora_targets(const loom_lora *l);
 size_t loom_lora_num_params(const loom_lora *l);
+/* The adapters' parameters and gradients (num_params floats each, layout above): device
+ * memory of the model's backend (mem_alloc), read by host code only through
+ * loom_lora_to_host. */
 float *loom_lora_params(loom_lora *l);
 float *loom_lora_grads(loom_lora *l);
+/* the model's backend, whose memory the adapters are */
+const struct loom_backend *loom_lora_backend(const loom_lora *l);
+/* A host copy (loom_malloc'd, the caller frees it) of num_params floats of the adapters'
+ * device memory at dev (the parameters, or moments of their layout): the named read `lora
+ * adapters` (saving them, exporting them). loom_lora_upload is the way back (mem_h2d). */
+float *loom_lora_to_host(const loom_lora *l, const float *dev);
+void loom_lora_upload(const loom_lora *l, float *dev, const float *host);
 /* on = 0: the model's next forwards run without the adapters (the base model: a preference
  * method's reference log-probs); backward must not follow such a forward. on = 1 (the
  * default): with them. */
@@ -81,7 +91,8 @@ const loom_lora_tensor *loom_lora_tensor_at(const loom_lora *l, int i);
 int loom_lora_set_dropout(loom_lora *l, float p, uint64_t seed, loom_err *err);
 float loom_lora_dropout(const loom_lora *l);
 void loom_lora_dropout_key(loom_lora *l, int on, uint64_t key, int64_t row0);
-/* W += (alpha / r) B A for every adapter, into base (the model's parameter arena layout). */
+/* W += (alpha / r) B A for every adapter, into base (the model's parameter arena layout, device
+ * memory of the model's backend: the op lora_merge). */
 void loom_lora_merge(const loom_lora *l, const loom_model *m, float *base);
 
 #endif

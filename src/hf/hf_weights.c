@@ -557,7 +557,7 @@ static int hf_write_peft(const char *out_dir, loom_model *m, loom_lora *l, loom_
     loom_st_tensor *ts = loom_calloc((size_t)nt + 1, sizeof *ts);
     char (*names)[160] = loom_calloc((size_t)nt + 1, sizeof *names);
     float **own = loom_calloc((size_t)nt + 1, sizeof *own);
-    const float *p = loom_lora_params(l);
+    float *p = loom_lora_to_host(l, loom_lora_params(l)); /* the adapters, staged */
     int k = 0;
     for (int i = 0; i < nt; i++) {
         const loom_lora_tensor *x = loom_lora_tensor_at(l, i);
@@ -605,6 +605,7 @@ static int hf_write_peft(const char *out_dir, loom_model *m, loom_lora *l, loom_
     free(own);
     free(ts);
     free(names);
+    free(p);
     if (rc) return -1;
     json_t *tm = json_array();
     for (int t = 0; t < LOOM_LORA_NT; t++) {

@@ -209,6 +209,11 @@ static const loom_backend cpu = {
     .adamw_update = adamw_update,
     .sum_squares = sum_squares,
     .scale_inplace = scale_inplace,
+    .lora_add_scaled = loom_lora_add_scaled,
+    .lora_scale_rows = loom_lora_scale_rows,
+    .lora_dropout_forward = loom_lora_dropout_forward,
+    .lora_dropout_backward = loom_lora_dropout_backward,
+    .lora_merge = loom_lora_merge_into,
     /* bf16 / dtypes */
     .bf16_matmul_native = bf16_matmul_native,
     .bf16_matmul_forward = bf16_matmul_forward,

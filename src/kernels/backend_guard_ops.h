@@ -585,6 +585,44 @@ static void g_scale_inplace(float *x, int64_t n, float s) {
     CPU->scale_inplace(x, n, s);
     guard_close();
 }
+static void g_lora_add_scaled(float *dst, int64_t dst_stride, const float *src, int64_t src_stride, int64_t width, int64_t rows, float a) {
+    guard_check("lora_add_scaled", "dst", dst);
+    guard_check("lora_add_scaled", "src", src);
+    guard_open();
+    CPU->lora_add_scaled(dst, dst_stride, src, src_stride, width, rows, a);
+    guard_close();
+}
+static void g_lora_scale_rows(float *dst, const float *src, int64_t src_stride, int64_t width, int64_t rows, float a) {
+    guard_check("lora_scale_rows", "dst", dst);
+    guard_check("lora_scale_rows", "src", src);
+    guard_open();
+    CPU->lora_scale_rows(dst, src, src_stride, width, rows, a);
+    guard_close();
+}
+static void g_lora_dropout_forward(float *xd, uint8_t *keep, const float *x, int64_t N, int64_t in, int T, int split, int64_t pos0, int64_t pos1, int64_t row0, int64_t Tg, uint64_t key, float p) {
+    guard_check("lora_dropout_forward", "xd", xd);
+    guard_check("lora_dropout_forward", "keep", keep);
+    guard_check("lora_dropout_forward", "x", x);
+    guard_open();
+    CPU->lora_dropout_forward(xd, keep, x, N, in, T, split, pos0, pos1, row0, Tg, key, p);
+    guard_close();
+}
+static void g_lora_dropout_backward(float *din, const float *dxd, const uint8_t *keep, int64_t n, float p) {
+    guard_check("lora_dropout_backward", "din", din);
+    guard_check("lora_dropout_backward", "dxd", dxd);
+    guard_check("lora_dropout_backward", "keep", keep);
+    guard_open();
+    CPU->lora_dropout_backward(din, dxd, keep, n, p);
+    guard_close();
+}
+static void g_lora_merge(float *W, const float *A, const float *B, int64_t out, int64_t in, int r, float scale) {
+    guard_check("lora_merge", "W", W);
+    guard_check("lora_merge", "A", A);
+    guard_check("lora_merge", "B", B);
+    guard_open();
+    CPU->lora_merge(W, A, B, out, in, r, scale);
+    guard_close();
+}
 static int g_bf16_matmul_native(void) {
     guard_open();
     const int r_ = CPU->bf16_matmul_native();
@@ -975,6 +1013,11 @@ static void g_bf16_moe_gate_backward(float *dys, float *dz, const float *dy, con
     X(adamw_update) \
     X(sum_squares) \
     X(scale_inplace) \
+    X(lora_add_scaled) \
+    X(lora_scale_rows) \
+    X(lora_dropout_forward) \
+    X(lora_dropout_backward) \
+    X(lora_merge) \
     X(bf16_matmul_native) \
     X(bf16_matmul_forward) \
     X(bf16_matmul_forward_f32) \

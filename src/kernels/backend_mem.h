@@ -15,4 +15,17 @@ void loom_mem_copy_rows(void *dst, size_t dpitch, const void *src, size_t spitch
 /* dst[i] += src[i] */
 void loom_mem_add_inplace(float *dst, const float *src, int64_t n);
 
+/* the LoRA ops' kernels (src/kernels/lora_ops.c; backend.h "LoRA" gives their contracts) */
+void loom_lora_add_scaled(float *dst, int64_t dst_stride, const float *src, int64_t src_stride,
+                          int64_t width, int64_t rows, float a);
+void loom_lora_scale_rows(float *dst, const float *src, int64_t src_stride, int64_t width,
+                          int64_t rows, float a);
+void loom_lora_dropout_forward(float *xd, uint8_t *keep, const float *x, int64_t N, int64_t in,
+                               int T, int split, int64_t pos0, int64_t pos1, int64_t row0,
+                               int64_t Tg, uint64_t key, float p);
+void loom_lora_dropout_backward(float *din, const float *dxd, const uint8_t *keep, int64_t n,
+                                float p);
+void loom_lora_merge_into(float *W, const float *A, const float *B, int64_t out, int64_t in,
+                          int r, float scale);
+
 #endif

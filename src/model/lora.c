@@ -3,7 +3,10 @@
  * of each adapted target) and lora_linear_backward after its backward GEMM (the adapters'
  * gradients and their part of the input gradient; x A^T is recomputed, not kept). With
  * adapter dropout on, x is first replaced by its dropped copy (drop_input), drawn again from
- * the counter-based RNG in backward rather than kept. */
+ * the counter-based RNG in backward rather than kept. Every buffer here (adapters, gradients,
+ * scratch, the dropout mask) is the model's backend's memory (mem_alloc) and every loop over it
+ * is one of the backend's LoRA ops (include/loom/backend.h); the host only draws A's init and
+ * copies it in (mem_h2d), and reads the adapters back through loom_lora_to_host. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -32,6 +35,7 @@ struct loom_lora {
     float *params, *grads;
     loom_lora_tensor *t;
     int nt;
+    const loom_backend *be; /* the model's: every buffer below is its memory */
     float *h, *dh, *tmp; /* scratch (N, r), (N, r), (N, max out or in) */
     int64_t scratch_n;
     /* adapter dropout (loom_lora_set_dropout, loom_lora_dropout_key) */
@@ -135,8 +139,9 @@ int loom_lora_attach(loom_model *m, int rank, float alpha, unsigned targets, uin
     }
     l->layer_floats = off;
     l->n = off * (size_t)m->cfg.n_layer;
-    l->params = loom_alloc_aligned(l->n * sizeof(float));
-    l->grads = loom_alloc_aligned(l->n * sizeof(float));
+    l->be = m->be;
+    l->params = l->be->mem_alloc(l->n * sizeof(float), 0); /* zeroed: B starts at 0 */
+    l->grads = l->be->mem_alloc(l->n * sizeof(float), 0);
     l->t = loom_calloc((size_t)m->cfg.n_layer * LOOM_LORA_NT * 2, sizeof *l->t);
     for (int layer = 0; layer < m->cfg.n_layer; layer++)
         for (int t = 0; t < LOOM_LORA_NT; t++) {
@@ -155,21 +160,20 @@ int loom_lora_attach(loom_model *m, int rank, float alpha, unsigned targets, uin
             }
         }
     /* init: A uniform in [-1/sqrt(in), 1/sqrt(in)] (kaiming_uniform with a = sqrt(5), PEFT's
-     * default), keyed by the tensor's name and the element; B zero */
+     * default), keyed by the tensor's name and the element, drawn on the host and copied in;
+     * B zero (mem_alloc zeroed it) */
     for (int i = 0; i < l->nt; i++) {
         const loom_lora_tensor *x = &l->t[i];
-        float *p = l->params + x->offset;
+        if (x->is_b) continue;
         const size_t n = (size_t)(x->rows * x->cols);
-        if (x->is_b) {
-            memset(p, 0, n * sizeof *p);
-            continue;
-        }
+        float *p = loom_malloc(n * sizeof *p);
         const float bound = 1.0f / sqrtf((float)x->cols);
         const uint64_t stream = loom_hash_str(x->name);
         for (size_t k = 0; k < n; k++)
             p[k] = (2.0f * loom_rng_uniform(seed, stream, k) - 1.0f) * bound;
+        l->be->mem_h2d(l->params + x->offset, p, n * sizeof *p);
+        free(p);
     }
-    memset(l->grads, 0, l->n * sizeof(float));
     m->lora = l;
     *out = l;
     return 0;
@@ -178,15 +182,16 @@ int loom_lora_attach(loom_model *m, int rank, float alpha, unsigned targets, uin
 void loom_lora_free(loom_lora *l) {
     if (!l) return;
     if (l->m && l->m->lora == l) l->m->lora = NULL;
-    free(l->params);
-    free(l->grads);
+    const loom_backend *be = l->be;
+    be->mem_free(l->params);
+    be->mem_free(l->grads);
     free(l->t);
-    free(l->h);
-    free(l->dh);
-    free(l->tmp);
-    free(l->xd);
-    free(l->dxd);
-    free(l->keep);
+    be->mem_free(l->h);
+    be->mem_free(l->dh);
+    be->mem_free(l->tmp);
+    be->mem_free(l->xd);
+    be->mem_free(l->dxd);
+    be->mem_free(l->keep);
     free(l);
 }
 
@@ -197,7 +202,18 @@ size_t loom_lora_num_params(const loom_lora *l) { return l->n; }
 float *loom_lora_params(loom_lora *l) { return l->params; }
 float *loom_lora_grads(loom_lora *l) { return l->grads; }
 void loom_lora_set_enabled(loom_lora *l, int on) { l->off = !on; }
-void loom_lora_zero_grad(loom_lora *l) { memset(l->grads, 0, l->n * sizeof(float)); }
+void loom_lora_zero_grad(loom_lora *l) { l->be->mem_set(l->grads, 0, l->n * sizeof(float)); }
+const loom_backend *loom_lora_backend(const loom_lora *l) { return l->be; }
+
+float *loom_lora_to_host(const loom_lora *l, const float *dev) {
+    float *h = loom_malloc(l->n * sizeof *h);
+    loom_dev_read(l->be, h, dev, l->n * sizeof *h, "lora adapters");
+    return h;
+}
+
+void loom_lora_upload(const loom_lora *l, float *dev, const float *host) {
+    l->be->mem_h2d(dev, host, l->n * sizeof *host);
+}
 int loom_lora_num_tensors(const loom_lora *l) { return l->nt; }
 const loom_lora_tensor *loom_lora_tensor_at(const loom_lora *l, int i) { return &l->t[i]; }
 
@@ -208,12 +224,13 @@ static void scratch(loom_lora *l, int64_t N) {
         if (l->slot[t].out > w) w = l->slot[t].out;
         if (l->slot[t].in > w) w = l->slot[t].in;
     }
-    free(l->h);
-    free(l->dh);
-    free(l->tmp);
-    l->h = loom_alloc_aligned((size_t)N * (size_t)l->r * sizeof(float));
-    l->dh = loom_alloc_aligned((size_t)N * (size_t)l->r * sizeof(float));
-    l->tmp = loom_alloc_aligned((size_t)N * (size_t)w * sizeof(float));
+    const loom_backend *be = l->be;
+    be->mem_free(l->h);
+    be->mem_free(l->dh);
+    be->mem_free(l->tmp);
+    l->h = be->mem_alloc((size_t)N * (size_t)l->r * sizeof(float), 0);
+    l->dh = be->mem_alloc((size_t)N * (size_t)l->r * sizeof(float), 0);
+    l->tmp = be->mem_alloc((size_t)N * (size_t)w * sizeof(float), 0);
     l->scratch_n = N;
 }
 
@@ -251,33 +268,25 @@ static void drop_input(loom_lora *l, const loom_model *m, const block_frame *f, 
         int64_t w = 0;
         for (int k = 0; k < LOOM_LORA_NT; k++)
             if (l->slot[k].in > w) w = l->slot[k].in;
-        free(l->xd);
-        free(l->dxd);
-        free(l->keep);
-        l->xd = loom_alloc_aligned((size_t)N * (size_t)w * sizeof(float));
-        l->dxd = loom_alloc_aligned((size_t)N * (size_t)w * sizeof(float));
-        l->keep = loom_malloc((size_t)N * (size_t)w);
+        const loom_backend *be = l->be;
+        be->mem_free(l->xd);
+        be->mem_free(l->dxd);
+        be->mem_free(l->keep);
+        l->xd = be->mem_alloc((size_t)N * (size_t)w * sizeof(float), 0);
+        l->dxd = be->mem_alloc((size_t)N * (size_t)w * sizeof(float), 0);
+        l->keep = be->mem_alloc((size_t)N * (size_t)w, 0);
         l->drop_n = N;
     }
     const uint64_t stream = (l->drop_key << 16) | ((uint64_t)layer << 3) | (uint64_t)t;
     const uint64_t key = loom_rng_key(l->drop_seed, stream);
-    const float p = l->drop, keep_scale = 1.0f / (1.0f - l->drop);
     const int64_t Tg = (int64_t)f->T * m->lay.cp; /* the whole sequence's length */
-#pragma omp parallel for schedule(static)
-    for (int64_t i = 0; i < N; i++) {
-        const int64_t row = l->drop_row0 + i / f->T;
-        const int64_t pos = loom_model_row_position(m, f->T, (int)(i % f->T));
-        const uint64_t c0 = (uint64_t)(row * Tg + pos) * (uint64_t)in;
-        const float *xi = x + i * in;
-        float *o = l->xd + i * in;
-        uint8_t *k = l->keep + i * in;
-        for (int64_t j = 0; j < in; j++) {
-            /* loom_rng_uniform's 24 bits of loom_rng_u64(seed, stream, c0 + j) */
-            const float u = (float)(loom_rng_at(key, c0 + (uint64_t)j) >> 40) * 0x1p-24f;
-            k[j] = u >= p;
-            o[j] = k[j] ? xi[j] * keep_scale : 0.0f;
-        }
-    }
+    /* the rows' global positions: one run (positions 0..T-1), or context parallelism's two
+     * load-balanced chunks (loom_model_row_position) */
+    const int split = f->T / (m->lay.cp > 1 ? 2 : 1);
+    const int64_t pos0 = loom_model_row_position(m, f->T, 0);
+    const int64_t pos1 = split < f->T ? loom_model_row_position(m, f->T, split) : 0;
+    l->be->lora_dropout_forward(l->xd, l->keep, x, N, in, f->T, split, pos0, pos1, l->drop_row0,
+                                Tg, key, l->drop);
 }
 
 void lora_linear_forward(loom_model *m, const block_frame *f, int layer, int site, float *out,
@@ -299,11 +308,7 @@ void lora_linear_forward(loom_model *m, const block_frame *f, int layer, int sit
         const float *B = l->params + (size_t)layer * l->layer_floats + s->b_off;
         be->matmul_forward(l->h, in, A, NULL, N, (int)s->in, l->r);        /* h = x A^T  (N, r) */
         be->matmul_forward(l->tmp, l->h, B, NULL, N, l->r, (int)s->out);   /* h B^T      (N, out) */
-        for (int64_t i = 0; i < N; i++) {
-            float *o = out + i * ow + s->col0;
-            const float *d = l->tmp + i * s->out;
-            for (int64_t j = 0; j < s->out; j++) o[j] += l->scale * d[j];
-        }
+        be->lora_add_scaled(out + s->col0, ow, l->tmp, s->out, s->out, N, l->scale);
     }
 }
 
@@ -325,14 +330,11 @@ void lora_linear_backward(loom_model *m, const block_frame *f, int layer, int si
         const size_t base = (size_t)layer * l->layer_floats;
         const float *A = l->params + base + s->a_off, *B = l->params + base + s->b_off;
         float *dA = l->grads + base + s->a_off, *dB = l->grads + base + s->b_off;
-        for (int64_t i = 0; i < N; i++) { /* dy = scale * dout's columns of the target */
-            const float *g = dout + i * ow + s->col0;
-            float *d = l->tmp + i * s->out;
-            for (int64_t j = 0; j < s->out; j++) d[j] = l->scale * g[j];
-        }
+        /* dy = scale * dout's columns of the target */
+        be->lora_scale_rows(l->tmp, dout + s->col0, ow, s->out, N, l->scale);
         be->matmul_forward(l->h, in, A, NULL, N, (int)s->in, l->r); /* h = x A^T, recomputed */
         be->matmul_backward(NULL, dB, NULL, l->tmp, l->h, B, N, l->r, (int)s->out); /* dB += dy^T h */
-        memset(l->dh, 0, (size_t)N * (size_t)l->r * sizeof(float));
+        be->mem_set(l->dh, 0, (size_t)N * (size_t)l->r * sizeof(float));
         be->matmul_backward(l->dh, NULL, NULL, l->tmp, l->h, B, N, l->r, (int)s->out); /* dh = dy B */
         if (!drop) {
             /* dA += dh^T x, dx += dh A */
@@ -340,13 +342,9 @@ void lora_linear_backward(loom_model *m, const block_frame *f, int layer, int si
             continue;
         }
         /* dA += dh^T xd; dxd = dh A, and dx += dxd where kept, scaled as in forward */
-        memset(l->dxd, 0, (size_t)N * (size_t)s->in * sizeof(float));
+        be->mem_set(l->dxd, 0, (size_t)N * (size_t)s->in * sizeof(float));
         be->matmul_backward(l->dxd, dA, NULL, l->dh, in, A, N, (int)s->in, l->r);
-        const float keep_scale = 1.0f / (1.0f - l->drop);
-        const int64_t n = N * s->in;
-#pragma omp parallel for schedule(static)
-        for (int64_t i = 0; i < n; i++)
-            if (l->keep[i]) din[i] += l->dxd[i] * keep_scale;
+        be->lora_dropout_backward(din, l->dxd, l->keep, N * s->in, l->drop);
     }
 }
 
@@ -359,12 +357,6 @@ void loom_lora_merge(const loom_lora *l, const loom_model *m, float *base) {
             LOOM_CHECK(ti && ti->shape[0] == s->out && ti->shape[1] == s->in);
             const float *A = l->params + (size_t)layer * l->layer_floats + s->a_off;
             const float *B = l->params + (size_t)layer * l->layer_floats + s->b_off;
-            float *W = base + ti->offset;
-            for (int64_t o = 0; o < s->out; o++)
-                for (int64_t i = 0; i < s->in; i++) {
-                    double acc = 0;
-                    for (int k = 0; k < l->r; k++) acc += (double)B[o * l->r + k] * A[(int64_t)k * s->in + i];
-                    W[o * s->in + i] += l->scale * (float)acc;
-                }
+            l->be->lora_merge(base + ti->offset, A, B, s->out, s->in, l->r, l->scale);
         }
 }

@@ -35,10 +35,9 @@ int loom_trainer_lora_setup(trainer *t, loom_err *err) {
         return -1;
     loom_dp_freeze(t->dp);
     const size_t n = loom_lora_num_params(t->lora);
-    t->lora_m = loom_alloc_aligned(n * sizeof(float));
-    t->lora_v = loom_alloc_aligned(n * sizeof(float));
-    memset(t->lora_m, 0, n * sizeof(float));
-    memset(t->lora_v, 0, n * sizeof(float));
+    const loom_backend *be = loom_lora_backend(t->lora);
+    t->lora_m = be->mem_alloc(n * sizeof(float), 0); /* zeroed */
+    t->lora_v = be->mem_alloc(n * sizeof(float), 0);
     if (t->world_rank == 0)
         loom_log("lora: rank %d, alpha %g, %zu adapter parameters (%.2f%% of %zu, frozen); "
                  "optimizer state %.2f MB (adapters only; full fine-tuning would hold %.2f MB)",
@@ -50,8 +49,12 @@ int loom_trainer_lora_setup(trainer *t, loom_err *err) {
 
 /* the adapters themselves belong to t->model (loom_model_free frees them) */
 void loom_trainer_lora_free(trainer *t) {
-    free(t->lora_m);
-    free(t->lora_v);
+    if (t->lora) {
+        const loom_backend *be = loom_lora_backend(t->lora);
+        be->mem_free(t->lora_m);
+        be->mem_free(t->lora_v);
+    }
+    t->lora_m = t->lora_v = NULL;
     t->lora = NULL;
 }
 
