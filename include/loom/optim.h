@@ -1,7 +1,9 @@
 /* The optimizer (src/parallel/optim.c): AdamW with decoupled weight decay and global-norm
  * gradient clipping, in one place. The DP/ZeRO engine (src/parallel/dp.c) steps the model's
- * owned slices with it; LoRA fine-tuning (src/train/train_lora.c) steps the adapters with the
- * same AdamW. The math is the backend's adamw_update op (src/kernels/adamw.c). */
+ * owned slices with it; LoRA fine-tuning (src/train/train_lora.c) steps the adapters, a
+ * parameter group of their own (loom_optim_group), with the same norm (the backend's
+ * sum_squares), the same clipping factor (loom_optim_clip_scale, applied inside AdamW) and the
+ * same AdamW. The math is the backend's ops (src/kernels/adamw.c). */
 #ifndef LOOM_OPTIM_H
 #define LOOM_OPTIM_H
 
@@ -39,5 +41,23 @@ void loom_optim_adamw_range(const loom_model *m, int unit, size_t lo, size_t hi,
 void loom_optim_adamw_range_bf16(const loom_model *m, int unit, size_t lo, size_t hi, float *p,
                                  uint16_t *pb, const float *g, float *mm, float *vv,
                                  const loom_adamw *h, float lr, int64_t step, float grad_scale);
+
+/* A parameter group the optimizer steps outside the model's arenas, held whole on every rank
+ * (LoRA's adapters): n floats each of parameters p, gradients g and AdamW moments m, v, device
+ * memory of be; decay: the decoupled weight decay applies to every element (1) or none (0). */
+typedef struct loom_optim_group {
+    const loom_backend *be;
+    float *p, *g, *m, *v;
+    int64_t n;
+    int decay;
+} loom_optim_group;
+/* The sum of squares of the group's gradients (the backend's sum_squares: in double, as the DP
+ * engine sums its owned slices); sqrt of it, summed over everything stepped, is the global
+ * norm clipping reads. */
+double loom_optim_group_sum_squares(const loom_optim_group *o);
+/* One AdamW step of the group at optimizer step `step` (1-based) and rate lr, its gradients
+ * times grad_scale (loom_optim_clip_scale of the global norm; 1 for none). */
+void loom_optim_group_step(const loom_optim_group *o, const loom_adamw *h, float lr,
+                           int64_t step, float grad_scale);
 
 #endif

@@ -1,5 +1,5 @@
 /* The optimizer: AdamW and global-norm clipping (include/loom/optim.h), used by the DP/ZeRO
- * engine (dp.c) and LoRA fine-tuning (src/train/train_lora.c). */
+ * engine (dp.c) and, through a parameter group, LoRA fine-tuning (src/train/train_lora.c). */
 #include "loom/optim.h"
 
 float loom_optim_clip_scale(double norm, float max_norm) {
@@ -39,4 +39,13 @@ void loom_optim_adamw_range_bf16(const loom_model *m, int unit, size_t lo, size_
             loom_optim_adamw(be, h, p + (a - lo), g + (a - lo), mm + (a - lo), vv + (a - lo),
                              (int64_t)(b - a), lr, t->decay, step, grad_scale);
     }
+}
+
+double loom_optim_group_sum_squares(const loom_optim_group *o) {
+    return o->be->sum_squares(o->g, o->n);
+}
+
+void loom_optim_group_step(const loom_optim_group *o, const loom_adamw *h, float lr,
+                           int64_t step, float grad_scale) {
+    loom_optim_adamw(o->be, h, o->p, o->g, o->m, o->v, o->n, lr, o->decay, step, grad_scale);
 }

@@ -1,7 +1,8 @@
 /* LoRA fine-tuning in the trainer (finetune.lora.*): the base model's engine is frozen (no
- * optimizer state, never stepped), the adapters (include/loom/lora.h) are trained with AdamW
- * on their own state; their gradients are summed over the data-parallel group (every rank
- * holds all of them: they are small), clipped by their own norm. Checkpoints carry
+ * optimizer state, never stepped), the adapters (include/loom/lora.h) are the one optimizer's
+ * parameter group (include/loom/optim.h: the norm, clipping factor and AdamW the DP engine
+ * uses), their moments device memory of the model's backend; their gradients are summed over
+ * the data-parallel group (every rank holds all of them: they are small). Checkpoints carry
  * lora.safetensors (adapters and their moments). See docs/finetune.md. */
 #include <math.h>
 #include <stdlib.h>
@@ -36,8 +37,10 @@ int loom_trainer_lora_setup(trainer *t, loom_err *err) {
     loom_dp_freeze(t->dp);
     const size_t n = loom_lora_num_params(t->lora);
     const loom_backend *be = loom_lora_backend(t->lora);
-    t->lora_m = be->mem_alloc(n * sizeof(float), 0); /* zeroed */
-    t->lora_v = be->mem_alloc(n * sizeof(float), 0);
+    t->lora_opt = (loom_optim_group){be, loom_lora_params(t->lora), loom_lora_grads(t->lora),
+                                     be->mem_alloc(n * sizeof(float), 0), /* zeroed */
+                                     be->mem_alloc(n * sizeof(float), 0), (int64_t)n, 1};
+    t->lora_clip = 1.0f;
     if (t->world_rank == 0)
         loom_log("lora: rank %d, alpha %g, %zu adapter parameters (%.2f%% of %zu, frozen); "
                  "optimizer state %.2f MB (adapters only; full fine-tuning would hold %.2f MB)",
@@ -49,12 +52,11 @@ int loom_trainer_lora_setup(trainer *t, loom_err *err) {
 
 /* the adapters themselves belong to t->model (loom_model_free frees them) */
 void loom_trainer_lora_free(trainer *t) {
-    if (t->lora) {
-        const loom_backend *be = loom_lora_backend(t->lora);
-        be->mem_free(t->lora_m);
-        be->mem_free(t->lora_v);
+    if (t->lora_opt.be) {
+        t->lora_opt.be->mem_free(t->lora_opt.m);
+        t->lora_opt.be->mem_free(t->lora_opt.v);
     }
-    t->lora_m = t->lora_v = NULL;
+    memset(&t->lora_opt, 0, sizeof t->lora_opt);
     t->lora = NULL;
 }
 
@@ -66,39 +68,30 @@ void loom_trainer_lora_micro(trainer *t, int64_t micro) {
 }
 
 float loom_trainer_lora_finish(trainer *t) {
-    const size_t n = loom_lora_num_params(t->lora);
-    float *g = loom_lora_grads(t->lora);
+    const loom_optim_group *o = &t->lora_opt;
     /* each rank's gradient is of its rows' (with context parallelism: its positions') share of
-     * the global mean loss: the sum over the group the loss is reduced in is the mean */
-    loom_allreduce_sum(t->mesh, t->red_group, g, (int64_t)n, LOOM_F32);
-    double ss = 0;
-    for (size_t i = 0; i < n; i++) ss += (double)g[i] * g[i];
-    const float norm = (float)sqrt(ss);
-    if (t->s.grad_clip > 0 && norm > t->s.grad_clip && isfinite(norm)) {
-        const float c = (float)(t->s.grad_clip / norm);
-        for (size_t i = 0; i < n; i++) g[i] *= c;
-    }
-    return norm;
+     * the global mean loss: the sum over the group the loss is reduced in is the mean (a
+     * device buffer: the mesh opens the backend's window for it, loom_comm_set_device_window) */
+    loom_allreduce_sum(t->mesh, t->red_group, o->g, (size_t)o->n, LOOM_F32);
+    /* the one global-norm clip: the base weights are frozen, so the adapters are all the
+     * gradient there is; the factor applies inside AdamW, as the DP engine's does */
+    const double norm = sqrt(loom_optim_group_sum_squares(o));
+    t->lora_clip = loom_optim_clip_scale(norm, (float)t->s.grad_clip);
+    return (float)norm;
 }
 
 void loom_trainer_lora_step(trainer *t, float lr) {
     const int64_t step = loom_dp_optimizer_step(t->dp) + 1;
     const loom_adamw h = {(float)t->s.beta1, (float)t->s.beta2, (float)t->s.eps,
                           (float)t->s.weight_decay};
-    /* the one AdamW (loom/optim.h); adapters are matrices: the decoupled weight decay applies
-     * to all of them. The clipping above stays LoRA's own (issue 28, docs/architecture.md):
-     * the factor clip / norm of a float norm, applied in a pass of its own, is not the DP
-     * engine's max_norm / (norm + 1e-6) inside AdamW, and switching would change the bits of
-     * every clipped LoRA step. */
-    loom_optim_adamw(loom_model_backend(t->model), &h, loom_lora_params(t->lora),
-                     loom_lora_grads(t->lora), t->lora_m, t->lora_v,
-                     (int64_t)loom_lora_num_params(t->lora), lr, 1, step, 1.0f);
+    /* adapters are matrices: the decoupled weight decay applies to all of them */
+    loom_optim_group_step(&t->lora_opt, &h, lr, step, t->lora_clip);
     loom_dp_set_optimizer_step(t->dp, step);
 }
 
 /* ---- checkpoints: lora.safetensors (its format: src/ckpt/lora_file.c) ---------------------- */
 int loom_trainer_lora_save(trainer *t, char **buf, size_t *len, loom_err *err) {
-    return loom_lora_serialize(t->lora, t->lora_m, t->lora_v, buf, len, err);
+    return loom_lora_serialize(t->lora, t->lora_opt.m, t->lora_opt.v, buf, len, err);
 }
 
 int loom_trainer_lora_load(trainer *t, const loom_ckpt *ck, loom_err *err) {
@@ -110,5 +103,5 @@ int loom_trainer_lora_load(trainer *t, const loom_ckpt *ck, loom_err *err) {
         return loom_errf(err, "%s: the checkpoint has no LoRA adapters, but finetune.lora.rank is "
                               "set (start a new run.dir with training.init_from to fine-tune it)",
                          where);
-    return loom_lora_restore(t->lora, data, len, where, t->lora_m, t->lora_v, err);
+    return loom_lora_restore(t->lora, data, len, where, t->lora_opt.m, t->lora_opt.v, err);
 }

@@ -187,7 +187,7 @@ int loom_trainer_step(trainer *t, loom_trainer_batch_fn next, void *ctx, double 
     loom_prof_begin("optimizer", "phase");
     t->inject_nan = 0;
     float gnorm = loom_dp_finish_grads(t->dp, t->lora ? 0.0f : (float)t->s.grad_clip);
-    if (t->lora) gnorm = loom_trainer_lora_finish(t); /* LoRA: the adapters' norm and clip */
+    if (t->lora) gnorm = loom_trainer_lora_finish(t); /* LoRA: the norm and clip are the adapters' */
     const double lr = loom_schedule_lr(&t->s.sched, t->step);
     /* A non-finite loss or gradient norm skips the update on every rank: parameters and
      * optimizer state stay as they are (the gradients are zeroed by the next step). Both

@@ -9,6 +9,7 @@
 #include "loom/cp.h"
 #include "loom/data.h"
 #include "loom/model.h"
+#include "loom/optim.h"
 #include "loom/parallel.h"
 #include "loom/schedule.h"
 #include "loom/preference.h"
@@ -70,7 +71,8 @@ typedef struct trainer {
     loom_run_data *run_data;  /* what data.train was tokenized with (and its classes) */
     double data_wait_s;       /* seconds this step spent getting batches (train_obs.c) */
     struct loom_lora *lora;   /* finetune.lora: the adapters (the dp engine is then frozen) */
-    float *lora_m, *lora_v;   /* their AdamW moments */
+    loom_optim_group lora_opt; /* the adapters as the optimizer's parameter group (moments) */
+    float lora_clip;          /* clipping's factor for the coming step (finish -> step) */
     /* finetune.method (train_pref.c): sft (0, every field below unused) or a preference
      * method: the model runs 2 rows (chosen, rejected) per pair of local_B */
     loom_pref_opts pref;
@@ -160,8 +162,10 @@ int loom_trainer_init_from_config(loom_config *cfg, loom_err *err);
 int loom_trainer_init_from_load(trainer *t, loom_err *err);
 
 /* finetune.lora (train_lora.c; its keys: loom_lora_settings, loom/load.h): setup attaches the
- * adapters to the model and freezes the dp engine; finish sums their gradients over dp, clips them by their norm (which
- * it returns); step runs AdamW on them; save/load handle lora.safetensors. */
+ * adapters to the model and freezes the dp engine; finish sums their gradients over dp and
+ * returns their global norm (the clipping factor kept for step); step runs the optimizer's
+ * AdamW on them (loom/optim.h: the DP engine's norm, clipping and AdamW, over a parameter group
+ * of their own); save/load handle lora.safetensors. */
 int loom_trainer_lora_setup(trainer *t, loom_err *err);
 void loom_trainer_lora_free(trainer *t);
 /* micro >= 0: adapter dropout on for the coming forward/backward of micro-batch `micro` of
