@@ -10,6 +10,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "loom/backend.h"
 #include "loom/comm.h"
 #include "loom/hf.h"
 #include "loom/load.h"
@@ -95,8 +96,12 @@ int loom_trainer_load_reference(trainer *t, loom_err *err) {
     loom_model *m = NULL;
     if (loom_load_model_ex(src, 1, 0, &m, NULL, NULL, err))
         return loom_err_prefix(err, "training.init_from (the reference model)");
+    /* device memory of both models: the source staged on the host where the backend's memory
+     * is not host memory (the named read "parameters to host"), each tensor copied in */
+    const loom_backend *be = loom_model_backend(t->ref);
     float *dst = loom_model_params(t->ref);
-    const float *sp = loom_model_params(m);
+    float *staged = loom_model_params_to_host(m);
+    const float *sp = staged ? staged : loom_model_params(m);
     int rc = 0;
     for (int i = 0; i < loom_model_num_tensors(t->ref) && rc == 0; i++) {
         const loom_tensor_info *ti = loom_model_tensor(t->ref, i);
@@ -105,8 +110,9 @@ int loom_trainer_load_reference(trainer *t, loom_err *err) {
         if (!s || s->numel != ti->numel)
             rc = loom_errf(err, "training.init_from (%s) has no tensor '%s' of %zu elements", src,
                            ti->name, ti->numel);
-        else memcpy(dst + ti->offset, sp + s->offset, ti->numel * sizeof(float));
+        else be->mem_h2d(dst + ti->offset, sp + s->offset, ti->numel * sizeof(float));
     }
+    free(staged);
     loom_model_free(m);
     return rc;
 }
