@@ -133,7 +133,7 @@ static size_t layout_acts(const loom_model *m, struct loom_acts *a, float *base,
         TAKE(a ? &a->dpooled : &dummy, (int64_t)B * C);
     }
     if (stacked && m->bf16) {
-        /* bf16 (no sp, q/k or post-norms, MoE, sdpa: create refuses them) shares the fp32
+        /* bf16 (no sp, q/k or post-norms, sdpa: create refuses them) shares the fp32
          * gradient scratch between ops whose gradients are never alive together. A layer's
          * backward runs fc_proj (writes dfch_act), the activation (dfch), fc (dln), ln2,
          * attn_proj (datty), attention (dqkv), RoPE, qkv (dln), ln1: so datty shares dln's
@@ -147,6 +147,9 @@ static size_t layout_acts(const loom_model *m, struct loom_acts *a, float *base,
         TAKE(a ? &a->dln : &dummy, nln);
         TAKE(a ? &a->dfch : &dummy, qkv > mlp ? qkv : mlp);
         TAKE(a ? &a->dfch_act : &dummy, gelu ? 0 : slot_floats(m, S_FCH_ACT, B, T));
+        /* an MoE layer's own gradient scratch (its backward writes dln, reads dres only) */
+        for (int k = S_MOE_PROB; k < S_COUNT; k++)
+            TAKE(a ? &a->moe_g[k] : &dummy, moe_grad_floats(m, k, BT));
         if (a) {
             if (gelu) a->dfch_act = a->dfch;
             a->dqkv = a->dqkvr = a->dfch;

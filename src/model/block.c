@@ -574,7 +574,7 @@ static void op_backward(loom_model *m, block_frame *f, int l, const block_op *op
 /* ---- training.precision bf16: the block's ops on bf16 slots ------------------------------
  * Saved activations are bf16 (m->slot_dt), their gradients fp32; the linears read the bf16
  * weight copies (m->wb), the norms fp32 weights and biases. Only what create allows in bf16
- * (model.c check_layout) comes here: no tp/cp/pp, q/k norms, post-norms, MoE, LoRA or sdpa. */
+ * (model.c check_layout) comes here: no cp/pp, q/k norms, post-norms, LoRA or sdpa. */
 
 /* a slot's buffer as dtype dt: any other dtype stops the run here (nothing converts silently) */
 static void *slot_as(const loom_model *m, const block_frame *f, int k, int dt, const char *file,
@@ -660,6 +660,11 @@ static void op_forward_bf16(loom_model *m, block_frame *f, int l, const block_op
         be->bf16_residual_forward(out, out, SLOT_BF16(m, f, op->in), N * C);
         break;
     }
+    case OP_MOE: /* bf16 rows in and out (moe.c: fp32 router, bf16 experts) */
+        (void)SLOT_BF16(m, f, op->in);
+        (void)SLOT_BF16(m, f, op->out);
+        moe_forward(m, f, l, op->in, op->out);
+        break;
     default: LOOM_CHECK(0 && "this op has no bf16 form (training.precision bf16)");
     }
 }
@@ -707,6 +712,7 @@ static void op_backward_bf16(loom_model *m, block_frame *f, int l, const block_o
                               mlp == LOOM_MLP_GEGLU);
         break;
     case OP_RESIDUAL: LOOM_CHECK(g[op->in] == g[op->out]); break;
+    case OP_MOE: moe_backward(m, f, l, op->in, op->out); break;
     default: LOOM_CHECK(0 && "this op has no bf16 form (training.precision bf16)");
     }
 }

@@ -230,7 +230,6 @@ static int check_layout(const loom_model_config *c, const loom_model_layout *in,
         const loom_arch *a = loom_config_arch(c);
         const char *key = out->sp ? "parallel.sp"
                           : out->cp > 1 ? "parallel.cp"
-                          : c->n_expert > 0 ? "model.moe.experts"
                           : c->attention != LOOM_ATTN_FLASH ? "model.attention"
                           : c->head != LOOM_HEAD_LM ? "model.head"
                           : c->doc_mask ? "model.doc_mask"
@@ -241,10 +240,10 @@ static int check_layout(const loom_model_config *c, const loom_model_layout *in,
                                            : NULL;
         if (key)
             return loom_errf(err, "training.precision = bf16 does not support %s as configured "
-                                  "yet (bf16 covers one process, data, tensor and pipeline "
-                                  "parallelism, "
-                                  "dense pre-norm decoders with flash attention and the lm head: "
-                                  "docs/training.md); use training.precision = fp32", key);
+                                  "yet (bf16 covers one process, data, tensor, pipeline and "
+                                  "expert parallelism, pre-norm decoders, dense or MoE, with "
+                                  "flash attention and the lm head: docs/training.md); use "
+                                  "training.precision = fp32", key);
     }
     if (out->sp && (c->head != LOOM_HEAD_LM || c->n_expert > 0 || out->cp > 1 ||
                     out->l0 != 0 || (out->l1 != 0 && out->l1 != c->n_layer)))

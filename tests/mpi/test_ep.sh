@@ -5,7 +5,9 @@
 # capacity factor (capacity per routing group of group_tokens tokens, so the same tokens drop
 # at every layout; the dropped fraction is compared too). Checkpoints hold experts by global
 # index: EP = 2 -> EP = 1 and EP = 1 -> EP = 2 resumes continue the single-process trajectory,
-# and `loom generate` / `loom eval` read an EP = 2 checkpoint. One thread per rank.
+# and `loom generate` / `loom eval` read an EP = 2 checkpoint. training.precision bf16 at ep = 2
+# (alone, its first 3 steps bit for bit, and with dp, ZeRO 1) follows the single bf16 process
+# within 1e-3. One thread per rank.
 source "$(dirname "$0")/lib.sh"
 MPIRUN="timeout 150 mpirun --oversubscribe -x OMP_NUM_THREADS -x OPENBLAS_NUM_THREADS"
 make_dataset "$WORK"
@@ -81,6 +83,37 @@ PY
 g=$("$LOOM_BIN" generate "$WORK/g2" --prompt "the " --tokens 20 --seed 1) || fail "generate from the ep=2 checkpoint"
 [[ "$g" == "the "* ]] || fail "generate output: '$g'"
 pass "eval and generate on the ep=2 checkpoint: '$g'"
+
+# training.precision bf16 (fp32 masters, bf16 experts and dispatch, fp32 router) with a capacity
+# factor: ep = 2 and ep = 2 x dp 2 (ZeRO 1) follow the single bf16 process. At ep = 2 the first
+# 3 steps are bit for bit one process's (loss, grad norm, dropped fraction: the forward, the
+# exchange and the backward do the same arithmetic); then the experts' weight gradients, summed
+# over both members' rows in one GEMM, round differently, bf16 activations carry it on, and a
+# token near a tie may route elsewhere. Tolerance 1e-3 relative per step over 20 steps
+# (observed 4.1e-4 at ep = 2).
+BF=(--set training.precision=bf16 "${CAP[@]}")
+"$LOOM_BIN" train "$WORK/c.yaml" "${COMMON[@]}" "${BF[@]}" --set run.dir="$WORK/bf_single" 2>"$WORK/log" ||
+  { cat "$WORK/log"; fail "bf16: single process failed"; }
+compare_losses "$WORK/single_capacity" "$WORK/bf_single" 0 1 >/dev/null &&
+  fail "bf16 losses equal fp32's: the bf16 path did not run"
+for layout in "2 0" "4 1"; do
+  read -r np z <<<"$layout"
+  run=$WORK/bf_np${np}_z$z
+  $MPIRUN -np $np "$LOOM_BIN" train "$WORK/c.yaml" "${COMMON[@]}" "${BF[@]}" --set run.dir="$run" \
+    --set parallel.ep=2 --set parallel.zero=$z 2>"$WORK/log" ||
+    { cat "$WORK/log"; fail "bf16: np=$np ep=2 zero=$z failed"; }
+  compare_losses "$WORK/bf_single" "$run" 1e-3 || fail "bf16: np=$np ep=2 zero=$z differs from one process"
+  if [ "$np" = 2 ]; then
+    python3 - "$WORK/bf_single" "$run" <<'PY' || fail "bf16: ep=2's first 3 steps are not one process's bit for bit"
+import json, sys
+a, b = ([json.loads(l) for l in open(d + "/metrics.jsonl")][:3] for d in sys.argv[1:])
+keys = ("loss", "grad_norm", "moe_dropped_frac")
+sys.exit(0 if all(x[k] == y[k] for x, y in zip(a, b) for k in keys) else
+         f"{[[x[k] for k in keys] for x in a]} vs {[[y[k] for k in keys] for y in b]}")
+PY
+  fi
+  pass "bf16: world $np, ep=2, zero $z: 20 steps follow the single bf16 process$([ "$np" = 2 ] && echo ', the first 3 bit for bit')"
+done
 
 # bad layouts are refused with a message naming the keys
 expect_fail "ep not dividing the experts" "ep|expert" $MPIRUN -np 2 "$LOOM_BIN" train "$WORK/c.yaml" \

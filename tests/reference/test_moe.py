@@ -102,7 +102,11 @@ def moe_layer(x, P, pre, c, capped, acc):
     """x (N, C) -> (N, C); adds the router losses' terms and the routing to acc."""
     N, C = x.shape
     E, K, llama, Fd = c["experts"], c["top_k"], c["flavor"] == 1, c["d_ff"]
-    logits = x @ P[pre + "moe_router_w"].T
+    if c.get("router_fp32"):  # loom's bf16 router: bf16 rows and weights, fp32 products
+        with torch.autocast("cpu", enabled=False):
+            logits = x.bfloat16().float() @ P[pre + "moe_router_w"].bfloat16().float().T
+    else:
+        logits = x @ P[pre + "moe_router_w"].T
     lse = torch.logsumexp(logits, dim=-1)
     p = torch.softmax(logits, dim=-1)
     choice = torch.topk(p.detach(), K, dim=-1).indices  # (N, K), best first
