@@ -39,6 +39,7 @@
 #include <math.h>
 #include <omp.h>
 
+#include "loom/backend.h"
 #include "loom/bf16.h"
 #include "loom/kernels.h"
 
@@ -683,6 +684,93 @@ static void test_train_adamw(void **state) {
     free(p); free(g); free(m); free(v); free(p2); free(m2); free(v2); free(pb);
 }
 
+/* The MoE op's bf16 kernels (backend.h "MoE", src/kernels/moe.c; compiled once, not per level),
+ * against float64 on the same bf16 inputs: bf16_moe_combine (the routed experts' bf16 rows
+ * times their gate weights, dropped choices skipped, plus every shared expert's bf16 output
+ * times its gate or 1, in fp32, rounded once) within a bf16 rounding of the float64 sum plus
+ * the fp32 accumulation's bound, with and without renormalized gate weights and gates; its
+ * backward (dYB = w dy exactly as fp32 multiplies it; dw = <dy, YB> within 1e-6 relative, 0
+ * for a dropped choice) and bf16_moe_gate_backward (dys = g dy; dz = <dy, ys> g (1 - g)). */
+static void test_train_moe(void **state) {
+    (void)state;
+    enum { N = 7, E = 4, K = 2, C = 12, S = 2 };
+    const loom_backend *be = loom_backend_cpu();
+    float p[N * E], g[S * N], dy[N * C], dYB[N * K * C], dw[N * K], dys[N * C], dz[N];
+    int32_t e[N * K], pos[N * K];
+    uint16_t YB[N * K * C], ys[S * N * C], y[N * C];
+    fill_f32(dy, N * C, 31, 1.0f);
+    fill_f32(g, S * N, 32, 0.5f);
+    for (int i = 0; i < S * N; i++) g[i] = 0.5f + 0.4f * g[i]; /* sigmoid values in (0.3, 0.7) */
+    fill_bf16(YB, N * K * C, 33, 2.0f);
+    fill_bf16(ys, S * N * C, 34, 1.0f);
+    fill_f32(p, N * E, 35, 1.0f);
+    for (int t = 0; t < N; t++) { /* probabilities: positive rows summing to 1 */
+        double z = 0;
+        for (int x = 0; x < E; x++) z += (p[t * E + x] = expf(p[t * E + x]));
+        for (int x = 0; x < E; x++) p[t * E + x] = (float)(p[t * E + x] / z);
+    }
+    int rows = 0;
+    for (int t = 0; t < N; t++)
+        for (int j = 0; j < K; j++) {
+            e[t * K + j] = (t + 3 * j) % E; /* distinct for a token (K <= E, 3 coprime with 4) */
+            pos[t * K + j] = (t * K + j) % 5 == 3 ? -1 : rows++; /* some dropped */
+        }
+    for (int renorm = 0; renorm < 2; renorm++)
+        for (int gated = 0; gated < 2; gated++) {
+            be->bf16_moe_combine(y, YB, p, e, pos, N, E, K, C, renorm, ys, gated ? g : NULL, S);
+            be->bf16_moe_combine_backward(dYB, dw, dy, YB, p, e, pos, N, E, K, C, renorm);
+            for (int t = 0; t < N; t++) {
+                float wsum = 0.0f, w[K];
+                for (int j = 0; j < K; j++) wsum += p[t * E + e[t * K + j]];
+                for (int j = 0; j < K; j++)
+                    w[j] = renorm ? p[t * E + e[t * K + j]] / wsum : p[t * E + e[t * K + j]];
+                for (int i = 0; i < C; i++) {
+                    double ref = 0, mag = 0;
+                    for (int j = 0; j < K; j++) {
+                        if (pos[t * K + j] < 0) continue;
+                        const double v = (double)w[j] * w16(YB[pos[t * K + j] * C + i]);
+                        ref += v;
+                        mag += fabs(v);
+                    }
+                    for (int s = 0; s < S; s++) {
+                        const double v =
+                            (gated ? g[s * N + t] : 1.0) * w16(ys[(s * N + t) * C + i]);
+                        ref += v;
+                        mag += fabs(v);
+                    }
+                    const double got = w16(y[t * C + i]);
+                    assert_true(fabs(got - ref) <=
+                                ldexp(fabs(ref), -8) + 4.0 * (K + S) * ldexp(mag, -24));
+                }
+                for (int j = 0; j < K; j++) {
+                    const int q = pos[t * K + j];
+                    if (q < 0) {
+                        assert_true(dw[t * K + j] == 0.0f);
+                        continue;
+                    }
+                    double dot = 0, mag = 0;
+                    for (int i = 0; i < C; i++) {
+                        assert_true(dYB[q * C + i] == w[j] * dy[t * C + i]);
+                        dot += (double)dy[t * C + i] * w16(YB[q * C + i]);
+                        mag += fabs((double)dy[t * C + i] * w16(YB[q * C + i]));
+                    }
+                    assert_true(fabs(dw[t * K + j] - dot) <= 1e-6 * mag);
+                }
+            }
+        }
+    be->bf16_moe_gate_backward(dys, dz, dy, g, ys, N, C);
+    for (int t = 0; t < N; t++) {
+        double dot = 0, mag = 0;
+        for (int i = 0; i < C; i++) {
+            assert_true(dys[t * C + i] == g[t] * dy[t * C + i]);
+            dot += (double)dy[t * C + i] * w16(ys[t * C + i]);
+            mag += fabs((double)dy[t * C + i] * w16(ys[t * C + i]));
+        }
+        const double ref = dot * g[t] * (1.0 - g[t]);
+        assert_true(fabs(dz[t] - ref) <= 1e-6 * mag);
+    }
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_round),
@@ -693,6 +781,7 @@ int main(void) {
         cmocka_unit_test(test_train_ops),
         cmocka_unit_test(test_train_flash),
         cmocka_unit_test(test_train_adamw),
+        cmocka_unit_test(test_train_moe),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
