@@ -16,7 +16,8 @@
 #   cp (Ulysses and ring):  mpi/test_cp
 #   mixture of experts:   e2e/test_moe_cli (one process: train with capacity and a shared
 #                         expert, bit-exact resume, generate, eval)
-#   ep (+ dp, ZeRO 0-3, tp): mpi/test_ep (dropless and capacity, resumes across ep sizes)
+#   ep (+ dp, ZeRO 0-3, tp): mpi/test_ep (dropless and capacity, resumes across ep sizes,
+#                         training.precision bf16 at ep 2 alone and with dp)
 #   LoRA (adapters, dropout, the one optimizer; resume, dp 2, cp 2, grad_accum, recompute):
 #                         mpi/test_lora_dropout
 #   DPO (LoRA, its reference the adapters off; a reference from a loom checkpoint):
@@ -27,8 +28,9 @@
 # Measured on the 2-core machine with -j 2: 3m10s with two more tests (e2e/test_ckpt_state,
 # e2e/test_generate_chat: they pass on cpu-guard too, left out for time) while the machine was
 # shared with other work; this set 2m40s to 3m05s under the same load (e2e/test_init_from included).
-# The two MoE tests (issue 22's MoE part) add 67 s of test time, 53 s wall when run alone with
-# -j 2 (test_ep 53 s, test_moe_cli 15 s under cpu-guard): about +35 s to this run at -j 2.
+# The two MoE tests (issue 22's MoE part) add 69 s of test time, 58 s wall when run alone with
+# -j 2 (test_ep 58 s with its bf16 layouts, test_moe_cli 11 s under cpu-guard; test_ep takes
+# 50 s on the cpu backend at the same load, 9-10 on 2 cores): about +35 s to this run at -j 2.
 # The three LoRA / DPO / GRPO tests (issue 22's LoRA part) add 27 s of test time (test_preference
 # 10.9 s, test_lora_dropout 9.3 s, test_grpo_dp 6.7 s under cpu-guard, one at a time), 30 s wall
 # for the three at -j 2 on the shared machine: about +15-20 s to this run.

@@ -18,8 +18,12 @@
  *           assignments to e before capacity, P_e: mean router probability of e in the group);
  *   z-loss:  z_loss_coef * sum over tokens of lse^2;
  * both per-token sums scaled by backward's dscale like the cross-entropy, so they do not depend
- * on how the tokens are spread over ranks. */
-#include <math.h>
+ * on how the tokens are spread over ranks.
+ * Device discipline (docs/engine.md): every loop over the slots is a backend op (backend.h
+ * "MoE"); the host reads the per-expert counts ("moe dispatch counts": they size the expert
+ * loop and the exchange) and, once a step, the routing statistics ("moe routing stats"); the
+ * matmuls go through the block's linear (model_linear_forward), so they follow the model's
+ * precision (training.precision bf16: bf16 expert rows and weight copies, fp32 router). */
 #include <stdlib.h>
 #include <string.h>
 

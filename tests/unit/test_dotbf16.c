@@ -31,7 +31,8 @@
  *    dq|dk|dv within 1e-5 of the float64 attention (causal, GQA);
  *  - cross-entropy over bf16 logits: fp32 losses within 1e-6 of the float64 value, and the
  *    in-place bf16 gradient within a bf16 rounding of (softmax - onehot) * dscale;
- *  - adamw_update_bf16: the bits of adamw_update's p, m, v, and pb = round(p). */
+ *  - adamw_update_bf16: the bits of adamw_update's p, m, v, and pb = round(p);
+ *  - the MoE op's bf16 combine, its backward and the shared gate's backward (test_train_moe). */
 #include "testutil.h"
 
 #include <dnnl.h>
