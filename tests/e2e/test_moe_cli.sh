@@ -1,8 +1,9 @@
 # Mixture of experts through the CLI, one process (docs/moe.md): an MoE llama (8 experts,
 # top-2, capacity 1.25, a shared expert on every second layer) trains (loss goes down, the
 # routing metrics are in metrics.jsonl), resumes bit for bit, `loom generate` (KV-cache
-# decoding through the MoE op) and `loom eval` read its checkpoint, export to Hugging Face is
-# refused with a message, and bad model.moe keys are refused naming the key.
+# decoding through the MoE op) and `loom eval` read its checkpoint, a training.precision bf16 run
+# resumes bit for bit, export to Hugging Face is refused with a message, and bad model.moe keys
+# are refused naming the key.
 source "$(dirname "$0")/lib.sh"
 make_dataset "$WORK"
 export FLAVOR=llama KVH=2
@@ -35,6 +36,25 @@ losses "$WORK/run" > "$WORK/la"
 losses "$WORK/run_b" > "$WORK/lb"
 diff "$WORK/la" "$WORK/lb" || fail "resumed MoE run differs"
 pass "resume: 6 + 6 steps equal 12, bit for bit"
+
+# training.precision bf16 (docs/moe.md "Through the backend, and bf16"): 4 + 4 steps equal 8 bit
+# for bit (the checkpoint holds the fp32 masters), and the run is not fp32's
+BF=("${MOE[@]}" --set training.precision=bf16 --set training.steps=8 --set training.schedule_steps=8
+    --set checkpoint.every=4)
+make_config "$WORK" "$WORK/f.yaml" "$WORK/run_f"
+"$LOOM_BIN" train "$WORK/f.yaml" "${BF[@]}" 2>/dev/null || fail "bf16 run"
+make_config "$WORK" "$WORK/g.yaml" "$WORK/run_g"
+"$LOOM_BIN" train "$WORK/g.yaml" "${BF[@]}" --set training.steps=4 2>/dev/null || fail "bf16 first half"
+"$LOOM_BIN" train "$WORK/g.yaml" "${BF[@]}" 2>/dev/null || fail "bf16 second half"
+# (step, loss, grad norm: the first half's last step also evaluates, as a run's end does)
+losses "$WORK/run_f" | cut -d' ' -f1-3 > "$WORK/lf"
+losses "$WORK/run_g" | cut -d' ' -f1-3 > "$WORK/lg"
+[ "$(wc -l <"$WORK/lf")" = 8 ] || fail "bf16 run: $(wc -l <"$WORK/lf") steps, expected 8"
+diff "$WORK/lf" "$WORK/lg" || fail "resumed bf16 MoE run differs"
+# (the first step's loss: the same weights and batch as the fp32 run's, before any update)
+[ "$(head -1 "$WORK/lf" | cut -d' ' -f2)" != "$(head -1 "$WORK/la" | cut -d' ' -f2)" ] ||
+  fail "bf16's first loss equals fp32's: the bf16 path did not run"
+pass "bf16: 4 + 4 steps equal 8, bit for bit"
 
 expect_ok "generate from the MoE checkpoint" "$LOOM_ASAN_BIN" generate "$WORK/run" --prompt "the " --tokens 20 --seed 3
 [[ "$(cat "$WORK/out.txt")" == "the "* ]] || fail "generate output: $(cat "$WORK/out.txt")"
