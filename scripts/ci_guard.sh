@@ -17,7 +17,7 @@
 #   mixture of experts:   e2e/test_moe_cli (one process: train with capacity and a shared
 #                         expert, bit-exact resume, generate, eval)
 #   ep (+ dp, ZeRO 0-3, tp): mpi/test_ep (dropless and capacity, resumes across ep sizes,
-#                         training.precision bf16 at ep 2 alone and with dp)
+#                         training.precision bf16 at ep 2 alone, with dp, with dp and tp)
 #   LoRA (adapters, dropout, the one optimizer; resume, dp 2, cp 2, grad_accum, recompute):
 #                         mpi/test_lora_dropout
 #   DPO (LoRA, its reference the adapters off; a reference from a loom checkpoint):

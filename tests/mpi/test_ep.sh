@@ -6,8 +6,8 @@
 # at every layout; the dropped fraction is compared too). Checkpoints hold experts by global
 # index: EP = 2 -> EP = 1 and EP = 1 -> EP = 2 resumes continue the single-process trajectory,
 # and `loom generate` / `loom eval` read an EP = 2 checkpoint. training.precision bf16 at ep = 2
-# (alone, its first 3 steps bit for bit, and with dp, ZeRO 1) follows the single bf16 process
-# within 1e-3. One thread per rank.
+# (alone, its first 3 steps bit for bit; with dp, ZeRO 1; with dp and tp 2) follows the single
+# bf16 process within 1e-3. One thread per rank.
 source "$(dirname "$0")/lib.sh"
 MPIRUN="timeout 150 mpirun --oversubscribe -x OMP_NUM_THREADS -x OPENBLAS_NUM_THREADS"
 make_dataset "$WORK"
@@ -85,7 +85,8 @@ g=$("$LOOM_BIN" generate "$WORK/g2" --prompt "the " --tokens 20 --seed 1) || fai
 pass "eval and generate on the ep=2 checkpoint: '$g'"
 
 # training.precision bf16 (fp32 masters, bf16 experts and dispatch, fp32 router) with a capacity
-# factor: ep = 2 and ep = 2 x dp 2 (ZeRO 1) follow the single bf16 process. At ep = 2 the first
+# factor: ep = 2, ep = 2 x dp 2 (ZeRO 1) and that with tp = 2 (dp 2 x tp 2: the experts whole on
+# both tp ranks, attention split) follow the single bf16 process. At ep = 2 the first
 # 3 steps are bit for bit one process's (loss, grad norm, dropped fraction: the forward, the
 # exchange and the backward do the same arithmetic); then the experts' weight gradients, summed
 # over both members' rows in one GEMM, round differently, bf16 activations carry it on, and a
@@ -96,13 +97,14 @@ BF=(--set training.precision=bf16 "${CAP[@]}")
   { cat "$WORK/log"; fail "bf16: single process failed"; }
 compare_losses "$WORK/single_capacity" "$WORK/bf_single" 0 1 >/dev/null &&
   fail "bf16 losses equal fp32's: the bf16 path did not run"
-for layout in "2 0" "4 1"; do
-  read -r np z <<<"$layout"
-  run=$WORK/bf_np${np}_z$z
+for layout in "2 0 1" "4 1 1" "4 1 2"; do
+  read -r np z tp <<<"$layout"
+  run=$WORK/bf_np${np}_z${z}_tp$tp
   $MPIRUN -np $np "$LOOM_BIN" train "$WORK/c.yaml" "${COMMON[@]}" "${BF[@]}" --set run.dir="$run" \
-    --set parallel.ep=2 --set parallel.zero=$z 2>"$WORK/log" ||
-    { cat "$WORK/log"; fail "bf16: np=$np ep=2 zero=$z failed"; }
-  compare_losses "$WORK/bf_single" "$run" 1e-3 || fail "bf16: np=$np ep=2 zero=$z differs from one process"
+    --set parallel.ep=2 --set parallel.zero=$z --set parallel.tp=$tp 2>"$WORK/log" ||
+    { cat "$WORK/log"; fail "bf16: np=$np ep=2 zero=$z tp=$tp failed"; }
+  compare_losses "$WORK/bf_single" "$run" 1e-3 ||
+    fail "bf16: np=$np ep=2 zero=$z tp=$tp differs from one process"
   if [ "$np" = 2 ]; then
     python3 - "$WORK/bf_single" "$run" <<'PY' || fail "bf16: ep=2's first 3 steps are not one process's bit for bit"
 import json, sys
@@ -112,7 +114,7 @@ sys.exit(0 if all(x[k] == y[k] for x, y in zip(a, b) for k in keys) else
          f"{[[x[k] for k in keys] for x in a]} vs {[[y[k] for k in keys] for y in b]}")
 PY
   fi
-  pass "bf16: world $np, ep=2, zero $z: 20 steps follow the single bf16 process$([ "$np" = 2 ] && echo ', the first 3 bit for bit')"
+  pass "bf16: world $np, ep=2, zero $z, tp $tp: 20 steps follow the single bf16 process$([ "$np" = 2 ] && echo ', the first 3 bit for bit')"
 done
 
 # bad layouts are refused with a message naming the keys
