@@ -509,6 +509,10 @@ def check_bf16_moe():
                             weight_decay=0.0)
     rc = dict(c, router_fp32=True)
     log, rm1 = [], None
+    # the reference's many small per-expert ops on one thread: on two, beside the engine's
+    # OpenMP pool, they took 30 s here instead of 5
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
     for step, (x, y) in enumerate(batches):
         opt.zero_grad(set_to_none=True)
         with torch.autocast("cpu", dtype=torch.bfloat16):
@@ -523,6 +527,7 @@ def check_bf16_moe():
         if step == 0:
             rm1 = {n: opt.state[P[n]]["exp_avg"].numpy().ravel().copy() for n in P}
         log.append((loss.item(), lr, norm))
+    torch.set_num_threads(threads)
     for k in (0, 1, 9, MOE_STEPS - 1):
         print(f"    step {k}: loss {steps[k][0]:.6f} (autocast {log[k][0]:.6f})  "
               f"|g| {steps[k][2]:.5f} (autocast {log[k][2]:.5f})")
