@@ -338,7 +338,8 @@ typedef struct loom_backend {
      * for t = i % T (context parallelism's two chunks; split = T for one: docs/finetune.md
      * "Adapter dropout"). lora_dropout_backward: din[i] += dxd[i] / (1 - p) where keep[i], n
      * floats. lora_merge: W (out, in) += scale * B (out, r) A (r, in), each product summed
-     * over r in double. */
+     * over r in double. lora_add_scaled_bf16: lora_add_scaled into bf16 rows (training.precision
+     * bf16): dst = round(widen(dst) + a * src), the product and the sum in fp32, rounded once. */
     void (*lora_add_scaled)(float *dst, int64_t dst_stride, const float *src, int64_t src_stride,
                             int64_t width, int64_t rows, float a);
     void (*lora_scale_rows)(float *dst, const float *src, int64_t src_stride, int64_t width,
@@ -350,6 +351,8 @@ typedef struct loom_backend {
                                   float p);
     void (*lora_merge)(float *W, const float *A, const float *B, int64_t out, int64_t in, int r,
                        float scale);
+    void (*lora_add_scaled_bf16)(uint16_t *dst, int64_t dst_stride, const float *src,
+                                 int64_t src_stride, int64_t width, int64_t rows, float a);
     /* ---- end of LoRA ---- */
 
     /* ---- bf16 / dtypes: bf16 mixed-precision training (training.precision bf16) -----------

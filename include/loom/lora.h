@@ -68,7 +68,11 @@ const struct loom_backend *loom_lora_backend(const loom_lora *l);
  * device memory at dev (the parameters, or moments of their layout): the named read `lora
  * adapters` (saving them, exporting them). loom_lora_upload is the way back (mem_h2d). */
 float *loom_lora_to_host(const loom_lora *l, const float *dev);
-void loom_lora_upload(const loom_lora *l, float *dev, const float *host);
+void loom_lora_upload(loom_lora *l, float *dev, const float *host);
+/* training.precision bf16 (the model's): the adapters' bf16 copy (num_params, device memory),
+ * which the forward and backward GEMMs read, written by the optimizer step with the fp32
+ * masters (adamw_update_bf16) and refreshed after a load; NULL for an fp32 model. */
+uint16_t *loom_lora_bf16_params(loom_lora *l);
 /* on = 0: the model's next forwards run without the adapters (the base model: a preference
  * method's reference log-probs); backward must not follow such a forward. on = 1 (the
  * default): with them. */

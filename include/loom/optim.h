@@ -44,10 +44,13 @@ void loom_optim_adamw_range_bf16(const loom_model *m, int unit, size_t lo, size_
 
 /* A parameter group the optimizer steps outside the model's arenas, held whole on every rank
  * (LoRA's adapters): n floats each of parameters p, gradients g and AdamW moments m, v, device
- * memory of be; decay: the decoupled weight decay applies to every element (1) or none (0). */
+ * memory of be; pb: their bf16 copy (training.precision bf16), written by the step with the
+ * fp32 masters (NULL: none); decay: the decoupled weight decay applies to every element (1) or
+ * none (0). */
 typedef struct loom_optim_group {
     const loom_backend *be;
     float *p, *g, *m, *v;
+    uint16_t *pb;
     int64_t n;
     int decay;
 } loom_optim_group;

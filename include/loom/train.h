@@ -50,5 +50,12 @@ size_t loom_train_engine_tensor_numel(const loom_train_engine *e, int i);
  * all of it in a world of one, at every ZeRO stage) into out (numel floats, flat, at its
  * element offsets). Returns the elements copied. */
 size_t loom_train_engine_read(loom_train_engine *e, int kind, int i, float *out);
+/* finetune.lora (the engine then trains the adapters, the base frozen): the adapters (NULL
+ * without; their tensors: include/loom/lora.h), and a copy of all of them (num_params floats)
+ * into out: kind 0 = parameters, 1 = AdamW m, 2 = AdamW v, 3 = the last step's gradients
+ * (summed over the ranks, before clipping's factor). Returns the floats copied (0: none). */
+struct loom_lora;
+struct loom_lora *loom_train_engine_lora(loom_train_engine *e);
+size_t loom_train_engine_lora_read(loom_train_engine *e, int kind, float *out);
 
 #endif

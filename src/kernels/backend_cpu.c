@@ -214,6 +214,7 @@ static const loom_backend cpu = {
     .lora_dropout_forward = loom_lora_dropout_forward,
     .lora_dropout_backward = loom_lora_dropout_backward,
     .lora_merge = loom_lora_merge_into,
+    .lora_add_scaled_bf16 = loom_lora_add_scaled_bf16,
     /* bf16 / dtypes */
     .bf16_matmul_native = bf16_matmul_native,
     .bf16_matmul_forward = bf16_matmul_forward,

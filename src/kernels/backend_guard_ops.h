@@ -623,6 +623,13 @@ static void g_lora_merge(float *W, const float *A, const float *B, int64_t out, 
     CPU->lora_merge(W, A, B, out, in, r, scale);
     guard_close();
 }
+static void g_lora_add_scaled_bf16(uint16_t *dst, int64_t dst_stride, const float *src, int64_t src_stride, int64_t width, int64_t rows, float a) {
+    guard_check("lora_add_scaled_bf16", "dst", dst);
+    guard_check("lora_add_scaled_bf16", "src", src);
+    guard_open();
+    CPU->lora_add_scaled_bf16(dst, dst_stride, src, src_stride, width, rows, a);
+    guard_close();
+}
 static int g_bf16_matmul_native(void) {
     guard_open();
     const int r_ = CPU->bf16_matmul_native();
@@ -1018,6 +1025,7 @@ static void g_bf16_moe_gate_backward(float *dys, float *dz, const float *dy, con
     X(lora_dropout_forward) \
     X(lora_dropout_backward) \
     X(lora_merge) \
+    X(lora_add_scaled_bf16) \
     X(bf16_matmul_native) \
     X(bf16_matmul_forward) \
     X(bf16_matmul_forward_f32) \

@@ -25,6 +25,8 @@ void loom_lora_dropout_forward(float *xd, uint8_t *keep, const float *x, int64_t
                                int64_t Tg, uint64_t key, float p);
 void loom_lora_dropout_backward(float *din, const float *dxd, const uint8_t *keep, int64_t n,
                                 float p);
+void loom_lora_add_scaled_bf16(uint16_t *dst, int64_t dst_stride, const float *src,
+                               int64_t src_stride, int64_t width, int64_t rows, float a);
 void loom_lora_merge_into(float *W, const float *A, const float *B, int64_t out, int64_t in,
                           int r, float scale);
 

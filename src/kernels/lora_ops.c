@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "loom/base.h"
+#include "loom/bf16.h"
 #include "kernels/backend_mem.h"
 
 void loom_lora_add_scaled(float *dst, int64_t dst_stride, const float *src, int64_t src_stride,
@@ -65,4 +66,15 @@ void loom_lora_merge_into(float *W, const float *A, const float *B, int64_t out,
             for (int k = 0; k < r; k++) acc += (double)B[o * r + k] * A[(int64_t)k * in + i];
             W[o * in + i] += scale * (float)acc;
         }
+}
+
+void loom_lora_add_scaled_bf16(uint16_t *dst, int64_t dst_stride, const float *src,
+                               int64_t src_stride, int64_t width, int64_t rows, float a) {
+#pragma omp parallel for schedule(static) if (rows * width > 65536)
+    for (int64_t i = 0; i < rows; i++) {
+        uint16_t *o = dst + i * dst_stride;
+        const float *d = src + i * src_stride;
+        for (int64_t j = 0; j < width; j++)
+            o[j] = loom_bf16_round(loom_bf16_widen(o[j]) + a * d[j]);
+    }
 }

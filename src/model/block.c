@@ -574,7 +574,8 @@ static void op_backward(loom_model *m, block_frame *f, int l, const block_op *op
 /* ---- training.precision bf16: the block's ops on bf16 slots ------------------------------
  * Saved activations are bf16 (m->slot_dt), their gradients fp32; the linears read the bf16
  * weight copies (m->wb), the norms fp32 weights and biases. Only what create allows in bf16
- * (model.c check_layout) comes here: no cp/pp, q/k norms, post-norms, LoRA or sdpa. */
+ * (model.c check_layout; docs/training.md "Precision" lists what it refuses) comes here; LoRA's
+ * adapters (lora.c) add after a linear's GEMM. */
 
 /* a slot's buffer as dtype dt: any other dtype stops the run here (nothing converts silently) */
 static void *slot_as(const loom_model *m, const block_frame *f, int k, int dt, const char *file,
@@ -597,7 +598,7 @@ static void op_forward_bf16(loom_model *m, block_frame *f, int l, const block_op
     const int64_t N = (int64_t)f->B * f->T;
     const int C = m->cfg.d_model, mlp = m->cfg.arch.mlp;
     const loom_backend *be = m->be;
-    LOOM_CHECK(!f->kcache && !f->seg && !f->n_runs && !m->lora && !m->has_attn);
+    LOOM_CHECK(!f->kcache && !f->seg && !f->n_runs && !m->has_attn);
     switch (op->kind) {
     case OP_NORM: {
         uint16_t *out = SLOT_BF16(m, f, op->out);
@@ -630,6 +631,9 @@ static void op_forward_bf16(loom_model *m, block_frame *f, int l, const block_op
         }
         model_linear_forward(m, f, l, param_kind(m, op->w), op->b, 0, SLOT_BF16(m, f, op->out),
                              SLOT_BF16(m, f, op->in), N, width(m, op->iw), width(m, op->ow), 0);
+        if (m->lora) /* the adapters' product added into the bf16 output, rounded once */
+            lora_linear_forward(m, f, l, lora_site(op->w), SLOT_BF16(m, f, op->out),
+                                SLOT_BF16(m, f, op->in), width(m, op->ow));
         break;
     case OP_ROPE: {
         uint16_t *x = SLOT_BF16(m, f, op->in);
@@ -687,10 +691,13 @@ static void op_backward_bf16(loom_model *m, block_frame *f, int l, const block_o
                                       SLOT_F32(m, f, op->aux1), N, C);
         break;
     case OP_POINT: point2(m, f, op, 1, l); break;
-    case OP_LINEAR: /* g[in] is this op's alone: set */
-        model_linear_backward(m, f, l, param_kind(m, op->w), op->b, 0, g[op->in], 1, 0,
-                              g[op->out], SLOT_BF16(m, f, op->in), N, width(m, op->iw),
-                              width(m, op->ow));
+    case OP_LINEAR: /* g[in] is this op's alone: set (LoRA: the base frozen, no wgrad) */
+        model_linear_backward(m, f, l, param_kind(m, op->w), op->b, 0, g[op->in], 1,
+                              m->lora != NULL, g[op->out], SLOT_BF16(m, f, op->in), N,
+                              width(m, op->iw), width(m, op->ow));
+        if (m->lora)
+            lora_linear_backward(m, f, l, lora_site(op->w), g[op->in], g[op->out],
+                                 SLOT_BF16(m, f, op->in), width(m, op->ow));
         break;
     case OP_ROPE: rope(m, f, l, g[op->in], 1); break; /* the inverse rotation of the fp32 dq|dk */
     case OP_ATTN: {

@@ -6,7 +6,16 @@
  * the counter-based RNG in backward rather than kept. Every buffer here (adapters, gradients,
  * scratch, the dropout mask) is the model's backend's memory (mem_alloc) and every loop over it
  * is one of the backend's LoRA ops (include/loom/backend.h); the host only draws A's init and
- * copies it in (mem_h2d), and reads the adapters back through loom_lora_to_host. */
+ * copies it in (mem_h2d), and reads the adapters back through loom_lora_to_host.
+ *
+ * training.precision bf16: the block's activations are bf16 and its linears' outputs bf16; the
+ * adapters stay fp32 masters (their gradients and moments fp32), with a bf16 copy (pb) that
+ * the optimizer step writes (adamw_update_bf16) and a load refreshes. Forward: h = x A^T in
+ * bf16 (bf16 x bf16, fp32 accumulation, rounded once, as autocast's lora_A), then h B^T in
+ * fp32, added times the scale into the base's bf16 output and rounded once. Backward: the
+ * bf16 GEMMs' backward (the fp32 gradient rounded into a bf16 operand, fp32 accumulation into
+ * the fp32 dA, dB and the input gradient), as the base linears'. */
+
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -45,6 +54,11 @@ struct loom_lora {
     int off;             /* loom_lora_set_enabled(l, 0): forwards run the base model alone */
     int64_t drop_row0;   /* the global row of the model's first row */
     float *xd, *dxd;     /* scratch (N, max in): the dropped input, its gradient */
+    /* training.precision bf16 (the model's m->bf16) */
+    uint16_t *pb;        /* (n) the adapters' bf16 copy, written by the optimizer step */
+    int pb_stale;        /* pb is not round(params): refreshed before the next forward */
+    uint16_t *h16, *d16; /* scratch (N, r): x A^T in bf16; (N, max out or in): a GEMM's bf16
+                          * gradient operand */
     uint8_t *keep;       /* scratch (N, max in): 1 where the input element is kept */
     int64_t drop_n;
 };
@@ -99,9 +113,6 @@ int loom_lora_attach(loom_model *m, int rank, float alpha, unsigned targets, uin
     if (rank < 1 || rank > 4096) return loom_errf(err, "finetune.lora.rank = %d: expected 1..4096", rank);
     if (!(alpha > 0)) return loom_errf(err, "finetune.lora.alpha must be positive");
     if (!targets) return loom_errf(err, "finetune.lora.targets is empty");
-    if (m->bf16)
-        return loom_errf(err, "finetune.lora with training.precision = bf16: not supported yet "
-                              "(docs/training.md); use training.precision = fp32");
     if (gpt2 && (targets & LOOM_LORA_UP))
         return loom_errf(err, "finetune.lora.targets: gpt2 has no 'up' (its MLP is fc, fc_proj)");
     if (m->lay.tp > 1 || m->lay.l0 != 0 || m->lay.l1 != m->cfg.n_layer)
@@ -142,6 +153,10 @@ int loom_lora_attach(loom_model *m, int rank, float alpha, unsigned targets, uin
     l->be = m->be;
     l->params = l->be->mem_alloc(l->n * sizeof(float), 0); /* zeroed: B starts at 0 */
     l->grads = l->be->mem_alloc(l->n * sizeof(float), 0);
+    if (m->bf16) { /* refreshed from the masters before the first forward */
+        l->pb = l->be->mem_alloc(l->n * sizeof(uint16_t), 0);
+        l->pb_stale = 1;
+    }
     l->t = loom_calloc((size_t)m->cfg.n_layer * LOOM_LORA_NT * 2, sizeof *l->t);
     for (int layer = 0; layer < m->cfg.n_layer; layer++)
         for (int t = 0; t < LOOM_LORA_NT; t++) {
@@ -192,6 +207,9 @@ void loom_lora_free(loom_lora *l) {
     be->mem_free(l->xd);
     be->mem_free(l->dxd);
     be->mem_free(l->keep);
+    be->mem_free(l->pb);
+    be->mem_free(l->h16);
+    be->mem_free(l->d16);
     free(l);
 }
 
@@ -211,9 +229,12 @@ float *loom_lora_to_host(const loom_lora *l, const float *dev) {
     return h;
 }
 
-void loom_lora_upload(const loom_lora *l, float *dev, const float *host) {
+void loom_lora_upload(loom_lora *l, float *dev, const float *host) {
     l->be->mem_h2d(dev, host, l->n * sizeof *host);
+    if (dev == l->params && l->pb) l->pb_stale = 1;
 }
+
+uint16_t *loom_lora_bf16_params(loom_lora *l) { return l->pb; }
 int loom_lora_num_tensors(const loom_lora *l) { return l->nt; }
 const loom_lora_tensor *loom_lora_tensor_at(const loom_lora *l, int i) { return &l->t[i]; }
 
@@ -231,12 +252,22 @@ static void scratch(loom_lora *l, int64_t N) {
     l->h = be->mem_alloc((size_t)N * (size_t)l->r * sizeof(float), 0);
     l->dh = be->mem_alloc((size_t)N * (size_t)l->r * sizeof(float), 0);
     l->tmp = be->mem_alloc((size_t)N * (size_t)w * sizeof(float), 0);
+    if (l->pb) {
+        be->mem_free(l->h16);
+        be->mem_free(l->d16);
+        l->h16 = be->mem_alloc((size_t)N * (size_t)l->r * sizeof(uint16_t), 0);
+        l->d16 = be->mem_alloc((size_t)N * (size_t)w * sizeof(uint16_t), 0);
+    }
     l->scratch_n = N;
 }
 
 int loom_lora_set_dropout(loom_lora *l, float p, uint64_t seed, loom_err *err) {
     if (!(p >= 0.0f && p < 1.0f))
         return loom_errf(err, "finetune.lora.dropout = %g: expected 0 <= p < 1", (double)p);
+    if (p > 0 && l->m->bf16)
+        return loom_errf(err, "finetune.lora.dropout = %g with training.precision = bf16: not "
+                              "supported (adapter dropout is fp32 only); use dropout 0 or "
+                              "training.precision = fp32", (double)p);
     if (p > 0 && l->m->cfg.n_layer > LOOM_LORA_DROP_MAX_LAYERS)
         return loom_errf(err, "finetune.lora.dropout with %d layers: at most %d are supported",
                          l->m->cfg.n_layer, LOOM_LORA_DROP_MAX_LAYERS);
@@ -289,12 +320,64 @@ static void drop_input(loom_lora *l, const loom_model *m, const block_frame *f, 
                                 Tg, key, l->drop);
 }
 
-void lora_linear_forward(loom_model *m, const block_frame *f, int layer, int site, float *out,
-                         const float *x, int64_t ow) {
+/* training.precision bf16: the bf16 copy of the masters, refreshed where a load changed them */
+static void refresh_bf16(loom_lora *l) {
+    if (!l->pb_stale) return;
+    l->be->bf16_from_f32(l->pb, l->params, (int64_t)l->n);
+    l->pb_stale = 0;
+}
+
+/* the bf16 forward (out, x: the block's bf16 slots; no dropout: set_dropout refuses it) */
+static void forward_bf16(loom_lora *l, int64_t N, int layer, int site, uint16_t *out,
+                         const uint16_t *x, int64_t ow) {
+    const loom_backend *be = l->be;
+    refresh_bf16(l);
+    for (int t = 0; t < LOOM_LORA_NT; t++) {
+        const lora_slot *s = &l->slot[t];
+        if (!s->on || s->site != site) continue;
+        scratch(l, N);
+        const size_t base = (size_t)layer * l->layer_floats;
+        const uint16_t *A = l->pb + base + s->a_off, *B = l->pb + base + s->b_off;
+        be->bf16_matmul_forward(l->h16, x, A, NULL, N, (int)s->in, l->r); /* h = x A^T, bf16 */
+        be->bf16_matmul_forward_f32(l->tmp, l->h16, B, NULL, N, l->r, (int)s->out); /* h B^T */
+        be->lora_add_scaled_bf16(out + s->col0, ow, l->tmp, s->out, s->out, N, l->scale);
+    }
+}
+
+/* the bf16 backward: dout, din fp32, x the bf16 slot */
+static void backward_bf16(loom_lora *l, int64_t N, int layer, int site, float *din,
+                          const float *dout, const uint16_t *x, int64_t ow) {
+    const loom_backend *be = l->be;
+    for (int t = 0; t < LOOM_LORA_NT; t++) {
+        const lora_slot *s = &l->slot[t];
+        if (!s->on || s->site != site) continue;
+        scratch(l, N);
+        const size_t base = (size_t)layer * l->layer_floats;
+        const uint16_t *A = l->pb + base + s->a_off, *B = l->pb + base + s->b_off;
+        float *dA = l->grads + base + s->a_off, *dB = l->grads + base + s->b_off;
+        /* dy = scale * dout's columns of the target (fp32) */
+        be->lora_scale_rows(l->tmp, dout + s->col0, ow, s->out, N, l->scale);
+        be->bf16_matmul_forward(l->h16, x, A, NULL, N, (int)s->in, l->r); /* h, recomputed */
+        /* dh = dy B (set), dB += dy^T h: dy rounded into the bf16 operand d16 */
+        be->bf16_matmul_backward(l->dh, 1, dB, NULL, l->tmp, l->d16, l->h16, B, N, l->r,
+                                 (int)s->out);
+        /* dx += dh A, dA += dh^T x */
+        be->bf16_matmul_backward(din, 0, dA, NULL, l->dh, l->d16, x, A, N, (int)s->in, l->r);
+    }
+}
+
+void lora_linear_forward(loom_model *m, const block_frame *f, int layer, int site, void *out_,
+                         const void *x_, int64_t ow) {
     loom_lora *l = m->lora;
     if (l->off) return; /* the base model alone (a preference method's reference) */
     const loom_backend *be = m->be;
     const int64_t N = (int64_t)f->B * f->T;
+    if (m->bf16) {
+        forward_bf16(l, N, layer, site, out_, x_, ow);
+        return;
+    }
+    float *out = out_;
+    const float *x = x_;
     for (int t = 0; t < LOOM_LORA_NT; t++) {
         const lora_slot *s = &l->slot[t];
         if (!s->on || s->site != site) continue;
@@ -313,10 +396,15 @@ void lora_linear_forward(loom_model *m, const block_frame *f, int layer, int sit
 }
 
 void lora_linear_backward(loom_model *m, const block_frame *f, int layer, int site, float *din,
-                          const float *dout, const float *x, int64_t ow) {
+                          const float *dout, const void *x_, int64_t ow) {
     loom_lora *l = m->lora;
     const loom_backend *be = m->be;
     const int64_t N = (int64_t)f->B * f->T;
+    if (m->bf16) {
+        backward_bf16(l, N, layer, site, din, dout, x_, ow);
+        return;
+    }
+    const float *x = x_;
     for (int t = 0; t < LOOM_LORA_NT; t++) {
         const lora_slot *s = &l->slot[t];
         if (!s->on || s->site != site) continue;

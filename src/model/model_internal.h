@@ -196,11 +196,13 @@ void block_recompute(loom_model *m, block_frame *f, int layer);
 /* LoRA (lora.c): after a linear's GEMM at `site` (0 q|k|v, 1 attn_proj, 2 fc | gate|up,
  * 3 fc_proj) the adapters of its targets add into out (f's B*T rows of ow floats); backward
  * adds their gradients and their part of din. With adapters attached the base weights are
- * frozen. Adapter dropout (loom_lora_set_dropout) needs f's rows to be B sequences of T. */
-void lora_linear_forward(loom_model *m, const block_frame *f, int layer, int site, float *out,
-                         const float *in, int64_t ow);
+ * frozen. Adapter dropout (loom_lora_set_dropout) needs f's rows to be B sequences of T.
+ * out and in are the block's slots: fp32, or bf16 with training.precision bf16 (din and dout
+ * are fp32 gradients either way). */
+void lora_linear_forward(loom_model *m, const block_frame *f, int layer, int site, void *out,
+                         const void *in, int64_t ow);
 void lora_linear_backward(loom_model *m, const block_frame *f, int layer, int site, float *din,
-                          const float *dout, const float *in, int64_t ow);
+                          const float *dout, const void *in, int64_t ow);
 
 struct loom_model {
     loom_model_config cfg;

@@ -47,5 +47,9 @@ double loom_optim_group_sum_squares(const loom_optim_group *o) {
 
 void loom_optim_group_step(const loom_optim_group *o, const loom_adamw *h, float lr,
                            int64_t step, float grad_scale) {
-    loom_optim_adamw(o->be, h, o->p, o->g, o->m, o->v, o->n, lr, o->decay, step, grad_scale);
+    if (o->pb) /* training.precision bf16: the step also writes the bf16 copy */
+        o->be->adamw_update_bf16(o->p, o->pb, o->g, o->m, o->v, o->n, lr, h->beta1, h->beta2,
+                                 h->eps, o->decay ? h->weight_decay : 0.0f, step, grad_scale);
+    else
+        loom_optim_adamw(o->be, h, o->p, o->g, o->m, o->v, o->n, lr, o->decay, step, grad_scale);
 }

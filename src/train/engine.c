@@ -10,6 +10,7 @@
 #include <string.h>
 
 #include "loom/backend.h"
+#include "loom/lora.h"
 #include "loom/model_config.h"
 #include "loom/pp.h"
 #include "loom/tp.h"
@@ -41,6 +42,7 @@ int loom_train_engine_create(loom_config *cfg, loom_train_engine **out, loom_err
     if (loom_trainer_build_mesh(t, err)) goto fail;
     if (t->s.threads > 0) omp_set_num_threads((int)t->s.threads);
     if (loom_trainer_create_engine(t, err)) goto fail;
+    if (loom_trainer_lora_setup(t, err)) goto fail; /* finetune.lora: adapters, base frozen */
     const size_t BT = (size_t)t->s.B * (size_t)t->s.T;
     t->g_inp = loom_malloc(BT * sizeof(int32_t));
     t->g_tgt = loom_malloc(BT * sizeof(int32_t));
@@ -57,6 +59,7 @@ void loom_train_engine_free(loom_train_engine *e) {
     free(e->t.g_inp);
     free(e->t.g_tgt);
     loom_trainer_accum_free(&e->t);
+    loom_trainer_lora_free(&e->t);
     loom_pp_free(e->t.pp);
     loom_dp_free(e->t.dp);
     loom_cp_free(e->t.cp);
@@ -147,4 +150,18 @@ size_t loom_train_engine_read(loom_train_engine *e, int kind, int i, float *out)
         }
     free(p);
     return got;
+}
+
+struct loom_lora *loom_train_engine_lora(loom_train_engine *e) { return e->t.lora; }
+
+size_t loom_train_engine_lora_read(loom_train_engine *e, int kind, float *out) {
+    loom_lora *l = e->t.lora;
+    if (!l || kind < 0 || kind > 3) return 0;
+    const float *src[4] = {loom_lora_params(l), e->t.lora_opt.m, e->t.lora_opt.v,
+                           loom_lora_grads(l)};
+    const size_t n = loom_lora_num_params(l);
+    float *h = loom_lora_to_host(l, src[kind]);
+    memcpy(out, h, n * sizeof(float));
+    free(h);
+    return n;
 }

@@ -37,9 +37,12 @@ int loom_trainer_lora_setup(trainer *t, loom_err *err) {
     loom_dp_freeze(t->dp);
     const size_t n = loom_lora_num_params(t->lora);
     const loom_backend *be = loom_lora_backend(t->lora);
-    t->lora_opt = (loom_optim_group){be, loom_lora_params(t->lora), loom_lora_grads(t->lora),
-                                     be->mem_alloc(n * sizeof(float), 0), /* zeroed */
-                                     be->mem_alloc(n * sizeof(float), 0), (int64_t)n, 1};
+    t->lora_opt = (loom_optim_group){
+        .be = be, .p = loom_lora_params(t->lora), .g = loom_lora_grads(t->lora),
+        .m = be->mem_alloc(n * sizeof(float), 0), /* zeroed */
+        .v = be->mem_alloc(n * sizeof(float), 0),
+        .pb = loom_lora_bf16_params(t->lora), /* bf16 precision: the adapters' bf16 copy */
+        .n = (int64_t)n, .decay = 1};
     t->lora_clip = 1.0f;
     if (t->world_rank == 0)
         loom_log("lora: rank %d, alpha %g, %zu adapter parameters (%.2f%% of %zu, frozen); "

@@ -6,6 +6,7 @@
 #   * it is applied: the grad norms differ from dropout 0's;
 #   * loom export --hf writes it as PEFT's lora_dropout; a p outside [0, 1) and dropout with
 #     parallel.microbatches are refused naming the key.
+#   * LoRA in bf16 (dropout 0) resumes bit for bit; dropout with bf16 is refused.
 # The numerics against PEFT with the same mask: tests/reference/test_lora_dropout.py.
 source "$(dirname "$0")/lib.sh"
 MPIRUN="timeout 250 mpirun --oversubscribe -x OMP_NUM_THREADS -x OPENBLAS_NUM_THREADS"
@@ -103,3 +104,15 @@ expect_fail "dropout 1.5 refused" "finetune.lora.dropout.*1.5.*\[0, 1\)" "$LOOM_
 cfg mb 0.2
 expect_fail "dropout with parallel.microbatches refused" "finetune.lora.dropout.*microbatches" \
   "$LOOM_BIN" train "$WORK/mb.yaml" --set parallel.microbatches=2
+
+# training.precision bf16 with LoRA (docs/training.md "Precision"): the adapters' bf16 copies
+# refreshed after a load, so 4 steps + resume = 8 steps bit for bit; dropout is refused there
+train h16 0 --set training.precision=bf16
+train r16 0 --set training.precision=bf16 --set training.steps=4 --set checkpoint.every=4
+train r16 0 --set training.precision=bf16 --set checkpoint.every=4
+[ "$(metrics h16)" = "$(metrics r16)" ] || { metrics h16; metrics r16; fail "bf16 LoRA resume differs"; }
+[ "$(metrics h16)" != "$(metrics none)" ] || fail "bf16 LoRA gave the fp32 run's metrics"
+pass "LoRA in bf16: 4 steps + resume to 8 == 8 steps, bit for bit (and not the fp32 run)"
+cfg d16 0.2
+expect_fail "dropout with training.precision bf16 refused" "finetune.lora.dropout.*bf16" \
+  "$LOOM_BIN" train "$WORK/d16.yaml" --set training.precision=bf16

@@ -18,6 +18,11 @@ checked).
 Then training.precision = bf16 against torch.autocast (50 steps per flavor: losses, grad
 norms, the first step's gradient cosine per tensor; check_bf16 states the tolerances).
 
+Then LoRA (finetune.lora, both flavors, every step clipped) through the same engine, the
+adapters stepped by the same optimizer: fp32 against float64 PyTorch (6 steps: losses, norms,
+adapters) and bf16 against torch.autocast (12 steps: losses, norms, the adapters' gradients'
+cosine at the same weights); check_lora states the tolerances.
+
 Tolerances (loom fp32 against the fp64 reference), per step:
   loss, pre-clip grad norm   |d| / |ref|                          <= 1e-5
   lr                         |d| / ref                            <= 1e-12
@@ -64,6 +69,12 @@ class Err(ctypes.Structure):
     _fields_ = [("msg", ctypes.c_char * 2048)]
 
 
+class LoraTensor(ctypes.Structure):  # loom_lora_tensor (include/loom/lora.h)
+    _fields_ = [("name", ctypes.c_char * 64), ("layer", ctypes.c_int), ("target", ctypes.c_int),
+                ("is_b", ctypes.c_int), ("offset", ctypes.c_size_t), ("rows", ctypes.c_int64),
+                ("cols", ctypes.c_int64)]
+
+
 def load_lib():
     path = os.environ.get("LOOM_LIB") or os.path.join(
         os.path.dirname(os.path.abspath(__file__)), "..", "..", "build", "libloom.so")
@@ -85,6 +96,11 @@ def load_lib():
         "loom_train_engine_tensor_name": (ctypes.c_char_p, [P, I]),
         "loom_train_engine_tensor_numel": (Z, [P, I]),
         "loom_train_engine_read": (Z, [P, I, I, P]),
+        "loom_train_engine_lora": (P, [P]),
+        "loom_train_engine_lora_read": (Z, [P, I, P]),
+        "loom_lora_num_tensors": (I, [P]),
+        "loom_lora_tensor_at": (ctypes.POINTER(LoraTensor), [P, I]),
+        "loom_lora_num_params": (Z, [P]),
     }
     for name, (res, args) in sigs.items():
         fn = getattr(lib, name)
@@ -552,6 +568,190 @@ def check_bf16_moe():
            f"{steps[0][0]:.4f} -> {steps[-1][0]:.4f}")
 
 
+# ---- LoRA (finetune.lora) through the same engine -------------------------------------------
+# The engine with adapters (loom_trainer_lora_setup: the base frozen, the adapters the one
+# optimizer's parameter group: its norm, clipping inside AdamW, AdamW with decay on every
+# adapter) against PyTorch with the same adapters on torch_ref's linears (PEFT's formula:
+# + lora_B(lora_A(x)) * alpha / rank), the base's parameters frozen, torch.optim.AdamW over the
+# adapters and clip_grad_norm_ over them, on loom's initial weights and adapters (A random, B 0).
+#   fp32 against float64, LORA_STEPS steps with a clip that is reached: per step the loss and
+#   the pre-clip norm <= TOL_STEP, every adapter tensor after the steps median |d| / max|ref|
+#   <= TOL_PARAM_MEDIAN and max |d| / (sum of the lrs) <= TOL_PARAM_MAX (the engine's bounds);
+#   the base's parameters unchanged bit for bit.
+#   bf16 (training.precision: the adapters' fp32 masters, their bf16 copies in bf16 GEMMs with
+#   the bf16 activations and the base's bf16 weight copies) against torch.autocast over
+#   LORA_BF16_STEPS steps: per step loss <= TOL_BF16_LOSS and pre-clip norm <= TOL_BF16_NORM;
+#   the gradient of every adapter tensor (loom_train_engine_lora_read kind 3) at steps 1-3
+#   cosine >= MIN_BF16_COS against autocast's at the same weights (loom's adapters before that
+#   step: after step 1 an element with a near-zero gradient moves by a whole lr either way, so
+#   the two trajectories' B differ in such elements and their A gradients with it; A's is 0 at
+#   step 1, B starting at 0).
+LORA_STEPS = 6
+LORA_CLIP = 0.05  # below the adapters' norms (0.13-0.4): every step clips
+LORA_BF16_STEPS = 12
+LORA_TARGETS = {"gpt2": "[q, k, v, o, fc, fc_proj]", "llama": "[q, k, v, o, gate, up, down]"}
+
+
+def lora_layout(e):
+    l = LIB.loom_train_engine_lora(e.ptr)
+    ts = [LIB.loom_lora_tensor_at(l, i).contents for i in range(LIB.loom_lora_num_tensors(l))]
+    return [(t.name.decode(), t.offset, t.rows, t.cols) for t in ts], LIB.loom_lora_num_params(l)
+
+
+def lora_read(e, kind, layout):
+    tensors, n = layout
+    a = np.zeros(n, dtype=np.float32)
+    got = LIB.loom_train_engine_lora_read(e.ptr, kind, a.ctypes.data)
+    if got != n:
+        raise RuntimeError(f"loom_train_engine_lora_read({kind}): {got} of {n}")
+    return {name: a[off:off + r * c].reshape(r, c).copy() for name, off, r, c in tensors}
+
+
+def run_lora_torch(cfg, init, adapters, batches, tr, scale, dtype, autocast):
+    ref = torch_ref.Ref(cfg, dtype=dtype)
+    with torch.no_grad():
+        for name in ref.names:
+            p = ref.get_parameter(name)
+            p.copy_(torch.from_numpy(init[name].astype(np.float64)).reshape(p.shape))
+            p.requires_grad_(False)
+    ref.lora = {n: torch.tensor(a, dtype=dtype, requires_grad=True) for n, a in adapters.items()}
+    ref.lora_scale = scale
+    params = list(ref.lora.values())
+    opt = torch.optim.AdamW(params, lr=tr["lr"], betas=tr["betas"], eps=tr["eps"],
+                            weight_decay=tr["wd"])
+    log, grads = [], []
+    for step, (x, y) in enumerate(batches):
+        opt.zero_grad(set_to_none=True)
+        total = int((y >= 0).sum())
+        loss = 0.0
+        for k in range(x.shape[0]):
+            if autocast:
+                with torch.autocast("cpu", dtype=torch.bfloat16):
+                    _, l = ref(torch.from_numpy(x[k]), torch.from_numpy(y[k]))
+                l = l.float()
+            else:
+                _, l = ref(torch.from_numpy(x[k]), torch.from_numpy(y[k]))
+            share = int((y[k] >= 0).sum()) / total
+            (l * share).backward()
+            loss += l.item() * share
+        grads.append({n: t.grad.detach().numpy().astype(np.float64).copy()
+                      for n, t in ref.lora.items()})
+        norm = torch.nn.utils.clip_grad_norm_(params, tr["clip"]).item()
+        lr = schedule_lr(step, tr["lr"], tr["min_lr"], tr["warmup"], len(batches))
+        for g in opt.param_groups:
+            g["lr"] = lr
+        opt.step()
+        log.append((loss, lr, norm))
+    return log, {n: t.detach().numpy().astype(np.float64) for n, t in ref.lora.items()}, grads
+
+
+def lora_grads_at(cfg, init, adapters, x, y, scale):
+    """autocast's adapter gradients of one step's batches at the given adapters"""
+    ref = torch_ref.Ref(cfg, dtype=torch.float32)
+    with torch.no_grad():
+        for name in ref.names:
+            p = ref.get_parameter(name)
+            p.copy_(torch.from_numpy(init[name]).reshape(p.shape))
+            p.requires_grad_(False)
+    ref.lora = {n: torch.tensor(a, requires_grad=True) for n, a in adapters.items()}
+    ref.lora_scale = scale
+    total = int((y >= 0).sum())
+    for k in range(x.shape[0]):
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            _, l = ref(torch.from_numpy(x[k]), torch.from_numpy(y[k]))
+        (l.float() * (int((y[k] >= 0).sum()) / total)).backward()
+    return {n: t.grad.numpy().astype(np.float64) for n, t in ref.lora.items()}
+
+
+def check_lora(name, model, tr, accum, prec, fp32_steps=None):
+    """returns the engine's (loss, lr, norm) per step"""
+    cfg = torch_ref.normalize_config(model)
+    bf16 = prec == "bf16"
+    steps_n = LORA_BF16_STEPS if bf16 else LORA_STEPS
+    rank, alpha = 4, 8.0
+    print(f"== {name} LoRA ({prec}): rank {rank}, alpha {alpha}, targets {LORA_TARGETS[name]}, "
+          f"clip {tr['clip']}, {steps_n} steps against "
+          f"{'torch.autocast' if bf16 else 'float64 PyTorch'}")
+    B, T = 4, cfg["max_seq_len"] - 8
+    keys = {"data.train": "unused-by-the-engine", "training.batch_size": B,
+            "training.seq_len": T, "training.grad_accum": accum, "training.steps": steps_n,
+            "training.seed": 4242, "training.lr": tr["lr"], "training.min_lr": tr["min_lr"],
+            "training.warmup": tr["warmup"], "training.schedule": "cosine",
+            "training.weight_decay": tr["wd"], "training.beta1": tr["betas"][0],
+            "training.beta2": tr["betas"][1], "training.eps": tr["eps"],
+            "training.grad_clip": tr["clip"], "training.threads": 2,
+            "training.precision": prec, "finetune.lora.rank": rank,
+            "finetune.lora.alpha": alpha, "finetune.lora.targets": LORA_TARGETS[name]}
+    for k in ("flavor", "vocab_size", "max_seq_len", "n_layer", "n_head", "n_kv_head",
+              "d_model", "d_ff", "norm_eps", "rope_theta", "init_std"):
+        if k in model:
+            keys[f"model.{k}"] = model[k]
+    rng = np.random.default_rng(13)
+    batches = [pattern_batches(rng, accum, B, T, cfg["vocab_size"]) for _ in range(steps_n)]
+    e = Engine(keys)
+    try:
+        layout = lora_layout(e)
+        init, a0 = e.read(0), lora_read(e, 0, layout)
+        steps, grads, before = [], [], []
+        for k, (x, y) in enumerate(batches):
+            if k < 3:
+                before.append(lora_read(e, 0, layout))
+            steps.append(e.step(x, y))
+            if k < 3:
+                grads.append(lora_read(e, 3, layout))
+        final, base = lora_read(e, 0, layout), e.read(0)
+    finally:
+        e.free()
+    expect("LoRA: the base's parameters are frozen (unchanged bit for bit)",
+           all(np.array_equal(base[n], init[n]) for n in init))
+    expect("LoRA: B starts at 0, A does not",
+           all(np.all(a == 0) == n.endswith("lora_B") for n, a in a0.items()))
+    log, rfinal, _ = run_lora_torch(cfg, init, a0, batches, tr, alpha / rank,
+                                         torch.float32 if bf16 else torch.float64, bf16)
+    for k in sorted({0, 1, steps_n // 2, steps_n - 1}):
+        print(f"    step {k}: loss {steps[k][0]:.6f} (torch {log[k][0]:.6f})  "
+              f"|g| {steps[k][2]:.6f} (torch {log[k][2]:.6f})")
+    clipped = sum(1 for a in log if a[2] > tr["clip"])
+    expect(f"LoRA: the clip is reached ({clipped} of {steps_n} steps)", clipped > 0)
+    loss_err = max(abs(a[0] - b[0]) / abs(b[0]) for a, b in zip(steps, log))
+    norm_err = max(abs(a[2] - b[2]) / b[2] for a, b in zip(steps, log))
+    if not bf16:
+        check(f"LoRA losses, max rel diff over {steps_n} steps", loss_err, TOL_STEP)
+        check("LoRA pre-clip grad norms, max rel diff", norm_err, TOL_STEP)
+        lr_sum = sum(a[1] for a in log)
+        med = max(float(np.median(np.abs(final[n] - rfinal[n]))) / float(np.abs(rfinal[n]).max())
+                  for n in final)
+        mx = max(float(np.abs(final[n] - rfinal[n]).max()) / lr_sum for n in final)
+        check(f"LoRA adapters after {steps_n} steps: worst median |d| / max|ref|", med,
+              TOL_PARAM_MEDIAN)
+        check("LoRA adapters: worst max |d| / sum of lrs", mx, TOL_PARAM_MAX)
+        return steps
+    check(f"LoRA bf16 losses against autocast, max rel diff over {steps_n} steps", loss_err,
+          TOL_BF16_LOSS)
+    check("LoRA bf16 pre-clip grad norms against autocast, max rel diff", norm_err,
+          TOL_BF16_NORM)
+    cos, zeros, zero_ok = {}, 0, True
+    for k in range(3):
+        rg = lora_grads_at(cfg, init, before[k], *batches[k], alpha / rank)
+        for n in grads[k]:
+            a, b = grads[k][n].astype(np.float64).ravel(), rg[n].ravel()
+            if not np.any(b):  # A at step 1 (B = 0): both exactly 0
+                zero_ok = zero_ok and not np.any(a)
+                zeros += 1
+                continue
+            cos[(k + 1, n)] = float(a @ b / (np.linalg.norm(a) * np.linalg.norm(b)))
+    expect(f"the {zeros} adapter gradients autocast gives as exactly 0 (A at step 1) are 0",
+           zeros > 0 and zero_ok)
+    expect("LoRA bf16: the losses are not the fp32 engine's (the bf16 path ran)",
+           fp32_steps is not None and any(a[0] != b[0] for a, b in zip(steps, fp32_steps)))
+    worst = min(cos, key=cos.get)
+    print(f"    adapter gradient cosine, steps 1-3: worst step {worst[0]} {worst[1]} "
+          f"{cos[worst]:.6f}, median {float(np.median(list(cos.values()))):.6f}")
+    expect(f"adapter gradient cosine >= {MIN_BF16_COS} ({len(cos)} tensors x steps)",
+           cos[worst] >= MIN_BF16_COS, f"{worst}: {cos[worst]:.6f}")
+    return steps
+
+
 def main():
     torch.set_num_threads(2)
     for name, (model, accum, clip, clips) in MODELS.items():
@@ -559,6 +759,9 @@ def main():
     for name, (model, accum, clip, clips) in MODELS.items():
         check_bf16(name, model, dict(TRAINING, clip=clip), accum)
     check_bf16_moe()
+    for name, (model, accum, _, _) in MODELS.items():
+        f32 = check_lora(name, model, dict(TRAINING, clip=LORA_CLIP), accum, "fp32")
+        check_lora(name, model, dict(TRAINING, clip=LORA_CLIP), accum, "bf16", f32)
     return finish("all training-engine checks passed")
 
 

@@ -128,6 +128,23 @@ class Ref(nn.Module):
             Block([(base_name(n), s) for n, s in shapes if n.startswith(f"layers.{l}.")],
                   dtype, device) for l in range(c["n_layer"])])
         self.init_weights()
+        # LoRA (tests/reference/test_engine.py): {"layers.<l>.<target>.lora_A" / "_B": tensor},
+        # loom's names (include/loom/lora.h), each adapted linear's output gaining
+        # lora_scale * (x A^T) B^T in its target's columns; None: no adapters
+        self.lora, self.lora_scale = None, 1.0
+
+    def _lora(self, l, targets, widths, x, y):
+        """y (the fused linear's output over x, its columns the targets' of `widths` in order)
+        plus the adapters of layer l's targets (as PEFT adds them: lora_B(lora_A(x)) * scale)"""
+        if not self.lora or not any(f"layers.{l}.{t}.lora_A" in self.lora for t in targets):
+            return y
+        parts = list(y.split(list(widths), dim=-1))
+        for i, t in enumerate(targets):
+            a = self.lora.get(f"layers.{l}.{t}.lora_A")
+            if a is not None:
+                b = self.lora[f"layers.{l}.{t}.lora_B"]
+                parts[i] = parts[i] + F.linear(F.linear(x, a), b) * self.lora_scale
+        return torch.cat(parts, dim=-1)
 
     @property
     def llama(self):
@@ -185,14 +202,15 @@ class Ref(nn.Module):
             cos, sin = rope_cos_sin(T, D, c["rope_theta"], x.dtype, x.device)
         else:
             x = x + self.wpe[:T]
-        for blk in self.layers:
+        for li, blk in enumerate(self.layers):
             # attention
             h = self._norm(x, blk.ln1_w, None if llama else blk.ln1_b)
             # one GEMM over the concatenated weights (what a fused implementation runs; the
             # weights' copy is small next to the GEMM), split into q, k, v
             w = torch.cat((blk.q_w, blk.k_w, blk.v_w))
             b = None if llama else torch.cat((blk.q_b, blk.k_b, blk.v_b))
-            q, k, v = F.linear(h, w, b).split([H * D, KVH * D, KVH * D], dim=-1)
+            qkv = self._lora(li, ("q", "k", "v"), (H * D, KVH * D, KVH * D), h, F.linear(h, w, b))
+            q, k, v = qkv.split([H * D, KVH * D, KVH * D], dim=-1)
             q = q.view(B, T, H, D).transpose(1, 2)
             k = k.view(B, T, KVH, D).transpose(1, 2)
             v = v.view(B, T, KVH, D).transpose(1, 2)
@@ -204,15 +222,20 @@ class Ref(nn.Module):
                 v = v.repeat_interleave(H // KVH, dim=1)
             y = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=1.0 / math.sqrt(D))
             y = y.transpose(1, 2).reshape(B, T, H * D)
-            x = x + F.linear(y, blk.attn_proj_w, None if llama else blk.attn_proj_b)
+            x = x + self._lora(li, ("o",), (C,), y,
+                               F.linear(y, blk.attn_proj_w, None if llama else blk.attn_proj_b))
             # feed-forward
             h = self._norm(x, blk.ln2_w, None if llama else blk.ln2_b)
             if llama:
-                gate, up = F.linear(h, torch.cat((blk.gate_w, blk.up_w))).split(c["d_ff"], dim=-1)
+                gu = self._lora(li, ("gate", "up"), (c["d_ff"], c["d_ff"]), h,
+                                F.linear(h, torch.cat((blk.gate_w, blk.up_w))))
+                gate, up = gu.split(c["d_ff"], dim=-1)
                 h = F.silu(gate) * up
             else:
-                h = F.gelu(F.linear(h, blk.fc_w, blk.fc_b), approximate="tanh")
-            x = x + F.linear(h, blk.fc_proj_w, None if llama else blk.fc_proj_b)
+                h = F.gelu(self._lora(li, ("fc",), (c["d_ff"],), h, F.linear(h, blk.fc_w, blk.fc_b)),
+                           approximate="tanh")
+            x = x + self._lora(li, ("down" if llama else "fc_proj",), (C,), h,
+                               F.linear(h, blk.fc_proj_w, None if llama else blk.fc_proj_b))
         x = self._norm(x, self.lnf_w, None if llama else self.lnf_b)
         logits = F.linear(x, self.lm_head if llama else self.wte)
         loss = None
