@@ -18,8 +18,8 @@
 #                         expert, bit-exact resume, generate, eval)
 #   ep (+ dp, ZeRO 0-3, tp): mpi/test_ep (dropless and capacity, resumes across ep sizes,
 #                         training.precision bf16 at ep 2 alone, with dp, with dp and tp)
-#   LoRA (adapters, dropout, the one optimizer; resume, dp 2, cp 2, grad_accum, recompute):
-#                         mpi/test_lora_dropout
+#   LoRA (adapters, dropout, the one optimizer; resume, dp 2, cp 2, grad_accum, recompute;
+#   bf16 LoRA's bit-exact resume):  mpi/test_lora_dropout
 #   DPO (LoRA, its reference the adapters off; a reference from a loom checkpoint):
 #                         reference/test_preference (its `loom train` part on cpu-guard)
 #   GRPO (LoRA, one process and dp 2): mpi/test_grpo_dp (its LoRA pair on cpu-guard)
