@@ -358,6 +358,13 @@ typedef struct loom_model_hooks {
     void (*release_params)(void *ctx, int unit, int phase);
     float *(*grads)(void *ctx, int unit);
     void (*grads_ready)(void *ctx, int unit);
+    /* training.precision bf16 with parameters that are gathered, not resident (ZeRO 3):
+     * where unit u's bf16 copy lives while it is acquired (unit count uint16_t, the caller's
+     * storage), and *fresh = 0 when it already holds round(the acquired masters), 1 when the
+     * model must write it (from the fp32 acquire_params returned). NULL: the model keeps a
+     * whole bf16 copy of the arena, written by the optimizer step (ZeRO 0-2). Set with it, the
+     * model frees that whole copy. */
+    uint16_t *(*bf16_buffer)(void *ctx, int unit, int *fresh);
     int resident;   /* 1: acquire_params returns the same storage at every call, with no
                      * communication and no release needed (DP at ZeRO 0-2): decoding
                      * (loom_model_decode, loom_model_decode_batch) may then read the

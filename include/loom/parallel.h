@@ -31,6 +31,10 @@ typedef struct loom_dp_memory {
     size_t param_bytes;   /* parameter storage: full, or owned slices + gather buffers */
     size_t grad_bytes;    /* gradient storage: full, or owned slices + buckets */
     size_t optim_bytes;   /* AdamW moments */
+    size_t bf16_elems;    /* training.precision bf16: the bf16 weight copies' elements (2 bytes
+                           * each, not in param_bytes): every parameter, or at ZeRO 3 the
+                           * gather buffers' (each gathered unit rounded into its own);
+                           * loom_dp_memory_usage: 0 for an fp32 model */
 } loom_dp_memory;
 
 /* Sets the model's hooks and allocates storage for the given stage. Parameters are

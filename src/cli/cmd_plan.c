@@ -12,6 +12,7 @@
 
 #include "cli/cli.h"
 #include "loom/config.h"
+#include "loom/kernels.h"
 #include "loom/cp.h"
 #include "loom/load.h"
 #include "loom/model_config.h"
@@ -69,6 +70,10 @@ static int fill_measured(loom_plan_hw *hw, int threads, double run_peak, loom_er
                                       "(%s)", hw->name, pk.note);
             hw->peak_fp32 = pk.flops;
         }
+        /* training.precision bf16 on this CPU: its GEMMs widen to the fp32 units, at the fp32
+         * peak, unless they run oneDNN's bf16 matmul (AMX), whose peak the probe does not
+         * measure (a hardware file's peak_bf16 says it) */
+        if (!(hw->peak_bf16 > 0) && !bf16_matmul_native()) hw->peak_bf16 = hw->peak_fp32;
         hw->peak_measured = 0;
     }
     if (hw->mem_measured) {
@@ -482,10 +487,11 @@ int loom_cli_plan(int argc, char **argv) {
     if (json) {
         json_t *arr = json_array();
         for (int i = 0; i < n && i < top; i++) json_array_append_new(arr, entry_json(&v[i], world));
-        json_t *o = json_pack("{s:s,s:s,s:i,s:f,s:f,s:f,s:i,s:i,s:b,s:o}", "config", config,
+        json_t *o = json_pack("{s:s,s:s,s:i,s:f,s:f,s:f,s:i,s:i,s:s,s:o}", "config", config,
                               "hardware", hw.name, "devices", world, "peak_flops", hw.peak_flops,
                               "efficiency", hw.efficiency, "mem_bytes", hw.mem_bytes, "layouts", n,
-                              "fitting", fitting, "bf16_modeled", base.bf16, "ranked", arr);
+                              "fitting", fitting, "precision", base.bf16 ? "bf16" : "fp32",
+                              "ranked", arr);
         char *s = o ? json_dumps(o, JSON_COMPACT) : NULL;
         json_decref(o);
         if (!s) { /* a number JSON cannot hold (not finite) */
@@ -500,7 +506,7 @@ int loom_cli_plan(int argc, char **argv) {
                "valid layout%s, %d fit%s\n", config, world, hw.name,
                human(hw.mem_bytes, mem, sizeof mem), hw.shared_memory ? ", a node's shared" : "",
                hw.peak_flops, base.bf16 ? "bf16" : "fp32", hw.efficiency, n, n == 1 ? "" : "s",
-               fitting, base.bf16 ? " (bf16 is modeled: loom trains in fp32 today)" : "");
+               fitting, fitting == 1 ? "s" : "");
         printf("%4s  %-44s %12s %10s %9s %6s %10s %10s %10s %10s %10s  %s\n", "rank", "layout",
                "tokens/s", "per dev", "step ms", "MFU", "params", "grads", "moments", "acts",
                "rank total", "fits");

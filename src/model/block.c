@@ -573,9 +573,9 @@ static void op_backward(loom_model *m, block_frame *f, int l, const block_op *op
 
 /* ---- training.precision bf16: the block's ops on bf16 slots ------------------------------
  * Saved activations are bf16 (m->slot_dt), their gradients fp32; the linears read the bf16
- * weight copies (m->wb), the norms fp32 weights and biases. Only what create allows in bf16
- * (model.c check_layout; docs/training.md "Precision" lists what it refuses) comes here; LoRA's
- * adapters (lora.c) add after a linear's GEMM. */
+ * weight copies (bview: m->wb, or ZeRO 3's gathered unit's), the norms fp32 weights and
+ * biases. Only what create allows in bf16 (model.c check_layout; docs/training.md "Precision"
+ * lists what it refuses) comes here; LoRA's adapters (lora.c) add after a linear's GEMM. */
 
 /* a slot's buffer as dtype dt: any other dtype stops the run here (nothing converts silently) */
 static void *slot_as(const loom_model *m, const block_frame *f, int k, int dt, const char *file,
@@ -590,7 +590,7 @@ static void *slot_as(const loom_model *m, const block_frame *f, int k, int dt, c
 
 /* a linear's bf16 weight copy */
 static const uint16_t *bparam(const loom_model *m, int w, int l) {
-    LOOM_CHECK(w != P_NONE && m->wb != NULL);
+    LOOM_CHECK(w != P_NONE && m->bf16);
     return bview(m, loom_model_layer_tensor(m, l, param_kind(m, w)));
 }
 

@@ -456,6 +456,8 @@ static int create(const loom_model_config *cfg, const loom_model_layout *layout,
         m->wb = m->be->mem_alloc(off * sizeof(uint16_t), 0);
         m->wb_stale = loom_calloc((size_t)m->n_units, 1);
         memset(m->wb_stale, 1, (size_t)m->n_units);
+        m->wbase = loom_calloc((size_t)m->n_units, sizeof *m->wbase);
+        for (int u = 0; u < m->n_units; u++) m->wbase[u] = m->wb + m->unit_off[u];
     }
     acts_dtypes(m);
     m->pbase = loom_calloc((size_t)m->n_units, sizeof(float *));
@@ -546,6 +548,14 @@ void loom_model_params_changed(loom_model *m) {
 }
 
 void model_bf16_refresh(loom_model *m, int u) {
+    if (m->has_hooks && m->hooks.bf16_buffer) { /* ZeRO 3: the copy of what was gathered */
+        int fresh = 0;
+        uint16_t *w = m->hooks.bf16_buffer(m->hooks.ctx, u, &fresh);
+        LOOM_CHECK(w != NULL && m->pbase[u] != NULL);
+        if (fresh) m->be->bf16_from_f32(w, m->pbase[u], (int64_t)m->unit_cnt[u]);
+        m->wbase[u] = w;
+        return;
+    }
     if (!m->wb || !m->wb_stale[u]) return;
     LOOM_CHECK(m->pbase[u] != NULL);
     m->be->bf16_from_f32(m->wb + m->unit_off[u], m->pbase[u], (int64_t)m->unit_cnt[u]);
@@ -561,6 +571,7 @@ void loom_model_free(loom_model *m) {
     free(m->wbf16); /* (host memory: the inference weight copies are not converted yet) */
     be->mem_free(m->wb);
     free(m->wb_stale);
+    free(m->wbase);
     free(m->wbf16_lin);
     free(m->wq8);
     free(m->wq8_q);
@@ -641,6 +652,12 @@ void loom_model_set_hooks(loom_model *m, const loom_model_hooks *h) {
     if (h) {
         m->hooks = *h;
         m->has_hooks = 1;
+        if (h->bf16_buffer && m->wb) { /* the hooks hold the acquired units' bf16 copies */
+            LOOM_CHECK(m->bf16);
+            m->be->mem_free(m->wb);
+            m->wb = NULL;
+            for (int u = 0; u < m->n_units; u++) m->wbase[u] = NULL;
+        }
     } else {
         LOOM_CHECK(m->params && m->grads);
         m->has_hooks = 0;

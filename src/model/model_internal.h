@@ -284,6 +284,8 @@ struct loom_model {
     int bf16;
     uint16_t *wb;
     unsigned char *wb_stale;
+    const uint16_t **wbase; /* (U) where each unit's bf16 copy is now: wb + unit_off[u], or
+                             * the hooks' bf16_buffer (ZeRO 3) */
     unsigned char slot_dt[S_COUNT];
     /* arch.rope_local_theta: the sliding layers' tables (maxT, D/2); NULL: they use the
      * full layers' */
@@ -304,7 +306,7 @@ void acts_dtypes(loom_model *m);
 void model_bf16_refresh(loom_model *m, int u);
 /* the bf16 copy of a tensor (NULL when absent) */
 static inline const uint16_t *bview(const loom_model *m, const loom_tensor_info *t) {
-    return t ? m->wb + t->offset : NULL;
+    return t ? m->wbase[t->unit] + (t->offset - m->unit_off[t->unit]) : NULL;
 }
 
 /* arch.norm_place: the block has pre-norms (pre, sandwich) / post-norms (post, sandwich) */

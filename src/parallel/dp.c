@@ -61,6 +61,10 @@ struct loom_dp {
     /* zero 3: gather buffers and the unit each holds (-1 none) */
     float *pbuf[N_BUCKETS];
     int punit[N_BUCKETS];
+    /* zero 3 with training.precision bf16: the gathered units' bf16 copies and the unit each
+     * holds round(pbuf) of (-1 none: written by the model at its next acquire) */
+    uint16_t *pbf[N_BUCKETS];
+    int pbf_unit[N_BUCKETS];
 
     int first, last;
     int64_t step;
@@ -101,12 +105,23 @@ static const float *hook_acquire(void *ctx, int u, int phase) {
     if (dp->zero < 3) return dp->params + dp->uoff[u];
     const int b = bucket_of(dp, u);
     if (dp->punit[b] != u) {
+        dp->pbf_unit[b] = -1; /* its bf16 copy, if any, is of another unit now */
         for (int s = dp->useg[u]; s < dp->useg[u] + dp->unseg[u]; s++)
             loom_allgather(dp->mesh, (loom_group)dp->sgroup[s], dp->pshard + dp->sbase[s],
                            dp->pbuf[b] + (dp->goff[s] - dp->uoff[u]), dp->gcnt[s], LOOM_F32);
         dp->punit[b] = u;
     }
     return dp->pbuf[b];
+}
+
+/* zero 3, bf16: the bf16 copy of gathered unit u (the model writes it when *fresh) */
+static uint16_t *hook_bf16(void *ctx, int u, int *fresh) {
+    loom_dp *dp = ctx;
+    const int b = bucket_of(dp, u);
+    LOOM_CHECK(dp->zero == 3 && dp->pbf[b] && dp->punit[b] == u); /* acquired first */
+    *fresh = dp->pbf_unit[b] != u;
+    dp->pbf_unit[b] = u;
+    return dp->pbf[b];
 }
 
 /* completes bucket b's reduce-scatter and adds it into the owned gradients */
@@ -316,6 +331,9 @@ int loom_dp_create(loom_model *m, loom_mesh *mesh, int zero, uint64_t seed, floa
         for (int b = 0; b < N_BUCKETS; b++) {
             dp->pbuf[b] = be->mem_alloc(sizes[b] * sizeof(float), 0);
             dp->punit[b] = -1;
+            if (loom_model_get_layout(m)->precision == LOOM_PREC_BF16)
+                dp->pbf[b] = be->mem_alloc(sizes[b] * sizeof(uint16_t), 0);
+            dp->pbf_unit[b] = -1;
         }
     }
     if (zero < 2) dp->grads = be->mem_alloc(dp->n * sizeof(float), 0);
@@ -342,7 +360,8 @@ int loom_dp_create(loom_model *m, loom_mesh *mesh, int zero, uint64_t seed, floa
     dp->adam_m = dp->moments;
     dp->adam_v = dp->moments + dp->n_moments;
     loom_model_hooks h = {.ctx = dp, .acquire_params = hook_acquire, .grads = hook_grads,
-                          .grads_ready = hook_grads_ready, .resident = zero < 3};
+                          .grads_ready = hook_grads_ready, .resident = zero < 3,
+                          .bf16_buffer = dp->pbf[0] ? hook_bf16 : NULL};
     loom_model_set_hooks(m, &h);
     *out = dp;
     return 0;
@@ -356,6 +375,7 @@ void loom_dp_free(loom_dp *dp) {
         be->mem_free(dp->gbucket[b]);
         be->mem_free(dp->gtmp[b]);
         be->mem_free(dp->pbuf[b]);
+        be->mem_free(dp->pbf[b]);
     }
     be->mem_free(dp->kv_full);
     be->mem_free(dp->params);
@@ -470,7 +490,7 @@ void loom_dp_step(loom_dp *dp, float lr) {
                                dp->params + dp->goff[s], dp->gcnt[s], LOOM_F32);
         }
     }
-    for (int b = 0; b < N_BUCKETS; b++) dp->punit[b] = -1; /* gathered copies are stale */
+    for (int b = 0; b < N_BUCKETS; b++) dp->punit[b] = dp->pbf_unit[b] = -1; /* stale now */
     /* ZeRO 1/2: the other ranks' slices came by allgather: their bf16 copies are refreshed
      * before the next forward (zero 0 wrote every copy in the step) */
     if (dp->zero > 0) loom_model_params_changed(dp->m);
@@ -528,6 +548,7 @@ static void memory_of(int zero, int alone, const dp_sizes *z, loom_dp_memory *ou
         out->grad_bytes += (z->first + z->last + 2 * z->max_layer + z->first_slice +
                             z->last_slice + 2 * z->max_layer_slice) * f;
     out->optim_bytes = 2 * (zero == 0 ? z->n : z->nshard) * f;
+    out->bf16_elems = zero < 3 ? z->n : z->first + z->last + 2 * z->max_layer;
 }
 
 void loom_dp_memory_usage(const loom_dp *dp, loom_dp_memory *out) {
@@ -535,6 +556,7 @@ void loom_dp_memory_usage(const loom_dp *dp, loom_dp_memory *out) {
                         dp->first_slice, dp->last_slice, dp->max_layer_slice};
     memory_of(dp->zero, dp->gshard == dp->grads, &z, out);
     if (dp->frozen) out->optim_bytes = 0;
+    if (loom_model_get_layout(dp->m)->precision != LOOM_PREC_BF16) out->bf16_elems = 0;
 }
 
 void loom_dp_memory_estimate_groups(const loom_model *m, int dp_size, int dp_rank, int edp_size,

@@ -147,7 +147,8 @@ int loom_plan_rank_memory(const loom_model_config *mc, const loom_plan_layout *L
      * micro-batch rows, and as many activation arenas as its schedule keeps in flight (gpipe:
      * every micro-batch; 1f1b: min(m, pp - stage)) */
     loom_model_layout lay = {.tp = L->tp, .tp_rank = c.tp, .cp = L->cp, .cp_rank = c.cp,
-                             .sp = L->sp};
+                             .sp = L->sp,
+                             .precision = L->bf16 ? LOOM_PREC_BF16 : LOOM_PREC_FP32};
     if (mc->n_expert > 0) { /* loom_ep_layout */
         lay.e0 = c.ep * (mc->n_expert / L->ep);
         lay.e1 = lay.e0 + mc->n_expert / L->ep;
@@ -180,12 +181,9 @@ int loom_plan_rank_memory(const loom_model_config *mc, const loom_plan_layout *L
     out->param = (double)dm.param_bytes;
     out->grad = (double)dm.grad_bytes;
     out->optim = (double)dm.optim_bytes;
-    if (L->bf16) { /* modeled: bf16 copies of the parameters held, bf16 activations */
-        out->param += 0.5 * (double)dm.param_bytes;
-        out->act = (double)arenas * 2.0 * floats;
-    } else {
-        out->act = (double)arenas * 4.0 * floats;
-    }
+    /* the view's arena words are its slots' bytes / 4 (bf16 slots count half) */
+    out->act = (double)arenas * 4.0 * floats;
+    if (L->bf16) out->param += 2.0 * (double)dm.bf16_elems; /* the bf16 weight copies */
     out->act_rows = (double)arenas * 4.0 * row_ints;
     loom_model_free(view);
     /* the trainer's global batch buffers (inputs and targets, B x T int32 each, a pair's two

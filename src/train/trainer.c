@@ -387,10 +387,6 @@ int loom_trainer_create_engine(trainer *t, loom_err *err) {
     const int64_t rows = pipe ? t->local_B / t->microbatches
                               : t->local_B * (t->pref.method != LOOM_PREF_SFT ? 2 : 1) *
                                     loom_trainer_grpo_rows(t);
-    if (t->s.precision == LOOM_PREC_BF16 && t->s.zero == 3)
-        return loom_errf(err, "training.precision = bf16 with parallel.zero = 3: not supported "
-                              "yet (bf16 covers ZeRO 0-2: docs/training.md); use "
-                              "training.precision = fp32");
     if (loom_trainer_moe_setup(t, &lay, err)) return -1; /* its experts (ep) */
     if (pipe) loom_pp_stage_layers(t->mc.n_layer, t->pp_size, t->pp_rank, &lay.l0, &lay.l1);
     if (loom_model_create_view(&t->mc, &lay, (int)rows, (int)t->local_T,
@@ -587,7 +583,7 @@ int loom_train(loom_config *cfg, loom_err *err) {
     loom_dp_memory mem;
     loom_dp_memory_usage(t.dp, &mem);
     const size_t mem_bytes = mem.param_bytes + mem.grad_bytes + mem.optim_bytes +
-                             loom_model_arena_bytes(t.model);
+                             2 * mem.bf16_elems + loom_model_arena_bytes(t.model);
     if (rank0) {
         char layout[256], mine[64] = "";
         /* the whole model's count: under tp/pp/ep this rank's view holds only a part of it */

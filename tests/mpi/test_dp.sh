@@ -41,25 +41,26 @@ for dp in 2 4; do
   done
 done
 
-# training.precision bf16: dp = 2 at ZeRO 0, 1 and 2 follows the single bf16 process. The
+# training.precision bf16: dp = 2 at ZeRO 0-3 follows the single bf16 process. The
 # gradients (fp32) are summed over the ranks in another order than one process sums its rows, so
 # a weight's bf16 copy can round the other way after a step: the curves agree to bf16's
-# precision, not to fp32's (tolerance 5e-4; observed 2.5e-5). Replicas stay bit-identical
-# every step.
+# precision, not to fp32's (tolerance 5e-4; observed 2.5e-5 to 4.1e-5). Replicas stay bit-identical
+# every step (ZeRO 0-2). ZeRO 3 gathers the fp32 masters and rounds each gathered unit into a
+# bf16 buffer of its own (no whole bf16 copy): the same bf16 weights as ZeRO 2's, so the same
+# losses bit for bit.
 "$LOOM_BIN" train "$WORK/c.yaml" "${COMMON[@]}" --set run.dir="$WORK/single_bf16" \
   --set training.precision=bf16 2>/dev/null || fail "bf16 single process failed"
-for z in 0 1 2; do
+for z in 0 1 2 3; do
   run=$WORK/bf16_dp2_z$z
+  check=true; [ $z = 3 ] && check=false
   $MPIRUN -np 2 "$LOOM_BIN" train "$WORK/c.yaml" "${COMMON[@]}" --set run.dir="$run" \
-    --set training.precision=bf16 --set parallel.zero=$z --set parallel.check_replicas=true \
+    --set training.precision=bf16 --set parallel.zero=$z --set parallel.check_replicas=$check \
     2>"$WORK/log" || { cat "$WORK/log"; fail "bf16 dp=2 zero=$z failed"; }
   compare "$WORK/single_bf16" "$run" 5e-4 || fail "bf16 dp=2 zero=$z loss differs from one process"
-  pass "bf16 dp=2 zero=$z: 20 steps follow the single bf16 process, replicas bit-identical"
+  pass "bf16 dp=2 zero=$z: 20 steps follow the single bf16 process$([ $z = 3 ] || echo ', replicas bit-identical')"
 done
+compare "$WORK/bf16_dp2_z2" "$WORK/bf16_dp2_z3" 0 || fail "bf16 zero=3: not zero=2's losses bit for bit"
 compare "$WORK/single" "$WORK/single_bf16" 0 >/dev/null && fail "bf16: the losses are fp32's"
-expect_fail "bf16 refuses ZeRO 3, naming the key" "parallel.zero" \
-  $MPIRUN -np 2 "$LOOM_BIN" train "$WORK/c.yaml" "${COMMON[@]}" --set run.dir="$WORK/bf16_z3" \
-  --set training.precision=bf16 --set parallel.zero=3
 
 # memory per rank at DP = 4: parameters, gradients, AdamW moments against the stage's formula,
 # on a deeper model (8 layers of d 64) where the layers, not the embeddings, hold the weight

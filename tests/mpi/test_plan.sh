@@ -1,7 +1,7 @@
 # loom plan against measured runs (docs/plan.md, "Checks against measured runs").
-# Memory: 14 small layouts (dp with zero 0-3, tp with sp, pp gpipe and 1f1b, cp ring and
-# ulysses, ep, dp x tp, recompute none / selective / full; fp32: bf16 training does not exist
-# yet) trained 3 steps under mpirun, and `loom plan --check` must predict every rank's arena
+# Memory: 17 small layouts (dp with zero 0-3, tp with sp, pp gpipe and 1f1b, cp ring and
+# ulysses, ep, dp x tp, recompute none / selective / full; and in bf16 one process, ZeRO 3 and
+# pp 1f1b: its weight copies counted) trained 3 steps under mpirun, and `loom plan --check` must predict every rank's arena
 # bytes (parameters, gradients, AdamW moments, activation arenas: metrics.jsonl's arena_bytes,
 # + pp_act_bytes under a pipeline) within 5%; they are the same accounting, so the test
 # expects (and prints) 0.00%. Every kind of 2-rank layout the plan calls valid must train a step.
@@ -59,6 +59,9 @@ LAYOUTS=(
   "cp2_ulysses 2 --set parallel.cp=2 --set parallel.cp_kind=ulysses"
   "ep2_z1 2 --set parallel.dp=2 --set parallel.ep=2 --set parallel.zero=1 ${MOE[*]}"
   "dp2_tp2_full 4 --set parallel.dp=2 --set parallel.tp=2 --set parallel.zero=1 --set model.recompute=full"
+  "bf16_single 1 --set training.precision=bf16"
+  "bf16_dp2_z3 2 --set training.precision=bf16 --set parallel.dp=2 --set parallel.zero=3"
+  "bf16_pp2_1f1b 2 --set training.precision=bf16 --set parallel.pp=2 --set parallel.microbatches=4 --set parallel.pp_schedule=1f1b"
 )
 for spec in "${LAYOUTS[@]}"; do
   read -r name np settings <<<"$spec"
@@ -108,42 +111,49 @@ must_fail_within "a layout over training.memory_limit" 60 'needs an estimated .*
 [ ! -e "$WORK/refused/metrics.jsonl" ] || fail "the refused run wrote metrics"
 
 # step time: the peak of one thread measured now (the best of three one-second probes: on a
-# shared machine a probe loses time slices, never gains any), then three compute-bound runs
-PEAK=$(for i in 1 2 3; do env -u LOOM_PEAK_FLOPS "$LOOM_BIN" peak --threads 1 --seconds 1 --json 2>/dev/null; done |
-       python3 -c 'import json,sys; print(max(json.loads(l)["flops"] for l in sys.stdin))') || fail "loom peak"
-# A run whose best step is more than 25% slower than predicted is run again, up to 3 times in
-# all, and the best run counts: other work on the machine only ever slows a step down (CI's
-# loaded machine measured -23% to -26% where the same binary measures -12% to -16% alone). A
-# step faster than predicted by more than 25% fails at once.
+# shared machine a probe loses time slices, never gains any), then a compute-bound run with it.
+# Other work on the machine disturbs either: a slowed run reads slower than predicted (CI under
+# load: -23% to -26% where the binary alone measures -12% to -16%), a slowed probe makes the
+# prediction slow (+42% to +58% with the machine at load 9). So an attempt more than 25% off
+# probes and runs again, up to 3 attempts in all, and the closest counts (a model that is off
+# fails all three).
+probe() {
+  for i in 1 2 3; do env -u LOOM_PEAK_FLOPS "$LOOM_BIN" peak --threads 1 --seconds 1 --json 2>/dev/null; done |
+    python3 -c 'import json,sys; print(max(json.loads(l)["flops"] for l in sys.stdin))'
+}
 for spec in "time_none 256 none" "time_sel 256 selective" "time_d384 384 none"; do
   read -r name d rc <<<"$spec"
   for try in 1 2 3; do
     rm -rf "$WORK/$name.$try"
+    PEAK=$(probe) || fail "loom peak"
+    echo "$PEAK" >"$WORK/$name.$try.peak"
     LOOM_PEAK_FLOPS=$PEAK "$LOOM_BIN" train "$WORK/c.yaml" --set model.d_model=$d --set model.d_ff=$((2 * d)) \
       --set model.n_layer=2 --set training.steps=8 --set training.schedule_steps=8 \
       --set training.threads=1 --set model.recompute=$rc --set run.dir="$WORK/$name.$try" >"$WORK/log" 2>&1 \
       || { cat "$WORK/log" >&2; fail "$name: training failed"; }
     "$LOOM_BIN" plan --check "$WORK/$name.$try" --json >"$WORK/$name.$try.json" || fail "$name: plan --check"
-    python3 -c 'import json,sys; sys.exit(json.load(open(sys.argv[1]))["cpu_step_best_error"] < -0.25)' \
+    python3 -c 'import json,sys; sys.exit(abs(json.load(open(sys.argv[1]))["cpu_step_best_error"]) > 0.25)' \
       "$WORK/$name.$try.json" && break
   done
-  python3 - "$WORK" "$name" <<'PY' || fail "$name: picking the best run"
+  python3 - "$WORK" "$name" <<'PY' || fail "$name: picking the closest attempt"
 import glob, json, shutil, sys
 w, n = sys.argv[1], sys.argv[2]
 runs = sorted(glob.glob(f"{w}/{n}.[0-9].json"))
-best = min(runs, key=lambda f: json.load(open(f))["cpu_step_best"])
+err = lambda f: json.load(open(f))["cpu_step_best_error"]
+best = min(runs, key=lambda f: abs(err(f)))
 shutil.copy(best, f"{w}/{n}.json")
+shutil.copy(best[:-len(".json")] + ".peak", f"{w}/{n}.peak")
 if len(runs) > 1:
-    print(f"{n}: {len(runs)} runs, best-step errors " +
-          " ".join(f"{100 * json.load(open(f))['cpu_step_best_error']:+.1f}%" for f in runs))
+    print(f"{n}: {len(runs)} attempts, best-step errors " + " ".join(f"{100 * err(f):+.1f}%" for f in runs))
 PY
 done
 
-python3 - "$WORK" "$PEAK" <<'PY'
+python3 - "$WORK" <<'PY'
 import json, sys
-w, peak = sys.argv[1], float(sys.argv[2])
+w = sys.argv[1]
 names = ["single", "full", "selective", "dp2_z0", "dp2_z1", "dp2_z2", "dp2_z3", "tp2_sp",
-         "pp2_gpipe", "pp2_1f1b", "cp2_ring", "cp2_ulysses", "ep2_z1", "dp2_tp2_full"]
+         "pp2_gpipe", "pp2_1f1b", "cp2_ring", "cp2_ulysses", "ep2_z1", "dp2_tp2_full",
+         "bf16_single", "bf16_dp2_z3", "bf16_pp2_1f1b"]
 ok = True
 print(f"{'layout':<14} {'ranks':>5} {'largest error':>13}  per rank: predicted / measured arena bytes")
 for n in names:
@@ -158,14 +168,15 @@ for n in names:
 # the layouts must differ where the strategies differ (a check that could not fail otherwise)
 arena = {n: max(x["arena_measured"] for x in json.load(open(f"{w}/{n}.json"))["ranks"]) for n in names}
 for a, b in [("dp2_z1", "dp2_z0"), ("dp2_z2", "dp2_z1"), ("dp2_z3", "dp2_z0"), ("full", "single"),
-             ("selective", "single"), ("pp2_1f1b", "pp2_gpipe")]:
+             ("selective", "single"), ("pp2_1f1b", "pp2_gpipe"), ("bf16_pp2_1f1b", "pp2_1f1b")]:
     if not arena[a] < arena[b]:
         print(f"{a} holds {arena[a]:.0f} bytes, not less than {b}'s {arena[b]:.0f}"); ok = False
-print(f"step time (peak {peak / 1e9:.1f} GFLOP/s at 1 thread, measured just before):")
+print("step time (the peak at 1 thread measured just before each run):")
 for n in ["time_none", "time_sel", "time_d384"]:
     r = json.load(open(f"{w}/{n}.json"))
+    peak = float(open(f"{w}/{n}.peak").read())
     e = r["cpu_step_best_error"]
-    print(f"  {n}: predicted {1e3 * r['step_predicted']:.1f} ms, measured {1e3 * r['cpu_step_best']:.1f} ms "
+    print(f"  {n} (peak {peak / 1e9:.1f} GFLOP/s): predicted {1e3 * r['step_predicted']:.1f} ms, measured {1e3 * r['cpu_step_best']:.1f} ms "
           f"of CPU in the best step ({100 * e:+.1f}%; median {1e3 * r['cpu_step_measured']:.1f} ms, "
           f"{100 * r['cpu_step_error']:+.1f}%); wall clock {1e3 * r['step_measured']:.1f} ms "
           f"({100 * r['step_error']:+.1f}%)")
@@ -173,4 +184,4 @@ for n in ["time_none", "time_sel", "time_d384"]:
 sys.exit(0 if ok else 1)
 PY
 [ $? -eq 0 ] || fail "loom plan's predictions are off (above)"
-pass "loom plan: memory of 14 layouts within 5% of the measured arenas, step time within 25%"
+pass "loom plan: memory of 17 layouts within 5% of the measured arenas, step time within 25%"
