@@ -706,8 +706,15 @@ def check_lora(name, model, tr, accum, prec, fp32_steps=None):
            all(np.array_equal(base[n], init[n]) for n in init))
     expect("LoRA: B starts at 0, A does not",
            all(np.all(a == 0) == n.endswith("lora_B") for n, a in a0.items()))
-    log, rfinal, _ = run_lora_torch(cfg, init, a0, batches, tr, alpha / rank,
-                                         torch.float32 if bf16 else torch.float64, bf16)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # the references' small ops: faster on one thread (as the MoE case)
+    try:
+        log, rfinal, _ = run_lora_torch(cfg, init, a0, batches, tr, alpha / rank,
+                                        torch.float32 if bf16 else torch.float64, bf16)
+        at = [lora_grads_at(cfg, init, before[k], *batches[k], alpha / rank)
+              for k in range(3)] if bf16 else None
+    finally:
+        torch.set_num_threads(threads)
     for k in sorted({0, 1, steps_n // 2, steps_n - 1}):
         print(f"    step {k}: loss {steps[k][0]:.6f} (torch {log[k][0]:.6f})  "
               f"|g| {steps[k][2]:.6f} (torch {log[k][2]:.6f})")
@@ -732,7 +739,7 @@ def check_lora(name, model, tr, accum, prec, fp32_steps=None):
           TOL_BF16_NORM)
     cos, zeros, zero_ok = {}, 0, True
     for k in range(3):
-        rg = lora_grads_at(cfg, init, before[k], *batches[k], alpha / rank)
+        rg = at[k]
         for n in grads[k]:
             a, b = grads[k][n].astype(np.float64).ravel(), rg[n].ravel()
             if not np.any(b):  # A at step 1 (B = 0): both exactly 0
