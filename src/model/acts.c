@@ -122,7 +122,7 @@ static size_t layout_acts(const loom_model *m, struct loom_acts *a, float *base,
     /* bf16 logits (fp32 for a vocab-parallel head: its cross-entropy pieces are fp32) */
     TAKE(a ? &a->logits : &dummy,
          words(hd * (cls ? (int64_t)B * K : (chunk ? chunk : BT) * m->Vl),
-               m->lay.tp > 1 ? LOOM_DT_F32 : dt_act));
+               model_logits_f32(m) ? LOOM_DT_F32 : dt_act));
     TAKE(a ? &a->losses : &dummy, hd * BT);
     if (!cls && hd && m->lay.tp > 1) { /* vocab-parallel cross-entropy's row statistics */
         TAKE(a ? &a->vmax : &dummy, BT);
@@ -132,8 +132,9 @@ static size_t layout_acts(const loom_model *m, struct loom_acts *a, float *base,
         TAKE(a ? &a->pooled : &dummy, (int64_t)B * C);
         TAKE(a ? &a->dpooled : &dummy, (int64_t)B * C);
     }
-    if (stacked && m->bf16) {
-        /* bf16 (no sp, q/k or post-norms, sdpa: create refuses them) shares the fp32
+    const int bf16_own = m->cfg.arch.qk_norm != LOOM_QK_NORM_NONE || has_post(m);
+    if (stacked && m->bf16 && !bf16_own) {
+        /* bf16 (no sp, q/k or post-norms: those take the fp32 layout below) shares the fp32
          * gradient scratch between ops whose gradients are never alive together. A layer's
          * backward runs fc_proj (writes dfch_act), the activation (dfch), fc (dln), ln2,
          * attn_proj (datty), attention (dqkv), RoPE, qkv (dln), ln1: so datty shares dln's
@@ -184,10 +185,18 @@ static size_t layout_acts(const loom_model *m, struct loom_acts *a, float *base,
         /* the MoE op's linears: the expert rows (up to ep x k per token), the router, the
          * shared experts */
         const int64_t moe16 = moe_dout16_elems(m, BT);
-        if (m->lay.tp > 1 && hd && m->Vl > oc) oc = m->Vl; /* the fp32 vocab-parallel dlogits */
+        /* the fp32 dlogits: vocab-parallel, or soft-capped (model_forward.c head_logits) */
+        if ((m->lay.tp > 1 || m->cfg.arch.final_softcap > 0.0f) && hd && m->Vl > oc) oc = m->Vl;
         float *rp = NULL;
         TAKE(a ? &rp : &dummy, m->lay.tp > 1 ? BT * C : 0);
         if (a) a->rowp = m->lay.tp > 1 ? rp : NULL;
+        /* fp32 rows of the bf16 ones where an op widens them explicitly (bf16_to_f32): the
+         * q|k|v rows the q/k norms read, the embedding rows arch.embed_scale scales */
+        int64_t w32 = m->cfg.arch.qk_norm != LOOM_QK_NORM_NONE ? BT * m->QKV : 0;
+        if (m->cfg.arch.embed_scale && BT * C > w32) w32 = BT * C;
+        float *x32 = NULL;
+        TAKE(a ? &x32 : &dummy, w32);
+        if (a) a->x32 = w32 ? x32 : NULL;
         float *d16 = NULL;
         TAKE(a ? &d16 : &dummy,
              stacked ? words(BT * oc > moe16 ? BT * oc : moe16, LOOM_DT_BF16) : 0);
@@ -312,6 +321,7 @@ void acts_frame(const loom_model *m, const loom_acts *a, int l, int B, int T, bl
     f->fws = a->fws;
     f->dout16 = a->dout16;
     f->rowp = a->rowp;
+    f->x32 = a->x32;
     f->train = a->stacked;
     if (a->n_runs) { /* loom_model_forward_acts checked the shape */
         f->docs = a->docs;

@@ -248,6 +248,40 @@ static void attend_cache(loom_model *m, int l, float *out, const float *qkv, flo
     }
 }
 
+/* the q/k norms (fp32 rows x into o, which may be x): q heads, then k heads, of each row; v
+ * copied unless in place */
+static void qknorm_forward(loom_model *m, block_frame *f, int l, const block_op *op, float *o,
+                           const float *x) {
+    const int64_t N = (int64_t)f->B * f->T;
+    const loom_backend *be = m->be;
+    float **s = f->s;
+    const int HD = m->H * m->D, KD = m->KVH * m->D;
+    if (m->cfg.arch.qk_norm == LOOM_QK_NORM_WHOLE) {
+        /* the whole q (and k) of a row: the view's heads' sums of squares, summed over the
+         * tp group, then normed; st (N, 2) holds the sums, then the rstd */
+        float *st = s[op->aux0];
+        LOOM_CHECK(st != NULL);
+        be->rownorm_sums(st, 2, x, NULL, NULL, NULL, N, HD, m->QKV);
+        be->rownorm_sums(st + 1, 2, x + HD, NULL, NULL, NULL, N, KD, m->QKV);
+        if (m->lay.tp > 1) point(m, LOOM_CP_QKNORM_SUM, 0, l, LOOM_SITE_ATTN, st, 2 * N);
+        be->rownorm_forward(o, st, x, param(m, op->w, l), st, N, HD, m->QKV, 2,
+                            m->cfg.n_head * m->D, m->cfg.norm_eps);
+        be->rownorm_forward(o + HD, st + 1, x + HD, param(m, op->b, l), st + 1, N, KD,
+                            m->QKV, 2, m->cfg.n_kv_head * m->D, m->cfg.norm_eps);
+    } else {
+        be->headnorm_forward(o, s[op->aux0], x, param(m, op->w, l), N, m->H, m->D, m->QKV,
+                             m->H + m->KVH, m->cfg.norm_eps);
+        /* a decoding frame keeps no statistics (NULL) */
+        be->headnorm_forward(o + HD, s[op->aux0] ? s[op->aux0] + m->H : NULL, x + HD,
+                             param(m, op->b, l), N, m->KVH, m->D, m->QKV, m->H + m->KVH,
+                             m->cfg.norm_eps);
+    }
+    if (o != x) /* the v rows unchanged */
+        be->mem_d2d_rows(o + HD + KD, (size_t)m->QKV * sizeof(float), x + HD + KD,
+                         (size_t)m->QKV * sizeof(float), (size_t)KD * sizeof(float),
+                         (size_t)N);
+}
+
 static void op_forward_bf16(loom_model *m, block_frame *f, int l, const block_op *op);
 
 void model_linear_forward(loom_model *m, const block_frame *f, int l, int wk, int bk, int64_t i,
@@ -289,6 +323,38 @@ void model_linear_backward(loom_model *m, const block_frame *f, int l, int wk, i
     if (din_set) be->matmul_backward_set(din, dw, db, dout, in, w, N, IC, OC);
     else be->matmul_backward(din, dw, db, dout, in, w, N, IC, OC);
 }
+
+/* its backward: dx (fp32, this op's alone) set from dy and the fp32 rows x the forward normed */
+static void qknorm_backward(loom_model *m, block_frame *f, int l, const block_op *op, float *dx,
+                            const float *dy, const float *x) {
+    const int64_t N = (int64_t)f->B * f->T;
+    const loom_backend *be = m->be;
+    float **s = f->s;
+    const int HD = m->H * m->D, KD = m->KVH * m->D;
+    if (m->cfg.arch.qk_norm == LOOM_QK_NORM_WHOLE) {
+        /* the rows' sums of dy * w * xhat over the whole q (k), summed over the tp group
+         * (after the rstd: (N, 2) scratch) */
+        const float *st = s[op->aux0];
+        float *dots = s[op->aux0] + 2 * N;
+        const float *qw = param(m, op->w, l), *kw = param(m, op->b, l);
+        be->rownorm_sums(dots, 2, x, dy, qw, st, N, HD, m->QKV);
+        be->rownorm_sums(dots + 1, 2, x + HD, dy + HD, kw, st + 1, N, KD, m->QKV);
+        if (m->lay.tp > 1) point(m, LOOM_CP_QKNORM_SUM, 1, l, LOOM_SITE_ATTN, dots, 2 * N);
+        be->rownorm_backward(dx, grad(m, op->w, l), dy, x, qw, st, dots, N, HD, m->QKV, 2,
+                             m->cfg.n_head * m->D);
+        be->rownorm_backward(dx + HD, grad(m, op->b, l), dy + HD, x + HD, kw, st + 1,
+                             dots + 1, N, KD, m->QKV, 2, m->cfg.n_kv_head * m->D);
+    } else {
+        be->headnorm_backward(dx, grad(m, op->w, l), dy, x, param(m, op->w, l),
+                              s[op->aux0], N, m->H, m->D, m->QKV, m->H + m->KVH);
+        be->headnorm_backward(dx + HD, grad(m, op->b, l), dy + HD, x + HD,
+                              param(m, op->b, l), s[op->aux0] + m->H, N, m->KVH, m->D,
+                              m->QKV, m->H + m->KVH);
+    }
+    be->mem_d2d_rows(dx + HD + KD, (size_t)m->QKV * sizeof(float), dy + HD + KD,
+                     (size_t)m->QKV * sizeof(float), (size_t)KD * sizeof(float), (size_t)N);
+}
+
 static void op_backward_bf16(loom_model *m, block_frame *f, int l, const block_op *op);
 
 static void op_forward(loom_model *m, block_frame *f, int l, const block_op *op) {
@@ -350,36 +416,7 @@ static void op_forward(loom_model *m, block_frame *f, int l, const block_op *op)
             lora_linear_forward(m, f, l, lora_site(op->w), s[op->out], s[op->in], width(m, op->ow));
         break;
     }
-    case OP_QKNORM: { /* q heads, then k heads, of each row; v copied unless in place */
-        const int HD = m->H * m->D, KD = m->KVH * m->D;
-        float *o = s[op->out];
-        const float *x = s[op->in];
-        if (m->cfg.arch.qk_norm == LOOM_QK_NORM_WHOLE) {
-            /* the whole q (and k) of a row: the view's heads' sums of squares, summed over the
-             * tp group, then normed; st (N, 2) holds the sums, then the rstd */
-            float *st = s[op->aux0];
-            LOOM_CHECK(st != NULL);
-            be->rownorm_sums(st, 2, x, NULL, NULL, NULL, N, HD, m->QKV);
-            be->rownorm_sums(st + 1, 2, x + HD, NULL, NULL, NULL, N, KD, m->QKV);
-            if (m->lay.tp > 1) point(m, LOOM_CP_QKNORM_SUM, 0, l, LOOM_SITE_ATTN, st, 2 * N);
-            be->rownorm_forward(o, st, x, param(m, op->w, l), st, N, HD, m->QKV, 2,
-                                m->cfg.n_head * m->D, m->cfg.norm_eps);
-            be->rownorm_forward(o + HD, st + 1, x + HD, param(m, op->b, l), st + 1, N, KD,
-                                m->QKV, 2, m->cfg.n_kv_head * m->D, m->cfg.norm_eps);
-        } else {
-            be->headnorm_forward(o, s[op->aux0], x, param(m, op->w, l), N, m->H, m->D, m->QKV,
-                                 m->H + m->KVH, m->cfg.norm_eps);
-            /* a decoding frame keeps no statistics (NULL) */
-            be->headnorm_forward(o + HD, s[op->aux0] ? s[op->aux0] + m->H : NULL, x + HD,
-                                 param(m, op->b, l), N, m->KVH, m->D, m->QKV, m->H + m->KVH,
-                                 m->cfg.norm_eps);
-        }
-        if (o != x) /* the v rows unchanged */
-            be->mem_d2d_rows(o + HD + KD, (size_t)m->QKV * sizeof(float), x + HD + KD,
-                             (size_t)m->QKV * sizeof(float), (size_t)KD * sizeof(float),
-                             (size_t)N);
-        break;
-    }
+    case OP_QKNORM: qknorm_forward(m, f, l, op, s[op->out], s[op->in]); break;
     case OP_ROPE:
         if (f->seg) { /* ragged: each segment at its own positions */
             for (int i = 0; i < f->nseg; i++) {
@@ -489,35 +526,10 @@ static void op_backward(loom_model *m, block_frame *f, int l, const block_op *op
                                  width(m, op->ow));
         break;
     }
-    case OP_QKNORM: { /* g[in] is this op's alone: q, k set by the norms' backward, v copied */
-        const int HD = m->H * m->D, KD = m->KVH * m->D;
-        float *dx = g[op->in];
-        const float *dy = g[op->out], *x = s[op->in];
-        LOOM_CHECK(dx != dy && x != s[op->out]);
-        if (m->cfg.arch.qk_norm == LOOM_QK_NORM_WHOLE) {
-            /* the rows' sums of dy * w * xhat over the whole q (k), summed over the tp group
-             * (after the rstd: (N, 2) scratch) */
-            const float *st = s[op->aux0];
-            float *dots = s[op->aux0] + 2 * N;
-            const float *qw = param(m, op->w, l), *kw = param(m, op->b, l);
-            be->rownorm_sums(dots, 2, x, dy, qw, st, N, HD, m->QKV);
-            be->rownorm_sums(dots + 1, 2, x + HD, dy + HD, kw, st + 1, N, KD, m->QKV);
-            if (m->lay.tp > 1) point(m, LOOM_CP_QKNORM_SUM, 1, l, LOOM_SITE_ATTN, dots, 2 * N);
-            be->rownorm_backward(dx, grad(m, op->w, l), dy, x, qw, st, dots, N, HD, m->QKV, 2,
-                                 m->cfg.n_head * m->D);
-            be->rownorm_backward(dx + HD, grad(m, op->b, l), dy + HD, x + HD, kw, st + 1,
-                                 dots + 1, N, KD, m->QKV, 2, m->cfg.n_kv_head * m->D);
-        } else {
-            be->headnorm_backward(dx, grad(m, op->w, l), dy, x, param(m, op->w, l),
-                                  s[op->aux0], N, m->H, m->D, m->QKV, m->H + m->KVH);
-            be->headnorm_backward(dx + HD, grad(m, op->b, l), dy + HD, x + HD,
-                                  param(m, op->b, l), s[op->aux0] + m->H, N, m->KVH, m->D,
-                                  m->QKV, m->H + m->KVH);
-        }
-        be->mem_d2d_rows(dx + HD + KD, (size_t)m->QKV * sizeof(float), dy + HD + KD,
-                         (size_t)m->QKV * sizeof(float), (size_t)KD * sizeof(float), (size_t)N);
+    case OP_QKNORM: /* g[in] is this op's alone: q, k set by the norms' backward, v copied */
+        LOOM_CHECK(g[op->in] != g[op->out] && s[op->in] != s[op->out]);
+        qknorm_backward(m, f, l, op, g[op->in], g[op->out], s[op->in]);
         break;
-    }
     case OP_ROPE:
         rope(m, f, l, g[op->in], 1);
         break;
@@ -601,6 +613,7 @@ static void op_forward_bf16(loom_model *m, block_frame *f, int l, const block_op
     LOOM_CHECK(!f->kcache && !f->seg && !f->n_runs && !m->has_attn);
     switch (op->kind) {
     case OP_NORM: {
+        if (!is_post_norm(op) && !has_pre(m)) break; /* norm_place post: out is in */
         uint16_t *out = SLOT_BF16(m, f, op->out);
         const uint16_t *in = SLOT_BF16(m, f, op->in);
         if (m->cfg.arch.norm == LOOM_NORM_LAYER)
@@ -635,6 +648,17 @@ static void op_forward_bf16(loom_model *m, block_frame *f, int l, const block_op
             lora_linear_forward(m, f, l, lora_site(op->w), SLOT_BF16(m, f, op->out),
                                 SLOT_BF16(m, f, op->in), width(m, op->ow));
         break;
+    case OP_QKNORM: { /* the bf16 rows widened (exactly) into x32, normed there in fp32 as
+                       * the fp32 op does (v unchanged), rounded once into the output */
+        const int64_t n = N * m->QKV;
+        float *x = f->x32;
+        LOOM_CHECK(x != NULL);
+        (void)SLOT_F32(m, f, op->aux0);
+        be->bf16_to_f32(x, SLOT_BF16(m, f, op->in), n);
+        qknorm_forward(m, f, l, op, x, x);
+        be->bf16_from_f32(SLOT_BF16(m, f, op->out), x, n);
+        break;
+    }
     case OP_ROPE: {
         uint16_t *x = SLOT_BF16(m, f, op->in);
         const float *rc, *rs;
@@ -681,6 +705,12 @@ static void op_backward_bf16(loom_model *m, block_frame *f, int l, const block_o
     const loom_backend *be = m->be;
     switch (op->kind) {
     case OP_NORM: /* accumulates into the residual stream's gradient */
+        if (!is_post_norm(op) && !has_pre(m)) { /* absent: out was in, its gradient adds */
+            be->residual_forward(g[op->in], g[op->in], g[op->out], N * C);
+            break;
+        }
+        if (is_post_norm(op)) /* in (S_ATTO, S_FFO) is the post-norm's alone: zeroed first */
+            be->mem_set(g[op->in], 0, (size_t)N * (size_t)C * sizeof(float));
         if (m->cfg.arch.norm == LOOM_NORM_LAYER)
             be->bf16_layernorm_backward(g[op->in], grad(m, op->w, l), grad(m, op->b, l),
                                         g[op->out], SLOT_BF16(m, f, op->in), param(m, op->w, l),
@@ -699,6 +729,13 @@ static void op_backward_bf16(loom_model *m, block_frame *f, int l, const block_o
             lora_linear_backward(m, f, l, lora_site(op->w), g[op->in], g[op->out],
                                  SLOT_BF16(m, f, op->in), width(m, op->ow));
         break;
+    case OP_QKNORM: { /* from the bf16 rows widened again (exactly) into x32 */
+        LOOM_CHECK(f->x32 != NULL && g[op->in] != g[op->out]);
+        (void)SLOT_F32(m, f, op->aux0);
+        be->bf16_to_f32(f->x32, SLOT_BF16(m, f, op->in), N * m->QKV);
+        qknorm_backward(m, f, l, op, g[op->in], g[op->out], f->x32);
+        break;
+    }
     case OP_ROPE: rope(m, f, l, g[op->in], 1); break; /* the inverse rotation of the fp32 dq|dk */
     case OP_ATTN: {
         const loom_attn_mask mask = attn_mask(m, f, l);

@@ -227,22 +227,19 @@ static int check_layout(const loom_model_config *c, const loom_model_layout *in,
     if (out->precision != LOOM_PREC_FP32 && out->precision != LOOM_PREC_BF16)
         return loom_errf(err, "training.precision: unknown precision %d", out->precision);
     if (out->precision == LOOM_PREC_BF16) { /* what bf16 does not cover yet (docs/training.md) */
-        const loom_arch *a = loom_config_arch(c);
         const char *key = out->sp ? "parallel.sp"
                           : out->cp > 1 ? "parallel.cp"
                           : c->attention != LOOM_ATTN_FLASH ? "model.attention"
                           : c->head != LOOM_HEAD_LM ? "model.head"
                           : c->doc_mask ? "model.doc_mask"
-                          : a->qk_norm != LOOM_QK_NORM_NONE ? "model.arch.qk_norm"
-                          : a->norm_place != LOOM_NORM_PRE ? "model.arch.norm_place"
-                          : a->embed_scale ? "model.arch.embed_scale"
-                          : a->final_softcap > 0.0f ? "model.arch.final_softcap"
                                            : NULL;
         if (key)
             return loom_errf(err, "training.precision = bf16 does not support %s as configured "
                                   "yet (bf16 covers one process, data, tensor, pipeline and "
-                                  "expert parallelism, pre-norm decoders, dense or MoE, with "
-                                  "flash attention and the lm head: docs/training.md); use "
+                                  "expert parallelism, decoders dense or MoE with every norm "
+                                  "placement, q/k norms, the embedding scale and final "
+                                  "soft-capping, flash attention and the lm head: "
+                                  "docs/training.md); use "
                                   "training.precision = fp32", key);
     }
     if (out->sp && (c->head != LOOM_HEAD_LM || c->n_expert > 0 || out->cp > 1 ||

@@ -107,7 +107,7 @@ static void head_ce_backward(const loom_model *m, const loom_acts *a, float *log
         float *lg = logits + (size_t)i * (size_t)Vl;
         const int32_t *tg = a->targets + r0 + i;
         const int64_t k = j - i;
-        if (m->bf16 && !vp) /* bf16 logits (create refused the soft-cap) */
+        if (!model_logits_f32(m)) /* bf16 logits (no soft-cap, tp = 1) */
             m->be->bf16_crossentropy_backward((uint16_t *)logits + (size_t)i * (size_t)Vl, tg, k,
                                               Vl, s);
         else if (vp && cap > 0.0f)
@@ -129,10 +129,11 @@ static void head_ce_backward(const loom_model *m, const loom_acts *a, float *log
 /* The head's logits of n rows of normed activations (this view's Vl columns; Vl = V at
  * tp = 1), with arch.final_softcap (elementwise): into logits (n, Vl). */
 static void head_logits(const loom_model *m, float *logits, const float *lnf, int64_t n) {
-    if (m->bf16 && m->lay.tp <= 1) /* bf16 rows and weights, bf16 logits (as autocast's) */
+    if (!model_logits_f32(m)) /* bf16 rows and weights, bf16 logits (as autocast's) */
         m->be->bf16_matmul_forward((uint16_t *)logits, (const uint16_t *)lnf,
                                    bview(m, HEAD_T(m)), NULL, n, m->cfg.d_model, m->Vl);
-    else if (m->bf16) /* vocab-parallel: fp32 logits for the fp32 cross-entropy pieces */
+    else if (m->bf16) /* vocab-parallel: fp32 logits for the fp32 cross-entropy pieces;
+                       * arch.final_softcap: the cap applied in fp32 to the fp32 sums */
         m->be->bf16_matmul_forward_f32(logits, (const uint16_t *)lnf, bview(m, HEAD_T(m)),
                                        NULL, n, m->cfg.d_model, m->Vl);
     else
@@ -151,7 +152,7 @@ static float *lnf_row(const loom_model *m, float *lnf, int64_t r) {
 static void head_backward(const loom_model *m, const loom_acts *a, float *dln, float *dhead,
                           const float *dlogits, const float *lnf, int64_t n) {
     const int C = m->cfg.d_model;
-    if (m->bf16 && m->lay.tp > 1) { /* fp32 dlogits rounded through the scratch */
+    if (m->bf16 && model_logits_f32(m)) { /* fp32 dlogits rounded through the scratch */
         m->be->bf16_matmul_backward(dln, 1, dhead, NULL, dlogits, a->dout16,
                                     (const uint16_t *)lnf, bview(m, HEAD_T(m)), n, C, m->Vl);
         return;
@@ -189,7 +190,7 @@ static float mean_valid_loss(const loom_model *m, const loom_acts *a, int64_t N)
  * head) */
 static void head_ce(const loom_model *m, float *losses, const float *logits,
                     const int32_t *targets, int64_t n, int K) {
-    if (m->bf16 && m->lay.tp <= 1)
+    if (!model_logits_f32(m))
         m->be->bf16_crossentropy_forward(losses, (const uint16_t *)logits, targets, n, K);
     else
         m->be->crossentropy_forward(losses, logits, targets, n, K);
@@ -259,8 +260,8 @@ void model_embed_rows(loom_model *m, int bwd, float *x, const int32_t *inputs, i
      * both), so the gradient into wte is dy * s (x scaled in place, read only here after) */
     const int scale = m->cfg.arch.embed_scale;
     if (scale && bwd) m->be->scale_inplace(x, n, EMBED_SCALE(m));
-    if (m->bf16 && !bwd && m->lay.tp <= 1) { /* bf16 rows of the fp32 tables (create refused
-                                               * embed_scale); with tp the fp32 partial sums */
+    if (m->bf16 && !bwd && m->lay.tp <= 1 && !scale) { /* bf16 rows of the fp32 tables; with
+                                                         * tp or embed_scale fp32 rows (embed) */
         m->be->bf16_embedding_forward((uint16_t *)x, inputs, PARAM(m, LOOM_P_WTE),
                                       PARAM(m, LOOM_P_WPE), B, T, C, pos0);
         return;
@@ -281,10 +282,18 @@ void model_embed_rows(loom_model *m, int bwd, float *x, const int32_t *inputs, i
     if (scale && !bwd) m->be->scale_inplace(x, n, EMBED_SCALE(m));
 }
 
+/* bf16 precision, tp = 1, arch.embed_scale: the embedding's rows formed in fp32 (x32) */
+static int embed_rows_f32(const loom_model *m) {
+    return m->bf16 && m->lay.tp <= 1 && m->cfg.arch.embed_scale;
+}
+
 static void embed(loom_model *m, loom_acts *a, const int32_t *inputs, int B, int T, int bwd) {
     const int C = m->cfg.d_model;
     /* the whole rows (under sequence parallelism the scratch around the shard's move) */
-    float *x = bwd ? a->dres_full : a->rowp ? a->rowp : a->sp_partial; /* (bf16 with tp: fp32) */
+    /* (bf16 with tp: the fp32 partial sums; bf16 with arch.embed_scale: the fp32 rows scaled
+     * in fp32, rounded once by the caller, as autocast scales the fp32 table's rows) */
+    float *x = bwd ? a->dres_full : a->rowp ? a->rowp : embed_rows_f32(m) ? a->x32
+                                                                           : a->sp_partial;
     if (a->n_runs && loom_model_global(m, LOOM_P_WPE)) { /* doc_mask: positions per document */
         for (int r = 0; r < a->n_runs; r++) {
             const size_t row = (size_t)a->run_row[r];
@@ -398,6 +407,8 @@ float loom_model_forward_acts(loom_model *m, loom_acts *a, const int32_t *inputs
             shard_point(m, LOOM_CP_ROW_OUT, 0, LOOM_SITE_EMBED, a->rowp, BT * C, a->rowp,
                         BT * C);
             m->be->bf16_from_f32((uint16_t *)a->encoded, a->rowp, BT * C);
+        } else if (embed_rows_f32(m)) { /* bf16 with embed_scale: the scaled rows rounded */
+            m->be->bf16_from_f32((uint16_t *)a->encoded, a->x32, BT * C);
         } else {
             shard_point(m, LOOM_CP_ROW_OUT, 0, LOOM_SITE_EMBED, a->sp_partial, BT * C,
                         a->encoded, BTs * C);

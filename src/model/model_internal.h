@@ -58,6 +58,8 @@ struct loom_acts {
                            * fp32 before they are rounded into their bf16 slot */
     uint16_t *dout16;     /* bf16 precision, training arenas: the linears' and the head's bf16
                            * dout (rows x their widest output) */
+    float *x32;           /* bf16 precision: fp32 scratch for rows widened explicitly (the q/k
+                           * norms' q|k|v rows, the scaled embedding rows); NULL when none */
     float *logits;        /* (B,T,V) or (B,K); dlogits after backward */
     float *losses;        /* (B,T) */
     float *pooled, *dpooled; /* (B,C) classify */
@@ -142,6 +144,7 @@ typedef struct block_frame {
     float *fws;
     uint16_t *dout16;
     float *rowp;            /* bf16 with tp > 1: the row-parallel partial sums (fp32) */
+    float *x32;             /* bf16: the q/k norms' fp32 q|k|v rows (loom_acts x32) */
 } block_frame;
 
 /* One segment of a ragged frame: rows [row0, row0 + n) hold positions [pos0, pos0 + n) of a
@@ -312,6 +315,12 @@ static inline const uint16_t *bview(const loom_model *m, const loom_tensor_info 
 /* arch.norm_place: the block has pre-norms (pre, sandwich) / post-norms (post, sandwich) */
 static inline int has_pre(const loom_model *m) { return m->cfg.arch.norm_place != LOOM_NORM_POST; }
 static inline int has_post(const loom_model *m) { return m->cfg.arch.norm_place != LOOM_NORM_PRE; }
+/* whether the LM head's logits are fp32: always in fp32 precision; in bf16 with a
+ * vocab-parallel head (its cross-entropy pieces are fp32) or arch.final_softcap (the capped
+ * logits computed in fp32 from the GEMM's fp32 sums, never rounded), else bf16 */
+static inline int model_logits_f32(const loom_model *m) {
+    return !m->bf16 || m->lay.tp > 1 || m->cfg.arch.final_softcap > 0.0f;
+}
 /* typed views: global tensors by LOOM_P_*, layer tensors by LOOM_L_*; NULL when absent */
 static inline const float *pview(const loom_model *m, const loom_tensor_info *t) {
     return t ? m->pbase[t->unit] + (t->offset - m->unit_off[t->unit]) : NULL;
