@@ -121,7 +121,7 @@ static void test_arenas_and_recompute(void **state) {
  * forward has refreshed it, and again after the masters change (loom_model_params_changed);
  * the typed bf16 arena is smaller than fp32's; two arenas in flight and a recompute after
  * clobbering a layer's (bf16) slots give the bits of one arena, as in fp32; the losses are
- * bf16's, not fp32's. */
+ * bf16's, not fp32's. For gpt2, llama, and llama with olmo2's and gemma3's features. */
 /* The typed slots: an op reading a slot as another dtype than it holds stops the run at that
  * line, naming the slot and both dtypes (nothing converts silently). The bf16 norm writes its
  * output slot S_LN1 as bf16; the slot is marked fp32 here, in a child process. */
@@ -169,8 +169,16 @@ static void test_bf16_slot_dtype(void **state) {
 
 static void test_bf16_arenas(void **state) {
     (void)state;
-    for (int k = 0; k < 2; k++) {
-        const loom_model_config *c = &CFGS[k];
+    /* the llama config with the families' features bf16 computes (docs/architectures.md "bf16
+     * training"): olmo2 (post-norms, whole-projection q/k norms), gemma3 (sandwich norms, per-head
+     * q/k norms, the embedding scale) with a final soft-cap */
+    loom_model_config fam[2] = {CFGS[1], CFGS[1]};
+    fam[0].flavor = fam[1].flavor = LOOM_FLAVOR_ARCH;
+    fam[0].arch = *loom_arch_named("olmo2");
+    fam[1].arch = *loom_arch_named("gemma3");
+    fam[1].arch.final_softcap = 2.0f;
+    for (int k = 0; k < 4; k++) {
+        const loom_model_config *c = k < 2 ? &CFGS[k] : &fam[k - 2];
         loom_err err = {{0}};
         loom_model *m = NULL, *f = NULL;
         const loom_model_layout lay = {.precision = LOOM_PREC_BF16};
