@@ -610,7 +610,7 @@ static void op_forward_bf16(loom_model *m, block_frame *f, int l, const block_op
     const int64_t N = (int64_t)f->B * f->T;
     const int C = m->cfg.d_model, mlp = m->cfg.arch.mlp;
     const loom_backend *be = m->be;
-    LOOM_CHECK(!f->kcache && !f->seg && !f->n_runs && !m->has_attn);
+    LOOM_CHECK(!f->kcache && !f->seg && !m->has_attn);
     switch (op->kind) {
     case OP_NORM: {
         if (!is_post_norm(op) && !has_pre(m)) break; /* norm_place post: out is in */
@@ -663,6 +663,16 @@ static void op_forward_bf16(loom_model *m, block_frame *f, int l, const block_op
         uint16_t *x = SLOT_BF16(m, f, op->in);
         const float *rc, *rs;
         rope_tabs(m, l, &rc, &rs);
+        if (f->n_runs) { /* model.doc_mask: each document from position 0 */
+            for (int r = 0; r < f->n_runs; r++) {
+                uint16_t *d = x + (int64_t)f->run_row[r] * m->QKV;
+                be->bf16_rope_forward(d, 1, f->run_len[r], m->H, m->D, m->QKV, rc, rs,
+                                      f->run_pos[r]);
+                be->bf16_rope_forward(d + m->H * m->D, 1, f->run_len[r], m->KVH, m->D, m->QKV,
+                                      rc, rs, f->run_pos[r]);
+            }
+            break;
+        }
         be->bf16_rope_forward(x, f->B, f->T, m->H, m->D, m->QKV, rc, rs, f->pos0);
         be->bf16_rope_forward(x + m->H * m->D, f->B, f->T, m->KVH, m->D, m->QKV, rc, rs, f->pos0);
         break;

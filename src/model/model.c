@@ -231,14 +231,14 @@ static int check_layout(const loom_model_config *c, const loom_model_layout *in,
                           : out->cp > 1 ? "parallel.cp"
                           : c->attention != LOOM_ATTN_FLASH ? "model.attention"
                           : c->head != LOOM_HEAD_LM ? "model.head"
-                          : c->doc_mask ? "model.doc_mask"
                                            : NULL;
         if (key)
             return loom_errf(err, "training.precision = bf16 does not support %s as configured "
                                   "yet (bf16 covers one process, data, tensor, pipeline and "
                                   "expert parallelism, decoders dense or MoE with every norm "
-                                  "placement, q/k norms, the embedding scale and final "
-                                  "soft-capping, flash attention and the lm head: "
+                                  "placement, q/k norms, the embedding scale, final "
+                                  "soft-capping and document masks, flash attention and the "
+                                  "lm head: "
                                   "docs/training.md); use "
                                   "training.precision = fp32", key);
     }

@@ -294,11 +294,13 @@ static void embed(loom_model *m, loom_acts *a, const int32_t *inputs, int B, int
      * in fp32, rounded once by the caller, as autocast scales the fp32 table's rows) */
     float *x = bwd ? a->dres_full : a->rowp ? a->rowp : embed_rows_f32(m) ? a->x32
                                                                            : a->sp_partial;
+    /* a row's elements in x: fp32, or bf16 where the bf16 forward writes the stream itself */
+    const size_t es = m->bf16 && !bwd && x == a->sp_partial ? sizeof(uint16_t) : sizeof(float);
     if (a->n_runs && loom_model_global(m, LOOM_P_WPE)) { /* doc_mask: positions per document */
         for (int r = 0; r < a->n_runs; r++) {
             const size_t row = (size_t)a->run_row[r];
-            model_embed_rows(m, bwd, x + row * (size_t)C, inputs + row, 1, a->run_len[r],
-                       a->run_pos[r]);
+            model_embed_rows(m, bwd, (float *)((char *)x + row * (size_t)C * es), inputs + row,
+                             1, a->run_len[r], a->run_pos[r]);
         }
         return;
     }
