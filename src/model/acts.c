@@ -131,6 +131,9 @@ static size_t layout_acts(const loom_model *m, struct loom_acts *a, float *base,
     if (cls && hd) {
         TAKE(a ? &a->pooled : &dummy, (int64_t)B * C);
         TAKE(a ? &a->dpooled : &dummy, (int64_t)B * C);
+        float *p16 = NULL;
+        TAKE(a ? &p16 : &dummy, m->bf16 ? words((int64_t)B * C, LOOM_DT_BF16) : 0);
+        if (a) a->pooled16 = m->bf16 ? (uint16_t *)p16 : NULL;
     }
     const int bf16_own = m->cfg.arch.qk_norm != LOOM_QK_NORM_NONE || has_post(m);
     if (stacked && m->bf16 && !bf16_own) {
@@ -193,7 +196,7 @@ static size_t layout_acts(const loom_model *m, struct loom_acts *a, float *base,
         /* fp32 rows of the bf16 ones where an op widens them explicitly (bf16_to_f32): the
          * q|k|v rows the q/k norms read, the embedding rows arch.embed_scale scales */
         int64_t w32 = m->cfg.arch.qk_norm != LOOM_QK_NORM_NONE ? BT * m->QKV : 0;
-        if (m->cfg.arch.embed_scale && BT * C > w32) w32 = BT * C;
+        if ((m->cfg.arch.embed_scale || cls) && BT * C > w32) w32 = BT * C; /* (cls: lnf) */
         float *x32 = NULL;
         TAKE(a ? &x32 : &dummy, w32);
         if (a) a->x32 = w32 ? x32 : NULL;

@@ -230,15 +230,14 @@ static int check_layout(const loom_model_config *c, const loom_model_layout *in,
         const char *key = out->sp ? "parallel.sp"
                           : out->cp > 1 ? "parallel.cp"
                           : c->attention != LOOM_ATTN_FLASH ? "model.attention"
-                          : c->head != LOOM_HEAD_LM ? "model.head"
                                            : NULL;
         if (key)
             return loom_errf(err, "training.precision = bf16 does not support %s as configured "
                                   "yet (bf16 covers one process, data, tensor, pipeline and "
                                   "expert parallelism, decoders dense or MoE with every norm "
                                   "placement, q/k norms, the embedding scale, final "
-                                  "soft-capping and document masks, flash attention and the "
-                                  "lm head: "
+                                  "soft-capping and document masks, flash attention, the lm "
+                                  "and classify heads: "
                                   "docs/training.md); use "
                                   "training.precision = fp32", key);
     }
@@ -597,7 +596,8 @@ size_t loom_model_num_params(const loom_model *m) { return m->n_params; }
 float *loom_model_params(loom_model *m) { return m->params; }
 float *loom_model_grads(loom_model *m) { return m->grads; }
 const float *loom_model_logits(const loom_model *m) {
-    return m->acts && !m->acts->chunk && !m->bf16 ? m->acts->logits : NULL;
+    /* (bf16: the fp32 logits of model_logits_f32 only: classify, soft-capped, vocab-parallel) */
+    return m->acts && !m->acts->chunk && model_logits_f32(m) ? m->acts->logits : NULL;
 }
 void loom_model_vocab_range(const loom_model *m, int *v0, int *vl) {
     *v0 = m->V0;

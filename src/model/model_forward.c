@@ -437,7 +437,15 @@ float loom_model_forward_acts(loom_model *m, loom_acts *a, const int32_t *inputs
     if (tied) acquire(m, 0, 0); /* the tied head reads wte */
     model_norm_fwd(m, a->lnf, a->lnf_mean, a->lnf_rstd, residual, PARAM(m, LOOM_P_LNF_W),
              PARAM(m, LOOM_P_LNF_B), BTs);
-    if (cls) {
+    if (cls && m->bf16) { /* the bf16 rows widened (exactly), mean-pooled in fp32, rounded
+                           * once for the head's bf16 GEMM (fp32 logits) */
+        m->be->bf16_to_f32(a->x32, (const uint16_t *)a->lnf, BT * C);
+        m->be->mean_pool_forward(a->pooled, a->x32, B, T, C);
+        m->be->bf16_from_f32(a->pooled16, a->pooled, (int64_t)B * C);
+        m->be->bf16_matmul_forward_f32(a->logits, a->pooled16,
+                                       bview(m, loom_model_global(m, LOOM_P_CLS_W)),
+                                       PARAM(m, LOOM_P_CLS_B), B, C, c->num_classes);
+    } else if (cls) {
         m->be->mean_pool_forward(a->pooled, a->lnf, B, T, C);
         m->be->matmul_forward(a->logits, a->pooled, PARAM(m, LOOM_P_CLS_W),
                               PARAM(m, LOOM_P_CLS_B), B, C, c->num_classes);
@@ -533,9 +541,16 @@ static void backward_impl(loom_model *m, loom_acts *a, float dscale, const float
     if (cls) { /* logits (B,K) become dlogits; pooled <- mean over T */
         const int K = c->num_classes;
         m->be->crossentropy_softmax_backward(a->logits, a->targets, B, K, dscale);
-        m->be->mem_set(a->dpooled, 0, (size_t)B * C * sizeof(float));
-        m->be->matmul_backward(a->dpooled, GRAD(m, LOOM_P_CLS_W), GRAD(m, LOOM_P_CLS_B),
-                               a->logits, a->pooled, PARAM(m, LOOM_P_CLS_W), B, C, K);
+        if (m->bf16) /* the fp32 dlogits rounded into the scratch; d(pooled) set */
+            m->be->bf16_matmul_backward(a->dpooled, 1, GRAD(m, LOOM_P_CLS_W),
+                                        GRAD(m, LOOM_P_CLS_B), a->logits, a->dout16,
+                                        a->pooled16,
+                                        bview(m, loom_model_global(m, LOOM_P_CLS_W)), B, C, K);
+        else {
+            m->be->mem_set(a->dpooled, 0, (size_t)B * C * sizeof(float));
+            m->be->matmul_backward(a->dpooled, GRAD(m, LOOM_P_CLS_W), GRAD(m, LOOM_P_CLS_B),
+                                   a->logits, a->pooled, PARAM(m, LOOM_P_CLS_W), B, C, K);
+        }
         m->be->mem_set(a->dln_full, 0, (size_t)BT * C * sizeof(float));
         m->be->mean_pool_backward(a->dln, a->dpooled, B, T, C);
     } else if (a->chunk) { /* model.loss_chunk (tp = 1): each chunk's logits again, then its
@@ -598,7 +613,7 @@ void loom_model_token_logps_acts(const loom_model *m, const loom_acts *a, float 
 void loom_acts_read_logits(const loom_model *m, const loom_acts *a, float *dst, size_t first,
                            size_t n) {
     LOOM_CHECK(a->logits != NULL);
-    LOOM_CHECK(!m->bf16); /* bf16 precision keeps bf16 logits: no fp32 rows to read */
+    LOOM_CHECK(model_logits_f32(m)); /* bf16 logits (a bf16 LM head's): no fp32 rows to read */
     loom_dev_read(m->be, dst, a->logits + first, n * sizeof(float), "logits rows");
 }
 

@@ -63,6 +63,7 @@ struct loom_acts {
     float *logits;        /* (B,T,V) or (B,K); dlogits after backward */
     float *losses;        /* (B,T) */
     float *pooled, *dpooled; /* (B,C) classify */
+    uint16_t *pooled16;   /* (B,C) classify in bf16: the fp32 mean rounded, the head GEMM's input */
     float *vmax, *vsums;  /* (B,T), (B,T,2) vocab-parallel cross-entropy (tp > 1, LM head) */
     /* sequence parallelism: whole-row scratch (B*T, C) (without it the shard buffers): the
      * gathered rows, the row-parallel partial sums, the final norm's gathered output (kept for
@@ -315,11 +316,12 @@ static inline const uint16_t *bview(const loom_model *m, const loom_tensor_info 
 /* arch.norm_place: the block has pre-norms (pre, sandwich) / post-norms (post, sandwich) */
 static inline int has_pre(const loom_model *m) { return m->cfg.arch.norm_place != LOOM_NORM_POST; }
 static inline int has_post(const loom_model *m) { return m->cfg.arch.norm_place != LOOM_NORM_PRE; }
-/* whether the LM head's logits are fp32: always in fp32 precision; in bf16 with a
+/* whether the head's logits are fp32: always in fp32 precision; in bf16 with a
  * vocab-parallel head (its cross-entropy pieces are fp32) or arch.final_softcap (the capped
  * logits computed in fp32 from the GEMM's fp32 sums, never rounded), else bf16 */
 static inline int model_logits_f32(const loom_model *m) {
-    return !m->bf16 || m->lay.tp > 1 || m->cfg.arch.final_softcap > 0.0f;
+    return !m->bf16 || m->lay.tp > 1 || m->cfg.arch.final_softcap > 0.0f ||
+           m->cfg.head == LOOM_HEAD_CLASSIFY; /* (the classify head's (B,K) logits: fp32) */
 }
 /* typed views: global tensors by LOOM_P_*, layer tensors by LOOM_L_*; NULL when absent */
 static inline const float *pview(const loom_model *m, const loom_tensor_info *t) {
