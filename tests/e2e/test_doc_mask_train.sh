@@ -3,7 +3,8 @@
 # restarted at each), gives the losses, gradient norms and validation losses of training on
 # the same tokens in windows of 16 (one document each) with twice the batch: the same
 # documents, each seen alone. Without the mask the 32-token run differs (the control). Both
-# flavors (learned positions, RoPE), flash and sdpa. `loom eval` of the two checkpoints on the
+# flavors (learned positions, RoPE), flash and sdpa, and llama flash in training.precision bf16.
+# `loom eval` of the two checkpoints on the
 # first 2 batches of the validation data (the same tokens) agrees too: eval passes the ids.
 source "$(dirname "$0")/lib.sh"
 mkdir -p "$WORK/corpus"
@@ -43,11 +44,13 @@ sys.exit(0 if worst < float(sys.argv[3]) else 1)
 PY
 }
 
-for combo in gpt2:flash llama:sdpa; do
-  flavor=${combo%:*} attn=${combo#*:}
+# (llama:flash:bf16: training.precision bf16, the documents in the bf16 flash kernel)
+for combo in gpt2:flash llama:sdpa llama:flash:bf16; do
+  IFS=: read -r flavor attn prec <<<"$combo"
   export FLAVOR=$flavor KVH=$([ $flavor = llama ] && echo 2 || echo 4)
   common=(--set training.steps=6 --set checkpoint.every=6 --set data.shuffle=false
-          --set eval.every=3 --set model.max_seq_len=32 --set model.attention=$attn)
+          --set eval.every=3 --set model.max_seq_len=32 --set model.attention=$attn
+          --set training.precision=${prec:-fp32})
   make_config "$WORK" "$WORK/a.yaml" "$WORK/masked_$combo"
   expect_ok "$combo: seq_len 32, doc_mask" "$LOOM_BIN" train "$WORK/a.yaml" "${common[@]}" \
     --set training.seq_len=32 --set training.batch_size=2 --set model.doc_mask=true
