@@ -46,7 +46,8 @@ typedef struct loom_cp loom_cp;
 
 /* The bytes of the scratch buffers loom_cp_create allocates for a view of a tensor-parallel
  * group of tp (its heads) with B x T local rows (0 at cp = 1 is the caller's business). */
-size_t loom_cp_scratch_bytes(const loom_model_config *mc, int tp, int kind, int64_t B, int64_t T);
+size_t loom_cp_scratch_bytes(const loom_model_config *mc, int tp, int kind, int64_t B, int64_t T,
+                             int bf16);
 
 /* Installs the attention hook of `kind` on m (a view with layout cp = the mesh's cp group size
  * and cp_rank = this rank's), with scratch for up to B x T local rows. The hook communicates on

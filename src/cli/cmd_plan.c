@@ -11,8 +11,8 @@
 #include <unistd.h>
 
 #include "cli/cli.h"
+#include "loom/backend.h"
 #include "loom/config.h"
-#include "loom/kernels.h"
 #include "loom/cp.h"
 #include "loom/load.h"
 #include "loom/model_config.h"
@@ -73,7 +73,8 @@ static int fill_measured(loom_plan_hw *hw, int threads, double run_peak, loom_er
         /* training.precision bf16 on this CPU: its GEMMs widen to the fp32 units, at the fp32
          * peak, unless they run oneDNN's bf16 matmul (AMX), whose peak the probe does not
          * measure (a hardware file's peak_bf16 says it) */
-        if (!(hw->peak_bf16 > 0) && !bf16_matmul_native()) hw->peak_bf16 = hw->peak_fp32;
+        if (!(hw->peak_bf16 > 0) && !loom_backend_cpu()->bf16_matmul_native())
+            hw->peak_bf16 = hw->peak_fp32;
         hw->peak_measured = 0;
     }
     if (hw->mem_measured) {

@@ -213,6 +213,37 @@ static void rope(loom_model *m, block_frame *f, int l, float *x, int bwd) {
         }
 }
 
+/* rope() over bf16 q|k rows (training.precision bf16: the forward's rotation of the bf16 slot),
+ * the same runs: each document from its position, or a cp view's two chunks at theirs */
+static void rope_bf16(loom_model *m, block_frame *f, int l, uint16_t *x) {
+    const loom_backend *be = m->be;
+    const float *rc, *rs;
+    rope_tabs(m, l, &rc, &rs);
+    const int64_t KO = (int64_t)m->H * m->D;
+    if (f->n_runs && !f->kcache) {
+        for (int r = 0; r < f->n_runs; r++) {
+            uint16_t *d = x + (int64_t)f->run_row[r] * m->QKV;
+            be->bf16_rope_forward(d, 1, f->run_len[r], m->H, m->D, m->QKV, rc, rs, f->run_pos[r]);
+            be->bf16_rope_forward(d + KO, 1, f->run_len[r], m->KVH, m->D, m->QKV, rc, rs,
+                                  f->run_pos[r]);
+        }
+        return;
+    }
+    int start[2], len[2], pos[2];
+    const int n = f->kcache ? 1 : model_row_runs(m, f->T, start, len, pos);
+    if (n == 1) {
+        be->bf16_rope_forward(x, f->B, f->T, m->H, m->D, m->QKV, rc, rs, f->pos0);
+        be->bf16_rope_forward(x + KO, f->B, f->T, m->KVH, m->D, m->QKV, rc, rs, f->pos0);
+        return;
+    }
+    for (int b = 0; b < f->B; b++)
+        for (int i = 0; i < n; i++) {
+            uint16_t *r = x + ((int64_t)b * f->T + start[i]) * m->QKV;
+            be->bf16_rope_forward(r, 1, len[i], m->H, m->D, m->QKV, rc, rs, pos[i]);
+            be->bf16_rope_forward(r + KO, 1, len[i], m->KVH, m->D, m->QKV, rc, rs, pos[i]);
+        }
+}
+
 /* causal, and with documents (model.doc_mask) inside each document of the row; layer l's
  * window and scores */
 static loom_attn_mask attn_mask(const loom_model *m, const block_frame *f, int l) {
@@ -610,7 +641,7 @@ static void op_forward_bf16(loom_model *m, block_frame *f, int l, const block_op
     const int64_t N = (int64_t)f->B * f->T;
     const int C = m->cfg.d_model, mlp = m->cfg.arch.mlp;
     const loom_backend *be = m->be;
-    LOOM_CHECK(!f->kcache && !f->seg && !m->has_attn);
+    LOOM_CHECK(!f->kcache && !f->seg);
     switch (op->kind) {
     case OP_NORM: {
         if (!is_post_norm(op) && !has_pre(m)) break; /* norm_place post: out is in */
@@ -659,25 +690,14 @@ static void op_forward_bf16(loom_model *m, block_frame *f, int l, const block_op
         be->bf16_from_f32(SLOT_BF16(m, f, op->out), x, n);
         break;
     }
-    case OP_ROPE: {
-        uint16_t *x = SLOT_BF16(m, f, op->in);
-        const float *rc, *rs;
-        rope_tabs(m, l, &rc, &rs);
-        if (f->n_runs) { /* model.doc_mask: each document from position 0 */
-            for (int r = 0; r < f->n_runs; r++) {
-                uint16_t *d = x + (int64_t)f->run_row[r] * m->QKV;
-                be->bf16_rope_forward(d, 1, f->run_len[r], m->H, m->D, m->QKV, rc, rs,
-                                      f->run_pos[r]);
-                be->bf16_rope_forward(d + m->H * m->D, 1, f->run_len[r], m->KVH, m->D, m->QKV,
-                                      rc, rs, f->run_pos[r]);
-            }
+    case OP_ROPE: rope_bf16(m, f, l, SLOT_BF16(m, f, op->in)); break;
+    case OP_ATTN: {
+        if (m->has_attn) { /* context parallelism: the hook widens the bf16 slots (cp.c) */
+            m->attn.forward(m->attn.ctx, l, (float *)SLOT_BF16(m, f, op->out),
+                            SLOT_F32(m, f, op->aux0), (const float *)SLOT_BF16(m, f, op->in),
+                            f->B, f->T, f->n_runs ? f->gdocs : NULL);
             break;
         }
-        be->bf16_rope_forward(x, f->B, f->T, m->H, m->D, m->QKV, rc, rs, f->pos0);
-        be->bf16_rope_forward(x + m->H * m->D, f->B, f->T, m->KVH, m->D, m->QKV, rc, rs, f->pos0);
-        break;
-    }
-    case OP_ATTN: {
         const loom_attn_mask mask = attn_mask(m, f, l);
         LOOM_CHECK(f->fws != NULL);
         LOOM_CHECK(be->bf16_flash_attention_forward(SLOT_BF16(m, f, op->out),
@@ -748,6 +768,14 @@ static void op_backward_bf16(loom_model *m, block_frame *f, int l, const block_o
     }
     case OP_ROPE: rope(m, f, l, g[op->in], 1); break; /* the inverse rotation of the fp32 dq|dk */
     case OP_ATTN: {
+        if (m->has_attn) { /* context parallelism (cp.c): dq|dk|dv accumulate from zero */
+            be->mem_set(g[op->in], 0, (size_t)N * (size_t)m->QKV * sizeof(float));
+            m->attn.backward(m->attn.ctx, l, g[op->in], g[op->out],
+                             (const float *)SLOT_BF16(m, f, op->in),
+                             (const float *)SLOT_BF16(m, f, op->out), SLOT_F32(m, f, op->aux0),
+                             f->B, f->T, f->n_runs ? f->gdocs : NULL);
+            break;
+        }
         const loom_attn_mask mask = attn_mask(m, f, l);
         LOOM_CHECK(be->bf16_flash_attention_backward(g[op->in], g[op->out],
                                                      SLOT_BF16(m, f, op->in),

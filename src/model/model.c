@@ -228,14 +228,13 @@ static int check_layout(const loom_model_config *c, const loom_model_layout *in,
         return loom_errf(err, "training.precision: unknown precision %d", out->precision);
     if (out->precision == LOOM_PREC_BF16) { /* what bf16 does not cover yet (docs/training.md) */
         const char *key = out->sp ? "parallel.sp"
-                          : out->cp > 1 ? "parallel.cp"
                           : c->attention != LOOM_ATTN_FLASH ? "model.attention"
                                            : NULL;
         if (key)
             return loom_errf(err, "training.precision = bf16 does not support %s as configured "
-                                  "yet (bf16 covers one process, data, tensor, pipeline and "
-                                  "expert parallelism, decoders dense or MoE with every norm "
-                                  "placement, q/k norms, the embedding scale, final "
+                                  "yet (bf16 covers one process, data, tensor, pipeline, "
+                                  "context and expert parallelism, decoders dense or MoE with "
+                                  "every norm placement, q/k norms, the embedding scale, final "
                                   "soft-capping and document masks, flash attention, the lm "
                                   "and classify heads: "
                                   "docs/training.md); use "

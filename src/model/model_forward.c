@@ -313,7 +313,8 @@ static void embed(loom_model *m, loom_acts *a, const int32_t *inputs, int B, int
     for (int b = 0; b < B; b++)
         for (int i = 0; i < n; i++) {
             const size_t row = (size_t)b * (size_t)T + (size_t)start[i];
-            model_embed_rows(m, bwd, x + row * (size_t)C, inputs + row, 1, len[i], pos[i]);
+            model_embed_rows(m, bwd, (float *)((char *)x + row * (size_t)C * es), inputs + row,
+                             1, len[i], pos[i]);
         }
 }
 

@@ -82,6 +82,14 @@ struct loom_cp {
     /* ring: K|V rows (B, T, 2 KD) in flight (double buffered), their gradients, and one
      * block's partial output and lse */
     float *kv[2], *dkv[2], *dkv_in, *blk_out, *blk_lse;
+    /* training.precision bf16: the layer's bf16 q|k|v and output widened to fp32 (B, T, QKV)
+     * and (B, T, HD) (else NULL); the kind's fp32 attention runs on them, as the one-process
+     * bf16 flash kernel widens its tiles */
+    float *w_qkv, *w_out;
+    void (*fwd32)(void *ctx, int layer, float *out, float *lse, const float *qkv, int B, int T,
+                  const int32_t *gdocs);
+    void (*bwd32)(void *ctx, int layer, float *dqkv, const float *dout, const float *qkv,
+                  const float *out, const float *lse, int B, int T, const int32_t *gdocs);
 };
 
 /* ---- ulysses ----------------------------------------------------------------------------- */
@@ -236,6 +244,32 @@ static void ulysses_backward(void *ctx, int layer, float *dqkv, const float *dou
     LOOM_CHECK(c->be->flash_attention_backward(dq, dq + hq, dq + hq + hk, c->dout_h, q, q + hq,
                                                q + hq + hk, c->out_h, lse, &dims, &mask) == 0);
     head_to_seq(c, c->dqkv_h, c->QKV, 1, dqkv, B, T, 1);
+}
+
+/* ---- bf16 -------------------------------------------------------------------------------------
+ * With training.precision bf16 the model hands the hook its bf16 q|k|v and output slots (as
+ * float pointers: the hook's signature) and fp32 lse and gradients. Both kinds widen them and
+ * run their fp32 attention, then round the output once: what the one-process bf16 flash kernel
+ * does tile by tile (bf16_ops.c), so a cp run differs from one process only as fp32 cp does.
+ * The exchanges then move fp32 rows (a bf16 all-to-all / ring would halve them: not done). */
+
+static void bf16_forward(void *ctx, int layer, float *out, float *lse, const float *qkv, int B,
+                         int T, const int32_t *gdocs) {
+    loom_cp *c = ctx;
+    const int64_t rows = (int64_t)B * T;
+    c->be->bf16_to_f32(c->w_qkv, (const uint16_t *)qkv, rows * c->QKV);
+    c->fwd32(ctx, layer, c->w_out, lse, c->w_qkv, B, T, gdocs);
+    c->be->bf16_from_f32((uint16_t *)out, c->w_out, rows * c->HD);
+}
+
+static void bf16_backward(void *ctx, int layer, float *dqkv, const float *dout, const float *qkv,
+                          const float *out, const float *lse, int B, int T,
+                          const int32_t *gdocs) {
+    loom_cp *c = ctx;
+    const int64_t rows = (int64_t)B * T;
+    c->be->bf16_to_f32(c->w_qkv, (const uint16_t *)qkv, rows * c->QKV);
+    c->be->bf16_to_f32(c->w_out, (const uint16_t *)out, rows * c->HD);
+    c->bwd32(ctx, layer, dqkv, dout, c->w_qkv, c->w_out, lse, B, T, gdocs);
 }
 
 /* ---- ring ----------------------------------------------------------------------------------- */
@@ -411,9 +445,11 @@ static void ring_backward(void *ctx, int layer, float *dqkv, const float *dout, 
 typedef struct cp_sizes {
     size_t send, qkv, out;        /* ulysses: send and recv; q|k|v and its gradient; out, dout */
     size_t kv, blk_out, blk_lse;  /* ring: K|V blocks (two, their gradients two, one more in) */
+    size_t wide;                  /* bf16: the widened q|k|v and output rows */
 } cp_sizes;
 
-static cp_sizes cp_sizes_of(const loom_model_config *mc, int tp, int kind, int64_t B, int64_t T) {
+static cp_sizes cp_sizes_of(const loom_model_config *mc, int tp, int kind, int64_t B, int64_t T,
+                            int bf16) {
     const int64_t D = loom_config_head_dim(mc), H = mc->n_head / (tp > 1 ? tp : 1),
                   KVH = mc->n_kv_head / (tp > 1 ? tp : 1);
     const size_t HD = (size_t)(H * D), KD = (size_t)(KVH * D), QKV = HD + 2 * KD;
@@ -430,12 +466,15 @@ static cp_sizes cp_sizes_of(const loom_model_config *mc, int tp, int kind, int64
         z.blk_out = rows / 2 * HD;
         z.blk_lse = (size_t)B * (size_t)H * (size_t)(T / 2);
     }
+    if (bf16) z.wide = rows * (QKV + HD);
     return z;
 }
 
-size_t loom_cp_scratch_bytes(const loom_model_config *mc, int tp, int kind, int64_t B, int64_t T) {
-    const cp_sizes z = cp_sizes_of(mc, tp, kind, B, T);
-    return (2 * z.send + 2 * z.qkv + 2 * z.out + 5 * z.kv + z.blk_out + z.blk_lse) * sizeof(float);
+size_t loom_cp_scratch_bytes(const loom_model_config *mc, int tp, int kind, int64_t B, int64_t T,
+                             int bf16) {
+    const cp_sizes z = cp_sizes_of(mc, tp, kind, B, T, bf16);
+    return (2 * z.send + 2 * z.qkv + 2 * z.out + 5 * z.kv + z.blk_out + z.blk_lse + z.wide) *
+           sizeof(float);
 }
 
 int loom_cp_create(loom_model *m, loom_mesh *mesh, int kind, int B, int T, loom_cp **out,
@@ -464,7 +503,8 @@ int loom_cp_create(loom_model *m, loom_mesh *mesh, int kind, int B, int T, loom_
     c->KD = (int64_t)c->KVH * c->D;
     c->QKV = c->HD + 2 * c->KD;
     c->be = loom_model_backend(m);
-    const cp_sizes z = cp_sizes_of(mc, lay->tp, kind, B, T);
+    const int bf16 = lay->precision == LOOM_PREC_BF16;
+    const cp_sizes z = cp_sizes_of(mc, lay->tp, kind, B, T, bf16);
     const size_t f = sizeof(float);
     loom_attn_hook h = {.ctx = c};
     const loom_backend *be = c->be;
@@ -488,6 +528,14 @@ int loom_cp_create(loom_model *m, loom_mesh *mesh, int kind, int B, int T, loom_
         h.forward = ring_forward;
         h.backward = ring_backward;
     }
+    if (bf16) { /* the kind's fp32 attention behind the widening (bf16_forward/backward) */
+        c->w_qkv = be->mem_alloc((size_t)B * (size_t)T * (size_t)c->QKV * f, 0);
+        c->w_out = be->mem_alloc((size_t)B * (size_t)T * (size_t)c->HD * f, 0);
+        c->fwd32 = h.forward;
+        c->bwd32 = h.backward;
+        h.forward = bf16_forward;
+        h.backward = bf16_backward;
+    }
     loom_model_set_attention(m, &h);
     *out = c;
     return 0;
@@ -510,5 +558,7 @@ void loom_cp_free(loom_cp *c) {
     be->mem_free(c->dkv_in);
     be->mem_free(c->blk_out);
     be->mem_free(c->blk_lse);
+    be->mem_free(c->w_qkv);
+    be->mem_free(c->w_out);
     free(c);
 }

@@ -194,7 +194,7 @@ int loom_plan_rank_memory(const loom_model_config *mc, const loom_plan_layout *L
      * attention scratch (loom_cp_create's buffers for local_B x local_T rows) */
     out->comm = L->cp > 1 ? 2.0 * 4.0 * (double)local_B * (double)local_T +
                                 (double)loom_cp_scratch_bytes(mc, L->tp, L->cp_kind, local_B,
-                                                              local_T)
+                                                              local_T, L->bf16)
                           : 0.0;
     out->arena = out->param + out->grad + out->optim + out->act + (pipe ? out->act_rows : 0.0);
     out->total = out->param + out->grad + out->optim + out->act + out->act_rows + out->rope +

@@ -199,6 +199,7 @@ int loom_trainer_check_memory(const trainer *t, loom_err *err) {
         .zero = (int)t->s.zero, .sp = (int)t->s.sp, .pp_schedule = t->s.pp_schedule,
         .cp_kind = t->cp_kind, .microbatches = t->microbatches, .B = t->s.B, .T = t->s.T,
         .accum = t->s.accum, .recompute = t->mc.recompute, .doc_mask = t->mc.doc_mask,
+        .bf16 = t->s.precision == LOOM_PREC_BF16, /* its weight copies and bf16 arena */
         .pairs = t->pref.method != LOOM_PREF_SFT ? 2 : loom_trainer_grpo_rows(t)}; /* GRPO: G */
     loom_plan_memory pm;
     if (loom_plan_rank_memory(&t->mc, &L, t->world_rank, &pm, err)) return -1;
