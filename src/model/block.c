@@ -180,68 +180,58 @@ static void rope_tabs(const loom_model *m, int l, const float **cs, const float 
     *sn = local ? m->rope_sin_local : m->rope_sin;
 }
 
-/* RoPE (forward or its inverse) on the q and k heads of the fused rows x of layer l, at each
- * row's position: f->pos0 + t, or with context parallelism each chunk's global positions */
-static void rope(loom_model *m, block_frame *f, int l, float *x, int bwd) {
-    const loom_backend *be = m->be;
+/* One RoPE kernel call over q and k of `rows` rows starting at fused row r0 of x (fp32 forward or
+ * inverse, or the bf16 forward), at positions pos.. */
+typedef struct rope_call {
+    const loom_model *m;
+    void *x;
+    int bf16, bwd;
     const float *rc, *rs;
-    rope_tabs(m, l, &rc, &rs);
+} rope_call;
+
+static void rope_rows(const rope_call *c, int64_t r0, int B, int T, int pos) {
+    const loom_model *m = c->m;
+    const loom_backend *be = m->be;
+    const int64_t off = r0 * m->QKV, ko = (int64_t)m->H * m->D;
+    if (c->bf16) {
+        uint16_t *x = (uint16_t *)c->x + off;
+        be->bf16_rope_forward(x, B, T, m->H, m->D, m->QKV, c->rc, c->rs, pos);
+        be->bf16_rope_forward(x + ko, B, T, m->KVH, m->D, m->QKV, c->rc, c->rs, pos);
+        return;
+    }
     void (*fn)(float *, int64_t, int, int, int, int64_t, const float *, const float *, int) =
-        bwd ? be->rope_backward : be->rope_forward;
-    if (f->n_runs && !f->kcache) { /* model.doc_mask: each document from position 0 */
-        for (int r = 0; r < f->n_runs; r++) {
-            float *d = x + (int64_t)f->run_row[r] * m->QKV;
-            const int p0 = f->run_pos[r]; /* 0 unless a cp chunk starts inside the document */
-            fn(d, 1, f->run_len[r], m->H, m->D, m->QKV, rc, rs, p0);
-            fn(d + m->H * m->D, 1, f->run_len[r], m->KVH, m->D, m->QKV, rc, rs,
-               p0);
-        }
-        return;
-    }
-    int start[2], len[2], pos[2];
-    const int n = f->kcache ? 1 : model_row_runs(m, f->T, start, len, pos);
-    if (n == 1) {
-        fn(x, f->B, f->T, m->H, m->D, m->QKV, rc, rs, f->pos0);
-        fn(x + m->H * m->D, f->B, f->T, m->KVH, m->D, m->QKV, rc, rs, f->pos0);
-        return;
-    }
-    for (int b = 0; b < f->B; b++)
-        for (int i = 0; i < n; i++) {
-            float *r = x + ((size_t)b * (size_t)f->T + (size_t)start[i]) * (size_t)m->QKV;
-            fn(r, 1, len[i], m->H, m->D, m->QKV, rc, rs, pos[i]);
-            fn(r + m->H * m->D, 1, len[i], m->KVH, m->D, m->QKV, rc, rs, pos[i]);
-        }
+        c->bwd ? be->rope_backward : be->rope_forward;
+    float *x = (float *)c->x + off;
+    fn(x, B, T, m->H, m->D, m->QKV, c->rc, c->rs, pos);
+    fn(x + ko, B, T, m->KVH, m->D, m->QKV, c->rc, c->rs, pos);
 }
 
-/* rope() over bf16 q|k rows (training.precision bf16: the forward's rotation of the bf16 slot),
- * the same runs: each document from its position, or a cp view's two chunks at theirs */
-static void rope_bf16(loom_model *m, block_frame *f, int l, uint16_t *x) {
-    const loom_backend *be = m->be;
-    const float *rc, *rs;
-    rope_tabs(m, l, &rc, &rs);
-    const int64_t KO = (int64_t)m->H * m->D;
-    if (f->n_runs && !f->kcache) {
-        for (int r = 0; r < f->n_runs; r++) {
-            uint16_t *d = x + (int64_t)f->run_row[r] * m->QKV;
-            be->bf16_rope_forward(d, 1, f->run_len[r], m->H, m->D, m->QKV, rc, rs, f->run_pos[r]);
-            be->bf16_rope_forward(d + KO, 1, f->run_len[r], m->KVH, m->D, m->QKV, rc, rs,
-                                  f->run_pos[r]);
-        }
+/* RoPE (forward or its inverse; bf16: the forward on the bf16 slot) on the q and k heads of the
+ * fused rows x of layer l, at each row's position: f->pos0 + t, with documents (model.doc_mask)
+ * each document from its position, or with context parallelism each chunk's global positions */
+static void rope_any(loom_model *m, block_frame *f, int l, void *x, int bf16, int bwd) {
+    rope_call c = {.m = m, .x = x, .bf16 = bf16, .bwd = bwd};
+    rope_tabs(m, l, &c.rc, &c.rs);
+    if (f->n_runs && !f->kcache) { /* a document's run starts at 0 unless a cp chunk cuts it */
+        for (int r = 0; r < f->n_runs; r++)
+            rope_rows(&c, f->run_row[r], 1, f->run_len[r], f->run_pos[r]);
         return;
     }
     int start[2], len[2], pos[2];
     const int n = f->kcache ? 1 : model_row_runs(m, f->T, start, len, pos);
     if (n == 1) {
-        be->bf16_rope_forward(x, f->B, f->T, m->H, m->D, m->QKV, rc, rs, f->pos0);
-        be->bf16_rope_forward(x + KO, f->B, f->T, m->KVH, m->D, m->QKV, rc, rs, f->pos0);
+        rope_rows(&c, 0, f->B, f->T, f->pos0);
         return;
     }
     for (int b = 0; b < f->B; b++)
-        for (int i = 0; i < n; i++) {
-            uint16_t *r = x + ((int64_t)b * f->T + start[i]) * m->QKV;
-            be->bf16_rope_forward(r, 1, len[i], m->H, m->D, m->QKV, rc, rs, pos[i]);
-            be->bf16_rope_forward(r + KO, 1, len[i], m->KVH, m->D, m->QKV, rc, rs, pos[i]);
-        }
+        for (int i = 0; i < n; i++) rope_rows(&c, (int64_t)b * f->T + start[i], 1, len[i], pos[i]);
+}
+
+static void rope(loom_model *m, block_frame *f, int l, float *x, int bwd) {
+    rope_any(m, f, l, x, 0, bwd);
+}
+static void rope_bf16(loom_model *m, block_frame *f, int l, uint16_t *x) {
+    rope_any(m, f, l, x, 1, 0);
 }
 
 /* causal, and with documents (model.doc_mask) inside each document of the row; layer l's
