@@ -177,6 +177,16 @@ static void test_bf16_arenas(void **state) {
     fam[0].arch = *loom_arch_named("olmo2");
     fam[1].arch = *loom_arch_named("gemma3");
     fam[1].arch.final_softcap = 2.0f;
+    { /* what bf16 still refuses is an error naming its key: sdpa attention */
+        loom_model_config sd = CFGS[1];
+        sd.attention = LOOM_ATTN_SDPA;
+        loom_err err = {{0}};
+        loom_model *bad = NULL;
+        const loom_model_layout lay = {.precision = LOOM_PREC_BF16};
+        assert_int_not_equal(loom_model_create(&sd, &lay, B, T, &bad, &err), 0);
+        assert_null(bad);
+        if (!strstr(err.msg, "model.attention")) fail_msg("expected model.attention in: %s", err.msg);
+    }
     for (int k = 0; k < 4; k++) {
         const loom_model_config *c = k < 2 ? &CFGS[k] : &fam[k - 2];
         loom_err err = {{0}};
