@@ -3,7 +3,7 @@
 For GPT2LMHeadModel and LlamaForCausalLM (GQA, non-default rope_theta and rms_norm_eps), tiny
 random models with every parameter perturbed (so biases and norms are not trivially 0 / 1):
   * `loom import --hf` -> the imported checkpoint's logits (libloom, fp32) equal transformers'
-    (max|d| / max|ref| <= 1e-5) and `loom generate --temperature 0 --format ids` gives the
+    (max|d| / max|ref| <= 1e-5, transformers run in float64) and `loom generate --temperature 0 --format ids` gives the
     greedy tokens of transformers' generate(do_sample=False);
   * `loom export --hf` of that checkpoint loads with from_pretrained (Llama sharded through
     --max-shard-size, with model.safetensors.index.json) with the same logits and greedy tokens;
@@ -14,6 +14,7 @@ random models with every parameter perturbed (so biases and norms are not trivia
     a shape mismatch, an unknown tensor, a pickle, an unsupported option; export into a
     non-empty directory writes nothing.
 """
+import copy
 import ctypes
 import json
 import os
@@ -111,8 +112,12 @@ def hf_model(flavor, V):
 
 
 def hf_logits(model, ids):
+    """transformers' logits computed in float64 on a copy of the model: the reference then
+    carries no fp32 rounding of its own (PyTorch's fp32 kernels round differently with the
+    arrays' alignment and the machine's load: a 1.2e-5 wobble of the fp32 reference once failed
+    CI while loom and the exported model agreed to 3.7e-7)."""
     with torch.no_grad():
-        return model(torch.tensor(ids, dtype=torch.long)).logits.numpy()
+        return copy.deepcopy(model).double()(torch.tensor(ids, dtype=torch.long)).logits.numpy()
 
 
 def hf_greedy(model, ids, n):
