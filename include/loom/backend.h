@@ -295,14 +295,16 @@ typedef struct loom_backend {
     void (*residual_forward)(float *out, const float *a, const float *b, int64_t n);
 
     /* losses (N) = -log softmax(logits)[target] (0 where target < 0); backward in place:
-     * logits become (softmax - onehot) * dscale (rows with target < 0 become 0) */
+     * logits become (softmax - onehot) * dscale (rows with target < 0 become 0); every
+     * cross-entropy backward takes rw: NULL, or device per-row weights (N) that replace dscale
+     * row by row (kernels.h) */
     void (*crossentropy_forward)(float *losses, const float *logits, const int32_t *targets,
                                  int64_t N, int V);
     void (*crossentropy_softmax_backward)(float *logits, const int32_t *targets, int64_t N,
-                                          int V, float dscale);
+                                          int V, float dscale, const float *rw);
     /* the same for soft-capped logits: the gradient with respect to the raw ones (kernels.h) */
     void (*crossentropy_softcap_backward)(float *logits, const int32_t *targets, int64_t N,
-                                          int V, float dscale, float cap);
+                                          int V, float dscale, float cap, const float *rw);
 
     /* vocab-parallel cross-entropy over logits (N,Vl) = columns [v0, v0 + Vl): a row's local
      * max; (sum of exp(logit - mx), target logit or 0) per row with the global max mx; the
@@ -312,10 +314,11 @@ typedef struct loom_backend {
                                     const int32_t *targets, int v0, int64_t N, int Vl);
     void (*crossentropy_shard_backward)(float *logits, const int32_t *targets, const float *mx,
                                         const float *sums, int v0, int64_t N, int Vl,
-                                        float dscale);
+                                        float dscale, const float *rw);
     void (*crossentropy_shard_softcap_backward)(float *logits, const int32_t *targets,
                                                 const float *mx, const float *sums, int v0,
-                                                int64_t N, int Vl, float dscale, float cap);
+                                                int64_t N, int Vl, float dscale, float cap,
+                                                const float *rw);
 
     /* optimizer: AdamW on n contiguous parameters (decoupled decay, bias correction with
      * t = step >= 1) on the gradients g * grad_scale (clipping; 1 for none); sum of squares
@@ -405,7 +408,7 @@ typedef struct loom_backend {
     void (*bf16_crossentropy_forward)(float *losses, const uint16_t *logits,
                                       const int32_t *targets, int64_t N, int V);
     void (*bf16_crossentropy_backward)(uint16_t *logits, const int32_t *targets, int64_t N,
-                                       int V, float dscale);
+                                       int V, float dscale, const float *rw);
     void (*adamw_update_bf16)(float *p, uint16_t *pb, const float *g, float *m, float *v,
                               int64_t n, float lr, float beta1, float beta2, float eps,
                               float weight_decay, int64_t step, float grad_scale);

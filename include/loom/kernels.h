@@ -270,13 +270,15 @@ void residual_forward(float *out, const float *a, const float *b, int64_t n);
 void crossentropy_forward(float *losses, const float *logits, const int32_t *targets,
                           int64_t N, int V);
 /* In place: logits (N,V) become dlogits = (softmax(logits) - onehot(target)) * dscale;
- * rows with target < 0 become 0. */
+ * rows with target < 0 become 0. The cross-entropy backwards all take rw: NULL, or per-row
+ * weights (N) that replace dscale row by row (GRPO's and DPO's per-token weights, copied to
+ * the device once per backward): row n's result is bit for bit the call with dscale = rw[n]. */
 void crossentropy_softmax_backward(float *logits, const int32_t *targets, int64_t N, int V,
-                                   float dscale);
+                                   float dscale, const float *rw);
 /* The same for soft-capped logits (y = cap * tanh(z / cap), the logits given): dlogits with
  * respect to z, (softmax(y) - onehot) * dscale * (1 - (y / cap)^2). */
 void crossentropy_softcap_backward(float *logits, const int32_t *targets, int64_t N, int V,
-                                   float dscale, float cap);
+                                   float dscale, float cap, const float *rw);
 
 /* Vocab-parallel cross-entropy: logits (N,Vl) are columns [v0, v0 + Vl) of the whole
  * vocabulary's. shard_max: mx (N) = each row's max over these columns. shard_sums, with mx the
@@ -288,11 +290,12 @@ void crossentropy_shard_max(float *mx, const float *logits, int64_t N, int Vl);
 void crossentropy_shard_sums(float *sums, const float *logits, const float *mx,
                              const int32_t *targets, int v0, int64_t N, int Vl);
 void crossentropy_shard_backward(float *logits, const int32_t *targets, const float *mx,
-                                 const float *sums, int v0, int64_t N, int Vl, float dscale);
+                                 const float *sums, int v0, int64_t N, int Vl, float dscale,
+                                 const float *rw);
 /* shard_backward of soft-capped logits (as crossentropy_softcap_backward) */
 void crossentropy_shard_softcap_backward(float *logits, const int32_t *targets, const float *mx,
                                          const float *sums, int v0, int64_t N, int Vl,
-                                         float dscale, float cap);
+                                         float dscale, float cap, const float *rw);
 
 /* AdamW step on n contiguous parameters, decoupled weight decay (p -= lr*wd*p), bias
  * correction with t = step (>= 1), on the gradients g * grad_scale (each product rounded to
@@ -377,7 +380,7 @@ int bf16_flash_attention_backward(float *dqkv, const float *dout, const uint16_t
 void bf16_crossentropy_forward(float *losses, const uint16_t *logits, const int32_t *targets,
                                int64_t N, int V);
 void bf16_crossentropy_backward(uint16_t *logits, const int32_t *targets, int64_t N, int V,
-                                float dscale);
+                                float dscale, const float *rw);
 /* adamw_update (the same bits of p, m, v) that also writes pb[i] = round(p[i]), the bf16 copy
  * of the updated master */
 void adamw_update_bf16(float *p, uint16_t *pb, const float *g, float *m, float *v, int64_t n,

@@ -517,18 +517,20 @@ static void g_crossentropy_forward(float *losses, const float *logits, const int
     CPU->crossentropy_forward(losses, logits, targets, N, V);
     guard_close();
 }
-static void g_crossentropy_softmax_backward(float *logits, const int32_t *targets, int64_t N, int V, float dscale) {
+static void g_crossentropy_softmax_backward(float *logits, const int32_t *targets, int64_t N, int V, float dscale, const float *rw) {
     guard_check("crossentropy_softmax_backward", "logits", logits);
     guard_check("crossentropy_softmax_backward", "targets", targets);
+    guard_check("crossentropy_softmax_backward", "rw", rw);
     guard_open();
-    CPU->crossentropy_softmax_backward(logits, targets, N, V, dscale);
+    CPU->crossentropy_softmax_backward(logits, targets, N, V, dscale, rw);
     guard_close();
 }
-static void g_crossentropy_softcap_backward(float *logits, const int32_t *targets, int64_t N, int V, float dscale, float cap) {
+static void g_crossentropy_softcap_backward(float *logits, const int32_t *targets, int64_t N, int V, float dscale, float cap, const float *rw) {
     guard_check("crossentropy_softcap_backward", "logits", logits);
     guard_check("crossentropy_softcap_backward", "targets", targets);
+    guard_check("crossentropy_softcap_backward", "rw", rw);
     guard_open();
-    CPU->crossentropy_softcap_backward(logits, targets, N, V, dscale, cap);
+    CPU->crossentropy_softcap_backward(logits, targets, N, V, dscale, cap, rw);
     guard_close();
 }
 static void g_crossentropy_shard_max(float *mx, const float *logits, int64_t N, int Vl) {
@@ -547,22 +549,24 @@ static void g_crossentropy_shard_sums(float *sums, const float *logits, const fl
     CPU->crossentropy_shard_sums(sums, logits, mx, targets, v0, N, Vl);
     guard_close();
 }
-static void g_crossentropy_shard_backward(float *logits, const int32_t *targets, const float *mx, const float *sums, int v0, int64_t N, int Vl, float dscale) {
+static void g_crossentropy_shard_backward(float *logits, const int32_t *targets, const float *mx, const float *sums, int v0, int64_t N, int Vl, float dscale, const float *rw) {
     guard_check("crossentropy_shard_backward", "logits", logits);
     guard_check("crossentropy_shard_backward", "targets", targets);
     guard_check("crossentropy_shard_backward", "mx", mx);
     guard_check("crossentropy_shard_backward", "sums", sums);
+    guard_check("crossentropy_shard_backward", "rw", rw);
     guard_open();
-    CPU->crossentropy_shard_backward(logits, targets, mx, sums, v0, N, Vl, dscale);
+    CPU->crossentropy_shard_backward(logits, targets, mx, sums, v0, N, Vl, dscale, rw);
     guard_close();
 }
-static void g_crossentropy_shard_softcap_backward(float *logits, const int32_t *targets, const float *mx, const float *sums, int v0, int64_t N, int Vl, float dscale, float cap) {
+static void g_crossentropy_shard_softcap_backward(float *logits, const int32_t *targets, const float *mx, const float *sums, int v0, int64_t N, int Vl, float dscale, float cap, const float *rw) {
     guard_check("crossentropy_shard_softcap_backward", "logits", logits);
     guard_check("crossentropy_shard_softcap_backward", "targets", targets);
     guard_check("crossentropy_shard_softcap_backward", "mx", mx);
     guard_check("crossentropy_shard_softcap_backward", "sums", sums);
+    guard_check("crossentropy_shard_softcap_backward", "rw", rw);
     guard_open();
-    CPU->crossentropy_shard_softcap_backward(logits, targets, mx, sums, v0, N, Vl, dscale, cap);
+    CPU->crossentropy_shard_softcap_backward(logits, targets, mx, sums, v0, N, Vl, dscale, cap, rw);
     guard_close();
 }
 static void g_adamw_update(float *p, const float *g, float *m, float *v, int64_t n, float lr, float beta1, float beta2, float eps, float weight_decay, int64_t step, float grad_scale) {
@@ -819,11 +823,12 @@ static void g_bf16_crossentropy_forward(float *losses, const uint16_t *logits, c
     CPU->bf16_crossentropy_forward(losses, logits, targets, N, V);
     guard_close();
 }
-static void g_bf16_crossentropy_backward(uint16_t *logits, const int32_t *targets, int64_t N, int V, float dscale) {
+static void g_bf16_crossentropy_backward(uint16_t *logits, const int32_t *targets, int64_t N, int V, float dscale, const float *rw) {
     guard_check("bf16_crossentropy_backward", "logits", logits);
     guard_check("bf16_crossentropy_backward", "targets", targets);
+    guard_check("bf16_crossentropy_backward", "rw", rw);
     guard_open();
-    CPU->bf16_crossentropy_backward(logits, targets, N, V, dscale);
+    CPU->bf16_crossentropy_backward(logits, targets, N, V, dscale, rw);
     guard_close();
 }
 static void g_adamw_update_bf16(float *p, uint16_t *pb, const float *g, float *m, float *v, int64_t n, float lr, float beta1, float beta2, float eps, float weight_decay, int64_t step, float grad_scale) {

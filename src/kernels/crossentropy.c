@@ -12,19 +12,19 @@ LOOM_DISPATCH(crossentropy_forward, (float *losses, const float *logits, const i
                                      int64_t N, int V),
               (losses, logits, targets, N, V))
 LOOM_DISPATCH(crossentropy_softmax_backward, (float *logits, const int32_t *targets, int64_t N,
-                                              int V, float dscale),
-              (logits, targets, N, V, dscale))
+                                              int V, float dscale, const float *rw),
+              (logits, targets, N, V, dscale, rw))
 
 LOOM_DISPATCH(bf16_crossentropy_forward, (float *losses, const uint16_t *logits,
                                           const int32_t *targets, int64_t N, int V),
               (losses, logits, targets, N, V))
 LOOM_DISPATCH(bf16_crossentropy_backward, (uint16_t *logits, const int32_t *targets, int64_t N,
-                                           int V, float dscale),
-              (logits, targets, N, V, dscale))
+                                           int V, float dscale, const float *rw),
+              (logits, targets, N, V, dscale, rw))
 
 LOOM_DISPATCH(crossentropy_softcap_backward, (float *logits, const int32_t *targets, int64_t N,
-                                              int V, float dscale, float cap),
-              (logits, targets, N, V, dscale, cap))
+                                              int V, float dscale, float cap, const float *rw),
+              (logits, targets, N, V, dscale, cap, rw))
 
 /* ---- vocab-parallel pieces (tensor parallelism): one level, plain loops ---- */
 
@@ -56,8 +56,8 @@ void crossentropy_shard_sums(float *sums, const float *logits, const float *mx,
 /* the shard's rows' gradient, (softmax - onehot) * dscale, and with cap > 0 through the
  * soft-cap: times 1 - (y / cap)^2, read from the capped logit y before it is overwritten */
 static void shard_backward(float *logits, const int32_t *targets, const float *mx,
-                           const float *sums, int v0, int64_t N, int Vl, float dscale,
-                           float cap) {
+                           const float *sums, int v0, int64_t N, int Vl, float dscale0,
+                           float cap, const float *rw) {
 #pragma omp parallel for schedule(static) if (N * Vl >= LOOM_PAR_MIN)
     for (int64_t n = 0; n < N; n++) {
         const int32_t t = targets[n];
@@ -66,6 +66,7 @@ static void shard_backward(float *logits, const int32_t *targets, const float *m
             memset(x, 0, (size_t)Vl * sizeof(float));
             continue;
         }
+        const float dscale = rw ? rw[n] : dscale0;
         const float k = (float)(1.0 / (double)sums[2 * n]) * dscale;
         for (int i = 0; i < Vl; i++) {
             const float y = x[i];
@@ -81,14 +82,15 @@ static void shard_backward(float *logits, const int32_t *targets, const float *m
 }
 
 void crossentropy_shard_backward(float *logits, const int32_t *targets, const float *mx,
-                                 const float *sums, int v0, int64_t N, int Vl, float dscale) {
-    shard_backward(logits, targets, mx, sums, v0, N, Vl, dscale, 0.0f);
+                                 const float *sums, int v0, int64_t N, int Vl, float dscale,
+                                 const float *rw) {
+    shard_backward(logits, targets, mx, sums, v0, N, Vl, dscale, 0.0f, rw);
 }
 
 void crossentropy_shard_softcap_backward(float *logits, const int32_t *targets, const float *mx,
                                          const float *sums, int v0, int64_t N, int Vl,
-                                         float dscale, float cap) {
-    shard_backward(logits, targets, mx, sums, v0, N, Vl, dscale, cap);
+                                         float dscale, float cap, const float *rw) {
+    shard_backward(logits, targets, mx, sums, v0, N, Vl, dscale, cap, rw);
 }
 
 #else /* one level of the kernels (isa_variants.h) */
@@ -128,7 +130,8 @@ static void LOOM_KV(crossentropy_forward)(float *losses, const float *logits,
  * with respect to the raw logits z, d * (1 - (y / cap)^2), read from y before it is
  * overwritten (no second (N, V) buffer) */
 static void LOOM_KV(crossentropy_softcap_backward)(float *logits, const int32_t *targets,
-                                                   int64_t N, int V, float dscale, float cap) {
+                                                   int64_t N, int V, float dscale0, float cap,
+                                                   const float *rw) {
 #pragma omp parallel for schedule(static) if (N * V >= LOOM_PAR_MIN)
     for (int64_t n = 0; n < N; n++) {
         int32_t t = targets[n];
@@ -137,6 +140,7 @@ static void LOOM_KV(crossentropy_softcap_backward)(float *logits, const int32_t 
             memset(x, 0, (size_t)V * sizeof(float));
             continue;
         }
+        const float dscale = rw ? rw[n] : dscale0;
         float mx = LOOM_KV(row_max)(x, V);
         double s = LOOM_KV(row_sumexp)(x, V, mx);
         float k = (float)(1.0 / s) * dscale;
@@ -176,10 +180,12 @@ static void LOOM_KV(bf16_crossentropy_forward)(float *losses, const uint16_t *lo
 }
 
 static void LOOM_KV(bf16_crossentropy_backward)(uint16_t *logits, const int32_t *targets,
-                                                int64_t N, int V, float dscale) {
+                                                int64_t N, int V, float dscale0,
+                                                const float *rw) {
 #pragma omp parallel for schedule(static) if (N * V >= LOOM_PAR_MIN)
     for (int64_t n = 0; n < N; n++) {
         const int32_t t = targets[n];
+        const float dscale = rw ? rw[n] : dscale0;
         uint16_t *x = logits + n * V;
         if (t < 0) {
             memset(x, 0, (size_t)V * sizeof(uint16_t));
@@ -204,11 +210,12 @@ static void LOOM_KV(bf16_crossentropy_backward)(uint16_t *logits, const int32_t 
 }
 
 static void LOOM_KV(crossentropy_softmax_backward)(float *logits, const int32_t *targets,
-                                                   int64_t N, int V,
-                                   float dscale) {
+                                                   int64_t N, int V, float dscale0,
+                                                   const float *rw) {
 #pragma omp parallel for schedule(static) if (N * V >= LOOM_PAR_MIN)
     for (int64_t n = 0; n < N; n++) {
         int32_t t = targets[n];
+        const float dscale = rw ? rw[n] : dscale0;
         float *x = logits + n * V;
         if (t < 0) {
             memset(x, 0, (size_t)V * sizeof(float));

@@ -244,6 +244,7 @@ loom_acts *loom_acts_create(const loom_model *m, int B, int T, int for_training)
     a->inputs = be->mem_alloc(BT * sizeof(int32_t), 0);
     a->targets = be->mem_alloc(BT * sizeof(int32_t), 0);
     a->h_targets = loom_calloc(BT, sizeof(int32_t));
+    a->loss_w = be->mem_alloc(BT * sizeof(float), 0);
     a->scalars = be->mem_alloc(8 * sizeof(double), 0);
     if (m->cfg.doc_mask) {
         a->docs = be->mem_alloc(BT * sizeof(int32_t), 0);
@@ -267,6 +268,7 @@ void loom_acts_free(loom_acts *a) {
     be->mem_free(a->inputs);
     be->mem_free(a->targets);
     be->mem_free(a->scalars);
+    be->mem_free(a->loss_w);
     be->mem_free(a->docs);
     be->mem_free(a->gdocs);
     free(a->h_targets);

@@ -78,49 +78,33 @@ void model_softcap(const loom_model *m, float *logits, int64_t n) {
 
 /* the LM head's in-place cross-entropy backward of N rows of V (soft-capped) logits */
 static void ce_backward(const loom_model *m, float *logits, const int32_t *targets, int64_t N,
-                        int V, float dscale) {
+                        int V, float dscale, const float *rw) {
     const float cap = m->cfg.arch.final_softcap;
-    if (cap > 0.0f) m->be->crossentropy_softcap_backward(logits, targets, N, V, dscale, cap);
-    else m->be->crossentropy_softmax_backward(logits, targets, N, V, dscale);
+    if (cap > 0.0f) m->be->crossentropy_softcap_backward(logits, targets, N, V, dscale, cap, rw);
+    else m->be->crossentropy_softmax_backward(logits, targets, N, V, dscale, rw);
 }
 
 /* The LM head's in-place cross-entropy backward of rows [r0, r0 + n) of the forward (their
  * logits at `logits`, row r0 first; Vl columns each: the vocab-parallel kernels with tp > 1),
- * token i's gradient scaled by w[i] (loss_weights; NULL: every row by dscale). Rows of equal
- * weight go to the kernel as one run, so equal weights make exactly today's one call; rows
- * with target < 0 become 0 whatever their weight, so they join the run around them. */
+ * every row scaled by dscale, or with weighted = 1 token i's by the per-token weight the
+ * backward copied to the device (a->loss_w[i]); one op call either way (rows with target < 0
+ * become 0 whatever their weight). */
 static void head_ce_backward(const loom_model *m, const loom_acts *a, float *logits, int64_t r0,
-                             int64_t n, float dscale, const float *w) {
+                             int64_t n, float dscale, int weighted) {
     const float cap = m->cfg.arch.final_softcap;
     const int vp = m->lay.tp > 1, Vl = m->Vl;
-    for (int64_t i = 0; i < n;) {
-        int64_t j = i, first = -1;
-        float s = dscale;
-        if (w) { /* the run [i, j): rows with one weight (ignored rows join any run) */
-            for (; j < n; j++) {
-                const int64_t r = r0 + j;
-                if (a->h_targets[r] < 0) continue;
-                if (first < 0) first = j, s = w[r];
-                else if (w[r] != s) break;
-            }
-        } else j = n;
-        float *lg = logits + (size_t)i * (size_t)Vl;
-        const int32_t *tg = a->targets + r0 + i;
-        const int64_t k = j - i;
-        if (!model_logits_f32(m)) /* bf16 logits (no soft-cap, tp = 1) */
-            m->be->bf16_crossentropy_backward((uint16_t *)logits + (size_t)i * (size_t)Vl, tg, k,
-                                              Vl, s);
-        else if (vp && cap > 0.0f)
-            m->be->crossentropy_shard_softcap_backward(lg, tg, a->vmax + r0 + i,
-                                                       a->vsums + 2 * (r0 + i), m->V0, k, Vl, s,
-                                                       cap);
-        else if (vp)
-            m->be->crossentropy_shard_backward(lg, tg, a->vmax + r0 + i, a->vsums + 2 * (r0 + i),
-                                               m->V0, k, Vl, s);
-        else
-            ce_backward(m, lg, tg, k, Vl, s);
-        i = j;
-    }
+    const int32_t *tg = a->targets + r0;
+    const float *rw = weighted ? a->loss_w + r0 : NULL;
+    if (!model_logits_f32(m)) /* bf16 logits (no soft-cap, tp = 1) */
+        m->be->bf16_crossentropy_backward((uint16_t *)logits, tg, n, Vl, dscale, rw);
+    else if (vp && cap > 0.0f)
+        m->be->crossentropy_shard_softcap_backward(logits, tg, a->vmax + r0, a->vsums + 2 * r0,
+                                                   m->V0, n, Vl, dscale, cap, rw);
+    else if (vp)
+        m->be->crossentropy_shard_backward(logits, tg, a->vmax + r0, a->vsums + 2 * r0, m->V0,
+                                           n, Vl, dscale, rw);
+    else
+        ce_backward(m, logits, tg, n, Vl, dscale, rw);
 }
 
 /* ---- the LM head and its loss: one code for the dense, the chunked (model.loss_chunk) and
@@ -537,11 +521,13 @@ static void backward_impl(loom_model *m, loom_acts *a, float dscale, const float
     memset(m->have_grads, 0, (size_t)m->n_units);
     const int cls = c->head == LOOM_HEAD_CLASSIFY, tied = c->arch.tied && !cls;
     const int64_t BTs = m->lay.sp ? BT / m->lay.tp : BT; /* the norm / residual regions' rows */
+    if (w) /* the per-token weights: one copy to the device, read by the cross-entropy op */
+        m->be->mem_h2d(a->loss_w, w, (size_t)BT * sizeof(float));
     acquire(m, U_FINAL, 1);
     if (tied) acquire(m, 0, 1);
     if (cls) { /* logits (B,K) become dlogits; pooled <- mean over T */
         const int K = c->num_classes;
-        m->be->crossentropy_softmax_backward(a->logits, a->targets, B, K, dscale);
+        m->be->crossentropy_softmax_backward(a->logits, a->targets, B, K, dscale, NULL);
         if (m->bf16) /* the fp32 dlogits rounded into the scratch; d(pooled) set */
             m->be->bf16_matmul_backward(a->dpooled, 1, GRAD(m, LOOM_P_CLS_W),
                                         GRAD(m, LOOM_P_CLS_B), a->logits, a->dout16,
@@ -560,12 +546,12 @@ static void backward_impl(loom_model *m, loom_acts *a, float dscale, const float
         for (int64_t r0 = 0; r0 < BT; r0 += a->chunk) {
             const int64_t n = BT - r0 < a->chunk ? BT - r0 : a->chunk;
             head_logits(m, a->logits, lnf_row(m, a->lnf, r0), n);
-            head_ce_backward(m, a, a->logits, r0, n, dscale, w);
+            head_ce_backward(m, a, a->logits, r0, n, dscale, w != NULL);
             head_backward(m, a, a->dln + r0 * C, dhead, a->logits, lnf_row(m, a->lnf, r0),
                           n); /* rows r0.. set */
         }
     } else { /* logits (B,T,V) become dlogits in place (tp > 1: this view's columns) */
-        head_ce_backward(m, a, a->logits, 0, BT, dscale, w);
+        head_ce_backward(m, a, a->logits, 0, BT, dscale, w != NULL);
         /* d(lnf) overwritten: no zeroing pass first */
         head_backward(m, a, a->dln_full, HEAD_G(m), a->logits, a->lnf_full, BT);
         shard_point(m, LOOM_CP_COL_IN, 1, LOOM_SITE_HEAD, a->dln_full, BT * C, a->dln, BTs * C);

@@ -99,7 +99,8 @@ struct loom_acts {
      * device buffers of the model's backend; run_row, run_len, run_pos stay on the host (the
      * host walks them to issue per-run ops). What the host computes of them first: */
     const struct loom_backend *be; /* the backend the arena was allocated with */
-    int32_t *h_targets;   /* (B,T) host copy of the targets (the weighted backward's runs) */
+    int32_t *h_targets;   /* (B,T) host copy of the targets (token log-probs' ignored rows) */
+    float *loss_w;        /* (B,T) device: the weighted backward's per-token weights */
     int32_t *h_docs;      /* (B,T) and (B, cp*T) host staging of docs / gdocs */
     int32_t *h_gdocs;
     double *scalars;      /* (8) device: the step's scalars (the loss sum) */

@@ -234,12 +234,13 @@ OP(crossentropy_forward,
    (losses, logits, targets, N, V),
    3.0 * (double)N * V, 4.0 * ((double)N * V + 2.0 * (double)N), "N V", N, V)
 OP(crossentropy_softmax_backward,
-   (float *logits, const int32_t *targets, int64_t N, int V, float dscale),
-   (logits, targets, N, V, dscale),
+   (float *logits, const int32_t *targets, int64_t N, int V, float dscale, const float *rw),
+   (logits, targets, N, V, dscale, rw),
    4.0 * (double)N * V, 8.0 * (double)N * V, "N V", N, V)
 OP(crossentropy_softcap_backward,
-   (float *logits, const int32_t *targets, int64_t N, int V, float dscale, float cap),
-   (logits, targets, N, V, dscale, cap),
+   (float *logits, const int32_t *targets, int64_t N, int V, float dscale, float cap,
+    const float *rw),
+   (logits, targets, N, V, dscale, cap, rw),
    7.0 * (double)N * V, 8.0 * (double)N * V, "N V", N, V)
 OP(softcap_forward, (float *x, int64_t n, float cap), (x, n, cap),
    12.0 * (double)n, 8.0 * (double)n, "n", n)
@@ -253,8 +254,8 @@ OP(crossentropy_shard_sums,
    3.0 * (double)N * Vl, 4.0 * ((double)N * Vl + 4.0 * (double)N), "N Vl", N, Vl)
 OP(crossentropy_shard_backward,
    (float *logits, const int32_t *targets, const float *mx, const float *sums, int v0, int64_t N,
-    int Vl, float dscale),
-   (logits, targets, mx, sums, v0, N, Vl, dscale),
+    int Vl, float dscale, const float *rw),
+   (logits, targets, mx, sums, v0, N, Vl, dscale, rw),
    4.0 * (double)N * Vl, 8.0 * (double)N * Vl, "N Vl", N, Vl)
 
 /* ---- optimizer ---- */

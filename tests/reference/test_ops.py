@@ -226,8 +226,15 @@ def test_softcap_ce():
                           reduction="sum") / 6
     ref.backward()
     d = y.copy()
-    L.crossentropy_softcap_backward(fptr(d), iptr(targets), N, V, 1.0 / 6, cap)
+    L.crossentropy_softcap_backward(fptr(d), iptr(targets), N, V, 1.0 / 6, cap, None)
     check("crossentropy_softcap_backward (dz)", d, zt.grad, 1e-6)
+    w = rng.uniform(-1.0, 2.0, N).astype(np.float32)  # per-row weights, dense and sharded
+    zw = t64(z, True)
+    (F.cross_entropy(cap * torch.tanh(zw / cap), torch.tensor(targets, dtype=torch.long),
+                     ignore_index=-1, reduction="none") * torch.tensor(w, dtype=torch.float64)).sum().backward()
+    dw = y.copy()
+    L.crossentropy_softcap_backward(fptr(dw), iptr(targets), N, V, 7.0, cap, fptr(w))
+    check("crossentropy_softcap_backward, per-row weights (dz)", dw, zw.grad, 1e-6)
     v0s = (0, 150)
     mx = np.full(N, -np.inf, np.float32)
     shards = [np.ascontiguousarray(y[:, v0:v0 + vl]) for v0, vl in zip(v0s, (150, V - 150))]
@@ -242,8 +249,14 @@ def test_softcap_ce():
         sums += s
     for v0, sh in zip(v0s, shards):
         L.crossentropy_shard_softcap_backward(fptr(sh), iptr(targets), fptr(mx), fptr(sums), v0,
-                                              N, sh.shape[1], 1.0 / 6, cap)
+                                              N, sh.shape[1], 1.0 / 6, cap, None)
     check("crossentropy_shard_softcap_backward (dz)", np.concatenate(shards, 1), zt.grad, 1e-6)
+    wshards = [np.ascontiguousarray(y[:, v0:v1]) for v0, v1 in zip(v0s, (150, V))]
+    for v0, sh in zip(v0s, wshards):
+        L.crossentropy_shard_softcap_backward(fptr(sh), iptr(targets), fptr(mx), fptr(sums), v0,
+                                              N, sh.shape[1], 7.0, cap, fptr(w))
+    check("crossentropy_shard_softcap_backward, per-row weights (dz)", np.concatenate(wshards, 1),
+          zw.grad, 1e-6)
 
 
 def test_residual():
@@ -398,11 +411,23 @@ def ce_case(N, V, scale, tag):
     check_true(f"crossentropy_forward ignored rows = 0 ({tag})",
                losses[1] == 0.0 and losses[N - 1] == 0.0)
     before = logits.copy()
-    L.crossentropy_softmax_backward(fptr(logits), iptr(targets), N, V, 1.0 / valid)
+    L.crossentropy_softmax_backward(fptr(logits), iptr(targets), N, V, 1.0 / valid, None)
     check(f"crossentropy_softmax_backward ({tag})", logits, lt.grad, 1e-6)
     check_true(f"crossentropy_softmax_backward ignored rows 0 ({tag})",
                not logits[1].any() and not logits[N - 1].any())
-    _ = before
+    # per-row weights (GRPO's / DPO's per-token weights): the gradient of sum_i w_i * loss_i,
+    # and bit for bit row i's call with dscale = w_i
+    w = (rng.uniform(0.1, 2.0, N) * np.where(rng.random(N) < 0.3, -1, 1)).astype(np.float32)
+    lw = t64(before, True)
+    (F.cross_entropy(lw, tt, ignore_index=-1, reduction="none") * torch.tensor(w, dtype=torch.float64)).sum().backward()
+    got = before.copy()
+    L.crossentropy_softmax_backward(fptr(got), iptr(targets), N, V, 123.0, fptr(w))
+    check(f"crossentropy_softmax_backward, per-row weights ({tag})", got, lw.grad, 1e-6)
+    rows = before.copy()
+    for n in range(N):
+        L.crossentropy_softmax_backward(fptr(rows[n:n + 1]), iptr(targets[n:n + 1]), 1, V, float(w[n]), None)
+    check_true(f"crossentropy_softmax_backward, per-row weights = one call a row, bitwise ({tag})",
+               np.array_equal(got.view(np.uint32), rows.view(np.uint32)))
 
 
 def test_crossentropy():
@@ -513,7 +538,7 @@ def level_outputs():
     losses = np.empty(8, np.float32)
     L.crossentropy_forward(fptr(losses), fptr(logits), iptr(tg), 8, V)
     out["crossentropy_forward"] = losses
-    L.crossentropy_softmax_backward(fptr(logits), iptr(tg), 8, V, 0.125)
+    L.crossentropy_softmax_backward(fptr(logits), iptr(tg), 8, V, 0.125, None)
     out["crossentropy_softmax_backward"] = logits
     B, T, H, KVH, D = 1, 70, 2, 1, 16
     qkv = r(B, T, (H + 2 * KVH) * D)

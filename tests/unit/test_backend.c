@@ -175,9 +175,10 @@ static void s_ce_f(float *l, const float *lg, const int32_t *tg, int64_t N, int 
     calls[C_CE_F]++;
     CPU->crossentropy_forward(l, lg, tg, N, V);
 }
-static void s_ce_b(float *lg, const int32_t *tg, int64_t N, int V, float dscale) {
+static void s_ce_b(float *lg, const int32_t *tg, int64_t N, int V, float dscale,
+                   const float *rw) {
     calls[C_CE_B]++;
-    CPU->crossentropy_softmax_backward(lg, tg, N, V, dscale);
+    CPU->crossentropy_softmax_backward(lg, tg, N, V, dscale, rw);
 }
 static void s_adamw(float *p, const float *g, float *m, float *v, int64_t n, float lr, float b1,
                     float b2, float eps, float wd, int64_t step, float gs) {

@@ -530,7 +530,7 @@ static void test_train_ops(void **state) {
             for (int n = 0; n < N; n++) tg[n] = n % 7 == 3 ? -1 : (n * 13) % C;
             bf16_crossentropy_forward(ls, x, tg, N, C);
             memcpy(y, x, sizeof y);
-            bf16_crossentropy_backward(y, tg, N, C, 0.25f);
+            bf16_crossentropy_backward(y, tg, N, C, 0.25f, NULL);
             snprintf(what, sizeof what, "%s bf16 cross-entropy", L);
             for (int n = 0; n < N; n++) {
                 if (tg[n] < 0) {
@@ -546,6 +546,17 @@ static void test_train_ops(void **state) {
                 for (int i = 0; i < C; i++)
                     check_b16(what, n * C + i, y[n * C + i],
                               0.25 * (exp(w16(x[n * C + i]) - mx) / s - (i == tg[n])), 0.25);
+            }
+            /* per-row weights: bit for bit each row's call with dscale = its weight */
+            float rw[N];
+            uint16_t yw[N * C], y1[C];
+            for (int n = 0; n < N; n++) rw[n] = 0.125f * (float)(n % 5) - 0.2f;
+            memcpy(yw, x, sizeof yw);
+            bf16_crossentropy_backward(yw, tg, N, C, 9.0f, rw);
+            for (int n = 0; n < N; n++) {
+                memcpy(y1, x + n * C, sizeof y1);
+                bf16_crossentropy_backward(y1, tg + n, 1, C, rw[n], NULL);
+                assert_memory_equal(yw + n * C, y1, sizeof y1);
             }
         }
         /* embedding: wte (V, C) + wpe (maxT, C) */
