@@ -47,7 +47,8 @@ void loom_dp_free(loom_dp *dp);
  * reduce only then; zero 2/3 reduce every micro-batch). Zeroes gradients when first = 1. */
 void loom_dp_begin_micro(loom_dp *dp, int first, int last);
 /* After the last backward: completes the reductions, computes the global gradient norm,
- * clips to max_norm (> 0), returns the norm before clipping. */
+ * clips to max_norm (> 0), returns the norm before clipping. Frozen (loom_dp_freeze: LoRA's
+ * base): the gradients are neither reduced nor read, and it returns 0. */
 float loom_dp_finish_grads(loom_dp *dp, float max_norm);
 /* What other strategies add to loom_dp_finish_grads (pipeline parallelism: the tied
  * embedding's two copies, the norm over every stage). fn runs after the dp reductions have

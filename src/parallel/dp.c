@@ -214,6 +214,9 @@ static void reduce_tp_partial(loom_dp *dp, int u, float *buf) {
 static void hook_grads_ready(void *ctx, int u) {
     loom_dp *dp = ctx;
     progress(dp);
+    /* frozen (LoRA: the adapters reduce their own gradients): the base's are never read, so
+     * they are not reduced either (that was a reduce-scatter of the whole model a step) */
+    if (dp->frozen) return;
     if (dp->zero < 2) {
         if (!dp->last) return;
         reduce_tp_partial(dp, u, dp->grads + dp->uoff[u]);
@@ -433,6 +436,7 @@ static double grad_sum_squares(const loom_dp *dp) {
 }
 
 float loom_dp_finish_grads(loom_dp *dp, float max_norm) {
+    if (dp->frozen) return 0.0f; /* nothing was reduced (hook_grads_ready), nothing is stepped */
     if (dp->zero < 2) {
         for (int s = 0; s < dp->nseg; s++) /* NULL: already completed by progress() */
             if (dp->ureq[s]) {

@@ -166,6 +166,13 @@ finetune:
         ld = losses(f"{work}/dp")
         worst = max(abs(x[1] - y[1]) / abs(y[1]) for x, y in zip(ld, la[:4]))
         check("dp 2 (ZeRO 1) losses vs one process", worst, 1e-5)
+        # the frozen base's gradients are not reduced: a step moves the adapters' gradients
+        # (and a few scalars), far less than the base's fp32 parameters
+        rows = [json.loads(l) for l in open(f"{work}/dp/metrics.jsonl")]
+        sent = max(max(r["comm_bytes"]) for r in rows)
+        base_bytes = 4 * sum(v.numel() for v in base.state_dict().values())
+        expect("dp 2: a step's communication is the adapters', not the frozen base's",
+               0 < sent < base_bytes / 4, f"{sent:.0f} bytes a step per rank; base {base_bytes} bytes")
     else:
         expect("mpirun available for the data-parallel check", False)
 
