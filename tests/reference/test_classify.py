@@ -40,7 +40,7 @@ def run(cfg, K, B=3, T=17, seed=0):
     c = torch_ref.normalize_config(cfg)
     mc = tm.ModelConfig(c["flavor"], c["vocab_size"], c["max_seq_len"], c["n_layer"], c["n_head"],
                         c["n_kv_head"], c["d_model"], c["d_ff"], c["norm_eps"], c["rope_theta"],
-                        c["init_std"], 1, K)
+                        c["init_std"], 1, K, attention=c.get("attention", 0))
     ptr, err = ctypes.c_void_p(), tm.Err()
     if LIB.loom_model_create(ctypes.byref(mc), None, B, T, ctypes.byref(ptr), ctypes.byref(err)) != 0:
         raise RuntimeError(err.msg.decode())
@@ -131,7 +131,7 @@ def run_bf16(cfg, K, B=3, T=17, seed=0):
     c = torch_ref.normalize_config(cfg)
     mc = tm.ModelConfig(c["flavor"], c["vocab_size"], c["max_seq_len"], c["n_layer"], c["n_head"],
                         c["n_kv_head"], c["d_model"], c["d_ff"], c["norm_eps"], c["rope_theta"],
-                        c["init_std"], 1, K)
+                        c["init_std"], 1, K, attention=c.get("attention", 0))
     lay = (ctypes.c_int * 12)(*([0] * 11 + [1]))  # LOOM_PREC_BF16
     ptr, err = ctypes.c_void_p(), tm.Err()
     if LIB.loom_model_create(ctypes.byref(mc), ctypes.cast(lay, ctypes.c_void_p), B, T,
