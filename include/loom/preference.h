@@ -29,6 +29,9 @@ typedef struct loom_pref_opts {
     double label_smoothing; /* DPO, SimPO: the conservative form's epsilon, in [0, 0.5) */
     double gamma;           /* SimPO: the target reward margin gamma itself (TRL's simpo_gamma;
                              * the SimPO repository's gamma_beta_ratio is gamma / beta) */
+    double rpo_alpha;       /* DPO: the weight of the chosen tokens' mean NLL added to the loss
+                             * (RPO, Pang et al. 2024; TRL DPOConfig loss_type [sigmoid, sft]
+                             * with loss_weights [1, alpha]); 0: plain DPO */
 } loom_pref_opts;
 
 /* Sums over pairs (divide by the number of pairs for the means TRL logs). */
@@ -36,7 +39,8 @@ typedef struct loom_pref_metrics {
     double loss;             /* the pairs' share of the loss (already divided by n_total) */
     double rewards_chosen, rewards_rejected, margins, accuracies;
     double logps_chosen, logps_rejected; /* DPO: sums; SimPO, ORPO: per-token averages */
-    double nll_loss;         /* ORPO: the chosen tokens' mean NLL x n_total (in loss too) */
+    double nll_loss;         /* ORPO, DPO with rpo_alpha: the chosen tokens' mean NLL x
+                              * n_total (in loss too, ORPO's as it is, RPO's times alpha) */
     double log_odds_ratio;   /* ORPO: logsigmoid(log odds) summed over pairs */
     double log_odds_chosen;  /* ORPO: the log odds summed over pairs */
 } loom_pref_metrics;

@@ -90,6 +90,8 @@ static const loom_config_key train_only_keys[] = {
     {"finetune.env.timeout_s", "10", "grpo: seconds a command may run"},
     {"finetune.label_smoothing", "0", "dpo / simpo: the conservative loss's epsilon in [0, 0.5)"},
     {"finetune.gamma", "0.5", "simpo: the target reward margin gamma (TRL's simpo_gamma)"},
+    {"finetune.rpo_alpha", "0", "dpo: weight of the chosen tokens' mean NLL added to the loss "
+                                "(RPO; TRL loss_type [sigmoid, sft], loss_weights [1, alpha])"},
     {"finetune.lora.rank", "0", "LoRA adapters' rank (0 = off: every weight is trained)"},
     {"finetune.lora.alpha", "16", "LoRA scale numerator: the adapters add (alpha / rank) B A x"},
     {"finetune.lora.dropout", "0",

@@ -69,6 +69,13 @@ void loom_pref_loss(const loom_pref_opts *o, int64_t n, const double *lc, const 
             rw_c = beta * (lc[i] - rc[i]);
             rw_r = beta * (lr[i] - rr[i]);
             pc = lc[i], pr = lr[i];
+            if (o->rpo_alpha > 0) { /* RPO: + alpha x the chosen tokens' mean NLL */
+                LOOM_CHECK(tokens_chosen > 0);
+                const double nll = -lc[i] / tokens_chosen;
+                dc[i] -= o->rpo_alpha / tokens_chosen;
+                mx->nll_loss += nll * n_total;
+                mx->loss += o->rpo_alpha * nll;
+            }
         } else if (o->method == LOOM_PREF_SIMPO) {
             /* z = lc / nc - lr / nr - gamma / beta: loss -logsigmoid(beta z) (smoothed) */
             LOOM_CHECK(nc[i] > 0 && nr[i] > 0);

@@ -39,8 +39,16 @@ int loom_trainer_pref_settings(const loom_config *c, loom_pref_opts *o, loom_err
     if (!b || !strcmp(b, "auto")) o->beta = default_beta(o->method);
     else if (loom_config_get_double(c, "finetune.beta", &o->beta, err)) return -1;
     if (loom_config_get_double(c, "finetune.label_smoothing", &o->label_smoothing, err) ||
-        loom_config_get_double(c, "finetune.gamma", &o->gamma, err))
+        loom_config_get_double(c, "finetune.gamma", &o->gamma, err) ||
+        loom_config_get_double(c, "finetune.rpo_alpha", &o->rpo_alpha, err))
         return -1;
+    if (!(o->rpo_alpha >= 0) || !isfinite(o->rpo_alpha))
+        return loom_errf(err, "config key 'finetune.rpo_alpha' = %g (%s): expected a number >= 0",
+                         o->rpo_alpha, loom_config_origin(c, "finetune.rpo_alpha"));
+    if (o->rpo_alpha > 0 && o->method != LOOM_PREF_DPO)
+        return loom_errf(err, "config key 'finetune.rpo_alpha' = %g (%s): the NLL term of RPO is "
+                              "DPO's (finetune.method dpo); ORPO has its own, SimPO none",
+                         o->rpo_alpha, loom_config_origin(c, "finetune.rpo_alpha"));
     if (!(o->beta > 0) || !isfinite(o->beta))
         return loom_errf(err, "config key 'finetune.beta' = %g (%s): expected a positive number",
                          o->beta, loom_config_origin(c, "finetune.beta"));
@@ -218,6 +226,8 @@ void loom_trainer_pref_write(const trainer *t, loom_metrics *mx) {
     loom_metrics_real(mx, "rewards/accuracies", p->accuracies / n);
     loom_metrics_real(mx, "logps/chosen", p->logps_chosen / n);
     loom_metrics_real(mx, "logps/rejected", p->logps_rejected / n);
+    if (t->pref.method == LOOM_PREF_DPO && t->pref.rpo_alpha > 0)
+        loom_metrics_real(mx, "nll_loss", p->nll_loss / n);
     if (t->pref.method == LOOM_PREF_ORPO) {
         loom_metrics_real(mx, "nll_loss", p->nll_loss / n);
         loom_metrics_real(mx, "log_odds_ratio", p->log_odds_ratio / n);
