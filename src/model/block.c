@@ -305,22 +305,84 @@ static void qknorm_forward(loom_model *m, block_frame *f, int l, const block_op 
 
 static void op_forward_bf16(loom_model *m, block_frame *f, int l, const block_op *op);
 
+void model_wmat_forward(const loom_model *m, const block_frame *f, const model_wmat *w,
+                        void *out, const void *in, int in_dt, const float *b, int64_t N, int IC,
+                        int OC, int out_f32) {
+    const loom_backend *be = m->be;
+    if (in_dt == LOOM_DT_BF16) { /* training.precision bf16: bf16 rows x the bf16 copy */
+        LOOM_CHECK(w->fmt == LOOM_WF_BF16);
+        if (out_f32) be->bf16_matmul_forward_f32(out, in, w->w, b, N, IC, OC);
+        else be->bf16_matmul_forward(out, in, w->w, b, N, IC, OC);
+        return;
+    }
+    LOOM_CHECK(in_dt == LOOM_DT_F32 && out_f32);
+    switch (w->fmt) {
+    case LOOM_WF_F32: be->matmul_forward(out, in, w->w, b, N, IC, OC); break;
+    case LOOM_WF_BF16: /* widened exactly, computed as in fp32 */
+        be->matmul_bf16_forward(out, in, w->w, b, N, IC, OC);
+        break;
+    case LOOM_WF_BF16P: /* the rows rounded to bf16, then bf16 x bf16 */
+        LOOM_CHECK(f->xbf16 != NULL);
+        be->bf16_round(f->xbf16, in, N, IC);
+        be->matmul_dotbf16_forward(out, f->xbf16, w->w, b, N, IC, OC);
+        break;
+    case LOOM_WF_Q8_0: /* the rows quantized to Q8_0, then Q8_0 x Q8_0 */
+        LOOM_CHECK(f->xq8 != NULL && f->xq8d != NULL);
+        be->q8_quantize(f->xq8, f->xq8d, in, N, IC);
+        be->matmul_q8_forward(out, f->xq8, f->xq8d, w->w, w->scales, b, N, IC, OC);
+        break;
+    case LOOM_WF_Q4_K: /* the rows quantized in blocks of 256, then x Q4_K */
+        LOOM_CHECK(f->xq8 != NULL && f->xq4d != NULL && f->xq4s != NULL);
+        be->q8k_quantize(f->xq8, f->xq4d, f->xq4s, in, N, IC);
+        be->matmul_q4k_forward(out, f->xq8, f->xq4d, f->xq4s, w->w, b, N, IC, OC);
+        break;
+    default: loom_panic(__FILE__, __LINE__, "stored weight format %d", w->fmt);
+    }
+}
+
+void model_wmat_row(const loom_model *m, const model_wmat *w, float *dst, int OC, int IC,
+                    int r) {
+    const loom_backend *be = m->be;
+    LOOM_CHECK(r >= 0 && r < OC);
+    const size_t at = (size_t)r * (size_t)IC;
+    switch (w->fmt) {
+    case LOOM_WF_F32: be->mem_d2d(dst, (const float *)w->w + at, (size_t)IC * sizeof(float)); break;
+    case LOOM_WF_BF16: be->bf16_to_f32(dst, (const uint16_t *)w->w + at, IC); break;
+    case LOOM_WF_BF16P: be->dotbf16_unpack_row(dst, w->w, OC, IC, r); break;
+    case LOOM_WF_Q8_0:
+        be->q8_dequantize(dst, (const int8_t *)w->w + at, w->scales + at / LOOM_Q8_BLOCK, 1, IC);
+        break;
+    case LOOM_WF_Q4_K:
+        be->q4k_dequantize(dst, (const uint8_t *)w->w + at / LOOM_Q4K_BLOCK * LOOM_Q4K_BYTES, 1,
+                           IC);
+        break;
+    default: loom_panic(__FILE__, __LINE__, "stored weight format %d", w->fmt);
+    }
+}
+
+/* the inference copy's index of layer l's linear of tensor kind wk (by LoRA site) */
+static int wmat_site(int wk) {
+    return wk == LOOM_L_Q_W ? 0 : wk == LOOM_L_ATTN_PROJ_W ? 1
+           : wk == LOOM_L_FC_W || wk == LOOM_L_GATE_W ? 2 : 3;
+}
+
 void model_linear_forward(loom_model *m, const block_frame *f, int l, int wk, int bk, int64_t i,
                           void *out, const void *in, int64_t N, int IC, int OC, int out_f32) {
-    const loom_backend *be = m->be;
     const loom_tensor_info *tw = loom_model_layer_tensor(m, l, wk);
     const loom_tensor_info *tb = bk >= 0 ? loom_model_layer_tensor(m, l, bk) : NULL;
     const int64_t per = (int64_t)OC * IC;
     const float *b = tb ? pview(m, tb) + i * OC : NULL;
     LOOM_CHECK(tw != NULL);
-    (void)f;
-    if (m->bf16) {
-        const uint16_t *wb = bview(m, tw) + i * per;
-        if (out_f32) be->bf16_matmul_forward_f32(out, in, wb, b, N, IC, OC);
-        else be->bf16_matmul_forward(out, in, wb, b, N, IC, OC);
-        return;
-    }
-    be->matmul_forward(out, in, pview(m, tw) + i * per, b, N, IC, OC);
+    model_wmat w;
+    if (m->wmat) { /* inference weights (a dense fp32 model: model_infer_weights_check) */
+        LOOM_CHECK(i == 0 && !m->bf16);
+        w = m->wmat[4 * l + wmat_site(wk)];
+    } else if (m->bf16)
+        w = (model_wmat){LOOM_WF_BF16, bview(m, tw) + i * per, NULL};
+    else
+        w = (model_wmat){LOOM_WF_F32, pview(m, tw) + i * per, NULL};
+    model_wmat_forward(m, f, &w, out, in, m->bf16 ? LOOM_DT_BF16 : LOOM_DT_F32, b, N, IC, OC,
+                       m->bf16 ? out_f32 : 1);
 }
 
 void model_linear_backward(loom_model *m, const block_frame *f, int l, int wk, int bk,
@@ -396,41 +458,6 @@ static void op_forward(loom_model *m, block_frame *f, int l, const block_op *op)
     case OP_POINT: point2(m, f, op, 0, l); break;
     case OP_LINEAR: {
         const int bias_here = !op->row_parallel || m->lay.tp_rank == 0;
-        if (m->cbf16) { /* --compute bf16 (weights_bf16.c): the rows rounded, then bf16 x bf16 */
-            const int IC = width(m, op->iw);
-            LOOM_CHECK(f->xbf16 != NULL);
-            be->bf16_round(f->xbf16, s[op->in], N, IC);
-            be->matmul_dotbf16_forward(s[op->out], f->xbf16,
-                                       m->wbf16_lin[4 * l + lora_site(op->w)],
-                                       bias_here ? param(m, op->b, l) : NULL, N, IC,
-                                       width(m, op->ow));
-            break;
-        }
-        if (m->wq4 && m->wq4[4 * l + lora_site(op->w)]) { /* --weights int4: Q4_K */
-            const int IC = width(m, op->iw);
-            LOOM_CHECK(f->xq8 != NULL && f->xq4d != NULL && f->xq4s != NULL);
-            be->q8k_quantize(f->xq8, f->xq4d, f->xq4s, s[op->in], N, IC);
-            be->matmul_q4k_forward(s[op->out], f->xq8, f->xq4d, f->xq4s,
-                                   m->wq4[4 * l + lora_site(op->w)],
-                                   bias_here ? param(m, op->b, l) : NULL, N, IC, width(m, op->ow));
-            break;
-        }
-        if (m->wq8) { /* --weights int8 (weights_q8.c): the rows quantized, then Q8_0 x Q8_0 */
-            const int IC = width(m, op->iw), site = lora_site(op->w);
-            LOOM_CHECK(f->xq8 != NULL && f->xq8d != NULL);
-            be->q8_quantize(f->xq8, f->xq8d, s[op->in], N, IC);
-            be->matmul_q8_forward(s[op->out], f->xq8, f->xq8d, m->wq8_q[4 * l + site],
-                                  m->wq8_d[4 * l + site], bias_here ? param(m, op->b, l) : NULL,
-                                  N, IC, width(m, op->ow));
-            break;
-        }
-        if (m->wbf16) { /* --weights bf16 (weights_bf16.c) */
-            be->matmul_bf16_forward(s[op->out], s[op->in],
-                                    m->wbf16_lin[4 * l + lora_site(op->w)],
-                                    bias_here ? param(m, op->b, l) : NULL, N, width(m, op->iw),
-                                    width(m, op->ow));
-            break;
-        }
         model_linear_forward(m, f, l, param_kind(m, op->w), bias_here ? op->b : -1, 0,
                              s[op->out], s[op->in], N, width(m, op->iw), width(m, op->ow), 0);
         if (m->lora)

@@ -96,7 +96,7 @@ int loom_kv_cache_len(const loom_kv_cache *c) { return c->len; }
 size_t loom_kv_cache_bytes(const loom_kv_cache *c) { return 2 * c->floats * sizeof(float); }
 
 const float *loom_model_decode(loom_model *m, loom_kv_cache *kc, int32_t token) {
-    LOOM_CHECK(m->wbf16 == NULL && m->wq8 == NULL); /* bf16 / int8 weights: the batched decode only */
+    LOOM_CHECK(m->wmat == NULL); /* inference weights: the batched decode only */
     const loom_model_config *c = &m->cfg;
     const int C = c->d_model, V = c->vocab_size;
     const int pos = kc->len;

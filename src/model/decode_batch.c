@@ -14,7 +14,6 @@
 #include <string.h>
 
 #include "loom/backend.h"
-#include "loom/bf16.h"
 #include "model/model_internal.h"
 
 struct loom_decode_ws {
@@ -106,16 +105,17 @@ loom_decode_ws *loom_decode_ws_create(const loom_model *m, int max_rows, int max
     w->seg = loom_calloc((size_t)max_rows, sizeof *w->seg);
     const int64_t wide = C > m->H * m->D ? (C > m->F ? C : m->F)
                                          : (m->H * m->D > m->F ? m->H * m->D : m->F);
-    if (m->wq8) { /* --weights int8: the quantized input rows of a linear, or of the head */
+    if (m->wopt == LOOM_WF_Q8_0 || m->wopt == LOOM_WF_Q4_K) {
+        /* --weights int8 / int4: the quantized input rows of a linear, or of the head */
         w->xq8_n = (size_t)(R > K ? R : K) * (size_t)wide;
         w->xq8 = be->mem_alloc(w->xq8_n, 0);
         w->xq8d = be->mem_alloc(w->xq8_n / 32 * sizeof(uint16_t) + 64, 0);
-        if (m->wq4) { /* --weights int4: the Q4_K linears' input scales and sums */
+        if (m->wopt == LOOM_WF_Q4_K) { /* --weights int4: the Q4_K linears' input scales and sums */
             w->xq4d = be->mem_alloc(w->xq8_n / LOOM_Q4K_BLOCK * sizeof(float) + 64, 0);
             w->xq4s = be->mem_alloc(w->xq8_n / 32 * sizeof(int16_t) + 64, 0);
         }
     }
-    if (m->cbf16) { /* --compute bf16: the rounded input rows of a linear, or of the head */
+    if (m->wopt == LOOM_WF_BF16P) { /* --compute bf16: the rounded input rows of a linear or the head */
         w->xbf_n = (size_t)m->be->dotbf16_act_elems((int)(R > K ? R : K), (int)wide);
         w->xbf = be->mem_alloc(w->xbf_n * sizeof(uint16_t), 0);
     }
@@ -185,38 +185,25 @@ const float *loom_model_decode_batch(loom_model *m, loom_decode_ws *w, const int
     }
     for (int r = 0; r < rows; r++) LOOM_CHECK(tokens[r] >= 0 && tokens[r] < V);
     m->be->mem_h2d(w->tok, tokens, (size_t)rows * sizeof(int32_t)); /* the host's token ids */
-    LOOM_CHECK(!m->cbf16 || w->xbf); /* the workspace predates loom_model_set_compute_bf16 */
-    LOOM_CHECK(!m->wq8 || w->xq8);   /* ... or loom_model_set_weights_int8 */
-    /* the tied wte is the head, in bf16 or in int8 */
-    const int emb_bf16 = (m->wbf16 || m->wq8) && c->arch.tied;
-    for (int i = 0; i < nseg && emb_bf16; i++) { /* what embedding_forward does, widening wte */
+    /* the workspace predates loom_model_set_compute_bf16 / _weights_int8 / _int4 */
+    LOOM_CHECK(m->wopt != LOOM_WF_BF16P || w->xbf);
+    LOOM_CHECK((m->wopt != LOOM_WF_Q8_0 && m->wopt != LOOM_WF_Q4_K) || w->xq8);
+    LOOM_CHECK(m->wopt != LOOM_WF_Q4_K || w->xq4d);
+    /* the tied wte is the head: with inference weights its rows are the stored head's */
+    const int emb_stored = m->wmat && c->arch.tied;
+    for (int i = 0; i < nseg && emb_stored; i++) { /* what embedding_forward does */
         const float *wpe = PARAM(m, LOOM_P_WPE); /* NULL with RoPE */
-        for (int t = 0; t < segs[i].n; t++) {
-            const int r = w->seg[i].row0 + t;
-            const float *p = wpe ? wpe + (int64_t)(segs[i].pos0 + t) * C : NULL;
-            float *y = w->res[0] + (int64_t)r * C;
-            if (m->wq8) { /* the head's row in Q8_0, dequantized */
-                m->be->q8_dequantize(y, m->wq8_head_q + (int64_t)tokens[r] * C,
-                                   m->wq8_head_d + (int64_t)tokens[r] * (C / LOOM_Q8_BLOCK), 1, C);
-                for (int j = 0; j < C && p; j++) y[j] += p[j];
-                continue;
-            }
-            if (m->cbf16) { /* the head in the backend's packed layout */
-                m->be->dotbf16_unpack_row(y, m->wbf16_head, V, C, tokens[r]);
-                for (int j = 0; j < C && p; j++) y[j] += p[j];
-                continue;
-            }
-            const uint16_t *e = m->wbf16_head + (int64_t)tokens[r] * C;
-            if (p)
-                for (int j = 0; j < C; j++) y[j] = loom_bf16_widen(e[j]) + p[j];
-            else
-                for (int j = 0; j < C; j++) y[j] = loom_bf16_widen(e[j]);
-        }
+        float *y = w->res[0] + (int64_t)w->seg[i].row0 * C;
+        for (int t = 0; t < segs[i].n; t++)
+            model_wmat_row(m, &m->wmat[4 * c->n_layer], y + (int64_t)t * C, V, C,
+                           tokens[w->seg[i].row0 + t]);
+        if (wpe) /* the segment's positions are consecutive: their rows of wpe are too */
+            m->be->residual_forward(y, y, wpe + (int64_t)segs[i].pos0 * C,
+                                    (int64_t)segs[i].n * C);
         if (c->arch.embed_scale) /* as model_embed_rows (RoPE only: no wpe) */
-            m->be->scale_inplace(w->res[0] + (int64_t)w->seg[i].row0 * C,
-                                 (int64_t)segs[i].n * C, EMBED_SCALE(m));
+            m->be->scale_inplace(y, (int64_t)segs[i].n * C, EMBED_SCALE(m));
     }
-    for (int i = 0; i < nseg && !emb_bf16; i++)
+    for (int i = 0; i < nseg && !emb_stored; i++)
         model_embed_rows(m, 0, w->res[0] + (int64_t)w->seg[i].row0 * C, w->tok + w->seg[i].row0,
                          1, segs[i].n, segs[i].pos0);
     /* vocab-parallel (tp > 1): each view's rows of wte gave a partial sum */
@@ -265,18 +252,10 @@ const float *loom_model_decode_batch(loom_model *m, loom_decode_ws *w, const int
                    PARAM(m, LOOM_P_LNF_B), k);
     const float *head = HEAD_W(m);
     const int tp = m->lay.tp;
-    if (tp == 1) {
-        if (m->wq8) { /* --weights int8 (weights_q8.c): the final norm's rows quantized */
-            m->be->q8_quantize(w->xq8, w->xq8d, w->lastn, k, C);
-            m->be->matmul_q8_forward(w->logits, w->xq8, w->xq8d, m->wq8_head_q, m->wq8_head_d,
-                                     NULL, k, C, V);
-        } else if (m->cbf16) { /* --compute bf16: the final norm's rows rounded, bf16 x bf16 */
-            m->be->bf16_round(w->xbf, w->lastn, k, C);
-            m->be->matmul_dotbf16_forward(w->logits, w->xbf, m->wbf16_head, NULL, k, C, V);
-        } else if (m->wbf16) /* --weights bf16 (weights_bf16.c; tp = 1 only) */
-            m->be->matmul_bf16_forward(w->logits, w->lastn, m->wbf16_head, NULL, k, C, V);
-        else
-            m->be->matmul_forward(w->logits, w->lastn, head, NULL, k, C, V);
+    if (tp == 1) { /* the stored head (inference weights), or the fp32 parameters' */
+        const model_wmat hw = m->wmat ? m->wmat[4 * c->n_layer]
+                                      : (model_wmat){LOOM_WF_F32, head, NULL};
+        model_wmat_forward(m, &f, &hw, w->logits, w->lastn, LOOM_DT_F32, NULL, k, C, V, 1);
         model_softcap(m, w->logits, (int64_t)k * V);
         return ws_logits(m, w, k);
     }

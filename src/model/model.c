@@ -563,15 +563,11 @@ void loom_model_free(loom_model *m) {
     const loom_backend *be = m->be;
     be->mem_free(m->params);
     be->mem_free(m->grads);
-    free(m->wbf16); /* (host memory: the inference weight copies are not converted yet) */
+    be->mem_free(m->warena); /* the inference weights' stored matrices */
+    free(m->wmat);
     be->mem_free(m->wb);
     free(m->wb_stale);
     free(m->wbase);
-    free(m->wbf16_lin);
-    free(m->wq8);
-    free(m->wq8_q);
-    free(m->wq8_d);
-    free(m->wq4);
     loom_acts_free(m->acts);
     be->mem_free(m->rope_cos);
     be->mem_free(m->rope_sin);

@@ -368,8 +368,7 @@ static float vocab_parallel_loss(loom_model *m, loom_acts *a, const int32_t *tar
 float loom_model_forward_acts(loom_model *m, loom_acts *a, const int32_t *inputs,
                               const int32_t *targets, int B, int T) {
     LOOM_CHECK(B > 0 && B <= a->maxB && T > 0 && T <= a->maxT);
-    LOOM_CHECK(m->wbf16 == NULL); /* bf16 weights: the batched decode only (weights_bf16.c) */
-    LOOM_CHECK(m->wq8 == NULL);   /* int8 weights: the same (weights_q8.c) */
+    LOOM_CHECK(m->wmat == NULL); /* inference weights: the batched decode only (weights_*.c) */
     const loom_model_config *c = &m->cfg;
     const int C = c->d_model, V = c->vocab_size;
     const int64_t BT = (int64_t)B * T;

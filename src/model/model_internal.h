@@ -194,6 +194,21 @@ void model_linear_forward(loom_model *m, const block_frame *f, int l, int wk, in
 void model_linear_backward(loom_model *m, const block_frame *f, int l, int wk, int bk,
                            int64_t i, float *din, int din_set, int no_wgrad, const float *dout,
                            const void *in, int64_t N, int IC, int OC);
+/* out (N,OC) = in (N,IC) W^T + b (b NULL: none) for a stored matrix w (model_wmat, below) of
+ * any format: the one place that picks a matmul from the weight's format and the input's
+ * dtype. in_dt LOOM_DT_BF16 (training.precision bf16) takes a bf16 matrix, the output bf16
+ * (out_f32 = 0) or fp32; fp32 rows (LOOM_DT_F32) take every format, the output fp32: the
+ * inference formats first round (bf16 packed) or quantize (Q8_0, Q4_K) the rows into f's
+ * scratch (xbf16; xq8 and xq8d; xq8, xq4d and xq4s). */
+struct model_wmat;
+void model_wmat_forward(const loom_model *m, const block_frame *f, const struct model_wmat *w,
+                        void *out, const void *in, int in_dt, const float *b, int64_t N, int IC,
+                        int OC, int out_f32);
+/* row r of a stored (OC, IC) matrix in fp32 (widened or dequantized: exactly the value the
+ * matmuls multiply by, as fp32) into dst (IC floats of device memory): the tied head's
+ * embedding rows */
+void model_wmat_row(const loom_model *m, const struct model_wmat *w, float *dst, int OC, int IC,
+                    int r);
 /* What model.recompute drops, recomputed for one layer before its backward: full = the whole
  * forward again, selective = the norms, the activation and attention. */
 void block_recompute(loom_model *m, block_frame *f, int layer);
@@ -208,6 +223,20 @@ void lora_linear_forward(loom_model *m, const block_frame *f, int layer, int sit
                          const void *in, int64_t ow);
 void lora_linear_backward(loom_model *m, const block_frame *f, int layer, int site, float *din,
                           const float *dout, const void *in, int64_t ow);
+
+/* ---- stored weight matrices (docs/engine.md "Dtypes") ------------------------------------
+ * How a linear's (OC, IC) weight matrix is held: fp32 (the parameter arena), bf16 (uint16_t
+ * (OC, IC): training.precision bf16's copy, or --weights bf16's), bf16 in the backend's packed
+ * layout for its bf16 x bf16 kernel (dotbf16_pack: --compute bf16), GGUF's Q8_0 (int8 values
+ * (OC, IC), then fp16 scales (OC, IC/32): --weights int8) or Q4_K (blocks (OC, IC/256) of 144
+ * bytes: --weights int4's linears of input width a multiple of 256). model_wmat_forward picks
+ * the matmul from the format and the input rows' dtype; model_wmat_row reads a row back. */
+enum { LOOM_WF_F32 = 0, LOOM_WF_BF16, LOOM_WF_BF16P, LOOM_WF_Q8_0, LOOM_WF_Q4_K };
+typedef struct model_wmat {
+    int fmt;              /* LOOM_WF_* */
+    const void *w;        /* the matrix (float, uint16_t, int8_t values or Q4_K blocks) */
+    const uint16_t *scales; /* Q8_0's fp16 scales; NULL otherwise */
+} model_wmat;
 
 struct loom_model {
     loom_model_config cfg;
@@ -257,29 +286,16 @@ struct loom_model {
     double *moe_dstats;   /* device: (MoE layers, E + 5) routing statistics (moe_route's) */
     double *moe_hstats;   /* host: their read (loom_model_moe_stats) */
     float *rope_cos;      /* (maxT, D/2) */
-    /* --weights bf16 (weights_bf16.c): NULL, or the arena of the bf16 copies of the linears'
-     * weights, (L, 4) of them by LoRA site (0 q|k|v, 1 attn_proj, 2 fc1, 3 fc_proj), and the
-     * head's; their fp32 pages are released */
-    uint16_t *wbf16;
-    const uint16_t **wbf16_lin;
-    const uint16_t *wbf16_head;
-    size_t wbf16_bytes;
-    /* --compute bf16 (weights_bf16.c): the bf16 matrices above are in the backend's packed
-     * layout (dotbf16_pack), and the linears (and the head) round their input rows to bf16
-     * and multiply them with those (backend matmul_dotbf16_forward) */
-    int cbf16;
-    /* --weights int8 (weights_q8.c): NULL, or the arena of the Q8_0 copies of the same
-     * matrices (kernels.h q8_quantize_rows: values, then fp16 scales), (L, 4) by LoRA site and
-     * the head's; their fp32 pages are released */
-    void *wq8;
-    const int8_t **wq8_q;
-    const uint16_t **wq8_d;
-    const int8_t *wq8_head_q;
-    const uint16_t *wq8_head_d;
-    size_t wq8_bytes;
-    /* --weights int4 (weights_q8.c): NULL, or (L, 4) by LoRA site the matrices held in Q4_K
-     * blocks (kernels.h q4k_quantize_rows) in the arena above, NULL where a site is Q8_0 */
-    const uint8_t **wq4;
+    /* inference weights (--weights bf16 | int8 | int4, --compute bf16: weights_bf16.c,
+     * weights_q8.c): the option that set them (LOOM_WF_F32: none; LOOM_WF_BF16 --weights bf16,
+     * LOOM_WF_BF16P --compute bf16, LOOM_WF_Q8_0 --weights int8, LOOM_WF_Q4_K --weights int4),
+     * the stored matrices (NULL: none), 4 per layer by LoRA site (0 q|k|v, 1 attn_proj, 2 fc
+     * or gate|up, 3 fc_proj) then the head's, in one streamed arena of the backend's
+     * (mem_alloc LOOM_MEM_STREAMED, warena_bytes); their fp32 pages are released */
+    int wopt;
+    model_wmat *wmat;     /* (L*4 + 1) */
+    void *warena;
+    size_t warena_bytes;
     float *rope_sin;
     float *h_next;        /* (V) host: loom_model_next_logits' row read back */
     /* training.precision bf16 (block.c, model_forward.c; docs/engine.md "Dtypes"): the bf16
@@ -380,11 +396,8 @@ void model_embed_rows(loom_model *m, int bwd, float *x, const int32_t *inputs, i
 void model_softcap(const loom_model *m, float *logits, int64_t n);
 /* A point of the vocab-parallel embedding and head (tp > 1 only; nothing without points). */
 void model_vocab_point(loom_model *m, int point, int dir, int site, float *buf, int64_t n);
-/* inference weights (weights_bf16.c, weights_q8.c): what bf16 / int8 weights need of the model
- * (what: the option, for the message); the whole pages inside n floats at src handed back to
- * the kernel; n bytes for matrices streamed every step (2 MiB aligned, huge pages asked for) */
+/* inference weights (weights_bf16.c, weights_q8.c): what bf16 / int8 / int4 weights need of
+ * the model (what: the option, for the message) */
 int model_infer_weights_check(const loom_model *m, const char *what, loom_err *err);
-void model_release_pages(const float *src, size_t n);
-void *model_alloc_streamed(size_t n);
 
 #endif
