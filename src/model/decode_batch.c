@@ -250,11 +250,11 @@ const float *loom_model_decode_batch(loom_model *m, loom_decode_ws *w, const int
     if (k == 0) return w->logits; /* (no rows: nothing to read) */
     model_norm_fwd(m, w->lastn, w->mean, w->rstd, w->last, PARAM(m, LOOM_P_LNF_W),
                    PARAM(m, LOOM_P_LNF_B), k);
-    const float *head = HEAD_W(m);
+    /* the head: its stored matrix (inference weights: tp = 1), or the view's fp32 rows */
+    const model_wmat hw = m->wmat ? m->wmat[4 * c->n_layer]
+                                  : (model_wmat){LOOM_WF_F32, HEAD_W(m), NULL};
     const int tp = m->lay.tp;
-    if (tp == 1) { /* the stored head (inference weights), or the fp32 parameters' */
-        const model_wmat hw = m->wmat ? m->wmat[4 * c->n_layer]
-                                      : (model_wmat){LOOM_WF_F32, head, NULL};
+    if (tp == 1) {
         model_wmat_forward(m, &f, &hw, w->logits, w->lastn, LOOM_DT_F32, NULL, k, C, V, 1);
         model_softcap(m, w->logits, (int64_t)k * V);
         return ws_logits(m, w, k);
@@ -262,7 +262,7 @@ const float *loom_model_decode_batch(loom_model *m, loom_decode_ws *w, const int
     /* the head is column-parallel over the vocabulary: this view's Vl logits of each row,
      * padded to Vp, gathered from every view, and put in place in the whole rows */
     model_vocab_point(m, LOOM_CP_COL_IN, 0, LOOM_SITE_HEAD, w->lastn, (int64_t)k * C);
-    m->be->matmul_forward(w->vhead, w->lastn, head, NULL, k, C, m->Vl);
+    model_wmat_forward(m, &f, &hw, w->vhead, w->lastn, LOOM_DT_F32, NULL, k, C, m->Vl, 1);
     const int Vp = (V + tp - 1) / tp;
     m->be->mem_d2d_rows(w->vsend, (size_t)Vp * sizeof(float), w->vhead,
                         (size_t)m->Vl * sizeof(float), (size_t)m->Vl * sizeof(float), (size_t)k);
