@@ -424,9 +424,11 @@ typedef struct loom_comm_points {
      * (reduce-scatter). ROW_OUT forward: in = the whole partial sums, out = the shard
      * (reduce-scatter); backward: in = the shard's gradient, out = the whole (all-gather).
      * Backward also asks for a COL_IN forward again (the shard re-gathered for the linear's
-     * weight gradient). */
-    void (*move)(void *ctx, int point, int dir, int layer, int site, const float *in,
-                 int64_t n_in, float *out, int64_t n_out);
+     * weight gradient). n_in, n_out count elements of elem bytes: 4, fp32 (every move), or 2,
+     * bf16 bits (training.precision bf16: the gathers of COL_IN forward, the normed rows, moved
+     * and never summed; reduce-scatters always take fp32). */
+    void (*move)(void *ctx, int point, int dir, int layer, int site, const void *in,
+                 int64_t n_in, void *out, int64_t n_out, size_t elem);
 } loom_comm_points;
 /* 1 when tensor t's gradient is a partial sum over the tp group that the caller must reduce
  * (sequence parallelism: the norms' weights see only the view's rows; q/k norm weights with

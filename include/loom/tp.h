@@ -38,9 +38,11 @@ void loom_tp_point(void *ctx, int point, int dir, int layer, int site, float *bu
  * and ROW_OUT backward all-gather the tp ranks' row shards (in, n_in) into the whole rows
  * (out, n_out = tp * n_in); COL_IN backward and ROW_OUT forward reduce-scatter the whole rows'
  * partial sums into this rank's shard. Same bytes as the all-reduce they replace. Decoding's
- * VOCAB_GATHER (forward) all-gathers the views' padded logits the same way. */
-void loom_tp_move(void *ctx, int point, int dir, int layer, int site, const float *in,
-                  int64_t n_in, float *out, int64_t n_out);
+ * VOCAB_GATHER (forward) all-gathers the views' padded logits the same way. elem: the
+ * elements' bytes, 4 (fp32) or 2 (bf16 bits, gathers only: a bf16 reduce-scatter stops the
+ * run; bf16 partial sums are reduced in fp32). */
+void loom_tp_move(void *ctx, int point, int dir, int layer, int site, const void *in,
+                  int64_t n_in, void *out, int64_t n_out, size_t elem);
 /* {tp, loom_tp_point, loom_tp_move}: what loom_model_set_comm_points takes. */
 loom_comm_points loom_tp_comm_points(loom_tp *tp);
 

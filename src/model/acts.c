@@ -112,10 +112,12 @@ static size_t layout_acts(const loom_model *m, struct loom_acts *a, float *base,
     TAKE(a ? &a->lnf : &dummy, words(hd * BTs * C, dt_act));
     TAKE(a ? &a->lnf_mean : &dummy, m->cfg.arch.norm == LOOM_NORM_LAYER ? hd * BTs : 0);
     TAKE(a ? &a->lnf_rstd : &dummy, hd * BTs);
-    if (sp) { /* whole-row scratch; without sequence parallelism these are the shard buffers */
-        TAKE(a ? &a->sp_gather : &dummy, BT * C);
-        TAKE(a ? &a->sp_partial : &dummy, BT * C);
-        TAKE(a ? &a->lnf_full : &dummy, hd * BT * C);
+    if (sp) { /* whole-row scratch; without sequence parallelism these are the shard buffers.
+               * bf16: the gathered normed rows are bf16, the row-parallel partial sums rowp's
+               * (below), reduce-scattered into an fp32 shard here before they are rounded */
+        TAKE(a ? &a->sp_gather : &dummy, words(BT * C, dt_act));
+        TAKE(a ? &a->sp_partial : &dummy, m->bf16 ? BTs * C : BT * C);
+        TAKE(a ? &a->lnf_full : &dummy, words(hd * BT * C, dt_act));
     }
     const int64_t chunk = hd ? acts_chunk(m, B, T, stacked) : 0;
     if (a) a->chunk = chunk;
@@ -137,18 +139,25 @@ static size_t layout_acts(const loom_model *m, struct loom_acts *a, float *base,
     }
     const int bf16_own = m->cfg.arch.qk_norm != LOOM_QK_NORM_NONE || has_post(m);
     if (stacked && m->bf16 && !bf16_own) {
-        /* bf16 (no sp, q/k or post-norms: those take the fp32 layout below) shares the fp32
+        /* bf16 (no q/k or post-norms: those take the fp32 layout below) shares the fp32
          * gradient scratch between ops whose gradients are never alive together. A layer's
          * backward runs fc_proj (writes dfch_act), the activation (dfch), fc (dln), ln2,
          * attn_proj (datty), attention (dqkv), RoPE, qkv (dln), ln1: so datty shares dln's
          * buffer (dln is dead from ln2's backward to qkv's), dqkv the MLP's (dead after fc's),
-         * and GELU's gradient is formed in place over its output's (element-wise) */
+         * and GELU's gradient is formed in place over its output's (element-wise). Under
+         * sequence parallelism the linears' input gradient is the whole rows' dln_full
+         * (reduce-scattered into the shard's dln before the norm's backward): datty shares
+         * that one; dres and dln are the shard's rows, dres_full the gathered stream's */
         const int64_t HD = (int64_t)m->H * m->D, nln = BT * (HD > C ? HD : C);
         const int gelu = m->cfg.arch.mlp == LOOM_MLP_GELU;
         const int64_t qkv = slot_floats(m, S_QKV, B, T);
         const int64_t mlp = slot_floats(m, gelu ? S_FCH_ACT : S_FCH, B, T);
-        TAKE(a ? &a->dres : &dummy, BT * C);
-        TAKE(a ? &a->dln : &dummy, nln);
+        TAKE(a ? &a->dres : &dummy, BTs * C);
+        TAKE(a ? &a->dln : &dummy, sp ? BTs * C : nln);
+        if (sp) {
+            TAKE(a ? &a->dres_full : &dummy, BT * C);
+            TAKE(a ? &a->dln_full : &dummy, nln);
+        }
         TAKE(a ? &a->dfch : &dummy, qkv > mlp ? qkv : mlp);
         TAKE(a ? &a->dfch_act : &dummy, gelu ? 0 : slot_floats(m, S_FCH_ACT, B, T));
         /* an MoE layer's own gradient scratch (its backward writes dln, reads dres only) */
@@ -157,7 +166,7 @@ static size_t layout_acts(const loom_model *m, struct loom_acts *a, float *base,
         if (a) {
             if (gelu) a->dfch_act = a->dfch;
             a->dqkv = a->dqkvr = a->dfch;
-            a->datty = a->dln;
+            a->datty = sp ? a->dln_full : a->dln;
             a->dpost = NULL; /* (no post-norms) */
             a->datt = NULL;  /* (flash) */
         }
@@ -301,7 +310,9 @@ void acts_frame(const loom_model *m, const loom_acts *a, int l, int B, int T, bl
     f->T = T;
     if (m->lay.sp) { /* whole-row scratch shared by the layers (else aliases of the shards) */
         f->s[S_LN1G] = f->s[S_LN2G] = a->sp_gather;
-        f->s[S_RES2P] = f->s[S_RES3P] = a->sp_partial;
+        /* (bf16: the row-parallel linears write rowp, reduce-scattered into rowps) */
+        f->s[S_RES2P] = f->s[S_RES3P] = m->bf16 ? NULL : a->sp_partial;
+        f->rowps = m->bf16 ? a->sp_partial : NULL;
     } else {
         f->s[S_LN1G] = f->s[S_LN2G] = f->s[S_RES2P] = f->s[S_RES3P] = NULL;
     }

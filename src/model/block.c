@@ -112,7 +112,8 @@ static int64_t rows(const loom_model *m, const block_frame *f, int slot) {
 }
 
 /* A point between two slots: under sequence parallelism the move between the shard and the
- * whole rows (in, out in the direction of the data), else the point in place. */
+ * whole rows (in, out in the direction of the data), else the point in place. Gradients move
+ * as fp32, the forward's slots in their dtype (bf16 normed rows gathered as bf16). */
 static void point2(loom_model *m, block_frame *f, const block_op *op, int dir, int l) {
     const int C = m->cfg.d_model;
     float **b = dir ? f->g : f->s;
@@ -122,8 +123,19 @@ static void point2(loom_model *m, block_frame *f, const block_op *op, int dir, i
     }
     LOOM_CHECK(m->has_cp && m->cp.move);
     const int from = dir ? op->out : op->in, to = dir ? op->in : op->out;
+    LOOM_CHECK(dir || m->slot_dt[from] == m->slot_dt[to]);
+    const size_t es = dir ? sizeof(float) : loom_dt_size(m->slot_dt[from]);
     m->cp.move(m->cp.ctx, op->point, dir, l, op->site, b[from], rows(m, f, from) * C, b[to],
-               rows(m, f, to) * C);
+               rows(m, f, to) * C, es);
+}
+
+/* sequence parallelism: the whole rows of LN1 / LN2 are one scratch shared by the layers, so
+ * a linear's backward gathers this layer's shard into them again (its weight gradient) */
+static void regather(loom_model *m, block_frame *f, const block_op *op, int l) {
+    if (!m->lay.sp || (op->in != S_LN1G && op->in != S_LN2G)) return;
+    const block_op again = POINT2(LOOM_CP_COL_IN, op->in == S_LN1G ? S_LN1 : S_LN2, op->in,
+                                  op->in == S_LN1G ? LOOM_SITE_ATTN : LOOM_SITE_FFN);
+    point2(m, f, &again, 0, l);
 }
 
 /* Without sequence parallelism the whole-row slots are their shards (set at every walk: a
@@ -558,13 +570,7 @@ static void op_backward(loom_model *m, block_frame *f, int l, const block_op *op
     case OP_POINT: point2(m, f, op, 1, l); break;
     case OP_LINEAR: {
         const int iw = width(m, op->iw);
-        if (m->lay.sp && (op->in == S_LN1G || op->in == S_LN2G)) {
-            /* the whole rows are one scratch: gather this layer's shard again */
-            const block_op again = POINT2(LOOM_CP_COL_IN, op->in == S_LN1G ? S_LN1 : S_LN2,
-                                          op->in, op->in == S_LN1G ? LOOM_SITE_ATTN
-                                                                   : LOOM_SITE_FFN);
-            point2(m, f, &again, 0, l);
-        }
+        regather(m, f, op, l);
         /* g[in] is this op's alone (no other op adds to it): overwritten, not zeroed first;
          * with LoRA adapters the base weights are frozen: no gradient for them */
         model_linear_backward(m, f, l, param_kind(m, op->w), op->b, 0, g[op->in], 1,
@@ -664,21 +670,32 @@ static void op_forward_bf16(loom_model *m, block_frame *f, int l, const block_op
         if (!is_post_norm(op) && !has_pre(m)) break; /* norm_place post: out is in */
         uint16_t *out = SLOT_BF16(m, f, op->out);
         const uint16_t *in = SLOT_BF16(m, f, op->in);
+        const int64_t n = rows(m, f, op->in); /* (the shard's under sequence parallelism) */
         if (m->cfg.arch.norm == LOOM_NORM_LAYER)
             be->bf16_layernorm_forward(out, SLOT_F32(m, f, op->aux0), SLOT_F32(m, f, op->aux1),
-                                       in, param(m, op->w, l), param(m, op->b, l), N, C,
+                                       in, param(m, op->w, l), param(m, op->b, l), n, C,
                                        m->cfg.norm_eps);
         else
-            be->bf16_rmsnorm_forward(out, SLOT_F32(m, f, op->aux1), in, param(m, op->w, l), N,
+            be->bf16_rmsnorm_forward(out, SLOT_F32(m, f, op->aux1), in, param(m, op->w, l), n,
                                      C, m->cfg.norm_eps);
         break;
     }
     case OP_POINT:
         if (m->lay.tp > 1 && op->point == LOOM_CP_ROW_OUT) {
-            /* the row-parallel partial sums reduced in fp32, then rounded once */
-            LOOM_CHECK(f->rowp != NULL && !m->lay.sp);
-            point(m, op->point, 0, l, op->site, f->rowp, N * C);
-            be->bf16_from_f32(SLOT_BF16(m, f, op->out), f->rowp, N * C);
+            /* the row-parallel partial sums reduced in fp32 (under sequence parallelism
+             * reduce-scattered into the shard's fp32 rows), then rounded once */
+            const int64_t n = rows(m, f, op->out);
+            float *sum = f->rowp;
+            LOOM_CHECK(f->rowp != NULL);
+            if (m->lay.sp) {
+                LOOM_CHECK(f->rowps != NULL && m->has_cp && m->cp.move);
+                m->cp.move(m->cp.ctx, op->point, 0, l, op->site, f->rowp, N * C, f->rowps,
+                           n * C, sizeof(float));
+                sum = f->rowps;
+            } else {
+                point(m, op->point, 0, l, op->site, f->rowp, N * C);
+            }
+            be->bf16_from_f32(SLOT_BF16(m, f, op->out), sum, n * C);
             break;
         }
         point2(m, f, op, 0, l);
@@ -732,7 +749,7 @@ static void op_forward_bf16(loom_model *m, block_frame *f, int l, const block_op
         break;
     case OP_RESIDUAL: {
         uint16_t *out = SLOT_BF16(m, f, op->out);
-        be->bf16_residual_forward(out, out, SLOT_BF16(m, f, op->in), N * C);
+        be->bf16_residual_forward(out, out, SLOT_BF16(m, f, op->in), rows(m, f, op->in) * C);
         break;
     }
     case OP_MOE: /* bf16 rows in and out (moe.c: fp32 router, bf16 experts) */
@@ -751,24 +768,28 @@ static void op_backward_bf16(loom_model *m, block_frame *f, int l, const block_o
     float **g = f->g;
     const loom_backend *be = m->be;
     switch (op->kind) {
-    case OP_NORM: /* accumulates into the residual stream's gradient */
+    case OP_NORM: { /* accumulates into the residual stream's gradient (the shard's rows under
+                     * sequence parallelism) */
+        const int64_t n = rows(m, f, op->in);
         if (!is_post_norm(op) && !has_pre(m)) { /* absent: out was in, its gradient adds */
-            be->residual_forward(g[op->in], g[op->in], g[op->out], N * C);
+            be->residual_forward(g[op->in], g[op->in], g[op->out], n * C);
             break;
         }
         if (is_post_norm(op)) /* in (S_ATTO, S_FFO) is the post-norm's alone: zeroed first */
-            be->mem_set(g[op->in], 0, (size_t)N * (size_t)C * sizeof(float));
+            be->mem_set(g[op->in], 0, (size_t)n * (size_t)C * sizeof(float));
         if (m->cfg.arch.norm == LOOM_NORM_LAYER)
             be->bf16_layernorm_backward(g[op->in], grad(m, op->w, l), grad(m, op->b, l),
                                         g[op->out], SLOT_BF16(m, f, op->in), param(m, op->w, l),
-                                        SLOT_F32(m, f, op->aux0), SLOT_F32(m, f, op->aux1), N, C);
+                                        SLOT_F32(m, f, op->aux0), SLOT_F32(m, f, op->aux1), n, C);
         else
             be->bf16_rmsnorm_backward(g[op->in], grad(m, op->w, l), g[op->out],
                                       SLOT_BF16(m, f, op->in), param(m, op->w, l),
-                                      SLOT_F32(m, f, op->aux1), N, C);
+                                      SLOT_F32(m, f, op->aux1), n, C);
         break;
+    }
     case OP_POINT: point2(m, f, op, 1, l); break;
     case OP_LINEAR: /* g[in] is this op's alone: set (LoRA: the base frozen, no wgrad) */
+        regather(m, f, op, l);
         model_linear_backward(m, f, l, param_kind(m, op->w), op->b, 0, g[op->in], 1,
                               m->lora != NULL, g[op->out], SLOT_BF16(m, f, op->in), N,
                               width(m, op->iw), width(m, op->ow));

@@ -271,7 +271,7 @@ const float *loom_model_decode_batch(loom_model *m, loom_decode_ws *w, const int
                        (size_t)(Vp - m->Vl) * sizeof(float));
     LOOM_CHECK(m->has_cp && m->cp.move); /* a tp view decodes with its group's points */
     m->cp.move(m->cp.ctx, LOOM_CP_VOCAB_GATHER, 0, -1, LOOM_SITE_HEAD, w->vsend, (int64_t)k * Vp,
-               w->vall, (int64_t)tp * k * Vp);
+               w->vall, (int64_t)tp * k * Vp, sizeof(float));
     for (int r = 0; r < tp; r++) { /* view r holds rows [v0, v0 + vl) (model.c's split) */
         const int q = V / tp, rem = V % tp;
         const int vl = q + (r < rem), v0 = r * q + (r < rem ? r : rem);

@@ -227,12 +227,11 @@ static int check_layout(const loom_model_config *c, const loom_model_layout *in,
     if (out->precision != LOOM_PREC_FP32 && out->precision != LOOM_PREC_BF16)
         return loom_errf(err, "training.precision: unknown precision %d", out->precision);
     if (out->precision == LOOM_PREC_BF16) { /* what bf16 does not cover yet (docs/training.md) */
-        const char *key = out->sp ? "parallel.sp"
-                          : c->attention != LOOM_ATTN_FLASH ? "model.attention"
-                                           : NULL;
+        const char *key = c->attention != LOOM_ATTN_FLASH ? "model.attention" : NULL;
         if (key)
             return loom_errf(err, "training.precision = bf16 does not support %s as configured "
-                                  "yet (bf16 covers one process, data, tensor, pipeline, "
+                                  "yet (bf16 covers one process, data, tensor (with or without "
+                                  "sequence parallelism), pipeline, "
                                   "context and expert parallelism, decoders dense or MoE with "
                                   "every norm placement, q/k norms, the embedding scale, final "
                                   "soft-capping and document masks, flash attention, the lm "

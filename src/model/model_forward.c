@@ -318,17 +318,18 @@ void model_vocab_point(loom_model *m, int point, int dir, int site, float *buf, 
 }
 
 /* The embedding's ROW_OUT and the head's COL_IN: under sequence parallelism the move between
- * the whole rows and this view's shard (in -> out), else the vocab-parallel point in place
- * (in and out are then one buffer). */
+ * the whole rows and this view's shard (in -> out; elements of es bytes: fp32, or the bf16
+ * normed rows the head's COL_IN gathers), else the vocab-parallel point in place (in and out
+ * are then one buffer). */
 static void shard_point(loom_model *m, int point, int dir, int site, float *in, int64_t n_in,
-                        float *out, int64_t n_out) {
+                        float *out, int64_t n_out, size_t es) {
     if (!m->lay.sp) {
         LOOM_CHECK(in == out);
         model_vocab_point(m, point, dir, site, out, n_out);
         return;
     }
     LOOM_CHECK(m->has_cp && m->cp.move);
-    m->cp.move(m->cp.ctx, point, dir, -1, site, in, n_in, out, n_out);
+    m->cp.move(m->cp.ctx, point, dir, -1, site, in, n_in, out, n_out, es);
 }
 
 int loom_model_grad_tp_partial(const loom_model *m, const loom_tensor_info *t) {
@@ -389,15 +390,17 @@ float loom_model_forward_acts(loom_model *m, loom_acts *a, const int32_t *inputs
         embed(m, a, a->inputs, B, T, 0);
         /* vocab-parallel (tp > 1): the embedding's output is a partial sum over the tp ranks
          * (reduce-scattered to the shard under sequence parallelism) */
-        if (a->rowp) { /* bf16 with tp: reduced in fp32, then rounded into the bf16 stream */
-            shard_point(m, LOOM_CP_ROW_OUT, 0, LOOM_SITE_EMBED, a->rowp, BT * C, a->rowp,
-                        BT * C);
-            m->be->bf16_from_f32((uint16_t *)a->encoded, a->rowp, BT * C);
+        if (a->rowp) { /* bf16 with tp: reduced in fp32 (under sequence parallelism
+                        * reduce-scattered into the fp32 shard), then rounded into the stream */
+            float *sum = m->lay.sp ? a->sp_partial : a->rowp;
+            shard_point(m, LOOM_CP_ROW_OUT, 0, LOOM_SITE_EMBED, a->rowp, BT * C, sum, BTs * C,
+                        sizeof(float));
+            m->be->bf16_from_f32((uint16_t *)a->encoded, sum, BTs * C);
         } else if (embed_rows_f32(m)) { /* bf16 with embed_scale: the scaled rows rounded */
             m->be->bf16_from_f32((uint16_t *)a->encoded, a->x32, BT * C);
         } else {
             shard_point(m, LOOM_CP_ROW_OUT, 0, LOOM_SITE_EMBED, a->sp_partial, BT * C,
-                        a->encoded, BTs * C);
+                        a->encoded, BTs * C, sizeof(float));
         }
         release(m, 0, 0);
     }
@@ -435,7 +438,8 @@ float loom_model_forward_acts(loom_model *m, loom_acts *a, const int32_t *inputs
                               PARAM(m, LOOM_P_CLS_B), B, C, c->num_classes);
     } else if (!a->chunk) { /* with tp > 1 this view's Vl columns of the logits (chunked:
                              * mean_loss computes them chunk by chunk) */
-        shard_point(m, LOOM_CP_COL_IN, 0, LOOM_SITE_HEAD, a->lnf, BTs * C, a->lnf_full, BT * C);
+        shard_point(m, LOOM_CP_COL_IN, 0, LOOM_SITE_HEAD, a->lnf, BTs * C, a->lnf_full, BT * C,
+                    m->bf16 ? sizeof(uint16_t) : sizeof(float));
         head_logits(m, a->logits, a->lnf_full, BT);
     }
     a->has_targets = targets != NULL;
@@ -553,7 +557,8 @@ static void backward_impl(loom_model *m, loom_acts *a, float dscale, const float
         head_ce_backward(m, a, a->logits, 0, BT, dscale, w != NULL);
         /* d(lnf) overwritten: no zeroing pass first */
         head_backward(m, a, a->dln_full, HEAD_G(m), a->logits, a->lnf_full, BT);
-        shard_point(m, LOOM_CP_COL_IN, 1, LOOM_SITE_HEAD, a->dln_full, BT * C, a->dln, BTs * C);
+        shard_point(m, LOOM_CP_COL_IN, 1, LOOM_SITE_HEAD, a->dln_full, BT * C, a->dln, BTs * C,
+                    sizeof(float));
     }
     block_frame f;
     acts_frame(m, a, m->lay.l1 - 1, B, T, &f);
@@ -571,7 +576,7 @@ static void backward_impl(loom_model *m, loom_acts *a, float dscale, const float
     if (m->lay.has_embedding) {
         ensure_grads(m, 0);
         shard_point(m, LOOM_CP_ROW_OUT, 1, LOOM_SITE_EMBED, a->dres, BTs * C, a->dres_full,
-                    BT * C);
+                    BT * C, sizeof(float));
         embed(m, a, a->inputs, B, T, 1);
     }
     /* a last stage without the embedding holds the tied head's wte in unit 0 */

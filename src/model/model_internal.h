@@ -67,7 +67,9 @@ struct loom_acts {
     float *vmax, *vsums;  /* (B,T), (B,T,2) vocab-parallel cross-entropy (tp > 1, LM head) */
     /* sequence parallelism: whole-row scratch (B*T, C) (without it the shard buffers): the
      * gathered rows, the row-parallel partial sums, the final norm's gathered output (kept for
-     * the head's backward), and the whole rows' gradients */
+     * the head's backward), and the whole rows' gradients. With training.precision bf16 the
+     * gathered rows and lnf_full hold bf16, the partial sums are rowp's, and sp_partial is
+     * their reduce-scattered fp32 shard (B*T/tp, C) before it is rounded into the stream */
     float *sp_gather, *sp_partial, *lnf_full, *dres_full, *dln_full;
     /* backward scratch (stacked only): gradients of the slots */
     float *dres;          /* (B,T,C) the residual stream's (S_X, S_RES2, S_RES3) */
@@ -146,6 +148,8 @@ typedef struct block_frame {
     float *fws;
     uint16_t *dout16;
     float *rowp;            /* bf16 with tp > 1: the row-parallel partial sums (fp32) */
+    float *rowps;           /* bf16 with sequence parallelism: their reduce-scattered fp32
+                             * shard (loom_acts sp_partial), else NULL */
     float *x32;             /* bf16: the q/k norms' fp32 q|k|v rows (loom_acts x32) */
 } block_frame;
 

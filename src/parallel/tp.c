@@ -83,13 +83,15 @@ void loom_tp_point(void *ctx, int point, int dir, int layer, int site, float *bu
     else if (point == LOOM_CP_QKNORM_SUM) tp_allreduce(tp, buf, n, 0);
 }
 
-void loom_tp_move(void *ctx, int point, int dir, int layer, int site, const float *in,
-                  int64_t n_in, float *out, int64_t n_out) {
+void loom_tp_move(void *ctx, int point, int dir, int layer, int site, const void *in,
+                  int64_t n_in, void *out, int64_t n_out, size_t elem) {
     loom_tp *tp = ctx;
     (void)layer;
     (void)site;
     LOOM_CHECK(point == LOOM_CP_COL_IN || point == LOOM_CP_ROW_OUT ||
                (point == LOOM_CP_VOCAB_GATHER && dir == 0));
+    LOOM_CHECK(elem == sizeof(float) || elem == sizeof(uint16_t));
+    const loom_dtype dt = elem == sizeof(float) ? LOOM_F32 : LOOM_BF16;
     /* COL_IN forward and ROW_OUT backward gather the shards into the whole rows; COL_IN
      * backward and ROW_OUT forward reduce-scatter the whole rows' partial sums to the shards;
      * decoding's VOCAB_GATHER gathers each view's (padded) logits */
@@ -98,10 +100,10 @@ void loom_tp_move(void *ctx, int point, int dir, int layer, int site, const floa
     const double t0 = loom_now();
     if (gather) {
         LOOM_CHECK(n_out == n_in * tp->size);
-        loom_allgather(tp->mesh, LOOM_GROUP_TP, in, out, (size_t)n_out, LOOM_F32);
-    } else {
+        loom_allgather(tp->mesh, LOOM_GROUP_TP, in, out, (size_t)n_out, dt);
+    } else { /* (fp32 only: loom_reduce_scatter_sum refuses bf16) */
         LOOM_CHECK(n_in == n_out * tp->size);
-        loom_reduce_scatter_sum(tp->mesh, LOOM_GROUP_TP, in, out, (size_t)n_in, LOOM_F32);
+        loom_reduce_scatter_sum(tp->mesh, LOOM_GROUP_TP, in, out, (size_t)n_in, dt);
     }
     tp->seconds += loom_now() - t0;
     tp->calls++;

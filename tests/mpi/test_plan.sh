@@ -1,7 +1,7 @@
 # loom plan against measured runs (docs/plan.md, "Checks against measured runs").
-# Memory: 17 small layouts (dp with zero 0-3, tp with sp, pp gpipe and 1f1b, cp ring and
-# ulysses, ep, dp x tp, recompute none / selective / full; and in bf16 one process, ZeRO 3 and
-# pp 1f1b: its weight copies counted) trained 3 steps under mpirun, and `loom plan --check` must predict every rank's arena
+# Memory: 18 small layouts (dp with zero 0-3, tp with sp, pp gpipe and 1f1b, cp ring and
+# ulysses, ep, dp x tp, recompute none / selective / full; and in bf16 one process, ZeRO 3,
+# pp 1f1b and tp 2 with sp: its weight copies counted) trained 3 steps under mpirun, and `loom plan --check` must predict every rank's arena
 # bytes (parameters, gradients, AdamW moments, activation arenas: metrics.jsonl's arena_bytes,
 # + pp_act_bytes under a pipeline) within 5%; they are the same accounting, so the test
 # expects (and prints) 0.00%. Every kind of 2-rank layout the plan calls valid must train a step.
@@ -62,6 +62,7 @@ LAYOUTS=(
   "bf16_single 1 --set training.precision=bf16"
   "bf16_dp2_z3 2 --set training.precision=bf16 --set parallel.dp=2 --set parallel.zero=3"
   "bf16_pp2_1f1b 2 --set training.precision=bf16 --set parallel.pp=2 --set parallel.microbatches=4 --set parallel.pp_schedule=1f1b"
+  "bf16_tp2_sp 2 --set training.precision=bf16 --set parallel.tp=2 --set parallel.sp=true"
 )
 for spec in "${LAYOUTS[@]}"; do
   read -r name np settings <<<"$spec"
@@ -153,7 +154,7 @@ import json, sys
 w = sys.argv[1]
 names = ["single", "full", "selective", "dp2_z0", "dp2_z1", "dp2_z2", "dp2_z3", "tp2_sp",
          "pp2_gpipe", "pp2_1f1b", "cp2_ring", "cp2_ulysses", "ep2_z1", "dp2_tp2_full",
-         "bf16_single", "bf16_dp2_z3", "bf16_pp2_1f1b"]
+         "bf16_single", "bf16_dp2_z3", "bf16_pp2_1f1b", "bf16_tp2_sp"]
 ok = True
 print(f"{'layout':<14} {'ranks':>5} {'largest error':>13}  per rank: predicted / measured arena bytes")
 for n in names:
@@ -168,7 +169,8 @@ for n in names:
 # the layouts must differ where the strategies differ (a check that could not fail otherwise)
 arena = {n: max(x["arena_measured"] for x in json.load(open(f"{w}/{n}.json"))["ranks"]) for n in names}
 for a, b in [("dp2_z1", "dp2_z0"), ("dp2_z2", "dp2_z1"), ("dp2_z3", "dp2_z0"), ("full", "single"),
-             ("selective", "single"), ("pp2_1f1b", "pp2_gpipe"), ("bf16_pp2_1f1b", "pp2_1f1b")]:
+             ("selective", "single"), ("pp2_1f1b", "pp2_gpipe"), ("bf16_pp2_1f1b", "pp2_1f1b"),
+             ("bf16_tp2_sp", "tp2_sp")]:
     if not arena[a] < arena[b]:
         print(f"{a} holds {arena[a]:.0f} bytes, not less than {b}'s {arena[b]:.0f}"); ok = False
 print("step time (the peak at 1 thread measured just before each run):")
@@ -184,4 +186,4 @@ for n in ["time_none", "time_sel", "time_d384"]:
 sys.exit(0 if ok else 1)
 PY
 [ $? -eq 0 ] || fail "loom plan's predictions are off (above)"
-pass "loom plan: memory of 17 layouts within 5% of the measured arenas, step time within 25%"
+pass "loom plan: memory of 18 layouts within 5% of the measured arenas, step time within 25%"

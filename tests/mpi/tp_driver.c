@@ -11,9 +11,11 @@
  *                        Then with sequence parallelism (tp dividing the 6 rows): the rows
  *                        sharded, moved by loom_tp_move (all-gather / reduce-scatter); each
  *                        rank's rows of the output and input gradient and its weight
- *                        gradients equal the plain pair's.
+ *                        gradients equal the plain pair's; and the rows rounded to bf16
+ *                        (training.precision bf16) gather as bf16 elements bit for bit.
  * Prints "rank R: ..." lines; exit status 0 only when every check passed. */
 #include "loom/backend.h"
+#include "loom/bf16.h"
 #include "loom/comm.h"
 #include "loom/parallel.h"
 #include "loom/tp.h"
@@ -135,23 +137,36 @@ static void check_linear_sp(loom_mesh *mesh) {
     const loom_comm_points cp = loom_tp_comm_points(t);
     float xs[N * C], x[N * C], hl[N * F], part[N * C], ys[N * C];
     memcpy(xs, p.X + (size_t)n0 * C, (size_t)Nl * C * sizeof(float));
-    cp.move(cp.ctx, LOOM_CP_COL_IN, 0, 0, LOOM_SITE_FFN, xs, (int64_t)Nl * C, x, N * C);
+    cp.move(cp.ctx, LOOM_CP_COL_IN, 0, 0, LOOM_SITE_FFN, xs, (int64_t)Nl * C, x, N * C,
+            sizeof(float));
     be->matmul_forward(hl, x, p.W1l, p.b1l, N, C, Fl);
     be->matmul_forward(part, hl, p.W2l, r == 0 ? p.b2 : NULL, N, Fl, C);
-    cp.move(cp.ctx, LOOM_CP_ROW_OUT, 0, 0, LOOM_SITE_FFN, part, N * C, ys, (int64_t)Nl * C);
+    cp.move(cp.ctx, LOOM_CP_ROW_OUT, 0, 0, LOOM_SITE_FFN, part, N * C, ys, (int64_t)Nl * C,
+            sizeof(float));
     EXPECT(rel(ys, p.Y + (size_t)n0 * C, (size_t)Nl * C) <= 1e-5, "sp forward rows: rel %.3g",
            rel(ys, p.Y + (size_t)n0 * C, (size_t)Nl * C));
 
     float dys[N * C], dy[N * C], dhl[N * F] = {0}, dx[N * C] = {0}, dxs[N * C], dW1l[F * C] = {0},
           db1l[F] = {0}, dW2l[C * F] = {0}, db2l[C] = {0};
     memcpy(dys, p.dY + (size_t)n0 * C, (size_t)Nl * C * sizeof(float));
-    cp.move(cp.ctx, LOOM_CP_ROW_OUT, 1, 0, LOOM_SITE_FFN, dys, (int64_t)Nl * C, dy, N * C);
+    cp.move(cp.ctx, LOOM_CP_ROW_OUT, 1, 0, LOOM_SITE_FFN, dys, (int64_t)Nl * C, dy, N * C,
+            sizeof(float));
     be->matmul_backward(dhl, dW2l, db2l, dy, hl, p.W2l, N, Fl, C);
     be->matmul_backward(dx, dW1l, db1l, dhl, x, p.W1l, N, C, Fl);
-    cp.move(cp.ctx, LOOM_CP_COL_IN, 1, 0, LOOM_SITE_FFN, dx, N * C, dxs, (int64_t)Nl * C);
+    cp.move(cp.ctx, LOOM_CP_COL_IN, 1, 0, LOOM_SITE_FFN, dx, N * C, dxs, (int64_t)Nl * C,
+            sizeof(float));
     EXPECT(rel(dxs, p.dX + (size_t)n0 * C, (size_t)Nl * C) <= 1e-5, "sp input gradient rows");
     check_weight_grads(&p, "sp", dW1l, db1l, dW2l, db2l);
     EXPECT(loom_tp_comm_calls(t) == 4, "sp collectives: %lld calls", (long long)loom_tp_comm_calls(t));
+    /* bf16: the shard's rows rounded, gathered as 2-byte elements: the whole rows' bits */
+    uint16_t hs[N * C], h[N * C];
+    for (int i = 0; i < Nl * C; i++) hs[i] = loom_bf16_round(p.X[(size_t)n0 * C + i]);
+    memset(h, 0xff, sizeof h);
+    cp.move(cp.ctx, LOOM_CP_COL_IN, 0, 0, LOOM_SITE_ATTN, hs, (int64_t)Nl * C, h, N * C,
+            sizeof(uint16_t));
+    int bad = 0;
+    for (int i = 0; i < N * C; i++) bad += h[i] != loom_bf16_round(p.X[i]);
+    EXPECT(bad == 0, "sp bf16 gather: %d of %d elements differ", bad, N * C);
     loom_tp_free(t);
     if (!g_fail)
         printf("rank %d: tp=%d with sequence parallelism: rows %d..%d of the output and input "

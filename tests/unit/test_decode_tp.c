@@ -57,19 +57,20 @@ static void tp_point(void *ctx, int point, int dir, int layer, int site, float *
     pthread_barrier_wait(&g->bar);
 }
 
-static void tp_move(void *ctx, int point, int dir, int layer, int site, const float *in,
-                    int64_t n_in, float *out, int64_t n_out) {
+static void tp_move(void *ctx, int point, int dir, int layer, int site, const void *in,
+                    int64_t n_in, void *out, int64_t n_out, size_t elem) {
     view_ctx *v = ctx;
     group *g = v->g;
     (void)layer;
     assert_int_equal(point, LOOM_CP_VOCAB_GATHER);
     assert_int_equal(dir, 0);
     assert_int_equal(site, LOOM_SITE_HEAD);
-    assert_true(n_out == TP * n_in);
+    assert_true(n_out == TP * n_in && elem == sizeof(float));
     g->gather[v->rank]++;
     g->cslot[v->rank] = in;
     pthread_barrier_wait(&g->bar);
-    for (int r = 0; r < TP; r++) memcpy(out + r * n_in, g->cslot[r], (size_t)n_in * sizeof(float));
+    for (int r = 0; r < TP; r++)
+        memcpy((float *)out + r * n_in, g->cslot[r], (size_t)n_in * sizeof(float));
     pthread_barrier_wait(&g->bar);
 }
 

@@ -63,8 +63,8 @@ static void tp_point(void *ctx, int point, int dir, int layer, int site, float *
 
 /* sequence parallelism's moves between a view's row shard and the whole rows: all-gather (the
  * views' shards in rank order) or reduce-scatter (this view's rows of the sum) */
-static void tp_move(void *ctx, int point, int dir, int layer, int site, const float *in,
-                    int64_t n_in, float *out, int64_t n_out) {
+static void tp_move(void *ctx, int point, int dir, int layer, int site, const void *in,
+                    int64_t n_in, void *out, int64_t n_out, size_t elem) {
     view_ctx *v = ctx;
     group *g = v->g;
     (void)layer;
@@ -72,12 +72,14 @@ static void tp_move(void *ctx, int point, int dir, int layer, int site, const fl
     g->calls[v->rank][point][dir]++;
     g->cslot[v->rank] = in;
     pthread_barrier_wait(&g->bar);
-    if (n_out == TP * n_in) {
-        for (int r = 0; r < TP; r++) memcpy(out + r * n_in, g->cslot[r], (size_t)n_in * sizeof(float));
+    if (n_out == TP * n_in) { /* (fp32 or bf16 elements: bytes moved) */
+        for (int r = 0; r < TP; r++)
+            memcpy((char *)out + (size_t)r * (size_t)n_in * elem, g->cslot[r],
+                   (size_t)n_in * elem);
     } else {
-        assert_true(n_in == TP * n_out);
+        assert_true(n_in == TP * n_out && elem == sizeof(float));
         for (int64_t i = 0; i < n_out; i++)
-            out[i] = g->cslot[0][v->rank * n_out + i] + g->cslot[1][v->rank * n_out + i];
+            ((float *)out)[i] = g->cslot[0][v->rank * n_out + i] + g->cslot[1][v->rank * n_out + i];
     }
     pthread_barrier_wait(&g->bar);
 }
