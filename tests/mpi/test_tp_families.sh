@@ -16,13 +16,15 @@
 # over tp = 2 and Gemma 3 (with per-head q/k norms and the local RoPE base) over tp = 2 with sp;
 # Mistral's sliding window (24 of the 32 positions) over tp = 2 and Qwen3-MoE over ep = 2;
 # OLMo 2 (post-norms, whole q/k norms) over Ulysses cp = 2 and Gemma 2 over ring cp = 2; and
-# qwen3, olmo2, gemma2 over tp = 2 in training.precision bf16 (within 3e-3 of one bf16 process).
+# qwen3, olmo2, gemma2 over tp = 2 and gemma3 over tp = 2 with sp in training.precision bf16
+# (within 3e-3 of one bf16 process; gemma3's sandwich norms, q/k norms and embedding scale on
+# the row shard).
 source "$(dirname "$0")/lib.sh"
 make_dataset "$WORK"
 export OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1
 for case in qwen2:tp qwen3:tp llama3:tp phi3:tp mixtral:ep qwen2moe:ep qwen2moe:tp qwen3:cp qwen3:ring \
             olmo2:tp olmo2:sp olmo2:pp gemma2:tp gemma3:sp mistral:tp qwen3moe:ep olmo2:cp gemma2:ring \
-            qwen3:tp:bf16 olmo2:tp:bf16 gemma2:tp:bf16; do
+            qwen3:tp:bf16 olmo2:tp:bf16 gemma2:tp:bf16 gemma3:sp:bf16; do
   IFS=: read -r name par prec <<<"$case"
   prec=${prec:-fp32} tol=1e-5
   # bf16 (training.precision): each rank's GEMMs split K, so a bf16 activation can round the
