@@ -1,6 +1,6 @@
 /* safetensors (Hugging Face's tensor container): 8-byte little-endian header length, JSON
  * header {name: {dtype, shape, data_offsets}, "__metadata__": {str: str}}, then the raw data.
- * loom writes F32 tensors; reading validates the header strictly (size limits, offsets in
+ * loom writes F32 tensors (and F64 / I32 where a tensor says so); reading validates the header strictly (size limits, offsets in
  * bounds, no overlap, dtype and shape consistent with the byte length, duplicate keys
  * rejected). Part of src/base (src/base/safetensors.c). */
 #ifndef LOOM_SAFETENSORS_H
@@ -13,9 +13,10 @@
 /* ---- safetensors --------------------------------------------------------------------- */
 typedef struct loom_st_tensor {
     const char *name;
-    const float *data;  /* F32 */
+    const float *data;  /* F32; with dtype set, the elements of that dtype (cast) */
     int ndim;           /* 0..8 */
     int64_t shape[8];
+    const char *dtype;  /* NULL: "F32"; or any safetensors dtype name ("F64", "I32", ...) */
 } loom_st_tensor;
 
 /* metadata: NULL or NULL-terminated array of key, value, key, value, ..., NULL */
@@ -58,6 +59,10 @@ const char *loom_safetensors_dtype(const loom_st_file *f, const char *name, int 
  * exactly; F64 rounded). Other dtypes are an error naming the tensor. */
 int loom_safetensors_read_as_f32(const loom_st_file *f, const char *name, float *dst, int ndim,
                                  const int64_t *shape, loom_err *err);
+/* Copies a tensor's raw elements into dst after checking its dtype is exactly `dtype` and its
+ * shape exactly the expected one (no conversion: bit for bit). */
+int loom_safetensors_read_raw(const loom_st_file *f, const char *name, const char *dtype,
+                              void *dst, int ndim, const int64_t *shape, loom_err *err);
 /* metadata value or NULL */
 const char *loom_safetensors_metadata(const loom_st_file *f, const char *key);
 

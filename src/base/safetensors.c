@@ -187,7 +187,13 @@ int loom_safetensors_serialize(const loom_st_tensor *tensors, int n,
             loom_errf(err, "safetensors: tensor '%.200s' has no data", t->name);
             goto done;
         }
-        nbytes[i] = numel * 4;
+        const int dt = t->dtype ? dtype_lookup(t->dtype) : DT_F32;
+        if (dt < 0) {
+            loom_errf(err, "safetensors: tensor '%.200s': unknown dtype '%.40s'", t->name,
+                      t->dtype);
+            goto done;
+        }
+        nbytes[i] = numel * DTYPES[dt].size;
         if (offset > (UINT64_MAX >> 2) - nbytes[i]) {
             loom_errf(err, "safetensors: tensors too large in total");
             goto done;
@@ -197,7 +203,7 @@ int loom_safetensors_serialize(const loom_st_tensor *tensors, int n,
         for (int d = 0; d < t->ndim; d++) json_array_append_new(shape, json_integer(t->shape[d]));
         json_array_append_new(offs, json_integer((json_int_t)offset));
         json_array_append_new(offs, json_integer((json_int_t)(offset + nbytes[i])));
-        json_object_set_new(ent, "dtype", json_string("F32"));
+        json_object_set_new(ent, "dtype", json_string(DTYPES[dt].name));
         json_object_set_new(ent, "shape", shape);
         json_object_set_new(ent, "data_offsets", offs);
         if (json_object_set_new(root, t->name, ent) != 0) {
@@ -622,6 +628,20 @@ static float half_to_float(uint16_t h) {
     float f;
     memcpy(&f, &bits, sizeof f);
     return f;
+}
+
+int loom_safetensors_read_raw(const loom_st_file *f, const char *name, const char *dtype,
+                              void *dst, int ndim, const int64_t *shape, loom_err *err) {
+    const st_entry *e = find(f, name);
+    if (!e) return loom_errf(err, "%s: no tensor named '%.200s'", f->path, name);
+    if (strcmp(DTYPES[e->dtype].name, dtype) != 0)
+        return loom_errf(err, "%s: tensor '%.200s' has dtype %s, expected %s", f->path, name,
+                         DTYPES[e->dtype].name, dtype);
+    if (check_shape(f, name, e, ndim, shape, err)) return -1;
+    if (!f->data)
+        return loom_errf(err, "%s: tensor '%.200s': only the header was parsed", f->path, name);
+    memcpy(dst, (const char *)f->data + e->begin, (size_t)(e->end - e->begin));
+    return 0;
 }
 
 int loom_safetensors_read_as_f32(const loom_st_file *f, const char *name, float *dst, int ndim,

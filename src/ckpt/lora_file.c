@@ -24,7 +24,7 @@ int loom_lora_serialize(loom_lora *l, const float *m, const float *v, char **buf
         for (int i = 0; i < nt; i++) {
             const loom_lora_tensor *x = loom_lora_tensor_at(l, i);
             snprintf(names[k], sizeof names[k], "%s/%s", kind[c], x->name);
-            ts[k] = (loom_st_tensor){names[k], src[c] + x->offset, 2, {x->rows, x->cols}};
+            ts[k] = (loom_st_tensor){names[k], src[c] + x->offset, 2, {x->rows, x->cols}, NULL};
             k++;
         }
     char rs[32], al[32], tg[32];

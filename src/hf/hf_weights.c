@@ -587,14 +587,14 @@ static int hf_write_peft(const char *out_dir, loom_model *m, loom_lora *l, loom_
                 snprintf(names[k], sizeof names[k],
                          "base_model.model.transformer.h.%d.attn.c_attn.lora_%c.weight", x->layer,
                          b ? 'B' : 'A');
-                ts[k] = (loom_st_tensor){names[k], d, 2, {b ? 3 * C : R, b ? R : C}};
+                ts[k] = (loom_st_tensor){names[k], d, 2, {b ? 3 * C : R, b ? R : C}, NULL};
                 k++;
             }
             continue;
         }
         snprintf(names[k], sizeof names[k], "base_model.model.%s.%d.%s.lora_%c.weight",
                  gpt2 ? "transformer.h" : "model.layers", x->layer, mod, x->is_b ? 'B' : 'A');
-        ts[k] = (loom_st_tensor){names[k], p + x->offset, 2, {x->rows, x->cols}};
+        ts[k] = (loom_st_tensor){names[k], p + x->offset, 2, {x->rows, x->cols}, NULL};
         k++;
     }
     static const char *const meta[] = {"format", "pt", NULL};

@@ -15,10 +15,13 @@ int loom_trainer_save_checkpoint(trainer *t, loom_err *err) {
     /* rank 0's files after the pieces: trainer_state.json, config.yaml, data.json and, for a
      * BPE tokenizer, tokenizer.json */
     const int has_tok = t->run_data->tokenizer_json != NULL;
-    const int NF = W + 3 + has_tok + (t->lora != NULL);
+    const char *grpo_name = NULL; /* GRPO inside a rollout batch: the batch (grpo_ckpt.c) */
+    const int has_grpo = loom_trainer_grpo_ckpt_file(t, &grpo_name);
+    const int NF = W + 3 + has_tok + (t->lora != NULL) + has_grpo;
     char **names = loom_calloc((size_t)NF, sizeof *names);
     char dir[4200];
-    char *buf = NULL, *state_buf = NULL, *cfg_buf = NULL, *data_buf = NULL;
+    char *buf = NULL, *state_buf = NULL, *cfg_buf = NULL, *data_buf = NULL, *gbuf = NULL;
+    size_t glen = 0;
     loom_dp_piece *pieces = NULL;
     float *stage = NULL;
     int rc = -1, n = 0;
@@ -31,6 +34,7 @@ int loom_trainer_save_checkpoint(trainer *t, loom_err *err) {
     names[W + 2] = loom_strdup("data.json");
     if (has_tok) names[W + 3] = loom_strdup("tokenizer.json");
     if (t->lora) names[W + 3 + has_tok] = loom_strdup("lora.safetensors");
+    if (has_grpo) names[NF - 1] = loom_strdup(grpo_name);
     loom_pathf(dir, sizeof dir, "%s/step_%07lld", t->ckpt_root, (long long)t->step);
     int ok = 1;
     if (t->world_rank == 0)
@@ -44,6 +48,8 @@ int loom_trainer_save_checkpoint(trainer *t, loom_err *err) {
     if (loom_pieces_serialize(pieces, n, &buf, &len, err) ||
         loom_ckpt_write_file(dir, names[t->world_rank], buf, len, err))
         goto done;
+    /* (collective: every rank's rows gathered; rank 0 writes them below) */
+    if (has_grpo && loom_trainer_grpo_save(t, &gbuf, &glen, err)) goto done;
     if (t->world_rank == 0) {
         char layout[256];
         json_t *loader;
@@ -85,6 +91,7 @@ int loom_trainer_save_checkpoint(trainer *t, loom_err *err) {
             free(lb);
             if (lrc) goto done;
         }
+        if (has_grpo && loom_ckpt_write_file(dir, names[NF - 1], gbuf, glen, err)) goto done;
     }
     loom_barrier(t->mesh, LOOM_GROUP_WORLD);
     if (t->world_rank == 0 &&
@@ -101,6 +108,7 @@ done:
     free(state_buf);
     free(cfg_buf);
     free(data_buf);
+    free(gbuf);
     return rc;
 }
 
@@ -216,6 +224,7 @@ int loom_trainer_load_checkpoint(trainer *t, const char *dir, loom_err *err) {
     t->step = step;
     t->skipped_steps = skipped;
     loom_dp_set_optimizer_step(t->dp, ostep);
+    if (loom_trainer_grpo_load(t, ck, err)) goto done; /* inside a rollout batch: the batch */
     rc = 0;
 done:
     json_decref(st);

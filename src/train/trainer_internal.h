@@ -210,6 +210,13 @@ void loom_trainer_grpo_free(trainer *t);
 int loom_trainer_grpo_grads(trainer *t, loom_trainer_batch_fn next, void *ctx, double *loss,
                             loom_err *err);
 void loom_trainer_grpo_write(const trainer *t, struct loom_metrics *mx);
+/* checkpoints (grpo_ckpt.c): 1 when a checkpoint now is inside a rollout batch and holds it,
+ * the file's name in *name; save (collective over the dp group; rank 0 gets the bytes); load
+ * (after the step is restored; a checkpoint without the file: a warning when inside a batch) */
+int loom_trainer_grpo_ckpt_file(const trainer *t, const char **name);
+int loom_trainer_grpo_save(trainer *t, char **buf, size_t *len, loom_err *err);
+struct loom_ckpt;
+int loom_trainer_grpo_load(trainer *t, const struct loom_ckpt *ck, loom_err *err);
 
 /* t->run_data from data.train; data.val must share its tokenizer (and classes). */
 int loom_trainer_open_run_data(trainer *t, loom_err *err);

@@ -26,6 +26,7 @@ class StTensor(ctypes.Structure):
         ("data", ctypes.POINTER(ctypes.c_float)),
         ("ndim", ctypes.c_int),
         ("shape", ctypes.c_int64 * 8),
+        ("dtype", ctypes.c_char_p),  # NULL: F32
     ]
 
 
@@ -49,6 +50,10 @@ def load_lib():
                                                ctypes.POINTER(ctypes.c_float), ctypes.c_int,
                                                ctypes.POINTER(ctypes.c_int64), ctypes.c_char_p]
     lib.loom_safetensors_read_into.restype = ctypes.c_int
+    lib.loom_safetensors_read_raw.argtypes = [ctypes.c_void_p, ctypes.c_char_p, ctypes.c_char_p,
+                                              ctypes.c_void_p, ctypes.c_int,
+                                              ctypes.POINTER(ctypes.c_int64), ctypes.c_char_p]
+    lib.loom_safetensors_read_raw.restype = ctypes.c_int
     lib.loom_safetensors_metadata.argtypes = [ctypes.c_void_p, ctypes.c_char_p]
     lib.loom_safetensors_metadata.restype = ctypes.c_char_p
     return lib
@@ -75,14 +80,19 @@ def make_tensors(rng):
     }
 
 
+ST_DTYPES = {np.dtype(np.float64): b"F64", np.dtype(np.int32): b"I32"}
+
+
 def loom_write(lib, path, tensors, metadata):
     arr = (StTensor * len(tensors))()
     keep = []
     for i, (name, a) in enumerate(tensors.items()):
-        a = np.require(a, dtype=np.float32, requirements="C")  # keeps 0-d arrays 0-d
+        dt = ST_DTYPES.get(a.dtype)  # F64 / I32 as they are; everything else as F32
+        a = np.require(a, dtype=a.dtype if dt else np.float32, requirements="C")  # keeps 0-d arrays 0-d
         keep.append(a)
         arr[i].name = name.encode()
         arr[i].data = a.ctypes.data_as(ctypes.POINTER(ctypes.c_float))
+        arr[i].dtype = dt
         arr[i].ndim = a.ndim
         for d, s in enumerate(a.shape):
             arr[i].shape[d] = s
@@ -187,7 +197,34 @@ def main():
             check(rc == -1 and "F16" in err.value.decode(), f"F16 refused: {err.value.decode()}")
             lib.loom_safetensors_close(f)
 
-        # 4. overlapping offsets (hand-made): loom refuses, naming the file
+        # 4. F64 and I32 tensors (GRPO's rollout batch in a checkpoint): loom writes them, the
+        # reference reads the same values; loom reads them back bit for bit (read_raw), and
+        # refuses another dtype by name
+        p5 = os.path.join(tmp, "typed.safetensors")
+        typed = {"f64": np.array([1 / 3, -2.5e-300, np.inf, 7.0]),
+                 "i32": np.array([[-1, 0, 2 ** 31 - 1], [5, -2 ** 31, 9]], dtype=np.int32)}
+        loom_write(lib, p5, typed, {"format": "pt"})
+        ref5 = load_file(p5)
+        for name, a in typed.items():
+            check(name in ref5 and same(ref5[name], a), f"reference value of {name} (typed)")
+        fp = ctypes.c_void_p()
+        err = ctypes.create_string_buffer(2048)
+        if lib.loom_safetensors_open(p5.encode(), ctypes.byref(fp), err) == 0:
+            for name, dt in (("f64", b"F64"), ("i32", b"I32")):
+                a = typed[name]
+                dst = np.zeros_like(a)
+                shp = (ctypes.c_int64 * 8)(*a.shape)
+                rc = lib.loom_safetensors_read_raw(fp, name.encode(), dt, dst.ctypes.data, a.ndim, shp, err)
+                check(rc == 0 and same(dst, a), f"read_raw {name}: {err.value.decode()}")
+            rc = lib.loom_safetensors_read_raw(fp, b"f64", b"F32", np.zeros(4, np.float32).ctypes.data, 1,
+                                               (ctypes.c_int64 * 8)(4), err)
+            check(rc == -1 and "F64" in err.value.decode() and "'f64'" in err.value.decode(),
+                  f"read_raw of another dtype refused: {err.value.decode()}")
+            lib.loom_safetensors_close(fp)
+        else:
+            check(False, f"open typed: {err.value.decode()}")
+
+        # 5. overlapping offsets (hand-made): loom refuses, naming the file
         p4 = os.path.join(tmp, "overlap.safetensors")
         hdr = (b'{"a":{"dtype":"F32","shape":[4],"data_offsets":[0,16]},'
                b'"b":{"dtype":"F32","shape":[4],"data_offsets":[8,24]}}')
