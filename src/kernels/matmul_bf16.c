@@ -21,6 +21,7 @@
 
 #include <dnnl.h>
 #include <omp.h>
+#include <pthread.h>
 #include <stdlib.h>
 
 #include "kernels/sgemm.h"
@@ -272,6 +273,11 @@ static void gemm_fp32(const gemm_key *k, const uint16_t *A, const uint16_t *B, v
     }
 }
 
+/* The oneDNN primitive cache and the widening panel are the process's: one GEMM at a time
+ * uses them. Concurrent callers (model views in threads of their own) take turns; the threads
+ * that compute one GEMM are its OpenMP team, inside the lock. */
+static pthread_mutex_t g_lock = PTHREAD_MUTEX_INITIALIZER;
+
 /* C (M,N) = op(A) op(B) (+ bias, a row of N; acc: += C, fp32 C only), A, B bf16 */
 static void gemm(char ta, char tb, int64_t M, int64_t N, int64_t K, const uint16_t *A,
                  int64_t lda, const uint16_t *B, int64_t ldb, int acc, void *C, int c_bf16,
@@ -282,8 +288,10 @@ static void gemm(char ta, char tb, int64_t M, int64_t N, int64_t K, const uint16
     memset(&k, 0, sizeof k);
     k.M = M, k.N = N, k.K = K, k.lda = lda, k.ldb = ldb, k.ldc = ldc;
     k.ta = ta, k.tb = tb, k.c_bf16 = (char)c_bf16, k.acc = (char)acc, k.bias = (char)(bias != NULL);
+    pthread_mutex_lock(&g_lock);
     if (bf16_matmul_native() && K > 0) gemm_dnnl(&k, A, B, C, bias);
     else gemm_fp32(&k, A, B, C, bias);
+    pthread_mutex_unlock(&g_lock);
 }
 
 /* ---- the linear layer's three GEMMs ---------------------------------------------------- */

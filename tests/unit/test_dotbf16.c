@@ -39,6 +39,7 @@
 
 #include <math.h>
 #include <omp.h>
+#include <pthread.h>
 
 #include "loom/backend.h"
 #include "loom/bf16.h"
@@ -379,6 +380,51 @@ static void test_train_gemm(void **state) {
     }
     loom_err err;
     assert_int_equal(loom_isa_set(loom_isa_detect(), &err), 0);
+}
+
+/* Two threads running bf16 GEMMs at once (model views in threads of their own): each gets
+ * what it gets alone, bit for bit. Small tiles (LOOM_BF16_GEMM_BUDGET) and two shapes make
+ * every call reallocate the process's widening panel, which the other thread would otherwise
+ * be reading. */
+typedef struct gemm_job {
+    int N, IC, OC, reps, bad;
+    const uint16_t *x, *w;
+    const float *want;
+    float *out;
+} gemm_job;
+static void *gemm_job_run(void *arg) {
+    gemm_job *j = arg;
+    omp_set_num_threads(1);
+    for (int r = 0; r < j->reps && !j->bad; r++) {
+        bf16_matmul_forward_f32(j->out, j->x, j->w, NULL, j->N, j->IC, j->OC);
+        j->bad = memcmp(j->out, j->want, sizeof(float) * (size_t)j->N * (size_t)j->OC) != 0;
+    }
+    return NULL;
+}
+static void test_train_gemm_concurrent(void **state) {
+    (void)state;
+    setenv("LOOM_BF16_GEMM_BUDGET", "20000", 1);
+    gemm_job j[2] = {{.N = 40, .IC = 96, .OC = 72, .reps = 40},
+                     {.N = 70, .IC = 200, .OC = 30, .reps = 40}};
+    for (int t = 0; t < 2; t++) {
+        j[t].x = rand_bf16((size_t)j[t].N * j[t].IC, 31 + t, 1.0f);
+        j[t].w = rand_bf16((size_t)j[t].OC * j[t].IC, 41 + t, 0.5f);
+        float *want = malloc(sizeof(float) * (size_t)j[t].N * j[t].OC);
+        bf16_matmul_forward_f32(want, j[t].x, j[t].w, NULL, j[t].N, j[t].IC, j[t].OC);
+        j[t].want = want;
+        j[t].out = malloc(sizeof(float) * (size_t)j[t].N * j[t].OC);
+    }
+    pthread_t th[2];
+    for (int t = 0; t < 2; t++) assert_int_equal(pthread_create(&th[t], NULL, gemm_job_run, &j[t]), 0);
+    for (int t = 0; t < 2; t++) pthread_join(th[t], NULL);
+    for (int t = 0; t < 2; t++) {
+        if (j[t].bad) fail_msg("thread %d: a bf16 GEMM beside another thread's differs from alone", t);
+        free((void *)j[t].x);
+        free((void *)j[t].w);
+        free((void *)j[t].want);
+        free(j[t].out);
+    }
+    unsetenv("LOOM_BF16_GEMM_BUDGET");
 }
 
 /* got (bf16) within a bf16 rounding of ref (plus fp32 noise relative to scale) */
@@ -790,6 +836,7 @@ int main(void) {
         cmocka_unit_test(test_matmul_contract),
         cmocka_unit_test(test_matmul_threads),
         cmocka_unit_test(test_train_gemm),
+        cmocka_unit_test(test_train_gemm_concurrent),
         cmocka_unit_test(test_train_ops),
         cmocka_unit_test(test_train_flash),
         cmocka_unit_test(test_train_adamw),
