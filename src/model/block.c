@@ -6,7 +6,6 @@
 #include <string.h>
 
 #include "loom/backend.h"
-#include "loom/bf16.h"
 #include "model/model_internal.h"
 
 enum { OP_NORM, OP_POINT, OP_LINEAR, OP_QKNORM, OP_ROPE, OP_ATTN, OP_ACT, OP_RESIDUAL, OP_MOE };

@@ -36,13 +36,16 @@ def check(what, err):
         failures.append(what)
 
 
-def run(cfg, K, B=3, T=17, seed=0):
-    c = torch_ref.normalize_config(cfg)
+def create(c, K, B, T, bf16):
+    """A loom classifier of config c (normalized) with K classes, initialized (seed 7), fp32 or
+    training.precision bf16: (the model, its parameter and gradient arenas, tensors by name)."""
     mc = tm.ModelConfig(c["flavor"], c["vocab_size"], c["max_seq_len"], c["n_layer"], c["n_head"],
                         c["n_kv_head"], c["d_model"], c["d_ff"], c["norm_eps"], c["rope_theta"],
                         c["init_std"], 1, K, attention=c.get("attention", 0))
+    lay = (ctypes.c_int * 12)(*([0] * 11 + [1])) if bf16 else None  # LOOM_PREC_BF16
     ptr, err = ctypes.c_void_p(), tm.Err()
-    if LIB.loom_model_create(ctypes.byref(mc), None, B, T, ctypes.byref(ptr), ctypes.byref(err)) != 0:
+    if LIB.loom_model_create(ctypes.byref(mc), ctypes.cast(lay, ctypes.c_void_p) if bf16 else None,
+                             B, T, ctypes.byref(ptr), ctypes.byref(err)) != 0:
         raise RuntimeError(err.msg.decode())
     LIB.loom_model_init_weights(ptr, 7)
     n = LIB.loom_model_num_params(ptr)
@@ -50,7 +53,12 @@ def run(cfg, K, B=3, T=17, seed=0):
     grads = np.ctypeslib.as_array(LIB.loom_model_grads(ptr), shape=(n,))
     infos = [tm.LoomModel.as_dict(LIB.loom_model_tensor(ptr, i))
              for i in range(LIB.loom_model_num_tensors(ptr))]
-    names = {i["name"]: i for i in infos}
+    return ptr, params, grads, {i["name"]: i for i in infos}
+
+
+def run(cfg, K, B=3, T=17, seed=0):
+    c = torch_ref.normalize_config(cfg)
+    ptr, params, grads, names = create(c, K, B, T, False)
     if "lm_head" in names or "cls_w" not in names or names["cls_w"]["shape"] != (K, c["d_model"]):
         failures.append("classify layout")
         print("  FAIL layout:", sorted(names))
@@ -129,21 +137,7 @@ BF16_COS = 0.999
 
 def run_bf16(cfg, K, B=3, T=17, seed=0):
     c = torch_ref.normalize_config(cfg)
-    mc = tm.ModelConfig(c["flavor"], c["vocab_size"], c["max_seq_len"], c["n_layer"], c["n_head"],
-                        c["n_kv_head"], c["d_model"], c["d_ff"], c["norm_eps"], c["rope_theta"],
-                        c["init_std"], 1, K, attention=c.get("attention", 0))
-    lay = (ctypes.c_int * 12)(*([0] * 11 + [1]))  # LOOM_PREC_BF16
-    ptr, err = ctypes.c_void_p(), tm.Err()
-    if LIB.loom_model_create(ctypes.byref(mc), ctypes.cast(lay, ctypes.c_void_p), B, T,
-                             ctypes.byref(ptr), ctypes.byref(err)) != 0:
-        raise RuntimeError(err.msg.decode())
-    LIB.loom_model_init_weights(ptr, 7)
-    n = LIB.loom_model_num_params(ptr)
-    params = np.ctypeslib.as_array(LIB.loom_model_params(ptr), shape=(n,))
-    grads = np.ctypeslib.as_array(LIB.loom_model_grads(ptr), shape=(n,))
-    infos = [tm.LoomModel.as_dict(LIB.loom_model_tensor(ptr, i))
-             for i in range(LIB.loom_model_num_tensors(ptr))]
-    names = {i["name"]: i for i in infos}
+    ptr, params, grads, names = create(c, K, B, T, True)
     view = lambda arena, i: arena[i["offset"]:i["offset"] + i["numel"]].reshape(i["shape"])  # noqa: E731
     rng = np.random.default_rng(seed)
     view(params, names["cls_b"])[:] = rng.normal(0, 0.1, K).astype(np.float32)
