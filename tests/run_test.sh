@@ -5,7 +5,7 @@
 # (clang, Slurm, the PyPI references), so a missing one fails its test. The only way to skip is
 # the explicit opt-out LOOM_TEST_SKIP, a comma-separated list of categories:
 #
-#   unit reference e2e mpi slurm fuzz   a whole category: its tests exit 77 before they start
+#   unit reference e2e mpi slurm fuzz gpu   a whole category: its tests exit 77 before they start
 #                                       (also used inside a test for one part of it: e.g. the
 #                                       BPE checks of the data tests against Hugging Face
 #                                       `tokenizers` are the category `reference`)
@@ -13,10 +13,12 @@
 # A skipped test exits 77, which CTest reports as "(Skipped)" under "The following tests did
 # not run". A test that skips only a part of itself records why (tests/skip_lib.sh) and still
 # runs the rest; when the rest passes, it is reported as skipped with the parts it left out.
+# The gpu tests (tests/gpu) skip themselves where no GPU is visible or the build has no CUDA
+# backend: they record the reason (the category gpu) as a part left out, reported the same way.
 # An exit 77 without an opt-out behind it (a test or a tool returning 77 on its own) is a
 # failure, as is an unknown category in LOOM_TEST_SKIP.
 set -uo pipefail
-known="unit reference e2e mpi slurm fuzz"
+known="unit reference e2e mpi slurm fuzz gpu"
 cat=${1:?usage: run_test.sh CATEGORY COMMAND...}
 shift
 case " $known " in *" $cat "*) ;; *) echo "run_test: FAIL: unknown test category '$cat'"; exit 1 ;; esac
@@ -48,7 +50,7 @@ if [ $rc -eq 77 ] && [ -z "$skipped" ]; then
 fi
 if [ -n "$skipped" ]; then
     [ $rc -eq 0 ] || [ $rc -eq 77 ] || exit $rc
-    echo "run_test: SKIP: every other check passed; left out on request (LOOM_TEST_SKIP=${LOOM_TEST_SKIP:-}):"
+    echo "run_test: SKIP: every other check passed; left out (LOOM_TEST_SKIP=${LOOM_TEST_SKIP:-}, or no GPU):"
     printf '%s\n' "$skipped" | sed 's/^/run_test:   /'
     exit 77
 fi

@@ -527,7 +527,19 @@ const loom_backend *loom_backend_default(void);
  * the list and the calls in step). */
 void loom_dev_read(const loom_backend *be, void *dst, const void *src, size_t n,
                    const char *what);
-/* The backend named `name` ("cpu", "cpu-guard"), or NULL when there is none by that name. */
+/* The CUDA backend (src/cuda, docs/gpu.md), in a build that has it (nvcc found): its table;
+ * loom_cuda_init picks this rank's GPU (0, or -1 with the reason: no GPU, fewer GPUs than
+ * local ranks). cuda-emu: the same kernels run on the CPU by an emulator (tests; every
+ * build has it but the sanitizer one). */
+const loom_backend *loom_backend_cuda(void);
+int loom_cuda_init(char *why, size_t n);
+const loom_backend *loom_backend_cuda_emu(void);
+/* 1 when this build has the CUDA backend (loom version) */
+int loom_backend_has_cuda(void);
+/* A backend's device is usable: 0, or -1 with the reason in err (cuda: no GPU, too few) */
+int loom_backend_ready(const loom_backend *be, struct loom_err *err);
+/* The backend named `name` ("cpu", "cpu-guard", "cuda", "cuda-emu"), or NULL when there is
+ * none by that name in this build. */
 const loom_backend *loom_backend_find(const char *name);
 /* The names loom_backend_find knows, for error messages: "cpu, cpu-guard". */
 const char *loom_backend_names(void);

@@ -62,6 +62,9 @@ int main(int argc, char **argv) {
         printf("loom %s (portable x86-64; kernels: %s, this CPU supports up to %s)\n", LOOM_VERSION,
                loom_isa_name(loom_isa_active()), loom_isa_name(loom_isa_detect()));
 #endif
+        printf("backends: %s\n", loom_backend_has_cuda()
+                                     ? "cpu, cuda (built with nvcc; docs/gpu.md)"
+                                     : "cpu (this build has no CUDA backend: nvcc was not found)");
         return 0;
     }
     if (!strcmp(cmd, "help") || !strcmp(cmd, "--help") || !strcmp(cmd, "-h")) {

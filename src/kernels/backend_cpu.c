@@ -259,10 +259,44 @@ const loom_backend *loom_backend_cpu(void) { return &cpu; }
 const loom_backend *loom_backend_find(const char *name) {
     if (name && !strcmp(name, cpu.name)) return &cpu;
     if (name && !strcmp(name, "cpu-guard")) return loom_backend_guard();
+#ifdef LOOM_HAVE_CUDA_EMU
+    if (name && !strcmp(name, "cuda-emu")) return loom_backend_cuda_emu();
+#endif
+#ifdef LOOM_HAVE_CUDA
+    if (name && !strcmp(name, "cuda")) return loom_backend_cuda();
+#endif
     return NULL;
 }
 
-const char *loom_backend_names(void) { return "cpu, cpu-guard"; }
+const char *loom_backend_names(void) {
+#if defined(LOOM_HAVE_CUDA)
+    return "cpu, cpu-guard, cuda, cuda-emu";
+#elif defined(LOOM_HAVE_CUDA_EMU)
+    return "cpu, cpu-guard, cuda-emu; this loom was built without the CUDA backend (nvcc was "
+           "not found: docs/gpu.md)";
+#else
+    return "cpu, cpu-guard";
+#endif
+}
+
+int loom_backend_ready(const loom_backend *be, loom_err *err) {
+#ifdef LOOM_HAVE_CUDA
+    if (be == loom_backend_cuda()) {
+        char why[512];
+        if (loom_cuda_init(why, sizeof why)) return loom_errf(err, "%s", why);
+    }
+#endif
+    (void)be, (void)err;
+    return 0;
+}
+
+int loom_backend_has_cuda(void) {
+#ifdef LOOM_HAVE_CUDA
+    return 1;
+#else
+    return 0;
+#endif
+}
 
 const loom_backend *loom_backend_default(void) {
     const char *e = getenv("LOOM_BACKEND");

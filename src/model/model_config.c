@@ -332,6 +332,7 @@ int loom_model_config_from(const loom_config *c, int default_seq_len, loom_model
             return loom_errf(err, "environment variable LOOM_BACKEND = '%s': unknown backend "
                                   "(known: %s)", env, loom_backend_names());
     }
+    if (loom_backend_ready(out->backend, err)) return -1;
     if (get_int(c, "model.moe.experts", 0, 1024, &out->n_expert, err) ||
         get_int(c, "model.moe.top_k", 1, 1024, &out->top_k, err) ||
         get_int(c, "model.moe.every", 1, 4096, &out->moe_every, err) ||

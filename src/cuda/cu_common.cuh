@@ -1,0 +1,168 @@
+/* loom's CUDA backend: the dialect every kernel file of src/cuda is written in.
+ *
+ * Each .cu file here compiles two ways:
+ *   - by nvcc for the GPU (sm_80, sm_90: the `cuda` backend, built when nvcc is found);
+ *   - by the host C++ compiler with LOOM_CUDA_EMU defined, against src/cuda/emu/emu.h: the
+ *     `cuda-emu` backend, the same kernels run on the CPU by an emulator (one fiber per
+ *     thread, blocks one after another), so that every kernel is tested against the cpu
+ *     backend on machines with no GPU (docs/gpu.md "Testing without a GPU").
+ * So a kernel uses only what both sides define:
+ *   - __global__ / __device__ functions, threadIdx, blockIdx, blockDim, gridDim (x, y, z),
+ *     __syncthreads(), __syncwarp(), __shfl_xor_sync / __shfl_down_sync / __shfl_sync on
+ *     int, unsigned, float, double with the full mask, static __shared__ arrays, dynamic
+ *     shared memory through CU_DYN_SMEM, atomicAdd on float/double/int (only where results
+ *     need not repeat), the math of <math.h> on float and double (expf, logf, tanhf,
+ *     sqrtf, fmaxf, erff, ...), rsqrtf, fmaf, __float_as_uint / __uint_as_float;
+ *   - launches through CU_LAUNCH (never <<< >>> directly), on the backend's one stream;
+ *   - GEMMs through cu_gemm (cuBLASLt on the GPU, a plain loop in the emulator).
+ * Nothing else: no cuda_bf16.h types (bf16 is uint16_t with cu_bf16/cu_round below, the
+ * bits of include/loom/bf16.h), no C++ library, no exceptions. */
+#ifndef LOOM_CU_COMMON_CUH
+#define LOOM_CU_COMMON_CUH
+
+#include <stddef.h>
+#include <stdint.h>
+#include <math.h>
+
+#ifdef LOOM_CUDA_EMU
+#include "emu/emu.h"
+#else
+#include <cuda_runtime.h>
+#endif
+
+extern "C" {
+#include "loom/backend.h"
+}
+
+/* The GPU build and the emulator's are linked into one binary: each in its own namespace. */
+#ifdef LOOM_CUDA_EMU
+#define LOOM_CU_NS loom_cu_emu
+#else
+#define LOOM_CU_NS loom_cu_gpu
+#endif
+namespace LOOM_CU_NS {
+
+/* ---- errors ---------------------------------------------------------------------------- */
+/* A failed CUDA call ends the process naming the call, the op and the error (loom_panic):
+ * a GPU error is not recoverable mid-step. */
+void cu_fail(const char *file, int line, const char *what, const char *detail);
+#ifdef LOOM_CUDA_EMU
+#define CU_CHECK(call) ((void)(call))
+#else
+#define CU_CHECK(call)                                                                      \
+    do {                                                                                    \
+        cudaError_t cu_e_ = (call);                                                         \
+        if (cu_e_ != cudaSuccess) cu_fail(__FILE__, __LINE__, #call, cudaGetErrorString(cu_e_)); \
+    } while (0)
+#endif
+
+/* selects this rank's device once per process (local rank -> device); 0, or -1 with the
+ * reason in why (no GPU, fewer GPUs than local ranks) */
+int cu_init(char *why, size_t n);
+/* the calling host thread's device is set (every entry point that issues work calls it) */
+void cu_enter(void);
+int cu_device(void);
+/* the stream every op runs on (created at cu_init) */
+cudaStream_t cu_stream(void);
+/* after a launch: a launch error ends the process naming the kernel; LOOM_CUDA_SYNC=1 also
+ * waits for the kernel and checks it (debugging) */
+void cu_after_launch(const char *kernel);
+
+#ifdef LOOM_CUDA_EMU
+#define CU_LAUNCH(kern, grid, block, smem, ...)                                               \
+    emu_launch(dim3(grid), dim3(block), (size_t)(smem), #kern, [=]() { kern(__VA_ARGS__); })
+#define CU_DYN_SMEM(T, name) T *name = (T *)emu_dyn_smem()
+#else
+#define CU_LAUNCH(kern, grid, block, smem, ...)                                               \
+    do {                                                                                    \
+        kern<<<(grid), (block), (smem), cu_stream()>>>(__VA_ARGS__);                        \
+        cu_after_launch(#kern);                                                             \
+    } while (0)
+#define CU_DYN_SMEM(T, name)                                                                \
+    extern __shared__ __align__(16) unsigned char cu_dyn_smem_[];                           \
+    T *name = (T *)cu_dyn_smem_
+#endif
+
+/* ceil(a / b) for launch sizes */
+static inline unsigned cu_blocks(int64_t n, int per) { return (unsigned)((n + per - 1) / per); }
+
+/* ---- bf16 as uint16_t: the bits of include/loom/bf16.h ------------------------------- */
+__device__ __forceinline__ float cu_bf16(uint16_t h) { return __uint_as_float((uint32_t)h << 16); }
+/* round to nearest even; NaN stays a (quiet) NaN: loom_bf16_round */
+__device__ __forceinline__ uint16_t cu_round(float x) {
+    uint32_t u = __float_as_uint(x);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40);
+    u += 0x7fffu + ((u >> 16) & 1u);
+    return (uint16_t)(u >> 16);
+}
+
+/* ---- reductions inside a block ------------------------------------------------------- */
+__device__ __forceinline__ float cu_warp_sum(float v) {
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+__device__ __forceinline__ float cu_warp_max(float v) {
+    for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+    return v;
+}
+__device__ __forceinline__ double cu_warp_sum_d(double v) {
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+/* the sum over the block (blockDim.x a multiple of 32, at most 1024), returned to every
+ * thread; `sh` is 32 floats of shared memory the caller owns (reused after the call returns
+ * only past a __syncthreads). Fixed order: results repeat run to run. */
+__device__ __forceinline__ float cu_block_sum(float v, float *sh) {
+    const int lane = threadIdx.x & 31, w = threadIdx.x >> 5, nw = blockDim.x >> 5;
+    v = cu_warp_sum(v);
+    __syncthreads();
+    if (lane == 0) sh[w] = v;
+    __syncthreads();
+    float t = lane < nw ? sh[lane] : 0.0f;
+    return cu_warp_sum(t);
+}
+__device__ __forceinline__ float cu_block_max(float v, float *sh) {
+    const int lane = threadIdx.x & 31, w = threadIdx.x >> 5, nw = blockDim.x >> 5;
+    v = cu_warp_max(v);
+    __syncthreads();
+    if (lane == 0) sh[w] = v;
+    __syncthreads();
+    float t = lane < nw ? sh[lane] : -INFINITY;
+    return cu_warp_max(t);
+}
+__device__ __forceinline__ double cu_block_sum_d(double v, double *sh) {
+    const int lane = threadIdx.x & 31, w = threadIdx.x >> 5, nw = blockDim.x >> 5;
+    v = cu_warp_sum_d(v);
+    __syncthreads();
+    if (lane == 0) sh[w] = v;
+    __syncthreads();
+    double t = lane < nw ? sh[lane] : 0.0;
+    return cu_warp_sum_d(t);
+}
+
+/* ---- GEMM (src/cuda/cu_gemm.cu) ------------------------------------------------------
+ * Column-major, as cuBLAS: C (m,n) = alpha * op(A) op(B) + beta * C, op(A) (m,k), op(B)
+ * (k,n), leading dimensions lda/ldb/ldc, `batch` matrices stride_a/b/c elements apart.
+ * a_t / b_t: 1 = the operand is stored transposed. Types: CU_F32 (fp32 in, fp32 compute,
+ * TF32 only when LOOM_CUDA_TF32=1) or CU_BF16 (bf16 in, fp32 accumulate) for A and B; C is
+ * CU_F32 or CU_BF16 (rounded once). bias (fp32, m, added to every column, i.e. per output
+ * row of the row-major view) or NULL; epi_gelu: C = gelu_tanh(.. + bias) (pre-activation
+ * not kept). fp32 accumulation throughout. */
+enum { CU_F32 = 0, CU_BF16 = 1 };
+void cu_gemm(int a_t, int b_t, int m, int n, int k, float alpha, const void *A, int lda,
+             int64_t stride_a, const void *B, int ldb, int64_t stride_b, float beta, void *C,
+             int ldc, int64_t stride_c, int batch, int ab_type, int c_type, const float *bias,
+             int epi_gelu);
+
+/* ---- the table's pieces --------------------------------------------------------------
+ * Each ops file fills its part of the table (src/cuda/backend_cuda.cu calls them all). */
+void cu_fill_memory(loom_backend *t);     /* cu_runtime.cu: memory, copies, reductions */
+void cu_fill_gemm(loom_backend *t);       /* cu_gemm.cu: matmul_*, bf16_matmul_* */
+void cu_fill_pointwise(loom_backend *t);  /* ops_pointwise.cu: norms, activations, rope, ... */
+void cu_fill_loss(loom_backend *t);       /* ops_loss.cu: cross-entropy, AdamW, sums */
+void cu_fill_attention(loom_backend *t);  /* ops_attention.cu: sdpa, flash, decode */
+void cu_fill_moe_lora(loom_backend *t);   /* ops_moe_lora.cu: MoE and LoRA ops */
+
+} // namespace LOOM_CU_NS
+
+#endif

@@ -1,0 +1,216 @@
+/* The CUDA emulator's scheduler and runtime (src/cuda/emu/emu.h says what it models). */
+#include "emu.h"
+
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <sys/mman.h>
+#include <ucontext.h>
+
+extern "C" {
+#include "loom/base.h"
+}
+
+uint3 emu_threadIdx, emu_blockIdx;
+dim3 emu_blockDim, emu_gridDim;
+
+namespace {
+
+enum { RUN = 0, WAIT_BLOCK = 1, WAIT_WARP = 2, DONE = 3 };
+enum { STACK = 256 * 1024, MAX_THREADS = 1024 };
+
+struct fiber {
+    ucontext_t ctx;
+    int state;
+    uint3 tid;
+    uint64_t xin, xout; /* warp exchange: the value put in, the one got */
+    int src;
+};
+
+pthread_mutex_t g_lock = PTHREAD_MUTEX_INITIALIZER;
+ucontext_t g_sched;
+fiber g_fib[MAX_THREADS];
+char *g_stacks;        /* MAX_THREADS stacks, mapped once */
+int g_nthreads, g_cur; /* threads of the running block, the running fiber */
+emu_fn g_fn;
+void *g_ctx;
+const char *g_name;
+unsigned char *g_smem;
+size_t g_smem_cap, g_smem_n;
+int64_t g_launches;
+
+void trampoline(void) {
+    g_fn(g_ctx);
+    g_fib[g_cur].state = DONE;
+    /* returning resumes uc_link: the scheduler */
+}
+
+void yield_to_sched(int state) {
+    g_fib[g_cur].state = state;
+    swapcontext(&g_fib[g_cur].ctx, &g_sched);
+}
+
+[[noreturn]] void deadlock(const char *why) {
+    int nb = 0, nw = 0, nd = 0;
+    for (int i = 0; i < g_nthreads; i++) {
+        nb += g_fib[i].state == WAIT_BLOCK;
+        nw += g_fib[i].state == WAIT_WARP;
+        nd += g_fib[i].state == DONE;
+    }
+    loom_panic(__FILE__, __LINE__,
+               "cuda-emu: kernel %s, block (%u,%u,%u): %s (%d threads at __syncthreads, %d at "
+               "a warp primitive, %d exited, of %d)",
+               g_name, emu_blockIdx.x, emu_blockIdx.y, emu_blockIdx.z, why, nb, nw, nd,
+               g_nthreads);
+}
+
+void run_block(void) {
+    const unsigned bx = emu_blockDim.x, by = emu_blockDim.y;
+    for (int i = 0; i < g_nthreads; i++) {
+        fiber *f = &g_fib[i];
+        f->state = RUN;
+        f->tid.x = (unsigned)i % bx;
+        f->tid.y = ((unsigned)i / bx) % by;
+        f->tid.z = (unsigned)i / (bx * by);
+        getcontext(&f->ctx);
+        f->ctx.uc_stack.ss_sp = g_stacks + (size_t)i * STACK;
+        f->ctx.uc_stack.ss_size = STACK;
+        f->ctx.uc_link = &g_sched;
+        makecontext(&f->ctx, trampoline, 0);
+    }
+    if (g_smem_n) memset(g_smem, 0xff, g_smem_n);
+    for (;;) {
+        int ran = 0;
+        for (int i = 0; i < g_nthreads; i++) {
+            if (g_fib[i].state != RUN) continue;
+            g_cur = i;
+            emu_threadIdx = g_fib[i].tid;
+            swapcontext(&g_sched, &g_fib[i].ctx);
+            ran = 1;
+        }
+        (void)ran;
+        /* every fiber is now waiting or done */
+        int done = 0, at_block = 0, released = 0;
+        for (int i = 0; i < g_nthreads; i++) {
+            done += g_fib[i].state == DONE;
+            at_block += g_fib[i].state == WAIT_BLOCK;
+        }
+        if (done == g_nthreads) return;
+        /* warps whose live lanes all wait at the exchange: do it, release them */
+        for (int w = 0; w * 32 < g_nthreads; w++) {
+            int lo = w * 32, hi = lo + 32 < g_nthreads ? lo + 32 : g_nthreads;
+            int waiting = 0, live = 0;
+            for (int i = lo; i < hi; i++) {
+                if (g_fib[i].state == DONE) continue;
+                live++;
+                waiting += g_fib[i].state == WAIT_WARP;
+            }
+            if (!live || waiting != live) continue;
+            for (int i = lo; i < hi; i++) {
+                if (g_fib[i].state != WAIT_WARP) continue;
+                int s = g_fib[i].src;
+                if (s < lo || s >= hi || g_fib[s].state != WAIT_WARP) s = i; /* exited lane */
+                g_fib[i].xout = g_fib[s].xin;
+            }
+            for (int i = lo; i < hi; i++)
+                if (g_fib[i].state == WAIT_WARP) g_fib[i].state = RUN, released = 1;
+        }
+        if (released) continue;
+        if (at_block + done == g_nthreads) {
+            for (int i = 0; i < g_nthreads; i++)
+                if (g_fib[i].state == WAIT_BLOCK) g_fib[i].state = RUN;
+            continue;
+        }
+        deadlock("threads wait at different barriers");
+    }
+}
+
+} // namespace
+
+void emu_run(dim3 grid, dim3 block, size_t smem, const char *name, emu_fn fn, void *ctx) {
+    const int64_t nt = (int64_t)block.x * block.y * block.z;
+    if (nt < 1 || nt > MAX_THREADS || grid.x < 1 || grid.y < 1 || grid.z < 1 || grid.y > 65535 ||
+        grid.z > 65535 || block.z > 64)
+        loom_panic(__FILE__, __LINE__,
+                   "cuda-emu: kernel %s: invalid launch (grid %u,%u,%u, block %u,%u,%u)", name,
+                   grid.x, grid.y, grid.z, block.x, block.y, block.z);
+    if (smem > 227 * 1024)
+        loom_panic(__FILE__, __LINE__,
+                   "cuda-emu: kernel %s: %zu bytes of dynamic shared memory (at most 227 KiB "
+                   "on sm_90, 163 KiB on sm_80)", name, smem);
+    pthread_mutex_lock(&g_lock);
+    if (!g_stacks) {
+        void *p = mmap(NULL, (size_t)MAX_THREADS * STACK, PROT_READ | PROT_WRITE,
+                       MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+        if (p == MAP_FAILED) loom_panic(__FILE__, __LINE__, "cuda-emu: cannot map fiber stacks");
+        g_stacks = (char *)p;
+    }
+    if (smem > g_smem_cap) {
+        free(g_smem);
+        g_smem = (unsigned char *)aligned_alloc(64, (smem + 63) / 64 * 64);
+        if (!g_smem) loom_panic(__FILE__, __LINE__, "cuda-emu: out of memory");
+        g_smem_cap = smem;
+    }
+    g_smem_n = smem;
+    g_fn = fn;
+    g_ctx = ctx;
+    g_name = name;
+    g_nthreads = (int)nt;
+    emu_blockDim = block;
+    emu_gridDim = grid;
+    g_launches++;
+    for (unsigned z = 0; z < grid.z; z++)
+        for (unsigned y = 0; y < grid.y; y++)
+            for (unsigned x = 0; x < grid.x; x++) {
+                emu_blockIdx.x = x;
+                emu_blockIdx.y = y;
+                emu_blockIdx.z = z;
+                run_block();
+            }
+    pthread_mutex_unlock(&g_lock);
+}
+
+void *emu_dyn_smem(void) { return g_smem; }
+int64_t emu_launches(void) { return g_launches; }
+
+void __syncthreads(void) { yield_to_sched(WAIT_BLOCK); }
+int emu_lane(void) { return g_cur & 31; }
+uint64_t emu_warp_exchange(uint64_t v, int src) {
+    fiber *f = &g_fib[g_cur];
+    f->xin = v;
+    f->src = (g_cur & ~31) + (src & 31);
+    if (src < 0 || src > 31) f->src = g_cur;
+    yield_to_sched(WAIT_WARP);
+    return g_fib[g_cur].xout;
+}
+void __syncwarp(unsigned) { (void)emu_warp_exchange(0, emu_lane()); }
+
+/* ---- runtime ------------------------------------------------------------------------- */
+const char *cudaGetErrorString(cudaError_t e) {
+    return e == cudaSuccess ? "no error" : e == cudaErrorMemoryAllocation ? "out of memory"
+                                                                           : "error";
+}
+cudaError_t cudaGetLastError(void) { return cudaSuccess; }
+cudaError_t cudaMalloc(void **p, size_t n) {
+    *p = aligned_alloc(256, (n + 255) / 256 * 256 + 256);
+    return *p ? cudaSuccess : cudaErrorMemoryAllocation;
+}
+cudaError_t cudaFree(void *p) {
+    free(p);
+    return cudaSuccess;
+}
+cudaError_t cudaMemcpyAsync(void *d, const void *s, size_t n, cudaMemcpyKind, cudaStream_t) {
+    if (n) memmove(d, s, n);
+    return cudaSuccess;
+}
+cudaError_t cudaMemcpy2DAsync(void *d, size_t dp, const void *s, size_t sp, size_t w, size_t h,
+                              cudaMemcpyKind, cudaStream_t) {
+    for (size_t r = 0; r < h; r++) memmove((char *)d + r * dp, (const char *)s + r * sp, w);
+    return cudaSuccess;
+}
+cudaError_t cudaMemsetAsync(void *d, int v, size_t n, cudaStream_t) {
+    if (n) memset(d, v, n);
+    return cudaSuccess;
+}
+cudaError_t cudaStreamSynchronize(cudaStream_t) { return cudaSuccess; }
+cudaError_t cudaDeviceSynchronize(void) { return cudaSuccess; }

@@ -1,0 +1,8 @@
+/* The CUDA backend's attention ops (cu_common.cuh: the dialect; docs/gpu.md). */
+#include "cu_common.cuh"
+
+namespace LOOM_CU_NS {
+
+void cu_fill_attention(loom_backend *t) { (void)t; }
+
+} // namespace LOOM_CU_NS
