@@ -23,6 +23,7 @@ static void build(void) {
     cu_fill_loss(&g_table);
     cu_fill_attention(&g_table);
     cu_fill_moe_lora(&g_table);
+    cu_fill_infer(&g_table);
 }
 
 static const loom_backend *table(void) {

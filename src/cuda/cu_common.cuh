@@ -162,6 +162,7 @@ void cu_fill_pointwise(loom_backend *t);  /* ops_pointwise.cu: norms, activation
 void cu_fill_loss(loom_backend *t);       /* ops_loss.cu: cross-entropy, AdamW, sums */
 void cu_fill_attention(loom_backend *t);  /* ops_attention.cu: sdpa, flash, decode */
 void cu_fill_moe_lora(loom_backend *t);   /* ops_moe_lora.cu: MoE and LoRA ops */
+void cu_fill_infer(loom_backend *t);      /* ops_infer.cu: inference weight formats */
 
 } // namespace LOOM_CU_NS
 
