@@ -40,6 +40,8 @@ test: setup-test
 	  cp tests/ctest-costs.txt $(BUILD)/Testing/Temporary/CTestCostData.txt
 	@cd $(BUILD) && ctest --output-on-failure -j 2
 	@if [ -n "$$LOOM_TEST_SKIP" ]; then echo "make test: LOOM_TEST_SKIP=$$LOOM_TEST_SKIP: the tests listed as (Skipped) did not run (fully)"; fi
+	@$(BUILD)/loom version | sed -n 's/^cuda: no device: /make test: the gpu\/* tests (Skipped) need a GPU: /p'
+	@$(BUILD)/loom version | grep -q '^cuda:' || echo "make test: the gpu/* tests (Skipped) need the CUDA backend: this build has none (nvcc not found)"
 
 bench: setup-test
 	@$(MAKE) --no-print-directory build TESTS=ON

@@ -533,6 +533,8 @@ void loom_dev_read(const loom_backend *be, void *dst, const void *src, size_t n,
  * build has it but the sanitizer one). */
 const loom_backend *loom_backend_cuda(void);
 int loom_cuda_init(char *why, size_t n);
+/* "device 0 of 1: NVIDIA H200 (sm_90, ...)": 0; or the reason there is none: -1 */
+int loom_cuda_describe(char *buf, size_t n);
 const loom_backend *loom_backend_cuda_emu(void);
 /* 1 when this build has the CUDA backend (loom version) */
 int loom_backend_has_cuda(void);

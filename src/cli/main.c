@@ -65,6 +65,11 @@ int main(int argc, char **argv) {
         printf("backends: %s\n", loom_backend_has_cuda()
                                      ? "cpu, cuda (built with nvcc; docs/gpu.md)"
                                      : "cpu (this build has no CUDA backend: nvcc was not found)");
+#ifdef LOOM_HAVE_CUDA
+        char dev[600];
+        const int ok = loom_cuda_describe(dev, sizeof dev) == 0;
+        printf("cuda: %s%s\n", ok ? "" : "no device: ", dev);
+#endif
         return 0;
     }
     if (!strcmp(cmd, "help") || !strcmp(cmd, "--help") || !strcmp(cmd, "-h")) {

@@ -104,6 +104,27 @@ void cu_enter(void) {
     t_dev_set = 1;
 }
 
+/* "device 0 of 1: NVIDIA H200 (sm_90, 139.8 GiB)", or the reason there is none (loom
+ * version; the gpu tests' skip reason); 0 when a device is usable */
+int cu_describe(char *buf, size_t n) {
+    char why[512];
+    if (cu_init(why, sizeof why)) {
+        snprintf(buf, n, "%s", why);
+        return -1;
+    }
+#ifdef LOOM_CUDA_EMU
+    snprintf(buf, n, "the emulator (src/cuda/emu: the kernels on the CPU)");
+#else
+    int count = 0;
+    cudaDeviceProp p;
+    CU_CHECK(cudaGetDeviceCount(&count));
+    CU_CHECK(cudaGetDeviceProperties(&p, g_dev));
+    snprintf(buf, n, "device %d of %d: %s (sm_%d%d, %.1f GiB, %d SMs)", g_dev, count, p.name,
+             p.major, p.minor, (double)p.totalGlobalMem / 1073741824.0, p.multiProcessorCount);
+#endif
+    return 0;
+}
+
 cudaStream_t cu_stream(void) {
     cu_enter();
     return g_stream;
