@@ -7,6 +7,10 @@
 
 #include <pthread.h>
 
+extern "C" {
+#include "loom/base.h"
+}
+
 namespace LOOM_CU_NS {
 
 /* ---- cross-entropy: one block per row ---------------------------------------------------
@@ -166,54 +170,69 @@ __global__ void k_ce_shard_backward(float *logits, const int32_t *targets, const
     ce_grad_row(x, Vl, t - v0, mx[n], k, dscale, cap > 0.0f, cap);
 }
 
+/* the grid of a row-per-block launch: N rows (a grid's x stays below 2^31: more rows is the
+ * caller's error, named) */
+static unsigned ce_grid(int64_t N, const char *op) {
+    if (N > 0x7fffffffLL)
+        loom_panic(__FILE__, __LINE__, "cuda %s: %lld rows, more than one launch takes", op,
+                   (long long)N);
+    return (unsigned)N;
+}
+
 static void ce_forward(float *losses, const float *logits, const int32_t *targets, int64_t N,
                        int V) {
-    if (N > 0) CU_LAUNCH(k_ce_forward<float>, (unsigned)N, CE_THREADS, 0, losses, logits, targets, V);
+    if (N > 0)
+        CU_LAUNCH(k_ce_forward<float>, ce_grid(N, "crossentropy_forward"), CE_THREADS, 0,
+                  losses, logits, targets, V);
 }
 static void ce_softmax_backward(float *logits, const int32_t *targets, int64_t N, int V,
                                 float dscale, const float *rw) {
     if (N > 0)
-        CU_LAUNCH(k_ce_backward<float>, (unsigned)N, CE_THREADS, 0, logits, targets, V, dscale,
-                  rw, 0, 0.0f);
+        CU_LAUNCH(k_ce_backward<float>, ce_grid(N, "crossentropy_softmax_backward"), CE_THREADS,
+                  0, logits, targets, V, dscale, rw, 0, 0.0f);
 }
 static void ce_softcap_backward(float *logits, const int32_t *targets, int64_t N, int V,
                                 float dscale, float cap, const float *rw) {
     if (N > 0)
-        CU_LAUNCH(k_ce_backward<float>, (unsigned)N, CE_THREADS, 0, logits, targets, V, dscale,
-                  rw, 1, cap);
+        CU_LAUNCH(k_ce_backward<float>, ce_grid(N, "crossentropy_softcap_backward"), CE_THREADS,
+                  0, logits, targets, V, dscale, rw, 1, cap);
 }
 static void bf16_ce_forward(float *losses, const uint16_t *logits, const int32_t *targets,
                             int64_t N, int V) {
     if (N > 0)
-        CU_LAUNCH(k_ce_forward<uint16_t>, (unsigned)N, CE_THREADS, 0, losses, logits, targets, V);
+        CU_LAUNCH(k_ce_forward<uint16_t>, ce_grid(N, "bf16_crossentropy_forward"), CE_THREADS,
+                  0, losses, logits, targets, V);
 }
 static void bf16_ce_backward(uint16_t *logits, const int32_t *targets, int64_t N, int V,
                              float dscale, const float *rw) {
     if (N > 0)
-        CU_LAUNCH(k_ce_backward<uint16_t>, (unsigned)N, CE_THREADS, 0, logits, targets, V,
-                  dscale, rw, 0, 0.0f);
+        CU_LAUNCH(k_ce_backward<uint16_t>, ce_grid(N, "bf16_crossentropy_backward"),
+                  CE_THREADS, 0, logits, targets, V, dscale, rw, 0, 0.0f);
 }
 static void ce_shard_max(float *mx, const float *logits, int64_t N, int Vl) {
-    if (N > 0) CU_LAUNCH(k_ce_shard_max, (unsigned)N, CE_THREADS, 0, mx, logits, Vl);
+    if (N > 0)
+        CU_LAUNCH(k_ce_shard_max, ce_grid(N, "crossentropy_shard_max"), CE_THREADS, 0, mx,
+                  logits, Vl);
 }
 static void ce_shard_sums(float *sums, const float *logits, const float *mx,
                           const int32_t *targets, int v0, int64_t N, int Vl) {
     if (N > 0)
-        CU_LAUNCH(k_ce_shard_sums, (unsigned)N, CE_THREADS, 0, sums, logits, mx, targets, v0, Vl);
+        CU_LAUNCH(k_ce_shard_sums, ce_grid(N, "crossentropy_shard_sums"), CE_THREADS, 0, sums,
+                  logits, mx, targets, v0, Vl);
 }
 static void ce_shard_backward(float *logits, const int32_t *targets, const float *mx,
                               const float *sums, int v0, int64_t N, int Vl, float dscale,
                               const float *rw) {
     if (N > 0)
-        CU_LAUNCH(k_ce_shard_backward, (unsigned)N, CE_THREADS, 0, logits, targets, mx, sums,
-                  v0, Vl, dscale, 0.0f, rw);
+        CU_LAUNCH(k_ce_shard_backward, ce_grid(N, "crossentropy_shard_backward"), CE_THREADS, 0,
+                  logits, targets, mx, sums, v0, Vl, dscale, 0.0f, rw);
 }
 static void ce_shard_softcap_backward(float *logits, const int32_t *targets, const float *mx,
                                       const float *sums, int v0, int64_t N, int Vl,
                                       float dscale, float cap, const float *rw) {
     if (N > 0)
-        CU_LAUNCH(k_ce_shard_backward, (unsigned)N, CE_THREADS, 0, logits, targets, mx, sums,
-                  v0, Vl, dscale, cap, rw);
+        CU_LAUNCH(k_ce_shard_backward, ce_grid(N, "crossentropy_shard_softcap_backward"),
+                  CE_THREADS, 0, logits, targets, mx, sums, v0, Vl, dscale, cap, rw);
 }
 
 /* ---- AdamW: elementwise ------------------------------------------------------------------

@@ -206,10 +206,46 @@ static void test_adamw(int64_t n, int bf16) {
         if (bf16) cu_check_dev_bf16("  bf16 copy", pb, dpb, n, exact ? 0 : TOL_GRAD_BF16);
         free(g);
     }
-    if (!exact) printf("     (AdamW to %.0e: bit for bit only checked on cuda-emu at a cpu level with FMA)\n", TOL_ADAMW);
+    if (!exact)
+        printf("     (AdamW within %.0e: bit for bit is checked on cuda-emu at a cpu level with "
+               "FMA)\n", TOL_ADAMW);
     free(p), free(m), free(v), free(pb);
     void *all[] = {dp, dm, dv, dg, dpb};
     for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) cu_dev->mem_free(all[i]);
+}
+
+/* n floats all NaN (the device's own contract where the cpu's is undefined or NaN too) */
+static void check_nan(const char *what, const void *d, int64_t n) {
+    float *g = cu_down(d, (size_t)n * 4);
+    int64_t bad = 0;
+    for (int64_t i = 0; i < n; i++) bad += !isnan(g[i]);
+    cu_checks++, cu_failures += bad > 0;
+    printf("%s %s (%lld of %lld not NaN)\n", bad ? "FAIL" : "ok  ", what, (long long)bad,
+           (long long)n);
+    free(g);
+}
+
+/* rows the cpu kernel has no finite answer for: a target >= V (the cpu reads past its row; the
+ * device gives NaN, never an out-of-bounds access) and a row of -inf logits (NaN on both);
+ * the finite row beside them as the cpu's on that row alone */
+static void test_ce_degenerate(void) {
+    enum { V = 45 };
+    float *x = cu_rand(3 * V, -4, 4), cl[3], *g = dup_f(x + 2 * V, V);
+    const int32_t t[3] = {V, 2, 44};
+    for (int i = 0; i < V; i++) x[V + i] = -INFINITY;
+    void *dx = cu_up(x, 3 * V * 4), *dt = cu_up(t, sizeof t), *dl = cu_poisoned(3 * 4);
+    cu_cpu->crossentropy_forward(cl, x + V, t + 1, 2, V);
+    cu_checks++, cu_failures += !isnan(cl[0]);
+    printf("%s cpu crossentropy_forward of a -inf row is NaN\n", isnan(cl[0]) ? "ok  " : "FAIL");
+    cu_dev->crossentropy_forward(dl, dx, dt, 3, V);
+    check_nan("crossentropy_forward target >= V, -inf row: NaN", dl, 2);
+    cu_check_dev_f32("  the finite row beside them", cl + 1, (float *)dl + 2, 1, TOL_LOSS);
+    cu_cpu->crossentropy_softmax_backward(g, t + 2, 1, V, 0.5f, NULL);
+    cu_dev->crossentropy_softmax_backward(dx, dt, 3, V, 0.5f, NULL);
+    check_nan("crossentropy_softmax_backward target >= V, -inf row: NaN", dx, 2 * V);
+    cu_check_dev_f32("  the finite row beside them", g, (float *)dx + 2 * V, V, TOL_GRAD);
+    free(x), free(g);
+    cu_dev->mem_free(dx), cu_dev->mem_free(dt), cu_dev->mem_free(dl);
 }
 
 static void test_sum_squares(int64_t n, float lo, float hi) {
@@ -245,6 +281,7 @@ int main(int argc, char **argv) {
     test_ce(5, 1, 0);        /* one column */
     test_ce(37, 1001, 1);    /* V not a multiple of 32, -inf columns */
     test_ce(2, 50257, 1);    /* GPT-2's vocabulary */
+    test_ce_degenerate();
     test_ce_shards(9, 333, 3, 0);
     test_ce_shards(9, 333, 3, 5.0f);
     test_ce_shards(2, 25000, 2, 0);
