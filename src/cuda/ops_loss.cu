@@ -16,7 +16,8 @@ namespace LOOM_CU_NS {
 /* ---- cross-entropy: one block per row ---------------------------------------------------
  * A row's log-sum-exp is one pass over its V logits: each thread keeps a running max m and
  * s = sum of exp(x - m) over its strided part (the sum in double, as the cpu kernel's; each
- * term exp(x - m) in fp32, as the cpu's loom_expf), rescaling s when m grows; the block then
+ * term exp(x - m) in fp32, as the cpu's loom_expf), rescaling s when m grows (16 bytes of
+ * loads in flight per thread: 4 floats or 8 bf16 a trip); the block then
  * takes the max M of the threads' m and sums s * exp(m - M) in double, in a fixed order.
  * A backward reads the row a second time to write the gradient (each thread the elements it
  * read in the first pass, so no barrier is needed between them). V is any size (a loop). */
@@ -38,18 +39,24 @@ static __device__ __forceinline__ void ce_push(float &m, double &s, float x) {
     }
 }
 
+/* loads in flight per thread in a row loop: 16 bytes (4 floats, 8 bf16) */
+template <class T> struct ce_unroll {
+    enum { U = 16 / sizeof(T) };
+};
+
 /* the row's (M, S = sum of exp(x - M)) from every thread's (m, s); every thread gets both */
 template <class T>
 static __device__ __forceinline__ double ce_row_lse(const T *x, int V, float *M, float *shm,
                                                     double *shs) {
+    enum { U = ce_unroll<T>::U };
     const int B = (int)blockDim.x;
     float m = -INFINITY;
     double s = 0.0;
     int i = (int)threadIdx.x;
-    for (; i + 3 * B < V; i += 4 * B) { /* four loads in flight */
-        const float a = ce_ld(x, i), b = ce_ld(x, i + B), c = ce_ld(x, i + 2 * B),
-                    d = ce_ld(x, i + 3 * B);
-        ce_push(m, s, a), ce_push(m, s, b), ce_push(m, s, c), ce_push(m, s, d);
+    for (; i + (U - 1) * B < V; i += U * B) {
+        float a[U];
+        for (int u = 0; u < U; u++) a[u] = ce_ld(x, i + u * B);
+        for (int u = 0; u < U; u++) ce_push(m, s, a[u]);
     }
     for (; i < V; i += B) ce_push(m, s, ce_ld(x, i));
     const float mx = cu_block_max(m, shm);
@@ -78,22 +85,34 @@ __global__ void k_ce_forward(float *losses, const T *logits, const int32_t *targ
         losses[n] = t < V ? (float)(log(S) + (double)M - (double)ce_ld(x, t)) : NAN;
 }
 
-/* a row's gradient in place: d = exp(y - M) * k, minus dscale at the target column tl (none
- * when tl is outside [0, V)), times 1 - (y / cap)^2 when capped (y the capped logit, read
- * before it is overwritten) */
+/* one gradient element: d = exp(y - M) * k, minus dscale at the target column tl (none when
+ * tl is outside [0, V)), times 1 - (y / cap)^2 when capped (y the capped logit) */
+static __device__ __forceinline__ float ce_grad(float y, int i, int tl, float M, float k,
+                                                float dscale, int capped, float cap) {
+    float d = expf(y - M) * k;
+    if (i == tl) d -= dscale;
+    if (capped) {
+        const float c = y / cap;
+        d *= 1.0f - c * c;
+    }
+    return d;
+}
+
+/* a row's gradient in place, each element read before it is overwritten (by the same
+ * thread) */
 template <class T>
 static __device__ __forceinline__ void ce_grad_row(T *x, int V, int tl, float M, float k,
                                                    float dscale, int capped, float cap) {
-    for (int i = (int)threadIdx.x; i < V; i += (int)blockDim.x) {
-        const float y = ce_ld(x, i);
-        float d = expf(y - M) * k;
-        if (i == tl) d -= dscale;
-        if (capped) {
-            const float c = y / cap;
-            d *= 1.0f - c * c;
-        }
-        ce_st(x, i, d);
+    enum { U = ce_unroll<T>::U };
+    const int B = (int)blockDim.x;
+    int i = (int)threadIdx.x;
+    for (; i + (U - 1) * B < V; i += U * B) {
+        float y[U];
+        for (int u = 0; u < U; u++) y[u] = ce_ld(x, i + u * B);
+        for (int u = 0; u < U; u++)
+            ce_st(x, i + u * B, ce_grad(y[u], i + u * B, tl, M, k, dscale, capped, cap));
     }
+    for (; i < V; i += B) ce_st(x, i, ce_grad(ce_ld(x, i), i, tl, M, k, dscale, capped, cap));
 }
 
 template <class T> static __device__ __forceinline__ void ce_zero_row(T *x, int V, float v) {
@@ -126,8 +145,14 @@ __global__ void k_ce_shard_max(float *mx, const float *logits, int Vl) {
     __shared__ float shm[32];
     const int64_t n = blockIdx.x;
     const float *x = logits + n * Vl;
+    const int B = (int)blockDim.x;
     float m = -INFINITY;
-    for (int i = (int)threadIdx.x; i < Vl; i += (int)blockDim.x) m = x[i] > m ? x[i] : m;
+    int i = (int)threadIdx.x;
+    for (; i + 3 * B < Vl; i += 4 * B) {
+        const float a = x[i], b = x[i + B], c = x[i + 2 * B], d = x[i + 3 * B];
+        m = a > m ? a : m, m = b > m ? b : m, m = c > m ? c : m, m = d > m ? d : m;
+    }
+    for (; i < Vl; i += B) m = x[i] > m ? x[i] : m;
     m = cu_block_max(m, shm);
     if (threadIdx.x == 0) mx[n] = m;
 }
@@ -143,8 +168,15 @@ __global__ void k_ce_shard_sums(float *sums, const float *logits, const float *m
     }
     const float *x = logits + n * Vl;
     const float m = mx[n];
+    const int B = (int)blockDim.x;
     double s = 0.0;
-    for (int i = (int)threadIdx.x; i < Vl; i += (int)blockDim.x) s += (double)expf(x[i] - m);
+    int i = (int)threadIdx.x;
+    for (; i + 3 * B < Vl; i += 4 * B) {
+        const float a = x[i], b = x[i + B], c = x[i + 2 * B], d = x[i + 3 * B];
+        s += (double)expf(a - m), s += (double)expf(b - m), s += (double)expf(c - m),
+            s += (double)expf(d - m);
+    }
+    for (; i < Vl; i += B) s += (double)expf(x[i] - m);
     s = cu_block_sum_d(s, shs);
     if (threadIdx.x == 0) {
         sums[2 * n] = (float)s;

@@ -280,6 +280,7 @@ int main(int argc, char **argv) {
     test_ce(1, 7, 0);        /* fewer columns than a warp */
     test_ce(5, 1, 0);        /* one column */
     test_ce(37, 1001, 1);    /* V not a multiple of 32, -inf columns */
+    test_ce(3, 2500, 1);     /* bf16 rows past one unrolled trip (8 x 256) and a tail */
     test_ce(2, 50257, 1);    /* GPT-2's vocabulary */
     test_ce_degenerate();
     test_ce_shards(9, 333, 3, 0);
