@@ -275,6 +275,91 @@ static void test_scale(int64_t n) {
     free(x), cu_dev->mem_free(dx);
 }
 
+/* ---- timings (the `cuda` backend, or any with LOOM_TEST_CUDA_BENCH=1): GPT-2's head at
+ * N = 2,048 rows (8 on another backend) and AdamW on GPT-2 124M's parameter count; effective
+ * bandwidth from the bytes each op must move. Figures to tune against, not checks; the one
+ * check here is that a large backward repeats bit for bit. */
+#define BENCH_REPS 10
+static double bench_ms(double t0) { return (loom_now() - t0) * 1e3 / BENCH_REPS; }
+
+static void bench(void) {
+    const int on_gpu = !strcmp(cu_dev->name, "cuda");
+    const char *env = getenv("LOOM_TEST_CUDA_BENCH");
+    if (!on_gpu && !(env && !strcmp(env, "1"))) return;
+    const int64_t N = on_gpu ? 2048 : 8, n = on_gpu ? 124439808 : 100000;
+    const int V = 50257;
+    const double gb = 1e9;
+    float *x = cu_rand(N * V, -8, 8);
+    int32_t *t = cu_rand_int(N, 0, V);
+    const size_t xb = (size_t)(N * V) * 4;
+    void *dx0 = cu_up(x, xb), *dx = cu_dev->mem_alloc(xb, 0), *dt = cu_up(t, N * 4);
+    void *dl = cu_dev->mem_alloc(N * 4, 0), *dxh = cu_dev->mem_alloc(xb / 2, 0);
+    cu_dev->bf16_from_f32(dxh, dx0, N * V);
+    cu_dev->mem_sync();
+    double t0 = loom_now();
+    for (int r = 0; r < BENCH_REPS; r++) cu_dev->crossentropy_forward(dl, dx0, dt, N, V);
+    cu_dev->mem_sync();
+    double ms = bench_ms(t0);
+    printf("time crossentropy_forward N %lld V %d: %.3f ms, %.0f GB/s\n", (long long)N, V, ms,
+           (double)xb / gb / (ms * 1e-3));
+    t0 = loom_now();
+    for (int r = 0; r < BENCH_REPS; r++) cu_dev->bf16_crossentropy_forward(dl, dxh, dt, N, V);
+    cu_dev->mem_sync();
+    ms = bench_ms(t0);
+    printf("time bf16_crossentropy_forward: %.3f ms, %.0f GB/s\n", ms,
+           (double)xb / 2 / gb / (ms * 1e-3));
+    double tot = 0;
+    for (int r = 0; r < BENCH_REPS; r++) {
+        cu_dev->mem_d2d(dx, dx0, xb);
+        cu_dev->mem_sync();
+        t0 = loom_now();
+        cu_dev->crossentropy_softmax_backward(dx, dt, N, V, 1.0f / (float)N, NULL);
+        cu_dev->mem_sync();
+        tot += loom_now() - t0;
+    }
+    ms = tot * 1e3 / BENCH_REPS;
+    printf("time crossentropy_softmax_backward: %.3f ms, %.0f GB/s (two reads, one write)\n", ms,
+           3.0 * (double)xb / gb / (ms * 1e-3));
+    float *g1 = cu_down(dx, xb);
+    cu_dev->mem_d2d(dx, dx0, xb);
+    cu_dev->crossentropy_softmax_backward(dx, dt, N, V, 1.0f / (float)N, NULL);
+    float *g2 = cu_down(dx, xb);
+    const int same = !memcmp(g1, g2, xb);
+    cu_checks++, cu_failures += !same;
+    printf("%s crossentropy_softmax_backward N %lld V %d repeats bit for bit\n",
+           same ? "ok  " : "FAIL", (long long)N, V);
+    free(x), free(t), free(g1), free(g2);
+    void *ce[] = {dx0, dx, dt, dl, dxh};
+    for (size_t i = 0; i < sizeof ce / sizeof ce[0]; i++) cu_dev->mem_free(ce[i]);
+
+    void *p = cu_dev->mem_alloc(n * 4, 0), *g = cu_dev->mem_alloc(n * 4, 0);
+    void *m = cu_dev->mem_alloc(n * 4, 0), *v = cu_dev->mem_alloc(n * 4, 0);
+    void *pb = cu_dev->mem_alloc(n * 2, 0);
+    cu_dev->fill_float(g, n, 0.01f);
+    cu_dev->mem_sync();
+    t0 = loom_now();
+    for (int r = 0; r < BENCH_REPS; r++)
+        cu_dev->adamw_update(p, g, m, v, n, 1e-3f, 0.9f, 0.95f, 1e-8f, 0.1f, r + 1, 0.5f);
+    cu_dev->mem_sync();
+    ms = bench_ms(t0);
+    printf("time adamw_update n %lld: %.3f ms, %.0f GB/s\n", (long long)n, ms,
+           28.0 * (double)n / gb / (ms * 1e-3));
+    t0 = loom_now();
+    for (int r = 0; r < BENCH_REPS; r++)
+        cu_dev->adamw_update_bf16(p, pb, g, m, v, n, 1e-3f, 0.9f, 0.95f, 1e-8f, 0.1f, r + 1, 0.5f);
+    cu_dev->mem_sync();
+    ms = bench_ms(t0);
+    printf("time adamw_update_bf16: %.3f ms, %.0f GB/s\n", ms, 30.0 * (double)n / gb / (ms * 1e-3));
+    t0 = loom_now();
+    double ss = 0;
+    for (int r = 0; r < BENCH_REPS; r++) ss += cu_dev->sum_squares(g, n);
+    ms = bench_ms(t0);
+    printf("time sum_squares: %.3f ms (with the read back), %.0f GB/s (sum %.6g)\n", ms,
+           4.0 * (double)n / gb / (ms * 1e-3), ss / BENCH_REPS);
+    void *ad[] = {p, g, m, v, pb};
+    for (size_t i = 0; i < sizeof ad / sizeof ad[0]; i++) cu_dev->mem_free(ad[i]);
+}
+
 int main(int argc, char **argv) {
     cu_setup(argc, argv);
     test_ce(1, 7, 0);        /* fewer columns than a warp */
@@ -294,5 +379,6 @@ int main(int argc, char **argv) {
     test_sum_squares(5000011, -30, 30); /* past the fixed grid: the grid-stride loop */
     cu_check_scalar("sum_squares n 0", 0.0, cu_dev->sum_squares(NULL, 0), 0);
     test_scale(100003);
+    bench();
     return cu_finish();
 }
