@@ -31,7 +31,8 @@ static void *scratch_lock(size_t bytes) {
         if (g_scratch) CU_CHECK(cudaFree(g_scratch)); /* waits for the queued work */
         g_scratch = NULL;
         g_scratch_bytes = 0;
-        const size_t n = bytes < ((size_t)1 << 20) ? ((size_t)1 << 20) : (bytes + 4095) / 4096 * 4096;
+        const size_t mib = (size_t)1 << 20;
+        const size_t n = bytes < mib ? mib : (bytes + 4095) / 4096 * 4096;
         CU_CHECK(cudaMalloc(&g_scratch, n));
         if (!g_scratch) cu_fail(__FILE__, __LINE__, "cudaMalloc", "the pointwise ops' scratch");
         g_scratch_bytes = n;
@@ -83,6 +84,9 @@ static unsigned ew_grid(int64_t n) {
 #define PW_LOOP(i, n)                                                                        \
     for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < (n);                \
          i += (int64_t)gridDim.x * blockDim.x)
+/* row launches: one block per row, a stride loop over the rows past 65,535 blocks */
+#define PW_BLOCK_ROWS(r, rows) for (int64_t r = blockIdx.x; r < (rows); r += gridDim.x)
+static unsigned row_blocks(int64_t rows) { return rows < 65535 ? (unsigned)rows : 65535u; }
 
 /* ---- norms ---------------------------------------------------------------------------------
  * Every norm is over "rows" of D floats: a row of (N,C) (LayerNorm, RMSNorm: D = C), one
@@ -435,39 +439,48 @@ static void cu_bf16_gelu_backward(float *dinp, int set, const uint16_t *inp, con
 }
 
 /* gated units over rows [gate | up] of inp (N, 2F): out (N, F) = act(gate) * up with act =
- * silu (gelu 0) or tanh GELU (gelu 1); backward dinp (N, 2F) += */
+ * silu (gelu 0) or tanh GELU (gelu 1); backward dinp (N, 2F) +=. One block per row (a
+ * stride loop over the rows), threads over its F columns: no 64-bit division per element. */
+
 __global__ void k_glu_fwd(float *out, uint16_t *outh, const float *inp, const uint16_t *inph,
                           int64_t N, int F, int gelu) {
-    PW_LOOP(e, N * F) {
-        const int64_t n = e / F, i = e - n * F, g0 = n * 2 * F + i;
-        const float x = pw_ld(inp, inph, g0), u = pw_ld(inp, inph, g0 + F);
-        pw_st(out, outh, e, gelu ? pw_gelu(x) * u : x * pw_sigmoid(x) * u);
+    PW_BLOCK_ROWS(n, N) {
+        const int64_t g0 = n * 2 * F, o = n * F;
+        for (int i = threadIdx.x; i < F; i += blockDim.x) {
+            const float x = pw_ld(inp, inph, g0 + i), u = pw_ld(inp, inph, g0 + F + i);
+            pw_st(out, outh, o + i, gelu ? pw_gelu(x) * u : x * pw_sigmoid(x) * u);
+        }
     }
 }
 __global__ void k_glu_bwd(float *dinp, const float *inp, const uint16_t *inph,
                           const float *dout, int64_t N, int F, int gelu) {
-    PW_LOOP(e, N * F) {
-        const int64_t n = e / F, i = e - n * F, g0 = n * 2 * F + i;
-        const float x = pw_ld(inp, inph, g0), u = pw_ld(inp, inph, g0 + F), dy = dout[e];
-        if (gelu) {
-            dinp[g0] += dy * u * pw_gelu_grad(x);
-            dinp[g0 + F] += dy * pw_gelu(x);
-        } else {
-            const float s = pw_sigmoid(x);
-            dinp[g0] += dy * u * s * (1.0f + x * (1.0f - s));
-            dinp[g0 + F] += dy * (x * s);
+    PW_BLOCK_ROWS(n, N) {
+        const int64_t g0 = n * 2 * F, o = n * F;
+        for (int i = threadIdx.x; i < F; i += blockDim.x) {
+            const float x = pw_ld(inp, inph, g0 + i), u = pw_ld(inp, inph, g0 + F + i);
+            const float dy = dout[o + i];
+            if (gelu) {
+                dinp[g0 + i] += dy * u * pw_gelu_grad(x);
+                dinp[g0 + F + i] += dy * pw_gelu(x);
+            } else {
+                const float s = pw_sigmoid(x);
+                dinp[g0 + i] += dy * u * s * (1.0f + x * (1.0f - s));
+                dinp[g0 + F + i] += dy * (x * s);
+            }
         }
     }
 }
 static void glu_fwd(float *out, uint16_t *outh, const float *inp, const uint16_t *inph,
                     int64_t N, int F, int gelu) {
     if (N > 0 && F > 0)
-        CU_LAUNCH(k_glu_fwd, ew_grid(N * F), EW_THREADS, 0, out, outh, inp, inph, N, F, gelu);
+        CU_LAUNCH(k_glu_fwd, row_blocks(N), F >= 256 ? 256 : 128, 0, out, outh, inp, inph, N, F,
+                  gelu);
 }
 static void glu_bwd(float *dinp, const float *inp, const uint16_t *inph, const float *dout,
                     int64_t N, int F, int gelu) {
     if (N > 0 && F > 0)
-        CU_LAUNCH(k_glu_bwd, ew_grid(N * F), EW_THREADS, 0, dinp, inp, inph, dout, N, F, gelu);
+        CU_LAUNCH(k_glu_bwd, row_blocks(N), F >= 256 ? 256 : 128, 0, dinp, inp, inph, dout, N, F,
+                  gelu);
 }
 static void cu_swiglu_forward(float *out, const float *inp, int64_t N, int F) {
     glu_fwd(out, NULL, inp, NULL, N, F, 0);
@@ -550,29 +563,31 @@ static void cu_rope_tables(float *cos_t, float *sin_t, int max_T, int D, float t
     free(f);
 }
 
-/* one thread per rotated pair (i, i + D/2) of a head: x1 = a c - b s, x2 = b c + a s with s
- * times sign (-1: the inverse rotation, the backward) */
+/* one block per row (a stride loop over the rows), a thread per rotated pair (i, i + D/2) of
+ * a head: x1 = a c - b s, x2 = b c + a s with s times sign (-1: the inverse rotation, the
+ * backward) */
 __global__ void k_rope(float *x, uint16_t *xh, int64_t rows, int T, int nh, int D,
                        int64_t row_stride, const float *cos_t, const float *sin_t, int pos0,
                        float sign) {
-    const int half = D / 2;
-    PW_LOOP(e, rows * nh * half) {
-        const int64_t rest = e / half, r = rest / nh;
-        const int i = (int)(e - rest * half), h = (int)(rest - r * nh);
+    const int half = D / 2, pairs = nh * half;
+    PW_BLOCK_ROWS(r, rows) {
         const int64_t pos = pos0 + r % T;
-        const float c = cos_t[pos * half + i], sn = sign * sin_t[pos * half + i];
-        const int64_t p1 = r * row_stride + (int64_t)h * D + i, p2 = p1 + half;
-        const float a = pw_ld(x, xh, p1), b = pw_ld(x, xh, p2);
-        pw_st(x, xh, p1, a * c - b * sn);
-        pw_st(x, xh, p2, b * c + a * sn);
+        const float *c = cos_t + pos * half, *s = sin_t + pos * half;
+        for (int j = threadIdx.x; j < pairs; j += blockDim.x) {
+            const int h = j / half, i = j - h * half;
+            const float cs = c[i], sn = sign * s[i];
+            const int64_t p1 = r * row_stride + (int64_t)h * D + i, p2 = p1 + half;
+            const float a = pw_ld(x, xh, p1), b = pw_ld(x, xh, p2);
+            pw_st(x, xh, p1, a * cs - b * sn);
+            pw_st(x, xh, p2, b * cs + a * sn);
+        }
     }
 }
 static void rope(float *x, uint16_t *xh, int64_t B, int T, int nh, int D, int64_t row_stride,
                  const float *cos_t, const float *sin_t, int pos0, float sign) {
-    const int64_t n = B * T * nh * (D / 2);
-    if (B <= 0 || T <= 0 || nh <= 0 || n <= 0) return;
-    CU_LAUNCH(k_rope, ew_grid(n), EW_THREADS, 0, x, xh, B * T, T, nh, D, row_stride, cos_t,
-              sin_t, pos0, sign);
+    if (B <= 0 || T <= 0 || nh <= 0 || D / 2 <= 0) return;
+    CU_LAUNCH(k_rope, row_blocks(B * T), nh * (D / 2) >= 256 ? 256 : 128, 0, x, xh, B * T, T, nh,
+              D, row_stride, cos_t, sin_t, pos0, sign);
 }
 static void cu_rope_forward(float *x, int64_t B, int T, int nh, int D, int64_t row_stride,
                             const float *cos_t, const float *sin_t, int pos0) {
@@ -594,7 +609,7 @@ static void cu_bf16_rope_forward(uint16_t *x, int64_t B, int T, int nh, int D,
 __global__ void k_embed_fwd(float *out, uint16_t *outh, const int32_t *tokens, const float *wte,
                             int64_t v0, int64_t Vl, int shard, const float *wpe, int64_t rows,
                             int T, int C, int pos0) {
-    for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
+    PW_BLOCK_ROWS(r, rows) {
         const int64_t v = (int64_t)tokens[r] - v0;
         const float *e = v >= 0 && v < Vl ? wte + v * C : NULL;
         const float *p = wpe ? wpe + (int64_t)(pos0 + r % T) * C : NULL;
@@ -611,9 +626,8 @@ static void embed_fwd(float *out, uint16_t *outh, const int32_t *tokens, const f
                       int pos0) {
     const int64_t rows = (int64_t)B * T;
     if (rows <= 0 || C <= 0) return;
-    const unsigned grid = rows < 65535 ? (unsigned)rows : 65535u;
-    CU_LAUNCH(k_embed_fwd, grid, C >= 256 ? 256 : 128, 0, out, outh, tokens, wte, v0, Vl, shard,
-              wpe, rows, T, C, pos0);
+    CU_LAUNCH(k_embed_fwd, row_blocks(rows), C >= 256 ? 256 : 128, 0, out, outh, tokens, wte, v0,
+              Vl, shard, wpe, rows, T, C, pos0);
 }
 static void cu_embedding_forward(float *out, const int32_t *tokens, const float *wte,
                                  const float *wpe, int B, int T, int C, int pos0) {
