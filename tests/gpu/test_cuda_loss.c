@@ -200,6 +200,14 @@ static void test_adamw(int64_t n, int bf16) {
         snprintf(what, sizeof what, "adamw_update%s n %lld step %d grad_scale %g: p",
                  bf16 ? "_bf16" : "", (long long)n, step, (double)gs);
         cu_check_dev_f32(what, p, dp, n, tol);
+        if (!exact) { /* a figure for the GPU run: are they the cpu's bits there too? */
+            float *got = cu_down(dp, (size_t)n * 4);
+            int64_t diff = 0;
+            for (int64_t i = 0; i < n; i++) diff += memcmp(&got[i], &p[i], 4) != 0;
+            printf("     p: %lld of %lld elements differ in bits from the cpu's\n",
+                   (long long)diff, (long long)n);
+            free(got);
+        }
         cu_check_dev_f32("  m", m, dm, n, tol);
         cu_check_dev_f32("  v", v, dv, n, tol);
         /* the copy is the rounded master: exact wherever the masters agree bit for bit */
