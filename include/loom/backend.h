@@ -536,6 +536,10 @@ int loom_cuda_init(char *why, size_t n);
 /* "device 0 of 1: NVIDIA H200 (sm_90, ...)": 0; or the reason there is none: -1 */
 int loom_cuda_describe(char *buf, size_t n);
 const loom_backend *loom_backend_cuda_emu(void);
+/* the CUDA device's name as cudaGetDeviceProperties gives it ("NVIDIA H200"): 0; -1 (and "")
+ * for a backend without one */
+int loom_cuda_device_name(char *buf, size_t n);
+int loom_backend_device_name(const loom_backend *be, char *buf, size_t n);
 /* 1 when this build has the CUDA backend (loom version) */
 int loom_backend_has_cuda(void);
 /* A backend's device is usable: 0, or -1 with the reason in err (cuda: no GPU, too few) */

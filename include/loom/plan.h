@@ -97,6 +97,8 @@ typedef struct loom_plan_hw {
     int nodes;              /* nodes in the cluster (0: as many as the ranks need) */
     int peak_measured, mem_measured; /* the file says "measured": fill in before use */
     char source[256];       /* where the figures come from (the datasheet) */
+    char cuda_names[160];   /* the CUDA device names this file is (its own key, "" if none) */
+    double peak_fp32_simt;  /* GPUs: fp32 without tensor cores (0: not given) */
 } loom_plan_hw;
 
 /* Reads a hardware file (unknown keys refused, naming the file and key; `base: NAME` starts
@@ -107,6 +109,10 @@ int loom_plan_hw_load(const char *path, loom_plan_hw *out, loom_err *err);
 /* The hardware file of a name (h100, h100-sxm, h200, b200, a100, cpu): $LOOM_HW_DIR, else the
  * data/hardware/ of loom's source tree. path gets the file's path. */
 int loom_plan_hw_find(const char *name, char *path, size_t size, loom_err *err);
+/* The hardware file whose cuda_names list the CUDA device name `device` (first in file-name
+ * order): 0 with it loaded (path: its path), 1 when no file names the device, -1 on error. */
+int loom_plan_hw_for_device(const char *device, loom_plan_hw *out, char *path, size_t size,
+                            loom_err *err);
 
 /* A step's time (seconds), by part. */
 typedef struct loom_plan_time {

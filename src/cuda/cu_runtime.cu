@@ -125,6 +125,18 @@ int cu_describe(char *buf, size_t n) {
     return 0;
 }
 
+int cu_device_name(char *buf, size_t n) {
+    if (cu_init(NULL, 0)) return -1;
+#ifdef LOOM_CUDA_EMU
+    snprintf(buf, n, "cuda-emu");
+#else
+    cudaDeviceProp p;
+    CU_CHECK(cudaGetDeviceProperties(&p, g_dev));
+    snprintf(buf, n, "%s", p.name);
+#endif
+    return 0;
+}
+
 cudaStream_t cu_stream(void) {
     cu_enter();
     return g_stream;

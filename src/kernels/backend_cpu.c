@@ -290,6 +290,15 @@ int loom_backend_ready(const loom_backend *be, loom_err *err) {
     return 0;
 }
 
+int loom_backend_device_name(const loom_backend *be, char *buf, size_t n) {
+#ifdef LOOM_HAVE_CUDA
+    if (be == loom_backend_cuda()) return loom_cuda_device_name(buf, n);
+#endif
+    (void)be;
+    if (n) buf[0] = 0;
+    return -1;
+}
+
 int loom_backend_has_cuda(void) {
 #ifdef LOOM_HAVE_CUDA
     return 1;

@@ -3,6 +3,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <dirent.h>
 #include <unistd.h>
 
 #include "loom/backend.h" /* the kernels' instruction-set level */
@@ -31,6 +32,9 @@ static const loom_config_key hw_keys[] = {
     {"per_node", NULL, "devices (ranks) per node"},
     {"shared_memory", NULL, "true: a node's ranks share mem_bytes (CPU)"},
     {"nodes", NULL, "nodes in the cluster (0: as many as needed)"},
+    {"cuda_names", NULL, "the CUDA device names (cudaGetDeviceProperties) this file is, comma-separated: "
+                         "MFU of a model.backend cuda run (not inherited from a base)"},
+    {"peak_fp32_simt", NULL, "GPUs: fp32 FLOP/s without tensor cores (fp32 training, TF32 off)"},
 };
 #define N_HW_KEYS (int)(sizeof hw_keys / sizeof hw_keys[0])
 
@@ -105,6 +109,8 @@ static int load(const char *path, int depth, loom_plan_hw *out, loom_err *err) {
     }
     const char *name = loom_config_get(c, "name");
     if (name) snprintf(out->name, sizeof out->name, "%s", name);
+    const char *cn = loom_config_get(c, "cuda_names"); /* the file's own, never its base's */
+    snprintf(out->cuda_names, sizeof out->cuda_names, "%s", cn ? cn : "");
     const char *src = loom_config_get(c, "source");
     if (src) snprintf(out->source, sizeof out->source, "%s", src);
     double per_node = out->per_node, nodes = out->nodes;
@@ -119,7 +125,8 @@ static int load(const char *path, int depth, loom_plan_hw *out, loom_err *err) {
         number(c, path, "inter_bw", 0, 1e3, 1e16, &out->inter_bw, NULL, err) ||
         number(c, path, "latency_s", 0, 0.0, 1.0, &out->latency_s, NULL, err) ||
         number(c, path, "per_node", 0, 1, 1 << 16, &per_node, NULL, err) ||
-        number(c, path, "nodes", 0, 0, 1 << 20, &nodes, NULL, err))
+        number(c, path, "nodes", 0, 0, 1 << 20, &nodes, NULL, err) ||
+        number(c, path, "peak_fp32_simt", 0, 1e6, 1e18, &out->peak_fp32_simt, NULL, err))
         goto done;
     if (loom_config_get(c, "shared_memory") &&
         loom_config_get_bool(c, "shared_memory", &shared, err)) {
@@ -148,4 +155,50 @@ int loom_plan_hw_load(const char *path, loom_plan_hw *out, loom_err *err) {
     if (!out->inter_bw) out->inter_bw = out->intra_bw;
     if (!out->name[0]) snprintf(out->name, sizeof out->name, "%s", path);
     return 0;
+}
+
+/* one name of a comma-separated list, spaces around it ignored */
+static int names_have(const char *list, const char *name) {
+    const size_t n = strlen(name);
+    for (const char *p = list; *p;) {
+        while (*p == ' ' || *p == ',') p++;
+        const char *e = p;
+        while (*e && *e != ',') e++;
+        const char *t = e;
+        while (t > p && t[-1] == ' ') t--;
+        if ((size_t)(t - p) == n && n && !memcmp(p, name, n)) return 1;
+        p = e;
+    }
+    return 0;
+}
+
+int loom_plan_hw_for_device(const char *device, loom_plan_hw *out, char *path, size_t size,
+                            loom_err *err) {
+    const char *dir = getenv("LOOM_HW_DIR");
+    char def[4096];
+    if (!dir || !*dir) {
+        snprintf(def, sizeof def, "%s/hardware", LOOM_DATA_DIR);
+        dir = def;
+    }
+    DIR *d = opendir(dir);
+    if (!d) return loom_errf(err, "hardware files: cannot read the folder %s", dir);
+    /* in name order, so that the answer does not depend on the directory's order */
+    char best[256] = "";
+    struct dirent *e;
+    while ((e = readdir(d))) {
+        const size_t n = strlen(e->d_name);
+        if (n < 6 || strcmp(e->d_name + n - 5, ".yaml") || n >= sizeof best) continue;
+        char p[4400];
+        snprintf(p, sizeof p, "%s/%s", dir, e->d_name);
+        loom_plan_hw hw;
+        loom_err ignored;
+        if (loom_plan_hw_load(p, &hw, &ignored)) continue;
+        if (names_have(hw.cuda_names, device) && (!best[0] || strcmp(e->d_name, best) < 0))
+            snprintf(best, sizeof best, "%s", e->d_name);
+    }
+    closedir(d);
+    if (!best[0]) return 1;
+    const int w = snprintf(path, size, "%s/%s", dir, best);
+    if (w < 0 || (size_t)w >= size) return loom_errf(err, "hardware path too long: %s", dir);
+    return loom_plan_hw_load(path, out, err);
 }

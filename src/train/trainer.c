@@ -11,6 +11,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "loom/backend.h"
 #include "loom/checkpoint.h"
 #include "loom/comm.h"
 #include "loom/data.h"
@@ -19,6 +20,7 @@
 #include "loom/model.h"
 #include "loom/model_config.h"
 #include "loom/peak.h"
+#include "loom/plan.h"
 #include "loom/parallel.h"
 #include "loom/schedule.h"
 #include "loom/signals.h"
@@ -34,6 +36,40 @@
 /* ---- interruption: SIGINT/SIGTERM finish the current step, checkpoint, and stop ----
  * The signal thread (loom/signals.h) records the first one; the loop reads it at the step
  * boundary. No handler ever runs on a computing thread. */
+
+/* MFU's denominator on a GPU (model.backend cuda): the dense peak of the hardware file that
+ * names the device (bf16: tensor cores; fp32: tf32 with LOOM_CUDA_TF32=1, else the CUDA
+ * cores' fp32). 0 with `from` saying where it came from; -1 with `from` saying why there is
+ * none (then MFU is not reported). */
+static int loom_gpu_peak(const loom_backend *be, int bf16, double *peak, char *from, size_t n) {
+    *peak = 0;
+    char dev[256] = "";
+    if (loom_backend_device_name(be, dev, sizeof dev)) {
+        snprintf(from, n, "no MFU: the CUDA device's name is unknown");
+        return -1;
+    }
+    loom_plan_hw hw;
+    char path[4400];
+    loom_err err;
+    const int rc = loom_plan_hw_for_device(dev, &hw, path, sizeof path, &err);
+    if (rc) {
+        snprintf(from, n, "no MFU: %.120s (set training.peak_flops, or add the device to a "
+                 "data/hardware file's cuda_names)", rc > 0 ? "no hardware file names this GPU" : err.msg);
+        return -1;
+    }
+    const char *tf32 = getenv("LOOM_CUDA_TF32");
+    const int use_tf32 = tf32 && !strcmp(tf32, "1");
+    *peak = bf16 ? hw.peak_bf16 : use_tf32 ? hw.peak_fp32 : hw.peak_fp32_simt;
+    if (!(*peak > 0)) {
+        snprintf(from, n, "no MFU: %.60s gives no %s peak", hw.name,
+                 bf16 ? "bf16" : use_tf32 ? "tf32" : "fp32 (peak_fp32_simt)");
+        return -1;
+    }
+    snprintf(from, n, "%.40s %s, %.40s", hw.name, bf16 ? "bf16" : use_tf32 ? "tf32" : "fp32",
+             strrchr(path, '/') ? strrchr(path, '/') + 1 : path);
+    return 0;
+}
+
 static void on_stop_signal(void *ctx, int sig) {
     atomic_int *stop = ctx;
     int none = 0;
@@ -525,9 +561,15 @@ int loom_train(loom_config *cfg, loom_err *err) {
      * single-process run measures it here; a multi-rank run measures on every rank at once
      * (each on its own cores, as training runs) and uses the ranks' mean. */
     double peak = 0;
-    char peak_from[64] = "training.peak_flops";
+    char peak_from[256] = "training.peak_flops";
+    const loom_backend *mbe = loom_model_backend(t.model);
     if (t.s.peak_flops > 0) {
         if (rank0) peak = t.s.peak_flops;
+    } else if (!strcmp(mbe->name, "cuda")) {
+        /* a GPU's peak is its datasheet's (data/hardware: cuda_names), never measured */
+        if (rank0 && loom_gpu_peak(mbe, t.s.precision == LOOM_PREC_BF16, &peak, peak_from,
+                                   sizeof peak_from))
+            loom_warn("%s", peak_from);
     } else {
         loom_peak pk;
         memset(&pk, 0, sizeof pk);

@@ -8,6 +8,7 @@
 #include <jansson.h>
 
 #include "loom/peak.h"
+#include "loom/plan.h"
 
 static char g_cache[512];
 static int g_probe_calls;
@@ -265,6 +266,27 @@ static void test_probe_plausible(void **state) {
     assert_false(loom_path_exists(g_cache));
 }
 
+/* MFU on a GPU: the hardware file whose own cuda_names list the device (data/hardware) */
+static void test_gpu_hardware_by_device_name(void **state) {
+    (void)state;
+    loom_plan_hw hw;
+    char path[4400];
+    loom_err err;
+    assert_int_equal(loom_plan_hw_for_device("NVIDIA H200", &hw, path, sizeof path, &err), 0);
+    assert_non_null(strstr(path, "h200-sxm.yaml"));
+    assert_true(hw.peak_bf16 == 989.5e12 && hw.peak_fp32 == 494.7e12);
+    assert_true(hw.peak_fp32_simt == 66.9e12); /* inherited from h100-sxm with the compute */
+    assert_int_equal(loom_plan_hw_for_device("NVIDIA H100 80GB HBM3", &hw, path, sizeof path, &err), 0);
+    assert_non_null(strstr(path, "h100-sxm.yaml")); /* not grand-teton's: names are not inherited */
+    assert_int_equal(loom_plan_hw_for_device("NVIDIA A100-SXM4-40GB", &hw, path, sizeof path, &err), 0);
+    assert_true(hw.peak_bf16 == 312e12 && hw.peak_fp32_simt == 19.5e12);
+    assert_int_equal(loom_plan_hw_for_device("NVIDIA B200", &hw, path, sizeof path, &err), 0);
+    assert_true(hw.peak_bf16 == 2250e12);
+    /* a device no file names (nor a prefix of a named one) */
+    assert_int_equal(loom_plan_hw_for_device("NVIDIA H200 NVL", &hw, path, sizeof path, &err), 1);
+    assert_int_equal(loom_plan_hw_for_device("NVIDIA", &hw, path, sizeof path, &err), 1);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_setup_teardown(test_env_override_measures_nothing, setup, teardown),
@@ -275,6 +297,7 @@ int main(void) {
         cmocka_unit_test_setup_teardown(test_untrusted_cache, setup, teardown),
         cmocka_unit_test_setup_teardown(test_idle_rule, setup, teardown),
         cmocka_unit_test_setup_teardown(test_probe_plausible, setup, teardown),
+        cmocka_unit_test(test_gpu_hardware_by_device_name),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
