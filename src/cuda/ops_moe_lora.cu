@@ -2,12 +2,15 @@
  * src/kernels/moe.c and src/kernels/lora_ops.c (cu_common.cuh: the dialect; docs/gpu.md
  * "MoE and LoRA ops").
  *
- * Every result repeats run to run: no float atomics, fixed reduction trees, sums the cpu
- * makes in index order made in index order here too (the softmax's sum, the router
- * backward's sum over experts, the per-expert probability sums, LoRA's merge over r), so on
- * the emulator most outputs equal the cpu's bit for bit and on the GPU they differ only by
- * FMA contraction and the device's exp/log. The routing ints (e, pos, cnt) are the cpu's
- * exactly: top-k is a comparison (no arithmetic), and capacity and numbering are counts.
+ * Every result repeats run to run: no float atomics, fixed reduction trees, and the sums the
+ * cpu makes in index order made in index order here too (the softmax's sum, the router
+ * backward's sum over experts, the per-expert probability sums, the combines' sums over
+ * choices, LoRA's merge over r), with no product contracted into an FMA (mul_rn). So most
+ * outputs are the cpu's bit for bit; the exceptions are the device's exp / log / expf (the
+ * routing softmax, the shared gate's sigmoid) and the dot products in double, reduced by a
+ * tree instead of in index order (then rounded to float: equal but in rare last-bit cases).
+ * The routing ints (e, pos, cnt) are the cpu's exactly given the same probabilities: top-k
+ * is a comparison, capacity and numbering are counts.
  *
  * Shapes as backend.h: N tokens, E experts, K choices per token, C = d_model, G tokens per
  * routing group (ng = ceil(N / G) groups). */
@@ -46,6 +49,18 @@ static void *scratch(size_t bytes) {
 }
 
 static const unsigned FULL = 0xffffffffu;
+
+/* a product nvcc may not contract with the sum that follows into an FMA: the cpu kernels are
+ * compiled without FMA (src/kernels/moe.c), so with these the device's row arithmetic is
+ * theirs bit for bit (the emulator's host compiler targets x86-64 without FMA: a plain
+ * product is never contracted there) */
+#ifdef LOOM_CUDA_EMU
+static __device__ __forceinline__ float mul_rn(float a, float b) { return a * b; }
+static __device__ __forceinline__ double mul_rn(double a, double b) { return a * b; }
+#else
+static __device__ __forceinline__ float mul_rn(float a, float b) { return __fmul_rn(a, b); }
+static __device__ __forceinline__ double mul_rn(double a, double b) { return __dmul_rn(a, b); }
+#endif
 
 /* the sum of the lanes' v in lane order, ((s + v_0) + v_1) + ... over lanes < n, returned to
  * every lane: the order of a sequential loop (all lanes call it; n is warp-uniform) */
@@ -388,7 +403,7 @@ static __global__ void k_moe_combine(float *y, const float *YB, const float *p, 
     for (int i = threadIdx.x; i < C; i += blockDim.x) {
         float a = 0.0f;
         for (int j = 0; j < K; j++)
-            if (q[j] >= 0) a += w[j] * YB[(int64_t)q[j] * C + i];
+            if (q[j] >= 0) a += mul_rn(w[j], YB[(int64_t)q[j] * C + i]);
         y[t * C + i] = a;
     }
 }
@@ -404,9 +419,9 @@ static __global__ void k_moe_combine_bf16(uint16_t *y, const uint16_t *YB, const
     for (int i = threadIdx.x; i < C; i += blockDim.x) {
         float a = 0.0f;
         for (int j = 0; j < K; j++)
-            if (q[j] >= 0) a += w[j] * cu_bf16(YB[(int64_t)q[j] * C + i]);
+            if (q[j] >= 0) a += mul_rn(w[j], cu_bf16(YB[(int64_t)q[j] * C + i]));
         for (int s = 0; s < S; s++)
-            a += (g ? g[(int64_t)s * N + t] : 1.0f) * cu_bf16(ys[((int64_t)s * N + t) * C + i]);
+            a += mul_rn(g ? g[(int64_t)s * N + t] : 1.0f, cu_bf16(ys[((int64_t)s * N + t) * C + i]));
         y[t * C + i] = cu_round(a);
     }
 }
@@ -560,7 +575,7 @@ static __global__ void k_router_bwd(float *dl, const float *p, const float *lse,
     for (int x = lane; x < E; x += 32) {
         const double d = router_dp(x, aux * E * ((double)ft[x] / denom), et, qt, dwt, K, renorm,
                                    S, sw);
-        dl[t * E + x] = (float)(pt[x] * (d - sum) + zt * pt[x]);
+        dl[t * E + x] = (float)(mul_rn((double)pt[x], d - sum) + mul_rn(zt, (double)pt[x]));
     }
 }
 
@@ -596,7 +611,7 @@ static __global__ void k_moe_gate_add(float *y, const float *g, const float *ys,
                                       int C) {
     const int i = blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= C) return;
-    for (int64_t t = blockIdx.y; t < N; t += gridDim.y) y[t * C + i] += g[t] * ys[t * C + i];
+    for (int64_t t = blockIdx.y; t < N; t += gridDim.y) y[t * C + i] += mul_rn(g[t], ys[t * C + i]);
 }
 static unsigned rows_grid(int64_t rows) { return (unsigned)(rows < 65535 ? rows : 65535); }
 
@@ -645,7 +660,8 @@ static __global__ void k_lora_add_scaled(float *dst, int64_t ds, const float *sr
                                          int64_t width, int64_t rows, float a) {
     const int64_t j = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (j >= width) return;
-    for (int64_t r = blockIdx.y; r < rows; r += gridDim.y) dst[r * ds + j] += a * src[r * ss + j];
+    for (int64_t r = blockIdx.y; r < rows; r += gridDim.y)
+        dst[r * ds + j] += mul_rn(a, src[r * ss + j]);
 }
 static void lora_add_scaled(float *dst, int64_t dst_stride, const float *src, int64_t src_stride,
                             int64_t width, int64_t rows, float a) {
@@ -660,7 +676,7 @@ static __global__ void k_lora_add_scaled_bf16(uint16_t *dst, int64_t ds, const f
     const int64_t j = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (j >= width) return;
     for (int64_t r = blockIdx.y; r < rows; r += gridDim.y)
-        dst[r * ds + j] = cu_round(cu_bf16(dst[r * ds + j]) + a * src[r * ss + j]);
+        dst[r * ds + j] = cu_round(cu_bf16(dst[r * ds + j]) + mul_rn(a, src[r * ss + j]));
 }
 static void lora_add_scaled_bf16(uint16_t *dst, int64_t dst_stride, const float *src,
                                  int64_t src_stride, int64_t width, int64_t rows, float a) {
@@ -728,7 +744,7 @@ static void lora_dropout_forward(float *xd, uint8_t *keep, const float *x, int64
 static __global__ void k_lora_dropout_bwd(float *din, const float *dxd, const uint8_t *keep,
                                           int64_t n, float keep_scale) {
     const int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (i < n && keep[i]) din[i] += dxd[i] * keep_scale;
+    if (i < n && keep[i]) din[i] += mul_rn(dxd[i], keep_scale);
 }
 static void lora_dropout_backward(float *din, const float *dxd, const uint8_t *keep, int64_t n,
                                   float p) {
@@ -749,7 +765,7 @@ static __global__ void k_lora_merge(float *W, const float *A, const float *B, in
     for (int64_t o = blockIdx.y; o < out; o += gridDim.y) {
         double acc = 0.0;
         for (int k = 0; k < r; k++) acc += (double)B[o * r + k] * A[(int64_t)k * in + i];
-        W[o * in + i] += scale * (float)acc;
+        W[o * in + i] += mul_rn(scale, (float)acc);
     }
 }
 static void lora_merge(float *W, const float *A, const float *B, int64_t out, int64_t in, int r,

@@ -259,6 +259,10 @@ static void test_moe(void) {
     routing_free(&r);
     r = test_route(20, 40, 5, 20, 0.0f, 0, LOGITS_TIES); /* ties inside a lane's experts too */
     routing_free(&r);
+    /* more experts than a block's threads (the per-expert loops stride) */
+    r = test_route(16, 300, 3, 8, 13.0f, 1, LOGITS_SKEW); /* capacity 1 */
+    test_moe_ops(&r, 5, 1, 1, 1);
+    routing_free(&r);
     /* one expert wanted by most tokens: groups of several tiles (600 choices) with and
      * without a capacity */
     r = test_route(300, 8, 2, 300, 1.0f, 1, LOGITS_SKEW);
