@@ -499,6 +499,141 @@ static void test_mean_pool(int B, int T, int C) {
     dfree(dx), dfree(dout), dfree(ddy), dfree(dgi);
 }
 
+/* ---- timings (the `cuda` backend, or any with LOOM_TEST_CUDA_BENCH=1): GPT-2 124M's sizes,
+ * N = 8,192 rows (B 8 x T 1,024; 16 on another backend) of C = 768; effective bandwidth from
+ * the bytes each op must move. Figures to tune against, not checks. The checks here: at
+ * these sizes the embedding backward equals the cpu's bit for bit (uniform tokens and one
+ * token everywhere, the worst case of its partitions) and the LayerNorm weight gradient
+ * repeats bit for bit. */
+#define BENCH_REPS 10
+static double g_t0;
+static void bench_start(void) {
+    cu_dev->mem_sync();
+    g_t0 = loom_now();
+}
+/* ms per call since bench_start; prints GB/s for `bytes` per call */
+static void bench_stop(const char *what, double bytes) {
+    cu_dev->mem_sync();
+    const double ms = (loom_now() - g_t0) * 1e3 / BENCH_REPS;
+    printf("time %s: %.3f ms, %.0f GB/s\n", what, ms, bytes / 1e9 / (ms * 1e-3));
+}
+
+static void bench(void) {
+    const int on_gpu = !strcmp(cu_dev->name, "cuda");
+    const char *env = getenv("LOOM_TEST_CUDA_BENCH");
+    if (!on_gpu && !(env && !strcmp(env, "1"))) return;
+    const int B = on_gpu ? 8 : 2, T = on_gpu ? 1024 : 8, C = 768, V = on_gpu ? 50257 : 300;
+    const int64_t N = (int64_t)B * T, nc = N * C, F = 4 * C;
+    char w[160];
+    float *x = cu_rand(nc, -2, 2), *g = cu_rand(C, 0.5f, 1.5f);
+    void *dx = up_f(x, nc), *dg = up_f(g, C), *db = up_f(g, C), *dy = up_f(x, nc);
+    void *dout = cu_dev->mem_alloc(nc * 4, 0), *dmean = cu_dev->mem_alloc(N * 4, 0);
+    void *drstd = cu_dev->mem_alloc(N * 4, 0), *dgw = cu_dev->mem_alloc(C * 4, 0);
+    void *dgb = cu_dev->mem_alloc(C * 4, 0), *dxh = cu_dev->mem_alloc(nc * 2, 0);
+    void *doh = cu_dev->mem_alloc(nc * 2, 0);
+    cu_dev->bf16_from_f32(dxh, dx, nc);
+    snprintf(w, sizeof w, "layernorm_forward N %lld C %d", (long long)N, C);
+    bench_start();
+    for (int r = 0; r < BENCH_REPS; r++)
+        cu_dev->layernorm_forward(dout, dmean, drstd, dx, dg, db, N, C, 1e-5f);
+    bench_stop(w, 8.0 * nc);
+    bench_start();
+    for (int r = 0; r < BENCH_REPS; r++)
+        cu_dev->layernorm_backward(dout, dgw, dgb, dy, dx, dg, dmean, drstd, N, C);
+    bench_stop("layernorm_backward (dinp +=, dweight, dbias)", 16.0 * nc);
+    bench_start();
+    for (int r = 0; r < BENCH_REPS; r++)
+        cu_dev->bf16_layernorm_forward(doh, dmean, drstd, dxh, dg, db, N, C, 1e-5f);
+    bench_stop("bf16_layernorm_forward", 4.0 * nc);
+    bench_start();
+    for (int r = 0; r < BENCH_REPS; r++)
+        cu_dev->bf16_layernorm_backward(dout, dgw, dgb, dy, dxh, dg, dmean, drstd, N, C);
+    bench_stop("bf16_layernorm_backward", 14.0 * nc);
+    bench_start();
+    for (int r = 0; r < BENCH_REPS; r++) cu_dev->rmsnorm_forward(dout, drstd, dx, dg, N, C, 1e-5f);
+    bench_stop("rmsnorm_forward", 8.0 * nc);
+    bench_start();
+    for (int r = 0; r < BENCH_REPS; r++)
+        cu_dev->rmsnorm_backward(dout, dgw, dy, dx, dg, drstd, N, C);
+    bench_stop("rmsnorm_backward (dinp +=, dweight)", 16.0 * nc);
+    /* the weight gradient repeats at this size (many row chunks) */
+    cu_dev->layernorm_forward(dout, dmean, drstd, dx, dg, db, N, C, 1e-5f);
+    void *r1 = cu_dev->mem_alloc(C * 4, 0), *r2 = cu_dev->mem_alloc(C * 4, 0);
+    cu_dev->layernorm_backward(NULL, r1, NULL, dy, dx, dg, dmean, drstd, N, C);
+    cu_dev->layernorm_backward(NULL, r2, NULL, dy, dx, dg, dmean, drstd, N, C);
+    snprintf(w, sizeof w, "layernorm_backward dweight N %lld", (long long)N);
+    check_repeat(w, r1, r2, C);
+    dfree(r1), dfree(r2);
+    dfree(dout), dfree(doh);
+
+    /* activations over the MLP's N x 4C, SwiGLU over N x 2F -> N x F, the residual */
+    void *da = cu_dev->mem_alloc(N * F * 4, 0), *dd = cu_dev->mem_alloc(N * F * 4, 0);
+    void *dgg = cu_dev->mem_alloc(N * F * 8, 0), *dgi = cu_dev->mem_alloc(N * F * 8, 0);
+    cu_dev->fill_float(da, N * F, 0.3f), cu_dev->fill_float(dd, N * F, 0.1f);
+    cu_dev->fill_float(dgg, 2 * N * F, 0.7f);
+    bench_start();
+    for (int r = 0; r < BENCH_REPS; r++) cu_dev->gelu_forward(dd, da, N * F);
+    bench_stop("gelu_forward n N x 4C", 8.0 * N * F);
+    bench_start();
+    for (int r = 0; r < BENCH_REPS; r++) cu_dev->gelu_backward(dgi, da, dd, N * F);
+    bench_stop("gelu_backward (+=)", 16.0 * N * F);
+    bench_start();
+    for (int r = 0; r < BENCH_REPS; r++) cu_dev->swiglu_forward(dd, dgg, N, (int)F);
+    bench_stop("swiglu_forward N x 2F -> N x F", 12.0 * N * F);
+    bench_start();
+    for (int r = 0; r < BENCH_REPS; r++) cu_dev->swiglu_backward(dgi, dgg, dd, N, (int)F);
+    bench_stop("swiglu_backward (+=)", 28.0 * N * F);
+    bench_start();
+    for (int r = 0; r < BENCH_REPS; r++) cu_dev->residual_forward(dd, dd, da, nc);
+    bench_stop("residual_forward n N x C", 12.0 * nc);
+
+    /* RoPE on llama-like fused rows: 12 q + 4 k heads of 64 in rows of (12 + 8) x 64 */
+    const int H = 12, KVH = 4, D = 64, maxT = T;
+    void *dc = cu_dev->mem_alloc((int64_t)maxT * D / 2 * 4, 0);
+    void *ds = cu_dev->mem_alloc((int64_t)maxT * D / 2 * 4, 0);
+    cu_dev->rope_tables(dc, ds, maxT, D, 10000.0f);
+    bench_start();
+    for (int r = 0; r < BENCH_REPS; r++)
+        cu_dev->rope_forward(dgg, B, T, H + KVH, D, (int64_t)(H + 2 * KVH) * D, dc, ds, 0);
+    bench_stop("rope_forward 16 heads of 64", 8.0 * N * (H + KVH) * D);
+    dfree(da), dfree(dd), dfree(dgg), dfree(dgi), dfree(dc), dfree(ds);
+
+    /* embeddings: forward, and backward against the cpu at this size */
+    float *wte = cu_rand((int64_t)V * C, -1, 1), *wpe = cu_rand((int64_t)T * C, -1, 1);
+    void *dwte = up_f(wte, (int64_t)V * C), *dwpe = up_f(wpe, (int64_t)T * C);
+    void *demb = cu_dev->mem_alloc(nc * 4, 0);
+    for (int same = 0; same <= 1; same++) {
+        int32_t *tok = cu_rand_int(N, 0, V);
+        if (same)
+            for (int64_t r = 0; r < N; r++) tok[r] = 13;
+        void *dtok = cu_up(tok, N * 4);
+        if (!same) {
+            bench_start();
+            for (int r = 0; r < BENCH_REPS; r++)
+                cu_dev->embedding_forward(demb, dtok, dwte, dwpe, B, T, C, 0);
+            bench_stop("embedding_forward +wpe", 12.0 * nc);
+        }
+        float *gte = cu_rand((int64_t)V * C, -1, 1), *gpe = cu_rand((int64_t)T * C, -1, 1);
+        void *dgte = up_f(gte, (int64_t)V * C), *dgpe = up_f(gpe, (int64_t)T * C);
+        cu_cpu->embedding_backward(gte, gpe, x, tok, B, T, C, 0);
+        cu_dev->embedding_backward(dgte, dgpe, dx, dtok, B, T, C, 0);
+        snprintf(w, sizeof w, "embedding_backward B %d T %d C %d V %d%s: dwte", B, T, C, V,
+                 same ? " (one token everywhere)" : "");
+        cu_check_dev_f32(w, gte, dgte, (int64_t)V * C, 0);
+        cu_check_dev_f32("  dwpe", gpe, dgpe, (int64_t)T * C, 0);
+        snprintf(w, sizeof w, "embedding_backward%s (dout read)", same ? " one token" : "");
+        bench_start();
+        for (int r = 0; r < BENCH_REPS; r++)
+            cu_dev->embedding_backward(dgte, dgpe, dx, dtok, B, T, C, 0);
+        bench_stop(w, 4.0 * nc);
+        free(tok), free(gte), free(gpe);
+        dfree(dtok), dfree(dgte), dfree(dgpe);
+    }
+    free(x), free(g), free(wte), free(wpe);
+    void *all[] = {dx, dg, db, dy, dmean, drstd, dgw, dgb, dxh, dwte, dwpe, demb};
+    for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) dfree(all[i]);
+}
+
 int main(int argc, char **argv) {
     cu_setup(argc, argv);
     test_layernorm(1, 77);
@@ -522,5 +657,6 @@ int main(int argc, char **argv) {
     test_embedding(2, 70, 300, 23, 1); /* two token tiles, three column slices */
     test_mean_pool(1, 1, 40);
     test_mean_pool(3, 5, 77);
+    bench();
     return cu_finish();
 }
