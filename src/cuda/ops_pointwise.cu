@@ -119,6 +119,13 @@ static unsigned norm_grid(int64_t rows) {
 
 enum { NF_LAYER = 0, NF_RMS = 1, NF_ROW = 2 };
 
+/* A lane's elements of a row are i = lane + 32 k, taken NU at a time with their loads issued
+ * before any use (NU loads in flight per lane, also where a store follows that the compiler
+ * must assume may alias the next loads: out = in), then the tail; the sums run over them in
+ * the same order either way. */
+enum { NU = 4 };
+#define PW_LANE_TRIPS(i, lane, D) for (i = (lane); i + 32 * (NU - 1) < (D); i += 32 * NU)
+
 /* forward: LayerNorm (mean and variance in double, two passes), RMSNorm (sum of squares in
  * double) or rownorm (rstd from the whole row's sum of squares ss); out = (x - mean) * rstd *
  * w (+ b), written fp32 or rounded to bf16 (outh); mean, rstd (NULL: not kept) fp32. rstd may
@@ -131,13 +138,27 @@ __global__ void k_norm_fwd(float *out, uint16_t *outh, float *mean, float *rstd,
     PW_ROW_LOOP(v, d.V) {
         const int64_t o = nr_off(d, v), si = nr_st(d, v);
         float fm = 0.0f, rs;
+        int i;
         if (mode == NF_LAYER) {
             double s = 0.0;
-            for (int i = lane; i < D; i += 32) s += (double)pw_ld(inp, inph, o + i);
+            PW_LANE_TRIPS(i, lane, D) {
+                float x[NU];
+                for (int u = 0; u < NU; u++) x[u] = pw_ld(inp, inph, o + i + 32 * u);
+                for (int u = 0; u < NU; u++) s += (double)x[u];
+            }
+            for (; i < D; i += 32) s += (double)pw_ld(inp, inph, o + i);
             s = cu_warp_sum_d(s);
             const double m = s / D;
             double q = 0.0;
-            for (int i = lane; i < D; i += 32) {
+            PW_LANE_TRIPS(i, lane, D) {
+                float x[NU];
+                for (int u = 0; u < NU; u++) x[u] = pw_ld(inp, inph, o + i + 32 * u);
+                for (int u = 0; u < NU; u++) {
+                    const double e = (double)x[u] - m;
+                    q += e * e;
+                }
+            }
+            for (; i < D; i += 32) {
                 const double e = (double)pw_ld(inp, inph, o + i) - m;
                 q += e * e;
             }
@@ -146,7 +167,12 @@ __global__ void k_norm_fwd(float *out, uint16_t *outh, float *mean, float *rstd,
             rs = (float)(1.0 / sqrt(q / D + eps));
         } else if (mode == NF_RMS) {
             double s = 0.0;
-            for (int i = lane; i < D; i += 32) {
+            PW_LANE_TRIPS(i, lane, D) {
+                float x[NU];
+                for (int u = 0; u < NU; u++) x[u] = pw_ld(inp, inph, o + i + 32 * u);
+                for (int u = 0; u < NU; u++) s += (double)x[u] * (double)x[u];
+            }
+            for (; i < D; i += 32) {
                 const double x = (double)pw_ld(inp, inph, o + i);
                 s += x * x;
             }
@@ -155,7 +181,17 @@ __global__ void k_norm_fwd(float *out, uint16_t *outh, float *mean, float *rstd,
         } else {
             rs = (float)(1.0 / sqrt((double)ss[si] / n_global + eps));
         }
-        for (int i = lane; i < D; i += 32) {
+        PW_LANE_TRIPS(i, lane, D) {
+            float x[NU];
+            for (int u = 0; u < NU; u++) x[u] = pw_ld(inp, inph, o + i + 32 * u);
+            for (int u = 0; u < NU; u++) {
+                const int c = i + 32 * u;
+                float y = (x[u] - fm) * rs * w[c];
+                if (b) y += b[c];
+                pw_st(out, outh, o + c, y);
+            }
+        }
+        for (; i < D; i += 32) {
             float y = (pw_ld(inp, inph, o + i) - fm) * rs * w[i];
             if (b) y += b[i];
             pw_st(out, outh, o + i, y);
@@ -179,11 +215,24 @@ __global__ void k_norm_bwd_dx(float *dinp, int set, const float *dout, const flo
         const int64_t o = nr_off(d, v), si = nr_st(d, v);
         const float m = mean ? mean[si] : 0.0f, rs = rstd[si];
         float ma = 0.0f, mb;
+        int i;
         if (dots) {
             mb = dots[si] / (float)n_global;
         } else {
             double a = 0.0, bb = 0.0;
-            for (int i = lane; i < D; i += 32) {
+            PW_LANE_TRIPS(i, lane, D) {
+                float dy[NU], x[NU];
+                for (int u = 0; u < NU; u++) {
+                    dy[u] = dout[o + i + 32 * u];
+                    x[u] = pw_ld(inp, inph, o + i + 32 * u);
+                }
+                for (int u = 0; u < NU; u++) {
+                    const float dxh = dy[u] * w[i + 32 * u], xh = (x[u] - m) * rs;
+                    a += dxh;
+                    bb += dxh * xh;
+                }
+            }
+            for (; i < D; i += 32) {
                 const float dxh = dout[o + i] * w[i];
                 const float xh = (pw_ld(inp, inph, o + i) - m) * rs;
                 a += dxh;
@@ -192,7 +241,20 @@ __global__ void k_norm_bwd_dx(float *dinp, int set, const float *dout, const flo
             if (mean) ma = (float)(cu_warp_sum_d(a) / D);
             mb = (float)(cu_warp_sum_d(bb) / D);
         }
-        for (int i = lane; i < D; i += 32) {
+        PW_LANE_TRIPS(i, lane, D) {
+            float dy[NU], x[NU], g0[NU];
+            for (int u = 0; u < NU; u++) {
+                dy[u] = dout[o + i + 32 * u];
+                x[u] = pw_ld(inp, inph, o + i + 32 * u);
+                g0[u] = set ? 0.0f : dinp[o + i + 32 * u];
+            }
+            for (int u = 0; u < NU; u++) {
+                const float dxh = dy[u] * w[i + 32 * u], xh = (x[u] - m) * rs;
+                const float g = rs * (dxh - ma - xh * mb);
+                dinp[o + i + 32 * u] = set ? g : g0[u] + g;
+            }
+        }
+        for (; i < D; i += 32) {
             const float dxh = dout[o + i] * w[i];
             const float xh = (pw_ld(inp, inph, o + i) - m) * rs;
             const float g = rs * (dxh - ma - xh * mb);
@@ -210,11 +272,25 @@ __global__ void k_row_sums(float *st, const float *inp, const float *dout, const
     PW_ROW_LOOP(v, d.V) {
         const int64_t o = nr_off(d, v), si = nr_st(d, v);
         double s = 0.0;
+        int i;
         if (!dout) {
-            for (int i = lane; i < D; i += 32) s += (double)inp[o + i] * inp[o + i];
+            PW_LANE_TRIPS(i, lane, D) {
+                float x[NU];
+                for (int u = 0; u < NU; u++) x[u] = inp[o + i + 32 * u];
+                for (int u = 0; u < NU; u++) s += (double)x[u] * x[u];
+            }
+            for (; i < D; i += 32) s += (double)inp[o + i] * inp[o + i];
         } else {
             const float rs = rstd[si];
-            for (int i = lane; i < D; i += 32) s += dout[o + i] * w[i] * (inp[o + i] * rs);
+            PW_LANE_TRIPS(i, lane, D) {
+                float x[NU], dy[NU];
+                for (int u = 0; u < NU; u++) {
+                    x[u] = inp[o + i + 32 * u];
+                    dy[u] = dout[o + i + 32 * u];
+                }
+                for (int u = 0; u < NU; u++) s += dy[u] * w[i + 32 * u] * (x[u] * rs);
+            }
+            for (; i < D; i += 32) s += dout[o + i] * w[i] * (inp[o + i] * rs);
         }
         s = cu_warp_sum_d(s);
         if (lane == 0) st[si] = (float)s;
@@ -223,9 +299,9 @@ __global__ void k_row_sums(float *st, const float *inp, const float *dout, const
 
 /* Weight (and bias) gradients: column sums over the rows, deterministic in two launches.
  * k_col_partial: block (column group of 32, chunk of rows); its 8 warps take every 8th row of
- * the chunk, each lane one column (coalesced), then the 8 partial sums are added in warp
- * order; part[chunk][col] (and, with bias, part[nchunk + chunk][col]). k_col_final: each
- * column's chunks summed in order and added (+=) into dw, db. */
+ * the chunk (NU rows' loads at a time), each lane one column (coalesced), then the 8 partial
+ * sums are added in warp order; part[chunk][col] (and, with bias, part[nchunk + chunk][col]).
+ * k_col_final: each column's chunks summed in order and added (+=) into dw, db. */
 enum { COL_W = 32, COL_R = 8 };
 
 __global__ void k_col_partial(float *part, int64_t rows_per_chunk, int nchunk,
@@ -237,13 +313,25 @@ __global__ void k_col_partial(float *part, int64_t rows_per_chunk, int nchunk,
     const int64_t v0 = (int64_t)blockIdx.y * rows_per_chunk;
     const int64_t v1 = v0 + rows_per_chunk < d.V ? v0 + rows_per_chunk : d.V;
     float aw = 0.0f, ab = 0.0f;
-    if (col < d.D)
-        for (int64_t v = v0 + ry; v < v1; v += COL_R) {
+    if (col < d.D) {
+        int64_t v = v0 + ry;
+        for (; v + COL_R * (NU - 1) < v1; v += COL_R * NU) {
+            float dy[NU], xh[NU];
+            for (int u = 0; u < NU; u++) {
+                const int64_t vu = v + COL_R * u, o = nr_off(d, vu) + col, si = nr_st(d, vu);
+                const float m = mean ? mean[si] : 0.0f;
+                dy[u] = dout[o];
+                xh[u] = (pw_ld(inp, inph, o) - m) * rstd[si];
+            }
+            for (int u = 0; u < NU; u++) aw += dy[u] * xh[u], ab += dy[u];
+        }
+        for (; v < v1; v += COL_R) {
             const int64_t o = nr_off(d, v) + col, si = nr_st(d, v);
             const float m = mean ? mean[si] : 0.0f, rs = rstd[si], dy = dout[o];
             aw += dy * ((pw_ld(inp, inph, o) - m) * rs);
             ab += dy;
         }
+    }
     sw[ry][lane] = aw;
     sb[ry][lane] = ab;
     __syncthreads();

@@ -639,13 +639,17 @@ int main(int argc, char **argv) {
     test_layernorm(1, 77);
     test_layernorm(13, 96);
     test_layernorm(200, 45); /* several row chunks in the weight gradients */
+    test_layernorm(3, 300);  /* rows past one unrolled trip per lane (4 x 32) and a tail */
     test_rmsnorm(1, 50);
     test_rmsnorm(9, 131);
     test_rmsnorm(150, 33);
+    test_rmsnorm(2, 1000);
     test_headnorm(1, 2, 40);
     test_headnorm(11, 3, 24);
+    test_headnorm(3, 2, 136);
     test_rownorm(1, 40, 64);
     test_rownorm(9, 70, 150);
+    test_rownorm(4, 200, 300);
     test_gelu(1001);
     test_glu(1, 45);
     test_glu(7, 33);
