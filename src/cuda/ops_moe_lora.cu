@@ -76,7 +76,8 @@ static __device__ double ordered_warp_add(double s, double v, int n) {
  * thread's expert, -1 for none; run[E] holds each key's count over the earlier tiles (and
  * gets this tile's added); wc (nw x E, nw = warps) is scratch whose entries carry the tile's
  * stamp (stamp << 6 | count), so nothing is cleared between tiles (stamp 0 = never written:
- * the caller zeroes wc once; stamps go 1, 2, ...). Returns run[key] + the earlier items of
+ * the caller zeroes wc once; stamps go 1, 2, ... and fit in 26 bits, as a group has fewer
+ * than 2^31 choices and a tile at least 32). Returns run[key] + the earlier items of
  * the tile with key (0 for key -1). Every thread of the block calls it (barriers). Each
  * lane compares its key with the warp's 32 (shuffles); the first lane of a key in its warp
  * publishes the warp's count; the first item of a key in the tile adds the tile's total. */
