@@ -73,8 +73,11 @@ static __device__ __forceinline__ int dot4(int a, int b) { return __dp4a(a, b, 0
 #endif
 
 /* x86-64 glibc's fmaxf / fminf, which the cpu's Q4_K quantizer calls (maxss / minss after a
- * NaN test): the non-NaN one; of two zeros the second argument. So the sign of a zero dmin is
- * the cpu's (a block whose sub-blocks are all >= 0 has minimums of -0.0: dmin 0x8000). */
+ * NaN test): the non-NaN one; of two zeros the second argument. With the operand order the cpu
+ * build passes them in (GCC 12 -O3 swaps fminf(lo, x[i]) into fminf(x[i], lo), as it may: the
+ * two are the same but for signed zeros), the sign of a zero minimum, and so of a zero dmin,
+ * is the cpu's: a block whose sub-blocks are all >= 0 has minimums of -0.0, dmin 0x8000.
+ * tests/gpu/test_cuda_infer.c checks both cases. */
 static __device__ __forceinline__ float cpu_fmaxf(float x, float y) {
     if (y != y) return x;
     if (x != x) return y;
@@ -401,7 +404,7 @@ static __global__ void ki_q4k_quantize(uint8_t *dst, const float *x) {
     __syncthreads();
     const float *xb = xs + 32 * j;
     float lo = xb[0], hi = xb[0];
-    for (int i = 1; i < 32; i++) lo = cpu_fminf(lo, xb[i]), hi = cpu_fmaxf(hi, xb[i]);
+    for (int i = 1; i < 32; i++) lo = cpu_fminf(xb[i], lo), hi = cpu_fmaxf(xb[i], hi);
     if (lo > 0.0f) lo = 0.0f;
     double err = INFINITY;
     float scale = 0.0f, mn = 0.0f;

@@ -65,6 +65,15 @@ static float *edge_rows(int64_t N, int IC, int blk) {
             for (int i = 0; i < blk; i++) v[i] = (float)((i % 15) - 7) * 0.5f;
             v[0] = 127.0f;
             break;
+        case 8: { /* a block maximum whose scale max / 127 is an fp16 tie (ties to even):
+                   * subnormal 0.5 and 1.5 units, normal 1 + 2^-11 and 1 + 3 * 2^-11 */
+            static const float amax[4] = {127 * 0x1p-25f, 381 * 0x1p-25f, 127.06201171875f,
+                                          127.18603515625f};
+            const float m = amax[(b / 9) % 4];
+            for (int i = 0; i < blk; i++) v[i] *= 0.9f * m;
+            v[blk / 2] = -m;
+            break;
+        }
         default: break;
         }
     }
@@ -77,10 +86,11 @@ static void test_q8_format(int64_t N, int IC, int specials) {
     char what[160];
     const int nb = IC / LOOM_Q8_BLOCK;
     float *x = edge_rows(N, IC, LOOM_Q8_BLOCK);
-    if (specials) { /* inf and NaN (the quantizers' out-of-range branch) */
+    if (specials) { /* inf and NaN (the quantizers' out-of-range branch), a block of NaNs */
         x[3] = INFINITY;
         x[IC - 1] = NAN;
         x[IC + 5] = -INFINITY;
+        for (int i = 0; i < LOOM_Q8_BLOCK; i++) x[2 * IC + i] = NAN;
     }
     int8_t *q = malloc(N * IC);
     uint16_t *d = malloc(N * nb * 2);
@@ -134,7 +144,11 @@ static void test_q4k_format(int64_t N, int IC) {
     const int nk = IC / LOOM_Q4K_BLOCK;
     const size_t nbytes = (size_t)N * nk * LOOM_Q4K_BYTES;
     float *x = edge_rows(N, IC, 32);
-    for (int i = 0; i < 256 && i < IC; i++) x[i] = 0.1f + 0.001f * (float)i; /* block 0 >= 0 */
+    /* block 0: every sub-block >= 0 (its minimums -0.0: dmin's sign is the libm's fmaxf), the
+     * last one signed zeros ending +0 (no fit: its minimum -lo, lo's sign fminf's) */
+    for (int i = 0; i < 256; i++) x[i] = i < 224 ? 0.1f + 0.001f * (float)i : i % 2 ? 0.0f : -0.0f;
+    if (N > 1) /* row 1's block 0: every sub-block > 0 (dmin -0.0) */
+        for (int i = 0; i < 256; i++) x[IC + i] = 0.2f + 0.002f * (float)i;
     uint8_t *blk = malloc(nbytes);
     float *y = malloc(N * IC * 4);
     cu_cpu->q4k_quantize(blk, x, N, IC);
@@ -155,7 +169,10 @@ static void test_q8k(int64_t N, int IC, int specials) {
     char what[160];
     const int nk = IC / LOOM_Q4K_BLOCK;
     float *x = edge_rows(N, IC, LOOM_Q4K_BLOCK);
-    if (specials) x[7] = NAN, x[IC + 9] = INFINITY;
+    if (specials) { /* inf and NaN, a block of NaNs */
+        x[7] = NAN, x[IC + 9] = INFINITY;
+        for (int i = 0; i < LOOM_Q4K_BLOCK; i++) x[2 * IC + i] = NAN;
+    }
     int8_t *q = malloc(N * IC);
     float *d = malloc(N * nk * 4);
     int16_t *s = malloc(N * IC / 32 * 2);
@@ -284,6 +301,7 @@ static void test_dotbf16(int64_t N, int IC, int OC, int with_bias) {
 int main(int argc, char **argv) {
     cu_setup(argc, argv);
     test_q8_format(3, 96, 1);
+    test_q8_format(4, 288, 1);
     test_q8_format(17, 32, 0);
     test_matmul_q8(1, 320, 13, 1);
     test_matmul_q8(3, 96, 5, 0);
