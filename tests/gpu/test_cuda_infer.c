@@ -298,6 +298,114 @@ static void test_dotbf16(int64_t N, int IC, int OC, int with_bias) {
     for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) cu_dev->mem_free(all[i]);
 }
 
+/* ---- at a model's width, and timings (the `cuda` backend, or any with
+ * LOOM_TEST_CUDA_BENCH=1 at small sizes) -----------------------------------------------------
+ * The checks above again at IC = 4,096 (longer chains, more slices), then each product timed
+ * on a 4,096 x 4,096 matrix at decode's N = 1 and 16 and a prefill's 256: milliseconds and the
+ * weight bytes a call reads per second (figures to tune against, not checks). */
+static double time_ms(void (*op)(void *), void *ctx, int reps) {
+    op(ctx); /* warm: the first call's set-up (cuBLASLt, the scratch) not timed */
+    cu_dev->mem_sync();
+    const double t0 = loom_now();
+    for (int r = 0; r < reps; r++) op(ctx);
+    cu_dev->mem_sync();
+    return (loom_now() - t0) * 1e3 / reps;
+}
+
+typedef struct bench_ctx {
+    int64_t N;
+    int IC, OC;
+    float *out, *x;
+    uint16_t *wbf, *wpk, *xbf, *wqd, *xqd;
+    int8_t *wq, *xq;
+    uint8_t *w4;
+    float *xkd;
+    int16_t *xks;
+} bench_ctx;
+
+static void op_bf16(void *c_) {
+    bench_ctx *c = c_;
+    cu_dev->matmul_bf16_forward(c->out, c->x, c->wbf, NULL, c->N, c->IC, c->OC);
+}
+static void op_dotbf16(void *c_) {
+    bench_ctx *c = c_;
+    cu_dev->bf16_round(c->xbf, c->x, c->N, c->IC);
+    cu_dev->matmul_dotbf16_forward(c->out, c->xbf, c->wpk, NULL, c->N, c->IC, c->OC);
+}
+static void op_q8(void *c_) {
+    bench_ctx *c = c_;
+    cu_dev->q8_quantize(c->xq, c->xqd, c->x, c->N, c->IC);
+    cu_dev->matmul_q8_forward(c->out, c->xq, c->xqd, c->wq, c->wqd, NULL, c->N, c->IC, c->OC);
+}
+static void op_q4k(void *c_) {
+    bench_ctx *c = c_;
+    cu_dev->q8k_quantize(c->xq, c->xkd, c->xks, c->x, c->N, c->IC);
+    cu_dev->matmul_q4k_forward(c->out, c->xq, c->xkd, c->xks, c->w4, NULL, c->N, c->IC, c->OC);
+}
+
+static void at_width_and_timed(void) {
+    const int on_gpu = !strcmp(cu_dev->name, "cuda");
+    const char *env = getenv("LOOM_TEST_CUDA_BENCH");
+    if (!on_gpu && !(env && !strcmp(env, "1"))) return;
+    const int IC = on_gpu ? 4096 : 512, OCc = on_gpu ? 256 : 8;
+    test_matmul_q8(1, IC, OCc, 1);
+    test_matmul_q8(16, IC, OCc, 0);
+    test_q4k_format(4, IC);
+    test_q8k(16, IC, 0);
+    test_matmul_q4k(1, IC, OCc, 1);
+    test_matmul_q4k(16, IC, OCc, 0);
+    test_matmul_bf16(1, IC, OCc, 1, 0);
+    test_matmul_bf16(16, IC, OCc, 0, 0);
+    test_matmul_bf16(100, IC, OCc, 1, 0);
+    test_dotbf16(16, IC, OCc, 1);
+
+    bench_ctx c = {0};
+    c.IC = on_gpu ? IC : 256, c.OC = on_gpu ? 4096 : 16;
+    const int64_t NX = on_gpu ? 256 : 17, W = (int64_t)c.OC * c.IC;
+    float *w = cu_rand(W, -1, 1), *x = cu_rand(NX * IC, -1, 1);
+    float *dw = cu_up(w, W * 4);
+    c.x = cu_up(x, NX * c.IC * 4);
+    c.out = cu_dev->mem_alloc(NX * c.OC * 4, 0);
+    c.wbf = cu_dev->mem_alloc(W * 2, 0);
+    cu_dev->bf16_from_f32(c.wbf, dw, W);
+    c.wpk = cu_dev->mem_alloc(cu_dev->dotbf16_pack_elems(c.OC, c.IC) * 2, 0);
+    cu_dev->dotbf16_pack(c.wpk, dw, 0, c.OC, c.IC);
+    c.xbf = cu_dev->mem_alloc(cu_dev->dotbf16_act_elems(NX, c.IC) * 2, 0);
+    c.wq = cu_dev->mem_alloc(W, 0), c.wqd = cu_dev->mem_alloc(W / 32 * 2, 0);
+    cu_dev->q8_quantize(c.wq, c.wqd, dw, c.OC, c.IC);
+    c.xq = cu_dev->mem_alloc(NX * c.IC, 0), c.xqd = cu_dev->mem_alloc(NX * c.IC / 32 * 2, 0);
+    c.xkd = cu_dev->mem_alloc(NX * c.IC / 256 * 4, 0);
+    c.xks = cu_dev->mem_alloc(NX * c.IC / 32 * 2, 0);
+    const int64_t w4b = W / 256 * LOOM_Q4K_BYTES;
+    c.w4 = cu_dev->mem_alloc(w4b, 0);
+    cu_dev->mem_sync();
+    double t0 = loom_now();
+    cu_dev->q4k_quantize(c.w4, dw, c.OC, c.IC);
+    cu_dev->mem_sync();
+    printf("time q4k_quantize %d x %d: %.1f ms\n", c.OC, c.IC, (loom_now() - t0) * 1e3);
+    const struct {
+        const char *name;
+        void (*op)(void *);
+        double wbytes;
+    } ops[] = {{"matmul_bf16_forward", op_bf16, 2.0 * W},
+               {"bf16_round + matmul_dotbf16_forward", op_dotbf16, 2.0 * W},
+               {"q8_quantize + matmul_q8_forward", op_q8, W * 34.0 / 32},
+               {"q8k_quantize + matmul_q4k_forward", op_q4k, (double)w4b}};
+    const int64_t Ns[3] = {1, 16, NX};
+    for (size_t k = 0; k < sizeof ops / sizeof ops[0]; k++)
+        for (int i = 0; i < 3; i++) {
+            c.N = Ns[i];
+            const double ms = time_ms(ops[k].op, &c, on_gpu ? 20 : 1);
+            printf("time %s N %lld (%d x %d): %.4f ms, weights at %.0f GB/s, %.2f TFLOP/s\n",
+                   ops[k].name, (long long)c.N, c.OC, c.IC, ms, ops[k].wbytes / 1e9 / (ms * 1e-3),
+                   2.0 * (double)c.N * (double)W / 1e12 / (ms * 1e-3));
+        }
+    free(w), free(x);
+    void *all[] = {dw, c.x, c.out, c.wbf, c.wpk, c.xbf, c.wq,
+                   c.wqd, c.xq, c.xqd, c.xkd, c.xks, c.w4};
+    for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) cu_dev->mem_free(all[i]);
+}
+
 int main(int argc, char **argv) {
     cu_setup(argc, argv);
     test_q8_format(3, 96, 1);
@@ -321,5 +429,6 @@ int main(int argc, char **argv) {
     test_dotbf16(1, 64, 21, 1);
     test_dotbf16(3, 37, 5, 0);
     test_dotbf16(17, 40, 18, 1);
+    at_width_and_timed();
     return cu_finish();
 }
