@@ -732,38 +732,52 @@ static void cu_bf16_embedding_forward(uint16_t *out, const int32_t *tokens, cons
 }
 
 /* Backward into the token table, deterministic and without atomics: block (column slice of
- * EMB_COLS, partition p of P) owns the table rows v with v % P == p in its columns; it walks
- * every row of tokens in order (a tile at a time through shared memory) and adds the rows whose
- * token it owns, so each element of dwte gets its rows' dout added in row order, by one thread:
+ * EMB_COLS, partition p of P) owns the table rows v with v % P == p in its columns. It walks
+ * the rows of tokens in order, a tile of EMB_COLS at a time: each thread classifies one row of
+ * the tile, a block-wide prefix count (warp shuffles, then the warps' totals) packs the tile's
+ * rows this block owns into shared memory in row order, and each thread adds their dout into
+ * its column. So each element of dwte gets its rows' dout added in row order, by one thread:
  * the cpu's sums, bit for bit. A run of rows with the same token stays in a register. */
-enum { EMB_COLS = 128 };
+enum { EMB_COLS = 128, EMB_WARPS = EMB_COLS / 32 };
 __global__ void k_embed_bwd_wte(float *dwte, const float *dout, const int32_t *tokens,
                                 int64_t v0, int64_t Vl, int64_t rows, int C, int P) {
-    __shared__ int32_t sv[EMB_COLS];
-    const int col = blockIdx.x * EMB_COLS + threadIdx.x, p = blockIdx.y;
+    __shared__ int32_t sv[EMB_COLS], sr[EMB_COLS], sw[EMB_WARPS];
+    const int t = threadIdx.x, lane = t & 31, wp = t >> 5;
+    const int col = blockIdx.x * EMB_COLS + t, p = blockIdx.y;
     int64_t cur = -1;
     float acc = 0.0f;
     for (int64_t r0 = 0; r0 < rows; r0 += EMB_COLS) {
-        const int64_t r = r0 + threadIdx.x;
+        const int64_t r = r0 + t;
         int32_t mine = -1;
         if (r < rows) {
             const int64_t v = (int64_t)tokens[r] - v0;
             if (v >= 0 && v < Vl && v % P == p) mine = (int32_t)v;
         }
-        __syncthreads(); /* the previous tile has been read by every thread */
-        sv[threadIdx.x] = mine;
+        /* inclusive count of owned rows up to this lane */
+        int inc = mine >= 0;
+        for (int dd = 1; dd < 32; dd <<= 1) {
+            const int y = __shfl_sync(0xffffffffu, inc, lane >= dd ? lane - dd : lane);
+            if (lane >= dd) inc += y;
+        }
+        __syncthreads(); /* the previous tile's sv, sr, sw have been read by every thread */
+        if (lane == 31) sw[wp] = inc;
         __syncthreads();
-        const int nr = rows - r0 < EMB_COLS ? (int)(rows - r0) : EMB_COLS;
+        int off = 0, tot = 0;
+        for (int k = 0; k < EMB_WARPS; k++) {
+            if (k < wp) off += sw[k];
+            tot += sw[k];
+        }
+        if (mine >= 0) sv[off + inc - 1] = mine, sr[off + inc - 1] = t;
+        __syncthreads();
         if (col < C)
-            for (int j = 0; j < nr; j++) {
-                const int64_t v = sv[j];
-                if (v < 0) continue;
+            for (int k = 0; k < tot; k++) {
+                const int64_t v = sv[k];
                 if (v != cur) {
                     if (cur >= 0) dwte[cur * C + col] = acc;
                     cur = v;
                     acc = dwte[v * C + col];
                 }
-                acc += dout[(r0 + j) * C + col];
+                acc += dout[(r0 + sr[k]) * C + col];
             }
     }
     if (cur >= 0 && col < C) dwte[cur * C + col] = acc;
