@@ -78,8 +78,8 @@ static __device__ __forceinline__ float pw_gelu_grad(float x) {
 /* elementwise launches: 256 threads, a grid-stride loop over at most this many blocks */
 enum { EW_THREADS = 256, EW_MAX_BLOCKS = 16384 };
 static unsigned ew_grid(int64_t n) {
-    const unsigned b = cu_blocks(n, EW_THREADS);
-    return b < (unsigned)EW_MAX_BLOCKS ? b : (unsigned)EW_MAX_BLOCKS;
+    const int64_t b = (n + EW_THREADS - 1) / EW_THREADS;
+    return b < EW_MAX_BLOCKS ? (unsigned)b : (unsigned)EW_MAX_BLOCKS;
 }
 #define PW_LOOP(i, n)                                                                        \
     for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < (n);                \
@@ -110,8 +110,8 @@ static __device__ __forceinline__ int64_t nr_st(const norm_rows &d, int64_t v) {
 
 enum { NORM_WARPS = 8 }; /* rows per block of 256 threads */
 static unsigned norm_grid(int64_t rows) {
-    const unsigned b = cu_blocks(rows, NORM_WARPS);
-    return b < 65535u ? b : 65535u;
+    const int64_t b = (rows + NORM_WARPS - 1) / NORM_WARPS;
+    return b < 65535 ? (unsigned)b : 65535u;
 }
 #define PW_ROW_LOOP(v, rows)                                                                 \
     for (int64_t v = (int64_t)blockIdx.x * NORM_WARPS + (threadIdx.x >> 5); v < (rows);      \
