@@ -540,6 +540,10 @@ const loom_backend *loom_backend_cuda_emu(void);
  * for a backend without one */
 int loom_cuda_device_name(char *buf, size_t n);
 int loom_backend_device_name(const loom_backend *be, char *buf, size_t n);
+/* the device memory in use and the device's total (cuda: cudaMemGetInfo, the whole GPU's):
+ * 0; -1 for a backend without device memory (cpu) */
+int loom_cuda_mem_info(size_t *used, size_t *total);
+int loom_backend_mem_info(const loom_backend *be, size_t *used, size_t *total);
 /* 1 when this build has the CUDA backend (loom version) */
 int loom_backend_has_cuda(void);
 /* A backend's device is usable: 0, or -1 with the reason in err (cuda: no GPU, too few) */

@@ -40,5 +40,6 @@ extern "C" const loom_backend *loom_backend_cuda_emu(void) { return LOOM_CU_NS::
 extern "C" const loom_backend *loom_backend_cuda(void) { return LOOM_CU_NS::table(); }
 extern "C" int loom_cuda_init(char *why, size_t n) { return LOOM_CU_NS::cu_init(why, n); }
 extern "C" int loom_cuda_device_name(char *buf, size_t n) { return LOOM_CU_NS::cu_device_name(buf, n); }
+extern "C" int loom_cuda_mem_info(size_t *used, size_t *total) { return LOOM_CU_NS::cu_mem_info(used, total); }
 extern "C" int loom_cuda_describe(char *buf, size_t n) { return LOOM_CU_NS::cu_describe(buf, n); }
 #endif

@@ -65,6 +65,7 @@ int cu_device(void);
 /* the device this rank uses, in words, or why there is none (-1) */
 int cu_describe(char *buf, size_t n);
 int cu_device_name(char *buf, size_t n);
+int cu_mem_info(size_t *used, size_t *total);
 /* the stream every op runs on (created at cu_init) */
 cudaStream_t cu_stream(void);
 /* after a launch: a launch error ends the process naming the kernel; LOOM_CUDA_SYNC=1 also

@@ -137,6 +137,21 @@ int cu_device_name(char *buf, size_t n) {
     return 0;
 }
 
+int cu_mem_info(size_t *used, size_t *total) {
+    *used = *total = 0;
+    if (cu_init(NULL, 0)) return -1;
+#ifdef LOOM_CUDA_EMU
+    return -1;
+#else
+    cu_enter();
+    size_t fr = 0, tot = 0;
+    if (cudaMemGetInfo(&fr, &tot) != cudaSuccess) return -1;
+    *used = tot - fr;
+    *total = tot;
+    return 0;
+#endif
+}
+
 cudaStream_t cu_stream(void) {
     cu_enter();
     return g_stream;

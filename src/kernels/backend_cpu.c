@@ -299,6 +299,15 @@ int loom_backend_device_name(const loom_backend *be, char *buf, size_t n) {
     return -1;
 }
 
+int loom_backend_mem_info(const loom_backend *be, size_t *used, size_t *total) {
+#ifdef LOOM_HAVE_CUDA
+    if (be == loom_backend_cuda()) return loom_cuda_mem_info(used, total);
+#endif
+    (void)be;
+    *used = *total = 0;
+    return -1;
+}
+
 int loom_backend_has_cuda(void) {
 #ifdef LOOM_HAVE_CUDA
     return 1;

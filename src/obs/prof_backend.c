@@ -41,15 +41,20 @@ static double attn_pairs(const loom_attn_dims *d, const loom_attn_mask *mask) {
         loom_prof_end_dims(FLOPS, BYTES, KEYS, dims_, (int)(sizeof dims_ / sizeof dims_[0])); \
     } while (0)
 
-/* p_NAME(PARAMS): the inner op NAME(ARGS), in a span while the profiler records */
+/* p_NAME(PARAMS): the inner op NAME(ARGS), in a span while the profiler records. On a device
+ * backend (host_memory 0: cuda, whose ops are queued on a stream) the op is waited for
+ * before and after while recording, so its span is the device's time for it (the window
+ * loses the overlap of launching with running; docs/observability.md "Profiler"). */
 #define OP(NAME, PARAMS, ARGS, FLOPS, BYTES, KEYS, ...) \
     static void p_##NAME PARAMS {                       \
         if (!loom_prof_recording) {                     \
             IN->NAME ARGS;                              \
             return;                                     \
         }                                               \
+        if (!IN->host_memory) IN->mem_sync();           \
         loom_prof_begin(#NAME, "op");                   \
         IN->NAME ARGS;                                  \
+        if (!IN->host_memory) IN->mem_sync();           \
         SPAN_END(FLOPS, BYTES, KEYS, __VA_ARGS__);      \
     }
 
@@ -57,8 +62,10 @@ static double attn_pairs(const loom_attn_dims *d, const loom_attn_mask *mask) {
 #define OP_RET(TYPE, NAME, PARAMS, ARGS, FLOPS, BYTES, KEYS, ...) \
     static TYPE p_##NAME PARAMS {                                 \
         if (!loom_prof_recording) return IN->NAME ARGS;           \
+        if (!IN->host_memory) IN->mem_sync();                     \
         loom_prof_begin(#NAME, "op");                             \
         const TYPE r_ = IN->NAME ARGS;                            \
+        if (!IN->host_memory) IN->mem_sync();                     \
         SPAN_END(FLOPS, BYTES, KEYS, __VA_ARGS__);                \
         return r_;                                                \
     }

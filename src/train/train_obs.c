@@ -2,6 +2,7 @@
  * the alert rules (docs/observability.md). trainer.c calls the train_obs_* hooks; the rest of
  * the work is in src/obs/. */
 #define _GNU_SOURCE
+#include "loom/backend.h"
 #include "train/train_obs.h"
 
 #include <math.h>
@@ -20,7 +21,7 @@
 /* loom_obs_config_keys (obs.*, profile.*, alerts) are in src/ckpt/run_schema.c */
 
 /* per-rank fields gathered every step */
-enum { F_STEP, F_DATA, F_COMM, F_COMPUTE, F_HWM, F_ARENA, NF };
+enum { F_STEP, F_DATA, F_COMM, F_COMPUTE, F_HWM, F_ARENA, F_DEV, NF };
 
 /* What the Prometheus endpoint serves: the last step's values, copied by rank 0 after each
  * step (one memcpy under the endpoint's lock) and formatted by the endpoint's thread only
@@ -46,6 +47,8 @@ struct train_obs {
     double model_flops;     /* the model FLOPs per step of this rank's model replica */
     int replica;            /* ranks sharing that replica's work: tp x pp x cp */
     int stop;
+    const loom_backend *be; /* the model's: a device backend's memory is reported too */
+    int device_mem;         /* 1 when be tells its device memory in use (cuda) */
     /* rank 0's sinks */
     loom_prom *prom;
     prom_snap *snap;
@@ -134,6 +137,9 @@ int train_obs_create(trainer *t, double peak, train_obs **out, loom_err *err) {
     o->rank0 = o->rank == 0;
     o->straggler = o->cand = -1;
     o->all = loom_calloc((size_t)o->world * NF, sizeof *o->all);
+    o->be = loom_model_backend(t->model);
+    size_t used = 0, total = 0;
+    o->device_mem = loom_backend_mem_info(o->be, &used, &total) == 0;
     *out = o;
     if (loom_config_get_double(t->cfg, "obs.straggler_ratio", &o->ratio, err)) return -1;
     int64_t port = 0;
@@ -227,6 +233,9 @@ int train_obs_after_step(train_obs *o, trainer *t, double dt, const loom_comm_st
     o->mine[F_COMPUTE] = fmax(0.0, dt - t->data_wait_s - cs->total_wait_s);
     o->mine[F_HWM] = rss_hwm();
     o->mine[F_ARENA] = (double)arena_bytes;
+    size_t used = 0, total = 0;
+    o->mine[F_DEV] = o->device_mem && loom_backend_mem_info(o->be, &used, &total) == 0
+                         ? (double)used : 0;
     loom_allgather(t->mesh, LOOM_GROUP_WORLD, o->mine, o->all, NF * (size_t)o->world, LOOM_F64);
     /* the straggler: busy time (compute + data wait: what a rank spends not waiting for the
      * others) against the median rank's */
@@ -272,6 +281,8 @@ void train_obs_metrics(train_obs *o, loom_metrics *mx) {
     loom_metrics_reals(mx, "step_s", o->all + F_STEP, w, NF);
     loom_metrics_reals(mx, "rss_hwm_bytes", o->all + F_HWM, w, NF);
     loom_metrics_reals(mx, "arena_bytes", o->all + F_ARENA, w, NF);
+    if (o->device_mem) /* the GPU's memory in use (the whole device's: cudaMemGetInfo) */
+        loom_metrics_reals(mx, "device_mem_used_bytes", o->all + F_DEV, w, NF);
     double share = 0;
     for (int r = 0; r < w; r++)
         if (o->all[r * NF + F_STEP] > 0) share += o->all[r * NF + F_COMM] / o->all[r * NF + F_STEP];
