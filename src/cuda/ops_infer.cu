@@ -325,12 +325,14 @@ static void q8_dequantize_(float *x, const int8_t *q, const uint16_t *d, int64_t
     if (n > 0) CU_LAUNCH(ki_q8_dequantize, cu_blocks(n, 256), 256, 0, x, q, d, n);
 }
 
-enum { Q8_NR = 16, MM_WARPS = 4 };
+enum { Q8_NR = 16, Q8_U = 4, MM_WARPS = 4 };
 
 /* output o per warp, rows [n0, n0 + nr): the cpu's 16 chains c[8 (b % 2) + l] += (float)s_bl *
- * (dw_b dx_b), kept by lanes l (even blocks) and 8 + l (odd); each step's 4 blocks are lanes
- * 8 kk + l, blocks 4g + kk, and lanes kk = 2, 3 hand their products to kk = 0, 1, which add them
- * after their own (the blocks of a chain in order). Then the cpu's tree. */
+ * (dw_b dx_b), kept by lanes l (even blocks) and 8 + l (odd). A step is 4 blocks, lane
+ * 8 kk + l taking bytes 4l..4l+3 of block 4g + kk (128 contiguous bytes of the row); lanes
+ * kk = 2, 3 hand their products to kk = 0, 1, which add them after their own (each chain's
+ * blocks in order). The weights of Q8_U steps are loaded before any is used (512 bytes of the
+ * row in flight per warp). Then the cpu's tree. */
 static __global__ void ki_matmul_q8(float *out, const int8_t *xq, const uint16_t *xd,
                                     const int8_t *wq, const uint16_t *wd, const float *bias,
                                     int64_t N, int IC, int OC) {
@@ -343,24 +345,37 @@ static __global__ void ki_matmul_q8(float *out, const int8_t *xq, const uint16_t
     const int8_t *w = wq + (int64_t)o * IC;
     float c[Q8_NR];
     for (int n = 0; n < Q8_NR; n++) c[n] = 0.0f;
-    for (int b0 = 0; b0 < nb; b0 += 4) {
-        const int b = b0 + kk;
-        const bool ok = b < nb, ok2 = b + 2 < nb;
-        const int ww = ok ? ld32(w + b * 32 + 4 * l) : 0;
-        const float dw = ok ? fp16_widen(wd[(int64_t)o * nb + b]) : 0.0f;
+    for (int g0 = 0; g0 < nb; g0 += 4 * Q8_U) {
+        int ww[Q8_U];
+        float dw[Q8_U];
+        KI_UNROLL
+        for (int u = 0; u < Q8_U; u++) {
+            const int b = g0 + 4 * u + kk;
+            ww[u] = b < nb ? ld32(w + b * 32 + 4 * l) : 0;
+            dw[u] = b < nb ? fp16_widen(wd[(int64_t)o * nb + b]) : 0.0f;
+        }
         KI_UNROLL
         for (int n = 0; n < Q8_NR; n++) {
-            if (n >= nr) break; /* nr is the warp's: the shuffle below is reached by all */
+            if (n >= nr) break; /* nr is the warp's: the shuffles below are reached by all */
             const int64_t row = n0 + n;
-            float p = 0.0f;
-            if (ok) {
-                const int s = dot4(ww, ld32(xq + row * IC + b * 32 + 4 * l));
-                p = f_mul((float)s, f_mul(dw, fp16_widen(xd[row * nb + b])));
+            int xw[Q8_U];
+            float dx[Q8_U];
+            KI_UNROLL
+            for (int u = 0; u < Q8_U; u++) {
+                const int b = g0 + 4 * u + kk;
+                xw[u] = b < nb ? ld32(xq + row * IC + b * 32 + 4 * l) : 0;
+                dx[u] = b < nb ? fp16_widen(xd[row * nb + b]) : 0.0f;
             }
-            const float p2 = __shfl_down_sync(0xffffffffu, p, 16);
-            if (kk < 2) {
-                if (ok) c[n] = f_add(c[n], p);
-                if (ok2) c[n] = f_add(c[n], p2);
+            KI_UNROLL
+            for (int u = 0; u < Q8_U; u++) {
+                const int b = g0 + 4 * u + kk;
+                const float p =
+                    b < nb ? f_mul((float)dot4(ww[u], xw[u]), f_mul(dw[u], dx[u])) : 0.0f;
+                const float p2 = __shfl_down_sync(0xffffffffu, p, 16);
+                if (kk < 2) {
+                    if (b < nb) c[n] = f_add(c[n], p);
+                    if (b + 2 < nb) c[n] = f_add(c[n], p2);
+                }
             }
         }
     }
@@ -376,6 +391,9 @@ static __global__ void ki_matmul_q8(float *out, const int8_t *xq, const uint16_t
     }
 }
 
+/* rows per launch: the grid's y is at most 65,535 */
+static const int64_t ROWS_PER_LAUNCH = (int64_t)65535 * 8;
+
 static void matmul_q8_fwd(float *out, const int8_t *xq, const uint16_t *xd, const int8_t *wq,
                           const uint16_t *wd, const float *bias, int64_t N, int IC, int OC) {
     if (IC < 0 || IC % LOOM_Q8_BLOCK)
@@ -383,8 +401,13 @@ static void matmul_q8_fwd(float *out, const int8_t *xq, const uint16_t *xd, cons
     if (N <= 0 || OC <= 0) return;
     need_aligned("matmul_q8_forward", xq, 4);
     need_aligned("matmul_q8_forward", wq, 4);
-    dim3 grid(cu_blocks(OC, MM_WARPS), cu_blocks(N, Q8_NR));
-    CU_LAUNCH(ki_matmul_q8, grid, 32 * MM_WARPS, 0, out, xq, xd, wq, wd, bias, N, IC, OC);
+    const int nb = IC / LOOM_Q8_BLOCK;
+    for (int64_t r0 = 0; r0 < N; r0 += ROWS_PER_LAUNCH) {
+        const int64_t n = N - r0 < ROWS_PER_LAUNCH ? N - r0 : ROWS_PER_LAUNCH;
+        dim3 grid(cu_blocks(OC, MM_WARPS), cu_blocks(n, Q8_NR));
+        CU_LAUNCH(ki_matmul_q8, grid, 32 * MM_WARPS, 0, out + r0 * OC, xq + r0 * IC,
+                  xd + r0 * nb, wq, wd, bias, n, IC, OC);
+    }
 }
 
 /* ---- Q4_K -------------------------------------------------------------------------------- */
@@ -556,12 +579,13 @@ static void q8k_quantize_(int8_t *q, float *d, int16_t *sums, const float *x, in
     if (nblk > 0) CU_LAUNCH(ki_q8k_quantize, cu_blocks(nblk, 8), 256, 0, q, d, sums, x, nblk);
 }
 
-enum { Q4_NR = 8 };
+enum { Q4_NR = 8, Q4_U = 2 };
 
 /* output o per warp, rows [n0, n0 + nr): the cpu's chains c_l (8) and e_i (4) over the blocks
- * in order. Lane 8 kk + l takes block 4g + kk: s_l (its 4 nibble words, 8 input words) and,
- * for l < 4, u_l; their products go to lanes kk = 0, which add the 4 blocks' in order. Then
- * the cpu's tree in lane 0. */
+ * in order. A step is 4 blocks, lane 8 kk + l taking block 4g + kk: s_l (its 4 nibble words,
+ * 8 input words) and, for l < 4, u_l; their products go to lanes kk = 0, which add the 4
+ * blocks' in order. The weights of Q4_U steps are loaded before any is used (1,152 bytes of
+ * the row in flight per warp). Then the cpu's tree in lane 0. */
 static __global__ void ki_matmul_q4k(float *out, const int8_t *xq, const float *xd,
                                      const int16_t *xsum, const uint8_t *w, const float *bias,
                                      int64_t N, int IC, int OC) {
@@ -574,50 +598,55 @@ static __global__ void ki_matmul_q4k(float *out, const int8_t *xq, const float *
     const uint8_t *wr = w + (int64_t)o * nk * QB;
     float c[Q4_NR], e[Q4_NR];
     for (int n = 0; n < Q4_NR; n++) c[n] = e[n] = 0.0f;
-    for (int k0 = 0; k0 < nk; k0 += 4) {
-        const int k = k0 + kk;
-        const bool ok = k < nk;
-        uint32_t h[4] = {0, 0, 0, 0}, qw[4] = {0, 0, 0, 0}, u[4];
-        if (ok) {
-            const uint32_t *bw = (const uint32_t *)(wr + (int64_t)k * QB);
-            for (int p = 0; p < 4; p++) h[p] = bw[p];
-            for (int p = 0; p < 4; p++) qw[p] = bw[4 + 8 * p + l];
-        }
-        q4k_words(h[1], h[2], h[3], u);
-        const float dw = fp16_widen((uint16_t)(h[0] & 0xffffu));
-        const float dmw = fp16_widen((uint16_t)(h[0] >> 16));
+    for (int g0 = 0; g0 < nk; g0 += 4 * Q4_U) {
+        uint32_t h[Q4_U][4], qw[Q4_U][4];
         KI_UNROLL
-        for (int n = 0; n < Q4_NR; n++) {
-            if (n >= nr) break; /* the warp's: the shuffles below are reached by all */
-            const int64_t row = n0 + n;
-            float pc = 0.0f, pe = 0.0f;
-            if (ok) {
-                const int8_t *xb = xq + row * IC + (int64_t)k * QK;
-                int s = 0;
-                KI_UNROLL
-                for (int j = 0; j < 8; j++) {
-                    const uint32_t nib = (j & 1) ? (qw[j >> 1] >> 4) & 0x0f0f0f0fu
-                                                 : qw[j >> 1] & 0x0f0f0f0fu;
-                    s += byte_of(u, j) * dot4((int)nib, ld32(xb + 32 * j + 4 * l));
+        for (int v = 0; v < Q4_U; v++) {
+            const int k = g0 + 4 * v + kk;
+            const uint32_t *bw = (const uint32_t *)(wr + (int64_t)k * QB);
+            for (int p = 0; p < 4; p++) h[v][p] = k < nk ? bw[p] : 0u;
+            for (int p = 0; p < 4; p++) qw[v][p] = k < nk ? bw[4 + 8 * p + l] : 0u;
+        }
+        KI_UNROLL
+        for (int v = 0; v < Q4_U; v++) {
+            const int k = g0 + 4 * v + kk, k0 = g0 + 4 * v;
+            uint32_t u[4];
+            q4k_words(h[v][1], h[v][2], h[v][3], u);
+            const float dw = fp16_widen((uint16_t)(h[v][0] & 0xffffu));
+            const float dmw = fp16_widen((uint16_t)(h[v][0] >> 16));
+            KI_UNROLL
+            for (int n = 0; n < Q4_NR; n++) {
+                if (n >= nr) break; /* the warp's: the shuffles below are reached by all */
+                const int64_t row = n0 + n;
+                float pc = 0.0f, pe = 0.0f;
+                if (k < nk) {
+                    const int8_t *xb = xq + row * IC + (int64_t)k * QK;
+                    int s = 0;
+                    KI_UNROLL
+                    for (int j = 0; j < 8; j++) {
+                        const uint32_t nib = (j & 1) ? (qw[v][j >> 1] >> 4) & 0x0f0f0f0fu
+                                                     : qw[v][j >> 1] & 0x0f0f0f0fu;
+                        s += byte_of(u, j) * dot4((int)nib, ld32(xb + 32 * j + 4 * l));
+                    }
+                    const float dx = xd[row * nk + k];
+                    pc = f_mul((float)s, f_mul(dw, dx));
+                    if (l < 4) {
+                        const int16_t *xs = xsum + (row * nk + k) * 8 + 2 * l;
+                        const int uu =
+                            byte_of(u + 2, 2 * l) * xs[0] + byte_of(u + 2, 2 * l + 1) * xs[1];
+                        pe = f_mul((float)uu, f_mul(dmw, dx));
+                    }
                 }
-                const float dx = xd[row * nk + k];
-                pc = f_mul((float)s, f_mul(dw, dx));
-                if (l < 4) {
-                    const int16_t *xs = xsum + (row * nk + k) * 8 + 2 * l;
-                    const int uu =
-                        byte_of(u + 2, 2 * l) * xs[0] + byte_of(u + 2, 2 * l + 1) * xs[1];
-                    pe = f_mul((float)uu, f_mul(dmw, dx));
+                float pcs[4] = {pc, 0, 0, 0}, pes[4] = {pe, 0, 0, 0};
+                for (int m = 1; m < 4; m++) {
+                    pcs[m] = __shfl_down_sync(0xffffffffu, pc, 8 * m);
+                    pes[m] = __shfl_down_sync(0xffffffffu, pe, 8 * m);
                 }
-            }
-            float pcs[4] = {pc, 0, 0, 0}, pes[4] = {pe, 0, 0, 0};
-            for (int m = 1; m < 4; m++) {
-                pcs[m] = __shfl_down_sync(0xffffffffu, pc, 8 * m);
-                pes[m] = __shfl_down_sync(0xffffffffu, pe, 8 * m);
-            }
-            if (kk == 0) {
-                for (int m = 0; m < 4 && k0 + m < nk; m++) {
-                    c[n] = f_add(c[n], pcs[m]);
-                    if (l < 4) e[n] = f_add(e[n], pes[m]);
+                if (kk == 0) {
+                    for (int m = 0; m < 4 && k0 + m < nk; m++) {
+                        c[n] = f_add(c[n], pcs[m]);
+                        if (l < 4) e[n] = f_add(e[n], pes[m]);
+                    }
                 }
             }
         }
@@ -645,8 +674,13 @@ static void matmul_q4k_fwd(float *out, const int8_t *xq, const float *xd, const 
     if (N <= 0 || OC <= 0) return;
     need_aligned("matmul_q4k_forward", xq, 4);
     need_aligned("matmul_q4k_forward", w, 4);
-    dim3 grid(cu_blocks(OC, MM_WARPS), cu_blocks(N, Q4_NR));
-    CU_LAUNCH(ki_matmul_q4k, grid, 32 * MM_WARPS, 0, out, xq, xd, xsum, w, bias, N, IC, OC);
+    const int nk = IC / QK;
+    for (int64_t r0 = 0; r0 < N; r0 += ROWS_PER_LAUNCH) {
+        const int64_t n = N - r0 < ROWS_PER_LAUNCH ? N - r0 : ROWS_PER_LAUNCH;
+        dim3 grid(cu_blocks(OC, MM_WARPS), cu_blocks(n, Q4_NR));
+        CU_LAUNCH(ki_matmul_q4k, grid, 32 * MM_WARPS, 0, out + r0 * OC, xq + r0 * IC,
+                  xd + r0 * nk, xsum + r0 * nk * 8, w, bias, n, IC, OC);
+    }
 }
 
 /* ---- bf16 compute: plain row-major bf16, rows of ICp = IC rounded up to 8 ----------------- */

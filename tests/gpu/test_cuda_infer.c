@@ -414,6 +414,7 @@ int main(int argc, char **argv) {
     test_matmul_q8(1, 320, 13, 1);
     test_matmul_q8(3, 96, 5, 0);
     test_matmul_q8(17, 32, 6, 1);
+    test_matmul_q8(3, 1056, 7, 1); /* 33 blocks: passes of 16 and a last of 1 */
     test_q4k_format(3, 512);
     test_q4k_format(1, 256);
     test_q8k(3, 512, 1);
@@ -421,6 +422,7 @@ int main(int argc, char **argv) {
     test_matmul_q4k(1, 1280, 9, 1);
     test_matmul_q4k(3, 256, 5, 0);
     test_matmul_q4k(17, 512, 6, 1);
+    test_matmul_q4k(3, 2560, 5, 1); /* 10 blocks: passes of 8 and a last of 2 */
     test_matmul_bf16(1, 64, 40, 1, 0);
     test_matmul_bf16(3, 37, 21, 0, 0);
     test_matmul_bf16(17, 520, 19, 1, 0);
