@@ -262,4 +262,30 @@ void loom_comm_set_observer(loom_mesh *m, loom_comm_observer fn, void *ctx);
  * comm_end (cpu: nothing; cpu-guard: its memory is reachable between them). NULL: none. */
 void loom_comm_set_device_window(loom_mesh *m, void (*begin)(void), void (*end)(void));
 
+/* Tells the mesh whose buffers its collectives and messages carry (the trainer's backend,
+ * include/loom/backend.h) and picks the path to them, the same on every rank:
+ *   direct  MPI on the buffers, inside the backend's comm_begin / comm_end window (set as by
+ *           loom_comm_set_device_window): host memory (cpu), or host memory the window makes
+ *           reachable (cpu-guard);
+ *   staged  each collective copies its device send buffer to a host bounce buffer (mem_d2h),
+ *           runs MPI there and copies the result back (mem_h2d); the non-blocking ones copy in
+ *           at the start and back at completion (wait / test); groups of one copy with
+ *           mem_d2d. MPI never sees the backend's memory. Taken by cuda-emu, by cuda when
+ *           ranks share a GPU (LOOM_CUDA_SHARE_GPU=1, or two ranks' GPUs have one UUID; not
+ *           under NCCL >= 2.30 with NCCL_MULTI_RANK_GPU_ENABLE=1) or NCCL fails to start, and
+ *           by any backend whose memory is not host memory under LOOM_COMM_STAGE=1 (tests);
+ *   nccl    cuda: an NCCL communicator per group of several ranks (groups with the same
+ *           members share one), the collectives on the backend's stream, each request's
+ *           completion awaited through an event (NCCL's asynchronous errors checked while
+ *           waiting, the mesh's timeout applies); point-to-point messages staged as above.
+ * The staged and nccl paths are said once in the log (world rank 0). Collective over the world
+ * (every rank calls it with the same backend); again with the same backend a no-op; with another
+ * one an error once the path is staged or nccl (a direct path is simply replaced), as is a path
+ * that would differ between ranks. NULL: host buffers, no window.
+ * docs/distributed.md "Device buffers", docs/gpu.md "Communication". */
+struct loom_backend;
+int loom_comm_set_device(loom_mesh *m, const struct loom_backend *be, loom_err *err);
+/* The path loom_comm_set_device chose: "direct", "staged" or "nccl". */
+const char *loom_comm_path(const loom_mesh *m);
+
 #endif

@@ -1,9 +1,19 @@
 /* Checked collectives: every collective is started non-blocking and completed by polling
  * MPI_Testall with backoff, so that a wait longer than the mesh's timeout can end the job with
  * a message naming the collective and the ranks that have not entered it (read from the
- * progress window, see mesh.c). Per-kind accounting of calls, ring bytes and time. */
+ * progress window, see mesh.c). Per-kind accounting of calls, ring bytes and time.
+ *
+ * Three paths to the buffers (loom_comm_set_device, device.c): direct (MPI on the buffers,
+ * inside the backend's window), staged (MPI on a host bounce buffer the request keeps: the
+ * device send buffer copied in at the start, the result copied back at completion) and NCCL
+ * (enqueued on the backend's stream, completion seen through an event; point-to-point staged).
+ * On a group of one every path is a local copy (the backend's mem_d2d off the direct path). */
 #define _GNU_SOURCE
 #include "comm_internal.h"
+#include "loom/backend.h"
+#ifdef LOOM_HAVE_CUDA
+#include "comm_nccl.h"
+#endif
 
 #include <limits.h>
 #include <stdarg.h>
@@ -33,6 +43,18 @@ struct loom_comm_req {
     void *local_buf;      /* send: the data (const), recv: where it goes */
     size_t local_bytes;
     struct loom_comm_req *local_next;
+    /* staged path: the host bounce buffer (kept with the record for reuse) and the copy of
+     * the result back to the device at completion (back_bytes 0: none) */
+    char *stage;
+    size_t stage_cap;
+    void *back_dst;
+    const void *back_src;
+    size_t back_bytes;
+    /* NCCL path: the communicator it was enqueued on, its completion event (kept with the
+     * record), 1 until the event has been seen complete */
+    struct loom_nccl *nccl;
+    void *event;
+    int nccl_pending;
 };
 
 static const char *kind_names[LOOM_COLL_KIND_COUNT] = {
@@ -120,6 +142,9 @@ static loom_comm_req *req_new(loom_mesh *m, loom_group g, loom_coll_kind k, doub
     r->next_free = NULL;
     r->local_pending = 0;
     r->local_next = NULL;
+    r->back_bytes = 0;
+    r->nccl = NULL;
+    r->nccl_pending = 0;
     r->m = m;
     r->g = g;
     r->kind = k;
@@ -136,6 +161,8 @@ static loom_comm_req *req_new(loom_mesh *m, loom_group g, loom_coll_kind k, doub
 
 static void req_done(loom_comm_req *r, double waited) {
     loom_mesh *m = r->m;
+    if (r->back_bytes) m->be->mem_h2d(r->back_dst, r->back_src, r->back_bytes);
+    r->back_bytes = 0;
     const double t1 = loom_now();
     m->stats.time_s[r->kind] += t1 - r->t0;
     if (m->observer) m->observer(m->observer_ctx, r->kind, r->g, r->bytes, r->t0, t1, waited);
@@ -162,6 +189,10 @@ void comm_free_request_pool(loom_mesh *m) {
         free(r->own_reqs);
         free(r->counts);
         free(r->displs);
+        free(r->stage);
+#ifdef LOOM_HAVE_CUDA
+        loom_nccl_event_free(r->event);
+#endif
         free(r);
     }
 }
@@ -261,13 +292,41 @@ static void timeout_abort(loom_comm_req *r, const char *what) {
         append(msg, sizeof msg, &at, "; ranks still missing: unknown (this MPI's windows use the "
                                      "separate memory model)");
     }
+#ifdef LOOM_HAVE_CUDA
+    if (r->nccl) loom_nccl_abort(r->nccl); /* its kernels may be spinning on the device */
+#endif
     loom_comm_abort(75, "%s%s", msg, dat ? detail : "");
 }
+
+#ifdef LOOM_HAVE_CUDA
+/* an NCCL or CUDA error on a request's communicator ends the job (as an MPI error does) */
+static void nccl_die(loom_comm_req *r, const char *why) __attribute__((noreturn));
+static void nccl_die(loom_comm_req *r, const char *why) {
+    const comm_group *cg = &r->m->g[r->g];
+    if (r->nccl) loom_nccl_abort(r->nccl);
+    loom_comm_abort(76, "NCCL %s #%lld on %s (%d ranks) failed: %s", loom_coll_kind_name(r->kind),
+                    (long long)r->seq, loom_group_name(r->g), cg->size, why);
+}
+#endif
 
 /* Polls until every request completes: busy for ~100 tests, then sleeps growing from 1 us to
  * 1 ms between tests. Past the timeout (counted from entering the wait) the job ends. */
 static int req_ready(loom_comm_req *r) {
     if (r->local_pending) return 0;
+#ifdef LOOM_HAVE_CUDA
+    if (r->nccl_pending) {
+        char why[512];
+        const int done = loom_nccl_event_done(r->event, why, sizeof why);
+        if (done < 0) nccl_die(r, why);
+        if (!done) {
+            /* still running: an asynchronous NCCL error (a peer gone, a network failure)
+             * ends the job here rather than at the timeout */
+            if (loom_nccl_state(r->nccl, why, sizeof why) < 0) nccl_die(r, why);
+            return 0;
+        }
+        r->nccl_pending = 0;
+    }
+#endif
     int flag = 1;
     if (r->n > 0) MPI_Testall(r->n, r->reqs, &flag, MPI_STATUSES_IGNORE);
     return flag;
@@ -275,7 +334,7 @@ static int req_ready(loom_comm_req *r) {
 
 static void wait_checked(loom_comm_req *r, const char *what) {
     double t_in = loom_now();
-    if (r->n > 0 || r->local_pending) {
+    if (r->n > 0 || r->local_pending || r->nccl_pending) {
         double deadline = t_in + r->m->spec.timeout_s;
         long sleep_ns = 0;
         int spins = 0;
@@ -322,18 +381,93 @@ static int as_count(size_t n, const char *what) {
     return (int)n;
 }
 
+/* ---- the buffers' paths ---- */
+
+/* the MPI calls of a group of several ranks go through host bounce buffers */
+static int staged(const loom_mesh *m, const comm_group *cg) {
+    return m->path != PATH_DIRECT && !cg->nccl;
+}
+
+/* a local copy of n bytes between a collective's buffers (a group of one) */
+static void dev_copy(const loom_mesh *m, void *dst, const void *src, size_t n) {
+    if (!n || dst == src) return;
+    if (m->path == PATH_DIRECT) {
+        memmove(dst, src, n);
+        return;
+    }
+    const char *d = dst, *s = src;
+    LOOM_CHECK(d + n <= s || s + n <= d); /* mem_d2d's buffers do not overlap */
+    m->be->mem_d2d(dst, src, n);
+}
+
+/* the request's bounce buffer of at least n bytes (kept with the record: no allocation per
+ * collective once the pool has grown) */
+static char *bounce(loom_comm_req *r, size_t n) {
+    if (r->stage_cap < n || !r->stage) {
+        free(r->stage);
+        r->stage_cap = n ? n : 1;
+        r->stage = loom_malloc(r->stage_cap);
+    }
+    return r->stage;
+}
+
+/* device -> bounce now; bounce -> device when the request completes */
+static void stage_in(const loom_mesh *m, void *host, const void *dev, size_t n) {
+    if (n) loom_dev_read(m->be, host, dev, n, "staged collective");
+}
+static void stage_back(loom_comm_req *r, void *dev, const void *host, size_t n) {
+    r->back_dst = dev;
+    r->back_src = host;
+    r->back_bytes = n;
+}
+
+#ifdef LOOM_HAVE_CUDA
+/* an enqueue on the NCCL path: failure ends the job; after the request's last enqueue its
+ * event is recorded (nccl_end) and the waits poll it */
+static void nccl_ok(loom_comm_req *r, int rc, const char *why) {
+    if (rc) nccl_die(r, why);
+}
+static void nccl_end(loom_comm_req *r, loom_nccl *c) {
+    char why[512];
+    r->nccl = c;
+    if (!r->event) r->event = loom_nccl_event_new();
+    nccl_ok(r, loom_nccl_event_record(r->event, why, sizeof why), why);
+    r->nccl_pending = 1;
+}
+#define NCCL_WHY char why[512]; const size_t nwhy = sizeof why
+#endif
+
 static loom_comm_req *start_allreduce(loom_mesh *m, loom_group g, void *buf, size_t count,
                                       loom_dtype t, MPI_Op op) {
     LOOM_CHECK(t != LOOM_BF16); /* moved only: bf16 sums are taken in fp32 */
     const comm_group *cg = group_of(m, g);
     size_t es = loom_dtype_size(t);
     int N = cg->size;
+#ifdef LOOM_HAVE_CUDA
+    if (cg->nccl) {
+        loom_comm_req *r = req_new(m, g, LOOM_COLL_ALLREDUCE,
+                                   2.0 * (N - 1) / N * (double)count * (double)es, 0);
+        r->nccl = cg->nccl;
+        NCCL_WHY;
+        if (count) {
+            nccl_ok(r, loom_nccl_allreduce(cg->nccl, buf, count, t, op == MPI_MAX, why, nwhy), why);
+            nccl_end(r, cg->nccl);
+        }
+        return r;
+    }
+#endif
     int nchunk = N > 1 ? (int)((count + CHUNK - 1) / CHUNK) : 0;
     loom_comm_req *r = req_new(m, g, LOOM_COLL_ALLREDUCE,
                                2.0 * (N - 1) / N * (double)count * (double)es, nchunk);
+    char *mbuf = buf;
+    if (nchunk && staged(m, cg)) {
+        mbuf = bounce(r, count * es);
+        stage_in(m, mbuf, buf, count * es);
+        stage_back(r, buf, mbuf, count * es);
+    }
     for (int c = 0; c < nchunk; c++) {
         size_t off = (size_t)c * CHUNK, n = count - off < CHUNK ? count - off : CHUNK;
-        MPI_Iallreduce(MPI_IN_PLACE, (char *)buf + off * es, (int)n, mpi_type(t), op, cg->comm,
+        MPI_Iallreduce(MPI_IN_PLACE, mbuf + off * es, (int)n, mpi_type(t), op, cg->comm,
                        &r->reqs[c]);
     }
     return r;
@@ -370,6 +504,83 @@ static void shard_table(loom_comm_req *r, size_t count, int N, const char *what)
     }
 }
 
+#ifdef LOOM_HAVE_CUDA
+/* reduce-scatter on NCCL: ncclReduceScatter when count divides evenly, else one ncclReduce
+ * per member's slice onto that member, in one group */
+static void nccl_reduce_scatter(loom_comm_req *r, const comm_group *cg, const void *send,
+                                void *recv, size_t count, loom_dtype t) {
+    NCCL_WHY;
+    const int N = cg->size;
+    const size_t es = loom_dtype_size(t);
+    r->nccl = cg->nccl;
+    if (!count) return;
+    if (count % (size_t)N == 0) {
+        nccl_ok(r, loom_nccl_reduce_scatter(cg->nccl, send, recv, count / (size_t)N, t, why, nwhy),
+                why);
+    } else {
+        nccl_ok(r, loom_nccl_group_start(why, nwhy), why);
+        for (int i = 0; i < N; i++) {
+            size_t off, len;
+            loom_split(count, N, i, &off, &len);
+            if (len)
+                nccl_ok(r, loom_nccl_reduce(cg->nccl, (const char *)send + off * es, recv, len, t,
+                                            i, why, nwhy), why);
+        }
+        nccl_ok(r, loom_nccl_group_end(cg->nccl, why, nwhy), why);
+    }
+    nccl_end(r, cg->nccl);
+}
+
+/* allgather on NCCL: ncclAllGather when count divides evenly, else one ncclBroadcast per
+ * member's slice, in one group; src is this member's slice (in place when it is recv's) */
+static void nccl_allgather(loom_comm_req *r, const comm_group *cg, const void *src, void *recv,
+                           size_t count, size_t es) {
+    NCCL_WHY;
+    const int N = cg->size;
+    r->nccl = cg->nccl;
+    if (!count) return;
+    if (count % (size_t)N == 0) {
+        nccl_ok(r, loom_nccl_allgather(cg->nccl, src, recv, count / (size_t)N * es, why, nwhy),
+                why);
+    } else {
+        nccl_ok(r, loom_nccl_group_start(why, nwhy), why);
+        for (int i = 0; i < N; i++) {
+            size_t off, len;
+            loom_split(count, N, i, &off, &len);
+            char *slot = (char *)recv + off * es;
+            if (len)
+                nccl_ok(r, loom_nccl_broadcast(cg->nccl, i == cg->rank ? src : slot, slot,
+                                               len * es, i, why, nwhy), why);
+        }
+        nccl_ok(r, loom_nccl_group_end(cg->nccl, why, nwhy), why);
+    }
+    nccl_end(r, cg->nccl);
+}
+
+/* all-to-all on NCCL: a send and a receive per member (itself included) in one group; bytes
+ * by member, blocks at the running offsets */
+static void nccl_alltoall(loom_comm_req *r, const comm_group *cg, const void *send,
+                          const int64_t *sbytes, void *recv, const int64_t *rbytes) {
+    NCCL_WHY;
+    size_t so = 0, ro = 0, any = 0;
+    r->nccl = cg->nccl;
+    nccl_ok(r, loom_nccl_group_start(why, nwhy), why);
+    for (int j = 0; j < cg->size; j++) {
+        if (sbytes[j])
+            nccl_ok(r, loom_nccl_send(cg->nccl, (const char *)send + so, (size_t)sbytes[j], j, why,
+                                      nwhy), why);
+        if (rbytes[j])
+            nccl_ok(r, loom_nccl_recv(cg->nccl, (char *)recv + ro, (size_t)rbytes[j], j, why, nwhy),
+                    why);
+        any |= (size_t)(sbytes[j] | rbytes[j]);
+        so += (size_t)sbytes[j];
+        ro += (size_t)rbytes[j];
+    }
+    nccl_ok(r, loom_nccl_group_end(cg->nccl, why, nwhy), why);
+    if (any) nccl_end(r, cg->nccl);
+}
+#endif
+
 loom_comm_req *loom_ireduce_scatter_sum(loom_mesh *m, loom_group g, const void *send, void *recv,
                                         size_t count, loom_dtype t) {
     LOOM_CHECK(t != LOOM_BF16); /* moved only */
@@ -377,20 +588,36 @@ loom_comm_req *loom_ireduce_scatter_sum(loom_mesh *m, loom_group g, const void *
     size_t es = loom_dtype_size(t);
     int N = cg->size;
     loom_comm_req *r = req_new(m, g, LOOM_COLL_REDUCE_SCATTER,
-                               (double)(N - 1) / N * (double)count * (double)es, N > 1);
+                               (double)(N - 1) / N * (double)count * (double)es,
+                               N > 1 && !cg->nccl);
     size_t off, len;
     loom_split(count, N, cg->rank, &off, &len);
-    if (N == 1) {
-        if (recv != send) memmove(recv, send, count * es);
+    if (N > 1) LOOM_CHECK(send != recv);
+#ifdef LOOM_HAVE_CUDA
+    if (cg->nccl) {
+        nccl_reduce_scatter(r, cg, send, recv, count, t);
         return r;
     }
-    LOOM_CHECK(send != recv);
+#endif
+    if (N == 1) {
+        dev_copy(m, recv, send, count * es);
+        return r;
+    }
+    const void *msend = send;
+    void *mrecv = recv;
+    if (staged(m, cg)) {
+        char *b = bounce(r, (count + len) * es);
+        stage_in(m, b, send, count * es);
+        msend = b;
+        mrecv = b + count * es;
+        stage_back(r, recv, mrecv, len * es);
+    }
     if (count % (size_t)N == 0) {
-        MPI_Ireduce_scatter_block(send, recv, as_count(count / (size_t)N, "reduce_scatter"),
+        MPI_Ireduce_scatter_block(msend, mrecv, as_count(count / (size_t)N, "reduce_scatter"),
                                   mpi_type(t), MPI_SUM, cg->comm, &r->reqs[0]);
     } else {
         shard_table(r, count, N, "reduce_scatter");
-        MPI_Ireduce_scatter(send, recv, r->counts, mpi_type(t), MPI_SUM, cg->comm, &r->reqs[0]);
+        MPI_Ireduce_scatter(msend, mrecv, r->counts, mpi_type(t), MPI_SUM, cg->comm, &r->reqs[0]);
     }
     return r;
 }
@@ -406,26 +633,42 @@ loom_comm_req *loom_iallgather(loom_mesh *m, loom_group g, const void *send, voi
     size_t es = loom_dtype_size(t);
     int N = cg->size;
     loom_comm_req *r = req_new(m, g, LOOM_COLL_ALLGATHER,
-                               (double)(N - 1) / N * (double)count * (double)es, N > 1);
+                               (double)(N - 1) / N * (double)count * (double)es,
+                               N > 1 && !cg->nccl);
     size_t off, len;
     loom_split(count, N, cg->rank, &off, &len);
     char *mine = (char *)recv + off * es;
-    const void *src = send == mine ? MPI_IN_PLACE : send;
-    if (src != MPI_IN_PLACE) {
+    const int in_place = send == mine;
+    if (!in_place) {
         /* the send slice must not overlap recv unless it is exactly this rank's slice */
         const char *s = send, *rb = recv;
         LOOM_CHECK(s + len * es <= rb || s >= rb + count * es);
     }
-    if (N == 1) {
-        if (src != MPI_IN_PLACE) memmove(recv, send, count * es);
+#ifdef LOOM_HAVE_CUDA
+    if (cg->nccl) {
+        nccl_allgather(r, cg, send, recv, count, es);
         return r;
+    }
+#endif
+    if (N == 1) {
+        if (!in_place) dev_copy(m, recv, send, count * es);
+        return r;
+    }
+    const void *src = in_place ? MPI_IN_PLACE : send;
+    char *mrecv = recv;
+    if (staged(m, cg)) {
+        /* this member's slice goes into its place in the bounce buffer: MPI works in place */
+        mrecv = bounce(r, count * es);
+        stage_in(m, mrecv + off * es, send, len * es);
+        src = MPI_IN_PLACE;
+        stage_back(r, recv, mrecv, count * es);
     }
     if (count % (size_t)N == 0) {
         int c = as_count(len, "allgather");
-        MPI_Iallgather(src, c, mpi_type(t), recv, c, mpi_type(t), cg->comm, &r->reqs[0]);
+        MPI_Iallgather(src, c, mpi_type(t), mrecv, c, mpi_type(t), cg->comm, &r->reqs[0]);
     } else {
         shard_table(r, count, N, "allgather");
-        MPI_Iallgatherv(src, (int)len, mpi_type(t), recv, r->counts, r->displs, mpi_type(t),
+        MPI_Iallgatherv(src, (int)len, mpi_type(t), mrecv, r->counts, r->displs, mpi_type(t),
                         cg->comm, &r->reqs[0]);
     }
     return r;
@@ -442,13 +685,34 @@ void loom_alltoall(loom_mesh *m, loom_group g, const void *send, void *recv, siz
     size_t es = loom_dtype_size(t);
     int N = cg->size;
     double total = (double)block * N * (double)es;
-    loom_comm_req *r = req_new(m, g, LOOM_COLL_ALLTOALL, (double)(N - 1) / N * total, N > 1);
+    loom_comm_req *r = req_new(m, g, LOOM_COLL_ALLTOALL, (double)(N - 1) / N * total,
+                               N > 1 && !cg->nccl);
+    if (N > 1) LOOM_CHECK(send != recv);
+#ifdef LOOM_HAVE_CUDA
+    if (cg->nccl) {
+        int64_t *b = loom_malloc((size_t)N * sizeof(int64_t));
+        for (int j = 0; j < N; j++) b[j] = (int64_t)(block * es);
+        nccl_alltoall(r, cg, send, b, recv, b);
+        free(b);
+        wait_checked(r, NULL);
+        return;
+    }
+#endif
     if (N == 1) {
-        if (recv != send) memmove(recv, send, block * es);
+        dev_copy(m, recv, send, block * es);
     } else {
-        LOOM_CHECK(send != recv);
+        const void *msend = send;
+        void *mrecv = recv;
+        const size_t bytes = (size_t)N * block * es;
+        if (staged(m, cg)) {
+            char *b = bounce(r, 2 * bytes);
+            stage_in(m, b, send, bytes);
+            msend = b;
+            mrecv = b + bytes;
+            stage_back(r, recv, mrecv, bytes);
+        }
         int c = as_count(block, "alltoall");
-        MPI_Ialltoall(send, c, mpi_type(t), recv, c, mpi_type(t), cg->comm, &r->reqs[0]);
+        MPI_Ialltoall(msend, c, mpi_type(t), mrecv, c, mpi_type(t), cg->comm, &r->reqs[0]);
     }
     wait_checked(r, NULL);
 }
@@ -461,10 +725,25 @@ void loom_alltoallv(loom_mesh *m, loom_group g, const void *send, const int64_t 
     double out = 0;
     for (int i = 0; i < N; i++)
         if (i != cg->rank) out += (double)send_counts[i] * (double)es;
-    loom_comm_req *r = req_new(m, g, LOOM_COLL_ALLTOALL, out, N > 1);
+    loom_comm_req *r = req_new(m, g, LOOM_COLL_ALLTOALL, out, N > 1 && !cg->nccl);
+#ifdef LOOM_HAVE_CUDA
+    if (cg->nccl) {
+        if (N > 1) LOOM_CHECK(send != recv);
+        int64_t *b = loom_malloc(2 * (size_t)N * sizeof(int64_t));
+        for (int j = 0; j < N; j++) {
+            LOOM_CHECK(send_counts[j] >= 0 && recv_counts[j] >= 0);
+            b[j] = send_counts[j] * (int64_t)es;
+            b[N + j] = recv_counts[j] * (int64_t)es;
+        }
+        nccl_alltoall(r, cg, send, b, recv, b + N);
+        free(b);
+        wait_checked(r, NULL);
+        return;
+    }
+#endif
     if (N == 1) {
         LOOM_CHECK(send_counts[0] == recv_counts[0]);
-        if (recv != send && send_counts[0] > 0) memmove(recv, send, (size_t)send_counts[0] * es);
+        if (send_counts[0] > 0) dev_copy(m, recv, send, (size_t)send_counts[0] * es);
     } else {
         LOOM_CHECK(send != recv);
         int *c = loom_malloc(4 * (size_t)N * sizeof(int));
@@ -478,7 +757,17 @@ void loom_alltoallv(loom_mesh *m, loom_group g, const void *send, const int64_t 
             so += (size_t)send_counts[i];
             ro += (size_t)recv_counts[i];
         }
-        MPI_Ialltoallv(send, c, sd, mpi_type(t), recv, rc, rd, mpi_type(t), cg->comm, &r->reqs[0]);
+        const void *msend = send;
+        void *mrecv = recv;
+        if (staged(m, cg)) {
+            char *b = bounce(r, (so + ro) * es);
+            stage_in(m, b, send, so * es);
+            msend = b;
+            mrecv = b + so * es;
+            stage_back(r, recv, mrecv, ro * es);
+        }
+        MPI_Ialltoallv(msend, c, sd, mpi_type(t), mrecv, rc, rd, mpi_type(t), cg->comm,
+                       &r->reqs[0]);
         wait_checked(r, NULL);
         free(c);
         return;
@@ -491,11 +780,30 @@ void loom_broadcast(loom_mesh *m, loom_group g, void *buf, size_t count, loom_dt
     LOOM_CHECK(root >= 0 && root < cg->size);
     size_t es = loom_dtype_size(t);
     int N = cg->size;
+#ifdef LOOM_HAVE_CUDA
+    if (cg->nccl) {
+        loom_comm_req *r = req_new(m, g, LOOM_COLL_BROADCAST, (double)count * (double)es, 0);
+        r->nccl = cg->nccl;
+        NCCL_WHY;
+        if (count) {
+            nccl_ok(r, loom_nccl_broadcast(cg->nccl, buf, buf, count * es, root, why, nwhy), why);
+            nccl_end(r, cg->nccl);
+        }
+        wait_checked(r, NULL);
+        return;
+    }
+#endif
     int nchunk = N > 1 ? (int)((count + CHUNK - 1) / CHUNK) : 0;
     loom_comm_req *r = req_new(m, g, LOOM_COLL_BROADCAST, (double)count * (double)es, nchunk);
+    char *mbuf = buf;
+    if (nchunk && staged(m, cg)) {
+        mbuf = bounce(r, count * es);
+        if (cg->rank == root) stage_in(m, mbuf, buf, count * es);
+        else stage_back(r, buf, mbuf, count * es);
+    }
     for (int c = 0; c < nchunk; c++) {
         size_t off = (size_t)c * CHUNK, n = count - off < CHUNK ? count - off : CHUNK;
-        MPI_Ibcast((char *)buf + off * es, (int)n, mpi_type(t), root, cg->comm, &r->reqs[c]);
+        MPI_Ibcast(mbuf + off * es, (int)n, mpi_type(t), root, cg->comm, &r->reqs[c]);
     }
     wait_checked(r, NULL);
 }
@@ -514,7 +822,7 @@ static void local_post(loom_mesh *m, loom_comm_req *r, int is_send) {
             loom_comm_abort(1, "p2p on %s, tag %d: a message of %zu bytes met a receive of %zu "
                             "bytes (counts and types must agree)", loom_group_name(r->g),
                             r->local_tag, snd->local_bytes, rcv->local_bytes);
-        if (snd->local_bytes) memcpy(rcv->local_buf, snd->local_buf, snd->local_bytes);
+        dev_copy(m, rcv->local_buf, snd->local_buf, snd->local_bytes);
         *p = o->local_next;
         o->local_pending = 0;
         return;
@@ -525,6 +833,10 @@ static void local_post(loom_mesh *m, loom_comm_req *r, int is_send) {
     *mine = r;
 }
 
+/* Messages travel over MPI on every path (NCCL's included: its sends and receives run in
+ * stream order, so receives posted ahead, as the pipeline posts them, could wait behind a send
+ * whose receiver waits for them; MPI's progress independently): off the direct path through a
+ * bounce buffer per request. */
 static loom_comm_req *start_p2p(loom_mesh *m, loom_group g, void *buf, size_t count,
                                 loom_dtype t, int peer, int tag, int is_send) {
     const comm_group *cg = group_of(m, g);
@@ -542,9 +854,15 @@ static loom_comm_req *start_p2p(loom_mesh *m, loom_group g, void *buf, size_t co
     const int nchunk = count ? (int)((count + CHUNK - 1) / CHUNK) : 1;
     loom_comm_req *r = req_new(m, g, LOOM_COLL_P2P, is_send ? (double)count * (double)es : 0,
                                nchunk);
+    char *mbuf = buf;
+    if (m->path != PATH_DIRECT) {
+        mbuf = bounce(r, count * es);
+        if (is_send) stage_in(m, mbuf, buf, count * es);
+        else stage_back(r, buf, mbuf, count * es);
+    }
     for (int c = 0; c < nchunk; c++) {
         const size_t off = (size_t)c * CHUNK, n = count - off < CHUNK ? count - off : CHUNK;
-        char *p = (char *)buf + off * es;
+        char *p = mbuf + off * es;
         if (is_send) MPI_Isend(p, (int)n, mpi_type(t), peer, tag, cg->comm, &r->reqs[c]);
         else MPI_Irecv(p, (int)n, mpi_type(t), peer, tag, cg->comm, &r->reqs[c]);
     }

@@ -19,8 +19,21 @@ enum {
     PROG_SLOTS
 };
 
+/* How collectives reach the buffers (loom_comm_set_device, device.c) */
+typedef enum comm_path {
+    PATH_DIRECT = 0, /* MPI and local copies on the buffers, inside the backend's window */
+    PATH_STAGED,     /* MPI on host bounce buffers (mem_d2h / mem_h2d), local copies mem_d2d */
+    PATH_NCCL,       /* NCCL on the groups of several ranks; point-to-point staged */
+} comm_path;
+
+struct loom_nccl;
+struct loom_backend;
+
 typedef struct comm_group {
     MPI_Comm comm;  /* MPI_COMM_NULL without MPI */
+    struct loom_nccl *nccl; /* PATH_NCCL, groups of several ranks: the communicator (shared
+                             * with an earlier group of the same members: nccl_owner 0) */
+    int nccl_owner;
     int rank, size; /* this rank's member number, member count */
     int *members;   /* (size) world ranks, by member number */
     int64_t seq;    /* collectives entered on this group so far */
@@ -46,7 +59,14 @@ struct loom_mesh {
      * a collective's buffers (NULL: none) */
     void (*win_begin)(void);
     void (*win_end)(void);
+    /* loom_comm_set_device: the backend whose buffers the collectives carry (NULL: none,
+     * host memory) and the path chosen for it */
+    const struct loom_backend *be;
+    comm_path path;
 };
+
+/* device.c: the NCCL communicators go (loom_mesh_free) */
+void comm_free_device(loom_mesh *m);
 
 /* collectives.c: frees the request records kept for reuse */
 void comm_free_request_pool(loom_mesh *m);

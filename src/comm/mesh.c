@@ -241,6 +241,7 @@ int loom_mesh_create(const loom_mesh_spec *s, const loom_mesh_dims *dims, loom_m
 void loom_mesh_free(loom_mesh *m) {
     if (!m) return;
     comm_free_request_pool(m);
+    comm_free_device(m);
     if (m->mpi) {
         MPI_Win_unlock_all(m->win);
         MPI_Win_free(&m->win);

@@ -249,8 +249,12 @@ int loom_dp_create(loom_model *m, loom_mesh *mesh, int zero, uint64_t seed, floa
     loom_dp *dp = loom_calloc(1, sizeof *dp);
     dp->m = m;
     const loom_backend *be = dp->be = loom_model_backend(m);
-    /* collectives reach device buffers inside the backend's window */
-    loom_comm_set_device_window(mesh, be->comm_begin, be->comm_end);
+    /* the mesh's collectives carry the backend's buffers: MPI inside its window, staged
+     * through host memory, or NCCL (loom_comm_set_device) */
+    if (loom_comm_set_device(mesh, be, err)) {
+        free(dp);
+        return -1;
+    }
     dp->mesh = mesh;
     dp->zero = zero;
     dp->group = loom_mesh_layout(mesh)->cp > 1 ? LOOM_GROUP_DPCP : LOOM_GROUP_DP;

@@ -5,6 +5,11 @@
  *         heads kv_heads layers seq experts        model dims to validate against
  *         rank after sleep                         which rank misbehaves, after how many
  *                                                  collectives, for how long
+ *         backend                                  coll / single: the buffers are that
+ *                                                  backend's (mem_alloc, filled and read
+ *                                                  through mem_h2d / mem_d2h only) and the mesh
+ *                                                  is told so (loom_comm_set_device); "host"
+ *                                                  (default): plain host arrays
  *   modes: mesh     build the mesh, check every group against the documented rank order
  *          coll     collectives and point-to-point on every group, results checked
  *                   numerically, plus stats
@@ -21,6 +26,7 @@
  *          isa      prints the kernels' instruction-set level agreed at loom_parallel_start
  * Every rank prints "rank R: ..." lines; exit status 0 only when every check passed. */
 #define _GNU_SOURCE
+#include "loom/backend.h"
 #include "loom/comm.h"
 #include "loom/parallel.h"
 #include "loom/kernels.h"
@@ -38,7 +44,41 @@ typedef struct opts {
     loom_mesh_dims dims;
     int bad_rank, after;
     double sleep_s;
+    const char *backend;
 } opts;
+
+/* ---- buffers: host arrays, or a backend's (device) buffers reached through its copies ---- */
+
+static const loom_backend *g_be; /* NULL: host arrays */
+
+static void *dalloc(size_t bytes) {
+    if (!bytes) bytes = 1;
+    return g_be ? g_be->mem_alloc(bytes, 0) : loom_malloc(bytes);
+}
+static void dfree(void *p) {
+    if (g_be) g_be->mem_free(p);
+    else free(p);
+}
+/* host -> buffer, buffer -> host (n bytes) */
+static void put(void *dev, const void *host, size_t n) {
+    if (!n) return;
+    if (g_be) g_be->mem_h2d(dev, host, n);
+    else memcpy(dev, host, n);
+}
+static void get(void *host, const void *dev, size_t n) {
+    if (!n) return;
+    if (g_be) g_be->mem_d2h(host, dev, n);
+    else memcpy(host, dev, n);
+}
+/* n bytes of an output buffer poisoned (0xff: NaN in float, -1 in ints), so that an element a
+ * collective does not write is seen */
+static void poison(void *dev, size_t n) {
+    if (!n) return;
+    unsigned char *h = loom_malloc(n);
+    memset(h, 0xff, n);
+    put(dev, h, n);
+    free(h);
+}
 
 static int parse_int(const char *k, const char *v, int *out) {
     char *end;
@@ -80,6 +120,7 @@ static int parse_opts(int argc, char **argv, opts *o) {
         else if (!strcmp(k, "rank")) rc = parse_int(k, v, &o->bad_rank);
         else if (!strcmp(k, "after")) rc = parse_int(k, v, &o->after);
         else if (!strcmp(k, "sleep")) o->sleep_s = strtod(v, NULL);
+        else if (!strcmp(k, "backend")) o->backend = v;
         else { fprintf(stderr, "comm_driver: unknown key %s\n", k); return -1; }
         if (rc) return -1;
     }
@@ -152,12 +193,19 @@ static void check_group(loom_mesh *m, loom_group g) {
     int N = loom_mesh_size(m, g), r = loom_mesh_rank(m, g);
     const size_t counts[] = {0, 1, 7, 64, 1001, 4096};
     for (size_t ci = 0; ci < sizeof counts / sizeof counts[0]; ci++) {
-        size_t n = counts[ci];
+        size_t n = counts[ci], nf = n * sizeof(float), nd = n * sizeof(double);
+        /* host arrays (f, d, rs, ag) and the buffers the collectives see (F, D, RS, AG) */
         float *f = loom_malloc((n ? n : 1) * sizeof(float));
         double *d = loom_malloc((n ? n : 1) * sizeof(double));
+        float *F = dalloc(nf);
+        double *D = dalloc(nd);
         for (size_t i = 0; i < n; i++) { f[i] = (float)val(r, i); d[i] = val(r, i) + 0.25; }
-        loom_allreduce_sum(m, g, f, n, LOOM_F32);
-        loom_allreduce_sum(m, g, d, n, LOOM_F64);
+        put(F, f, nf);
+        put(D, d, nd);
+        loom_allreduce_sum(m, g, F, n, LOOM_F32);
+        loom_allreduce_sum(m, g, D, n, LOOM_F64);
+        get(f, F, nf);
+        get(d, D, nd);
         for (size_t i = 0; i < n; i++) {
             double want = 0;
             for (int k = 0; k < N; k++) want += val(k, i);
@@ -166,7 +214,9 @@ static void check_group(loom_mesh *m, loom_group g) {
         }
         /* max */
         for (size_t i = 0; i < n; i++) d[i] = (double)((r * 7 + (int)i) % (N + 3));
-        loom_allreduce_max(m, g, d, n, LOOM_F64);
+        put(D, d, nd);
+        loom_allreduce_max(m, g, D, n, LOOM_F64);
+        get(d, D, nd);
         for (size_t i = 0; i < n; i++) {
             double want = -1;
             for (int k = 0; k < N; k++) want = fmax(want, (double)((k * 7 + (int)i) % (N + 3)));
@@ -176,8 +226,12 @@ static void check_group(loom_mesh *m, loom_group g) {
         size_t off, len;
         loom_split(n, N, r, &off, &len);
         for (size_t i = 0; i < n; i++) f[i] = (float)val(r, i);
+        put(F, f, nf);
         float *rs = loom_malloc((len ? len : 1) * sizeof(float));
-        loom_reduce_scatter_sum(m, g, f, rs, n, LOOM_F32);
+        float *RS = dalloc(len * sizeof(float));
+        poison(RS, len * sizeof(float));
+        loom_reduce_scatter_sum(m, g, F, RS, n, LOOM_F32);
+        get(rs, RS, len * sizeof(float));
         for (size_t i = 0; i < len; i++) {
             double want = 0;
             for (int k = 0; k < N; k++) want += val(k, off + i);
@@ -185,32 +239,47 @@ static void check_group(loom_mesh *m, loom_group g) {
         }
         /* allgather: separate buffer, then in place */
         float *ag = loom_malloc((n ? n : 1) * sizeof(float));
+        float *AG = dalloc(nf);
         for (size_t i = 0; i < len; i++) rs[i] = (float)(off + i) * 0.5f;
-        loom_allgather(m, g, rs, ag, n, LOOM_F32);
+        put(RS, rs, len * sizeof(float));
+        poison(AG, nf);
+        loom_allgather(m, g, RS, AG, n, LOOM_F32);
+        get(ag, AG, nf);
         for (size_t i = 0; i < n; i++) EXPECT(ag[i] == (float)i * 0.5f, "%s allgather n=%zu [%zu]", gname(g), n, i);
         for (size_t i = 0; i < n; i++) ag[i] = (i >= off && i < off + len) ? (float)i + 1 : -1.0f;
-        loom_allgather(m, g, ag + off, ag, n, LOOM_F32);
+        put(AG, ag, nf);
+        loom_allgather(m, g, AG + off, AG, n, LOOM_F32);
+        get(ag, AG, nf);
         for (size_t i = 0; i < n; i++) EXPECT(ag[i] == (float)i + 1, "%s allgather in place n=%zu [%zu]", gname(g), n, i);
         /* non-blocking: two in flight at once */
         for (size_t i = 0; i < n; i++) { f[i] = (float)val(r, i); d[i] = 1.0; }
-        loom_comm_req *a = loom_iallreduce_sum(m, g, f, n, LOOM_F32);
-        loom_comm_req *b = loom_iallreduce_sum(m, g, d, n, LOOM_F64);
+        put(F, f, nf);
+        put(D, d, nd);
+        loom_comm_req *a = loom_iallreduce_sum(m, g, F, n, LOOM_F32);
+        loom_comm_req *b = loom_iallreduce_sum(m, g, D, n, LOOM_F64);
         loom_comm_wait(b);
         loom_comm_wait(a);
+        get(f, F, nf);
+        get(d, D, nd);
         for (size_t i = 0; i < n; i++) {
             double want = 0;
             for (int k = 0; k < N; k++) want += val(k, i);
             EXPECT(f[i] == (float)want && d[i] == N, "%s iallreduce n=%zu [%zu]", gname(g), n, i);
         }
         for (size_t i = 0; i < n; i++) f[i] = (float)val(r, i);
-        loom_comm_req *c = loom_ireduce_scatter_sum(m, g, f, rs, n, LOOM_F32);
+        put(F, f, nf);
+        poison(RS, len * sizeof(float));
+        loom_comm_req *c = loom_ireduce_scatter_sum(m, g, F, RS, n, LOOM_F32);
         while (!loom_comm_test(c)) {}
+        get(rs, RS, len * sizeof(float));
         for (size_t i = 0; i < len; i++) {
             double want = 0;
             for (int k = 0; k < N; k++) want += val(k, off + i);
             EXPECT(rs[i] == (float)want, "%s ireduce_scatter n=%zu [%zu]", gname(g), n, off + i);
         }
-        loom_comm_wait(loom_iallgather(m, g, rs, ag, n, LOOM_F32));
+        poison(AG, nf);
+        loom_comm_wait(loom_iallgather(m, g, RS, AG, n, LOOM_F32));
+        get(ag, AG, nf);
         for (size_t i = 0; i < n; i++) {
             double want = 0;
             for (int k = 0; k < N; k++) want += val(k, i);
@@ -218,19 +287,46 @@ static void check_group(loom_mesh *m, loom_group g) {
         }
         /* broadcast from the last member */
         for (size_t i = 0; i < n; i++) d[i] = r == N - 1 ? (double)i * 3 : -7;
-        loom_broadcast(m, g, d, n, LOOM_F64, N - 1);
+        put(D, d, nd);
+        loom_broadcast(m, g, D, n, LOOM_F64, N - 1);
+        get(d, D, nd);
         for (size_t i = 0; i < n; i++) EXPECT(d[i] == (double)i * 3, "%s broadcast n=%zu [%zu]", gname(g), n, i);
         free(f); free(d); free(rs); free(ag);
+        dfree(F); dfree(D); dfree(RS); dfree(AG);
     }
     /* alltoall: block j of member r holds r*100 + j */
-    int32_t *snd = loom_malloc((size_t)N * 3 * sizeof(int32_t)), *rcv = loom_malloc((size_t)N * 3 * sizeof(int32_t));
+    const size_t nb = (size_t)N * 3 * sizeof(int32_t);
+    int32_t *snd = loom_malloc(nb), *rcv = loom_malloc(nb);
+    int32_t *SND = dalloc(nb), *RCV = dalloc(nb);
     for (int j = 0; j < N; j++)
         for (int e = 0; e < 3; e++) snd[j * 3 + e] = r * 100 + j * 10 + e;
-    loom_alltoall(m, g, snd, rcv, 3, LOOM_I32);
+    put(SND, snd, nb);
+    poison(RCV, nb);
+    loom_alltoall(m, g, SND, RCV, 3, LOOM_I32);
+    get(rcv, RCV, nb);
     for (int j = 0; j < N; j++)
         for (int e = 0; e < 3; e++)
             EXPECT(rcv[j * 3 + e] == j * 100 + r * 10 + e, "%s alltoall [%d,%d]", gname(g), j, e);
+    /* alltoallv: member r sends (r + j) % 3 elements (some none) to member j, values r*100+j */
+    int64_t *sc = loom_malloc(2 * (size_t)N * sizeof(int64_t)), *rc = sc + N;
+    size_t so = 0, ro = 0;
+    for (int j = 0; j < N; j++) {
+        sc[j] = (r + j) % 3;
+        rc[j] = (j + r) % 3;
+        for (int e = 0; e < sc[j]; e++) snd[so++] = r * 100 + j;
+        ro += (size_t)rc[j];
+    }
+    put(SND, snd, so * sizeof(int32_t));
+    poison(RCV, nb);
+    loom_alltoallv(m, g, SND, sc, RCV, rc, LOOM_I32);
+    get(rcv, RCV, nb);
+    for (int j = 0, at = 0; j < N; j++)
+        for (int e = 0; e < rc[j]; e++, at++)
+            EXPECT(rcv[at] == j * 100 + r, "%s alltoallv from %d [%d] = %d", gname(g), j, e, rcv[at]);
+    EXPECT(ro * sizeof(int32_t) == nb || rcv[ro] == -1, "%s alltoallv wrote past its blocks", gname(g));
+    free(sc);
     free(snd); free(rcv);
+    dfree(SND); dfree(RCV);
     loom_barrier(m, g);
 }
 
@@ -242,27 +338,36 @@ static void check_p2p(loom_mesh *m, loom_group g) {
     const int next = (r + 1) % N, prev = (r + N - 1) % N;
     const size_t counts[] = {0, 1, 1001};
     for (size_t ci = 0; ci < sizeof counts / sizeof counts[0]; ci++) {
-        const size_t n = counts[ci], a = n ? n : 1;
+        const size_t n = counts[ci], a = n ? n : 1, nf = n * sizeof(float), ni = n * sizeof(int64_t);
         float *s1 = loom_malloc(a * sizeof(float)), *s2 = loom_malloc(a * sizeof(float));
         float *r1 = loom_malloc(a * sizeof(float)), *r2 = loom_malloc(a * sizeof(float));
         int64_t *s3 = loom_malloc(a * sizeof(int64_t)), *r3 = loom_malloc(a * sizeof(int64_t));
+        float *S1 = dalloc(nf), *S2 = dalloc(nf), *R1 = dalloc(nf), *R2 = dalloc(nf);
+        int64_t *S3 = dalloc(ni), *R3 = dalloc(ni);
         for (size_t i = 0; i < n; i++) {
             s1[i] = (float)val(r, i);
             s2[i] = (float)val(r, i) + 0.5f;
             s3[i] = (int64_t)r * 1000000 + (int64_t)i;
-            r1[i] = r2[i] = -1;
-            r3[i] = -1;
         }
+        put(S1, s1, nf);
+        put(S2, s2, nf);
+        put(S3, s3, ni);
+        poison(R1, nf);
+        poison(R2, nf);
+        poison(R3, ni);
         loom_comm_stats before, after;
         loom_comm_stats_get(m, &before);
         loom_comm_req *q[6];
-        q[0] = loom_irecv(m, g, r3, n, LOOM_I64, prev, 9); /* posted before its send */
-        q[1] = loom_isend(m, g, s1, n, LOOM_F32, next, 5);
-        q[2] = loom_isend(m, g, s2, n, LOOM_F32, next, 5); /* same tag: arrives second */
-        q[3] = loom_irecv(m, g, r1, n, LOOM_F32, prev, 5);
-        q[4] = loom_irecv(m, g, r2, n, LOOM_F32, prev, 5);
-        q[5] = loom_isend(m, g, s3, n, LOOM_I64, next, 9);
+        q[0] = loom_irecv(m, g, R3, n, LOOM_I64, prev, 9); /* posted before its send */
+        q[1] = loom_isend(m, g, S1, n, LOOM_F32, next, 5);
+        q[2] = loom_isend(m, g, S2, n, LOOM_F32, next, 5); /* same tag: arrives second */
+        q[3] = loom_irecv(m, g, R1, n, LOOM_F32, prev, 5);
+        q[4] = loom_irecv(m, g, R2, n, LOOM_F32, prev, 5);
+        q[5] = loom_isend(m, g, S3, n, LOOM_I64, next, 9);
         loom_comm_waitall(6, q, "p2p check");
+        get(r1, R1, nf);
+        get(r2, R2, nf);
+        get(r3, R3, ni);
         for (size_t i = 0; i < n; i++) {
             EXPECT(r1[i] == (float)val(prev, i) && r2[i] == (float)val(prev, i) + 0.5f,
                    "%s p2p f32 n=%zu [%zu] = %g, %g", gname(g), n, i, r1[i], r2[i]);
@@ -275,17 +380,19 @@ static void check_p2p(loom_mesh *m, loom_group g) {
                    fabs(after.bytes[LOOM_COLL_P2P] - before.bytes[LOOM_COLL_P2P] - sent) < 1e-6,
                "%s p2p stats n=%zu", gname(g), n);
         free(s1); free(s2); free(r1); free(r2); free(s3); free(r3);
+        dfree(S1); dfree(S2); dfree(R1); dfree(R2); dfree(S3); dfree(R3);
     }
 }
 
 static void check_stats(loom_mesh *m) {
     loom_comm_stats_reset(m);
     int N = loom_mesh_size(m, LOOM_GROUP_WORLD);
-    float buf[1000] = {0};
+    float *buf = dalloc(1000 * sizeof(float)), *out = dalloc(1000 * sizeof(float));
     loom_allreduce_sum(m, LOOM_GROUP_WORLD, buf, 1000, LOOM_F32);
-    float out[1000];
     loom_reduce_scatter_sum(m, LOOM_GROUP_WORLD, buf, out, 1000, LOOM_F32);
     loom_allgather(m, LOOM_GROUP_WORLD, out, buf, 1000, LOOM_F32);
+    dfree(buf);
+    dfree(out);
     loom_barrier(m, LOOM_GROUP_WORLD);
     loom_comm_stats s;
     loom_comm_stats_get(m, &s);
@@ -335,6 +442,17 @@ int main(int argc, char **argv) {
     }
     loom_mesh *m;
     if (loom_mesh_create(&o.spec, &o.dims, &m, &err)) loom_comm_fail_all(&err);
+    if (o.backend && strcmp(o.backend, "host")) {
+        g_be = loom_backend_find(o.backend);
+        if (!g_be) {
+            fprintf(stderr, "comm_driver: backend %s is not in this build (%s)\n", o.backend,
+                    loom_backend_names());
+            return 77;
+        }
+        if (loom_backend_ready(g_be, &err)) loom_comm_fail_all(&err);
+        if (loom_comm_set_device(m, g_be, &err)) loom_comm_fail_all(&err);
+        printf("rank %d: %s buffers, path %s\n", me, g_be->name, loom_comm_path(m));
+    }
 
     if (!strcmp(mode, "mesh")) {
         check_mesh(m);
