@@ -157,7 +157,9 @@ int loom_comm_set_device(loom_mesh *m, const loom_backend *be, loom_err *err) {
         }
         /* any other (cpu-guard): host memory, reachable inside the backend's window */
     }
-    if (m->mpi) {
+    /* host memory takes the direct path on every rank whatever the environment says: only
+     * device memory needs the ranks to agree */
+    if (m->mpi && be && !be->host_memory) {
         int v[2] = {(int)want, -(int)want}, r[2];
         MPI_Allreduce(v, r, 2, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
         if (r[0] != -r[1])
