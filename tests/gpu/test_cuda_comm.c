@@ -11,7 +11,8 @@
  *   3. cuda only, two ranks with NCCL between them: where two GPUs are visible, or one GPU and
  *      NCCL >= 2.30 (NCCL_MULTI_RANK_GPU_ENABLE=1); otherwise the test says it did not run
  *      (NCCL 2.28 refuses two ranks on one GPU) and which paths it did run.
- * Each run's exit status and its "collectives ok" and "path" lines are checked. */
+ * Each run's exit status and its "collectives ok" and "path" lines are checked. Without mpirun
+ * (a GPU image without MPI) only the first runs, and the test says so. */
 #define _GNU_SOURCE
 #include "cuda_harness.h"
 
@@ -86,10 +87,7 @@ int main(int argc, char **argv) {
         return 1;
     }
     char out[4096];
-    if (run("command -v mpirun", out, sizeof out)) {
-        printf("FAIL: mpirun not found (the two-rank checks need it: Debian openmpi-bin)\n");
-        return 1;
-    }
+    const int have_mpirun = run("command -v mpirun", out, sizeof out) == 0;
     setenv("OMPI_ALLOW_RUN_AS_ROOT", "1", 1);
     setenv("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1", 1);
     setenv("OMP_NUM_THREADS", "1", 1);
@@ -103,6 +101,10 @@ int main(int argc, char **argv) {
                   : "world of one, local copies on device buffers",
               "LOOM_COMM_NCCL_SOLO=1 LOOM_MPI=0", 0, single, "world of one ok without MPI",
               gpu ? "nccl" : "staged");
+    if (!have_mpirun) {
+        printf("NOTE mpirun not found: the two-rank checks (staged, NCCL) did not run\n");
+        return cu_finish();
+    }
     /* 2. two ranks sharing the GPU: staged */
     char args[128];
     snprintf(args, sizeof args, "coll %s", be);
