@@ -348,6 +348,91 @@ static void test_decode(int n, int H, int KVH, int D, const loom_attn_mask *mk) 
     for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) cu_dev->mem_free(all[i]);
 }
 
+/* ---- larger sizes (the `cuda` backend, or any with LOOM_TEST_CUDA_BENCH=1) ---------------
+ * The checks again at training-like shapes (many tiles per head, many blocks), then timings
+ * of flash attention (bf16 fused rows, causal: the training path; fp32) and decode: figures to
+ * tune against, not checks. FLOPs as bench_gpu.py counts them: 4 D per causal (query, key)
+ * pair forward, 10 D backward (attention_causal_pairs). */
+#define BENCH_REPS 5
+static double bench_ms(double t0) { return (loom_now() - t0) * 1e3 / BENCH_REPS; }
+
+static void time_flash_bf16(int B, int T, int H, int D) {
+    const int64_t R = 3 * (int64_t)H * D, HD = (int64_t)H * D, rows = (int64_t)B * T;
+    uint16_t *x = cu_rand_bf16(rows * R, -1, 1);
+    float *g = cu_rand(rows * HD, -0.01f, 0.01f);
+    void *dx = cu_up(x, (size_t)(rows * R) * 2), *dg = cu_up(g, (size_t)(rows * HD) * 4);
+    void *dout = cu_dev->mem_alloc((size_t)(rows * HD) * 2, 0);
+    void *dlse = cu_dev->mem_alloc((size_t)B * H * T * 4, 0);
+    void *ddx = cu_dev->mem_alloc((size_t)(rows * R) * 4, 0);
+    const int64_t ws = cu_dev->bf16_flash_ws_floats(B, T, H, H, D);
+    void *dws = cu_dev->mem_alloc((size_t)(ws > 0 ? ws : 0) * 4, 0);
+    loom_attn_mask mk = {.causal = 1};
+    const double pairs = (double)attention_causal_pairs(T) * B * H;
+    cu_dev->bf16_flash_attention_forward(dout, dlse, dx, dws, B, T, H, H, D, &mk);
+    cu_dev->mem_sync();
+    double t0 = loom_now();
+    for (int r = 0; r < BENCH_REPS; r++)
+        cu_dev->bf16_flash_attention_forward(dout, dlse, dx, dws, B, T, H, H, D, &mk);
+    cu_dev->mem_sync();
+    const double fwd = bench_ms(t0);
+    cu_dev->bf16_flash_attention_backward(ddx, dg, dx, dout, dlse, dws, B, T, H, H, D, &mk);
+    cu_dev->mem_sync();
+    t0 = loom_now();
+    for (int r = 0; r < BENCH_REPS; r++)
+        cu_dev->bf16_flash_attention_backward(ddx, dg, dx, dout, dlse, dws, B, T, H, H, D, &mk);
+    cu_dev->mem_sync();
+    const double bwd = bench_ms(t0);
+    printf("time bf16 flash causal B %d T %d H %d D %d: fwd %.3f ms (%.1f TFLOP/s), bwd %.3f ms "
+           "(%.1f TFLOP/s)\n", B, T, H, D, fwd, pairs * 4 * D / (fwd * 1e9), bwd,
+           pairs * 10 * D / (bwd * 1e9));
+    free(x), free(g);
+    void *all[] = {dx, dg, dout, dlse, ddx, dws};
+    for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) cu_dev->mem_free(all[i]);
+}
+
+static void time_decode(int n, int H, int KVH, int D) {
+    const int64_t nc = (int64_t)n * KVH * D;
+    float *kc = cu_rand(nc, -1, 1), *q = cu_rand((int64_t)H * D, -1, 1);
+    void *dk = cu_up(kc, nc * 4), *dv = cu_up(kc, nc * 4), *dq = cu_up(q, (size_t)H * D * 4);
+    void *dout = cu_dev->mem_alloc((size_t)H * D * 4, 0), *ds = cu_dev->mem_alloc((size_t)H * n * 4, 0);
+    cu_dev->attention_decode(dout, dq, dk, dv, n, H, KVH, D, ds, NULL);
+    cu_dev->mem_sync();
+    const double t0 = loom_now();
+    for (int r = 0; r < BENCH_REPS; r++) cu_dev->attention_decode(dout, dq, dk, dv, n, H, KVH, D, ds, NULL);
+    cu_dev->mem_sync();
+    const double ms = bench_ms(t0);
+    printf("time attention_decode n %d H %d KVH %d D %d: %.3f ms, %.0f GB/s (the cache read once)\n",
+           n, H, KVH, D, ms, 8.0 * (double)nc / 1e9 / (ms * 1e-3));
+    free(kc), free(q);
+    void *all[] = {dk, dv, dq, dout, ds};
+    for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) cu_dev->mem_free(all[i]);
+}
+
+static void large(void) {
+    const int on_gpu = !strcmp(cu_dev->name, "cuda");
+    const char *env = getenv("LOOM_TEST_CUDA_BENCH");
+    if (!on_gpu && !(env && !strcmp(env, "1"))) return;
+    const int T = on_gpu ? 1024 : 80;
+    const fa_case big[] = {
+        {"large GQA docs", 2, T, T, 8, 2, 64, 1, 0, 0, 0, 1, 0, 0, 1, 7, 1, 1},
+        {"large ring chunk window", 1, T / 2, T, 4, 4, 128, 1, T, 0, T / 3, 0, 0, 0, 0, 7, 1, 1},
+    };
+    for (size_t i = 0; i < sizeof big / sizeof big[0]; i++) test_flash(&big[i]);
+    loom_attn_mask causal = {.causal = 1};
+    test_flash_bf16(1, 2 * T, 4, 2, 128, &causal, 0, 1);
+    test_sdpa(1, T / 2, 8, 2, 64, NULL);
+    test_decode(on_gpu ? 4096 : 200, 32, 8, 128, NULL);
+    if (on_gpu) {
+        time_flash_bf16(4, 1024, 12, 64);
+        time_flash_bf16(1, 4096, 16, 128);
+        time_flash_bf16(1, 16384, 8, 128);
+        time_decode(4096, 32, 8, 128);
+    } else {
+        time_flash_bf16(1, 96, 2, 64);
+        time_decode(100, 4, 2, 16);
+    }
+}
+
 int main(int argc, char **argv) {
     cu_setup(argc, argv);
     /* name, B Tq Tk H KVH D, causal q_pos0 k_pos0 window, docs scale cap, fused grads lse rep */
@@ -397,5 +482,6 @@ int main(int argc, char **argv) {
     test_decode(64, 8, 1, 128, &dscale);
     test_decode(100, 4, 2, 16, NULL);
     test_decode(33, 2, 1, 40, &dcap);
+    large();
     return cu_finish();
 }
