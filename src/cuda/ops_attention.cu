@@ -808,28 +808,47 @@ static void cu_attention_backward(float *dqkv, float *scratch, const float *dout
 
 /* ---- decode ------------------------------------------------------------------------------ */
 
-/* one block per query head h: scores (a warp per cache row, lanes over the head dim) into
- * scratch, softmax in place, then each warp's share of the rows summed per x and the
- * warps' partial sums added in order */
-__global__ void k_attention_decode(float *out, const float *q, const float *kc, const float *vc,
-                                   int n, int H, int KVH, int D, float *scratch, float scale,
-                                   float cap) {
+enum { DEC_THREADS = 256 };
+
+/* One block of 8 warps per query head h. Scores: a thread per cache row (its dot product over
+ * D against the head's q in shared memory, 4 partial sums, 16-byte loads of the row when it is
+ * aligned), so a block has 256 rows in flight; into the op's scratch. Softmax in place (block
+ * max and sum, fixed order). Then each warp takes every 8th row, the lanes the elements of the
+ * output, 4 rows in flight, and the warps' partial sums are added in warp order. */
+__global__ void __launch_bounds__(DEC_THREADS)
+k_attention_decode(float *out, const float *q, const float *kc, const float *vc, int n, int H,
+                   int KVH, int D, float *scratch, float scale, float cap, int vec4) {
     __shared__ float sh_max[32], sh_sum[32];
-    CU_DYN_SMEM(float, part); /* (warps, D) */
+    CU_DYN_SMEM(float, sm); /* q (D, padded to 4), then the warps' partial sums (8, D) */
+    const int D4 = (D + 3) & ~3;
+    float *qs = sm, *part = sm + D4;
     const int h = (int)blockIdx.x, kvh = h / (H / KVH), lane = (int)(threadIdx.x & 31);
     const int w = (int)(threadIdx.x >> 5), nw = (int)(blockDim.x >> 5);
     const int64_t row = (int64_t)KVH * D;
-    const float *qh = q + (int64_t)h * D;
     float *s = scratch + (int64_t)h * n;
-    for (int j = w; j < n; j += nw) {
-        const float *k = kc + j * row + (int64_t)kvh * D;
-        float a = 0.0f;
-        for (int x = lane; x < D; x += 32) a = fmaf(qh[x], k[x], a);
-        a = cu_warp_sum(a) * scale;
-        if (lane == 0) s[j] = cap > 0.0f ? cap * tanhf(a / cap) : a;
-    }
+    for (int x = (int)threadIdx.x; x < D4; x += (int)blockDim.x) qs[x] = x < D ? q[(int64_t)h * D + x] : 0.0f;
     __syncthreads();
-    float mx = -INFINITY;
+    for (int j = (int)threadIdx.x; j < n; j += (int)blockDim.x) {
+        const float *k = kc + j * row + (int64_t)kvh * D;
+        float a0 = 0.0f, a1 = 0.0f, a2 = 0.0f, a3 = 0.0f;
+        if (vec4) {
+            for (int x = 0; x < D; x += 4) {
+                const fa_f4 kk = fa_ld4(k + x), qq = fa_ld4(qs + x);
+                a0 = fmaf(qq.x, kk.x, a0), a1 = fmaf(qq.y, kk.y, a1);
+                a2 = fmaf(qq.z, kk.z, a2), a3 = fmaf(qq.w, kk.w, a3);
+            }
+        } else {
+            int x = 0;
+            for (; x + 4 <= D; x += 4) {
+                a0 = fmaf(qs[x], k[x], a0), a1 = fmaf(qs[x + 1], k[x + 1], a1);
+                a2 = fmaf(qs[x + 2], k[x + 2], a2), a3 = fmaf(qs[x + 3], k[x + 3], a3);
+            }
+            for (; x < D; x++) a0 = fmaf(qs[x], k[x], a0);
+        }
+        const float a = ((a0 + a1) + (a2 + a3)) * scale;
+        s[j] = cap > 0.0f ? cap * tanhf(a / cap) : a;
+    }
+    float mx = -INFINITY; /* (each thread reads back the rows it wrote) */
     for (int j = (int)threadIdx.x; j < n; j += (int)blockDim.x) mx = fmaxf(mx, s[j]);
     mx = cu_block_max(mx, sh_max);
     float sum = 0.0f;
@@ -840,11 +859,19 @@ __global__ void k_attention_decode(float *out, const float *q, const float *kc, 
     }
     const float inv = 1.0f / cu_block_sum(sum, sh_sum);
     for (int j = (int)threadIdx.x; j < n; j += (int)blockDim.x) s[j] *= inv;
-    __syncthreads();
+    __syncthreads(); /* every probability is written before any warp reads them all */
+    const float *vh = vc + (int64_t)kvh * D;
     for (int x = lane; x < D; x += 32) {
-        float a = 0.0f;
-        for (int j = w; j < n; j += nw) a = fmaf(s[j], vc[j * row + (int64_t)kvh * D + x], a);
-        part[w * D + x] = a;
+        float a0 = 0.0f, a1 = 0.0f, a2 = 0.0f, a3 = 0.0f;
+        int j = w;
+        for (; j + 3 * nw < n; j += 4 * nw) {
+            a0 = fmaf(s[j], vh[j * row + x], a0);
+            a1 = fmaf(s[j + nw], vh[(j + nw) * row + x], a1);
+            a2 = fmaf(s[j + 2 * nw], vh[(j + 2 * nw) * row + x], a2);
+            a3 = fmaf(s[j + 3 * nw], vh[(j + 3 * nw) * row + x], a3);
+        }
+        for (; j < n; j += nw) a0 = fmaf(s[j], vh[j * row + x], a0);
+        part[w * D + x] = (a0 + a1) + (a2 + a3);
     }
     __syncthreads();
     for (int x = (int)threadIdx.x; x < D; x += (int)blockDim.x) {
@@ -859,8 +886,11 @@ static void cu_attention_decode(float *out, const float *q, const float *kcache,
                                 float *scratch, const loom_attn_mask *mask) {
     if (H <= 0 || D <= 0) return;
     const float scale = mask && mask->scale > 0.0f ? mask->scale : 1.0f / sqrtf((float)D);
-    CU_LAUNCH(k_attention_decode, (unsigned)H, 128, (size_t)4 * D * 4, out, q, kcache, vcache,
-              n, H, KVH, D, scratch, scale, mask ? mask->softcap : 0.0f);
+    /* 16-byte loads of the cache rows where every row and head starts 16-byte aligned */
+    const int vec4 = D % 4 == 0 && ((uintptr_t)kcache & 15) == 0;
+    const size_t smem = ((size_t)((D + 3) & ~3) + (size_t)(DEC_THREADS / 32) * D) * 4;
+    CU_LAUNCH(k_attention_decode, (unsigned)H, DEC_THREADS, smem, out, q, kcache, vcache, n, H,
+              KVH, D, scratch, scale, mask ? mask->softcap : 0.0f, vec4);
 }
 
 void cu_fill_attention(loom_backend *t) {

@@ -331,17 +331,19 @@ static void test_sdpa(int B, int T, int H, int KVH, int D, const loom_attn_mask 
 
 /* ---- decode ------------------------------------------------------------------------------ */
 
-static void test_decode(int n, int H, int KVH, int D, const loom_attn_mask *mk) {
+/* off: the caches start off floats into their buffers (1: not 16-byte aligned) */
+static void test_decode(int n, int H, int KVH, int D, const loom_attn_mask *mk, int off) {
     char what[200];
     const int64_t HD = (int64_t)H * D, nc = (int64_t)n * KVH * D;
-    float *q = cu_rand(HD, -2, 2), *kc = cu_rand(nc, -2, 2), *vc = cu_rand(nc, -1, 1);
+    float *q = cu_rand(HD, -2, 2), *kc = cu_rand(nc + off, -2, 2), *vc = cu_rand(nc + off, -1, 1);
     float *out = malloc(HD * 4), *scr = malloc((size_t)(H * n > 0 ? H * n : 1) * 4);
-    void *dq = cu_up(q, HD * 4), *dk = cu_up(kc, nc * 4), *dv = cu_up(vc, nc * 4);
+    void *dq = cu_up(q, HD * 4), *dk = cu_up(kc, (nc + off) * 4), *dv = cu_up(vc, (nc + off) * 4);
     void *dout = cu_poisoned(HD * 4), *dscr = cu_poisoned((size_t)H * n * 4);
-    cu_cpu->attention_decode(out, q, kc, vc, n, H, KVH, D, scr, mk);
-    cu_dev->attention_decode(dout, dq, dk, dv, n, H, KVH, D, dscr, mk);
-    snprintf(what, sizeof what, "attention_decode n %d H %d KVH %d D %d%s%s", n, H, KVH, D,
-             mk && mk->scale > 0 ? " scale" : "", mk && mk->softcap > 0 ? " softcap" : "");
+    cu_cpu->attention_decode(out, q, kc + off, vc + off, n, H, KVH, D, scr, mk);
+    cu_dev->attention_decode(dout, dq, (float *)dk + off, (float *)dv + off, n, H, KVH, D, dscr, mk);
+    snprintf(what, sizeof what, "attention_decode n %d H %d KVH %d D %d%s%s%s", n, H, KVH, D,
+             mk && mk->scale > 0 ? " scale" : "", mk && mk->softcap > 0 ? " softcap" : "",
+             off ? " (caches not 16-byte aligned)" : "");
     cu_check_dev_f32(what, out, dout, HD, CU_TOL_F32);
     free(q), free(kc), free(vc), free(out), free(scr);
     void *all[] = {dq, dk, dv, dout, dscr};
@@ -421,7 +423,7 @@ static void large(void) {
     loom_attn_mask causal = {.causal = 1};
     test_flash_bf16(1, 2 * T, 4, 2, 128, &causal, 0, 1);
     test_sdpa(1, T / 2, 8, 2, 64, NULL);
-    test_decode(on_gpu ? 4096 : 200, 32, 8, 128, NULL);
+    test_decode(on_gpu ? 4096 : 200, 32, 8, 128, NULL, 0);
     if (on_gpu) {
         time_flash_bf16(4, 1024, 12, 64);
         time_flash_bf16(1, 4096, 16, 128);
@@ -477,11 +479,13 @@ int main(int argc, char **argv) {
 
     loom_attn_mask dcap = {.softcap = 3.0f};
     loom_attn_mask dscale = {.scale = 0.5f};
-    test_decode(1, 4, 2, 16, NULL);
-    test_decode(7, 2, 2, 64, &dcap);
-    test_decode(64, 8, 1, 128, &dscale);
-    test_decode(100, 4, 2, 16, NULL);
-    test_decode(33, 2, 1, 40, &dcap);
+    test_decode(1, 4, 2, 16, NULL, 0);
+    test_decode(7, 2, 2, 64, &dcap, 0);
+    test_decode(64, 8, 1, 128, &dscale, 0);
+    test_decode(100, 4, 2, 16, NULL, 0);
+    test_decode(33, 2, 1, 40, &dcap, 1);
+    test_decode(300, 2, 2, 37, NULL, 0);
+    test_decode(90, 3, 1, 64, &dscale, 1);
     large();
     return cu_finish();
 }
