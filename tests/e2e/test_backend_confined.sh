@@ -70,6 +70,14 @@ done <"$WORK/ops"
 [ -z "$missing" ] || fail "ops of loom_backend not set in src/kernels/backend_cpu.c:$missing"
 pass "the cpu backend sets all $(wc -l <"$WORK/ops") ops"
 
+# ... and in the CUDA backend (src/cuda/*.cu: each ops file fills its part as t->NAME = ...)
+missing=""
+while read -r op; do
+    grep -qE "^[[:space:]]*t->$op[[:space:]]*=" src/cuda/*.cu || missing+=" $op"
+done <"$WORK/ops"
+[ -z "$missing" ] || fail "ops of loom_backend not set in the CUDA backend (src/cuda/*.cu):$missing"
+pass "the cuda backend sets all $(wc -l <"$WORK/ops") ops"
+
 # 4. arenas through the backend. Files not converted yet would be listed here (space-separated;
 # the cpu-guard CI run would leave their tests out): none since the inference weight copies
 # (--weights bf16 / int8 / int4, --compute bf16) went through mem_alloc LOOM_MEM_STREAMED.

@@ -1,5 +1,7 @@
 /* The CUDA backend's memory ops, small reductions and GEMMs against the cpu backend
  * (tests/gpu/cuda_harness.h). */
+#include <stddef.h>
+
 #include "cuda_harness.h"
 
 static void test_memory(void) {
@@ -147,8 +149,24 @@ static void test_gemm(int64_t N, int IC, int OC, int with_bias) {
     for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) cu_dev->mem_free(all[i]);
 }
 
+/* every op of the table is set (the names: tests/e2e/test_backend_confined.sh) */
+static void test_table_complete(void) {
+    const char *base = (const char *)cu_dev;
+    const size_t first = offsetof(loom_backend, mem_alloc);
+    int null = 0;
+    for (size_t off = first; off + sizeof(void (*)(void)) <= sizeof(loom_backend);
+         off += sizeof(void (*)(void))) {
+        void (*fn)(void);
+        memcpy(&fn, base + off, sizeof fn);
+        if (!fn) printf("  op %zu of the table is NULL\n", (off - first) / sizeof fn), null++;
+    }
+    cu_checks++, cu_failures += null != 0;
+    printf("%s every op of the %s table is set\n", null ? "FAIL" : "ok  ", cu_dev->name);
+}
+
 int main(int argc, char **argv) {
     cu_setup(argc, argv);
+    test_table_complete();
     test_memory();
     test_small_reductions();
     test_gemm(7, 13, 5, 1);

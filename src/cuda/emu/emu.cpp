@@ -1,7 +1,15 @@
-/* The CUDA emulator's scheduler and runtime (src/cuda/emu/emu.h says what it models). */
+/* The CUDA emulator's scheduler and runtime (src/cuda/emu/emu.h says what it models).
+ *
+ * Fibers start with makecontext/setcontext and then switch with _setjmp/_longjmp, which do
+ * not save or restore the signal mask: swapcontext makes a system call (rt_sigprocmask) at
+ * every switch, which made barrier-heavy kernels spend most of their time in the kernel.
+ * Fortified longjmp (checking that the target frame is on the current stack) cannot allow
+ * jumps between stacks: it is off for this file. */
+#undef _FORTIFY_SOURCE
 #include "emu.h"
 
 #include <pthread.h>
+#include <setjmp.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <sys/mman.h>
@@ -20,7 +28,9 @@ enum { RUN = 0, WAIT_BLOCK = 1, WAIT_WARP = 2, DONE = 3 };
 enum { STACK = 256 * 1024, MAX_THREADS = 1024 };
 
 struct fiber {
-    ucontext_t ctx;
+    ucontext_t ctx; /* the first entry */
+    jmp_buf jb;     /* where it yielded */
+    int started;
     int state;
     uint3 tid;
     uint64_t xin, xout; /* warp exchange: the value put in, the one got */
@@ -28,7 +38,8 @@ struct fiber {
 };
 
 pthread_mutex_t g_lock = PTHREAD_MUTEX_INITIALIZER;
-ucontext_t g_sched;
+jmp_buf g_sched;
+ucontext_t g_tmpl;
 fiber g_fib[MAX_THREADS];
 char *g_stacks;        /* MAX_THREADS stacks, mapped once */
 int g_nthreads, g_cur; /* threads of the running block, the running fiber */
@@ -42,12 +53,24 @@ int64_t g_launches;
 void trampoline(void) {
     g_fn(g_ctx);
     g_fib[g_cur].state = DONE;
-    /* returning resumes uc_link: the scheduler */
+    _longjmp(g_sched, 1); /* never returns: the scheduler goes on */
 }
 
 void yield_to_sched(int state) {
     g_fib[g_cur].state = state;
-    swapcontext(&g_fib[g_cur].ctx, &g_sched);
+    if (!_setjmp(g_fib[g_cur].jb)) _longjmp(g_sched, 1);
+}
+
+/* runs fiber i until it yields or exits */
+void resume(int i) {
+    g_cur = i;
+    emu_threadIdx = g_fib[i].tid;
+    if (_setjmp(g_sched)) return;
+    if (!g_fib[i].started) {
+        g_fib[i].started = 1;
+        setcontext(&g_fib[i].ctx);
+    }
+    _longjmp(g_fib[i].jb, 1);
 }
 
 [[noreturn]] void deadlock(const char *why) {
@@ -69,13 +92,14 @@ void run_block(void) {
     for (int i = 0; i < g_nthreads; i++) {
         fiber *f = &g_fib[i];
         f->state = RUN;
+        f->started = 0;
         f->tid.x = (unsigned)i % bx;
         f->tid.y = ((unsigned)i / bx) % by;
         f->tid.z = (unsigned)i / (bx * by);
-        getcontext(&f->ctx);
+        f->ctx = g_tmpl; /* (one getcontext per process: each is a system call) */
         f->ctx.uc_stack.ss_sp = g_stacks + (size_t)i * STACK;
         f->ctx.uc_stack.ss_size = STACK;
-        f->ctx.uc_link = &g_sched;
+        f->ctx.uc_link = NULL; /* (trampoline never returns) */
         makecontext(&f->ctx, trampoline, 0);
     }
     if (g_smem_n) memset(g_smem, 0xff, g_smem_n);
@@ -83,9 +107,7 @@ void run_block(void) {
         int ran = 0;
         for (int i = 0; i < g_nthreads; i++) {
             if (g_fib[i].state != RUN) continue;
-            g_cur = i;
-            emu_threadIdx = g_fib[i].tid;
-            swapcontext(&g_sched, &g_fib[i].ctx);
+            resume(i);
             ran = 1;
         }
         (void)ran;
@@ -144,6 +166,7 @@ void emu_run(dim3 grid, dim3 block, size_t smem, const char *name, emu_fn fn, vo
                        MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
         if (p == MAP_FAILED) loom_panic(__FILE__, __LINE__, "cuda-emu: cannot map fiber stacks");
         g_stacks = (char *)p;
+        getcontext(&g_tmpl);
     }
     if (smem > g_smem_cap) {
         free(g_smem);
