@@ -1,6 +1,6 @@
 # Whole models on a device backend against the cpu backend, through the CLI: training losses
 # and gradient norms step by step (gpt2 and llama, flash and sdpa, fp32 and bf16, MoE),
-# bit-exact resume on the device, and greedy generation equal to the cpu's tokens.
+# bit-exact resume on the device, greedy generation and a served completion equal to the cpu's.
 # LOOM_TEST_CUDA_BACKEND: cuda (gpu/test_gpu_train: skipped, with the reason, without a GPU)
 # or cuda-emu (cuda-emu/test_gpu_train: the CUDA kernels run by the emulator on the CPU).
 # Tolerances: fp32 1e-4 relative per step (summation orders differ: cuBLAS vs oneDNN, the
@@ -80,3 +80,31 @@ LOOM_BACKEND=$BE "$LOOM_BIN" generate "$ck" --prompt "the quick" --tokens 16 --t
   || { cat "$WORK/log_g2"; fail "generate on $BE"; }
 diff "$WORK/g_cpu" "$WORK/g_dev" || fail "greedy tokens on $BE differ from the cpu's"
 pass "greedy generation on $BE == cpu ($(head -c 60 "$WORK/g_dev" | tr '\n' ' '))"
+# sampled (temperature 1, a fixed seed): each token depends on the whole distribution, not
+# only its top (a 6-step model's greedy text repeats one letter)
+S="--prompt the --tokens 24 --temperature 1 --seed 7 --format ids"
+"$LOOM_BIN" generate "$ck" $S >"$WORK/g_cpu" 2>"$WORK/log_g1" || { cat "$WORK/log_g1"; fail "sample on cpu"; }
+LOOM_BACKEND=$BE "$LOOM_BIN" generate "$ck" $S >"$WORK/g_dev" 2>"$WORK/log_g2" || { cat "$WORK/log_g2"; fail "sample on $BE"; }
+[ "$(tr ' ' '\n' <"$WORK/g_dev" | sort -u | wc -l)" -ge 4 ] || fail "sampling gave a degenerate sequence: $(cat "$WORK/g_dev")"
+diff "$WORK/g_cpu" "$WORK/g_dev" || fail "sampled tokens (seed 7) on $BE differ from the cpu's"
+pass "sampled generation (seed 7) on $BE == cpu ($(head -c 80 "$WORK/g_dev" | tr '\n' ' '))"
+
+# loom serve on the device: a greedy completion equal to the cpu server's
+serve_text() { # serve_text BACKEND OUT: one completion's text from `loom serve CKPT` on BACKEND
+  rm -f "$WORK/port"
+  LOOM_BACKEND=$1 start_server "$WORK/port" "$WORK/serve_$1.err" "$LOOM_BIN" serve "$ck" --port 0 --port-file "$WORK/port"
+  python3 - "$(cat "$WORK/port")" "$2" <<'PY' || { cat "$WORK/serve_$1.err" >&2; fail "serve on $1: no completion"; }
+import json, sys, urllib.request
+req = urllib.request.Request(f"http://127.0.0.1:{sys.argv[1]}/v1/completions",
+    data=json.dumps({"prompt": "the lazy", "max_tokens": 12, "temperature": 0}).encode(),
+    headers={"Content-Type": "application/json"})
+r = json.load(urllib.request.urlopen(req, timeout=120))
+open(sys.argv[2], "w").write(r["choices"][0]["text"])
+PY
+  kill -TERM "$SERVER_PID"; wait "$SERVER_PID" 2>/dev/null || true
+}
+serve_text cpu "$WORK/s_cpu"
+serve_text "$BE" "$WORK/s_dev"
+[ -s "$WORK/s_dev" ] || fail "serve on $BE: an empty completion"
+cmp -s "$WORK/s_cpu" "$WORK/s_dev" || fail "serve on $BE: '$(cat "$WORK/s_dev")' != cpu's '$(cat "$WORK/s_cpu")'"
+pass "loom serve on $BE: the greedy completion equals the cpu server's ('$(cat "$WORK/s_dev")')"
