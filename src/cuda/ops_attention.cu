@@ -21,6 +21,10 @@
  * tiles read by all lanes of a warp at once (one row broadcast) are stored plainly. */
 #include "cu_common.cuh"
 
+extern "C" {
+#include "loom/base.h"
+}
+
 namespace LOOM_CU_NS {
 
 enum { FA_WARPS = 4, FA_THREADS = 128, FA_BK = 32, FA_BQ1 = 32, FA_MAXD = 256 };
@@ -76,7 +80,9 @@ static __device__ __forceinline__ bool fa_visible(const loom_attn_mask &mk, int6
 }
 
 /* the softmax base of a row: its lse, +inf where it is -inf (nothing visible: P = 0) */
-static __device__ __forceinline__ float fa_lse_base(float l) { return l == -INFINITY ? INFINITY : l; }
+static __device__ __forceinline__ float fa_lse_base(float l) {
+    return l == -INFINITY ? INFINITY : l;
+}
 
 /* The min and max document id of rows [0, n) of doc (n <= 32 * rows per lane), to every
  * lane of the warp: the same on every warp, so a tile skipped on it is skipped by the block. */
@@ -145,7 +151,8 @@ __global__ void __launch_bounds__(FA_THREADS) k_fa_forward(fa_fwd_args a) {
     const loom_attn_dims d = a.d;
     const loom_attn_mask mk = a.mk;
     const int D = d.D, D4 = (D + 3) & ~3;
-    const int it = (int)(blockIdx.x % (unsigned)a.nqt);
+    /* the last query tiles (the most keys under a causal mask) are launched first */
+    const int it = a.nqt - 1 - (int)(blockIdx.x % (unsigned)a.nqt);
     const int bh = (int)(blockIdx.x / (unsigned)a.nqt);
     const int h = bh % d.H, b = bh / d.H, kvh = h / (d.H / d.KVH);
     const int i0 = it * BQ, m = min(d.Tq - i0, BQ);
@@ -203,7 +210,8 @@ __global__ void __launch_bounds__(FA_THREADS) k_fa_forward(fa_fwd_args a) {
             const int r = w * RQ + rr;
             float sc = s[rr];
             if (cap > 0.0f) sc = cap * tanhf(sc * icap);
-            const bool vis = lane < n && r < m && fa_visible(mk, mk.q_pos0 + i0 + r, kpos, qd[rr], kd);
+            const bool vis =
+                lane < n && r < m && fa_visible(mk, mk.q_pos0 + i0 + r, kpos, qd[rr], kd);
             sc = vis ? sc : -INFINITY;
             const float mn = fmaxf(mrow[rr], cu_warp_max(sc));
             const float mu = mn == -INFINITY ? 0.0f : mn; /* nothing visible yet: P stays 0 */
@@ -244,7 +252,8 @@ __global__ void __launch_bounds__(FA_THREADS) k_fa_forward(fa_fwd_args a) {
             if (x < D) fa_st(ob, (int64_t)r * d.o_ts + x, acc[rr][c] * inv);
         }
         if (lane == 0 && a.lse)
-            a.lse[((int64_t)b * d.H + h) * d.Tq + i0 + r] = l > 0.0f ? mrow[rr] + logf(l) : -INFINITY;
+            a.lse[((int64_t)b * d.H + h) * d.Tq + i0 + r] =
+                l > 0.0f ? mrow[rr] + logf(l) : -INFINITY;
     }
 }
 
@@ -338,7 +347,8 @@ __global__ void __launch_bounds__(FA_THREADS) k_fa_backward_dkv(fa_bwd_args a) {
             __syncthreads();
             if (threadIdx.x < FA_BQ1) {
                 const int r = (int)threadIdx.x;
-                delta_s[r] = (dpart[4 * r] + dpart[4 * r + 1]) + (dpart[4 * r + 2] + dpart[4 * r + 3]);
+                delta_s[r] =
+                    (dpart[4 * r] + dpart[4 * r + 1]) + (dpart[4 * r + 2] + dpart[4 * r + 3]);
                 lse_s[r] = r < mq ? fa_lse_base(lh[i0 + r]) : INFINITY;
             }
             __syncthreads();
@@ -364,7 +374,8 @@ __global__ void __launch_bounds__(FA_THREADS) k_fa_backward_dkv(fa_bwd_args a) {
                     sc = cap * t;
                     gcap = 1.0f - t * t;
                 }
-                const bool vis = lane < mq && r < n && fa_visible(mk, qpos, mk.k_pos0 + j0 + r, qd, kd[rr]);
+                const bool vis =
+                    lane < mq && r < n && fa_visible(mk, qpos, mk.k_pos0 + j0 + r, qd, kd[rr]);
                 const float p = vis ? expf(sc - li) : 0.0f;
                 pst[lane * RK + rr] = p;
                 dst[lane * RK + rr] = p * (dp[rr] - de) * gcap;
@@ -392,8 +403,10 @@ __global__ void __launch_bounds__(FA_THREADS) k_fa_backward_dkv(fa_bwd_args a) {
     for (int rr = 0; rr < RK; rr++) {
         const int r = w * RK + rr;
         if (r >= n) continue;
-        float *dkr = a.dk ? a.dk + b * d.k_bs + (int64_t)(j0 + r) * d.k_ts + (int64_t)kvh * D : NULL;
-        float *dvr = a.dv ? a.dv + b * d.v_bs + (int64_t)(j0 + r) * d.v_ts + (int64_t)kvh * D : NULL;
+        float *dkr =
+            a.dk ? a.dk + b * d.k_bs + (int64_t)(j0 + r) * d.k_ts + (int64_t)kvh * D : NULL;
+        float *dvr =
+            a.dv ? a.dv + b * d.v_bs + (int64_t)(j0 + r) * d.v_ts + (int64_t)kvh * D : NULL;
         for (int c = 0; c < DL; c++) {
             const int x = lane + 32 * c;
             if (x >= D) continue;
@@ -416,7 +429,7 @@ __global__ void __launch_bounds__(FA_THREADS) k_fa_backward_dq(fa_bwd_args a) {
     const loom_attn_dims d = a.d;
     const loom_attn_mask mk = a.mk;
     const int D = d.D, D4 = (D + 3) & ~3;
-    const int it = (int)(blockIdx.x % (unsigned)a.ntile);
+    const int it = a.ntile - 1 - (int)(blockIdx.x % (unsigned)a.ntile); /* (heavy tiles first) */
     const int bh = (int)(blockIdx.x / (unsigned)a.ntile);
     const int h = bh % d.H, b = bh / d.H, kvh = h / (d.H / d.KVH);
     const int i0 = it * BQ, m = min(d.Tq - i0, BQ);
@@ -490,7 +503,8 @@ __global__ void __launch_bounds__(FA_THREADS) k_fa_backward_dq(fa_bwd_args a) {
                 sc = cap * t;
                 gcap = 1.0f - t * t;
             }
-            const bool vis = lane < n && r < m && fa_visible(mk, mk.q_pos0 + i0 + r, kpos, qd[rr], kd);
+            const bool vis =
+                lane < n && r < m && fa_visible(mk, mk.q_pos0 + i0 + r, kpos, qd[rr], kd);
             const float p = vis ? expf(sc - lrow[rr]) : 0.0f;
             pw[lane * RQ + rr] = p * (dp[rr] - delta[rr]) * gcap;
         }
@@ -530,7 +544,8 @@ __global__ void __launch_bounds__(FA_THREADS) k_fa_backward_dq(fa_bwd_args a) {
 #else
 static void fa_smem_optin(const void *kern, size_t bytes) {
     if (bytes > (size_t)48 * 1024)
-        CU_CHECK(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes));
+        CU_CHECK(
+            cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes));
 }
 #define FA_SMEM_OPTIN(kern, bytes) fa_smem_optin((const void *)(kern), (bytes))
 #endif
@@ -553,6 +568,14 @@ static float fa_scale(const loom_attn_mask *mk, int D) {
 /* 32-float chunks per head row: 1, 2, 4, 8 (D <= 256), 0 when D is larger */
 static int fa_dl(int D) { return D <= 32 ? 1 : D <= 64 ? 2 : D <= 128 ? 4 : D <= FA_MAXD ? 8 : 0; }
 
+/* a grid of nblk blocks in one launch (gridDim.x < 2^31), else an error naming the op */
+static unsigned fa_grid(int64_t nblk, const char *op) {
+    if (nblk > 2147483647)
+        loom_panic(__FILE__, __LINE__, "cuda %s: %lld blocks, more than one launch takes", op,
+                   (long long)nblk);
+    return (unsigned)nblk;
+}
+
 template <typename TI, typename TO, int DL>
 static void fa_forward_launch(fa_fwd_args a) {
     constexpr int RQ = fa_rq(DL), BQ = FA_WARPS * RQ, DS = 32 * DL;
@@ -561,7 +584,8 @@ static void fa_forward_launch(fa_fwd_args a) {
     if (nblk == 0) return;
     const size_t smem = ((size_t)BQ * DS + (size_t)FA_BK * DS + (size_t)FA_WARPS * FA_BK * RQ) * 4;
     FA_SMEM_OPTIN((k_fa_forward<TI, TO, DL, RQ>), smem);
-    CU_LAUNCH((k_fa_forward<TI, TO, DL, RQ>), (unsigned)nblk, FA_THREADS, smem, a);
+    CU_LAUNCH((k_fa_forward<TI, TO, DL, RQ>), fa_grid(nblk, "flash attention forward"),
+              FA_THREADS, smem, a);
 }
 
 template <typename TI, int DL>
@@ -576,7 +600,8 @@ static void fa_backward_launch(fa_bwd_args a) {
                              (size_t)FA_WARPS * 2 * FA_BQ1 * RK + 2 * FA_BQ1 + FA_THREADS) * 4;
         if (nblk > 0) {
             FA_SMEM_OPTIN((k_fa_backward_dkv<TI, DL, RK>), smem);
-            CU_LAUNCH((k_fa_backward_dkv<TI, DL, RK>), (unsigned)nblk, FA_THREADS, smem, x);
+            CU_LAUNCH((k_fa_backward_dkv<TI, DL, RK>), fa_grid(nblk, "flash attention backward"),
+                      FA_THREADS, smem, x);
         }
     }
     if (a.dq) {
@@ -587,7 +612,8 @@ static void fa_backward_launch(fa_bwd_args a) {
                              (size_t)FA_WARPS * FA_BK * RQ) * 4;
         if (nblk > 0) {
             FA_SMEM_OPTIN((k_fa_backward_dq<TI, DL, RQ>), smem);
-            CU_LAUNCH((k_fa_backward_dq<TI, DL, RQ>), (unsigned)nblk, FA_THREADS, smem, x);
+            CU_LAUNCH((k_fa_backward_dq<TI, DL, RQ>), fa_grid(nblk, "flash attention backward"),
+                      FA_THREADS, smem, x);
         }
     }
 }
@@ -763,7 +789,7 @@ static void cu_attention_forward(float *out, float *att, const float *qkv, int B
         cu_gemm(1, 0, T, T, D, scale, kh, R, TR, qh, R, TR, 0.0f, att + h * TT, T, HTT, B,
                 CU_F32, CU_F32, NULL, 0);
     }
-    CU_LAUNCH(k_sdpa_softmax, (unsigned)((int64_t)B * H * T), 128, 0, att, T,
+    CU_LAUNCH(k_sdpa_softmax, fa_grid((int64_t)B * H * T, "attention_forward"), 128, 0, att, T,
               mask ? mask->window : (int64_t)0, mask ? mask->softcap : 0.0f);
     for (int h = 0; h < H; h++) { /* O_h (T,D) = P V: column-major V^T P^T */
         const float *vh = qkv + (int64_t)(H + KVH + h / G) * D;
@@ -785,8 +811,8 @@ static void cu_attention_backward(float *dqkv, float *scratch, const float *dout
         cu_gemm(1, 0, T, T, D, 1.0f, vh, R, TR, dout + (int64_t)h * D, HD, THD, 0.0f,
                 scratch + h * TT, T, HTT, B, CU_F32, CU_F32, NULL, 0);
     }
-    CU_LAUNCH(k_sdpa_softmax_backward, (unsigned)((int64_t)B * H * T), 128, (size_t)D * 4,
-              scratch, att, qkv, T, H, KVH, D, mask ? mask->window : (int64_t)0,
+    CU_LAUNCH(k_sdpa_softmax_backward, fa_grid((int64_t)B * H * T, "attention_backward"), 128,
+              (size_t)D * 4, scratch, att, qkv, T, H, KVH, D, mask ? mask->window : (int64_t)0,
               mask ? mask->softcap : 0.0f, scale);
     /* in head order, so each kv head's dK, dV add their group's heads in order */
     for (int h = 0; h < H; h++) {
@@ -826,7 +852,8 @@ k_attention_decode(float *out, const float *q, const float *kc, const float *vc,
     const int w = (int)(threadIdx.x >> 5), nw = (int)(blockDim.x >> 5);
     const int64_t row = (int64_t)KVH * D;
     float *s = scratch + (int64_t)h * n;
-    for (int x = (int)threadIdx.x; x < D4; x += (int)blockDim.x) qs[x] = x < D ? q[(int64_t)h * D + x] : 0.0f;
+    for (int x = (int)threadIdx.x; x < D4; x += (int)blockDim.x)
+        qs[x] = x < D ? q[(int64_t)h * D + x] : 0.0f;
     __syncthreads();
     for (int j = (int)threadIdx.x; j < n; j += (int)blockDim.x) {
         const float *k = kc + j * row + (int64_t)kvh * D;

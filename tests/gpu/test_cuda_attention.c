@@ -139,7 +139,8 @@ static void test_flash(const fa_case *c) {
     float *out = poison_host(no), *lse = poison_host(nl), *pinit = poison_host(no > nl ? no : nl);
     void *dout_ = cu_poisoned(no * 4), *dlse = cu_poisoned((nl ? nl : 1) * 4);
     const int rc = cu_cpu->flash_attention_forward(out, lse, q, k, v, &dm, &mk);
-    const int rd = cu_dev->flash_attention_forward(dout_, c->lse ? dlse : NULL, qd, kd, vd, &dm, &mkd);
+    const int rd =
+        cu_dev->flash_attention_forward(dout_, c->lse ? dlse : NULL, qd, kd, vd, &dm, &mkd);
     snprintf(what, sizeof what, "flash fwd %s: B %d Tq %d Tk %d H %d KVH %d D %d, return codes",
              c->name, B, Tq, Tk, H, KVH, D);
     cu_check_scalar(what, rc, rd, 0);
@@ -279,7 +280,8 @@ static void test_flash_codes(void) {
         int rd = cu_dev->flash_attention_forward(o, NULL, d, d, d, &bad[i].dm, &bad[i].mk);
         snprintf(what, sizeof what, "flash fwd refuses %s (cpu %d)", bad[i].what, rc);
         cu_check_scalar(what, rc, rd, 0);
-        rd = cu_dev->flash_attention_backward_set(o, o, o, d, d, d, d, d, d, &bad[i].dm, &bad[i].mk);
+        rd =
+            cu_dev->flash_attention_backward_set(o, o, o, d, d, d, d, d, d, &bad[i].dm, &bad[i].mk);
         snprintf(what, sizeof what, "flash bwd refuses %s (cpu %d)", bad[i].what, rc);
         cu_check_scalar(what, rc, rd, 0);
     }
@@ -290,13 +292,16 @@ static void test_flash_codes(void) {
                     cu_dev->flash_attention_forward(o, NULL, d, (float *)d + 300,
                                                     (float *)d + 600, &big, &none), 0);
     cu_check_scalar("flash bwd D 300: -2", -2,
-                    cu_dev->flash_attention_backward(o, NULL, NULL, d, d, d, d, d, d, &big, &none), 0);
+                    cu_dev->flash_attention_backward(o, NULL, NULL, d, d, d, d, d, d, &big, &none),
+                    0);
     cu_check_scalar("bf16 flash fwd D 300: -2", -2,
-                    cu_dev->bf16_flash_attention_forward(o, NULL, d, NULL, 1, 2, 1, 1, 300, &none), 0);
+                    cu_dev->bf16_flash_attention_forward(o, NULL, d, NULL, 1, 2, 1, 1, 300, &none),
+                    0);
     /* a backward without lse (the cpu kernel would read it) */
     loom_attn_dims small = flash_attention_dims_qkv(1, 4, 2, 1, 8);
-    cu_check_scalar("flash bwd with lse NULL: -1", -1,
-                    cu_dev->flash_attention_backward(o, NULL, NULL, d, d, d, d, d, NULL, &small, &none), 0);
+    cu_check_scalar(
+        "flash bwd with lse NULL: -1", -1,
+        cu_dev->flash_attention_backward(o, NULL, NULL, d, d, d, d, d, NULL, &small, &none), 0);
     check_views("  nothing written by the refused calls", init, o, init, 4096, NULL, NULL, NULL, 0);
     free(h), free((void *)init);
     cu_dev->mem_free(d), cu_dev->mem_free(o);
@@ -340,7 +345,8 @@ static void test_decode(int n, int H, int KVH, int D, const loom_attn_mask *mk, 
     void *dq = cu_up(q, HD * 4), *dk = cu_up(kc, (nc + off) * 4), *dv = cu_up(vc, (nc + off) * 4);
     void *dout = cu_poisoned(HD * 4), *dscr = cu_poisoned((size_t)H * n * 4);
     cu_cpu->attention_decode(out, q, kc + off, vc + off, n, H, KVH, D, scr, mk);
-    cu_dev->attention_decode(dout, dq, (float *)dk + off, (float *)dv + off, n, H, KVH, D, dscr, mk);
+    cu_dev->attention_decode(dout, dq, (float *)dk + off, (float *)dv + off, n, H, KVH, D, dscr,
+                             mk);
     snprintf(what, sizeof what, "attention_decode n %d H %d KVH %d D %d%s%s%s", n, H, KVH, D,
              mk && mk->scale > 0 ? " scale" : "", mk && mk->softcap > 0 ? " softcap" : "",
              off ? " (caches not 16-byte aligned)" : "");
@@ -396,15 +402,18 @@ static void time_decode(int n, int H, int KVH, int D) {
     const int64_t nc = (int64_t)n * KVH * D;
     float *kc = cu_rand(nc, -1, 1), *q = cu_rand((int64_t)H * D, -1, 1);
     void *dk = cu_up(kc, nc * 4), *dv = cu_up(kc, nc * 4), *dq = cu_up(q, (size_t)H * D * 4);
-    void *dout = cu_dev->mem_alloc((size_t)H * D * 4, 0), *ds = cu_dev->mem_alloc((size_t)H * n * 4, 0);
+    void *dout = cu_dev->mem_alloc((size_t)H * D * 4, 0),
+         *ds = cu_dev->mem_alloc((size_t)H * n * 4, 0);
     cu_dev->attention_decode(dout, dq, dk, dv, n, H, KVH, D, ds, NULL);
     cu_dev->mem_sync();
     const double t0 = loom_now();
-    for (int r = 0; r < BENCH_REPS; r++) cu_dev->attention_decode(dout, dq, dk, dv, n, H, KVH, D, ds, NULL);
+    for (int r = 0; r < BENCH_REPS; r++)
+        cu_dev->attention_decode(dout, dq, dk, dv, n, H, KVH, D, ds, NULL);
     cu_dev->mem_sync();
     const double ms = bench_ms(t0);
-    printf("time attention_decode n %d H %d KVH %d D %d: %.3f ms, %.0f GB/s (the cache read once)\n",
-           n, H, KVH, D, ms, 8.0 * (double)nc / 1e9 / (ms * 1e-3));
+    printf(
+        "time attention_decode n %d H %d KVH %d D %d: %.3f ms, %.0f GB/s (the cache read once)\n",
+        n, H, KVH, D, ms, 8.0 * (double)nc / 1e9 / (ms * 1e-3));
     free(kc), free(q);
     void *all[] = {dk, dv, dq, dout, ds};
     for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) cu_dev->mem_free(all[i]);
@@ -442,7 +451,8 @@ int main(int argc, char **argv) {
         {"causal fused", 2, 33, 33, 2, 2, 16, 1, 0, 0, 0, 0, 0, 0, 1, 7, 1, 1},
         {"non-causal GQA", 2, 37, 37, 4, 2, 8, 0, 0, 0, 0, 0, 0, 0, 0, 7, 1, 0},
         {"ring chunk q after k", 1, 20, 45, 2, 1, 16, 1, 40, 0, 0, 0, 0, 0, 0, 7, 0, 0},
-        {"ring chunk k after q (empty rows)", 1, 30, 30, 2, 2, 16, 1, 0, 10, 0, 0, 0, 0, 0, 7, 1, 0},
+        {"ring chunk k after q (empty rows)", 1, 30, 30, 2, 2, 16, 1, 0, 10, 0, 0, 0, 0, 0, 7, 1,
+         0},
         {"window", 2, 70, 70, 2, 1, 16, 1, 0, 0, 17, 0, 0, 0, 1, 7, 1, 0},
         {"documents causal", 2, 70, 70, 2, 2, 16, 1, 0, 0, 0, 1, 0, 0, 1, 7, 1, 0},
         {"documents Tq != Tk", 2, 25, 40, 2, 1, 8, 0, 15, 0, 0, 1, 0, 0, 0, 7, 1, 0},
