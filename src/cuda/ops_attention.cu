@@ -181,7 +181,7 @@ __global__ void __launch_bounds__(FA_THREADS) k_fa_forward(fa_fwd_args a) {
     int jlo, jhi;
     fa_key_tiles(mk, i0, m, d.Tk, FA_BK, &jlo, &jhi);
     for (int jt = jlo; jt < jhi; jt++) {
-        const int j0 = jt * FA_BK, n = min(d.Tk - j0, FA_BK), j = j0 + lane;
+        const int j0 = jt * FA_BK, n = min(d.Tk - j0, (int)FA_BK), j = j0 + lane;
         int kd = 0;
         if (kdoc) {
             int klo, khi;
@@ -320,7 +320,7 @@ __global__ void __launch_bounds__(FA_THREADS) k_fa_backward_dkv(fa_bwd_args a) {
         const float *doh = a.dout + b * d.o_bs + (int64_t)h * D;
         const float *lh = a.lse + ((int64_t)b * d.H + h) * d.Tq;
         for (int it = ilo; it < ihi; it++) {
-            const int i0 = it * FA_BQ1, mq = min(d.Tq - i0, FA_BQ1), i = i0 + lane;
+            const int i0 = it * FA_BQ1, mq = min(d.Tq - i0, (int)FA_BQ1), i = i0 + lane;
             int qd = 0;
             if (qdoc) {
                 int qlo, qhi;
@@ -467,7 +467,7 @@ __global__ void __launch_bounds__(FA_THREADS) k_fa_backward_dq(fa_bwd_args a) {
     int jlo, jhi;
     fa_key_tiles(mk, i0, m, d.Tk, FA_BK, &jlo, &jhi);
     for (int jt = jlo; jt < jhi; jt++) {
-        const int j0 = jt * FA_BK, n = min(d.Tk - j0, FA_BK), j = j0 + lane;
+        const int j0 = jt * FA_BK, n = min(d.Tk - j0, (int)FA_BK), j = j0 + lane;
         int kd = 0;
         if (kdoc) {
             int klo, khi;
