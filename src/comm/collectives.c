@@ -557,24 +557,25 @@ static void nccl_allgather(loom_comm_req *r, const comm_group *cg, const void *s
     nccl_end(r, cg->nccl);
 }
 
-/* all-to-all on NCCL: a send and a receive per member (itself included) in one group; bytes
- * by member, blocks at the running offsets */
+/* all-to-all on NCCL: a send and a receive per member (itself included) in one group, blocks
+ * at the running offsets: counts[j] / rcounts[j] elements of es bytes to / from member j, or
+ * `block` elements each when the counts are NULL (no table allocated per call) */
 static void nccl_alltoall(loom_comm_req *r, const comm_group *cg, const void *send,
-                          const int64_t *sbytes, void *recv, const int64_t *rbytes) {
+                          const int64_t *counts, void *recv, const int64_t *rcounts, size_t block,
+                          size_t es) {
     NCCL_WHY;
     size_t so = 0, ro = 0, any = 0;
     r->nccl = cg->nccl;
     nccl_ok(r, loom_nccl_group_start(why, nwhy), why);
     for (int j = 0; j < cg->size; j++) {
-        if (sbytes[j])
-            nccl_ok(r, loom_nccl_send(cg->nccl, (const char *)send + so, (size_t)sbytes[j], j, why,
-                                      nwhy), why);
-        if (rbytes[j])
-            nccl_ok(r, loom_nccl_recv(cg->nccl, (char *)recv + ro, (size_t)rbytes[j], j, why, nwhy),
-                    why);
-        any |= (size_t)(sbytes[j] | rbytes[j]);
-        so += (size_t)sbytes[j];
-        ro += (size_t)rbytes[j];
+        const size_t sb = (counts ? (size_t)counts[j] : block) * es;
+        const size_t rb = (rcounts ? (size_t)rcounts[j] : block) * es;
+        if (sb)
+            nccl_ok(r, loom_nccl_send(cg->nccl, (const char *)send + so, sb, j, why, nwhy), why);
+        if (rb) nccl_ok(r, loom_nccl_recv(cg->nccl, (char *)recv + ro, rb, j, why, nwhy), why);
+        any |= sb | rb;
+        so += sb;
+        ro += rb;
     }
     nccl_ok(r, loom_nccl_group_end(cg->nccl, why, nwhy), why);
     if (any) nccl_end(r, cg->nccl);
@@ -690,10 +691,7 @@ void loom_alltoall(loom_mesh *m, loom_group g, const void *send, void *recv, siz
     if (N > 1) LOOM_CHECK(send != recv);
 #ifdef LOOM_HAVE_CUDA
     if (cg->nccl) {
-        int64_t *b = loom_malloc((size_t)N * sizeof(int64_t));
-        for (int j = 0; j < N; j++) b[j] = (int64_t)(block * es);
-        nccl_alltoall(r, cg, send, b, recv, b);
-        free(b);
+        nccl_alltoall(r, cg, send, NULL, recv, NULL, block, es);
         wait_checked(r, NULL);
         return;
     }
@@ -729,14 +727,8 @@ void loom_alltoallv(loom_mesh *m, loom_group g, const void *send, const int64_t 
 #ifdef LOOM_HAVE_CUDA
     if (cg->nccl) {
         if (N > 1) LOOM_CHECK(send != recv);
-        int64_t *b = loom_malloc(2 * (size_t)N * sizeof(int64_t));
-        for (int j = 0; j < N; j++) {
-            LOOM_CHECK(send_counts[j] >= 0 && recv_counts[j] >= 0);
-            b[j] = send_counts[j] * (int64_t)es;
-            b[N + j] = recv_counts[j] * (int64_t)es;
-        }
-        nccl_alltoall(r, cg, send, b, recv, b + N);
-        free(b);
+        for (int j = 0; j < N; j++) LOOM_CHECK(send_counts[j] >= 0 && recv_counts[j] >= 0);
+        nccl_alltoall(r, cg, send, send_counts, recv, recv_counts, 0, es);
         wait_checked(r, NULL);
         return;
     }

@@ -196,9 +196,11 @@ int loom_comm_set_device(loom_mesh *m, const loom_backend *be, loom_err *err) {
             const int v = loom_nccl_version();
             int n = 0;
             for (int g = 0; g < LOOM_GROUP_COUNT; g++) n += m->g[g].nccl_owner;
-            loom_log("comm: NCCL %d.%d.%d on %s buffers: %d communicator%s (point-to-point "
-                     "messages staged through host memory over MPI)", v / 10000, v / 100 % 100,
-                     v % 100, be->name, n, n == 1 ? "" : "s");
+            /* a world of one has nothing to say */
+            if (n)
+                loom_log("comm: NCCL %d.%d.%d on %s buffers: %d communicator%s (point-to-point "
+                         "messages staged through host memory over MPI)", v / 10000,
+                         v / 100 % 100, v % 100, be->name, n, n == 1 ? "" : "s");
         }
 #endif
     }
