@@ -43,10 +43,9 @@ struct loom_comm_req {
     void *local_buf;      /* send: the data (const), recv: where it goes */
     size_t local_bytes;
     struct loom_comm_req *local_next;
-    /* staged path: the host bounce buffer (kept with the record for reuse) and the copy of
-     * the result back to the device at completion (back_bytes 0: none) */
-    char *stage;
-    size_t stage_cap;
+    /* staged path: the mesh's bounce buffer lent to it (index; -1: none) and the copy of the
+     * result back to the device at completion (back_bytes 0: none) */
+    int stage;
     void *back_dst;
     const void *back_src;
     size_t back_bytes;
@@ -143,6 +142,7 @@ static loom_comm_req *req_new(loom_mesh *m, loom_group g, loom_coll_kind k, doub
     r->local_pending = 0;
     r->local_next = NULL;
     r->back_bytes = 0;
+    r->stage = -1;
     r->nccl = NULL;
     r->nccl_pending = 0;
     r->m = m;
@@ -163,6 +163,8 @@ static void req_done(loom_comm_req *r, double waited) {
     loom_mesh *m = r->m;
     if (r->back_bytes) m->be->mem_h2d(r->back_dst, r->back_src, r->back_bytes);
     r->back_bytes = 0;
+    if (r->stage >= 0) m->bounces[r->stage].busy = 0;
+    r->stage = -1;
     const double t1 = loom_now();
     m->stats.time_s[r->kind] += t1 - r->t0;
     if (m->observer) m->observer(m->observer_ctx, r->kind, r->g, r->bytes, r->t0, t1, waited);
@@ -183,13 +185,16 @@ void comm_free_request_pool(loom_mesh *m) {
             r->next_free = m->free_reqs;
             m->free_reqs = r;
         }
+    for (int i = 0; i < m->nbounces; i++) free(m->bounces[i].p);
+    free(m->bounces);
+    m->bounces = NULL;
+    m->nbounces = 0;
     while (m->free_reqs) {
         loom_comm_req *r = m->free_reqs;
         m->free_reqs = r->next_free;
         free(r->own_reqs);
         free(r->counts);
         free(r->displs);
-        free(r->stage);
 #ifdef LOOM_HAVE_CUDA
         loom_nccl_event_free(r->event);
 #endif
@@ -400,15 +405,36 @@ static void dev_copy(const loom_mesh *m, void *dst, const void *src, size_t n) {
     m->be->mem_d2d(dst, src, n);
 }
 
-/* the request's bounce buffer of at least n bytes (kept with the record: no allocation per
- * collective once the pool has grown) */
+/* a host bounce buffer of at least n bytes lent to r until it completes: the smallest free
+ * one of the mesh's that fits, else the largest free one grown, else a new one. The same
+ * sequence of collectives every step gets the same buffers, so after the first step staging
+ * allocates nothing. */
 static char *bounce(loom_comm_req *r, size_t n) {
-    if (r->stage_cap < n || !r->stage) {
-        free(r->stage);
-        r->stage_cap = n ? n : 1;
-        r->stage = loom_malloc(r->stage_cap);
+    loom_mesh *m = r->m;
+    LOOM_CHECK(r->stage < 0);
+    if (!n) n = 1;
+    int fit = -1, big = -1;
+    for (int i = 0; i < m->nbounces; i++) {
+        const comm_bounce *b = &m->bounces[i];
+        if (b->busy) continue;
+        if (b->cap >= n && (fit < 0 || b->cap < m->bounces[fit].cap)) fit = i;
+        if (big < 0 || b->cap > m->bounces[big].cap) big = i;
     }
-    return r->stage;
+    if (fit < 0 && big >= 0) {
+        comm_bounce *b = &m->bounces[big];
+        free(b->p);
+        b->p = loom_malloc(n);
+        b->cap = n;
+        fit = big;
+    }
+    if (fit < 0) {
+        m->bounces = loom_realloc(m->bounces, (size_t)(m->nbounces + 1) * sizeof *m->bounces);
+        m->bounces[m->nbounces] = (comm_bounce){loom_malloc(n), n, 0};
+        fit = m->nbounces++;
+    }
+    m->bounces[fit].busy = 1;
+    r->stage = fit;
+    return m->bounces[fit].p;
 }
 
 /* device -> bounce now; bounce -> device when the request completes */

@@ -29,6 +29,14 @@ typedef enum comm_path {
 struct loom_nccl;
 struct loom_backend;
 
+/* a host bounce buffer of the staged path (collectives.c): the mesh keeps them for reuse, each
+ * lent to one request at a time */
+typedef struct comm_bounce {
+    char *p;
+    size_t cap;
+    int busy;
+} comm_bounce;
+
 typedef struct comm_group {
     MPI_Comm comm;  /* MPI_COMM_NULL without MPI */
     struct loom_nccl *nccl; /* PATH_NCCL, groups of several ranks: the communicator (shared
@@ -63,6 +71,8 @@ struct loom_mesh {
      * host memory) and the path chosen for it */
     const struct loom_backend *be;
     comm_path path;
+    comm_bounce *bounces; /* (nbounces) the staged path's host buffers */
+    int nbounces;
 };
 
 /* device.c: the NCCL communicators go (loom_mesh_free) */

@@ -12,7 +12,7 @@
  *                                                  (default): plain host arrays
  *   modes: mesh     build the mesh, check every group against the documented rank order
  *          coll     collectives and point-to-point on every group, results checked
- *                   numerically, plus stats
+ *                   numerically, plus stats and a repeated round that must not allocate
  *          timeout  `rank` sleeps `sleep` s while the others enter an allreduce on world
  *          exit     `rank` exits with status 3 mid-run (no MPI_Finalize)
  *          fail     `rank` calls loom_comm_fail (bad input seen by one rank)
@@ -384,6 +384,34 @@ static void check_p2p(loom_mesh *m, loom_group g) {
     }
 }
 
+/* The same collectives again allocate nothing (DESIGN 3: no allocation in the step loop): the
+ * staged path's bounce buffers and the request records are reused once they exist. One round
+ * warms them, the second must not allocate. */
+static void check_steady(loom_mesh *m) {
+    const size_t n = 3001;
+    const int N = loom_mesh_size(m, LOOM_GROUP_WORLD), r = loom_mesh_rank(m, LOOM_GROUP_WORLD);
+    float *a = dalloc(n * sizeof(float)), *b = dalloc(n * sizeof(float));
+    float *c = dalloc(n * sizeof(float)), *d = dalloc(n * sizeof(float));
+    uint64_t calls[3];
+    for (int round = 0; round < 3; round++) {
+        calls[round] = loom_alloc_calls();
+        loom_comm_req *q[4];
+        q[0] = loom_iallreduce_sum(m, LOOM_GROUP_WORLD, a, n, LOOM_F32);
+        q[1] = loom_ireduce_scatter_sum(m, LOOM_GROUP_WORLD, b, c, 17, LOOM_F32);
+        loom_comm_wait(q[1]);
+        q[2] = loom_iallgather(m, LOOM_GROUP_WORLD, c, d, n / 3, LOOM_F32);
+        loom_comm_wait(q[0]);
+        loom_comm_wait(q[2]);
+        q[0] = loom_irecv(m, LOOM_GROUP_WORLD, b, 5, LOOM_F32, (r + N - 1) % N, 1);
+        q[1] = loom_isend(m, LOOM_GROUP_WORLD, a, 5, LOOM_F32, (r + 1) % N, 1);
+        loom_comm_waitall(2, q, "steady p2p");
+        loom_allreduce_max(m, LOOM_GROUP_WORLD, d, 7, LOOM_F32);
+    }
+    EXPECT(calls[2] == calls[1], "collectives allocated %llu times in a repeated round",
+           (unsigned long long)(calls[2] - calls[1]));
+    dfree(a); dfree(b); dfree(c); dfree(d);
+}
+
 static void check_stats(loom_mesh *m) {
     loom_comm_stats_reset(m);
     int N = loom_mesh_size(m, LOOM_GROUP_WORLD);
@@ -463,6 +491,7 @@ int main(int argc, char **argv) {
             EXPECT(loom_mesh_group_local(m, (loom_group)g) == !loom_comm_mpi_active(),
                    "local %s", gname((loom_group)g));
         }
+        check_steady(m);
         check_stats(m);
         if (!g_fail) printf("rank %d: collectives ok on %d groups\n", me, LOOM_GROUP_COUNT);
     } else if (!strcmp(mode, "single")) {
