@@ -780,7 +780,7 @@ __global__ void k_sdpa_softmax_backward(float *ds, const float *att, const float
 
 static void cu_attention_forward(float *out, float *att, const float *qkv, int B, int T, int H,
                                  int KVH, int D, const loom_attn_mask *mask) {
-    if (B <= 0 || T <= 0) return;
+    if (B <= 0 || T <= 0 || H <= 0 || D <= 0) return;
     const int R = (H + 2 * KVH) * D, HD = H * D, G = H / KVH;
     const int64_t TR = (int64_t)T * R, TT = (int64_t)T * T, HTT = (int64_t)H * TT;
     const float scale = mask && mask->scale > 0.0f ? mask->scale : 1.0f / sqrtf((float)D);
@@ -801,7 +801,7 @@ static void cu_attention_forward(float *out, float *att, const float *qkv, int B
 static void cu_attention_backward(float *dqkv, float *scratch, const float *dout,
                                   const float *qkv, const float *att, int B, int T, int H,
                                   int KVH, int D, const loom_attn_mask *mask) {
-    if (B <= 0 || T <= 0) return;
+    if (B <= 0 || T <= 0 || H <= 0 || D <= 0) return;
     const int R = (H + 2 * KVH) * D, HD = H * D, G = H / KVH;
     const int64_t TR = (int64_t)T * R, TT = (int64_t)T * T, HTT = (int64_t)H * TT;
     const int64_t THD = (int64_t)T * HD;

@@ -398,6 +398,38 @@ static void time_flash_bf16(int B, int T, int H, int D) {
     for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) cu_dev->mem_free(all[i]);
 }
 
+static void time_flash_f32(int B, int T, int H, int D) {
+    const loom_attn_dims dm = flash_attention_dims_qkv(B, T, H, H, D);
+    const int64_t R = 3 * (int64_t)H * D, HD = (int64_t)H * D, rows = (int64_t)B * T;
+    float *x = cu_rand(rows * R, -1, 1), *g = cu_rand(rows * HD, -0.01f, 0.01f);
+    float *dx = cu_up(x, (size_t)(rows * R) * 4);
+    void *dg = cu_up(g, (size_t)(rows * HD) * 4);
+    void *dout = cu_dev->mem_alloc((size_t)(rows * HD) * 4, 0);
+    void *dlse = cu_dev->mem_alloc((size_t)B * H * T * 4, 0);
+    float *ddx = cu_dev->mem_alloc((size_t)(rows * R) * 4, 0);
+    loom_attn_mask mk = {.causal = 1};
+    const double pairs = (double)attention_causal_pairs(T) * B * H;
+    cu_dev->flash_attention_forward(dout, dlse, dx, dx + HD, dx + 2 * HD, &dm, &mk);
+    cu_dev->mem_sync();
+    double t0 = loom_now();
+    for (int r = 0; r < BENCH_REPS; r++)
+        cu_dev->flash_attention_forward(dout, dlse, dx, dx + HD, dx + 2 * HD, &dm, &mk);
+    cu_dev->mem_sync();
+    const double fwd = bench_ms(t0);
+    t0 = loom_now();
+    for (int r = 0; r < BENCH_REPS; r++)
+        cu_dev->flash_attention_backward_set(ddx, ddx + HD, ddx + 2 * HD, dg, dx, dx + HD,
+                                             dx + 2 * HD, dout, dlse, &dm, &mk);
+    cu_dev->mem_sync();
+    const double bwd = bench_ms(t0);
+    printf("time fp32 flash causal B %d T %d H %d D %d: fwd %.3f ms (%.1f TFLOP/s), bwd %.3f ms "
+           "(%.1f TFLOP/s)\n", B, T, H, D, fwd, pairs * 4 * D / (fwd * 1e9), bwd,
+           pairs * 10 * D / (bwd * 1e9));
+    free(x), free(g);
+    void *all[] = {dx, dg, dout, dlse, ddx};
+    for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) cu_dev->mem_free(all[i]);
+}
+
 static void time_decode(int n, int H, int KVH, int D) {
     const int64_t nc = (int64_t)n * KVH * D;
     float *kc = cu_rand(nc, -1, 1), *q = cu_rand((int64_t)H * D, -1, 1);
@@ -437,9 +469,11 @@ static void large(void) {
         time_flash_bf16(4, 1024, 12, 64);
         time_flash_bf16(1, 4096, 16, 128);
         time_flash_bf16(1, 16384, 8, 128);
+        time_flash_f32(4, 1024, 12, 64);
         time_decode(4096, 32, 8, 128);
     } else {
         time_flash_bf16(1, 96, 2, 64);
+        time_flash_f32(1, 70, 2, 16);
         time_decode(100, 4, 2, 16);
     }
 }
