@@ -1,4 +1,4 @@
-/* The CUDA backend's attention ops (cu_common.cuh: the dialect; docs/gpu.md "Attention").
+/* The CUDA backend's attention ops (cu_common.cuh: the dialect; docs/gpu.md "Attention ops").
  *
  * - sdpa (attention_forward / attention_backward, the materialized reference): the score and
  *   probability matrices (B,H,T,T) through cu_gemm, batched over b, one call per head; a
