@@ -563,15 +563,24 @@ static __global__ void ki_q8k_quantize(int8_t *q, float *d, int16_t *sums, const
     }
 }
 
+/* Q4_K blocks per launch (a thread block each: the grid's x is at most 2^31 - 1) */
+static const int64_t Q4_BLOCKS_PER_LAUNCH = (int64_t)1 << 30;
+
 static void q4k_quantize_(uint8_t *blocks, const float *x, int64_t N, int IC) {
     if (IC < 0 || IC % QK) bad_input("q4k_quantize", "IC is not a multiple of 256", IC);
     const int64_t nblk = N * (IC / QK);
-    if (nblk > 0) CU_LAUNCH(ki_q4k_quantize, (unsigned)nblk, QK, 0, blocks, x);
+    for (int64_t b0 = 0; b0 < nblk; b0 += Q4_BLOCKS_PER_LAUNCH) {
+        const int64_t n = nblk - b0 < Q4_BLOCKS_PER_LAUNCH ? nblk - b0 : Q4_BLOCKS_PER_LAUNCH;
+        CU_LAUNCH(ki_q4k_quantize, (unsigned)n, QK, 0, blocks + b0 * QB, x + b0 * QK);
+    }
 }
 static void q4k_dequantize_(float *x, const uint8_t *blocks, int64_t N, int IC) {
     if (IC < 0 || IC % QK) bad_input("q4k_dequantize", "IC is not a multiple of 256", IC);
     const int64_t nblk = N * (IC / QK);
-    if (nblk > 0) CU_LAUNCH(ki_q4k_dequantize, (unsigned)nblk, QK, 0, x, blocks);
+    for (int64_t b0 = 0; b0 < nblk; b0 += Q4_BLOCKS_PER_LAUNCH) {
+        const int64_t n = nblk - b0 < Q4_BLOCKS_PER_LAUNCH ? nblk - b0 : Q4_BLOCKS_PER_LAUNCH;
+        CU_LAUNCH(ki_q4k_dequantize, (unsigned)n, QK, 0, x + b0 * QK, blocks + b0 * QB);
+    }
 }
 static void q8k_quantize_(int8_t *q, float *d, int16_t *sums, const float *x, int64_t N, int IC) {
     if (IC < 0 || IC % QK) bad_input("q8k_quantize", "IC is not a multiple of 256", IC);
