@@ -16,11 +16,13 @@
  *                         multiplied by cu_gemm (fp32, TF32 only when asked for).
  *   q8_quantize           a warp per block of 32
  *   matmul_q8_forward     a warp per output, 16 rows a pass; 4 blocks a step (128 bytes of the
- *                         row, lane 8 * b + l: bytes 4l..4l+3 of block b)
+ *                         row, lane 8 * b + l: bytes 4l..4l+3 of block b), 4 steps' weights
+ *                         loaded ahead
  *   q4k_quantize          a thread block per Q4_K block: warp j fits sub-block j, lane c + 1 the
  *                         cpu's candidate c, the first best kept
  *   q8k_quantize          a warp per block of 256
- *   matmul_q4k_forward    a warp per output, 8 rows a pass, 4 blocks a step
+ *   matmul_q4k_forward    a warp per output, 8 rows a pass, 4 blocks a step, 2 steps' weights
+ *                         loaded ahead
  *   dotbf16 ops           plain row-major bf16, rows padded to a multiple of 8 elements (16
  *                         bytes: cuBLASLt's aligned kernels), zeros in the padding; the product
  *                         is cu_gemm (bf16 operands, fp32 out). */
@@ -235,7 +237,7 @@ static __global__ void ki_matmul_bf16(float *out, const float *inp, const uint16
     }
 }
 
-/* rows [r0, r0 + n) of an (OC, IC) bf16 matrix widened into dst (n, IC) */
+/* n bf16 widened into fp32 (a slice of rows of the matrix, for the GEMM path) */
 static __global__ void ki_widen_rows(float *dst, const uint16_t *src, int64_t n) {
     const int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i < n) dst[i] = cu_bf16(src[i]);
