@@ -27,11 +27,21 @@ extern "C" {
 
 namespace LOOM_CU_NS {
 
-enum { FA_WARPS = 4, FA_THREADS = 128, FA_BK = 32, FA_BQ1 = 32, FA_MAXD = 256 };
+/* FA_BKF: keys per tile of the forward (two per lane); FA_BK: of the dQ pass (one per lane);
+ * FA_BQ1: queries per tile of the dK/dV pass (one per lane) */
+enum { FA_WARPS = 4, FA_THREADS = 128, FA_BKF = 64, FA_BK = 32, FA_BQ1 = 32, FA_MAXD = 256 };
 
 /* query rows per warp (forward, dq pass) and keys per warp (dk/dv pass) for DL = ceil(D/32) */
 static constexpr int fa_rq(int DL) { return DL <= 2 ? 16 : DL == 4 ? 8 : 4; }
 static constexpr int fa_rk(int DL) { return DL <= 4 ? 8 : 4; }
+
+/* loops over a thread's register arrays, unrolled in full (nvcc stops at a size threshold
+ * otherwise, and an array indexed in a loop left rolled lives in local memory) */
+#ifdef LOOM_CUDA_EMU
+#define FA_UNROLL
+#else
+#define FA_UNROLL _Pragma("unroll")
+#endif
 
 struct __align__(16) fa_f4 {
     float x, y, z, w;
@@ -140,14 +150,16 @@ struct fa_fwd_args {
     int nqt; /* query tiles per (b, h) */
 };
 
-/* one block per (b, h, query tile of FA_WARPS * RQ rows); shared: Q tile (scaled, plain),
- * one K-then-V tile (K swizzled, V plain), each warp's P tile (FA_BK x RQ) */
+/* one block per (b, h, query tile of FA_WARPS * RQ rows), key tiles of FA_BKF = 64 keys,
+ * two per lane (keys lane and lane + 32: each Q load from shared memory feeds two FMAs);
+ * shared: Q tile (scaled, plain), one K-then-V tile (K swizzled, V plain), each warp's P tile
+ * (FA_BKF x RQ) */
 template <typename TI, typename TO, int DL, int RQ>
 __global__ void __launch_bounds__(FA_THREADS) k_fa_forward(fa_fwd_args a) {
     constexpr int DS = 32 * DL, BQ = FA_WARPS * RQ;
     CU_DYN_SMEM(float, sm);
     const int lane = (int)(threadIdx.x & 31), w = (int)(threadIdx.x >> 5);
-    float *qs = sm, *kv = qs + BQ * DS, *pw = kv + FA_BK * DS + w * FA_BK * RQ;
+    float *qs = sm, *kv = qs + BQ * DS, *pw = kv + FA_BKF * DS + w * FA_BKF * RQ;
     const loom_attn_dims d = a.d;
     const loom_attn_mask mk = a.mk;
     const int D = d.D, D4 = (D + 3) & ~3;
@@ -179,50 +191,61 @@ __global__ void __launch_bounds__(FA_THREADS) k_fa_forward(fa_fwd_args a) {
         for (int c = 0; c < DL; c++) acc[rr][c] = 0.0f;
     }
     int jlo, jhi;
-    fa_key_tiles(mk, i0, m, d.Tk, FA_BK, &jlo, &jhi);
+    fa_key_tiles(mk, i0, m, d.Tk, FA_BKF, &jlo, &jhi);
     for (int jt = jlo; jt < jhi; jt++) {
-        const int j0 = jt * FA_BK, n = min(d.Tk - j0, (int)FA_BK), j = j0 + lane;
-        int kd = 0;
+        const int j0 = jt * FA_BKF, n = min(d.Tk - j0, (int)FA_BKF);
+        int kd0 = 0, kd1 = 0; /* the documents of the lane's two keys */
         if (kdoc) {
             int klo, khi;
             fa_doc_range(kdoc + j0, n, &klo, &khi);
             if (khi < qlo || qhi < klo) continue; /* no document in common: skipped */
-            kd = lane < n ? kdoc[j] : 0;
+            kd0 = lane < n ? kdoc[j0 + lane] : 0;
+            kd1 = lane + 32 < n ? kdoc[j0 + lane + 32] : 0;
         }
         __syncthreads(); /* the previous tile's V (and, first, nothing) is no longer read */
-        for (int e = (int)threadIdx.x; e < FA_BK * DS; e += FA_THREADS) {
+        for (int e = (int)threadIdx.x; e < FA_BKF * DS; e += FA_THREADS) {
             const int r = e / DS, x = e % DS;
             kv[r * DS + fa_swz(r, x)] =
                 r < n && x < D ? fa_ld(kb, (int64_t)(j0 + r) * d.k_ts + x) : 0.0f;
         }
         __syncthreads();
-        /* s[rr] = (scale q_r) . k_j, lane = key j */
-        float s[RQ];
-        for (int rr = 0; rr < RQ; rr++) s[rr] = 0.0f;
-        const float *kr = kv + lane * DS;
+        /* s0[rr], s1[rr] = (scale q_r) . k_j for the keys j0 + lane and j0 + lane + 32 */
+        float s0[RQ], s1[RQ];
+        for (int rr = 0; rr < RQ; rr++) s0[rr] = s1[rr] = 0.0f;
+        const float *kr0 = kv + lane * DS, *kr1 = kv + (lane + 32) * DS;
         for (int x = 0; x < D4; x += 4) {
-            const fa_f4 kk = fa_ld4(kr + fa_swz(lane, x));
-            for (int rr = 0; rr < RQ; rr++)
-                s[rr] = fa_dot4(fa_ld4(qs + (w * RQ + rr) * DS + x), kk, s[rr]);
+            const int sx = fa_swz(lane, x); /* (rows lane and lane + 32 swizzle alike) */
+            const fa_f4 k0 = fa_ld4(kr0 + sx), k1 = fa_ld4(kr1 + sx);
+            for (int rr = 0; rr < RQ; rr++) {
+                const fa_f4 qq = fa_ld4(qs + (w * RQ + rr) * DS + x);
+                s0[rr] = fa_dot4(qq, k0, s0[rr]);
+                s1[rr] = fa_dot4(qq, k1, s1[rr]);
+            }
         }
-        const int64_t kpos = mk.k_pos0 + j;
+        const int64_t kpos = mk.k_pos0 + j0 + lane;
+        FA_UNROLL
         for (int rr = 0; rr < RQ; rr++) {
             const int r = w * RQ + rr;
-            float sc = s[rr];
-            if (cap > 0.0f) sc = cap * tanhf(sc * icap);
-            const bool vis =
-                lane < n && r < m && fa_visible(mk, mk.q_pos0 + i0 + r, kpos, qd[rr], kd);
-            sc = vis ? sc : -INFINITY;
-            const float mn = fmaxf(mrow[rr], cu_warp_max(sc));
+            const int64_t qpos = mk.q_pos0 + i0 + r;
+            float v0 = s0[rr], v1 = s1[rr];
+            if (cap > 0.0f) {
+                v0 = cap * tanhf(v0 * icap);
+                v1 = cap * tanhf(v1 * icap);
+            }
+            v0 = lane < n && r < m && fa_visible(mk, qpos, kpos, qd[rr], kd0) ? v0 : -INFINITY;
+            v1 = lane + 32 < n && r < m && fa_visible(mk, qpos, kpos + 32, qd[rr], kd1)
+                     ? v1 : -INFINITY;
+            const float mn = fmaxf(mrow[rr], cu_warp_max(fmaxf(v0, v1)));
             const float mu = mn == -INFINITY ? 0.0f : mn; /* nothing visible yet: P stays 0 */
-            const float p = expf(sc - mu), al = expf(mrow[rr] - mu);
-            lsum[rr] = lsum[rr] * al + p;
+            const float p0 = expf(v0 - mu), p1 = expf(v1 - mu), al = expf(mrow[rr] - mu);
+            lsum[rr] = lsum[rr] * al + (p0 + p1);
             mrow[rr] = mn;
             for (int c = 0; c < DL; c++) acc[rr][c] *= al;
-            pw[lane * RQ + rr] = p;
+            pw[lane * RQ + rr] = p0;
+            pw[(lane + 32) * RQ + rr] = p1;
         }
         __syncthreads(); /* K is read by every warp (and each warp's P is visible to its lanes) */
-        for (int e = (int)threadIdx.x; e < FA_BK * DS; e += FA_THREADS) {
+        for (int e = (int)threadIdx.x; e < FA_BKF * DS; e += FA_THREADS) {
             const int r = e / DS, x = e % DS;
             kv[e] = r < n && x < D ? fa_ld(vb, (int64_t)(j0 + r) * d.v_ts + x) : 0.0f;
         }
@@ -582,7 +605,8 @@ static void fa_forward_launch(fa_fwd_args a) {
     a.nqt = (a.d.Tq + BQ - 1) / BQ;
     const int64_t nblk = (int64_t)a.d.B * a.d.H * a.nqt;
     if (nblk == 0) return;
-    const size_t smem = ((size_t)BQ * DS + (size_t)FA_BK * DS + (size_t)FA_WARPS * FA_BK * RQ) * 4;
+    const size_t smem =
+        ((size_t)BQ * DS + (size_t)FA_BKF * DS + (size_t)FA_WARPS * FA_BKF * RQ) * 4;
     FA_SMEM_OPTIN((k_fa_forward<TI, TO, DL, RQ>), smem);
     CU_LAUNCH((k_fa_forward<TI, TO, DL, RQ>), fa_grid(nblk, "flash attention forward"),
               FA_THREADS, smem, a);
