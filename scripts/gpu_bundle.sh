@@ -11,12 +11,12 @@ B=build-gpu
 cmake -S . -B "$B" -DCMAKE_BUILD_TYPE=Release -DLOOM_TESTS=ON -DLOOM_CUDA=ON \
   -DCMAKE_CUDA_ARCHITECTURES="${CMAKE_CUDA_ARCHITECTURES:-90}" >/dev/null
 tests=$(ls tests/gpu/test_cuda_*.c | xargs -n1 basename | sed 's/\.c$//')
-cmake --build "$B" -j "$(nproc)" --target loom bench_gpu_attn $tests
+cmake --build "$B" -j "$(nproc)" --target loom bench_gpu_attn comm_driver_dev $tests
 stage=$(mktemp -d /tmp/loom-bundle.XXXXXX)
 trap 'rm -rf "$stage"' EXIT
 mkdir -p "$stage/tests" "$stage/lib"
 cp "$B/loom" "$stage/"
-for t in $tests bench_gpu_attn; do cp "$B/tests/$t" "$stage/tests/"; done
+for t in $tests bench_gpu_attn comm_driver_dev; do cp "$B/tests/$t" "$stage/tests/"; done
 skip='^(libc|libm|libdl|libpthread|librt|ld-linux-x86-64|libstdc\+\+|libgcc_s|libcuda|libcudart|libcublas|libcublasLt|libnccl|linux-vdso)\.so'
 for f in "$stage/loom" "$stage"/tests/*; do ldd "$f"; done | awk '$2 == "=>" && $3 ~ /^\// {print $1, $3}' |
   sort -u | while read -r name path; do

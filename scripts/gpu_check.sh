@@ -45,7 +45,7 @@ else
   say "building $B"
   ( cmake -S . -B "$B" -DCMAKE_BUILD_TYPE=Release -DLOOM_TESTS=ON -DLOOM_CUDA=ON \
       -DCMAKE_CUDA_ARCHITECTURES="${CMAKE_CUDA_ARCHITECTURES:-90}" &&
-    cmake --build "$B" -j "$(nproc)" --target loom test_cuda_core bench_gpu_attn $(ls tests/gpu/test_cuda_*.c | xargs -n1 basename | sed 's/\.c$//') ) \
+    cmake --build "$B" -j "$(nproc)" --target loom comm_driver_dev bench_gpu_attn $(ls tests/gpu/test_cuda_*.c | xargs -n1 basename | sed 's/\.c$//') ) \
     >"$OUT/build.log" 2>&1 || { tail -40 "$OUT/build.log"; say "FAIL: build (log: $OUT/build.log)"; exit 1; }
 fi
 "$B/loom" version | tee "$OUT/version.txt"

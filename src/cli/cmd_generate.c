@@ -297,6 +297,9 @@ static int generate_main(int argc, char **argv) {
     const loom_model_layout lay = {.tp = (int)tp, .tp_rank = tp_idx};
     if (loom_load_model_view(ckpt, tp > 1 ? &lay : NULL, 1, 0, &m, NULL, &run, NULL, &err))
         goto fail;
+    /* the tensor-parallel collectives carry the model's device buffers (staged through host
+     * memory, or NCCL, on a GPU backend: docs/gpu.md "Communication") */
+    if (mesh && loom_comm_set_device(mesh, loom_model_backend(m), &err)) goto fail;
     if (tpc) {
         const loom_comm_points pts = loom_tp_comm_points(tpc);
         loom_model_set_comm_points(m, &pts);

@@ -131,6 +131,9 @@ static int serve_main(int argc, char **argv) {
     }
     if (loom_load_model_view(ckpt, tp > 1 ? &lay : NULL, 1, 0, &m, NULL, &run, NULL, &err))
         goto fail;
+    /* the tensor-parallel collectives carry the model's device buffers (staged through host
+     * memory, or NCCL, on a GPU backend: docs/gpu.md "Communication") */
+    if (mesh && loom_comm_set_device(mesh, loom_model_backend(m), &err)) goto fail;
     if (!o.chat_template && run->chat_template) { /* recorded by an import from the model's tokenizer_config.json */
         o.chat_template = run->chat_template;
         o.chat_default_system = run->chat_default_system;

@@ -63,8 +63,10 @@ int main(int argc, char **argv) {
                loom_isa_name(loom_isa_active()), loom_isa_name(loom_isa_detect()));
 #endif
         printf("backends: %s\n", loom_backend_has_cuda()
-                                     ? "cpu, cuda (built with nvcc; docs/gpu.md)"
-                                     : "cpu (this build has no CUDA backend: nvcc was not found)");
+                                     ? "cpu, cuda (built with nvcc; docs/gpu.md), cpu-guard and "
+                                       "cuda-emu (tests)"
+                                     : "cpu (this build has no CUDA backend: nvcc was not found), "
+                                       "cpu-guard and cuda-emu (tests)");
 #ifdef LOOM_HAVE_CUDA
         char dev[600];
         const int ok = loom_cuda_describe(dev, sizeof dev) == 0;
