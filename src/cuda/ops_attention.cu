@@ -27,9 +27,9 @@ extern "C" {
 
 namespace LOOM_CU_NS {
 
-/* FA_BKF: keys per tile of the forward (two per lane); FA_BK: of the dQ pass (one per lane);
- * FA_BQ1: queries per tile of the dK/dV pass (one per lane) */
-enum { FA_WARPS = 4, FA_THREADS = 128, FA_BKF = 64, FA_BK = 32, FA_BQ1 = 32, FA_MAXD = 256 };
+/* FA_BKF: keys per tile of the forward and the dQ pass (two per lane); FA_BQ1: queries per
+ * tile of the dK/dV pass (one per lane) */
+enum { FA_WARPS = 4, FA_THREADS = 128, FA_BKF = 64, FA_BQ1 = 32, FA_MAXD = 256 };
 
 /* query rows per warp (forward, dq pass) and keys per warp (dk/dv pass) for DL = ceil(D/32) */
 static constexpr int fa_rq(int DL) { return DL <= 2 ? 16 : DL == 4 ? 8 : 4; }
@@ -440,15 +440,16 @@ __global__ void __launch_bounds__(FA_THREADS) k_fa_backward_dkv(fa_bwd_args a) {
 }
 
 /* dQ: one block per (b, h, query tile of FA_WARPS * RQ rows), each warp owning RQ query
- * rows; the lanes are the 32 keys of a key tile. Shared: scale * Q and dO (plain), K and V
- * tiles (swizzled: lane = key), each warp's dS tile (FA_BK x RQ). */
+ * rows; key tiles of FA_BKF = 64 keys, two per lane (keys lane and lane + 32). Shared: scale
+ * * Q and dO (plain), one V-then-K tile (swizzled: lane = key; V for dP, then K for S and
+ * dq), each warp's dS tile (FA_BKF x RQ). */
 template <typename TI, int DL, int RQ>
 __global__ void __launch_bounds__(FA_THREADS) k_fa_backward_dq(fa_bwd_args a) {
     constexpr int DS = 32 * DL, BQ = FA_WARPS * RQ;
     CU_DYN_SMEM(float, sm);
     const int lane = (int)(threadIdx.x & 31), w = (int)(threadIdx.x >> 5);
-    float *qs = sm, *dos = qs + BQ * DS, *ks = dos + BQ * DS, *vs = ks + FA_BK * DS;
-    float *pw = vs + FA_BK * DS + w * FA_BK * RQ;
+    float *qs = sm, *dos = qs + BQ * DS, *kv = dos + BQ * DS;
+    float *pw = kv + FA_BKF * DS + w * FA_BKF * RQ;
     const loom_attn_dims d = a.d;
     const loom_attn_mask mk = a.mk;
     const int D = d.D, D4 = (D + 3) & ~3;
@@ -488,48 +489,71 @@ __global__ void __launch_bounds__(FA_THREADS) k_fa_backward_dq(fa_bwd_args a) {
     for (int rr = 0; rr < RQ; rr++)
         for (int c = 0; c < DL; c++) dqa[rr][c] = 0.0f;
     int jlo, jhi;
-    fa_key_tiles(mk, i0, m, d.Tk, FA_BK, &jlo, &jhi);
+    fa_key_tiles(mk, i0, m, d.Tk, FA_BKF, &jlo, &jhi);
     for (int jt = jlo; jt < jhi; jt++) {
-        const int j0 = jt * FA_BK, n = min(d.Tk - j0, (int)FA_BK), j = j0 + lane;
-        int kd = 0;
+        const int j0 = jt * FA_BKF, n = min(d.Tk - j0, (int)FA_BKF);
+        int kd0 = 0, kd1 = 0; /* the documents of the lane's two keys */
         if (kdoc) {
             int klo, khi;
             fa_doc_range(kdoc + j0, n, &klo, &khi);
             if (khi < qlo || qhi < klo) continue;
-            kd = lane < n ? kdoc[j] : 0;
+            kd0 = lane < n ? kdoc[j0 + lane] : 0;
+            kd1 = lane + 32 < n ? kdoc[j0 + lane + 32] : 0;
         }
-        __syncthreads(); /* the previous K, V and dS tiles (and, first, Q and dO) are done */
-        for (int e = (int)threadIdx.x; e < FA_BK * DS; e += FA_THREADS) {
-            const int r = e / DS, x = e % DS, at = r * DS + fa_swz(r, x);
-            const bool in = r < n && x < D;
-            ks[at] = in ? fa_ld(kb, (int64_t)(j0 + r) * d.k_ts + x) : 0.0f;
-            vs[at] = in ? fa_ld(vb, (int64_t)(j0 + r) * d.v_ts + x) : 0.0f;
+        __syncthreads(); /* the previous K and dS tiles (and, first, Q and dO) are done */
+        for (int e = (int)threadIdx.x; e < FA_BKF * DS; e += FA_THREADS) {
+            const int r = e / DS, x = e % DS;
+            kv[r * DS + fa_swz(r, x)] =
+                r < n && x < D ? fa_ld(vb, (int64_t)(j0 + r) * d.v_ts + x) : 0.0f;
         }
         __syncthreads();
-        float s[RQ], dp[RQ];
-        for (int rr = 0; rr < RQ; rr++) s[rr] = dp[rr] = 0.0f;
-        const float *kr = ks + lane * DS, *vr = vs + lane * DS;
+        /* dp0[rr], dp1[rr] = dO_r . v_j for the keys j0 + lane and j0 + lane + 32 */
+        float s0[RQ], s1[RQ], dp0[RQ], dp1[RQ];
+        for (int rr = 0; rr < RQ; rr++) s0[rr] = s1[rr] = dp0[rr] = dp1[rr] = 0.0f;
+        const float *r0 = kv + lane * DS, *r1 = kv + (lane + 32) * DS;
         for (int x = 0; x < D4; x += 4) {
-            const int sx = fa_swz(lane, x);
-            const fa_f4 kk = fa_ld4(kr + sx), vv = fa_ld4(vr + sx);
+            const int sx = fa_swz(lane, x); /* (rows lane and lane + 32 swizzle alike) */
+            const fa_f4 v0 = fa_ld4(r0 + sx), v1 = fa_ld4(r1 + sx);
             for (int rr = 0; rr < RQ; rr++) {
-                s[rr] = fa_dot4(fa_ld4(qs + (w * RQ + rr) * DS + x), kk, s[rr]);
-                dp[rr] = fa_dot4(fa_ld4(dos + (w * RQ + rr) * DS + x), vv, dp[rr]);
+                const fa_f4 oo = fa_ld4(dos + (w * RQ + rr) * DS + x);
+                dp0[rr] = fa_dot4(oo, v0, dp0[rr]);
+                dp1[rr] = fa_dot4(oo, v1, dp1[rr]);
             }
         }
-        const int64_t kpos = mk.k_pos0 + j;
+        __syncthreads(); /* V is read by every warp */
+        for (int e = (int)threadIdx.x; e < FA_BKF * DS; e += FA_THREADS) {
+            const int r = e / DS, x = e % DS;
+            kv[r * DS + fa_swz(r, x)] =
+                r < n && x < D ? fa_ld(kb, (int64_t)(j0 + r) * d.k_ts + x) : 0.0f;
+        }
+        __syncthreads();
+        for (int x = 0; x < D4; x += 4) {
+            const int sx = fa_swz(lane, x);
+            const fa_f4 k0 = fa_ld4(r0 + sx), k1 = fa_ld4(r1 + sx);
+            for (int rr = 0; rr < RQ; rr++) {
+                const fa_f4 qq = fa_ld4(qs + (w * RQ + rr) * DS + x);
+                s0[rr] = fa_dot4(qq, k0, s0[rr]);
+                s1[rr] = fa_dot4(qq, k1, s1[rr]);
+            }
+        }
+        const int64_t kpos = mk.k_pos0 + j0 + lane;
+        FA_UNROLL
         for (int rr = 0; rr < RQ; rr++) {
             const int r = w * RQ + rr;
-            float sc = s[rr], gcap = 1.0f;
+            const int64_t qpos = mk.q_pos0 + i0 + r;
+            float v0 = s0[rr], v1 = s1[rr], g0 = 1.0f, g1 = 1.0f;
             if (cap > 0.0f) {
-                const float t = tanhf(sc * icap);
-                sc = cap * t;
-                gcap = 1.0f - t * t;
+                const float t0 = tanhf(v0 * icap), t1 = tanhf(v1 * icap);
+                v0 = cap * t0, v1 = cap * t1;
+                g0 = 1.0f - t0 * t0, g1 = 1.0f - t1 * t1;
             }
-            const bool vis =
-                lane < n && r < m && fa_visible(mk, mk.q_pos0 + i0 + r, kpos, qd[rr], kd);
-            const float p = vis ? expf(sc - lrow[rr]) : 0.0f;
-            pw[lane * RQ + rr] = p * (dp[rr] - delta[rr]) * gcap;
+            const bool vis0 = lane < n && r < m && fa_visible(mk, qpos, kpos, qd[rr], kd0);
+            const bool vis1 =
+                lane + 32 < n && r < m && fa_visible(mk, qpos, kpos + 32, qd[rr], kd1);
+            const float p0 = vis0 ? expf(v0 - lrow[rr]) : 0.0f;
+            const float p1 = vis1 ? expf(v1 - lrow[rr]) : 0.0f;
+            pw[lane * RQ + rr] = p0 * (dp0[rr] - delta[rr]) * g0;
+            pw[(lane + 32) * RQ + rr] = p1 * (dp1[rr] - delta[rr]) * g1;
         }
         __syncwarp();
         /* dq[r][x] += sum_j dS[r][j] k_j[x], lane = x (mod 32) */
@@ -540,7 +564,7 @@ __global__ void __launch_bounds__(FA_THREADS) k_fa_backward_dq(fa_bwd_args a) {
                 ds[rr] = d4.x, ds[rr + 1] = d4.y, ds[rr + 2] = d4.z, ds[rr + 3] = d4.w;
             }
             for (int c = 0; c < DL; c++) {
-                const float kk = ks[jj * DS + fa_swz(jj, lane + 32 * c)];
+                const float kk = kv[jj * DS + fa_swz(jj, lane + 32 * c)];
                 for (int rr = 0; rr < RQ; rr++) dqa[rr][c] = fmaf(ds[rr], kk, dqa[rr][c]);
             }
         }
@@ -632,8 +656,8 @@ static void fa_backward_launch(fa_bwd_args a) {
         fa_bwd_args x = a;
         x.ntile = (a.d.Tq + BQ - 1) / BQ;
         const int64_t nblk = (int64_t)a.d.B * a.d.H * x.ntile;
-        const size_t smem = ((size_t)2 * BQ * DS + (size_t)2 * FA_BK * DS +
-                             (size_t)FA_WARPS * FA_BK * RQ) * 4;
+        const size_t smem = ((size_t)2 * BQ * DS + (size_t)FA_BKF * DS +
+                             (size_t)FA_WARPS * FA_BKF * RQ) * 4;
         if (nblk > 0) {
             FA_SMEM_OPTIN((k_fa_backward_dq<TI, DL, RQ>), smem);
             CU_LAUNCH((k_fa_backward_dq<TI, DL, RQ>), fa_grid(nblk, "flash attention backward"),
