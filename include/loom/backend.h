@@ -49,6 +49,11 @@ typedef struct loom_attn_mask {
     float softcap;                /* scores soft-capped to (-softcap, softcap); 0 = none */
 } loom_attn_mask;
 
+/* The flash ops' argument rules, for every backend: 0 when dims and mask are valid (dims
+ * non-negative, H a multiple of KVH, both document arrays or neither, a window only when
+ * causal, scale and softcap finite and >= 0), -1 otherwise. (No data touched: not an op.) */
+int loom_attn_check(const loom_attn_dims *d, const loom_attn_mask *mk);
+
 /* dims for the fused qkv rows (B,T,(H+2*KVH)*D) and out (B,T,H*D): pass q = qkv,
  * k = qkv + H*D, v = qkv + (H+KVH)*D. (A shape helper, no data touched: not an op.) */
 loom_attn_dims flash_attention_dims_qkv(int B, int T, int H, int KVH, int D);

@@ -599,15 +599,7 @@ static void fa_smem_optin(const void *kern, size_t bytes) {
 
 /* the cpu kernel's argument checks (src/kernels/flash_attention.c): -1 when they fail */
 static int fa_check(const loom_attn_dims *d, const loom_attn_mask *mk) {
-    if (!d || !mk || d->B < 0 || d->Tq < 0 || d->Tk < 0 || d->H < 1 || d->KVH < 1 ||
-        d->D < 1 || d->H % d->KVH != 0)
-        return -1;
-    if ((mk->q_doc == NULL) != (mk->k_doc == NULL)) return -1;
-    if (mk->window < 0 || (mk->window > 0 && !mk->causal)) return -1;
-    if (!(mk->scale >= 0.0f) || !isfinite(mk->scale) || !(mk->softcap >= 0.0f) ||
-        !isfinite(mk->softcap))
-        return -1;
-    return 0;
+    return loom_attn_check(d, mk);
 }
 static float fa_scale(const loom_attn_mask *mk, int D) {
     return mk->scale > 0.0f ? mk->scale : 1.0f / sqrtf((float)D);

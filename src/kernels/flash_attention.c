@@ -740,7 +740,7 @@ loom_attn_dims flash_attention_dims_qkv(int B, int T, int H, int KVH, int D) {
     return d;
 }
 
-static int check_args(const loom_attn_dims *d, const loom_attn_mask *mk) {
+int loom_attn_check(const loom_attn_dims *d, const loom_attn_mask *mk) {
     if (!d || !mk || d->B < 0 || d->Tq < 0 || d->Tk < 0 || d->H < 1 || d->KVH < 1 ||
         d->D < 1 || d->H % d->KVH != 0)
         return -1;
@@ -936,7 +936,7 @@ static float *scratch_alloc_team(size_t nfloats, int *fail) {
 int flash_attention_forward(float *out, float *lse, const float *q, const float *k,
                             const float *v, const loom_attn_dims *dims,
                             const loom_attn_mask *mask, int isa) {
-    if (check_args(dims, mask)) return -1;
+    if (loom_attn_check(dims, mask)) return -1;
     const attn_ops *ops = pick_ops(isa);
     if (!ops) return -2;
     const loom_attn_dims d = *dims;
@@ -1290,7 +1290,7 @@ static int use_fused(int64_t nbk, int nthreads) {
 static int backward(float *dq, float *dk, float *dv, const float *dout, const float *q,
                     const float *k, const float *v, const float *out, const float *lse,
                     const loom_attn_dims *dims, const loom_attn_mask *mask, int isa, int set) {
-    if (check_args(dims, mask)) return -1;
+    if (loom_attn_check(dims, mask)) return -1;
     const attn_ops *ops = pick_ops(isa);
     if (!ops) return -2;
     bwd_ctx x0 = {ops, *dims, *mask, dq, dk, dv, dout, q, k, v, out, lse,
