@@ -12,7 +12,9 @@
  *     int, unsigned, float, double with the full mask, static __shared__ arrays, dynamic
  *     shared memory through CU_DYN_SMEM, atomicAdd on float/double/int (only where results
  *     need not repeat), the math of <math.h> on float and double (expf, logf, tanhf,
- *     sqrtf, fmaxf, erff, ...), rsqrtf, fmaf, __float_as_uint / __uint_as_float;
+ *     sqrtf, fmaxf, erff, ...), rsqrtf, fmaf, __float_as_uint / __uint_as_float, the
+ *     uncontracted __fmul_rn / __fadd_rn / __fsub_rn / __fdiv_rn and their double __d*_rn
+ *     (a product nvcc must not fuse into the add that follows: the cpu's bits), __dp4a;
  *   - launches through CU_LAUNCH (never <<< >>> directly), on the backend's one stream;
  *   - GEMMs through cu_gemm (cuBLASLt on the GPU, a plain loop in the emulator).
  * Nothing else: no cuda_bf16.h types (bf16 is uint16_t with cu_bf16/cu_round below, the

@@ -47,32 +47,6 @@ namespace LOOM_CU_NS {
  * nvcc contracts a * b + c into an FMA; the cpu's quantizers and chains are compiled with
  * -ffp-contract=off. These keep each operation apart on the GPU (the _rn intrinsics are never
  * contracted); the emulator's host build has no FMA instructions at its baseline level. */
-#ifdef LOOM_CUDA_EMU
-static inline float f_mul(float a, float b) { return a * b; }
-static inline float f_add(float a, float b) { return a + b; }
-static inline float f_sub(float a, float b) { return a - b; }
-static inline float f_div(float a, float b) { return a / b; }
-static inline double d_mul(double a, double b) { return a * b; }
-static inline double d_add(double a, double b) { return a + b; }
-static inline double d_sub(double a, double b) { return a - b; }
-static inline double d_div(double a, double b) { return a / b; }
-/* the exact sum of the four int8 products of two words */
-static inline int dot4(int a, int b) {
-    int s = 0;
-    for (int k = 0; k < 32; k += 8) s += (int)(int8_t)(a >> k) * (int)(int8_t)(b >> k);
-    return s;
-}
-#else
-static __device__ __forceinline__ float f_mul(float a, float b) { return __fmul_rn(a, b); }
-static __device__ __forceinline__ float f_add(float a, float b) { return __fadd_rn(a, b); }
-static __device__ __forceinline__ float f_sub(float a, float b) { return __fsub_rn(a, b); }
-static __device__ __forceinline__ float f_div(float a, float b) { return __fdiv_rn(a, b); }
-static __device__ __forceinline__ double d_mul(double a, double b) { return __dmul_rn(a, b); }
-static __device__ __forceinline__ double d_add(double a, double b) { return __dadd_rn(a, b); }
-static __device__ __forceinline__ double d_sub(double a, double b) { return __dsub_rn(a, b); }
-static __device__ __forceinline__ double d_div(double a, double b) { return __ddiv_rn(a, b); }
-static __device__ __forceinline__ int dot4(int a, int b) { return __dp4a(a, b, 0); }
-#endif
 
 /* x86-64 glibc's fmaxf / fminf, which the cpu's Q4_K quantizer calls (maxss / minss after a
  * NaN test): the non-NaN one; of two zeros the second argument. With the operand order the cpu
@@ -118,7 +92,7 @@ static __device__ __forceinline__ float fp16_widen(uint16_t h) {
     const uint32_t mag = (uint32_t)(h & 0x7fffu) << 13;
     if ((h & 0x7c00u) == 0x7c00u)
         return __uint_as_float(((uint32_t)(h & 0x8000u) << 16) | 0x7f800000u | mag);
-    const float f = f_mul(__uint_as_float(mag), 0x1p112f);
+    const float f = __fmul_rn(__uint_as_float(mag), 0x1p112f);
     return (h & 0x8000u) ? -f : f;
 }
 
@@ -305,15 +279,15 @@ static __global__ void ki_q8_quantize(int8_t *q, uint16_t *d, const float *x, in
     const float v = x[b * 32 + lane], a = fabsf(v);
     /* the cpu's max (a > amax ? a : amax from 0): a NaN never counts */
     const float amax = cu_warp_max(a > 0.0f ? a : 0.0f);
-    const float s = f_div(amax, 127.0f), id = s != 0.0f ? f_div(1.0f, s) : 0.0f;
+    const float s = __fdiv_rn(amax, 127.0f), id = s != 0.0f ? __fdiv_rn(1.0f, s) : 0.0f;
     if (lane == 0) d[b] = fp16_round(s);
-    const float r = roundf(f_mul(v, id)); /* in [-127, 127] but for inf / NaN rows */
+    const float r = roundf(__fmul_rn(v, id)); /* in [-127, 127] but for inf / NaN rows */
     q[b * 32 + lane] = r >= -127.0f && r <= 127.0f ? (int8_t)r : (int8_t)0;
 }
 
 static __global__ void ki_q8_dequantize(float *x, const int8_t *q, const uint16_t *d, int64_t n) {
     const int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (i < n) x[i] = f_mul((float)q[i], fp16_widen(d[i >> 5]));
+    if (i < n) x[i] = __fmul_rn((float)q[i], fp16_widen(d[i >> 5]));
 }
 
 static void q8_quantize_(int8_t *q, uint16_t *d, const float *x, int64_t N, int IC) {
@@ -372,11 +346,11 @@ static __global__ void ki_matmul_q8(float *out, const int8_t *xq, const uint16_t
             for (int u = 0; u < Q8_U; u++) {
                 const int b = g0 + 4 * u + kk;
                 const float p =
-                    b < nb ? f_mul((float)dot4(ww[u], xw[u]), f_mul(dw[u], dx[u])) : 0.0f;
+                    b < nb ? __fmul_rn((float)__dp4a(ww[u], xw[u], 0), __fmul_rn(dw[u], dx[u])) : 0.0f;
                 const float p2 = __shfl_down_sync(0xffffffffu, p, 16);
                 if (kk < 2) {
-                    if (b < nb) c[n] = f_add(c[n], p);
-                    if (b + 2 < nb) c[n] = f_add(c[n], p2);
+                    if (b < nb) c[n] = __fadd_rn(c[n], p);
+                    if (b + 2 < nb) c[n] = __fadd_rn(c[n], p2);
                 }
             }
         }
@@ -385,11 +359,11 @@ static __global__ void ki_matmul_q8(float *out, const int8_t *xq, const uint16_t
     for (int n = 0; n < Q8_NR; n++) {
         if (n >= nr) break;
         /* lane l < 8: t_l = c_l + c_{8+l}, then (l, l+4), (l, l+2), (l, l+1) */
-        float t = f_add(c[n], __shfl_down_sync(0xffffffffu, c[n], 8));
-        t = f_add(t, __shfl_down_sync(0xffffffffu, t, 4));
-        t = f_add(t, __shfl_down_sync(0xffffffffu, t, 2));
-        t = f_add(t, __shfl_down_sync(0xffffffffu, t, 1));
-        if (lane == 0) out[(n0 + n) * OC + o] = bias ? f_add(t, bias[o]) : t;
+        float t = __fadd_rn(c[n], __shfl_down_sync(0xffffffffu, c[n], 8));
+        t = __fadd_rn(t, __shfl_down_sync(0xffffffffu, t, 4));
+        t = __fadd_rn(t, __shfl_down_sync(0xffffffffu, t, 2));
+        t = __fadd_rn(t, __shfl_down_sync(0xffffffffu, t, 1));
+        if (lane == 0) out[(n0 + n) * OC + o] = bias ? __fadd_rn(t, bias[o]) : t;
     }
 }
 
@@ -435,27 +409,27 @@ static __global__ void ki_q4k_quantize(uint8_t *dst, const float *x) {
     float scale = 0.0f, mn = 0.0f;
     if (hi > lo && lane <= 21) {
         const int c = lane - 1;
-        const float inv = c < 0 ? f_div(15.0f, f_sub(hi, lo))
-                                : f_div(f_add(15.0f, f_mul(0.1f, (float)(c - 10))), f_sub(hi, lo));
+        const float inv = c < 0 ? __fdiv_rn(15.0f, __fsub_rn(hi, lo))
+                                : __fdiv_rn(__fadd_rn(15.0f, __fmul_rn(0.1f, (float)(c - 10))), __fsub_rn(hi, lo));
         double sq = 0, sqq = 0, sx = 0, sxq = 0;
         for (int i = 0; i < 32; i++) {
-            const int q = clampi((int)nearbyintf(f_mul(inv, f_sub(xb[i], lo))), 0, 15);
-            sq = d_add(sq, (double)q);
-            sqq = d_add(sqq, d_mul((double)q, (double)q));
-            sx = d_add(sx, (double)xb[i]);
-            sxq = d_add(sxq, d_mul((double)xb[i], (double)q));
+            const int q = clampi((int)nearbyintf(__fmul_rn(inv, __fsub_rn(xb[i], lo))), 0, 15);
+            sq = __dadd_rn(sq, (double)q);
+            sqq = __dadd_rn(sqq, __dmul_rn((double)q, (double)q));
+            sx = __dadd_rn(sx, (double)xb[i]);
+            sxq = __dadd_rn(sxq, __dmul_rn((double)xb[i], (double)q));
         }
-        const double det = d_sub(d_mul(32.0, sqq), d_mul(sq, sq));
+        const double det = __dsub_rn(__dmul_rn(32.0, sqq), __dmul_rn(sq, sq));
         if (det > 0) {
-            double s = d_div(d_sub(d_mul(32.0, sxq), d_mul(sq, sx)), det);
-            double b = d_div(d_sub(d_mul(sqq, sx), d_mul(sq, sxq)), det);
-            if (b > 0) b = 0, s = d_div(sxq, sqq);
+            double s = __ddiv_rn(__dsub_rn(__dmul_rn(32.0, sxq), __dmul_rn(sq, sx)), det);
+            double b = __ddiv_rn(__dsub_rn(__dmul_rn(sqq, sx), __dmul_rn(sq, sxq)), det);
+            if (b > 0) b = 0, s = __ddiv_rn(sxq, sqq);
             if (s > 0) {
                 double e = 0;
                 for (int i = 0; i < 32; i++) { /* the same q again */
-                    const int q = clampi((int)nearbyintf(f_mul(inv, f_sub(xb[i], lo))), 0, 15);
-                    const double r = d_sub(d_add(d_mul(s, (double)q), b), (double)xb[i]);
-                    e = d_add(e, d_mul(r, r));
+                    const int q = clampi((int)nearbyintf(__fmul_rn(inv, __fsub_rn(xb[i], lo))), 0, 15);
+                    const double r = __dsub_rn(__dadd_rn(__dmul_rn(s, (double)q), b), (double)xb[i]);
+                    e = __dadd_rn(e, __dmul_rn(r, r));
                 }
                 if (e < INFINITY) err = e, scale = (float)s, mn = (float)-b;
             }
@@ -478,13 +452,13 @@ static __global__ void ki_q4k_quantize(uint8_t *dst, const float *x) {
     __syncthreads();
     float smax = 0.0f, mmax = 0.0f;
     for (int k = 0; k < 8; k++) smax = cpu_fmaxf(smax, fs[k]), mmax = cpu_fmaxf(mmax, fm[k]);
-    const uint16_t dh = fp16_round(f_div(smax, 63.0f)), mh = fp16_round(f_div(mmax, 63.0f));
+    const uint16_t dh = fp16_round(__fdiv_rn(smax, 63.0f)), mh = fp16_round(__fdiv_rn(mmax, 63.0f));
     const float d = fp16_widen(dh), dm = fp16_widen(mh);
-    const float id = d > 0.0f ? f_div(1.0f, d) : 0.0f, idm = dm > 0.0f ? f_div(1.0f, dm) : 0.0f;
+    const float id = d > 0.0f ? __fdiv_rn(1.0f, d) : 0.0f, idm = dm > 0.0f ? __fdiv_rn(1.0f, dm) : 0.0f;
     int sc[8], mc[8];
     for (int k = 0; k < 8; k++) {
-        sc[k] = clampi((int)nearbyintf(f_mul(fs[k], id)), 0, 63);
-        mc[k] = clampi((int)nearbyintf(f_mul(fm[k], idm)), 0, 63);
+        sc[k] = clampi((int)nearbyintf(__fmul_rn(fs[k], id)), 0, 63);
+        mc[k] = clampi((int)nearbyintf(__fmul_rn(fm[k], idm)), 0, 63);
     }
     uint8_t *out = dst + blk * QB;
     if (t < 128) {
@@ -492,9 +466,9 @@ static __global__ void ki_q4k_quantize(uint8_t *dst, const float *x) {
         int byte = 0;
         for (int h = 0; h < 2; h++) {
             const int k = 2 * p + h;
-            const float S = f_mul(d, (float)sc[k]), M = f_mul(dm, (float)mc[k]);
-            const float inv = S > 0.0f ? f_div(1.0f, S) : 0.0f;
-            const int q = clampi((int)nearbyintf(f_mul(f_add(xs[32 * k + i], M), inv)), 0, 15);
+            const float S = __fmul_rn(d, (float)sc[k]), M = __fmul_rn(dm, (float)mc[k]);
+            const float inv = S > 0.0f ? __fdiv_rn(1.0f, S) : 0.0f;
+            const int q = clampi((int)nearbyintf(__fmul_rn(__fadd_rn(xs[32 * k + i], M), inv)), 0, 15);
             byte |= q << (4 * h);
         }
         out[16 + t] = (uint8_t)byte;
@@ -535,9 +509,9 @@ static __global__ void ki_q4k_dequantize(float *x, const uint8_t *src) {
     q4k_words(w[0], w[1], w[2], u);
     const float d = fp16_widen((uint16_t)(b[0] | b[1] << 8));
     const float dm = fp16_widen((uint16_t)(b[2] | b[3] << 8));
-    const float S = f_mul(d, (float)byte_of(u, j)), M = f_mul(dm, (float)byte_of(u + 2, j));
+    const float S = __fmul_rn(d, (float)byte_of(u, j)), M = __fmul_rn(dm, (float)byte_of(u + 2, j));
     const int v = b[16 + 32 * (j >> 1) + i];
-    x[blk * QK + t] = f_sub(f_mul(S, (float)((j & 1) ? v >> 4 : v & 15)), M);
+    x[blk * QK + t] = __fsub_rn(__fmul_rn(S, (float)((j & 1) ? v >> 4 : v & 15)), M);
 }
 
 /* one block of 256 input values per warp: the cpu's q8k_quantize_rows (lane: values 32j +
@@ -554,10 +528,10 @@ static __global__ void ki_q8k_quantize(int8_t *q, float *d, int16_t *sums, const
         amax = a > amax ? a : amax;
     }
     amax = cu_warp_max(amax);
-    const float s = f_div(amax, 127.0f), inv = s != 0.0f ? f_div(1.0f, s) : 0.0f;
+    const float s = __fdiv_rn(amax, 127.0f), inv = s != 0.0f ? __fdiv_rn(1.0f, s) : 0.0f;
     if (lane == 0) d[b] = s;
     for (int j = 0; j < 8; j++) {
-        const float r = roundf(f_mul(v[j], inv)); /* in [-127, 127] but for inf / NaN */
+        const float r = roundf(__fmul_rn(v[j], inv)); /* in [-127, 127] but for inf / NaN */
         const int qi = r >= -127.0f && r <= 127.0f ? (int)r : 0;
         q[b * QK + 32 * j + lane] = (int8_t)qi;
         const int sum = warp_sum_i(qi);
@@ -637,15 +611,15 @@ static __global__ void ki_matmul_q4k(float *out, const int8_t *xq, const float *
                     for (int j = 0; j < 8; j++) {
                         const uint32_t nib = (j & 1) ? (qw[v][j >> 1] >> 4) & 0x0f0f0f0fu
                                                      : qw[v][j >> 1] & 0x0f0f0f0fu;
-                        s += byte_of(u, j) * dot4((int)nib, ld32(xb + 32 * j + 4 * l));
+                        s += byte_of(u, j) * __dp4a((int)nib, ld32(xb + 32 * j + 4 * l), 0);
                     }
                     const float dx = xd[row * nk + k];
-                    pc = f_mul((float)s, f_mul(dw, dx));
+                    pc = __fmul_rn((float)s, __fmul_rn(dw, dx));
                     if (l < 4) {
                         const int16_t *xs = xsum + (row * nk + k) * 8 + 2 * l;
                         const int uu =
                             byte_of(u + 2, 2 * l) * xs[0] + byte_of(u + 2, 2 * l + 1) * xs[1];
-                        pe = f_mul((float)uu, f_mul(dmw, dx));
+                        pe = __fmul_rn((float)uu, __fmul_rn(dmw, dx));
                     }
                 }
                 float pcs[4] = {pc, 0, 0, 0}, pes[4] = {pe, 0, 0, 0};
@@ -655,8 +629,8 @@ static __global__ void ki_matmul_q4k(float *out, const int8_t *xq, const float *
                 }
                 if (kk == 0) {
                     for (int m = 0; m < 4 && k0 + m < nk; m++) {
-                        c[n] = f_add(c[n], pcs[m]);
-                        if (l < 4) e[n] = f_add(e[n], pes[m]);
+                        c[n] = __fadd_rn(c[n], pcs[m]);
+                        if (l < 4) e[n] = __fadd_rn(e[n], pes[m]);
                     }
                 }
             }
@@ -669,12 +643,12 @@ static __global__ void ki_matmul_q4k(float *out, const int8_t *xq, const float *
         for (int m = 0; m < 8; m++) cv[m] = __shfl_sync(0xffffffffu, c[n], m);
         for (int m = 0; m < 4; m++) ev[m] = __shfl_sync(0xffffffffu, e[n], m);
         if (lane == 0) {
-            const float a0 = f_add(cv[0], cv[4]), a1 = f_add(cv[1], cv[5]);
-            const float a2 = f_add(cv[2], cv[6]), a3 = f_add(cv[3], cv[7]);
-            const float tt = f_add(f_add(a0, a2), f_add(a1, a3));
-            const float uu = f_add(f_add(ev[0], ev[2]), f_add(ev[1], ev[3]));
-            const float y = f_sub(tt, uu);
-            out[(n0 + n) * OC + o] = bias ? f_add(y, bias[o]) : y;
+            const float a0 = __fadd_rn(cv[0], cv[4]), a1 = __fadd_rn(cv[1], cv[5]);
+            const float a2 = __fadd_rn(cv[2], cv[6]), a3 = __fadd_rn(cv[3], cv[7]);
+            const float tt = __fadd_rn(__fadd_rn(a0, a2), __fadd_rn(a1, a3));
+            const float uu = __fadd_rn(__fadd_rn(ev[0], ev[2]), __fadd_rn(ev[1], ev[3]));
+            const float y = __fsub_rn(tt, uu);
+            out[(n0 + n) * OC + o] = bias ? __fadd_rn(y, bias[o]) : y;
         }
     }
 }

@@ -274,12 +274,6 @@ static void ce_shard_softcap_backward(float *logits, const int32_t *targets, con
  * follows: nvcc would contract it into an FMA, hence __fmul_rn), then the three FMAs the cpu
  * writes where its level has FMA, IEEE division and square root (nvcc's defaults). So the bits
  * are those of the cpu's avx2 / avx512 levels; its x86-64 level, without FMA, is ~1 ulp away. */
-#ifdef LOOM_CUDA_EMU
-/* the host compiler targets x86-64 without FMA here: a product is never contracted */
-static __device__ __forceinline__ float cu_mul_rn(float a, float b) { return a * b; }
-#else
-static __device__ __forceinline__ float cu_mul_rn(float a, float b) { return __fmul_rn(a, b); }
-#endif
 
 struct adamw_k {
     float beta2, eps, decay, w1, w2, step_size, bc2_sqrt, grad_scale;
@@ -289,7 +283,7 @@ __global__ void k_adamw(float *p, uint16_t *pb, const float *g, float *m, float 
                         adamw_k c) {
     for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n;
          i += (int64_t)gridDim.x * blockDim.x) {
-        const float gi = cu_mul_rn(g[i], c.grad_scale);
+        const float gi = __fmul_rn(g[i], c.grad_scale);
         const float pi = p[i] * c.decay;
         const float m0 = m[i];
         const float mi = fmaf(gi - m0, c.w1, m0);

@@ -54,13 +54,8 @@ static const unsigned FULL = 0xffffffffu;
  * compiled without FMA (src/kernels/moe.c), so with these the device's row arithmetic is
  * theirs bit for bit (the emulator's host compiler targets x86-64 without FMA: a plain
  * product is never contracted there) */
-#ifdef LOOM_CUDA_EMU
-static __device__ __forceinline__ float mul_rn(float a, float b) { return a * b; }
-static __device__ __forceinline__ double mul_rn(double a, double b) { return a * b; }
-#else
 static __device__ __forceinline__ float mul_rn(float a, float b) { return __fmul_rn(a, b); }
 static __device__ __forceinline__ double mul_rn(double a, double b) { return __dmul_rn(a, b); }
-#endif
 
 /* the sum of the lanes' v in lane order, ((s + v_0) + v_1) + ... over lanes < n, returned to
  * every lane: the order of a sequential loop (all lanes call it; n is warp-uniform) */

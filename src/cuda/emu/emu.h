@@ -124,6 +124,21 @@ static inline int32_t __float_as_int(float f) {
     return u;
 }
 static inline float rsqrtf(float x) { return 1.0f / sqrtf(x); }
+/* rounded arithmetic that nvcc does not contract into an FMA: plain operations here (the
+ * emulator's objects are compiled with -ffp-contract=off) */
+static inline float __fmul_rn(float a, float b) { return a * b; }
+static inline float __fadd_rn(float a, float b) { return a + b; }
+static inline float __fsub_rn(float a, float b) { return a - b; }
+static inline float __fdiv_rn(float a, float b) { return a / b; }
+static inline double __dmul_rn(double a, double b) { return a * b; }
+static inline double __dadd_rn(double a, double b) { return a + b; }
+static inline double __dsub_rn(double a, double b) { return a - b; }
+static inline double __ddiv_rn(double a, double b) { return a / b; }
+/* the sum of the four int8 products of two words, plus c */
+static inline int __dp4a(int a, int b, int c) {
+    for (int k = 0; k < 32; k += 8) c += (int)(int8_t)(a >> k) * (int)(int8_t)(b >> k);
+    return c;
+}
 static inline float __fdividef(float a, float b) { return a / b; }
 static inline int min(int a, int b) { return a < b ? a : b; }
 static inline int max(int a, int b) { return a > b ? a : b; }
