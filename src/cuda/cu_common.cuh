@@ -102,6 +102,27 @@ __device__ __forceinline__ uint16_t cu_round(float x) {
     return (uint16_t)(u >> 16);
 }
 
+/* ---- tensor cores: one warp's bf16 m16n8k16 product, fp32 accumulation ----------------
+ * d = a b + c with PTX's mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 fragments (every
+ * lane of the warp calls it; group g = lane / 4, t = lane % 4): A (16 x 16, row-major) a[r] =
+ * two bf16 of row g (r = 0, 2) or g + 8 (r = 1, 3), columns 2t, 2t + 1 (r < 2) or 2t + 8,
+ * 2t + 9, the lower column in the low 16 bits; B (16 x 8, k by n) b[r] = k 2t + 8r and
+ * 2t + 8r + 1 of column g; C, D (16 x 8 fp32): [0], [1] row g, [2], [3] row g + 8, columns 2t,
+ * 2t + 1. sm_80 and later. The emulator computes it from the fragments (emu.cpp), so a kernel
+ * built on it is tested here, and test_cuda_core checks the layout on the GPU. */
+__device__ __forceinline__ void cu_mma_bf16_16816(float d[4], const uint32_t a[4],
+                                                  const uint32_t b[2], const float c[4]) {
+#ifdef LOOM_CUDA_EMU
+    emu_mma_bf16_16816(d, a, b, c);
+#else
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 "
+                 "{%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%10, %11, %12, %13};\n"
+                 : "=f"(d[0]), "=f"(d[1]), "=f"(d[2]), "=f"(d[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]),
+                   "f"(c[0]), "f"(c[1]), "f"(c[2]), "f"(c[3]));
+#endif
+}
+
 /* ---- reductions inside a block ------------------------------------------------------- */
 __device__ __forceinline__ float cu_warp_sum(float v) {
     for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);

@@ -164,9 +164,40 @@ static void test_table_complete(void) {
     printf("%s every op of the %s table is set\n", null ? "FAIL" : "ok  ", cu_dev->name);
 }
 
+/* the tensor-core primitive (cu_mma_bf16_16816): its fragment layout against a host product;
+ * the emulator's reading of PTX's layout is checked where a GPU runs it */
+void loom_cuda_mma_selftest(float *D, const uint16_t *A, const uint16_t *B, const float *C);
+void loom_cuda_emu_mma_selftest(float *D, const uint16_t *A, const uint16_t *B, const float *C);
+static void test_mma(void) {
+    void (*fn)(float *, const uint16_t *, const uint16_t *, const float *) =
+        !strcmp(cu_dev->name, "cuda-emu") ? loom_cuda_emu_mma_selftest : NULL;
+#ifdef LOOM_HAVE_CUDA
+    if (!strcmp(cu_dev->name, "cuda")) fn = loom_cuda_mma_selftest;
+#endif
+    if (!fn) return;
+    /* distinct values per element (a transposed or shifted fragment shows) */
+    uint16_t *A = cu_rand_bf16(16 * 16, -2, 2), *B = cu_rand_bf16(16 * 8, -2, 2);
+    float *C = cu_rand(16 * 8, -1, 1), ref[128];
+    for (int i = 0; i < 16; i++)
+        for (int j = 0; j < 8; j++) {
+            double acc = C[i * 8 + j];
+            for (int k = 0; k < 16; k++)
+                acc += (double)loom_bf16_widen(A[i * 16 + k]) * loom_bf16_widen(B[k * 8 + j]);
+            ref[i * 8 + j] = (float)acc;
+        }
+    void *dA = cu_up(A, 512), *dB = cu_up(B, 256), *dC = cu_up(C, 512), *dD = cu_poisoned(512);
+    fn(dD, dA, dB, dC);
+    /* the tensor core's accumulation order and rounding are its own: 16 products of |x| < 4 */
+    cu_check_dev_f32("cu_mma_bf16_16816 (one warp, m16n8k16) against a float64 product", ref, dD,
+                     128, 1e-5);
+    free(A), free(B), free(C);
+    cu_dev->mem_free(dA), cu_dev->mem_free(dB), cu_dev->mem_free(dC), cu_dev->mem_free(dD);
+}
+
 int main(int argc, char **argv) {
     cu_setup(argc, argv);
     test_table_complete();
+    test_mma();
     test_memory();
     test_small_reductions();
     test_gemm(7, 13, 5, 1);

@@ -208,6 +208,52 @@ uint64_t emu_warp_exchange(uint64_t v, int src) {
 }
 void __syncwarp(unsigned) { (void)emu_warp_exchange(0, emu_lane()); }
 
+/* every live lane of the warp puts n <= 8 words in; each gets all 32 lanes' (lane-major) */
+static uint32_t g_wslot[MAX_THREADS][8];
+void emu_warp_allgather(const uint32_t *in, int n, uint32_t *out) {
+    const int base = g_cur & ~31;
+    for (int i = 0; i < n; i++) g_wslot[g_cur][i] = in[i];
+    __syncwarp();
+    for (int l = 0; l < 32; l++)
+        for (int i = 0; i < n; i++)
+            out[l * n + i] = base + l < g_nthreads ? g_wslot[base + l][i] : 0;
+    __syncwarp(); /* nobody overwrites its slot before every lane has read */
+}
+
+/* mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32, PTX's fragment layout (group g =
+ * lane / 4, t = lane % 4): A (16 x 16, row-major) a[r] holds rows g (r = 0, 2) or g + 8 (r =
+ * 1, 3), columns 2t, 2t + 1 (r < 2) or 2t + 8, 2t + 9, the lower column in the low half; B (16
+ * x 8, "col": k by n) b[r] holds k = 2t + 8r, 2t + 8r + 1 of column g; C/D (16 x 8 fp32) c[0],
+ * c[1] row g, c[2], c[3] row g + 8, columns 2t, 2t + 1. The products of bf16 are exact in fp32;
+ * the sum over k is done here in float, k in order (the tensor core's order and rounding of
+ * the accumulation are its own: tests allow for it). */
+void emu_mma_bf16_16816(float *d, const uint32_t *a, const uint32_t *b, const float *c) {
+    uint32_t in[6] = {a[0], a[1], a[2], a[3], b[0], b[1]}, all[32 * 6];
+    emu_warp_allgather(in, 6, all);
+    float A[16][16], B[16][8];
+    for (int l = 0; l < 32; l++) {
+        const int g = l >> 2, t = l & 3;
+        const uint32_t *f = all + l * 6;
+        for (int r = 0; r < 4; r++) {
+            const int row = g + ((r & 1) ? 8 : 0), col = 2 * t + ((r & 2) ? 8 : 0);
+            A[row][col] = __uint_as_float((f[r] & 0xffffu) << 16);
+            A[row][col + 1] = __uint_as_float(f[r] & 0xffff0000u);
+        }
+        for (int r = 0; r < 2; r++) {
+            const int k = 2 * t + 8 * r;
+            B[k][g] = __uint_as_float((f[4 + r] & 0xffffu) << 16);
+            B[k + 1][g] = __uint_as_float(f[4 + r] & 0xffff0000u);
+        }
+    }
+    const int lane = g_cur & 31, g = lane >> 2, t = lane & 3;
+    for (int i = 0; i < 4; i++) {
+        const int row = g + (i >= 2 ? 8 : 0), col = 2 * t + (i & 1);
+        float acc = c[i];
+        for (int k = 0; k < 16; k++) acc += A[row][k] * B[k][col];
+        d[i] = acc;
+    }
+}
+
 /* ---- runtime ------------------------------------------------------------------------- */
 const char *cudaGetErrorString(cudaError_t e) {
     return e == cudaSuccess ? "no error" : e == cudaErrorMemoryAllocation ? "out of memory"

@@ -63,6 +63,11 @@ void __syncwarp(unsigned mask = 0xffffffffu);
  * `v` in, each gets lane `src`'s (its own when src is out of the warp) */
 uint64_t emu_warp_exchange(uint64_t v, int src);
 int emu_lane(void);
+/* every live lane of the warp puts n <= 8 words in; each gets all 32 lanes' (lane-major) */
+void emu_warp_allgather(const uint32_t *in, int n, uint32_t *out);
+/* the tensor cores' bf16 m16n8k16 product with fp32 accumulation, PTX's fragments
+ * (cu_common.cuh cu_mma_bf16_16816) */
+void emu_mma_bf16_16816(float *d, const uint32_t *a, const uint32_t *b, const float *c);
 
 template <class T> static inline T emu_shfl_from(T v, int src) {
     uint64_t bits = 0;
