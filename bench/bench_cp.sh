@@ -32,7 +32,7 @@ export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 [ -f "$BUILD/libloom_static.a" ] || { echo "build first: make (no $BUILD/libloom_static.a)" >&2; exit 1; }
 [ -f data/fortunes/train/manifest.jsonl ] || "$LOOM" data build recipes/fortunes.yaml >/dev/null
 cc -O2 -std=c11 -Iinclude -Isrc bench/bench_cp_bw.c "$BUILD/libloom_static.a" \
-   $(pkg-config --libs jansson yaml-0.1 libcrypto libpcre2-8 libzstd) -fopenmp -lm -ldnnl -lopenblas \
+   $(pkg-config --libs jansson yaml-0.1 libcrypto libpcre2-8 libzstd) -fopenmp -lm -ldnnl -lopenblas $(cat "$BUILD/loom_extra_libs.txt") \
    $(mpicc --showme:link 2>/dev/null || true) -o "$W/bench_cp_bw"
 MPI=(mpirun -np 2 --oversubscribe --bind-to none -x OMP_NUM_THREADS=1 -x OPENBLAS_NUM_THREADS=1)
 "${MPI[@]}" "$W/bench_cp_bw" 32 >"$W/bw.json"

@@ -8,6 +8,6 @@ BUILD=${1:-$SRC/build}
 WORK=$(mktemp -d /tmp/loom-bench-loader.XXXXXX)
 trap 'rm -rf "$WORK"' EXIT
 cc -O2 -std=c11 -I"$SRC/include" -I"$SRC/src" "$SRC/bench/bench_loader.c" "$BUILD/libloom_static.a" \
-   $(pkg-config --libs jansson yaml-0.1 libcrypto libpcre2-8 libzstd) -fopenmp -lm -ldnnl -lopenblas \
+   $(pkg-config --libs jansson yaml-0.1 libcrypto libpcre2-8 libzstd) -fopenmp -lm -ldnnl -lopenblas $(cat "$BUILD/loom_extra_libs.txt") \
    $(mpicc --showme:link 2>/dev/null || true) -o "$WORK/bench_loader"
 "$WORK/bench_loader" "$WORK/data"
