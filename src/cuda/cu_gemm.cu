@@ -10,6 +10,7 @@
 
 #ifndef LOOM_CUDA_EMU
 #include <cublasLt.h>
+#include <dlfcn.h>
 #endif
 
 extern "C" {
@@ -75,11 +76,51 @@ void cu_gemm(int a_t, int b_t, int m, int n, int k, float alpha, const void *A, 
             cu_fail(__FILE__, __LINE__, #call, cublasLtGetStatusString(lt_s_));              \
     } while (0)
 
+/* cuBLASLt is opened at the first GEMM (dlopen), not linked: the library is half a gigabyte,
+ * and a loader that maps and relocates it at start-up made every loom process, cpu runs
+ * included, ~230 MB resident before doing anything. Only cublasLt.h's declarations are used at
+ * build time; the calls below go through the opened library. */
+#define LOOM_LT_FNS(X)                                                                        \
+    X(Create) X(GetStatusString) X(Matmul) X(MatmulAlgoGetHeuristic) X(MatmulDescCreate)       \
+    X(MatmulDescDestroy) X(MatmulDescSetAttribute) X(MatmulPreferenceCreate)                   \
+    X(MatmulPreferenceDestroy) X(MatmulPreferenceSetAttribute) X(MatrixLayoutCreate)           \
+    X(MatrixLayoutDestroy) X(MatrixLayoutSetAttribute)
+static struct {
+#define LOOM_LT_PTR(name) decltype(&cublasLt##name) name;
+    LOOM_LT_FNS(LOOM_LT_PTR)
+#undef LOOM_LT_PTR
+} g_lt_api;
+#define cublasLtCreate (g_lt_api.Create)
+#define cublasLtGetStatusString (g_lt_api.GetStatusString)
+#define cublasLtMatmul (g_lt_api.Matmul)
+#define cublasLtMatmulAlgoGetHeuristic (g_lt_api.MatmulAlgoGetHeuristic)
+#define cublasLtMatmulDescCreate (g_lt_api.MatmulDescCreate)
+#define cublasLtMatmulDescDestroy (g_lt_api.MatmulDescDestroy)
+#define cublasLtMatmulDescSetAttribute (g_lt_api.MatmulDescSetAttribute)
+#define cublasLtMatmulPreferenceCreate (g_lt_api.MatmulPreferenceCreate)
+#define cublasLtMatmulPreferenceDestroy (g_lt_api.MatmulPreferenceDestroy)
+#define cublasLtMatmulPreferenceSetAttribute (g_lt_api.MatmulPreferenceSetAttribute)
+#define cublasLtMatrixLayoutCreate (g_lt_api.MatrixLayoutCreate)
+#define cublasLtMatrixLayoutDestroy (g_lt_api.MatrixLayoutDestroy)
+#define cublasLtMatrixLayoutSetAttribute (g_lt_api.MatrixLayoutSetAttribute)
+
 static cublasLtHandle_t g_lt;
 static void *g_ws;
 static const size_t WS_BYTES = (size_t)32 << 20; /* Hopper wants 32 MiB (llm.c) */
 static pthread_once_t g_lt_once = PTHREAD_ONCE_INIT;
 static void lt_init(void) {
+    static const char *names[] = {"libcublasLt.so.13", "libcublasLt.so.12", "libcublasLt.so"};
+    void *h = NULL;
+    for (size_t i = 0; i < sizeof names / sizeof names[0] && !h; i++)
+        h = dlopen(names[i], RTLD_NOW | RTLD_LOCAL);
+    if (!h)
+        loom_panic(__FILE__, __LINE__, "cuda: cuBLASLt is not installed where the loader looks "
+                   "(dlopen libcublasLt.so.13: %s; LD_LIBRARY_PATH names its folder)", dlerror());
+#define LOOM_LT_SYM(name)                                                                    \
+    if (!(g_lt_api.name = (decltype(g_lt_api.name))dlsym(h, "cublasLt" #name)))              \
+        loom_panic(__FILE__, __LINE__, "cuda: libcublasLt has no cublasLt" #name " (too old)");
+    LOOM_LT_FNS(LOOM_LT_SYM)
+#undef LOOM_LT_SYM
     LT_CHECK(cublasLtCreate(&g_lt));
     CU_CHECK(cudaMalloc(&g_ws, WS_BYTES));
 }

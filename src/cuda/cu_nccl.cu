@@ -12,7 +12,72 @@
 
 #include "comm/comm_nccl.h"
 
+#include <dlfcn.h>
+#include <pthread.h>
+
 static_assert(LOOM_NCCL_ID_BYTES == NCCL_UNIQUE_ID_BYTES, "ncclUniqueId's size");
+
+/* NCCL is opened at run time (dlopen), not linked: a process that loads libloom and then
+ * PyTorch (whose libtorch_cuda wants its own, newer libnccl.so.2 by the same name: the
+ * reference tests' ctypes) would otherwise bind PyTorch to ours and fail on the symbols ours
+ * lacks; and a GPU image may hold NCCL only in PyTorch's nvidia-nccl wheel
+ * (LD_LIBRARY_PATH). Only nccl.h's types and declarations are used at build time. */
+namespace {
+#define LOOM_NCCL_FNS(X)                                                                     \
+    X(AllGather) X(AllReduce) X(Broadcast) X(CommAbort) X(CommDestroy) X(CommFinalize)       \
+    X(CommGetAsyncError) X(CommInitRankConfig) X(GetErrorString) X(GetLastError)             \
+    X(GetUniqueId) X(GetVersion) X(GroupEnd) X(GroupStart) X(Recv) X(Reduce)                 \
+    X(ReduceScatter) X(Send)
+struct nccl_api {
+#define LOOM_NCCL_PTR(name) decltype(&nccl##name) name;
+    LOOM_NCCL_FNS(LOOM_NCCL_PTR)
+#undef LOOM_NCCL_PTR
+};
+nccl_api g_api;
+pthread_once_t g_api_once = PTHREAD_ONCE_INIT;
+char g_api_err[512];
+void api_load(void) {
+    void *h = dlopen("libnccl.so.2", RTLD_NOW | RTLD_LOCAL);
+    if (!h) h = dlopen("libnccl.so", RTLD_NOW | RTLD_LOCAL);
+    if (!h) {
+        snprintf(g_api_err, sizeof g_api_err, "NCCL is not installed where the loader looks "
+                 "(dlopen libnccl.so.2: %s; LD_LIBRARY_PATH names its folder)", dlerror());
+        return;
+    }
+#define LOOM_NCCL_SYM(name)                                                                  \
+    g_api.name = (decltype(g_api.name))dlsym(h, "nccl" #name);                               \
+    if (!g_api.name && !g_api_err[0])                                                        \
+        snprintf(g_api_err, sizeof g_api_err, "libnccl.so.2 has no nccl" #name " (too old)");
+    LOOM_NCCL_FNS(LOOM_NCCL_SYM)
+#undef LOOM_NCCL_SYM
+}
+/* 0 when NCCL is there, else -1 with the reason */
+int api_ready(char *why, size_t n) {
+    pthread_once(&g_api_once, api_load);
+    if (!g_api_err[0]) return 0;
+    if (why && n) snprintf(why, n, "%s", g_api_err);
+    return -1;
+}
+} // namespace
+/* the rest of this file calls NCCL through the opened library */
+#define ncclAllGather (g_api.AllGather)
+#define ncclAllReduce (g_api.AllReduce)
+#define ncclBroadcast (g_api.Broadcast)
+#define ncclCommAbort (g_api.CommAbort)
+#define ncclCommDestroy (g_api.CommDestroy)
+#define ncclCommFinalize (g_api.CommFinalize)
+#define ncclCommGetAsyncError (g_api.CommGetAsyncError)
+#define ncclCommInitRankConfig (g_api.CommInitRankConfig)
+#define ncclGetErrorString (g_api.GetErrorString)
+#define ncclGetLastError (g_api.GetLastError)
+#define ncclGetUniqueId (g_api.GetUniqueId)
+#define ncclGetVersion (g_api.GetVersion)
+#define ncclGroupEnd (g_api.GroupEnd)
+#define ncclGroupStart (g_api.GroupStart)
+#define ncclRecv (g_api.Recv)
+#define ncclReduce (g_api.Reduce)
+#define ncclReduceScatter (g_api.ReduceScatter)
+#define ncclSend (g_api.Send)
 
 struct loom_nccl {
     ncclComm_t comm;
@@ -65,6 +130,7 @@ extern "C" {
 
 int loom_nccl_version(void) {
     int v = 0;
+    if (api_ready(NULL, 0)) return 0;
     return ncclGetVersion(&v) == ncclSuccess ? v : 0;
 }
 
@@ -81,6 +147,7 @@ int loom_nccl_gpu_uuid(unsigned char uuid[16], char *why, size_t n) {
 }
 
 int loom_nccl_unique_id(void *id, char *why, size_t n) {
+    if (api_ready(why, n)) return -1;
     ncclUniqueId u;
     ncclResult_t r = ncclGetUniqueId(&u);
     if (r != ncclSuccess) return fail_nccl(NULL, r, "ncclGetUniqueId", why, n);
@@ -91,6 +158,7 @@ int loom_nccl_unique_id(void *id, char *why, size_t n) {
 int loom_nccl_init_start(loom_nccl **out, int nranks, int rank, const void *id, char *why,
                          size_t n) {
     *out = NULL;
+    if (api_ready(why, n)) return -1;
     cu_enter(); /* NCCL binds the communicator to the calling thread's device */
     ncclUniqueId u;
     memcpy(u.internal, id, NCCL_UNIQUE_ID_BYTES);

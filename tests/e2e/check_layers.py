@@ -18,8 +18,11 @@ import sys
 # module -> the modules it may use (besides itself). Lower layers never use higher ones.
 MAY_USE = {
     "base": [],
-    "comm": ["base"],
+    # kernels: loom/backend.h's table only, for device buffers (staging copies, NCCL's stream)
+    "comm": ["base", "kernels"],
     "kernels": ["base"],
+    # the CUDA backend (src/cuda: .cu files, and the emulator's headers): the op table it fills
+    "cuda": ["base", "kernels"],
     "model": ["base", "comm", "kernels"],
     "parallel": ["base", "comm", "kernels", "model"],
     "data": ["base"],
@@ -46,6 +49,7 @@ LIBS = {
     "base": ["jansson", "yaml", "openssl", "xxhash"],
     "comm": ["mpi"],
     "kernels": ["blas", "onednn", "openmp"],
+    "cuda": [],
     "model": [],
     "parallel": [],
     "plan": [],
