@@ -447,6 +447,22 @@ static void stage_back(loom_comm_req *r, void *dev, const void *host, size_t n) 
     r->back_bytes = n;
 }
 
+/* The buffers MPI runs on for a collective from send (sbytes) into recv (rbytes): the caller's,
+ * or, staged, one bounce buffer holding the send bytes and then taking the received ones, which
+ * go back to recv when the request completes. */
+static void stage_pair(const loom_mesh *m, const comm_group *cg, loom_comm_req *r,
+                       const void *send, size_t sbytes, void *recv, size_t rbytes,
+                       const void **msend, void **mrecv) {
+    *msend = send;
+    *mrecv = recv;
+    if (!staged(m, cg)) return;
+    char *b = bounce(r, sbytes + rbytes);
+    stage_in(m, b, send, sbytes);
+    *msend = b;
+    *mrecv = b + sbytes;
+    stage_back(r, recv, *mrecv, rbytes);
+}
+
 #ifdef LOOM_HAVE_CUDA
 /* an enqueue on the NCCL path: failure ends the job; after the request's last enqueue its
  * event is recorded (nccl_end) and the waits poll it */
@@ -630,15 +646,9 @@ loom_comm_req *loom_ireduce_scatter_sum(loom_mesh *m, loom_group g, const void *
         dev_copy(m, recv, send, count * es);
         return r;
     }
-    const void *msend = send;
-    void *mrecv = recv;
-    if (staged(m, cg)) {
-        char *b = bounce(r, (count + len) * es);
-        stage_in(m, b, send, count * es);
-        msend = b;
-        mrecv = b + count * es;
-        stage_back(r, recv, mrecv, len * es);
-    }
+    const void *msend;
+    void *mrecv;
+    stage_pair(m, cg, r, send, count * es, recv, len * es, &msend, &mrecv);
     if (count % (size_t)N == 0) {
         MPI_Ireduce_scatter_block(msend, mrecv, as_count(count / (size_t)N, "reduce_scatter"),
                                   mpi_type(t), MPI_SUM, cg->comm, &r->reqs[0]);
@@ -725,16 +735,10 @@ void loom_alltoall(loom_mesh *m, loom_group g, const void *send, void *recv, siz
     if (N == 1) {
         dev_copy(m, recv, send, block * es);
     } else {
-        const void *msend = send;
-        void *mrecv = recv;
         const size_t bytes = (size_t)N * block * es;
-        if (staged(m, cg)) {
-            char *b = bounce(r, 2 * bytes);
-            stage_in(m, b, send, bytes);
-            msend = b;
-            mrecv = b + bytes;
-            stage_back(r, recv, mrecv, bytes);
-        }
+        const void *msend;
+        void *mrecv;
+        stage_pair(m, cg, r, send, bytes, recv, bytes, &msend, &mrecv);
         int c = as_count(block, "alltoall");
         MPI_Ialltoall(msend, c, mpi_type(t), mrecv, c, mpi_type(t), cg->comm, &r->reqs[0]);
     }
@@ -775,15 +779,9 @@ void loom_alltoallv(loom_mesh *m, loom_group g, const void *send, const int64_t 
             so += (size_t)send_counts[i];
             ro += (size_t)recv_counts[i];
         }
-        const void *msend = send;
-        void *mrecv = recv;
-        if (staged(m, cg)) {
-            char *b = bounce(r, (so + ro) * es);
-            stage_in(m, b, send, so * es);
-            msend = b;
-            mrecv = b + so * es;
-            stage_back(r, recv, mrecv, ro * es);
-        }
+        const void *msend;
+        void *mrecv;
+        stage_pair(m, cg, r, send, so * es, recv, ro * es, &msend, &mrecv);
         MPI_Ialltoallv(msend, c, sd, mpi_type(t), mrecv, rc, rd, mpi_type(t), cg->comm,
                        &r->reqs[0]);
         wait_checked(r, NULL);
